@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# test.sh: what `make test` runs. Installs the tools it needs (hack/tools.sh), then checks
+# formatting, vets, lints and runs every Go test. Privileged tests need root; run as root (CI
+# does, with CI=true, where a privileged test that cannot run fails instead of skipping).
+#
+#   hack/test.sh              everything
+#   hack/test.sh --lint-only  gofmt, go vet and staticcheck only
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+t0=$(date +%s)
+stamp() { printf '== %s (%ds)\n' "$*" "$(($(date +%s) - t0))"; }
+
+stamp "tools"
+hack/tools.sh
+eval "$(hack/tools.sh --print | sed 's/^/export /')"
+
+stamp "gofmt"
+mapfile -t gofiles < <(git ls-files -co --exclude-standard '*.go')
+unformatted=$(gofmt -l "${gofiles[@]}")
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change these files (run gofmt -w):" >&2
+  echo "$unformatted" >&2
+  exit 1
+fi
+
+stamp "go vet"
+go vet ./...
+
+stamp "staticcheck"
+"$AETHER_STATICCHECK" ./...
+
+[ "${1:-}" = "--lint-only" ] && exit 0
+
+if [ "$(id -u)" != 0 ]; then
+  echo "note: not root: privileged tests (network namespaces, nftables, Envoy in pod namespaces) will skip" >&2
+fi
+
+stamp "go test"
+# -p 2 matches the machine's two cores; the race detector covers every package.
+go test -race -p 2 -timeout 45m -count=1 ./...
+
+stamp "done"

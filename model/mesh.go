@@ -1,0 +1,180 @@
+package model
+
+import (
+	"net/netip"
+	"slices"
+	"sort"
+)
+
+// Defaults named by DESIGN.md.
+const (
+	DefaultMeshDomain  = "mesh"
+	DefaultTrustDomain = "aether.internal"
+	// ClustersetDomain is the MCS DNS zone: <svc>.<ns>.svc.clusterset.local.
+	ClustersetDomain = "svc.clusterset.local"
+)
+
+// Node is the node an agent runs on.
+type Node struct {
+	Name   string
+	IP     netip.Addr // InternalIP
+	Region string
+	Zone   string
+}
+
+// Mesh is one immutable version of the mesh model as one node's agent sees it. Builders read it;
+// nobody changes it after it is published: a change makes a new Mesh (use New to build one).
+type Mesh struct {
+	// Version increases with every published model.
+	Version uint64
+	// Cluster is this agent's cluster name.
+	Cluster     string
+	MeshDomain  string
+	TrustDomain string
+	Node        Node
+	// Services holds local services and imported ones, sorted by Key.
+	Services []*Service
+	// Endpoints maps a service to its endpoints in every cluster (remote endpoints only for
+	// exported services), each list sorted by cluster, then pod UID.
+	Endpoints map[ServiceKey][]Endpoint
+	// Pods are the meshed pods on this node, sorted by namespace, then name.
+	Pods []*LocalPod
+
+	byKey      map[ServiceKey]*Service
+	byVIP      map[netip.Addr]*Service
+	shortOwner map[string]ServiceKey
+	clashes    []ShortNameClash
+}
+
+// ShortNameClash reports a service name used in more than one namespace: the short name
+// <svc>.<meshDomain> belongs to the oldest Service (Winner); the others only have their
+// namespaced names.
+type ShortNameClash struct {
+	Name   string
+	Winner ServiceKey
+	Losers []ServiceKey
+}
+
+// New builds a Mesh from its parts, sorting them and computing the lookup indexes (by key, by VIP,
+// short-name owners). It takes ownership of the slices and map it is given.
+func New(version uint64, cluster, meshDomain, trustDomain string, node Node, services []*Service, endpoints map[ServiceKey][]Endpoint, pods []*LocalPod) *Mesh {
+	if meshDomain == "" {
+		meshDomain = DefaultMeshDomain
+	}
+	if trustDomain == "" {
+		trustDomain = DefaultTrustDomain
+	}
+	if endpoints == nil {
+		endpoints = map[ServiceKey][]Endpoint{}
+	}
+	slices.SortFunc(services, func(a, b *Service) int { return a.Key.Compare(b.Key) })
+	for _, s := range services {
+		slices.SortFunc(s.Ports, func(a, b ServicePort) int { return int(a.Port) - int(b.Port) })
+	}
+	for k, eps := range endpoints {
+		slices.SortFunc(eps, func(a, b Endpoint) int {
+			if a.Cluster != b.Cluster {
+				if a.Cluster < b.Cluster {
+					return -1
+				}
+				return 1
+			}
+			switch {
+			case a.PodUID < b.PodUID:
+				return -1
+			case a.PodUID > b.PodUID:
+				return 1
+			}
+			return 0
+		})
+		endpoints[k] = eps
+	}
+	sort.Slice(pods, func(i, j int) bool {
+		if pods[i].Namespace != pods[j].Namespace {
+			return pods[i].Namespace < pods[j].Namespace
+		}
+		return pods[i].Name < pods[j].Name
+	})
+	m := &Mesh{
+		Version: version, Cluster: cluster, MeshDomain: meshDomain, TrustDomain: trustDomain,
+		Node: node, Services: services, Endpoints: endpoints, Pods: pods,
+		byKey: map[ServiceKey]*Service{}, byVIP: map[netip.Addr]*Service{}, shortOwner: map[string]ServiceKey{},
+	}
+	byName := map[string][]*Service{}
+	for _, s := range services {
+		m.byKey[s.Key] = s
+		for _, ip := range s.AllVIPs() {
+			m.byVIP[ip] = s
+		}
+		if s.Local {
+			byName[s.Key.Name] = append(byName[s.Key.Name], s)
+		}
+	}
+	for name, ss := range byName {
+		// Oldest wins; ties broken by namespace so the outcome never depends on input order.
+		slices.SortStableFunc(ss, func(a, b *Service) int {
+			if c := a.Created.Compare(b.Created); c != 0 {
+				return c
+			}
+			return a.Key.Compare(b.Key)
+		})
+		m.shortOwner[name] = ss[0].Key
+		if len(ss) > 1 {
+			c := ShortNameClash{Name: name, Winner: ss[0].Key}
+			for _, s := range ss[1:] {
+				c.Losers = append(c.Losers, s.Key)
+			}
+			m.clashes = append(m.clashes, c)
+		}
+	}
+	slices.SortFunc(m.clashes, func(a, b ShortNameClash) int {
+		switch {
+		case a.Name < b.Name:
+			return -1
+		case a.Name > b.Name:
+			return 1
+		}
+		return 0
+	})
+	return m
+}
+
+// Service returns the service with key k, or nil.
+func (m *Mesh) Service(k ServiceKey) *Service { return m.byKey[k] }
+
+// ServiceByVIP returns the service whose local or clusterset VIP is ip, or nil.
+func (m *Mesh) ServiceByVIP(ip netip.Addr) *Service { return m.byVIP[ip] }
+
+// ShortNameOwner returns the service that owns the short name <name>.<meshDomain>: the only local
+// service with that name, or the oldest on a clash.
+func (m *Mesh) ShortNameOwner(name string) (ServiceKey, bool) {
+	k, ok := m.shortOwner[name]
+	return k, ok
+}
+
+// ShortNameClashes lists the service names used in more than one namespace, sorted by name.
+func (m *Mesh) ShortNameClashes() []ShortNameClash { return m.clashes }
+
+// FQDN returns the mesh name <svc>.<ns>.<meshDomain> of k (no trailing dot).
+func (m *Mesh) FQDN(k ServiceKey) string { return k.Name + "." + k.Namespace + "." + m.MeshDomain }
+
+// ShortName returns <svc>.<meshDomain> when k owns that short name, else "".
+func (m *Mesh) ShortName(k ServiceKey) string {
+	if o, ok := m.shortOwner[k.Name]; ok && o == k {
+		return k.Name + "." + m.MeshDomain
+	}
+	return ""
+}
+
+// ClustersetName returns <svc>.<ns>.svc.clusterset.local (no trailing dot).
+func ClustersetName(k ServiceKey) string { return k.Name + "." + k.Namespace + "." + ClustersetDomain }
+
+// Pod returns the local pod with the given UID, or nil.
+func (m *Mesh) Pod(uid string) *LocalPod {
+	for _, p := range m.Pods {
+		if p.UID == uid {
+			return p
+		}
+	}
+	return nil
+}

@@ -1,0 +1,180 @@
+package model
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Protocol is the application protocol of a service or endpoint port, as declared by the
+// Service's appProtocol or the pod annotation endpoint.aether.io/protocol (DESIGN.md, service
+// model). HTTP is the default; UDP passes through uncaptured.
+type Protocol string
+
+// The protocols a port can declare.
+const (
+	ProtocolHTTP  Protocol = "HTTP"
+	ProtocolHTTP2 Protocol = "HTTP2"
+	ProtocolGRPC  Protocol = "GRPC"
+	ProtocolTCP   Protocol = "TCP"
+	ProtocolUDP   Protocol = "UDP"
+)
+
+// IsHTTP reports whether traffic of this protocol goes through an HTTP connection manager
+// (HTTP/1.1, HTTP/2 and gRPC) rather than a TCP floor chain.
+func (p Protocol) IsHTTP() bool {
+	return p == ProtocolHTTP || p == ProtocolHTTP2 || p == ProtocolGRPC
+}
+
+// ParseProtocol maps an appProtocol or annotation value (case-insensitive; "h2c", "kubernetes.io/h2c",
+// "http2", "grpc", "tcp", "udp", "http", "") to a Protocol. The empty string means HTTP. It returns
+// an error naming the value for anything else.
+func ParseProtocol(s string) (Protocol, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "http", "http/1.1", "kubernetes.io/http":
+		return ProtocolHTTP, nil
+	case "http2", "h2c", "kubernetes.io/h2c":
+		return ProtocolHTTP2, nil
+	case "grpc":
+		return ProtocolGRPC, nil
+	case "tcp", "mysql", "redis", "mongo", "tls", "https", "kubernetes.io/ws", "kubernetes.io/wss":
+		return ProtocolTCP, nil
+	case "udp":
+		return ProtocolUDP, nil
+	}
+	return "", fmt.Errorf("protocol %q: want one of HTTP, HTTP2, GRPC, TCP, UDP", s)
+}
+
+// ServiceKey names a mesh service: a Kubernetes Service by namespace and name in its home cluster.
+type ServiceKey struct {
+	Namespace string
+	Name      string
+}
+
+// String returns "<namespace>/<name>".
+func (k ServiceKey) String() string { return k.Namespace + "/" + k.Name }
+
+// Compare orders keys by namespace, then name.
+func (k ServiceKey) Compare(o ServiceKey) int {
+	if c := strings.Compare(k.Namespace, o.Namespace); c != 0 {
+		return c
+	}
+	return strings.Compare(k.Name, o.Name)
+}
+
+// ServicePort is one port of a mesh service.
+type ServicePort struct {
+	// Name is the Service port's name ("" for a single unnamed port).
+	Name string
+	// Port is the Service port clients dial on the VIP.
+	Port uint32
+	// TargetPort is the container port the application listens on. It is also the SNI
+	// ("<port>") that selects the inbound filter chain at the destination pod.
+	TargetPort uint32
+	// Protocol decides HTTP routing or a TCP floor chain.
+	Protocol Protocol
+}
+
+// Service is a mesh service as one cluster's model sees it: a local Service (its ClusterIP is the
+// local VIP) and/or a service imported through MCS (its <svc>-clusterset Service's ClusterIP is the
+// clusterset VIP). A cluster's model never holds a remote service that is not exported.
+type Service struct {
+	Key ServiceKey
+	// Local is true when the Service exists in this cluster.
+	Local bool
+	// VIPs are the local Service's ClusterIPs (empty when not Local or headless).
+	VIPs []netip.Addr
+	// Imported is true when a ServiceImport exists for it in this cluster (exported somewhere in
+	// the clusterset).
+	Imported bool
+	// ClustersetVIPs are the ClusterIPs of the <svc>-clusterset Service (from ServiceImport
+	// spec.ips).
+	ClustersetVIPs []netip.Addr
+	// Exported is true when this cluster exports the service (an export mark from this cluster).
+	Exported bool
+	// Ports are the service's ports, sorted by Port.
+	Ports []ServicePort
+	// Created is the local Service's creation time; the oldest wins a short-name clash.
+	Created time.Time
+}
+
+// AllVIPs returns the local VIPs followed by the clusterset VIPs.
+func (s *Service) AllVIPs() []netip.Addr {
+	return append(slices.Clone(s.VIPs), s.ClustersetVIPs...)
+}
+
+// PortByTarget returns the service port whose TargetPort is p.
+func (s *Service) PortByTarget(p uint32) (ServicePort, bool) {
+	for _, sp := range s.Ports {
+		if sp.TargetPort == p {
+			return sp, true
+		}
+	}
+	return ServicePort{}, false
+}
+
+// EndpointPort is one port a registered endpoint serves.
+type EndpointPort struct {
+	Name     string
+	Port     uint32 // container (target) port
+	Protocol Protocol
+}
+
+// Endpoint is one meshed pod backing a service, as registered in the registry by the agent on the
+// pod's node. Cluster, Region and Zone come from the registry key path (the origin), never from
+// the stored value.
+type Endpoint struct {
+	Service  ServiceKey
+	Cluster  string
+	Region   string
+	Zone     string
+	PodName  string
+	PodUID   string
+	IPs      []netip.Addr
+	NodeName string
+	// NodeIP is the pod's node InternalIP; invalid (zero) when unknown. The east-west waypoint
+	// dials NodeIP:15443.
+	NodeIP   netip.Addr
+	Ports    []EndpointPort
+	SPIFFEID string
+	Healthy  bool
+}
+
+// PodPort is a container port of a local pod.
+type PodPort struct {
+	Name     string
+	Port     uint32
+	Protocol Protocol
+}
+
+// LocalPod is a meshed pod on this node: its PodAttachment (from CNI ADD) joined with its
+// Kubernetes metadata.
+type LocalPod struct {
+	UID            string
+	Namespace      string
+	Name           string
+	ServiceAccount string
+	ContainerID    string
+	// NetnsPath is the pod's network namespace path (e.g. /var/run/netns/cni-...), which Envoy
+	// uses for SocketAddress.network_namespace_filepath.
+	NetnsPath string
+	IPs       []netip.Addr
+	Ports     []PodPort
+	Ready     bool
+}
+
+// SPIFFEID returns the pod's workload identity, spiffe://<trustDomain>/ns/<ns>/sa/<sa>.
+func (p *LocalPod) SPIFFEID(trustDomain string) string {
+	return SPIFFEID(trustDomain, p.Namespace, p.ServiceAccount)
+}
+
+// SPIFFEID returns spiffe://<trustDomain>/ns/<namespace>/sa/<serviceAccount> (DESIGN.md, names).
+// An empty service account means "default", as in Kubernetes.
+func SPIFFEID(trustDomain, namespace, serviceAccount string) string {
+	if serviceAccount == "" {
+		serviceAccount = "default"
+	}
+	return "spiffe://" + trustDomain + "/ns/" + namespace + "/sa/" + serviceAccount
+}
