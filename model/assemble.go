@@ -1,0 +1,268 @@
+package model
+
+import (
+	"net/netip"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
+)
+
+// Well-known labels and annotations (DESIGN.md, service model: keys).
+const (
+	LabelManagedBy          = "aether.io/managed-by"
+	ManagedByAether         = "aether"
+	AnnotationMeshService   = "aether.io/mesh-service"
+	AnnotationMeshPort      = "aether.io/mesh-port"
+	AnnotationCapture       = "aether.io/capture"
+	LabelMeshNamespace      = "aether.io/mesh"
+	MeshNamespaceEnabled    = "enabled"
+	AnnotationPortProtocol  = "endpoint.aether.io/protocol"
+	ClustersetServiceSuffix = "-clusterset"
+)
+
+// ExportMark records that a cluster exports a service (an MCS ServiceExport turned into a registry
+// record by that cluster's registrar). Cluster and Region come from the registry key path.
+type ExportMark struct {
+	Service ServiceKey
+	Cluster string
+	Region  string
+	Ports   []ServicePort
+	Created time.Time
+}
+
+// Sources are the inputs one agent joins into a Mesh: its cluster's Kubernetes objects (as the
+// informers hold them) and the registry's clusterset-wide records.
+type Sources struct {
+	Cluster     string
+	MeshDomain  string
+	TrustDomain string
+	Node        Node
+	// MeshNamespaces are the namespaces labelled aether.io/mesh: enabled.
+	MeshNamespaces map[string]bool
+	// Services are the Services of the meshed namespaces, including aether's <svc>-clusterset
+	// Services.
+	Services []*corev1.Service
+	// Imports are the MCS ServiceImports of the meshed namespaces.
+	Imports []*mcsv1beta1.ServiceImport
+	// Pods are the Pods bound to this node.
+	Pods []*corev1.Pod
+	// Attachments are the persisted CNI attachments of this node, by pod UID.
+	Attachments map[string]PodAttachment
+	// Endpoints and Exports are the registry's records from every cluster.
+	Endpoints []Endpoint
+	Exports   []ExportMark
+}
+
+// Assemble joins Sources into a Mesh of the given version, following DESIGN.md's service model:
+//   - a local Service in a meshed namespace is a mesh service whose VIPs are its ClusterIPs;
+//   - a ServiceImport (or aether's <svc>-clusterset Service, annotation aether.io/mesh-service)
+//     makes the service visible with its clusterset VIP;
+//   - endpoints from this cluster count for every service in the model; endpoints from another
+//     cluster count only while that cluster exports the service and this cluster imports it, so
+//     remote unexported services never appear;
+//   - this node's pods become LocalPods when they have a CNI attachment and are not opted out
+//     (annotation aether.io/capture: "false").
+//
+// Ports: a Service port's target port is its numeric targetPort, or, when named, the container port
+// registered for it; the protocol is the port's appProtocol, else the registered endpoints'
+// protocol, else HTTP. Assemble is pure: the same Sources give the same Mesh.
+func Assemble(version uint64, in Sources) *Mesh {
+	byKey := map[ServiceKey]*Service{}
+	get := func(k ServiceKey) *Service {
+		s := byKey[k]
+		if s == nil {
+			s = &Service{Key: k}
+			byKey[k] = s
+		}
+		return s
+	}
+	epsByKey := map[ServiceKey][]Endpoint{}
+	for _, e := range in.Endpoints {
+		epsByKey[e.Service] = append(epsByKey[e.Service], e)
+	}
+	exported := map[ServiceKey]map[string]bool{}
+	for _, x := range in.Exports {
+		if exported[x.Service] == nil {
+			exported[x.Service] = map[string]bool{}
+		}
+		exported[x.Service][x.Cluster] = true
+	}
+
+	for _, svc := range in.Services {
+		if !in.MeshNamespaces[svc.Namespace] {
+			continue
+		}
+		if svc.Labels[LabelManagedBy] == ManagedByAether {
+			if target, ok := parseMeshService(svc.Annotations[AnnotationMeshService]); ok {
+				s := get(target)
+				s.Imported = true
+				s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, svc.Spec.ClusterIPs)
+			}
+			continue
+		}
+		k := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+		s := get(k)
+		s.Local = true
+		s.Created = svc.CreationTimestamp.Time
+		s.VIPs = appendIPs(nil, svc.Spec.ClusterIPs)
+		s.Exported = exported[k][in.Cluster]
+		s.Ports = nil
+		for _, p := range svc.Spec.Ports {
+			sp := ServicePort{Name: p.Name, Port: uint32(p.Port)}
+			if p.TargetPort.IntValue() > 0 {
+				sp.TargetPort = uint32(p.TargetPort.IntValue())
+			} else if p.TargetPort.String() == "" || p.TargetPort.String() == "0" {
+				sp.TargetPort = uint32(p.Port)
+			}
+			sp.Protocol = portProtocol(p.Protocol, p.AppProtocol)
+			s.Ports = append(s.Ports, sp)
+		}
+	}
+	for _, imp := range in.Imports {
+		if !in.MeshNamespaces[imp.Namespace] {
+			continue
+		}
+		k := ServiceKey{Namespace: imp.Namespace, Name: imp.Name}
+		s := get(k)
+		s.Imported = true
+		s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, imp.Spec.IPs)
+		if !s.Local {
+			s.Ports = nil
+			for _, p := range imp.Spec.Ports {
+				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: portProtocol(p.Protocol, p.AppProtocol)})
+			}
+		}
+	}
+
+	services := make([]*Service, 0, len(byKey))
+	endpoints := map[ServiceKey][]Endpoint{}
+	for k, s := range byKey {
+		if !s.Local && !s.Imported {
+			continue
+		}
+		s.ClustersetVIPs = dedupIPs(s.ClustersetVIPs)
+		var eps []Endpoint
+		for _, e := range epsByKey[k] {
+			switch {
+			case e.Cluster == in.Cluster && s.Local:
+				eps = append(eps, e)
+			case e.Cluster != in.Cluster && s.Imported && exported[k][e.Cluster]:
+				eps = append(eps, e)
+			}
+		}
+		resolvePorts(s, eps)
+		if len(eps) > 0 {
+			endpoints[k] = eps
+		}
+		services = append(services, s)
+	}
+
+	var pods []*LocalPod
+	for _, p := range in.Pods {
+		att, ok := in.Attachments[string(p.UID)]
+		if !ok || p.Annotations[AnnotationCapture] == "false" || !in.MeshNamespaces[p.Namespace] {
+			continue
+		}
+		lp := &LocalPod{
+			UID: string(p.UID), Namespace: p.Namespace, Name: p.Name,
+			ServiceAccount: p.Spec.ServiceAccountName, ContainerID: att.ContainerID,
+			NetnsPath: att.NetnsPath, IPs: att.IPs, Ready: podReady(p),
+		}
+		proto, err := ParseProtocol(p.Annotations[AnnotationPortProtocol])
+		if err != nil {
+			proto = ProtocolHTTP
+		}
+		for _, c := range p.Spec.Containers {
+			for _, cp := range c.Ports {
+				pp := proto
+				if cp.Protocol == corev1.ProtocolUDP {
+					pp = ProtocolUDP
+				}
+				lp.Ports = append(lp.Ports, PodPort{Name: cp.Name, Port: uint32(cp.ContainerPort), Protocol: pp})
+			}
+		}
+		pods = append(pods, lp)
+	}
+	return New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
+}
+
+// resolvePorts fills a port's unknown target port and protocol from the registered endpoints'
+// port of the same name (the agent registers each Service port with its container port).
+func resolvePorts(s *Service, eps []Endpoint) {
+	for i := range s.Ports {
+		sp := &s.Ports[i]
+		for _, e := range eps {
+			for _, ep := range e.Ports {
+				if ep.Name != sp.Name {
+					continue
+				}
+				if sp.TargetPort == 0 {
+					sp.TargetPort = ep.Port
+				}
+				if sp.Protocol == "" {
+					sp.Protocol = ep.Protocol
+				}
+			}
+		}
+		if sp.Protocol == "" {
+			sp.Protocol = ProtocolHTTP
+		}
+		if sp.TargetPort == 0 && !s.Local {
+			sp.TargetPort = sp.Port
+		}
+	}
+}
+
+// portProtocol maps a Kubernetes port protocol and appProtocol to a Protocol; "" means "decide
+// from the endpoints, else HTTP" (see resolvePorts).
+func portProtocol(l4 corev1.Protocol, app *string) Protocol {
+	if l4 == corev1.ProtocolUDP {
+		return ProtocolUDP
+	}
+	if app != nil {
+		if p, err := ParseProtocol(*app); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+func parseMeshService(v string) (ServiceKey, bool) {
+	ns, name, ok := strings.Cut(v, "/")
+	if !ok || ns == "" || name == "" {
+		return ServiceKey{}, false
+	}
+	return ServiceKey{Namespace: ns, Name: name}, true
+}
+
+func appendIPs(dst []netip.Addr, ips []string) []netip.Addr {
+	for _, s := range ips {
+		if a, err := netip.ParseAddr(s); err == nil {
+			dst = append(dst, a)
+		}
+	}
+	return dst
+}
+
+func dedupIPs(ips []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	seen := map[netip.Addr]bool{}
+	for _, a := range ips {
+		if !seen[a] {
+			seen[a] = true
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func podReady(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
