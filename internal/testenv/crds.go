@@ -1,0 +1,80 @@
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
+)
+
+// InstallCRDs creates every CustomResourceDefinition in the *.yaml files of dir (relative paths
+// are taken from the repository root, e.g. "deploy/crds") and waits up to 60 s until each is
+// Established.
+func InstallCRDs(t testing.TB, cfg *rest.Config, dir string) {
+	t.Helper()
+	if !filepath.IsAbs(dir) {
+		root, err := RepoRoot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir = filepath.Join(root, dir)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("testenv: no CRD files in %s (%v)", dir, err)
+	}
+	cs, err := apiextclient.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range strings.Split(string(b), "\n---") {
+			if strings.TrimSpace(doc) == "" {
+				continue
+			}
+			var crd apiextv1.CustomResourceDefinition
+			if err := yaml.UnmarshalStrict([]byte(doc), &crd); err != nil {
+				t.Fatalf("testenv: decode CRD in %s: %v", f, err)
+			}
+			if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
+				t.Fatalf("testenv: create CRD %s: %v", crd.Name, err)
+			}
+			if err := waitEstablished(ctx, cs, crd.Name); err != nil {
+				t.Fatalf("testenv: %v", err)
+			}
+		}
+	}
+}
+
+func waitEstablished(ctx context.Context, cs apiextclient.Interface, name string) error {
+	for {
+		crd, err := cs.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			for _, c := range crd.Status.Conditions {
+				if c.Type == apiextv1.Established && c.Status == apiextv1.ConditionTrue {
+					return nil
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("CRD %s not established: %w", name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
