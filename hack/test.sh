@@ -26,6 +26,9 @@ fi
 stamp "go vet"
 go vet ./...
 
+stamp "generated code is current (hack/verify-*.sh)"
+for v in hack/verify-*.sh; do "$v"; done
+
 stamp "staticcheck"
 "$AETHER_STATICCHECK" ./...
 

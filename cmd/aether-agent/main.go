@@ -1,13 +1,26 @@
-// Command aether-agent is not built yet: issue 3 of the project's tracker builds it. Until then it says
-// so and exits with status 1, so nothing mistakes it for a working binary.
+// Command aether-agent is aether's node agent (a DaemonSet on the host network): it assembles the
+// mesh model from its cluster's API server and the registry and runs the node's parts with it.
+// See README.md and docs/agent.md for its flags.
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "aether-agent: not built yet (issue 3)")
-	os.Exit(1)
+	cfg, err := parseConfig(os.Args[1:], os.Getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "aether-agent: invalid configuration:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "aether-agent:", err)
+		os.Exit(1)
+	}
 }

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"strings"
+	"time"
+)
+
+// config is the agent's whole configuration: every field has a flag and an environment variable
+// (the flag wins). validate checks it at start and names the flag of the first bad field.
+type config struct {
+	NodeName    string // --node-name, NODE_NAME
+	Cluster     string // --cluster, AETHER_CLUSTER
+	Region      string // --region, AETHER_REGION (default: the Node's topology.kubernetes.io/region)
+	Zone        string // --zone, AETHER_ZONE
+	MeshDomain  string // --mesh-domain, AETHER_MESH_DOMAIN
+	TrustDomain string // --trust-domain, AETHER_TRUST_DOMAIN
+	Kubeconfig  string // --kubeconfig, KUBECONFIG (empty: in-cluster)
+
+	RegistryEndpoints []string // --registry-endpoints, AETHER_REGISTRY_ENDPOINTS (comma-separated URLs)
+	RegistryCA        string   // --registry-ca, AETHER_REGISTRY_CA
+	RegistryCert      string   // --registry-cert, AETHER_REGISTRY_CERT
+	RegistryKey       string   // --registry-key, AETHER_REGISTRY_KEY
+	RegistryLeaseTTL  time.Duration
+
+	CACert string // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
+	CAKey  string // --ca-key, AETHER_CA_KEY
+
+	HostIP      netip.Addr // --host-ip, HOST_IP: the node IP (DNS listens here; capture DNATs here)
+	DNSPort     int        // --dns-port: 18054
+	XDSSocket   string     // --xds-socket: unix socket of the ADS server
+	EnvoyAdmin  string     // --envoy-admin: 127.0.0.1:15000
+	EnvoyBinary string     // --envoy-binary
+	HealthAddr  string     // --health-addr: /healthz, /readyz, /metrics
+	StateDir    string     // --state-dir: persisted pod attachments
+	CNISocket   string     // --cni-socket
+
+	EastWestWaypoint bool // --east-west-waypoint
+
+	LogLevel slog.Level // --log-level: debug, info, warn, error
+}
+
+// parseConfig reads flags (args without the program name) with environment defaults from getenv.
+func parseConfig(args []string, getenv func(string) string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("aether-agent", flag.ContinueOnError)
+	env := func(k, def string) string {
+		if v := getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	fs.StringVar(&c.NodeName, "node-name", env("NODE_NAME", ""), "this node's name (env NODE_NAME)")
+	fs.StringVar(&c.Cluster, "cluster", env("AETHER_CLUSTER", ""), "this cluster's name in the registry (env AETHER_CLUSTER)")
+	fs.StringVar(&c.Region, "region", env("AETHER_REGION", ""), "region (default: the Node's topology.kubernetes.io/region label)")
+	fs.StringVar(&c.Zone, "zone", env("AETHER_ZONE", ""), "zone (default: the Node's topology.kubernetes.io/zone label)")
+	fs.StringVar(&c.MeshDomain, "mesh-domain", env("AETHER_MESH_DOMAIN", "mesh"), "DNS domain of mesh names")
+	fs.StringVar(&c.TrustDomain, "trust-domain", env("AETHER_TRUST_DOMAIN", "aether.internal"), "SPIFFE trust domain")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig path (empty: in-cluster config)")
+	endpoints := fs.String("registry-endpoints", env("AETHER_REGISTRY_ENDPOINTS", ""), "comma-separated etcd client URLs of the registry")
+	fs.StringVar(&c.RegistryCA, "registry-ca", env("AETHER_REGISTRY_CA", ""), "CA bundle for the registry's TLS")
+	fs.StringVar(&c.RegistryCert, "registry-cert", env("AETHER_REGISTRY_CERT", ""), "client certificate for the registry")
+	fs.StringVar(&c.RegistryKey, "registry-key", env("AETHER_REGISTRY_KEY", ""), "client key for the registry")
+	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease")
+	fs.StringVar(&c.CACert, "ca-cert", env("AETHER_CA_CERT", ""), "development CA certificate (PEM) that signs workload SVIDs")
+	fs.StringVar(&c.CAKey, "ca-key", env("AETHER_CA_KEY", ""), "development CA key (PEM)")
+	hostIP := fs.String("host-ip", env("HOST_IP", ""), "this node's IP: the DNS resolver listens here (env HOST_IP)")
+	fs.IntVar(&c.DNSPort, "dns-port", 18054, "DNS port on the host IP (UDP and TCP)")
+	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
+	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
+	fs.StringVar(&c.EnvoyBinary, "envoy-binary", env("AETHER_ENVOY", "envoy"), "Envoy binary")
+	fs.StringVar(&c.HealthAddr, "health-addr", "127.0.0.1:15021", "address of /healthz, /readyz and /metrics")
+	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/aether", "node-local state (pod attachments)")
+	fs.StringVar(&c.CNISocket, "cni-socket", "/var/run/aether/cni.sock", "unix socket aether-cni calls")
+	fs.BoolVar(&c.EastWestWaypoint, "east-west-waypoint", env("AETHER_EAST_WEST_WAYPOINT", "") == "true", "make this node an east-west waypoint and send cross-cluster traffic through remote nodes' waypoints")
+	level := fs.String("log-level", env("AETHER_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, e := range strings.Split(*endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			c.RegistryEndpoints = append(c.RegistryEndpoints, e)
+		}
+	}
+	if *hostIP != "" {
+		ip, err := netip.ParseAddr(*hostIP)
+		if err != nil {
+			return c, fmt.Errorf("--host-ip %q: not an IP address", *hostIP)
+		}
+		c.HostIP = ip
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
+		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
+	}
+	return c, c.validate()
+}
+
+func (c config) validate() error {
+	var errs []error
+	req := func(flagName, v string) {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("--%s is required", flagName))
+		}
+	}
+	req("node-name", c.NodeName)
+	req("cluster", c.Cluster)
+	if !c.HostIP.IsValid() {
+		errs = append(errs, errors.New("--host-ip is required (or env HOST_IP)"))
+	}
+	if c.DNSPort <= 0 || c.DNSPort > 65535 {
+		errs = append(errs, fmt.Errorf("--dns-port %d: want 1-65535", c.DNSPort))
+	}
+	if (c.CACert == "") != (c.CAKey == "") {
+		errs = append(errs, errors.New("--ca-cert and --ca-key go together"))
+	}
+	for _, f := range []struct{ name, path string }{{"ca-cert", c.CACert}, {"ca-key", c.CAKey}, {"registry-ca", c.RegistryCA}, {"registry-cert", c.RegistryCert}, {"registry-key", c.RegistryKey}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q: %w", f.name, f.path, err))
+		}
+	}
+	if c.RegistryLeaseTTL < 2*time.Second {
+		errs = append(errs, fmt.Errorf("--registry-lease-ttl %s: want at least 2s", c.RegistryLeaseTTL))
+	}
+	if isLabel := func(s string) bool {
+		for _, l := range strings.Split(s, ".") {
+			if l == "" || len(l) > 63 {
+				return false
+			}
+		}
+		return true
+	}; !isLabel(c.MeshDomain) {
+		errs = append(errs, fmt.Errorf("--mesh-domain %q: not a DNS name", c.MeshDomain))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestParseConfig(t *testing.T) {
+	env := map[string]string{"NODE_NAME": "n1", "AETHER_CLUSTER": "a", "HOST_IP": "172.30.0.11"}
+	getenv := func(k string) string { return env[k] }
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr string
+	}{
+		{name: "env defaults", args: nil},
+		{name: "flags override env", args: []string{"--node-name", "n2", "--registry-endpoints", "http://127.0.0.1:2379, http://127.0.0.1:2380"}},
+		{name: "bad host ip", args: []string{"--host-ip", "nope"}, wantErr: `--host-ip "nope"`},
+		{name: "bad dns port", args: []string{"--dns-port", "70000"}, wantErr: "--dns-port 70000"},
+		{name: "ca pair", args: []string{"--ca-cert", "/etc/hostname"}, wantErr: "--ca-cert and --ca-key go together"},
+		{name: "missing file", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
+		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
+		{name: "bad mesh domain", args: []string{"--mesh-domain", "a..b"}, wantErr: `--mesh-domain "a..b"`},
+		{name: "short lease", args: []string{"--registry-lease-ttl", "1s"}, wantErr: "--registry-lease-ttl 1s"},
+		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseConfig(tc.args, getenv)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to name %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Cluster != "a" || c.HostIP.String() != "172.30.0.11" || c.MeshDomain != "mesh" || c.TrustDomain != "aether.internal" {
+				t.Errorf("config = %+v", c)
+			}
+			if tc.name == "flags override env" && (c.NodeName != "n2" || len(c.RegistryEndpoints) != 2 || c.RegistryEndpoints[1] != "http://127.0.0.1:2380") {
+				t.Errorf("flags did not override: %+v", c)
+			}
+		})
+	}
+	if _, err := parseConfig(nil, func(string) string { return "" }); err == nil ||
+		!strings.Contains(err.Error(), "--node-name is required") || !strings.Contains(err.Error(), "--cluster is required") {
+		t.Errorf("empty config error = %v, want every required flag named", err)
+	}
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// readiness tracks each part's state; the agent is ready when every registered check passes.
+type readiness struct {
+	mu     sync.Mutex
+	checks map[string]error
+}
+
+func newReadiness(parts ...string) *readiness {
+	r := &readiness{checks: map[string]error{}}
+	for _, p := range parts {
+		r.checks[p] = errors.New("starting")
+	}
+	return r
+}
+
+// set records part's state (nil: ready).
+func (r *readiness) set(part string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.checks[part] = err
+}
+
+// state returns nil when ready, else an error listing every part that is not, sorted.
+func (r *readiness) state() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var bad []string
+	for p, err := range r.checks {
+		if err != nil {
+			bad = append(bad, p+": "+err.Error())
+		}
+	}
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	return errors.New(strings.Join(bad, "; "))
+}
+
+// agentMetrics are the agent's own Prometheus metrics.
+type agentMetrics struct {
+	reg          *prometheus.Registry
+	modelVersion prometheus.Gauge
+	lastPush     prometheus.Gauge
+	rebuilds     prometheus.Counter
+	events       *prometheus.CounterVec
+	ready        prometheus.Gauge
+}
+
+func newAgentMetrics() *agentMetrics {
+	m := &agentMetrics{
+		reg:          prometheus.NewRegistry(),
+		modelVersion: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_model_version", Help: "Version of the mesh model last handed to the node's parts."}),
+		lastPush:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_last_push_timestamp_seconds", Help: "Unix time of the last model pushed to every part without error."}),
+		rebuilds:     prometheus.NewCounter(prometheus.CounterOpts{Name: "aether_agent_model_rebuilds_total", Help: "Mesh models built."}),
+		events:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_agent_source_events_total", Help: "Change events received, by source."}, []string{"source"}),
+		ready:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_ready", Help: "1 when every part of the agent is ready."}),
+	}
+	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_build_info", Help: "Always 1; labels carry the build.", ConstLabels: prometheus.Labels{"started": time.Now().UTC().Format(time.RFC3339)}})
+	bi.Set(1)
+	m.reg.MustRegister(m.modelVersion, m.lastPush, m.rebuilds, m.events, m.ready, bi,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// serveHealth serves /healthz (the process runs), /readyz (every part ready; 503 with the reasons
+// otherwise) and /metrics on addr until ctx ends. It returns once the listener is bound.
+func serveHealth(ctx context.Context, addr string, r *readiness, m *agentMetrics) (net.Addr, error) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := r.state(); err != nil {
+			m.ready.Set(0)
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		m.ready.Set(1)
+		fmt.Fprintln(w, "ok")
+	})
+	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on --health-addr %s: %w", addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	return l.Addr(), nil
+}
