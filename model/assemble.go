@@ -2,10 +2,13 @@ package model
 
 import (
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
 
@@ -78,6 +81,11 @@ func Assemble(version uint64, in Sources) *Mesh {
 		}
 		return s
 	}
+	type selected struct {
+		key ServiceKey
+		sel labels.Selector
+	}
+	var selectors []selected
 	epsByKey := map[ServiceKey][]Endpoint{}
 	for _, e := range in.Endpoints {
 		epsByKey[e.Service] = append(epsByKey[e.Service], e)
@@ -103,6 +111,9 @@ func Assemble(version uint64, in Sources) *Mesh {
 			continue
 		}
 		k := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+		if len(svc.Spec.Selector) > 0 {
+			selectors = append(selectors, selected{k, labels.SelectorFromSet(svc.Spec.Selector)})
+		}
 		s := get(k)
 		s.Local = true
 		s.Created = svc.CreationTimestamp.Time
@@ -111,9 +122,12 @@ func Assemble(version uint64, in Sources) *Mesh {
 		s.Ports = nil
 		for _, p := range svc.Spec.Ports {
 			sp := ServicePort{Name: p.Name, Port: uint32(p.Port)}
-			if p.TargetPort.IntValue() > 0 {
+			switch {
+			case p.TargetPort.Type == intstr.String && p.TargetPort.StrVal != "":
+				sp.TargetPortName = p.TargetPort.StrVal
+			case p.TargetPort.IntValue() > 0:
 				sp.TargetPort = uint32(p.TargetPort.IntValue())
-			} else if p.TargetPort.String() == "" || p.TargetPort.String() == "0" {
+			default: // unset targetPort defaults to the port (Kubernetes API semantics)
 				sp.TargetPort = uint32(p.Port)
 			}
 			sp.Protocol = portProtocol(p.Protocol, p.AppProtocol)
@@ -183,6 +197,12 @@ func Assemble(version uint64, in Sources) *Mesh {
 				lp.Ports = append(lp.Ports, PodPort{Name: cp.Name, Port: uint32(cp.ContainerPort), Protocol: pp})
 			}
 		}
+		for _, s := range selectors {
+			if s.key.Namespace == p.Namespace && s.sel.Matches(labels.Set(p.Labels)) {
+				lp.Services = append(lp.Services, s.key)
+			}
+		}
+		slices.SortFunc(lp.Services, ServiceKey.Compare)
 		pods = append(pods, lp)
 	}
 	return New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)

@@ -51,7 +51,7 @@ func TestAssembleServicesAndPorts(t *testing.T) {
 	want := []ServicePort{
 		{Name: "dns", Port: 53, TargetPort: 53, Protocol: ProtocolUDP},
 		{Name: "http", Port: 80, TargetPort: 8080, Protocol: ProtocolHTTP},
-		{Name: "db", Port: 5432, TargetPort: 15432, Protocol: ProtocolTCP},
+		{Name: "db", Port: 5432, TargetPort: 15432, TargetPortName: "pg", Protocol: ProtocolTCP},
 	}
 	if len(s.Ports) != len(want) {
 		t.Fatalf("ports = %+v", s.Ports)
@@ -152,18 +152,25 @@ func TestAssemblePods(t *testing.T) {
 			st = corev1.ConditionTrue
 		}
 		return &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, UID: types.UID(uid), Annotations: ann},
+			ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, UID: types.UID(uid), Annotations: ann, Labels: map[string]string{"app": name}},
 			Spec: corev1.PodSpec{ServiceAccountName: "sa-" + name, Containers: []corev1.Container{{
 				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "q", ContainerPort: 53, Protocol: corev1.ProtocolUDP}},
 			}}},
 			Status: corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: st}}},
 		}
 	}
+	sel := svc("shop", "web", "10.96.0.10", t0)
+	sel.Spec.Selector = map[string]string{"app": "web"}
 	in := Sources{
 		Cluster:        "a",
 		MeshNamespaces: map[string]bool{"shop": true},
+		Services:       []*corev1.Service{sel, svc("shop", "noselector", "10.96.0.11", t0)},
 		Pods: []*corev1.Pod{
-			pod("u1", "b-ready", true, map[string]string{AnnotationPortProtocol: "tcp"}),
+			func() *corev1.Pod {
+				p := pod("u1", "b-ready", true, map[string]string{AnnotationPortProtocol: "tcp"})
+				p.Labels["app"] = "web"
+				return p
+			}(),
 			pod("u2", "a-notready", false, nil),
 			pod("u3", "optout", true, map[string]string{AnnotationCapture: "false"}),
 			pod("u4", "noattach", true, nil),
@@ -187,6 +194,12 @@ func TestAssemblePods(t *testing.T) {
 	}
 	if p.SPIFFEID(m.TrustDomain) != "spiffe://aether.internal/ns/shop/sa/sa-b-ready" {
 		t.Errorf("SPIFFE ID = %q", p.SPIFFEID(m.TrustDomain))
+	}
+	if len(p.Services) != 1 || p.Services[0] != (ServiceKey{"shop", "web"}) {
+		t.Errorf("pod u1 services = %v, want [shop/web] (selector app=web)", p.Services)
+	}
+	if len(m.Pod("u2").Services) != 0 {
+		t.Errorf("pod u2 has no app=web label but is selected by %v", m.Pod("u2").Services)
 	}
 	if m.Pod("u2").Ready {
 		t.Error("u2 is not Ready but the model says it is")

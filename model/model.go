@@ -73,6 +73,9 @@ type ServicePort struct {
 	// TargetPort is the container port the application listens on. It is also the SNI
 	// ("<port>") that selects the inbound filter chain at the destination pod.
 	TargetPort uint32
+	// TargetPortName is the Service's named targetPort ("" when numeric); the agent on each pod's
+	// node resolves it against the pod's container ports when it registers the endpoint.
+	TargetPortName string
 	// Protocol decides HTTP routing or a TCP floor chain.
 	Protocol Protocol
 }
@@ -163,6 +166,8 @@ type LocalPod struct {
 	IPs       []netip.Addr
 	Ports     []PodPort
 	Ready     bool
+	// Services are the local services whose selector matches the pod's labels, sorted.
+	Services []ServiceKey
 }
 
 // SPIFFEID returns the pod's workload identity, spiffe://<trustDomain>/ns/<ns>/sa/<sa>.
