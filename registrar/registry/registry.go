@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -104,7 +105,9 @@ func New(cfg Config) (*Registry, error) {
 		// Keepalive pings detect a dead member quickly, so the client moves to another one.
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
-		Logger:               nil,
+		// clientv3's own zap log is dropped: the registry logs what matters (lost leases,
+		// interrupted watches, failed writes) through cfg.Logger.
+		Logger: zap.NewNop(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create registry: connect etcd %s: %w", strings.Join(cfg.Endpoints, ","), err)

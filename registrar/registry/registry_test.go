@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
 
@@ -83,33 +84,13 @@ func TestTwoClustersShareOneEtcd(t *testing.T) {
 			Service: model.ServiceKey{Namespace: "shop", Name: "cart"}, Cluster: "alpha", Region: "eu", Zone: "zone-1",
 			PodName: "cart-uid-forged", PodUID: "uid-forged", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.9")},
 			NodeName: "node-1", NodeIP: netip.MustParseAddr("192.0.2.10"),
-			Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}, {Name: "db", Port: 5432, Protocol: model.ProtocolTCP}},
+			Ports:    []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}, {Name: "db", Port: 5432, Protocol: model.ProtocolTCP}},
 			SPIFFEID: "spiffe://aether.internal/ns/shop/sa/default", Healthy: true,
 		}
-		if !equalEndpoint(m, want) {
+		if !reflect.DeepEqual(m, want) {
 			t.Fatalf("ToModelEndpoint = %+v\nwant %+v", m, want)
 		}
 	}
-}
-
-func equalEndpoint(a, b model.Endpoint) bool {
-	if len(a.IPs) != len(b.IPs) || len(a.Ports) != len(b.Ports) {
-		return false
-	}
-	for i := range a.IPs {
-		if a.IPs[i] != b.IPs[i] {
-			return false
-		}
-	}
-	for i := range a.Ports {
-		if a.Ports[i] != b.Ports[i] {
-			return false
-		}
-	}
-	a.IPs, b.IPs, a.Ports, b.Ports = nil, nil, nil, nil
-	return a.Service == b.Service && a.Cluster == b.Cluster && a.Region == b.Region && a.Zone == b.Zone &&
-		a.PodName == b.PodName && a.PodUID == b.PodUID && a.NodeName == b.NodeName && a.NodeIP == b.NodeIP &&
-		a.SPIFFEID == b.SPIFFEID && a.Healthy == b.Healthy
 }
 
 // The client refuses every write outside its own prefix and every invalid record, naming the
