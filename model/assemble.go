@@ -131,6 +131,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 				sp.TargetPort = uint32(p.Port)
 			}
 			sp.Protocol = portProtocol(p.Protocol, p.AppProtocol)
+			sp.AppProtocol = sp.Protocol != ""
 			s.Ports = append(s.Ports, sp)
 		}
 	}
@@ -188,6 +189,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 		if err != nil {
 			proto = ProtocolHTTP
 		}
+		lp.Protocol = proto
 		for _, c := range p.Spec.Containers {
 			for _, cp := range c.Ports {
 				pp := proto

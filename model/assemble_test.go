@@ -49,9 +49,9 @@ func TestAssembleServicesAndPorts(t *testing.T) {
 	}
 	s := m.Service(ServiceKey{"shop", "web"})
 	want := []ServicePort{
-		{Name: "dns", Port: 53, TargetPort: 53, Protocol: ProtocolUDP},
+		{Name: "dns", Port: 53, TargetPort: 53, Protocol: ProtocolUDP, AppProtocol: true},
 		{Name: "http", Port: 80, TargetPort: 8080, Protocol: ProtocolHTTP},
-		{Name: "db", Port: 5432, TargetPort: 15432, TargetPortName: "pg", Protocol: ProtocolTCP},
+		{Name: "db", Port: 5432, TargetPort: 15432, TargetPortName: "pg", Protocol: ProtocolTCP, AppProtocol: true},
 	}
 	if len(s.Ports) != len(want) {
 		t.Fatalf("ports = %+v", s.Ports)

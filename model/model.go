@@ -78,6 +78,9 @@ type ServicePort struct {
 	TargetPortName string
 	// Protocol decides HTTP routing or a TCP floor chain.
 	Protocol Protocol
+	// AppProtocol is true when Protocol was declared by the Service port's appProtocol (or its
+	// UDP protocol), which takes precedence over the pod annotation endpoint.aether.io/protocol.
+	AppProtocol bool
 }
 
 // Service is a mesh service as one cluster's model sees it: a local Service (its ClusterIP is the
@@ -166,6 +169,8 @@ type LocalPod struct {
 	IPs       []netip.Addr
 	Ports     []PodPort
 	Ready     bool
+	// Protocol is the pod's annotation endpoint.aether.io/protocol, HTTP when absent or invalid.
+	Protocol Protocol
 	// Services are the local services whose selector matches the pod's labels, sorted.
 	Services []ServiceKey
 }
