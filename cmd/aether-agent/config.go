@@ -112,6 +112,9 @@ func (c config) validate() error {
 	}
 	req("node-name", c.NodeName)
 	req("cluster", c.Cluster)
+	if len(c.RegistryEndpoints) == 0 {
+		errs = append(errs, errors.New("--registry-endpoints is required (the registrar's embedded etcd, or an external etcd)"))
+	}
 	if !c.HostIP.IsValid() {
 		errs = append(errs, errors.New("--host-ip is required (or env HOST_IP)"))
 	}

@@ -6,7 +6,7 @@ import (
 )
 
 func TestParseConfig(t *testing.T) {
-	env := map[string]string{"NODE_NAME": "n1", "AETHER_CLUSTER": "a", "HOST_IP": "172.30.0.11"}
+	env := map[string]string{"NODE_NAME": "n1", "AETHER_CLUSTER": "a", "HOST_IP": "172.30.0.11", "AETHER_REGISTRY_ENDPOINTS": "http://127.0.0.1:2379"}
 	getenv := func(k string) string { return env[k] }
 	for _, tc := range []struct {
 		name    string

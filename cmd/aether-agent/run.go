@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/registrar/registry"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -19,7 +21,7 @@ import (
 func run(ctx context.Context, cfg config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log = log.With("node", cfg.NodeName, "cluster", cfg.Cluster)
-	ready := newReadiness("kubernetes", "model")
+	ready := newReadiness("kubernetes", "registry", "model")
 	metrics := newAgentMetrics()
 	haddr, err := serveHealth(ctx, cfg.HealthAddr, ready, metrics)
 	if err != nil {
@@ -48,9 +50,13 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
+	view := newRegistryView(log, func() {
+		metrics.events.WithLabelValues("registry").Inc()
+		asm.Trigger()
+	})
 	asm = model.NewAssembler(model.AssemblerConfig{
 		Cluster: cfg.Cluster, MeshDomain: cfg.MeshDomain, TrustDomain: cfg.TrustDomain, Logger: log,
-	}, kube, nil, nil)
+	}, kube, view, nil)
 	asm.Subscribe(func(m *model.Mesh) {
 		metrics.rebuilds.Inc()
 		metrics.modelVersion.Set(float64(m.Version))
@@ -66,12 +72,45 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
+	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })
+
+	// The registry origin needs the region: the flag, else the Node's label, else "default".
+	var node model.Sources
+	if err := kube.Fill(&node); err != nil {
+		return err
+	}
+	region := firstNonEmpty(cfg.Region, node.Node.Region, "default")
+	rcfg := registry.Config{
+		Endpoints: cfg.RegistryEndpoints, Region: region, Cluster: cfg.Cluster,
+		LeaseTTL: cfg.RegistryLeaseTTL, Logger: log, Metrics: metrics.reg,
+	}
+	if cfg.RegistryCert != "" || cfg.RegistryCA != "" {
+		if rcfg.TLS, err = registry.TLSFiles(cfg.RegistryCert, cfg.RegistryKey, cfg.RegistryCA); err != nil {
+			return err
+		}
+	}
+	reg, err := registry.New(rcfg)
+	if err != nil {
+		return err
+	}
+	defer reg.Close()
+	go view.run(ctx, reg)
+	go watchHealth(ctx, "registry", ready, log, func(ctx context.Context) error { return registryHealthy(ctx, reg) })
+	select {
+	case <-view.synced:
+	case <-ctx.Done():
+		return nil
+	}
+	endpoints := newEndpointRegistrar(reg, log)
+	latest := make(chan *model.Mesh, 1)
+	asm.Subscribe(func(m *model.Mesh) { replaceLatest(latest, m) })
+	go syncEndpointsLoop(ctx, endpoints, latest, log)
+
 	if err := asm.Rebuild(); err != nil {
 		return err
 	}
 	ready.set("model", nil)
 	go asm.Run(ctx)
-	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })
 
 	log.Info("agent running", "model_version", asm.Current().Version)
 	<-ctx.Done()
@@ -102,6 +141,63 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 		case <-t.C:
 		}
 	}
+}
+
+// registryHealthy reads one key linearizably (it needs an etcd quorum) within 5 s.
+func registryHealthy(ctx context.Context, reg *registry.Registry) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := reg.Client().Get(ctx, registry.Root, clientv3.WithCountOnly()); err != nil {
+		return fmt.Errorf("registry unreachable: %w", err)
+	}
+	return nil
+}
+
+// replaceLatest puts m into a one-slot channel, dropping an older value not yet taken.
+func replaceLatest(ch chan *model.Mesh, m *model.Mesh) {
+	for {
+		select {
+		case ch <- m:
+			return
+		default:
+			select {
+			case <-ch:
+			default:
+			}
+		}
+	}
+}
+
+// syncEndpointsLoop registers the node's endpoints for every new model, retrying a failed sync
+// every 2 s until it succeeds or a newer model arrives.
+func syncEndpointsLoop(ctx context.Context, e *endpointRegistrar, latest chan *model.Mesh, log *slog.Logger) {
+	var m *model.Mesh
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m = <-latest:
+		case <-retry.C:
+		}
+		if m == nil {
+			continue
+		}
+		if err := e.sync(ctx, m); err != nil {
+			log.Warn("endpoint registration incomplete; retrying", "err", err)
+			retry.Reset(2 * time.Second)
+		}
+	}
+}
+
+func firstNonEmpty(ss ...string) string {
+	for _, s := range ss {
+		if s != "" {
+			return s
+		}
+	}
+	return ""
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {
