@@ -226,3 +226,5 @@ func originalDst(c net.Conn) (netip.AddrPort, error) {
 	}
 	return ap, serr
 }
+
+func runIP(args ...string) ([]byte, error) { return exec.Command("ip", args...).CombinedOutput() }
