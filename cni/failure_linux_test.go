@@ -35,7 +35,9 @@ func TestPrivilegedCNIFailClosed(t *testing.T) {
 			t.Fatal("rules left after a failed ADD")
 		}
 		// DEL still succeeds (the runtime cleans up after the failed ADD).
-		if err := n.do(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.list, podRT(pod, "ctr-down", "mesh", "down")) }); err != nil {
+		if err := n.do(func(ctx context.Context) error {
+			return n.cni.DelNetworkList(ctx, n.list, podRT(pod, "ctr-down", "mesh", "down"))
+		}); err != nil {
 			t.Fatalf("DEL with the agent down: %v", err)
 		}
 	})
@@ -120,7 +122,9 @@ func TestPrivilegedCNIRepairAfterRestart(t *testing.T) {
 	if dp.liveCount() != 1 {
 		t.Fatalf("dataplane after repair has %d pods, want 1", dp.liveCount())
 	}
-	if err := n.do(func(ctx context.Context) error { return n.cni.CheckNetworkList(ctx, n.list, podRT(kept, "ctr-kept", "mesh", "ctr-kept")) }); err != nil {
+	if err := n.do(func(ctx context.Context) error {
+		return n.cni.CheckNetworkList(ctx, n.list, podRT(kept, "ctr-kept", "mesh", "ctr-kept"))
+	}); err != nil {
 		t.Fatalf("CHECK after repair: %v", err)
 	}
 }
