@@ -1,13 +1,22 @@
-// Command aether-cni is not built yet: issue 6 of the project's tracker builds it. Until then it says
-// so and exits with status 1, so nothing mistakes it for a working binary.
+// Command aether-cni is aether's chained CNI plugin (CNI spec 1.1). It runs after the node's
+// primary plugin (Flannel), passes its prevResult through unchanged and asks the aether agent,
+// over the agent's unix socket, to capture the pod; it fails closed when the agent cannot. The
+// logic lives in package cni; stdout carries only the CNI result.
 package main
 
 import (
-	"fmt"
 	"os"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/aethermesh/aether/cni"
 )
 
 func main() {
-	fmt.Fprintln(os.Stderr, "aether-cni: not built yet (issue 6)")
-	os.Exit(1)
+	p := &cni.Plugin{}
+	if err := skel.PluginMainFuncsWithError(p.Funcs(), version.PluginSupports(cni.SupportedVersions...), "aether-cni: aether service mesh pod capture"); err != nil {
+		_ = err.Print()
+		os.Exit(1)
+	}
 }

@@ -1,0 +1,190 @@
+package capture
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+)
+
+// Mode is the inbound policy of a captured pod (DESIGN.md, pod attachment contract).
+type Mode string
+
+// The inbound modes.
+const (
+	// ModeStrict (the default) accepts new inbound TCP only on the inbound mTLS port (15008), from
+	// the pod's own loopback, from the node (NodeSources) and on ExcludeInboundPorts; any other
+	// new inbound TCP connection is refused with a TCP reset.
+	ModeStrict Mode = "strict"
+	// ModePermissive also accepts plaintext TCP from anywhere, for migration.
+	ModePermissive Mode = "permissive"
+)
+
+// Default ports (DESIGN.md, ports).
+const (
+	DefaultCapturePort = 15001
+	DefaultInboundPort = 15008
+	DefaultDNSPort     = 18054
+	// DNSPort is the port of the cluster DNS service that is DNAT'ed to the agent's resolver.
+	DNSPort = 53
+)
+
+// Config is everything the capture rules of one pod depend on. It is plain data: the agent fills
+// it from its own flags, the CNI request (prevResult, plugin config) and the pod.
+type Config struct {
+	// PodIPs are the pod's addresses from the prevResult. A pod with no IPv6 address gets its
+	// IPv6 traffic dropped (never left open); one with an IPv6 address has it captured like IPv4.
+	PodIPs []netip.Addr
+	// HostIP is the node's IPv4 address the agent's DNS resolver listens on (HOST_IP). Required
+	// when ClusterDNS holds an IPv4 address.
+	HostIP netip.Addr
+	// HostIPv6 is the node's IPv6 address for the resolver. Required when ClusterDNS holds an
+	// IPv6 address.
+	HostIPv6 netip.Addr
+	// ClusterDNS are the cluster DNS service addresses (kube-dns ClusterIPs). UDP and TCP to
+	// port 53 of these is DNAT'ed to HostIP:DNSPort (or HostIPv6:DNSPort).
+	ClusterDNS []netip.Addr
+	// Mode is the inbound policy; empty means ModeStrict.
+	Mode Mode
+	// CapturePort is the capture listener's port in the pod netns (0 means 15001).
+	CapturePort uint16
+	// InboundPort is the inbound mTLS port (0 means 15008).
+	InboundPort uint16
+	// DNSPort is the agent resolver's port on HostIP (0 means 18054).
+	DNSPort uint16
+	// ExcludeOutboundPorts are TCP destination ports never redirected.
+	ExcludeOutboundPorts []uint16
+	// ExcludeInboundPorts are TCP ports accepted in plaintext even in strict mode (for example
+	// a metrics port scraped by a non-meshed Prometheus).
+	ExcludeInboundPorts []uint16
+	// ExcludeOutboundCIDRs are destination prefixes never redirected.
+	ExcludeOutboundCIDRs []netip.Prefix
+	// NodeSources are the source prefixes of the node's own connections into the pod: the pod's
+	// gateway address(es) on the node side of its link and HostIP. In strict mode they are how
+	// the node Envoy's connections to application ports (and the kubelet's probes) are told
+	// apart from other pods' plaintext; see docs/capture.md for why not a socket mark.
+	NodeSources []netip.Prefix
+	// BypassMark, when non-zero, exempts sockets carrying this SO_MARK in the pod netns from
+	// outbound capture (meta mark == BypassMark return). Envoy sets it on sockets it opens inside
+	// the pod netns, so they never loop back into the capture listener.
+	BypassMark uint32
+}
+
+// withDefaults returns a copy with zero ports and mode set to their defaults and every list
+// sorted and de-duplicated, so equal configurations build byte-identical rule sets.
+func (c Config) withDefaults() Config {
+	if c.Mode == "" {
+		c.Mode = ModeStrict
+	}
+	if c.CapturePort == 0 {
+		c.CapturePort = DefaultCapturePort
+	}
+	if c.InboundPort == 0 {
+		c.InboundPort = DefaultInboundPort
+	}
+	if c.DNSPort == 0 {
+		c.DNSPort = DefaultDNSPort
+	}
+	c.PodIPs = sortedAddrs(c.PodIPs)
+	c.ClusterDNS = sortedAddrs(c.ClusterDNS)
+	c.ExcludeOutboundPorts = sortedPorts(c.ExcludeOutboundPorts)
+	c.ExcludeInboundPorts = sortedPorts(c.ExcludeInboundPorts)
+	c.ExcludeOutboundCIDRs = sortedPrefixes(c.ExcludeOutboundCIDRs)
+	c.NodeSources = sortedPrefixes(c.NodeSources)
+	return c
+}
+
+// Validate reports the first invalid field as an error naming it and its value.
+func (c Config) Validate() error {
+	switch c.Mode {
+	case "", ModeStrict, ModePermissive:
+	default:
+		return fmt.Errorf("validate capture config: mode %q: want %q or %q", c.Mode, ModeStrict, ModePermissive)
+	}
+	if len(c.PodIPs) == 0 {
+		return fmt.Errorf("validate capture config: podIPs: empty (prevResult carried no address)")
+	}
+	for _, a := range c.PodIPs {
+		if !a.IsValid() || a.IsUnspecified() || a.IsLoopback() {
+			return fmt.Errorf("validate capture config: podIPs: %v is not a usable pod address", a)
+		}
+	}
+	if c.HostIP.IsValid() && !c.HostIP.Is4() {
+		return fmt.Errorf("validate capture config: hostIP: %v is not IPv4", c.HostIP)
+	}
+	if c.HostIPv6.IsValid() && !c.HostIPv6.Is6() {
+		return fmt.Errorf("validate capture config: hostIPv6: %v is not IPv6", c.HostIPv6)
+	}
+	for _, d := range c.ClusterDNS {
+		switch {
+		case !d.IsValid():
+			return fmt.Errorf("validate capture config: clusterDNS: invalid address")
+		case d.Is4() && !c.HostIP.IsValid():
+			return fmt.Errorf("validate capture config: clusterDNS: %v is IPv4 but hostIP is not set", d)
+		case d.Is6() && !c.HostIPv6.IsValid():
+			return fmt.Errorf("validate capture config: clusterDNS: %v is IPv6 but hostIPv6 is not set", d)
+		}
+	}
+	for _, p := range c.ExcludeOutboundCIDRs {
+		if !p.IsValid() {
+			return fmt.Errorf("validate capture config: excludeOutboundCIDRs: invalid prefix %v", p)
+		}
+	}
+	for _, p := range c.NodeSources {
+		if !p.IsValid() {
+			return fmt.Errorf("validate capture config: nodeSources: invalid prefix %v", p)
+		}
+	}
+	for _, p := range c.ExcludeOutboundPorts {
+		if p == 0 {
+			return fmt.Errorf("validate capture config: excludeOutboundPorts: port 0")
+		}
+	}
+	for _, p := range c.ExcludeInboundPorts {
+		if p == 0 {
+			return fmt.Errorf("validate capture config: excludeInboundPorts: port 0")
+		}
+	}
+	return nil
+}
+
+// hasIPv6 reports whether the pod has an IPv6 address (and so gets IPv6 captured, not dropped).
+func (c Config) hasIPv6() bool {
+	return slices.ContainsFunc(c.PodIPs, func(a netip.Addr) bool { return a.Is6() && !a.Is4In6() })
+}
+
+func sortedAddrs(in []netip.Addr) []netip.Addr {
+	out := slices.Clone(in)
+	for i, a := range out {
+		out[i] = a.Unmap()
+	}
+	slices.SortFunc(out, func(a, b netip.Addr) int { return a.Compare(b) })
+	return slices.Compact(out)
+}
+
+func sortedPorts(in []uint16) []uint16 {
+	out := slices.Clone(in)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+func sortedPrefixes(in []netip.Prefix) []netip.Prefix {
+	out := make([]netip.Prefix, 0, len(in))
+	for _, p := range in {
+		out = append(out, netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-unmapBits(p)).Masked())
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return slices.Compact(out)
+}
+
+// unmapBits is 96 for an IPv4-mapped IPv6 prefix (::ffff:a.b.c.d/n), so it becomes a.b.c.d/(n-96).
+func unmapBits(p netip.Prefix) int {
+	if p.Addr().Is4In6() && p.Bits() >= 96 {
+		return 96
+	}
+	return 0
+}

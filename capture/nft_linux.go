@@ -1,0 +1,271 @@
+//go:build linux
+
+package capture
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NFTables applies rule sets through nf_tables netlink messages (github.com/google/nftables): no
+// process is started per pod, and the whole table is replaced in one netlink batch, which the
+// kernel commits as one transaction (all of it or nothing).
+type NFTables struct{}
+
+// Apply makes the pod netns at netnsPath hold exactly rs in table inet aether. It first checks
+// the live table and writes nothing when it already matches (so applying twice is a no-op);
+// otherwise it adds, deletes and re-creates the table with every chain and rule in one
+// transaction. It reports whether it changed anything.
+func (NFTables) Apply(netnsPath string, rs RuleSet) (changed bool, err error) {
+	conn, closeNS, err := nftConn(netnsPath)
+	if err != nil {
+		return false, fmt.Errorf("apply capture rules: %w", err)
+	}
+	defer closeNS()
+	if checkNFT(conn, rs) == nil {
+		return false, nil
+	}
+	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
+	conn.AddTable(t)
+	conn.DelTable(t)
+	conn.AddTable(t)
+	for _, ch := range rs.Chains {
+		typ, hook, prio := ch.Hook.nftables()
+		policy := nftables.ChainPolicyAccept
+		c := conn.AddChain(&nftables.Chain{Name: ch.Name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: &policy})
+		for _, r := range ch.Rules {
+			exprs, err := r.nftExprs(conn, t)
+			if err != nil {
+				return false, fmt.Errorf("apply capture rules: rule %s: %w", r.ID, err)
+			}
+			conn.AddRule(&nftables.Rule{Table: t, Chain: c, Exprs: exprs,
+				UserData: userdata.AppendString(nil, userdata.TypeComment, r.Comment())})
+		}
+	}
+	if err := conn.Flush(); err != nil {
+		return false, fmt.Errorf("apply capture rules in %s: %w", netnsPath, err)
+	}
+	return true, nil
+}
+
+// Check compares the live table inet aether in the pod netns with rs: the same chains (name,
+// hook) holding the same rules in the same order, compared by their aether comments (which carry
+// a digest of each rule). It returns a *DriftError describing the first difference, or another
+// error when the netns cannot be read.
+func (NFTables) Check(netnsPath string, rs RuleSet) error {
+	conn, closeNS, err := nftConn(netnsPath)
+	if err != nil {
+		return fmt.Errorf("check capture rules: %w", err)
+	}
+	defer closeNS()
+	return checkNFT(conn, rs)
+}
+
+// Teardown deletes table inet aether from the pod netns. A missing table or a netns that no
+// longer exists is success (idempotent, CNI DEL semantics).
+func (NFTables) Teardown(netnsPath string) error {
+	conn, closeNS, err := nftConn(netnsPath)
+	if err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("remove capture rules: %w", err)
+	}
+	defer closeNS()
+	if _, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet); err != nil {
+		return nil // no table: nothing to remove
+	}
+	conn.DelTable(&nftables.Table{Family: nftables.TableFamilyINet, Name: TableName})
+	if err := conn.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("remove capture rules in %s: %w", netnsPath, err)
+	}
+	return nil
+}
+
+func nftConn(netnsPath string) (*nftables.Conn, func(), error) {
+	h, err := netns.GetFromPath(netnsPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open netns %s: %w", netnsPath, err)
+	}
+	conn, err := nftables.New(nftables.WithNetNSFd(int(h)))
+	if err != nil {
+		h.Close()
+		return nil, nil, fmt.Errorf("open nftables in %s: %w", netnsPath, err)
+	}
+	return conn, func() { h.Close() }, nil
+}
+
+func checkNFT(conn *nftables.Conn, rs RuleSet) error {
+	t, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet)
+	if err != nil {
+		return &DriftError{What: "table inet " + TableName + " is missing"}
+	}
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return fmt.Errorf("check capture rules: list chains: %w", err)
+	}
+	var live []*nftables.Chain
+	for _, c := range chains {
+		if c.Table.Name == TableName {
+			live = append(live, c)
+		}
+	}
+	if len(live) != len(rs.Chains) {
+		return &DriftError{What: fmt.Sprintf("table has %d chains, want %d", len(live), len(rs.Chains))}
+	}
+	for _, ch := range rs.Chains {
+		i := slices.IndexFunc(live, func(c *nftables.Chain) bool { return c.Name == ch.Name })
+		if i < 0 {
+			return &DriftError{What: "chain " + ch.Name + " is missing"}
+		}
+		_, hook, prio := ch.Hook.nftables()
+		if live[i].Hooknum == nil || *live[i].Hooknum != *hook || live[i].Priority == nil || *live[i].Priority != *prio {
+			return &DriftError{What: "chain " + ch.Name + " has another hook or priority"}
+		}
+		rules, err := conn.GetRules(t, live[i])
+		if err != nil {
+			return fmt.Errorf("check capture rules: list rules of %s: %w", ch.Name, err)
+		}
+		if len(rules) != len(ch.Rules) {
+			return &DriftError{What: fmt.Sprintf("chain %s has %d rules, want %d", ch.Name, len(rules), len(ch.Rules))}
+		}
+		for j, r := range ch.Rules {
+			got, _ := userdata.GetString(rules[j].UserData, userdata.TypeComment)
+			if got != r.Comment() {
+				return &DriftError{What: fmt.Sprintf("chain %s rule %d is %q, want %q", ch.Name, j, got, r.Comment())}
+			}
+		}
+	}
+	return nil
+}
+
+func (h Hook) nftables() (nftables.ChainType, *nftables.ChainHook, *nftables.ChainPriority) {
+	switch h {
+	case HookOutputNAT:
+		return nftables.ChainTypeNAT, nftables.ChainHookOutput, nftables.ChainPriorityNATDest
+	case HookOutputFilter:
+		return nftables.ChainTypeFilter, nftables.ChainHookOutput, nftables.ChainPriorityFilter
+	default:
+		return nftables.ChainTypeFilter, nftables.ChainHookInput, nftables.ChainPriorityFilter
+	}
+}
+
+// ifname pads a device name to IFNAMSIZ, as nft compares meta iifname/oifname.
+func ifname(n string) []byte {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, n)
+	return b
+}
+
+func (r Rule) nftExprs(conn *nftables.Conn, t *nftables.Table) ([]expr.Any, error) {
+	var e []expr.Any
+	switch r.Family {
+	case FamilyIPv4:
+		e = append(e, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}})
+	case FamilyIPv6:
+		e = append(e, &expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV6}})
+	}
+	if r.OIFLoopback {
+		e = append(e, &expr.Meta{Key: expr.MetaKeyOIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")})
+	}
+	if r.IIFLoopback {
+		e = append(e, &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")})
+	}
+	if r.Established {
+		e = append(e, &expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
+				Xor:  binaryutil.NativeEndian.PutUint32(0)},
+			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)})
+	}
+	if r.Mark != 0 {
+		e = append(e, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(r.Mark)})
+	}
+	if r.Src.IsValid() {
+		e = append(e, prefixExprs(r.Src.Masked().Addr().AsSlice(), r.Src.Bits(), true)...)
+	}
+	if r.Dst.IsValid() {
+		e = append(e, prefixExprs(r.Dst.Masked().Addr().AsSlice(), r.Dst.Bits(), false)...)
+	}
+	if r.L4 != 0 {
+		e = append(e, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{r.L4}})
+	}
+	switch len(r.DstPorts) {
+	case 0:
+	case 1:
+		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(r.DstPorts[0])})
+	default:
+		set := &nftables.Set{Table: t, Anonymous: true, Constant: true, KeyType: nftables.TypeInetService}
+		elems := make([]nftables.SetElement, len(r.DstPorts))
+		for i, p := range r.DstPorts {
+			elems[i] = nftables.SetElement{Key: binaryutil.BigEndian.PutUint16(p)}
+		}
+		if err := conn.AddSet(set, elems); err != nil {
+			return nil, fmt.Errorf("add port set: %w", err)
+		}
+		e = append(e, &expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Lookup{SourceRegister: 1, SetName: set.Name, SetID: set.ID})
+	}
+	switch r.Verdict.Kind {
+	case VerdictAccept:
+		e = append(e, &expr.Verdict{Kind: expr.VerdictAccept})
+	case VerdictReturn:
+		e = append(e, &expr.Verdict{Kind: expr.VerdictReturn})
+	case VerdictDrop:
+		e = append(e, &expr.Verdict{Kind: expr.VerdictDrop})
+	case VerdictReject:
+		e = append(e, &expr.Reject{Type: unix.NFT_REJECT_TCP_RST})
+	case VerdictRedirect:
+		e = append(e, &expr.Immediate{Register: 1, Data: binaryutil.BigEndian.PutUint16(r.Verdict.Port)},
+			&expr.Redir{RegisterProtoMin: 1})
+	case VerdictDNAT:
+		fam := uint32(unix.NFPROTO_IPV4)
+		if r.Verdict.Addr.Is6() {
+			fam = unix.NFPROTO_IPV6
+		}
+		e = append(e, &expr.Immediate{Register: 1, Data: r.Verdict.Addr.AsSlice()},
+			&expr.Immediate{Register: 2, Data: binaryutil.BigEndian.PutUint16(r.Verdict.Port)},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: fam, RegAddrMin: 1, RegProtoMin: 2, Specified: true})
+	}
+	return e, nil
+}
+
+// prefixExprs matches the source or destination address against addr/bits. The caller has
+// matched the family first (meta nfproto), as nft does in an inet table.
+func prefixExprs(addr []byte, bits int, src bool) []expr.Any {
+	var off uint32
+	switch {
+	case len(addr) == 4 && src:
+		off = 12
+	case len(addr) == 4:
+		off = 16
+	case src:
+		off = 8
+	default:
+		off = 24
+	}
+	e := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: off, Len: uint32(len(addr))}}
+	if bits < len(addr)*8 {
+		mask := make([]byte, len(addr))
+		for i := 0; i < bits; i++ {
+			mask[i/8] |= 0x80 >> (i % 8)
+		}
+		e = append(e, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: uint32(len(addr)), Mask: mask, Xor: make([]byte, len(addr))})
+	}
+	return append(e, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr})
+}

@@ -1,0 +1,348 @@
+//go:build linux
+
+package capture
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// TestPrivilegedNFTablesApplyIdempotent applies every golden configuration twice to a fresh
+// netns: the first apply writes, the second finds the table equal and writes nothing; Check
+// passes; a rule deleted by hand is reported as drift and repaired by Apply; Teardown twice
+// leaves no table.
+func TestPrivilegedNFTablesApplyIdempotent(t *testing.T) {
+	testenv.RequireRoot(t)
+	var b NFTables
+	for _, tc := range goldenConfigs {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := testenv.NewNetns(t)
+			rs, err := Build(tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Check(ns.Path, rs); !isDrift(err) {
+				t.Fatalf("Check before apply = %v, want drift", err)
+			}
+			for i, want := range []bool{true, false} {
+				changed, err := b.Apply(ns.Path, rs)
+				if err != nil {
+					t.Fatalf("apply %d: %v", i+1, err)
+				}
+				if changed != want {
+					t.Fatalf("apply %d changed = %v, want %v", i+1, changed, want)
+				}
+				if err := b.Check(ns.Path, rs); err != nil {
+					t.Fatalf("check after apply %d: %v", i+1, err)
+				}
+			}
+			// The live table, as nft prints it, carries every rule's aether comment.
+			out, err := ns.Command("nft", "list", "table", "inet", TableName).CombinedOutput()
+			if err != nil {
+				t.Fatalf("nft list: %v\n%s", err, out)
+			}
+			for _, r := range allRules(rs) {
+				if !strings.Contains(string(out), r.Comment()) {
+					t.Errorf("live table lacks %s:\n%s", r.Comment(), out)
+				}
+			}
+			// A rule deleted by hand is drift; Apply restores it.
+			if out, err := ns.Command("nft", "flush", "chain", "inet", TableName, "output_nat").CombinedOutput(); err != nil {
+				t.Fatalf("nft flush: %v\n%s", err, out)
+			}
+			if err := b.Check(ns.Path, rs); !isDrift(err) {
+				t.Fatalf("Check after flush = %v, want drift", err)
+			}
+			if changed, err := b.Apply(ns.Path, rs); err != nil || !changed {
+				t.Fatalf("repair apply = %v, %v; want changed", changed, err)
+			}
+			if err := b.Check(ns.Path, rs); err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 2; i++ {
+				if err := b.Teardown(ns.Path); err != nil {
+					t.Fatalf("teardown %d: %v", i+1, err)
+				}
+			}
+			out, _ = ns.Command("nft", "list", "ruleset").CombinedOutput()
+			if strings.TrimSpace(string(out)) != "" {
+				t.Fatalf("ruleset after teardown:\n%s", out)
+			}
+		})
+	}
+	// Teardown of a netns that is gone is success (DEL after the runtime removed the netns).
+	if err := b.Teardown("/var/run/netns/aether-does-not-exist"); err != nil {
+		t.Fatalf("teardown of missing netns: %v", err)
+	}
+}
+
+func isDrift(err error) bool {
+	var d *DriftError
+	return errors.As(err, &d)
+}
+
+// topo is a pod netns joined to a "node" netns by a veth pair: pod 10.99.0.2/24 (default route via
+// 10.99.0.1), node 10.99.0.1/24 plus 10.99.0.3/24 (a stand-in for another pod's source address)
+// and HOST_IP 198.18.0.1/32 on the node's loopback (this kernel has no dummy driver).
+type topo struct {
+	pod, node *testenv.Netns
+}
+
+const (
+	topoPodIP   = "10.99.0.2"
+	topoGateway = "10.99.0.1"
+	topoOther   = "10.99.0.3"
+	topoHostIP  = "198.18.0.1"
+)
+
+func newTopo(t *testing.T) *topo {
+	t.Helper()
+	tp := &topo{pod: testenv.NewNetns(t), node: testenv.NewNetns(t)}
+	hn, err := tp.node.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hn.Close()
+	podNS, err := netns.GetFromPath(tp.pod.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podNS.Close()
+	if err := hn.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vnode"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(podNS))}); err != nil {
+		t.Fatal(err)
+	}
+	hp, err := tp.pod.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hp.Close()
+	setup := []struct {
+		h     *netlink.Handle
+		link  string
+		addrs []string
+	}{
+		{hn, "vnode", []string{topoGateway + "/24", topoOther + "/24"}},
+		{hn, "lo", []string{topoHostIP + "/32"}},
+		{hp, "eth0", []string{topoPodIP + "/24"}},
+	}
+	for _, s := range setup {
+		l, err := s.h.LinkByName(s.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range s.addrs {
+			na, _ := netlink.ParseAddr(a)
+			if err := s.h.AddrAdd(l, na); err != nil {
+				t.Fatalf("address %s %s: %v", s.link, a, err)
+			}
+		}
+		if err := s.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eth0, _ := hp.LinkByName("eth0")
+	if err := hp.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP(topoGateway)}); err != nil {
+		t.Fatalf("default route in pod: %v", err)
+	}
+	return tp
+}
+
+// acceptOne listens on addr inside ns and returns the listener; accepted connections are sent on
+// the channel.
+func acceptOn(t *testing.T, ns *testenv.Netns, addr string) (net.Listener, chan net.Conn) {
+	t.Helper()
+	var l net.Listener
+	if err := ns.Do(func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ch := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			ch <- c
+		}
+	}()
+	return l, ch
+}
+
+// dialFrom dials addr from ns, optionally from a local source address, and writes one byte.
+func dialFrom(ns *testenv.Netns, src, addr string) error {
+	return ns.Do(func() error {
+		d := net.Dialer{Timeout: 2 * time.Second}
+		if src != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+		}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte{1})
+		return err
+	})
+}
+
+// OriginalDst returns SO_ORIGINAL_DST of an accepted IPv4 TCP connection: the destination the
+// client dialled before the redirect.
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		var mreq *unix.IPv6Mreq
+		mreq, serr = unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if serr != nil {
+			return
+		}
+		// struct sockaddr_in: family(2) port(2, big endian) addr(4).
+		b := mreq.Multiaddr
+		ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), uint16(b[2])<<8|uint16(b[3]))
+	})
+	if err != nil {
+		return ap, err
+	}
+	return ap, serr
+}
+
+// TestPrivilegedCaptureTraffic shows what the rules do to real traffic in a pod netns: outbound
+// TCP lands on the capture listener with its original destination recoverable, excluded ports
+// bypass it, DNS to the cluster DNS address reaches the resolver on HOST_IP:18054, IPv6 is
+// dropped for a v4-only pod, and inbound plaintext is refused in strict mode (except from the
+// node) and accepted in permissive mode.
+func TestPrivilegedCaptureTraffic(t *testing.T) {
+	testenv.RequireRoot(t)
+	tp := newTopo(t)
+	cfg := Config{
+		PodIPs: addrs(topoPodIP), HostIP: netip.MustParseAddr(topoHostIP), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources: prefixes(topoGateway + "/32"), ExcludeOutboundPorts: []uint16{7070},
+	}
+	rs, err := Build(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b NFTables
+	if _, err := b.Apply(tp.pod.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+
+	// Outbound capture.
+	_, captured := acceptOn(t, tp.pod, "127.0.0.1:15001")
+	if err := dialFrom(tp.pod, "", "203.0.113.9:80"); err != nil {
+		t.Fatalf("dial 203.0.113.9:80 from pod: %v", err)
+	}
+	select {
+	case c := <-captured:
+		od, err := originalDst(c)
+		c.Close()
+		if err != nil || od.String() != "203.0.113.9:80" {
+			t.Fatalf("SO_ORIGINAL_DST = %v, %v; want 203.0.113.9:80", od, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("capture listener got no connection")
+	}
+	// An excluded port goes to the real destination (the node), not to the capture listener.
+	_, direct := acceptOn(t, tp.node, topoGateway+":7070")
+	if err := dialFrom(tp.pod, "", topoGateway+":7070"); err != nil {
+		t.Fatalf("dial excluded port: %v", err)
+	}
+	select {
+	case c := <-direct:
+		c.Close()
+	case c := <-captured:
+		c.Close()
+		t.Fatal("excluded port 7070 was captured")
+	case <-time.After(10 * time.Second):
+		t.Fatal("excluded port: no connection at the destination")
+	}
+
+	// DNS: a UDP query to the cluster DNS address reaches the resolver on HOST_IP:18054.
+	var pc net.PacketConn
+	if err := tp.node.Do(func() (err error) { pc, err = net.ListenPacket("udp", topoHostIP+":18054"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(append([]byte("answer:"), buf[:n]...), from)
+		}
+	}()
+	err = tp.pod.Do(func() error {
+		c, err := net.Dial("udp", "10.96.0.10:53")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("q")); err != nil {
+			return err
+		}
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		if err != nil {
+			return err
+		}
+		if string(buf[:n]) != "answer:q" {
+			return fmt.Errorf("reply %q", buf[:n])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("DNS via cluster DNS address: %v", err)
+	}
+
+	// IPv6 from a v4-only pod is dropped, not open.
+	if out, err := tp.pod.Command("nft", "list", "chain", "inet", TableName, "output_filter").CombinedOutput(); err != nil || !strings.Contains(string(out), "ipv6 drop") {
+		t.Fatalf("output_filter: %v\n%s", err, out)
+	}
+
+	// Inbound, strict: plaintext from another source is refused, the node and 15008 are let in.
+	acceptOn(t, tp.pod, topoPodIP+":8080")
+	acceptOn(t, tp.pod, topoPodIP+":15008")
+	if err := dialFrom(tp.node, topoOther, topoPodIP+":8080"); !isRefused(err) {
+		t.Fatalf("strict: plaintext from %s to :8080 = %v, want connection refused", topoOther, err)
+	}
+	if err := dialFrom(tp.node, topoOther, topoPodIP+":15008"); err != nil {
+		t.Fatalf("strict: %s to :15008: %v", topoOther, err)
+	}
+	if err := dialFrom(tp.node, topoGateway, topoPodIP+":8080"); err != nil {
+		t.Fatalf("strict: node (%s) to :8080: %v", topoGateway, err)
+	}
+
+	// Permissive: the same plaintext connection is accepted.
+	cfg.Mode = ModePermissive
+	rs, _ = Build(cfg)
+	if changed, err := b.Apply(tp.pod.Path, rs); err != nil || !changed {
+		t.Fatalf("apply permissive: %v %v", changed, err)
+	}
+	if err := dialFrom(tp.node, topoOther, topoPodIP+":8080"); err != nil {
+		t.Fatalf("permissive: plaintext from %s to :8080: %v", topoOther, err)
+	}
+	if err := b.Teardown(tp.pod.Path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }

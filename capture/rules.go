@@ -1,0 +1,460 @@
+package capture
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// TableName is the nftables table (family inet) that holds every aether rule in a pod netns; the
+// iptables fallback uses chains prefixed ChainPrefix instead. Nothing outside them is touched.
+const (
+	TableName   = "aether"
+	ChainPrefix = "AETHER-"
+	// Tag starts every rule's comment ("aether:<rule id>#<digest>").
+	Tag = "aether"
+)
+
+// Family selects the IP family a rule applies to.
+type Family uint8
+
+// The families.
+const (
+	FamilyAny Family = iota
+	FamilyIPv4
+	FamilyIPv6
+)
+
+// Hook is where a chain is attached.
+type Hook string
+
+// The hooks aether uses.
+const (
+	// HookOutputNAT is the nat output hook (priority dstnat, -100): locally generated packets,
+	// first packet of each connection only.
+	HookOutputNAT Hook = "output-nat"
+	// HookOutputFilter is the filter output hook (priority 0).
+	HookOutputFilter Hook = "output-filter"
+	// HookInputFilter is the filter input hook (priority 0).
+	HookInputFilter Hook = "input-filter"
+)
+
+// VerdictKind is what a matching rule does.
+type VerdictKind uint8
+
+// The verdicts.
+const (
+	VerdictAccept VerdictKind = iota
+	VerdictReturn
+	VerdictDrop
+	// VerdictReject answers TCP with a reset.
+	VerdictReject
+	// VerdictRedirect redirects to Port on the local host (127.0.0.1 or ::1 for locally
+	// generated packets), keeping the original destination in conntrack (SO_ORIGINAL_DST).
+	VerdictRedirect
+	// VerdictDNAT rewrites the destination to Addr:Port.
+	VerdictDNAT
+)
+
+// Verdict is a rule's action.
+type Verdict struct {
+	Kind VerdictKind
+	Port uint16
+	Addr netip.Addr
+}
+
+// Rule is one capture rule as plain data: every set match must hold (logical and).
+type Rule struct {
+	// ID names the rule stably ("out-redirect", "dns-udp-10.96.0.10"); it is part of the
+	// rule's comment, so check and repair can tell aether's rules apart and spot drift.
+	ID     string
+	Family Family
+	// OIFLoopback / IIFLoopback match the loopback interface ("lo") as output / input device.
+	OIFLoopback bool
+	IIFLoopback bool
+	// Established matches conntrack state established or related.
+	Established bool
+	// Mark matches the packet mark exactly when non-zero.
+	Mark uint32
+	// L4 is the transport protocol (6 TCP, 17 UDP); 0 means any.
+	L4 uint8
+	// Src / Dst match a source / destination prefix when valid.
+	Src netip.Prefix
+	Dst netip.Prefix
+	// DstPorts matches any of these destination ports (requires L4).
+	DstPorts []uint16
+	Verdict  Verdict
+}
+
+// Chain is one base chain of the rule set. Its policy is always accept: aether's chains only ever
+// return, redirect, or refuse explicitly.
+type Chain struct {
+	Name  string
+	Hook  Hook
+	Rules []Rule
+}
+
+// RuleSet is the complete capture configuration of one pod netns.
+type RuleSet struct {
+	Chains []Chain
+}
+
+// Protocol numbers used in rules.
+const (
+	protoTCP = 6
+	protoUDP = 17
+)
+
+// Build returns the capture rule set for cfg (pure; DESIGN.md data flow 2). It returns the error
+// of cfg.Validate.
+//
+// Outbound (nat output): loopback and BypassMark return; DNS (UDP and TCP port 53) to each
+// ClusterDNS address is DNAT'ed to HostIP:DNSPort; ExcludeOutboundCIDRs and
+// ExcludeOutboundPorts return; every other TCP connection is redirected to CapturePort. IPv6 is
+// handled the same way when the pod has an IPv6 address; otherwise every non-loopback IPv6
+// packet is dropped in both directions.
+//
+// Inbound (filter input): established/related and loopback accepted; in ModeStrict only
+// InboundPort, NodeSources and ExcludeInboundPorts accept new TCP, any other new TCP connection
+// gets a reset. UDP and ICMP are not meshed and pass.
+func Build(cfg Config) (RuleSet, error) {
+	if err := cfg.Validate(); err != nil {
+		return RuleSet{}, fmt.Errorf("build capture rules: %w", err)
+	}
+	c := cfg.withDefaults()
+	v6 := c.hasIPv6()
+	capFam := FamilyAny
+	if !v6 {
+		capFam = FamilyIPv4
+	}
+
+	out := Chain{Name: "output_nat", Hook: HookOutputNAT}
+	out.Rules = append(out.Rules, Rule{ID: "out-loopback", OIFLoopback: true, Verdict: Verdict{Kind: VerdictReturn}})
+	if c.BypassMark != 0 {
+		out.Rules = append(out.Rules, Rule{ID: "out-bypass-mark", Mark: c.BypassMark, Verdict: Verdict{Kind: VerdictReturn}})
+	}
+	for _, d := range c.ClusterDNS {
+		fam, host := FamilyIPv4, c.HostIP
+		if d.Is6() {
+			fam, host = FamilyIPv6, c.HostIPv6
+		}
+		for _, l4 := range []struct {
+			name  string
+			proto uint8
+		}{{"udp", protoUDP}, {"tcp", protoTCP}} {
+			out.Rules = append(out.Rules, Rule{
+				ID: "out-dns-" + l4.name + "-" + d.String(), Family: fam, L4: l4.proto,
+				Dst: netip.PrefixFrom(d, d.BitLen()), DstPorts: []uint16{DNSPort},
+				Verdict: Verdict{Kind: VerdictDNAT, Addr: host, Port: c.DNSPort},
+			})
+		}
+	}
+	for _, p := range c.ExcludeOutboundCIDRs {
+		fam := FamilyIPv4
+		if p.Addr().Is6() {
+			fam = FamilyIPv6
+		}
+		out.Rules = append(out.Rules, Rule{ID: "out-exclude-" + p.String(), Family: fam, Dst: p, Verdict: Verdict{Kind: VerdictReturn}})
+	}
+	if len(c.ExcludeOutboundPorts) > 0 {
+		out.Rules = append(out.Rules, Rule{ID: "out-exclude-ports", L4: protoTCP, DstPorts: c.ExcludeOutboundPorts, Verdict: Verdict{Kind: VerdictReturn}})
+	}
+	out.Rules = append(out.Rules, Rule{ID: "out-redirect", Family: capFam, L4: protoTCP, Verdict: Verdict{Kind: VerdictRedirect, Port: c.CapturePort}})
+
+	rs := RuleSet{Chains: []Chain{out}}
+
+	if !v6 {
+		rs.Chains = append(rs.Chains, Chain{Name: "output_filter", Hook: HookOutputFilter, Rules: []Rule{
+			{ID: "out6-loopback", OIFLoopback: true, Verdict: Verdict{Kind: VerdictAccept}},
+			{ID: "out6-drop", Family: FamilyIPv6, Verdict: Verdict{Kind: VerdictDrop}},
+		}})
+	}
+
+	in := Chain{Name: "input_filter", Hook: HookInputFilter}
+	in.Rules = append(in.Rules,
+		Rule{ID: "in-established", Established: true, Verdict: Verdict{Kind: VerdictAccept}},
+		Rule{ID: "in-loopback", IIFLoopback: true, Verdict: Verdict{Kind: VerdictAccept}},
+	)
+	if !v6 {
+		in.Rules = append(in.Rules, Rule{ID: "in6-drop", Family: FamilyIPv6, Verdict: Verdict{Kind: VerdictDrop}})
+	}
+	if c.Mode == ModeStrict {
+		in.Rules = append(in.Rules, Rule{ID: "in-mtls", L4: protoTCP, DstPorts: []uint16{c.InboundPort}, Verdict: Verdict{Kind: VerdictAccept}})
+		for _, p := range c.NodeSources {
+			fam := FamilyIPv4
+			if p.Addr().Is6() {
+				fam = FamilyIPv6
+			}
+			in.Rules = append(in.Rules, Rule{ID: "in-node-" + p.String(), Family: fam, L4: protoTCP, Src: p, Verdict: Verdict{Kind: VerdictAccept}})
+		}
+		if len(c.ExcludeInboundPorts) > 0 {
+			in.Rules = append(in.Rules, Rule{ID: "in-exclude-ports", L4: protoTCP, DstPorts: c.ExcludeInboundPorts, Verdict: Verdict{Kind: VerdictAccept}})
+		}
+		in.Rules = append(in.Rules, Rule{ID: "in-strict-reject", L4: protoTCP, Verdict: Verdict{Kind: VerdictReject}})
+	}
+	rs.Chains = append(rs.Chains, in)
+	return rs, nil
+}
+
+// Comment returns the rule's tag, "aether:<id>#<digest>", where digest is the first 8 hex digits
+// of the SHA-256 of the rule's nftables rendering: a changed rule gets a new comment, so Check
+// spots drift by comments alone.
+func (r Rule) Comment() string {
+	sum := sha256.Sum256([]byte(r.nftMatch() + " " + r.nftVerdict()))
+	return Tag + ":" + r.ID + "#" + hex.EncodeToString(sum[:4])
+}
+
+// NFTText renders the rule set in `nft -f` syntax (as `nft list table inet aether` would show
+// it). It is what golden files hold and what an operator compares with the live table.
+func (rs RuleSet) NFTText() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "table inet %s {\n", TableName)
+	for i, ch := range rs.Chains {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		typ, hook, prio := ch.Hook.nft()
+		fmt.Fprintf(&b, "\tchain %s {\n\t\ttype %s hook %s priority %d; policy accept;\n", ch.Name, typ, hook, prio)
+		for _, r := range ch.Rules {
+			fmt.Fprintf(&b, "\t\t%s %s comment %q\n", r.nftMatch(), r.nftVerdict(), r.Comment())
+		}
+		b.WriteString("\t}\n")
+	}
+	b.WriteString("}\n")
+	return b.String()
+}
+
+// nft returns the chain type, hook name and priority.
+func (h Hook) nft() (typ, hook string, prio int) {
+	switch h {
+	case HookOutputNAT:
+		return "nat", "output", -100
+	case HookOutputFilter:
+		return "filter", "output", 0
+	default:
+		return "filter", "input", 0
+	}
+}
+
+func (r Rule) nftMatch() string {
+	var m []string
+	switch r.Family {
+	case FamilyIPv4:
+		m = append(m, "meta nfproto ipv4")
+	case FamilyIPv6:
+		m = append(m, "meta nfproto ipv6")
+	}
+	if r.OIFLoopback {
+		m = append(m, `oifname "lo"`)
+	}
+	if r.IIFLoopback {
+		m = append(m, `iifname "lo"`)
+	}
+	if r.Established {
+		m = append(m, "ct state established,related")
+	}
+	if r.Mark != 0 {
+		m = append(m, fmt.Sprintf("meta mark 0x%08x", r.Mark))
+	}
+	ipk := "ip"
+	if r.Family == FamilyIPv6 {
+		ipk = "ip6"
+	}
+	if r.Src.IsValid() {
+		m = append(m, ipk+" saddr "+prefixText(r.Src))
+	}
+	if r.Dst.IsValid() {
+		m = append(m, ipk+" daddr "+prefixText(r.Dst))
+	}
+	if r.L4 != 0 {
+		m = append(m, "meta l4proto "+protoName(r.L4))
+	}
+	if len(r.DstPorts) > 0 {
+		m = append(m, protoName(r.L4)+" dport "+portsText(r.DstPorts, "{ ", ", ", " }"))
+	}
+	return strings.Join(m, " ")
+}
+
+func (r Rule) nftVerdict() string {
+	switch r.Verdict.Kind {
+	case VerdictAccept:
+		return "accept"
+	case VerdictReturn:
+		return "return"
+	case VerdictDrop:
+		return "drop"
+	case VerdictReject:
+		return "reject with tcp reset"
+	case VerdictRedirect:
+		return fmt.Sprintf("redirect to :%d", r.Verdict.Port)
+	default:
+		if r.Verdict.Addr.Is6() {
+			return fmt.Sprintf("dnat ip6 to [%s]:%d", r.Verdict.Addr, r.Verdict.Port)
+		}
+		return fmt.Sprintf("dnat ip to %s:%d", r.Verdict.Addr, r.Verdict.Port)
+	}
+}
+
+func prefixText(p netip.Prefix) string {
+	if p.IsSingleIP() {
+		return p.Addr().String()
+	}
+	return p.String()
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case protoTCP:
+		return "tcp"
+	case protoUDP:
+		return "udp"
+	}
+	return strconv.Itoa(int(p))
+}
+
+func portsText(ps []uint16, open, sep, closing string) string {
+	if len(ps) == 1 {
+		return strconv.Itoa(int(ps[0]))
+	}
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = strconv.Itoa(int(p))
+	}
+	return open + strings.Join(s, sep) + closing
+}
+
+// IPTablesRestore renders the rule set as iptables-restore input for one family (FamilyIPv4 for
+// iptables-restore, FamilyIPv6 for ip6tables-restore), to be fed with --noflush. Each hook gets
+// its own chain (AETHER-OUTPUT-NAT, AETHER-OUTPUT, AETHER-INPUT); declaring a chain in
+// iptables-restore input flushes it, so applying twice gives the same rules. The jumps from the
+// built-in chains are managed separately (IPTablesJumps), so they are never duplicated.
+func (rs RuleSet) IPTablesRestore(fam Family) string {
+	tables := map[string][]string{}
+	var order []string
+	for _, ch := range rs.Chains {
+		table, _ := ch.Hook.iptables()
+		name := ch.Hook.iptablesChain()
+		if _, ok := tables[table]; !ok {
+			order = append(order, table)
+		}
+		tables[table] = append(tables[table], ":"+name+" - [0:0]")
+		for _, r := range ch.Rules {
+			if r.Family != FamilyAny && r.Family != fam {
+				continue
+			}
+			tables[table] = append(tables[table], "-A "+name+" "+r.iptables(fam))
+		}
+	}
+	var b strings.Builder
+	for _, t := range order {
+		fmt.Fprintf(&b, "*%s\n", t)
+		// Chain declarations first, then rules (iptables-restore needs chains declared before use).
+		var decl, rules []string
+		for _, l := range tables[t] {
+			if strings.HasPrefix(l, ":") {
+				decl = append(decl, l)
+			} else {
+				rules = append(rules, l)
+			}
+		}
+		for _, l := range append(decl, rules...) {
+			b.WriteString(l + "\n")
+		}
+		b.WriteString("COMMIT\n")
+	}
+	return b.String()
+}
+
+// IPTablesJump is the rule in a built-in chain that sends packets to one of aether's chains.
+type IPTablesJump struct {
+	Table, Chain string
+	// Rule is the rule specification (iptables -A <Chain> <Rule...>).
+	Rule []string
+}
+
+// IPTablesJumps returns the jump rules from the built-in chains into aether's chains, each tagged
+// with the aether comment.
+func (rs RuleSet) IPTablesJumps() []IPTablesJump {
+	var js []IPTablesJump
+	for _, ch := range rs.Chains {
+		table, builtin := ch.Hook.iptables()
+		js = append(js, IPTablesJump{Table: table, Chain: builtin,
+			Rule: []string{"-m", "comment", "--comment", Tag + ":jump", "-j", ch.Hook.iptablesChain()}})
+	}
+	return js
+}
+
+func (h Hook) iptables() (table, builtin string) {
+	switch h {
+	case HookOutputNAT:
+		return "nat", "OUTPUT"
+	case HookOutputFilter:
+		return "filter", "OUTPUT"
+	default:
+		return "filter", "INPUT"
+	}
+}
+
+func (h Hook) iptablesChain() string {
+	switch h {
+	case HookOutputNAT:
+		return ChainPrefix + "OUTPUT-NAT"
+	case HookOutputFilter:
+		return ChainPrefix + "OUTPUT"
+	default:
+		return ChainPrefix + "INPUT"
+	}
+}
+
+func (r Rule) iptables(fam Family) string {
+	var m []string
+	if r.OIFLoopback {
+		m = append(m, "-o lo")
+	}
+	if r.IIFLoopback {
+		m = append(m, "-i lo")
+	}
+	if r.Src.IsValid() {
+		m = append(m, "-s "+r.Src.String())
+	}
+	if r.Dst.IsValid() {
+		m = append(m, "-d "+r.Dst.String())
+	}
+	if r.L4 != 0 {
+		m = append(m, "-p "+protoName(r.L4))
+	}
+	if r.Established {
+		m = append(m, "-m conntrack --ctstate ESTABLISHED,RELATED")
+	}
+	if r.Mark != 0 {
+		m = append(m, fmt.Sprintf("-m mark --mark 0x%x", r.Mark))
+	}
+	if len(r.DstPorts) == 1 {
+		m = append(m, fmt.Sprintf("-m %s --dport %d", protoName(r.L4), r.DstPorts[0]))
+	} else if len(r.DstPorts) > 1 {
+		m = append(m, "-m multiport --dports "+portsText(r.DstPorts, "", ",", ""))
+	}
+	m = append(m, fmt.Sprintf("-m comment --comment %q", r.Comment()))
+	switch r.Verdict.Kind {
+	case VerdictAccept:
+		m = append(m, "-j ACCEPT")
+	case VerdictReturn:
+		m = append(m, "-j RETURN")
+	case VerdictDrop:
+		m = append(m, "-j DROP")
+	case VerdictReject:
+		m = append(m, "-j REJECT --reject-with tcp-reset")
+	case VerdictRedirect:
+		m = append(m, fmt.Sprintf("-j REDIRECT --to-ports %d", r.Verdict.Port))
+	case VerdictDNAT:
+		if fam == FamilyIPv6 {
+			m = append(m, fmt.Sprintf("-j DNAT --to-destination [%s]:%d", r.Verdict.Addr, r.Verdict.Port))
+		} else {
+			m = append(m, fmt.Sprintf("-j DNAT --to-destination %s:%d", r.Verdict.Addr, r.Verdict.Port))
+		}
+	}
+	return strings.Join(m, " ")
+}

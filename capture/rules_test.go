@@ -1,0 +1,169 @@
+package capture
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// goldenConfigs are the configurations whose rule sets are pinned in testdata/ (nftables and
+// iptables renderings). Refresh with REFRESH_GOLDEN=1 and review the diff.
+var goldenConfigs = []struct {
+	name string
+	cfg  Config
+}{
+	{"strict-ipv4", Config{
+		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources: prefixes("10.244.1.1/32", "192.168.0.10/32"),
+	}},
+	{"permissive-ipv4", Config{
+		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
+		Mode: ModePermissive,
+	}},
+	{"strict-exclusions", Config{
+		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources:          prefixes("10.244.1.1/32"),
+		ExcludeOutboundPorts: []uint16{5432, 22, 5432}, ExcludeInboundPorts: []uint16{9090},
+		ExcludeOutboundCIDRs: prefixes("169.254.169.254/32", "10.0.0.0/8"), BypassMark: 0x1ae,
+	}},
+	{"dual-stack", Config{
+		PodIPs: addrs("10.244.1.5", "fd00:10:244:1::5"), HostIP: netip.MustParseAddr("192.168.0.10"),
+		HostIPv6: netip.MustParseAddr("fd00::10"), ClusterDNS: addrs("10.96.0.10", "fd00:96::a"),
+		NodeSources:          prefixes("10.244.1.1/32", "fd00:10:244:1::1/128"),
+		ExcludeOutboundCIDRs: prefixes("fd00:dead::/32"),
+	}},
+	{"no-dns-custom-ports", Config{
+		PodIPs: addrs("10.244.1.5"), CapturePort: 16001, InboundPort: 16008, ExcludeOutboundPorts: []uint16{443},
+	}},
+}
+
+func addrs(s ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, x := range s {
+		out = append(out, netip.MustParseAddr(x))
+	}
+	return out
+}
+
+func prefixes(s ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, x := range s {
+		out = append(out, netip.MustParsePrefix(x))
+	}
+	return out
+}
+
+func TestBuildGolden(t *testing.T) {
+	for _, tc := range goldenConfigs {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := Build(tc.cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.name+".nft", rs.NFTText())
+			golden(t, tc.name+".iptables", "# iptables-restore --noflush\n"+rs.IPTablesRestore(FamilyIPv4)+
+				"# ip6tables-restore --noflush\n"+rs.IPTablesRestore(FamilyIPv6))
+			again, _ := Build(tc.cfg)
+			if again.NFTText() != rs.NFTText() {
+				t.Fatal("Build is not deterministic")
+			}
+		})
+	}
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if os.Getenv("REFRESH_GOLDEN") != "" {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden %s (refresh with REFRESH_GOLDEN=1): %v", path, err)
+	}
+	if string(want) != got {
+		t.Errorf("%s differs from golden (refresh with REFRESH_GOLDEN=1):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+func TestBuildProperties(t *testing.T) {
+	base := goldenConfigs[0].cfg
+	v4, _ := Build(base)
+	txt := v4.NFTText()
+	for _, want := range []string{
+		"meta nfproto ipv6 drop", // IPv6 never open for a v4-only pod
+		"ip daddr 10.96.0.10 meta l4proto udp udp dport 53 dnat ip to 192.168.0.10:18054", // DNS
+		"redirect to :15001",
+		"reject with tcp reset",
+	} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("strict ipv4 rule set lacks %q:\n%s", want, txt)
+		}
+	}
+	perm := base
+	perm.Mode = ModePermissive
+	p, _ := Build(perm)
+	if strings.Contains(p.NFTText(), "reject") {
+		t.Errorf("permissive rule set refuses inbound:\n%s", p.NFTText())
+	}
+	for _, r := range allRules(v4) {
+		if !strings.HasPrefix(r.Comment(), Tag+":") {
+			t.Errorf("rule %s is not tagged: %s", r.ID, r.Comment())
+		}
+	}
+	// Changing any exclusion changes the comment of the rule that carries it (drift detection).
+	ex := base
+	ex.ExcludeOutboundPorts = []uint16{22, 23}
+	a, _ := Build(ex)
+	ex.ExcludeOutboundPorts = []uint16{22, 24}
+	b, _ := Build(ex)
+	if a.NFTText() == b.NFTText() {
+		t.Error("different port exclusions render the same rule set")
+	}
+}
+
+func allRules(rs RuleSet) []Rule {
+	var out []Rule
+	for _, c := range rs.Chains {
+		out = append(out, c.Rules...)
+	}
+	return out
+}
+
+func TestValidate(t *testing.T) {
+	ok := goldenConfigs[0].cfg
+	for _, tc := range []struct {
+		name  string
+		mut   func(*Config)
+		field string
+	}{
+		{"bad mode", func(c *Config) { c.Mode = "open" }, "mode"},
+		{"no pod ip", func(c *Config) { c.PodIPs = nil }, "podIPs"},
+		{"loopback pod ip", func(c *Config) { c.PodIPs = addrs("127.0.0.1") }, "podIPs"},
+		{"host ip v6", func(c *Config) { c.HostIP = netip.MustParseAddr("fd00::1") }, "hostIP"},
+		{"v4 dns without host ip", func(c *Config) { c.HostIP = netip.Addr{} }, "clusterDNS"},
+		{"v6 dns without host ipv6", func(c *Config) { c.ClusterDNS = addrs("fd00::a") }, "clusterDNS"},
+		{"port zero", func(c *Config) { c.ExcludeOutboundPorts = []uint16{0} }, "excludeOutboundPorts"},
+		{"inbound port zero", func(c *Config) { c.ExcludeInboundPorts = []uint16{0} }, "excludeInboundPorts"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := ok
+			tc.mut(&c)
+			err := c.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.field) {
+				t.Fatalf("Validate = %v, want an error naming %s", err, tc.field)
+			}
+			if _, err := Build(c); err == nil {
+				t.Fatal("Build accepted an invalid config")
+			}
+		})
+	}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,197 @@
+//go:build linux
+
+package cni
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// TestPrivilegedCNIFailClosed shows that ADD fails and leaves no rules and no record when the
+// agent is down, when the API lookup fails, and when the dataplane does not accept the pod.
+func TestPrivilegedCNIFailClosed(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	n := newNode(t, "1.1.0", "10.244.30.0/24", sock, nil)
+
+	t.Run("agent down", func(t *testing.T) {
+		pod := testenv.NewNetns(t)
+		_, err := n.add(t, podRT(pod, "ctr-down", "mesh", "down"))
+		var te *types.Error
+		if !errors.As(err, &te) || te.Code != types.ErrTryAgainLater || !strings.Contains(err.Error(), "agent unavailable") {
+			t.Fatalf("ADD with the agent down = %v, want error 11 naming the agent", err)
+		}
+		if tableIn(t, pod) {
+			t.Fatal("rules left after a failed ADD")
+		}
+		// DEL still succeeds (the runtime cleans up after the failed ADD).
+		if err := n.do(func(ctx context.Context) error {
+			return n.cni.DelNetworkList(ctx, n.list, podRT(pod, "ctr-down", "mesh", "down"))
+		}); err != nil {
+			t.Fatalf("DEL with the agent down: %v", err)
+		}
+	})
+
+	state := t.TempDir()
+	lookup, dp := &staticLookup{}, &recordingDataplane{}
+	startAgent(t, sock, state, ServerConfig{LookupTimeout: time.Second, DataplaneTimeout: time.Second}, lookup, dp)
+	for _, tc := range []struct {
+		name    string
+		lookup  error
+		dp      error
+		message string
+	}{
+		{"lookup fails", fmt.Errorf("apiserver timeout"), nil, "look up pod"},
+		{"dataplane refuses", nil, fmt.Errorf("envoy NACK"), "program pod listeners"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lookup.set(nil, tc.lookup)
+			dp.mu.Lock()
+			dp.fail = tc.dp
+			dp.mu.Unlock()
+			pod := testenv.NewNetns(t)
+			rt := podRT(pod, "ctr-"+strings.ReplaceAll(tc.name, " ", "-"), "mesh", "p")
+			_, err := n.add(t, rt)
+			if err == nil || !strings.Contains(err.Error(), tc.message) {
+				t.Fatalf("ADD = %v, want an error naming %q", err, tc.message)
+			}
+			if tableIn(t, pod) {
+				t.Fatal("rules left after a failed ADD")
+			}
+			if recs := records(t, state); len(recs) != 0 {
+				t.Fatalf("records left after a failed ADD: %d", len(recs))
+			}
+			_ = n.do(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.list, rt) })
+		})
+	}
+}
+
+// TestPrivilegedCNIRepairAfterRestart stops the agent, deletes a pod's rules by hand and removes
+// another pod's netns, then starts a new agent on the same state directory: the rules come back
+// and the gone pod's attachment is dropped. It logs the time from start to restored rules.
+func TestPrivilegedCNIRepairAfterRestart(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	n := newNode(t, "1.0.0", "10.244.31.0/24", sock, nil)
+	first := startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	kept := testenv.NewNetns(t)
+	gone := ownNetns(t)
+	for _, p := range []struct {
+		ns  *testenv.Netns
+		cid string
+	}{{kept, "ctr-kept"}, {gone, "ctr-gone"}} {
+		if _, err := n.add(t, podRT(p.ns, p.cid, "mesh", p.cid)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first.stop()
+	if out, err := kept.Command("nft", "delete", "table", "inet", "aether").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	// The gone pod's netns disappears while the agent is down (the bridge's veth goes with it).
+	if out, err := runIP("netns", "delete", gone.Name); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+
+	dp := &recordingDataplane{}
+	start := time.Now()
+	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	deadline := time.Now().Add(60 * time.Second)
+	for !tableIn(t, kept) {
+		if time.Now().After(deadline) {
+			t.Fatal("rules not restored within 60s of the agent's start")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("rules restored %v after the agent started", time.Since(start))
+	recs := records(t, state)
+	if len(recs) != 1 || recs[0].Attachment.ContainerID != "ctr-kept" {
+		t.Fatalf("records after repair = %d, want only ctr-kept", len(recs))
+	}
+	if dp.liveCount() != 1 {
+		t.Fatalf("dataplane after repair has %d pods, want 1", dp.liveCount())
+	}
+	if err := n.do(func(ctx context.Context) error {
+		return n.cni.CheckNetworkList(ctx, n.list, podRT(kept, "ctr-kept", "mesh", "ctr-kept"))
+	}); err != nil {
+		t.Fatalf("CHECK after repair: %v", err)
+	}
+}
+
+// ownNetns creates a netns the test may delete itself (testenv.NewNetns's cleanup would fail on
+// a netns that is already gone).
+func ownNetns(t *testing.T) *testenv.Netns {
+	t.Helper()
+	name := fmt.Sprintf("aet-gone-%d", time.Now().UnixNano()%1e9)
+	if out, err := runIP("netns", "add", name); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	t.Cleanup(func() { _, _ = runIP("netns", "delete", name) })
+	return &testenv.Netns{Name: name, Path: "/var/run/netns/" + name}
+}
+
+// TestPrivilegedCNIConcurrentAddDel runs 200 ADD/DEL pairs through the aether-cni binary at once
+// (each pod its own netns, prevResult as a primary plugin would give it) and checks that nothing
+// is left: no rules, no records, no pods in the dataplane.
+func TestPrivilegedCNIConcurrentAddDel(t *testing.T) {
+	testenv.RequireRoot(t)
+	const pairs = 200
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	dp := &recordingDataplane{}
+	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	pods := make([]*testenv.Netns, pairs)
+	for i := range pods {
+		pods[i] = testenv.NewNetns(t)
+	}
+	base := map[string]any{"cniVersion": "1.0.0", "name": "aethertest", "type": PluginName, "agentSocket": sock}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*pairs)
+	for i := range pairs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conf := map[string]any{}
+			for k, v := range base {
+				conf[k] = v
+			}
+			conf["prevResult"] = map[string]any{"cniVersion": "1.0.0",
+				"interfaces": []any{map[string]any{"name": "eth0", "sandbox": pods[i].Path}},
+				"ips":        []any{map[string]any{"address": fmt.Sprintf("10.250.%d.%d/16", i/250, i%250+1), "gateway": "10.250.0.1", "interface": 0}}}
+			rt := podRT(pods[i], fmt.Sprintf("ctr-%03d", i), "mesh", fmt.Sprintf("p%03d", i))
+			if _, stderr, err := execPlugin(t, "ADD", conf, rt); err != nil {
+				errs <- fmt.Errorf("ADD %d: %v: %s", i, err, stderr)
+			}
+			if _, stderr, err := execPlugin(t, "DEL", conf, rt); err != nil {
+				errs <- fmt.Errorf("DEL %d: %v: %s", i, err, stderr)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	for _, p := range pods {
+		if tableIn(t, p) {
+			t.Fatalf("rules left in %s", p.Name)
+		}
+	}
+	if recs := records(t, state); len(recs) != 0 {
+		t.Fatalf("%d records left", len(recs))
+	}
+	if dp.liveCount() != 0 || dp.added != pairs {
+		t.Fatalf("dataplane: %d pods live, %d added; want 0 and %d", dp.liveCount(), dp.added, pairs)
+	}
+}

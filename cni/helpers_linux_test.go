@@ -1,0 +1,230 @@
+//go:build linux
+
+package cni
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/model"
+	"golang.org/x/sys/unix"
+)
+
+var (
+	buildOnce sync.Once
+	builtBin  string
+	buildErr  error
+)
+
+// pluginBinary builds cmd/aether-cni once per test binary into a temporary directory and returns
+// that directory.
+func pluginBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "aether-cni-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		root, err := testenv.RepoRoot()
+		if err != nil {
+			buildErr = err
+			return
+		}
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, PluginName), "./cmd/aether-cni")
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build aether-cni: %v\n%s", err, out)
+			return
+		}
+		builtBin = dir
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return builtBin
+}
+
+// staticLookup answers every pod as meshed unless listed otherwise (a fake at the API boundary;
+// KubePods is tested against a real kube-apiserver separately).
+type staticLookup struct {
+	mu       sync.Mutex
+	notMesh  map[string]bool
+	calls    int
+	failWith error
+}
+
+// set replaces the pods outside the mesh and the error every lookup fails with.
+func (l *staticLookup) set(notMesh map[string]bool, fail error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.notMesh, l.failWith = notMesh, fail
+}
+
+func (l *staticLookup) LookupPod(_ context.Context, ns, name string) (PodInfo, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls++
+	if l.failWith != nil {
+		return PodInfo{}, l.failWith
+	}
+	return PodInfo{UID: "", ServiceAccount: "sa-" + name, NamespaceMeshEnabled: !l.notMesh[ns+"/"+name],
+		Ports: []model.PodPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}}}, nil
+}
+
+// recordingDataplane records the pods the server announces (a fake at the xDS boundary).
+type recordingDataplane struct {
+	mu      sync.Mutex
+	live    map[string]model.LocalPod
+	added   int
+	removed int
+	fail    error
+}
+
+func (d *recordingDataplane) PodAdded(_ context.Context, p model.LocalPod) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.fail != nil {
+		return d.fail
+	}
+	if d.live == nil {
+		d.live = map[string]model.LocalPod{}
+	}
+	d.live[p.ContainerID] = p
+	d.added++
+	return nil
+}
+
+func (d *recordingDataplane) PodRemoved(_ context.Context, p model.LocalPod) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	delete(d.live, p.ContainerID)
+	d.removed++
+	return nil
+}
+
+func (d *recordingDataplane) liveCount() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.live)
+}
+
+// agent is a running Server for a test.
+type agent struct {
+	srv    *Server
+	socket string
+	state  string
+	cancel context.CancelFunc
+	done   chan error
+	lookup *staticLookup
+	dp     *recordingDataplane
+}
+
+// sockDir returns a short temporary directory (unix socket paths are limited to 108 bytes).
+func sockDir(t testing.TB) string {
+	d, err := os.MkdirTemp("", "aet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(d) })
+	return d
+}
+
+// startAgent runs a Server on socket with its state in stateDir and waits until it is ready.
+func startAgent(t testing.TB, socket, stateDir string, cfg ServerConfig, lookup *staticLookup, dp *recordingDataplane) *agent {
+	t.Helper()
+	cfg.Socket, cfg.StateDir = socket, stateDir
+	if !cfg.HostIP.IsValid() {
+		cfg.HostIP = netip.MustParseAddr(hostIP)
+		cfg.ClusterDNS = []netip.Addr{netip.MustParseAddr(clusterDNS)}
+	}
+	a := &agent{socket: socket, state: stateDir, lookup: lookup, dp: dp, done: make(chan error, 1)}
+	a.srv = &Server{Config: cfg, Lookup: lookup, Dataplane: dp, Backend: capture.NFTables{},
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	ctx, cancel := context.WithCancel(context.Background())
+	a.cancel = cancel
+	go func() { a.done <- a.srv.Serve(ctx) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for !a.srv.Ready() {
+		if time.Now().After(deadline) {
+			t.Fatal("agent not ready after 30s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Cleanup(a.stop)
+	return a
+}
+
+func (a *agent) stop() {
+	if a.cancel == nil {
+		return
+	}
+	a.cancel()
+	<-a.done
+	a.cancel = nil
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(b []byte) (int, error) { w.t.Log(string(b)); return len(b), nil }
+
+const (
+	hostIP     = "198.18.0.1"
+	clusterDNS = "10.96.0.10"
+)
+
+// tableIn reports whether the aether nftables table exists in the netns.
+func tableIn(t testing.TB, ns *testenv.Netns) bool {
+	t.Helper()
+	out, err := ns.Command("nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft list tables in %s: %v\n%s", ns.Name, err, out)
+	}
+	return strings.Contains(string(out), "inet "+capture.TableName)
+}
+
+// records returns the attachment records in a state dir.
+func records(t testing.TB, dir string) []*Record {
+	t.Helper()
+	rs, err := (&Store{Dir: dir}).List()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rs
+}
+
+// originalDst returns SO_ORIGINAL_DST of an accepted IPv4 TCP connection.
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		var m *unix.IPv6Mreq
+		m, serr = unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if serr == nil {
+			b := m.Multiaddr
+			ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), uint16(b[2])<<8|uint16(b[3]))
+		}
+	})
+	if err != nil {
+		return ap, err
+	}
+	return ap, serr
+}
+
+func runIP(args ...string) ([]byte, error) { return exec.Command("ip", args...).CombinedOutput() }

@@ -1,0 +1,276 @@
+package cni
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// Installer puts aether-cni on a node: the binary into the CNI bin directory and an aether-cni
+// entry at the end of the primary CNI's conflist (the Flannel one), and keeps it there when the
+// primary CNI rewrites the file. It never changes the rest of the conflist: every other key and
+// plugin entry keeps its value (keys may be re-ordered and re-indented).
+type Installer struct {
+	// ConfDir is the runtime's CNI config directory (/etc/cni/net.d).
+	ConfDir string
+	// BinDir is the CNI plugin directory (/opt/cni/bin).
+	BinDir string
+	// Binary is the aether-cni binary to copy into BinDir (empty: skip the binary).
+	Binary string
+	// Plugin is aether-cni's conflist entry; "type" is set to PluginName.
+	Plugin map[string]any
+	Log    *slog.Logger
+}
+
+func (in *Installer) log() *slog.Logger {
+	if in.Log != nil {
+		return in.Log
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// InstallBinary copies Binary to BinDir/aether-cni atomically (temporary file and rename, mode
+// 0755), so a runtime never executes a half-written plugin.
+func (in *Installer) InstallBinary() error {
+	if in.Binary == "" {
+		return nil
+	}
+	b, err := os.ReadFile(in.Binary)
+	if err != nil {
+		return fmt.Errorf("install plugin binary: %w", err)
+	}
+	if err := os.MkdirAll(in.BinDir, 0o755); err != nil {
+		return fmt.Errorf("install plugin binary: %w", err)
+	}
+	if err := writeAtomic(filepath.Join(in.BinDir, PluginName), b, 0o755); err != nil {
+		return fmt.Errorf("install plugin binary: %w", err)
+	}
+	return nil
+}
+
+// PrimaryConflist returns the conflist the runtime uses: the first file in lexical order among
+// ConfDir's *.conflist, *.conf and *.json (the order kubelet/containerd's libcni ConfFiles
+// gives). It returns "" when there is none yet, and an error when the first one is not a
+// conflist (a single-plugin .conf cannot chain).
+func (in *Installer) PrimaryConflist() (string, error) {
+	ents, err := os.ReadDir(in.ConfDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("find primary conflist: %w", err)
+	}
+	var names []string
+	for _, e := range ents {
+		ext := filepath.Ext(e.Name())
+		if !e.IsDir() && !strings.HasPrefix(e.Name(), ".") && (ext == ".conflist" || ext == ".conf" || ext == ".json") {
+			names = append(names, e.Name())
+		}
+	}
+	if len(names) == 0 {
+		return "", nil
+	}
+	slices.Sort(names)
+	p := filepath.Join(in.ConfDir, names[0])
+	if filepath.Ext(p) != ".conflist" {
+		return "", fmt.Errorf("find primary conflist: %s is not a .conflist; %s can only chain into a conflist", p, PluginName)
+	}
+	return p, nil
+}
+
+func (in *Installer) entry() map[string]any {
+	e := map[string]any{}
+	for k, v := range in.Plugin {
+		e[k] = v
+	}
+	e["type"] = PluginName
+	return e
+}
+
+// Ensure makes the primary conflist end with the aether-cni entry: it appends it when missing,
+// replaces an aether-cni entry that differs, and writes nothing when it is already right. It
+// writes atomically (temporary file and rename, keeping the file's mode). It returns the file
+// and whether it changed it; ("", false, nil) when no conflist exists yet.
+func (in *Installer) Ensure() (path string, changed bool, err error) {
+	path, err = in.PrimaryConflist()
+	if err != nil || path == "" {
+		return path, false, err
+	}
+	top, plugins, mode, err := readConflist(path)
+	if err != nil {
+		return path, false, err
+	}
+	want := in.entry()
+	var kept []json.RawMessage
+	ok := false
+	for i, p := range plugins {
+		var v map[string]any
+		if json.Unmarshal(p, &v) != nil || v["type"] != PluginName {
+			kept = append(kept, p)
+			continue
+		}
+		if i == len(plugins)-1 && reflect.DeepEqual(v, roundTrip(want)) {
+			ok = true
+			kept = append(kept, p)
+		}
+	}
+	if ok && len(kept) == len(plugins) {
+		return path, false, nil
+	}
+	if !ok {
+		b, err := json.Marshal(want)
+		if err != nil {
+			return path, false, fmt.Errorf("ensure conflist: %w", err)
+		}
+		kept = append(kept, b)
+	}
+	if err := writeConflist(path, top, kept, mode); err != nil {
+		return path, false, err
+	}
+	in.log().Info("aether-cni added to the conflist", "path", path)
+	return path, true, nil
+}
+
+// Uninstall removes every aether-cni entry from the conflists in ConfDir (leaving the rest of
+// each file as it was) and the binary from BinDir. Missing pieces are success.
+func (in *Installer) Uninstall() error {
+	ents, err := os.ReadDir(in.ConfDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("uninstall: %w", err)
+	}
+	for _, e := range ents {
+		if filepath.Ext(e.Name()) != ".conflist" || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		path := filepath.Join(in.ConfDir, e.Name())
+		top, plugins, mode, err := readConflist(path)
+		if err != nil {
+			return err
+		}
+		kept := slices.DeleteFunc(slices.Clone(plugins), func(p json.RawMessage) bool {
+			var v struct {
+				Type string `json:"type"`
+			}
+			return json.Unmarshal(p, &v) == nil && v.Type == PluginName
+		})
+		if len(kept) == len(plugins) {
+			continue
+		}
+		if err := writeConflist(path, top, kept, mode); err != nil {
+			return err
+		}
+	}
+	if in.BinDir != "" {
+		if err := os.Remove(filepath.Join(in.BinDir, PluginName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("uninstall: %w", err)
+		}
+	}
+	return nil
+}
+
+// Watch ensures the conflist now and again after every change in ConfDir (fsnotify, debounced
+// by 100 ms), so a primary CNI that rewrites its conflist without aether-cni gets it back. It
+// returns when ctx ends (nil) or the watcher fails.
+func (in *Installer) Watch(ctx context.Context) error {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return fmt.Errorf("watch CNI config: %w", err)
+	}
+	defer w.Close()
+	if err := os.MkdirAll(in.ConfDir, 0o755); err != nil {
+		return fmt.Errorf("watch CNI config: %w", err)
+	}
+	if err := w.Add(in.ConfDir); err != nil {
+		return fmt.Errorf("watch CNI config: %w", err)
+	}
+	ensure := func() {
+		if _, _, err := in.Ensure(); err != nil {
+			in.log().Error("ensure conflist", "err", err)
+		}
+	}
+	ensure()
+	var debounce <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case ev, ok := <-w.Events:
+			if !ok {
+				return fmt.Errorf("watch CNI config: watcher closed")
+			}
+			if strings.HasPrefix(filepath.Base(ev.Name), ".") {
+				continue // our own temporary files
+			}
+			debounce = time.After(100 * time.Millisecond)
+		case err, ok := <-w.Errors:
+			if !ok {
+				return fmt.Errorf("watch CNI config: watcher closed")
+			}
+			in.log().Warn("watch CNI config", "err", err)
+		case <-debounce:
+			debounce = nil
+			ensure()
+		}
+	}
+}
+
+func readConflist(path string) (map[string]json.RawMessage, []json.RawMessage, os.FileMode, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("read conflist: %w", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("read conflist: %w", err)
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(b, &top); err != nil {
+		return nil, nil, 0, fmt.Errorf("read conflist %s: %w", path, err)
+	}
+	var plugins []json.RawMessage
+	if raw, ok := top["plugins"]; ok {
+		if err := json.Unmarshal(raw, &plugins); err != nil {
+			return nil, nil, 0, fmt.Errorf("read conflist %s: plugins: %w", path, err)
+		}
+	}
+	return top, plugins, st.Mode().Perm(), nil
+}
+
+func writeConflist(path string, top map[string]json.RawMessage, plugins []json.RawMessage, mode os.FileMode) error {
+	pb, err := json.Marshal(plugins)
+	if err != nil {
+		return fmt.Errorf("write conflist: %w", err)
+	}
+	top["plugins"] = pb
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(top); err != nil {
+		return fmt.Errorf("write conflist: %w", err)
+	}
+	if err := writeAtomic(path, buf.Bytes(), mode); err != nil {
+		return fmt.Errorf("write conflist %s: %w", path, err)
+	}
+	return nil
+}
+
+// roundTrip returns v as encoding/json would decode it back (numbers as float64), for comparing
+// a wanted entry with one read from a file.
+func roundTrip(v map[string]any) map[string]any {
+	b, _ := json.Marshal(v)
+	var out map[string]any
+	_ = json.Unmarshal(b, &out)
+	return out
+}

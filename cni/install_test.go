@@ -1,0 +1,185 @@
+package cni
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+const flannelConflist = `{
+  "name": "cbr0",
+  "cniVersion": "0.3.1",
+  "plugins": [
+    {"type": "flannel", "delegate": {"hairpinMode": true, "isDefaultGateway": true}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+`
+
+func newInstaller(t *testing.T) (*Installer, string) {
+	dir := t.TempDir()
+	in := &Installer{ConfDir: filepath.Join(dir, "net.d"), BinDir: filepath.Join(dir, "bin"),
+		Plugin: map[string]any{"agentSocket": "/var/run/aether/cni.sock", "excludeOutboundPorts": []int{22}}}
+	if err := os.MkdirAll(in.ConfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(in.ConfDir, "10-flannel.conflist")
+	if err := os.WriteFile(path, []byte(flannelConflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return in, path
+}
+
+func pluginTypes(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Plugins []struct {
+			Type string `json:"type"`
+		} `json:"plugins"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("conflist is not JSON: %v\n%s", err, b)
+	}
+	var out []string
+	for _, p := range v.Plugins {
+		out = append(out, p.Type)
+	}
+	return out
+}
+
+func jsonEqual(t *testing.T, a, b []byte) bool {
+	t.Helper()
+	var x, y any
+	if err := json.Unmarshal(a, &x); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &y); err != nil {
+		t.Fatal(err)
+	}
+	return reflect.DeepEqual(x, y)
+}
+
+func TestInstallerEnsureIdempotentAndUninstall(t *testing.T) {
+	in, path := newInstaller(t)
+	// A later file in lexical order is not the primary conflist and stays untouched.
+	other := filepath.Join(in.ConfDir, "99-other.conflist")
+	_ = os.WriteFile(other, []byte(`{"name":"x","cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}`), 0o644)
+
+	got, changed, err := in.Ensure()
+	if err != nil || got != path || !changed {
+		t.Fatalf("Ensure = %s, %v, %v", got, changed, err)
+	}
+	if tp := pluginTypes(t, path); !reflect.DeepEqual(tp, []string{"flannel", "portmap", PluginName}) {
+		t.Fatalf("plugins = %v", tp)
+	}
+	st, _ := os.Stat(path)
+	if st.Mode().Perm() != 0o644 {
+		t.Fatalf("mode = %v, want 0644 kept", st.Mode())
+	}
+	before, _ := os.ReadFile(path)
+	if _, changed, err := in.Ensure(); err != nil || changed {
+		t.Fatalf("second Ensure changed = %v, %v", changed, err)
+	}
+	after, _ := os.ReadFile(path)
+	if string(before) != string(after) {
+		t.Fatal("second Ensure rewrote the file")
+	}
+	// A changed aether-cni config replaces the entry instead of adding a second one.
+	in.Plugin["excludeOutboundPorts"] = []int{22, 2379}
+	if _, changed, err := in.Ensure(); err != nil || !changed {
+		t.Fatalf("Ensure after config change = %v, %v", changed, err)
+	}
+	if tp := pluginTypes(t, path); len(tp) != 3 || tp[2] != PluginName {
+		t.Fatalf("plugins = %v", tp)
+	}
+	if tp := pluginTypes(t, other); !reflect.DeepEqual(tp, []string{"bridge"}) {
+		t.Fatalf("other conflist changed: %v", tp)
+	}
+
+	if err := in.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(path)
+	if !jsonEqual(t, b, []byte(flannelConflist)) {
+		t.Fatalf("after uninstall the conflist differs from the original:\n%s", b)
+	}
+	if err := in.Uninstall(); err != nil {
+		t.Fatalf("second Uninstall: %v", err)
+	}
+}
+
+func TestInstallerBinary(t *testing.T) {
+	in, _ := newInstaller(t)
+	src := filepath.Join(t.TempDir(), "aether-cni")
+	_ = os.WriteFile(src, []byte("#!/bin/sh\n"), 0o600)
+	in.Binary = src
+	for i := 0; i < 2; i++ {
+		if err := in.InstallBinary(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	st, err := os.Stat(filepath.Join(in.BinDir, PluginName))
+	if err != nil || st.Mode().Perm() != 0o755 {
+		t.Fatalf("installed binary: %v, %v", st, err)
+	}
+	if err := in.Uninstall(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(in.BinDir, PluginName)); !os.IsNotExist(err) {
+		t.Fatalf("binary still there after uninstall: %v", err)
+	}
+}
+
+func TestInstallerRejectsSinglePluginConf(t *testing.T) {
+	in, _ := newInstaller(t)
+	_ = os.WriteFile(filepath.Join(in.ConfDir, "05-single.conf"), []byte(`{"type":"bridge"}`), 0o644)
+	if _, _, err := in.Ensure(); err == nil || !strings.Contains(err.Error(), "05-single.conf") {
+		t.Fatalf("Ensure with a .conf first = %v, want an error naming it", err)
+	}
+}
+
+// TestInstallerWatchRepairsRewrite rewrites the conflist without aether-cni the way a primary
+// CNI does (in place, and by rename) and waits for the watcher to put aether-cni back.
+func TestInstallerWatchRepairsRewrite(t *testing.T) {
+	in, path := newInstaller(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Watch(ctx) }()
+	defer func() { cancel(); <-done }()
+	waitFor := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			tp := pluginTypes(t, path)
+			if len(tp) == 3 && tp[2] == PluginName {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: conflist not repaired within 20s: %v", what, tp)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	waitFor("initial install")
+	start := time.Now()
+	if err := os.WriteFile(path, []byte(flannelConflist), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("in-place rewrite")
+	tmp := filepath.Join(in.ConfDir, "flannel.tmp")
+	_ = os.WriteFile(tmp, []byte(flannelConflist), 0o644)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+	waitFor("rewrite by rename")
+	t.Logf("two rewrites repaired in %v", time.Since(start))
+}

@@ -1,0 +1,114 @@
+package cni
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// AnnotationProtocol on a pod declares the protocol of all its container ports (DESIGN.md,
+// service model: endpoint.aether.io/protocol); HTTP by default, UDP ports stay UDP.
+const AnnotationProtocol = "endpoint.aether.io/protocol"
+
+// KubePods implements PodLookup and NodePods with client-go against the API server. Every call
+// honours its context's deadline (the Server bounds them with ServerConfig.LookupTimeout).
+type KubePods struct {
+	Client kubernetes.Interface
+}
+
+// LookupPod reads the pod and its namespace (two GETs). It returns an error naming the pod when
+// either read fails, including when ctx's deadline passes first.
+func (k *KubePods) LookupPod(ctx context.Context, namespace, name string) (PodInfo, error) {
+	pod, err := k.Client.CoreV1().Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return PodInfo{}, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
+	}
+	ns, err := k.Client.CoreV1().Namespaces().Get(ctx, namespace, metav1.GetOptions{})
+	if err != nil {
+		return PodInfo{}, fmt.Errorf("get namespace %s: %w", namespace, err)
+	}
+	return podInfo(pod, ns)
+}
+
+func podInfo(pod *corev1.Pod, ns *corev1.Namespace) (PodInfo, error) {
+	info := PodInfo{
+		UID:                  string(pod.UID),
+		ServiceAccount:       pod.Spec.ServiceAccountName,
+		CaptureDisabled:      pod.Annotations[AnnotationCapture] == "false",
+		NamespaceMeshEnabled: ns.Labels[LabelMesh] == "enabled",
+		HostNetwork:          pod.Spec.HostNetwork,
+	}
+	proto := model.ProtocolHTTP
+	if v, ok := pod.Annotations[AnnotationProtocol]; ok {
+		p, err := model.ParseProtocol(v)
+		if err != nil {
+			return PodInfo{}, fmt.Errorf("pod %s/%s: annotation %s: %w", pod.Namespace, pod.Name, AnnotationProtocol, err)
+		}
+		proto = p
+	}
+	for _, c := range pod.Spec.Containers {
+		for _, p := range c.Ports {
+			pp := model.PodPort{Name: p.Name, Port: uint32(p.ContainerPort), Protocol: proto}
+			if p.Protocol == corev1.ProtocolUDP {
+				pp.Protocol = model.ProtocolUDP
+			}
+			info.Ports = append(info.Ports, pp)
+		}
+	}
+	return info, nil
+}
+
+// MeshedPodsOnNode lists the pods bound to node (field selector spec.nodeName) that are running
+// or pending with an IP, not host-network, in an opted-in namespace and not opted out.
+func (k *KubePods) MeshedPodsOnNode(ctx context.Context, node string) ([]PodRef, error) {
+	pods, err := k.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("spec.nodeName", node).String()})
+	if err != nil {
+		return nil, fmt.Errorf("list pods on node %s: %w", node, err)
+	}
+	nsCache := map[string]*corev1.Namespace{}
+	var out []PodRef
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.DeletionTimestamp != nil || p.Status.PodIP == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		ns, ok := nsCache[p.Namespace]
+		if !ok {
+			ns, err = k.Client.CoreV1().Namespaces().Get(ctx, p.Namespace, metav1.GetOptions{})
+			if err != nil {
+				return nil, fmt.Errorf("get namespace %s: %w", p.Namespace, err)
+			}
+			nsCache[p.Namespace] = ns
+		}
+		info, err := podInfo(p, ns)
+		if err != nil {
+			continue
+		}
+		if ok, _ := info.Meshed(); ok {
+			out = append(out, PodRef{Namespace: p.Namespace, Name: p.Name, UID: string(p.UID)})
+		}
+	}
+	return out, nil
+}
+
+// EvictPod evicts the pod through the policy/v1 Eviction subresource (honouring
+// PodDisruptionBudgets), preconditioned on its UID so a replacement pod is never evicted.
+func (k *KubePods) EvictPod(ctx context.Context, pod PodRef) error {
+	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+	if pod.UID != "" {
+		uid := k8stypes.UID(pod.UID)
+		ev.DeleteOptions = &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+	}
+	if err := k.Client.CoreV1().Pods(pod.Namespace).EvictV1(ctx, ev); err != nil {
+		return fmt.Errorf("evict pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,555 @@
+package cni
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/model"
+)
+
+// Annotation and label keys the agent reads (DESIGN.md, service model: keys).
+const (
+	// AnnotationCapture set to "false" on a pod opts it out of capture.
+	AnnotationCapture = "aether.io/capture"
+	// LabelMesh set to "enabled" on a namespace opts its pods in.
+	LabelMesh = "aether.io/mesh"
+)
+
+// PodInfo is what the agent needs to know about a pod from the API server.
+type PodInfo struct {
+	UID            string
+	ServiceAccount string
+	Ports          []model.PodPort
+	// CaptureDisabled is true when the pod carries aether.io/capture: "false".
+	CaptureDisabled bool
+	// NamespaceMeshEnabled is true when the pod's namespace carries aether.io/mesh: enabled.
+	NamespaceMeshEnabled bool
+	// HostNetwork pods share the node's netns and are never captured.
+	HostNetwork bool
+}
+
+// Meshed reports whether the pod must be captured, and if not, why.
+func (p PodInfo) Meshed() (bool, string) {
+	switch {
+	case p.HostNetwork:
+		return false, "host network pod"
+	case !p.NamespaceMeshEnabled:
+		return false, "namespace not labelled " + LabelMesh + "=enabled"
+	case p.CaptureDisabled:
+		return false, "pod annotated " + AnnotationCapture + `="false"`
+	}
+	return true, ""
+}
+
+// PodLookup reads a pod and its namespace from the API server. Implementations honour ctx's
+// deadline (the server bounds every lookup with ServerConfig.LookupTimeout).
+type PodLookup interface {
+	LookupPod(ctx context.Context, namespace, name string) (PodInfo, error)
+}
+
+// PodRef names a pod.
+type PodRef struct {
+	Namespace, Name, UID string
+}
+
+// NodePods lists the meshed pods running on a node and evicts one; repair uses it to find meshed
+// pods that started without an attachment (before the agent was ready).
+type NodePods interface {
+	// MeshedPodsOnNode returns the running, non-host-network pods on node whose namespace is
+	// opted in and that are not opted out.
+	MeshedPodsOnNode(ctx context.Context, node string) ([]PodRef, error)
+	// EvictPod asks the API server to evict the pod (policy/v1 Eviction), so its controller
+	// recreates it through the CNI chain.
+	EvictPod(ctx context.Context, pod PodRef) error
+}
+
+// Dataplane is the node proxy side of an attachment (implemented by the xDS part).
+type Dataplane interface {
+	// PodAdded programs the pod's listeners and returns once Envoy has ACKed a snapshot holding
+	// them, or an error when ctx ends first.
+	PodAdded(ctx context.Context, pod model.LocalPod) error
+	// PodRemoved removes the pod's listeners; idempotent.
+	PodRemoved(ctx context.Context, pod model.LocalPod) error
+}
+
+// ServerConfig is the agent-side CNI server's configuration.
+type ServerConfig struct {
+	// Socket is the unix socket path to listen on (default DefaultAgentSocket).
+	Socket string
+	// StateDir holds one JSON record per attachment (Store).
+	StateDir string
+	// HostIP / HostIPv6 are the node addresses the agent's DNS resolver listens on.
+	HostIP, HostIPv6 netip.Addr
+	// ClusterDNS are the cluster DNS service addresses DNAT'ed to the resolver.
+	ClusterDNS []netip.Addr
+	// DNSPort is the resolver's port (default 18054).
+	DNSPort uint16
+	// Mode is the default inbound mode (default strict); the plugin config may override it.
+	Mode capture.Mode
+	// BypassMark exempts sockets with this mark in a pod netns from capture (0: none).
+	BypassMark uint32
+	// LookupTimeout bounds each API server read (default 5 s).
+	LookupTimeout time.Duration
+	// DataplaneTimeout bounds the wait for Envoy's ACK of a pod's listeners (default 20 s).
+	DataplaneTimeout time.Duration
+	// RepairInterval re-runs repair periodically (0: only at start).
+	RepairInterval time.Duration
+	// NodeName is this node's name, used to find meshed pods without an attachment.
+	NodeName string
+}
+
+// Server is the agent's CNI server: it turns CNI requests from aether-cni into persisted
+// attachments, capture rules in pod netns and dataplane calls, and repairs all of it on start.
+type Server struct {
+	Config    ServerConfig
+	Lookup    PodLookup
+	Dataplane Dataplane
+	Backend   capture.Backend
+	// NodePods is optional; without it repair does not look for unattached pods.
+	NodePods NodePods
+	Log      *slog.Logger
+
+	once  sync.Once
+	store Store
+	locks [64]sync.Mutex
+	ready atomic.Bool
+}
+
+func (s *Server) defaults() { s.once.Do(s.setDefaults) }
+
+func (s *Server) setDefaults() {
+	c := &s.Config
+	if c.Socket == "" {
+		c.Socket = DefaultAgentSocket
+	}
+	if c.LookupTimeout == 0 {
+		c.LookupTimeout = 5 * time.Second
+	}
+	if c.DataplaneTimeout == 0 {
+		c.DataplaneTimeout = 20 * time.Second
+	}
+	if c.Mode == "" {
+		c.Mode = capture.ModeStrict
+	}
+	if s.Log == nil {
+		s.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s.store = Store{Dir: c.StateDir}
+}
+
+// Serve listens on the socket, repairs every persisted attachment, reports ready and serves
+// until ctx ends. Requests are served during the first repair (per-attachment locks keep them
+// apart), but STATUS answers not ready until it has finished. It returns the listen error, or
+// nil after ctx ends.
+func (s *Server) Serve(ctx context.Context) error {
+	s.defaults()
+	if s.Config.StateDir == "" {
+		return fmt.Errorf("serve CNI: stateDir: empty")
+	}
+	if err := os.MkdirAll(filepath.Dir(s.Config.Socket), 0o755); err != nil {
+		return fmt.Errorf("serve CNI: %w", err)
+	}
+	_ = os.Remove(s.Config.Socket)
+	l, err := net.Listen("unix", s.Config.Socket)
+	if err != nil {
+		return fmt.Errorf("serve CNI: listen on %s: %w", s.Config.Socket, err)
+	}
+	if err := os.Chmod(s.Config.Socket, 0o600); err != nil {
+		l.Close()
+		return fmt.Errorf("serve CNI: %w", err)
+	}
+	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(l) }()
+
+	if err := s.Repair(ctx); err != nil {
+		s.Log.Error("repair attachments", "err", err)
+	}
+	s.ready.Store(true)
+	var tick <-chan time.Time
+	if s.Config.RepairInterval > 0 {
+		t := time.NewTicker(s.Config.RepairInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			s.ready.Store(false)
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = hs.Shutdown(sctx)
+			_ = os.Remove(s.Config.Socket)
+			return nil
+		case err := <-errc:
+			return fmt.Errorf("serve CNI: %w", err)
+		case <-tick:
+			if err := s.Repair(ctx); err != nil {
+				s.Log.Error("repair attachments", "err", err)
+			}
+		}
+	}
+}
+
+// Ready reports whether the first repair has finished and the server is serving.
+func (s *Server) Ready() bool { return s.ready.Load() }
+
+// Handler returns the HTTP handler of the CNI API (paths Path*).
+func (s *Server) Handler() http.Handler {
+	s.defaults()
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST "+PathAdd, s.handle(func(ctx context.Context, r Request) (any, error) { return s.Add(ctx, r) }))
+	mux.HandleFunc("POST "+PathDel, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.Del(ctx, r) }))
+	mux.HandleFunc("POST "+PathCheck, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.Check(ctx, r) }))
+	mux.HandleFunc("POST "+PathGC, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.GC(ctx, r) }))
+	mux.HandleFunc("GET "+PathStatus, func(w http.ResponseWriter, _ *http.Request) {
+		if !s.Ready() {
+			writeError(w, types.NewError(types.ErrPluginNotAvailable, "aether agent not ready", "repair in progress"))
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	return mux
+}
+
+func (s *Server) handle(fn func(context.Context, Request) (any, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var req Request
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
+			writeError(w, types.NewError(types.ErrDecodingFailure, "decode request", err.Error()))
+			return
+		}
+		out, err := fn(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		if out == nil {
+			out = struct{}{}
+		}
+		_ = json.NewEncoder(w).Encode(out)
+	}
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	e := ErrorResponse{Code: types.ErrInternal, Message: err.Error()}
+	var te *types.Error
+	if errors.As(err, &te) {
+		e = ErrorResponse{Code: te.Code, Message: te.Msg, Details: te.Details}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusInternalServerError)
+	_ = json.NewEncoder(w).Encode(e)
+}
+
+func (s *Server) lock(key string) func() {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	m := &s.locks[h.Sum32()%uint32(len(s.locks))]
+	m.Lock()
+	return m.Unlock
+}
+
+func validateRequest(r Request, needNetns bool) error {
+	a := r.Attachment
+	if err := validKeyPart("containerID", a.ContainerID); err != nil {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "validate request: "+err.Error(), "")
+	}
+	if err := validKeyPart("interface", a.Interface); err != nil {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "validate request: "+err.Error(), "")
+	}
+	if needNetns && a.NetnsPath == "" {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, "validate request: netnsPath: empty", "")
+	}
+	if needNetns && (a.Namespace == "" || a.Name == "") {
+		return types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("validate request: pod %q/%q: namespace and name are required", a.Namespace, a.Name), "")
+	}
+	return nil
+}
+
+// rules builds a record's capture rule set from the node-wide settings and the record.
+func (s *Server) rules(r *Record) (capture.RuleSet, error) {
+	mode := s.Config.Mode
+	if r.Capture.InboundMode != "" {
+		mode = capture.Mode(r.Capture.InboundMode)
+	}
+	var nodes []netip.Prefix
+	for _, g := range r.Gateways {
+		nodes = append(nodes, netip.PrefixFrom(g, g.BitLen()))
+	}
+	for _, h := range []netip.Addr{s.Config.HostIP, s.Config.HostIPv6} {
+		if h.IsValid() {
+			nodes = append(nodes, netip.PrefixFrom(h, h.BitLen()))
+		}
+	}
+	return capture.Build(capture.Config{
+		PodIPs: r.Attachment.IPs, HostIP: s.Config.HostIP, HostIPv6: s.Config.HostIPv6, ClusterDNS: s.Config.ClusterDNS,
+		Mode: mode, DNSPort: s.Config.DNSPort, BypassMark: s.Config.BypassMark, NodeSources: nodes,
+		ExcludeOutboundPorts: r.Capture.ExcludeOutboundPorts, ExcludeInboundPorts: r.Capture.ExcludeInboundPorts,
+		ExcludeOutboundCIDRs: r.Capture.ExcludeOutboundCIDRs,
+	})
+}
+
+// Add handles CNI ADD: it reads the pod from the API server (bounded), persists the attachment,
+// installs capture in the pod netns and waits (bounded) for the dataplane; any failure undoes
+// all of it and returns an error naming the cause. A pod that is not meshed is recorded as such
+// and left alone. Repeating an ADD re-applies idempotently.
+func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
+	s.defaults()
+	if err := validateRequest(req, true); err != nil {
+		return Response{}, err
+	}
+	if len(req.Attachment.IPs) == 0 {
+		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, "validate request: ips: empty", "")
+	}
+	a := req.Attachment
+	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
+	log := s.Log.With("pod", a.Namespace+"/"+a.Name, "containerID", a.ContainerID)
+
+	lctx, cancel := context.WithTimeout(ctx, s.Config.LookupTimeout)
+	info, err := s.Lookup.LookupPod(lctx, a.Namespace, a.Name)
+	cancel()
+	if err != nil {
+		return Response{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("look up pod %s/%s", a.Namespace, a.Name), err.Error())
+	}
+	if a.PodUID != "" && info.UID != "" && a.PodUID != info.UID {
+		return Response{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("look up pod %s/%s: UID %s, want %s (pod replaced)", a.Namespace, a.Name, info.UID, a.PodUID), "")
+	}
+	if a.PodUID == "" {
+		a.PodUID = info.UID
+	}
+	rec := &Record{Network: req.Network, Attachment: a, Gateways: req.Gateways, Capture: req.Capture,
+		ServiceAccount: info.ServiceAccount, Ports: info.Ports, Added: time.Now().UTC()}
+	meshed, reason := info.Meshed()
+	if !meshed {
+		rec.Reason = reason
+		if err := s.store.Save(rec); err != nil {
+			return Response{}, types.NewError(types.ErrIOFailure, "record attachment", err.Error())
+		}
+		log.Info("pod not meshed: left alone", "reason", reason)
+		return Response{Captured: false, Reason: reason}, nil
+	}
+	rec.Captured = true
+	rs, err := s.rules(rec)
+	if err != nil {
+		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, "build capture rules", err.Error())
+	}
+	// Persist first: if the agent dies half-way, repair finds the record and completes or
+	// removes the attachment.
+	if err := s.store.Save(rec); err != nil {
+		return Response{}, types.NewError(types.ErrIOFailure, "record attachment", err.Error())
+	}
+	undo := func(cause error) error {
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.Config.DataplaneTimeout)
+		defer cancel()
+		errs := []error{cause}
+		if err := s.Backend.Teardown(a.NetnsPath); err != nil {
+			errs = append(errs, err)
+		}
+		if err := s.Dataplane.PodRemoved(uctx, rec.LocalPod()); err != nil {
+			errs = append(errs, err)
+		}
+		if err := s.store.Delete(a.ContainerID, a.Interface); err != nil {
+			errs = append(errs, err)
+		}
+		return errors.Join(errs...)
+	}
+	if _, err := s.Backend.Apply(a.NetnsPath, rs); err != nil {
+		err = undo(err)
+		log.Error("install capture failed; undone", "err", err)
+		return Response{}, types.NewError(types.ErrInternal, "install capture rules", err.Error())
+	}
+	dctx, cancel := context.WithTimeout(ctx, s.Config.DataplaneTimeout)
+	err = s.Dataplane.PodAdded(dctx, rec.LocalPod())
+	cancel()
+	if err != nil {
+		err = undo(err)
+		log.Error("dataplane did not accept the pod; undone", "err", err)
+		return Response{}, types.NewError(types.ErrTryAgainLater, "program pod listeners", err.Error())
+	}
+	log.Info("pod captured")
+	return Response{Captured: true}, nil
+}
+
+// Del handles CNI DEL: it removes the capture rules (if the netns still exists), the pod's
+// listeners and the record. Missing pieces are success (idempotent).
+func (s *Server) Del(ctx context.Context, req Request) error {
+	s.defaults()
+	if err := validateRequest(req, false); err != nil {
+		return err
+	}
+	a := req.Attachment
+	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
+	return s.release(ctx, a)
+}
+
+// release undoes an attachment; the caller holds its lock.
+func (s *Server) release(ctx context.Context, a model.PodAttachment) error {
+	rec, err := s.store.Load(a.ContainerID, a.Interface)
+	if err != nil {
+		return types.NewError(types.ErrIOFailure, "load attachment", err.Error())
+	}
+	netnsPath := a.NetnsPath
+	if rec != nil && netnsPath == "" {
+		netnsPath = rec.Attachment.NetnsPath
+	}
+	if netnsPath != "" {
+		if err := s.Backend.Teardown(netnsPath); err != nil {
+			return types.NewError(types.ErrInternal, "remove capture rules", err.Error())
+		}
+	}
+	if rec != nil && rec.Captured {
+		dctx, cancel := context.WithTimeout(ctx, s.Config.DataplaneTimeout)
+		err := s.Dataplane.PodRemoved(dctx, rec.LocalPod())
+		cancel()
+		if err != nil {
+			return types.NewError(types.ErrTryAgainLater, "remove pod listeners", err.Error())
+		}
+	}
+	if err := s.store.Delete(a.ContainerID, a.Interface); err != nil {
+		return types.NewError(types.ErrIOFailure, "delete attachment", err.Error())
+	}
+	return nil
+}
+
+// Check handles CNI CHECK: the attachment must be recorded and, when captured, its rules intact.
+func (s *Server) Check(_ context.Context, req Request) error {
+	s.defaults()
+	if err := validateRequest(req, true); err != nil {
+		return err
+	}
+	a := req.Attachment
+	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
+	rec, err := s.store.Load(a.ContainerID, a.Interface)
+	if err != nil {
+		return types.NewError(types.ErrIOFailure, "load attachment", err.Error())
+	}
+	if rec == nil {
+		return types.NewError(types.ErrUnknownContainer, fmt.Sprintf("check attachment %s/%s: not recorded", a.ContainerID, a.Interface), "")
+	}
+	if !rec.Captured {
+		return nil
+	}
+	rs, err := s.rules(rec)
+	if err != nil {
+		return types.NewError(types.ErrInternal, "build capture rules", err.Error())
+	}
+	if err := s.Backend.Check(a.NetnsPath, rs); err != nil {
+		return types.NewError(types.ErrInternal, "check capture rules", err.Error())
+	}
+	return nil
+}
+
+// GC handles CNI GC: every recorded attachment of req.Network not in req.ValidAttachments is
+// released.
+func (s *Server) GC(ctx context.Context, req Request) error {
+	s.defaults()
+	recs, err := s.store.List()
+	if err != nil {
+		s.Log.Warn("gc: some attachments unreadable", "err", err)
+	}
+	var errs []error
+	for _, r := range recs {
+		if r.Network != req.Network || slices.Contains(req.ValidAttachments, Attachment{ContainerID: r.Attachment.ContainerID, IfName: r.Attachment.Interface}) {
+			continue
+		}
+		unlock := s.lock(r.Key())
+		if err := s.release(ctx, r.Attachment); err != nil {
+			errs = append(errs, err)
+		}
+		unlock()
+		s.Log.Info("gc: released stale attachment", "containerID", r.Attachment.ContainerID)
+	}
+	if len(errs) > 0 {
+		return types.NewError(types.ErrInternal, "collect stale attachments", errors.Join(errs...).Error())
+	}
+	return nil
+}
+
+// Repair reconciles every persisted attachment: a record whose netns is gone is released; a
+// captured pod's rules are re-applied where they drifted and its listeners re-announced to the
+// dataplane. With NodePods set, meshed pods on the node that have no attachment are reported
+// and evicted. It returns the joined errors of the pods it could not repair.
+func (s *Server) Repair(ctx context.Context) error {
+	s.defaults()
+	recs, err := s.store.List()
+	var errs []error
+	if err != nil {
+		errs = append(errs, err)
+	}
+	attached := map[string]bool{}
+	for _, r := range recs {
+		attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
+		if err := s.repairOne(ctx, r); err != nil {
+			errs = append(errs, fmt.Errorf("repair %s/%s: %w", r.Attachment.Namespace, r.Attachment.Name, err))
+		}
+	}
+	if s.NodePods != nil && s.Config.NodeName != "" {
+		lctx, cancel := context.WithTimeout(ctx, s.Config.LookupTimeout)
+		pods, err := s.NodePods.MeshedPodsOnNode(lctx, s.Config.NodeName)
+		cancel()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("list meshed pods on %s: %w", s.Config.NodeName, err))
+		}
+		for _, p := range pods {
+			if attached[p.Namespace+"/"+p.Name] {
+				continue
+			}
+			s.Log.Warn("meshed pod runs without capture: evicting", "pod", p.Namespace+"/"+p.Name)
+			ectx, cancel := context.WithTimeout(ctx, s.Config.LookupTimeout)
+			if err := s.NodePods.EvictPod(ectx, p); err != nil {
+				errs = append(errs, fmt.Errorf("evict %s/%s: %w", p.Namespace, p.Name, err))
+			}
+			cancel()
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (s *Server) repairOne(ctx context.Context, r *Record) error {
+	defer s.lock(r.Key())()
+	// Re-read under the lock: a DEL may have removed it meanwhile.
+	cur, err := s.store.Load(r.Attachment.ContainerID, r.Attachment.Interface)
+	if err != nil || cur == nil {
+		return err
+	}
+	if _, err := os.Stat(cur.Attachment.NetnsPath); errors.Is(err, os.ErrNotExist) {
+		s.Log.Info("repair: netns gone, releasing attachment", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
+		return s.release(ctx, cur.Attachment)
+	}
+	if !cur.Captured {
+		return nil
+	}
+	rs, err := s.rules(cur)
+	if err != nil {
+		return err
+	}
+	changed, err := s.Backend.Apply(cur.Attachment.NetnsPath, rs)
+	if err != nil {
+		return err
+	}
+	if changed {
+		s.Log.Warn("repair: capture rules restored", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
+	}
+	dctx, cancel := context.WithTimeout(ctx, s.Config.DataplaneTimeout)
+	defer cancel()
+	return s.Dataplane.PodAdded(dctx, cur.LocalPod())
+}

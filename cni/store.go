@@ -1,0 +1,167 @@
+package cni
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// Record is one attachment as the agent persists it in its node-local state directory: the
+// PodAttachment (so repair after an agent restart knows the netns path) plus what the agent needs
+// to rebuild the pod's capture rules.
+type Record struct {
+	Network    string              `json:"network"`
+	Attachment model.PodAttachment `json:"attachment"`
+	Gateways   []netip.Addr        `json:"gateways,omitempty"`
+	Capture    CaptureOptions      `json:"capture"`
+	// Captured is false for a pod the agent left alone (not meshed); Reason says why.
+	Captured bool   `json:"captured"`
+	Reason   string `json:"reason,omitempty"`
+	// ServiceAccount and Ports are the pod's metadata at ADD time (from the API server).
+	ServiceAccount string          `json:"serviceAccount,omitempty"`
+	Ports          []model.PodPort `json:"ports,omitempty"`
+	Added          time.Time       `json:"added"`
+}
+
+// Key returns the record's file name stem: "<containerID>_<ifname>" (CNI identifies an
+// attachment by the pair).
+func (r *Record) Key() string { return attachmentKey(r.Attachment.ContainerID, r.Attachment.Interface) }
+
+func attachmentKey(containerID, ifname string) string { return containerID + "_" + ifname }
+
+// LocalPod returns the record as the model's LocalPod.
+func (r *Record) LocalPod() model.LocalPod {
+	a := r.Attachment
+	return model.LocalPod{UID: a.PodUID, Namespace: a.Namespace, Name: a.Name, ServiceAccount: r.ServiceAccount,
+		ContainerID: a.ContainerID, NetnsPath: a.NetnsPath, IPs: a.IPs, Ports: r.Ports}
+}
+
+// Store keeps Records as one JSON file each in Dir, written atomically (temporary file, fsync,
+// rename, fsync of the directory), so a crash leaves either the old or the new record.
+type Store struct {
+	Dir string
+}
+
+// validKeyPart rejects container IDs and interface names that could escape Dir.
+func validKeyPart(field, s string) error {
+	if s == "" || strings.ContainsAny(s, "/\\\x00") || s == "." || s == ".." || len(s) > 200 {
+		return fmt.Errorf("%s %q: want a non-empty name without slashes", field, s)
+	}
+	return nil
+}
+
+func (s *Store) path(key string) string { return filepath.Join(s.Dir, key+".json") }
+
+// Save writes r atomically.
+func (s *Store) Save(r *Record) error {
+	if err := os.MkdirAll(s.Dir, 0o700); err != nil {
+		return fmt.Errorf("save attachment: %w", err)
+	}
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return fmt.Errorf("save attachment: %w", err)
+	}
+	if err := writeAtomic(s.path(r.Key()), b, 0o600); err != nil {
+		return fmt.Errorf("save attachment %s: %w", r.Key(), err)
+	}
+	return nil
+}
+
+// Load returns the record of an attachment, or (nil, nil) when there is none.
+func (s *Store) Load(containerID, ifname string) (*Record, error) {
+	b, err := os.ReadFile(s.path(attachmentKey(containerID, ifname)))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load attachment: %w", err)
+	}
+	r := &Record{}
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, fmt.Errorf("load attachment %s: %w", containerID, err)
+	}
+	return r, nil
+}
+
+// Delete removes an attachment's record; a missing record is success.
+func (s *Store) Delete(containerID, ifname string) error {
+	if err := os.Remove(s.path(attachmentKey(containerID, ifname))); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete attachment: %w", err)
+	}
+	return nil
+}
+
+// List returns every record in Dir. Unreadable files are skipped and reported in the error
+// (joined), so one corrupt file never hides the others.
+func (s *Store) List() ([]*Record, error) {
+	ents, err := os.ReadDir(s.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list attachments: %w", err)
+	}
+	var out []*Record
+	var errs []error
+	for _, e := range ents {
+		if e.IsDir() || !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(s.Dir, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		r := &Record{}
+		if err := json.Unmarshal(b, r); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
+			continue
+		}
+		out = append(out, r)
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("list attachments: %w", errors.Join(errs...))
+	}
+	return out, nil
+}
+
+// writeAtomic writes b to path through a temporary file in the same directory and a rename.
+func writeAtomic(path string, b []byte, mode os.FileMode) error {
+	dir := filepath.Dir(path)
+	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // no-op after a successful rename
+	if _, err := f.Write(b); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	if d, err := os.Open(dir); err == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return nil
+}
