@@ -79,7 +79,9 @@ func (r *Resolver) Index() *Index { return r.index.Load() }
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
 
-// ServeDNS answers one query (dns.Handler).
+// ServeDNS answers one query (dns.Handler). The metrics are updated just before the answer is
+// written, so MetricDuration is the time from the query's arrival to the answer being handed to
+// the socket, and a client that has its answer sees the query counted.
 func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	start := time.Now()
 	tcp := isTCP(w.LocalAddr())
@@ -95,21 +97,21 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	if idx == nil {
 		m := new(dns.Msg)
 		m.SetRcode(req, dns.RcodeServerFailure)
-		r.write(w, m, maxSize)
 		r.metrics.count(qtype, dns.RcodeServerFailure)
 		r.metrics.local.Observe(time.Since(start).Seconds())
+		r.write(w, m, maxSize)
 		return
 	}
 	bp := bufPool.Get().(*[]byte)
 	wire, rcode, act := idx.Respond((*bp)[:0], req, addrOf(w.RemoteAddr()), maxSize)
 	if act == Answered {
+		r.metrics.count(qtype, rcode)
+		r.metrics.local.Observe(time.Since(start).Seconds())
 		if _, err := w.Write(wire); err != nil {
 			r.log.Debug("write dns answer", "err", err)
 		}
 		*bp = wire[:0]
 		bufPool.Put(bp)
-		r.metrics.count(qtype, rcode)
-		r.metrics.local.Observe(time.Since(start).Seconds())
 		return
 	}
 	bufPool.Put(bp)
@@ -129,9 +131,9 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 			}
 		}
 	}
-	r.write(w, resp, maxSize)
 	r.metrics.count(qtype, resp.Rcode)
 	r.metrics.forward.Observe(time.Since(start).Seconds())
+	r.write(w, resp, maxSize)
 }
 
 // write sends m, truncated to maxSize (RFC 2181 section 9; TC set when records were dropped).
