@@ -1,0 +1,336 @@
+package dnsd
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/aethermesh/aether/model"
+)
+
+var (
+	shopPod    = netip.MustParseAddr("10.244.0.5")
+	defaultPod = netip.MustParseAddr("10.244.0.6")
+	strangerIP = netip.MustParseAddr("10.244.9.9")
+)
+
+// testMesh is the model the table tests answer from:
+//   - default/web: local, dual-stack VIPs, oldest "web" (owns web.mesh);
+//   - shop/web: local, newer (no short name);
+//   - shop/cart: local and imported (clusterset VIP), IPv4 only;
+//   - remote/pay: imported only (not local: its mesh name answers the clusterset VIP);
+//   - default/headless: local without VIP.
+func testMesh() *model.Mesh {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ips := func(s ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, a := range s {
+			out = append(out, netip.MustParseAddr(a))
+		}
+		return out
+	}
+	svcs := []*model.Service{
+		{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Local: true, VIPs: ips("10.96.0.20", "fd00::20"), Created: t0},
+		{Key: model.ServiceKey{Namespace: "shop", Name: "web"}, Local: true, VIPs: ips("10.96.1.20"), Created: t0.Add(time.Hour)},
+		{Key: model.ServiceKey{Namespace: "shop", Name: "cart"}, Local: true, VIPs: ips("10.96.1.30"), Imported: true, ClustersetVIPs: ips("10.97.0.30"), Created: t0},
+		{Key: model.ServiceKey{Namespace: "remote", Name: "pay"}, Imported: true, ClustersetVIPs: ips("10.97.0.40")},
+		{Key: model.ServiceKey{Namespace: "default", Name: "headless"}, Local: true, Created: t0},
+	}
+	pods := []*model.LocalPod{
+		{UID: "u1", Namespace: "shop", Name: "client", IPs: []netip.Addr{shopPod}},
+		{UID: "u2", Namespace: "default", Name: "client", IPs: []netip.Addr{defaultPod}},
+	}
+	return model.New(7, "c1", "", "", model.Node{Name: "n1"}, svcs, nil, pods)
+}
+
+func meshSOA() string {
+	return "mesh.\t5\tIN\tSOA\tns.dns.mesh. hostmaster.mesh. 7 7200 1800 86400 5"
+}
+
+func csSOA() string {
+	return "svc.clusterset.local.\t5\tIN\tSOA\tns.dns.svc.clusterset.local. hostmaster.svc.clusterset.local. 7 7200 1800 86400 5"
+}
+
+func rr(name, typ, data string) string { return name + "\t5\tIN\t" + typ + "\t" + data }
+
+// dnsCase is one query and the answer the index must give.
+type dnsCase struct {
+	name  string
+	qname string
+	qtype uint16
+	src   netip.Addr
+	edit  func(m *dns.Msg) // changes the query before it is asked
+
+	act    Action
+	rcode  int
+	answer []string
+	ns     []string
+	noAA   bool
+	check  func(t *testing.T, m *dns.Msg)
+}
+
+func TestRespond(t *testing.T) {
+	idx, err := NewIndex(testMesh(), IndexOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nx := []string{meshSOA()}
+	cases := []dnsCase{
+		{name: "namespaced name A", qname: "web.default.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("web.default.mesh.", "A", "10.96.0.20")}},
+		{name: "namespaced name AAAA from IPv6 VIP", qname: "web.default.mesh.", qtype: dns.TypeAAAA,
+			answer: []string{rr("web.default.mesh.", "AAAA", "fd00::20")}},
+		{name: "ANY gives both address records", qname: "web.default.mesh.", qtype: dns.TypeANY,
+			answer: []string{rr("web.default.mesh.", "A", "10.96.0.20"), rr("web.default.mesh.", "AAAA", "fd00::20")}},
+		{name: "case of the question is kept", qname: "WeB.DeFault.MESH.", qtype: dns.TypeA,
+			answer: []string{rr("WeB.DeFault.MESH.", "A", "10.96.0.20")}},
+		{name: "short name owned by the oldest service", qname: "web.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("web.mesh.", "A", "10.96.0.20")}},
+		{name: "clash loser keeps its namespaced name", qname: "web.shop.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("web.shop.mesh.", "A", "10.96.1.20")}},
+		{name: "unambiguous short name", qname: "cart.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("cart.mesh.", "A", "10.96.1.30")}},
+		{name: "mesh name of a local and imported service answers the local VIP", qname: "cart.shop.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("cart.shop.mesh.", "A", "10.96.1.30")}},
+		{name: "AAAA without IPv6 VIP is NODATA with SOA", qname: "cart.shop.mesh.", qtype: dns.TypeAAAA, ns: nx},
+		{name: "other type is NODATA with SOA", qname: "web.default.mesh.", qtype: dns.TypeMX, ns: nx},
+		{name: "TXT is NODATA with SOA", qname: "web.default.mesh.", qtype: dns.TypeTXT, ns: nx},
+		{name: "HTTPS is NODATA with SOA", qname: "web.mesh.", qtype: dns.TypeHTTPS, ns: nx},
+		{name: "service without VIP is NODATA", qname: "headless.default.mesh.", qtype: dns.TypeA, ns: nx},
+		{name: "imported-only service answers its clusterset VIP", qname: "pay.remote.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("pay.remote.mesh.", "A", "10.97.0.40")}},
+		{name: "imported-only service has no short name", qname: "pay.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
+		{name: "unknown name is NXDOMAIN with SOA", qname: "nope.default.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
+		{name: "unknown namespace is NXDOMAIN", qname: "web.nope.mesh.", qtype: dns.TypeAAAA, rcode: dns.RcodeNameError, ns: nx},
+		{name: "below an existing name is NXDOMAIN", qname: "x.web.default.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
+		{name: "empty non-terminal is NODATA (RFC 8020)", qname: "default.mesh.", qtype: dns.TypeA, ns: nx},
+		{name: "empty non-terminal AAAA is NODATA", qname: "shop.mesh.", qtype: dns.TypeAAAA, ns: nx},
+		{name: "namespace with only imported services is an empty non-terminal", qname: "remote.mesh.", qtype: dns.TypeA, ns: nx},
+		{name: "apex SOA", qname: "mesh.", qtype: dns.TypeSOA, answer: []string{meshSOA()}},
+		{name: "apex A is NODATA", qname: "mesh.", qtype: dns.TypeA, ns: nx},
+		{name: "clusterset name A", qname: "cart.shop.svc.clusterset.local.", qtype: dns.TypeA,
+			answer: []string{rr("cart.shop.svc.clusterset.local.", "A", "10.97.0.30")}},
+		{name: "clusterset name of an imported-only service", qname: "pay.remote.svc.clusterset.local.", qtype: dns.TypeA,
+			answer: []string{rr("pay.remote.svc.clusterset.local.", "A", "10.97.0.40")}},
+		{name: "clusterset AAAA is NODATA with the clusterset SOA", qname: "cart.shop.svc.clusterset.local.", qtype: dns.TypeAAAA,
+			ns: []string{csSOA()}},
+		{name: "clusterset empty non-terminal is NODATA", qname: "shop.svc.clusterset.local.", qtype: dns.TypeA, ns: []string{csSOA()}},
+		{name: "clusterset apex SOA", qname: "svc.clusterset.local.", qtype: dns.TypeSOA, answer: []string{csSOA()}},
+		{name: "clusterset name without ServiceImport is forwarded", qname: "web.default.svc.clusterset.local.", qtype: dns.TypeA, act: ForwardClusterset},
+		{name: "clusterset.local outside svc is forwarded", qname: "foo.clusterset.local.", qtype: dns.TypeA, act: Forward},
+		{name: "search expansion of a short name from the pod's namespace", qname: "web.mesh.shop.svc.cluster.local.", qtype: dns.TypeA, src: shopPod,
+			answer: []string{rr("web.mesh.shop.svc.cluster.local.", "CNAME", "web.mesh."), rr("web.mesh.", "A", "10.96.0.20")}},
+		{name: "search expansion AAAA", qname: "web.mesh.shop.svc.cluster.local.", qtype: dns.TypeAAAA, src: shopPod,
+			answer: []string{rr("web.mesh.shop.svc.cluster.local.", "CNAME", "web.mesh."), rr("web.mesh.", "AAAA", "fd00::20")}},
+		{name: "search expansion AAAA without IPv6 VIP is CNAME and NODATA", qname: "cart.mesh.shop.svc.cluster.local.", qtype: dns.TypeAAAA, src: shopPod,
+			answer: []string{rr("cart.mesh.shop.svc.cluster.local.", "CNAME", "cart.mesh.")}, ns: nx},
+		{name: "search expansion of a namespaced name", qname: "cart.shop.mesh.default.svc.cluster.local.", qtype: dns.TypeA, src: defaultPod,
+			answer: []string{rr("cart.shop.mesh.default.svc.cluster.local.", "CNAME", "cart.shop.mesh."), rr("cart.shop.mesh.", "A", "10.96.1.30")}},
+		{name: "search expansion of a clusterset name", qname: "cart.shop.svc.clusterset.local.shop.svc.cluster.local.", qtype: dns.TypeA, src: shopPod,
+			answer: []string{rr("cart.shop.svc.clusterset.local.shop.svc.cluster.local.", "CNAME", "cart.shop.svc.clusterset.local."),
+				rr("cart.shop.svc.clusterset.local.", "A", "10.97.0.30")}},
+		{name: "search expansion keeps the question's case", qname: "Web.Mesh.Shop.Svc.Cluster.Local.", qtype: dns.TypeA, src: shopPod,
+			answer: []string{rr("Web.Mesh.Shop.Svc.Cluster.Local.", "CNAME", "web.mesh."), rr("web.mesh.", "A", "10.96.0.20")}},
+		{name: "search expansion for another namespace than the pod's is forwarded", qname: "web.mesh.default.svc.cluster.local.", qtype: dns.TypeA, src: shopPod, act: Forward},
+		{name: "search expansion from an unknown source is forwarded", qname: "web.mesh.shop.svc.cluster.local.", qtype: dns.TypeA, src: strangerIP, act: Forward},
+		{name: "search expansion of an unknown mesh name is forwarded", qname: "nope.mesh.shop.svc.cluster.local.", qtype: dns.TypeA, src: shopPod, act: Forward},
+		{name: "search expansion of an empty non-terminal is forwarded", qname: "shop.mesh.shop.svc.cluster.local.", qtype: dns.TypeA, src: shopPod, act: Forward},
+		{name: "second search domain is kube-dns's", qname: "web.mesh.svc.cluster.local.", qtype: dns.TypeA, src: shopPod, act: Forward},
+		{name: "cluster name is kube-dns's", qname: "web.shop.svc.cluster.local.", qtype: dns.TypeA, src: shopPod, act: Forward},
+		{name: "other names are forwarded", qname: "example.org.", qtype: dns.TypeA, act: Forward},
+		{name: "suffix lookalike is forwarded", qname: "notmesh.", qtype: dns.TypeA, act: Forward},
+		{name: "non-IN class in the zone is REFUSED", qname: "web.mesh.", qtype: dns.TypeA, rcode: dns.RcodeRefused, noAA: true,
+			edit: func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassCHAOS }},
+		{name: "non-IN class elsewhere is forwarded", qname: "version.bind.", qtype: dns.TypeTXT, act: Forward,
+			edit: func(m *dns.Msg) { m.Question[0].Qclass = dns.ClassCHAOS }},
+		{name: "zone transfer is REFUSED", qname: "mesh.", qtype: dns.TypeAXFR, rcode: dns.RcodeRefused, noAA: true},
+		{name: "NOTIFY is NOTIMP", qname: "mesh.", qtype: dns.TypeSOA, rcode: dns.RcodeNotImplemented, noAA: true,
+			edit: func(m *dns.Msg) { m.Opcode = dns.OpcodeNotify }},
+		{name: "two questions is FORMERR", qname: "web.mesh.", qtype: dns.TypeA, rcode: dns.RcodeFormatError, noAA: true,
+			edit: func(m *dns.Msg) { m.Question = append(m.Question, m.Question[0]) }},
+		{name: "no question is FORMERR", qname: "web.mesh.", qtype: dns.TypeA, rcode: dns.RcodeFormatError, noAA: true,
+			edit: func(m *dns.Msg) { m.Question = nil }},
+		{name: "EDNS version 1 is BADVERS (RFC 6891 6.1.3)", qname: "web.mesh.", qtype: dns.TypeA, rcode: dns.RcodeBadVers, noAA: true,
+			edit: func(m *dns.Msg) { m.SetEdns0(1232, false); m.IsEdns0().SetVersion(1) }},
+		{name: "EDNS query gets OPT with DO copied", qname: "web.mesh.", qtype: dns.TypeA,
+			edit:   func(m *dns.Msg) { m.SetEdns0(4096, true) },
+			answer: []string{rr("web.mesh.", "A", "10.96.0.20")},
+			check: func(t *testing.T, m *dns.Msg) {
+				opt := m.IsEdns0()
+				if opt == nil || !opt.Do() || opt.UDPSize() != ednsUDPSize || opt.Version() != 0 {
+					t.Errorf("OPT = %v, want version 0, DO, size %d", opt, ednsUDPSize)
+				}
+			}},
+		{name: "non-EDNS query gets no OPT", qname: "nope.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx,
+			check: func(t *testing.T, m *dns.Msg) {
+				if m.IsEdns0() != nil {
+					t.Errorf("OPT present in answer to a query without one")
+				}
+			}},
+		{name: "RD and CD copied, RA set", qname: "web.mesh.", qtype: dns.TypeA,
+			edit:   func(m *dns.Msg) { m.RecursionDesired = true; m.CheckingDisabled = true },
+			answer: []string{rr("web.mesh.", "A", "10.96.0.20")},
+			check: func(t *testing.T, m *dns.Msg) {
+				if !m.RecursionDesired || !m.CheckingDisabled || !m.RecursionAvailable {
+					t.Errorf("flags RD=%v CD=%v RA=%v, want all set", m.RecursionDesired, m.CheckingDisabled, m.RecursionAvailable)
+				}
+			}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			runCase(t, idx, tc)
+		})
+	}
+}
+
+func runCase(t *testing.T, idx *Index, tc dnsCase) {
+	t.Helper()
+	req := new(dns.Msg)
+	req.SetQuestion(tc.qname, tc.qtype)
+	req.RecursionDesired = false
+	req.Id = 4242
+	if tc.edit != nil {
+		tc.edit(req)
+	}
+	wire, rcode, act := idx.Respond(nil, req, tc.src, dns.MinMsgSize)
+	if act != tc.act {
+		t.Fatalf("action = %v, want %v", act, tc.act)
+	}
+	if act != Answered {
+		return
+	}
+	if rcode != tc.rcode {
+		t.Errorf("returned rcode = %s, want %s", dns.RcodeToString[rcode], dns.RcodeToString[tc.rcode])
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(wire); err != nil {
+		t.Fatalf("unpack answer: %v\n% x", err, wire)
+	}
+	if m.Id != req.Id || !m.Response || m.Opcode != req.Opcode {
+		t.Errorf("header id=%d qr=%v opcode=%d, want id=%d qr=true opcode=%d", m.Id, m.Response, m.Opcode, req.Id, req.Opcode)
+	}
+	if m.Rcode != tc.rcode {
+		t.Errorf("rcode = %s, want %s", dns.RcodeToString[m.Rcode], dns.RcodeToString[tc.rcode])
+	}
+	if m.Authoritative == tc.noAA {
+		t.Errorf("AA = %v, want %v", m.Authoritative, !tc.noAA)
+	}
+	if len(req.Question) == 1 && (len(m.Question) != 1 || m.Question[0] != req.Question[0]) {
+		t.Errorf("question = %v, want %v", m.Question, req.Question)
+	}
+	if got := rrStrings(m.Answer); !slices.Equal(got, tc.answer) {
+		t.Errorf("answer:\n got %q\nwant %q", got, tc.answer)
+	}
+	if got := rrStrings(m.Ns); !slices.Equal(got, tc.ns) {
+		t.Errorf("authority:\n got %q\nwant %q", got, tc.ns)
+	}
+	if tc.check != nil {
+		tc.check(t, m)
+	}
+}
+
+func rrStrings(rrs []dns.RR) []string {
+	var out []string
+	for _, r := range rrs {
+		out = append(out, r.String())
+	}
+	return out
+}
+
+// TestRespondTruncates: an authoritative answer longer than the client's UDP size is cut at a
+// record boundary with TC set (RFC 2181 section 9); the same query over TCP gets every record.
+func TestRespondTruncates(t *testing.T) {
+	var vips []netip.Addr
+	for i := range 60 {
+		vips = append(vips, netip.AddrFrom4([4]byte{10, 96, 2, byte(i)}))
+	}
+	m := model.New(1, "c1", "", "", model.Node{}, []*model.Service{
+		{Key: model.ServiceKey{Namespace: "big", Name: "many"}, Local: true, VIPs: vips},
+	}, nil, nil)
+	idx, err := NewIndex(m, IndexOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		edns    uint16
+		maxSize int
+		wantTC  bool
+	}{
+		{name: "UDP without EDNS", maxSize: 512, wantTC: true},
+		{name: "UDP with EDNS 1232", edns: 1232, maxSize: 1232},
+		{name: "UDP with EDNS 600", edns: 600, maxSize: 600, wantTC: true},
+		{name: "TCP", maxSize: dns.MaxMsgSize},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := new(dns.Msg)
+			req.SetQuestion("many.big.mesh.", dns.TypeA)
+			if tc.edns != 0 {
+				req.SetEdns0(tc.edns, false)
+			}
+			if tc.maxSize != dns.MaxMsgSize && MaxUDPSize(req) != tc.maxSize {
+				t.Fatalf("MaxUDPSize = %d, want %d", MaxUDPSize(req), tc.maxSize)
+			}
+			wire, _, _ := idx.Respond(nil, req, netip.Addr{}, tc.maxSize)
+			if len(wire) > tc.maxSize {
+				t.Errorf("answer is %d bytes, limit %d", len(wire), tc.maxSize)
+			}
+			resp := new(dns.Msg)
+			if err := resp.Unpack(wire); err != nil {
+				t.Fatal(err)
+			}
+			if resp.Truncated != tc.wantTC {
+				t.Errorf("TC = %v, want %v", resp.Truncated, tc.wantTC)
+			}
+			if !tc.wantTC && len(resp.Answer) != 60 {
+				t.Errorf("got %d records, want 60", len(resp.Answer))
+			}
+			if tc.wantTC && len(resp.Answer) >= 60 {
+				t.Errorf("truncated answer has all %d records", len(resp.Answer))
+			}
+			if (tc.edns != 0) != (resp.IsEdns0() != nil) {
+				t.Errorf("OPT presence = %v, want %v", resp.IsEdns0() != nil, tc.edns != 0)
+			}
+		})
+	}
+}
+
+// TestNewIndexUpdateIsIndependent: a new index reflects the new model; the old one is unchanged.
+func TestNewIndexUpdateIsIndependent(t *testing.T) {
+	r, err := NewResolver(nil, ResolverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Update(testMesh()); err != nil {
+		t.Fatal(err)
+	}
+	old := r.Index()
+	m2 := model.New(8, "c1", "", "", model.Node{}, []*model.Service{
+		{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Local: true, VIPs: []netip.Addr{netip.MustParseAddr("10.96.9.9")}},
+	}, nil, nil)
+	if err := r.Update(m2); err != nil {
+		t.Fatal(err)
+	}
+	runCase(t, r.Index(), dnsCase{qname: "web.mesh.", qtype: dns.TypeA, answer: []string{rr("web.mesh.", "A", "10.96.9.9")}})
+	runCase(t, r.Index(), dnsCase{qname: "cart.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError,
+		ns: []string{strings.Replace(meshSOA(), " 7 ", " 8 ", 1)}})
+	runCase(t, old, dnsCase{qname: "web.mesh.", qtype: dns.TypeA, answer: []string{rr("web.mesh.", "A", "10.96.0.20")}})
+}
+
+func TestNewIndexRejectsBadNames(t *testing.T) {
+	m := model.New(1, "c1", "bad..domain", "", model.Node{}, nil, nil, nil)
+	if _, err := NewIndex(m, IndexOptions{}); err == nil || !strings.Contains(err.Error(), "bad..domain") {
+		t.Errorf("NewIndex(mesh domain bad..domain) error = %v, want one naming the domain", err)
+	}
+	m = model.New(1, "c1", "", "", model.Node{}, []*model.Service{
+		{Key: model.ServiceKey{Namespace: "ns", Name: "a b"}, Local: true},
+	}, nil, nil)
+	_, err := NewIndex(m, IndexOptions{})
+	if err == nil || !strings.Contains(err.Error(), "ns/a b") {
+		t.Errorf("NewIndex(service \"a b\") error = %v, want one naming the service", err)
+	}
+}

@@ -1,0 +1,221 @@
+package dnsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// Forwarder defaults.
+const (
+	// DefaultUpstreamTimeout bounds one exchange with one upstream (dial, write, read).
+	DefaultUpstreamTimeout = 2 * time.Second
+	// DefaultUpstreamBackoff is how long an upstream that failed is tried only after the
+	// healthy ones.
+	DefaultUpstreamBackoff = 5 * time.Second
+)
+
+// ErrAllUpstreamsFailed is returned by Forwarder.Exchange when no upstream gave a usable answer.
+var ErrAllUpstreamsFailed = errors.New("all upstreams failed")
+
+// Forwarder sends queries to the upstream resolvers (kube-dns, from the agent's resolv.conf) in
+// order, healthy ones first, with a timeout per upstream, and fails over on a timeout, a network
+// error, a mismatched answer, SERVFAIL or REFUSED. It is safe for concurrent use.
+type Forwarder struct {
+	upstreams []*upstream
+	log       *slog.Logger
+	backoff   time.Duration
+	onFailure func(upstream, reason string)
+}
+
+type upstream struct {
+	addr      string
+	udp, tcp  *dns.Client
+	downUntil atomic.Int64 // unix nanoseconds; 0 when healthy
+}
+
+// ForwarderOptions configure NewForwarder.
+type ForwarderOptions struct {
+	// Timeout bounds one exchange with one upstream (0: DefaultUpstreamTimeout).
+	Timeout time.Duration
+	// Backoff is how long a failed upstream is demoted behind the healthy ones
+	// (0: DefaultUpstreamBackoff).
+	Backoff time.Duration
+	// OnFailure, when set, is called for every failed exchange with the upstream's address
+	// and a reason ("timeout", "network", "servfail", "refused", "mismatch").
+	OnFailure func(upstream, reason string)
+	Logger    *slog.Logger
+}
+
+// NewForwarder returns a forwarder to the upstreams, each "host:port" or a bare IP address
+// (port 53). It returns an error naming the address when one does not parse.
+func NewForwarder(upstreams []string, o ForwarderOptions) (*Forwarder, error) {
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultUpstreamTimeout
+	}
+	if o.Backoff <= 0 {
+		o.Backoff = DefaultUpstreamBackoff
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	f := &Forwarder{log: o.Logger, backoff: o.Backoff, onFailure: o.OnFailure}
+	for _, a := range upstreams {
+		addr, err := normalizeUpstream(a)
+		if err != nil {
+			return nil, err
+		}
+		f.upstreams = append(f.upstreams, &upstream{
+			addr: addr,
+			// UDPSize 65535: read whatever the upstream sends; the server truncates to the
+			// client's size itself.
+			udp: &dns.Client{Net: "udp", Timeout: o.Timeout, UDPSize: dns.MaxMsgSize},
+			tcp: &dns.Client{Net: "tcp", Timeout: o.Timeout},
+		})
+	}
+	return f, nil
+}
+
+func normalizeUpstream(a string) (string, error) {
+	if ip := net.ParseIP(strings.Trim(a, "[]")); ip != nil {
+		return net.JoinHostPort(ip.String(), "53"), nil
+	}
+	host, port, err := net.SplitHostPort(a)
+	if err != nil {
+		return "", fmt.Errorf("parse upstream %q: %w", a, err)
+	}
+	if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+		return "", fmt.Errorf("parse upstream %q: port %q is not a port number", a, port)
+	}
+	if net.ParseIP(strings.SplitN(host, "%", 2)[0]) == nil {
+		return "", fmt.Errorf("parse upstream %q: host %q is not an IP address", a, host)
+	}
+	return a, nil
+}
+
+// Upstreams returns the upstream addresses in configured order.
+func (f *Forwarder) Upstreams() []string {
+	out := make([]string, len(f.upstreams))
+	for i, u := range f.upstreams {
+		out[i] = u.addr
+	}
+	return out
+}
+
+// Exchange forwards req unchanged except for its ID (a fresh random ID per upstream query), so
+// its EDNS0 options (UDP size, DO, cookies, client subnet, ...) reach the upstream, over TCP
+// when tcp is set and over UDP otherwise. A truncated UDP answer is returned as is (TC set, so
+// the client retries over TCP). The answer carries req's ID. It returns ErrAllUpstreamsFailed
+// (wrapped, with the last cause) when every upstream failed, or the context's error.
+func (f *Forwarder) Exchange(ctx context.Context, req *dns.Msg, tcp bool) (*dns.Msg, error) {
+	if len(f.upstreams) == 0 {
+		return nil, fmt.Errorf("forward %s: no upstreams: %w", qname(req), ErrAllUpstreamsFailed)
+	}
+	now := time.Now().UnixNano()
+	var last error
+	try := func(u *upstream) (*dns.Msg, bool) {
+		resp, reason, err := u.exchange(ctx, req, tcp)
+		if err == nil {
+			u.downUntil.Store(0)
+			return resp, true
+		}
+		last = err
+		if ctx.Err() == nil {
+			u.downUntil.Store(time.Now().Add(f.backoff).UnixNano())
+		}
+		if f.onFailure != nil {
+			f.onFailure(u.addr, reason)
+		}
+		f.log.Debug("upstream failed", "upstream", u.addr, "name", qname(req), "reason", reason, "err", err)
+		return nil, false
+	}
+	// Healthy upstreams first, in order; then the demoted ones, so that with every upstream
+	// demoted the query is still tried everywhere.
+	for pass := 0; pass < 2; pass++ {
+		for _, u := range f.upstreams {
+			if (u.downUntil.Load() > now) != (pass == 1) {
+				continue
+			}
+			if resp, ok := try(u); ok {
+				return resp, nil
+			}
+			if err := ctx.Err(); err != nil {
+				return nil, fmt.Errorf("forward %s: %w", qname(req), err)
+			}
+		}
+	}
+	return nil, fmt.Errorf("forward %s: %w: %w", qname(req), ErrAllUpstreamsFailed, last)
+}
+
+// exchange runs one query against one upstream; reason classifies a failure.
+func (u *upstream) exchange(ctx context.Context, req *dns.Msg, tcp bool) (*dns.Msg, string, error) {
+	q := req.Copy()
+	q.Id = dns.Id()
+	c := u.udp
+	if tcp {
+		c = u.tcp
+	}
+	resp, _, err := c.ExchangeContext(ctx, q, u.addr)
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil, "timeout", fmt.Errorf("exchange with %s: %w", u.addr, err)
+		}
+		return nil, "network", fmt.Errorf("exchange with %s: %w", u.addr, err)
+	}
+	if resp.Id != q.Id || len(resp.Question) != len(q.Question) ||
+		(len(q.Question) == 1 && (!strings.EqualFold(resp.Question[0].Name, q.Question[0].Name) ||
+			resp.Question[0].Qtype != q.Question[0].Qtype)) {
+		return nil, "mismatch", fmt.Errorf("exchange with %s: answer does not match the question", u.addr)
+	}
+	switch resp.Rcode {
+	case dns.RcodeServerFailure:
+		return nil, "servfail", fmt.Errorf("exchange with %s: SERVFAIL", u.addr)
+	case dns.RcodeRefused:
+		return nil, "refused", fmt.Errorf("exchange with %s: REFUSED", u.addr)
+	}
+	resp.Id = req.Id
+	return resp, "", nil
+}
+
+func qname(m *dns.Msg) string {
+	if len(m.Question) == 0 {
+		return "(no question)"
+	}
+	return m.Question[0].Name
+}
+
+// ReadResolvConf returns the nameservers of a resolv.conf file as "ip:53" (or "[ip]:53")
+// addresses, in file order, dropping any in exclude (the resolver's own address, so it never
+// forwards to itself).
+func ReadResolvConf(path string, exclude ...string) ([]string, error) {
+	cc, err := dns.ClientConfigFromFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("read resolv.conf %s: %w", path, err)
+	}
+	var out []string
+	for _, s := range cc.Servers {
+		a := net.JoinHostPort(s, cc.Port)
+		skip := false
+		for _, e := range exclude {
+			if e == a {
+				skip = true
+			}
+		}
+		if !skip {
+			out = append(out, a)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("read resolv.conf %s: no nameserver lines", path)
+	}
+	return out, nil
+}

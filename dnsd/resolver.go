@@ -1,0 +1,166 @@
+package dnsd
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// Resolver is the DNS handler: it answers from the current Index and forwards the rest. It has
+// no sockets (Server gives it some). Update swaps the index atomically; ServeDNS loads it once
+// per query and never waits for an update.
+type Resolver struct {
+	index   atomic.Pointer[Index]
+	opts    IndexOptions
+	fwd     *Forwarder
+	metrics *metrics
+	log     *slog.Logger
+	// forwardTimeout bounds a whole forwarded query (all upstreams).
+	forwardTimeout time.Duration
+}
+
+// ResolverOptions configure NewResolver.
+type ResolverOptions struct {
+	// Index tunes the index built by Update.
+	Index IndexOptions
+	// Registerer receives the resolver's metrics (MetricQueries, MetricUpstreamFailures,
+	// MetricDuration); nil registers nothing.
+	Registerer prometheus.Registerer
+	Logger     *slog.Logger
+}
+
+// NewResolver returns a resolver forwarding to fwd. Until the first Update it answers SERVFAIL
+// to every query (it cannot tell mesh names from others yet, and a negative answer would be
+// cached by clients). It returns an error when the metrics cannot be registered.
+func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register dns metrics: %w", err)
+	}
+	if fwd == nil {
+		fwd = &Forwarder{log: o.Logger}
+	}
+	if fwd.onFailure == nil {
+		fwd.onFailure = func(up, reason string) { m.upstreamFailures.WithLabelValues(up, reason).Inc() }
+	}
+	timeout := time.Duration(len(fwd.upstreams)) * DefaultUpstreamTimeout
+	if len(fwd.upstreams) > 0 {
+		timeout = time.Duration(len(fwd.upstreams)) * fwd.upstreams[0].udp.Timeout
+	}
+	return &Resolver{opts: o.Index, fwd: fwd, metrics: m, log: o.Logger, forwardTimeout: timeout}, nil
+}
+
+// Update builds an index from m and swaps it in. Queries in flight finish with the index they
+// loaded. It returns NewIndex's error and keeps the previous index then.
+func (r *Resolver) Update(m *model.Mesh) error {
+	idx, err := NewIndex(m, r.opts)
+	if err != nil {
+		return fmt.Errorf("update dns index to model version %d: %w", m.Version, err)
+	}
+	r.index.Store(idx)
+	return nil
+}
+
+// Index returns the index queries are answered from (nil before the first Update).
+func (r *Resolver) Index() *Index { return r.index.Load() }
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b }}
+
+// ServeDNS answers one query (dns.Handler). The metrics are updated just before the answer is
+// written, so MetricDuration is the time from the query's arrival to the answer being handed to
+// the socket, and a client that has its answer sees the query counted.
+func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	start := time.Now()
+	tcp := isTCP(w.LocalAddr())
+	maxSize := dns.MaxMsgSize
+	if !tcp {
+		maxSize = MaxUDPSize(req)
+	}
+	var qtype uint16
+	if len(req.Question) > 0 {
+		qtype = req.Question[0].Qtype
+	}
+	idx := r.index.Load()
+	if idx == nil {
+		m := new(dns.Msg)
+		m.SetRcode(req, dns.RcodeServerFailure)
+		r.metrics.count(qtype, dns.RcodeServerFailure)
+		r.metrics.local.Observe(time.Since(start).Seconds())
+		r.write(w, m, maxSize)
+		return
+	}
+	bp := bufPool.Get().(*[]byte)
+	wire, rcode, act := idx.Respond((*bp)[:0], req, addrOf(w.RemoteAddr()), maxSize)
+	if act == Answered {
+		r.metrics.count(qtype, rcode)
+		r.metrics.local.Observe(time.Since(start).Seconds())
+		if _, err := w.Write(wire); err != nil {
+			r.log.Debug("write dns answer", "err", err)
+		}
+		*bp = wire[:0]
+		bufPool.Put(bp)
+		return
+	}
+	bufPool.Put(bp)
+	ctx, cancel := context.WithTimeout(context.Background(), r.forwardTimeout)
+	resp, err := r.fwd.Exchange(ctx, req, tcp)
+	cancel()
+	if err != nil {
+		if act == ForwardClusterset {
+			resp = idx.ClustersetNXDOMAIN(req)
+		} else {
+			r.log.Debug("forward failed", "err", err)
+			resp = new(dns.Msg)
+			resp.SetRcode(req, dns.RcodeServerFailure)
+			resp.RecursionAvailable = true
+			if opt := req.IsEdns0(); opt != nil {
+				resp.SetEdns0(ednsUDPSize, opt.Do())
+			}
+		}
+	}
+	r.metrics.count(qtype, resp.Rcode)
+	r.metrics.forward.Observe(time.Since(start).Seconds())
+	r.write(w, resp, maxSize)
+}
+
+// write sends m, truncated to maxSize (RFC 2181 section 9; TC set when records were dropped).
+func (r *Resolver) write(w dns.ResponseWriter, m *dns.Msg, maxSize int) {
+	m.Compress = true
+	if m.Len() > maxSize {
+		m.Truncate(maxSize)
+	}
+	if err := w.WriteMsg(m); err != nil {
+		r.log.Debug("write dns answer", "err", err)
+	}
+}
+
+func isTCP(a net.Addr) bool {
+	_, ok := a.(*net.TCPAddr)
+	return ok
+}
+
+// addrOf returns the IP of a UDP or TCP address (invalid for anything else).
+func addrOf(a net.Addr) netip.Addr {
+	switch a := a.(type) {
+	case *net.UDPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	case *net.TCPAddr:
+		ip, _ := netip.AddrFromSlice(a.IP)
+		return ip.Unmap()
+	}
+	return netip.Addr{}
+}

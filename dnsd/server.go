@@ -1,0 +1,191 @@
+package dnsd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/miekg/dns"
+)
+
+// DefaultPort is the agent resolver's port on the node IP (DESIGN.md, ports).
+const DefaultPort = 18054
+
+// Server timeouts (miekg/dns server fields).
+const (
+	DefaultReadTimeout  = 2 * time.Second // a TCP query's bytes, once the connection is open
+	DefaultWriteTimeout = 2 * time.Second
+	DefaultIdleTimeout  = 8 * time.Second // an idle TCP connection between queries
+)
+
+// udpReadSize is the buffer a UDP query is read into, in bytes: queries are small, but EDNS0
+// options (cookies, padding) make some longer than 512.
+const udpReadSize = 4096
+
+// ServerConfig configures a Server.
+type ServerConfig struct {
+	// Addr is "host:port" for both UDP and TCP (normally HOST_IP:18054). With port 0 both
+	// transports get the same free port.
+	Addr string
+	// PacketConn and Listener, when both set, are used instead of binding Addr (the tests
+	// open them inside a network namespace). The server closes them on Shutdown.
+	PacketConn net.PacketConn
+	Listener   net.Listener
+	// ReadTimeout, WriteTimeout and IdleTimeout: zero means the Default* values above.
+	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	Logger                                 *slog.Logger
+}
+
+// Server serves a Resolver over UDP and TCP: two miekg/dns servers, each with its own
+// dns.ServeMux (never the global one).
+type Server struct {
+	cfg      ServerConfig
+	res      *Resolver
+	udp, tcp *dns.Server
+	errs     chan error
+	once     sync.Once
+
+	mu      sync.Mutex
+	started map[*dns.Server]bool
+}
+
+// NewServer returns a server for res; Start makes it listen.
+func NewServer(res *Resolver, cfg ServerConfig) *Server {
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = DefaultWriteTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Server{cfg: cfg, res: res, errs: make(chan error, 2), started: map[*dns.Server]bool{}}
+}
+
+// Start binds (unless given sockets), starts both servers and returns once both listen
+// (NotifyStartedFunc), or the first error: a bind error, a server error, or ctx's.
+func (s *Server) Start(ctx context.Context) error {
+	pc, l := s.cfg.PacketConn, s.cfg.Listener
+	if pc == nil || l == nil {
+		var err error
+		pc, l, err = listenBoth(s.cfg.Addr)
+		if err != nil {
+			return fmt.Errorf("start dns server: %w", err)
+		}
+	}
+	idle := s.cfg.IdleTimeout
+	started := make(chan *dns.Server, 2)
+	mk := func() *dns.Server {
+		mux := dns.NewServeMux()
+		mux.Handle(".", s.res)
+		srv := &dns.Server{
+			Handler:      mux,
+			ReadTimeout:  s.cfg.ReadTimeout,
+			WriteTimeout: s.cfg.WriteTimeout,
+			IdleTimeout:  func() time.Duration { return idle },
+			UDPSize:      udpReadSize,
+		}
+		srv.NotifyStartedFunc = func() { started <- srv }
+		return srv
+	}
+	s.udp, s.tcp = mk(), mk()
+	s.udp.PacketConn = pc
+	s.tcp.Listener = l
+	for _, srv := range []*dns.Server{s.udp, s.tcp} {
+		go func() {
+			if err := srv.ActivateAndServe(); err != nil {
+				s.errs <- err
+			}
+		}()
+	}
+	for n := 0; n < 2; {
+		select {
+		case srv := <-started:
+			s.mu.Lock()
+			s.started[srv] = true
+			s.mu.Unlock()
+			n++
+		case err := <-s.errs:
+			_ = s.Shutdown(context.Background())
+			return fmt.Errorf("start dns server: %w", err)
+		case <-ctx.Done():
+			_ = s.Shutdown(context.Background())
+			return fmt.Errorf("start dns server: %w", ctx.Err())
+		}
+	}
+	s.cfg.Logger.Info("dns server listening", "udp", pc.LocalAddr().String(), "tcp", l.Addr().String())
+	return nil
+}
+
+// Addrs returns the UDP and TCP addresses the server listens on (valid after Start).
+func (s *Server) Addrs() (udp, tcp net.Addr) {
+	return s.udp.PacketConn.LocalAddr(), s.tcp.Listener.Addr()
+}
+
+// Shutdown stops both servers (dns.Server.ShutdownContext: stop reading, wait for handlers in
+// flight until ctx ends) and returns their errors joined. Calling it again does nothing.
+func (s *Server) Shutdown(ctx context.Context) error {
+	var err error
+	s.once.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, srv := range []*dns.Server{s.udp, s.tcp} {
+			if srv == nil {
+				continue
+			}
+			if !s.started[srv] {
+				// Never started (Start failed first): close its socket ourselves.
+				if srv.PacketConn != nil {
+					_ = srv.PacketConn.Close()
+				}
+				if srv.Listener != nil {
+					_ = srv.Listener.Close()
+				}
+				continue
+			}
+			if e := srv.ShutdownContext(ctx); e != nil {
+				err = errors.Join(err, fmt.Errorf("shut down dns server: %w", e))
+			}
+		}
+	})
+	return err
+}
+
+// listenBoth binds UDP and TCP on the same address; with port 0 it binds UDP on a free port and
+// TCP on the same one, retrying a few times when TCP's is taken.
+func listenBoth(addr string) (net.PacketConn, net.Listener, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("parse listen address %q: %w", addr, err)
+	}
+	var last error
+	for i := 0; i < 10; i++ {
+		pc, err := net.ListenPacket("udp", addr)
+		if err != nil {
+			return nil, nil, fmt.Errorf("listen udp %s: %w", addr, err)
+		}
+		p := port
+		if p == "0" {
+			p = strconv.Itoa(pc.LocalAddr().(*net.UDPAddr).Port)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(host, p))
+		if err == nil {
+			return pc, l, nil
+		}
+		pc.Close()
+		last = fmt.Errorf("listen tcp %s: %w", net.JoinHostPort(host, p), err)
+		if port != "0" {
+			break
+		}
+	}
+	return nil, nil, last
+}

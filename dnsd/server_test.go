@@ -1,0 +1,431 @@
+package dnsd
+
+import (
+	"context"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// stub is an upstream resolver on loopback (UDP and TCP on one port) that answers with fn.
+type stub struct {
+	addr    string
+	queries atomic.Int64
+	mu      sync.Mutex
+	last    *dns.Msg
+}
+
+func startStub(t *testing.T, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
+	t.Helper()
+	s := &stub{}
+	pc, l, err := listenBoth("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.addr = pc.LocalAddr().String()
+	mux := dns.NewServeMux()
+	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
+		s.queries.Add(1)
+		s.mu.Lock()
+		s.last = r.Copy()
+		s.mu.Unlock()
+		fn(w, r)
+	})
+	for _, srv := range []*dns.Server{{PacketConn: pc, Handler: mux}, {Listener: l, Handler: mux}} {
+		started := make(chan struct{})
+		srv.NotifyStartedFunc = func() { close(started) }
+		go func() { _ = srv.ActivateAndServe() }()
+		<-started
+		t.Cleanup(func() { _ = srv.Shutdown() })
+	}
+	return s
+}
+
+func (s *stub) lastQuery() *dns.Msg {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.last
+}
+
+// answerA answers every A query with addresses 192.0.2.1.. (n records), NXDOMAIN for names
+// ending in .svc.cluster.local. (playing kube-dns) and NOERROR/NODATA otherwise.
+func answerA(n int) func(w dns.ResponseWriter, r *dns.Msg) {
+	return func(w dns.ResponseWriter, r *dns.Msg) {
+		m := new(dns.Msg)
+		m.SetReply(r)
+		q := r.Question[0]
+		switch {
+		case strings.HasSuffix(q.Name, ".cluster.local.") || strings.HasPrefix(q.Name, "nx."):
+			m.Rcode = dns.RcodeNameError
+		case q.Qtype == dns.TypeA:
+			for i := range n {
+				m.Answer = append(m.Answer, &dns.A{
+					Hdr: dns.RR_Header{Name: q.Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30},
+					A:   net.IPv4(192, 0, 2, byte(i+1)),
+				})
+			}
+		}
+		if opt := r.IsEdns0(); opt != nil {
+			m.SetEdns0(opt.UDPSize(), opt.Do())
+		}
+		_ = w.WriteMsg(m)
+	}
+}
+
+type testResolver struct {
+	addr string
+	reg  *prometheus.Registry
+	res  *Resolver
+}
+
+func startResolver(t *testing.T, upstreams []string, fo ForwarderOptions) *testResolver {
+	t.Helper()
+	fwd, err := NewForwarder(upstreams, fo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Update(testMesh()); err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(res, ServerConfig{Addr: "127.0.0.1:0"})
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := srv.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	})
+	u, tc := srv.Addrs()
+	if u.String() != tc.String() {
+		t.Fatalf("udp %s and tcp %s differ", u, tc)
+	}
+	return &testResolver{addr: u.String(), reg: reg, res: res}
+}
+
+func ask(t *testing.T, addr, net, name string, qtype uint16, edit func(*dns.Msg)) *dns.Msg {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion(name, qtype)
+	if edit != nil {
+		edit(m)
+	}
+	c := &dns.Client{Net: net, Timeout: 20 * time.Second}
+	resp, _, err := c.Exchange(m, addr)
+	if err != nil && resp == nil {
+		t.Fatalf("%s %s %s: %v", net, name, dns.TypeToString[qtype], err)
+	}
+	return resp
+}
+
+// metricSum returns the sum of a counter family's samples whose labels include match.
+func metricSum(t *testing.T, reg *prometheus.Registry, name string, match map[string]string) float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range fams {
+		if f.GetName() != name {
+			continue
+		}
+	metric:
+		for _, m := range f.GetMetric() {
+			for k, v := range match {
+				if !hasLabel(m, k, v) {
+					continue metric
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.Counter.GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.Histogram.GetSampleCount())
+			}
+		}
+	}
+	return sum
+}
+
+func hasLabel(m *dto.Metric, k, v string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == k && l.GetValue() == v {
+			return true
+		}
+	}
+	return false
+}
+
+// TestServerUDPAndTCP: both transports answer mesh names and forward the rest, and the metrics
+// count them by type and rcode, with the latency histogram per path.
+func TestServerUDPAndTCP(t *testing.T) {
+	up := startStub(t, answerA(1))
+	r := startResolver(t, []string{up.addr}, ForwarderOptions{})
+	for _, netw := range []string{"udp", "tcp"} {
+		resp := ask(t, r.addr, netw, "web.mesh.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || resp.Answer[0].(*dns.A).A.String() != "10.96.0.20" || !resp.Authoritative {
+			t.Errorf("%s web.mesh A = %v", netw, resp)
+		}
+		resp = ask(t, r.addr, netw, "nope.mesh.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeNameError {
+			t.Errorf("%s nope.mesh A rcode = %s", netw, dns.RcodeToString[resp.Rcode])
+		}
+		resp = ask(t, r.addr, netw, "example.org.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || resp.Authoritative {
+			t.Errorf("%s example.org A (forwarded) = %v", netw, resp)
+		}
+	}
+	if got := metricSum(t, r.reg, MetricQueries, map[string]string{"type": "A", "rcode": "NOERROR"}); got != 4 {
+		t.Errorf("%s{type=A,rcode=NOERROR} = %v, want 4", MetricQueries, got)
+	}
+	if got := metricSum(t, r.reg, MetricQueries, map[string]string{"type": "A", "rcode": "NXDOMAIN"}); got != 2 {
+		t.Errorf("%s{type=A,rcode=NXDOMAIN} = %v, want 2", MetricQueries, got)
+	}
+	if got := metricSum(t, r.reg, MetricDuration, map[string]string{"path": "forward"}); got != 2 {
+		t.Errorf("%s{path=forward} count = %v, want 2", MetricDuration, got)
+	}
+	if got := metricSum(t, r.reg, MetricDuration, map[string]string{"path": "local"}); got != 4 {
+		t.Errorf("%s{path=local} count = %v, want 4", MetricDuration, got)
+	}
+}
+
+// TestForwardKeepsEDNS0Options: the upstream sees the client's EDNS0 options (client subnet,
+// cookie, an unknown local option), UDP size and DO bit, and a fresh query ID.
+func TestForwardKeepsEDNS0Options(t *testing.T) {
+	up := startStub(t, answerA(1))
+	r := startResolver(t, []string{up.addr}, ForwarderOptions{})
+	resp := ask(t, r.addr, "udp", "example.org.", dns.TypeA, func(m *dns.Msg) {
+		m.Id = 777
+		m.SetEdns0(1400, true)
+		opt := m.IsEdns0()
+		opt.Option = append(opt.Option,
+			&dns.EDNS0_SUBNET{Code: dns.EDNS0SUBNET, Family: 1, SourceNetmask: 24, Address: net.IPv4(198, 51, 100, 0).To4()},
+			&dns.EDNS0_COOKIE{Code: dns.EDNS0COOKIE, Cookie: "0123456789abcdef"},
+			&dns.EDNS0_LOCAL{Code: 65001, Data: []byte("aether")},
+		)
+	})
+	if resp.Id != 777 || resp.Rcode != dns.RcodeSuccess {
+		t.Fatalf("answer id=%d rcode=%s", resp.Id, dns.RcodeToString[resp.Rcode])
+	}
+	got := up.lastQuery()
+	if got.Id == 777 {
+		t.Errorf("upstream query reused the client's ID")
+	}
+	opt := got.IsEdns0()
+	if opt == nil || opt.UDPSize() != 1400 || !opt.Do() || len(opt.Option) != 3 {
+		t.Fatalf("upstream OPT = %v, want size 1400, DO and 3 options", opt)
+	}
+	if s, ok := opt.Option[0].(*dns.EDNS0_SUBNET); !ok || s.SourceNetmask != 24 || !s.Address.Equal(net.IPv4(198, 51, 100, 0)) {
+		t.Errorf("client subnet option = %v", opt.Option[0])
+	}
+	if c, ok := opt.Option[1].(*dns.EDNS0_COOKIE); !ok || c.Cookie != "0123456789abcdef" {
+		t.Errorf("cookie option = %v", opt.Option[1])
+	}
+	if l, ok := opt.Option[2].(*dns.EDNS0_LOCAL); !ok || l.Code != 65001 || string(l.Data) != "aether" {
+		t.Errorf("local option = %v", opt.Option[2])
+	}
+}
+
+// TestForwardTruncation: a forwarded answer too long for the client's UDP size arrives with TC
+// set and within the size; over TCP the whole answer arrives.
+func TestForwardTruncation(t *testing.T) {
+	up := startStub(t, answerA(60))
+	r := startResolver(t, []string{up.addr}, ForwarderOptions{})
+	resp := ask(t, r.addr, "udp", "big.example.", dns.TypeA, nil)
+	resp.Compress = true
+	if !resp.Truncated || len(resp.Answer) >= 60 || resp.Len() > 512 {
+		t.Errorf("UDP answer TC=%v records=%d len=%d, want TC, fewer than 60 records, at most 512 bytes", resp.Truncated, len(resp.Answer), resp.Len())
+	}
+	resp = ask(t, r.addr, "udp", "big.example.", dns.TypeA, func(m *dns.Msg) { m.SetEdns0(4096, false) })
+	if resp.Truncated || len(resp.Answer) != 60 {
+		t.Errorf("UDP EDNS 4096 answer TC=%v records=%d, want all 60", resp.Truncated, len(resp.Answer))
+	}
+	resp = ask(t, r.addr, "tcp", "big.example.", dns.TypeA, nil)
+	if resp.Truncated || len(resp.Answer) != 60 {
+		t.Errorf("TCP answer TC=%v records=%d, want all 60", resp.Truncated, len(resp.Answer))
+	}
+}
+
+// deadAddr returns a loopback UDP address nobody listens on (ICMP port unreachable).
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := pc.LocalAddr().String()
+	pc.Close()
+	return a
+}
+
+// TestUpstreamFailures covers the upstream down, slow, SERVFAIL, flapping and all-down cases.
+func TestUpstreamFailures(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	good := func(t *testing.T) *stub { return startStub(t, answerA(1)) }
+	t.Run("first upstream down fails over", func(t *testing.T) {
+		g := good(t)
+		r := startResolver(t, []string{deadAddr(t), g.addr}, ForwarderOptions{Timeout: timeout})
+		resp := ask(t, r.addr, "udp", "example.org.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			t.Fatalf("answer = %v", resp)
+		}
+		if got := metricSum(t, r.reg, MetricUpstreamFailures, map[string]string{"reason": "network"}); got != 1 {
+			t.Errorf("network failures = %v, want 1", got)
+		}
+	})
+	t.Run("slow upstream times out, fails over, then is demoted", func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		slow := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) { <-release })
+		g := good(t)
+		r := startResolver(t, []string{slow.addr, g.addr}, ForwarderOptions{Timeout: timeout, Backoff: time.Hour})
+		for i := range 3 {
+			resp := ask(t, r.addr, "udp", "example.org.", dns.TypeA, nil)
+			if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+				t.Fatalf("query %d answer = %v", i, resp)
+			}
+		}
+		if n := slow.queries.Load(); n != 1 {
+			t.Errorf("slow upstream got %d queries, want 1 (demoted after its timeout)", n)
+		}
+		if got := metricSum(t, r.reg, MetricUpstreamFailures, map[string]string{"reason": "timeout", "upstream": slow.addr}); got != 1 {
+			t.Errorf("timeouts = %v, want 1", got)
+		}
+	})
+	t.Run("SERVFAIL from an upstream fails over", func(t *testing.T) {
+		bad := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			m := new(dns.Msg)
+			m.SetRcode(r, dns.RcodeServerFailure)
+			_ = w.WriteMsg(m)
+		})
+		g := good(t)
+		r := startResolver(t, []string{bad.addr, g.addr}, ForwarderOptions{Timeout: timeout})
+		resp := ask(t, r.addr, "tcp", "example.org.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			t.Fatalf("answer = %v", resp)
+		}
+	})
+	t.Run("flapping upstream: every query answered", func(t *testing.T) {
+		var n atomic.Int64
+		flap := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			if n.Add(1)%2 == 0 {
+				return // drop every other query
+			}
+			answerA(1)(w, r)
+		})
+		g := good(t)
+		// Backoff shorter than the timeout: the flapping upstream is retried first again soon.
+		r := startResolver(t, []string{flap.addr, g.addr}, ForwarderOptions{Timeout: timeout, Backoff: time.Millisecond})
+		for i := range 12 {
+			resp := ask(t, r.addr, "udp", "example.org.", dns.TypeA, nil)
+			if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+				t.Fatalf("query %d answer = %v", i, resp)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		if flap.queries.Load() < 6 || g.queries.Load() == 0 {
+			t.Errorf("flapping upstream got %d queries, good one %d; want both used", flap.queries.Load(), g.queries.Load())
+		}
+	})
+	t.Run("all upstreams down is SERVFAIL", func(t *testing.T) {
+		release := make(chan struct{})
+		defer close(release)
+		slow := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) { <-release })
+		r := startResolver(t, []string{deadAddr(t), slow.addr}, ForwarderOptions{Timeout: timeout})
+		for _, netw := range []string{"udp", "tcp"} {
+			resp := ask(t, r.addr, netw, "example.org.", dns.TypeA, func(m *dns.Msg) { m.SetEdns0(1232, false) })
+			if resp.Rcode != dns.RcodeServerFailure || resp.IsEdns0() == nil {
+				t.Errorf("%s answer rcode=%s opt=%v, want SERVFAIL with OPT", netw, dns.RcodeToString[resp.Rcode], resp.IsEdns0())
+			}
+		}
+		// Mesh names never depend on the upstreams.
+		resp := ask(t, r.addr, "udp", "web.mesh.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			t.Errorf("web.mesh with upstreams down = %v", resp)
+		}
+		if got := metricSum(t, r.reg, MetricQueries, map[string]string{"rcode": "SERVFAIL"}); got != 2 {
+			t.Errorf("SERVFAIL count = %v, want 2", got)
+		}
+	})
+	t.Run("clusterset names without ServiceImport: upstream answer, else NXDOMAIN", func(t *testing.T) {
+		serving := startStub(t, answerA(1))
+		r := startResolver(t, []string{serving.addr}, ForwarderOptions{Timeout: timeout})
+		resp := ask(t, r.addr, "udp", "other.ns.svc.clusterset.local.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			t.Errorf("served by upstream: %v", resp)
+		}
+		refusing := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			m := new(dns.Msg)
+			m.SetRcode(r, dns.RcodeRefused)
+			_ = w.WriteMsg(m)
+		})
+		r = startResolver(t, []string{refusing.addr}, ForwarderOptions{Timeout: timeout})
+		resp = ask(t, r.addr, "udp", "other.ns.svc.clusterset.local.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeNameError || len(resp.Ns) != 1 || resp.Ns[0].String() != csSOA() || !resp.Authoritative {
+			t.Errorf("no upstream serves clusterset.local: %v", resp)
+		}
+	})
+}
+
+// TestUpdateNeverBlocksLookups swaps indexes while queries run (go test -race checks the swap).
+func TestUpdateNeverBlocksLookups(t *testing.T) {
+	r := startResolver(t, nil, ForwarderOptions{})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for v := uint64(10); ctx.Err() == nil; v++ {
+			m := testMesh()
+			m.Version = v
+			if err := r.res.Update(m); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for i := range 200 {
+		resp := ask(t, r.addr, "udp", "web.mesh.", dns.TypeA, nil)
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			t.Fatalf("query %d during updates = %v", i, resp)
+		}
+	}
+	cancel()
+	wg.Wait()
+}
+
+func TestReadResolvConf(t *testing.T) {
+	p := t.TempDir() + "/resolv.conf"
+	if err := os.WriteFile(p, []byte("search default.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\nnameserver fd00::10\nnameserver 10.0.0.1\noptions ndots:5\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadResolvConf(p, "10.0.0.1:53")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "10.96.0.10:53,[fd00::10]:53" {
+		t.Errorf("ReadResolvConf = %v", got)
+	}
+	if _, err := NewForwarder([]string{"10.96.0.10", "[fd00::1]:5353", "127.0.0.1:53"}, ForwarderOptions{}); err != nil {
+		t.Errorf("NewForwarder(valid) = %v", err)
+	}
+	if _, err := NewForwarder([]string{"kube-dns:53"}, ForwarderOptions{}); err == nil || !strings.Contains(err.Error(), "kube-dns") {
+		t.Errorf("NewForwarder(hostname) error = %v, want one naming it", err)
+	}
+}
