@@ -40,6 +40,10 @@ type config struct {
 	StateDir    string     // --state-dir: persisted pod attachments
 	CNISocket   string     // --cni-socket
 
+	ClusterDNS  []netip.Addr // --cluster-dns: kube-dns ClusterIPs DNAT'ed to the resolver (default: kube-system/kube-dns)
+	ResolvConf  string       // --resolv-conf: upstreams for names outside the mesh
+	InboundMode string       // --inbound-mode: strict or permissive
+
 	EastWestWaypoint bool // --east-west-waypoint
 
 	LogLevel slog.Level // --log-level: debug, info, warn, error
@@ -77,6 +81,9 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.HealthAddr, "health-addr", "127.0.0.1:15021", "address of /healthz, /readyz and /metrics")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/aether", "node-local state (pod attachments)")
 	fs.StringVar(&c.CNISocket, "cni-socket", "/var/run/aether/cni.sock", "unix socket aether-cni calls")
+	clusterDNS := fs.String("cluster-dns", env("AETHER_CLUSTER_DNS", ""), "comma-separated cluster DNS service IPs whose port 53 is DNAT'ed to the agent (default: the ClusterIPs of kube-system/kube-dns)")
+	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf whose nameservers get every name outside the mesh")
+	fs.StringVar(&c.InboundMode, "inbound-mode", env("AETHER_INBOUND_MODE", "strict"), "inbound policy for meshed pods: strict (mTLS only) or permissive (plaintext too)")
 	fs.BoolVar(&c.EastWestWaypoint, "east-west-waypoint", env("AETHER_EAST_WEST_WAYPOINT", "") == "true", "make this node an east-west waypoint and send cross-cluster traffic through remote nodes' waypoints")
 	level := fs.String("log-level", env("AETHER_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -89,6 +96,16 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 		if e = strings.TrimSpace(e); e != "" {
 			c.RegistryEndpoints = append(c.RegistryEndpoints, e)
 		}
+	}
+	for _, s := range strings.Split(*clusterDNS, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		ip, err := netip.ParseAddr(s)
+		if err != nil {
+			return c, fmt.Errorf("--cluster-dns %q: not an IP address", s)
+		}
+		c.ClusterDNS = append(c.ClusterDNS, ip)
 	}
 	if *hostIP != "" {
 		ip, err := netip.ParseAddr(*hostIP)
@@ -131,6 +148,9 @@ func (c config) validate() error {
 		if _, err := os.Stat(f.path); err != nil {
 			errs = append(errs, fmt.Errorf("--%s %q: %w", f.name, f.path, err))
 		}
+	}
+	if c.InboundMode != "strict" && c.InboundMode != "permissive" {
+		errs = append(errs, fmt.Errorf("--inbound-mode %q: want strict or permissive", c.InboundMode))
 	}
 	if c.RegistryLeaseTTL < 2*time.Second {
 		errs = append(errs, fmt.Errorf("--registry-lease-ttl %s: want at least 2s", c.RegistryLeaseTTL))

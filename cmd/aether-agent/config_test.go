@@ -22,6 +22,8 @@ func TestParseConfig(t *testing.T) {
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
 		{name: "bad mesh domain", args: []string{"--mesh-domain", "a..b"}, wantErr: `--mesh-domain "a..b"`},
 		{name: "short lease", args: []string{"--registry-lease-ttl", "1s"}, wantErr: "--registry-lease-ttl 1s"},
+		{name: "bad cluster dns", args: []string{"--cluster-dns", "10.96.0.10,x"}, wantErr: `--cluster-dns "x"`},
+		{name: "bad inbound mode", args: []string{"--inbound-mode", "open"}, wantErr: `--inbound-mode "open"`},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -42,7 +42,7 @@ func TestDesiredEndpoints(t *testing.T) {
 	// Service ports in model order (by port: 80, 7000, 9000).
 	want := []*registryv1.EndpointPort{
 		{Name: "http", Port: 8080, Protocol: registryv1.Protocol_PROTOCOL_GRPC}, // the pod annotation wins over the default
-		{Name: "raw", Port: 7000, Protocol: registryv1.Protocol_PROTOCOL_TCP}, // appProtocol wins over the annotation
+		{Name: "raw", Port: 7000, Protocol: registryv1.Protocol_PROTOCOL_TCP},   // appProtocol wins over the annotation
 		{Name: "admin", Port: 9901, Protocol: registryv1.Protocol_PROTOCOL_GRPC},
 	}
 	if len(ep.Ports) != len(want) {

@@ -4,12 +4,16 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"time"
 
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/cni"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/registry"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -21,7 +25,7 @@ import (
 func run(ctx context.Context, cfg config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log = log.With("node", cfg.NodeName, "cluster", cfg.Cluster)
-	ready := newReadiness("kubernetes", "registry", "model")
+	ready := newReadiness("kubernetes", "registry", "model", "cni")
 	metrics := newAgentMetrics()
 	haddr, err := serveHealth(ctx, cfg.HealthAddr, ready, metrics)
 	if err != nil {
@@ -54,9 +58,23 @@ func run(ctx context.Context, cfg config) error {
 		metrics.events.WithLabelValues("registry").Inc()
 		asm.Trigger()
 	})
+	// Pods captured before a restart are known from the persisted attachments before the first
+	// model is built, so repair finds them already served.
+	dp := newPodDataplane()
+	store := cni.Store{Dir: cfg.StateDir}
+	recs, err := store.List()
+	if err != nil {
+		return fmt.Errorf("read persisted attachments in --state-dir %s: %w", cfg.StateDir, err)
+	}
+	for _, r := range recs {
+		if r.Captured {
+			dp.pods[r.Attachment.PodUID] = r.Attachment
+		}
+	}
 	asm = model.NewAssembler(model.AssemblerConfig{
 		Cluster: cfg.Cluster, MeshDomain: cfg.MeshDomain, TrustDomain: cfg.TrustDomain, Logger: log,
-	}, kube, view, nil)
+	}, kube, view, dp)
+	dp.asm = asm
 	asm.Subscribe(func(m *model.Mesh) {
 		metrics.rebuilds.Inc()
 		metrics.modelVersion.Set(float64(m.Version))
@@ -112,8 +130,38 @@ func run(ctx context.Context, cfg config) error {
 	ready.set("model", nil)
 	go asm.Run(ctx)
 
+	clusterDNS := cfg.ClusterDNS
+	if len(clusterDNS) == 0 {
+		if clusterDNS, err = kubeDNSAddrs(ctx, cs); err != nil {
+			return err
+		}
+	}
+	cniSrv := &cni.Server{
+		Config: cni.ServerConfig{
+			Socket: cfg.CNISocket, StateDir: cfg.StateDir, HostIP: cfg.HostIP, ClusterDNS: clusterDNS,
+			DNSPort: uint16(cfg.DNSPort), Mode: capture.Mode(cfg.InboundMode), NodeName: cfg.NodeName,
+			RepairInterval: time.Minute,
+		},
+		Lookup: &cni.KubePods{Client: cs}, NodePods: &cni.KubePods{Client: cs},
+		Dataplane: dp, Backend: capture.NFTables{}, Log: log.With("part", "cni"),
+	}
+	cniErr := make(chan error, 1)
+	go func() { cniErr <- cniSrv.Serve(ctx) }()
+	go watchHealth(ctx, "cni", ready, log, func(context.Context) error {
+		if !cniSrv.Ready() {
+			return fmt.Errorf("repairing persisted attachments")
+		}
+		return nil
+	})
+
 	log.Info("agent running", "model_version", asm.Current().Version)
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case err := <-cniErr:
+		if err != nil {
+			return err
+		}
+	}
 	log.Info("agent stopping; Envoy keeps serving its last configuration")
 	return nil
 }
@@ -141,6 +189,27 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 		case <-t.C:
 		}
 	}
+}
+
+// kubeDNSAddrs returns the ClusterIPs of kube-system/kube-dns, the cluster DNS service whose port
+// 53 capture DNATs to the agent when --cluster-dns is not given.
+func kubeDNSAddrs(ctx context.Context, cs kubernetes.Interface) ([]netip.Addr, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	svc, err := cs.CoreV1().Services("kube-system").Get(ctx, "kube-dns", metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("find the cluster DNS service (set --cluster-dns): %w", err)
+	}
+	var out []netip.Addr
+	for _, s := range svc.Spec.ClusterIPs {
+		if ip, err := netip.ParseAddr(s); err == nil {
+			out = append(out, ip)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("kube-system/kube-dns has no ClusterIP (set --cluster-dns)")
+	}
+	return out, nil
 }
 
 // registryHealthy reads one key linearizably (it needs an etcd quorum) within 5 s.
