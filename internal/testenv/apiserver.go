@@ -45,6 +45,10 @@ type KubeAPIServer struct {
 
 	procs []*exec.Cmd
 	waits []chan struct{}
+	// apiserver's command line, kept for RestartAPIServer.
+	apiBin  string
+	apiArgs []string
+	hc      *http.Client
 }
 
 // StartKubeAPIServer starts the cached etcd and kube-apiserver binaries (hack/tools.sh) with a fresh
@@ -134,6 +138,7 @@ func StartKubeAPIServer(ctx context.Context, opts KubeAPIServerOptions) (*KubeAP
 		"--v", "1",
 	}
 	args = append(args, opts.ExtraArgs...)
+	s.apiBin, s.apiArgs = tl.KubeAPIServer, args
 	if err := s.start(filepath.Join(d, "kube-apiserver.log"), tl.KubeAPIServer, args...); err != nil {
 		s.Stop()
 		return nil, err
@@ -151,6 +156,7 @@ func StartKubeAPIServer(ctx context.Context, opts KubeAPIServerOptions) (*KubeAP
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Cert)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
+	s.hc = hc
 	if err := waitHTTP(ctx, hc, s.Config.Host+"/readyz"); err != nil {
 		s.Stop()
 		return nil, fmt.Errorf("kube-apiserver: %w (log: %s)", err, filepath.Join(d, "kube-apiserver.log"))
@@ -193,6 +199,35 @@ func StartTestKubeAPIServer(t testing.TB, opts KubeAPIServerOptions) *KubeAPISer
 	return s
 }
 
+// StopAPIServer terminates kube-apiserver alone (its etcd keeps the data), simulating an API
+// outage; RestartAPIServer brings it back on the same address.
+func (s *KubeAPIServer) StopAPIServer() {
+	i := len(s.procs) - 1
+	if i < 1 {
+		return // only etcd runs
+	}
+	_ = s.procs[i].Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.waits[i]:
+	case <-time.After(20 * time.Second):
+		_ = s.procs[i].Process.Kill()
+		<-s.waits[i]
+	}
+	s.procs, s.waits = s.procs[:i], s.waits[:i]
+}
+
+// RestartAPIServer starts kube-apiserver again with the same flags after StopAPIServer and waits
+// until /readyz answers (up to ctx's deadline).
+func (s *KubeAPIServer) RestartAPIServer(ctx context.Context) error {
+	if len(s.procs) != 1 {
+		return fmt.Errorf("restart kube-apiserver: it is running (or etcd is not)")
+	}
+	if err := s.start(filepath.Join(s.Dir, "kube-apiserver.log"), s.apiBin, s.apiArgs...); err != nil {
+		return err
+	}
+	return waitHTTP(ctx, s.hc, s.Config.Host+"/readyz")
+}
+
 // Stop terminates kube-apiserver, then its etcd, waiting up to 20 s for each.
 func (s *KubeAPIServer) Stop() {
 	for i := len(s.procs) - 1; i >= 0; i-- {
@@ -208,7 +243,7 @@ func (s *KubeAPIServer) Stop() {
 }
 
 func (s *KubeAPIServer) start(logPath, bin string, args ...string) error {
-	f, err := os.Create(logPath)
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return err
 	}

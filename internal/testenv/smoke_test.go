@@ -107,6 +107,19 @@ func TestKubeAPIServerSmoke(t *testing.T) {
 	if got.UID == "" {
 		t.Errorf("namespace has no UID: %+v", got.ObjectMeta)
 	}
+
+	// An API outage keeps the data: after a restart the namespace is still there.
+	s.StopAPIServer()
+	if _, err := cs.CoreV1().Namespaces().Get(ctx, "smoke", metav1.GetOptions{}); err == nil {
+		t.Fatal("the API server answered while stopped")
+	}
+	if err := s.RestartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := cs.CoreV1().Namespaces().Get(ctx, "smoke", metav1.GetOptions{})
+	if err != nil || again.UID != got.UID {
+		t.Fatalf("after restart: namespace %v, %v; want the same UID %s", again, err, got.UID)
+	}
 }
 
 // TestEmbeddedEtcdSmoke puts a key into an embedded etcd and sees it through a watch.
