@@ -10,6 +10,7 @@ import (
 
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni"
+	"github.com/aethermesh/aether/dnsd"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/registry"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -25,7 +26,7 @@ import (
 func run(ctx context.Context, cfg config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log = log.With("node", cfg.NodeName, "cluster", cfg.Cluster)
-	ready := newReadiness("kubernetes", "registry", "model", "cni")
+	ready := newReadiness("kubernetes", "registry", "model", "dns", "cni")
 	metrics := newAgentMetrics()
 	haddr, err := serveHealth(ctx, cfg.HealthAddr, ready, metrics)
 	if err != nil {
@@ -124,9 +125,40 @@ func run(ctx context.Context, cfg config) error {
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(latest, m) })
 	go syncEndpointsLoop(ctx, endpoints, latest, log)
 
+	// DNS: the resolver answers SERVFAIL until its first index, so it may start before the
+	// first model; readiness waits for both.
+	dnsAddr := netip.AddrPortFrom(cfg.HostIP, uint16(cfg.DNSPort)).String()
+	upstreams, err := dnsd.ReadResolvConf(cfg.ResolvConf, dnsAddr)
+	if err != nil {
+		return err
+	}
+	fwd, err := dnsd.NewForwarder(upstreams, dnsd.ForwarderOptions{Logger: log.With("part", "dns")})
+	if err != nil {
+		return fmt.Errorf("--resolv-conf %s: %w", cfg.ResolvConf, err)
+	}
+	resolver, err := dnsd.NewResolver(fwd, dnsd.ResolverOptions{Registerer: metrics.reg, Logger: log.With("part", "dns")})
+	if err != nil {
+		return err
+	}
+	asm.Subscribe(func(m *model.Mesh) {
+		if err := resolver.Update(m); err != nil {
+			log.Error("DNS index not updated; answering from the previous one", "err", err)
+		}
+	})
+	dnsSrv := dnsd.NewServer(resolver, dnsd.ServerConfig{Addr: dnsAddr, Logger: log.With("part", "dns")})
+	if err := dnsSrv.Start(ctx); err != nil {
+		return fmt.Errorf("DNS on --host-ip/--dns-port %s: %w", dnsAddr, err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = dnsSrv.Shutdown(sctx)
+	}()
+
 	if err := asm.Rebuild(); err != nil {
 		return err
 	}
+	ready.set("dns", nil)
 	ready.set("model", nil)
 	go asm.Run(ctx)
 
