@@ -107,6 +107,7 @@ func (a *Assembler) Rebuild() error {
 		s.Attachments = a.att.Attachments()
 	}
 	m := Assemble(a.ver.Add(1), s)
+	a.cfg.Logger.Debug("mesh model built", "version", m.Version, "services", len(m.Services), "pods", len(m.Pods), "endpoints", len(s.Endpoints))
 	a.cur.Store(m)
 	a.built.Add(1)
 	a.mu.Lock()

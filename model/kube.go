@@ -93,14 +93,16 @@ func NewKubeSource(cs kubernetes.Interface, mcs mcsclient.Interface, nodeName st
 	return k, nil
 }
 
-// Start starts the informers and waits until they have synced or ctx ends (then it returns
-// ctx's error). Informers stop when ctx is done.
-func (k *KubeSource) Start(ctx context.Context) error {
+// Start starts the informers, which run until ctx is done, and waits up to syncTimeout until they
+// have synced; it returns an error when they have not by then.
+func (k *KubeSource) Start(ctx context.Context, syncTimeout time.Duration) error {
 	for _, f := range k.factories {
 		f.Start(ctx.Done())
 	}
-	if !cache.WaitForCacheSync(ctx.Done(), k.synced...) {
-		return fmt.Errorf("kube source: informers not synced: %w", context.Cause(ctx))
+	wctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	defer cancel()
+	if !cache.WaitForCacheSync(wctx.Done(), k.synced...) {
+		return fmt.Errorf("kube source: informers not synced within %s: %w", syncTimeout, context.Cause(wctx))
 	}
 	return nil
 }

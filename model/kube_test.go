@@ -46,7 +46,7 @@ func TestKubeSourceRealAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := src.Start(ctx); err != nil {
+	if err := src.Start(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	if err := src.Healthy(ctx, 5*time.Second); err != nil {

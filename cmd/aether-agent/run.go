@@ -85,10 +85,7 @@ func run(ctx context.Context, cfg config) error {
 		}
 	})
 
-	syncCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-	err = kube.Start(syncCtx)
-	cancel()
-	if err != nil {
+	if err := kube.Start(ctx, 2*time.Minute); err != nil {
 		return err
 	}
 	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })

@@ -1,0 +1,338 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
+	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
+
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/registrar/registry"
+)
+
+var (
+	agentOnce sync.Once
+	agentBin  string
+	agentErr  error
+)
+
+// buildAgent builds this package's binary once per test run.
+func buildAgent(t *testing.T) string {
+	t.Helper()
+	agentOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "aether-agent-bin-")
+		if err != nil {
+			agentErr = err
+			return
+		}
+		agentBin = filepath.Join(dir, "aether-agent")
+		out, err := exec.Command("go", "build", "-race", "-o", agentBin, ".").CombinedOutput()
+		if err != nil {
+			agentErr = fmt.Errorf("go build aether-agent: %v\n%s", err, out)
+		}
+	})
+	if agentErr != nil {
+		t.Fatal(agentErr)
+	}
+	return agentBin
+}
+
+// agentProc is a running aether-agent binary.
+type agentProc struct {
+	cmd     *exec.Cmd
+	done    chan struct{}
+	health  string
+	dnsAddr string
+	logPath string
+}
+
+func startAgent(t *testing.T, args ...string) *agentProc {
+	t.Helper()
+	dir := t.TempDir()
+	healthPort, dnsPort := testenv.FreePort(t), testenv.FreePort(t)
+	resolv := filepath.Join(dir, "resolv.conf")
+	// An upstream that does not answer: these tests only ask mesh names.
+	if err := os.WriteFile(resolv, []byte("nameserver 127.0.0.1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := &agentProc{done: make(chan struct{}), health: fmt.Sprintf("127.0.0.1:%d", healthPort),
+		dnsAddr: fmt.Sprintf("127.0.0.1:%d", dnsPort), logPath: filepath.Join(dir, "agent.log")}
+	all := append([]string{
+		"--node-name", "node-1", "--cluster", "a", "--host-ip", "127.0.0.1",
+		"--dns-port", strconv.Itoa(dnsPort), "--health-addr", a.health,
+		"--state-dir", filepath.Join(dir, "state"), "--cni-socket", filepath.Join(dir, "cni.sock"),
+		"--xds-socket", filepath.Join(dir, "xds.sock"), "--cluster-dns", "10.96.0.10",
+		"--resolv-conf", resolv, "--registry-lease-ttl", "5s", "--log-level", "debug",
+	}, args...)
+	a.cmd = exec.Command(buildAgent(t), all...)
+	logf, err := os.Create(a.logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.cmd.Stdout, a.cmd.Stderr = logf, logf
+	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := a.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = a.cmd.Wait(); logf.Close(); close(a.done) }()
+	t.Cleanup(func() {
+		_ = a.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-a.done:
+		case <-time.After(15 * time.Second):
+			_ = a.cmd.Process.Kill()
+			<-a.done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(a.logPath)
+			t.Logf("agent log:\n%s", tailString(string(b), 12000))
+		}
+	})
+	return a
+}
+
+func tailString(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[len(s)-n:]
+}
+
+// get returns the status and body of a health endpoint.
+func (a *agentProc) get(path string) (int, string) {
+	resp, err := http.Get("http://" + a.health + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// metric returns the value of an unlabelled metric from /metrics.
+func (a *agentProc) metric(name string) float64 {
+	_, body := a.get("/metrics")
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` ([0-9.e+]+)$`).FindStringSubmatch(body)
+	if m == nil {
+		return -1
+	}
+	v, _ := strconv.ParseFloat(m[1], 64)
+	return v
+}
+
+// lookup asks the agent's resolver for name's A records; it returns the rcode and the addresses.
+func (a *agentProc) lookup(name string) (int, []string) {
+	c := &dns.Client{Timeout: 2 * time.Second}
+	m := new(dns.Msg)
+	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	r, _, err := c.Exchange(m, a.dnsAddr)
+	if err != nil {
+		return -1, nil
+	}
+	var ips []string
+	for _, rr := range r.Answer {
+		if a, ok := rr.(*dns.A); ok {
+			ips = append(ips, a.A.String())
+		}
+	}
+	return r.Rcode, ips
+}
+
+func eventually(t *testing.T, d time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s: %v", d, what, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestAgentModelFollowsSources runs the real agent binary against a real kube-apiserver and a real
+// etcd registry and checks, through its DNS answers, readiness and metrics, that the model follows
+// Kubernetes and the registry, survives an API server outage and a registry outage with the last
+// model, and converges after each returns.
+func TestAgentModelFollowsSources(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	regProxy := testenv.NewCutProxy(t, strings.TrimPrefix(etcd.Endpoints[0], "http://"))
+	cs := kubernetes.NewForConfigOrDie(api.Config)
+	mcs := mcsclient.NewForConfigOrDie(api.Config)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	if _, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1", Labels: map[string]string{model.LabelRegion: "eu"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL())
+	eventually(t, 60*time.Second, "agent ready", func() error {
+		if code, body := a.get("/readyz"); code != http.StatusOK {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+
+	// A local mesh Service: its name answers with its ClusterIP.
+	web, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantA := func(name, ip string) func() error {
+		return func() error {
+			rc, ips := a.lookup(name)
+			if rc != dns.RcodeSuccess || len(ips) != 1 || ips[0] != ip {
+				return fmt.Errorf("%s: rcode %d, A %v; want %s", name, rc, ips, ip)
+			}
+			return nil
+		}
+	}
+	wantNX := func(name string) func() error {
+		return func() error {
+			if rc, ips := a.lookup(name); rc != dns.RcodeNameError {
+				return fmt.Errorf("%s: rcode %d, A %v; want NXDOMAIN", name, rc, ips)
+			}
+			return nil
+		}
+	}
+	eventually(t, 30*time.Second, "web.shop.mesh", wantA("web.shop.mesh", web.Spec.ClusterIP))
+	eventually(t, 30*time.Second, "web.mesh", wantA("web.mesh", web.Spec.ClusterIP))
+
+	// Cluster b exports pay and registers an endpoint; cluster a imports it.
+	b, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "eu", Cluster: "b", LeaseTTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Export(ctx, &registryv1.ExportMark{Service: &registryv1.ServiceRef{Namespace: "shop", Name: "pay"},
+		Ports: []*registryv1.ServicePort{{Name: "grpc", Port: 9000, TargetPort: 9090, Protocol: registryv1.Protocol_PROTOCOL_GRPC}},
+		CreateTime: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := mcs.MulticlusterV1beta1().ServiceImports("shop").Create(ctx, &mcsv1beta1.ServiceImport{ObjectMeta: metav1.ObjectMeta{Name: "pay"},
+		Spec: mcsv1beta1.ServiceImportSpec{Type: mcsv1beta1.ClusterSetIP, IPs: []string{"10.96.77.7"}, Ports: []mcsv1beta1.ServicePort{{Name: "grpc", Port: 9000, Protocol: corev1.ProtocolTCP}}}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "pay clusterset name", wantA("pay.shop.svc.clusterset.local", "10.96.77.7"))
+
+	// Deleting the Service removes its names.
+	if err := cs.CoreV1().Services("shop").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "web.shop.mesh gone", wantNX("web.shop.mesh"))
+
+	// API server outage: readiness degrades with the reason; DNS keeps answering the last model.
+	api.StopAPIServer()
+	eventually(t, 60*time.Second, "readiness degraded by the API outage", func() error {
+		if code, body := a.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "kubernetes") {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+	if err := wantA("pay.shop.svc.clusterset.local", "10.96.77.7")(); err != nil {
+		t.Fatalf("during the API outage: %v", err)
+	}
+	if err := api.RestartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	api2, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "api"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 90*time.Second, "a Service created after the outage", wantA("api.shop.mesh", api2.Spec.ClusterIP))
+	eventually(t, 60*time.Second, "ready again", func() error {
+		if code, body := a.get("/readyz"); code != http.StatusOK {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+
+	// Registry outage: the last model stays; readiness names the registry.
+	regProxy.Cut()
+	eventually(t, 60*time.Second, "readiness degraded by the registry outage", func() error {
+		if code, body := a.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "registry") {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+	if err := wantA("pay.shop.svc.clusterset.local", "10.96.77.7")(); err != nil {
+		t.Fatalf("during the registry outage: %v", err)
+	}
+	regProxy.Restore()
+	eventually(t, 60*time.Second, "ready after the registry returns", func() error {
+		if code, body := a.get("/readyz"); code != http.StatusOK {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+
+	// A storm of 1000 Service changes is coalesced into few rebuilds.
+	before := a.metric("aether_agent_model_rebuilds_total")
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for w := 0; w < 20; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := w; i < 1000; i += 20 {
+				_, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("storm-%d", i)},
+					Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
+				if err != nil {
+					errs <- err
+					return
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	eventually(t, 60*time.Second, "the last storm Service", func() error {
+		if rc, _ := a.lookup("storm-999.shop.mesh"); rc != dns.RcodeSuccess {
+			return fmt.Errorf("rcode %d", rc)
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // let a trailing rebuild land
+	rebuilds := a.metric("aether_agent_model_rebuilds_total") - before
+	t.Logf("1000 Service creations over %s caused %.0f model rebuilds", took.Round(time.Millisecond), rebuilds)
+	// Coalescing: a rebuild needs a 50 ms quiet gap or 500 ms of events, so 1000 changes make far
+	// fewer rebuilds than changes (the exact count depends on the API server's pace).
+	if rebuilds < 1 || rebuilds > 100 {
+		t.Errorf("1000 changes caused %.0f rebuilds, want between 1 and 100", rebuilds)
+	}
+}
