@@ -23,7 +23,8 @@ import (
 // own prefix: a write outside it is denied by etcd itself, with the cluster's own credentials
 // and no registry client in between.
 func TestAuthPerClusterUsers(t *testing.T) {
-	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	// The lowest bcrypt cost (4) keeps password checks cheap under the race detector.
+	etcd := testenv.StartEmbeddedEtcd(t, func(c *embed.Config) { c.BcryptCost = 4 })
 	ctx := ctxT(t, converge)
 	admin, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints})
 	if err != nil {
