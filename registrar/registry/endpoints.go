@@ -192,6 +192,9 @@ func (r *Registry) reregister(old clientv3.LeaseID) (done bool, err error) {
 // alive and revokes the old one (best effort: it removes stale keys still bound to it). Callers
 // hold wmu. On error the old lease stays current and the new one is revoked.
 func (r *Registry) replaceLocked(ctx context.Context) error {
+	if r.closed {
+		return ErrClosed
+	}
 	old := r.lease
 	resp, err := r.cli.Grant(ctx, r.ttl)
 	if err != nil {
