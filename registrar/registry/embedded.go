@@ -120,3 +120,31 @@ func (e *Embedded) Err() <-chan error { return e.etcd.Err() }
 
 // Close stops the server gracefully.
 func (e *Embedded) Close() { e.etcd.Close() }
+
+// Open returns a Registry for cfg. When cfg.Endpoints is empty it first starts an embedded etcd
+// with emb (the registrar's single-machine, single-replica default: --etcd-endpoints empty,
+// data in emb.DataDir) and points cfg at it. The returned close function closes the Registry,
+// then the embedded server if one was started. It returns the error of whichever step failed.
+func Open(ctx context.Context, cfg Config, emb EmbeddedConfig) (*Registry, func(), error) {
+	var e *Embedded
+	if len(cfg.Endpoints) == 0 {
+		var err error
+		if e, err = StartEmbedded(ctx, emb); err != nil {
+			return nil, nil, fmt.Errorf("open registry: %w", err)
+		}
+		cfg.Endpoints = e.Endpoints
+	}
+	r, err := New(cfg)
+	if err != nil {
+		if e != nil {
+			e.Close()
+		}
+		return nil, nil, fmt.Errorf("open registry: %w", err)
+	}
+	return r, func() {
+		_ = r.Close()
+		if e != nil {
+			e.Close()
+		}
+	}, nil
+}

@@ -2,9 +2,11 @@ package registry
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/proto"
 
@@ -45,11 +47,21 @@ func (r *Registry) RegisterEndpoint(ctx context.Context, ep *registryv1.ServiceE
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	if r.lease == 0 {
-		if err := r.grantLocked(ctx); err != nil {
+		if err := r.replaceLocked(ctx); err != nil {
 			return fmt.Errorf("register endpoint %q: %w", key, err)
 		}
 	}
-	if _, err := r.cli.Put(ctx, key, string(b), clientv3.WithLease(r.lease)); err != nil {
+	_, err = r.cli.Put(ctx, key, string(b), clientv3.WithLease(r.lease))
+	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
+		// The lease expired before the keeper noticed: replace it now rather than fail.
+		r.log.Warn("registry: endpoint lease lost; re-registering under a new lease", "lease", fmt.Sprintf("%x", int64(r.lease)))
+		r.m.leaseLost.Inc()
+		if err := r.replaceLocked(ctx); err != nil {
+			return fmt.Errorf("register endpoint %q: %w", key, err)
+		}
+		_, err = r.cli.Put(ctx, key, string(b), clientv3.WithLease(r.lease))
+	}
+	if err != nil {
 		return fmt.Errorf("register endpoint %q: %w", key, err)
 	}
 	r.desired[key] = b
@@ -127,24 +139,6 @@ func (r *Registry) setLeaseLocked(id clientv3.LeaseID) {
 	r.leaseCh = make(chan struct{})
 }
 
-// grantLocked grants a new lease and starts keeping it alive; the keeper re-registers everything
-// under a fresh lease when this one is lost. Callers hold wmu.
-func (r *Registry) grantLocked(ctx context.Context) error {
-	resp, err := r.cli.Grant(ctx, r.ttl)
-	if err != nil {
-		return fmt.Errorf("grant lease (TTL %ds): %w", r.ttl, err)
-	}
-	ka, err := r.cli.KeepAlive(r.ctx, resp.ID)
-	if err != nil {
-		return fmt.Errorf("keep lease %x alive: %w", int64(resp.ID), err)
-	}
-	r.setLeaseLocked(resp.ID)
-	r.log.Info("registry: endpoint lease granted", "lease", fmt.Sprintf("%x", int64(resp.ID)), "ttl_seconds", resp.TTL)
-	r.wg.Add(1)
-	go r.keep(resp.ID, ka)
-	return nil
-}
-
 // keep drains the keepalive responses of lease id. clientv3 closes the channel when the lease
 // expired or was revoked, or when no keepalive succeeded for a whole TTL (cut off, quorum
 // loss). Then, unless the Registry is closing or the lease was replaced meanwhile, it grants a
@@ -178,8 +172,7 @@ func (r *Registry) keep(id clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAliveR
 	}
 }
 
-// reregister replaces lost lease old: grant, re-put every desired endpoint, revoke old (best
-// effort, which removes stale keys still bound to it). done is true when finished or when
+// reregister replaces lost lease old (see replaceLocked). done is true when finished or when
 // nothing is left to do (closing, lease already replaced or revoked).
 func (r *Registry) reregister(old clientv3.LeaseID) (done bool, err error) {
 	r.wmu.Lock()
@@ -189,9 +182,23 @@ func (r *Registry) reregister(old clientv3.LeaseID) (done bool, err error) {
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, time.Duration(r.ttl)*time.Second)
 	defer cancel()
+	if err := r.replaceLocked(ctx); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// replaceLocked grants a new lease, re-puts every desired endpoint under it, starts keeping it
+// alive and revokes the old one (best effort: it removes stale keys still bound to it). Callers
+// hold wmu. On error the old lease stays current and the new one is revoked.
+func (r *Registry) replaceLocked(ctx context.Context) error {
+	if r.closed {
+		return ErrClosed
+	}
+	old := r.lease
 	resp, err := r.cli.Grant(ctx, r.ttl)
 	if err != nil {
-		return false, fmt.Errorf("grant lease: %w", err)
+		return fmt.Errorf("grant lease: %w", err)
 	}
 	ops := make([]clientv3.Op, 0, maxTxnOps)
 	flush := func() error {
@@ -207,25 +214,28 @@ func (r *Registry) reregister(old clientv3.LeaseID) (done bool, err error) {
 		if len(ops) == maxTxnOps {
 			if err := flush(); err != nil {
 				r.revokeQuietly(resp.ID)
-				return false, fmt.Errorf("re-register endpoints: %w", err)
+				return fmt.Errorf("re-register endpoints: %w", err)
 			}
 		}
 	}
 	if err := flush(); err != nil {
 		r.revokeQuietly(resp.ID)
-		return false, fmt.Errorf("re-register endpoints: %w", err)
+		return fmt.Errorf("re-register endpoints: %w", err)
 	}
 	ka, err := r.cli.KeepAlive(r.ctx, resp.ID)
 	if err != nil {
 		r.revokeQuietly(resp.ID)
-		return false, fmt.Errorf("keep lease %x alive: %w", int64(resp.ID), err)
+		return fmt.Errorf("keep lease %x alive: %w", int64(resp.ID), err)
 	}
-	r.revokeQuietly(old)
+	if old != 0 {
+		r.revokeQuietly(old)
+	}
 	r.setLeaseLocked(resp.ID)
-	r.log.Info("registry: endpoints re-registered", "lease", fmt.Sprintf("%x", int64(resp.ID)), "endpoints", len(r.desired))
+	r.log.Info("registry: endpoints registered under a new lease", "lease", fmt.Sprintf("%x", int64(resp.ID)),
+		"old_lease", fmt.Sprintf("%x", int64(old)), "endpoints", len(r.desired))
 	r.wg.Add(1)
 	go r.keep(resp.ID, ka)
-	return true, nil
+	return nil
 }
 
 // revokeQuietly revokes a lease, ignoring errors (it may be gone already).

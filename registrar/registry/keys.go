@@ -80,7 +80,7 @@ func ParseKey(key string) (Key, error) {
 	parts := strings.Split(rest, "/")
 	// <region> clusters <cluster> <kind> ...
 	if len(parts) < 5 || parts[1] != "clusters" {
-		return Key{}, fmt.Errorf("parse key %q: want %s<region>/clusters/<cluster>/<kind>/...", key, Root)
+		return Key{}, fmt.Errorf("parse key %q: want %s<region>/clusters/<cluster>/<kind>/<rest>", key, Root)
 	}
 	k := Key{Origin: Origin{Region: parts[0], Cluster: parts[2]}, Kind: Kind(parts[3])}
 	if err := k.Origin.Validate(); err != nil {

@@ -253,3 +253,28 @@ func TestValidateConfig(t *testing.T) {
 		})
 	}
 }
+
+func TestNewRejectsBadOrigin(t *testing.T) {
+	tests := []struct {
+		name            string
+		region, cluster string
+		wantField       string
+	}{
+		{"empty region", "", "alpha", "region"},
+		{"slash in cluster", "eu", "a/b", "cluster"},
+		{"upper case", "EU", "alpha", "region"},
+		{"too long", "eu", strings.Repeat("a", 64), "cluster"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := NewWithClient(nil, Config{Region: tt.region, Cluster: tt.cluster})
+			var ve *ValidationError
+			if !errors.As(err, &ve) || ve.Field != tt.wantField {
+				t.Fatalf("NewWithClient(%q, %q) error = %v, want one naming %s", tt.region, tt.cluster, err, tt.wantField)
+			}
+		})
+	}
+	if _, err := New(Config{Region: "eu", Cluster: "alpha"}); err == nil {
+		t.Fatal("New without endpoints succeeded")
+	}
+}

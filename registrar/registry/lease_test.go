@@ -124,3 +124,30 @@ func TestRevokeEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A lease that vanished before the keeper noticed (here revoked behind the writer's back) is
+// replaced by the next RegisterEndpoint, which re-registers everything instead of failing.
+func TestRegisterReplacesVanishedLease(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx := ctxT(t, converge)
+	// A long TTL: keepalives are 20 s apart, so the keeper cannot notice first.
+	w := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", func(c *Config) { c.LeaseTTL = time.Minute })
+	if err := w.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "p1", "10.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	lease, _ := w.Lease()
+	other := newTestRegistry(t, etcd.Endpoints, "eu", "other", nil)
+	if _, err := other.Client().Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "p2", "10.0.0.2")); err != nil {
+		t.Fatalf("register after the lease vanished: %v", err)
+	}
+	recs, _, err := other.ListEndpoints(ctx)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("after replacement: %d endpoints, %v; want p1 and p2", len(recs), err)
+	}
+	if got := counterValue(t, w.m.leaseLost); got != 1 {
+		t.Fatalf("aether_registry_lease_lost_total = %v, want 1", got)
+	}
+}

@@ -81,6 +81,7 @@ type Registry struct {
 	// wmu serialises endpoint writes and lease changes, so a re-registration under a new lease
 	// never races a Register or Deregister.
 	wmu     sync.Mutex
+	closed  bool
 	lease   clientv3.LeaseID
 	desired map[string][]byte // endpoint key -> value this writer keeps registered
 	leaseCh chan struct{}     // closed and replaced whenever the lease changes (tests, Lease)
@@ -164,12 +165,19 @@ func (r *Registry) Client() *clientv3.Client { return r.cli }
 // RevokeEndpoints to remove them at once.
 func (r *Registry) Close() error {
 	r.cancel()
+	// Under wmu, so no lease keeper starts (wg.Add) once Wait runs.
+	r.wmu.Lock()
+	r.closed = true
+	r.wmu.Unlock()
 	r.wg.Wait()
 	if r.ownsCli {
 		return r.cli.Close()
 	}
 	return nil
 }
+
+// ErrClosed is returned (wrapped) for an endpoint write after Close.
+var ErrClosed = errors.New("registry closed")
 
 // ErrOutsidePrefix is returned (wrapped) for a write whose key or record origin is not this
 // writer's own.

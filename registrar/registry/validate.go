@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -28,23 +29,33 @@ func fieldErr(field, value, reason string) *ValidationError {
 	return &ValidationError{Field: field, Value: value, Reason: reason}
 }
 
-var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-
 // validName checks a region, cluster, namespace or service name: an RFC 1123 DNS label
 // (lowercase letters, digits and '-', 1 to 63 characters, alphanumeric at both ends), the rule
 // Kubernetes applies to namespace and Service names. Such a name never holds '/', so it is always
 // exactly one key segment.
 func validName(s string) error {
-	if len(s) == 0 || len(s) > 63 || !dnsLabel.MatchString(s) {
-		return fmt.Errorf("want an RFC 1123 DNS label (a-z, 0-9, '-', at most 63 characters)")
+	ok := len(s) > 0 && len(s) <= 63 && s[0] != '-' && s[len(s)-1] != '-'
+	for i := 0; ok && i < len(s); i++ {
+		c := s[i]
+		ok = c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-'
+	}
+	if !ok {
+		return errNotDNSLabel
 	}
 	return nil
 }
 
-var podUIDChars = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+var errNotDNSLabel = errors.New("want an RFC 1123 DNS label (a-z, 0-9, '-', at most 63 characters)")
 
+// validPodUID checks an endpoint id: 1 to 128 characters of A-Z a-z 0-9 . _ - (a Kubernetes
+// UID is a lowercase RFC 4122 UUID).
 func validPodUID(s string) error {
-	if !podUIDChars.MatchString(s) {
+	ok := len(s) > 0 && len(s) <= 128
+	for i := 0; ok && i < len(s); i++ {
+		c := s[i]
+		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
+	}
+	if !ok {
 		return fieldErr("pod_uid", s, "want 1-128 characters of A-Z a-z 0-9 . _ -")
 	}
 	return nil
@@ -74,8 +85,12 @@ func validPort(p uint32, field string, zeroOK bool) error {
 	return nil
 }
 
+func knownProtocol(p registryv1.Protocol) bool {
+	return p > registryv1.Protocol_PROTOCOL_UNSPECIFIED && p <= registryv1.Protocol_PROTOCOL_UDP
+}
+
 func validProtocol(p registryv1.Protocol, field string) error {
-	if p <= registryv1.Protocol_PROTOCOL_UNSPECIFIED || p > registryv1.Protocol_PROTOCOL_UDP {
+	if !knownProtocol(p) {
 		return fieldErr(field, p.String(), "want one of HTTP, HTTP2, GRPC, TCP, UDP")
 	}
 	return nil
@@ -106,38 +121,35 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if len(ep.GetAddresses()) == 0 {
 		return fieldErr("addresses", "", "want at least one pod IP")
 	}
-	seenIP := map[netip.Addr]bool{}
+	// Address and port lists are short: quadratic duplicate checks allocate nothing.
 	for i, a := range ep.GetAddresses() {
 		ip, err := netip.ParseAddr(a)
 		if err != nil || ip.Zone() != "" {
 			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want an IPv4 or IPv6 address")
 		}
-		if seenIP[ip] {
-			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "duplicate address")
+		for _, b := range ep.GetAddresses()[:i] {
+			if prev, _ := netip.ParseAddr(b); prev == ip {
+				return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "duplicate address")
+			}
 		}
-		seenIP[ip] = true
 	}
 	if len(ep.GetPorts()) == 0 {
 		return fieldErr("ports", "", "want at least one port")
 	}
-	seenPort, seenName := map[uint32]bool{}, map[string]bool{}
 	for i, p := range ep.GetPorts() {
-		f := fmt.Sprintf("ports[%d]", i)
-		if err := validPort(p.GetPort(), f+".port", false); err != nil {
-			return err
+		if p.GetPort() == 0 || p.GetPort() > 65535 {
+			return fieldErr(fmt.Sprintf("ports[%d].port", i), strconv.Itoa(int(p.GetPort())), "want 1-65535")
 		}
-		if seenPort[p.GetPort()] {
-			return fieldErr(f+".port", strconv.Itoa(int(p.GetPort())), "duplicate port")
-		}
-		seenPort[p.GetPort()] = true
-		if p.GetName() != "" {
-			if seenName[p.GetName()] {
-				return fieldErr(f+".name", p.GetName(), "duplicate port name")
+		for _, q := range ep.GetPorts()[:i] {
+			if q.GetPort() == p.GetPort() {
+				return fieldErr(fmt.Sprintf("ports[%d].port", i), strconv.Itoa(int(p.GetPort())), "duplicate port")
 			}
-			seenName[p.GetName()] = true
+			if p.GetName() != "" && q.GetName() == p.GetName() {
+				return fieldErr(fmt.Sprintf("ports[%d].name", i), p.GetName(), "duplicate port name")
+			}
 		}
-		if err := validProtocol(p.GetProtocol(), f+".protocol"); err != nil {
-			return err
+		if !knownProtocol(p.GetProtocol()) {
+			return validProtocol(p.GetProtocol(), fmt.Sprintf("ports[%d].protocol", i))
 		}
 	}
 	if !strings.HasPrefix(ep.GetSpiffeId(), "spiffe://") || len(ep.GetSpiffeId()) == len("spiffe://") {
