@@ -15,7 +15,7 @@ import (
 func TestWatchConvergesAfterCompaction(t *testing.T) {
 	etcd := testenv.StartEmbeddedEtcd(t, nil)
 	ctx := ctxT(t, converge*2)
-	proxy := newCutProxy(t, etcd.Endpoints[0][len("http://"):])
+	proxy := testenv.NewCutProxy(t, etcd.Endpoints[0][len("http://"):])
 	w := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", nil)
 	reader := newTestRegistry(t, []string{proxy.URL()}, "eu", "reader", nil)
 

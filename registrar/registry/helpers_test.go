@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"slices"
 	"sync"
@@ -160,69 +159,3 @@ func counterValue(t testing.TB, c prometheus.Collector) float64 {
 	return sum
 }
 
-// cutProxy forwards loopback TCP connections to target until cut: then it drops every open
-// connection and closes new ones at once, as a network partition would, until restored.
-type cutProxy struct {
-	l      net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  map[net.Conn]bool
-}
-
-func newCutProxy(t testing.TB, target string) *cutProxy {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{l: l, target: target, conns: map[net.Conn]bool{}}
-	t.Cleanup(func() { l.Close(); p.Cut() })
-	go p.serve()
-	return p
-}
-
-func (p *cutProxy) URL() string { return "http://" + p.l.Addr().String() }
-
-func (p *cutProxy) serve() {
-	for {
-		c, err := p.l.Accept()
-		if err != nil {
-			return
-		}
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		u, err := net.Dial("tcp", p.target)
-		if err != nil {
-			p.mu.Unlock()
-			c.Close()
-			continue
-		}
-		p.conns[c], p.conns[u] = true, true
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(u, c); u.Close(); c.Close() }()
-		go func() { _, _ = io.Copy(c, u); u.Close(); c.Close() }()
-	}
-}
-
-// Cut drops every connection and refuses new ones.
-func (p *cutProxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	for c := range p.conns {
-		c.Close()
-	}
-	clear(p.conns)
-}
-
-// Restore accepts connections again.
-func (p *cutProxy) Restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = false
-}

@@ -50,7 +50,7 @@ func TestDeadWriterEndpointsExpire(t *testing.T) {
 func TestCutOffWriterReregisters(t *testing.T) {
 	etcd := testenv.StartEmbeddedEtcd(t, nil)
 	ctx := ctxT(t, converge*3)
-	proxy := newCutProxy(t, etcd.Endpoints[0][len("http://"):])
+	proxy := testenv.NewCutProxy(t, etcd.Endpoints[0][len("http://"):])
 	reader := newTestRegistry(t, etcd.Endpoints, "eu", "reader", nil)
 	w := newTestRegistry(t, []string{proxy.URL()}, "eu", "alpha", nil)
 	v := startViewer(t, reader.WatchEndpoints(ctx))
