@@ -27,3 +27,11 @@ demo:
 
 demo-down:
 	hack/demo.sh down
+
+## generate / verify: regenerate committed generated code, or fail when it is stale
+.PHONY: generate verify
+generate:
+	for u in hack/update-*.sh; do "$$u"; done
+
+verify:
+	for v in hack/verify-*.sh; do "$$v"; done
