@@ -49,8 +49,20 @@ type config struct {
 	LogLevel slog.Level // --log-level: debug, info, warn, error
 }
 
-// parseConfig reads flags (args without the program name) with environment defaults from getenv.
+// parseConfig reads flags (args without the program name) with environment defaults from getenv,
+// then validates the result.
 func parseConfig(args []string, getenv func(string) string) (config, error) {
+	c, err := parseFlags(args, getenv)
+	if err != nil {
+		return c, err
+	}
+	return c, c.validate()
+}
+
+// parseFlags reads flags and environment without checking the values against each other or the
+// filesystem: an unknown flag or a value of the wrong form is an error. The deploy manifests'
+// tests parse the DaemonSet's args with it, so a renamed flag fails them.
+func parseFlags(args []string, getenv func(string) string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("aether-agent", flag.ContinueOnError)
 	env := func(k, def string) string {
@@ -117,7 +129,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}
-	return c, c.validate()
+	return c, nil
 }
 
 func (c config) validate() error {
