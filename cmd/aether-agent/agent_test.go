@@ -89,8 +89,7 @@ func startAgent(t *testing.T, args ...string) *agentProc {
 		t.Fatal(err)
 	}
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf
-	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := a.cmd.Start(); err != nil {
+	if err := testenv.StartCmd(a.cmd); err != nil {
 		t.Fatal(err)
 	}
 	go func() { _ = a.cmd.Wait(); logf.Close(); close(a.done) }()
