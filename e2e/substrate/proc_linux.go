@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,10 +56,42 @@ func (p *Process) Stop(grace time.Duration) {
 	_ = os.Remove(p.pidFile)
 }
 
+// pinnedThread runs functions on one goroutine locked to its OS thread for as long as the
+// substrate lives. Every long-lived child is forked from it: Pdeathsig fires when the forking
+// *thread* exits (golang/go#27505), and the Go runtime ends threads whose locked goroutine
+// returns, which the namespace helpers do on purpose. A child forked from an ordinary goroutine
+// could therefore be killed when a later namespace operation happens to lock that same thread.
+type pinnedThread struct {
+	reqs chan func()
+	once sync.Once
+}
+
+func newPinnedThread() *pinnedThread {
+	t := &pinnedThread{reqs: make(chan func())}
+	go func() {
+		runtime.LockOSThread()
+		for f := range t.reqs {
+			f()
+		}
+	}()
+	return t
+}
+
+// do runs f on the pinned thread and waits for it.
+func (t *pinnedThread) do(f func()) {
+	done := make(chan struct{})
+	t.reqs <- func() { f(); close(done) }
+	<-done
+}
+
+// close ends the thread; call it only when no child forked from it runs any more.
+func (t *pinnedThread) close() { t.once.Do(func() { close(t.reqs) }) }
+
 // procTable starts and tracks processes, recording "pid starttime" per process under pidDir so
 // that Clean can kill them after a crash without hitting a reused pid.
 type procTable struct {
 	pidDir string
+	thread *pinnedThread
 	mu     sync.Mutex
 	procs  map[string]*Process
 }
@@ -67,7 +100,7 @@ func newProcTable(pidDir string) (*procTable, error) {
 	if err := os.MkdirAll(pidDir, 0o755); err != nil {
 		return nil, fmt.Errorf("create pid dir: %w", err)
 	}
-	return &procTable{pidDir: pidDir, procs: map[string]*Process{}}, nil
+	return &procTable{pidDir: pidDir, thread: newPinnedThread(), procs: map[string]*Process{}}, nil
 }
 
 // start runs argv with env (nil: the substrate's environment) in its own process group, with
@@ -107,9 +140,11 @@ func (t *procTable) spawn(name string, argv, env []string, logPath string) (*Pro
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	var err2 error
+	t.thread.do(func() { err2 = cmd.Start() })
+	if err2 != nil {
 		f.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
+		return nil, fmt.Errorf("start %s: %w", name, err2)
 	}
 	p := &Process{Name: name, Log: logPath, cmd: cmd, done: make(chan struct{})}
 	p.pidFile = filepath.Join(t.pidDir, strings.ReplaceAll(name, "/", "_")+".pid")

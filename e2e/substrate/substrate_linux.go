@@ -14,10 +14,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/aethermesh/aether/internal/testenv"
@@ -99,6 +99,7 @@ type Substrate struct {
 	fwd      *forwarder
 	stopOnce sync.Once
 	mounted  bool
+	failed   bool
 }
 
 // Cluster is one cluster of the substrate.
@@ -119,6 +120,7 @@ type Cluster struct {
 	Nodes                []*Node
 
 	s       *Substrate
+	stopAPI func()
 	dns     []*dns.Server
 	svcLst  listersv1.ServiceLister
 	podLst  listersv1.PodLister
@@ -232,7 +234,6 @@ func runWrapped(ctx context.Context, argv []string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := cmd.Output()
 	if err != nil {
 		return out, fmt.Errorf("run %s: %w: %s", argv[len(argv)-1], err, strings.TrimSpace(stderr.String()))
@@ -284,7 +285,10 @@ func Start(ctx context.Context, opts Options) (_ *Substrate, err error) {
 	s := &Substrate{Dir: dir, Plan: plan, opts: opts, log: opts.Logger, netnsDir: filepath.Join(dir, "netns"), fwd: &forwarder{}}
 	defer func() {
 		if err != nil {
+			// Keep the logs of a failed start; Clean removes the directory later.
+			s.failed = true
 			s.Stop()
+			err = fmt.Errorf("%w (logs kept in %s; make e2e-clean removes them)", err, dir)
 		}
 	}()
 	if st, err := procStartTime(os.Getpid()); err == nil {
@@ -316,11 +320,11 @@ func Start(ctx context.Context, opts Options) (_ *Substrate, err error) {
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				return err
 			}
-			api, err := testenv.StartKubeAPIServer(gctx, testenv.KubeAPIServerOptions{Dir: d, ServiceCIDR: c.Plan.ServiceCIDR.String()})
+			api, stop, err := startAPIServerPinned(gctx, testenv.KubeAPIServerOptions{Dir: d, ServiceCIDR: c.Plan.ServiceCIDR.String()})
 			if err != nil {
 				return fmt.Errorf("start API server of %s: %w", c.Name, err)
 			}
-			c.API, c.Config, c.Kubeconfig = api, api.Config, api.Kubeconfig
+			c.API, c.stopAPI, c.Config, c.Kubeconfig = api, stop, api.Config, api.Kubeconfig
 			return nil
 		})
 	}
@@ -376,6 +380,35 @@ func writeFiles(files map[string][]byte) error {
 		}
 	}
 	return nil
+}
+
+// startAPIServerPinned starts a kube-apiserver and its etcd (testenv.StartKubeAPIServer) from a
+// goroutine locked to its own OS thread that lives until stop is called: both processes get
+// Pdeathsig from that thread (see pinnedThread). stop stops both and ends the thread.
+func startAPIServerPinned(ctx context.Context, opts testenv.KubeAPIServerOptions) (*testenv.KubeAPIServer, func(), error) {
+	type result struct {
+		api *testenv.KubeAPIServer
+		err error
+	}
+	res := make(chan result, 1)
+	stopc, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		api, err := testenv.StartKubeAPIServer(ctx, opts)
+		res <- result{api, err}
+		if err != nil {
+			return
+		}
+		<-stopc
+		api.Stop()
+		close(stopped)
+	}()
+	r := <-res
+	if r.err != nil {
+		return nil, nil, r.err
+	}
+	var once sync.Once
+	return r.api, func() { once.Do(func() { close(stopc); <-stopped }) }, nil
 }
 
 // startRegistry starts the shared registry etcd: the cached etcd binary (the same one the API
@@ -568,9 +601,9 @@ func createNodeObject(ctx context.Context, cs kubernetes.Interface, n *Node) err
 				"topology.kubernetes.io/region": n.Cluster.Name, "topology.kubernetes.io/zone": n.Name,
 			},
 			Annotations: map[string]string{
-				"flannel.alpha.coreos.com/backend-type": "vxlan",
-				"flannel.alpha.coreos.com/backend-data": string(backend),
-				"flannel.alpha.coreos.com/public-ip":    n.Plan.IP.String(),
+				"flannel.alpha.coreos.com/backend-type":        "vxlan",
+				"flannel.alpha.coreos.com/backend-data":        string(backend),
+				"flannel.alpha.coreos.com/public-ip":           n.Plan.IP.String(),
 				"flannel.alpha.coreos.com/kube-subnet-manager": "true",
 			},
 		},
@@ -621,7 +654,7 @@ func (c *Cluster) selectedPodIPs(ns string, selector map[string]string) []netip.
 }
 
 // startDNS serves the cluster's stub kube-dns on <DNSIP>:53 (UDP and TCP) in every node
-// namespace, where the VIP sits on kube-ipvs0: pods reach it through their default route to
+// namespace, where the VIP sits on lo: pods reach it through their default route to
 // the node, node processes directly.
 func (s *Substrate) startDNS(c *Cluster) error {
 	zone := dns.Fqdn(s.Plan.ClusterDomain)
@@ -762,14 +795,17 @@ func (s *Substrate) stop() {
 	s.fwd.close()
 	var wg sync.WaitGroup
 	for _, c := range s.Clusters {
-		if c.API != nil {
-			wg.Go(c.API.Stop)
+		if c.stopAPI != nil {
+			wg.Go(c.stopAPI)
 		}
 	}
 	if s.procs != nil {
 		wg.Go(func() { s.procs.stopAll("", 10*time.Second) })
 	}
 	wg.Wait()
+	if s.procs != nil {
+		s.procs.thread.close()
+	}
 	if s.mounted {
 		entries, _ := os.ReadDir(s.netnsDir)
 		for _, e := range entries {
@@ -781,7 +817,7 @@ func (s *Substrate) stop() {
 			s.log.Warn("unmount netns dir", "dir", s.netnsDir, "err", err)
 		}
 	}
-	if !s.opts.KeepDir {
+	if !s.opts.KeepDir && !s.failed {
 		if err := os.RemoveAll(s.Dir); err != nil {
 			s.log.Warn("remove run dir", "dir", s.Dir, "err", err)
 		}
@@ -809,4 +845,66 @@ func (s *Substrate) Memory() (total int64, perProcess map[string]int64, err erro
 		total += rss
 	}
 	return total, perProcess, nil
+}
+
+// CreateNamespace creates a namespace with labels and waits (until ctx ends) for its default
+// ServiceAccount, which the substrate's stand-in for the ServiceAccount controller makes and
+// without which the API server refuses pods.
+func (c *Cluster) CreateNamespace(ctx context.Context, name string, labels map[string]string) error {
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{})
+	if err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create namespace %s in %s: %w", name, c.Name, err)
+	}
+	for {
+		if _, err := c.Client.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{}); err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("create namespace %s in %s: no default ServiceAccount: %w", name, c.Name, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// WaitPodReady polls until the pod has condition Ready=True and returns it; it fails when ctx
+// ends or the pod terminates.
+func (c *Cluster) WaitPodReady(ctx context.Context, ns, name string) (*corev1.Pod, error) {
+	var last string
+	for {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err == nil {
+			for _, cond := range p.Status.Conditions {
+				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+					return p, nil
+				}
+			}
+			if p.Status.Phase == corev1.PodFailed || p.Status.Phase == corev1.PodSucceeded {
+				return p, fmt.Errorf("wait for pod %s/%s in %s: it terminated (%s)", ns, name, c.Name, p.Status.Phase)
+			}
+			last = fmt.Sprintf("phase %s %s %s", p.Status.Phase, p.Status.Reason, p.Status.Message)
+		} else {
+			last = err.Error()
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for pod %s/%s in %s to be Ready: %s: %w", ns, name, c.Name, last, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// WaitPodGone polls until the pod object no longer exists.
+func (c *Cluster) WaitPodGone(ctx context.Context, ns, name string) error {
+	for {
+		_, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for pod %s/%s in %s to go: %w", ns, name, c.Name, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }

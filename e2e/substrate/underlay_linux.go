@@ -17,12 +17,11 @@ import (
 
 // Link names. The underlay namespace holds one bridge per cluster (br-c<i>) and one veth end per
 // node (n<i>-<j>); every node namespace holds eth0 (its underlay link), flannel.1 (Flannel's vxlan
-// device), kube-ipvs0 (a dummy carrying the kube-dns VIP, as kube-proxy's IPVS mode does) and,
-// once a pod runs, cni0 (the bridge plugin's bridge).
+// device) and, once a pod runs, cni0 (the bridge plugin's bridge). The kube-dns VIP sits on the
+// node's lo (the kernel here has no dummy driver; kube-proxy's IPVS mode uses a dummy device).
 const (
 	nodeUplink = "eth0"
 	vxlanName  = "flannel.1"
-	dnsDummy   = "kube-ipvs0"
 )
 
 func ipNet(p netip.Prefix) *net.IPNet {
@@ -61,7 +60,7 @@ func setupUnderlay(ul *testenv.Netns, plan *Plan) error {
 }
 
 // setupNode wires one node namespace: a veth to its cluster's underlay bridge (eth0 with the node
-// IP and a default route via the gateway), forwarding on, the kube-dns VIP on a dummy device,
+// IP and a default route via the gateway), forwarding on, the kube-dns VIP on lo,
 // Flannel's vxlan device flannel.1 (VNI 1, UDP 8472, no learning, the node's subnet .0/32 on it,
 // MTU 1450), and Flannel's masquerade rules (pod traffic leaving the cluster network is SNATed
 // to the node IP).
@@ -117,15 +116,12 @@ func setupNode(ul, node *testenv.Netns, c ClusterPlan, n NodePlan) error {
 	if err := h.RouteAdd(&netlink.Route{Gw: net.IP(c.Gateway.AsSlice())}); err != nil {
 		return fmt.Errorf("default route of %s: %w", n.Name, err)
 	}
-	dummy := &netlink.Dummy{LinkAttrs: netlink.LinkAttrs{Name: dnsDummy}}
-	if err := h.LinkAdd(dummy); err != nil {
-		return fmt.Errorf("add %s to %s: %w", dnsDummy, n.Name, err)
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo in %s: %w", n.Name, err)
 	}
-	if err := h.AddrAdd(dummy, addr(c.DNSIP, 32)); err != nil {
-		return fmt.Errorf("address %s of %s: %w", dnsDummy, n.Name, err)
-	}
-	if err := h.LinkSetUp(dummy); err != nil {
-		return fmt.Errorf("up %s of %s: %w", dnsDummy, n.Name, err)
+	if err := h.AddrAdd(lo, addr(c.DNSIP, 32)); err != nil {
+		return fmt.Errorf("address kube-dns VIP on lo of %s: %w", n.Name, err)
 	}
 	vx := &netlink.Vxlan{
 		LinkAttrs:    netlink.LinkAttrs{Name: vxlanName, MTU: FlannelMTU, HardwareAddr: n.VtepMAC},

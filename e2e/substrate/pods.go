@@ -1,0 +1,89 @@
+package substrate
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+)
+
+// Ports of the workload pods built by EchoPod and ServerFirstPod.
+const (
+	EchoHTTPPort       = 8080
+	EchoTCPPort        = 9000
+	ServerFirstTCPPort = 2525
+)
+
+// workloadEnv is the downward-API environment every workload reads its identity from.
+func workloadEnv(cluster string) []corev1.EnvVar {
+	return []corev1.EnvVar{
+		{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+		{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
+		{Name: "CLUSTER", Value: cluster},
+	}
+}
+
+func workloadPod(ns, name, node string, labels map[string]string, c corev1.Container) *corev1.Pod {
+	grace := int64(2)
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels},
+		Spec: corev1.PodSpec{
+			NodeName:                      node,
+			Containers:                    []corev1.Container{c},
+			TerminationGracePeriodSeconds: &grace,
+		},
+	}
+}
+
+// EchoPod is a pod running the echo workload (binary echoBin) on node, labelled app=<name>,
+// serving HTTP on 8080 and TCP on 9000, Ready when GET /healthz answers (probed every second).
+func EchoPod(ns, name, node, cluster, echoBin string) *corev1.Pod {
+	return workloadPod(ns, name, node, map[string]string{"app": name}, corev1.Container{
+		Name: "echo", Image: "aether.local/echo", Command: []string{echoBin},
+		Env: workloadEnv(cluster),
+		Ports: []corev1.ContainerPort{
+			{Name: "http", ContainerPort: EchoHTTPPort, Protocol: corev1.ProtocolTCP},
+			{Name: "tcp", ContainerPort: EchoTCPPort, Protocol: corev1.ProtocolTCP},
+		},
+		ReadinessProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},
+			PeriodSeconds: 1,
+		},
+	})
+}
+
+// ServerFirstPod is a pod running the server-first workload on node (port 2525), labelled
+// app=<name>, Ready when its port accepts (probed every second).
+func ServerFirstPod(ns, name, node, cluster, bin string) *corev1.Pod {
+	return workloadPod(ns, name, node, map[string]string{"app": name}, corev1.Container{
+		Name: "server", Image: "aether.local/serverfirst", Command: []string{bin},
+		Env:   workloadEnv(cluster),
+		Ports: []corev1.ContainerPort{{Name: "smtp", ContainerPort: ServerFirstTCPPort, Protocol: corev1.ProtocolTCP}},
+		ReadinessProbe: &corev1.Probe{
+			ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(ServerFirstTCPPort)}},
+			PeriodSeconds: 1,
+		},
+	})
+}
+
+// ClientPod is a pod idling with the client workload ("client sleep") on node; tests run the
+// client's one-shot modes in it with Cluster.ExecInPod.
+func ClientPod(ns, name, node, cluster, clientBin string) *corev1.Pod {
+	return workloadPod(ns, name, node, map[string]string{"app": name}, corev1.Container{
+		Name: "client", Image: "aether.local/client", Command: []string{clientBin}, Args: []string{"sleep"},
+		Env: workloadEnv(cluster),
+	})
+}
+
+// EchoService is a ClusterIP Service selecting app=<app> with the echo ports.
+func EchoService(ns, name, app string) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": app},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, TargetPort: intstr.FromInt32(EchoHTTPPort), Protocol: corev1.ProtocolTCP},
+				{Name: "tcp", Port: EchoTCPPort, TargetPort: intstr.FromInt32(EchoTCPPort), Protocol: corev1.ProtocolTCP},
+			},
+		},
+	}
+}
