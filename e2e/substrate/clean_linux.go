@@ -130,12 +130,35 @@ func Clean(baseDir string, force bool, log *slog.Logger) ([]string, error) {
 	return cleaned, nil
 }
 
+// recordedProcesses returns the pids recorded under <dir>/pids ("pid starttime") that still run
+// with the same start time.
+func recordedProcesses(dir string) []int {
+	files, _ := filepath.Glob(filepath.Join(dir, "pids", "*.pid"))
+	var out []int
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		var pid int
+		var start uint64
+		if _, err := fmt.Sscanf(string(b), "%d %d", &pid, &start); err != nil {
+			continue
+		}
+		if st, err := procStartTime(pid); err == nil && st == start {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 func cleanRun(dir string) error {
 	for range 3 {
 		pids, err := runProcesses(dir)
 		if err != nil {
 			return err
 		}
+		pids = append(pids, recordedProcesses(dir)...)
 		if len(pids) == 0 {
 			break
 		}

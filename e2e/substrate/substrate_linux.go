@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -825,16 +826,18 @@ func (s *Substrate) stop() {
 }
 
 // Memory returns the resident memory of the substrate in bytes: every process it started (API
-// servers, etcds, hook processes, pods) plus the calling process (kubelets, DNS, forwarders),
-// found as the processes whose command line names the run directory or that run in one of its
-// network namespaces.
+// servers, etcds, hook processes, pods: the processes it tracks, those whose command line names
+// the run directory and those in one of its network namespaces) plus the calling process
+// (kubelets, DNS, forwarders), and the same per process ("comm[pid]").
 func (s *Substrate) Memory() (total int64, perProcess map[string]int64, err error) {
 	pids, err := runProcesses(s.Dir)
 	if err != nil {
 		return 0, nil, err
 	}
+	pids = append(pids, s.procs.pids()...)
+	slices.Sort(pids)
 	perProcess = map[string]int64{}
-	for _, pid := range append(pids, os.Getpid()) {
+	for _, pid := range slices.Compact(append(pids, os.Getpid())) {
 		rss, err := procRSS(pid)
 		if err != nil {
 			continue

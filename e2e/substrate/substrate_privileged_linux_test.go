@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -102,7 +103,48 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s, err := Start(ctx, Options{Clusters: DefaultClusters(cidrA, cidrB), Logger: log})
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fake := filepath.Join(t.TempDir(), fakePluginName)
+	if err := os.Symlink(self, fake); err != nil {
+		t.Fatal(err)
+	}
+	hookProcs := map[string]*Process{}
+	var hookMu sync.Mutex
+	s, err := Start(ctx, Options{
+		Clusters:    DefaultClusters(cidrA, cidrB),
+		Logger:      log,
+		CNIPlugins:  []json.RawMessage{json.RawMessage(`{"type":"` + fakePluginName + `"}`)},
+		CNIBinaries: []string{fake},
+		Hooks: Hooks{
+			// Stand-ins for the registrar and the agent: long-running processes the
+			// substrate must stop at teardown.
+			Cluster: func(ctx context.Context, c *Cluster) error {
+				p, err := c.Start("fake-registrar", []string{bins["client"], "sleep"}, nil)
+				hookMu.Lock()
+				hookProcs[c.Name] = p
+				hookMu.Unlock()
+				return err
+			},
+			Node: func(ctx context.Context, n *Node) error {
+				// A node process sees the node's files at their real paths.
+				out, err := n.Exec(ctx, "cat", "/run/flannel/subnet.env")
+				if err != nil {
+					return err
+				}
+				if want := SubnetEnv(n.Plan, n.Cluster.Plan); string(out) != string(want) {
+					return fmt.Errorf("%s sees subnet.env %q, want %q", n.Name, out, want)
+				}
+				p, err := n.Start("fake-agent", []string{bins["client"], "sleep"}, nil)
+				hookMu.Lock()
+				hookProcs[n.Name] = p
+				hookMu.Unlock()
+				return err
+			},
+		},
+	})
 	if err != nil {
 		t.Fatalf("start substrate: %v", err)
 	}
@@ -177,6 +219,15 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 			if _, err := os.Stat(n.hostPath("/var/lib/cni/networks/" + ConflistName + "/" + sb.IP.String())); err != nil {
 				t.Errorf("%s: host-local reservation: %v", c.Name, err)
 			}
+			// The chained plugin ran in the node's mount namespace with prevResult, and its
+			// mark is in the pod's netns.
+			calls, err := os.ReadFile(n.hostPath("/run/aether/fake-cni.log"))
+			if err != nil || !strings.Contains(string(calls), "ADD "+sb.ContainerID+" "+sb.Netns.Path+"\n") {
+				t.Errorf("%s: chained plugin calls %q (%v): no ADD for %s", c.Name, calls, err, sb.ContainerID)
+			}
+			if out, err := exec.Command("nsenter", "--net="+sb.Netns.Path, "--", "nft", "list", "tables").CombinedOutput(); err != nil || !strings.Contains(string(out), fakeTable) {
+				t.Errorf("%s: pod netns tables %q (%v): no %s from the chained plugin", c.Name, out, err, fakeTable)
+			}
 			if err := sb.Netns.Do(func() error {
 				l, err := netlink.LinkByName("eth0")
 				if err != nil {
@@ -192,7 +243,7 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 		}
 	})
 
-	exec := func(c *Cluster, args ...string) (string, error) {
+	run := func(c *Cluster, args ...string) (string, error) {
 		out, err := c.ExecInPod(ctx, ns, "client", append([]string{bins["client"], "-timeout", "3s"}, args...)...)
 		return string(out), err
 	}
@@ -207,7 +258,7 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 
 	t.Run("pod-to-pod-inside-cluster", func(t *testing.T) {
 		for _, c := range s.Clusters {
-			out, err := exec(c, "http", "http://"+net.JoinHostPort(podIP[c.Name+"/echo"], "8080")+"/hello")
+			out, err := run(c, "http", "http://"+net.JoinHostPort(podIP[c.Name+"/echo"], "8080")+"/hello")
 			if err != nil {
 				t.Fatalf("%s: client -> echo over HTTP: %v", c.Name, err)
 			}
@@ -216,7 +267,7 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 			if r.Server != "echo" || r.Cluster != c.Name || host != podIP[c.Name+"/client"] {
 				t.Errorf("%s: reply %+v, want server echo of %s seeing the client's pod IP %s (no NAT inside the cluster)", c.Name, r, c.Name, podIP[c.Name+"/client"])
 			}
-			out, err = exec(c, "tcp", net.JoinHostPort(podIP[c.Name+"/echo"], "9000"), "ping")
+			out, err = run(c, "tcp", net.JoinHostPort(podIP[c.Name+"/echo"], "9000"), "ping")
 			if err != nil {
 				t.Fatalf("%s: client -> echo over TCP: %v", c.Name, err)
 			}
@@ -233,12 +284,12 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 				t.Fatal(err)
 			}
 			for _, name := range []string{"echo", "echo.demo", "echo.demo.svc.cluster.local"} {
-				out, err := exec(c, "resolve", name)
+				out, err := run(c, "resolve", name)
 				if err != nil || strings.TrimSpace(out) != svc.Spec.ClusterIP {
 					t.Errorf("%s: resolve %s = %q, %v; want %s", c.Name, name, out, err, svc.Spec.ClusterIP)
 				}
 			}
-			if out, err := exec(c, "resolve", "example.com"); err == nil {
+			if out, err := run(c, "resolve", "example.com"); err == nil {
 				t.Errorf("%s: example.com resolved to %q; the stub must not answer outside the cluster zone", c.Name, out)
 			}
 		}
@@ -247,7 +298,7 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 	t.Run("no-pod-traffic-across-clusters", func(t *testing.T) {
 		for _, pair := range [][2]*Cluster{{alpha, beta}, {beta, alpha}} {
 			from, to := pair[0], pair[1]
-			out, err := exec(from, "http", "http://"+net.JoinHostPort(podIP[to.Name+"/echo"], "8080")+"/")
+			out, err := run(from, "http", "http://"+net.JoinHostPort(podIP[to.Name+"/echo"], "8080")+"/")
 			if err != nil {
 				continue // not routed: what we want
 			}
@@ -272,7 +323,7 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 				t.Errorf("%s node -> %s: reply %+v, want %s's host echo seeing %s", from.Name, to.Name, r, to.Name, from.Nodes[0].Plan.IP)
 			}
 			// From a pod, Flannel's ip-masq rules SNAT to the pod's node IP.
-			out2, err := exec(from, "http", url)
+			out2, err := run(from, "http", url)
 			if err != nil {
 				t.Fatalf("%s pod -> %s node IP: %v", from.Name, to.Name, err)
 			}
@@ -302,6 +353,9 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 		}
 		if _, err := os.Stat(reservation); !os.IsNotExist(err) {
 			t.Errorf("host-local reservation %s still there after the pod went (err %v): CNI DEL did not run", reservation, err)
+		}
+		if calls, _ := os.ReadFile(n.hostPath("/run/aether/fake-cni.log")); !strings.Contains(string(calls), "DEL "+sb.ContainerID+" ") {
+			t.Errorf("chained plugin calls %q: no DEL for %s", calls, sb.ContainerID)
 		}
 		if _, err := os.Stat(sb.Netns.Path); !os.IsNotExist(err) {
 			t.Errorf("pod netns %s still there: %v", sb.Netns.Path, err)
@@ -334,9 +388,23 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 			pids = append(pids, pid)
 		}
 	}
+	for name, p := range hookProcs {
+		select {
+		case <-p.Done():
+			t.Errorf("hook process of %s exited early: %v", name, p.ExitErr())
+		default:
+		}
+	}
 	dir := s.Dir
 
 	s.Stop()
+	for name, p := range hookProcs {
+		select {
+		case <-p.Done():
+		default:
+			t.Errorf("hook process of %s still runs after Stop", name)
+		}
+	}
 	stopped = true
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("run dir %s still there after Stop", dir)
