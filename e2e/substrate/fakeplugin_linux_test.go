@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if filepath.Base(os.Args[0]) == fakePluginName {
 		os.Exit(fakePlugin())
 	}
+	if base := os.Getenv(crashChildEnv); base != "" {
+		os.Exit(crashChild(base))
+	}
 	os.Exit(m.Run())
 }
 
