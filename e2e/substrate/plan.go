@@ -76,8 +76,17 @@ type NodePlan struct {
 	// PodSubnet is the node's Flannel subnet (node.spec.podCIDR), a /24 of the cluster's PodCIDR.
 	PodSubnet netip.Prefix
 	// VtepMAC is the MAC of the node's flannel.1 device (Flannel's VtepMAC backend data).
-	VtepMAC net.HardwareAddr
+	VtepMAC MAC
 }
+
+// MAC is a hardware address that marshals as text ("02:ae:5b:00:01:02").
+type MAC net.HardwareAddr
+
+// String formats the MAC like net.HardwareAddr.
+func (m MAC) String() string { return net.HardwareAddr(m).String() }
+
+// MarshalText implements encoding.TextMarshaler.
+func (m MAC) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
 
 var labelRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,10}[a-z0-9])?$`)
 
@@ -140,7 +149,7 @@ func NewPlan(specs []ClusterSpec, clusterDomain string) (*Plan, error) {
 				Index:     n,
 				IP:        netip.AddrFrom4([4]byte{172, 30, byte(ci), byte(10 + n)}),
 				PodSubnet: netip.PrefixFrom(addOffset(pod.Addr(), uint32(n-1)<<8), 24),
-				VtepMAC:   net.HardwareAddr{0x02, 0xae, 0x5b, 0x00, byte(ci), byte(n)},
+				VtepMAC:   MAC{0x02, 0xae, 0x5b, 0x00, byte(ci), byte(n)},
 			})
 		}
 		p.Clusters = append(p.Clusters, c)

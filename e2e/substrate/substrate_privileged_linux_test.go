@@ -274,6 +274,19 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 			if r := reply(t, out); r.Protocol != "tcp" || r.Message != "ping" || r.Cluster != c.Name {
 				t.Errorf("%s: TCP reply %+v", c.Name, r)
 			}
+			// The client (node2) reached node1's pod through Flannel's vxlan device.
+			if err := c.Nodes[1].Netns.Do(func() error {
+				l, err := netlink.LinkByName(vxlanName)
+				if err != nil {
+					return err
+				}
+				if st := l.Attrs().Statistics; st == nil || st.TxPackets == 0 || st.RxPackets == 0 {
+					return fmt.Errorf("%s of %s carried no traffic: %+v", vxlanName, c.Nodes[1].Name, st)
+				}
+				return nil
+			}); err != nil {
+				t.Error(err)
+			}
 		}
 	})
 

@@ -124,7 +124,7 @@ func setupNode(ul, node *testenv.Netns, c ClusterPlan, n NodePlan) error {
 		return fmt.Errorf("address kube-dns VIP on lo of %s: %w", n.Name, err)
 	}
 	vx := &netlink.Vxlan{
-		LinkAttrs:    netlink.LinkAttrs{Name: vxlanName, MTU: FlannelMTU, HardwareAddr: n.VtepMAC},
+		LinkAttrs:    netlink.LinkAttrs{Name: vxlanName, MTU: FlannelMTU, HardwareAddr: net.HardwareAddr(n.VtepMAC)},
 		VxlanId:      FlannelVNI,
 		VtepDevIndex: eth.Attrs().Index,
 		SrcAddr:      net.IP(n.IP.AsSlice()),
@@ -182,10 +182,10 @@ func routePeer(node *testenv.Netns, peer NodePlan) error {
 	}
 	idx := vx.Attrs().Index
 	gw := net.IP(peer.PodSubnet.Addr().AsSlice())
-	if err := h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT, Type: unix.RTN_UNICAST, IP: gw, HardwareAddr: peer.VtepMAC}); err != nil {
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_INET, State: netlink.NUD_PERMANENT, Type: unix.RTN_UNICAST, IP: gw, HardwareAddr: net.HardwareAddr(peer.VtepMAC)}); err != nil {
 		return fmt.Errorf("add ARP entry for %s in %s: %w", peer.Name, node.Name, err)
 	}
-	if err := h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT, Flags: netlink.NTF_SELF, IP: net.IP(peer.IP.AsSlice()), HardwareAddr: peer.VtepMAC}); err != nil {
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: unix.AF_BRIDGE, State: netlink.NUD_PERMANENT, Flags: netlink.NTF_SELF, IP: net.IP(peer.IP.AsSlice()), HardwareAddr: net.HardwareAddr(peer.VtepMAC)}); err != nil {
 		return fmt.Errorf("add FDB entry for %s in %s: %w", peer.Name, node.Name, err)
 	}
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: idx, Dst: ipNet(peer.PodSubnet), Gw: gw, Flags: int(netlink.FLAG_ONLINK)}); err != nil {
