@@ -125,7 +125,6 @@ type Cluster struct {
 	dns     []*dns.Server
 	svcLst  listersv1.ServiceLister
 	podLst  listersv1.PodLister
-	podsIdx cache.Indexer
 }
 
 // Node is one node: a network namespace on the underlay and a root directory of node files that

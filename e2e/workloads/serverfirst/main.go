@@ -26,12 +26,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *addr, fmt.Sprintf("220 %s %s ready\r\n", name, os.Getenv("CLUSTER"))); err != nil && ctx.Err() == nil {
+	if err := run(ctx, *addr, fmt.Sprintf("220 %s %s ready\r\n", name, os.Getenv("CLUSTER"))); ctx.Err() == nil {
 		fmt.Fprintln(os.Stderr, "serverfirst:", err)
 		os.Exit(1)
 	}
 }
 
+// run serves until the listener fails or ctx ends; it always returns the accept error.
 func run(ctx context.Context, addr, banner string) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
