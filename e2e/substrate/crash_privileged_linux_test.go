@@ -136,3 +136,33 @@ func alive(pid int) bool {
 	st, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	return !strings.Contains(string(st), ") Z ")
 }
+
+// BenchmarkPrivilegedSubstrateStart measures the start-up time of the default two-cluster,
+// four-node substrate (tools already built) and its resident memory right after start-up
+// (reported as startup-s and rss-MiB), then tears it down.
+//
+//	go test -run '^$' -bench BenchmarkPrivilegedSubstrateStart -benchtime 3x ./e2e/substrate/
+func BenchmarkPrivilegedSubstrateStart(b *testing.B) {
+	testenv.RequireRoot(b)
+	testenv.RequireTools(b, testenv.ToolEtcd, testenv.ToolKubeAPIServer, testenv.ToolCNIPlugins)
+	var startup time.Duration
+	var rss int64
+	for i := 0; i < b.N; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		s, err := Start(ctx, Options{})
+		cancel()
+		if err != nil {
+			b.Fatal(err)
+		}
+		startup += s.StartupTime
+		total, _, err := s.Memory()
+		if err != nil {
+			s.Stop()
+			b.Fatal(err)
+		}
+		rss += total
+		s.Stop()
+	}
+	b.ReportMetric(startup.Seconds()/float64(b.N), "startup-s")
+	b.ReportMetric(float64(rss)/float64(b.N)/(1<<20), "rss-MiB")
+}
