@@ -9,6 +9,7 @@ import (
 // Ports of the workload pods built by EchoPod and ServerFirstPod.
 const (
 	EchoHTTPPort       = 8080
+	EchoGRPCPort       = 9090
 	EchoTCPPort        = 9000
 	ServerFirstTCPPort = 2525
 )
@@ -35,13 +36,14 @@ func workloadPod(ns, name, node string, labels map[string]string, c corev1.Conta
 }
 
 // EchoPod is a pod running the echo workload (binary echoBin) on node, labelled app=<name>,
-// serving HTTP on 8080 and TCP on 9000, Ready when GET /healthz answers (probed every second).
+// serving HTTP on 8080, gRPC on 9090 and TCP on 9000, Ready when GET /healthz answers (probed every second).
 func EchoPod(ns, name, node, cluster, echoBin string) *corev1.Pod {
 	return workloadPod(ns, name, node, map[string]string{"app": name}, corev1.Container{
 		Name: "echo", Image: "aether.local/echo", Command: []string{echoBin},
 		Env: workloadEnv(cluster),
 		Ports: []corev1.ContainerPort{
 			{Name: "http", ContainerPort: EchoHTTPPort, Protocol: corev1.ProtocolTCP},
+			{Name: "grpc", ContainerPort: EchoGRPCPort, Protocol: corev1.ProtocolTCP},
 			{Name: "tcp", ContainerPort: EchoTCPPort, Protocol: corev1.ProtocolTCP},
 		},
 		ReadinessProbe: &corev1.Probe{
@@ -74,14 +76,17 @@ func ClientPod(ns, name, node, cluster, clientBin string) *corev1.Pod {
 	})
 }
 
-// EchoService is a ClusterIP Service selecting app=<app> with the echo ports.
+// EchoService is a ClusterIP Service selecting app=<app> with the echo ports (http 80, grpc
+// 9090 with appProtocol kubernetes.io/h2c, tcp 9000).
 func EchoService(ns, name, app string) *corev1.Service {
+	h2c := "kubernetes.io/h2c"
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.ServiceSpec{
 			Selector: map[string]string{"app": app},
 			Ports: []corev1.ServicePort{
 				{Name: "http", Port: 80, TargetPort: intstr.FromInt32(EchoHTTPPort), Protocol: corev1.ProtocolTCP},
+				{Name: "grpc", Port: EchoGRPCPort, TargetPort: intstr.FromInt32(EchoGRPCPort), Protocol: corev1.ProtocolTCP, AppProtocol: &h2c},
 				{Name: "tcp", Port: EchoTCPPort, TargetPort: intstr.FromInt32(EchoTCPPort), Protocol: corev1.ProtocolTCP},
 			},
 		},

@@ -78,8 +78,9 @@ func snapshotRoot(t *testing.T) rootState {
 }
 
 // TestPrivilegedSubstrate brings up two clusters of two nodes, with distinct and with identical
-// pod CIDRs, runs an echo server, a client and a hostNetwork echo in each, and checks: the CNI
-// chain's result and IPAM state, pod-to-pod traffic across nodes inside a cluster, the stub
+// pod CIDRs, runs an echo server, a server-first service, a client and a hostNetwork echo in
+// each, and checks: the CNI chain's result and IPAM state, pod-to-pod traffic (HTTP, gRPC, TCP,
+// server-first) across nodes inside a cluster, the stub
 // kube-dns, no traffic between pod CIDRs across clusters, node IPs reachable across clusters
 // (from nodes and, masqueraded, from pods), CNI DEL on pod deletion, and that teardown leaves no
 // namespace, mount, process or link behind.
@@ -169,6 +170,7 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 		host.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 18080}}
 		for _, p := range []*corev1.Pod{
 			EchoPod(ns, "echo", c.Nodes[0].Name, c.Name, bins["echo"]),
+			ServerFirstPod(ns, "smtp", c.Nodes[0].Name, c.Name, bins["serverfirst"]),
 			ClientPod(ns, "client", c.Nodes[1].Name, c.Name, bins["client"]),
 			host,
 		} {
@@ -182,7 +184,7 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 	}
 	podIP := map[string]string{}
 	for _, c := range s.Clusters {
-		for _, name := range []string{"echo", "client", "echo-host"} {
+		for _, name := range []string{"echo", "smtp", "client", "echo-host"} {
 			p, err := c.WaitPodReady(ctx, ns, name)
 			if err != nil {
 				dumpLogs(t, s)
@@ -267,6 +269,13 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 			if r.Server != "echo" || r.Cluster != c.Name || host != podIP[c.Name+"/client"] {
 				t.Errorf("%s: reply %+v, want server echo of %s seeing the client's pod IP %s (no NAT inside the cluster)", c.Name, r, c.Name, podIP[c.Name+"/client"])
 			}
+			out, err = run(c, "grpc", net.JoinHostPort(podIP[c.Name+"/echo"], "9090"), "hi")
+			if err != nil {
+				t.Fatalf("%s: client -> echo over gRPC: %v", c.Name, err)
+			}
+			if r := reply(t, out); r.Protocol != "grpc" || r.Message != "hi" || r.Cluster != c.Name {
+				t.Errorf("%s: gRPC reply %+v", c.Name, r)
+			}
 			out, err = run(c, "tcp", net.JoinHostPort(podIP[c.Name+"/echo"], "9000"), "ping")
 			if err != nil {
 				t.Fatalf("%s: client -> echo over TCP: %v", c.Name, err)
@@ -274,7 +283,11 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 			if r := reply(t, out); r.Protocol != "tcp" || r.Message != "ping" || r.Cluster != c.Name {
 				t.Errorf("%s: TCP reply %+v", c.Name, r)
 			}
-			// The client (node2) reached node1's pod through Flannel's vxlan device.
+			out, err = run(c, "banner", net.JoinHostPort(podIP[c.Name+"/smtp"], "2525"))
+			if want := "220 smtp " + c.Name + " ready\r\n"; err != nil || out != want {
+				t.Errorf("%s: server-first banner %q (%v), want %q", c.Name, out, err, want)
+			}
+			// The client (node2) reached node1's pods through Flannel's vxlan device.
 			if err := c.Nodes[1].Netns.Do(func() error {
 				l, err := netlink.LinkByName(vxlanName)
 				if err != nil {

@@ -2,6 +2,7 @@
 // run its one-shot modes inside the pod's namespaces (Cluster.ExecInPod), like kubectl exec:
 //
 //	client http URL          GET URL, print the body; fail on a non-2xx status
+//	client grpc ADDR MESSAGE call /aether.e2e.Echo/Echo (StringValue in and out), print the answer
 //	client tcp ADDR MESSAGE  send one line, print the one-line answer
 //	client banner ADDR       connect, print the first line the server sends (server-first)
 //	client resolve NAME      print the addresses NAME resolves to, one a line
@@ -23,6 +24,10 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 func main() {
@@ -36,7 +41,7 @@ func main() {
 
 func run(args []string, timeout time.Duration, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: client http URL | tcp ADDR MESSAGE | banner ADDR | resolve NAME | sleep")
+		return errors.New("usage: client http URL | grpc ADDR MESSAGE | tcp ADDR MESSAGE | banner ADDR | resolve NAME | sleep")
 	}
 	if args[0] == "sleep" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -46,7 +51,7 @@ func run(args []string, timeout time.Duration, out io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	need := map[string]int{"http": 2, "tcp": 3, "banner": 2, "resolve": 2}
+	need := map[string]int{"http": 2, "grpc": 3, "tcp": 3, "banner": 2, "resolve": 2}
 	if n, ok := need[args[0]]; !ok || len(args) != n {
 		return fmt.Errorf("bad arguments %q", args)
 	}
@@ -68,6 +73,18 @@ func run(args []string, timeout time.Duration, out io.Writer) error {
 		if resp.StatusCode/100 != 2 {
 			return fmt.Errorf("GET %s: %s", args[1], resp.Status)
 		}
+	case "grpc":
+		conn, err := grpc.NewClient(args[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		var resp wrapperspb.StringValue
+		if err := conn.Invoke(ctx, "/aether.e2e.Echo/Echo", wrapperspb.String(args[2]), &resp); err != nil {
+			return fmt.Errorf("call %s: %w", args[1], err)
+		}
+		_, err = fmt.Fprintln(out, resp.GetValue())
+		return err
 	case "tcp", "banner":
 		c, err := d.DialContext(ctx, "tcp", args[1])
 		if err != nil {

@@ -1,10 +1,11 @@
 // Command echo is the substrate's echo server workload. It answers HTTP (every path; /healthz
-// for probes) and raw TCP (one JSON line per line received) with a JSON description of itself
-// and of the caller: the peer address and, for HTTP, the x-forwarded-client-cert header (XFCC,
-// which aether's inbound listener sets) with the caller's SPIFFE ID parsed from its URI field.
+// for probes), gRPC (any method, e.g. /aether.e2e.Echo/Echo) and raw TCP (one JSON line per line received)
+// with a JSON description of itself and of the caller: the peer address and, for HTTP and gRPC,
+// the x-forwarded-client-cert header (XFCC, which aether's inbound listener sets) with the
+// caller's SPIFFE ID parsed from its URI field.
 //
-// Flags: -http (default :8080), -tcp (default :9000), empty disables. The pod identity comes
-// from POD_NAME, POD_NAMESPACE and CLUSTER (downward API / pod env).
+// Flags: -http (default :8080), -grpc (default :9090), -tcp (default :9000), empty disables. The
+// pod identity comes from POD_NAME, POD_NAMESPACE and CLUSTER (downward API / pod env).
 package main
 
 import (
@@ -21,6 +22,11 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 // Reply is what the server answers, as one JSON object.
@@ -40,13 +46,14 @@ type Reply struct {
 }
 
 type config struct {
-	httpAddr, tcpAddr string
-	self              Reply
+	httpAddr, grpcAddr, tcpAddr string
+	self                        Reply
 }
 
 func main() {
 	var cfg config
 	flag.StringVar(&cfg.httpAddr, "http", ":8080", "HTTP listen address (empty: off)")
+	flag.StringVar(&cfg.grpcAddr, "grpc", ":9090", "gRPC (cleartext HTTP/2) listen address (empty: off)")
 	flag.StringVar(&cfg.tcpAddr, "tcp", ":9000", "raw TCP listen address (empty: off)")
 	flag.Parse()
 	host, _ := os.Hostname()
@@ -67,12 +74,22 @@ func envOr(k, def string) string {
 }
 
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	if cfg.httpAddr != "" {
 		srv := &http.Server{Addr: cfg.httpAddr, Handler: httpHandler(cfg.self), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- srv.ListenAndServe() }()
 		go func() { <-ctx.Done(); _ = srv.Close() }()
 		log.Info("serving HTTP", "addr", cfg.httpAddr)
+	}
+	if cfg.grpcAddr != "" {
+		l, err := net.Listen("tcp", cfg.grpcAddr)
+		if err != nil {
+			return fmt.Errorf("listen grpc: %w", err)
+		}
+		srv := grpc.NewServer(grpc.UnknownServiceHandler(grpcHandler(cfg.self)))
+		go func() { <-ctx.Done(); srv.Stop() }()
+		go func() { errc <- srv.Serve(l) }()
+		log.Info("serving gRPC", "addr", cfg.grpcAddr)
 	}
 	if cfg.tcpAddr != "" {
 		l, err := net.Listen("tcp", cfg.tcpAddr)
@@ -106,6 +123,40 @@ func httpHandler(self Reply) http.Handler {
 		_ = json.NewEncoder(w).Encode(rep)
 	})
 	return mux
+}
+
+// grpcHandler answers every gRPC method: it reads one google.protobuf.StringValue (the message)
+// and answers one StringValue holding the JSON Reply, so no generated code is needed on either
+// side (the client calls /aether.e2e.Echo/Echo with wrapperspb values).
+func grpcHandler(self Reply) grpc.StreamHandler {
+	return func(_ any, stream grpc.ServerStream) error {
+		var in wrapperspb.StringValue
+		if err := stream.RecvMsg(&in); err != nil {
+			return err
+		}
+		rep := self
+		rep.Protocol, rep.Message = "grpc", in.GetValue()
+		if m, ok := grpc.MethodFromServerStream(stream); ok {
+			rep.Path = m
+		}
+		if p, ok := peer.FromContext(stream.Context()); ok {
+			rep.Peer = p.Addr.String()
+		}
+		if md, ok := metadata.FromIncomingContext(stream.Context()); ok {
+			if v := md.Get("x-forwarded-client-cert"); len(v) > 0 {
+				rep.XFCC = v[len(v)-1]
+				rep.CallerID = xfccURI(rep.XFCC)
+			}
+			if v := md.Get(":authority"); len(v) > 0 {
+				rep.Host = v[0]
+			}
+		}
+		b, err := json.Marshal(rep)
+		if err != nil {
+			return err
+		}
+		return stream.SendMsg(wrapperspb.String(string(b)))
+	}
 }
 
 // xfccURI returns the URI field of the last element of an XFCC header (Envoy's
