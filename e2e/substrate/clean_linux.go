@@ -19,7 +19,8 @@ import (
 )
 
 // runProcesses returns the pids of the processes that belong to a run: those whose command line
-// names the run directory (API servers, etcds) and those in one of its network namespaces (node
+// names a path inside the run directory (API servers, etcds; "<dir>/", so that run aesub-12 never
+// matches aesub-123) and those in one of its network namespaces (node
 // processes, pods, CNI plugins). The calling process is never included.
 func runProcesses(dir string) ([]int, error) {
 	inodes := map[uint64]bool{}
@@ -41,7 +42,7 @@ func runProcesses(dir string) ([]int, error) {
 		if err != nil || pid == self {
 			continue
 		}
-		if cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(cl, []byte(dir)) {
+		if cl, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && bytes.Contains(cl, []byte(dir+"/")) {
 			out = append(out, pid)
 			continue
 		}
