@@ -156,3 +156,43 @@ func TestNsWrap(t *testing.T) {
 		t.Errorf("got  %q\nwant %q", got, want)
 	}
 }
+
+func TestPickNode(t *testing.T) {
+	node := func(name string, ready bool, labels map[string]string) *corev1.Node {
+		st := corev1.ConditionFalse
+		if ready {
+			st = corev1.ConditionTrue
+		}
+		return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: st}}}}
+	}
+	onNode := func(n string, phase corev1.PodPhase) *corev1.Pod {
+		return &corev1.Pod{Spec: corev1.PodSpec{NodeName: n}, Status: corev1.PodStatus{Phase: phase}}
+	}
+	nodes := []*corev1.Node{
+		node("n2", true, map[string]string{"zone": "b"}),
+		node("n1", true, map[string]string{"zone": "a"}),
+		node("n3", false, map[string]string{"zone": "a"}),
+	}
+	for _, tc := range []struct {
+		name     string
+		selector map[string]string
+		pods     []*corev1.Pod
+		want     string
+		ok       bool
+	}{
+		{"empty cluster: first by name", nil, nil, "n1", true},
+		{"least loaded", nil, []*corev1.Pod{onNode("n1", corev1.PodRunning)}, "n2", true},
+		{"terminated pods do not count", nil, []*corev1.Pod{onNode("n1", corev1.PodSucceeded)}, "n1", true},
+		{"selector", map[string]string{"zone": "b"}, nil, "n2", true},
+		{"selector matches only a NotReady node", map[string]string{"zone": "a", "x": "y"}, nil, "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := &corev1.Pod{Spec: corev1.PodSpec{NodeSelector: tc.selector}}
+			got, ok := pickNode(pod, nodes, tc.pods)
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("got %q %v, want %q %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}

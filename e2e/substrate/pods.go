@@ -1,6 +1,8 @@
 package substrate
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -91,4 +93,44 @@ func EchoService(ns, name, app string) *corev1.Service {
 			},
 		},
 	}
+}
+
+// pickNode is the scheduler stand-in's choice for an unscheduled pod: among the Ready nodes
+// whose labels match spec.nodeSelector, the one running the fewest pods (non-terminated pods
+// bound to it), ties broken by name. ok is false when no node fits. Affinity, taints and
+// resources are not considered.
+func pickNode(pod *corev1.Pod, nodes []*corev1.Node, pods []*corev1.Pod) (name string, ok bool) {
+	load := map[string]int{}
+	for _, p := range pods {
+		if p.Spec.NodeName != "" && p.Status.Phase != corev1.PodSucceeded && p.Status.Phase != corev1.PodFailed {
+			load[p.Spec.NodeName]++
+		}
+	}
+	var fit []*corev1.Node
+	for _, n := range nodes {
+		ready := false
+		for _, c := range n.Status.Conditions {
+			ready = ready || (c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue)
+		}
+		match := true
+		for k, v := range pod.Spec.NodeSelector {
+			match = match && n.Labels[k] == v
+		}
+		if ready && match {
+			fit = append(fit, n)
+		}
+	}
+	if len(fit) == 0 {
+		return "", false
+	}
+	slices.SortFunc(fit, func(a, b *corev1.Node) int {
+		if d := load[a.Name] - load[b.Name]; d != 0 {
+			return d
+		}
+		if a.Name < b.Name {
+			return -1
+		}
+		return 1
+	})
+	return fit[0].Name, true
 }

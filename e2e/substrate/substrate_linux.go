@@ -489,8 +489,8 @@ func (s *Substrate) buildNetwork() error {
 }
 
 // setupCluster prepares one cluster once its API server answers: clients, forwarders from the
-// cluster's gateway to the API server and the registry, Node objects, node files, the
-// ServiceAccount stand-in and the stub kube-dns.
+// cluster's gateway to the API server and the registry, Node objects, node files, the stand-ins
+// for the ServiceAccount controller and the scheduler, the kube-dns Service and the stub DNS.
 func (s *Substrate) setupCluster(ctx, bgctx context.Context, c *Cluster, cniBinDir string) error {
 	cs, err := kubernetes.NewForConfig(c.Config)
 	if err != nil {
@@ -537,6 +537,30 @@ func (s *Substrate) setupCluster(ctx, bgctx context.Context, c *Cluster, cniBinD
 			s.log.Warn("create default ServiceAccount", "cluster", c.Name, "namespace", ns.Name, "err", err)
 		}
 	}})
+	nodeLst := f.Core().V1().Nodes().Lister()
+	schedule := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok || pod.Spec.NodeName != "" || pod.DeletionTimestamp != nil {
+			return
+		}
+		nodes, _ := nodeLst.List(labels.Everything())
+		pods, _ := c.podLst.List(labels.Everything())
+		node, ok := pickNode(pod, nodes, pods)
+		if !ok {
+			s.log.Warn("no node fits pod", "cluster", c.Name, "pod", pod.Namespace+"/"+pod.Name)
+			return
+		}
+		err := cs.CoreV1().Pods(pod.Namespace).Bind(bgctx, &corev1.Binding{
+			ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
+			Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+		}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) && bgctx.Err() == nil {
+			s.log.Warn("bind pod", "cluster", c.Name, "pod", pod.Namespace+"/"+pod.Name, "err", err)
+		}
+	}
+	_, _ = f.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: schedule, UpdateFunc: func(_, o any) { schedule(o) },
+	})
 	f.Start(bgctx.Done())
 	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
 		if !ok {
@@ -544,6 +568,9 @@ func (s *Substrate) setupCluster(ctx, bgctx context.Context, c *Cluster, cniBinD
 		}
 	}
 	s.bg.Go(func() { <-bgctx.Done(); f.Shutdown() })
+	if err := createKubeDNSService(ctx, cs, c.Plan.DNSIP); err != nil {
+		return fmt.Errorf("set up %s: %w", c.Name, err)
+	}
 	return s.startDNS(c)
 }
 
@@ -625,6 +652,27 @@ func createNodeObject(ctx context.Context, cs kubernetes.Interface, n *Node) err
 	created.Status.Allocatable = created.Status.Capacity
 	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("update status of Node %s: %w", n.Name, err)
+	}
+	return nil
+}
+
+// createKubeDNSService creates kube-system/kube-dns with the stub's VIP as ClusterIP (ports 53
+// UDP and TCP, label k8s-app=kube-dns), so that whoever looks for the cluster DNS Service finds
+// it as in a kubeadm or kind cluster.
+func createKubeDNSService(ctx context.Context, cs kubernetes.Interface, ip netip.Addr) error {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "kube-system", Name: "kube-dns", Labels: map[string]string{"k8s-app": "kube-dns"}},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: ip.String(),
+			Selector:  map[string]string{"k8s-app": "kube-dns"},
+			Ports: []corev1.ServicePort{
+				{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+				{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP},
+			},
+		},
+	}
+	if _, err := cs.CoreV1().Services("kube-system").Create(ctx, svc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create kube-dns Service: %w", err)
 	}
 	return nil
 }

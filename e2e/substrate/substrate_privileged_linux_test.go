@@ -168,9 +168,12 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 		host.Spec.HostNetwork = true
 		host.Spec.Containers[0].Args = []string{"-http", ":18080", "-tcp", ""}
 		host.Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 18080}}
+		// The scheduler stand-in places smtp on node1 by its nodeSelector.
+		smtp := ServerFirstPod(ns, "smtp", "", c.Name, bins["serverfirst"])
+		smtp.Spec.NodeSelector = map[string]string{"kubernetes.io/hostname": c.Nodes[0].Name}
 		for _, p := range []*corev1.Pod{
 			EchoPod(ns, "echo", c.Nodes[0].Name, c.Name, bins["echo"]),
-			ServerFirstPod(ns, "smtp", c.Nodes[0].Name, c.Name, bins["serverfirst"]),
+			smtp,
 			ClientPod(ns, "client", c.Nodes[1].Name, c.Name, bins["client"]),
 			host,
 		} {
@@ -191,6 +194,9 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 				t.Fatal(err)
 			}
 			podIP[c.Name+"/"+name] = p.Status.PodIP
+			if name == "smtp" && p.Spec.NodeName != c.Nodes[0].Name {
+				t.Errorf("%s: smtp scheduled on %q, want %s (nodeSelector)", c.Name, p.Spec.NodeName, c.Nodes[0].Name)
+			}
 		}
 	}
 
@@ -308,6 +314,10 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 			svc, err := c.Client.CoreV1().Services(ns).Get(ctx, "echo", metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
+			}
+			dnsSvc, err := c.Client.CoreV1().Services("kube-system").Get(ctx, "kube-dns", metav1.GetOptions{})
+			if err != nil || dnsSvc.Spec.ClusterIP != c.Plan.DNSIP.String() {
+				t.Errorf("%s: kube-system/kube-dns: %v, %v; want ClusterIP %s", c.Name, dnsSvc, err, c.Plan.DNSIP)
 			}
 			for _, name := range []string{"echo", "echo.demo", "echo.demo.svc.cluster.local"} {
 				out, err := run(c, "resolve", name)
