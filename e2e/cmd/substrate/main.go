@@ -47,16 +47,19 @@ func main() {
 	fs.StringVar(&cfg.baseDir, "base-dir", os.TempDir(), "where run directories (aesub-*) live")
 	_ = fs.Parse(os.Args[2:])
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(cfg, log); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
 		fmt.Fprintln(os.Stderr, "substrate:", err)
 		os.Exit(1)
 	}
 }
 
-func run(cfg config, log *slog.Logger) error {
+// run executes one command; up runs until ctx ends (SIGINT or SIGTERM).
+func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	switch cfg.cmd {
 	case "up":
-		return up(cfg, log)
+		return up(ctx, cfg, log)
 	case "down":
 		return down(cfg, log)
 	case "clean":
@@ -67,9 +70,7 @@ func run(cfg config, log *slog.Logger) error {
 	return fmt.Errorf("unknown command %q: want up, down or clean", cfg.cmd)
 }
 
-func up(cfg config, log *slog.Logger) error {
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
+func up(ctx context.Context, cfg config, log *slog.Logger) error {
 	b := "10.245.0.0/16"
 	if cfg.identical {
 		b = "10.244.0.0/16"
