@@ -122,6 +122,11 @@ func (s *Substrate) writeNodeFiles(n *Node, cniBinDir string) error {
 		if err := os.MkdirAll(n.hostPath(d), 0o755); err != nil {
 			return fmt.Errorf("write files of %s: %w", n.Name, err)
 		}
+		if d == "/dev/shm" {
+			if err := os.Chmod(n.hostPath(d), 0o1777); err != nil {
+				return fmt.Errorf("write files of %s: %w", n.Name, err)
+			}
+		}
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("create bind target %s: %w", d, err)
 		}

@@ -126,15 +126,18 @@ type Node struct {
 	// Netns is the node's network namespace (host network of its pods and processes).
 	Netns *testenv.Netns
 	// Root holds the node's files: <Root>/etc/cni/net.d, /opt/cni/bin, /run/flannel/subnet.env,
-	// /run/aether, /var/lib/cni, /var/lib/aether, /etc/resolv.conf. Node processes, CNI plugins
+	// /run/aether, /var/lib/cni, /var/lib/aether, /dev/shm, /etc/resolv.conf. Node processes, CNI plugins
 	// and hostNetwork pods see them at their real paths (see Binds).
 	Root string
 
 	kubelet *kubelet
 }
 
-// nodeDirs are the node directories bound at their real paths in every node process.
-var nodeDirs = []string{"/etc/cni/net.d", "/opt/cni/bin", "/run/flannel", "/run/aether", "/var/lib/cni", "/var/lib/aether"}
+// nodeDirs are the node directories bound at their real paths in every node process. /dev/shm is
+// among them because every Envoy keeps its hot-restart shared memory there under a name derived
+// from --base-id: per-node directories let each node's Envoy use the default base ID, as on real
+// nodes, and leave nothing in the machine's /dev/shm.
+var nodeDirs = []string{"/etc/cni/net.d", "/opt/cni/bin", "/run/flannel", "/run/aether", "/var/lib/cni", "/var/lib/aether", "/dev/shm"}
 
 // Binds returns the [host path, path in the node] pairs mounted in every node process's own mount
 // namespace: the node directories and the node's resolv.conf.
