@@ -29,7 +29,11 @@ func TestMain(m *testing.M) {
 	if base := os.Getenv(crashChildEnv); base != "" {
 		os.Exit(crashChild(base))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if workloadDir != "" {
+		_ = os.RemoveAll(workloadDir)
+	}
+	os.Exit(code)
 }
 
 func fakePlugin() int {

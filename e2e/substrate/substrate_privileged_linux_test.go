@@ -25,9 +25,10 @@ import (
 )
 
 var (
-	buildOnce sync.Once
-	bins      map[string]string
-	buildErr  error
+	buildOnce   sync.Once
+	bins        map[string]string
+	buildErr    error
+	workloadDir string // removed by TestMain
 )
 
 func workloadBins(t *testing.T) map[string]string {
@@ -38,6 +39,7 @@ func workloadBins(t *testing.T) map[string]string {
 			buildErr = err
 			return
 		}
+		workloadDir = dir
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		defer cancel()
 		bins, buildErr = BuildWorkloads(ctx, dir)
