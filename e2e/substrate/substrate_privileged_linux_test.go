@@ -229,6 +229,13 @@ func runScenario(t *testing.T, bins map[string]string, cidrA, cidrB string) {
 			if _, err := os.Stat(n.hostPath("/var/lib/cni/networks/" + ConflistName + "/" + sb.IP.String())); err != nil {
 				t.Errorf("%s: host-local reservation: %v", c.Name, err)
 			}
+			// A node process that started before the pod (the fake agent) sees the pod's
+			// netns mount in its own mount namespace, as the agent must to capture the pod.
+			fs, err := exec.Command("nsenter", "--target", fmt.Sprint(hookProcs[n.Name].Pid()), "--mount", "--",
+				"stat", "-f", "-c", "%T", sb.Netns.Path).CombinedOutput()
+			if err != nil || !(strings.Contains(string(fs), "nsfs") || strings.Contains(string(fs), "6e736673")) {
+				t.Errorf("%s: pod netns in the node process's mount namespace: filesystem %q (%v), want nsfs", c.Name, fs, err)
+			}
 			// The chained plugin ran in the node's mount namespace with prevResult, and its
 			// mark is in the pod's netns.
 			calls, err := os.ReadFile(n.hostPath("/run/aether/fake-cni.log"))
