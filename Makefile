@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export AETHER_TOOLS_DIR ?= /var/cache/aether-tools
 
-.PHONY: all build tools test test-unit lint demo demo-down e2e e2e-clean
+.PHONY: all build tools test test-unit lint demo demo-down e2e e2e-clean substrate-up substrate-down
 
 all: build
 
@@ -35,3 +35,17 @@ generate:
 
 verify:
 	for v in hack/verify-*.sh; do "$$v"; done
+
+## substrate-up: start the local two-cluster substrate as root (docs/substrate.md); runs until
+## Ctrl-C or `make substrate-down`. SUBSTRATE_FLAGS=-identical-pod-cidrs gives both clusters 10.244.0.0/16.
+substrate-up:
+	go run ./e2e/cmd/substrate up $(SUBSTRATE_FLAGS)
+
+## substrate-down: stop a substrate started by substrate-up
+substrate-down:
+	go run ./e2e/cmd/substrate down
+
+## e2e-clean: remove what crashed or interrupted substrate runs left ($TMPDIR/aesub-*: processes,
+## namespace mounts, run directories); runs whose owner process still lives are skipped
+e2e-clean:
+	go run ./e2e/cmd/substrate clean

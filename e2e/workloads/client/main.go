@@ -1,0 +1,118 @@
+// Command client is the substrate's client workload. As a pod it idles ("client sleep"); tests
+// run its one-shot modes inside the pod's namespaces (Cluster.ExecInPod), like kubectl exec:
+//
+//	client http URL          GET URL, print the body; fail on a non-2xx status
+//	client grpc ADDR MESSAGE call /aether.e2e.Echo/Echo (StringValue in and out), print the answer
+//	client tcp ADDR MESSAGE  send one line, print the one-line answer
+//	client banner ADDR       connect, print the first line the server sends (server-first)
+//	client resolve NAME      print the addresses NAME resolves to, one a line
+//	client sleep             wait for SIGTERM
+//
+// Flag -timeout (default 5s) bounds every mode but sleep.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+func main() {
+	timeout := flag.Duration("timeout", 5*time.Second, "timeout of one-shot modes")
+	flag.Parse()
+	if err := run(flag.Args(), *timeout, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "client:", err)
+		os.Exit(1)
+	}
+}
+
+func run(args []string, timeout time.Duration, out io.Writer) error {
+	if len(args) == 0 {
+		return errors.New("usage: client http URL | grpc ADDR MESSAGE | tcp ADDR MESSAGE | banner ADDR | resolve NAME | sleep")
+	}
+	if args[0] == "sleep" {
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		<-ctx.Done()
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	need := map[string]int{"http": 2, "grpc": 3, "tcp": 3, "banner": 2, "resolve": 2}
+	if n, ok := need[args[0]]; !ok || len(args) != n {
+		return fmt.Errorf("bad arguments %q", args)
+	}
+	var d net.Dialer
+	switch args[0] {
+	case "http":
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, args[1], nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if _, err := io.Copy(out, resp.Body); err != nil {
+			return err
+		}
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("GET %s: %s", args[1], resp.Status)
+		}
+	case "grpc":
+		conn, err := grpc.NewClient(args[1], grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		var resp wrapperspb.StringValue
+		if err := conn.Invoke(ctx, "/aether.e2e.Echo/Echo", wrapperspb.String(args[2]), &resp); err != nil {
+			return fmt.Errorf("call %s: %w", args[1], err)
+		}
+		_, err = fmt.Fprintln(out, resp.GetValue())
+		return err
+	case "tcp", "banner":
+		c, err := d.DialContext(ctx, "tcp", args[1])
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if dl, ok := ctx.Deadline(); ok {
+			_ = c.SetDeadline(dl)
+		}
+		if args[0] == "tcp" {
+			if _, err := fmt.Fprintln(c, args[2]); err != nil {
+				return err
+			}
+		}
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil {
+			return fmt.Errorf("read from %s: %w", args[1], err)
+		}
+		_, err = io.WriteString(out, line)
+		return err
+	case "resolve":
+		addrs, err := net.DefaultResolver.LookupHost(ctx, args[1])
+		if err != nil {
+			return err
+		}
+		for _, a := range addrs {
+			fmt.Fprintln(out, a)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,71 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestHTTP(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/fail" {
+			http.Error(w, "no", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprint(w, "body")
+	}))
+	defer srv.Close()
+	var out strings.Builder
+	if err := run([]string{"http", srv.URL + "/ok"}, 5*time.Second, &out); err != nil || out.String() != "body" {
+		t.Errorf("http: %q, %v", out.String(), err)
+	}
+	if err := run([]string{"http", srv.URL + "/fail"}, 5*time.Second, &out); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Errorf("http on 503: err %v, want one naming the status", err)
+	}
+}
+
+func TestTCPAndBanner(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				fmt.Fprint(c, "220 hello\r\n")
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					fmt.Fprintf(c, "got %s\n", sc.Text())
+				}
+			}()
+		}
+	}()
+	var out strings.Builder
+	if err := run([]string{"banner", l.Addr().String()}, 5*time.Second, &out); err != nil || out.String() != "220 hello\r\n" {
+		t.Errorf("banner: %q, %v", out.String(), err)
+	}
+	out.Reset()
+	// tcp reads the first line after sending: here the banner.
+	if err := run([]string{"tcp", l.Addr().String(), "x"}, 5*time.Second, &out); err != nil || out.String() != "220 hello\r\n" {
+		t.Errorf("tcp: %q, %v", out.String(), err)
+	}
+}
+
+func TestBadArguments(t *testing.T) {
+	for _, args := range [][]string{nil, {"http"}, {"tcp", "a"}, {"nope", "x"}} {
+		if err := run(args, time.Second, &strings.Builder{}); err == nil {
+			t.Errorf("run(%q): no error", args)
+		}
+	}
+}
