@@ -18,72 +18,95 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TestPrivilegedNFTablesApplyIdempotent applies every golden configuration twice to a fresh
-// netns: the first apply writes, the second finds the table equal and writes nothing; Check
-// passes; a rule deleted by hand is reported as drift and repaired by Apply; Teardown twice
-// leaves no table.
-func TestPrivilegedNFTablesApplyIdempotent(t *testing.T) {
+// testBackend is a backend plus the by-hand operations tests need: deleting aether's outbound
+// rules as an operator would, and listing what aether left in a netns.
+type testBackend struct {
+	name   string
+	b      Backend
+	vandal []string // command that deletes the outbound capture rules
+	list   []string // command whose output names every aether chain or table
+	marker string   // what list prints while aether rules exist
+}
+
+func testBackends() []testBackend {
+	return []testBackend{
+		{"nftables", NFTables{}, []string{"nft", "flush", "chain", "inet", TableName, "output_nat"}, []string{"nft", "list", "ruleset"}, "table inet " + TableName},
+		{"iptables-nft", IPTables{Mode: IPTablesNFT}, []string{"iptables-nft", "-t", "nat", "-F", "AETHER-OUTPUT-NAT"}, []string{"iptables-nft-save"}, ChainPrefix},
+		{"iptables-legacy", IPTables{Mode: IPTablesLegacy}, []string{"iptables-legacy", "-t", "nat", "-F", "AETHER-OUTPUT-NAT"}, []string{"iptables-legacy-save"}, ChainPrefix},
+	}
+}
+
+// TestPrivilegedApplyIdempotent applies every golden configuration twice to a fresh netns with
+// each backend: the first apply writes, the second finds the rules equal and writes nothing;
+// Check passes; rules deleted by hand are reported as drift and restored by Apply; Teardown
+// twice leaves nothing of aether's.
+func TestPrivilegedApplyIdempotent(t *testing.T) {
 	testenv.RequireRoot(t)
-	var b NFTables
-	for _, tc := range goldenConfigs {
-		t.Run(tc.name, func(t *testing.T) {
-			ns := testenv.NewNetns(t)
-			rs, err := Build(tc.cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := b.Check(ns.Path, rs); !isDrift(err) {
-				t.Fatalf("Check before apply = %v, want drift", err)
-			}
-			for i, want := range []bool{true, false} {
-				changed, err := b.Apply(ns.Path, rs)
+	for _, tb := range testBackends() {
+		for _, tc := range goldenConfigs {
+			t.Run(tb.name+"/"+tc.name, func(t *testing.T) {
+				ns := testenv.NewNetns(t)
+				rs, err := Build(tc.cfg)
 				if err != nil {
-					t.Fatalf("apply %d: %v", i+1, err)
+					t.Fatal(err)
 				}
-				if changed != want {
-					t.Fatalf("apply %d changed = %v, want %v", i+1, changed, want)
+				b := tb.b
+				if err := b.Check(ns.Path, rs); !isDrift(err) {
+					t.Fatalf("Check before apply = %v, want drift", err)
+				}
+				for i, want := range []bool{true, false} {
+					changed, err := b.Apply(ns.Path, rs)
+					if err != nil {
+						t.Fatalf("apply %d: %v", i+1, err)
+					}
+					if changed != want {
+						t.Fatalf("apply %d changed = %v, want %v", i+1, changed, want)
+					}
+					if err := b.Check(ns.Path, rs); err != nil {
+						t.Fatalf("check after apply %d: %v", i+1, err)
+					}
+				}
+				// The live rules, as the tool prints them, carry every rule's aether comment.
+				out, err := ns.Command(tb.list[0], tb.list[1:]...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("%v: %v\n%s", tb.list, err, out)
+				}
+				if tb.name == "nftables" {
+					for _, r := range allRules(rs) {
+						if !strings.Contains(string(out), r.Comment()) {
+							t.Errorf("live table lacks %s:\n%s", r.Comment(), out)
+						}
+					}
+				}
+				if out, err := ns.Command(tb.vandal[0], tb.vandal[1:]...).CombinedOutput(); err != nil {
+					t.Fatalf("%v: %v\n%s", tb.vandal, err, out)
+				}
+				if err := b.Check(ns.Path, rs); !isDrift(err) {
+					t.Fatalf("Check after deleting rules by hand = %v, want drift", err)
+				}
+				if changed, err := b.Apply(ns.Path, rs); err != nil || !changed {
+					t.Fatalf("repair apply = %v, %v; want changed", changed, err)
 				}
 				if err := b.Check(ns.Path, rs); err != nil {
-					t.Fatalf("check after apply %d: %v", i+1, err)
+					t.Fatal(err)
 				}
-			}
-			// The live table, as nft prints it, carries every rule's aether comment.
-			out, err := ns.Command("nft", "list", "table", "inet", TableName).CombinedOutput()
-			if err != nil {
-				t.Fatalf("nft list: %v\n%s", err, out)
-			}
-			for _, r := range allRules(rs) {
-				if !strings.Contains(string(out), r.Comment()) {
-					t.Errorf("live table lacks %s:\n%s", r.Comment(), out)
+				for i := 0; i < 2; i++ {
+					if err := b.Teardown(ns.Path); err != nil {
+						t.Fatalf("teardown %d: %v", i+1, err)
+					}
 				}
-			}
-			// A rule deleted by hand is drift; Apply restores it.
-			if out, err := ns.Command("nft", "flush", "chain", "inet", TableName, "output_nat").CombinedOutput(); err != nil {
-				t.Fatalf("nft flush: %v\n%s", err, out)
-			}
-			if err := b.Check(ns.Path, rs); !isDrift(err) {
-				t.Fatalf("Check after flush = %v, want drift", err)
-			}
-			if changed, err := b.Apply(ns.Path, rs); err != nil || !changed {
-				t.Fatalf("repair apply = %v, %v; want changed", changed, err)
-			}
-			if err := b.Check(ns.Path, rs); err != nil {
-				t.Fatal(err)
-			}
-			for i := 0; i < 2; i++ {
-				if err := b.Teardown(ns.Path); err != nil {
-					t.Fatalf("teardown %d: %v", i+1, err)
+				out, _ = ns.Command(tb.list[0], tb.list[1:]...).CombinedOutput()
+				if strings.Contains(string(out), tb.marker) {
+					t.Fatalf("aether rules left after teardown:\n%s", out)
 				}
-			}
-			out, _ = ns.Command("nft", "list", "ruleset").CombinedOutput()
-			if strings.TrimSpace(string(out)) != "" {
-				t.Fatalf("ruleset after teardown:\n%s", out)
-			}
-		})
+			})
+		}
 	}
 	// Teardown of a netns that is gone is success (DEL after the runtime removed the netns).
-	if err := b.Teardown("/var/run/netns/aether-does-not-exist"); err != nil {
-		t.Fatalf("teardown of missing netns: %v", err)
+	for _, tb := range testBackends() {
+		if err := tb.b.Teardown("/var/run/netns/aether-does-not-exist"); err != nil {
+			t.Fatalf("%s: teardown of a missing netns: %v", tb.name, err)
+		}
 	}
 }
 
@@ -183,7 +206,7 @@ func acceptOn(t *testing.T, ns *testenv.Netns, addr string) (net.Listener, chan 
 // dialFrom dials addr from ns, optionally from a local source address, and writes one byte.
 func dialFrom(ns *testenv.Netns, src, addr string) error {
 	return ns.Do(func() error {
-		d := net.Dialer{Timeout: 2 * time.Second}
+		d := net.Dialer{Timeout: time.Second}
 		if src != "" {
 			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
 		}
@@ -229,6 +252,12 @@ func originalDst(c net.Conn) (netip.AddrPort, error) {
 // node) and accepted in permissive mode.
 func TestPrivilegedCaptureTraffic(t *testing.T) {
 	testenv.RequireRoot(t)
+	for _, tb := range testBackends() {
+		t.Run(tb.name, func(t *testing.T) { captureTraffic(t, tb.b) })
+	}
+}
+
+func captureTraffic(t *testing.T, b Backend) {
 	tp := newTopo(t)
 	cfg := Config{
 		PodIPs: addrs(topoPodIP), HostIP: netip.MustParseAddr(topoHostIP), ClusterDNS: addrs("10.96.0.10"),
@@ -238,7 +267,6 @@ func TestPrivilegedCaptureTraffic(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var b NFTables
 	if _, err := b.Apply(tp.pod.Path, rs); err != nil {
 		t.Fatal(err)
 	}
@@ -313,9 +341,12 @@ func TestPrivilegedCaptureTraffic(t *testing.T) {
 		t.Fatalf("DNS via cluster DNS address: %v", err)
 	}
 
-	// IPv6 from a v4-only pod is dropped, not open.
-	if out, err := tp.pod.Command("nft", "list", "chain", "inet", TableName, "output_filter").CombinedOutput(); err != nil || !strings.Contains(string(out), "ipv6 drop") {
-		t.Fatalf("output_filter: %v\n%s", err, out)
+	// IPv6 from a v4-only pod is dropped, not open: a listener on the pod's own IPv6 link
+	// address (reached through eth0, not lo) is unreachable from the node.
+	addIPv6(t, tp)
+	acceptOn(t, tp.pod, "[fd99::2]:8081")
+	if err := dialFrom(tp.node, "", "[fd99::2]:8081"); err == nil {
+		t.Fatal("IPv6 node -> v4-only pod connected; IPv6 is open")
 	}
 
 	// Inbound, strict: plaintext from another source is refused, the node and 15008 are let in.
@@ -343,6 +374,58 @@ func TestPrivilegedCaptureTraffic(t *testing.T) {
 	if err := b.Teardown(tp.pod.Path); err != nil {
 		t.Fatal(err)
 	}
+	// Control: without the rules the same IPv6 connection works.
+	if err := dialFrom(tp.node, "", "[fd99::2]:8081"); err != nil {
+		t.Fatalf("IPv6 after teardown: %v", err)
+	}
+}
+
+// addIPv6 gives the pod fd99::2/64 and the node fd99::1/64 on their veth ends (no DAD).
+func addIPv6(t *testing.T, tp *topo) {
+	t.Helper()
+	for _, s := range []struct {
+		ns   *testenv.Netns
+		link string
+		addr string
+	}{{tp.pod, "eth0", "fd99::2/64"}, {tp.node, "vnode", "fd99::1/64"}} {
+		h, err := s.ns.Netlink()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := h.LinkByName(s.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := netlink.ParseAddr(s.addr)
+		a.Flags = unix.IFA_F_NODAD
+		if err := h.AddrAdd(l, a); err != nil {
+			t.Fatalf("add %s: %v", s.addr, err)
+		}
+		h.Close()
+	}
 }
 
 func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+// TestPrivilegedDetectIPTablesMode shows that the backend with more rules wins and that an empty
+// netns defaults to nft.
+func TestPrivilegedDetectIPTablesMode(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, tc := range []struct {
+		tool string
+		want IPTablesMode
+	}{{"", IPTablesNFT}, {"iptables-legacy", IPTablesLegacy}, {"iptables-nft", IPTablesNFT}} {
+		ns := testenv.NewNetns(t)
+		if tc.tool != "" {
+			for _, args := range [][]string{{"-N", "KUBE-TEST"}, {"-A", "KUBE-TEST", "-j", "RETURN"}} {
+				if out, err := ns.Command(tc.tool, args...).CombinedOutput(); err != nil {
+					t.Fatalf("%s: %v %s", tc.tool, err, out)
+				}
+			}
+		}
+		got, err := DetectIPTablesMode(ns.Path)
+		if err != nil || got != tc.want {
+			t.Fatalf("rules by %q: DetectIPTablesMode = %v, %v; want %v", tc.tool, got, err, tc.want)
+		}
+	}
+}
