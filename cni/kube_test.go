@@ -30,32 +30,8 @@ func TestKubePods(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	for name, labels := range map[string]map[string]string{"mesh": {LabelMesh: "enabled"}, "plain": nil} {
-		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := cs.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "web"}}, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	mkPod := func(ns, name string, ann map[string]string) *corev1.Pod {
-		p := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: ann},
-			Spec: corev1.PodSpec{NodeName: "node-a", ServiceAccountName: "web", AutomountServiceAccountToken: new(bool), Containers: []corev1.Container{{
-				Name: "app", Image: "app", Ports: []corev1.ContainerPort{
-					{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
-					{Name: "stats", ContainerPort: 8125, Protocol: corev1.ProtocolUDP}}}}},
-		}
-		p, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "10.244.0.9"
-		if p, err = cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	createNamespaces(t, cs)
+	mkPod := func(ns, name string, ann map[string]string) *corev1.Pod { return createPod(t, cs, ns, name, ann, true) }
 	web := mkPod("mesh", "web", map[string]string{AnnotationProtocol: "tcp"})
 	mkPod("mesh", "optout", map[string]string{AnnotationCapture: "false"})
 	mkPod("plain", "other", nil)
@@ -113,4 +89,45 @@ func TestKubePods(t *testing.T) {
 	if err == nil && p.DeletionTimestamp == nil {
 		t.Fatal("evicted pod is neither gone nor terminating")
 	}
+}
+
+// createNamespaces creates namespace mesh (labelled aether.io/mesh=enabled) and plain, each with
+// service account web.
+func createNamespaces(t testing.TB, cs kubernetes.Interface) {
+	t.Helper()
+	ctx := context.Background()
+	for name, labels := range map[string]map[string]string{"mesh": {LabelMesh: "enabled"}, "plain": nil} {
+		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "web"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// createPod creates a pod bound to node-a with service account web and ports 8080/TCP and
+// 8125/UDP; running sets its status to Running with a pod IP (as a kubelet would).
+func createPod(t testing.TB, cs kubernetes.Interface, ns, name string, ann map[string]string, running bool) *corev1.Pod {
+	t.Helper()
+	ctx := context.Background()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Annotations: ann},
+		Spec: corev1.PodSpec{NodeName: "node-a", ServiceAccountName: "web", AutomountServiceAccountToken: new(bool), Containers: []corev1.Container{{
+			Name: "app", Image: "app", Ports: []corev1.ContainerPort{
+				{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP},
+				{Name: "stats", ContainerPort: 8125, Protocol: corev1.ProtocolUDP}}}}},
+	}
+	p, err := cs.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !running {
+		return p
+	}
+	p.Status.Phase, p.Status.PodIP = corev1.PodRunning, "10.244.0.9"
+	if p, err = cs.CoreV1().Pods(ns).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
