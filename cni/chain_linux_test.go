@@ -119,7 +119,7 @@ func podIP(t *testing.T, r types.Result) string {
 
 // execPlugin runs the built aether-cni binary directly with a config (plus prevResult) and
 // returns its stdout, stderr and exit error.
-func execPlugin(t *testing.T, command string, conf map[string]any, rt *libcni.RuntimeConf) ([]byte, []byte, error) {
+func execPlugin(t testing.TB, command string, conf map[string]any, rt *libcni.RuntimeConf) ([]byte, []byte, error) {
 	t.Helper()
 	stdin, _ := json.Marshal(conf)
 	var args []string

@@ -320,7 +320,7 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 	if len(req.Attachment.IPs) == 0 {
 		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, "validate request: ips: empty", "")
 	}
-	a := req.Attachment
+	a := model.PodAttachment(req.Attachment)
 	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
 	log := s.Log.With("pod", a.Namespace+"/"+a.Name, "containerID", a.ContainerID)
 
@@ -396,7 +396,7 @@ func (s *Server) Del(ctx context.Context, req Request) error {
 	if err := validateRequest(req, false); err != nil {
 		return err
 	}
-	a := req.Attachment
+	a := model.PodAttachment(req.Attachment)
 	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
 	return s.release(ctx, a)
 }

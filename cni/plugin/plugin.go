@@ -1,4 +1,4 @@
-package cni
+package plugin
 
 import (
 	"context"
@@ -12,8 +12,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-
-	"github.com/aethermesh/aether/model"
 )
 
 // Agent is what the plugin needs from the agent; *Client implements it. Tests inject their own.
@@ -83,7 +81,7 @@ func (p *Plugin) logger(conf *PluginConf, args *skel.CmdArgs, cmd string) (*slog
 func request(conf *PluginConf, args *skel.CmdArgs, k K8sArgs) Request {
 	req := Request{
 		Network: conf.Name,
-		Attachment: model.PodAttachment{
+		Attachment: PodAttachment{
 			ContainerID: args.ContainerID, PodUID: string(k.K8S_POD_UID), Namespace: string(k.K8S_POD_NAMESPACE),
 			Name: string(k.K8S_POD_NAME), NetnsPath: args.Netns, Interface: args.IfName,
 		},
