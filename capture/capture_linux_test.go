@@ -429,3 +429,29 @@ func TestPrivilegedDetectIPTablesMode(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivilegedNFTablesLargeExclusions applies a rule set with 2000 excluded CIDRs and 2000
+// excluded ports: far beyond the default netlink socket buffers, in one transaction.
+func TestPrivilegedNFTablesLargeExclusions(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := testenv.NewNetns(t)
+	cfg := goldenConfigs[0].cfg
+	for i := range 2000 {
+		cfg.ExcludeOutboundPorts = append(cfg.ExcludeOutboundPorts, uint16(20000+i))
+		cfg.ExcludeOutboundCIDRs = append(cfg.ExcludeOutboundCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{172, byte(16 + i/256), byte(i % 256), 0}), 24))
+	}
+	rs, err := Build(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b NFTables
+	if _, err := b.Apply(ns.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Check(ns.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := b.Apply(ns.Path, rs); err != nil || changed {
+		t.Fatalf("second apply = %v, %v", changed, err)
+	}
+}

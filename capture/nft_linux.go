@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -95,12 +96,40 @@ func nftConn(netnsPath string) (*nftables.Conn, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("open netns %s: %w", netnsPath, err)
 	}
-	conn, err := nftables.New(nftables.WithNetNSFd(int(h)))
+	conn, err := nftables.New(nftables.WithNetNSFd(int(h)), nftables.WithSockOptions(bigSendBuffer))
 	if err != nil {
 		h.Close()
 		return nil, nil, fmt.Errorf("open nftables in %s: %w", netnsPath, err)
 	}
 	return conn, func() { h.Close() }, nil
+}
+
+// sendBufferBytes bounds one transaction: netlink_sendmsg refuses a batch larger than the
+// socket's send buffer (EMSGSIZE), and the default (net.core.wmem_default, about 208 KiB) holds
+// only a few hundred rules. 16 MiB fits tens of thousands of exclusions.
+const sendBufferBytes = 16 << 20
+
+// bigSendBuffer raises the netlink socket's send and receive buffers with SO_SNDBUFFORCE and
+// SO_RCVBUFFORCE (CAP_NET_ADMIN, which the agent has; they ignore net.core.wmem_max/rmem_max):
+// the kernel acknowledges every message of the batch, and those acks must fit too (ENOBUFS).
+func bigSendBuffer(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("raise netlink send buffer: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBufferBytes)
+		if serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sendBufferBytes)
+		}
+	}); err != nil {
+		return fmt.Errorf("raise netlink send buffer: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("raise netlink send buffer: %w", serr)
+	}
+	return nil
 }
 
 func checkNFT(conn *nftables.Conn, rs RuleSet) error {

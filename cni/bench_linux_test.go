@@ -52,7 +52,19 @@ func BenchmarkADD(b *testing.B) {
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(`{"captured":true}`)) })}
 		go func() { _ = srv.Serve(l) }()
 		defer srv.Close()
-		runADD(b, func() error { _, _, err := execPluginB(b, "ADD", conf(sock), rt); return err }, nil)
+		var cpu []time.Duration
+		runADD(b, func() error {
+			_, errb, st, err := execPluginState(b, "ADD", conf(sock), rt)
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, errb)
+			}
+			cpu = append(cpu, st.UserTime()+st.SystemTime())
+			return nil
+		}, nil)
+		// CPU time of the plugin process is what it costs the node whatever the load.
+		slices.Sort(cpu)
+		b.ReportMetric(float64(cpu[len(cpu)/2].Microseconds())/1000, "cpu-p50-ms")
+		b.ReportMetric(float64(cpu[min(len(cpu)-1, len(cpu)*99/100)].Microseconds())/1000, "cpu-p99-ms")
 	})
 
 	b.Run("agent-static", func(b *testing.B) {

@@ -120,6 +120,12 @@ func podIP(t *testing.T, r types.Result) string {
 // execPlugin runs the built aether-cni binary directly with a config (plus prevResult) and
 // returns its stdout, stderr and exit error.
 func execPlugin(t testing.TB, command string, conf map[string]any, rt *libcni.RuntimeConf) ([]byte, []byte, error) {
+	out, errb, _, err := execPluginState(t, command, conf, rt)
+	return out, errb, err
+}
+
+// execPluginState is execPlugin that also returns the exited process's state (CPU times).
+func execPluginState(t testing.TB, command string, conf map[string]any, rt *libcni.RuntimeConf) ([]byte, []byte, *os.ProcessState, error) {
 	t.Helper()
 	stdin, _ := json.Marshal(conf)
 	var args []string
@@ -133,7 +139,7 @@ func execPlugin(t testing.TB, command string, conf map[string]any, rt *libcni.Ru
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
-	return out.Bytes(), errb.Bytes(), err
+	return out.Bytes(), errb.Bytes(), cmd.ProcessState, err
 }
 
 // pluginConf returns aether-cni's entry of the node's conflist with name and cniVersion, as a
