@@ -117,7 +117,12 @@ func (p *Plugin) cmdAdd(args *skel.CmdArgs) error {
 		log.Error("ADD failed", "pod", string(k.K8S_POD_NAMESPACE)+"/"+string(k.K8S_POD_NAME), "err", err)
 		return err
 	}
-	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
+	// The result is the prevResult, unchanged, in the config's version (it already is).
+	res, err := conf.PrevResult.GetAsVersion(conf.CNIVersion)
+	if err != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, "print prevResult", err.Error())
+	}
+	return res.PrintTo(p.stdout())
 }
 
 // doAdd asks the agent to capture the pod unless its namespace is excluded. The whole call is
