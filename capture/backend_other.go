@@ -34,3 +34,6 @@ func (IPTables) Check(string, RuleSet) error { return errUnsupported }
 
 // Teardown fails off Linux.
 func (IPTables) Teardown(string) error { return errUnsupported }
+
+// NewBackend fails off Linux.
+func NewBackend(string) (Backend, error) { return nil, errUnsupported }

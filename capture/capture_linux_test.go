@@ -341,6 +341,21 @@ func captureTraffic(t *testing.T, b Backend) {
 		t.Fatalf("DNS via cluster DNS address: %v", err)
 	}
 
+	// DNS over TCP takes the same way (to the resolver, not to the capture listener).
+	_, tcpDNS := acceptOn(t, tp.node, topoHostIP+":18054")
+	if err := dialFrom(tp.pod, "", "10.96.0.10:53"); err != nil {
+		t.Fatalf("TCP DNS: %v", err)
+	}
+	select {
+	case c := <-tcpDNS:
+		c.Close()
+	case c := <-captured:
+		c.Close()
+		t.Fatal("TCP DNS went to the capture listener")
+	case <-time.After(10 * time.Second):
+		t.Fatal("TCP DNS did not reach the resolver")
+	}
+
 	// IPv6 from a v4-only pod is dropped, not open: a listener on the pod's own IPv6 link
 	// address (reached through eth0, not lo) is unreachable from the node.
 	addIPv6(t, tp)
@@ -453,5 +468,77 @@ func TestPrivilegedNFTablesLargeExclusions(t *testing.T) {
 	}
 	if changed, err := b.Apply(ns.Path, rs); err != nil || changed {
 		t.Fatalf("second apply = %v, %v", changed, err)
+	}
+}
+
+// TestPrivilegedCaptureIPv6 shows IPv6 captured like IPv4 for a pod that has an IPv6 address:
+// outbound TCP lands on [::1]:15001 with the original destination recoverable
+// (IP6T_SO_ORIGINAL_DST), and strict mode refuses IPv6 plaintext inbound.
+func TestPrivilegedCaptureIPv6(t *testing.T) {
+	testenv.RequireRoot(t)
+	tp := newTopo(t)
+	addIPv6(t, tp)
+	rs, err := Build(Config{PodIPs: addrs(topoPodIP, "fd99::2"), NodeSources: prefixes(topoGateway + "/32")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (NFTables{}).Apply(tp.pod.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	_, captured := acceptOn(t, tp.pod, "[::1]:15001")
+	if err := dialFrom(tp.pod, "", "[fd99::1]:80"); err != nil {
+		t.Fatalf("dial [fd99::1]:80 from pod: %v", err)
+	}
+	select {
+	case c := <-captured:
+		od, err := originalDst6(c)
+		c.Close()
+		if err != nil || od.String() != "[fd99::1]:80" {
+			t.Fatalf("IP6T_SO_ORIGINAL_DST = %v, %v; want [fd99::1]:80", od, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("IPv6 connection not captured")
+	}
+	acceptOn(t, tp.pod, "[fd99::2]:8080")
+	if err := dialFrom(tp.node, "", "[fd99::2]:8080"); !isRefused(err) {
+		t.Fatalf("strict: IPv6 plaintext to :8080 = %v, want refused", err)
+	}
+}
+
+// originalDst6 returns IP6T_SO_ORIGINAL_DST (struct sockaddr_in6) of an accepted IPv6 connection.
+func originalDst6(c net.Conn) (netip.AddrPort, error) {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		var info *unix.IPv6MTUInfo // 32 bytes: sockaddr_in6 (28) + mtu (4)
+		info, serr = unix.GetsockoptIPv6MTUInfo(int(fd), unix.SOL_IPV6, ip6tSoOriginalDst)
+		if serr == nil {
+			a := info.Addr
+			ap = netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port>>8|a.Port<<8)) // network order read on a little-endian CPU
+		}
+	})
+	if err != nil {
+		return ap, err
+	}
+	return ap, serr
+}
+
+// ip6tSoOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h), which x/sys
+// does not name.
+const ip6tSoOriginalDst = 80
+
+func TestNewBackend(t *testing.T) {
+	for name, want := range map[string]Backend{"": NFTables{}, "nftables": NFTables{},
+		"iptables-nft": IPTables{Mode: IPTablesNFT}, "iptables-legacy": IPTables{Mode: IPTablesLegacy}} {
+		if got, err := NewBackend(name); err != nil || got != want {
+			t.Errorf("NewBackend(%q) = %v, %v; want %v", name, got, err, want)
+		}
+	}
+	if _, err := NewBackend("ebpf"); err == nil || !strings.Contains(err.Error(), "ebpf") {
+		t.Errorf("NewBackend(ebpf) = %v, want an error naming it", err)
 	}
 }

@@ -207,3 +207,25 @@ func DetectIPTablesMode(netnsPath string) (IPTablesMode, error) {
 }
 
 var builtinChainRE = regexp.MustCompile(`^:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) `)
+
+// NewBackend returns the backend named by an agent flag: "nftables" (or "") for NFTables,
+// "iptables" for IPTables in the mode the node already uses (DetectIPTablesMode in the agent's
+// own netns, which is the node's), "iptables-nft" / "iptables-legacy" to force a mode. Any other
+// name is an error naming it.
+func NewBackend(name string) (Backend, error) {
+	switch name {
+	case "", "nftables":
+		return NFTables{}, nil
+	case "iptables":
+		m, err := DetectIPTablesMode("")
+		if err != nil {
+			return nil, fmt.Errorf("select capture backend: %w", err)
+		}
+		return IPTables{Mode: m}, nil
+	case "iptables-nft":
+		return IPTables{Mode: IPTablesNFT}, nil
+	case "iptables-legacy":
+		return IPTables{Mode: IPTablesLegacy}, nil
+	}
+	return nil, fmt.Errorf("select capture backend: %q: want nftables, iptables, iptables-nft or iptables-legacy", name)
+}
