@@ -195,3 +195,26 @@ func TestPrivilegedCNIConcurrentAddDel(t *testing.T) {
 		t.Fatalf("dataplane: %d pods live, %d added; want 0 and %d", dp.liveCount(), dp.added, pairs)
 	}
 }
+
+// TestPrivilegedCNIPeriodicRepair deletes a pod's rules by hand while the agent runs with a
+// repair interval: the next repair restores them.
+func TestPrivilegedCNIPeriodicRepair(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	n := newNode(t, "1.1.0", "10.244.32.0/24", sock, nil)
+	startAgent(t, sock, t.TempDir(), ServerConfig{RepairInterval: 200 * time.Millisecond}, &staticLookup{}, &recordingDataplane{})
+	pod := testenv.NewNetns(t)
+	if _, err := n.add(t, podRT(pod, "ctr-p", "mesh", "p")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := pod.Command("nft", "delete", "table", "inet", "aether").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	start := time.Now()
+	for deadline := time.Now().Add(30 * time.Second); !tableIn(t, pod); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("rules not restored by periodic repair within 30s")
+		}
+	}
+	t.Logf("rules restored %v after deletion (repair interval 200ms)", time.Since(start))
+}
