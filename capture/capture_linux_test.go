@@ -205,8 +205,13 @@ func acceptOn(t *testing.T, ns *testenv.Netns, addr string) (net.Listener, chan 
 
 // dialFrom dials addr from ns, optionally from a local source address, and writes one byte.
 func dialFrom(ns *testenv.Netns, src, addr string) error {
+	return dialTimeout(ns, src, addr, 10*time.Second)
+}
+
+// dialTimeout is dialFrom with a dial timeout, for connections expected to be dropped.
+func dialTimeout(ns *testenv.Netns, src, addr string, timeout time.Duration) error {
 	return ns.Do(func() error {
-		d := net.Dialer{Timeout: time.Second}
+		d := net.Dialer{Timeout: timeout}
 		if src != "" {
 			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
 		}
@@ -360,7 +365,7 @@ func captureTraffic(t *testing.T, b Backend) {
 	// address (reached through eth0, not lo) is unreachable from the node.
 	addIPv6(t, tp)
 	acceptOn(t, tp.pod, "[fd99::2]:8081")
-	if err := dialFrom(tp.node, "", "[fd99::2]:8081"); err == nil {
+	if err := dialTimeout(tp.node, "", "[fd99::2]:8081", time.Second); err == nil {
 		t.Fatal("IPv6 node -> v4-only pod connected; IPv6 is open")
 	}
 
@@ -375,6 +380,11 @@ func captureTraffic(t *testing.T, b Backend) {
 	}
 	if err := dialFrom(tp.node, topoGateway, topoPodIP+":8080"); err != nil {
 		t.Fatalf("strict: node (%s) to :8080: %v", topoGateway, err)
+	}
+	// A socket inside the pod netns (the app itself, or an Envoy upstream socket opened in the
+	// pod netns) reaches the application over lo, uncaptured and accepted.
+	if err := dialFrom(tp.pod, "", topoPodIP+":8080"); err != nil {
+		t.Fatalf("strict: pod-local connection to its own :8080: %v", err)
 	}
 
 	// Permissive: the same plaintext connection is accepted.

@@ -33,6 +33,7 @@ type node struct {
 	list    *libcni.NetworkConfigList
 	raw     []byte
 	binDirs []string
+	ipamDir string
 }
 
 // newNode creates the host namespace and a conflist of the given version: bridge + host-local on
@@ -52,6 +53,7 @@ func newNode(t *testing.T, version, subnet, socket string, extra map[string]any)
 		t.Fatalf("add HOST_IP: %v", err)
 	}
 	dir := t.TempDir()
+	n.ipamDir = filepath.Join(dir, "ipam")
 	aether := map[string]any{"type": PluginName, "agentSocket": socket, "timeoutSeconds": 20}
 	for k, v := range extra {
 		aether[k] = v
@@ -60,7 +62,7 @@ func newNode(t *testing.T, version, subnet, socket string, extra map[string]any)
 		"cniVersion": version, "name": "aethertest",
 		"plugins": []any{
 			map[string]any{"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-				"ipam": map[string]any{"type": "host-local", "dataDir": filepath.Join(dir, "ipam"),
+				"ipam": map[string]any{"type": "host-local", "dataDir": n.ipamDir,
 					"ranges": []any{[]any{map[string]any{"subnet": subnet}}},
 					"routes": []any{map[string]any{"dst": "0.0.0.0/0"}}}},
 			aether,

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -141,61 +142,6 @@ func ownNetns(t *testing.T) *testenv.Netns {
 	return &testenv.Netns{Name: name, Path: "/var/run/netns/" + name}
 }
 
-// TestPrivilegedCNIConcurrentAddDel runs 200 ADD/DEL pairs through the aether-cni binary at once
-// (each pod its own netns, prevResult as a primary plugin would give it) and checks that nothing
-// is left: no rules, no records, no pods in the dataplane.
-func TestPrivilegedCNIConcurrentAddDel(t *testing.T) {
-	testenv.RequireRoot(t)
-	const pairs = 200
-	sock := filepath.Join(sockDir(t), "cni.sock")
-	state := t.TempDir()
-	dp := &recordingDataplane{}
-	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
-	pods := make([]*testenv.Netns, pairs)
-	for i := range pods {
-		pods[i] = testenv.NewNetns(t)
-	}
-	base := map[string]any{"cniVersion": "1.0.0", "name": "aethertest", "type": PluginName, "agentSocket": sock}
-	var wg sync.WaitGroup
-	errs := make(chan error, 2*pairs)
-	for i := range pairs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			conf := map[string]any{}
-			for k, v := range base {
-				conf[k] = v
-			}
-			conf["prevResult"] = map[string]any{"cniVersion": "1.0.0",
-				"interfaces": []any{map[string]any{"name": "eth0", "sandbox": pods[i].Path}},
-				"ips":        []any{map[string]any{"address": fmt.Sprintf("10.250.%d.%d/16", i/250, i%250+1), "gateway": "10.250.0.1", "interface": 0}}}
-			rt := podRT(pods[i], fmt.Sprintf("ctr-%03d", i), "mesh", fmt.Sprintf("p%03d", i))
-			if _, stderr, err := execPlugin(t, "ADD", conf, rt); err != nil {
-				errs <- fmt.Errorf("ADD %d: %v: %s", i, err, stderr)
-			}
-			if _, stderr, err := execPlugin(t, "DEL", conf, rt); err != nil {
-				errs <- fmt.Errorf("DEL %d: %v: %s", i, err, stderr)
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	for _, p := range pods {
-		if tableIn(t, p) {
-			t.Fatalf("rules left in %s", p.Name)
-		}
-	}
-	if recs := records(t, state); len(recs) != 0 {
-		t.Fatalf("%d records left", len(recs))
-	}
-	if dp.liveCount() != 0 || dp.added != pairs {
-		t.Fatalf("dataplane: %d pods live, %d added; want 0 and %d", dp.liveCount(), dp.added, pairs)
-	}
-}
-
 // TestPrivilegedCNIPeriodicRepair deletes a pod's rules by hand while the agent runs with a
 // repair interval: the next repair restores them.
 func TestPrivilegedCNIPeriodicRepair(t *testing.T) {
@@ -217,4 +163,66 @@ func TestPrivilegedCNIPeriodicRepair(t *testing.T) {
 		}
 	}
 	t.Logf("rules restored %v after deletion (repair interval 200ms)", time.Since(start))
+}
+
+// TestPrivilegedCNIConcurrentChain runs 200 ADD/DEL pairs at once through the whole chain
+// (libcni: bridge + host-local, then aether-cni) and checks that nothing is left: no rules, no
+// records, no pods in the dataplane, no addresses held by host-local.
+func TestPrivilegedCNIConcurrentChain(t *testing.T) {
+	testenv.RequireRoot(t)
+	const pairs = 200
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	dp := &recordingDataplane{}
+	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	n := newNode(t, "1.1.0", "10.245.0.0/16", sock, nil)
+	pods := make([]*testenv.Netns, pairs)
+	for i := range pods {
+		pods[i] = testenv.NewNetns(t)
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*pairs)
+	for i := range pairs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rt := podRT(pods[i], fmt.Sprintf("ctr-%03d", i), "mesh", fmt.Sprintf("p%03d", i))
+			if _, err := n.add(t, rt); err != nil {
+				errs <- fmt.Errorf("ADD %d: %w", i, err)
+			} else if !tableIn(t, pods[i]) {
+				errs <- fmt.Errorf("ADD %d: no rules", i)
+			}
+			if err := n.do(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.list, rt) }); err != nil {
+				errs <- fmt.Errorf("DEL %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	t.Logf("%d ADD/DEL pairs through the chain in %v", pairs, time.Since(start))
+	for _, p := range pods {
+		if tableIn(t, p) {
+			t.Fatalf("rules left in %s", p.Name)
+		}
+	}
+	if recs := records(t, state); len(recs) != 0 {
+		t.Fatalf("%d records left", len(recs))
+	}
+	if dp.liveCount() != 0 || dp.added != pairs {
+		t.Fatalf("dataplane: %d pods live, %d added; want 0 and %d", dp.liveCount(), dp.added, pairs)
+	}
+	// host-local keeps only its lock and last-reserved marker: every address was released.
+	ents, err := os.ReadDir(filepath.Join(n.ipamDir, n.list.Name))
+	if err != nil || len(ents) == 0 {
+		t.Fatalf("host-local state: %v (%d entries)", err, len(ents))
+	}
+	for _, e := range ents {
+		if e.Name() != "lock" && !strings.HasPrefix(e.Name(), "last_reserved_ip") {
+			t.Errorf("host-local still holds %s", e.Name())
+		}
+	}
 }
