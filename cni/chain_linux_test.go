@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
+	cniversion "github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
 
 	"github.com/aethermesh/aether/internal/testenv"
@@ -73,7 +75,9 @@ func newNode(t *testing.T, version, subnet, socket string, extra map[string]any)
 		t.Fatal(err)
 	}
 	n.binDirs = []string{tl.CNIBinDir, pluginBinary(t)}
-	n.cni = libcni.NewCNIConfigWithCacheDir(n.binDirs, filepath.Join(dir, "cache"), nil)
+	// An explicit exec: libcni creates its default one lazily, which races under concurrent use.
+	n.cni = libcni.NewCNIConfigWithCacheDir(n.binDirs, filepath.Join(dir, "cache"),
+		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: cniversion.PluginDecoder{}})
 	return n
 }
 
