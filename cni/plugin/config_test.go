@@ -74,7 +74,7 @@ func TestParseK8sArgs(t *testing.T) {
 }
 
 // FuzzParseConfig feeds arbitrary stdin to the config parser: it must never panic, and whatever
-// it accepts must be internally consistent. Run: go test -run '^$' -fuzz FuzzParseConfig -fuzztime 20s ./cni/
+// it accepts must be internally consistent. Run: go test -run '^$' -fuzz FuzzParseConfig -fuzztime 20s ./cni/plugin/
 func FuzzParseConfig(f *testing.F) {
 	f.Add([]byte(`{"cniVersion":"0.3.1","name":"cbr0","type":"aether-cni",`+prev031+`}`), true)
 	f.Add([]byte(`{"cniVersion":"1.1.0","excludeOutboundCIDRs":["::/0"],"excludeOutboundPorts":[1,65535],"excludeNamespaces":null}`), false)
