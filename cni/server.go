@@ -117,6 +117,7 @@ type ServerConfig struct {
 
 // Server is the agent's CNI server: it turns CNI requests from aether-cni into persisted
 // attachments, capture rules in pod netns and dataplane calls, and repairs all of it on start.
+// Lookup, Dataplane and Backend are required.
 type Server struct {
 	Config    ServerConfig
 	Lookup    PodLookup
@@ -160,8 +161,15 @@ func (s *Server) setDefaults() {
 // nil after ctx ends.
 func (s *Server) Serve(ctx context.Context) error {
 	s.defaults()
-	if s.Config.StateDir == "" {
+	switch {
+	case s.Config.StateDir == "":
 		return fmt.Errorf("serve CNI: stateDir: empty")
+	case s.Lookup == nil:
+		return fmt.Errorf("serve CNI: Lookup: nil")
+	case s.Dataplane == nil:
+		return fmt.Errorf("serve CNI: Dataplane: nil")
+	case s.Backend == nil:
+		return fmt.Errorf("serve CNI: Backend: nil")
 	}
 	if err := os.MkdirAll(filepath.Dir(s.Config.Socket), 0o755); err != nil {
 		return fmt.Errorf("serve CNI: %w", err)
