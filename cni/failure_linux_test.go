@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
@@ -50,15 +52,17 @@ func TestPrivilegedCNIFailClosed(t *testing.T) {
 		name    string
 		lookup  error
 		dp      error
+		hang    bool
 		message string
 	}{
-		{"lookup fails", fmt.Errorf("apiserver timeout"), nil, "look up pod"},
-		{"dataplane refuses", nil, fmt.Errorf("envoy NACK"), "program pod listeners"},
+		{"lookup fails", fmt.Errorf("apiserver timeout"), nil, false, "look up pod"},
+		{"dataplane refuses", nil, fmt.Errorf("envoy NACK"), false, "program pod listeners"},
+		{"dataplane never acks", nil, nil, true, "deadline exceeded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lookup.set(nil, tc.lookup)
 			dp.mu.Lock()
-			dp.fail = tc.dp
+			dp.fail, dp.hang = tc.dp, tc.hang
 			dp.mu.Unlock()
 			pod := testenv.NewNetns(t)
 			rt := podRT(pod, "ctr-"+strings.ReplaceAll(tc.name, " ", "-"), "mesh", "p")
@@ -75,6 +79,23 @@ func TestPrivilegedCNIFailClosed(t *testing.T) {
 			_ = n.do(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.list, rt) })
 		})
 	}
+	t.Run("capture cannot be installed", func(t *testing.T) {
+		lookup.set(nil, nil)
+		dp.mu.Lock()
+		dp.fail, dp.hang = nil, false
+		dp.mu.Unlock()
+		notNetns := filepath.Join(t.TempDir(), "not-a-netns")
+		_ = os.WriteFile(notNetns, nil, 0o600)
+		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: "ctr-bad", Namespace: "mesh", Name: "bad", NetnsPath: notNetns, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.30.9")}}})
+		if err == nil || !strings.Contains(err.Error(), "install capture rules") {
+			t.Fatalf("ADD into a file that is no netns = %v, want an error naming capture", err)
+		}
+		if recs := records(t, state); len(recs) != 0 {
+			t.Fatalf("records left after a failed ADD: %d", len(recs))
+		}
+	})
 }
 
 // TestPrivilegedCNIRepairAfterRestart stops the agent, deletes a pod's rules by hand and removes

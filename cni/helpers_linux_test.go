@@ -91,11 +91,16 @@ type recordingDataplane struct {
 	added   int
 	removed int
 	fail    error
+	hang    bool
 }
 
-func (d *recordingDataplane) PodAdded(_ context.Context, p model.LocalPod) error {
+func (d *recordingDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.hang {
+		<-ctx.Done() // Envoy never ACKs: the server's bound must end the wait
+		return ctx.Err()
+	}
 	if d.fail != nil {
 		return d.fail
 	}
