@@ -552,3 +552,39 @@ func TestNewBackend(t *testing.T) {
 		t.Errorf("NewBackend(ebpf) = %v, want an error naming it", err)
 	}
 }
+
+// TestPrivilegedApplySwitchesConfigs applies every golden configuration in turn to one netns
+// (chains come and go between IPv4-only and dual-stack sets), so Apply replaces whatever the
+// previous configuration left.
+func TestPrivilegedApplySwitchesConfigs(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, tb := range testBackends() {
+		t.Run(tb.name, func(t *testing.T) {
+			ns := testenv.NewNetns(t)
+			for round := 0; round < 2; round++ {
+				for _, tc := range goldenConfigs {
+					rs, _ := Build(tc.cfg)
+					if _, err := tb.b.Apply(ns.Path, rs); err != nil {
+						t.Fatalf("%s: %v", tc.name, err)
+					}
+					if err := tb.b.Check(ns.Path, rs); err != nil {
+						t.Fatalf("%s after switching: %v", tc.name, err)
+					}
+					// Nothing of the previous configuration is left: a dual-stack pod has no
+					// IPv6 drop chain.
+					out, _ := ns.Command(tb.list[0], tb.list[1:]...).CombinedOutput()
+					if strings.HasPrefix(tb.list[0], "iptables") {
+						out6, _ := ns.Command("ip6"+tb.list[0][2:], tb.list[1:]...).CombinedOutput()
+						out = append(out, out6...)
+					}
+					if tc.name == "dual-stack" && strings.Contains(string(out), "out6-drop") {
+						t.Fatalf("dual-stack after a v4-only config still drops IPv6:\n%s", out)
+					}
+				}
+			}
+			if err := tb.b.Teardown(ns.Path); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}

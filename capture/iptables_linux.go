@@ -68,6 +68,15 @@ func (b IPTables) Apply(netnsPath string, rs RuleSet) (bool, error) {
 	} else if !isDriftErr(err) {
 		return false, fmt.Errorf("apply capture rules: %w", err)
 	}
+	var stale []Hook
+	for _, h := range allHooks {
+		if !slices.ContainsFunc(rs.Chains, func(c Chain) bool { return c.Hook == h }) {
+			stale = append(stale, h)
+		}
+	}
+	if err := b.remove(netnsPath, stale); err != nil {
+		return false, fmt.Errorf("apply capture rules: %w", err)
+	}
 	for _, fam := range families {
 		if _, err := b.run(netnsPath, []byte(rs.IPTablesRestore(fam)), b.bin(fam, "-restore"), "--noflush", "-w"); err != nil {
 			return false, fmt.Errorf("apply capture rules: %w", err)
@@ -101,7 +110,16 @@ func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 			return fmt.Errorf("check capture rules: %w", err)
 		}
 		live := map[string][]string{} // chain -> comments
+		wanted := map[string]bool{}
+		for _, ch := range rs.Chains {
+			wanted[ch.Hook.iptablesChain()] = true
+		}
 		for _, line := range strings.Split(string(out), "\n") {
+			if name, ok := strings.CutPrefix(line, ":"+ChainPrefix); ok {
+				if chain := ChainPrefix + strings.Fields(name)[0]; !wanted[chain] {
+					return &DriftError{What: fmt.Sprintf("%s: chain %s is not in the rule set", b.bin(fam, ""), chain)}
+				}
+			}
 			if !strings.HasPrefix(line, "-A ") {
 				continue
 			}
@@ -136,12 +154,24 @@ func (b IPTables) Teardown(netnsPath string) error {
 	if _, err := os.Stat(netnsPath); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	var all RuleSet
-	for _, h := range []Hook{HookOutputNAT, HookOutputFilter, HookInputFilter} {
-		all.Chains = append(all.Chains, Chain{Hook: h})
+	if err := b.remove(netnsPath, allHooks); err != nil {
+		return fmt.Errorf("remove capture rules: %w", err)
+	}
+	return nil
+}
+
+// allHooks are the hooks aether may have a chain on.
+var allHooks = []Hook{HookOutputNAT, HookOutputFilter, HookInputFilter}
+
+// remove deletes aether's chains for hooks, and every jump to them, in both families; what is
+// missing is skipped.
+func (b IPTables) remove(netnsPath string, hooks []Hook) error {
+	var rs RuleSet
+	for _, h := range hooks {
+		rs.Chains = append(rs.Chains, Chain{Hook: h})
 	}
 	for _, fam := range families {
-		for _, j := range all.IPTablesJumps() {
+		for _, j := range rs.IPTablesJumps() {
 			for i := 0; i < 10; i++ { // delete every copy of the jump
 				args := append([]string{"-w", "-t", j.Table, "-D", j.Chain}, j.Rule...)
 				if _, err := b.run(netnsPath, nil, b.bin(fam, ""), args...); err != nil {
@@ -149,14 +179,14 @@ func (b IPTables) Teardown(netnsPath string) error {
 				}
 			}
 		}
-		for _, ch := range all.Chains {
+		for _, ch := range rs.Chains {
 			table, _ := ch.Hook.iptables()
 			name := ch.Hook.iptablesChain()
 			if _, err := b.run(netnsPath, nil, b.bin(fam, ""), "-w", "-t", table, "-F", name); err != nil {
 				continue // no such chain
 			}
 			if _, err := b.run(netnsPath, nil, b.bin(fam, ""), "-w", "-t", table, "-X", name); err != nil {
-				return fmt.Errorf("remove capture rules: %w", err)
+				return err
 			}
 		}
 	}
