@@ -215,11 +215,12 @@ func (s *KubeAPIServer) start(logPath, bin string, args ...string) error {
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	done := make(chan struct{})
-	if err := startPinned(cmd, func() { f.Close(); close(done) }); err != nil {
+	if err := cmd.Start(); err != nil {
 		f.Close()
 		return fmt.Errorf("start %s: %w", filepath.Base(bin), err)
 	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); f.Close(); close(done) }()
 	s.procs = append(s.procs, cmd)
 	s.waits = append(s.waits, done)
 	return nil

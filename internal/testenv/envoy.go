@@ -69,11 +69,12 @@ func StartEnvoy(t testing.TB, bootstrap string, opts EnvoyOptions) *Envoy {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	done := make(chan struct{})
-	if err := startPinned(cmd, func() { close(done) }); err != nil {
+	if err := cmd.Start(); err != nil {
 		t.Fatalf("testenv: start envoy: %v", err)
 	}
 	e := &Envoy{Cmd: cmd, LogPath: logPath}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
