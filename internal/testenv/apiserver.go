@@ -214,8 +214,7 @@ func (s *KubeAPIServer) start(logPath, bin string, args ...string) error {
 	}
 	cmd := exec.Command(bin, args...)
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := StartCmd(cmd); err != nil {
 		f.Close()
 		return fmt.Errorf("start %s: %w", filepath.Base(bin), err)
 	}

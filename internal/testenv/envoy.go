@@ -63,13 +63,12 @@ func StartEnvoy(t testing.TB, bootstrap string, opts EnvoyOptions) *Envoy {
 	}
 	args = append(args, opts.ExtraArgs...)
 	cmd := exec.Command(tl.Envoy, args...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out, err := os.Create(filepath.Join(dir, "envoy.stdout"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	if err := StartCmd(cmd); err != nil {
 		t.Fatalf("testenv: start envoy: %v", err)
 	}
 	e := &Envoy{Cmd: cmd, LogPath: logPath}
