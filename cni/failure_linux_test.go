@@ -169,7 +169,8 @@ func TestPrivilegedCNIPeriodicRepair(t *testing.T) {
 	testenv.RequireRoot(t)
 	sock := filepath.Join(sockDir(t), "cni.sock")
 	n := newNode(t, "1.1.0", "10.244.32.0/24", sock, nil)
-	startAgent(t, sock, t.TempDir(), ServerConfig{RepairInterval: 200 * time.Millisecond}, &staticLookup{}, &recordingDataplane{})
+	dp := &recordingDataplane{}
+	startAgent(t, sock, t.TempDir(), ServerConfig{RepairInterval: 200 * time.Millisecond}, &staticLookup{}, dp)
 	pod := testenv.NewNetns(t)
 	if _, err := n.add(t, podRT(pod, "ctr-p", "mesh", "p")); err != nil {
 		t.Fatal(err)
@@ -184,6 +185,13 @@ func TestPrivilegedCNIPeriodicRepair(t *testing.T) {
 		}
 	}
 	t.Logf("rules restored %v after deletion (repair interval 200ms)", time.Since(start))
+	// Periodic repairs fix rules; they do not re-announce the pod to the dataplane.
+	dp.mu.Lock()
+	added := dp.added
+	dp.mu.Unlock()
+	if added != 1 {
+		t.Fatalf("dataplane PodAdded called %d times, want 1 (the ADD)", added)
+	}
 }
 
 // TestPrivilegedCNIConcurrentChain runs 200 ADD/DEL pairs at once through the whole chain

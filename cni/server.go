@@ -209,7 +209,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		case err := <-errc:
 			return fmt.Errorf("serve CNI: %w", err)
 		case <-tick:
-			if err := s.Repair(ctx); err != nil {
+			if err := s.repair(ctx, false); err != nil {
 				s.Log.Error("repair attachments", "err", err)
 			}
 		}
@@ -493,10 +493,14 @@ func (s *Server) GC(ctx context.Context, req Request) error {
 }
 
 // Repair reconciles every persisted attachment: a record whose netns is gone is released; a
-// captured pod's rules are re-applied where they drifted and its listeners re-announced to the
-// dataplane. With NodePods set, meshed pods on the node that have no attachment are reported
-// and evicted. It returns the joined errors of the pods it could not repair.
-func (s *Server) Repair(ctx context.Context) error {
+// captured pod's rules are re-applied where they drifted and the pod is announced to the
+// dataplane (PodAdded, so a restarted agent serves Envoy every pod again). With NodePods set,
+// meshed pods on the node that have no attachment are reported and evicted. It returns the
+// joined errors of the pods it could not repair. Serve runs it at start; the periodic repairs
+// (RepairInterval) do the same without announcing pods the dataplane already has.
+func (s *Server) Repair(ctx context.Context) error { return s.repair(ctx, true) }
+
+func (s *Server) repair(ctx context.Context, announce bool) error {
 	s.defaults()
 	recs, err := s.store.List()
 	var errs []error
@@ -506,7 +510,7 @@ func (s *Server) Repair(ctx context.Context) error {
 	attached := map[string]bool{}
 	for _, r := range recs {
 		attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
-		if err := s.repairOne(ctx, r); err != nil {
+		if err := s.repairOne(ctx, r, announce); err != nil {
 			errs = append(errs, fmt.Errorf("repair %s/%s: %w", r.Attachment.Namespace, r.Attachment.Name, err))
 		}
 	}
@@ -532,7 +536,7 @@ func (s *Server) Repair(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (s *Server) repairOne(ctx context.Context, r *Record) error {
+func (s *Server) repairOne(ctx context.Context, r *Record, announce bool) error {
 	defer s.lock(r.Key())()
 	// Re-read under the lock: a DEL may have removed it meanwhile.
 	cur, err := s.store.Load(r.Attachment.ContainerID, r.Attachment.Interface)
@@ -556,6 +560,9 @@ func (s *Server) repairOne(ctx context.Context, r *Record) error {
 	}
 	if changed {
 		s.Log.Warn("repair: capture rules restored", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
+	}
+	if !announce {
+		return nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, s.Config.DataplaneTimeout)
 	defer cancel()
