@@ -291,6 +291,20 @@ func captureTraffic(t *testing.T, b Backend) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("capture listener got no connection")
 	}
+	// The explicit HTTP lane (127.0.0.1:18081 in the pod netns) is loopback: reached directly.
+	_, lane := acceptOn(t, tp.pod, "127.0.0.1:18081")
+	if err := dialFrom(tp.pod, "", "127.0.0.1:18081"); err != nil {
+		t.Fatalf("dial the explicit lane: %v", err)
+	}
+	select {
+	case c := <-lane:
+		c.Close()
+	case c := <-captured:
+		c.Close()
+		t.Fatal("the explicit lane was captured")
+	case <-time.After(10 * time.Second):
+		t.Fatal("explicit lane: no connection")
+	}
 	// An excluded port goes to the real destination (the node), not to the capture listener.
 	_, direct := acceptOn(t, tp.node, topoGateway+":7070")
 	if err := dialFrom(tp.pod, "", topoGateway+":7070"); err != nil {
