@@ -4,6 +4,7 @@ package cni
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -15,6 +16,8 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/containernetworking/cni/libcni"
 
 	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
@@ -253,5 +256,67 @@ func TestPrivilegedCNIConcurrentChain(t *testing.T) {
 		if e.Name() != "lock" && !strings.HasPrefix(e.Name(), "last_reserved_ip") {
 			t.Errorf("host-local still holds %s", e.Name())
 		}
+	}
+}
+
+// TestPrivilegedInstalledConflistRuns installs aether-cni into a bridge + host-local conflist
+// with the Installer, lets the watcher repair a rewrite, and runs the resulting file through
+// libcni: the pod gets captured.
+func TestPrivilegedInstalledConflistRuns(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	n := newNode(t, "0.3.1", "10.244.33.0/24", sock, nil)
+	// The primary CNI's file: the node's conflist without aether-cni.
+	var primary map[string]any
+	_ = json.Unmarshal(n.raw, &primary)
+	primary["plugins"] = primary["plugins"].([]any)[:1]
+	raw, _ := json.MarshalIndent(primary, "", "  ")
+	confDir := t.TempDir()
+	path := filepath.Join(confDir, "10-flannel.conflist")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := &Installer{ConfDir: confDir, Plugin: map[string]any{"agentSocket": sock}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Watch(ctx) }()
+	defer func() { cancel(); <-done }()
+	// The primary CNI rewrites its file after aether-cni was added: the watcher puts it back.
+	waitInstalled := func() {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if b, _ := os.ReadFile(path); strings.Contains(string(b), PluginName) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("aether-cni not in the conflist within 20s")
+			}
+		}
+	}
+	waitInstalled()
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitInstalled()
+
+	list, err := libcni.ConfListFromFile(path)
+	if err != nil {
+		t.Fatalf("libcni cannot load the installed conflist: %v", err)
+	}
+	if len(list.Plugins) != 2 || list.Plugins[1].Network.Type != PluginName {
+		t.Fatalf("installed conflist plugins = %d", len(list.Plugins))
+	}
+	n.list = list
+	pod := testenv.NewNetns(t)
+	rt := podRT(pod, "ctr-inst", "mesh", "inst")
+	if _, err := n.add(t, rt); err != nil {
+		t.Fatalf("ADD through the installed conflist: %v", err)
+	}
+	if !tableIn(t, pod) {
+		t.Fatal("pod not captured through the installed conflist")
+	}
+	if err := n.do(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.list, rt) }); err != nil {
+		t.Fatal(err)
 	}
 }
