@@ -15,9 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
