@@ -233,3 +233,12 @@ func originalDst(c net.Conn) (netip.AddrPort, error) {
 }
 
 func runIP(args ...string) ([]byte, error) { return exec.Command("ip", args...).CombinedOutput() }
+
+// TestMain removes the plugin binary built for this test binary (pluginBinary).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtBin != "" {
+		os.RemoveAll(builtBin)
+	}
+	os.Exit(code)
+}
