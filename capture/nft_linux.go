@@ -11,6 +11,7 @@ import (
 	"github.com/google/nftables/binaryutil"
 	"github.com/google/nftables/expr"
 	"github.com/google/nftables/userdata"
+	"github.com/mdlayher/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
@@ -21,9 +22,15 @@ import (
 type NFTables struct{}
 
 // Apply makes the pod netns at netnsPath hold exactly rs in table inet aether. It first checks
-// the live table and writes nothing when it already matches (so applying twice is a no-op);
-// otherwise it adds, deletes and re-creates the table with every chain and rule in one
-// transaction. It reports whether it changed anything.
+// the live table and writes nothing when it already matches (so applying twice is a no-op).
+// Otherwise it writes one netlink batch, which the kernel commits as one transaction:
+//
+//   - no table yet: add the table, its chains and rules;
+//   - the table has exactly the wanted chains: flush each chain and add its rules again (base
+//     chains stay registered, so no hook is unregistered and no RCU grace period is waited for);
+//   - anything else: delete the table and add it back whole.
+//
+// It reports whether it changed anything.
 func (NFTables) Apply(netnsPath string, rs RuleSet) (changed bool, err error) {
 	conn, closeNS, err := nftConn(netnsPath)
 	if err != nil {
@@ -34,13 +41,25 @@ func (NFTables) Apply(netnsPath string, rs RuleSet) (changed bool, err error) {
 		return false, nil
 	}
 	t := &nftables.Table{Family: nftables.TableFamilyINet, Name: TableName}
-	conn.AddTable(t)
-	conn.DelTable(t)
-	conn.AddTable(t)
+	keep := false
+	if _, err := conn.ListTableOfFamily(TableName, nftables.TableFamilyINet); err == nil {
+		keep = sameChains(conn, rs)
+		if !keep {
+			conn.DelTable(t)
+		}
+	}
+	if !keep {
+		conn.AddTable(t)
+	}
 	for _, ch := range rs.Chains {
 		typ, hook, prio := ch.Hook.nftables()
 		policy := nftables.ChainPolicyAccept
-		c := conn.AddChain(&nftables.Chain{Name: ch.Name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: &policy})
+		c := &nftables.Chain{Name: ch.Name, Table: t, Type: typ, Hooknum: hook, Priority: prio, Policy: &policy}
+		if keep {
+			conn.FlushChain(c)
+		} else {
+			conn.AddChain(c)
+		}
 		for _, r := range ch.Rules {
 			exprs, err := r.nftExprs(conn, t)
 			if err != nil {
@@ -54,6 +73,31 @@ func (NFTables) Apply(netnsPath string, rs RuleSet) (changed bool, err error) {
 		return false, fmt.Errorf("apply capture rules in %s: %w", netnsPath, err)
 	}
 	return true, nil
+}
+
+// sameChains reports whether table inet aether holds exactly rs's chains (names, hooks and
+// priorities), whatever their rules.
+func sameChains(conn *nftables.Conn, rs RuleSet) bool {
+	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
+	if err != nil {
+		return false
+	}
+	n := 0
+	for _, c := range chains {
+		if c.Table.Name != TableName {
+			continue
+		}
+		n++
+		i := slices.IndexFunc(rs.Chains, func(ch Chain) bool { return ch.Name == c.Name })
+		if i < 0 {
+			return false
+		}
+		_, hook, prio := rs.Chains[i].Hook.nftables()
+		if c.Hooknum == nil || *c.Hooknum != *hook || c.Priority == nil || *c.Priority != *prio {
+			return false
+		}
+	}
+	return n == len(rs.Chains)
 }
 
 // Check compares the live table inet aether in the pod netns with rs: the same chains (name,
@@ -95,12 +139,42 @@ func nftConn(netnsPath string) (*nftables.Conn, func(), error) {
 	if err != nil {
 		return nil, nil, fmt.Errorf("open netns %s: %w", netnsPath, err)
 	}
-	conn, err := nftables.New(nftables.WithNetNSFd(int(h)))
+	// One lasting netlink socket for the whole operation (check, then write) instead of one per
+	// request: each new socket in another netns costs a setns round trip.
+	conn, err := nftables.New(nftables.WithNetNSFd(int(h)), nftables.WithSockOptions(bigSendBuffer), nftables.AsLasting())
 	if err != nil {
 		h.Close()
 		return nil, nil, fmt.Errorf("open nftables in %s: %w", netnsPath, err)
 	}
-	return conn, func() { h.Close() }, nil
+	return conn, func() { _ = conn.CloseLasting(); h.Close() }, nil
+}
+
+// sendBufferBytes bounds one transaction: netlink_sendmsg refuses a batch larger than the
+// socket's send buffer (EMSGSIZE), and the default (net.core.wmem_default, about 208 KiB) holds
+// only a few hundred rules. 16 MiB fits tens of thousands of exclusions.
+const sendBufferBytes = 16 << 20
+
+// bigSendBuffer raises the netlink socket's send and receive buffers with SO_SNDBUFFORCE and
+// SO_RCVBUFFORCE (CAP_NET_ADMIN, which the agent has; they ignore net.core.wmem_max/rmem_max):
+// the kernel acknowledges every message of the batch, and those acks must fit too (ENOBUFS).
+func bigSendBuffer(c *netlink.Conn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("raise netlink send buffer: %w", err)
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, sendBufferBytes)
+		if serr == nil {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, sendBufferBytes)
+		}
+	}); err != nil {
+		return fmt.Errorf("raise netlink send buffer: %w", err)
+	}
+	if serr != nil {
+		return fmt.Errorf("raise netlink send buffer: %w", serr)
+	}
+	return nil
 }
 
 func checkNFT(conn *nftables.Conn, rs RuleSet) error {

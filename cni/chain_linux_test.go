@@ -19,7 +19,9 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
+	cniversion "github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
 
 	"github.com/aethermesh/aether/internal/testenv"
@@ -33,6 +35,7 @@ type node struct {
 	list    *libcni.NetworkConfigList
 	raw     []byte
 	binDirs []string
+	ipamDir string
 }
 
 // newNode creates the host namespace and a conflist of the given version: bridge + host-local on
@@ -52,6 +55,7 @@ func newNode(t *testing.T, version, subnet, socket string, extra map[string]any)
 		t.Fatalf("add HOST_IP: %v", err)
 	}
 	dir := t.TempDir()
+	n.ipamDir = filepath.Join(dir, "ipam")
 	aether := map[string]any{"type": PluginName, "agentSocket": socket, "timeoutSeconds": 20}
 	for k, v := range extra {
 		aether[k] = v
@@ -60,7 +64,7 @@ func newNode(t *testing.T, version, subnet, socket string, extra map[string]any)
 		"cniVersion": version, "name": "aethertest",
 		"plugins": []any{
 			map[string]any{"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false,
-				"ipam": map[string]any{"type": "host-local", "dataDir": filepath.Join(dir, "ipam"),
+				"ipam": map[string]any{"type": "host-local", "dataDir": n.ipamDir,
 					"ranges": []any{[]any{map[string]any{"subnet": subnet}}},
 					"routes": []any{map[string]any{"dst": "0.0.0.0/0"}}}},
 			aether,
@@ -71,7 +75,9 @@ func newNode(t *testing.T, version, subnet, socket string, extra map[string]any)
 		t.Fatal(err)
 	}
 	n.binDirs = []string{tl.CNIBinDir, pluginBinary(t)}
-	n.cni = libcni.NewCNIConfigWithCacheDir(n.binDirs, filepath.Join(dir, "cache"), nil)
+	// An explicit exec: libcni creates its default one lazily, which races under concurrent use.
+	n.cni = libcni.NewCNIConfigWithCacheDir(n.binDirs, filepath.Join(dir, "cache"),
+		&invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: cniversion.PluginDecoder{}})
 	return n
 }
 
@@ -119,7 +125,13 @@ func podIP(t *testing.T, r types.Result) string {
 
 // execPlugin runs the built aether-cni binary directly with a config (plus prevResult) and
 // returns its stdout, stderr and exit error.
-func execPlugin(t *testing.T, command string, conf map[string]any, rt *libcni.RuntimeConf) ([]byte, []byte, error) {
+func execPlugin(t testing.TB, command string, conf map[string]any, rt *libcni.RuntimeConf) ([]byte, []byte, error) {
+	out, errb, _, err := execPluginState(t, command, conf, rt)
+	return out, errb, err
+}
+
+// execPluginState is execPlugin that also returns the exited process's state (CPU times).
+func execPluginState(t testing.TB, command string, conf map[string]any, rt *libcni.RuntimeConf) ([]byte, []byte, *os.ProcessState, error) {
 	t.Helper()
 	stdin, _ := json.Marshal(conf)
 	var args []string
@@ -133,7 +145,7 @@ func execPlugin(t *testing.T, command string, conf map[string]any, rt *libcni.Ru
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	err := cmd.Run()
-	return out.Bytes(), errb.Bytes(), err
+	return out.Bytes(), errb.Bytes(), cmd.ProcessState, err
 }
 
 // pluginConf returns aether-cni's entry of the node's conflist with name and cniVersion, as a

@@ -1,9 +1,12 @@
-// Package cni is aether's chained CNI plugin logic (the aether-cni binary, CNI spec 1.1: ADD,
-// DEL, CHECK, STATUS, GC, VERSION) and the agent side of it: the unix-socket server that turns a
-// CNI ADD into a persisted PodAttachment, capture in the pod's netns and Envoy listeners, and the
-// installer that appends aether-cni to the node's conflist.
+// Package cni is the agent side of aether's chained CNI plugin: the unix-socket server that turns
+// a CNI request from aether-cni into a persisted PodAttachment (Store), capture in the pod's netns
+// (package capture) and the pod's Envoy listeners (the Dataplane interface, implemented by the
+// xDS part); repair of all of it when the agent starts; the client-go pod lookup (KubePods); and
+// the Installer that puts aether-cni into the node's conflist and keeps it there. The plugin
+// binary's own logic and the wire protocol are in cni/plugin, which must stay free of model and
+// client-go.
 //
-// It must never change the prevResult it was given, never write the CNI result anywhere but
-// stdout, and never leave a pod half-captured: a failed ADD undoes everything. Capture rules
-// themselves live in package capture.
+// It must never leave a pod half-captured (a failed ADD undoes rules, listeners and record),
+// never change the parts of the conflist that are not aether-cni's, and never touch rules that
+// are not aether's. It does not build rules itself (capture does) nor Envoy resources (xds does).
 package cni

@@ -4,16 +4,21 @@ package cni
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
@@ -49,15 +54,17 @@ func TestPrivilegedCNIFailClosed(t *testing.T) {
 		name    string
 		lookup  error
 		dp      error
+		hang    bool
 		message string
 	}{
-		{"lookup fails", fmt.Errorf("apiserver timeout"), nil, "look up pod"},
-		{"dataplane refuses", nil, fmt.Errorf("envoy NACK"), "program pod listeners"},
+		{"lookup fails", fmt.Errorf("apiserver timeout"), nil, false, "look up pod"},
+		{"dataplane refuses", nil, fmt.Errorf("envoy NACK"), false, "program pod listeners"},
+		{"dataplane never acks", nil, nil, true, "deadline exceeded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lookup.set(nil, tc.lookup)
 			dp.mu.Lock()
-			dp.fail = tc.dp
+			dp.fail, dp.hang = tc.dp, tc.hang
 			dp.mu.Unlock()
 			pod := testenv.NewNetns(t)
 			rt := podRT(pod, "ctr-"+strings.ReplaceAll(tc.name, " ", "-"), "mesh", "p")
@@ -74,6 +81,23 @@ func TestPrivilegedCNIFailClosed(t *testing.T) {
 			_ = n.do(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.list, rt) })
 		})
 	}
+	t.Run("capture cannot be installed", func(t *testing.T) {
+		lookup.set(nil, nil)
+		dp.mu.Lock()
+		dp.fail, dp.hang = nil, false
+		dp.mu.Unlock()
+		notNetns := filepath.Join(t.TempDir(), "not-a-netns")
+		_ = os.WriteFile(notNetns, nil, 0o600)
+		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: "ctr-bad", Namespace: "mesh", Name: "bad", NetnsPath: notNetns, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.30.9")}}})
+		if err == nil || !strings.Contains(err.Error(), "install capture rules") {
+			t.Fatalf("ADD into a file that is no netns = %v, want an error naming capture", err)
+		}
+		if recs := records(t, state); len(recs) != 0 {
+			t.Fatalf("records left after a failed ADD: %d", len(recs))
+		}
+	})
 }
 
 // TestPrivilegedCNIRepairAfterRestart stops the agent, deletes a pod's rules by hand and removes
@@ -141,40 +165,67 @@ func ownNetns(t *testing.T) *testenv.Netns {
 	return &testenv.Netns{Name: name, Path: "/var/run/netns/" + name}
 }
 
-// TestPrivilegedCNIConcurrentAddDel runs 200 ADD/DEL pairs through the aether-cni binary at once
-// (each pod its own netns, prevResult as a primary plugin would give it) and checks that nothing
-// is left: no rules, no records, no pods in the dataplane.
-func TestPrivilegedCNIConcurrentAddDel(t *testing.T) {
+// TestPrivilegedCNIPeriodicRepair deletes a pod's rules by hand while the agent runs with a
+// repair interval: the next repair restores them.
+func TestPrivilegedCNIPeriodicRepair(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	n := newNode(t, "1.1.0", "10.244.32.0/24", sock, nil)
+	dp := &recordingDataplane{}
+	startAgent(t, sock, t.TempDir(), ServerConfig{RepairInterval: 200 * time.Millisecond}, &staticLookup{}, dp)
+	pod := testenv.NewNetns(t)
+	if _, err := n.add(t, podRT(pod, "ctr-p", "mesh", "p")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := pod.Command("nft", "delete", "table", "inet", "aether").CombinedOutput(); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	start := time.Now()
+	for deadline := time.Now().Add(30 * time.Second); !tableIn(t, pod); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("rules not restored by periodic repair within 30s")
+		}
+	}
+	t.Logf("rules restored %v after deletion (repair interval 200ms)", time.Since(start))
+	// Periodic repairs fix rules; they do not re-announce the pod to the dataplane.
+	dp.mu.Lock()
+	added := dp.added
+	dp.mu.Unlock()
+	if added != 1 {
+		t.Fatalf("dataplane PodAdded called %d times, want 1 (the ADD)", added)
+	}
+}
+
+// TestPrivilegedCNIConcurrentChain runs 200 ADD/DEL pairs at once through the whole chain
+// (libcni: bridge + host-local, then aether-cni) and checks that nothing is left: no rules, no
+// records, no pods in the dataplane, no addresses held by host-local.
+func TestPrivilegedCNIConcurrentChain(t *testing.T) {
 	testenv.RequireRoot(t)
 	const pairs = 200
 	sock := filepath.Join(sockDir(t), "cni.sock")
 	state := t.TempDir()
 	dp := &recordingDataplane{}
 	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	n := newNode(t, "1.1.0", "10.245.0.0/16", sock, nil)
 	pods := make([]*testenv.Netns, pairs)
 	for i := range pods {
 		pods[i] = testenv.NewNetns(t)
 	}
-	base := map[string]any{"cniVersion": "1.0.0", "name": "aethertest", "type": PluginName, "agentSocket": sock}
+	start := time.Now()
 	var wg sync.WaitGroup
 	errs := make(chan error, 2*pairs)
 	for i := range pairs {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			conf := map[string]any{}
-			for k, v := range base {
-				conf[k] = v
-			}
-			conf["prevResult"] = map[string]any{"cniVersion": "1.0.0",
-				"interfaces": []any{map[string]any{"name": "eth0", "sandbox": pods[i].Path}},
-				"ips":        []any{map[string]any{"address": fmt.Sprintf("10.250.%d.%d/16", i/250, i%250+1), "gateway": "10.250.0.1", "interface": 0}}}
 			rt := podRT(pods[i], fmt.Sprintf("ctr-%03d", i), "mesh", fmt.Sprintf("p%03d", i))
-			if _, stderr, err := execPlugin(t, "ADD", conf, rt); err != nil {
-				errs <- fmt.Errorf("ADD %d: %v: %s", i, err, stderr)
+			if _, err := n.add(t, rt); err != nil {
+				errs <- fmt.Errorf("ADD %d: %w", i, err)
+			} else if !tableIn(t, pods[i]) {
+				errs <- fmt.Errorf("ADD %d: no rules", i)
 			}
-			if _, stderr, err := execPlugin(t, "DEL", conf, rt); err != nil {
-				errs <- fmt.Errorf("DEL %d: %v: %s", i, err, stderr)
+			if err := n.do(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.list, rt) }); err != nil {
+				errs <- fmt.Errorf("DEL %d: %w", i, err)
 			}
 		}()
 	}
@@ -183,6 +234,7 @@ func TestPrivilegedCNIConcurrentAddDel(t *testing.T) {
 	for err := range errs {
 		t.Error(err)
 	}
+	t.Logf("%d ADD/DEL pairs through the chain in %v", pairs, time.Since(start))
 	for _, p := range pods {
 		if tableIn(t, p) {
 			t.Fatalf("rules left in %s", p.Name)
@@ -193,5 +245,77 @@ func TestPrivilegedCNIConcurrentAddDel(t *testing.T) {
 	}
 	if dp.liveCount() != 0 || dp.added != pairs {
 		t.Fatalf("dataplane: %d pods live, %d added; want 0 and %d", dp.liveCount(), dp.added, pairs)
+	}
+	// host-local keeps only its lock and last-reserved marker: every address was released.
+	ents, err := os.ReadDir(filepath.Join(n.ipamDir, n.list.Name))
+	if err != nil || len(ents) == 0 {
+		t.Fatalf("host-local state: %v (%d entries)", err, len(ents))
+	}
+	for _, e := range ents {
+		if e.Name() != "lock" && !strings.HasPrefix(e.Name(), "last_reserved_ip") {
+			t.Errorf("host-local still holds %s", e.Name())
+		}
+	}
+}
+
+// TestPrivilegedInstalledConflistRuns installs aether-cni into a bridge + host-local conflist
+// with the Installer, lets the watcher repair a rewrite, and runs the resulting file through
+// libcni: the pod gets captured.
+func TestPrivilegedInstalledConflistRuns(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	n := newNode(t, "0.3.1", "10.244.33.0/24", sock, nil)
+	// The primary CNI's file: the node's conflist without aether-cni.
+	var primary map[string]any
+	_ = json.Unmarshal(n.raw, &primary)
+	primary["plugins"] = primary["plugins"].([]any)[:1]
+	raw, _ := json.MarshalIndent(primary, "", "  ")
+	confDir := t.TempDir()
+	path := filepath.Join(confDir, "10-flannel.conflist")
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	in := &Installer{ConfDir: confDir, Plugin: map[string]any{"agentSocket": sock}}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- in.Watch(ctx) }()
+	defer func() { cancel(); <-done }()
+	// The primary CNI rewrites its file after aether-cni was added: the watcher puts it back.
+	waitInstalled := func() {
+		t.Helper()
+		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if b, _ := os.ReadFile(path); strings.Contains(string(b), PluginName) {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("aether-cni not in the conflist within 20s")
+			}
+		}
+	}
+	waitInstalled()
+	if err := os.WriteFile(path, raw, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitInstalled()
+
+	list, err := libcni.ConfListFromFile(path)
+	if err != nil {
+		t.Fatalf("libcni cannot load the installed conflist: %v", err)
+	}
+	if len(list.Plugins) != 2 || list.Plugins[1].Network.Type != PluginName {
+		t.Fatalf("installed conflist plugins = %d", len(list.Plugins))
+	}
+	n.list = list
+	pod := testenv.NewNetns(t)
+	rt := podRT(pod, "ctr-inst", "mesh", "inst")
+	if _, err := n.add(t, rt); err != nil {
+		t.Fatalf("ADD through the installed conflist: %v", err)
+	}
+	if !tableIn(t, pod) {
+		t.Fatal("pod not captured through the installed conflist")
+	}
+	if err := n.do(func(ctx context.Context) error { return n.cni.DelNetworkList(ctx, n.list, rt) }); err != nil {
+		t.Fatal(err)
 	}
 }

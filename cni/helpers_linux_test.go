@@ -91,11 +91,16 @@ type recordingDataplane struct {
 	added   int
 	removed int
 	fail    error
+	hang    bool
 }
 
-func (d *recordingDataplane) PodAdded(_ context.Context, p model.LocalPod) error {
+func (d *recordingDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.hang {
+		<-ctx.Done() // Envoy never ACKs: the server's bound must end the wait
+		return ctx.Err()
+	}
 	if d.fail != nil {
 		return d.fail
 	}
@@ -228,3 +233,12 @@ func originalDst(c net.Conn) (netip.AddrPort, error) {
 }
 
 func runIP(args ...string) ([]byte, error) { return exec.Command("ip", args...).CombinedOutput() }
+
+// TestMain removes the plugin binary built for this test binary (pluginBinary).
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtBin != "" {
+		os.RemoveAll(builtBin)
+	}
+	os.Exit(code)
+}

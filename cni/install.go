@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/aethermesh/aether/cni/plugin"
 )
 
 // Installer puts aether-cni on a node: the binary into the CNI bin directory and an aether-cni
@@ -102,7 +104,8 @@ func (in *Installer) entry() map[string]any {
 // Ensure makes the primary conflist end with the aether-cni entry: it appends it when missing,
 // replaces an aether-cni entry that differs, and writes nothing when it is already right. It
 // writes atomically (temporary file and rename, keeping the file's mode). It returns the file
-// and whether it changed it; ("", false, nil) when no conflist exists yet.
+// and whether it changed it; ("", false, nil) when no conflist exists yet; an error when the
+// conflist's cniVersion is one aether-cni does not support (every ADD would fail).
 func (in *Installer) Ensure() (path string, changed bool, err error) {
 	path, err = in.PrimaryConflist()
 	if err != nil || path == "" {
@@ -111,6 +114,11 @@ func (in *Installer) Ensure() (path string, changed bool, err error) {
 	top, plugins, mode, err := readConflist(path)
 	if err != nil {
 		return path, false, err
+	}
+	var ver string
+	_ = json.Unmarshal(top["cniVersion"], &ver)
+	if !slices.Contains(plugin.SupportedVersions, ver) {
+		return path, false, fmt.Errorf("ensure conflist %s: cniVersion %q: %s supports %s", path, ver, PluginName, strings.Join(plugin.SupportedVersions, ", "))
 	}
 	want := in.entry()
 	var kept []json.RawMessage

@@ -183,3 +183,14 @@ func TestInstallerWatchRepairsRewrite(t *testing.T) {
 	waitFor("rewrite by rename")
 	t.Logf("two rewrites repaired in %v", time.Since(start))
 }
+
+func TestInstallerRejectsUnsupportedVersion(t *testing.T) {
+	in, path := newInstaller(t)
+	_ = os.WriteFile(path, []byte(strings.Replace(flannelConflist, "0.3.1", "0.2.0", 1)), 0o644)
+	if _, _, err := in.Ensure(); err == nil || !strings.Contains(err.Error(), "0.2.0") {
+		t.Fatalf("Ensure of a 0.2.0 conflist = %v, want an error naming the version", err)
+	}
+	if tp := pluginTypes(t, path); len(tp) != 2 {
+		t.Fatalf("unsupported conflist was changed: %v", tp)
+	}
+}

@@ -117,6 +117,7 @@ type ServerConfig struct {
 
 // Server is the agent's CNI server: it turns CNI requests from aether-cni into persisted
 // attachments, capture rules in pod netns and dataplane calls, and repairs all of it on start.
+// Lookup, Dataplane and Backend are required.
 type Server struct {
 	Config    ServerConfig
 	Lookup    PodLookup
@@ -160,8 +161,15 @@ func (s *Server) setDefaults() {
 // nil after ctx ends.
 func (s *Server) Serve(ctx context.Context) error {
 	s.defaults()
-	if s.Config.StateDir == "" {
+	switch {
+	case s.Config.StateDir == "":
 		return fmt.Errorf("serve CNI: stateDir: empty")
+	case s.Lookup == nil:
+		return fmt.Errorf("serve CNI: Lookup: nil")
+	case s.Dataplane == nil:
+		return fmt.Errorf("serve CNI: Dataplane: nil")
+	case s.Backend == nil:
+		return fmt.Errorf("serve CNI: Backend: nil")
 	}
 	if err := os.MkdirAll(filepath.Dir(s.Config.Socket), 0o755); err != nil {
 		return fmt.Errorf("serve CNI: %w", err)
@@ -201,7 +209,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		case err := <-errc:
 			return fmt.Errorf("serve CNI: %w", err)
 		case <-tick:
-			if err := s.Repair(ctx); err != nil {
+			if err := s.repair(ctx, false); err != nil {
 				s.Log.Error("repair attachments", "err", err)
 			}
 		}
@@ -320,7 +328,7 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 	if len(req.Attachment.IPs) == 0 {
 		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, "validate request: ips: empty", "")
 	}
-	a := req.Attachment
+	a := model.PodAttachment(req.Attachment)
 	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
 	log := s.Log.With("pod", a.Namespace+"/"+a.Name, "containerID", a.ContainerID)
 
@@ -396,7 +404,7 @@ func (s *Server) Del(ctx context.Context, req Request) error {
 	if err := validateRequest(req, false); err != nil {
 		return err
 	}
-	a := req.Attachment
+	a := model.PodAttachment(req.Attachment)
 	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
 	return s.release(ctx, a)
 }
@@ -485,10 +493,14 @@ func (s *Server) GC(ctx context.Context, req Request) error {
 }
 
 // Repair reconciles every persisted attachment: a record whose netns is gone is released; a
-// captured pod's rules are re-applied where they drifted and its listeners re-announced to the
-// dataplane. With NodePods set, meshed pods on the node that have no attachment are reported
-// and evicted. It returns the joined errors of the pods it could not repair.
-func (s *Server) Repair(ctx context.Context) error {
+// captured pod's rules are re-applied where they drifted and the pod is announced to the
+// dataplane (PodAdded, so a restarted agent serves Envoy every pod again). With NodePods set,
+// meshed pods on the node that have no attachment are reported and evicted. It returns the
+// joined errors of the pods it could not repair. Serve runs it at start; the periodic repairs
+// (RepairInterval) do the same without announcing pods the dataplane already has.
+func (s *Server) Repair(ctx context.Context) error { return s.repair(ctx, true) }
+
+func (s *Server) repair(ctx context.Context, announce bool) error {
 	s.defaults()
 	recs, err := s.store.List()
 	var errs []error
@@ -498,7 +510,7 @@ func (s *Server) Repair(ctx context.Context) error {
 	attached := map[string]bool{}
 	for _, r := range recs {
 		attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
-		if err := s.repairOne(ctx, r); err != nil {
+		if err := s.repairOne(ctx, r, announce); err != nil {
 			errs = append(errs, fmt.Errorf("repair %s/%s: %w", r.Attachment.Namespace, r.Attachment.Name, err))
 		}
 	}
@@ -524,7 +536,7 @@ func (s *Server) Repair(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-func (s *Server) repairOne(ctx context.Context, r *Record) error {
+func (s *Server) repairOne(ctx context.Context, r *Record, announce bool) error {
 	defer s.lock(r.Key())()
 	// Re-read under the lock: a DEL may have removed it meanwhile.
 	cur, err := s.store.Load(r.Attachment.ContainerID, r.Attachment.Interface)
@@ -548,6 +560,9 @@ func (s *Server) repairOne(ctx context.Context, r *Record) error {
 	}
 	if changed {
 		s.Log.Warn("repair: capture rules restored", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
+	}
+	if !announce {
+		return nil
 	}
 	dctx, cancel := context.WithTimeout(ctx, s.Config.DataplaneTimeout)
 	defer cancel()

@@ -10,12 +10,12 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/aethermesh/aether/cni"
+	"github.com/aethermesh/aether/cni/plugin"
 )
 
 func main() {
-	p := &cni.Plugin{}
-	if err := skel.PluginMainFuncsWithError(p.Funcs(), version.PluginSupports(cni.SupportedVersions...), "aether-cni: aether service mesh pod capture"); err != nil {
+	p := &plugin.Plugin{}
+	if err := skel.PluginMainFuncsWithError(p.Funcs(), version.PluginSupports(plugin.SupportedVersions...), "aether-cni: aether service mesh pod capture"); err != nil {
 		_ = err.Print()
 		os.Exit(1)
 	}

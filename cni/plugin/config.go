@@ -1,4 +1,4 @@
-package cni
+package plugin
 
 import (
 	"encoding/json"
@@ -142,10 +142,10 @@ func ports(field string, in []int) ([]uint16, error) {
 // K8sArgs is the pod identity the kubelet passes in CNI_ARGS.
 type K8sArgs struct {
 	types.CommonArgs
-	K8S_POD_NAMESPACE          types.UnmarshallableString //nolint:revive // CNI_ARGS key
-	K8S_POD_NAME               types.UnmarshallableString //nolint:revive // CNI_ARGS key
-	K8S_POD_UID                types.UnmarshallableString //nolint:revive // CNI_ARGS key
-	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString //nolint:revive // CNI_ARGS key
+	K8S_POD_NAMESPACE          types.UnmarshallableString
+	K8S_POD_NAME               types.UnmarshallableString
+	K8S_POD_UID                types.UnmarshallableString
+	K8S_POD_INFRA_CONTAINER_ID types.UnmarshallableString
 }
 
 // parseK8sArgs reads the pod identity from CNI_ARGS. Namespace and name are required (aether-cni

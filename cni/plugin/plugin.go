@@ -1,4 +1,4 @@
-package cni
+package plugin
 
 import (
 	"context"
@@ -12,8 +12,6 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
-
-	"github.com/aethermesh/aether/model"
 )
 
 // Agent is what the plugin needs from the agent; *Client implements it. Tests inject their own.
@@ -83,7 +81,7 @@ func (p *Plugin) logger(conf *PluginConf, args *skel.CmdArgs, cmd string) (*slog
 func request(conf *PluginConf, args *skel.CmdArgs, k K8sArgs) Request {
 	req := Request{
 		Network: conf.Name,
-		Attachment: model.PodAttachment{
+		Attachment: PodAttachment{
 			ContainerID: args.ContainerID, PodUID: string(k.K8S_POD_UID), Namespace: string(k.K8S_POD_NAMESPACE),
 			Name: string(k.K8S_POD_NAME), NetnsPath: args.Netns, Interface: args.IfName,
 		},
@@ -119,7 +117,12 @@ func (p *Plugin) cmdAdd(args *skel.CmdArgs) error {
 		log.Error("ADD failed", "pod", string(k.K8S_POD_NAMESPACE)+"/"+string(k.K8S_POD_NAME), "err", err)
 		return err
 	}
-	return types.PrintResult(conf.PrevResult, conf.CNIVersion)
+	// The result is the prevResult, unchanged, in the config's version (it already is).
+	res, err := conf.PrevResult.GetAsVersion(conf.CNIVersion)
+	if err != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, "print prevResult", err.Error())
+	}
+	return res.PrintTo(p.stdout())
 }
 
 // doAdd asks the agent to capture the pod unless its namespace is excluded. The whole call is

@@ -1,4 +1,4 @@
-package cni
+package plugin
 
 import (
 	"bytes"

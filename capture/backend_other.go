@@ -1,0 +1,39 @@
+//go:build !linux
+
+package capture
+
+import "errors"
+
+// errUnsupported is what every backend returns off Linux: network namespaces, nftables and
+// iptables exist only there.
+var errUnsupported = errors.New("capture: pod netns rules need Linux")
+
+// NFTables is the nftables backend; off Linux every method fails.
+type NFTables struct{}
+
+// Apply fails off Linux.
+func (NFTables) Apply(string, RuleSet) (bool, error) { return false, errUnsupported }
+
+// Check fails off Linux.
+func (NFTables) Check(string, RuleSet) error { return errUnsupported }
+
+// Teardown fails off Linux.
+func (NFTables) Teardown(string) error { return errUnsupported }
+
+// IPTablesMode is the node's iptables backend (see the Linux build).
+type IPTablesMode string
+
+// IPTables is the iptables backend; off Linux every method fails.
+type IPTables struct{ Mode IPTablesMode }
+
+// Apply fails off Linux.
+func (IPTables) Apply(string, RuleSet) (bool, error) { return false, errUnsupported }
+
+// Check fails off Linux.
+func (IPTables) Check(string, RuleSet) error { return errUnsupported }
+
+// Teardown fails off Linux.
+func (IPTables) Teardown(string) error { return errUnsupported }
+
+// NewBackend fails off Linux.
+func NewBackend(string) (Backend, error) { return nil, errUnsupported }

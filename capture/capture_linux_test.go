@@ -1,0 +1,604 @@
+//go:build linux
+
+package capture
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// testBackend is a backend plus the by-hand operations tests need: deleting aether's outbound
+// rules as an operator would, and listing what aether left in a netns.
+type testBackend struct {
+	name   string
+	b      Backend
+	vandal []string // command that deletes the outbound capture rules
+	list   []string // command whose output names every aether chain or table
+	marker string   // what list prints while aether rules exist
+}
+
+func testBackends() []testBackend {
+	return []testBackend{
+		{"nftables", NFTables{}, []string{"nft", "flush", "chain", "inet", TableName, "output_nat"}, []string{"nft", "list", "ruleset"}, "table inet " + TableName},
+		{"iptables-nft", IPTables{Mode: IPTablesNFT}, []string{"iptables-nft", "-t", "nat", "-F", "AETHER-OUTPUT-NAT"}, []string{"iptables-nft-save"}, ChainPrefix},
+		{"iptables-legacy", IPTables{Mode: IPTablesLegacy}, []string{"iptables-legacy", "-t", "nat", "-F", "AETHER-OUTPUT-NAT"}, []string{"iptables-legacy-save"}, ChainPrefix},
+	}
+}
+
+// TestPrivilegedApplyIdempotent applies every golden configuration twice to a fresh netns with
+// each backend: the first apply writes, the second finds the rules equal and writes nothing;
+// Check passes; rules deleted by hand are reported as drift and restored by Apply; Teardown
+// twice leaves nothing of aether's.
+func TestPrivilegedApplyIdempotent(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, tb := range testBackends() {
+		for _, tc := range goldenConfigs {
+			t.Run(tb.name+"/"+tc.name, func(t *testing.T) {
+				ns := testenv.NewNetns(t)
+				rs, err := Build(tc.cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b := tb.b
+				if err := b.Check(ns.Path, rs); !isDrift(err) {
+					t.Fatalf("Check before apply = %v, want drift", err)
+				}
+				for i, want := range []bool{true, false} {
+					changed, err := b.Apply(ns.Path, rs)
+					if err != nil {
+						t.Fatalf("apply %d: %v", i+1, err)
+					}
+					if changed != want {
+						t.Fatalf("apply %d changed = %v, want %v", i+1, changed, want)
+					}
+					if err := b.Check(ns.Path, rs); err != nil {
+						t.Fatalf("check after apply %d: %v", i+1, err)
+					}
+				}
+				// The live rules, as the tool prints them, carry every rule's aether comment.
+				out, err := ns.Command(tb.list[0], tb.list[1:]...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("%v: %v\n%s", tb.list, err, out)
+				}
+				if tb.name == "nftables" {
+					for _, r := range allRules(rs) {
+						if !strings.Contains(string(out), r.Comment()) {
+							t.Errorf("live table lacks %s:\n%s", r.Comment(), out)
+						}
+					}
+				}
+				if out, err := ns.Command(tb.vandal[0], tb.vandal[1:]...).CombinedOutput(); err != nil {
+					t.Fatalf("%v: %v\n%s", tb.vandal, err, out)
+				}
+				if err := b.Check(ns.Path, rs); !isDrift(err) {
+					t.Fatalf("Check after deleting rules by hand = %v, want drift", err)
+				}
+				if changed, err := b.Apply(ns.Path, rs); err != nil || !changed {
+					t.Fatalf("repair apply = %v, %v; want changed", changed, err)
+				}
+				if err := b.Check(ns.Path, rs); err != nil {
+					t.Fatal(err)
+				}
+				for i := 0; i < 2; i++ {
+					if err := b.Teardown(ns.Path); err != nil {
+						t.Fatalf("teardown %d: %v", i+1, err)
+					}
+				}
+				out, _ = ns.Command(tb.list[0], tb.list[1:]...).CombinedOutput()
+				if strings.Contains(string(out), tb.marker) {
+					t.Fatalf("aether rules left after teardown:\n%s", out)
+				}
+			})
+		}
+	}
+	// Teardown of a netns that is gone is success (DEL after the runtime removed the netns).
+	for _, tb := range testBackends() {
+		if err := tb.b.Teardown("/var/run/netns/aether-does-not-exist"); err != nil {
+			t.Fatalf("%s: teardown of a missing netns: %v", tb.name, err)
+		}
+	}
+}
+
+func isDrift(err error) bool {
+	var d *DriftError
+	return errors.As(err, &d)
+}
+
+// topo is a pod netns joined to a "node" netns by a veth pair: pod 10.99.0.2/24 (default route via
+// 10.99.0.1), node 10.99.0.1/24 plus 10.99.0.3/24 (a stand-in for another pod's source address)
+// and HOST_IP 198.18.0.1/32 on the node's loopback (this kernel has no dummy driver).
+type topo struct {
+	pod, node *testenv.Netns
+}
+
+const (
+	topoPodIP   = "10.99.0.2"
+	topoGateway = "10.99.0.1"
+	topoOther   = "10.99.0.3"
+	topoHostIP  = "198.18.0.1"
+)
+
+func newTopo(t *testing.T) *topo {
+	t.Helper()
+	tp := &topo{pod: testenv.NewNetns(t), node: testenv.NewNetns(t)}
+	hn, err := tp.node.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hn.Close()
+	podNS, err := netns.GetFromPath(tp.pod.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer podNS.Close()
+	if err := hn.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "vnode"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(podNS))}); err != nil {
+		t.Fatal(err)
+	}
+	hp, err := tp.pod.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hp.Close()
+	setup := []struct {
+		h     *netlink.Handle
+		link  string
+		addrs []string
+	}{
+		{hn, "vnode", []string{topoGateway + "/24", topoOther + "/24"}},
+		{hn, "lo", []string{topoHostIP + "/32"}},
+		{hp, "eth0", []string{topoPodIP + "/24"}},
+	}
+	for _, s := range setup {
+		l, err := s.h.LinkByName(s.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, a := range s.addrs {
+			na, _ := netlink.ParseAddr(a)
+			if err := s.h.AddrAdd(l, na); err != nil {
+				t.Fatalf("address %s %s: %v", s.link, a, err)
+			}
+		}
+		if err := s.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eth0, _ := hp.LinkByName("eth0")
+	if err := hp.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: net.ParseIP(topoGateway)}); err != nil {
+		t.Fatalf("default route in pod: %v", err)
+	}
+	return tp
+}
+
+// acceptOne listens on addr inside ns and returns the listener; accepted connections are sent on
+// the channel.
+func acceptOn(t *testing.T, ns *testenv.Netns, addr string) (net.Listener, chan net.Conn) {
+	t.Helper()
+	var l net.Listener
+	if err := ns.Do(func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	ch := make(chan net.Conn, 16)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			ch <- c
+		}
+	}()
+	return l, ch
+}
+
+// dialFrom dials addr from ns, optionally from a local source address, and writes one byte.
+func dialFrom(ns *testenv.Netns, src, addr string) error {
+	return dialTimeout(ns, src, addr, 10*time.Second)
+}
+
+// dialTimeout is dialFrom with a dial timeout, for connections expected to be dropped.
+func dialTimeout(ns *testenv.Netns, src, addr string, timeout time.Duration) error {
+	return ns.Do(func() error {
+		d := net.Dialer{Timeout: timeout}
+		if src != "" {
+			d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(src)}
+		}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write([]byte{1})
+		return err
+	})
+}
+
+// OriginalDst returns SO_ORIGINAL_DST of an accepted IPv4 TCP connection: the destination the
+// client dialled before the redirect.
+func originalDst(c net.Conn) (netip.AddrPort, error) {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		var mreq *unix.IPv6Mreq
+		mreq, serr = unix.GetsockoptIPv6Mreq(int(fd), unix.SOL_IP, unix.SO_ORIGINAL_DST)
+		if serr != nil {
+			return
+		}
+		// struct sockaddr_in: family(2) port(2, big endian) addr(4).
+		b := mreq.Multiaddr
+		ap = netip.AddrPortFrom(netip.AddrFrom4([4]byte{b[4], b[5], b[6], b[7]}), uint16(b[2])<<8|uint16(b[3]))
+	})
+	if err != nil {
+		return ap, err
+	}
+	return ap, serr
+}
+
+// TestPrivilegedCaptureTraffic shows what the rules do to real traffic in a pod netns: outbound
+// TCP lands on the capture listener with its original destination recoverable, excluded ports
+// bypass it, DNS to the cluster DNS address reaches the resolver on HOST_IP:18054, IPv6 is
+// dropped for a v4-only pod, and inbound plaintext is refused in strict mode (except from the
+// node) and accepted in permissive mode.
+func TestPrivilegedCaptureTraffic(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, tb := range testBackends() {
+		t.Run(tb.name, func(t *testing.T) { captureTraffic(t, tb.b) })
+	}
+}
+
+func captureTraffic(t *testing.T, b Backend) {
+	tp := newTopo(t)
+	cfg := Config{
+		PodIPs: addrs(topoPodIP), HostIP: netip.MustParseAddr(topoHostIP), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources: prefixes(topoGateway + "/32"), ExcludeOutboundPorts: []uint16{7070},
+	}
+	rs, err := Build(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Apply(tp.pod.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+
+	// Outbound capture.
+	_, captured := acceptOn(t, tp.pod, "127.0.0.1:15001")
+	if err := dialFrom(tp.pod, "", "203.0.113.9:80"); err != nil {
+		t.Fatalf("dial 203.0.113.9:80 from pod: %v", err)
+	}
+	select {
+	case c := <-captured:
+		od, err := originalDst(c)
+		c.Close()
+		if err != nil || od.String() != "203.0.113.9:80" {
+			t.Fatalf("SO_ORIGINAL_DST = %v, %v; want 203.0.113.9:80", od, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("capture listener got no connection")
+	}
+	// The explicit HTTP lane (127.0.0.1:18081 in the pod netns) is loopback: reached directly.
+	_, lane := acceptOn(t, tp.pod, "127.0.0.1:18081")
+	if err := dialFrom(tp.pod, "", "127.0.0.1:18081"); err != nil {
+		t.Fatalf("dial the explicit lane: %v", err)
+	}
+	select {
+	case c := <-lane:
+		c.Close()
+	case c := <-captured:
+		c.Close()
+		t.Fatal("the explicit lane was captured")
+	case <-time.After(10 * time.Second):
+		t.Fatal("explicit lane: no connection")
+	}
+	// An excluded port goes to the real destination (the node), not to the capture listener.
+	_, direct := acceptOn(t, tp.node, topoGateway+":7070")
+	if err := dialFrom(tp.pod, "", topoGateway+":7070"); err != nil {
+		t.Fatalf("dial excluded port: %v", err)
+	}
+	select {
+	case c := <-direct:
+		c.Close()
+	case c := <-captured:
+		c.Close()
+		t.Fatal("excluded port 7070 was captured")
+	case <-time.After(10 * time.Second):
+		t.Fatal("excluded port: no connection at the destination")
+	}
+
+	// DNS: a UDP query to the cluster DNS address reaches the resolver on HOST_IP:18054.
+	var pc net.PacketConn
+	if err := tp.node.Do(func() (err error) { pc, err = net.ListenPacket("udp", topoHostIP+":18054"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(append([]byte("answer:"), buf[:n]...), from)
+		}
+	}()
+	err = tp.pod.Do(func() error {
+		c, err := net.Dial("udp", "10.96.0.10:53")
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write([]byte("q")); err != nil {
+			return err
+		}
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		if err != nil {
+			return err
+		}
+		if string(buf[:n]) != "answer:q" {
+			return fmt.Errorf("reply %q", buf[:n])
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("DNS via cluster DNS address: %v", err)
+	}
+
+	// DNS over TCP takes the same way (to the resolver, not to the capture listener).
+	_, tcpDNS := acceptOn(t, tp.node, topoHostIP+":18054")
+	if err := dialFrom(tp.pod, "", "10.96.0.10:53"); err != nil {
+		t.Fatalf("TCP DNS: %v", err)
+	}
+	select {
+	case c := <-tcpDNS:
+		c.Close()
+	case c := <-captured:
+		c.Close()
+		t.Fatal("TCP DNS went to the capture listener")
+	case <-time.After(10 * time.Second):
+		t.Fatal("TCP DNS did not reach the resolver")
+	}
+
+	// IPv6 from a v4-only pod is dropped, not open: a listener on the pod's own IPv6 link
+	// address (reached through eth0, not lo) is unreachable from the node.
+	addIPv6(t, tp)
+	acceptOn(t, tp.pod, "[fd99::2]:8081")
+	if err := dialTimeout(tp.node, "", "[fd99::2]:8081", time.Second); err == nil {
+		t.Fatal("IPv6 node -> v4-only pod connected; IPv6 is open")
+	}
+
+	// Inbound, strict: plaintext from another source is refused, the node and 15008 are let in.
+	acceptOn(t, tp.pod, topoPodIP+":8080")
+	acceptOn(t, tp.pod, topoPodIP+":15008")
+	if err := dialFrom(tp.node, topoOther, topoPodIP+":8080"); !isRefused(err) {
+		t.Fatalf("strict: plaintext from %s to :8080 = %v, want connection refused", topoOther, err)
+	}
+	if err := dialFrom(tp.node, topoOther, topoPodIP+":15008"); err != nil {
+		t.Fatalf("strict: %s to :15008: %v", topoOther, err)
+	}
+	if err := dialFrom(tp.node, topoGateway, topoPodIP+":8080"); err != nil {
+		t.Fatalf("strict: node (%s) to :8080: %v", topoGateway, err)
+	}
+	// A socket inside the pod netns (the app itself, or an Envoy upstream socket opened in the
+	// pod netns) reaches the application over lo, uncaptured and accepted.
+	if err := dialFrom(tp.pod, "", topoPodIP+":8080"); err != nil {
+		t.Fatalf("strict: pod-local connection to its own :8080: %v", err)
+	}
+
+	// Permissive: the same plaintext connection is accepted.
+	cfg.Mode = ModePermissive
+	rs, _ = Build(cfg)
+	if changed, err := b.Apply(tp.pod.Path, rs); err != nil || !changed {
+		t.Fatalf("apply permissive: %v %v", changed, err)
+	}
+	if err := dialFrom(tp.node, topoOther, topoPodIP+":8080"); err != nil {
+		t.Fatalf("permissive: plaintext from %s to :8080: %v", topoOther, err)
+	}
+	if err := b.Teardown(tp.pod.Path); err != nil {
+		t.Fatal(err)
+	}
+	// Control: without the rules the same IPv6 connection works.
+	if err := dialFrom(tp.node, "", "[fd99::2]:8081"); err != nil {
+		t.Fatalf("IPv6 after teardown: %v", err)
+	}
+}
+
+// addIPv6 gives the pod fd99::2/64 and the node fd99::1/64 on their veth ends (no DAD).
+func addIPv6(t *testing.T, tp *topo) {
+	t.Helper()
+	for _, s := range []struct {
+		ns   *testenv.Netns
+		link string
+		addr string
+	}{{tp.pod, "eth0", "fd99::2/64"}, {tp.node, "vnode", "fd99::1/64"}} {
+		h, err := s.ns.Netlink()
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := h.LinkByName(s.link)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, _ := netlink.ParseAddr(s.addr)
+		a.Flags = unix.IFA_F_NODAD
+		if err := h.AddrAdd(l, a); err != nil {
+			t.Fatalf("add %s: %v", s.addr, err)
+		}
+		h.Close()
+	}
+}
+
+func isRefused(err error) bool { return errors.Is(err, syscall.ECONNREFUSED) }
+
+// TestPrivilegedDetectIPTablesMode shows that the backend with more rules wins and that an empty
+// netns defaults to nft.
+func TestPrivilegedDetectIPTablesMode(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, tc := range []struct {
+		tool string
+		want IPTablesMode
+	}{{"", IPTablesNFT}, {"iptables-legacy", IPTablesLegacy}, {"iptables-nft", IPTablesNFT}} {
+		ns := testenv.NewNetns(t)
+		if tc.tool != "" {
+			for _, args := range [][]string{{"-N", "KUBE-TEST"}, {"-A", "KUBE-TEST", "-j", "RETURN"}} {
+				if out, err := ns.Command(tc.tool, args...).CombinedOutput(); err != nil {
+					t.Fatalf("%s: %v %s", tc.tool, err, out)
+				}
+			}
+		}
+		got, err := DetectIPTablesMode(ns.Path)
+		if err != nil || got != tc.want {
+			t.Fatalf("rules by %q: DetectIPTablesMode = %v, %v; want %v", tc.tool, got, err, tc.want)
+		}
+	}
+}
+
+// TestPrivilegedNFTablesLargeExclusions applies a rule set with 2000 excluded CIDRs and 2000
+// excluded ports: far beyond the default netlink socket buffers, in one transaction.
+func TestPrivilegedNFTablesLargeExclusions(t *testing.T) {
+	testenv.RequireRoot(t)
+	ns := testenv.NewNetns(t)
+	cfg := goldenConfigs[0].cfg
+	for i := range 2000 {
+		cfg.ExcludeOutboundPorts = append(cfg.ExcludeOutboundPorts, uint16(20000+i))
+		cfg.ExcludeOutboundCIDRs = append(cfg.ExcludeOutboundCIDRs, netip.PrefixFrom(netip.AddrFrom4([4]byte{172, byte(16 + i/256), byte(i % 256), 0}), 24))
+	}
+	rs, err := Build(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b NFTables
+	if _, err := b.Apply(ns.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Check(ns.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	if changed, err := b.Apply(ns.Path, rs); err != nil || changed {
+		t.Fatalf("second apply = %v, %v", changed, err)
+	}
+}
+
+// TestPrivilegedCaptureIPv6 shows IPv6 captured like IPv4 for a pod that has an IPv6 address:
+// outbound TCP lands on [::1]:15001 with the original destination recoverable
+// (IP6T_SO_ORIGINAL_DST), and strict mode refuses IPv6 plaintext inbound.
+func TestPrivilegedCaptureIPv6(t *testing.T) {
+	testenv.RequireRoot(t)
+	tp := newTopo(t)
+	addIPv6(t, tp)
+	rs, err := Build(Config{PodIPs: addrs(topoPodIP, "fd99::2"), NodeSources: prefixes(topoGateway + "/32")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := (NFTables{}).Apply(tp.pod.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	_, captured := acceptOn(t, tp.pod, "[::1]:15001")
+	if err := dialFrom(tp.pod, "", "[fd99::1]:80"); err != nil {
+		t.Fatalf("dial [fd99::1]:80 from pod: %v", err)
+	}
+	select {
+	case c := <-captured:
+		od, err := originalDst6(c)
+		c.Close()
+		if err != nil || od.String() != "[fd99::1]:80" {
+			t.Fatalf("IP6T_SO_ORIGINAL_DST = %v, %v; want [fd99::1]:80", od, err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("IPv6 connection not captured")
+	}
+	acceptOn(t, tp.pod, "[fd99::2]:8080")
+	if err := dialFrom(tp.node, "", "[fd99::2]:8080"); !isRefused(err) {
+		t.Fatalf("strict: IPv6 plaintext to :8080 = %v, want refused", err)
+	}
+}
+
+// originalDst6 returns IP6T_SO_ORIGINAL_DST (struct sockaddr_in6) of an accepted IPv6 connection.
+func originalDst6(c net.Conn) (netip.AddrPort, error) {
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	var ap netip.AddrPort
+	var serr error
+	err = raw.Control(func(fd uintptr) {
+		var info *unix.IPv6MTUInfo // 32 bytes: sockaddr_in6 (28) + mtu (4)
+		info, serr = unix.GetsockoptIPv6MTUInfo(int(fd), unix.SOL_IPV6, ip6tSoOriginalDst)
+		if serr == nil {
+			a := info.Addr
+			ap = netip.AddrPortFrom(netip.AddrFrom16(a.Addr), uint16(a.Port>>8|a.Port<<8)) // network order read on a little-endian CPU
+		}
+	})
+	if err != nil {
+		return ap, err
+	}
+	return ap, serr
+}
+
+// ip6tSoOriginalDst is IP6T_SO_ORIGINAL_DST (linux/netfilter_ipv6/ip6_tables.h), which x/sys
+// does not name.
+const ip6tSoOriginalDst = 80
+
+func TestNewBackend(t *testing.T) {
+	for name, want := range map[string]Backend{"": NFTables{}, "nftables": NFTables{},
+		"iptables-nft": IPTables{Mode: IPTablesNFT}, "iptables-legacy": IPTables{Mode: IPTablesLegacy}} {
+		if got, err := NewBackend(name); err != nil || got != want {
+			t.Errorf("NewBackend(%q) = %v, %v; want %v", name, got, err, want)
+		}
+	}
+	if _, err := NewBackend("ebpf"); err == nil || !strings.Contains(err.Error(), "ebpf") {
+		t.Errorf("NewBackend(ebpf) = %v, want an error naming it", err)
+	}
+}
+
+// TestPrivilegedApplySwitchesConfigs applies every golden configuration in turn to one netns
+// (chains come and go between IPv4-only and dual-stack sets), so Apply replaces whatever the
+// previous configuration left.
+func TestPrivilegedApplySwitchesConfigs(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, tb := range testBackends() {
+		t.Run(tb.name, func(t *testing.T) {
+			ns := testenv.NewNetns(t)
+			for round := 0; round < 2; round++ {
+				for _, tc := range goldenConfigs {
+					rs, _ := Build(tc.cfg)
+					if _, err := tb.b.Apply(ns.Path, rs); err != nil {
+						t.Fatalf("%s: %v", tc.name, err)
+					}
+					if err := tb.b.Check(ns.Path, rs); err != nil {
+						t.Fatalf("%s after switching: %v", tc.name, err)
+					}
+					// Nothing of the previous configuration is left: a dual-stack pod has no
+					// IPv6 drop chain.
+					out, _ := ns.Command(tb.list[0], tb.list[1:]...).CombinedOutput()
+					if strings.HasPrefix(tb.list[0], "iptables") {
+						out6, _ := ns.Command("ip6"+tb.list[0][2:], tb.list[1:]...).CombinedOutput()
+						out = append(out, out6...)
+					}
+					if tc.name == "dual-stack" && strings.Contains(string(out), "out6-drop") {
+						t.Fatalf("dual-stack after a v4-only config still drops IPv6:\n%s", out)
+					}
+				}
+			}
+			if err := tb.b.Teardown(ns.Path); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
