@@ -232,7 +232,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	}
 	defer b.Close()
 	if err := b.Export(ctx, &registryv1.ExportMark{Service: &registryv1.ServiceRef{Namespace: "shop", Name: "pay"},
-		Ports: []*registryv1.ServicePort{{Name: "grpc", Port: 9000, TargetPort: 9090, Protocol: registryv1.Protocol_PROTOCOL_GRPC}},
+		Ports:      []*registryv1.ServicePort{{Name: "grpc", Port: 9000, TargetPort: 9090, Protocol: registryv1.Protocol_PROTOCOL_GRPC}},
 		CreateTime: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
 		t.Fatal(err)
 	}

@@ -44,6 +44,12 @@ type config struct {
 	ResolvConf  string       // --resolv-conf: upstreams for names outside the mesh
 	InboundMode string       // --inbound-mode: strict or permissive
 
+	CaptureBackend string // --capture-backend: nftables, iptables, iptables-nft, iptables-legacy
+	CNIConfDir     string // --cni-conf-dir: where the primary CNI's conflist lives
+	CNIBinDir      string // --cni-bin-dir: where aether-cni is installed
+	CNIPlugin      string // --cni-plugin-binary: the aether-cni binary to install ("" skips install)
+	UninstallCNI   bool   // --uninstall-cni: remove aether-cni from the conflist and exit
+
 	EastWestWaypoint bool // --east-west-waypoint
 
 	LogLevel slog.Level // --log-level: debug, info, warn, error
@@ -96,6 +102,11 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	clusterDNS := fs.String("cluster-dns", env("AETHER_CLUSTER_DNS", ""), "comma-separated cluster DNS service IPs whose port 53 is DNAT'ed to the agent (default: the ClusterIPs of kube-system/kube-dns)")
 	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf whose nameservers get every name outside the mesh")
 	fs.StringVar(&c.InboundMode, "inbound-mode", env("AETHER_INBOUND_MODE", "strict"), "inbound policy for meshed pods: strict (mTLS only) or permissive (plaintext too)")
+	fs.StringVar(&c.CaptureBackend, "capture-backend", env("AETHER_CAPTURE_BACKEND", "nftables"), "capture rules backend: nftables, iptables (the node's mode), iptables-nft or iptables-legacy")
+	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI config directory holding the primary CNI's conflist")
+	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory aether-cni is installed into")
+	fs.StringVar(&c.CNIPlugin, "cni-plugin-binary", env("AETHER_CNI_PLUGIN", ""), "aether-cni binary to install and append to the conflist (empty: do not install)")
+	fs.BoolVar(&c.UninstallCNI, "uninstall-cni", false, "remove aether-cni from the conflist and the CNI bin dir, then exit")
 	fs.BoolVar(&c.EastWestWaypoint, "east-west-waypoint", env("AETHER_EAST_WEST_WAYPOINT", "") == "true", "make this node an east-west waypoint and send cross-cluster traffic through remote nodes' waypoints")
 	level := fs.String("log-level", env("AETHER_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
@@ -160,6 +171,11 @@ func (c config) validate() error {
 		if _, err := os.Stat(f.path); err != nil {
 			errs = append(errs, fmt.Errorf("--%s %q: %w", f.name, f.path, err))
 		}
+	}
+	switch c.CaptureBackend {
+	case "nftables", "iptables", "iptables-nft", "iptables-legacy":
+	default:
+		errs = append(errs, fmt.Errorf("--capture-backend %q: want nftables, iptables, iptables-nft or iptables-legacy", c.CaptureBackend))
 	}
 	if c.InboundMode != "strict" && c.InboundMode != "permissive" {
 		errs = append(errs, fmt.Errorf("--inbound-mode %q: want strict or permissive", c.InboundMode))

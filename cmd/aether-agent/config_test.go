@@ -24,6 +24,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "short lease", args: []string{"--registry-lease-ttl", "1s"}, wantErr: "--registry-lease-ttl 1s"},
 		{name: "bad cluster dns", args: []string{"--cluster-dns", "10.96.0.10,x"}, wantErr: `--cluster-dns "x"`},
 		{name: "bad inbound mode", args: []string{"--inbound-mode", "open"}, wantErr: `--inbound-mode "open"`},
+		{name: "bad capture backend", args: []string{"--capture-backend", "ebpf"}, wantErr: `--capture-backend "ebpf"`},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

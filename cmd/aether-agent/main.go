@@ -12,10 +12,20 @@ import (
 )
 
 func main() {
-	cfg, err := parseConfig(os.Args[1:], os.Getenv)
+	cfg, err := parseFlags(os.Args[1:], os.Getenv)
+	if err == nil && !cfg.UninstallCNI {
+		err = cfg.validate()
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "aether-agent: invalid configuration:", err)
 		os.Exit(2)
+	}
+	if cfg.UninstallCNI {
+		if err := uninstallCNI(cfg); err != nil {
+			fmt.Fprintln(os.Stderr, "aether-agent:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()

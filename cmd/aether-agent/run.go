@@ -165,6 +165,10 @@ func run(ctx context.Context, cfg config) error {
 			return err
 		}
 	}
+	backend, err := capture.NewBackend(cfg.CaptureBackend)
+	if err != nil {
+		return fmt.Errorf("--capture-backend: %w", err)
+	}
 	cniSrv := &cni.Server{
 		Config: cni.ServerConfig{
 			Socket: cfg.CNISocket, StateDir: cfg.StateDir, HostIP: cfg.HostIP, ClusterDNS: clusterDNS,
@@ -172,10 +176,24 @@ func run(ctx context.Context, cfg config) error {
 			RepairInterval: time.Minute,
 		},
 		Lookup: &cni.KubePods{Client: cs}, NodePods: &cni.KubePods{Client: cs},
-		Dataplane: dp, Backend: capture.NFTables{}, Log: log.With("part", "cni"),
+		Dataplane: dp, Backend: backend, Log: log.With("part", "cni"),
 	}
 	cniErr := make(chan error, 1)
 	go func() { cniErr <- cniSrv.Serve(ctx) }()
+	// aether-cni goes into the node's conflist only once the server answers: from then on a pod
+	// that starts is captured (or fails closed), never left running uncaptured.
+	if cfg.CNIPlugin != "" {
+		inst := installer(cfg, log)
+		if err := inst.InstallBinary(); err != nil {
+			return err
+		}
+		go func() {
+			if err := inst.Watch(ctx); err != nil {
+				log.Error("CNI conflist watch stopped", "err", err)
+				ready.set("cni", err)
+			}
+		}()
+	}
 	go watchHealth(ctx, "cni", ready, log, func(context.Context) error {
 		if !cniSrv.Ready() {
 			return fmt.Errorf("repairing persisted attachments")
@@ -218,6 +236,25 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 		case <-t.C:
 		}
 	}
+}
+
+// installer is the aether-cni installer for cfg's CNI directories and plugin settings.
+func installer(cfg config, log *slog.Logger) *cni.Installer {
+	return &cni.Installer{
+		ConfDir: cfg.CNIConfDir, BinDir: cfg.CNIBinDir, Binary: cfg.CNIPlugin,
+		Plugin: map[string]any{"agentSocket": cfg.CNISocket, "inboundMode": cfg.InboundMode},
+		Log:    log.With("part", "cni-install"),
+	}
+}
+
+// uninstallCNI removes aether-cni from the node (conflist entry and binary).
+func uninstallCNI(cfg config) error {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	if err := installer(cfg, log).Uninstall(); err != nil {
+		return fmt.Errorf("--uninstall-cni: %w", err)
+	}
+	log.Info("aether-cni removed", "conf_dir", cfg.CNIConfDir, "bin_dir", cfg.CNIBinDir)
+	return nil
 }
 
 // kubeDNSAddrs returns the ClusterIPs of kube-system/kube-dns, the cluster DNS service whose port
