@@ -42,4 +42,14 @@ stamp "go test"
 # -p 2 matches the machine's two cores; the race detector covers every package.
 go test -race -p 2 -timeout 45m -count=1 ./...
 
+stamp "fuzz (short runs of every fuzz target)"
+# Each target's seed corpus already ran above; this explores ${AETHER_FUZZTIME:-10s} more each.
+grep -rl --include='*_test.go' '^func Fuzz' . | grep -v '^./hack/' | while read -r f; do
+  pkg="./$(dirname "${f#./}")"
+  for target in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f"); do
+    echo "fuzz $pkg $target"
+    go test -run '^$' -fuzz "^$target\$" -fuzztime "${AETHER_FUZZTIME:-10s}" -parallel 1 "$pkg"
+  done
+done
+
 stamp "done"
