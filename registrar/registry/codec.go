@@ -1,0 +1,157 @@
+package registry
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+)
+
+// Record is one decoded registry record with its key, its origin (from the key path, never from
+// the value) and the etcd revision that last modified it.
+type Record[T proto.Message] struct {
+	Key         string
+	Origin      Origin
+	ModRevision int64
+	Value       T
+}
+
+// codec decodes one kind of record: unmarshal, stamp the key's origin and service into the value,
+// validate.
+type codec[T proto.Message] struct {
+	kind     Kind
+	new      func() T
+	stamp    func(T, Key)
+	validate func(T) error
+}
+
+var endpointCodec = codec[*registryv1.ServiceEndpoint]{
+	kind: KindEndpoint,
+	new:  func() *registryv1.ServiceEndpoint { return new(registryv1.ServiceEndpoint) },
+	stamp: func(v *registryv1.ServiceEndpoint, k Key) {
+		v.Region, v.ClusterName = k.Origin.Region, k.Origin.Cluster
+		v.Service = &registryv1.ServiceRef{Namespace: k.Namespace, Name: k.Service}
+		if v.Kubernetes == nil {
+			v.Kubernetes = &registryv1.KubernetesMetadata{}
+		}
+		v.Kubernetes.PodUid = k.PodUID
+	},
+	validate: ValidateEndpoint,
+}
+
+var exportCodec = codec[*registryv1.ExportMark]{
+	kind: KindExport,
+	new:  func() *registryv1.ExportMark { return new(registryv1.ExportMark) },
+	stamp: func(v *registryv1.ExportMark, k Key) {
+		v.Region, v.ClusterName = k.Origin.Region, k.Origin.Cluster
+		v.Service = &registryv1.ServiceRef{Namespace: k.Namespace, Name: k.Service}
+	},
+	validate: ValidateExport,
+}
+
+var configCodec = codec[*registryv1.ServiceConfigProjection]{
+	kind: KindConfig,
+	new:  func() *registryv1.ServiceConfigProjection { return new(registryv1.ServiceConfigProjection) },
+	stamp: func(v *registryv1.ServiceConfigProjection, k Key) {
+		v.OriginRegion, v.OriginCluster = k.Origin.Region, k.Origin.Cluster
+		v.Service = &registryv1.ServiceRef{Namespace: k.Namespace, Name: k.Service}
+	},
+	validate: ValidateConfig,
+}
+
+// Reasons a stored record is skipped (label "reason" of aether_registry_bad_records_total).
+const (
+	badKey   = "key"
+	badValue = "value"
+	badField = "invalid"
+)
+
+// errOtherKind marks a well-formed key of another kind: not an error, just not this reader's.
+var errOtherKind = errors.New("other kind")
+
+// badRecordError is a stored record a reader skips.
+type badRecordError struct {
+	reason string
+	err    error
+}
+
+func (e *badRecordError) Error() string { return e.err.Error() }
+func (e *badRecordError) Unwrap() error { return e.err }
+
+// decode turns a stored key and value into a Record. It returns errOtherKind for a valid key of
+// another kind and a *badRecordError for an unparsable key, a value that does not unmarshal or a
+// record that fails validation.
+func (c codec[T]) decode(key string, value []byte, modRev int64) (Record[T], error) {
+	k, err := ParseKey(key)
+	if err != nil {
+		return Record[T]{}, &badRecordError{reason: badKey, err: err}
+	}
+	if k.Kind != c.kind {
+		return Record[T]{}, errOtherKind
+	}
+	v := c.new()
+	if err := proto.Unmarshal(value, v); err != nil {
+		return Record[T]{}, &badRecordError{reason: badValue, err: fmt.Errorf("decode %s %q: %w", c.kind, key, err)}
+	}
+	c.stamp(v, k)
+	if err := c.validate(v); err != nil {
+		return Record[T]{}, &badRecordError{reason: badField, err: fmt.Errorf("decode %s %q: %w", c.kind, key, err)}
+	}
+	return Record[T]{Key: key, Origin: k.Origin, ModRevision: modRev, Value: v}, nil
+}
+
+// metrics are the registry's Prometheus collectors.
+type metrics struct {
+	badRecords *prometheus.CounterVec
+	leaseLost  prometheus.Counter
+	relists    prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		badRecords: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aether_registry_bad_records_total",
+			Help: "Registry records skipped by readers because their key or value is malformed or invalid, by kind and reason (key, value, invalid).",
+		}, []string{"kind", "reason"}),
+		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aether_registry_lease_lost_total",
+			Help: "Times this writer lost its endpoint lease and re-registered its endpoints under a new one.",
+		}),
+		relists: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aether_registry_watch_relists_total",
+			Help: "Times a watch fell behind a compaction and re-listed the store.",
+		}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	var err error
+	if m.badRecords, err = register(reg, m.badRecords); err != nil {
+		return nil, err
+	}
+	if m.leaseLost, err = register(reg, m.leaseLost); err != nil {
+		return nil, err
+	}
+	if m.relists, err = register(reg, m.relists); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// register registers c with reg, or returns the collector already registered under its name (so
+// several Registry values in one process share their counters).
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) (C, error) {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if ex, ok := are.ExistingCollector.(C); ok {
+				return ex, nil
+			}
+		}
+		return c, fmt.Errorf("register metrics: %w", err)
+	}
+	return c, nil
+}

@@ -1,0 +1,20 @@
+// Package registry is aether's cross-cluster plane: an origin-partitioned store of service
+// endpoints, MCS export marks and config projections in etcd, used by the agent (endpoints) and
+// the registrar (exports, config projections) alike. docs/registry.md is the operator's guide.
+//
+// Keys live under /aether/v1/regions/<region>/clusters/<cluster>/:
+//
+//	endpoints/<ns>/<svc>/<pod uid>   ServiceEndpoint, bound to the writer's lease
+//	exports/<ns>/<svc>               ExportMark
+//	config/<base64url(<ns>/<svc>)>   ServiceConfigProjection
+//
+// A Registry writes only under its own (region, cluster) prefix and refuses anything else.
+// Readers list and watch the whole root and take a record's origin from its key path, never from
+// its value. Malformed keys or values are skipped, logged with their key and counted
+// (aether_registry_bad_records_total); they never stop a reader.
+//
+// The package owns the etcd key layout, record validation, leases and watches, the embedded etcd
+// of the single-machine deployment and the etcd users and roles that make origins unforgeable. It
+// does not touch Kubernetes objects (that is registrar) or Envoy resources (xds); it converts an
+// endpoint to a model.Endpoint, and model never imports it.
+package registry

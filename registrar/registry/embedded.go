@@ -1,0 +1,122 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+
+	"go.etcd.io/etcd/server/v3/embed"
+)
+
+// Defaults of the embedded etcd (the single-machine, single-replica deployment).
+const (
+	DefaultEmbeddedClientURL = "http://127.0.0.1:2379"
+	DefaultEmbeddedPeerURL   = "http://127.0.0.1:2380"
+)
+
+// EmbeddedConfig configures the registrar's embedded etcd, used when no etcd endpoints are
+// given.
+type EmbeddedConfig struct {
+	// DataDir is etcd's data directory (created with mode 0700 when missing). Required. The
+	// registry survives restarts as long as this directory does.
+	DataDir string
+	// ClientURL is the URL clients (agents on this machine) connect to; default
+	// DefaultEmbeddedClientURL. Plain http: the embedded etcd is meant for loopback use.
+	ClientURL string
+	// PeerURL is the (unused, single-member) peer URL; default DefaultEmbeddedPeerURL.
+	PeerURL string
+	// Name is the member name (default "aether-registry").
+	Name string
+	// LogFile receives etcd's own log ("" means stderr).
+	LogFile string
+	// AutoCompactionRetention is how much history etcd keeps, in etcd's periodic mode (default
+	// "1h"): watchers that fall further behind re-list.
+	AutoCompactionRetention string
+	// Logger receives aether's messages about the embedded server (default slog.Default()).
+	Logger *slog.Logger
+}
+
+// Embedded is a running embedded etcd server.
+type Embedded struct {
+	etcd *embed.Etcd
+	// Endpoints are the client URLs to give Config.Endpoints.
+	Endpoints []string
+}
+
+// StartEmbedded starts a single-member etcd (go.etcd.io/etcd/server/v3/embed) with its data in
+// cfg.DataDir and waits until it serves or ctx ends. It returns an error naming the setting that
+// is wrong, or etcd's error when the server does not start. Call Close to stop it.
+func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+	if cfg.DataDir == "" {
+		return nil, fmt.Errorf("start embedded etcd: DataDir: required")
+	}
+	if cfg.ClientURL == "" {
+		cfg.ClientURL = DefaultEmbeddedClientURL
+	}
+	if cfg.PeerURL == "" {
+		cfg.PeerURL = DefaultEmbeddedPeerURL
+	}
+	if cfg.Name == "" {
+		cfg.Name = "aether-registry"
+	}
+	if cfg.AutoCompactionRetention == "" {
+		cfg.AutoCompactionRetention = "1h"
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	cu, err := url.Parse(cfg.ClientURL)
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd: ClientURL %q: %w", cfg.ClientURL, err)
+	}
+	pu, err := url.Parse(cfg.PeerURL)
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd: PeerURL %q: %w", cfg.PeerURL, err)
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("start embedded etcd: %w", err)
+	}
+	ec := embed.NewConfig()
+	ec.Name = cfg.Name
+	ec.Dir = filepath.Join(cfg.DataDir, "member-data")
+	ec.LogLevel = "warn"
+	if cfg.LogFile != "" {
+		ec.LogOutputs = []string{cfg.LogFile}
+	} else {
+		ec.LogOutputs = []string{"stderr"}
+	}
+	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
+	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
+	ec.AutoCompactionMode = "periodic"
+	ec.AutoCompactionRetention = cfg.AutoCompactionRetention
+	e, err := embed.StartEtcd(ec)
+	if err != nil {
+		return nil, fmt.Errorf("start embedded etcd in %s: %w", cfg.DataDir, err)
+	}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		e.Close()
+		return nil, fmt.Errorf("start embedded etcd: %w", err)
+	case <-ctx.Done():
+		e.Close()
+		return nil, fmt.Errorf("start embedded etcd: not ready: %w", ctx.Err())
+	}
+	out := &Embedded{etcd: e}
+	for _, u := range ec.AdvertiseClientUrls {
+		out.Endpoints = append(out.Endpoints, u.String())
+	}
+	log.Info("registry: embedded etcd serving", "endpoints", out.Endpoints, "data_dir", cfg.DataDir)
+	return out, nil
+}
+
+// Err returns a channel that receives the server's fatal errors.
+func (e *Embedded) Err() <-chan error { return e.etcd.Err() }
+
+// Close stops the server gracefully.
+func (e *Embedded) Close() { e.etcd.Close() }

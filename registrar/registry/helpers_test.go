@@ -1,0 +1,228 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+)
+
+// converge is the generous deadline for anything the tests wait on (several times the expected
+// time, which is at most a lease TTL plus client reconnect backoff).
+const converge = 45 * time.Second
+
+func testLogger(t testing.TB) *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("test", t.Name())
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func newTestRegistry(t testing.TB, endpoints []string, region, cluster string, mod func(*Config)) *Registry {
+	t.Helper()
+	cfg := Config{Endpoints: endpoints, Region: region, Cluster: cluster, LeaseTTL: 2 * time.Second, Logger: testLogger(t)}
+	if mod != nil {
+		mod(&cfg)
+	}
+	r, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New(%s/%s): %v", region, cluster, err)
+	}
+	t.Cleanup(func() { _ = r.Close() })
+	return r
+}
+
+func testEndpoint(ns, svc, uid, ip string) *registryv1.ServiceEndpoint {
+	return &registryv1.ServiceEndpoint{
+		Service:   &registryv1.ServiceRef{Namespace: ns, Name: svc},
+		Zone:      "zone-1",
+		Addresses: []string{ip},
+		Ports: []*registryv1.EndpointPort{
+			{Name: "http", Port: 8080, Protocol: registryv1.Protocol_PROTOCOL_HTTP},
+			{Name: "db", Port: 5432, Protocol: registryv1.Protocol_PROTOCOL_TCP},
+		},
+		SpiffeId: "spiffe://aether.internal/ns/" + ns + "/sa/default",
+		Health:   registryv1.Health_HEALTH_HEALTHY,
+		Kubernetes: &registryv1.KubernetesMetadata{
+			NodeName: "node-1", PodName: svc + "-" + uid, PodUid: uid, NodeIp: "192.0.2.10", ServiceAccount: "default",
+		},
+	}
+}
+
+func ctxT(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually retries f until it returns nil or the deadline passes.
+func eventually(t testing.TB, d time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v: %v", what, d, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// viewer consumes a watch into a view and keeps every batch.
+type viewer[T proto.Message] struct {
+	mu      sync.Mutex
+	view    map[string]Record[T]
+	batches []Batch[T]
+	changed chan struct{}
+}
+
+func startViewer[T proto.Message](t testing.TB, ch <-chan Batch[T]) *viewer[T] {
+	v := &viewer[T]{view: map[string]Record[T]{}, changed: make(chan struct{}, 1)}
+	go func() {
+		for b := range ch {
+			v.mu.Lock()
+			b.Apply(v.view)
+			v.batches = append(v.batches, b)
+			v.mu.Unlock()
+			select {
+			case v.changed <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	return v
+}
+
+// keys returns the view's keys, sorted.
+func (v *viewer[T]) keys() []string {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []string
+	for _, r := range Snapshot(v.view) {
+		out = append(out, r.Key)
+	}
+	return out
+}
+
+func (v *viewer[T]) get(key string) (Record[T], bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	r, ok := v.view[key]
+	return r, ok
+}
+
+func (v *viewer[T]) allBatches() []Batch[T] {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return append([]Batch[T](nil), v.batches...)
+}
+
+// waitKeys waits until the view holds exactly want (sorted).
+func (v *viewer[T]) waitKeys(t testing.TB, want ...string) {
+	t.Helper()
+	eventually(t, converge, "watch view", func() error {
+		got := v.keys()
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("view keys %q, want %q", got, want)
+		}
+		return nil
+	})
+}
+
+func counterValue(t testing.TB, c prometheus.Collector) float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 16)
+	c.Collect(ch)
+	close(ch)
+	var sum float64
+	for m := range ch {
+		var d dto.Metric
+		if err := m.Write(&d); err != nil {
+			t.Fatal(err)
+		}
+		sum += d.GetCounter().GetValue()
+	}
+	return sum
+}
+
+// cutProxy forwards loopback TCP connections to target until cut: then it drops every open
+// connection and closes new ones at once, as a network partition would, until restored.
+type cutProxy struct {
+	l      net.Listener
+	target string
+	mu     sync.Mutex
+	cut    bool
+	conns  map[net.Conn]bool
+}
+
+func newCutProxy(t testing.TB, target string) *cutProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{l: l, target: target, conns: map[net.Conn]bool{}}
+	t.Cleanup(func() { l.Close(); p.Cut() })
+	go p.serve()
+	return p
+}
+
+func (p *cutProxy) URL() string { return "http://" + p.l.Addr().String() }
+
+func (p *cutProxy) serve() {
+	for {
+		c, err := p.l.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		if p.cut {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		u, err := net.Dial("tcp", p.target)
+		if err != nil {
+			p.mu.Unlock()
+			c.Close()
+			continue
+		}
+		p.conns[c], p.conns[u] = true, true
+		p.mu.Unlock()
+		go func() { _, _ = io.Copy(u, c); u.Close(); c.Close() }()
+		go func() { _, _ = io.Copy(c, u); u.Close(); c.Close() }()
+	}
+}
+
+// Cut drops every connection and refuses new ones.
+func (p *cutProxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for c := range p.conns {
+		c.Close()
+	}
+	clear(p.conns)
+}
+
+// Restore accepts connections again.
+func (p *cutProxy) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+}

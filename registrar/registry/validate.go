@@ -1,0 +1,433 @@
+package registry
+
+import (
+	"fmt"
+	"net/netip"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+)
+
+// ValidationError is an invalid record field: Field is its path in the record
+// (e.g. "ports[1].port"), Value the offending value and Reason what was wanted.
+type ValidationError struct {
+	Field  string
+	Value  string
+	Reason string
+}
+
+// Error returns "<field>: invalid value <value>: <reason>".
+func (e *ValidationError) Error() string {
+	return fmt.Sprintf("%s: invalid value %q: %s", e.Field, e.Value, e.Reason)
+}
+
+func fieldErr(field, value, reason string) *ValidationError {
+	return &ValidationError{Field: field, Value: value, Reason: reason}
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+
+// validName checks a region, cluster, namespace or service name: an RFC 1123 DNS label
+// (lowercase letters, digits and '-', 1 to 63 characters, alphanumeric at both ends), the rule
+// Kubernetes applies to namespace and Service names. Such a name never holds '/', so it is always
+// exactly one key segment.
+func validName(s string) error {
+	if len(s) == 0 || len(s) > 63 || !dnsLabel.MatchString(s) {
+		return fmt.Errorf("want an RFC 1123 DNS label (a-z, 0-9, '-', at most 63 characters)")
+	}
+	return nil
+}
+
+var podUIDChars = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+func validPodUID(s string) error {
+	if !podUIDChars.MatchString(s) {
+		return fieldErr("pod_uid", s, "want 1-128 characters of A-Z a-z 0-9 . _ -")
+	}
+	return nil
+}
+
+func validServiceRef(namespace, name, field string) error {
+	if err := validName(namespace); err != nil {
+		return fieldErr(field+".namespace", namespace, err.Error())
+	}
+	if err := validName(name); err != nil {
+		return fieldErr(field+".name", name, err.Error())
+	}
+	return nil
+}
+
+func validRef(r *registryv1.ServiceRef, field string) error {
+	if r == nil {
+		return fieldErr(field, "", "required")
+	}
+	return validServiceRef(r.GetNamespace(), r.GetName(), field)
+}
+
+func validPort(p uint32, field string, zeroOK bool) error {
+	if (p == 0 && !zeroOK) || p > 65535 {
+		return fieldErr(field, strconv.FormatUint(uint64(p), 10), "want 1-65535")
+	}
+	return nil
+}
+
+func validProtocol(p registryv1.Protocol, field string) error {
+	if p <= registryv1.Protocol_PROTOCOL_UNSPECIFIED || p > registryv1.Protocol_PROTOCOL_UDP {
+		return fieldErr(field, p.String(), "want one of HTTP, HTTP2, GRPC, TCP, UDP")
+	}
+	return nil
+}
+
+func validTime(s, field string) error {
+	if _, err := time.Parse(time.RFC3339Nano, s); err != nil {
+		return fieldErr(field, s, "want an RFC 3339 time, e.g. 2026-01-02T15:04:05.123456789Z")
+	}
+	return nil
+}
+
+// ValidateEndpoint checks a ServiceEndpoint before it is written and after it is read. It returns
+// a *ValidationError naming the first bad field: service, addresses (at least one, each an IP
+// address, no duplicates), ports (at least one, 1-65535, a defined protocol, unique numbers and
+// names), spiffe_id (spiffe://...), health (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and
+// node name required; node_ip empty or an IP address), zone (at most 63 characters, no '/').
+func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
+	if ep == nil {
+		return fieldErr("endpoint", "", "required")
+	}
+	if err := validRef(ep.GetService(), "service"); err != nil {
+		return err
+	}
+	if len(ep.GetZone()) > 63 || strings.Contains(ep.GetZone(), "/") {
+		return fieldErr("zone", ep.GetZone(), "want at most 63 characters without '/'")
+	}
+	if len(ep.GetAddresses()) == 0 {
+		return fieldErr("addresses", "", "want at least one pod IP")
+	}
+	seenIP := map[netip.Addr]bool{}
+	for i, a := range ep.GetAddresses() {
+		ip, err := netip.ParseAddr(a)
+		if err != nil || ip.Zone() != "" {
+			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want an IPv4 or IPv6 address")
+		}
+		if seenIP[ip] {
+			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "duplicate address")
+		}
+		seenIP[ip] = true
+	}
+	if len(ep.GetPorts()) == 0 {
+		return fieldErr("ports", "", "want at least one port")
+	}
+	seenPort, seenName := map[uint32]bool{}, map[string]bool{}
+	for i, p := range ep.GetPorts() {
+		f := fmt.Sprintf("ports[%d]", i)
+		if err := validPort(p.GetPort(), f+".port", false); err != nil {
+			return err
+		}
+		if seenPort[p.GetPort()] {
+			return fieldErr(f+".port", strconv.Itoa(int(p.GetPort())), "duplicate port")
+		}
+		seenPort[p.GetPort()] = true
+		if p.GetName() != "" {
+			if seenName[p.GetName()] {
+				return fieldErr(f+".name", p.GetName(), "duplicate port name")
+			}
+			seenName[p.GetName()] = true
+		}
+		if err := validProtocol(p.GetProtocol(), f+".protocol"); err != nil {
+			return err
+		}
+	}
+	if !strings.HasPrefix(ep.GetSpiffeId(), "spiffe://") || len(ep.GetSpiffeId()) == len("spiffe://") {
+		return fieldErr("spiffe_id", ep.GetSpiffeId(), "want spiffe://<trust domain>/...")
+	}
+	if h := ep.GetHealth(); h != registryv1.Health_HEALTH_HEALTHY && h != registryv1.Health_HEALTH_UNHEALTHY {
+		return fieldErr("health", h.String(), "want HEALTHY or UNHEALTHY")
+	}
+	k := ep.GetKubernetes()
+	if k == nil {
+		return fieldErr("kubernetes", "", "required")
+	}
+	if err := validPodUID(k.GetPodUid()); err != nil {
+		e := err.(*ValidationError)
+		e.Field = "kubernetes.pod_uid"
+		return e
+	}
+	if k.GetPodName() == "" {
+		return fieldErr("kubernetes.pod_name", "", "required")
+	}
+	if k.GetNodeName() == "" {
+		return fieldErr("kubernetes.node_name", "", "required")
+	}
+	if k.GetNodeIp() != "" {
+		if _, err := netip.ParseAddr(k.GetNodeIp()); err != nil {
+			return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want an IPv4 or IPv6 address or empty")
+		}
+	}
+	return nil
+}
+
+// ValidateExport checks an ExportMark: service, ports (at least one; port 1-65535, target_port
+// 0-65535 where 0 means the same as port, a defined protocol, unique ports) and create_time
+// (RFC 3339).
+func ValidateExport(m *registryv1.ExportMark) error {
+	if m == nil {
+		return fieldErr("export", "", "required")
+	}
+	if err := validRef(m.GetService(), "service"); err != nil {
+		return err
+	}
+	if len(m.GetPorts()) == 0 {
+		return fieldErr("ports", "", "want at least one port")
+	}
+	seen := map[uint32]bool{}
+	for i, p := range m.GetPorts() {
+		f := fmt.Sprintf("ports[%d]", i)
+		if err := validPort(p.GetPort(), f+".port", false); err != nil {
+			return err
+		}
+		if seen[p.GetPort()] {
+			return fieldErr(f+".port", strconv.Itoa(int(p.GetPort())), "duplicate port")
+		}
+		seen[p.GetPort()] = true
+		if err := validPort(p.GetTargetPort(), f+".target_port", true); err != nil {
+			return err
+		}
+		if err := validProtocol(p.GetProtocol(), f+".protocol"); err != nil {
+			return err
+		}
+	}
+	return validTime(m.GetCreateTime(), "create_time")
+}
+
+var httpMethod = regexp.MustCompile(`^[A-Z]{1,16}$`)
+
+// ValidateConfig checks a ServiceConfigProjection: service, version (RFC 3339 with nanoseconds)
+// and every route (kind HTTP or GRPC, a name, hostnames, rules with valid matches, filters,
+// backends, timeouts and retries; see validRoute).
+func ValidateConfig(c *registryv1.ServiceConfigProjection) error {
+	if c == nil {
+		return fieldErr("config", "", "required")
+	}
+	if err := validRef(c.GetService(), "service"); err != nil {
+		return err
+	}
+	if err := validTime(c.GetVersion(), "version"); err != nil {
+		return err
+	}
+	for i, r := range c.GetRoutes() {
+		if err := validRoute(r, fmt.Sprintf("routes[%d]", i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validRoute(r *registryv1.Route, f string) error {
+	grpc := r.GetKind() == registryv1.Route_KIND_GRPC
+	if r.GetKind() != registryv1.Route_KIND_HTTP && !grpc {
+		return fieldErr(f+".kind", r.GetKind().String(), "want HTTP or GRPC")
+	}
+	if r.GetName() == "" {
+		return fieldErr(f+".name", "", "required (<namespace>/<name> of the route)")
+	}
+	for i, h := range r.GetHostnames() {
+		if h == "" || len(h) > 253 || strings.ContainsAny(h, "/: ") {
+			return fieldErr(fmt.Sprintf("%s.hostnames[%d]", f, i), h, "want a DNS name, optionally *.-prefixed")
+		}
+	}
+	for i, rule := range r.GetRules() {
+		rf := fmt.Sprintf("%s.rules[%d]", f, i)
+		for j, m := range rule.GetMatches() {
+			if err := validMatch(m, fmt.Sprintf("%s.matches[%d]", rf, j), grpc); err != nil {
+				return err
+			}
+		}
+		for j, flt := range rule.GetFilters() {
+			if err := validFilter(flt, fmt.Sprintf("%s.filters[%d]", rf, j)); err != nil {
+				return err
+			}
+		}
+		for j, b := range rule.GetBackends() {
+			if err := validBackend(b, fmt.Sprintf("%s.backends[%d]", rf, j)); err != nil {
+				return err
+			}
+		}
+		if rt := rule.GetRetry(); rt != nil {
+			for j, c := range rt.GetCodes() {
+				if c < 400 || c > 599 {
+					return fieldErr(fmt.Sprintf("%s.retry.codes[%d]", rf, j), strconv.Itoa(int(c)), "want 400-599")
+				}
+			}
+		}
+		if t := rule.GetTimeouts(); t != nil && t.GetRequestMs() != 0 && t.GetBackendRequestMs() > t.GetRequestMs() {
+			return fieldErr(rf+".timeouts.backend_request_ms", strconv.FormatUint(t.GetBackendRequestMs(), 10),
+				"must not exceed request_ms (Gateway API HTTPRouteTimeouts)")
+		}
+	}
+	return nil
+}
+
+func validStringMatch(t registryv1.StringMatchType, v, f string) error {
+	switch t {
+	case registryv1.StringMatchType_STRING_MATCH_TYPE_UNSPECIFIED, registryv1.StringMatchType_STRING_MATCH_TYPE_EXACT:
+		return nil
+	case registryv1.StringMatchType_STRING_MATCH_TYPE_REGULAR_EXPRESSION:
+		if _, err := regexp.Compile(v); err != nil {
+			return fieldErr(f, v, "want an RE2 regular expression")
+		}
+		return nil
+	}
+	return fieldErr(f+".type", t.String(), "want EXACT or REGULAR_EXPRESSION")
+}
+
+func validMatch(m *registryv1.RouteMatch, f string, grpc bool) error {
+	if p := m.GetPath(); p != nil {
+		if grpc {
+			return fieldErr(f+".path", p.GetValue(), "GRPC routes match grpc_method, not path")
+		}
+		switch p.GetType() {
+		case registryv1.PathMatch_TYPE_UNSPECIFIED, registryv1.PathMatch_TYPE_EXACT, registryv1.PathMatch_TYPE_PATH_PREFIX:
+			if !strings.HasPrefix(p.GetValue(), "/") {
+				return fieldErr(f+".path.value", p.GetValue(), "want an absolute path starting with /")
+			}
+		case registryv1.PathMatch_TYPE_REGULAR_EXPRESSION:
+			if _, err := regexp.Compile(p.GetValue()); err != nil {
+				return fieldErr(f+".path.value", p.GetValue(), "want an RE2 regular expression")
+			}
+		default:
+			return fieldErr(f+".path.type", p.GetType().String(), "want EXACT, PATH_PREFIX or REGULAR_EXPRESSION")
+		}
+	}
+	for i, h := range m.GetHeaders() {
+		hf := fmt.Sprintf("%s.headers[%d]", f, i)
+		if h.GetName() == "" {
+			return fieldErr(hf+".name", "", "required")
+		}
+		if err := validStringMatch(h.GetType(), h.GetValue(), hf+".value"); err != nil {
+			return err
+		}
+	}
+	for i, q := range m.GetQueryParams() {
+		qf := fmt.Sprintf("%s.query_params[%d]", f, i)
+		if grpc {
+			return fieldErr(qf, q.GetName(), "GRPC routes have no query parameter matches")
+		}
+		if q.GetName() == "" {
+			return fieldErr(qf+".name", "", "required")
+		}
+		if err := validStringMatch(q.GetType(), q.GetValue(), qf+".value"); err != nil {
+			return err
+		}
+	}
+	if m.GetMethod() != "" && (grpc || !httpMethod.MatchString(m.GetMethod())) {
+		return fieldErr(f+".method", m.GetMethod(), "want an upper-case HTTP method on an HTTP route")
+	}
+	if g := m.GetGrpcMethod(); g != nil {
+		if !grpc {
+			return fieldErr(f+".grpc_method", g.GetService()+"/"+g.GetMethod(), "only GRPC routes match grpc_method")
+		}
+		if g.GetService() == "" && g.GetMethod() == "" {
+			return fieldErr(f+".grpc_method", "", "want service and/or method")
+		}
+		if err := validStringMatch(g.GetType(), g.GetService(), f+".grpc_method.service"); err != nil {
+			return err
+		}
+		if err := validStringMatch(g.GetType(), g.GetMethod(), f+".grpc_method.method"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validHeaders(hs []*registryv1.Header, f string) error {
+	for i, h := range hs {
+		if h.GetName() == "" || strings.ContainsAny(h.GetName(), " :\r\n") {
+			return fieldErr(fmt.Sprintf("%s[%d].name", f, i), h.GetName(), "want an HTTP header name")
+		}
+	}
+	return nil
+}
+
+func validHeaderModifier(m *registryv1.HeaderModifier, f string) error {
+	if err := validHeaders(m.GetSet(), f+".set"); err != nil {
+		return err
+	}
+	if err := validHeaders(m.GetAdd(), f+".add"); err != nil {
+		return err
+	}
+	for i, n := range m.GetRemove() {
+		if n == "" {
+			return fieldErr(fmt.Sprintf("%s.remove[%d]", f, i), n, "want an HTTP header name")
+		}
+	}
+	return nil
+}
+
+func validPathModifier(p *registryv1.PathModifier, f string) error {
+	if p == nil {
+		return nil
+	}
+	if p.GetType() != registryv1.PathModifier_TYPE_REPLACE_FULL_PATH && p.GetType() != registryv1.PathModifier_TYPE_REPLACE_PREFIX_MATCH {
+		return fieldErr(f+".type", p.GetType().String(), "want REPLACE_FULL_PATH or REPLACE_PREFIX_MATCH")
+	}
+	if !strings.HasPrefix(p.GetValue(), "/") {
+		return fieldErr(f+".value", p.GetValue(), "want an absolute path starting with /")
+	}
+	return nil
+}
+
+func validFilter(flt *registryv1.RouteFilter, f string) error {
+	switch x := flt.GetFilter().(type) {
+	case *registryv1.RouteFilter_RequestHeaderModifier:
+		return validHeaderModifier(x.RequestHeaderModifier, f+".request_header_modifier")
+	case *registryv1.RouteFilter_ResponseHeaderModifier:
+		return validHeaderModifier(x.ResponseHeaderModifier, f+".response_header_modifier")
+	case *registryv1.RouteFilter_RequestRedirect:
+		r := x.RequestRedirect
+		if s := r.GetScheme(); s != "" && s != "http" && s != "https" {
+			return fieldErr(f+".request_redirect.scheme", s, "want http, https or empty")
+		}
+		if c := r.GetStatusCode(); c != 0 && c != 301 && c != 302 {
+			return fieldErr(f+".request_redirect.status_code", strconv.Itoa(int(c)), "want 301 or 302")
+		}
+		if err := validPort(r.GetPort(), f+".request_redirect.port", true); err != nil {
+			return err
+		}
+		return validPathModifier(r.GetPath(), f+".request_redirect.path")
+	case *registryv1.RouteFilter_UrlRewrite:
+		return validPathModifier(x.UrlRewrite.GetPath(), f+".url_rewrite.path")
+	case *registryv1.RouteFilter_RequestMirror:
+		if x.RequestMirror.GetPercent() > 100 {
+			return fieldErr(f+".request_mirror.percent", strconv.Itoa(int(x.RequestMirror.GetPercent())), "want 0-100")
+		}
+		return validBackend(x.RequestMirror.GetBackend(), f+".request_mirror.backend")
+	}
+	return fieldErr(f, "", "want exactly one filter")
+}
+
+func validBackend(b *registryv1.BackendRef, f string) error {
+	if b == nil {
+		return fieldErr(f, "", "required")
+	}
+	if b.GetKind() > registryv1.BackendRef_KIND_SERVICE_IMPORT || b.GetKind() < 0 {
+		return fieldErr(f+".kind", b.GetKind().String(), "want SERVICE or SERVICE_IMPORT")
+	}
+	if err := validRef(b.GetService(), f+".service"); err != nil {
+		return err
+	}
+	if err := validPort(b.GetPort(), f+".port", false); err != nil {
+		return err
+	}
+	if b.GetWeight() > 1000000 {
+		return fieldErr(f+".weight", strconv.Itoa(int(b.GetWeight())), "want 0-1000000 (Gateway API)")
+	}
+	for i, flt := range b.GetFilters() {
+		if err := validFilter(flt, fmt.Sprintf("%s.filters[%d]", f, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
