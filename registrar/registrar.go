@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -23,6 +24,7 @@ import (
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/aethermesh/aether/registrar/mcs"
+	"github.com/aethermesh/aether/registrar/registry"
 )
 
 // Config configures one registrar instance (one replica of aether-registrar).
@@ -227,3 +229,14 @@ type everyReplica func(ctx context.Context) error
 
 func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
 func (f everyReplica) NeedLeaderElection() bool        { return false }
+
+// EtcdProbe returns a registry probe for Config.Probe: a linearizable read of at most one key
+// under registry.Root, which succeeds only when a quorum of the registry's etcd answers.
+func EtcdProbe(cli *clientv3.Client) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if _, err := cli.Get(ctx, registry.Root, clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly()); err != nil {
+			return fmt.Errorf("probe registry: %w", err)
+		}
+		return nil
+	}
+}
