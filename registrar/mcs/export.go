@@ -50,6 +50,9 @@ type ExportController struct {
 	SkipNameValidation bool
 	// RateLimiter, when set, replaces the default retry rate limiter.
 	RateLimiter workqueue.TypedRateLimiter[reconcile.Request]
+	// WriteTimeout bounds one registry write (default 5 s): without it a write to an unreachable
+	// registry blocks until the registry returns, holding a worker.
+	WriteTimeout time.Duration
 
 	queue queueRef
 }
@@ -60,8 +63,13 @@ type ExportController struct {
 
 // Reconcile records or clears this cluster's export mark for the ServiceExport req names and
 // updates its status. The ServiceExport's namespace and name are the exported Service's (MCS
-// API). It returns an error (and is retried) when the registry or the API server refuses a write.
+// API). It returns an error (and is retried) when the registry or the API server refuses a write
+// (a resourceVersion conflict is retried shortly without an error).
 func (c *ExportController) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	return quietConflict(c.reconcile(ctx, req))
+}
+
+func (c *ExportController) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if !c.View.Synced() {
 		// The mark's create_time must come from the registry's own view first.
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
@@ -103,7 +111,10 @@ func (c *ExportController) Reconcile(ctx context.Context, req reconcile.Request)
 	st := se.Status.DeepCopy()
 	setCond(st, metav1.ConditionTrue, mcsv1beta1.ServiceExportConditionValid, string(mcsv1beta1.ServiceExportReasonValid), "the Service can be exported", se.Generation)
 	if have, ok := c.View.Own(origin, key); !ok || !SameMark(have.Value, want) {
-		if err := c.Exports.Export(ctx, want); err != nil {
+		wctx, cancel := c.writeCtx(ctx)
+		err := c.Exports.Export(wctx, want)
+		cancel()
+		if err != nil {
 			setCond(st, metav1.ConditionFalse, mcsv1beta1.ServiceExportConditionReady, string(mcsv1beta1.ServiceExportReasonPending), "writing the export mark to the registry failed; retrying: "+err.Error(), se.Generation)
 			return reconcile.Result{}, errors.Join(fmt.Errorf("export %s: %w", key, err), c.updateStatus(ctx, &se, st))
 		}
@@ -132,11 +143,21 @@ func (c *ExportController) unexport(ctx context.Context, key model.ServiceKey) e
 	if _, ok := c.View.Own(c.Exports.Origin(), key); !ok {
 		return nil
 	}
-	if err := c.Exports.Unexport(ctx, key.Namespace, key.Name); err != nil {
+	wctx, cancel := c.writeCtx(ctx)
+	defer cancel()
+	if err := c.Exports.Unexport(wctx, key.Namespace, key.Name); err != nil {
 		return fmt.Errorf("unexport %s: %w", key, err)
 	}
 	c.Log.Debug("mcs: export mark removed", "service", key.String())
 	return nil
+}
+
+func (c *ExportController) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := c.WriteTimeout
+	if d <= 0 {
+		d = 5 * time.Second
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 func setCond(st *mcsv1beta1.ServiceExportStatus, status metav1.ConditionStatus, t mcsv1beta1.ServiceExportConditionType, reason, msg string, gen int64) {

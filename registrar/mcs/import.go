@@ -74,8 +74,23 @@ type ImportGenerator struct {
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile converges the ServiceImport and clusterset Service of the service req names with
-// the export view. It returns an error (and is retried) when the API server refuses a write.
+// the export view. It returns an error (and is retried) when the API server refuses a write; a
+// write refused because the cache was behind (a resourceVersion conflict) is retried shortly
+// without an error.
 func (g *ImportGenerator) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	return quietConflict(g.reconcile(ctx, req))
+}
+
+// quietConflict turns a resourceVersion conflict (our cache was behind our own last write) into
+// a short requeue instead of a logged error.
+func quietConflict(r reconcile.Result, err error) (reconcile.Result, error) {
+	if err != nil && apierrors.IsConflict(err) {
+		return reconcile.Result{RequeueAfter: 100 * time.Millisecond}, nil
+	}
+	return r, err
+}
+
+func (g *ImportGenerator) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
 	if !g.View.Synced() {
 		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
 	}
@@ -98,10 +113,15 @@ func (g *ImportGenerator) Reconcile(ctx context.Context, req reconcile.Request) 
 		g.Metrics.setMissingNS(key, false)
 		g.Metrics.setBlocked(key, false)
 		g.Metrics.setImported(key, false)
-		if err := g.deleteOurs(ctx, cs); err != nil {
-			return reconcile.Result{}, err
+		if cs != nil {
+			if err := g.deleteOurs(ctx, cs); err != nil {
+				return reconcile.Result{}, err
+			}
 		}
-		return reconcile.Result{}, g.deleteOurs(ctx, si)
+		if si != nil {
+			return reconcile.Result{}, g.deleteOurs(ctx, si)
+		}
+		return reconcile.Result{}, nil
 	}
 
 	ns, err := getOpt(ctx, g.Client, types.NamespacedName{Name: req.Namespace}, &corev1.Namespace{})
@@ -217,7 +237,7 @@ func managed(o client.Object) bool {
 // deleteOurs deletes o when it exists and carries aether's label (UID precondition, so an object
 // recreated under the same name in between is left alone).
 func (g *ImportGenerator) deleteOurs(ctx context.Context, o client.Object) error {
-	if o == nil || o.GetName() == "" || !managed(o) {
+	if !managed(o) {
 		return nil
 	}
 	uid := o.GetUID()
