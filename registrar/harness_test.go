@@ -22,8 +22,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/aethermesh/aether/internal/testenv"
@@ -346,7 +346,9 @@ type registryServer struct {
 func startRegistryServer(t testing.TB) *registryServer {
 	t.Helper()
 	dir := t.TempDir()
-	u := func() string { return (&url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}).String() }
+	u := func() string {
+		return (&url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}).String()
+	}
 	s := &registryServer{t: t, cfg: registry.EmbeddedConfig{
 		DataDir: dir, ClientURL: u(), PeerURL: u(), LogFile: filepath.Join(dir, "etcd.log"), Logger: testLogger(t, "etcd"),
 	}}

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"slices"
 	"strings"
 	"time"
 
@@ -19,7 +18,6 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -43,8 +41,11 @@ const (
 // ports, status.clusters the exporting clusters) and a distinct selectorless <svc>-clusterset
 // Service whose ClusterIP (the clusterset VIP, allocated by this cluster's API server) is copied
 // into the ServiceImport's spec.ips. The Service carries label aether.io/managed-by: aether and
-// annotations aether.io/mesh-service: <ns>/<svc> and aether.io/mesh-port; its owner is the
-// ServiceImport. Both are removed when no cluster exports the service any more.
+// annotations aether.io/mesh-service: <ns>/<svc> and aether.io/mesh-port. Both are removed when
+// no cluster exports the service any more. The Service is created first, so the ServiceImport is
+// created with its ips (three writes per new import: Service, ServiceImport, its status). The
+// Service has no owner reference to the ServiceImport on purpose: a ServiceImport deleted by
+// hand is recreated with the same VIP instead of the garbage collector taking the VIP with it.
 //
 // It never creates, changes or deletes an object without the aether.io/managed-by: aether label.
 // When the namespace does not exist (or is terminating), nothing is created and the gap is
@@ -163,20 +164,9 @@ func (g *ImportGenerator) reconcile(ctx context.Context, req reconcile.Request) 
 	}
 	g.Metrics.setBlocked(key, false)
 
-	want := DesiredImport(req.Namespace, req.Name, res, nil)
-	if si == nil {
-		si = want.DeepCopy()
-		si.Status = mcsv1beta1.ServiceImportStatus{}
-		if err := g.Client.Create(ctx, si); err != nil {
-			return requeueOnExists(fmt.Errorf("create ServiceImport %s: %w", key, err))
-		}
-	}
 	wantCS, _ := DesiredClustersetService(req.Namespace, req.Name, res)
 	if cs == nil {
 		cs = wantCS
-		if err := controllerutil.SetControllerReference(si, cs, g.Client.Scheme()); err != nil {
-			return reconcile.Result{}, fmt.Errorf("set owner of Service %s/%s: %w", cs.Namespace, cs.Name, err)
-		}
 		if err := g.Client.Create(ctx, cs); err != nil {
 			return requeueOnExists(fmt.Errorf("create Service %s/%s: %w", cs.Namespace, cs.Name, err))
 		}
@@ -198,8 +188,14 @@ func (g *ImportGenerator) reconcile(ctx context.Context, req reconcile.Request) 
 	if len(ips) == 0 && cs.Spec.ClusterIP != "" {
 		ips = []string{cs.Spec.ClusterIP}
 	}
-	want.Spec.IPs = slices.Clone(ips)
-	if !equality.Semantic.DeepEqual(si.Spec, want.Spec) || si.Labels[model.LabelManagedBy] != model.ManagedByAether {
+	want := DesiredImport(req.Namespace, req.Name, res, ips)
+	if si == nil {
+		si = want.DeepCopy()
+		si.Status = mcsv1beta1.ServiceImportStatus{} // status is a subresource: written below
+		if err := g.Client.Create(ctx, si); err != nil {
+			return requeueOnExists(fmt.Errorf("create ServiceImport %s: %w", key, err))
+		}
+	} else if !equality.Semantic.DeepEqual(si.Spec, want.Spec) {
 		upd := si.DeepCopy()
 		upd.Spec = want.Spec
 		if err := g.Client.Update(ctx, upd); err != nil {
