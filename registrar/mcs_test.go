@@ -110,6 +110,32 @@ func TestMCSTwoClusters(t *testing.T) {
 		// The agents' model sees the clusterset VIP exactly as the registrar wrote it.
 		assertModelImports(t, west, regSrv, "shop", "cart", si.Spec.IPs[0])
 
+		// A ServiceImport deleted by hand comes back with the same clusterset VIP.
+		vip := si.Spec.IPs[0]
+		if err := west.c.Delete(ctx, si); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "ServiceImport recreated with the same VIP", func() error {
+			got, err := west.imported("shop", "cart", []int32{80, 9090, 5432}, "east")
+			if err == nil && (got.UID == si.UID || got.Spec.IPs[0] != vip) {
+				return fmt.Errorf("uid %s (was %s), ips %v (was %s)", got.UID, si.UID, got.Spec.IPs, vip)
+			}
+			return err
+		})
+		// A port change of the exported Service reaches the imports.
+		var svc corev1.Service
+		if err := east.c.Get(ctx, types.NamespacedName{Namespace: "shop", Name: "cart"}, &svc); err != nil {
+			t.Fatal(err)
+		}
+		svc.Spec.Ports = svc.Spec.Ports[:2]
+		if err := east.c.Update(ctx, &svc); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "port change imported in west", func() error {
+			_, err := west.imported("shop", "cart", []int32{80, 9090}, "east")
+			return err
+		})
+
 		east.unexport(t, "shop", "cart")
 		took = eventually(t, "removal in west", func() error { return west.gone("shop", "cart") })
 		t.Logf("unexport in east -> removed in west: %s", took)
