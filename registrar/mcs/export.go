@@ -70,9 +70,10 @@ func (c *ExportController) Reconcile(ctx context.Context, req reconcile.Request)
 }
 
 func (c *ExportController) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if !c.View.Synced() {
-		// The mark's create_time must come from the registry's own view first.
-		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
+	// Nothing is decided before the view holds the registry's first snapshot (a registry
+	// unreachable at start must not look like "nothing is exported"): wait for it.
+	if err := c.View.WaitSynced(ctx); err != nil {
+		return reconcile.Result{}, nil
 	}
 	key := model.ServiceKey{Namespace: req.Namespace, Name: req.Name}
 	origin := c.Exports.Origin()

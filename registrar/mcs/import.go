@@ -92,8 +92,10 @@ func quietConflict(r reconcile.Result, err error) (reconcile.Result, error) {
 }
 
 func (g *ImportGenerator) reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
-	if !g.View.Synced() {
-		return reconcile.Result{RequeueAfter: 200 * time.Millisecond}, nil
+	// Nothing is decided before the view holds the registry's first snapshot (a registry
+	// unreachable at start must not look like "nothing is exported"): wait for it.
+	if err := g.View.WaitSynced(ctx); err != nil {
+		return reconcile.Result{}, nil
 	}
 	key := model.ServiceKey{Namespace: req.Namespace, Name: req.Name}
 	res, exported := Resolve(g.View.Marks(key))

@@ -125,8 +125,16 @@ func (v *ExportView) Synced() bool {
 	return v.synced
 }
 
-// SyncedCh is closed once the view holds the registry's first snapshot.
-func (v *ExportView) SyncedCh() <-chan struct{} { return v.syncedCh }
+// WaitSynced blocks until the view holds the registry's first snapshot; it returns ctx's error
+// when ctx ends first.
+func (v *ExportView) WaitSynced(ctx context.Context) error {
+	select {
+	case <-v.syncedCh:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // Marks returns the export marks of one service from every cluster, sorted by registry key.
 // The records are shared: callers must not change them.
