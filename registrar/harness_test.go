@@ -91,7 +91,7 @@ func (cl *cluster) registrarConfig() *rest.Config {
 	return rc
 }
 
-func applyYAML(t testing.TB, c client.Client, rel string) {
+func applyYAML(t testing.TB, c client.Client, rel string, opts ...client.CreateOption) {
 	t.Helper()
 	root, err := testenv.RepoRoot()
 	if err != nil {
@@ -109,7 +109,7 @@ func applyYAML(t testing.TB, c client.Client, rel string) {
 		if len(u.Object) == 0 {
 			continue
 		}
-		if err := c.Create(context.Background(), &u); err != nil {
+		if err := c.Create(context.Background(), &u, opts...); err != nil {
 			t.Fatalf("apply %s %s: %v", u.GetKind(), u.GetName(), err)
 		}
 	}

@@ -58,6 +58,8 @@ func TestMCSTwoClusters(t *testing.T) {
 	eastA.waitElected(t)
 	westR.waitElected(t)
 	ctx := context.Background()
+	// The shipped Deployment is valid for a real API server (strict server-side dry run).
+	applyYAML(t, east.c, "deploy/registrar/deployment.yaml", client.DryRunAll, client.FieldValidation("Strict"))
 	suite := t // registrars started in a phase but used by later ones live as long as the suite
 
 	t.Run("ExportImportsInBothClustersAndUnexportRemoves", func(t *testing.T) {
