@@ -399,9 +399,24 @@ func TestMCSTwoClusters(t *testing.T) {
 		t.Logf("converged %s after both registrars were ready again; %s from starting the registry again to converged", took, time.Since(restart))
 	})
 
-	if flap != nil {
-		flap.finish(t, flapWatch(t))
+	if flap == nil {
+		return
 	}
+	flap.finish(t, flapWatch(t))
+
+	t.Run("WinnerUnexportHandsOverToNextOldest", func(t *testing.T) {
+		west.unexport(t, "stock", "inventory")
+		eventually(t, "east's export defines the service", func() error {
+			return errorsJoin(
+				east.wantCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict, metav1.ConditionFalse, string(mcsv1beta1.ServiceExportReasonNoConflicts)),
+				func() error { _, err := east.imported("stock", "inventory", []int32{8000}, "east"); return err }(),
+				func() error { _, err := west.imported("stock", "inventory", []int32{8000}, "east"); return err }(),
+			)
+		})
+		if g := eastA.gauge(t, "aether_registrar_export_conflicts"); g != 0 {
+			t.Errorf("east aether_registrar_export_conflicts = %v, want 0", g)
+		}
+	})
 }
 
 func namesRange(from, to int) []string {
