@@ -137,8 +137,9 @@ func (c *ExportController) reconcile(ctx context.Context, req reconcile.Request)
 	return reconcile.Result{}, c.updateStatus(ctx, &se, st)
 }
 
-// unexport removes this cluster's mark of key when the view (or a pending write) says there is
-// one; a missing mark costs no registry call.
+// unexport removes this cluster's mark of key when the export view holds one; a missing mark
+// costs no registry call. A mark written moments ago that the view has not seen yet is removed
+// when the view delivers it (the view's notification reconciles the key again).
 func (c *ExportController) unexport(ctx context.Context, key model.ServiceKey) error {
 	c.Metrics.setConflict(key, false)
 	if _, ok := c.View.Own(c.Exports.Origin(), key); !ok {
