@@ -288,7 +288,7 @@ func startRegistrar(t testing.TB, cl *cluster, endpoints []string, name string) 
 		Kube: cl.registrarConfig(), Exports: reg, Probe: registrar.EtcdProbe(reg.Client()),
 		ProbeInterval: 300 * time.Millisecond, ProbeTimeout: time.Second,
 		LeaderElection: true, LeaderElectionID: "aether-registrar", LeaderElectionNamespace: systemNS,
-		LeaseDuration: 4 * time.Second, RenewDeadline: 3 * time.Second, RetryPeriod: 500 * time.Millisecond,
+		LeaseDuration: 5 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond,
 		Metrics: met, SkipNameValidation: true, MaxRetryDelay: 5 * time.Second, Logger: log,
 	})
 	if err != nil {
