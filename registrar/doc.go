@@ -1,8 +1,14 @@
 // Package registrar is the per-cluster, leader-elected controller set behind aether-registrar:
-// the Multi-Cluster Services ExportController (ServiceExport to an export mark in the registry,
-// with Valid, Ready and Conflict conditions) and ImportGenerator (ServiceImport and the
-// <svc>-clusterset VIP Service from the clusterset-wide export view).
+// New builds a controller-runtime manager (leader election, /healthz, /readyz, metrics) running
+// the Multi-Cluster Services controllers of package registrar/mcs — the ExportView, the
+// ExportController (ServiceExport to an export mark in this cluster's registry partition, with
+// Valid, Ready and Conflict conditions) and the ImportGenerator (ServiceImport and the
+// <svc>-clusterset VIP Service from the clusterset-wide export view) — and a registry probe that
+// makes the registrar not ready while the registry does not answer. docs/registrar.md is the
+// operator's guide.
 //
 // It is the only aether component that writes Kubernetes objects from registry state, and it
-// never touches objects aether did not create (label aether.io/managed-by: aether).
+// never touches objects aether did not create (label aether.io/managed-by: aether); it writes
+// only ServiceExport status. It must not write endpoints or another cluster's registry partition
+// (package registrar/registry owns the key layout and refuses such writes).
 package registrar

@@ -1,0 +1,167 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// config is the registrar's whole configuration: every field has a flag, most an environment
+// variable too (the flag wins). validate names the flag of every bad field.
+type config struct {
+	Cluster    string // --cluster, AETHER_CLUSTER: this cluster's name (its registry partition)
+	Region     string // --region, AETHER_REGION
+	Kubeconfig string // --kubeconfig, KUBECONFIG (empty: in-cluster)
+
+	RegistryEndpoints []string // --registry-endpoints, AETHER_REGISTRY_ENDPOINTS (comma-separated URLs)
+	RegistryCA        string   // --registry-ca, AETHER_REGISTRY_CA
+	RegistryCert      string   // --registry-cert, AETHER_REGISTRY_CERT
+	RegistryKey       string   // --registry-key, AETHER_REGISTRY_KEY
+	RegistryUser      string   // --registry-user, AETHER_REGISTRY_USER (etcd auth; password from AETHER_REGISTRY_PASSWORD)
+	RegistryPassword  string   // AETHER_REGISTRY_PASSWORD only (never a flag: it would show in ps)
+	RegistryDataDir   string   // --registry-data-dir, AETHER_REGISTRY_DATA_DIR: embedded etcd's data (no endpoints)
+	RegistryListen    string   // --registry-listen: embedded etcd's client URL
+	RegistryPeer      string   // --registry-peer-listen: embedded etcd's peer URL
+	RegistryProbe     time.Duration
+
+	LeaderElect          bool          // --leader-elect
+	LeaderElectNamespace string        // --leader-elect-namespace, POD_NAMESPACE
+	LeaderElectID        string        // --leader-elect-id
+	LeaseDuration        time.Duration // --leader-elect-lease-duration
+	RenewDeadline        time.Duration // --leader-elect-renew-deadline
+	RetryPeriod          time.Duration // --leader-elect-retry-period
+	ReleaseOnCancel      bool          // --leader-elect-release-on-cancel
+
+	MetricsAddr string // --metrics-addr
+	HealthAddr  string // --health-addr
+	Workers     int    // --workers
+	KubeQPS     float64
+	KubeBurst   int
+
+	LogLevel slog.Level // --log-level
+}
+
+// parseConfig reads flags (args without the program name) with environment defaults from getenv.
+func parseConfig(args []string, getenv func(string) string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("aether-registrar", flag.ContinueOnError)
+	env := func(k, def string) string {
+		if v := getenv(k); v != "" {
+			return v
+		}
+		return def
+	}
+	fs.StringVar(&c.Cluster, "cluster", env("AETHER_CLUSTER", ""), "this cluster's name: its registry partition and MCS cluster name (env AETHER_CLUSTER)")
+	fs.StringVar(&c.Region, "region", env("AETHER_REGION", "default"), "this cluster's region in the registry key layout (env AETHER_REGION)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig path (empty: in-cluster config)")
+	endpoints := fs.String("registry-endpoints", env("AETHER_REGISTRY_ENDPOINTS", ""), "comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd")
+	fs.StringVar(&c.RegistryCA, "registry-ca", env("AETHER_REGISTRY_CA", ""), "CA bundle for the registry's TLS")
+	fs.StringVar(&c.RegistryCert, "registry-cert", env("AETHER_REGISTRY_CERT", ""), "client certificate for the registry")
+	fs.StringVar(&c.RegistryKey, "registry-key", env("AETHER_REGISTRY_KEY", ""), "client key for the registry")
+	fs.StringVar(&c.RegistryUser, "registry-user", env("AETHER_REGISTRY_USER", ""), "etcd user (password from env AETHER_REGISTRY_PASSWORD)")
+	c.RegistryPassword = getenv("AETHER_REGISTRY_PASSWORD")
+	fs.StringVar(&c.RegistryDataDir, "registry-data-dir", env("AETHER_REGISTRY_DATA_DIR", "/var/lib/aether/registry"), "embedded etcd's data directory (used when --registry-endpoints is empty)")
+	fs.StringVar(&c.RegistryListen, "registry-listen", "http://127.0.0.1:2379", "embedded etcd's client URL (used when --registry-endpoints is empty)")
+	fs.StringVar(&c.RegistryPeer, "registry-peer-listen", "http://127.0.0.1:2380", "embedded etcd's peer URL (used when --registry-endpoints is empty)")
+	fs.DurationVar(&c.RegistryProbe, "registry-probe-interval", 2*time.Second, "how often readiness probes the registry")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "elect a leader among replicas (only the leader writes)")
+	fs.StringVar(&c.LeaderElectNamespace, "leader-elect-namespace", env("POD_NAMESPACE", "aether-system"), "namespace of the leader election Lease (env POD_NAMESPACE)")
+	fs.StringVar(&c.LeaderElectID, "leader-elect-id", "aether-registrar", "name of the leader election Lease")
+	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a standby waits before taking over a lease that was not renewed")
+	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it steps down")
+	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "interval between leader election attempts")
+	fs.BoolVar(&c.ReleaseOnCancel, "leader-elect-release-on-cancel", true, "give up the lease at once on a clean shutdown")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
+	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
+	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")
+	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 50, "API server requests per second")
+	fs.IntVar(&c.KubeBurst, "kube-api-burst", 100, "API server request burst")
+	level := fs.String("log-level", env("AETHER_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	for _, e := range strings.Split(*endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			c.RegistryEndpoints = append(c.RegistryEndpoints, e)
+		}
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
+		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
+	}
+	return c, c.validate()
+}
+
+func (c config) validate() error {
+	var errs []error
+	label := func(flagName, v string) {
+		if v == "" {
+			errs = append(errs, fmt.Errorf("--%s is required", flagName))
+		} else if e := validation.IsDNS1123Label(v); len(e) > 0 {
+			errs = append(errs, fmt.Errorf("--%s %q: %s", flagName, v, strings.Join(e, "; ")))
+		}
+	}
+	label("cluster", c.Cluster)
+	label("region", c.Region)
+	for _, e := range c.RegistryEndpoints {
+		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--registry-endpoints %q: want http:// or https:// URLs", e))
+		}
+	}
+	if len(c.RegistryEndpoints) == 0 {
+		if c.RegistryDataDir == "" {
+			errs = append(errs, errors.New("--registry-data-dir is required when --registry-endpoints is empty"))
+		}
+		for _, f := range []struct{ name, v string }{{"registry-listen", c.RegistryListen}, {"registry-peer-listen", c.RegistryPeer}} {
+			u, err := url.Parse(f.v)
+			if err != nil || u.Scheme != "http" {
+				errs = append(errs, fmt.Errorf("--%s %q: want an http:// URL", f.name, f.v))
+			} else if _, _, err := net.SplitHostPort(u.Host); err != nil {
+				errs = append(errs, fmt.Errorf("--%s %q: want host:port", f.name, f.v))
+			}
+		}
+	}
+	if (c.RegistryCert == "") != (c.RegistryKey == "") {
+		errs = append(errs, errors.New("--registry-cert and --registry-key go together"))
+	}
+	for _, f := range []struct{ name, path string }{{"registry-ca", c.RegistryCA}, {"registry-cert", c.RegistryCert}, {"registry-key", c.RegistryKey}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q: %w", f.name, f.path, err))
+		}
+	}
+	if c.RegistryProbe <= 0 {
+		errs = append(errs, fmt.Errorf("--registry-probe-interval %s: want a positive duration", c.RegistryProbe))
+	}
+	if c.LeaderElect {
+		if c.LeaderElectNamespace == "" {
+			errs = append(errs, errors.New("--leader-elect-namespace is required with --leader-elect"))
+		}
+		if c.LeaderElectID == "" {
+			errs = append(errs, errors.New("--leader-elect-id is required with --leader-elect"))
+		}
+		if c.RetryPeriod <= 0 || c.RenewDeadline <= c.RetryPeriod || c.LeaseDuration <= c.RenewDeadline {
+			errs = append(errs, fmt.Errorf("--leader-elect-lease-duration %s, --leader-elect-renew-deadline %s, --leader-elect-retry-period %s: want lease > renew > retry > 0",
+				c.LeaseDuration, c.RenewDeadline, c.RetryPeriod))
+		}
+	}
+	if c.Workers < 1 {
+		errs = append(errs, fmt.Errorf("--workers %d: want at least 1", c.Workers))
+	}
+	if c.KubeQPS <= 0 || c.KubeBurst < 1 {
+		errs = append(errs, fmt.Errorf("--kube-api-qps %v, --kube-api-burst %d: want positive values", c.KubeQPS, c.KubeBurst))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseConfig(t *testing.T) {
+	env := map[string]string{"AETHER_CLUSTER": "east", "POD_NAMESPACE": "mesh-system"}
+	getenv := func(k string) string { return env[k] }
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr string
+		check   func(config) bool
+	}{
+		{name: "env defaults: embedded registry", check: func(c config) bool {
+			return c.Cluster == "east" && c.Region == "default" && len(c.RegistryEndpoints) == 0 && c.RegistryDataDir != "" &&
+				c.LeaderElect && c.LeaderElectNamespace == "mesh-system" && c.LeaseDuration == 15*time.Second
+		}},
+		{name: "external registry", args: []string{"--registry-endpoints", "https://10.0.0.1:2379, https://10.0.0.2:2379", "--registry-data-dir", ""}, check: func(c config) bool {
+			return len(c.RegistryEndpoints) == 2 && c.RegistryEndpoints[1] == "https://10.0.0.2:2379"
+		}},
+		{name: "no data dir without endpoints", args: []string{"--registry-data-dir", ""}, wantErr: "--registry-data-dir is required"},
+		{name: "bad endpoint", args: []string{"--registry-endpoints", "10.0.0.1:2379"}, wantErr: `--registry-endpoints "10.0.0.1:2379"`},
+		{name: "bad cluster", args: []string{"--cluster", "East_1"}, wantErr: `--cluster "East_1"`},
+		{name: "bad region", args: []string{"--region", "a.b"}, wantErr: `--region "a.b"`},
+		{name: "bad listen", args: []string{"--registry-listen", "https://127.0.0.1:2379"}, wantErr: "--registry-listen"},
+		{name: "cert without key", args: []string{"--registry-cert", "/etc/hostname"}, wantErr: "--registry-cert and --registry-key go together"},
+		{name: "missing file", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
+		{name: "lease timings", args: []string{"--leader-elect-renew-deadline", "20s"}, wantErr: "--leader-elect-lease-duration 15s"},
+		{name: "no leader election needs no namespace", args: []string{"--leader-elect=false", "--leader-elect-namespace", ""}, check: func(c config) bool { return !c.LeaderElect }},
+		{name: "workers", args: []string{"--workers", "0"}, wantErr: "--workers 0"},
+		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
+		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseConfig(tc.args, getenv)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to name %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(c) {
+				t.Errorf("config = %+v", c)
+			}
+		})
+	}
+	if _, err := parseConfig(nil, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "--cluster is required") {
+		t.Errorf("empty config error = %v, want --cluster named", err)
+	}
+}

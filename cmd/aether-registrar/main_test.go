@@ -1,0 +1,203 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
+
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// TestMain runs the command itself when AETHER_REGISTRAR_MAIN=1, so tests start the real
+// aether-registrar (flags, env, main, run) as a child process without a separate build.
+func TestMain(m *testing.M) {
+	if os.Getenv("AETHER_REGISTRAR_MAIN") == "1" {
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// proc is a running aether-registrar child process.
+type proc struct {
+	cmd    *exec.Cmd
+	health string
+	done   chan error
+	log    string
+}
+
+func startProc(t testing.TB, args ...string) *proc {
+	t.Helper()
+	health := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	logPath := filepath.Join(t.TempDir(), "registrar.log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(os.Args[0], append([]string{"--health-addr", health, "--metrics-addr", "0"}, args...)...)
+	cmd.Env = append(os.Environ(), "AETHER_REGISTRAR_MAIN=1")
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, health: health, done: make(chan error, 1), log: logPath}
+	go func() { p.done <- cmd.Wait(); f.Close() }()
+	t.Cleanup(func() {
+		if p.stop() != nil || t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			s := string(b)
+			if len(s) > 4000 {
+				s = s[len(s)-4000:]
+			}
+			t.Logf("registrar log (tail):\n%s", s)
+		}
+	})
+	return p
+}
+
+// stop sends SIGTERM and returns the exit error (nil for status 0).
+func (p *proc) stop() error {
+	if p.cmd.ProcessState != nil {
+		return nil
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-p.done:
+		p.done <- err
+		return err
+	case <-time.After(30 * time.Second):
+		_ = p.cmd.Process.Kill()
+		return errors.New("did not stop within 30s of SIGTERM")
+	}
+}
+
+func (p *proc) ready() error {
+	resp, err := http.Get("http://" + p.health + "/readyz")
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/readyz: %s", resp.Status)
+	}
+	return nil
+}
+
+// memory returns the process's resident set size and its peak (VmRSS, VmHWM), in bytes.
+func (p *proc) memory() (rss, peak int64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 {
+			continue
+		}
+		kb, _ := strconv.ParseInt(fields[1], 10, 64)
+		switch fields[0] {
+		case "VmRSS:":
+			rss = kb * 1024
+		case "VmHWM:":
+			peak = kb * 1024
+		}
+	}
+	return rss, peak, sc.Err()
+}
+
+func waitFor(t testing.TB, d time.Duration, what string, check func() error) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		err := check()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, d, err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func kubeClient(t testing.TB, api *testenv.KubeAPIServer) client.Client {
+	s := runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(s), mcsv1beta1.Install(s)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(api.Config, client.Options{Scheme: s})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ns := range []string{"aether-system", "apps"} {
+		if err := c.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c
+}
+
+func exportService(ctx context.Context, c client.Client, ns, name string) error {
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": name},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}},
+	}
+	if err := c.Create(ctx, svc); err != nil {
+		return err
+	}
+	return c.Create(ctx, &mcsv1beta1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}})
+}
+
+// TestBinarySingleMachineEmbeddedRegistry runs the real command the single-machine way: no
+// --registry-endpoints, so it embeds etcd in --registry-data-dir. An export in its cluster becomes
+// a ServiceImport there, /readyz answers 200 and SIGTERM stops it with status 0.
+func TestBinarySingleMachineEmbeddedRegistry(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	c := kubeClient(t, api)
+	p := startProc(t, "--cluster", "solo", "--kubeconfig", api.Kubeconfig,
+		"--registry-data-dir", filepath.Join(t.TempDir(), "registry"),
+		"--registry-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)),
+		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)),
+		"--leader-elect-namespace", "aether-system")
+	waitFor(t, 60*time.Second, "/readyz", p.ready)
+	ctx := context.Background()
+	if err := exportService(ctx, c, "apps", "web"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "ServiceImport apps/web with its VIP", func() error {
+		var si mcsv1beta1.ServiceImport
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "apps", Name: "web"}, &si); err != nil {
+			return err
+		}
+		if len(si.Spec.IPs) != 1 || len(si.Status.Clusters) != 1 || si.Status.Clusters[0].Cluster != "solo" {
+			return fmt.Errorf("import %+v", si.Spec)
+		}
+		return nil
+	})
+	if err := p.stop(); err != nil {
+		t.Fatalf("exit after SIGTERM: %v", err)
+	}
+}

@@ -1,0 +1,242 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
+
+	"github.com/aethermesh/aether/registrar/mcs"
+	"github.com/aethermesh/aether/registrar/registry"
+)
+
+// Config configures one registrar instance (one replica of aether-registrar).
+type Config struct {
+	// Kube is the API server connection of this cluster. Required.
+	Kube *rest.Config
+	// Exports is this cluster's registry (its origin is this cluster's partition). Required.
+	Exports mcs.Exports
+	// Probe checks that the registry answers (for example a linearizable read with a short
+	// timeout); readiness fails while it returns an error. Required.
+	Probe func(ctx context.Context) error
+	// ProbeInterval is how often Probe runs (default 2 s); ProbeTimeout bounds one run (default 2 s).
+	ProbeInterval, ProbeTimeout time.Duration
+
+	// LeaderElection turns leader election on (a Lease named LeaderElectionID in
+	// LeaderElectionNamespace); only the leader runs the controllers.
+	LeaderElection          bool
+	LeaderElectionID        string
+	LeaderElectionNamespace string
+	// LeaseDuration, RenewDeadline and RetryPeriod tune leader election (client-go defaults 15 s,
+	// 10 s, 2 s when zero).
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+	// ReleaseOnCancel makes a stopping leader give up its lease at once, so a standby takes
+	// over without waiting LeaseDuration.
+	ReleaseOnCancel bool
+
+	// MetricsAddr is the metrics listener ("0" or "" disables it), HealthAddr the /healthz and
+	// /readyz listener ("0" or "" disables it).
+	MetricsAddr, HealthAddr string
+	// Metrics receives the registrar's collectors (nil: not registered).
+	Metrics prometheus.Registerer
+	// Workers bounds parallel reconciles per controller (default 4).
+	Workers int
+	// MaxRetryDelay caps the per-object retry back-off (default 30 s).
+	MaxRetryDelay time.Duration
+	// SkipNameValidation allows several registrars in one process (tests).
+	SkipNameValidation bool
+	// Logger receives the registrar's logs. Required.
+	Logger *slog.Logger
+}
+
+// Registrar is a configured, not yet started registrar: a controller-runtime manager with the
+// ExportView, the ExportController, the ImportGenerator and the registry probe.
+type Registrar struct {
+	mgr    manager.Manager
+	cfg    Config
+	log    *slog.Logger
+	export *mcs.ExportController
+	imp    *mcs.ImportGenerator
+
+	mu       sync.Mutex
+	probeErr error
+}
+
+// +kubebuilder:rbac:groups=coordination.k8s.io,namespace=aether-system,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",namespace=aether-system,resources=events,verbs=create;patch
+
+// New validates cfg and builds the manager and controllers. It returns an error naming the
+// missing or bad setting, or the manager's error.
+func New(cfg Config) (*Registrar, error) {
+	switch {
+	case cfg.Kube == nil:
+		return nil, errors.New("create registrar: Kube: required")
+	case cfg.Exports == nil:
+		return nil, errors.New("create registrar: Exports: required")
+	case cfg.Probe == nil:
+		return nil, errors.New("create registrar: Probe: required")
+	case cfg.Logger == nil:
+		return nil, errors.New("create registrar: Logger: required")
+	case cfg.LeaderElection && (cfg.LeaderElectionID == "" || cfg.LeaderElectionNamespace == ""):
+		return nil, fmt.Errorf("create registrar: leader election needs LeaderElectionID (%q) and LeaderElectionNamespace (%q)", cfg.LeaderElectionID, cfg.LeaderElectionNamespace)
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = 2 * time.Second
+	}
+	if cfg.ProbeTimeout <= 0 {
+		cfg.ProbeTimeout = 2 * time.Second
+	}
+	if cfg.MaxRetryDelay <= 0 {
+		cfg.MaxRetryDelay = 30 * time.Second
+	}
+	addr := func(a string) string {
+		if a == "" {
+			return "0"
+		}
+		return a
+	}
+	scheme := runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(scheme), mcsv1beta1.Install(scheme)); err != nil {
+		return nil, fmt.Errorf("create registrar: build scheme: %w", err)
+	}
+	opts := ctrl.Options{
+		Scheme:                        scheme,
+		Logger:                        logr.FromSlogHandler(cfg.Logger.Handler()),
+		Metrics:                       metricsserver.Options{BindAddress: addr(cfg.MetricsAddr)},
+		HealthProbeBindAddress:        addr(cfg.HealthAddr),
+		LeaderElection:                cfg.LeaderElection,
+		LeaderElectionID:              cfg.LeaderElectionID,
+		LeaderElectionNamespace:       cfg.LeaderElectionNamespace,
+		LeaderElectionReleaseOnCancel: cfg.ReleaseOnCancel,
+	}
+	if cfg.LeaseDuration > 0 {
+		opts.LeaseDuration = &cfg.LeaseDuration
+	}
+	if cfg.RenewDeadline > 0 {
+		opts.RenewDeadline = &cfg.RenewDeadline
+	}
+	if cfg.RetryPeriod > 0 {
+		opts.RetryPeriod = &cfg.RetryPeriod
+	}
+	mgr, err := ctrl.NewManager(cfg.Kube, opts)
+	if err != nil {
+		return nil, fmt.Errorf("create registrar: manager: %w", err)
+	}
+	met, err := mcs.NewMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("create registrar: %w", err)
+	}
+	log := cfg.Logger
+	view := mcs.NewExportView(cfg.Exports, log)
+	r := &Registrar{mgr: mgr, cfg: cfg, log: log, probeErr: errors.New("registry not probed yet")}
+	rl := func() workqueue.TypedRateLimiter[reconcile.Request] {
+		return workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay)
+	}
+	r.export = &mcs.ExportController{
+		Client: mgr.GetClient(), Exports: cfg.Exports, View: view, Log: log, Metrics: met,
+		MaxConcurrentReconciles: cfg.Workers, SkipNameValidation: cfg.SkipNameValidation, RateLimiter: rl(),
+	}
+	r.imp = &mcs.ImportGenerator{
+		Client: mgr.GetClient(), View: view, Recorder: mgr.GetEventRecorder("aether-registrar"), Log: log, Metrics: met,
+		MaxConcurrentReconciles: cfg.Workers, SkipNameValidation: cfg.SkipNameValidation, RateLimiter: rl(),
+	}
+	if err := errors.Join(
+		mgr.Add(view),
+		r.export.SetupWithManager(mgr),
+		r.imp.SetupWithManager(mgr),
+		mgr.Add(everyReplica(r.probeLoop)),
+		mgr.AddHealthzCheck("ping", healthz.Ping),
+		mgr.AddReadyzCheck("registry", r.readyCheck),
+	); err != nil {
+		return nil, fmt.Errorf("create registrar: %w", err)
+	}
+	return r, nil
+}
+
+// Start runs the registrar until ctx ends (nil) or the manager fails, for instance when it loses
+// its leader lease (an error: the process should exit and be restarted).
+func (r *Registrar) Start(ctx context.Context) error {
+	if err := r.mgr.Start(ctx); err != nil {
+		return fmt.Errorf("run registrar: %w", err)
+	}
+	return nil
+}
+
+// Elected is closed when this instance becomes the leader (at once without leader election).
+func (r *Registrar) Elected() <-chan struct{} { return r.mgr.Elected() }
+
+// Ready returns nil when the registry answered the last probe, else the probe's error.
+func (r *Registrar) Ready() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.probeErr
+}
+
+func (r *Registrar) readyCheck(*http.Request) error { return r.Ready() }
+
+// probeLoop probes the registry every ProbeInterval on every replica (readiness is per replica).
+// When the registry answers again after failing, it re-enqueues everything, so writes that failed
+// during the outage are retried at once.
+func (r *Registrar) probeLoop(ctx context.Context) error {
+	t := time.NewTicker(r.cfg.ProbeInterval)
+	defer t.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.ProbeTimeout)
+		err := r.cfg.Probe(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return nil
+		}
+		r.mu.Lock()
+		was := r.probeErr
+		r.probeErr = err
+		r.mu.Unlock()
+		switch {
+		case err != nil && was == nil:
+			r.log.Warn("registrar: registry unreachable; not ready (nothing is deleted while it is)", "err", err)
+		case err == nil && was != nil:
+			r.log.Info("registrar: registry reachable; ready")
+			r.export.Resync(ctx)
+			r.imp.Resync(ctx)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// everyReplica is a Runnable that runs on every replica, leader or not.
+type everyReplica func(ctx context.Context) error
+
+func (f everyReplica) Start(ctx context.Context) error { return f(ctx) }
+func (f everyReplica) NeedLeaderElection() bool        { return false }
+
+// EtcdProbe returns a registry probe for Config.Probe: a linearizable read of at most one key
+// under registry.Root, which succeeds only when a quorum of the registry's etcd answers.
+func EtcdProbe(cli *clientv3.Client) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if _, err := cli.Get(ctx, registry.Root, clientv3.WithPrefix(), clientv3.WithLimit(1), clientv3.WithKeysOnly()); err != nil {
+			return fmt.Errorf("probe registry: %w", err)
+		}
+		return nil
+	}
+}
