@@ -158,4 +158,3 @@ func counterValue(t testing.TB, c prometheus.Collector) float64 {
 	}
 	return sum
 }
-
