@@ -1,0 +1,423 @@
+package xds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/model"
+)
+
+// ServerOptions configure a Server.
+type ServerOptions struct {
+	// NodeID is the node id of the Envoy this server configures (its bootstrap's node.id).
+	NodeID string
+	// Identity issues and rotates the local pods' SVIDs.
+	Identity *identity.Rotator
+	// Build tunes the builders.
+	Build Options
+	// Logger receives build failures, NACKs and rotations (default slog.Default()).
+	Logger *slog.Logger
+	// Registerer, when set, receives the server's metrics.
+	Registerer prometheus.Registerer
+}
+
+// Server is the agent's xDS server for its node's Envoy: it builds snapshots from mesh models,
+// serves them over ADS (state-of-the-world and delta, go-control-plane) and tracks which snapshot
+// version Envoy has ACKed.
+type Server struct {
+	opts  ServerOptions
+	log   *slog.Logger
+	cache cache.SnapshotCache
+	// epoch prefixes every version this server instance hands out, so that a version an Envoy
+	// ACKed for a previous agent process is never taken for one of ours.
+	epoch string
+
+	buildFailures prometheus.Counter
+	nacks         *prometheus.CounterVec
+	snapVersion   prometheus.Gauge
+
+	mu       sync.Mutex
+	mesh     *model.Mesh
+	seq      uint64
+	last     *cache.Snapshot
+	lastL    uint64 // version at which listeners last changed
+	lastC    uint64 // version at which clusters last changed
+	need     map[uint64][2]uint64
+	acked    map[string]uint64 // type URL -> highest ACKed version of this epoch
+	nonces   map[string]uint64 // response nonce -> version (per stream nonces are unique enough)
+	nackCnt  uint64
+	lastNACK string
+	changed  chan struct{}
+}
+
+// Type URLs whose ACK WaitForAck waits for: the listeners hold the pods, the clusters are what
+// they route to.
+var waitTypes = [2]string{resource.ListenerType, resource.ClusterType}
+
+// NewServer returns a Server with an empty configuration.
+func NewServer(opts ServerOptions) (*Server, error) {
+	if opts.NodeID == "" {
+		return nil, errors.New("new xds server: empty NodeID")
+	}
+	if opts.Identity == nil {
+		return nil, errors.New("new xds server: nil Identity")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{
+		opts:  opts,
+		log:   opts.Logger,
+		epoch: strconv.FormatInt(time.Now().UnixNano(), 36),
+		buildFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aether_xds_build_failures_total", Help: "Snapshot builds that failed; the last good snapshot stays served."}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aether_xds_nacks_total", Help: "xDS responses Envoy rejected (NACK), by type URL."}, []string{"type_url"}),
+		snapVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "aether_xds_snapshot_sequence", Help: "Sequence number of the snapshot being served."}),
+		need:    map[uint64][2]uint64{},
+		acked:   map[string]uint64{},
+		nonces:  map[string]uint64{},
+		changed: make(chan struct{}),
+	}
+	if opts.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.snapVersion} {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("new xds server: register metrics: %w", err)
+			}
+		}
+	}
+	s.cache = cache.NewSnapshotCache(true, cache.IDHash{}, nil)
+	return s, nil
+}
+
+// Serve serves ADS (SotW and delta) on l until ctx ends, and rotates SVIDs at their half-life,
+// pushing a new snapshot each time. It returns nil when ctx ends.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	g := grpc.NewServer()
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, server.NewServer(ctx, s.cache, s.callbacks()))
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(l) }()
+	go s.rotate(ctx)
+	select {
+	case <-ctx.Done():
+		g.Stop()
+		<-errc
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("serve xds: %w", err)
+	}
+}
+
+// rotate rebuilds the snapshot when the earliest SVID reaches its half-life.
+func (s *Server) rotate(ctx context.Context) {
+	for {
+		next := s.opts.Identity.NextRenewal()
+		wait := time.Until(next)
+		if next.IsZero() || wait > time.Minute {
+			wait = time.Minute
+		}
+		if wait < 0 {
+			wait = 0
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		s.mu.Lock()
+		m := s.mesh
+		s.mu.Unlock()
+		if m == nil || time.Now().Before(s.opts.Identity.NextRenewal()) {
+			continue
+		}
+		if v, err := s.SetMesh(ctx, m); err != nil {
+			s.log.Error("rotate SVIDs", "err", err)
+		} else {
+			s.log.Info("rotated SVIDs", "version", v)
+		}
+	}
+}
+
+// SetMesh builds a snapshot from m, validates every resource (ValidateAll) and the snapshot's
+// consistency, and serves it. It returns the new snapshot's version, to pass to WaitForAck. When
+// the build or a check fails, the last good snapshot stays served, the failure is logged and
+// counted (aether_xds_build_failures_total), and the error is returned.
+func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap, err := s.build(ctx, m)
+	if err != nil {
+		s.buildFailures.Inc()
+		s.log.Error("build xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
+		return "", err
+	}
+	s.seq++
+	v := s.seq
+	version := s.epoch + "." + strconv.FormatUint(v, 10)
+	snap, err = cache.NewSnapshot(version, snapResources(snap))
+	if err == nil {
+		err = snap.Consistent()
+	}
+	if err != nil {
+		s.seq--
+		s.buildFailures.Inc()
+		s.log.Error("check xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
+		return "", fmt.Errorf("check snapshot: %w", err)
+	}
+	if s.last == nil || !sameResources(s.last, snap, resource.ListenerType) {
+		s.lastL = v
+	}
+	if s.last == nil || !sameResources(s.last, snap, resource.ClusterType) {
+		s.lastC = v
+	}
+	if err := s.cache.SetSnapshot(ctx, s.opts.NodeID, snap); err != nil {
+		s.seq--
+		s.buildFailures.Inc()
+		return "", fmt.Errorf("set snapshot: %w", err)
+	}
+	s.need[v] = [2]uint64{s.lastL, s.lastC}
+	for old := range s.need {
+		if old+64 < v {
+			delete(s.need, old)
+		}
+	}
+	s.last, s.mesh = snap, m
+	s.snapVersion.Set(float64(v))
+	return version, nil
+}
+
+// build runs the builders and validates every resource. Called with s.mu held.
+func (s *Server) build(ctx context.Context, m *model.Mesh) (*cache.Snapshot, error) {
+	var ids []string
+	seen := map[string]bool{}
+	for _, p := range m.Pods {
+		id := p.SPIFFEID(m.TrustDomain)
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	svids, _, err := s.opts.Identity.SVIDs(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*identity.SVID, len(svids))
+	for _, sv := range svids {
+		byID[sv.SPIFFEID] = sv
+	}
+	r, err := Build(m, byID, s.opts.Identity.Source().BundlePEM(), s.opts.Build)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.ValidateAll(); err != nil {
+		return nil, err
+	}
+	// A temporary snapshot holding the resources; SetMesh re-creates it with its version.
+	return cache.NewSnapshot("", r.typed())
+}
+
+// ValidateAll runs the PGV validation (ValidateAll) of every resource and returns every
+// violation, naming the resource.
+func (r *Resources) ValidateAll() error {
+	var errs []error
+	check := func(kind, name string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("validate %s %q: %w", kind, name, err))
+		}
+	}
+	for _, x := range r.Listeners {
+		check("listener", x.GetName(), x.ValidateAll())
+	}
+	for _, x := range r.Clusters {
+		check("cluster", x.GetName(), x.ValidateAll())
+	}
+	for _, x := range r.Endpoints {
+		check("endpoints", x.GetClusterName(), x.ValidateAll())
+	}
+	for _, x := range r.Routes {
+		check("route", x.GetName(), x.ValidateAll())
+	}
+	for _, x := range r.Secrets {
+		check("secret", x.GetName(), x.ValidateAll())
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Resources) typed() map[resource.Type][]types.Resource {
+	out := map[resource.Type][]types.Resource{}
+	add := func(t resource.Type, x types.Resource) { out[t] = append(out[t], x) }
+	for _, x := range r.Listeners {
+		add(resource.ListenerType, x)
+	}
+	for _, x := range r.Clusters {
+		add(resource.ClusterType, x)
+	}
+	for _, x := range r.Endpoints {
+		add(resource.EndpointType, x)
+	}
+	for _, x := range r.Routes {
+		add(resource.RouteType, x)
+	}
+	for _, x := range r.Secrets {
+		add(resource.SecretType, x)
+	}
+	return out
+}
+
+func snapResources(s *cache.Snapshot) map[resource.Type][]types.Resource {
+	out := map[resource.Type][]types.Resource{}
+	for _, t := range []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType} {
+		for _, r := range s.GetResources(t) {
+			out[t] = append(out[t], r)
+		}
+	}
+	return out
+}
+
+func sameResources(a, b *cache.Snapshot, t resource.Type) bool {
+	ra, rb := a.GetResources(t), b.GetResources(t)
+	if len(ra) != len(rb) {
+		return false
+	}
+	for name, x := range ra {
+		y, ok := rb[name]
+		if !ok || !proto.Equal(x, y) {
+			return false
+		}
+	}
+	return true
+}
+
+// parseVersion returns the sequence number of a version this server instance handed out.
+func (s *Server) parseVersion(v string) (uint64, bool) {
+	e, n, ok := strings.Cut(v, ".")
+	if !ok || e != s.epoch {
+		return 0, false
+	}
+	x, err := strconv.ParseUint(n, 10, 64)
+	return x, err == nil
+}
+
+// WaitForAck returns nil once Envoy has ACKed the listeners and clusters of the snapshot with the
+// given version (or of a later one), and ctx's error if that does not happen before ctx ends. A
+// NACK does not end the wait (a later snapshot may be accepted); see NACKs.
+func (s *Server) WaitForAck(ctx context.Context, version string) error {
+	v, ok := s.parseVersion(version)
+	if !ok {
+		return fmt.Errorf("wait for ack: version %q is not one of this server's", version)
+	}
+	for {
+		s.mu.Lock()
+		need, known := s.need[v]
+		if !known {
+			// Older than the tracked window: satisfied once a later version is fully ACKed.
+			need = [2]uint64{v, v}
+		}
+		done := s.acked[waitTypes[0]] >= need[0] && s.acked[waitTypes[1]] >= need[1]
+		ch := s.changed
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for ack of version %s: %w", version, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// NACKs returns how many responses Envoy rejected and the error_detail of the last one.
+func (s *Server) NACKs() (count uint64, last string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nackCnt, s.lastNACK
+}
+
+// Version returns the version of the snapshot being served ("" before the first SetMesh).
+func (s *Server) Version() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seq == 0 {
+		return ""
+	}
+	return s.epoch + "." + strconv.FormatUint(s.seq, 10)
+}
+
+// ack records an ACK of version v for type url, or a NACK with its detail. Called with s.mu held.
+func (s *Server) ack(url string, v uint64, ok bool, nack string) {
+	if !ok {
+		s.nackCnt++
+		s.lastNACK = nack
+		s.nacks.WithLabelValues(url).Inc()
+		s.log.Error("envoy rejected xds response (NACK)", "type_url", url, "version", v, "error_detail", nack)
+		return
+	}
+	if v > s.acked[url] {
+		s.acked[url] = v
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+}
+
+func (s *Server) callbacks() server.Callbacks {
+	return server.CallbackFuncs{
+		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, resp *discoverygrpc.DiscoveryResponse) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if v, ok := s.parseVersion(resp.GetVersionInfo()); ok {
+				s.nonces[resp.GetNonce()] = v
+			}
+		},
+		StreamRequestFunc: func(_ int64, req *discoverygrpc.DiscoveryRequest) error {
+			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode())
+			return nil
+		},
+		StreamDeltaResponseFunc: func(_ int64, _ *discoverygrpc.DeltaDiscoveryRequest, resp *discoverygrpc.DeltaDiscoveryResponse) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if v, ok := s.parseVersion(resp.GetSystemVersionInfo()); ok {
+				s.nonces[resp.GetNonce()] = v
+			}
+		},
+		StreamDeltaRequestFunc: func(_ int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
+			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode())
+			return nil
+		},
+	}
+}
+
+// onRequest turns a request that answers one of our responses (by nonce) into an ACK or NACK.
+func (s *Server) onRequest(url, nonce, detail string, isNACK bool, node *core.Node) {
+	if nonce == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.nonces[nonce]
+	if !ok {
+		return
+	}
+	delete(s.nonces, nonce)
+	_ = node
+	s.ack(url, v, !isNACK, detail)
+}
