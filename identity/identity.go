@@ -29,13 +29,16 @@ type SVID struct {
 	CertChainPEM []byte
 	// KeyPEM is the leaf's private key in PEM (PKCS#8).
 	KeyPEM []byte
-	// NotBefore and NotAfter bound the leaf's validity.
+	// NotBefore and NotAfter bound the leaf's validity (NotBefore is backdated for clock skew).
 	NotBefore, NotAfter time.Time
+	// IssuedAt is when the SVID was signed.
+	IssuedAt time.Time
 }
 
-// RenewAt returns the time at which the SVID should be replaced: half-way through its lifetime.
+// RenewAt returns the time at which the SVID should be replaced: half-way between its issuing and
+// its expiry.
 func (s *SVID) RenewAt() time.Time {
-	return s.NotBefore.Add(s.NotAfter.Sub(s.NotBefore) / 2)
+	return s.IssuedAt.Add(s.NotAfter.Sub(s.IssuedAt) / 2)
 }
 
 // Source issues SVIDs. The development CA implements it; SPIRE's delegated identity API will
@@ -170,6 +173,7 @@ func (c *DevCA) Issue(_ context.Context, id string) (*SVID, error) {
 		KeyPEM:       pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}),
 		NotBefore:    notBefore,
 		NotAfter:     notAfter,
+		IssuedAt:     now,
 	}, nil
 }
 

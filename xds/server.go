@@ -105,7 +105,11 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			}
 		}
 	}
-	s.cache = cache.NewSnapshotCache(true, cache.IDHash{}, nil)
+	// ads=false: in ADS mode the cache answers a request only when it names every resource of
+	// the type in the snapshot, but Envoy asks for secrets piecemeal (the trust bundle with the
+	// clusters, each pod's SVID with its inbound listener), which would stall the first SDS
+	// response until its 15 s initial-fetch timeout. Every snapshot is still Consistent().
+	s.cache = cache.NewSnapshotCache(false, cache.IDHash{}, nil)
 	return s, nil
 }
 
