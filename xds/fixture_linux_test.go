@@ -106,7 +106,8 @@ func newMeshFixture(t *testing.T, svidLifetime time.Duration) *meshFixture {
 		_ = f.sup.Stop()
 		if t.Failed() {
 			b, _ := os.ReadFile(f.sup.LogPath())
-			t.Logf("envoy log (tail):\n%s", tail(string(b), 6000))
+			o, _ := os.ReadFile(filepath.Join(f.dir, "envoy", "envoy.out"))
+			t.Logf("envoy output:\n%s\nenvoy log (tail):\n%s", tail(string(o), 3000), tail(string(b), 6000))
 		}
 	})
 	return f

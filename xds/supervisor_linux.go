@@ -222,7 +222,11 @@ func (s *Supervisor) start() error {
 		return fmt.Errorf("start envoy: write pid file: %w", err)
 	}
 	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
+	go func() {
+		err := cmd.Wait()
+		s.log.Warn("envoy exited", "pid", pid, "status", cmd.ProcessState.String(), "err", err)
+		close(done)
+	}()
 	s.mu.Lock()
 	s.pid, s.starts, s.adopted, s.waitCh = pid, s.starts+1, false, done
 	s.mu.Unlock()
