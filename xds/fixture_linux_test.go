@@ -40,7 +40,7 @@ type meshFixture struct {
 	nextIP             byte
 }
 
-func newMeshFixture(t *testing.T, svidLifetime time.Duration) *meshFixture {
+func newMeshFixture(t *testing.T, svidLifetime time.Duration, delta bool) *meshFixture {
 	t.Helper()
 	testenv.RequireRoot(t)
 	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
@@ -88,7 +88,7 @@ func newMeshFixture(t *testing.T, svidLifetime time.Duration) *meshFixture {
 	t.Cleanup(func() { cancel(); <-done })
 	f.sup, err = NewSupervisor(SupervisorConfig{
 		EnvoyPath: tools.Envoy,
-		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock},
+		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, Delta: delta},
 		StateDir:  filepath.Join(f.dir, "envoy"),
 		Prefix:    []string{"ip", "netns", "exec", f.node.Name},
 		ExtraArgs: []string{"--concurrency", "1", "--log-level", "info"},

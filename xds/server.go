@@ -65,6 +65,10 @@ type Server struct {
 	nonces   map[string]uint64 // response nonce -> version (per stream nonces are unique enough)
 	nackCnt  uint64
 	lastNACK string
+	nacked   map[string]bool // "<type URL> <version>" already logged and counted
+	snaps    map[uint64]*cache.Snapshot
+	goodSeq  uint64            // highest version whose listeners and clusters Envoy ACKed
+	rejected map[uint64]string // NACKed versions -> error_detail
 	changed  chan struct{}
 }
 
@@ -93,10 +97,13 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			Name: "aether_xds_nacks_total", Help: "xDS responses Envoy rejected (NACK), by type URL."}, []string{"type_url"}),
 		snapVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aether_xds_snapshot_sequence", Help: "Sequence number of the snapshot being served."}),
-		need:    map[uint64][2]uint64{},
-		acked:   map[string]uint64{},
-		nonces:  map[string]uint64{},
-		changed: make(chan struct{}),
+		need:     map[uint64][2]uint64{},
+		acked:    map[string]uint64{},
+		nonces:   map[string]uint64{},
+		nacked:   map[string]bool{},
+		rejected: map[uint64]string{},
+		snaps:    map[uint64]*cache.Snapshot{},
+		changed:  make(chan struct{}),
 	}
 	if opts.Registerer != nil {
 		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.snapVersion} {
@@ -199,9 +206,20 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 		return "", fmt.Errorf("set snapshot: %w", err)
 	}
 	s.need[v] = [2]uint64{s.lastL, s.lastC}
+	s.snaps[v] = snap
 	for old := range s.need {
 		if old+64 < v {
 			delete(s.need, old)
+		}
+	}
+	for old := range s.rejected {
+		if old+64 < v {
+			delete(s.rejected, old)
+		}
+	}
+	for old := range s.snaps {
+		if old+8 < v && old != s.goodSeq {
+			delete(s.snaps, old)
 		}
 	}
 	s.last, s.mesh = snap, m
@@ -321,9 +339,13 @@ func (s *Server) parseVersion(v string) (uint64, bool) {
 	return x, err == nil
 }
 
+// ErrRejected is returned (wrapped, with Envoy's error_detail) by WaitForAck when Envoy NACKed
+// the snapshot.
+var ErrRejected = errors.New("envoy rejected the snapshot")
+
 // WaitForAck returns nil once Envoy has ACKed the listeners and clusters of the snapshot with the
-// given version (or of a later one), and ctx's error if that does not happen before ctx ends. A
-// NACK does not end the wait (a later snapshot may be accepted); see NACKs.
+// given version (or of a later one), an error wrapping ErrRejected when Envoy NACKed it, and ctx's
+// error if neither happens before ctx ends.
 func (s *Server) WaitForAck(ctx context.Context, version string) error {
 	v, ok := s.parseVersion(version)
 	if !ok {
@@ -331,6 +353,10 @@ func (s *Server) WaitForAck(ctx context.Context, version string) error {
 	}
 	for {
 		s.mu.Lock()
+		if detail, bad := s.rejected[v]; bad {
+			s.mu.Unlock()
+			return fmt.Errorf("wait for ack of version %s: %w: %s", version, ErrRejected, detail)
+		}
 		need, known := s.need[v]
 		if !known {
 			// Older than the tracked window: satisfied once a later version is fully ACKed.
@@ -368,19 +394,66 @@ func (s *Server) Version() string {
 }
 
 // ack records an ACK of version v for type url, or a NACK with its detail. Called with s.mu held.
+//
+// A NACK is logged and counted once per type and version. When Envoy rejects the snapshot being
+// served, the server serves the last snapshot Envoy fully ACKed again under a new version: the
+// state-of-the-world protocol would otherwise resend the rejected snapshot after every NACK, in a
+// tight loop, and Envoy keeps its last accepted configuration anyway. WaitForAck of the rejected
+// version then never succeeds.
 func (s *Server) ack(url string, v uint64, ok bool, nack string) {
 	if !ok {
+		key := url + " " + strconv.FormatUint(v, 10)
+		if s.nacked[key] {
+			return
+		}
+		s.nacked[key] = true
 		s.nackCnt++
 		s.lastNACK = nack
 		s.nacks.WithLabelValues(url).Inc()
 		s.log.Error("envoy rejected xds response (NACK)", "type_url", url, "version", v, "error_detail", nack)
+		s.rejected[v] = nack
+		close(s.changed)
+		s.changed = make(chan struct{})
+		if v == s.seq && s.goodSeq != 0 && s.snaps[s.goodSeq] != nil {
+			good := s.snaps[s.goodSeq]
+			go s.rollback(good)
+		}
 		return
 	}
 	if v > s.acked[url] {
 		s.acked[url] = v
+		for seq, need := range s.need {
+			if seq > s.goodSeq && s.acked[waitTypes[0]] >= need[0] && s.acked[waitTypes[1]] >= need[1] {
+				s.goodSeq = seq
+			}
+		}
 		close(s.changed)
 		s.changed = make(chan struct{})
 	}
+}
+
+// rollback serves the resources of a fully ACKed snapshot under a new version.
+func (s *Server) rollback(good *cache.Snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	v := s.seq
+	version := s.epoch + "." + strconv.FormatUint(v, 10)
+	snap, err := cache.NewSnapshot(version, snapResources(good))
+	if err == nil {
+		err = s.cache.SetSnapshot(context.Background(), s.opts.NodeID, snap)
+	}
+	if err != nil {
+		s.seq--
+		s.log.Error("roll back to the last ACKed snapshot", "err", err)
+		return
+	}
+	s.lastL, s.lastC = v, v
+	s.need[v] = [2]uint64{v, v}
+	s.snaps[v] = snap
+	s.last = snap
+	s.snapVersion.Set(float64(v))
+	s.log.Warn("served the last ACKed snapshot again after a NACK", "version", version)
 }
 
 func (s *Server) callbacks() server.Callbacks {

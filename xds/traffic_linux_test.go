@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -60,8 +61,8 @@ func trafficMesh(f *meshFixture, version uint64) *model.Mesh {
 }
 
 // startTrafficFixture builds the namespaces, starts the applications and serves the mesh.
-func startTrafficFixture(t *testing.T, svidLifetime time.Duration) *meshFixture {
-	f := newMeshFixture(t, svidLifetime)
+func startTrafficFixture(t *testing.T, svidLifetime time.Duration, delta bool) *meshFixture {
+	f := newMeshFixture(t, svidLifetime, delta)
 	f.addPod("alpha", true)
 	f.addPod("beta", true)
 	srvNS, _ := f.addPod("server", false)
@@ -100,7 +101,13 @@ func xfccURI(body string) string {
 // different service accounts calling concurrently over keep-alive connections each arrive with
 // their own identity; an inbound connection without a valid client certificate is refused.
 func TestPrivilegedMeshTraffic(t *testing.T) {
-	f := startTrafficFixture(t, time.Hour)
+	for _, delta := range []bool{false, true} {
+		t.Run(map[bool]string{false: "sotw", true: "delta"}[delta], func(t *testing.T) { testMeshTraffic(t, delta) })
+	}
+}
+
+func testMeshTraffic(t *testing.T, delta bool) {
+	f := startTrafficFixture(t, time.Hour, delta)
 	alpha, beta := f.pods["alpha"], f.pods["beta"]
 	alphaID, betaID := model.SPIFFEID(f.td, "shop", "alpha"), model.SPIFFEID(f.td, "shop", "beta")
 
@@ -266,4 +273,57 @@ func TestPrivilegedMeshTraffic(t *testing.T) {
 		}
 	})
 	_ = net.IPv4len
+}
+
+// TestPrivilegedEnvoyACKsAndNACKs serves the representative golden model (its netns paths and pod
+// addresses made real) to the real Envoy: it is ACKed with update_rejected 0. A snapshot Envoy
+// rejects (a listener in a namespace that does not exist) is NACKed, counted and logged with its
+// error_detail, and the next good snapshot is ACKed again.
+func TestPrivilegedEnvoyACKsAndNACKs(t *testing.T) {
+	f := newMeshFixture(t, time.Hour, false)
+	m := goldenMesh()
+	for _, p := range m.Pods {
+		ns, ip := f.addPod(p.Name, false)
+		p.NetnsPath, p.IPs = ns.Path, []netip.Addr{ip}
+	}
+	good := model.New(2, m.Cluster, m.MeshDomain, f.td, m.Node, m.Services, m.Endpoints, m.Pods)
+	f.set(good)
+	stats, err := f.admin("/stats?filter=update_rejected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(stats) == "" {
+		t.Fatal("no update_rejected stats")
+	}
+	for _, line := range strings.Split(strings.TrimSpace(stats), "\n") {
+		if !strings.HasSuffix(line, ": 0") {
+			t.Errorf("admin stat %q, want 0", line)
+		}
+	}
+	bad := goldenMesh()
+	for i, p := range bad.Pods {
+		p.NetnsPath, p.IPs = good.Pods[i].NetnsPath, good.Pods[i].IPs
+	}
+	bad.Pods[0].NetnsPath = "/var/run/netns/aether-does-not-exist"
+	badMesh := model.New(3, m.Cluster, m.MeshDomain, f.td, m.Node, bad.Services, bad.Endpoints, bad.Pods)
+	v, err := f.srv.SetMesh(context.Background(), badMesh)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "NACK of the bad snapshot", func() error {
+		if n, _ := f.srv.NACKs(); n == 0 {
+			return fmt.Errorf("no NACK yet")
+		}
+		return nil
+	})
+	_, last := f.srv.NACKs()
+	if !strings.Contains(last, "aether-does-not-exist") && !strings.Contains(strings.ToLower(last), "namespace") {
+		t.Errorf("NACK error_detail = %q, want it to name the namespace", last)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := f.srv.WaitForAck(ctx, v); !errors.Is(err, ErrRejected) {
+		t.Errorf("WaitForAck of a NACKed snapshot = %v, want ErrRejected", err)
+	}
+	f.set(model.New(4, m.Cluster, m.MeshDomain, f.td, m.Node, good.Services, good.Endpoints, good.Pods))
 }
