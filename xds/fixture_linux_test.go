@@ -36,14 +36,17 @@ type meshFixture struct {
 	sup                *Supervisor
 	dir                string
 	xdsSock, adminSock string
-	cancel             context.CancelFunc
 	nextIP             byte
+	log                *slog.Logger
+	delta              bool
+	// stopAgent stops the xDS server and the supervisor (not Envoy), as an agent crash would.
+	stopAgent func()
 }
 
 func newMeshFixture(t *testing.T, svidLifetime time.Duration, delta bool) *meshFixture {
 	t.Helper()
 	testenv.RequireRoot(t)
-	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
+	testenv.RequireTools(t, testenv.ToolEnvoy)
 	f := &meshFixture{t: t, td: "aether.test", pods: map[string]*testenv.Netns{}, ips: map[string]netip.Addr{}, nextIP: 10}
 	f.node = testenv.NewNetns(t)
 	h, err := f.node.Netlink()
@@ -72,45 +75,67 @@ func newMeshFixture(t *testing.T, svidLifetime time.Duration, delta bool) *meshF
 	t.Cleanup(func() { os.RemoveAll(f.dir) })
 	f.xdsSock = filepath.Join(f.dir, "xds.sock")
 	f.adminSock = filepath.Join(f.dir, "admin.sock")
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: f.rot, Logger: log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := net.Listen("unix", f.xdsSock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	f.cancel = cancel
-	done := make(chan struct{})
-	go func() { _ = f.srv.Serve(ctx, l); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	f.sup, err = NewSupervisor(SupervisorConfig{
-		EnvoyPath: tools.Envoy,
-		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, Delta: delta},
-		StateDir:  filepath.Join(f.dir, "envoy"),
-		Prefix:    []string{"ip", "netns", "exec", f.node.Name},
-		ExtraArgs: []string{"--concurrency", "1", "--log-level", "info"},
-		Logger:    log,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	supDone := make(chan struct{})
-	supCtx, supCancel := context.WithCancel(context.Background())
-	go func() { _ = f.sup.Run(supCtx); close(supDone) }()
+	f.log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	f.delta = delta
+	f.startAgent()
 	t.Cleanup(func() {
-		supCancel()
-		<-supDone
-		_ = f.sup.Stop()
+		f.stopAgent()
+		// Envoy outlives the agent by design; the test ends it through its pid file.
+		if sup, err := NewSupervisor(f.supConfig()); err == nil {
+			_ = sup.Stop()
+		}
 		if t.Failed() {
-			b, _ := os.ReadFile(f.sup.LogPath())
+			b, _ := os.ReadFile(filepath.Join(f.dir, "envoy", "envoy.log"))
 			o, _ := os.ReadFile(filepath.Join(f.dir, "envoy", "envoy.out"))
 			t.Logf("envoy output:\n%s\nenvoy log (tail):\n%s", tail(string(o), 3000), tail(string(b), 6000))
 		}
 	})
 	return f
+}
+
+func (f *meshFixture) supConfig() SupervisorConfig {
+	tools := testenv.RequireTools(f.t, testenv.ToolEnvoy)
+	return SupervisorConfig{
+		EnvoyPath: tools.Envoy,
+		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, Delta: f.delta},
+		StateDir:  filepath.Join(f.dir, "envoy"),
+		Prefix:    []string{"ip", "netns", "exec", f.node.Name},
+		ExtraArgs: []string{"--concurrency", "1", "--log-level", "info"},
+		Logger:    f.log,
+	}
+}
+
+// startAgent starts what the agent runs for Envoy: a new xDS server (a new process would have a
+// new epoch) on the unix socket, and a supervisor that adopts or starts Envoy.
+func (f *meshFixture) startAgent() {
+	t := f.t
+	t.Helper()
+	var err error
+	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: f.rot, Logger: f.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(f.xdsSock)
+	l, err := net.Listen("unix", f.xdsSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { _ = f.srv.Serve(ctx, l); done <- struct{}{} }()
+	f.sup, err = NewSupervisor(f.supConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = f.sup.Run(ctx); done <- struct{}{} }()
+	f.stopAgent = func() {
+		if cancel != nil {
+			cancel()
+			<-done
+			<-done
+			cancel = nil
+		}
+	}
 }
 
 type testWriter struct{ t *testing.T }

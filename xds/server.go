@@ -70,6 +70,8 @@ type Server struct {
 	goodSeq  uint64            // highest version whose listeners and clusters Envoy ACKed
 	rejected map[uint64]string // NACKed versions -> error_detail
 	changed  chan struct{}
+	// kick wakes the rotation loop after SetMesh (new identities change the next renewal).
+	kick chan struct{}
 }
 
 // Type URLs whose ACK WaitForAck waits for: the listeners hold the pods, the clusters are what
@@ -104,6 +106,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		rejected: map[uint64]string{},
 		snaps:    map[uint64]*cache.Snapshot{},
 		changed:  make(chan struct{}),
+		kick:     make(chan struct{}, 1),
 	}
 	if opts.Registerer != nil {
 		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.snapVersion} {
@@ -149,10 +152,15 @@ func (s *Server) rotate(ctx context.Context) {
 		if wait < 0 {
 			wait = 0
 		}
+		timer := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			timer.Stop()
 			return
-		case <-time.After(wait):
+		case <-s.kick:
+			timer.Stop()
+			continue
+		case <-timer.C:
 		}
 		s.mu.Lock()
 		m := s.mesh
@@ -224,6 +232,10 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	}
 	s.last, s.mesh = snap, m
 	s.snapVersion.Set(float64(v))
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
 	return version, nil
 }
 

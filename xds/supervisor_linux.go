@@ -201,7 +201,7 @@ func (s *Supervisor) start() error {
 	}
 	args := append([]string{}, s.cfg.Prefix...)
 	args = append(args, s.cfg.EnvoyPath, "-c", bootPath,
-		"--log-path", s.LogPath(), "--use-dynamic-base-id", "--drain-time-s", "5")
+		"--log-path", s.LogPath(), "--disable-hot-restart", "--drain-time-s", "5")
 	args = append(args, s.cfg.ExtraArgs...)
 	out, err := os.OpenFile(filepath.Join(s.cfg.StateDir, "envoy.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
