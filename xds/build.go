@@ -8,7 +8,10 @@ import (
 	"strconv"
 	"time"
 
+	xdscore "github.com/cncf/xds/go/xds/core/v3"
+	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -20,6 +23,8 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	sfsnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	earlymutv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
+	netinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
 	fsmapperv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/cert_mappers/filter_state_override/v3"
 	ondemandv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/cert_selectors/on_demand_secret/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -83,13 +88,21 @@ func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opt
 			}
 			r.Clusters = append(r.Clusters, c)
 			r.Endpoints = append(r.Endpoints, b.loadAssignment(s, sp))
-			if sp.Protocol.IsHTTP() {
-				r.Routes = append(r.Routes, b.outboundRoute(s, sp))
-			}
 		}
 	}
 	r.Clusters = append(r.Clusters, b.passthroughCluster())
-	r.Routes = append(r.Routes, b.laneRoute())
+	r.Routes = append(r.Routes, b.captureRoute(), b.laneRoute())
+	if err := b.prepareCapture(); err != nil {
+		return nil, err
+	}
+	b.localEndpoints = map[string][]model.Endpoint{}
+	for _, s := range m.Services {
+		for _, ep := range m.Endpoints[s.Key] {
+			if ep.Cluster == m.Cluster {
+				b.localEndpoints[ep.PodUID] = append(b.localEndpoints[ep.PodUID], ep)
+			}
+		}
+	}
 	ids := map[string]bool{}
 	for _, p := range m.Pods {
 		id := p.SPIFFEID(m.TrustDomain)
@@ -122,6 +135,21 @@ func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opt
 type builder struct {
 	m    *model.Mesh
 	opts Options
+	// Built once per snapshot and shared by every pod's capture listener (the protos are only
+	// read afterwards): the filter-chain matcher, the HTTP connection manager and the floor
+	// chains' tcp_proxy filters.
+	captureMatcher *xdsmatcher.Matcher
+	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
+	localEndpoints map[string][]model.Endpoint
+	captureHCM     *listenerv3.Filter
+	floorChains    []floorChain
+	passthrough    *listenerv3.Filter
+}
+
+// floorChain is the tcp_proxy filter of one TCP service port.
+type floorChain struct {
+	name string
+	tcp  *listenerv3.Filter
 }
 
 func sortByName[T any](s []T, name func(T) string) {
@@ -364,16 +392,43 @@ func routeTo(cluster string) *routev3.Route {
 	}
 }
 
-// outboundRoute is the route configuration of one HTTP service port, shared by every pod's
-// capture filter chain for that VIP and port: whatever Host the client used, the request goes to
-// the service port's cluster.
-func (b *builder) outboundRoute(s *model.Service, sp model.ServicePort) *routev3.RouteConfiguration {
-	name := ClusterName(b.m, s.Key, sp.Port)
+// captureRoute is the route configuration of every pod's capture HTTP chain: one virtual host
+// whose matcher maps the original destination "VIP:port" (the DstHeader the capture HTTP
+// connection manager writes before routing, from %DOWNSTREAM_LOCAL_ADDRESS%) to the service
+// port's cluster, whatever Host the client used. The lookup is a hash map, so the route table's
+// cost per request does not grow with the number of services. The header is removed before the
+// request leaves.
+func (b *builder) captureRoute() *routev3.RouteConfiguration {
+	m := map[string]*xdsmatcher.Matcher_OnMatch{}
+	for _, s := range b.m.Services {
+		for _, sp := range s.Ports {
+			if !sp.Protocol.IsHTTP() {
+				continue
+			}
+			route, _ := anypb.New(routeTo(ClusterName(b.m, s.Key, sp.Port)))
+			for _, vip := range s.AllVIPs() {
+				m[netip.AddrPortFrom(vip, uint16(sp.Port)).String()] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+					Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}
+			}
+		}
+	}
+	vh := &routev3.VirtualHost{Name: CaptureRouteName, Domains: []string{"*"}}
+	if len(m) > 0 {
+		input, _ := anypb.New(&matcherv3.HttpRequestHeaderMatchInput{HeaderName: DstHeader})
+		vh.Matcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+			Input:    &xdscore.TypedExtensionConfig{Name: "original-destination", TypedConfig: input},
+			TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: m}},
+		}}}
+	} else {
+		vh.Routes = []*routev3.Route{{
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 404}},
+		}}
+	}
 	return &routev3.RouteConfiguration{
-		Name: name,
-		VirtualHosts: []*routev3.VirtualHost{{
-			Name: name, Domains: []string{"*"}, Routes: []*routev3.Route{routeTo(name)},
-		}},
+		Name:                   CaptureRouteName,
+		VirtualHosts:           []*routev3.VirtualHost{vh},
+		RequestHeadersToRemove: []string{DstHeader},
 	}
 }
 
@@ -510,13 +565,90 @@ func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*cl
 	return ls, cs, nil
 }
 
+// prepareCapture builds the parts every pod's capture listener shares.
+func (b *builder) prepareCapture() error {
+	early, err := toAny(&earlymutv3.HeaderMutation{Mutations: []*mutationv3.HeaderMutation{{
+		Action: &mutationv3.HeaderMutation_Append{Append: &core.HeaderValueOption{
+			Header:       &core.HeaderValue{Key: DstHeader, Value: "%DOWNSTREAM_LOCAL_ADDRESS%"},
+			AppendAction: core.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}},
+	}}})
+	if err != nil {
+		return err
+	}
+	b.captureHCM, err = hcmFilter(&hcmv3.HttpConnectionManager{
+		StatPrefix: "outbound_http",
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource: adsSource(), RouteConfigName: CaptureRouteName,
+		}},
+		EarlyHeaderMutationExtensions: []*core.TypedExtensionConfig{{Name: "aether.original-destination", TypedConfig: early}},
+	})
+	if err != nil {
+		return err
+	}
+	if b.passthrough, err = tcpProxy("passthrough", PassthroughCluster); err != nil {
+		return err
+	}
+	chainAction := func(name string) *xdsmatcher.Matcher_OnMatch {
+		a, _ := anypb.New(wrapperspb.String(name))
+		return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+			Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}
+	}
+	portInput, _ := anypb.New(&netinputsv3.DestinationPortInput{})
+	ipInput, _ := anypb.New(&netinputsv3.DestinationIPInput{})
+	byVIP := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
+	for _, s := range b.m.Services {
+		for _, sp := range s.Ports {
+			if sp.Protocol == model.ProtocolUDP {
+				continue
+			}
+			chain := captureHTTPChain
+			if !sp.Protocol.IsHTTP() {
+				cn := ClusterName(b.m, s.Key, sp.Port)
+				chain = "tcp|" + cn
+				tp, err := tcpProxy("outbound_tcp", cn)
+				if err != nil {
+					return err
+				}
+				b.floorChains = append(b.floorChains, floorChain{name: chain, tcp: tp})
+			}
+			for _, vip := range s.AllVIPs() {
+				k := vip.String()
+				if byVIP[k] == nil {
+					byVIP[k] = map[string]*xdsmatcher.Matcher_OnMatch{}
+				}
+				byVIP[k][strconv.FormatUint(uint64(sp.Port), 10)] = chainAction(chain)
+			}
+		}
+	}
+	if len(byVIP) == 0 {
+		return nil
+	}
+	ipMap := make(map[string]*xdsmatcher.Matcher_OnMatch, len(byVIP))
+	for vip, ports := range byVIP {
+		ipMap[vip] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: &xdsmatcher.Matcher{
+			MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+				Input:    &xdscore.TypedExtensionConfig{Name: "port", TypedConfig: portInput},
+				TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: ports}},
+			}},
+		}}}
+	}
+	b.captureMatcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+		Input:    &xdscore.TypedExtensionConfig{Name: "ip", TypedConfig: ipInput},
+		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: ipMap}},
+	}}}
+	return nil
+}
+
 // captureListener is the pod's capture listener on 127.0.0.1:15001 inside its netns (the capture
-// redirect's target). original_dst restores the VIP and port the application dialled; then one
-// filter chain per service port, matched on (VIP, port) alone: an HTTP port goes through an HTTP
-// connection manager (codec AUTO tells HTTP/1.1 from HTTP/2) to the port's route, a TCP port is a
-// floor chain (tcp_proxy over mTLS to the port's cluster); the default chain passes anything else
-// through to the original destination. No listener filter waits for client bytes, so a
-// server-first protocol never stalls (docs/node-proxy.md explains the layout).
+// redirect's target). original_dst restores the VIP and port the application dialled, and the
+// listener's filter_chain_matcher (a hash map on destination IP, then port) picks the chain:
+// an HTTP service port goes to the one HTTP chain (an HTTP connection manager whose codec AUTO
+// tells HTTP/1.1 from HTTP/2, routing on the original destination, see captureRoute), a TCP
+// service port to its floor chain (tcp_proxy over mTLS to the port's cluster), anything else to
+// the default chain that passes it through to the original destination. No listener filter waits
+// for client bytes, so a server-first protocol never stalls (docs/node-proxy.md explains the
+// layout).
 func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Listener, error) {
 	od, err := listenerFilter("envoy.filters.listener.original_dst", &origdstv3.OriginalDst{})
 	if err != nil {
@@ -527,45 +659,19 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		return nil, err
 	}
 	l := &listenerv3.Listener{
-		Name:            captureListenerName(p),
-		Address:         socketAddress("127.0.0.1", CapturePort, p.NetnsPath),
-		ListenerFilters: []*listenerv3.ListenerFilter{od},
-		// The redirect lands here; the original destination decides the filter chain.
-		UseOriginalDst: wrapperspb.Bool(false),
+		Name:               captureListenerName(p),
+		Address:            socketAddress("127.0.0.1", CapturePort, p.NetnsPath),
+		ListenerFilters:    []*listenerv3.ListenerFilter{od},
+		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{b.passthrough}},
 	}
-	for _, s := range b.m.Services {
-		vips := s.AllVIPs()
-		if len(vips) == 0 {
-			continue
-		}
-		for _, sp := range s.Ports {
-			if sp.Protocol == model.ProtocolUDP {
-				continue
-			}
-			cn := ClusterName(b.m, s.Key, sp.Port)
-			var f *listenerv3.Filter
-			kind := "tcp"
-			if sp.Protocol.IsHTTP() {
-				kind = "http"
-				f, err = rdsHCM("outbound_http", cn)
-			} else {
-				f, err = tcpProxy("outbound_tcp", cn)
-			}
-			if err != nil {
-				return nil, err
-			}
-			l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
-				Name:             kind + "|" + cn,
-				FilterChainMatch: &listenerv3.FilterChainMatch{DestinationPort: wrapperspb.UInt32(sp.Port), PrefixRanges: cidrs(vips)},
-				Filters:          []*listenerv3.Filter{idf, f},
-			})
-		}
+	if b.captureMatcher == nil {
+		return l, nil
 	}
-	pt, err := tcpProxy("passthrough", PassthroughCluster)
-	if err != nil {
-		return nil, err
+	l.FilterChainMatcher = b.captureMatcher
+	l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{idf, b.captureHCM}})
+	for _, fc := range b.floorChains {
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{idf, fc.tcp}})
 	}
-	l.DefaultFilterChain = &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{pt}}
 	return l, nil
 }
 
@@ -615,18 +721,13 @@ func (b *builder) inboundPorts(p *model.LocalPod) []inboundPort {
 			add(pp.Port, pp.Protocol)
 		}
 	}
-	for _, s := range b.m.Services {
-		for _, ep := range b.m.Endpoints[s.Key] {
-			if ep.PodUID != p.UID || ep.Cluster != b.m.Cluster {
+	for _, ep := range b.localEndpoints[p.UID] {
+		for _, epp := range ep.Ports {
+			if epp.Protocol == model.ProtocolUDP {
 				continue
 			}
-			for _, epp := range ep.Ports {
-				if epp.Protocol == model.ProtocolUDP {
-					continue
-				}
-				ip := add(epp.Port, epp.Protocol)
-				ip.waypointSNIs = append(ip.waypointSNIs, WaypointSNI(b.m, s.Key, epp.Port))
-			}
+			ip := add(epp.Port, epp.Protocol)
+			ip.waypointSNIs = append(ip.waypointSNIs, WaypointSNI(b.m, ep.Service, epp.Port))
 		}
 	}
 	out := make([]inboundPort, 0, len(byPort))

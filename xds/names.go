@@ -20,12 +20,19 @@ const (
 )
 
 // Resource names. Clusters and their EDS resources are named "<svc>.<ns>.<meshDomain>:<port>"
-// (the service port); the HTTP route configuration of an HTTP service port carries the same name.
+// (the service port).
 const (
 	// PassthroughCluster is the ORIGINAL_DST cluster for traffic to non-mesh destinations.
 	PassthroughCluster = "passthrough"
 	// LaneRouteName is the route configuration of every pod's explicit HTTP lane.
 	LaneRouteName = "lane"
+	// CaptureRouteName is the route configuration of every pod's capture HTTP chain.
+	CaptureRouteName = "capture-http"
+	// DstHeader carries the original destination "VIP:port" from the capture HTTP connection
+	// manager's early header mutation to route selection; it is removed before forwarding.
+	DstHeader = "x-aether-original-dst"
+	// captureHTTPChain names the capture listener's HTTP filter chain.
+	captureHTTPChain = "http"
 	// TrustBundleSecret is the SDS validation context holding the trust domain's CA bundle.
 	TrustBundleSecret = "trust-bundle"
 	// CertMapperFilterStateKey is the filter-state key the upstream certificate mapper

@@ -278,8 +278,21 @@ func (r *Resources) ValidateAll() error {
 			errs = append(errs, fmt.Errorf("validate %s %q: %w", kind, name, err))
 		}
 	}
+	// Every capture listener shares one filter-chain matcher (it can hold one entry per VIP and
+	// port): validate it once, then each listener without it.
+	validated := map[any]bool{}
 	for _, x := range r.Listeners {
+		fcm := x.FilterChainMatcher
+		if fcm != nil && validated[fcm] {
+			x.FilterChainMatcher = nil
+			check("listener", x.GetName(), x.ValidateAll())
+			x.FilterChainMatcher = fcm
+			continue
+		}
 		check("listener", x.GetName(), x.ValidateAll())
+		if fcm != nil {
+			validated[fcm] = true
+		}
 	}
 	for _, x := range r.Clusters {
 		check("cluster", x.GetName(), x.ValidateAll())
