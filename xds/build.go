@@ -25,6 +25,7 @@ import (
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	earlymutv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
 	netinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
+	tsinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/transport_socket/v3"
 	fsmapperv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/cert_mappers/filter_state_override/v3"
 	ondemandv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/cert_selectors/on_demand_secret/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -48,7 +49,25 @@ type Options struct {
 	// it empty (Envoy runs in the host netns); the local substrate and tests, where a "node" is a
 	// namespace of its own, set it to the node's netns.
 	UpstreamNetns string
+	// CertSelection picks how an outbound cluster presents the source pod's certificate
+	// (default CertSelector).
+	CertSelection CertSelection
 }
+
+// CertSelection is the mechanism that picks the source pod's client certificate per upstream
+// connection (docs/node-proxy.md compares them).
+type CertSelection int
+
+const (
+	// CertSelector is one TLS context per cluster whose certificate the on-demand certificate
+	// selector (envoy.tls.certificate_selectors.on_demand_secret) fetches over SDS, named by the
+	// downstream filter state CertMapperFilterStateKey (Envoy 1.40, #42477).
+	CertSelector CertSelection = iota
+	// CertMatcher is Cluster.transport_socket_matcher on the same filter state, choosing among
+	// one TLS transport socket per local identity in every cluster (#41151): identities x
+	// clusters TLS contexts.
+	CertMatcher
+)
 
 func (o Options) connectTimeout() *durationpb.Duration {
 	if o.ConnectTimeout <= 0 {
@@ -281,7 +300,16 @@ func (b *builder) upstreamTLS(k model.ServiceKey, sni string, alpn []string) (*c
 
 func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clusterv3.Cluster, error) {
 	name := ClusterName(b.m, s.Key, sp.Port)
-	ts, err := b.upstreamTLS(s.Key, strconv.FormatUint(uint64(sp.TargetPort), 10), nil)
+	sni := strconv.FormatUint(uint64(sp.TargetPort), 10)
+	var ts *core.TransportSocket
+	var err error
+	if b.opts.CertSelection == CertMatcher {
+		// The default socket (no matching identity) presents no client certificate; the peer
+		// refuses it.
+		ts, err = b.upstreamTLSFor(s.Key, sni, "")
+	} else {
+		ts, err = b.upstreamTLS(s.Key, sni, nil)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("build cluster %s: %w", name, err)
 	}
@@ -293,6 +321,11 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 		TransportSocket:      ts,
 		UpstreamBindConfig:   b.bindConfig(),
 	}
+	if b.opts.CertSelection == CertMatcher {
+		if err := b.addSocketMatcher(c, s.Key, sni); err != nil {
+			return nil, fmt.Errorf("build cluster %s: %w", name, err)
+		}
+	}
 	if sp.Protocol == model.ProtocolHTTP2 || sp.Protocol == model.ProtocolGRPC {
 		po, err := toAny(&httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
 			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
@@ -303,6 +336,65 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": po}
 	}
 	return c, nil
+}
+
+// upstreamTLSFor is an UpstreamTlsContext presenting the SDS secret id ("" for none), with the
+// same validation as upstreamTLS.
+func (b *builder) upstreamTLSFor(k model.ServiceKey, sni, id string) (*core.TransportSocket, error) {
+	var sans []*tlsv3.SubjectAltNameMatcher
+	for _, pid := range b.peerIDs(k) {
+		sans = append(sans, &tlsv3.SubjectAltNameMatcher{SanType: tlsv3.SubjectAltNameMatcher_URI,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: pid}}})
+	}
+	ctx := &tlsv3.CommonTlsContext{
+		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: sans},
+			ValidationContextSdsSecretConfig: sdsRef(TrustBundleSecret),
+		}},
+	}
+	if id != "" {
+		ctx.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsRef(id)}
+	}
+	utc, err := toAny(&tlsv3.UpstreamTlsContext{Sni: sni, CommonTlsContext: ctx})
+	if err != nil {
+		return nil, err
+	}
+	return &core.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &core.TransportSocket_TypedConfig{TypedConfig: utc}}, nil
+}
+
+// addSocketMatcher gives c one named TLS socket per local identity and a transport_socket_matcher
+// on the shared filter state CertMapperFilterStateKey that picks the caller's (CertMatcher).
+func (b *builder) addSocketMatcher(c *clusterv3.Cluster, k model.ServiceKey, sni string) error {
+	ids := map[string]bool{}
+	for _, p := range b.m.Pods {
+		ids[p.SPIFFEID(b.m.TrustDomain)] = true
+	}
+	m := map[string]*xdsmatcher.Matcher_OnMatch{}
+	for i, id := range slices.Sorted(mapKeys(ids)) {
+		name := "id" + strconv.Itoa(i)
+		ts, err := b.upstreamTLSFor(k, sni, id)
+		if err != nil {
+			return err
+		}
+		c.TransportSocketMatches = append(c.TransportSocketMatches, &clusterv3.Cluster_TransportSocketMatch{Name: name, TransportSocket: ts})
+		a, err := toAny(&tsinputsv3.TransportSocketNameAction{Name: name})
+		if err != nil {
+			return err
+		}
+		m[id] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}
+	}
+	if len(m) == 0 {
+		return nil
+	}
+	input, err := toAny(&tsinputsv3.FilterStateInput{Key: CertMapperFilterStateKey})
+	if err != nil {
+		return err
+	}
+	c.TransportSocketMatcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+		Input:    &xdscore.TypedExtensionConfig{Name: "source-identity", TypedConfig: input},
+		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: m}},
+	}}}
+	return nil
 }
 
 func (b *builder) passthroughCluster() *clusterv3.Cluster {

@@ -39,11 +39,12 @@ type meshFixture struct {
 	nextIP             byte
 	log                *slog.Logger
 	delta              bool
+	build              Options
 	// stopAgent stops the xDS server and the supervisor (not Envoy), as an agent crash would.
 	stopAgent func()
 }
 
-func newMeshFixture(t *testing.T, svidLifetime time.Duration, delta bool) *meshFixture {
+func newMeshFixture(t *testing.T, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.RequireTools(t, testenv.ToolEnvoy)
@@ -76,7 +77,7 @@ func newMeshFixture(t *testing.T, svidLifetime time.Duration, delta bool) *meshF
 	f.xdsSock = filepath.Join(f.dir, "xds.sock")
 	f.adminSock = filepath.Join(f.dir, "admin.sock")
 	f.log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	f.delta = delta
+	f.delta, f.build = delta, build
 	f.startAgent()
 	t.Cleanup(func() {
 		f.stopAgent()
@@ -111,7 +112,7 @@ func (f *meshFixture) startAgent() {
 	t := f.t
 	t.Helper()
 	var err error
-	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: f.rot, Logger: f.log})
+	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: f.rot, Logger: f.log, Build: f.build})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -61,8 +61,8 @@ func trafficMesh(f *meshFixture, version uint64) *model.Mesh {
 }
 
 // startTrafficFixture builds the namespaces, starts the applications and serves the mesh.
-func startTrafficFixture(t *testing.T, svidLifetime time.Duration, delta bool) *meshFixture {
-	f := newMeshFixture(t, svidLifetime, delta)
+func startTrafficFixture(t *testing.T, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
+	f := newMeshFixture(t, svidLifetime, delta, build)
 	f.addPod("alpha", true)
 	f.addPod("beta", true)
 	srvNS, _ := f.addPod("server", false)
@@ -101,13 +101,21 @@ func xfccURI(body string) string {
 // different service accounts calling concurrently over keep-alive connections each arrive with
 // their own identity; an inbound connection without a valid client certificate is refused.
 func TestPrivilegedMeshTraffic(t *testing.T) {
-	for _, delta := range []bool{false, true} {
-		t.Run(map[bool]string{false: "sotw", true: "delta"}[delta], func(t *testing.T) { testMeshTraffic(t, delta) })
+	for _, c := range []struct {
+		name  string
+		delta bool
+		build Options
+	}{
+		{"sotw", false, Options{}},
+		{"delta", true, Options{}},
+		{"sotw-transport-socket-matcher", false, Options{CertSelection: CertMatcher}},
+	} {
+		t.Run(c.name, func(t *testing.T) { testMeshTraffic(t, c.delta, c.build) })
 	}
 }
 
-func testMeshTraffic(t *testing.T, delta bool) {
-	f := startTrafficFixture(t, time.Hour, delta)
+func testMeshTraffic(t *testing.T, delta bool, build Options) {
+	f := startTrafficFixture(t, time.Hour, delta, build)
 	alpha, beta := f.pods["alpha"], f.pods["beta"]
 	alphaID, betaID := model.SPIFFEID(f.td, "shop", "alpha"), model.SPIFFEID(f.td, "shop", "beta")
 
@@ -280,7 +288,7 @@ func testMeshTraffic(t *testing.T, delta bool) {
 // rejects (a listener in a namespace that does not exist) is NACKed, counted and logged with its
 // error_detail, and the next good snapshot is ACKed again.
 func TestPrivilegedEnvoyACKsAndNACKs(t *testing.T) {
-	f := newMeshFixture(t, time.Hour, false)
+	f := newMeshFixture(t, time.Hour, false, Options{})
 	m := goldenMesh()
 	for _, p := range m.Pods {
 		ns, ip := f.addPod(p.Name, false)
