@@ -25,7 +25,7 @@ import (
 // host netns would), a bridge in it, pod namespaces attached to the bridge, the agent's xDS server
 // in the test process (ADS and admin over unix sockets, so nothing binds in the root netns).
 type meshFixture struct {
-	t                  *testing.T
+	t                  testing.TB
 	td                 string
 	node               *testenv.Netns
 	pods               map[string]*testenv.Netns
@@ -44,7 +44,7 @@ type meshFixture struct {
 	stopAgent func()
 }
 
-func newMeshFixture(t *testing.T, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
+func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.RequireTools(t, testenv.ToolEnvoy)
@@ -100,10 +100,18 @@ func (f *meshFixture) supConfig() SupervisorConfig {
 		EnvoyPath: tools.Envoy,
 		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, Delta: f.delta},
 		StateDir:  filepath.Join(f.dir, "envoy"),
-		Prefix:    []string{"ip", "netns", "exec", f.node.Name},
+		Prefix:    f.prefix(),
 		ExtraArgs: []string{"--concurrency", "1", "--log-level", "info"},
 		Logger:    f.log,
 	}
+}
+
+func (f *meshFixture) prefix() []string {
+	p := []string{"ip", "netns", "exec", f.node.Name}
+	if cpus := os.Getenv("AETHER_BENCH_ENVOY_CPUS"); cpus != "" {
+		p = append([]string{"taskset", "-c", cpus}, p...)
+	}
+	return p
 }
 
 // startAgent starts what the agent runs for Envoy: a new xDS server (a new process would have a
@@ -139,7 +147,7 @@ func (f *meshFixture) startAgent() {
 	}
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))

@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/netip"
@@ -61,7 +62,7 @@ func trafficMesh(f *meshFixture, version uint64) *model.Mesh {
 }
 
 // startTrafficFixture builds the namespaces, starts the applications and serves the mesh.
-func startTrafficFixture(t *testing.T, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
+func startTrafficFixture(t testing.TB, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
 	f := newMeshFixture(t, svidLifetime, delta, build)
 	f.addPod("alpha", true)
 	f.addPod("beta", true)
@@ -70,6 +71,10 @@ func startTrafficFixture(t *testing.T, svidLifetime time.Duration, delta bool, b
 	// The HTTP application answers with the XFCC header Envoy forwarded.
 	hl := listenIn(t, srvNS, "0.0.0.0:8080")
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			_, _ = io.Copy(w, r.Body) // the latency benchmark's echo
+			return
+		}
 		fmt.Fprintf(w, "xfcc=%s", r.Header.Get("X-Forwarded-Client-Cert"))
 	})}
 	go func() { _ = hs.Serve(hl) }()
