@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -58,7 +57,8 @@ func startRig(b *testing.B, build xds.Options, m *model.Mesh) *envoyRig {
 	b.Cleanup(func() { cancel(); <-done })
 	rig := &envoyRig{srv: srv}
 	rig.set(b, m) // served before Envoy starts, so Envoy's initial fetch finds it
-	boot, err := xds.Bootstrap(xds.BootstrapConfig{NodeID: "bench", XDSAddress: "unix://" + sock, AdminAddress: "127.0.0.1:0"})
+	boot, err := xds.Bootstrap(xds.BootstrapConfig{NodeID: "bench", XDSAddress: "unix://" + sock, AdminAddress: "127.0.0.1:0",
+		Delta: os.Getenv("AETHER_BENCH_DELTA") != ""})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -155,6 +155,8 @@ func benchPods(b *testing.B, n int) []*model.LocalPod {
 // identity: SetMesh until ACK and no listener warming), for each certificate-selection mechanism.
 //
 //	go test ./bench/ -run '^$' -bench BenchmarkEnvoyMemory -benchtime 1x -timeout 30m
+//
+// AETHER_BENCH_DELTA=1 makes Envoy use the incremental (delta) ADS protocol.
 func BenchmarkEnvoyMemory(b *testing.B) {
 	testenv.RequireRoot(b)
 	for _, clusters := range []int{1000, 10000} {
@@ -184,5 +186,3 @@ func BenchmarkEnvoyMemory(b *testing.B) {
 		}
 	}
 }
-
-var _ = http.MethodGet

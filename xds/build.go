@@ -185,7 +185,7 @@ func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
 	}
 }
 
-// mustAny marshals a typed config. The messages marshalled here are built by this package and
+// toAny marshals a typed config. The messages marshalled here are built by this package and
 // always valid, so an error is a programming error; it still surfaces as a build error.
 func toAny(m proto.Message) (*anypb.Any, error) {
 	a, err := anypb.New(m)
@@ -624,14 +624,6 @@ func listenerFilter(name string, m proto.Message) (*listenerv3.ListenerFilter, e
 		return nil, err
 	}
 	return &listenerv3.ListenerFilter{Name: name, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: a}}, nil
-}
-
-func cidrs(ips []netip.Addr) []*core.CidrRange {
-	out := make([]*core.CidrRange, 0, len(ips))
-	for _, ip := range ips {
-		out = append(out, &core.CidrRange{AddressPrefix: ip.String(), PrefixLen: wrapperspb.UInt32(uint32(ip.BitLen()))})
-	}
-	return out
 }
 
 // podListeners builds the three listeners of one local pod (capture, explicit lane, inbound) and

@@ -91,7 +91,7 @@ func BenchmarkMeshLatency(b *testing.B) {
 	body := bytes.Repeat([]byte("x"), 1024)
 	const rate, dur, workers = 1000, 5 * time.Second, 16
 	httpOp := func(ns *testenv.Netns, url string) func(int) error {
-		tr := &http.Transport{MaxIdleConnsPerHost: workers, DialContext: nil}
+		tr := &http.Transport{MaxIdleConnsPerHost: workers}
 		tr.DialContext = httpClientIn(ns, true).Transport.(*http.Transport).DialContext
 		c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 		return func(int) error {

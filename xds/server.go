@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -491,7 +490,7 @@ func (s *Server) callbacks() server.Callbacks {
 			}
 		},
 		StreamRequestFunc: func(_ int64, req *discoverygrpc.DiscoveryRequest) error {
-			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode())
+			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 		StreamDeltaResponseFunc: func(_ int64, _ *discoverygrpc.DeltaDiscoveryRequest, resp *discoverygrpc.DeltaDiscoveryResponse) {
@@ -502,14 +501,14 @@ func (s *Server) callbacks() server.Callbacks {
 			}
 		},
 		StreamDeltaRequestFunc: func(_ int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
-			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, req.GetNode())
+			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
 	}
 }
 
 // onRequest turns a request that answers one of our responses (by nonce) into an ACK or NACK.
-func (s *Server) onRequest(url, nonce, detail string, isNACK bool, node *core.Node) {
+func (s *Server) onRequest(url, nonce, detail string, isNACK bool) {
 	if nonce == "" {
 		return
 	}
@@ -520,6 +519,5 @@ func (s *Server) onRequest(url, nonce, detail string, isNACK bool, node *core.No
 		return
 	}
 	delete(s.nonces, nonce)
-	_ = node
 	s.ack(url, v, !isNACK, detail)
 }

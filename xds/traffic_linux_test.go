@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/netip"
 	"regexp"
@@ -208,10 +207,10 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 		var wg sync.WaitGroup
 		errs := make(chan error, 16)
 		for _, c := range []struct {
-			ns interface{}
+			ns *testenv.Netns
 			id string
 		}{{alpha, alphaID}, {beta, betaID}} {
-			ns := c.ns.(*testenv.Netns)
+			ns := c.ns
 			for w := 0; w < 3; w++ {
 				wg.Add(1)
 				go func() {
@@ -248,8 +247,7 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 				return err
 			}
 			defer raw.Close()
-			c := tls.Client(raw, &tls.Config{ServerName: "8080", RootCAs: pool, Certificates: certs,
-				VerifyPeerCertificate: nil, InsecureSkipVerify: true})
+			c := tls.Client(raw, &tls.Config{ServerName: "8080", RootCAs: pool, Certificates: certs, InsecureSkipVerify: true})
 			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
 			if err := c.Handshake(); err != nil {
 				return err
@@ -285,7 +283,6 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 			t.Errorf("inbound with a valid client certificate: %v", err)
 		}
 	})
-	_ = net.IPv4len
 }
 
 // TestPrivilegedEnvoyACKsAndNACKs serves the representative golden model (its netns paths and pod
