@@ -58,7 +58,7 @@ func startRig(b *testing.B, build xds.Options, m *model.Mesh) *envoyRig {
 	rig := &envoyRig{srv: srv}
 	rig.set(b, m) // served before Envoy starts, so Envoy's initial fetch finds it
 	boot, err := xds.Bootstrap(xds.BootstrapConfig{NodeID: "bench", XDSAddress: "unix://" + sock, AdminAddress: "127.0.0.1:0",
-		Delta: os.Getenv("AETHER_BENCH_DELTA") != ""})
+		StateOfTheWorld: os.Getenv("AETHER_BENCH_SOTW") != ""})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func benchPods(b *testing.B, n int) []*model.LocalPod {
 //
 //	go test ./bench/ -run '^$' -bench BenchmarkEnvoyMemory -benchtime 1x -timeout 30m
 //
-// AETHER_BENCH_DELTA=1 makes Envoy use the incremental (delta) ADS protocol.
+// AETHER_BENCH_SOTW=1 makes Envoy use the state-of-the-world ADS protocol instead of delta.
 func BenchmarkEnvoyMemory(b *testing.B) {
 	testenv.RequireRoot(b)
 	for _, clusters := range []int{1000, 10000} {

@@ -38,8 +38,10 @@ type BootstrapConfig struct {
 	// AdminAddress is Envoy's admin API: "host:port" or "unix:///path" (default
 	// DefaultAdminAddress). The supervisor adopts a running Envoy through it.
 	AdminAddress string
-	// Delta selects the incremental ADS protocol (DELTA_GRPC) instead of state-of-the-world.
-	Delta bool
+	// StateOfTheWorld selects the state-of-the-world ADS protocol (GRPC) instead of the default
+	// incremental one (DELTA_GRPC). Delta sends only what changed: adding a pod at 10k clusters
+	// took 3.2 s with delta and 27 s with state of the world (docs/node-proxy.md).
+	StateOfTheWorld bool
 }
 
 func (c BootstrapConfig) withDefaults() BootstrapConfig {
@@ -76,7 +78,7 @@ func parseAddress(field, s string) (*core.Address, error) {
 }
 
 // Bootstrap returns the Envoy bootstrap (JSON) for cfg: node id and cluster, the admin API, one
-// static HTTP/2 cluster to the agent's ADS server, and LDS and CDS over ADS. It returns an error
+// static HTTP/2 cluster to the agent's ADS server, and LDS and CDS over ADS (delta by default). It returns an error
 // naming the field when an address does not parse.
 func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 	cfg = cfg.withDefaults()
@@ -97,9 +99,9 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)
 	}
-	apiType := core.ApiConfigSource_GRPC
-	if cfg.Delta {
-		apiType = core.ApiConfigSource_DELTA_GRPC
+	apiType := core.ApiConfigSource_DELTA_GRPC
+	if cfg.StateOfTheWorld {
+		apiType = core.ApiConfigSource_GRPC
 	}
 	b := &bootstrapv3.Bootstrap{
 		Node:  &core.Node{Id: cfg.NodeID, Cluster: cfg.Cluster},

@@ -98,7 +98,7 @@ func (f *meshFixture) supConfig() SupervisorConfig {
 	tools := testenv.RequireTools(f.t, testenv.ToolEnvoy)
 	return SupervisorConfig{
 		EnvoyPath: tools.Envoy,
-		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, Delta: f.delta},
+		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, StateOfTheWorld: !f.delta},
 		StateDir:  filepath.Join(f.dir, "envoy"),
 		Prefix:    f.prefix(),
 		ExtraArgs: []string{"--concurrency", "1", "--log-level", "info"},

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -481,7 +482,16 @@ func (s *Server) rollback(good *cache.Snapshot) {
 }
 
 func (s *Server) callbacks() server.Callbacks {
+	// When Envoy's ADS stream ends (Envoy restarted or lost), what it ACKed no longer tells what
+	// a new Envoy holds: forget it, so WaitForAck waits for the new stream's ACKs.
+	closed := func(int64, *core.Node) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.acked = map[string]uint64{}
+	}
 	return server.CallbackFuncs{
+		StreamClosedFunc:      closed,
+		DeltaStreamClosedFunc: closed,
 		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, resp *discoverygrpc.DiscoveryResponse) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
