@@ -1,8 +1,11 @@
 // Package xds turns the mesh model into Envoy configuration (listeners, clusters, routes, EDS
-// endpoints, SDS secrets) with one pure builder per resource, serves it to the node's Envoy over
-// ADS (state-of-the-world and delta, go-control-plane), and supervises the Envoy process (bootstrap,
-// adoption after an agent restart, restart with backoff).
+// endpoints, SDS secrets) with one pure builder per resource (Build), serves it to the node's
+// Envoy over ADS (state-of-the-world and delta, go-control-plane; Server, with WaitForAck for the
+// CNI ADD path), and supervises the Envoy process (Bootstrap, Supervisor: adoption after an agent
+// restart, restart with backoff). docs/node-proxy.md describes the layout and the Envoy 1.40
+// behaviour it relies on (checked by the TestPrivilegedEnvoyFact tests).
 //
-// It reads model values and workload identities; it never programs the kernel (capture) or
-// answers DNS (dnsd), and never writes to Kubernetes or the registry.
+// It reads model values and takes SVIDs from the identity package; it never programs the kernel
+// (capture), never answers DNS (dnsd), never writes to Kubernetes or the registry, and never
+// changes a network namespace (Envoy opens sockets inside pod namespaces itself).
 package xds

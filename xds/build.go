@@ -1,0 +1,932 @@
+package xds
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"time"
+
+	xdscore "github.com/cncf/xds/go/xds/core/v3"
+	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	mutationv3 "github.com/envoyproxy/go-control-plane/envoy/config/common/mutation_rules/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	sfsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	origdstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
+	tlsinspv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	sfsnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	earlymutv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
+	netinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
+	tsinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/transport_socket/v3"
+	fsmapperv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/cert_mappers/filter_state_override/v3"
+	ondemandv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/cert_selectors/on_demand_secret/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/model"
+)
+
+// Options tune the builders. The zero value is usable.
+type Options struct {
+	// ConnectTimeout is the upstream connect timeout of every cluster (default 5 s).
+	ConnectTimeout time.Duration
+	// UpstreamNetns, when set, is a netns path in which Envoy opens its outbound upstream sockets
+	// (Cluster.upstream_bind_config.source_address.network_namespace_filepath). Production leaves
+	// it empty (Envoy runs in the host netns); the local substrate and tests, where a "node" is a
+	// namespace of its own, set it to the node's netns.
+	UpstreamNetns string
+	// CertSelection picks how an outbound cluster presents the source pod's certificate
+	// (default CertSelector).
+	CertSelection CertSelection
+}
+
+// CertSelection is the mechanism that picks the source pod's client certificate per upstream
+// connection (docs/node-proxy.md compares them).
+type CertSelection int
+
+const (
+	// CertSelector is one TLS context per cluster whose certificate the on-demand certificate
+	// selector (envoy.tls.certificate_selectors.on_demand_secret) fetches over SDS, named by the
+	// downstream filter state CertMapperFilterStateKey (Envoy 1.40, #42477).
+	CertSelector CertSelection = iota
+	// CertMatcher is Cluster.transport_socket_matcher on the same filter state, choosing among
+	// one TLS transport socket per local identity in every cluster (#41151): identities x
+	// clusters TLS contexts.
+	CertMatcher
+)
+
+func (o Options) connectTimeout() *durationpb.Duration {
+	if o.ConnectTimeout <= 0 {
+		return durationpb.New(5 * time.Second)
+	}
+	return durationpb.New(o.ConnectTimeout)
+}
+
+// Resources is one built configuration: every resource for the node's Envoy, by kind, each list
+// sorted by name.
+type Resources struct {
+	Listeners []*listenerv3.Listener
+	Clusters  []*clusterv3.Cluster
+	Endpoints []*endpointv3.ClusterLoadAssignment
+	Routes    []*routev3.RouteConfiguration
+	Secrets   []*tlsv3.Secret
+}
+
+// Build turns one mesh model and the current SVIDs of the local pods' identities (keyed by
+// SPIFFE ID) into Envoy resources. It is pure: same inputs, same output. It returns an error
+// naming the pod when a local pod has no SVID or no usable address, and any error from
+// marshalling a typed config.
+func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opts Options) (*Resources, error) {
+	b := &builder{m: m, opts: opts}
+	r := &Resources{}
+	for _, s := range m.Services {
+		if len(s.AllVIPs()) == 0 {
+			continue
+		}
+		for _, sp := range s.Ports {
+			if sp.Protocol == model.ProtocolUDP {
+				continue
+			}
+			c, err := b.outboundCluster(s, sp)
+			if err != nil {
+				return nil, err
+			}
+			r.Clusters = append(r.Clusters, c)
+			r.Endpoints = append(r.Endpoints, b.loadAssignment(s, sp))
+		}
+	}
+	r.Clusters = append(r.Clusters, b.passthroughCluster())
+	r.Routes = append(r.Routes, b.captureRoute(), b.laneRoute())
+	if err := b.prepareCapture(); err != nil {
+		return nil, err
+	}
+	b.localEndpoints = map[string][]model.Endpoint{}
+	for _, s := range m.Services {
+		for _, ep := range m.Endpoints[s.Key] {
+			if ep.Cluster == m.Cluster {
+				b.localEndpoints[ep.PodUID] = append(b.localEndpoints[ep.PodUID], ep)
+			}
+		}
+	}
+	ids := map[string]bool{}
+	for _, p := range m.Pods {
+		id := p.SPIFFEID(m.TrustDomain)
+		if svids[id] == nil {
+			return nil, fmt.Errorf("build pod %s/%s: no SVID for %s", p.Namespace, p.Name, id)
+		}
+		if p.NetnsPath == "" {
+			return nil, fmt.Errorf("build pod %s/%s: empty netns path", p.Namespace, p.Name)
+		}
+		ids[id] = true
+		ls, cs, err := b.podListeners(p)
+		if err != nil {
+			return nil, fmt.Errorf("build pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
+		r.Listeners = append(r.Listeners, ls...)
+		r.Clusters = append(r.Clusters, cs...)
+	}
+	for _, id := range slices.Sorted(mapKeys(ids)) {
+		r.Secrets = append(r.Secrets, svidSecret(svids[id]))
+	}
+	r.Secrets = append(r.Secrets, bundleSecret(bundlePEM))
+	sortByName(r.Listeners, (*listenerv3.Listener).GetName)
+	sortByName(r.Clusters, (*clusterv3.Cluster).GetName)
+	sortByName(r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
+	sortByName(r.Routes, (*routev3.RouteConfiguration).GetName)
+	sortByName(r.Secrets, (*tlsv3.Secret).GetName)
+	return r, nil
+}
+
+type builder struct {
+	m    *model.Mesh
+	opts Options
+	// Built once per snapshot and shared by every pod's capture listener (the protos are only
+	// read afterwards): the filter-chain matcher, the HTTP connection manager and the floor
+	// chains' tcp_proxy filters.
+	captureMatcher *xdsmatcher.Matcher
+	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
+	localEndpoints map[string][]model.Endpoint
+	captureHCM     *listenerv3.Filter
+	floorChains    []floorChain
+	passthrough    *listenerv3.Filter
+}
+
+// floorChain is the tcp_proxy filter of one TCP service port.
+type floorChain struct {
+	name string
+	tcp  *listenerv3.Filter
+}
+
+func sortByName[T any](s []T, name func(T) string) {
+	slices.SortFunc(s, func(a, b T) int { return cmp.Compare(name(a), name(b)) })
+}
+
+func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
+	return func(yield func(K) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// toAny marshals a typed config. The messages marshalled here are built by this package and
+// always valid, so an error is a programming error; it still surfaces as a build error.
+func toAny(m proto.Message) (*anypb.Any, error) {
+	a, err := anypb.New(m)
+	if err != nil {
+		return nil, fmt.Errorf("marshal %T: %w", m, err)
+	}
+	return a, nil
+}
+
+func adsSource() *core.ConfigSource {
+	return &core.ConfigSource{
+		ResourceApiVersion:    core.ApiVersion_V3,
+		ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}},
+	}
+}
+
+func sdsRef(name string) *tlsv3.SdsSecretConfig {
+	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: adsSource()}
+}
+
+func socketAddress(ip string, port uint32, netns string) *core.Address {
+	return &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
+		Address:                  ip,
+		PortSpecifier:            &core.SocketAddress_PortValue{PortValue: port},
+		NetworkNamespaceFilepath: netns,
+	}}}
+}
+
+func (b *builder) bindConfig() *core.BindConfig {
+	if b.opts.UpstreamNetns == "" {
+		return nil
+	}
+	return &core.BindConfig{SourceAddress: &core.SocketAddress{
+		Address:                  "0.0.0.0",
+		PortSpecifier:            &core.SocketAddress_PortValue{PortValue: 0},
+		NetworkNamespaceFilepath: b.opts.UpstreamNetns,
+	}}
+}
+
+// ---- secrets (SDS) ----
+
+func svidSecret(s *identity.SVID) *tlsv3.Secret {
+	return &tlsv3.Secret{Name: s.SPIFFEID, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+		CertificateChain: &core.DataSource{Specifier: &core.DataSource_InlineBytes{InlineBytes: s.CertChainPEM}},
+		PrivateKey:       &core.DataSource{Specifier: &core.DataSource_InlineBytes{InlineBytes: s.KeyPEM}},
+	}}}
+}
+
+func bundleSecret(pem []byte) *tlsv3.Secret {
+	return &tlsv3.Secret{Name: TrustBundleSecret, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+		TrustedCa: &core.DataSource{Specifier: &core.DataSource_InlineBytes{InlineBytes: pem}},
+	}}}
+}
+
+// ---- outbound clusters, endpoints and routes ----
+
+// peerIDs returns the SPIFFE IDs of the service's endpoints, sorted and unique.
+func (b *builder) peerIDs(k model.ServiceKey) []string {
+	seen := map[string]bool{}
+	for _, ep := range b.m.Endpoints[k] {
+		if ep.SPIFFEID != "" {
+			seen[ep.SPIFFEID] = true
+		}
+	}
+	return slices.Sorted(mapKeys(seen))
+}
+
+// upstreamTLS is the UpstreamTlsContext of an outbound cluster: SNI "<targetPort>", the client
+// certificate picked per connection by the on-demand certificate selector from the secret named
+// in the downstream filter state CertMapperFilterStateKey (the source pod's SPIFFE ID), the peer
+// validated against the trust bundle and pinned to the destination's SPIFFE IDs (URI SAN, exact;
+// a namespace prefix when no endpoint is known yet).
+func (b *builder) upstreamTLS(k model.ServiceKey, sni string, alpn []string) (*core.TransportSocket, error) {
+	mapper, err := toAny(&fsmapperv3.Config{DefaultValue: "none"})
+	if err != nil {
+		return nil, err
+	}
+	sel, err := toAny(&ondemandv3.Config{
+		ConfigSource:      adsSource(),
+		CertificateMapper: &core.TypedExtensionConfig{Name: "envoy.tls.upstream_certificate_mappers.filter_state_override", TypedConfig: mapper},
+	})
+	if err != nil {
+		return nil, err
+	}
+	var sans []*tlsv3.SubjectAltNameMatcher
+	ids := b.peerIDs(k)
+	for _, id := range ids {
+		sans = append(sans, &tlsv3.SubjectAltNameMatcher{SanType: tlsv3.SubjectAltNameMatcher_URI,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: id}}})
+	}
+	if len(ids) == 0 {
+		sans = append(sans, &tlsv3.SubjectAltNameMatcher{SanType: tlsv3.SubjectAltNameMatcher_URI,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{
+				Prefix: "spiffe://" + b.m.TrustDomain + "/ns/" + k.Namespace + "/sa/"}}})
+	}
+	utc, err := toAny(&tlsv3.UpstreamTlsContext{
+		Sni: sni,
+		CommonTlsContext: &tlsv3.CommonTlsContext{
+			AlpnProtocols:                alpn,
+			CustomTlsCertificateSelector: &core.TypedExtensionConfig{Name: "envoy.tls.certificate_selectors.on_demand_secret", TypedConfig: sel},
+			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+				DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: sans},
+				ValidationContextSdsSecretConfig: sdsRef(TrustBundleSecret),
+			}},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &core.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &core.TransportSocket_TypedConfig{TypedConfig: utc}}, nil
+}
+
+func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clusterv3.Cluster, error) {
+	name := ClusterName(b.m, s.Key, sp.Port)
+	sni := strconv.FormatUint(uint64(sp.TargetPort), 10)
+	var ts *core.TransportSocket
+	var err error
+	if b.opts.CertSelection == CertMatcher {
+		// The default socket (no matching identity) presents no client certificate; the peer
+		// refuses it.
+		ts, err = b.upstreamTLSFor(s.Key, sni, "")
+	} else {
+		ts, err = b.upstreamTLS(s.Key, sni, nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("build cluster %s: %w", name, err)
+	}
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource()},
+		ConnectTimeout:       b.opts.connectTimeout(),
+		TransportSocket:      ts,
+		UpstreamBindConfig:   b.bindConfig(),
+	}
+	if b.opts.CertSelection == CertMatcher {
+		if err := b.addSocketMatcher(c, s.Key, sni); err != nil {
+			return nil, fmt.Errorf("build cluster %s: %w", name, err)
+		}
+	}
+	if sp.Protocol == model.ProtocolHTTP2 || sp.Protocol == model.ProtocolGRPC {
+		po, err := toAny(&httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+				Http2ProtocolOptions: &core.Http2ProtocolOptions{}}}}})
+		if err != nil {
+			return nil, err
+		}
+		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": po}
+	}
+	return c, nil
+}
+
+// upstreamTLSFor is an UpstreamTlsContext presenting the SDS secret id ("" for none), with the
+// same validation as upstreamTLS.
+func (b *builder) upstreamTLSFor(k model.ServiceKey, sni, id string) (*core.TransportSocket, error) {
+	var sans []*tlsv3.SubjectAltNameMatcher
+	for _, pid := range b.peerIDs(k) {
+		sans = append(sans, &tlsv3.SubjectAltNameMatcher{SanType: tlsv3.SubjectAltNameMatcher_URI,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: pid}}})
+	}
+	ctx := &tlsv3.CommonTlsContext{
+		ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+			DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: sans},
+			ValidationContextSdsSecretConfig: sdsRef(TrustBundleSecret),
+		}},
+	}
+	if id != "" {
+		ctx.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsRef(id)}
+	}
+	utc, err := toAny(&tlsv3.UpstreamTlsContext{Sni: sni, CommonTlsContext: ctx})
+	if err != nil {
+		return nil, err
+	}
+	return &core.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &core.TransportSocket_TypedConfig{TypedConfig: utc}}, nil
+}
+
+// addSocketMatcher gives c one named TLS socket per local identity and a transport_socket_matcher
+// on the shared filter state CertMapperFilterStateKey that picks the caller's (CertMatcher).
+func (b *builder) addSocketMatcher(c *clusterv3.Cluster, k model.ServiceKey, sni string) error {
+	ids := map[string]bool{}
+	for _, p := range b.m.Pods {
+		ids[p.SPIFFEID(b.m.TrustDomain)] = true
+	}
+	m := map[string]*xdsmatcher.Matcher_OnMatch{}
+	for i, id := range slices.Sorted(mapKeys(ids)) {
+		name := "id" + strconv.Itoa(i)
+		ts, err := b.upstreamTLSFor(k, sni, id)
+		if err != nil {
+			return err
+		}
+		c.TransportSocketMatches = append(c.TransportSocketMatches, &clusterv3.Cluster_TransportSocketMatch{Name: name, TransportSocket: ts})
+		a, err := toAny(&tsinputsv3.TransportSocketNameAction{Name: name})
+		if err != nil {
+			return err
+		}
+		m[id] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}
+	}
+	if len(m) == 0 {
+		return nil
+	}
+	input, err := toAny(&tsinputsv3.FilterStateInput{Key: CertMapperFilterStateKey})
+	if err != nil {
+		return err
+	}
+	c.TransportSocketMatcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+		Input:    &xdscore.TypedExtensionConfig{Name: "source-identity", TypedConfig: input},
+		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: m}},
+	}}}
+	return nil
+}
+
+func (b *builder) passthroughCluster() *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 PassthroughCluster,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
+		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
+		ConnectTimeout:       b.opts.connectTimeout(),
+		UpstreamBindConfig:   b.bindConfig(),
+	}
+}
+
+// endpointIP picks the address an endpoint is dialled at: its first IPv4 address, else its first
+// address.
+func endpointIP(ips []netip.Addr) (netip.Addr, bool) {
+	for _, ip := range ips {
+		if ip.Is4() {
+			return ip, true
+		}
+	}
+	if len(ips) > 0 {
+		return ips[0], true
+	}
+	return netip.Addr{}, false
+}
+
+// priority orders endpoints by locality (DESIGN.md, data flow 5): 0 = this cluster and this
+// node's zone, 1 = this cluster, 2 = other clusters.
+func (b *builder) priority(ep model.Endpoint) uint32 {
+	switch {
+	case ep.Cluster == b.m.Cluster && ep.Region == b.m.Node.Region && ep.Zone == b.m.Node.Zone:
+		return 0
+	case ep.Cluster == b.m.Cluster:
+		return 1
+	}
+	return 2
+}
+
+// loadAssignment is the EDS resource of one service port: every endpoint serving the target port
+// at pod_ip:15008, grouped by (priority, region, zone, cluster), unhealthy ones marked so.
+func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpointv3.ClusterLoadAssignment {
+	type key struct {
+		prio                  uint32
+		region, zone, cluster string
+	}
+	groups := map[key][]*endpointv3.LbEndpoint{}
+	for _, ep := range b.m.Endpoints[s.Key] {
+		if !slices.ContainsFunc(ep.Ports, func(p model.EndpointPort) bool { return p.Port == sp.TargetPort }) {
+			continue
+		}
+		ip, ok := endpointIP(ep.IPs)
+		if !ok {
+			continue
+		}
+		hs := core.HealthStatus_HEALTHY
+		if !ep.Healthy {
+			hs = core.HealthStatus_UNHEALTHY
+		}
+		k := key{b.priority(ep), ep.Region, ep.Zone, ep.Cluster}
+		groups[k] = append(groups[k], &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(ip.String(), InboundPort, "")}},
+			HealthStatus:   hs,
+		})
+	}
+	keys := slices.SortedFunc(mapKeys(groups), func(a, c key) int {
+		return cmp.Or(cmp.Compare(a.prio, c.prio), cmp.Compare(a.cluster, c.cluster), cmp.Compare(a.region, c.region), cmp.Compare(a.zone, c.zone))
+	})
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: ClusterName(b.m, s.Key, sp.Port)}
+	for _, k := range keys {
+		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
+			Locality:    &core.Locality{Region: k.region, Zone: k.zone, SubZone: k.cluster},
+			Priority:    k.prio,
+			LbEndpoints: groups[k],
+		})
+	}
+	return cla
+}
+
+func routeTo(cluster string) *routev3.Route {
+	return &routev3.Route{
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+			// No per-request timeout: streams and long polls are the application's business.
+			Timeout: durationpb.New(0),
+		}},
+	}
+}
+
+// captureRoute is the route configuration of every pod's capture HTTP chain: one virtual host
+// whose matcher maps the original destination "VIP:port" (the DstHeader the capture HTTP
+// connection manager writes before routing, from %DOWNSTREAM_LOCAL_ADDRESS%) to the service
+// port's cluster, whatever Host the client used. The lookup is a hash map, so the route table's
+// cost per request does not grow with the number of services. The header is removed before the
+// request leaves.
+func (b *builder) captureRoute() *routev3.RouteConfiguration {
+	m := map[string]*xdsmatcher.Matcher_OnMatch{}
+	for _, s := range b.m.Services {
+		for _, sp := range s.Ports {
+			if !sp.Protocol.IsHTTP() {
+				continue
+			}
+			route, _ := anypb.New(routeTo(ClusterName(b.m, s.Key, sp.Port)))
+			for _, vip := range s.AllVIPs() {
+				m[netip.AddrPortFrom(vip, uint16(sp.Port)).String()] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+					Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}
+			}
+		}
+	}
+	vh := &routev3.VirtualHost{Name: CaptureRouteName, Domains: []string{"*"}}
+	if len(m) > 0 {
+		input, _ := anypb.New(&matcherv3.HttpRequestHeaderMatchInput{HeaderName: DstHeader})
+		vh.Matcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+			Input:    &xdscore.TypedExtensionConfig{Name: "original-destination", TypedConfig: input},
+			TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: m}},
+		}}}
+	} else {
+		vh.Routes = []*routev3.Route{{
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 404}},
+		}}
+	}
+	return &routev3.RouteConfiguration{
+		Name:                   CaptureRouteName,
+		VirtualHosts:           []*routev3.VirtualHost{vh},
+		RequestHeadersToRemove: []string{DstHeader},
+	}
+}
+
+// laneRoute is the explicit HTTP lane's route configuration: one virtual host per service with an
+// HTTP port, answering its mesh names (<svc>.<ns>.<meshDomain>, the short <svc>.<meshDomain> when
+// the service owns it, <svc>.<ns>.svc.clusterset.local when imported), each also with ":<port>";
+// a name without a port goes to the service's first HTTP port.
+func (b *builder) laneRoute() *routev3.RouteConfiguration {
+	rc := &routev3.RouteConfiguration{Name: LaneRouteName}
+	for _, s := range b.m.Services {
+		var names []string
+		names = append(names, b.m.FQDN(s.Key))
+		if n := b.m.ShortName(s.Key); n != "" {
+			names = append(names, n)
+		}
+		if s.Imported {
+			names = append(names, model.ClustersetName(s.Key))
+		}
+		first := true
+		for _, sp := range s.Ports {
+			if !sp.Protocol.IsHTTP() {
+				continue
+			}
+			var domains []string
+			for _, n := range names {
+				if first {
+					domains = append(domains, n)
+				}
+				domains = append(domains, n+":"+strconv.FormatUint(uint64(sp.Port), 10))
+			}
+			first = false
+			cn := ClusterName(b.m, s.Key, sp.Port)
+			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{Name: cn, Domains: domains, Routes: []*routev3.Route{routeTo(cn)}})
+		}
+	}
+	return rc
+}
+
+// ---- per-pod listeners ----
+
+// identityFilter is the set_filter_state network filter every pod listener runs first: it names
+// the pod's SVID secret for the upstream certificate selector. The value is an
+// envoy.hashable_string shared with upstream, so pooled upstream connections are partitioned per
+// source identity (a plain envoy.string is not hashed into the pool key: pods would share
+// connections, see TestPrivilegedEnvoyFactDynamicUpstreamCertSelector and docs/node-proxy.md).
+func identityFilter(spiffeID string) (*listenerv3.Filter, error) {
+	cfg, err := toAny(&sfsnetv3.Config{OnNewConnection: []*sfsv3.FilterStateValue{{
+		Key:                &sfsv3.FilterStateValue_ObjectKey{ObjectKey: CertMapperFilterStateKey},
+		FactoryKey:         "envoy.hashable_string",
+		Value:              &sfsv3.FilterStateValue_FormatString{FormatString: &core.SubstitutionFormatString{Format: &core.SubstitutionFormatString_TextFormatSource{TextFormatSource: &core.DataSource{Specifier: &core.DataSource_InlineString{InlineString: spiffeID}}}}},
+		SharedWithUpstream: sfsv3.FilterStateValue_ONCE,
+	}}})
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.Filter{Name: "envoy.filters.network.set_filter_state", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: cfg}}, nil
+}
+
+func routerFilter() (*hcmv3.HttpFilter, error) {
+	r, err := toAny(&routerv3.Router{})
+	if err != nil {
+		return nil, err
+	}
+	return &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: r}}, nil
+}
+
+func hcmFilter(h *hcmv3.HttpConnectionManager) (*listenerv3.Filter, error) {
+	rf, err := routerFilter()
+	if err != nil {
+		return nil, err
+	}
+	h.CodecType = hcmv3.HttpConnectionManager_AUTO
+	h.HttpFilters = []*hcmv3.HttpFilter{rf}
+	a, err := toAny(h)
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.Filter{Name: "envoy.filters.network.http_connection_manager", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: a}}, nil
+}
+
+func rdsHCM(stat, route string) (*listenerv3.Filter, error) {
+	return hcmFilter(&hcmv3.HttpConnectionManager{
+		StatPrefix: stat,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource: adsSource(), RouteConfigName: route,
+		}},
+	})
+}
+
+func tcpProxy(stat, cluster string) (*listenerv3.Filter, error) {
+	a, err := toAny(&tcpv3.TcpProxy{StatPrefix: stat, ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cluster}})
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.Filter{Name: "envoy.filters.network.tcp_proxy", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: a}}, nil
+}
+
+func listenerFilter(name string, m proto.Message) (*listenerv3.ListenerFilter, error) {
+	a, err := toAny(m)
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.ListenerFilter{Name: name, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: a}}, nil
+}
+
+// podListeners builds the three listeners of one local pod (capture, explicit lane, inbound) and
+// the inbound clusters that reach its application ports.
+func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*clusterv3.Cluster, error) {
+	id := p.SPIFFEID(b.m.TrustDomain)
+	capture, err := b.captureListener(p, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	lane, err := b.laneListener(p, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	ls := []*listenerv3.Listener{capture, lane}
+	inbound, cs, err := b.inboundListener(p, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if inbound != nil {
+		ls = append(ls, inbound)
+	}
+	return ls, cs, nil
+}
+
+// prepareCapture builds the parts every pod's capture listener shares.
+func (b *builder) prepareCapture() error {
+	early, err := toAny(&earlymutv3.HeaderMutation{Mutations: []*mutationv3.HeaderMutation{{
+		Action: &mutationv3.HeaderMutation_Append{Append: &core.HeaderValueOption{
+			Header:       &core.HeaderValue{Key: DstHeader, Value: "%DOWNSTREAM_LOCAL_ADDRESS%"},
+			AppendAction: core.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}},
+	}}})
+	if err != nil {
+		return err
+	}
+	b.captureHCM, err = hcmFilter(&hcmv3.HttpConnectionManager{
+		StatPrefix: "outbound_http",
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource: adsSource(), RouteConfigName: CaptureRouteName,
+		}},
+		EarlyHeaderMutationExtensions: []*core.TypedExtensionConfig{{Name: "aether.original-destination", TypedConfig: early}},
+	})
+	if err != nil {
+		return err
+	}
+	if b.passthrough, err = tcpProxy("passthrough", PassthroughCluster); err != nil {
+		return err
+	}
+	chainAction := func(name string) *xdsmatcher.Matcher_OnMatch {
+		a, _ := anypb.New(wrapperspb.String(name))
+		return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+			Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}
+	}
+	portInput, _ := anypb.New(&netinputsv3.DestinationPortInput{})
+	ipInput, _ := anypb.New(&netinputsv3.DestinationIPInput{})
+	byVIP := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
+	for _, s := range b.m.Services {
+		for _, sp := range s.Ports {
+			if sp.Protocol == model.ProtocolUDP {
+				continue
+			}
+			chain := captureHTTPChain
+			if !sp.Protocol.IsHTTP() {
+				cn := ClusterName(b.m, s.Key, sp.Port)
+				chain = "tcp|" + cn
+				tp, err := tcpProxy("outbound_tcp", cn)
+				if err != nil {
+					return err
+				}
+				b.floorChains = append(b.floorChains, floorChain{name: chain, tcp: tp})
+			}
+			for _, vip := range s.AllVIPs() {
+				k := vip.String()
+				if byVIP[k] == nil {
+					byVIP[k] = map[string]*xdsmatcher.Matcher_OnMatch{}
+				}
+				byVIP[k][strconv.FormatUint(uint64(sp.Port), 10)] = chainAction(chain)
+			}
+		}
+	}
+	if len(byVIP) == 0 {
+		return nil
+	}
+	ipMap := make(map[string]*xdsmatcher.Matcher_OnMatch, len(byVIP))
+	for vip, ports := range byVIP {
+		ipMap[vip] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: &xdsmatcher.Matcher{
+			MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+				Input:    &xdscore.TypedExtensionConfig{Name: "port", TypedConfig: portInput},
+				TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: ports}},
+			}},
+		}}}
+	}
+	b.captureMatcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+		Input:    &xdscore.TypedExtensionConfig{Name: "ip", TypedConfig: ipInput},
+		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: ipMap}},
+	}}}
+	return nil
+}
+
+// captureListener is the pod's capture listener on 127.0.0.1:15001 inside its netns (the capture
+// redirect's target). original_dst restores the VIP and port the application dialled, and the
+// listener's filter_chain_matcher (a hash map on destination IP, then port) picks the chain:
+// an HTTP service port goes to the one HTTP chain (an HTTP connection manager whose codec AUTO
+// tells HTTP/1.1 from HTTP/2, routing on the original destination, see captureRoute), a TCP
+// service port to its floor chain (tcp_proxy over mTLS to the port's cluster), anything else to
+// the default chain that passes it through to the original destination. No listener filter waits
+// for client bytes, so a server-first protocol never stalls (docs/node-proxy.md explains the
+// layout).
+func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Listener, error) {
+	od, err := listenerFilter("envoy.filters.listener.original_dst", &origdstv3.OriginalDst{})
+	if err != nil {
+		return nil, err
+	}
+	idf, err := identityFilter(id)
+	if err != nil {
+		return nil, err
+	}
+	l := &listenerv3.Listener{
+		Name:               captureListenerName(p),
+		Address:            socketAddress("127.0.0.1", CapturePort, p.NetnsPath),
+		ListenerFilters:    []*listenerv3.ListenerFilter{od},
+		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{b.passthrough}},
+	}
+	if b.captureMatcher == nil {
+		return l, nil
+	}
+	l.FilterChainMatcher = b.captureMatcher
+	l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{idf, b.captureHCM}})
+	for _, fc := range b.floorChains {
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{idf, fc.tcp}})
+	}
+	return l, nil
+}
+
+// laneListener is the explicit HTTP lane on 127.0.0.1:18081 inside the pod's netns: the Host
+// header picks the service (LaneRouteName).
+func (b *builder) laneListener(p *model.LocalPod, id string) (*listenerv3.Listener, error) {
+	idf, err := identityFilter(id)
+	if err != nil {
+		return nil, err
+	}
+	h, err := rdsHCM("lane_http", LaneRouteName)
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.Listener{
+		Name:         laneListenerName(p),
+		Address:      socketAddress("127.0.0.1", LanePort, p.NetnsPath),
+		FilterChains: []*listenerv3.FilterChain{{Name: "lane", Filters: []*listenerv3.Filter{idf, h}}},
+	}, nil
+}
+
+// inboundPort is one application port a local pod serves through 15008.
+type inboundPort struct {
+	port     uint32
+	protocol model.Protocol
+	// waypoint SNIs "<port>.<svc>.<ns>.<meshDomain>" of the services the pod backs on this port.
+	waypointSNIs []string
+}
+
+// inboundPorts lists the target ports the pod serves: its registered endpoint ports in this
+// cluster and its declared container ports, sorted by port.
+func (b *builder) inboundPorts(p *model.LocalPod) []inboundPort {
+	byPort := map[uint32]*inboundPort{}
+	add := func(port uint32, proto model.Protocol) *inboundPort {
+		ip := byPort[port]
+		if ip == nil {
+			if proto == "" {
+				proto = model.ProtocolHTTP
+			}
+			ip = &inboundPort{port: port, protocol: proto}
+			byPort[port] = ip
+		}
+		return ip
+	}
+	for _, pp := range p.Ports {
+		if pp.Protocol != model.ProtocolUDP {
+			add(pp.Port, pp.Protocol)
+		}
+	}
+	for _, ep := range b.localEndpoints[p.UID] {
+		for _, epp := range ep.Ports {
+			if epp.Protocol == model.ProtocolUDP {
+				continue
+			}
+			ip := add(epp.Port, epp.Protocol)
+			ip.waypointSNIs = append(ip.waypointSNIs, WaypointSNI(b.m, ep.Service, epp.Port))
+		}
+	}
+	out := make([]inboundPort, 0, len(byPort))
+	for _, port := range slices.Sorted(mapKeys(byPort)) {
+		ip := byPort[port]
+		slices.Sort(ip.waypointSNIs)
+		ip.waypointSNIs = slices.Compact(ip.waypointSNIs)
+		out = append(out, *ip)
+	}
+	return out
+}
+
+// inboundListener is the pod's mTLS listener on pod_ip:15008 inside its netns: TLS with the pod's
+// SVID, a client certificate from the trust domain required, one filter chain per served port
+// selected by SNI "<port>" (and the exact waypoint SNIs), then HTTP (the caller's identity
+// forwarded as XFCC, SANITIZE_SET with the URI) or raw TCP to the application. It returns nil
+// when the pod serves no port.
+func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Listener, []*clusterv3.Cluster, error) {
+	ports := b.inboundPorts(p)
+	if len(ports) == 0 {
+		return nil, nil, nil
+	}
+	ip, ok := endpointIP(p.IPs)
+	if !ok {
+		return nil, nil, fmt.Errorf("inbound listener: pod has no IP")
+	}
+	ti, err := listenerFilter("envoy.filters.listener.tls_inspector", &tlsinspv3.TlsInspector{})
+	if err != nil {
+		return nil, nil, err
+	}
+	dtc, err := toAny(&tlsv3.DownstreamTlsContext{
+		RequireClientCertificate: wrapperspb.Bool(true),
+		CommonTlsContext: &tlsv3.CommonTlsContext{
+			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsRef(id)},
+			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
+				DefaultValidationContext: &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
+					SanType: tlsv3.SubjectAltNameMatcher_URI,
+					Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + b.m.TrustDomain + "/"}},
+				}}},
+				ValidationContextSdsSecretConfig: sdsRef(TrustBundleSecret),
+			}},
+		},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	ts := &core.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &core.TransportSocket_TypedConfig{TypedConfig: dtc}}
+	l := &listenerv3.Listener{
+		Name:            inboundListenerName(p),
+		Address:         socketAddress(ip.String(), InboundPort, p.NetnsPath),
+		ListenerFilters: []*listenerv3.ListenerFilter{ti},
+	}
+	var clusters []*clusterv3.Cluster
+	for _, ipt := range ports {
+		cn := inboundClusterName(p, ipt.port)
+		var f *listenerv3.Filter
+		if ipt.protocol.IsHTTP() {
+			f, err = hcmFilter(&hcmv3.HttpConnectionManager{
+				StatPrefix:                  "inbound_http",
+				ForwardClientCertDetails:    hcmv3.HttpConnectionManager_SANITIZE_SET,
+				SetCurrentClientCertDetails: &hcmv3.HttpConnectionManager_SetCurrentClientCertDetails{Uri: true},
+				RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+					Name:         cn,
+					VirtualHosts: []*routev3.VirtualHost{{Name: cn, Domains: []string{"*"}, Routes: []*routev3.Route{routeTo(cn)}}},
+				}},
+			})
+		} else {
+			f, err = tcpProxy("inbound_tcp", cn)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		sni := append([]string{strconv.FormatUint(uint64(ipt.port), 10)}, ipt.waypointSNIs...)
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
+			Name:             strconv.FormatUint(uint64(ipt.port), 10),
+			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: sni, TransportProtocol: "tls"},
+			TransportSocket:  ts,
+			Filters:          []*listenerv3.Filter{f},
+		})
+		c, err := b.inboundCluster(p, ipt)
+		if err != nil {
+			return nil, nil, err
+		}
+		clusters = append(clusters, c)
+	}
+	return l, clusters, nil
+}
+
+// inboundCluster reaches one application port of a local pod at 127.0.0.1:<port> from inside the
+// pod's netns (Cluster.upstream_bind_config with network_namespace_filepath; an endpoint address
+// may not carry a namespace in Envoy 1.40). Applications bound to the pod's loopback or to the
+// wildcard address are both reached; strict-mode capture lets loopback traffic through.
+func (b *builder) inboundCluster(p *model.LocalPod, ipt inboundPort) (*clusterv3.Cluster, error) {
+	cn := inboundClusterName(p, ipt.port)
+	c := &clusterv3.Cluster{
+		Name:                 cn,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout:       b.opts.connectTimeout(),
+		UpstreamBindConfig: &core.BindConfig{SourceAddress: &core.SocketAddress{
+			Address: "127.0.0.1", PortSpecifier: &core.SocketAddress_PortValue{PortValue: 0}, NetworkNamespaceFilepath: p.NetnsPath,
+		}},
+		LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: cn, Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+				Address: socketAddress("127.0.0.1", ipt.port, ""),
+			}}}},
+		}}},
+	}
+	if ipt.protocol == model.ProtocolHTTP2 || ipt.protocol == model.ProtocolGRPC {
+		po, err := toAny(&httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+				Http2ProtocolOptions: &core.Http2ProtocolOptions{}}}}})
+		if err != nil {
+			return nil, err
+		}
+		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": po}
+	}
+	return c, nil
+}

@@ -1,0 +1,94 @@
+package xds
+
+import (
+	"fmt"
+	"net/netip"
+	"runtime"
+	"testing"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// benchMesh is a synthetic model: services HTTP services (every fifth one TCP) with one port each,
+// endpoints spread evenly over them across two clusters and four zones, and pods local pods.
+func benchMesh(services, endpoints, pods int) *model.Mesh {
+	td := model.DefaultTrustDomain
+	svcs := make([]*model.Service, 0, services)
+	eps := make(map[model.ServiceKey][]model.Endpoint, services)
+	for i := 0; i < services; i++ {
+		k := model.ServiceKey{Namespace: fmt.Sprintf("ns%d", i%50), Name: fmt.Sprintf("svc%d", i)}
+		proto := model.ProtocolHTTP
+		if i%5 == 4 {
+			proto = model.ProtocolTCP
+		}
+		vip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
+		svcs = append(svcs, &model.Service{Key: k, Local: true, VIPs: []netip.Addr{vip},
+			Ports: []model.ServicePort{{Name: "p", Port: 80, TargetPort: 8080, Protocol: proto}}})
+	}
+	for j := 0; j < endpoints; j++ {
+		s := svcs[j%services]
+		ip := netip.AddrFrom4([4]byte{10, byte(64 + j>>16), byte(j >> 8), byte(j)})
+		cl := "c1"
+		if j%3 == 0 {
+			cl = "c2"
+		}
+		eps[s.Key] = append(eps[s.Key], model.Endpoint{Service: s.Key, Cluster: cl, Region: "r1", Zone: fmt.Sprintf("z%d", j%4),
+			PodName: fmt.Sprintf("pod%d", j), PodUID: fmt.Sprintf("uid%d", j), IPs: []netip.Addr{ip},
+			Ports:    []model.EndpointPort{{Port: 8080, Protocol: s.Ports[0].Protocol}},
+			SPIFFEID: model.SPIFFEID(td, s.Key.Namespace, "sa"+s.Key.Name), Healthy: true})
+	}
+	lp := make([]*model.LocalPod, 0, pods)
+	for p := 0; p < pods; p++ {
+		lp = append(lp, &model.LocalPod{UID: fmt.Sprintf("local%d", p), Namespace: fmt.Sprintf("ns%d", p%50), Name: fmt.Sprintf("local%d", p),
+			ServiceAccount: fmt.Sprintf("sa%d", p%10), NetnsPath: fmt.Sprintf("/var/run/netns/cni-%d", p),
+			IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 0, byte(p)})}, Ports: []model.PodPort{{Port: 8080, Protocol: model.ProtocolHTTP}}, Ready: true})
+	}
+	return model.New(1, "c1", "mesh", td, model.Node{Name: "n1", Region: "r1", Zone: "z0"}, svcs, eps, lp)
+}
+
+// BenchmarkSnapshotBuild measures what SetMesh does per model change, without SVID issuing:
+// Build, ValidateAll on every resource, NewSnapshot and Consistent. It reports the heap retained
+// by the resulting snapshot per endpoint (retained-B/endpoint) besides Go's allocation figures.
+//
+//	go test ./xds/ -run '^$' -bench BenchmarkSnapshotBuild -benchmem -benchtime 3x
+func BenchmarkSnapshotBuild(b *testing.B) {
+	for _, c := range []struct{ services, endpoints int }{
+		{100, 10_000}, {1_000, 10_000}, {10_000, 10_000},
+		{100, 100_000}, {1_000, 100_000}, {10_000, 100_000},
+	} {
+		b.Run(fmt.Sprintf("services=%d/endpoints=%d", c.services, c.endpoints), func(b *testing.B) {
+			m := benchMesh(c.services, c.endpoints, 20)
+			svids := fakeSVIDs(m)
+			var keep *cache.Snapshot
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				keep = nil
+				r, err := Build(m, svids, []byte("BUNDLE"), Options{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := r.ValidateAll(); err != nil {
+					b.Fatal(err)
+				}
+				snap, err := cache.NewSnapshot("1", r.typed())
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := snap.Consistent(); err != nil {
+					b.Fatal(err)
+				}
+				keep = snap
+			}
+			b.StopTimer()
+			runtime.GC()
+			runtime.ReadMemStats(&after)
+			b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/float64(c.endpoints), "retained-B/endpoint")
+			runtime.KeepAlive(keep)
+		})
+	}
+}

@@ -1,0 +1,267 @@
+package xds
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/model"
+)
+
+// goldenMesh is a representative model: an HTTP service with two ports (one HTTP/2), a TCP
+// service, an imported service with a clusterset VIP and endpoints in two clusters and zones, a
+// UDP port (skipped), and two local pods (a client and a server backing two services).
+func goldenMesh() *model.Mesh {
+	td := model.DefaultTrustDomain
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	db := model.ServiceKey{Namespace: "shop", Name: "db"}
+	api := model.ServiceKey{Namespace: "edge", Name: "api"}
+	ip := netip.MustParseAddr
+	services := []*model.Service{
+		{Key: web, Local: true, VIPs: []netip.Addr{ip("10.96.0.10")}, Ports: []model.ServicePort{
+			{Name: "http", Port: 80, TargetPort: 8080, Protocol: model.ProtocolHTTP},
+			{Name: "grpc", Port: 9090, TargetPort: 9090, Protocol: model.ProtocolGRPC},
+			{Name: "dns", Port: 53, TargetPort: 53, Protocol: model.ProtocolUDP},
+		}},
+		{Key: db, Local: true, VIPs: []netip.Addr{ip("10.96.0.11")}, Ports: []model.ServicePort{
+			{Name: "mysql", Port: 3306, TargetPort: 3306, Protocol: model.ProtocolTCP},
+		}},
+		{Key: api, Imported: true, ClustersetVIPs: []netip.Addr{ip("10.97.0.5")}, Ports: []model.ServicePort{
+			{Name: "http", Port: 80, TargetPort: 8000, Protocol: model.ProtocolHTTP},
+		}},
+	}
+	eps := map[model.ServiceKey][]model.Endpoint{
+		web: {
+			{Service: web, Cluster: "c1", Region: "r1", Zone: "z1", PodName: "web-1", PodUID: "uid-web-1", IPs: []netip.Addr{ip("10.244.1.7")},
+				Ports: []model.EndpointPort{{Port: 8080, Protocol: model.ProtocolHTTP}, {Port: 9090, Protocol: model.ProtocolGRPC}}, SPIFFEID: model.SPIFFEID(td, "shop", "web"), Healthy: true},
+			{Service: web, Cluster: "c1", Region: "r1", Zone: "z2", PodName: "web-2", PodUID: "uid-web-2", IPs: []netip.Addr{ip("10.244.2.7")},
+				Ports: []model.EndpointPort{{Port: 8080, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "shop", "web"), Healthy: false},
+		},
+		db: {
+			{Service: db, Cluster: "c1", Region: "r1", Zone: "z1", PodName: "db-0", PodUID: "uid-db-0", IPs: []netip.Addr{ip("10.244.1.9")},
+				Ports: []model.EndpointPort{{Port: 3306, Protocol: model.ProtocolTCP}}, SPIFFEID: model.SPIFFEID(td, "shop", "db"), Healthy: true},
+		},
+		api: {
+			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-1", PodUID: "uid-api-1", IPs: []netip.Addr{ip("10.244.1.7")},
+				Ports: []model.EndpointPort{{Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: true},
+		},
+	}
+	pods := []*model.LocalPod{
+		{UID: "uid-client", Namespace: "shop", Name: "client", ServiceAccount: "client", NetnsPath: "/var/run/netns/cni-client", IPs: []netip.Addr{ip("10.244.1.5")}, Ready: true},
+		{UID: "uid-web-1", Namespace: "shop", Name: "web-1", ServiceAccount: "web", NetnsPath: "/var/run/netns/cni-web-1", IPs: []netip.Addr{ip("10.244.1.7")}, Ready: true},
+		{UID: "uid-db-0", Namespace: "shop", Name: "db-0", ServiceAccount: "db", NetnsPath: "/var/run/netns/cni-db-0", IPs: []netip.Addr{ip("10.244.1.9")}, Ready: true,
+			Ports: []model.PodPort{{Port: 3306, Protocol: model.ProtocolTCP}}},
+	}
+	return model.New(7, "c1", "mesh", td, model.Node{Name: "n1", Region: "r1", Zone: "z1"}, services, eps, pods)
+}
+
+// fakeSVIDs returns placeholder SVIDs (Build copies the PEM bytes; it never parses them).
+func fakeSVIDs(m *model.Mesh) map[string]*identity.SVID {
+	out := map[string]*identity.SVID{}
+	for _, p := range m.Pods {
+		id := p.SPIFFEID(m.TrustDomain)
+		out[id] = &identity.SVID{SPIFFEID: id, CertChainPEM: []byte("CERT " + id), KeyPEM: []byte("KEY " + id)}
+	}
+	return out
+}
+
+// stableJSON renders messages as indented JSON with normalised whitespace (protojson's output is
+// deliberately unstable).
+func stableJSON(t *testing.T, msgs []proto.Message) []byte {
+	t.Helper()
+	var out bytes.Buffer
+	out.WriteString("[\n")
+	for i, m := range msgs {
+		raw, err := protojson.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var compact, ind bytes.Buffer
+		if err := json.Compact(&compact, raw); err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Indent(&ind, compact.Bytes(), "  ", "  "); err != nil {
+			t.Fatal(err)
+		}
+		out.WriteString("  ")
+		out.Write(ind.Bytes())
+		if i < len(msgs)-1 {
+			out.WriteString(",")
+		}
+		out.WriteString("\n")
+	}
+	out.WriteString("]\n")
+	return out.Bytes()
+}
+
+func checkGolden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if os.Getenv("REFRESH_GOLDEN") != "" {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("read golden %s (refresh with REFRESH_GOLDEN=1): %v", path, err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file; review and refresh with REFRESH_GOLDEN=1 go test ./xds/ -run TestBuildGolden", path)
+	}
+}
+
+func asMessages[T proto.Message](xs []T) []proto.Message {
+	out := make([]proto.Message, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
+}
+
+// TestBuildGolden builds representative models and compares every resource kind with its golden
+// file; every resource passes ValidateAll and the snapshot is Consistent.
+func TestBuildGolden(t *testing.T) {
+	cases := []struct {
+		name string
+		mesh *model.Mesh
+		opts Options
+	}{
+		{"representative", goldenMesh(), Options{}},
+		{"empty", model.New(1, "c1", "", "", model.Node{}, nil, nil, nil), Options{}},
+		{"upstream-netns", goldenMesh(), Options{UpstreamNetns: "/var/run/netns/node", ConnectTimeout: 2 * time.Second}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := Build(c.mesh, fakeSVIDs(c.mesh), []byte("BUNDLE"), c.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.ValidateAll(); err != nil {
+				t.Fatalf("ValidateAll: %v", err)
+			}
+			again, _ := Build(c.mesh, fakeSVIDs(c.mesh), []byte("BUNDLE"), c.opts)
+			for _, kind := range []struct {
+				name string
+				a, b []proto.Message
+			}{
+				{"listeners", asMessages(r.Listeners), asMessages(again.Listeners)},
+				{"clusters", asMessages(r.Clusters), asMessages(again.Clusters)},
+				{"endpoints", asMessages(r.Endpoints), asMessages(again.Endpoints)},
+				{"routes", asMessages(r.Routes), asMessages(again.Routes)},
+				{"secrets", asMessages(r.Secrets), asMessages(again.Secrets)},
+			} {
+				got := stableJSON(t, kind.a)
+				if !bytes.Equal(got, stableJSON(t, kind.b)) {
+					t.Errorf("%s: two builds of the same model differ", kind.name)
+				}
+				checkGolden(t, c.name+"."+kind.name+".json", got)
+			}
+		})
+	}
+}
+
+// TestBuildShape checks the properties the design names, on the representative model.
+func TestBuildShape(t *testing.T) {
+	m := goldenMesh()
+	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := func(xs []proto.Message, get func(proto.Message) string) []string {
+		var out []string
+		for _, x := range xs {
+			out = append(out, get(x))
+		}
+		return out
+	}
+	clusters := strings.Join(names(asMessages(r.Clusters), func(m proto.Message) string { return m.(interface{ GetName() string }).GetName() }), " ")
+	for _, want := range []string{"web.shop.mesh:80", "web.shop.mesh:9090", "db.shop.mesh:3306", "api.edge.mesh:80", PassthroughCluster, "inbound|shop/web-1:8080", "inbound|shop/db-0:3306"} {
+		if !strings.Contains(clusters, want) {
+			t.Errorf("clusters %q lack %q", clusters, want)
+		}
+	}
+	if strings.Contains(clusters, ":53") {
+		t.Errorf("UDP port got a cluster: %q", clusters)
+	}
+	for _, cla := range r.Endpoints {
+		if cla.ClusterName != "web.shop.mesh:80" {
+			continue
+		}
+		if len(cla.Endpoints) != 2 || cla.Endpoints[0].Priority != 0 || cla.Endpoints[1].Priority != 1 {
+			t.Errorf("web:80 localities = %v, want same zone at priority 0, other zone at 1", cla.Endpoints)
+		}
+	}
+	var inbound string
+	for _, l := range r.Listeners {
+		if l.Name == "inbound|shop/web-1" {
+			b, _ := protojson.Marshal(l)
+			inbound = string(b)
+		}
+	}
+	for _, want := range []string{`"8080"`, `"8080.web.shop.mesh"`, `"9090.web.shop.mesh"`, `"requireClientCertificate":true`, "SANITIZE_SET"} {
+		if !strings.Contains(inbound, want) {
+			t.Errorf("inbound listener lacks %s", want)
+		}
+	}
+}
+
+// TestSetMeshKeepsLastGoodSnapshot: a model the builders reject leaves the served snapshot
+// unchanged, returns the error and counts it.
+func TestSetMeshKeepsLastGoodSnapshot(t *testing.T) {
+	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
+	reg := prometheus.NewRegistry()
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	good := goldenMesh()
+	v1, err := s.SetMesh(ctx, good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := goldenMesh()
+	bad.Pods[0].NetnsPath = "" // a pod without a netns cannot get listeners
+	if _, err := s.SetMesh(ctx, bad); err == nil || !strings.Contains(err.Error(), "netns") {
+		t.Fatalf("SetMesh(bad) = %v, want an error naming the netns", err)
+	}
+	if got := s.Version(); got != v1 {
+		t.Errorf("version after failed build = %q, want %q kept", got, v1)
+	}
+	snap, err := s.cache.GetSnapshot("n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap.GetVersion(resource.ListenerType) != v1 {
+		t.Errorf("served snapshot version = %q, want %q", snap.GetVersion(resource.ListenerType), v1)
+	}
+	var mf dto.Metric
+	if err := s.buildFailures.Write(&mf); err != nil {
+		t.Fatal(err)
+	}
+	if n := mf.GetCounter().GetValue(); n != 1 {
+		t.Errorf("aether_xds_build_failures_total = %v, want 1", n)
+	}
+	// An unknown version is refused by WaitForAck.
+	if err := s.WaitForAck(ctx, "other.1"); err == nil {
+		t.Error("WaitForAck(foreign version) = nil, want error")
+	}
+}

@@ -1,0 +1,294 @@
+package xds
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/model"
+)
+
+// meshFixture is a one-node mesh built from namespaces: a "node" netns where Envoy runs (as the
+// host netns would), a bridge in it, pod namespaces attached to the bridge, the agent's xDS server
+// in the test process (ADS and admin over unix sockets, so nothing binds in the root netns).
+type meshFixture struct {
+	t                  testing.TB
+	td                 string
+	node               *testenv.Netns
+	pods               map[string]*testenv.Netns
+	ips                map[string]netip.Addr
+	ca                 *identity.DevCA
+	rot                *identity.Rotator
+	srv                *Server
+	sup                *Supervisor
+	dir                string
+	xdsSock, adminSock string
+	nextIP             byte
+	log                *slog.Logger
+	delta              bool
+	build              Options
+	// stopAgent stops the xDS server and the supervisor (not Envoy), as an agent crash would.
+	stopAgent func()
+}
+
+func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
+	t.Helper()
+	testenv.RequireRoot(t)
+	testenv.RequireTools(t, testenv.ToolEnvoy)
+	f := &meshFixture{t: t, td: "aether.test", pods: map[string]*testenv.Netns{}, ips: map[string]netip.Addr{}, nextIP: 10}
+	f.node = testenv.NewNetns(t)
+	h, err := f.node.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}
+	if err := h.LinkAdd(br); err != nil {
+		t.Fatalf("add bridge: %v", err)
+	}
+	addr, _ := netlink.ParseAddr("10.44.0.1/24")
+	if err := h.AddrAdd(br, addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetUp(br); err != nil {
+		t.Fatal(err)
+	}
+	f.ca, _ = testCA(t, f.td, svidLifetime)
+	f.rot = identity.NewRotator(f.ca)
+	// Unix socket paths are limited to 108 bytes: keep them short.
+	f.dir, err = os.MkdirTemp("", "aetx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(f.dir) })
+	f.xdsSock = filepath.Join(f.dir, "xds.sock")
+	f.adminSock = filepath.Join(f.dir, "admin.sock")
+	f.log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	f.delta, f.build = delta, build
+	f.startAgent()
+	t.Cleanup(func() {
+		f.stopAgent()
+		// Envoy outlives the agent by design; the test ends it through its pid file.
+		if sup, err := NewSupervisor(f.supConfig()); err == nil {
+			_ = sup.Stop()
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(f.dir, "envoy", "envoy.log"))
+			o, _ := os.ReadFile(filepath.Join(f.dir, "envoy", "envoy.out"))
+			t.Logf("envoy output:\n%s\nenvoy log (tail):\n%s", tail(string(o), 3000), tail(string(b), 6000))
+		}
+	})
+	return f
+}
+
+func (f *meshFixture) supConfig() SupervisorConfig {
+	tools := testenv.RequireTools(f.t, testenv.ToolEnvoy)
+	return SupervisorConfig{
+		EnvoyPath: tools.Envoy,
+		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, StateOfTheWorld: !f.delta},
+		StateDir:  filepath.Join(f.dir, "envoy"),
+		Prefix:    f.prefix(),
+		ExtraArgs: []string{"--concurrency", "1", "--log-level", "info"},
+		Logger:    f.log,
+	}
+}
+
+func (f *meshFixture) prefix() []string {
+	p := []string{"ip", "netns", "exec", f.node.Name}
+	if cpus := os.Getenv("AETHER_BENCH_ENVOY_CPUS"); cpus != "" {
+		p = append([]string{"taskset", "-c", cpus}, p...)
+	}
+	return p
+}
+
+// startAgent starts what the agent runs for Envoy: a new xDS server (a new process would have a
+// new epoch) on the unix socket, and a supervisor that adopts or starts Envoy.
+func (f *meshFixture) startAgent() {
+	t := f.t
+	t.Helper()
+	var err error
+	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: f.rot, Logger: f.log, Build: f.build})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = os.Remove(f.xdsSock)
+	l, err := net.Listen("unix", f.xdsSock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, 2)
+	go func() { _ = f.srv.Serve(ctx, l); done <- struct{}{} }()
+	f.sup, err = NewSupervisor(f.supConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = f.sup.Run(ctx); done <- struct{}{} }()
+	f.stopAgent = func() {
+		if cancel != nil {
+			cancel()
+			<-done
+			<-done
+			cancel = nil
+		}
+	}
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "..." + s[len(s)-n:]
+}
+
+// addPod creates a pod netns attached to the node bridge and returns it with its IP. capture
+// installs the test's stand-in for the capture rules: every outbound TCP connection not to
+// loopback is redirected to 127.0.0.1:15001.
+func (f *meshFixture) addPod(name string, capture bool) (*testenv.Netns, netip.Addr) {
+	t := f.t
+	t.Helper()
+	ns := testenv.NewNetns(t)
+	ip := netip.AddrFrom4([4]byte{10, 44, 0, f.nextIP})
+	f.nextIP++
+	nh, err := f.node.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nh.Close()
+	hostName := fmt.Sprintf("v%s", ns.Name[4:])
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName}, PeerName: "eth0"}
+	if err := nh.LinkAdd(veth); err != nil {
+		t.Fatalf("add veth: %v", err)
+	}
+	br, _ := nh.LinkByName("br0")
+	host, _ := nh.LinkByName(hostName)
+	if err := nh.LinkSetMaster(host, br); err != nil {
+		t.Fatal(err)
+	}
+	if err := nh.LinkSetUp(host); err != nil {
+		t.Fatal(err)
+	}
+	peer, err := nh.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd, err := os.Open(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	if err := nh.LinkSetNsFd(peer, int(fd.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	ph, err := ns.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ph.Close()
+	eth, _ := ph.LinkByName("eth0")
+	a, _ := netlink.ParseAddr(ip.String() + "/24")
+	if err := ph.AddrAdd(eth, a); err != nil {
+		t.Fatal(err)
+	}
+	if err := ph.LinkSetUp(eth); err != nil {
+		t.Fatal(err)
+	}
+	gw := net.ParseIP("10.44.0.1")
+	if err := ph.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw}); err != nil {
+		t.Fatal(err)
+	}
+	if capture {
+		rules := `table ip aethertest {
+  chain out {
+    type nat hook output priority -100; policy accept;
+    ip daddr 127.0.0.0/8 return
+    meta l4proto tcp redirect to :15001
+  }
+}
+`
+		cmd := ns.Command("nft", "-f", "-")
+		cmd.Stdin = strings.NewReader(rules)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("nft in %s: %v: %s", ns.Name, err, out)
+		}
+	}
+	f.pods[name] = ns
+	f.ips[name] = ip
+	return ns, ip
+}
+
+// set serves m and waits until Envoy ACKed it.
+func (f *meshFixture) set(m *model.Mesh) string {
+	f.t.Helper()
+	v, err := f.srv.SetMesh(context.Background(), m)
+	if err != nil {
+		f.t.Fatalf("SetMesh: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := f.srv.WaitForAck(ctx, v); err != nil {
+		n, last := f.srv.NACKs()
+		f.t.Fatalf("WaitForAck(%s): %v (NACKs %d, last %q)", v, err, n, last)
+	}
+	// An ACKed listener may still be warming (waiting for its routes and secrets) for a moment.
+	waitFor(f.t, "listeners warm", func() error {
+		s, err := f.admin("/stats?filter=^listener_manager.total_listeners_warming$")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(s, ": 0") {
+			return fmt.Errorf("%s", strings.TrimSpace(s))
+		}
+		return nil
+	})
+	return v
+}
+
+// admin GETs an Envoy admin path.
+func (f *meshFixture) admin(path string) (string, error) {
+	c, base := AdminClient("unix://" + f.adminSock)
+	resp, err := c.Get(base + path)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return string(b), fmt.Errorf("admin %s: %s", path, resp.Status)
+	}
+	return string(b), err
+}
+
+// waitFor polls cond every 100 ms until it returns nil or 60 s pass.
+func waitFor(t testing.TB, what string, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("%s: not within 60s: %v", what, err)
+}

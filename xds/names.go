@@ -1,0 +1,64 @@
+package xds
+
+import (
+	"strconv"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// Fixed ports and addresses of the per-pod listeners (DESIGN.md, ports).
+const (
+	// CapturePort is the capture listener's port on 127.0.0.1 in the pod netns (the target of the
+	// capture redirect).
+	CapturePort = 15001
+	// InboundPort is the inbound mTLS listener's port on the pod IP.
+	InboundPort = 15008
+	// LanePort is the explicit HTTP lane's port on 127.0.0.1 in the pod netns.
+	LanePort = 18081
+	// WaypointPort is the east-west tunnel listener's port on a node IP.
+	WaypointPort = 15443
+)
+
+// Resource names. Clusters and their EDS resources are named "<svc>.<ns>.<meshDomain>:<port>"
+// (the service port).
+const (
+	// PassthroughCluster is the ORIGINAL_DST cluster for traffic to non-mesh destinations.
+	PassthroughCluster = "passthrough"
+	// LaneRouteName is the route configuration of every pod's explicit HTTP lane.
+	LaneRouteName = "lane"
+	// CaptureRouteName is the route configuration of every pod's capture HTTP chain.
+	CaptureRouteName = "capture-http"
+	// DstHeader carries the original destination "VIP:port" from the capture HTTP connection
+	// manager's early header mutation to route selection; it is removed before forwarding.
+	DstHeader = "x-aether-original-dst"
+	// captureHTTPChain names the capture listener's HTTP filter chain.
+	captureHTTPChain = "http"
+	// TrustBundleSecret is the SDS validation context holding the trust domain's CA bundle.
+	TrustBundleSecret = "trust-bundle"
+	// CertMapperFilterStateKey is the filter-state key the upstream certificate mapper
+	// (envoy.tls.upstream_certificate_mappers.filter_state_override) reads the client
+	// certificate's secret name from; each pod listener sets it to the pod's SPIFFE ID.
+	CertMapperFilterStateKey = "envoy.tls.certificate_mappers.on_demand_secret"
+)
+
+// ClusterName returns the outbound EDS cluster name of a service port:
+// "<svc>.<ns>.<meshDomain>:<port>".
+func ClusterName(m *model.Mesh, k model.ServiceKey, port uint32) string {
+	return m.FQDN(k) + ":" + strconv.FormatUint(uint64(port), 10)
+}
+
+// WaypointSNI returns the exact SNI of waypoint traffic to a target port of a service:
+// "<port>.<svc>.<ns>.<meshDomain>" (DESIGN.md, data flow 8).
+func WaypointSNI(m *model.Mesh, k model.ServiceKey, targetPort uint32) string {
+	return strconv.FormatUint(uint64(targetPort), 10) + "." + m.FQDN(k)
+}
+
+func captureListenerName(p *model.LocalPod) string { return "capture|" + p.Namespace + "/" + p.Name }
+func laneListenerName(p *model.LocalPod) string    { return "lane|" + p.Namespace + "/" + p.Name }
+func inboundListenerName(p *model.LocalPod) string { return "inbound|" + p.Namespace + "/" + p.Name }
+
+// inboundClusterName names the cluster that carries inbound traffic for one target port of one
+// local pod to the application, from inside the pod's netns.
+func inboundClusterName(p *model.LocalPod, port uint32) string {
+	return "inbound|" + p.Namespace + "/" + p.Name + ":" + strconv.FormatUint(uint64(port), 10)
+}

@@ -1,0 +1,182 @@
+package xds
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// dialIn opens a TCP connection to addr from inside ns (the socket is created on a thread in ns;
+// the connection is then usable from any goroutine).
+func dialIn(ns *testenv.Netns, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := ns.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
+		return err
+	})
+	return c, err
+}
+
+// listenIn opens a TCP listener on addr inside ns and closes it when the test ends.
+func listenIn(t testing.TB, ns *testenv.Netns, addr string) net.Listener {
+	t.Helper()
+	var l net.Listener
+	if err := ns.Do(func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
+		t.Fatalf("listen %s in %s: %v", addr, ns.Name, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// httpClientIn returns an HTTP client whose connections start inside ns. keepAlive false closes
+// each connection after its request.
+func httpClientIn(ns *testenv.Netns, keepAlive bool) *http.Client {
+	return &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DisableKeepAlives: !keepAlive,
+			DialContext: func(_ context.Context, _, addr string) (net.Conn, error) {
+				return dialIn(ns, addr)
+			},
+		},
+	}
+}
+
+// getBody GETs url with the client and returns status and body.
+func getBody(c *http.Client, url string, hdr map[string]string) (int, string, http.Header, error) {
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	for k, v := range hdr {
+		if k == "Host" {
+			req.Host = v
+			continue
+		}
+		req.Header.Set(k, v)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header, err
+}
+
+// serveEcho echoes bytes back on every connection l accepts.
+func serveEcho(l net.Listener) {
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+}
+
+// serveBanner writes banner first on every connection l accepts, then echoes.
+func serveBanner(l net.Listener, banner string) {
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if _, err := io.WriteString(c, banner); err != nil {
+					return
+				}
+				_, _ = io.Copy(c, c)
+			}()
+		}
+	}()
+}
+
+// echoOnce writes msg on c and expects it back.
+func echoOnce(c net.Conn, msg string) error {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, msg); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return fmt.Errorf("read echo: %w", err)
+	}
+	if string(buf) != msg {
+		return fmt.Errorf("echo = %q, want %q", buf, msg)
+	}
+	return nil
+}
+
+// readBanner reads len(want) bytes from c and compares.
+func readBanner(c net.Conn, want string) error {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, len(want))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return fmt.Errorf("read banner: %w", err)
+	}
+	if string(buf) != want {
+		return fmt.Errorf("banner = %q, want %q", buf, want)
+	}
+	return nil
+}
+
+// testCA returns a development CA for trust domain td (SVID lifetime given) and the CA's PEM.
+func testCA(t testing.TB, td string, lifetime time.Duration) (*identity.DevCA, *testenv.CA) {
+	t.Helper()
+	ca, err := testenv.NewCA("aether test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := identity.NewDevCA(ca.CertPEM, ca.KeyPEM, td, lifetime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev, ca
+}
+
+// peerURIs returns the URI SANs of the TLS peer's leaf certificate.
+func peerURIs(cs *tls.ConnectionState) string {
+	if cs == nil || len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	var out []string
+	for _, u := range cs.PeerCertificates[0].URIs {
+		out = append(out, u.String())
+	}
+	return strings.Join(out, ",")
+}
+
+// mtlsHTTPServer serves HTTPS on l requiring a client certificate from bundle, answering every
+// request with the client's URI SAN and the connection's remote address.
+func mtlsHTTPServer(t testing.TB, l net.Listener, svid *identity.SVID, bundle []byte) {
+	t.Helper()
+	cert, err := tls.X509KeyPair(svid.CertChainPEM, svid.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(bundle)
+	srv := &http.Server{
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "%s|%s", peerURIs(r.TLS), r.RemoteAddr)
+		}),
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert},
+	}
+	go func() { _ = srv.ServeTLS(l, "", "") }()
+	t.Cleanup(func() { srv.Close() })
+}

@@ -1,0 +1,533 @@
+package xds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/model"
+)
+
+// ServerOptions configure a Server.
+type ServerOptions struct {
+	// NodeID is the node id of the Envoy this server configures (its bootstrap's node.id).
+	NodeID string
+	// Identity issues and rotates the local pods' SVIDs.
+	Identity *identity.Rotator
+	// Build tunes the builders.
+	Build Options
+	// Logger receives build failures, NACKs and rotations (default slog.Default()).
+	Logger *slog.Logger
+	// Registerer, when set, receives the server's metrics.
+	Registerer prometheus.Registerer
+}
+
+// Server is the agent's xDS server for its node's Envoy: it builds snapshots from mesh models,
+// serves them over ADS (state-of-the-world and delta, go-control-plane) and tracks which snapshot
+// version Envoy has ACKed.
+type Server struct {
+	opts  ServerOptions
+	log   *slog.Logger
+	cache cache.SnapshotCache
+	// epoch prefixes every version this server instance hands out, so that a version an Envoy
+	// ACKed for a previous agent process is never taken for one of ours.
+	epoch string
+
+	buildFailures prometheus.Counter
+	nacks         *prometheus.CounterVec
+	snapVersion   prometheus.Gauge
+
+	mu       sync.Mutex
+	mesh     *model.Mesh
+	seq      uint64
+	last     *cache.Snapshot
+	lastL    uint64 // version at which listeners last changed
+	lastC    uint64 // version at which clusters last changed
+	need     map[uint64][2]uint64
+	acked    map[string]uint64 // type URL -> highest ACKed version of this epoch
+	nonces   map[string]uint64 // response nonce -> version (per stream nonces are unique enough)
+	nackCnt  uint64
+	lastNACK string
+	nacked   map[string]bool // "<type URL> <version>" already logged and counted
+	snaps    map[uint64]*cache.Snapshot
+	goodSeq  uint64            // highest version whose listeners and clusters Envoy ACKed
+	rejected map[uint64]string // NACKed versions -> error_detail
+	changed  chan struct{}
+	// kick wakes the rotation loop after SetMesh (new identities change the next renewal).
+	kick chan struct{}
+}
+
+// Type URLs whose ACK WaitForAck waits for: the listeners hold the pods, the clusters are what
+// they route to.
+var waitTypes = [2]string{resource.ListenerType, resource.ClusterType}
+
+// NewServer returns a Server with an empty configuration.
+func NewServer(opts ServerOptions) (*Server, error) {
+	if opts.NodeID == "" {
+		return nil, errors.New("new xds server: empty NodeID")
+	}
+	if opts.Identity == nil {
+		return nil, errors.New("new xds server: nil Identity")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Server{
+		opts:  opts,
+		log:   opts.Logger,
+		epoch: strconv.FormatInt(time.Now().UnixNano(), 36),
+		buildFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aether_xds_build_failures_total", Help: "Snapshot builds that failed; the last good snapshot stays served."}),
+		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aether_xds_nacks_total", Help: "xDS responses Envoy rejected (NACK), by type URL."}, []string{"type_url"}),
+		snapVersion: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "aether_xds_snapshot_sequence", Help: "Sequence number of the snapshot being served."}),
+		need:     map[uint64][2]uint64{},
+		acked:    map[string]uint64{},
+		nonces:   map[string]uint64{},
+		nacked:   map[string]bool{},
+		rejected: map[uint64]string{},
+		snaps:    map[uint64]*cache.Snapshot{},
+		changed:  make(chan struct{}),
+		kick:     make(chan struct{}, 1),
+	}
+	if opts.Registerer != nil {
+		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.snapVersion} {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("new xds server: register metrics: %w", err)
+			}
+		}
+	}
+	// ads=false: in ADS mode the cache answers a request only when it names every resource of
+	// the type in the snapshot, but Envoy asks for secrets piecemeal (the trust bundle with the
+	// clusters, each pod's SVID with its inbound listener), which would stall the first SDS
+	// response until its 15 s initial-fetch timeout. Every snapshot is still Consistent().
+	s.cache = cache.NewSnapshotCache(false, cache.IDHash{}, nil)
+	return s, nil
+}
+
+// Serve serves ADS (SotW and delta) on l until ctx ends, and rotates SVIDs at their half-life,
+// pushing a new snapshot each time. It returns nil when ctx ends.
+func (s *Server) Serve(ctx context.Context, l net.Listener) error {
+	g := grpc.NewServer()
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, server.NewServer(ctx, s.cache, s.callbacks()))
+	errc := make(chan error, 1)
+	go func() { errc <- g.Serve(l) }()
+	go s.rotate(ctx)
+	select {
+	case <-ctx.Done():
+		g.Stop()
+		<-errc
+		return nil
+	case err := <-errc:
+		return fmt.Errorf("serve xds: %w", err)
+	}
+}
+
+// rotate rebuilds the snapshot when the earliest SVID reaches its half-life.
+func (s *Server) rotate(ctx context.Context) {
+	for {
+		next := s.opts.Identity.NextRenewal()
+		wait := time.Until(next)
+		if next.IsZero() || wait > time.Minute {
+			wait = time.Minute
+		}
+		if wait < 0 {
+			wait = 0
+		}
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-s.kick:
+			timer.Stop()
+			continue
+		case <-timer.C:
+		}
+		s.mu.Lock()
+		m := s.mesh
+		s.mu.Unlock()
+		if m == nil || time.Now().Before(s.opts.Identity.NextRenewal()) {
+			continue
+		}
+		if v, err := s.SetMesh(ctx, m); err != nil {
+			s.log.Error("rotate SVIDs", "err", err)
+		} else {
+			s.log.Info("rotated SVIDs", "version", v)
+		}
+	}
+}
+
+// SetMesh builds a snapshot from m, validates every resource (ValidateAll) and the snapshot's
+// consistency, and serves it. It returns the new snapshot's version, to pass to WaitForAck. When
+// the build or a check fails, the last good snapshot stays served, the failure is logged and
+// counted (aether_xds_build_failures_total), and the error is returned.
+func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	snap, err := s.build(ctx, m)
+	if err != nil {
+		s.buildFailures.Inc()
+		s.log.Error("build xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
+		return "", err
+	}
+	s.seq++
+	v := s.seq
+	version := s.epoch + "." + strconv.FormatUint(v, 10)
+	snap, err = cache.NewSnapshot(version, snapResources(snap))
+	if err == nil {
+		err = snap.Consistent()
+	}
+	if err != nil {
+		s.seq--
+		s.buildFailures.Inc()
+		s.log.Error("check xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
+		return "", fmt.Errorf("check snapshot: %w", err)
+	}
+	if s.last == nil || !sameResources(s.last, snap, resource.ListenerType) {
+		s.lastL = v
+	}
+	if s.last == nil || !sameResources(s.last, snap, resource.ClusterType) {
+		s.lastC = v
+	}
+	if err := s.cache.SetSnapshot(ctx, s.opts.NodeID, snap); err != nil {
+		s.seq--
+		s.buildFailures.Inc()
+		return "", fmt.Errorf("set snapshot: %w", err)
+	}
+	s.need[v] = [2]uint64{s.lastL, s.lastC}
+	s.snaps[v] = snap
+	for old := range s.need {
+		if old+64 < v {
+			delete(s.need, old)
+		}
+	}
+	for old := range s.rejected {
+		if old+64 < v {
+			delete(s.rejected, old)
+		}
+	}
+	for old := range s.snaps {
+		if old+8 < v && old != s.goodSeq {
+			delete(s.snaps, old)
+		}
+	}
+	s.last, s.mesh = snap, m
+	s.snapVersion.Set(float64(v))
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+	return version, nil
+}
+
+// build runs the builders and validates every resource. Called with s.mu held.
+func (s *Server) build(ctx context.Context, m *model.Mesh) (*cache.Snapshot, error) {
+	var ids []string
+	seen := map[string]bool{}
+	for _, p := range m.Pods {
+		id := p.SPIFFEID(m.TrustDomain)
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	svids, _, err := s.opts.Identity.SVIDs(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[string]*identity.SVID, len(svids))
+	for _, sv := range svids {
+		byID[sv.SPIFFEID] = sv
+	}
+	r, err := Build(m, byID, s.opts.Identity.Source().BundlePEM(), s.opts.Build)
+	if err != nil {
+		return nil, err
+	}
+	if err := r.ValidateAll(); err != nil {
+		return nil, err
+	}
+	// A temporary snapshot holding the resources; SetMesh re-creates it with its version.
+	return cache.NewSnapshot("", r.typed())
+}
+
+// ValidateAll runs the PGV validation (ValidateAll) of every resource and returns every
+// violation, naming the resource.
+func (r *Resources) ValidateAll() error {
+	var errs []error
+	check := func(kind, name string, err error) {
+		if err != nil {
+			errs = append(errs, fmt.Errorf("validate %s %q: %w", kind, name, err))
+		}
+	}
+	// Every capture listener shares one filter-chain matcher (it can hold one entry per VIP and
+	// port): validate it once, then each listener without it.
+	validated := map[any]bool{}
+	for _, x := range r.Listeners {
+		fcm := x.FilterChainMatcher
+		if fcm != nil && validated[fcm] {
+			x.FilterChainMatcher = nil
+			check("listener", x.GetName(), x.ValidateAll())
+			x.FilterChainMatcher = fcm
+			continue
+		}
+		check("listener", x.GetName(), x.ValidateAll())
+		if fcm != nil {
+			validated[fcm] = true
+		}
+	}
+	for _, x := range r.Clusters {
+		check("cluster", x.GetName(), x.ValidateAll())
+	}
+	for _, x := range r.Endpoints {
+		check("endpoints", x.GetClusterName(), x.ValidateAll())
+	}
+	for _, x := range r.Routes {
+		check("route", x.GetName(), x.ValidateAll())
+	}
+	for _, x := range r.Secrets {
+		check("secret", x.GetName(), x.ValidateAll())
+	}
+	return errors.Join(errs...)
+}
+
+func (r *Resources) typed() map[resource.Type][]types.Resource {
+	out := map[resource.Type][]types.Resource{}
+	add := func(t resource.Type, x types.Resource) { out[t] = append(out[t], x) }
+	for _, x := range r.Listeners {
+		add(resource.ListenerType, x)
+	}
+	for _, x := range r.Clusters {
+		add(resource.ClusterType, x)
+	}
+	for _, x := range r.Endpoints {
+		add(resource.EndpointType, x)
+	}
+	for _, x := range r.Routes {
+		add(resource.RouteType, x)
+	}
+	for _, x := range r.Secrets {
+		add(resource.SecretType, x)
+	}
+	return out
+}
+
+func snapResources(s *cache.Snapshot) map[resource.Type][]types.Resource {
+	out := map[resource.Type][]types.Resource{}
+	for _, t := range []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType} {
+		for _, r := range s.GetResources(t) {
+			out[t] = append(out[t], r)
+		}
+	}
+	return out
+}
+
+func sameResources(a, b *cache.Snapshot, t resource.Type) bool {
+	ra, rb := a.GetResources(t), b.GetResources(t)
+	if len(ra) != len(rb) {
+		return false
+	}
+	for name, x := range ra {
+		y, ok := rb[name]
+		if !ok || !proto.Equal(x, y) {
+			return false
+		}
+	}
+	return true
+}
+
+// parseVersion returns the sequence number of a version this server instance handed out.
+func (s *Server) parseVersion(v string) (uint64, bool) {
+	e, n, ok := strings.Cut(v, ".")
+	if !ok || e != s.epoch {
+		return 0, false
+	}
+	x, err := strconv.ParseUint(n, 10, 64)
+	return x, err == nil
+}
+
+// ErrRejected is returned (wrapped, with Envoy's error_detail) by WaitForAck when Envoy NACKed
+// the snapshot.
+var ErrRejected = errors.New("envoy rejected the snapshot")
+
+// WaitForAck returns nil once Envoy has ACKed the listeners and clusters of the snapshot with the
+// given version (or of a later one), an error wrapping ErrRejected when Envoy NACKed it, and ctx's
+// error if neither happens before ctx ends.
+func (s *Server) WaitForAck(ctx context.Context, version string) error {
+	v, ok := s.parseVersion(version)
+	if !ok {
+		return fmt.Errorf("wait for ack: version %q is not one of this server's", version)
+	}
+	for {
+		s.mu.Lock()
+		if detail, bad := s.rejected[v]; bad {
+			s.mu.Unlock()
+			return fmt.Errorf("wait for ack of version %s: %w: %s", version, ErrRejected, detail)
+		}
+		need, known := s.need[v]
+		if !known {
+			// Older than the tracked window: satisfied once a later version is fully ACKed.
+			need = [2]uint64{v, v}
+		}
+		done := s.acked[waitTypes[0]] >= need[0] && s.acked[waitTypes[1]] >= need[1]
+		ch := s.changed
+		s.mu.Unlock()
+		if done {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for ack of version %s: %w", version, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// NACKs returns how many responses Envoy rejected and the error_detail of the last one.
+func (s *Server) NACKs() (count uint64, last string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.nackCnt, s.lastNACK
+}
+
+// Version returns the version of the snapshot being served ("" before the first SetMesh).
+func (s *Server) Version() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.seq == 0 {
+		return ""
+	}
+	return s.epoch + "." + strconv.FormatUint(s.seq, 10)
+}
+
+// ack records an ACK of version v for type url, or a NACK with its detail. Called with s.mu held.
+//
+// A NACK is logged and counted once per type and version. When Envoy rejects the snapshot being
+// served, the server serves the last snapshot Envoy fully ACKed again under a new version: the
+// state-of-the-world protocol would otherwise resend the rejected snapshot after every NACK, in a
+// tight loop, and Envoy keeps its last accepted configuration anyway. WaitForAck of the rejected
+// version then never succeeds.
+func (s *Server) ack(url string, v uint64, ok bool, nack string) {
+	if !ok {
+		key := url + " " + strconv.FormatUint(v, 10)
+		if s.nacked[key] {
+			return
+		}
+		s.nacked[key] = true
+		s.nackCnt++
+		s.lastNACK = nack
+		s.nacks.WithLabelValues(url).Inc()
+		s.log.Error("envoy rejected xds response (NACK)", "type_url", url, "version", v, "error_detail", nack)
+		s.rejected[v] = nack
+		close(s.changed)
+		s.changed = make(chan struct{})
+		if v == s.seq && s.goodSeq != 0 && s.snaps[s.goodSeq] != nil {
+			good := s.snaps[s.goodSeq]
+			go s.rollback(good)
+		}
+		return
+	}
+	if v > s.acked[url] {
+		s.acked[url] = v
+		for seq, need := range s.need {
+			if seq > s.goodSeq && s.acked[waitTypes[0]] >= need[0] && s.acked[waitTypes[1]] >= need[1] {
+				s.goodSeq = seq
+			}
+		}
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+}
+
+// rollback serves the resources of a fully ACKed snapshot under a new version.
+func (s *Server) rollback(good *cache.Snapshot) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.seq++
+	v := s.seq
+	version := s.epoch + "." + strconv.FormatUint(v, 10)
+	snap, err := cache.NewSnapshot(version, snapResources(good))
+	if err == nil {
+		err = s.cache.SetSnapshot(context.Background(), s.opts.NodeID, snap)
+	}
+	if err != nil {
+		s.seq--
+		s.log.Error("roll back to the last ACKed snapshot", "err", err)
+		return
+	}
+	s.lastL, s.lastC = v, v
+	s.need[v] = [2]uint64{v, v}
+	s.snaps[v] = snap
+	s.last = snap
+	s.snapVersion.Set(float64(v))
+	s.log.Warn("served the last ACKed snapshot again after a NACK", "version", version)
+}
+
+func (s *Server) callbacks() server.Callbacks {
+	// When Envoy's ADS stream ends (Envoy restarted or lost), what it ACKed no longer tells what
+	// a new Envoy holds: forget it, so WaitForAck waits for the new stream's ACKs.
+	closed := func(int64, *core.Node) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.acked = map[string]uint64{}
+	}
+	return server.CallbackFuncs{
+		StreamClosedFunc:      closed,
+		DeltaStreamClosedFunc: closed,
+		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, resp *discoverygrpc.DiscoveryResponse) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if v, ok := s.parseVersion(resp.GetVersionInfo()); ok {
+				s.nonces[resp.GetNonce()] = v
+			}
+		},
+		StreamRequestFunc: func(_ int64, req *discoverygrpc.DiscoveryRequest) error {
+			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+			return nil
+		},
+		StreamDeltaResponseFunc: func(_ int64, _ *discoverygrpc.DeltaDiscoveryRequest, resp *discoverygrpc.DeltaDiscoveryResponse) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if v, ok := s.parseVersion(resp.GetSystemVersionInfo()); ok {
+				s.nonces[resp.GetNonce()] = v
+			}
+		},
+		StreamDeltaRequestFunc: func(_ int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
+			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
+			return nil
+		},
+	}
+}
+
+// onRequest turns a request that answers one of our responses (by nonce) into an ACK or NACK.
+func (s *Server) onRequest(url, nonce, detail string, isNACK bool) {
+	if nonce == "" {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	v, ok := s.nonces[nonce]
+	if !ok {
+		return
+	}
+	delete(s.nonces, nonce)
+	s.ack(url, v, !isNACK, detail)
+}

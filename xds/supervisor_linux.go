@@ -1,0 +1,357 @@
+//go:build linux
+
+package xds
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// SupervisorConfig configures the Envoy supervisor.
+type SupervisorConfig struct {
+	// EnvoyPath is the Envoy binary.
+	EnvoyPath string
+	// Bootstrap is written to StateDir/bootstrap.json before every start.
+	Bootstrap BootstrapConfig
+	// StateDir holds the bootstrap, Envoy's pid file and its logs. It must survive agent
+	// restarts (the pid file is how a restarted agent recognises the Envoy it started).
+	StateDir string
+	// Prefix is prepended to Envoy's command line, e.g. ["ip", "netns", "exec", "node1"] in the
+	// local substrate; empty in production.
+	Prefix []string
+	// ExtraArgs are appended to Envoy's command line.
+	ExtraArgs []string
+	// MinBackoff and MaxBackoff bound the restart delay after Envoy dies (defaults 200 ms and
+	// 30 s); the delay doubles after each death within a minute of its start.
+	MinBackoff, MaxBackoff time.Duration
+	// CheckInterval is how often a running Envoy is checked (default 1 s).
+	CheckInterval time.Duration
+	Logger        *slog.Logger
+}
+
+// Supervisor keeps exactly one Envoy running for the node. Envoy runs in its own session and
+// outlives the agent: a restarted supervisor adopts the running Envoy (its admin API answers with
+// our node id, or its pid file names a live process) and starts one only when none runs. A dead
+// Envoy is restarted with exponential backoff.
+type Supervisor struct {
+	cfg SupervisorConfig
+	log *slog.Logger
+
+	mu      sync.Mutex
+	pid     int
+	starts  int
+	adopted bool
+	waitCh  chan struct{} // closed when a child we started exits
+}
+
+// NewSupervisor checks cfg and returns a Supervisor. It returns an error naming the missing
+// field.
+func NewSupervisor(cfg SupervisorConfig) (*Supervisor, error) {
+	if cfg.EnvoyPath == "" {
+		return nil, errors.New("new supervisor: empty EnvoyPath")
+	}
+	if cfg.StateDir == "" {
+		return nil, errors.New("new supervisor: empty StateDir")
+	}
+	cfg.Bootstrap = cfg.Bootstrap.withDefaults()
+	if cfg.MinBackoff <= 0 {
+		cfg.MinBackoff = 200 * time.Millisecond
+	}
+	if cfg.MaxBackoff <= 0 {
+		cfg.MaxBackoff = 30 * time.Second
+	}
+	if cfg.CheckInterval <= 0 {
+		cfg.CheckInterval = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+		return nil, fmt.Errorf("new supervisor: %w", err)
+	}
+	return &Supervisor{cfg: cfg, log: cfg.Logger}, nil
+}
+
+func (s *Supervisor) pidFile() string { return filepath.Join(s.cfg.StateDir, "envoy.pid") }
+
+// LogPath is Envoy's own log file.
+func (s *Supervisor) LogPath() string { return filepath.Join(s.cfg.StateDir, "envoy.log") }
+
+// PID returns the pid of the Envoy being supervised (0 when none).
+func (s *Supervisor) PID() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pid
+}
+
+// Starts returns how many Envoy processes this supervisor started (adoptions not counted).
+func (s *Supervisor) Starts() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.starts
+}
+
+// Adopted reports whether the current Envoy was found running rather than started.
+func (s *Supervisor) Adopted() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.adopted
+}
+
+// ServerInfo is the part of Envoy's /server_info the supervisor reads.
+type ServerInfo struct {
+	State       string `json:"state"`
+	Version     string `json:"version"`
+	CommandLine struct {
+		ServiceNode string `json:"service_node"`
+	} `json:"command_line_options"`
+	Node struct {
+		ID string `json:"id"`
+	} `json:"node"`
+}
+
+// serverInfo asks the admin API for /server_info.
+func (s *Supervisor) serverInfo(ctx context.Context) (*ServerInfo, error) {
+	c, base := AdminClient(s.cfg.Bootstrap.AdminAddress)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/server_info", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	var si ServerInfo
+	if err := json.Unmarshal(b, &si); err != nil {
+		return nil, fmt.Errorf("decode /server_info: %w", err)
+	}
+	return &si, nil
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); err != nil {
+		return false
+	}
+	// A zombie still answers kill(0); /proc/<pid>/stat's state field tells.
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	if i := strings.LastIndexByte(string(b), ')'); i > 0 && i+2 < len(b) && b[i+2] == 'Z' {
+		return false
+	}
+	return true
+}
+
+func (s *Supervisor) readPID() int {
+	b, err := os.ReadFile(s.pidFile())
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// adopt looks for a running Envoy: the process in the pid file, or one whose admin API answers
+// with our node id. It returns its pid (possibly 0 when only the admin API answered) and whether
+// one runs.
+func (s *Supervisor) adopt(ctx context.Context) (int, bool) {
+	pid := s.readPID()
+	if alive(pid) {
+		return pid, true
+	}
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if si, err := s.serverInfo(actx); err == nil && si.Node.ID == s.cfg.Bootstrap.NodeID {
+		return 0, true
+	}
+	return 0, false
+}
+
+// start writes the bootstrap and starts Envoy in its own session (it survives the agent).
+func (s *Supervisor) start() error {
+	boot, err := Bootstrap(s.cfg.Bootstrap)
+	if err != nil {
+		return fmt.Errorf("start envoy: %w", err)
+	}
+	bootPath := filepath.Join(s.cfg.StateDir, "bootstrap.json")
+	if err := os.WriteFile(bootPath, boot, 0o644); err != nil {
+		return fmt.Errorf("start envoy: write bootstrap: %w", err)
+	}
+	args := append([]string{}, s.cfg.Prefix...)
+	args = append(args, s.cfg.EnvoyPath, "-c", bootPath,
+		"--log-path", s.LogPath(), "--disable-hot-restart", "--drain-time-s", "5")
+	args = append(args, s.cfg.ExtraArgs...)
+	out, err := os.OpenFile(filepath.Join(s.cfg.StateDir, "envoy.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fmt.Errorf("start envoy: %w", err)
+	}
+	defer out.Close()
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdout, cmd.Stderr = out, out
+	// Its own session: no signal aimed at the agent's process group reaches Envoy, and Envoy
+	// is not killed when the agent exits.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start envoy: %w", err)
+	}
+	pid := cmd.Process.Pid
+	if err := os.WriteFile(s.pidFile(), []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		_ = cmd.Process.Kill()
+		return fmt.Errorf("start envoy: write pid file: %w", err)
+	}
+	done := make(chan struct{})
+	go func() {
+		err := cmd.Wait()
+		s.log.Warn("envoy exited", "pid", pid, "status", cmd.ProcessState.String(), "err", err)
+		close(done)
+	}()
+	s.mu.Lock()
+	s.pid, s.starts, s.adopted, s.waitCh = pid, s.starts+1, false, done
+	s.mu.Unlock()
+	s.log.Info("started envoy", "pid", pid, "bootstrap", bootPath)
+	return nil
+}
+
+// Run keeps one Envoy running until ctx ends; Envoy keeps running afterwards. It adopts a
+// running Envoy first and starts one only when none runs.
+func (s *Supervisor) Run(ctx context.Context) error {
+	backoff := s.cfg.MinBackoff
+	for {
+		pid, running := s.adopt(ctx)
+		if running {
+			s.mu.Lock()
+			if s.pid != pid || s.waitCh == nil {
+				s.pid, s.adopted = pid, true
+				s.log.Info("adopted running envoy", "pid", pid)
+			}
+			s.mu.Unlock()
+		} else {
+			if err := s.start(); err != nil {
+				s.log.Error("start envoy", "err", err)
+			}
+		}
+		started := time.Now()
+		s.watch(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(started) > time.Minute {
+			backoff = s.cfg.MinBackoff
+		}
+		s.log.Warn("envoy is gone; restarting", "backoff", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, s.cfg.MaxBackoff)
+	}
+}
+
+// watch returns when the supervised Envoy is gone or ctx ends.
+func (s *Supervisor) watch(ctx context.Context) {
+	t := time.NewTicker(s.cfg.CheckInterval)
+	defer t.Stop()
+	misses := 0
+	for {
+		s.mu.Lock()
+		pid, waitCh := s.pid, s.waitCh
+		s.mu.Unlock()
+		var exited <-chan struct{}
+		if waitCh != nil {
+			exited = waitCh
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-exited:
+			s.mu.Lock()
+			s.pid, s.waitCh = 0, nil
+			s.mu.Unlock()
+			return
+		case <-t.C:
+		}
+		if pid > 0 {
+			if !alive(pid) {
+				s.mu.Lock()
+				s.pid = 0
+				s.mu.Unlock()
+				return
+			}
+			continue
+		}
+		// Adopted through the admin API only: gone after three failed checks.
+		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		_, err := s.serverInfo(actx)
+		cancel()
+		if err != nil {
+			misses++
+			if misses >= 3 {
+				return
+			}
+		} else {
+			misses = 0
+		}
+	}
+}
+
+// WaitLive waits until the admin API reports state LIVE, or ctx ends.
+func (s *Supervisor) WaitLive(ctx context.Context) error {
+	for {
+		si, err := s.serverInfo(ctx)
+		if err == nil && si.State == "LIVE" {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for envoy to be live: %w (last: %v)", ctx.Err(), err)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// Stop terminates the supervised Envoy (SIGTERM, then SIGKILL after 10 s) and removes its pid
+// file. The agent never calls it in production (Envoy outlives the agent); tests and an explicit
+// uninstall do.
+func (s *Supervisor) Stop() error {
+	pid := s.PID()
+	if pid == 0 {
+		pid = s.readPID()
+	}
+	if !alive(pid) {
+		_ = os.Remove(s.pidFile())
+		return nil
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(10 * time.Second)
+	for alive(pid) && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if alive(pid) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	_ = os.Remove(s.pidFile())
+	return nil
+}
