@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# run.sh: DNS benchmark of the agent's resolver (dnsd) side by side with CoreDNS.
+#
+#   bench/dns/run.sh            both servers, mesh names and NXDOMAIN, saturation and low rate
+#
+# Each server serves the same NAMES (default 1000) names svc-<i>.bench.mesh -> 10.96.x.y: dnsd
+# from a mesh model (bench/dns/server), CoreDNS (hack/tools.sh builds it) from its hosts plugin
+# for the zone mesh. The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
+# LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone):
+#   - saturation: dnsperf with CLIENTS clients and OUTSTANDING queries in flight for DURATION
+#     seconds; "qps" is dnsperf's "Queries per second";
+#   - low rate: dnsperf -Q at a tenth of CoreDNS's saturation rate for the same query set, every
+#     query's latency recorded (-v); p50/p99 from those.
+# ROUNDS (default 1) repeats everything, alternating the servers, so a load change on a shared
+# machine hits both. Only loopback is used; ports are random high ports.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+SERVER_CPU=${SERVER_CPU:-0}
+LOAD_CPU=${LOAD_CPU:-1}
+DURATION=${DURATION:-10}
+NAMES=${NAMES:-1000}
+CLIENTS=${CLIENTS:-8}
+OUTSTANDING=${OUTSTANDING:-500}
+ROUNDS=${ROUNDS:-1}
+
+eval "$("$root/hack/tools.sh" --print)"
+[ -x "$AETHER_COREDNS" ] || "$root/hack/tools.sh"
+command -v dnsperf >/dev/null || { echo "run.sh: dnsperf missing (hack/tools.sh installs it)" >&2; exit 1; }
+
+work=$(mktemp -d)
+pid=""
+cleanup() {
+  [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+(cd "$root" && go build -o "$work/dnsd-server" ./bench/dns/server)
+for ((i = 0; i < NAMES; i++)); do
+  echo "10.96.$((i / 256)).$((i % 256)) svc-$i.bench.mesh" >>"$work/hosts"
+  echo "svc-$i.bench.mesh A" >>"$work/q-mesh"
+  echo "nx-$i.bench.mesh A" >>"$work/q-nx"
+done
+
+port=$((30000 + RANDOM % 20000))
+cat >"$work/Corefile" <<EOC
+mesh:$port {
+    hosts $work/hosts mesh {
+        reload 0
+    }
+}
+EOC
+
+start() { # server
+  case $1 in
+    dnsd) taskset -c "$SERVER_CPU" "$work/dnsd-server" -addr "127.0.0.1:$port" -names "$NAMES" 2>"$work/$1.log" & ;;
+    coredns) taskset -c "$SERVER_CPU" "$AETHER_COREDNS" -conf "$work/Corefile" >"$work/$1.log" 2>&1 & ;;
+  esac
+  pid=$!
+  for _ in $(seq 100); do
+    [ "$(dig +short +time=1 +tries=1 @127.0.0.1 -p "$port" svc-1.bench.mesh A 2>/dev/null)" = 10.96.0.1 ] && return 0
+    sleep 0.1
+  done
+  echo "run.sh: $1 did not answer; log:" >&2
+  cat "$work/$1.log" >&2
+  exit 1
+}
+stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
+
+saturate() { # queryfile -> qps
+  taskset -c "$LOAD_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" 2>&1 |
+    awk '/Queries per second/ {printf "%.0f", $4}'
+}
+lowrate() { # queryfile rate -> "p50_ms p99_ms"
+  taskset -c "$LOAD_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$DURATION" -Q "$2" -v 2>/dev/null |
+    awk '/^> / {print $NF}' | sort -g |
+    awk '{v[NR] = $1} END {printf "%.3f %.3f", v[int(NR * 0.50)] * 1000, v[int(NR * 0.99)] * 1000}'
+}
+
+declare -A qps
+for ((r = 1; r <= ROUNDS; r++)); do
+  for server in coredns dnsd; do
+    start "$server"
+    for set in mesh nx; do
+      q=$(saturate "$work/q-$set")
+      qps[$server.$set]="${qps[$server.$set]:-} $q"
+      echo "round $r $server $set saturation: $q qps (load average $(cut -d' ' -f1 /proc/loadavg))"
+    done
+    stop
+  done
+  for server in coredns dnsd; do
+    start "$server"
+    for set in mesh nx; do
+      # A tenth of CoreDNS's best saturation rate for this query set so far.
+      best=$(tr ' ' '\n' <<<"${qps[coredns.$set]}" | sort -n | tail -1)
+      rate=$((best / 10))
+      echo "round $r $server $set at $rate qps: p50/p99 ms $(lowrate "$work/q-$set" "$rate") (load average $(cut -d' ' -f1 /proc/loadavg))"
+    done
+    stop
+  done
+done
