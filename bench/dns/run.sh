@@ -5,7 +5,8 @@
 #
 # Each server serves the same NAMES (default 1000) names svc-<i>.bench.mesh -> 10.96.x.y: dnsd
 # from a mesh model (bench/dns/server), CoreDNS (hack/tools.sh builds it) from its hosts plugin
-# for the zone mesh. The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
+# for the zone mesh, and "bare" (bench/dns/bare), the smallest miekg/dns map server, as the
+# ceiling of any miekg/dns server on this machine. SERVERS picks some (default all three). The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
 # LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone):
 #   - saturation: dnsperf with CLIENTS clients and OUTSTANDING queries in flight for DURATION
 #     seconds; "qps" is dnsperf's "Queries per second";
@@ -25,6 +26,7 @@ NAMES=${NAMES:-1000}
 CLIENTS=${CLIENTS:-8}
 OUTSTANDING=${OUTSTANDING:-500}
 ROUNDS=${ROUNDS:-1}
+SERVERS=${SERVERS:-coredns dnsd bare}
 NICE=${NICE:--19}
 
 eval "$("$root/hack/tools.sh" --print)"
@@ -39,7 +41,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-(cd "$root" && go build -o "$work/dnsd-server" ./bench/dns/server)
+(cd "$root" && go build -o "$work/dnsd-server" ./bench/dns/server && go build -o "$work/bare-server" ./bench/dns/bare)
 for ((i = 0; i < NAMES; i++)); do
   echo "10.96.$((i / 256)).$((i % 256)) svc-$i.bench.mesh" >>"$work/hosts"
   echo "svc-$i.bench.mesh A" >>"$work/q-mesh"
@@ -58,6 +60,7 @@ EOC
 start() { # server
   case $1 in
     dnsd) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/dnsd-server" -addr "127.0.0.1:$port" -names "$NAMES" 2>"$work/$1.log" & ;;
+    bare) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/bare-server" -addr "127.0.0.1:$port" -names "$NAMES" 2>"$work/$1.log" & ;;
     coredns) nice -n "$NICE" taskset -c "$SERVER_CPU" "$AETHER_COREDNS" -conf "$work/Corefile" >"$work/$1.log" 2>&1 & ;;
   esac
   pid=$!
@@ -83,7 +86,7 @@ lowrate() { # queryfile rate -> "p50_ms p99_ms"
 
 declare -A qps
 for ((r = 1; r <= ROUNDS; r++)); do
-  for server in coredns dnsd; do
+  for server in $SERVERS; do
     start "$server"
     for set in mesh nx; do
       q=$(saturate "$work/q-$set")
@@ -92,11 +95,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
     done
     stop
   done
-  for server in coredns dnsd; do
+  for server in $SERVERS; do
     start "$server"
     for set in mesh nx; do
       # A tenth of CoreDNS's best saturation rate for this query set so far.
-      best=$(tr ' ' '\n' <<<"${qps[coredns.$set]}" | sort -n | tail -1)
+      best=$(tr ' ' '\n' <<<"${qps[coredns.$set]:-${qps[$server.$set]}}" | sort -n | tail -1)
       rate=$((best / 10))
       echo "round $r $server $set at $rate qps: p50/p99 ms $(lowrate "$work/q-$set" "$rate") (load average $(cut -d' ' -f1 /proc/loadavg))"
     done
