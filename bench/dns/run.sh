@@ -106,3 +106,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
     stop
   done
 done
+echo "summary (saturation qps per round; median):"
+for server in $SERVERS; do
+  for set in mesh nx; do
+    med=$(tr ' ' '\n' <<<"${qps[$server.$set]}" | grep . | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')
+    echo "  $server $set:${qps[$server.$set]} (median $med)"
+  done
+done
