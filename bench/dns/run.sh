@@ -5,7 +5,8 @@
 #
 # Each server serves the same NAMES (default 1000) names svc-<i>.bench.mesh -> 10.96.x.y: dnsd
 # from a mesh model (bench/dns/server), CoreDNS (hack/tools.sh builds it) from its hosts plugin
-# for the zone mesh, and "bare" (bench/dns/bare), the smallest miekg/dns map server, as the
+# for the zone mesh (names it does not hold fall through to the template plugin, which answers
+# NXDOMAIN with an SOA as dnsd does; the hosts plugin alone answers them SERVFAIL), and "bare" (bench/dns/bare), the smallest miekg/dns map server, as the
 # ceiling of any miekg/dns server on this machine. SERVERS picks some (default all three). The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
 # LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone):
 #   - saturation: dnsperf with CLIENTS clients and OUTSTANDING queries in flight for DURATION
@@ -53,6 +54,11 @@ cat >"$work/Corefile" <<EOC
 mesh:$port {
     hosts $work/hosts mesh {
         reload 0
+        fallthrough
+    }
+    template IN ANY mesh {
+        rcode NXDOMAIN
+        authority "mesh. 5 IN SOA ns.dns.mesh. hostmaster.mesh. 1 7200 1800 86400 5"
     }
 }
 EOC
