@@ -49,9 +49,14 @@ for ((i = 0; i < NAMES; i++)); do
   echo "nx-$i.bench.mesh A" >>"$work/q-nx"
 done
 
-port=$((30000 + RANDOM % 20000))
+# A random high port free for UDP and TCP.
+while :; do
+  port=$((30000 + RANDOM % 20000))
+  [ -z "$(ss -Htaun "sport = :$port")" ] && break
+done
 cat >"$work/Corefile" <<EOC
 mesh:$port {
+    bind 127.0.0.1
     hosts $work/hosts mesh {
         reload 0
         fallthrough
