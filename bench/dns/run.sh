@@ -5,8 +5,9 @@
 #
 # Each server serves the same NAMES (default 1000) names svc-<i>.bench.mesh -> 10.96.x.y: dnsd
 # from a mesh model (bench/dns/server), CoreDNS (hack/tools.sh builds it) from its hosts plugin
-# for the zone mesh (names it does not hold fall through to the template plugin, which answers
-# NXDOMAIN with an SOA as dnsd does; the hosts plugin alone answers them SERVFAIL), and "bare" (bench/dns/bare), the smallest miekg/dns map server, as the
+# for the zone mesh (names it does not hold fall through to the file plugin with a zone of only
+# the SOA and NS, which answers NXDOMAIN with the SOA as dnsd does; the hosts plugin alone
+# answers them SERVFAIL, and template runs before hosts), and "bare" (bench/dns/bare), the smallest miekg/dns map server, as the
 # ceiling of any miekg/dns server on this machine. SERVERS picks some (default all three). The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
 # LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone):
 #   - saturation: dnsperf with CLIENTS clients and OUTSTANDING queries in flight for DURATION
@@ -49,6 +50,11 @@ for ((i = 0; i < NAMES; i++)); do
   echo "nx-$i.bench.mesh A" >>"$work/q-nx"
 done
 
+# The zone's SOA (and NS), so that CoreDNS's file plugin answers the names hosts does not hold
+# NXDOMAIN with the SOA, as dnsd does.
+# shellcheck disable=SC2016 # $ORIGIN is a zone file directive
+printf '$ORIGIN mesh.\n@ 5 IN SOA ns.dns.mesh. hostmaster.mesh. 1 7200 1800 86400 5\n@ 5 IN NS ns.dns.mesh.\n' >"$work/mesh.zone"
+
 # A random high port free for UDP and TCP.
 while :; do
   port=$((30000 + RANDOM % 20000))
@@ -58,12 +64,12 @@ cat >"$work/Corefile" <<EOC
 mesh:$port {
     bind 127.0.0.1
     hosts $work/hosts mesh {
+        ttl 5
         reload 0
         fallthrough
     }
-    template IN ANY mesh {
-        rcode NXDOMAIN
-        authority "mesh. 5 IN SOA ns.dns.mesh. hostmaster.mesh. 1 7200 1800 86400 5"
+    file $work/mesh.zone mesh {
+        reload 0
     }
 }
 EOC
