@@ -11,7 +11,9 @@
 # ceiling of any miekg/dns server on this machine. SERVERS picks some (default all three). The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
 # LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone):
 #   - saturation: dnsperf with CLIENTS clients and OUTSTANDING queries in flight for DURATION
-#     seconds; "qps" is dnsperf's "Queries per second";
+#     seconds; "qps" is dnsperf's "Queries per second"; "per CPU second" divides the queries
+#     completed by the CPU time (user + system, /proc/<pid>/stat) the server used meanwhile,
+#     which stays comparable when other work on a shared machine takes part of the core;
 #   - low rate: dnsperf -Q at a tenth of CoreDNS's saturation rate for the same query set, every
 #     query's latency recorded (-v); p50/p99 from those.
 # ROUNDS (default 1) repeats everything, alternating the servers, so a load change on a shared
@@ -91,9 +93,16 @@ start() { # server
 }
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 
-saturate() { # queryfile -> qps
-  nice -n "$NICE" taskset -c "$LOAD_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" 2>&1 |
-    awk '/Queries per second/ {printf "%.0f", $4}'
+cputicks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+saturate() { # queryfile -> "qps queries-per-cpu-second"
+  local t0 t1 out
+  t0=$(cputicks)
+  out=$(nice -n "$NICE" taskset -c "$LOAD_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" 2>&1)
+  t1=$(cputicks)
+  awk -v ticks=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
+    /Queries completed/ {done = $3}
+    /Queries per second/ {qps = $4}
+    END {printf "%.0f %.0f", qps, done / (ticks / hz)}' <<<"$out"
 }
 lowrate() { # queryfile rate -> "p50_ms p99_ms"
   nice -n "$NICE" taskset -c "$LOAD_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$DURATION" -Q "$2" -v 2>/dev/null |
@@ -101,14 +110,15 @@ lowrate() { # queryfile rate -> "p50_ms p99_ms"
     awk '{v[NR] = $1} END {printf "%.3f %.3f", v[int(NR * 0.50)] * 1000, v[int(NR * 0.99)] * 1000}'
 }
 
-declare -A qps
+declare -A qps cpu
 for ((r = 1; r <= ROUNDS; r++)); do
   for server in $SERVERS; do
     start "$server"
     for set in mesh nx; do
-      q=$(saturate "$work/q-$set")
+      read -r q eff <<<"$(saturate "$work/q-$set")"
       qps[$server.$set]="${qps[$server.$set]:-} $q"
-      echo "round $r $server $set saturation: $q qps (load average $(cut -d' ' -f1 /proc/loadavg))"
+      cpu[$server.$set]="${cpu[$server.$set]:-} $eff"
+      echo "round $r $server $set saturation: $q qps, $eff queries per server CPU second (load average $(cut -d' ' -f1 /proc/loadavg))"
     done
     stop
   done
@@ -123,10 +133,11 @@ for ((r = 1; r <= ROUNDS; r++)); do
     stop
   done
 done
-echo "summary (saturation qps per round; median):"
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+echo "summary (per round; median):"
 for server in $SERVERS; do
   for set in mesh nx; do
-    med=$(tr ' ' '\n' <<<"${qps[$server.$set]}" | grep . | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')
-    echo "  $server $set:${qps[$server.$set]} (median $med)"
+    echo "  $server $set qps:${qps[$server.$set]} (median $(median "${qps[$server.$set]}"))," \
+      "queries per CPU second:${cpu[$server.$set]} (median $(median "${cpu[$server.$set]}"))"
   done
 done
