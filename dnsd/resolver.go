@@ -36,7 +36,8 @@ type ResolverOptions struct {
 	// Registerer receives the resolver's metrics (MetricQueries, MetricUpstreamFailures,
 	// MetricDuration); nil registers nothing.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// Logger receives debug records of failed writes and forwards (nil: discard).
+	Logger *slog.Logger
 }
 
 // NewResolver returns a resolver forwarding to fwd (nil: no upstreams, every forwarded query

@@ -38,7 +38,8 @@ type ServerConfig struct {
 	Listener   net.Listener
 	// ReadTimeout, WriteTimeout and IdleTimeout: zero means the Default* values above.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
-	Logger                                 *slog.Logger
+	// Logger receives the listening addresses (nil: discard).
+	Logger *slog.Logger
 }
 
 // Server serves a Resolver over UDP and TCP: two miekg/dns servers, each with its own
