@@ -3,6 +3,17 @@
 // search-list expansions of mesh names directly, and forwarding every other name to the
 // upstreams from the agent's resolv.conf (kube-dns).
 //
-// It reads an index built from the mesh model and swapped atomically; it never changes the model
-// and never touches Kubernetes or the registry itself.
+// Pieces, from pure to effectful:
+//   - Index (NewIndex): built from one *model.Mesh; every authoritative answer is prepared in
+//     wire form, and Index.Respond answers a query or says it must be forwarded. Pure, tested
+//     as data (TestRespond).
+//   - Forwarder: the upstreams, a timeout per upstream, failover, demotion of failed upstreams.
+//   - Resolver: the dns.Handler; holds the current Index in an atomic pointer (Update swaps it,
+//     lookups never wait), the Forwarder and the Prometheus metrics.
+//   - Server: two miekg/dns servers (UDP, TCP), each with its own ServeMux, explicit timeouts,
+//     readiness through NotifyStartedFunc, ShutdownContext to stop.
+//
+// It reads the mesh model and never changes it; it never touches Kubernetes, the registry, the
+// pod network namespaces or their capture rules (the DNAT of pod DNS to this resolver belongs to
+// capture/).
 package dnsd

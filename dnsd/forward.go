@@ -52,7 +52,8 @@ type ForwarderOptions struct {
 	// OnFailure, when set, is called for every failed exchange with the upstream's address
 	// and a reason ("timeout", "network", "servfail", "refused", "mismatch").
 	OnFailure func(upstream, reason string)
-	Logger    *slog.Logger
+	// Logger receives debug records of failed exchanges (nil: discard).
+	Logger *slog.Logger
 }
 
 // NewForwarder returns a forwarder to the upstreams, each "host:port" or a bare IP address

@@ -28,11 +28,14 @@ func (w *captureWriter) WriteMsg(m *dns.Msg) error {
 	w.out = b
 	return err
 }
-func (w *captureWriter) Write(b []byte) (int, error) { w.out = append([]byte(nil), b...); return len(b), nil }
-func (w *captureWriter) Close() error                { return nil }
-func (w *captureWriter) TsigStatus() error           { return nil }
-func (w *captureWriter) TsigTimersOnly(bool)         {}
-func (w *captureWriter) Hijack()                     {}
+func (w *captureWriter) Write(b []byte) (int, error) {
+	w.out = append([]byte(nil), b...)
+	return len(b), nil
+}
+func (w *captureWriter) Close() error        { return nil }
+func (w *captureWriter) TsigStatus() error   { return nil }
+func (w *captureWriter) TsigTimersOnly(bool) {}
+func (w *captureWriter) Hijack()             {}
 
 // FuzzServeDNS feeds arbitrary bytes through the same steps as the server: miekg/dns unpacks
 // them (the server drops what does not unpack) and the resolver answers. No upstreams are

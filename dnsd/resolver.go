@@ -36,10 +36,12 @@ type ResolverOptions struct {
 	// Registerer receives the resolver's metrics (MetricQueries, MetricUpstreamFailures,
 	// MetricDuration); nil registers nothing.
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// Logger receives debug records of failed writes and forwards (nil: discard).
+	Logger *slog.Logger
 }
 
-// NewResolver returns a resolver forwarding to fwd. Until the first Update it answers SERVFAIL
+// NewResolver returns a resolver forwarding to fwd (nil: no upstreams, every forwarded query
+// answers SERVFAIL); it hooks fwd's failures into its metrics. Until the first Update it answers SERVFAIL
 // to every query (it cannot tell mesh names from others yet, and a negative answer would be
 // cached by clients). It returns an error when the metrics cannot be registered.
 func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
@@ -53,8 +55,12 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	if fwd == nil {
 		fwd = &Forwarder{log: o.Logger}
 	}
-	if fwd.onFailure == nil {
-		fwd.onFailure = func(up, reason string) { m.upstreamFailures.WithLabelValues(up, reason).Inc() }
+	prev := fwd.onFailure
+	fwd.onFailure = func(up, reason string) {
+		m.upstreamFailures.WithLabelValues(up, reason).Inc()
+		if prev != nil {
+			prev(up, reason)
+		}
 	}
 	timeout := time.Duration(len(fwd.upstreams)) * DefaultUpstreamTimeout
 	if len(fwd.upstreams) > 0 {
@@ -64,8 +70,11 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 }
 
 // Update builds an index from m and swaps it in. Queries in flight finish with the index they
-// loaded. It returns NewIndex's error and keeps the previous index then.
+// loaded. It returns NewIndex's error (or one for a nil model) and keeps the previous index then.
 func (r *Resolver) Update(m *model.Mesh) error {
+	if m == nil {
+		return fmt.Errorf("update dns index: nil mesh model")
+	}
 	idx, err := NewIndex(m, r.opts)
 	if err != nil {
 		return fmt.Errorf("update dns index to model version %d: %w", m.Version, err)

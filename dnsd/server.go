@@ -38,7 +38,8 @@ type ServerConfig struct {
 	Listener   net.Listener
 	// ReadTimeout, WriteTimeout and IdleTimeout: zero means the Default* values above.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
-	Logger                                 *slog.Logger
+	// Logger receives the listening addresses (nil: discard).
+	Logger *slog.Logger
 }
 
 // Server serves a Resolver over UDP and TCP: two miekg/dns servers, each with its own
@@ -98,7 +99,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return srv
 	}
 	s.udp, s.tcp = mk(), mk()
-	s.udp.PacketConn = pc
+	s.udp.PacketConn = plainIfBound(pc)
 	s.tcp.Listener = l
 	for _, srv := range []*dns.Server{s.udp, s.tcp} {
 		go func() {
@@ -158,6 +159,25 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 	})
 	return err
+}
+
+// boundUDPConn hides a *net.UDPConn's type from miekg/dns, which then serves it as a generic
+// net.PacketConn (ReadFrom/WriteTo) instead of reading and writing IP_PKTINFO control messages
+// for every packet. Those only matter on a wildcard address, where the answer must leave from
+// the address the query arrived at; on a socket bound to one address (HOST_IP:18054) the kernel
+// picks that address anyway, and skipping them saves CPU on every query.
+type boundUDPConn struct{ *net.UDPConn }
+
+// plainIfBound wraps pc in boundUDPConn when it is a UDP socket bound to a specific address.
+func plainIfBound(pc net.PacketConn) net.PacketConn {
+	u, ok := pc.(*net.UDPConn)
+	if !ok {
+		return pc
+	}
+	if a, ok := u.LocalAddr().(*net.UDPAddr); ok && a.IP != nil && !a.IP.IsUnspecified() {
+		return boundUDPConn{u}
+	}
+	return pc
 }
 
 // listenBoth binds UDP and TCP on the same address; with port 0 it binds UDP on a free port and

@@ -2,6 +2,7 @@ package dnsd
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -427,5 +428,44 @@ func TestReadResolvConf(t *testing.T) {
 	}
 	if _, err := NewForwarder([]string{"kube-dns:53"}, ForwarderOptions{}); err == nil || !strings.Contains(err.Error(), "kube-dns") {
 		t.Errorf("NewForwarder(hostname) error = %v, want one naming it", err)
+	}
+}
+
+// TestServerSocketPaths: a socket bound to one address is served without IP_PKTINFO control
+// messages (boundUDPConn); a wildcard socket keeps them, so that answers leave from the address
+// the query arrived at. Both answer.
+func TestServerSocketPaths(t *testing.T) {
+	for _, tc := range []struct {
+		addr  string
+		plain bool
+	}{
+		{addr: "127.0.0.1:0", plain: true},
+		{addr: "0.0.0.0:0", plain: false},
+	} {
+		t.Run(tc.addr, func(t *testing.T) {
+			res, err := NewResolver(nil, ResolverOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := res.Update(testMesh()); err != nil {
+				t.Fatal(err)
+			}
+			srv := NewServer(res, ServerConfig{Addr: tc.addr})
+			if err := srv.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Shutdown(context.Background())
+			if _, plain := srv.udp.PacketConn.(boundUDPConn); plain != tc.plain {
+				t.Errorf("plain PacketConn = %v, want %v", plain, tc.plain)
+			}
+			u, _ := srv.Addrs()
+			port := u.(*net.UDPAddr).Port
+			for _, netw := range []string{"udp", "tcp"} {
+				resp := ask(t, net.JoinHostPort("127.0.0.1", fmt.Sprint(port)), netw, "web.mesh.", dns.TypeA, nil)
+				if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+					t.Errorf("%s answer = %v", netw, resp)
+				}
+			}
+		})
 	}
 }
