@@ -63,6 +63,9 @@ type agentProc struct {
 	health  string
 	dnsAddr string
 	logPath string
+	// envoyAdmin is the admin address of the Envoy the agent supervises; stateDir holds its pid.
+	envoyAdmin string
+	stateDir   string
 }
 
 func startAgent(t *testing.T, args ...string) *agentProc {
@@ -74,6 +77,17 @@ func startAgent(t *testing.T, args ...string) *agentProc {
 	if err := os.WriteFile(resolv, []byte("nameserver 127.0.0.1\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	ca, err := testenv.NewCA("aether-test-mesh-ca")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.key"), ca.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
 	a := &agentProc{done: make(chan struct{}), health: fmt.Sprintf("127.0.0.1:%d", healthPort),
 		dnsAddr: fmt.Sprintf("127.0.0.1:%d", dnsPort), logPath: filepath.Join(dir, "agent.log")}
 	all := append([]string{
@@ -82,7 +96,11 @@ func startAgent(t *testing.T, args ...string) *agentProc {
 		"--state-dir", filepath.Join(dir, "state"), "--cni-socket", filepath.Join(dir, "cni.sock"),
 		"--xds-socket", filepath.Join(dir, "xds.sock"), "--cluster-dns", "10.96.0.10",
 		"--resolv-conf", resolv, "--registry-lease-ttl", "5s", "--log-level", "debug",
+		"--ca-cert", filepath.Join(dir, "ca.crt"), "--ca-key", filepath.Join(dir, "ca.key"),
+		"--envoy-binary", tools.Envoy, "--envoy-admin", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)),
 	}, args...)
+	a.envoyAdmin = all[len(all)-len(args)-1]
+	a.stateDir = filepath.Join(dir, "state")
 	a.cmd = exec.Command(buildAgent(t), all...)
 	logf, err := os.Create(a.logPath)
 	if err != nil {
@@ -100,6 +118,12 @@ func startAgent(t *testing.T, args ...string) *agentProc {
 		case <-time.After(15 * time.Second):
 			_ = a.cmd.Process.Kill()
 			<-a.done
+		}
+		// Envoy outlives the agent by design: stop it through its pid file.
+		if b, err := os.ReadFile(filepath.Join(a.stateDir, "envoy", "envoy.pid")); err == nil {
+			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
+				_ = syscall.Kill(pid, syscall.SIGKILL)
+			}
 		}
 		if t.Failed() {
 			b, _ := os.ReadFile(a.logPath)
@@ -154,6 +178,27 @@ func (a *agentProc) lookup(name string) (int, []string) {
 		}
 	}
 	return r.Rcode, ips
+}
+
+// envoy GETs a path from the supervised Envoy's admin API.
+func (a *agentProc) envoy(path string) string {
+	resp, err := http.Get("http://" + a.envoyAdmin + path)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+// envoyHas waits-friendly checks that an admin page contains (or lacks) a string.
+func (a *agentProc) envoyHas(path, want string, present bool) func() error {
+	return func() error {
+		if body := a.envoy(path); strings.Contains(body, want) != present {
+			return fmt.Errorf("envoy %s: contains %q = %v, want %v", path, want, !present, present)
+		}
+		return nil
+	}
 }
 
 func eventually(t *testing.T, d time.Duration, what string, f func() error) {
@@ -224,6 +269,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "web.shop.mesh", wantA("web.shop.mesh", web.Spec.ClusterIP))
 	eventually(t, 30*time.Second, "web.mesh", wantA("web.mesh", web.Spec.ClusterIP))
+	eventually(t, 30*time.Second, "web's EDS cluster in Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", true))
 
 	// Cluster b exports pay and registers an endpoint; cluster a imports it.
 	b, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "eu", Cluster: "b", LeaseTTL: 5 * time.Second})
@@ -242,12 +288,30 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "pay clusterset name", wantA("pay.shop.svc.clusterset.local", "10.96.77.7"))
+	if err := b.RegisterEndpoint(ctx, &registryv1.ServiceEndpoint{
+		Service: &registryv1.ServiceRef{Namespace: "shop", Name: "pay"}, Addresses: []string{"10.245.9.9"},
+		Ports:    []*registryv1.EndpointPort{{Name: "grpc", Port: 9090, Protocol: registryv1.Protocol_PROTOCOL_GRPC}},
+		SpiffeId: "spiffe://aether.internal/ns/shop/sa/pay", Health: registryv1.Health_HEALTH_HEALTHY,
+		Kubernetes: &registryv1.KubernetesMetadata{NodeName: "b-node-1", PodName: "pay-1", PodUid: "pay-uid-1", NodeIp: "172.30.1.11"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// Cluster b's endpoint reaches Envoy's EDS (direct to the pod's inbound port: no waypoint).
+	eventually(t, 30*time.Second, "pay's remote endpoint in Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::10.245.9.9:15008::", true))
+	if err := b.DeregisterEndpoint(ctx, "shop", "pay", "pay-uid-1"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "pay's endpoint gone from Envoy", a.envoyHas("/clusters", "10.245.9.9:15008", false))
 
 	// Deleting the Service removes its names.
 	if err := cs.CoreV1().Services("shop").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 30*time.Second, "web.shop.mesh gone", wantNX("web.shop.mesh"))
+	eventually(t, 30*time.Second, "web's cluster gone from Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", false))
+	if stats := a.envoy("/stats?filter=update_rejected"); regexp.MustCompile(`update_rejected: [1-9]`).MatchString(stats) {
+		t.Fatalf("Envoy rejected an update:\n%s", stats)
+	}
 
 	// API server outage: readiness degrades with the reason; DNS keeps answering the last model.
 	api.StopAPIServer()

@@ -28,8 +28,9 @@ type config struct {
 	RegistryKey       string   // --registry-key, AETHER_REGISTRY_KEY
 	RegistryLeaseTTL  time.Duration
 
-	CACert string // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
-	CAKey  string // --ca-key, AETHER_CA_KEY
+	CACert  string        // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
+	CAKey   string        // --ca-key, AETHER_CA_KEY
+	SVIDTTL time.Duration // --svid-ttl: lifetime of issued SVIDs (rotated at half-life)
 
 	HostIP      netip.Addr // --host-ip, HOST_IP: the node IP (DNS listens here; capture DNATs here)
 	DNSPort     int        // --dns-port: 18054
@@ -91,11 +92,12 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease")
 	fs.StringVar(&c.CACert, "ca-cert", env("AETHER_CA_CERT", ""), "development CA certificate (PEM) that signs workload SVIDs")
 	fs.StringVar(&c.CAKey, "ca-key", env("AETHER_CA_KEY", ""), "development CA key (PEM)")
+	fs.DurationVar(&c.SVIDTTL, "svid-ttl", time.Hour, "lifetime of workload SVIDs; each is renewed at half its lifetime")
 	hostIP := fs.String("host-ip", env("HOST_IP", ""), "this node's IP: the DNS resolver listens here (env HOST_IP)")
 	fs.IntVar(&c.DNSPort, "dns-port", 18054, "DNS port on the host IP (UDP and TCP)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
-	fs.StringVar(&c.EnvoyBinary, "envoy-binary", env("AETHER_ENVOY", "envoy"), "Envoy binary")
+	fs.StringVar(&c.EnvoyBinary, "envoy-binary", env("AETHER_ENVOY", "envoy"), "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")
 	fs.StringVar(&c.HealthAddr, "health-addr", "127.0.0.1:15021", "address of /healthz, /readyz and /metrics")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/aether", "node-local state (pod attachments)")
 	fs.StringVar(&c.CNISocket, "cni-socket", "/var/run/aether/cni.sock", "unix socket aether-cni calls")
@@ -163,6 +165,11 @@ func (c config) validate() error {
 	}
 	if (c.CACert == "") != (c.CAKey == "") {
 		errs = append(errs, errors.New("--ca-cert and --ca-key go together"))
+	} else if c.CACert == "" {
+		errs = append(errs, errors.New("--ca-cert and --ca-key are required (the CA that signs workload SVIDs)"))
+	}
+	if c.SVIDTTL < 2*time.Minute {
+		errs = append(errs, fmt.Errorf("--svid-ttl %s: want at least 2m", c.SVIDTTL))
 	}
 	for _, f := range []struct{ name, path string }{{"ca-cert", c.CACert}, {"ca-key", c.CAKey}, {"registry-ca", c.RegistryCA}, {"registry-cert", c.RegistryCert}, {"registry-key", c.RegistryKey}} {
 		if f.path == "" {

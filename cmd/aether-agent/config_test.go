@@ -6,7 +6,8 @@ import (
 )
 
 func TestParseConfig(t *testing.T) {
-	env := map[string]string{"NODE_NAME": "n1", "AETHER_CLUSTER": "a", "HOST_IP": "172.30.0.11", "AETHER_REGISTRY_ENDPOINTS": "http://127.0.0.1:2379"}
+	env := map[string]string{"NODE_NAME": "n1", "AETHER_CLUSTER": "a", "HOST_IP": "172.30.0.11", "AETHER_REGISTRY_ENDPOINTS": "http://127.0.0.1:2379",
+		"AETHER_CA_CERT": "/etc/hostname", "AETHER_CA_KEY": "/etc/hostname"}
 	getenv := func(k string) string { return env[k] }
 	for _, tc := range []struct {
 		name    string
@@ -17,7 +18,8 @@ func TestParseConfig(t *testing.T) {
 		{name: "flags override env", args: []string{"--node-name", "n2", "--registry-endpoints", "http://127.0.0.1:2379, http://127.0.0.1:2380"}},
 		{name: "bad host ip", args: []string{"--host-ip", "nope"}, wantErr: `--host-ip "nope"`},
 		{name: "bad dns port", args: []string{"--dns-port", "70000"}, wantErr: "--dns-port 70000"},
-		{name: "ca pair", args: []string{"--ca-cert", "/etc/hostname"}, wantErr: "--ca-cert and --ca-key go together"},
+		{name: "ca pair", args: []string{"--ca-key", ""}, wantErr: "--ca-cert and --ca-key go together"},
+		{name: "short svid ttl", args: []string{"--svid-ttl", "30s"}, wantErr: "--svid-ttl 30s"},
 		{name: "missing file", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
 		{name: "bad mesh domain", args: []string{"--mesh-domain", "a..b"}, wantErr: `--mesh-domain "a..b"`},

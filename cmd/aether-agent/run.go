@@ -6,13 +6,16 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni"
 	"github.com/aethermesh/aether/dnsd"
+	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/xds"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -26,7 +29,7 @@ import (
 func run(ctx context.Context, cfg config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log = log.With("node", cfg.NodeName, "cluster", cfg.Cluster)
-	ready := newReadiness("kubernetes", "registry", "model", "dns", "cni")
+	ready := newReadiness("kubernetes", "registry", "model", "dns", "xds", "envoy", "cni")
 	metrics := newAgentMetrics()
 	haddr, err := serveHealth(ctx, cfg.HealthAddr, ready, metrics)
 	if err != nil {
@@ -122,6 +125,35 @@ func run(ctx context.Context, cfg config) error {
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(latest, m) })
 	go syncEndpointsLoop(ctx, endpoints, latest, log)
 
+	// The node proxy: the xDS server (with the development CA issuing SVIDs) and its Envoy. Both
+	// are up before the first model, so a CNI ADD can wait for Envoy's ACK of its pod.
+	ca, err := identity.LoadDevCA(cfg.CACert, cfg.CAKey, cfg.TrustDomain, cfg.SVIDTTL)
+	if err != nil {
+		return fmt.Errorf("--ca-cert/--ca-key: %w", err)
+	}
+	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca),
+		Logger: log.With("part", "xds"), Registerer: metrics.reg})
+	if err != nil {
+		return err
+	}
+	xl, err := listenUnix(cfg.XDSSocket)
+	if err != nil {
+		return fmt.Errorf("--xds-socket: %w", err)
+	}
+	go func() {
+		if err := xsrv.Serve(ctx, xl); err != nil {
+			log.Error("xDS server stopped", "err", err)
+			ready.set("xds", err)
+		}
+	}()
+	push := newPusher(xsrv, log.With("part", "xds"))
+	go push.run(ctx)
+	asm.Subscribe(push.offer)
+	dp.acked = push.waitAcked
+	if err := startEnvoy(ctx, cfg, ready, log.With("part", "envoy")); err != nil {
+		return err
+	}
+
 	// DNS: the resolver answers SERVFAIL until its first index, so it may start before the
 	// first model; readiness waits for both.
 	dnsAddr := netip.AddrPortFrom(cfg.HostIP, uint16(cfg.DNSPort)).String()
@@ -156,6 +188,7 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	ready.set("dns", nil)
+	ready.set("xds", nil)
 	ready.set("model", nil)
 	go asm.Run(ctx)
 
@@ -236,6 +269,47 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 		case <-t.C:
 		}
 	}
+}
+
+// startEnvoy keeps the node's Envoy running from the bootstrap pointing at the agent's xDS
+// socket. With --envoy-binary the agent supervises Envoy itself (adopting a running one, never
+// starting a second); with an empty --envoy-binary Envoy runs in its own container from the
+// bootstrap written here. Readiness "envoy" follows Envoy's admin API either way.
+func startEnvoy(ctx context.Context, cfg config, ready *readiness, log *slog.Logger) error {
+	boot := xds.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin}
+	dir := filepath.Join(cfg.StateDir, "envoy")
+	if cfg.EnvoyBinary == "" {
+		b, err := xds.Bootstrap(boot)
+		if err != nil {
+			return err
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "bootstrap.json.tmp"), b, 0o644); err != nil {
+			return err
+		}
+		if err := os.Rename(filepath.Join(dir, "bootstrap.json.tmp"), filepath.Join(dir, "bootstrap.json")); err != nil {
+			return err
+		}
+	}
+	sup, err := xds.NewSupervisor(xds.SupervisorConfig{EnvoyPath: firstNonEmpty(cfg.EnvoyBinary, "-"), Bootstrap: boot, StateDir: dir, Logger: log})
+	if err != nil {
+		return err
+	}
+	if cfg.EnvoyBinary != "" {
+		go func() {
+			if err := sup.Run(ctx); err != nil {
+				log.Error("envoy supervisor stopped", "err", err)
+			}
+		}()
+	}
+	go watchHealth(ctx, "envoy", ready, log, func(ctx context.Context) error {
+		wctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		return sup.WaitLive(wctx)
+	})
+	return nil
 }
 
 // installer is the aether-cni installer for cfg's CNI directories and plugin settings.

@@ -1,0 +1,93 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/xds"
+)
+
+// pusher hands every new model to the xDS server from one goroutine (SetMesh builds and
+// validates a snapshot; a newer model replaces one not yet pushed) and remembers which snapshot
+// version serves which model, so a CNI ADD can wait for Envoy's ACK of its pod's listeners.
+type pusher struct {
+	srv    *xds.Server
+	log    *slog.Logger
+	latest chan *model.Mesh
+
+	mu      sync.Mutex
+	pushed  uint64 // highest model version pushed
+	version string // its snapshot version
+	changed chan struct{}
+}
+
+func newPusher(srv *xds.Server, log *slog.Logger) *pusher {
+	return &pusher{srv: srv, log: log, latest: make(chan *model.Mesh, 1), changed: make(chan struct{})}
+}
+
+// offer queues m, replacing a model not yet pushed.
+func (p *pusher) offer(m *model.Mesh) { replaceLatest(p.latest, m) }
+
+// run pushes models until ctx ends. A model whose snapshot cannot be built is skipped: the
+// server keeps serving the last good snapshot (and counts the failure).
+func (p *pusher) run(ctx context.Context) {
+	for {
+		var m *model.Mesh
+		select {
+		case <-ctx.Done():
+			return
+		case m = <-p.latest:
+		}
+		v, err := p.srv.SetMesh(ctx, m)
+		if err != nil {
+			p.log.Error("xDS snapshot not built; Envoy keeps the last good one", "model_version", m.Version, "err", err)
+			continue
+		}
+		p.mu.Lock()
+		p.pushed, p.version = m.Version, v
+		close(p.changed)
+		p.changed = make(chan struct{})
+		p.mu.Unlock()
+	}
+}
+
+// waitAcked returns once Envoy has ACKed a snapshot built from model m or a later one, an error
+// when Envoy rejected it, or ctx's error.
+func (p *pusher) waitAcked(ctx context.Context, m *model.Mesh) error {
+	for {
+		p.mu.Lock()
+		pushed, v, ch := p.pushed, p.version, p.changed
+		p.mu.Unlock()
+		if pushed >= m.Version {
+			return p.srv.WaitForAck(ctx, v)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("model %d not pushed to Envoy: %w", m.Version, context.Cause(ctx))
+		case <-ch:
+		}
+	}
+}
+
+// listenUnix listens on a unix socket at path, replacing a stale socket file, with mode 0600.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	_ = os.Remove(path)
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return l, nil
+}
