@@ -202,13 +202,10 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 		s.log.Error("check xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
 		return "", fmt.Errorf("check snapshot: %w", err)
 	}
-	if s.last == nil || !sameResources(s.last, snap, resource.ListenerType) {
-		s.lastL = v
-	}
-	if s.last == nil || !sameResources(s.last, snap, resource.ClusterType) {
-		s.lastC = v
-	}
+	prevL, prevC := s.lastL, s.lastC
+	s.noteChanges(snap, v)
 	if err := s.cache.SetSnapshot(ctx, s.opts.NodeID, snap); err != nil {
+		s.lastL, s.lastC = prevL, prevC
 		s.seq--
 		s.buildFailures.Inc()
 		return "", fmt.Errorf("set snapshot: %w", err)
@@ -237,6 +234,18 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	default:
 	}
 	return version, nil
+}
+
+// noteChanges records v as the version at which listeners or clusters last changed, when they
+// differ from the snapshot served before (delta ADS sends nothing for an unchanged type, so no
+// ACK for v would come). Called with s.mu held.
+func (s *Server) noteChanges(snap *cache.Snapshot, v uint64) {
+	if s.last == nil || !sameResources(s.last, snap, resource.ListenerType) {
+		s.lastL = v
+	}
+	if s.last == nil || !sameResources(s.last, snap, resource.ClusterType) {
+		s.lastC = v
+	}
 }
 
 // build runs the builders and validates every resource. Called with s.mu held.
@@ -395,7 +404,10 @@ func (s *Server) WaitForAck(ctx context.Context, version string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for ack of version %s: %w", version, ctx.Err())
+			s.mu.Lock()
+			acked := fmt.Sprintf("listeners %d/%d, clusters %d/%d", s.acked[waitTypes[0]], need[0], s.acked[waitTypes[1]], need[1])
+			s.mu.Unlock()
+			return fmt.Errorf("wait for ack of version %s (ACKed/needed: %s): %w", version, acked, ctx.Err())
 		case <-ch:
 		}
 	}
@@ -473,8 +485,8 @@ func (s *Server) rollback(good *cache.Snapshot) {
 		s.log.Error("roll back to the last ACKed snapshot", "err", err)
 		return
 	}
-	s.lastL, s.lastC = v, v
-	s.need[v] = [2]uint64{v, v}
+	s.noteChanges(snap, v)
+	s.need[v] = [2]uint64{s.lastL, s.lastC}
 	s.snaps[v] = snap
 	s.last = snap
 	s.snapVersion.Set(float64(v))
