@@ -166,6 +166,8 @@ type builder struct {
 	// read afterwards): the filter-chain matcher, the HTTP connection manager and the floor
 	// chains' tcp_proxy filters.
 	captureMatcher *xdsmatcher.Matcher
+	// selector is the on-demand certificate selector every outbound cluster shares.
+	selector *core.TypedExtensionConfig
 	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
 	localEndpoints map[string][]model.Endpoint
 	captureHCM     *listenerv3.Filter
@@ -267,16 +269,19 @@ func (b *builder) peerIDs(k model.ServiceKey) []string {
 // validated against the trust bundle and pinned to the destination's SPIFFE IDs (URI SAN, exact;
 // a namespace prefix when no endpoint is known yet).
 func (b *builder) upstreamTLS(k model.ServiceKey, sni string, alpn []string) (*core.TransportSocket, error) {
-	mapper, err := toAny(&fsmapperv3.Config{DefaultValue: "none"})
-	if err != nil {
-		return nil, err
-	}
-	sel, err := toAny(&ondemandv3.Config{
-		ConfigSource:      adsSource(),
-		CertificateMapper: &core.TypedExtensionConfig{Name: "envoy.tls.upstream_certificate_mappers.filter_state_override", TypedConfig: mapper},
-	})
-	if err != nil {
-		return nil, err
+	if b.selector == nil {
+		mapper, err := toAny(&fsmapperv3.Config{DefaultValue: "none"})
+		if err != nil {
+			return nil, err
+		}
+		sel, err := toAny(&ondemandv3.Config{
+			ConfigSource:      adsSource(),
+			CertificateMapper: &core.TypedExtensionConfig{Name: "envoy.tls.upstream_certificate_mappers.filter_state_override", TypedConfig: mapper},
+		})
+		if err != nil {
+			return nil, err
+		}
+		b.selector = &core.TypedExtensionConfig{Name: "envoy.tls.certificate_selectors.on_demand_secret", TypedConfig: sel}
 	}
 	var sans []*tlsv3.SubjectAltNameMatcher
 	ids := b.peerIDs(k)
@@ -293,7 +298,7 @@ func (b *builder) upstreamTLS(k model.ServiceKey, sni string, alpn []string) (*c
 		Sni: sni,
 		CommonTlsContext: &tlsv3.CommonTlsContext{
 			AlpnProtocols:                alpn,
-			CustomTlsCertificateSelector: &core.TypedExtensionConfig{Name: "envoy.tls.certificate_selectors.on_demand_secret", TypedConfig: sel},
+			CustomTlsCertificateSelector: b.selector,
 			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
 				DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: sans},
 				ValidationContextSdsSecretConfig: sdsRef(TrustBundleSecret),

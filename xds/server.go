@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -279,7 +282,10 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (*cache.Snapshot, err
 }
 
 // ValidateAll runs the PGV validation (ValidateAll) of every resource and returns every
-// violation, naming the resource.
+// violation, naming the resource. Clusters and endpoint sets are validated in parallel (one
+// goroutine per CPU); listeners first and alone, since the capture listeners share one
+// filter-chain matcher (one entry per VIP and port) that is validated once, then each listener
+// without it.
 func (r *Resources) ValidateAll() error {
 	var errs []error
 	check := func(kind, name string, err error) {
@@ -287,8 +293,6 @@ func (r *Resources) ValidateAll() error {
 			errs = append(errs, fmt.Errorf("validate %s %q: %w", kind, name, err))
 		}
 	}
-	// Every capture listener shares one filter-chain matcher (it can hold one entry per VIP and
-	// port): validate it once, then each listener without it.
 	validated := map[any]bool{}
 	for _, x := range r.Listeners {
 		fcm := x.FilterChainMatcher
@@ -303,19 +307,42 @@ func (r *Resources) ValidateAll() error {
 			validated[fcm] = true
 		}
 	}
-	for _, x := range r.Clusters {
-		check("cluster", x.GetName(), x.ValidateAll())
-	}
-	for _, x := range r.Endpoints {
-		check("endpoints", x.GetClusterName(), x.ValidateAll())
-	}
 	for _, x := range r.Routes {
 		check("route", x.GetName(), x.ValidateAll())
 	}
 	for _, x := range r.Secrets {
 		check("secret", x.GetName(), x.ValidateAll())
 	}
+	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName)...)
+	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)...)
 	return errors.Join(errs...)
+}
+
+// parallelValidate runs ValidateAll on xs in GOMAXPROCS goroutines and returns the violations in
+// input order.
+func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, name func(T) string) []error {
+	n := runtime.GOMAXPROCS(0)
+	out := make([]error, len(xs))
+	var wg sync.WaitGroup
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(xs); i += n {
+				if err := xs[i].ValidateAll(); err != nil {
+					out[i] = fmt.Errorf("validate %s %q: %w", kind, name(xs[i]), err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	for _, err := range out {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 func (r *Resources) typed() map[resource.Type][]types.Resource {
