@@ -34,6 +34,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/aethermesh/aether/identity"
@@ -52,6 +53,13 @@ type Options struct {
 	// CertSelection picks how an outbound cluster presents the source pod's certificate
 	// (default CertSelector).
 	CertSelection CertSelection
+	// EastWestWaypoint sends traffic to endpoints of other clusters through their node's
+	// east-west waypoint (DESIGN.md, data flow 8): one EDS entry per remote node at
+	// node_ip:15443, weighted by that node's healthy endpoints, with endpoint metadata
+	// envoy.transport_socket_match {waypoint: true}, which selects a TLS socket whose SNI is
+	// "<port>.<svc>.<ns>.<meshDomain>" (same client certificate, same SAN pin). Remote endpoints
+	// without a node IP are left out. Only with CertSelector.
+	EastWestWaypoint bool
 }
 
 // CertSelection is the mechanism that picks the source pod's client certificate per upstream
@@ -158,6 +166,8 @@ type builder struct {
 	// read afterwards): the filter-chain matcher, the HTTP connection manager and the floor
 	// chains' tcp_proxy filters.
 	captureMatcher *xdsmatcher.Matcher
+	// selector is the on-demand certificate selector every outbound cluster shares.
+	selector *core.TypedExtensionConfig
 	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
 	localEndpoints map[string][]model.Endpoint
 	captureHCM     *listenerv3.Filter
@@ -259,16 +269,19 @@ func (b *builder) peerIDs(k model.ServiceKey) []string {
 // validated against the trust bundle and pinned to the destination's SPIFFE IDs (URI SAN, exact;
 // a namespace prefix when no endpoint is known yet).
 func (b *builder) upstreamTLS(k model.ServiceKey, sni string, alpn []string) (*core.TransportSocket, error) {
-	mapper, err := toAny(&fsmapperv3.Config{DefaultValue: "none"})
-	if err != nil {
-		return nil, err
-	}
-	sel, err := toAny(&ondemandv3.Config{
-		ConfigSource:      adsSource(),
-		CertificateMapper: &core.TypedExtensionConfig{Name: "envoy.tls.upstream_certificate_mappers.filter_state_override", TypedConfig: mapper},
-	})
-	if err != nil {
-		return nil, err
+	if b.selector == nil {
+		mapper, err := toAny(&fsmapperv3.Config{DefaultValue: "none"})
+		if err != nil {
+			return nil, err
+		}
+		sel, err := toAny(&ondemandv3.Config{
+			ConfigSource:      adsSource(),
+			CertificateMapper: &core.TypedExtensionConfig{Name: "envoy.tls.upstream_certificate_mappers.filter_state_override", TypedConfig: mapper},
+		})
+		if err != nil {
+			return nil, err
+		}
+		b.selector = &core.TypedExtensionConfig{Name: "envoy.tls.certificate_selectors.on_demand_secret", TypedConfig: sel}
 	}
 	var sans []*tlsv3.SubjectAltNameMatcher
 	ids := b.peerIDs(k)
@@ -285,7 +298,7 @@ func (b *builder) upstreamTLS(k model.ServiceKey, sni string, alpn []string) (*c
 		Sni: sni,
 		CommonTlsContext: &tlsv3.CommonTlsContext{
 			AlpnProtocols:                alpn,
-			CustomTlsCertificateSelector: &core.TypedExtensionConfig{Name: "envoy.tls.certificate_selectors.on_demand_secret", TypedConfig: sel},
+			CustomTlsCertificateSelector: b.selector,
 			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
 				DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: sans},
 				ValidationContextSdsSecretConfig: sdsRef(TrustBundleSecret),
@@ -325,6 +338,16 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 		if err := b.addSocketMatcher(c, s.Key, sni); err != nil {
 			return nil, fmt.Errorf("build cluster %s: %w", name, err)
 		}
+	} else if b.opts.EastWestWaypoint {
+		wts, err := b.upstreamTLS(s.Key, WaypointSNI(b.m, s.Key, sp.TargetPort), nil)
+		if err != nil {
+			return nil, fmt.Errorf("build cluster %s: %w", name, err)
+		}
+		c.TransportSocketMatches = []*clusterv3.Cluster_TransportSocketMatch{{
+			Name:            "waypoint",
+			Match:           &structpb.Struct{Fields: map[string]*structpb.Value{"waypoint": structpb.NewBoolValue(true)}},
+			TransportSocket: wts,
+		}}
 	}
 	if sp.Protocol == model.ProtocolHTTP2 || sp.Protocol == model.ProtocolGRPC {
 		po, err := toAny(&httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
@@ -441,8 +464,25 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		region, zone, cluster string
 	}
 	groups := map[key][]*endpointv3.LbEndpoint{}
+	type nodeKey struct {
+		key
+		node netip.Addr
+	}
+	waypoints := map[nodeKey]uint32{} // healthy endpoints per remote node
 	for _, ep := range b.m.Endpoints[s.Key] {
 		if !slices.ContainsFunc(ep.Ports, func(p model.EndpointPort) bool { return p.Port == sp.TargetPort }) {
+			continue
+		}
+		if b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector && ep.Cluster != b.m.Cluster {
+			if ep.NodeIP.IsValid() {
+				nk := nodeKey{key{b.priority(ep), ep.Region, ep.Zone, ep.Cluster}, ep.NodeIP}
+				if _, seen := waypoints[nk]; !seen {
+					waypoints[nk] = 0
+				}
+				if ep.Healthy {
+					waypoints[nk]++
+				}
+			}
 			continue
 		}
 		ip, ok := endpointIP(ep.IPs)
@@ -457,6 +497,22 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		groups[k] = append(groups[k], &endpointv3.LbEndpoint{
 			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(ip.String(), InboundPort, "")}},
 			HealthStatus:   hs,
+		})
+	}
+	nodes := slices.SortedFunc(mapKeys(waypoints), func(a, c nodeKey) int { return a.node.Compare(c.node) })
+	for _, nk := range nodes {
+		healthy := waypoints[nk]
+		hs, weight := core.HealthStatus_HEALTHY, healthy
+		if healthy == 0 {
+			hs, weight = core.HealthStatus_UNHEALTHY, 1
+		}
+		groups[nk.key] = append(groups[nk.key], &endpointv3.LbEndpoint{
+			HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(nk.node.String(), WaypointPort, "")}},
+			HealthStatus:        hs,
+			LoadBalancingWeight: wrapperspb.UInt32(weight),
+			Metadata: &core.Metadata{FilterMetadata: map[string]*structpb.Struct{
+				"envoy.transport_socket_match": {Fields: map[string]*structpb.Value{"waypoint": structpb.NewBoolValue(true)}},
+			}},
 		})
 	}
 	keys := slices.SortedFunc(mapKeys(groups), func(a, c key) int {

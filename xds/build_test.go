@@ -55,8 +55,12 @@ func goldenMesh() *model.Mesh {
 				Ports: []model.EndpointPort{{Port: 3306, Protocol: model.ProtocolTCP}}, SPIFFEID: model.SPIFFEID(td, "shop", "db"), Healthy: true},
 		},
 		api: {
-			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-1", PodUID: "uid-api-1", IPs: []netip.Addr{ip("10.244.1.7")},
+			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-1", PodUID: "uid-api-1", IPs: []netip.Addr{ip("10.244.1.7")}, NodeIP: ip("192.168.0.21"),
 				Ports: []model.EndpointPort{{Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: true},
+			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-2", PodUID: "uid-api-2", IPs: []netip.Addr{ip("10.244.1.8")}, NodeIP: ip("192.168.0.21"),
+				Ports: []model.EndpointPort{{Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: true},
+			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-3", PodUID: "uid-api-3", IPs: []netip.Addr{ip("10.244.2.8")}, NodeIP: ip("192.168.0.22"),
+				Ports: []model.EndpointPort{{Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: false},
 		},
 	}
 	pods := []*model.LocalPod{
@@ -147,6 +151,8 @@ func TestBuildGolden(t *testing.T) {
 		{"representative", goldenMesh(), Options{}},
 		{"empty", model.New(1, "c1", "", "", model.Node{}, nil, nil, nil), Options{}},
 		{"upstream-netns", goldenMesh(), Options{UpstreamNetns: "/var/run/netns/node", ConnectTimeout: 2 * time.Second}},
+		{"east-west-waypoint", goldenMesh(), Options{EastWestWaypoint: true}},
+		{"transport-socket-matcher", goldenMesh(), Options{CertSelection: CertMatcher}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -48,6 +49,7 @@ func directListener(name, addr string, port int, netns, body string) string {
   - name: %[1]s
     address:
       socket_address: { address: %[2]s, port_value: %[3]d, network_namespace_filepath: %[4]q }
+    enable_reuse_port: false
     filter_chains:
     - filters:
       - name: envoy.filters.network.http_connection_manager
@@ -83,12 +85,20 @@ func TestPrivilegedEnvoyFactNamespacedListeners(t *testing.T) {
 	for i, p := range pods {
 		b.WriteString(directListener(fmt.Sprintf("pod%d", i), "127.0.0.1", 15001, p.Path, fmt.Sprintf("pod%d", i)))
 	}
-	testenv.StartEnvoy(t, b.String(), testenv.EnvoyOptions{})
+	testenv.StartEnvoy(t, b.String(), testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
 	for i, p := range pods {
-		code, body, hdr, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
-		if err != nil || code != 200 {
-			t.Fatalf("pod%d: GET 127.0.0.1:15001 in its netns: %d %v", i, code, err)
-		}
+		var body string
+		var hdr http.Header
+		// The first connection right after Envoy reports LIVE is occasionally reset on this
+		// shared machine: retry until one request is answered, then check the answer.
+		waitFor(t, fmt.Sprintf("pod%d: GET 127.0.0.1:15001 in its netns", i), func() error {
+			code, b, h, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
+			if err != nil || code != 200 {
+				return fmt.Errorf("%d %v", code, err)
+			}
+			body, hdr = b, h
+			return nil
+		})
 		if want := fmt.Sprintf("pod%d", i); body != want {
 			t.Errorf("pod%d: answered by %q, want %q (same-address listeners in different netns must stay apart, #41103)", i, body, want)
 		}
@@ -108,9 +118,16 @@ func TestPrivilegedEnvoyFactWildcardInNetns(t *testing.T) {
 	pod := testenv.NewNetns(t)
 	port := testenv.FreePort(t)
 	testenv.StartEnvoy(t, factsAdmin+"static_resources:\n  listeners:"+
-		directListener("wild", "0.0.0.0", port, pod.Path, "wild"), testenv.EnvoyOptions{})
+		directListener("wild", "0.0.0.0", port, pod.Path, "wild"), testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	_, inPod, _, errPod := getBody(httpClientIn(pod, false), "http://"+addr+"/", nil)
+	var inPod string
+	var errPod error
+	for try := 0; try < 50; try++ { // see TestPrivilegedEnvoyFactNamespacedListeners
+		if _, inPod, _, errPod = getBody(httpClientIn(pod, false), "http://"+addr+"/", nil); errPod == nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	c, errRoot := net.DialTimeout("tcp", addr, 2*time.Second)
 	if errRoot == nil {
 		c.Close()
@@ -162,15 +179,15 @@ static_resources:
         - endpoint:
             address:
               socket_address: { address: 127.0.0.1, port_value: %d }
-`, port, pod.Path, appPort), testenv.EnvoyOptions{})
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	if err := echoOnce(c, "hello from the root netns\n"); err != nil {
-		t.Fatalf("upstream connection into the pod netns's loopback: %v", err)
-	}
+`, port, pod.Path, appPort), testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
+	waitFor(t, "echo through an upstream connection into the pod netns's loopback", func() error {
+		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		return echoOnce(c, "hello from the root netns\n")
+	})
 }
 
 // adsServer serves the given resources over ADS (SotW) on a loopback port and returns the port.
@@ -320,7 +337,17 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 `, i, p.Path, ids[i])
 	}
-	testenv.StartEnvoy(t, factsAdmin+b.String(), testenv.EnvoyOptions{})
+	testenv.StartEnvoy(t, factsAdmin+b.String(), testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
+	// The cluster comes over CDS after Envoy is live: wait until each pod gets through once.
+	for i, p := range pods {
+		waitFor(t, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
+			code, body, _, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
+			if err != nil || code != 200 {
+				return fmt.Errorf("%d %q %v", code, body, err)
+			}
+			return nil
+		})
+	}
 	// Both pods call concurrently over keep-alive connections; every answer must carry the
 	// caller's own identity.
 	var wg sync.WaitGroup
@@ -455,12 +482,23 @@ static_resources:
         exact_match_map:
           map:%s
   listeners:%s`, up.Addr().(*net.TCPAddr).Port, matches.String(), mapEntries.String(), listeners.String())
-	testenv.StartEnvoy(t, boot, testenv.EnvoyOptions{})
+	testenv.StartEnvoy(t, boot, testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
 	for i, p := range pods {
-		code, body, _, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
-		id, _, _ := strings.Cut(body, "|")
-		if err != nil || code != 200 || id != ids[i] {
-			t.Errorf("pod%d: transport_socket_matcher did not pick the pod's certificate: %d %q %v", i, code, body, err)
+		var body string
+		waitFor(t, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
+			code, b, _, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
+			if err != nil || code != 200 {
+				return fmt.Errorf("%d %q %v", code, b, err)
+			}
+			body = b
+			return nil
+		})
+		if id, _, _ := strings.Cut(body, "|"); id != ids[i] {
+			t.Errorf("pod%d: transport_socket_matcher picked %q, want the pod's certificate %q", i, id, ids[i])
 		}
 	}
 }
+
+// factsEnvoyArgs are extra Envoy arguments for the facts tests (see the supervisor: aether runs
+// Envoy with hot restart disabled).
+var factsEnvoyArgs = []string{"--disable-hot-restart"}

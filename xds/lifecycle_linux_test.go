@@ -40,7 +40,7 @@ func serverCertSerial(t *testing.T, f *meshFixture) string {
 // SVIDs reach Envoy over SDS (the server pod presents a new certificate), connections established
 // before the rotation keep working, and new connections work.
 func TestPrivilegedCertRotation(t *testing.T) {
-	f := startTrafficFixture(t, 6*time.Second, false, Options{})
+	f := startTrafficFixture(t, 6*time.Second, true, Options{})
 	before := serverCertSerial(t, f)
 	tcp, err := dialIn(f.pods["alpha"], vipTCP.String()+":9000")
 	if err != nil {
@@ -118,7 +118,7 @@ func envoyPIDs(t *testing.T, f *meshFixture) []int {
 // second one, established connections survive the agent's absence, and new configuration flows
 // again.
 func TestPrivilegedEnvoySupervision(t *testing.T) {
-	f := startTrafficFixture(t, time.Hour, false, Options{})
+	f := startTrafficFixture(t, time.Hour, true, Options{})
 	httpOK := func() error {
 		code, body, _, err := getBody(httpClientIn(f.pods["alpha"], false), "http://"+vipHTTP.String()+"/", nil)
 		if err != nil {

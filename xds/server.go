@@ -6,12 +6,15 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -202,13 +205,10 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 		s.log.Error("check xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
 		return "", fmt.Errorf("check snapshot: %w", err)
 	}
-	if s.last == nil || !sameResources(s.last, snap, resource.ListenerType) {
-		s.lastL = v
-	}
-	if s.last == nil || !sameResources(s.last, snap, resource.ClusterType) {
-		s.lastC = v
-	}
+	prevL, prevC := s.lastL, s.lastC
+	s.noteChanges(snap, v)
 	if err := s.cache.SetSnapshot(ctx, s.opts.NodeID, snap); err != nil {
+		s.lastL, s.lastC = prevL, prevC
 		s.seq--
 		s.buildFailures.Inc()
 		return "", fmt.Errorf("set snapshot: %w", err)
@@ -237,6 +237,18 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	default:
 	}
 	return version, nil
+}
+
+// noteChanges records v as the version at which listeners or clusters last changed, when they
+// differ from the snapshot served before (delta ADS sends nothing for an unchanged type, so no
+// ACK for v would come). Called with s.mu held.
+func (s *Server) noteChanges(snap *cache.Snapshot, v uint64) {
+	if s.last == nil || !sameResources(s.last, snap, resource.ListenerType) {
+		s.lastL = v
+	}
+	if s.last == nil || !sameResources(s.last, snap, resource.ClusterType) {
+		s.lastC = v
+	}
 }
 
 // build runs the builders and validates every resource. Called with s.mu held.
@@ -270,7 +282,10 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (*cache.Snapshot, err
 }
 
 // ValidateAll runs the PGV validation (ValidateAll) of every resource and returns every
-// violation, naming the resource.
+// violation, naming the resource. Clusters and endpoint sets are validated in parallel (one
+// goroutine per CPU); listeners first and alone, since the capture listeners share one
+// filter-chain matcher (one entry per VIP and port) that is validated once, then each listener
+// without it.
 func (r *Resources) ValidateAll() error {
 	var errs []error
 	check := func(kind, name string, err error) {
@@ -278,8 +293,6 @@ func (r *Resources) ValidateAll() error {
 			errs = append(errs, fmt.Errorf("validate %s %q: %w", kind, name, err))
 		}
 	}
-	// Every capture listener shares one filter-chain matcher (it can hold one entry per VIP and
-	// port): validate it once, then each listener without it.
 	validated := map[any]bool{}
 	for _, x := range r.Listeners {
 		fcm := x.FilterChainMatcher
@@ -294,19 +307,42 @@ func (r *Resources) ValidateAll() error {
 			validated[fcm] = true
 		}
 	}
-	for _, x := range r.Clusters {
-		check("cluster", x.GetName(), x.ValidateAll())
-	}
-	for _, x := range r.Endpoints {
-		check("endpoints", x.GetClusterName(), x.ValidateAll())
-	}
 	for _, x := range r.Routes {
 		check("route", x.GetName(), x.ValidateAll())
 	}
 	for _, x := range r.Secrets {
 		check("secret", x.GetName(), x.ValidateAll())
 	}
+	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName)...)
+	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)...)
 	return errors.Join(errs...)
+}
+
+// parallelValidate runs ValidateAll on xs in GOMAXPROCS goroutines and returns the violations in
+// input order.
+func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, name func(T) string) []error {
+	n := runtime.GOMAXPROCS(0)
+	out := make([]error, len(xs))
+	var wg sync.WaitGroup
+	for w := 0; w < n; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < len(xs); i += n {
+				if err := xs[i].ValidateAll(); err != nil {
+					out[i] = fmt.Errorf("validate %s %q: %w", kind, name(xs[i]), err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	var errs []error
+	for _, err := range out {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 func (r *Resources) typed() map[resource.Type][]types.Resource {
@@ -395,7 +431,10 @@ func (s *Server) WaitForAck(ctx context.Context, version string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for ack of version %s: %w", version, ctx.Err())
+			s.mu.Lock()
+			acked := fmt.Sprintf("listeners %d/%d, clusters %d/%d", s.acked[waitTypes[0]], need[0], s.acked[waitTypes[1]], need[1])
+			s.mu.Unlock()
+			return fmt.Errorf("wait for ack of version %s (ACKed/needed: %s): %w", version, acked, ctx.Err())
 		case <-ch:
 		}
 	}
@@ -473,8 +512,8 @@ func (s *Server) rollback(good *cache.Snapshot) {
 		s.log.Error("roll back to the last ACKed snapshot", "err", err)
 		return
 	}
-	s.lastL, s.lastC = v, v
-	s.need[v] = [2]uint64{v, v}
+	s.noteChanges(snap, v)
+	s.need[v] = [2]uint64{s.lastL, s.lastC}
 	s.snaps[v] = snap
 	s.last = snap
 	s.snapVersion.Set(float64(v))

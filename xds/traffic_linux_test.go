@@ -286,11 +286,26 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 }
 
 // TestPrivilegedEnvoyACKsAndNACKs serves the representative golden model (its netns paths and pod
-// addresses made real) to the real Envoy: it is ACKed with update_rejected 0. A snapshot Envoy
-// rejects (a listener in a namespace that does not exist) is NACKed, counted and logged with its
-// error_detail, and the next good snapshot is ACKed again.
+// addresses made real), built with each option set, to the real Envoy: it is ACKed with
+// update_rejected 0. A snapshot Envoy rejects (a listener in a namespace that does not exist) is
+// NACKed, counted and logged with its error_detail, and the next good snapshot is ACKed again.
 func TestPrivilegedEnvoyACKsAndNACKs(t *testing.T) {
-	f := newMeshFixture(t, time.Hour, false, Options{})
+	for _, c := range []struct {
+		name  string
+		delta bool
+		build Options
+	}{
+		{"sotw", false, Options{}},
+		{"delta", true, Options{}},
+		{"east-west-waypoint", true, Options{EastWestWaypoint: true}},
+		{"transport-socket-matcher", true, Options{CertSelection: CertMatcher}},
+	} {
+		t.Run(c.name, func(t *testing.T) { testACKsAndNACKs(t, c.delta, c.build) })
+	}
+}
+
+func testACKsAndNACKs(t *testing.T, delta bool, build Options) {
+	f := newMeshFixture(t, time.Hour, delta, build)
 	m := goldenMesh()
 	for _, p := range m.Pods {
 		ns, ip := f.addPod(p.Name, false)
