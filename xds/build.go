@@ -118,7 +118,11 @@ func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opt
 		}
 	}
 	r.Clusters = append(r.Clusters, b.passthroughCluster())
-	r.Routes = append(r.Routes, b.captureRoute(), b.laneRoute())
+	// The shared routes are referenced only by pod listeners: a node without meshed pods serves
+	// none (a snapshot whose routes no listener names is not Consistent()).
+	if len(m.Pods) > 0 {
+		r.Routes = append(r.Routes, b.captureRoute(), b.laneRoute())
+	}
 	if err := b.prepareCapture(); err != nil {
 		return nil, err
 	}

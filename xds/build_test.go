@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -162,6 +163,13 @@ func TestBuildGolden(t *testing.T) {
 			}
 			if err := r.ValidateAll(); err != nil {
 				t.Fatalf("ValidateAll: %v", err)
+			}
+			snap, err := cache.NewSnapshot("1", r.typed())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := snap.Consistent(); err != nil {
+				t.Fatalf("snapshot not Consistent: %v", err)
 			}
 			again, _ := Build(c.mesh, fakeSVIDs(c.mesh), []byte("BUNDLE"), c.opts)
 			for _, kind := range []struct {
