@@ -345,8 +345,14 @@ func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, n
 	return errs
 }
 
+// typed returns the resources by type for cache.NewSnapshot. Every type is present, empty or not: cache.NewSnapshot versions only the types it is given, and a
+// delta response removing a type's last resource would otherwise carry no system version, so its
+// ACK could not be told apart (a pod's DEL waited for it in vain).
 func (r *Resources) typed() map[resource.Type][]types.Resource {
 	out := map[resource.Type][]types.Resource{}
+	for _, t := range snapshotTypes {
+		out[t] = []types.Resource{}
+	}
 	add := func(t resource.Type, x types.Resource) { out[t] = append(out[t], x) }
 	for _, x := range r.Listeners {
 		add(resource.ListenerType, x)
@@ -366,9 +372,13 @@ func (r *Resources) typed() map[resource.Type][]types.Resource {
 	return out
 }
 
+// snapshotTypes are the resource types every snapshot carries.
+var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType}
+
 func snapResources(s *cache.Snapshot) map[resource.Type][]types.Resource {
 	out := map[resource.Type][]types.Resource{}
-	for _, t := range []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType} {
+	for _, t := range snapshotTypes {
+		out[t] = []types.Resource{}
 		for _, r := range s.GetResources(t) {
 			out[t] = append(out[t], r)
 		}

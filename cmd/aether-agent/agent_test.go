@@ -66,6 +66,7 @@ type agentProc struct {
 	// envoyAdmin is the admin address of the Envoy the agent supervises; stateDir holds its pid.
 	envoyAdmin string
 	stateDir   string
+	cniSocket  string
 }
 
 func startAgent(t *testing.T, args ...string) *agentProc {
@@ -101,6 +102,7 @@ func startAgent(t *testing.T, args ...string) *agentProc {
 	}, args...)
 	a.envoyAdmin = all[len(all)-len(args)-1]
 	a.stateDir = filepath.Join(dir, "state")
+	a.cniSocket = filepath.Join(dir, "cni.sock")
 	a.cmd = exec.Command(buildAgent(t), all...)
 	logf, err := os.Create(a.logPath)
 	if err != nil {
