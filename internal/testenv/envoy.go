@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -69,7 +70,20 @@ func StartEnvoy(t testing.TB, bootstrap string, opts EnvoyOptions) *Envoy {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
+	// Pdeathsig fires when the OS thread that forked the child exits, not the process, and the
+	// netns helpers (Netns.Do) end their locked threads on purpose: a fork from such a thread
+	// would have Envoy SIGKILLed in the middle of the test. Fork from a thread of our own that
+	// lives until the test ends.
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // runs after the cleanup below has stopped Envoy
+	started := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		started <- cmd.Start()
+		<-release
+	}()
+	if err := <-started; err != nil {
 		t.Fatalf("testenv: start envoy: %v", err)
 	}
 	e := &Envoy{Cmd: cmd, LogPath: logPath}
