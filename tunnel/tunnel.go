@@ -12,6 +12,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
 	tlsinspv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	echov3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/echo/v3"
 	rbacnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
@@ -167,9 +168,18 @@ func refusalChains() ([]*listenerv3.FilterChain, error) {
 	if err != nil {
 		return nil, err
 	}
+	// RBAC is not a terminal filter and decides on the first bytes (onData), so the chain ends
+	// in one that does nothing when the connection opens: echo (a direct_response would close the
+	// connection on accept, before RBAC saw the ClientHello and counted it). The last RBAC filter
+	// denies everything, so echo never receives a byte.
+	ec, err := toAny(&echov3.Echo{})
+	if err != nil {
+		return nil, err
+	}
+	end := &listenerv3.Filter{Name: "envoy.filters.network.echo", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: ec}}
 	return []*listenerv3.FilterChain{
-		{Name: "refuse-tls", FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "tls"}, Filters: []*listenerv3.Filter{hasSNI, noSNI}},
-		{Name: "refuse-raw", FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer"}, Filters: []*listenerv3.Filter{notTLS}},
+		{Name: "refuse-tls", FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "tls"}, Filters: []*listenerv3.Filter{hasSNI, noSNI, end}},
+		{Name: "refuse-raw", FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer"}, Filters: []*listenerv3.Filter{notTLS, end}},
 	}, nil
 }
 
