@@ -211,3 +211,28 @@ func MountedFrom(spec corev1.PodSpec, c corev1.Container, path string) (corev1.V
 	}
 	return corev1.Volume{}, corev1.VolumeMount{}, "", fmt.Errorf("container %s: mount %s names no volume", c.Name, best.Name)
 }
+
+// MissingFiles splits a configuration error (a single error or an errors.Join of them) into the
+// paths of files that do not exist (fs.ErrNotExist from os.Stat) and the rest, joined (nil when
+// every error is a missing file). Tests use it to accept exactly the errors that come from
+// files a volume supplies in the cluster but not on the test machine.
+func MissingFiles(err error) ([]string, error) {
+	if err == nil {
+		return nil, nil
+	}
+	errs := []error{err}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		errs = j.Unwrap()
+	}
+	var missing []string
+	var other []error
+	for _, e := range errs {
+		var pe *fs.PathError
+		if errors.Is(e, fs.ErrNotExist) && errors.As(e, &pe) {
+			missing = append(missing, pe.Path)
+			continue
+		}
+		other = append(other, e)
+	}
+	return missing, errors.Join(other...)
+}
