@@ -49,7 +49,7 @@ install_cni_plugins() {
   fi
   for node in $(kind get nodes --name "$c"); do
     docker cp "$tgz" "$node:/tmp/cni-plugins.tgz"
-    docker exec "$node" tar -C /opt/cni/bin -xzf /tmp/cni-plugins.tgz ./bridge ./host-local ./portmap ./loopback
+    docker exec "$node" tar -C /opt/cni/bin -xzf /tmp/cni-plugins.tgz
   done
 }
 
