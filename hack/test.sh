@@ -52,7 +52,7 @@ grep -rl --include='*_test.go' '^func Fuzz' . | grep -v '^./hack/' | while read 
   pkg="./$(dirname "${f#./}")"
   sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f" | while read -r target; do
     echo "fuzz $pkg $target"
-    go test -run '^$' -fuzz "^$target\$" -fuzztime "${AETHER_FUZZTIME:-10s}" -parallel 1 "$pkg" </dev/null
+    go test -run '^$' -fuzz "^$target\$" -fuzztime "${AETHER_FUZZTIME:-10s}" -parallel 1 "$pkg"
   done
 done
 
