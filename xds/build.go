@@ -165,7 +165,7 @@ func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opt
 		}
 	}
 	for _, id := range slices.Sorted(mapKeys(ids)) {
-		r.Secrets = append(r.Secrets, svidSecret(svids[id]))
+		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
 	}
 	r.Secrets = append(r.Secrets, bundleSecret(bundlePEM))
 	sortByName(r.Listeners, (*listenerv3.Listener).GetName)
@@ -254,8 +254,15 @@ func (b *builder) bindConfig() *core.BindConfig {
 
 // ---- secrets (SDS) ----
 
-func svidSecret(s *identity.SVID) *tlsv3.Secret {
-	return &tlsv3.Secret{Name: s.SPIFFEID, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
+// InboundSecretName names the copy of a pod's SVID that its inbound listener presents. The
+// outbound on-demand certificate selector subscribes to the SVID under its SPIFFE ID; when the
+// inbound listener's static SDS subscription already held that same name, Envoy 1.40 (delta ADS)
+// never completed the selector's own subscription (the secret stayed warming, upstream TLS
+// handshakes timed out). Two names, one certificate.
+func InboundSecretName(spiffeID string) string { return "inbound|" + spiffeID }
+
+func svidSecret(name string, s *identity.SVID) *tlsv3.Secret {
+	return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_TlsCertificate{TlsCertificate: &tlsv3.TlsCertificate{
 		CertificateChain: &core.DataSource{Specifier: &core.DataSource_InlineBytes{InlineBytes: s.CertChainPEM}},
 		PrivateKey:       &core.DataSource{Specifier: &core.DataSource_InlineBytes{InlineBytes: s.KeyPEM}},
 	}}}
@@ -918,7 +925,7 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 	dtc, err := toAny(&tlsv3.DownstreamTlsContext{
 		RequireClientCertificate: wrapperspb.Bool(true),
 		CommonTlsContext: &tlsv3.CommonTlsContext{
-			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsRef(id)},
+			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsRef(InboundSecretName(id))},
 			ValidationContextType: &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
 				DefaultValidationContext: &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: []*tlsv3.SubjectAltNameMatcher{{
 					SanType: tlsv3.SubjectAltNameMatcher_URI,
