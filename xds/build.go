@@ -880,11 +880,9 @@ func (b *builder) inboundPorts(p *model.LocalPod) []inboundPort {
 		}
 		return ip
 	}
-	for _, pp := range p.Ports {
-		if pp.Protocol != model.ProtocolUDP {
-			add(pp.Port, pp.Protocol)
-		}
-	}
+	// The registered endpoints first: their port protocols already apply the service model's
+	// precedence (the Service's appProtocol, then the pod annotation, then HTTP), which the pod's
+	// own ports (annotation or HTTP) do not know.
 	for _, ep := range b.localEndpoints[p.UID] {
 		for _, epp := range ep.Ports {
 			if epp.Protocol == model.ProtocolUDP {
@@ -892,6 +890,11 @@ func (b *builder) inboundPorts(p *model.LocalPod) []inboundPort {
 			}
 			ip := add(epp.Port, epp.Protocol)
 			ip.waypointSNIs = append(ip.waypointSNIs, WaypointSNI(b.m, ep.Service, epp.Port))
+		}
+	}
+	for _, pp := range p.Ports {
+		if pp.Protocol != model.ProtocolUDP {
+			add(pp.Port, pp.Protocol)
 		}
 	}
 	out := make([]inboundPort, 0, len(byPort))

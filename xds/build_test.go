@@ -279,3 +279,35 @@ func TestSetMeshKeepsLastGoodSnapshot(t *testing.T) {
 		t.Error("WaitForAck(foreign version) = nil, want error")
 	}
 }
+
+// TestInboundPortProtocolFromEndpoints: a port the pod declares without a protocol annotation
+// (HTTP by default) but that a Service registers as TCP (appProtocol) gets a raw TCP inbound
+// chain: the registered endpoint's protocol wins.
+func TestInboundPortProtocolFromEndpoints(t *testing.T) {
+	k := model.ServiceKey{Namespace: "shop", Name: "echo"}
+	ip := netip.MustParseAddr("10.244.1.20")
+	m := model.New(1, "c1", "", "", model.Node{}, []*model.Service{{Key: k, Local: true,
+		VIPs: []netip.Addr{netip.MustParseAddr("10.96.0.20")}, Ports: []model.ServicePort{{Name: "tcp", Port: 9000, TargetPort: 9000, Protocol: model.ProtocolTCP, AppProtocol: true}}}},
+		map[model.ServiceKey][]model.Endpoint{k: {{Service: k, Cluster: "c1", PodUID: "uid-echo", IPs: []netip.Addr{ip},
+			Ports: []model.EndpointPort{{Name: "tcp", Port: 9000, Protocol: model.ProtocolTCP}}, Healthy: true}}},
+		[]*model.LocalPod{{UID: "uid-echo", Namespace: "shop", Name: "echo", NetnsPath: "/var/run/netns/echo", IPs: []netip.Addr{ip}, Ready: true,
+			Ports: []model.PodPort{{Name: "tcp", Port: 9000, Protocol: model.ProtocolHTTP}}, Services: []model.ServiceKey{k}}})
+	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range r.Listeners {
+		if l.GetName() != "inbound|shop/echo" {
+			continue
+		}
+		for _, fc := range l.GetFilterChains() {
+			if fc.GetName() == "9000" {
+				if got := fc.GetFilters()[len(fc.GetFilters())-1].GetName(); got != "envoy.filters.network.tcp_proxy" {
+					t.Fatalf("inbound chain 9000 ends in %s, want tcp_proxy (the endpoint registers the port as TCP)", got)
+				}
+				return
+			}
+		}
+	}
+	t.Fatal("no inbound chain 9000 for shop/echo")
+}
