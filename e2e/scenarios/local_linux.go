@@ -62,7 +62,9 @@ func (p *localPair) RestartAgent(ctx context.Context, _, node string) error {
 	return p.m.RestartAgent(ctx, node)
 }
 
-func (p *localPair) StopNode(ctx context.Context, _, node string) error { return p.m.StopNode(ctx, node) }
+func (p *localPair) StopNode(ctx context.Context, _, node string) error {
+	return p.m.StopNode(ctx, node)
+}
 
 func (p *localPair) CutRegistry(context.Context) error { return p.m.CutRegistry() }
 

@@ -13,6 +13,7 @@ var (
 	pairFlag        = flag.String("pair", "local", "cluster pair to run on: local (the substrate, needs root) or kind")
 	kubeconfigAFlag = flag.String("kubeconfig-a", "", "kubeconfig of cluster A (with -pair=kind)")
 	kubeconfigBFlag = flag.String("kubeconfig-b", "", "kubeconfig of cluster B (with -pair=kind)")
+	holdFlag        = flag.Duration("hold", 0, "on failure, keep the local pair running this long before tearing it down (to look inside)")
 )
 
 // ClusterPair is what the scenarios need from two clusters running aether: cluster A holds the
