@@ -85,12 +85,12 @@ func TestPrivilegedEnvoyFactNamespacedListeners(t *testing.T) {
 	for i, p := range pods {
 		b.WriteString(directListener(fmt.Sprintf("pod%d", i), "127.0.0.1", 15001, p.Path, fmt.Sprintf("pod%d", i)))
 	}
-	testenv.StartEnvoy(t, b.String(), testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
+	startFactsEnvoy(t, b.String())
 	for i, p := range pods {
 		var body string
 		var hdr http.Header
-		// The first connection right after Envoy reports LIVE is occasionally reset on this
-		// shared machine: retry until one request is answered, then check the answer.
+		// Retry until one request is answered (Envoy may still be starting its worker), then
+		// check the answer.
 		waitFor(t, fmt.Sprintf("pod%d: GET 127.0.0.1:15001 in its netns", i), func() error {
 			code, b, h, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
 			if err != nil || code != 200 {
@@ -117,12 +117,12 @@ func TestPrivilegedEnvoyFactWildcardInNetns(t *testing.T) {
 	testenv.RequireRoot(t)
 	pod := testenv.NewNetns(t)
 	port := testenv.FreePort(t)
-	testenv.StartEnvoy(t, factsAdmin+"static_resources:\n  listeners:"+
-		directListener("wild", "0.0.0.0", port, pod.Path, "wild"), testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
+	startFactsEnvoy(t, factsAdmin+"static_resources:\n  listeners:"+
+		directListener("wild", "0.0.0.0", port, pod.Path, "wild"))
 	addr := fmt.Sprintf("127.0.0.1:%d", port)
 	var inPod string
 	var errPod error
-	for try := 0; try < 50; try++ { // see TestPrivilegedEnvoyFactNamespacedListeners
+	for try := 0; try < 50; try++ { // retry while Envoy starts its worker
 		if _, inPod, _, errPod = getBody(httpClientIn(pod, false), "http://"+addr+"/", nil); errPod == nil {
 			break
 		}
@@ -154,7 +154,7 @@ func TestPrivilegedEnvoyFactUpstreamInNetns(t *testing.T) {
 	appPort := testenv.FreePort(t)
 	serveEcho(listenIn(t, pod, fmt.Sprintf("127.0.0.1:%d", appPort)))
 	port := testenv.FreePort(t)
-	testenv.StartEnvoy(t, factsAdmin+fmt.Sprintf(`
+	startFactsEnvoy(t, factsAdmin+fmt.Sprintf(`
 static_resources:
   listeners:
   - name: in
@@ -179,7 +179,7 @@ static_resources:
         - endpoint:
             address:
               socket_address: { address: 127.0.0.1, port_value: %d }
-`, port, pod.Path, appPort), testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
+`, port, pod.Path, appPort))
 	waitFor(t, "echo through an upstream connection into the pod netns's loopback", func() error {
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
 		if err != nil {
@@ -337,7 +337,7 @@ static_resources:
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
 `, i, p.Path, ids[i])
 	}
-	testenv.StartEnvoy(t, factsAdmin+b.String(), testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
+	startFactsEnvoy(t, factsAdmin+b.String())
 	// The cluster comes over CDS after Envoy is live: wait until each pod gets through once.
 	for i, p := range pods {
 		waitFor(t, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
@@ -482,7 +482,7 @@ static_resources:
         exact_match_map:
           map:%s
   listeners:%s`, up.Addr().(*net.TCPAddr).Port, matches.String(), mapEntries.String(), listeners.String())
-	testenv.StartEnvoy(t, boot, testenv.EnvoyOptions{ExtraArgs: factsEnvoyArgs})
+	startFactsEnvoy(t, boot)
 	for i, p := range pods {
 		var body string
 		waitFor(t, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
@@ -499,6 +499,17 @@ static_resources:
 	}
 }
 
-// factsEnvoyArgs are extra Envoy arguments for the facts tests (see the supervisor: aether runs
-// Envoy with hot restart disabled).
-var factsEnvoyArgs = []string{"--disable-hot-restart"}
+// startFactsEnvoy starts the real Envoy from a static bootstrap with hot restart disabled (as
+// the supervisor runs it), and on failure logs what Envoy reports about its listeners and
+// whether its process still runs.
+func startFactsEnvoy(t *testing.T, boot string) *testenv.Envoy {
+	t.Helper()
+	ev := testenv.StartEnvoy(t, boot, testenv.EnvoyOptions{ExtraArgs: []string{"--disable-hot-restart"}})
+	t.Cleanup(func() {
+		if t.Failed() {
+			l, err := ev.Admin(context.Background(), "/listeners")
+			t.Logf("envoy pid %d alive=%v, /listeners at failure: %q %v", ev.Cmd.Process.Pid, alive(ev.Cmd.Process.Pid), l, err)
+		}
+	})
+	return ev
+}
