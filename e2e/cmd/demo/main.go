@@ -200,10 +200,10 @@ func lookFurther(m *mesh.Mesh, beta string) string {
   nsenter --net=%s curl -s 127.0.0.1:15000/listeners           # beta-node1's Envoy: the east-west tunnel listener on :15443
   nsenter --net=%s curl -s 127.0.0.1:15021/readyz              # alpha-node1's agent (also /metrics)
   nsenter --net=%s dig @%s hello.%s.svc.clusterset.local        # the agent's DNS
-  %s/client ...; logs: %s/logs/<node>/aether-agent.log, %s/logs/<cluster>/aether-registrar.log
+  logs: %s/logs/<node>/aether-agent.log, %s/logs/<cluster>/aether-registrar.log
   everything above is in /run/aether-demo/demo.env
 ==> stop and clean up: make demo-down
 `, a.Kubeconfig, bc.Kubeconfig, n.Netns.Path, bn.Netns.Path, n.Netns.Path, n.Netns.Path, n.Plan.IP.String()+" -p 18054", ns,
-		filepath.Dir(m.Bins["client"]), m.Substrate.Dir, m.Substrate.Dir)
+		m.Substrate.Dir, m.Substrate.Dir)
 	return b.String()
 }
