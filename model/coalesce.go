@@ -5,10 +5,11 @@ import (
 	"time"
 )
 
-// Coalescer turns a burst of change notifications into few rebuilds: after a Trigger, fn runs once
-// the triggers have been quiet for Quiet, or MaxDelay after the first trigger not yet served,
-// whichever comes first. A storm of events therefore rebuilds at most once per MaxDelay, and a
-// single event waits at most Quiet. fn never runs concurrently with itself.
+// Coalescer turns a burst of change notifications into few rebuilds. A trigger after a quiet
+// period (no run for Quiet) runs fn at once (leading edge), so an isolated change costs no delay.
+// Triggers that follow are coalesced: fn runs again once they have been quiet for Quiet, or
+// MaxDelay after the first of them, whichever comes first. A storm of events therefore rebuilds
+// about once per MaxDelay. fn never runs concurrently with itself.
 type Coalescer struct {
 	quiet, maxDelay time.Duration
 	fn              func()
@@ -34,11 +35,17 @@ func (c *Coalescer) Trigger() {
 
 // Run serves triggers until ctx is done. A trigger still pending when ctx ends is dropped.
 func (c *Coalescer) Run(ctx context.Context) {
+	var last time.Time // end of the last run
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.ch:
+		}
+		if time.Since(last) >= c.quiet {
+			c.fn()
+			last = time.Now()
+			continue
 		}
 		deadline := time.NewTimer(c.maxDelay)
 		quiet := time.NewTimer(c.quiet)
@@ -60,5 +67,6 @@ func (c *Coalescer) Run(ctx context.Context) {
 		deadline.Stop()
 		quiet.Stop()
 		c.fn()
+		last = time.Now()
 	}
 }

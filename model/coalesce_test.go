@@ -9,27 +9,40 @@ import (
 
 func TestCoalescerBurst(t *testing.T) {
 	var runs atomic.Int32
-	c := NewCoalescer(100*time.Millisecond, time.Second, func() { runs.Add(1) })
+	c := NewCoalescer(time.Second, 2*time.Second, func() { runs.Add(1) })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go c.Run(ctx)
-	for i := 0; i < 1000; i++ {
+	waitRuns := func(n int32) {
+		deadline := time.Now().Add(10 * time.Second)
+		for runs.Load() < n && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	c.Trigger() // isolated: runs at once
+	waitRuns(1)
+	for i := 0; i < 1000; i++ { // right after a run: coalesced
 		c.Trigger()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for runs.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
+	waitRuns(2)
+	time.Sleep(2500 * time.Millisecond) // longer than maxDelay: any further run would show now
+	if n := runs.Load(); n != 2 {
+		t.Fatalf("a trigger then a burst of 1000 ran fn %d times, want 2", n)
 	}
-	time.Sleep(1200 * time.Millisecond) // longer than maxDelay: any further run would show now
-	if n := runs.Load(); n != 1 {
-		t.Fatalf("1000 triggers in one burst ran fn %d times, want 1", n)
-	}
+}
+
+func TestCoalescerLeadingEdge(t *testing.T) {
+	// An isolated trigger runs fn without waiting for the quiet period (an hour here).
+	ran := make(chan struct{}, 1)
+	c := NewCoalescer(time.Hour, time.Hour, func() { ran <- struct{}{} })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Run(ctx)
 	c.Trigger()
-	for runs.Load() == 1 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if runs.Load() != 2 {
-		t.Fatalf("a trigger after the burst did not run fn again")
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatal("an isolated trigger waited for the quiet period")
 	}
 }
 

@@ -36,7 +36,7 @@ var (
 )
 
 // buildAgent builds this package's binary once per test run.
-func buildAgent(t *testing.T) string {
+func buildAgent(t testing.TB) string {
 	t.Helper()
 	agentOnce.Do(func() {
 		dir, err := os.MkdirTemp("", "aether-agent-bin-")
@@ -69,7 +69,7 @@ type agentProc struct {
 	cniSocket  string
 }
 
-func startAgent(t *testing.T, args ...string) *agentProc {
+func startAgent(t testing.TB, args ...string) *agentProc {
 	t.Helper()
 	dir := t.TempDir()
 	healthPort, dnsPort := testenv.FreePort(t), testenv.FreePort(t)
@@ -203,7 +203,7 @@ func (a *agentProc) envoyHas(path, want string, present bool) func() error {
 	}
 }
 
-func eventually(t *testing.T, d time.Duration, what string, f func() error) {
+func eventually(t testing.TB, d time.Duration, what string, f func() error) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for {
