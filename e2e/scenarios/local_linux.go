@@ -7,6 +7,7 @@ import (
 	"os"
 	"strings"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/aethermesh/aether/e2e/mesh"
@@ -18,6 +19,10 @@ type localPair struct{ m *mesh.Mesh }
 func (p *localPair) Clusters() (string, string) { return p.m.Clusters[0].Name, p.m.Clusters[1].Name }
 
 func (p *localPair) Kube(cluster string) kubernetes.Interface { return p.m.Cluster(cluster).Client }
+
+func (p *localPair) Dynamic(cluster string) dynamic.Interface {
+	return dynamic.NewForConfigOrDie(p.m.Cluster(cluster).Config)
+}
 
 func (p *localPair) Nodes(cluster string) []string {
 	var out []string

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"net"
 
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -23,6 +24,8 @@ type ClusterPair interface {
 	Clusters() (a, b string)
 	// Kube returns a client of cluster's API server.
 	Kube(cluster string) kubernetes.Interface
+	// Dynamic returns a dynamic client of cluster's API server (for the MCS resources).
+	Dynamic(cluster string) dynamic.Interface
 	// Nodes returns the names of cluster's worker nodes, sorted.
 	Nodes(cluster string) []string
 	// Command returns the command (and the image, for real clusters) that runs the test

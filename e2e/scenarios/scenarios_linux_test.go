@@ -16,7 +16,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/aethermesh/aether/e2e/mesh"
 	"github.com/aethermesh/aether/e2e/substrate"
@@ -206,7 +205,7 @@ func deploy(t *testing.T, p ClusterPair) *world {
 	export := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
 		"metadata": map[string]any{"name": "remote", "namespace": ns}}}
-	dyn := dynamicFor(t, p, w.b)
+	dyn := p.Dynamic(w.b)
 	if _, err := dyn.Resource(serviceExports).Namespace(ns).Create(ctx, export, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -234,19 +233,6 @@ var (
 	serviceExports = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1beta1", Resource: "serviceexports"}
 	serviceImports = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1beta1", Resource: "serviceimports"}
 )
-
-func dynamicFor(t *testing.T, p ClusterPair, cluster string) dynamic.Interface {
-	t.Helper()
-	lp, ok := p.(*localPair)
-	if !ok {
-		t.Fatal("dynamic client: only the local pair is implemented")
-	}
-	d, err := dynamic.NewForConfig(lp.m.Cluster(cluster).Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return d
-}
 
 // get runs "client http URL" in the client pod and decodes the echo's reply.
 func (w *world) get(ctx context.Context, url string) (reply, error) {
@@ -365,7 +351,7 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 func (w *world) mcsImport(t *testing.T) {
 	var vip string
 	eventually(t, 90*time.Second, "ServiceImport and remote-clusterset Service in "+w.a, func() error {
-		if _, err := dynamicFor(t, w.p, w.a).Resource(serviceImports).Namespace(ns).Get(context.Background(), "remote", metav1.GetOptions{}); err != nil {
+		if _, err := w.p.Dynamic(w.a).Resource(serviceImports).Namespace(ns).Get(context.Background(), "remote", metav1.GetOptions{}); err != nil {
 			return err
 		}
 		s, err := w.p.Kube(w.a).CoreV1().Services(ns).Get(context.Background(), "remote-clusterset", metav1.GetOptions{})
@@ -396,7 +382,7 @@ func (w *world) unexported(t *testing.T) {
 	if _, err := w.p.Kube(w.a).CoreV1().Services(ns).Get(ctx, "hidden-clusterset", metav1.GetOptions{}); err == nil {
 		t.Error("A has a hidden-clusterset Service for B's unexported service")
 	}
-	if _, err := dynamicFor(t, w.p, w.a).Resource(serviceImports).Namespace(ns).Get(ctx, "hidden", metav1.GetOptions{}); err == nil {
+	if _, err := w.p.Dynamic(w.a).Resource(serviceImports).Namespace(ns).Get(ctx, "hidden", metav1.GetOptions{}); err == nil {
 		t.Error("A has a ServiceImport for B's unexported service")
 	}
 	for _, name := range []string{"hidden." + ns + ".svc.clusterset.local", "hidden." + ns + ".mesh"} {
