@@ -36,7 +36,7 @@ case "${1:-up}" in
     printed=0
     while ! [ -f "$state/ready" ]; do
       if ! running; then
-        cat "$state/demo.log"
+        tail -n +"$((printed + 1))" "$state/demo.log"
         echo "aether demo: failed; its log: $state/demo.err" >&2
         tail -n 30 "$state/demo.err" >&2
         exit 1
@@ -56,6 +56,11 @@ case "${1:-up}" in
     fi
     # Whatever a killed demo left (run directories, namespace mounts, processes).
     go run ./e2e/cmd/substrate clean
+    if [ -f "$state/dirs" ]; then
+      while read -r d; do
+        case "$d" in */aesub-*|*/aemesh-*) rm -rf "$d" ;; esac
+      done <"$state/dirs"
+    fi
     rm -rf "$state"
     echo "aether demo: stopped and cleaned up"
     ;;

@@ -56,7 +56,7 @@ func main() {
 
 const ns = "demo"
 
-func run(ctx context.Context, cfg config) error {
+func run(ctx context.Context, cfg config) (err error) {
 	if os.Geteuid() != 0 {
 		return errors.New("run as root (network namespaces, nftables)")
 	}
@@ -67,11 +67,23 @@ func run(ctx context.Context, cfg config) error {
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	step("building aether and starting two clusters (alpha, beta: 2 nodes each) with an agent and Envoy per node")
-	m, err := mesh.StartMesh(sctx, mesh.Options{Logger: log})
+	// Directories are kept so a failed demo leaves its logs; a clean stop removes them, and
+	// `make demo-down` removes what the dirs file lists.
+	m, err := mesh.StartMesh(sctx, mesh.Options{Logger: log, KeepDir: true})
 	if err != nil {
 		return err
 	}
-	defer m.Stop()
+	dirs := m.Substrate.Dir + "\n" + m.Dir + "\n"
+	if werr := os.WriteFile(filepath.Join(cfg.stateDir, "dirs"), []byte(dirs), 0o644); werr != nil {
+		log.Warn("write dirs file", "err", werr)
+	}
+	defer func() {
+		m.Stop()
+		if err == nil {
+			os.RemoveAll(m.Substrate.Dir)
+			os.RemoveAll(m.Dir)
+		}
+	}()
 	alpha, beta := m.Clusters[0], m.Clusters[1]
 	step("deploying the sample: service hello (2 pods) in beta, exported; a client pod in alpha")
 	if err := deploySample(sctx, m); err != nil {
