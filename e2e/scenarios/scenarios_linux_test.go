@@ -329,7 +329,15 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 			w.wantTCP(t, fmt.Sprintf("%s:%d", w.clusterIP(t, w.a, "echo"), substrate.EchoTCPPort), w.a)
 		})
 	}
-	run("mcs-import", func(t *testing.T) { w.mcsImport(t) })
+	var vip string
+	run("mcs-import-and-dns", func(t *testing.T) { vip = w.mcsImport(t) })
+	run("mcs-clusterset-vip", func(t *testing.T) {
+		if vip == "" {
+			t.Fatal("no clusterset VIP (mcs-import-and-dns failed)")
+		}
+		r := w.wantHTTP(t, "http://"+vip+"/", w.b)
+		t.Logf("A -> B by clusterset VIP %s: answered by %s in %s, caller %s", vip, r.Server, r.Cluster, r.CallerID)
+	})
 	run("cross-cluster-http-through-waypoint", func(t *testing.T) {
 		w.wantHTTP(t, "http://remote."+ns+".svc.clusterset.local/", w.b)
 	})
@@ -347,8 +355,8 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 }
 
 // mcsImport: B's exported service gets a ServiceImport and a clusterset VIP in A, and
-// remote.<ns>.svc.clusterset.local resolves to that VIP in A's pods.
-func (w *world) mcsImport(t *testing.T) {
+// remote.<ns>.svc.clusterset.local resolves to that VIP in A's pods. It returns the VIP.
+func (w *world) mcsImport(t *testing.T) string {
 	var vip string
 	eventually(t, 90*time.Second, "ServiceImport and remote-clusterset Service in "+w.a, func() error {
 		if _, err := w.p.Dynamic(w.a).Resource(serviceImports).Namespace(ns).Get(context.Background(), "remote", metav1.GetOptions{}); err != nil {
@@ -371,8 +379,7 @@ func (w *world) mcsImport(t *testing.T) {
 		}
 		return nil
 	})
-	r := w.wantHTTP(t, "http://"+vip+"/", w.b)
-	t.Logf("A -> B by clusterset VIP %s: answered by %s in %s, caller %s", vip, r.Server, r.Cluster, r.CallerID)
+	return vip
 }
 
 // unexported: B's "hidden" service (not exported) has no import in A, its clusterset name does
