@@ -392,6 +392,12 @@ func (w *world) unexported(t *testing.T) {
 	if _, err := w.p.Dynamic(w.a).Resource(serviceImports).Namespace(ns).Get(ctx, "hidden", metav1.GetOptions{}); err == nil {
 		t.Error("A has a ServiceImport for B's unexported service")
 	}
+	// The control: the exported service's names resolve from the same pod.
+	for _, name := range []string{"remote." + ns + ".svc.clusterset.local", "echo." + ns + ".mesh"} {
+		if out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "resolve", name); err != nil {
+			t.Errorf("control: %s does not resolve in A: %v %s", name, err, out)
+		}
+	}
 	for _, name := range []string{"hidden." + ns + ".svc.clusterset.local", "hidden." + ns + ".mesh"} {
 		if out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "resolve", name); err == nil {
 			t.Errorf("%s resolves in A: %s", name, out)
