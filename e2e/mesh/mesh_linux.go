@@ -293,7 +293,7 @@ const cutTable = "aemesh-registry-cut"
 func (m *Mesh) CutRegistry() error {
 	rules := fmt.Sprintf("table inet %s {\n chain input {\n  type filter hook input priority -10; policy accept;\n  tcp dport %d drop\n }\n}\n",
 		cutTable, substrate.RegistryPort)
-	cmd := m.Underlay.Command("nft", "-f", "-")
+	cmd := exec.Command("nsenter", "--net="+m.Underlay.Path, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("cut registry: %w: %s", err, out)
@@ -303,7 +303,7 @@ func (m *Mesh) CutRegistry() error {
 
 // RestoreRegistry undoes CutRegistry.
 func (m *Mesh) RestoreRegistry() error {
-	if out, err := m.Underlay.Command("nft", "delete", "table", "inet", cutTable).CombinedOutput(); err != nil {
+	if out, err := exec.Command("nsenter", "--net="+m.Underlay.Path, "nft", "delete", "table", "inet", cutTable).CombinedOutput(); err != nil {
 		return fmt.Errorf("restore registry: %w: %s", err, out)
 	}
 	return nil
