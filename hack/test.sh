@@ -23,6 +23,10 @@ if [ -n "$unformatted" ]; then
   exit 1
 fi
 
+stamp "shellcheck"
+# The kind scripts cannot run here (no Docker engine): shellcheck is what keeps them honest.
+shellcheck -x hack/*.sh e2e/kind/*.sh images/*/*.sh
+
 stamp "go vet"
 go vet ./...
 

@@ -39,6 +39,7 @@ import (
 
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/tunnel"
 )
 
 // Options tune the builders. The zero value is usable.
@@ -150,6 +151,18 @@ func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opt
 		}
 		r.Listeners = append(r.Listeners, ls...)
 		r.Clusters = append(r.Clusters, cs...)
+	}
+	if opts.EastWestWaypoint {
+		// The node's tunnel listener (package tunnel); nil while the node IP is unknown.
+		w, err := tunnel.Build(m, tunnel.Options{ConnectTimeout: opts.ConnectTimeout, Netns: opts.UpstreamNetns})
+		if err != nil {
+			return nil, fmt.Errorf("build waypoint: %w", err)
+		}
+		if w != nil {
+			r.Listeners = append(r.Listeners, w.Listener)
+			r.Clusters = append(r.Clusters, w.Clusters...)
+			r.Endpoints = append(r.Endpoints, w.Endpoints...)
+		}
 	}
 	for _, id := range slices.Sorted(mapKeys(ids)) {
 		r.Secrets = append(r.Secrets, svidSecret(svids[id]))

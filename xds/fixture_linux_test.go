@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -40,6 +41,9 @@ type meshFixture struct {
 	log                *slog.Logger
 	delta              bool
 	build              Options
+	// podNet is the second octet of the pod subnet 10.<podNet>.0.0/24 (0: 44); the waypoint
+	// tests give clusters distinct or identical pod subnets with usePodNet.
+	podNet byte
 	// stopAgent stops the xDS server and the supervisor (not Envoy), as an agent crash would.
 	stopAgent func()
 }
@@ -168,7 +172,8 @@ func (f *meshFixture) addPod(name string, capture bool) (*testenv.Netns, netip.A
 	t := f.t
 	t.Helper()
 	ns := testenv.NewNetns(t)
-	ip := netip.AddrFrom4([4]byte{10, 44, 0, f.nextIP})
+	sub := cmp.Or(f.podNet, 44)
+	ip := netip.AddrFrom4([4]byte{10, sub, 0, f.nextIP})
 	f.nextIP++
 	nh, err := f.node.Netlink()
 	if err != nil {
@@ -213,7 +218,7 @@ func (f *meshFixture) addPod(name string, capture bool) (*testenv.Netns, netip.A
 	if err := ph.LinkSetUp(eth); err != nil {
 		t.Fatal(err)
 	}
-	gw := net.ParseIP("10.44.0.1")
+	gw := net.IPv4(10, sub, 0, 1)
 	if err := ph.RouteAdd(&netlink.Route{LinkIndex: eth.Attrs().Index, Gw: gw}); err != nil {
 		t.Fatal(err)
 	}

@@ -132,7 +132,10 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("--ca-cert/--ca-key: %w", err)
 	}
 	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca),
-		Logger: log.With("part", "xds"), Registerer: metrics.reg})
+		Logger: log.With("part", "xds"), Registerer: metrics.reg,
+		// --east-west-waypoint: remote endpoints through their nodes' waypoints, and this node's
+		// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known).
+		Build: xds.Options{EastWestWaypoint: cfg.EastWestWaypoint}})
 	if err != nil {
 		return err
 	}

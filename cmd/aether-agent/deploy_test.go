@@ -1,0 +1,410 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/aethermesh/aether/deploy"
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/xds"
+)
+
+// deployedAgent is the agent DaemonSet of deploy/ with its containers.
+type deployedAgent struct {
+	spec         corev1.PodSpec
+	agent, envoy corev1.Container
+}
+
+func loadDeployedAgent(t *testing.T) deployedAgent {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	if err := deploy.Decode("agent/daemonset.yaml", "DaemonSet", &ds); err != nil {
+		t.Fatal(err)
+	}
+	d := deployedAgent{spec: ds.Spec.Template.Spec}
+	var err error
+	if d.agent, err = deploy.Container(d.spec, "agent"); err != nil {
+		t.Fatal(err)
+	}
+	if d.envoy, err = deploy.Container(d.spec, "envoy"); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// parseDeployed parses container c's args and environment (configMap data as aether-config, the
+// downward API values of a node with IP 10.0.0.1) with the agent's own flag parser.
+func parseDeployed(t *testing.T, c corev1.Container, data map[string]string) config {
+	t.Helper()
+	env, err := deploy.Env(c, map[string]map[string]string{"aether-config": data},
+		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := parseFlags(deploy.Args(c, env), func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatalf("container %s: the agent does not accept its args %q: %v", c.Name, c.Args, err)
+	}
+	return cfg
+}
+
+// configured is deploy/config.yaml with the two settings an operator must fill in.
+func configured(t *testing.T) map[string]string {
+	t.Helper()
+	data, err := deploy.ConfigData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	data = maps.Clone(data)
+	data["AETHER_CLUSTER"] = "east"
+	data["AETHER_REGISTRY_ENDPOINTS"] = "http://10.0.0.2:2379"
+	return data
+}
+
+// TestDeployAgentArgs parses the DaemonSet's agent container (args, env, envFrom the shipped
+// ConfigMap) with the agent's own flag parser, so a renamed or removed flag fails, and checks
+// that the parsed configuration fits the pod around it: paths the agent shares with the node
+// and with the Envoy container are the same volumes at the same paths, the files it reads come
+// from the Secrets mounted there, the probes hit its health and Envoy's admin addresses, and
+// the agent starts no Envoy of its own.
+func TestDeployAgentArgs(t *testing.T) {
+	d := loadDeployedAgent(t)
+
+	shipped, err := deploy.ConfigData()
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = parseDeployed(t, d.agent, shipped).validate()
+	for _, want := range []string{"--cluster is required", "--registry-endpoints is required"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("unconfigured deploy/config.yaml: validate() = %v, want it to say %q", err, want)
+		}
+	}
+
+	cfg := parseDeployed(t, d.agent, configured(t))
+	missing, err := deploy.MissingFiles(cfg.validate())
+	if err != nil {
+		t.Fatalf("configured agent: validate: %v", err)
+	}
+	for _, p := range missing {
+		v, _, key, err := deploy.MountedFrom(d.spec, d.agent, p)
+		if err != nil || v.Secret == nil || (key != corev1.TLSCertKey && key != corev1.TLSPrivateKeyKey) {
+			t.Errorf("agent reads %s, which no Secret of type kubernetes.io/tls supplies (volume %s, key %q, %v)", p, v.Name, key, err)
+		}
+	}
+	if cfg.NodeName != "node-1" || cfg.HostIP != netip.MustParseAddr("10.0.0.1") || cfg.Cluster != "east" {
+		t.Errorf("node %q, host IP %s, cluster %q: want the downward API's node-1, 10.0.0.1 and the ConfigMap's east", cfg.NodeName, cfg.HostIP, cfg.Cluster)
+	}
+	if cfg.EnvoyBinary != "" {
+		t.Errorf("--envoy-binary %q: Envoy runs in its own container; the agent must not start a second one", cfg.EnvoyBinary)
+	}
+	if cfg.CNIPlugin == "" {
+		t.Error("--cni-plugin-binary is empty: the agent would not install aether-cni")
+	}
+
+	// Shared with the node at the same path (the conflist names the CNI socket; Envoy opens the
+	// CNI runtime's netns paths), and with the Envoy container.
+	sameOnNode := func(c corev1.Container, path, hostPath string) {
+		t.Helper()
+		v, m, rel, err := deploy.MountedFrom(d.spec, c, path)
+		if err != nil || v.HostPath == nil {
+			t.Errorf("%s: %s is not on a hostPath volume (%v)", c.Name, path, err)
+			return
+		}
+		if got := filepath.Join(v.HostPath.Path, rel); got != hostPath {
+			t.Errorf("%s: %s is the node's %s (volume %s at %s), want %s", c.Name, path, got, v.Name, m.MountPath, hostPath)
+		}
+	}
+	sameOnNode(d.agent, cfg.CNISocket, cfg.CNISocket)
+	sameOnNode(d.agent, cfg.XDSSocket, cfg.XDSSocket)
+	sameOnNode(d.envoy, cfg.XDSSocket, cfg.XDSSocket)
+	sameOnNode(d.agent, cfg.StateDir, cfg.StateDir)
+	sameOnNode(d.envoy, filepath.Join(cfg.StateDir, "envoy"), filepath.Join(cfg.StateDir, "envoy"))
+	sameOnNode(d.agent, "/var/run/netns/cni-1234", "/var/run/netns/cni-1234")
+	sameOnNode(d.envoy, "/var/run/netns/cni-1234", "/var/run/netns/cni-1234")
+	sameOnNode(d.agent, cfg.CNIConfDir, "/etc/cni/net.d")
+	sameOnNode(d.agent, cfg.CNIBinDir, "/opt/cni/bin")
+
+	probe := func(c corev1.Container, want string) {
+		t.Helper()
+		p := c.ReadinessProbe
+		if p == nil || p.HTTPGet == nil {
+			t.Errorf("%s: no HTTP readiness probe", c.Name)
+			return
+		}
+		if got := net.JoinHostPort(p.HTTPGet.Host, p.HTTPGet.Port.String()); got != want {
+			t.Errorf("%s: readiness probe on %s, want %s", c.Name, got, want)
+		}
+	}
+	probe(d.agent, cfg.HealthAddr)
+	probe(d.envoy, cfg.EnvoyAdmin)
+
+	// The Envoy container reads the bootstrap where the agent writes it (startEnvoy).
+	boot := filepath.Join(cfg.StateDir, "envoy", "bootstrap.json")
+	if i := slices.Index(d.envoy.Args, "-c"); i < 0 || i+1 >= len(d.envoy.Args) || d.envoy.Args[i+1] != boot {
+		t.Errorf("envoy args %q: want -c %s (the bootstrap the agent writes)", d.envoy.Args, boot)
+	}
+}
+
+// envoyEntrypoint returns the path of images/envoy/entrypoint.sh.
+func envoyEntrypoint(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Join(root, "images", "envoy", "entrypoint.sh")
+}
+
+// envoyContainerArgs is the Envoy container's args with the bootstrap path replaced by boot.
+func envoyContainerArgs(t *testing.T, d deployedAgent, boot string) []string {
+	t.Helper()
+	args := slices.Clone(d.envoy.Args)
+	i := slices.Index(args, "-c")
+	if i < 0 || i+1 >= len(args) {
+		t.Fatalf("envoy args %q: no -c", args)
+	}
+	args[i+1] = boot
+	return args
+}
+
+// TestDeployEnvoyContainerArgs runs the Envoy image's entrypoint with the DaemonSet's Envoy args
+// and the real Envoy in validate mode: the entrypoint waits until the bootstrap appears (the
+// agent writes it later), then Envoy's own parser accepts every arg and the bootstrap the agent
+// would write for that pod.
+func TestDeployEnvoyContainerArgs(t *testing.T) {
+	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
+	d := loadDeployedAgent(t)
+	cfg := parseDeployed(t, d.agent, configured(t))
+	b, err := xds.Bootstrap(xds.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket,
+		AdminAddress: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boot := filepath.Join(t.TempDir(), "envoy", "bootstrap.json")
+	cmd := exec.Command("sh", append([]string{envoyEntrypoint(t), "--mode", "validate"}, envoyContainerArgs(t, d, boot)...)...)
+	cmd.Env = append(os.Environ(), "AETHER_ENVOY_BIN="+tools.Envoy)
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := testenv.StartCmd(cmd); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		t.Fatalf("the entrypoint did not wait for the bootstrap: exited (%v): %s", err, out.String())
+	case <-time.After(1500 * time.Millisecond):
+	}
+	if err := os.MkdirAll(filepath.Dir(boot), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(boot, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-done:
+		if err != nil || !strings.Contains(out.String(), "OK") {
+			t.Fatalf("envoy --mode validate with the DaemonSet's args: %v\n%s", err, out.String())
+		}
+	case <-time.After(2 * time.Minute):
+		_ = cmd.Process.Kill()
+		t.Fatalf("envoy --mode validate did not finish: %s", out.String())
+	}
+}
+
+// TestDeployUninstallArgs parses the CNI uninstall DaemonSet's init container with the agent's
+// parser: it must uninstall from the same node directories the agent installs into.
+func TestDeployUninstallArgs(t *testing.T) {
+	d := loadDeployedAgent(t)
+	agentCfg := parseDeployed(t, d.agent, configured(t))
+	var ds appsv1.DaemonSet
+	if err := deploy.Decode("uninstall/cni-uninstall.yaml", "DaemonSet", &ds); err != nil {
+		t.Fatal(err)
+	}
+	c, err := deploy.Container(ds.Spec.Template.Spec, "uninstall-cni")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := parseDeployed(t, c, nil)
+	if !cfg.UninstallCNI {
+		t.Error("the uninstall container does not pass --uninstall-cni")
+	}
+	for _, p := range []struct{ got, want string }{{cfg.CNIConfDir, agentCfg.CNIConfDir}, {cfg.CNIBinDir, agentCfg.CNIBinDir}} {
+		if p.got != p.want {
+			t.Errorf("uninstall uses %s, the agent installs into %s", p.got, p.want)
+		}
+		va, _, _, _ := deploy.MountedFrom(d.spec, d.agent, p.want)
+		vu, _, _, err := deploy.MountedFrom(ds.Spec.Template.Spec, c, p.got)
+		if err != nil || va.HostPath == nil || vu.HostPath == nil || va.HostPath.Path != vu.HostPath.Path {
+			t.Errorf("%s: uninstall's volume %+v is not the agent's %+v (%v)", p.got, vu.VolumeSource, va.VolumeSource, err)
+		}
+	}
+}
+
+// TestPrivilegedDeployedAgentRunsAsItsServiceAccount installs deploy/'s namespace and agent
+// RBAC in a real kube-apiserver and runs the real agent binary as the aether-agent
+// ServiceAccount (impersonated) with the DaemonSet's Envoy arrangement: the agent starts no
+// Envoy (--envoy-binary=), the Envoy image's entrypoint starts the real Envoy with the
+// DaemonSet's args once the agent has written the bootstrap. The agent must become ready (its
+// informers list and watch Nodes, Pods, Services, Namespaces and ServiceImports; it reads
+// kube-system/kube-dns), evict a meshed pod that runs without capture (pods/eviction), and the
+// ServiceAccount must be refused what the agent never does.
+func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
+	testenv.RequireRoot(t)
+	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cl, err := client.New(api.Config, client.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"namespace.yaml", "agent/rbac.yaml"} {
+		objs, err := deploy.Objects(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if err := cl.Create(ctx, o); err != nil {
+				t.Fatalf("apply %s %s: %v", o.GetKind(), o.GetName(), err)
+			}
+		}
+	}
+	const sa = "system:serviceaccount:aether-system:aether-agent"
+	kc, err := clientcmd.LoadFromFile(api.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ai := range kc.AuthInfos {
+		ai.Impersonate = sa
+	}
+	asAgent := filepath.Join(t.TempDir(), "kubeconfig-agent")
+	if err := clientcmd.WriteToFile(*kc, asAgent); err != nil {
+		t.Fatal(err)
+	}
+
+	cs := kubernetes.NewForConfigOrDie(api.Config)
+	must := func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}}}, metav1.CreateOptions{}))
+	must(cs.CoreV1().Services("kube-system").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "kube-dns"},
+		Spec: corev1.ServiceSpec{ClusterIP: "10.96.0.10", Ports: []corev1.ServicePort{{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}}}}, metav1.CreateOptions{}))
+	must(cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop",
+		Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}, metav1.CreateOptions{}))
+	must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+	// A meshed pod running on the node without capture (it started before the agent).
+	stray, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "stray"},
+		Spec: corev1.PodSpec{NodeName: "node-1", AutomountServiceAccountToken: new(false),
+			Containers: []corev1.Container{{Name: "app", Image: "app"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stray.Status.Phase, stray.Status.PodIP = corev1.PodRunning, "10.250.0.9"
+	stray.Status.PodIPs = []corev1.PodIP{{IP: "10.250.0.9"}}
+	if _, err := cs.CoreV1().Pods("shop").UpdateStatus(ctx, stray, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The agent as the DaemonSet runs it: no Envoy of its own, kube-dns from the API.
+	a := startAgent(t, "--kubeconfig", asAgent, "--registry-endpoints", etcd.Endpoints[0], "--cluster-dns=", "--envoy-binary=")
+	d := loadDeployedAgent(t)
+	boot := filepath.Join(a.stateDir, "envoy", "bootstrap.json")
+	envoyLog := filepath.Join(t.TempDir(), "envoy.log")
+	logf, err := os.Create(envoyLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	envoy := exec.Command("sh", append([]string{envoyEntrypoint(t)}, envoyContainerArgs(t, d, boot)...)...)
+	envoy.Env = append(os.Environ(), "AETHER_ENVOY_BIN="+tools.Envoy)
+	envoy.Stdout, envoy.Stderr = logf, logf
+	if err := testenv.StartCmd(envoy); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = envoy.Process.Signal(syscall.SIGKILL)
+		_ = envoy.Wait()
+		logf.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(envoyLog)
+			t.Logf("envoy container log (tail):\n%s", tailString(string(b), 6000))
+		}
+	})
+
+	eventually(t, 90*time.Second, "agent ready as its ServiceAccount, with Envoy from its own 'container'", func() error {
+		if code, body := a.get("/readyz"); code != http.StatusOK {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+	if !strings.Contains(a.envoy("/server_info"), `"state": "LIVE"`) {
+		t.Errorf("Envoy started from the agent's bootstrap is not LIVE: %s", tailString(a.envoy("/server_info"), 500))
+	}
+	eventually(t, 60*time.Second, "the uncaptured meshed pod evicted", func() error {
+		p, err := cs.CoreV1().Pods("shop").Get(ctx, "stray", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil) {
+			return nil
+		}
+		return fmt.Errorf("pod shop/stray still running (%v)", err)
+	})
+
+	// The ServiceAccount has what the agent needs and nothing it does not use.
+	for _, c := range []struct {
+		group, resource, sub, verb, ns string
+		allowed                        bool
+	}{
+		{"", "nodes", "", "watch", "", true},
+		{"", "pods", "", "get", "shop", true},
+		{"", "pods", "eviction", "create", "shop", true},
+		{"", "services", "", "list", "", true},
+		{"", "namespaces", "", "get", "", true},
+		{"multicluster.x-k8s.io", "serviceimports", "", "watch", "", true},
+		{"", "events", "", "create", "shop", true},
+		{"", "pods", "", "delete", "shop", false},
+		{"", "services", "", "create", "shop", false},
+		{"", "secrets", "", "get", "aether-system", false},
+		{"", "configmaps", "", "list", "", false},
+		{"", "nodes", "", "update", "", false},
+		{"multicluster.x-k8s.io", "serviceexports", "", "list", "", false},
+	} {
+		r, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
+			User: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:aether-system", "system:authenticated"},
+			ResourceAttributes: &authv1.ResourceAttributes{Group: c.group, Resource: c.resource, Subresource: c.sub, Verb: c.verb, Namespace: c.ns},
+		}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Status.Allowed != c.allowed {
+			t.Errorf("aether-agent %s %s/%s (group %q, namespace %q): allowed %v, want %v", c.verb, c.resource, c.sub, c.group, c.ns, r.Status.Allowed, c.allowed)
+		}
+	}
+}

@@ -1,0 +1,10 @@
+// Package deploy holds aether's Kubernetes manifests (namespace, MCS CRDs, RBAC, the agent
+// DaemonSet with its Envoy container, the registrar Deployment, the configuration ConfigMap and
+// the CNI uninstall DaemonSet), embedded so tests read exactly the shipped files, and the small
+// helpers those tests share: decoding the manifests and computing a container's environment and
+// arguments the way the kubelet does.
+//
+// It owns the YAML under deploy/ and nothing else: the flags the manifests pass are defined and
+// parsed by cmd/aether-agent and cmd/aether-registrar, whose tests parse these manifests' args
+// with the binaries' own flag parsers; the images they name are built from images/.
+package deploy

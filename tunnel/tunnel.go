@@ -1,0 +1,277 @@
+package tunnel
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	tlsinspv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
+	echov3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/echo/v3"
+	rbacnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// Ports of the waypoint path (DESIGN.md, ports).
+const (
+	// Port is the tunnel listener's port on the node IP.
+	Port = 15443
+	// InboundPort is the pods' inbound mTLS port the tunnel forwards to.
+	InboundPort = 15008
+)
+
+// Names and stat prefixes of the tunnel's Envoy resources (docs/waypoint.md lists the stats).
+const (
+	// ListenerName is the tunnel listener's name; its stat_prefix is StatPrefix, so Envoy's
+	// listener stats are listener.waypoint.* (no_filter_chain_match among them).
+	ListenerName = "waypoint"
+	// StatPrefix is the listener's stat_prefix and the first label of every tunnel stat.
+	StatPrefix = "waypoint"
+	// RefusedStatPrefix starts the RBAC stat_prefix of each refusal reason: the counter
+	// "<RefusedStatPrefix>.<reason>.rbac.denied" counts connections closed for that reason.
+	RefusedStatPrefix = "waypoint_refused"
+)
+
+// Refusal reasons (the <reason> label of the refused-connection counters).
+const (
+	// RefusedNotTLS: the first bytes were not a TLS ClientHello (tls_inspector found no TLS).
+	RefusedNotTLS = "not_tls"
+	// RefusedNoSNI: a TLS ClientHello without server_name.
+	RefusedNoSNI = "no_sni"
+	// RefusedUnknownSNI: a TLS ClientHello whose server_name matches no exported local service
+	// (an unexported service, another cluster's service, or anything else).
+	RefusedUnknownSNI = "unknown_sni"
+)
+
+// Options tune Build. The zero value is usable.
+type Options struct {
+	// ConnectTimeout is the connect timeout of the per-service clusters (default 5 s).
+	ConnectTimeout time.Duration
+	// Netns, when set, is the network namespace path the listener is opened in and the
+	// clusters' upstream sockets leave from (SocketAddress.network_namespace_filepath). Production
+	// leaves it empty: Envoy runs in the node's host netns. Tests where a "node" is a netns of its
+	// own set it to that netns.
+	Netns string
+}
+
+// Resources are the tunnel's Envoy resources: the listener, one EDS cluster per exported local
+// service and that cluster's load assignment, clusters and assignments sorted by name.
+type Resources struct {
+	Listener  *listenerv3.Listener
+	Clusters  []*clusterv3.Cluster
+	Endpoints []*endpointv3.ClusterLoadAssignment
+}
+
+// ClusterName names the cluster of one exported local service's pods on this node:
+// "waypoint|<ns>/<svc>".
+func ClusterName(k model.ServiceKey) string { return "waypoint|" + k.Namespace + "/" + k.Name }
+
+// ServiceStatPrefix is the tcp_proxy stat_prefix of one service's chain, so that Envoy counts
+// the connections and bytes through the waypoint per service as
+// tcp.waypoint.<ns>.<svc>.{downstream_cx_total,downstream_cx_rx_bytes_total,downstream_cx_tx_bytes_total}.
+func ServiceStatPrefix(k model.ServiceKey) string {
+	return StatPrefix + "." + k.Namespace + "." + k.Name
+}
+
+// ServerName is the server_names entry of a service's chain: "*.<svc>.<ns>.<meshDomain>".
+// Envoy's leftmost "*" is a suffix match across any number of labels, so it matches the waypoint
+// SNI "<port>.<svc>.<ns>.<meshDomain>" of every port (FilterChainMatch.server_names).
+func ServerName(m *model.Mesh, k model.ServiceKey) string { return "*." + m.FQDN(k) }
+
+// Build returns the tunnel resources of one node (DESIGN.md, data flow 8): the listener on
+// node_ip:15443 with tls_inspector and one filter chain per exported local service (server_names
+// ServerName), whose tcp_proxy passes the raw, still-encrypted bytes to the service's pods on
+// this node at pod_ip:15008. The listener has no TLS transport socket, so Envoy never terminates
+// TLS on it. There is no default filter chain: a connection that is not TLS, has no SNI or an
+// SNI of no exported local service lands on a refusal chain whose RBAC filter closes it and
+// counts it by reason. It returns nil (and no error) when the node IP is unknown; errors only from
+// marshalling typed configs.
+func Build(m *model.Mesh, opts Options) (*Resources, error) {
+	if !m.Node.IP.IsValid() {
+		return nil, nil
+	}
+	local := map[string]bool{}
+	for _, p := range m.Pods {
+		local[p.UID] = true
+	}
+	ti, err := toAny(&tlsinspv3.TlsInspector{})
+	if err != nil {
+		return nil, err
+	}
+	l := &listenerv3.Listener{
+		Name:       ListenerName,
+		StatPrefix: StatPrefix,
+		Address:    socketAddress(m.Node.IP.String(), Port, opts.Netns),
+		ListenerFilters: []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.tls_inspector",
+			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: ti}}},
+	}
+	r := &Resources{Listener: l}
+	for _, s := range m.Services {
+		if !s.Local || !s.Exported {
+			continue
+		}
+		cn := ClusterName(s.Key)
+		tp, err := toAny(&tcpv3.TcpProxy{StatPrefix: ServiceStatPrefix(s.Key), ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cn}})
+		if err != nil {
+			return nil, fmt.Errorf("build waypoint chain %s: %w", s.Key, err)
+		}
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
+			Name:             s.Key.String(),
+			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{ServerName(m, s.Key)}, TransportProtocol: "tls"},
+			Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.tcp_proxy",
+				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: tp}}},
+		})
+		r.Clusters = append(r.Clusters, cluster(cn, opts))
+		r.Endpoints = append(r.Endpoints, loadAssignment(cn, m.Endpoints[s.Key], m.Cluster, local))
+	}
+	refusals, err := refusalChains()
+	if err != nil {
+		return nil, err
+	}
+	l.FilterChains = append(l.FilterChains, refusals...)
+	return r, nil
+}
+
+// refusalChains close what no service chain takes. Envoy picks a filter chain by server_names
+// before transport_protocol (FilterChainMatch), so these only see connections whose SNI matched
+// no service chain: "refuse-tls" takes TLS ones (an RBAC filter denying any SNI, counted as
+// unknown_sni, then one denying the rest, counted as no_sni), "refuse-raw" the rest (not_tls).
+func refusalChains() ([]*listenerv3.FilterChain, error) {
+	hasSNI, err := denyFilter(RefusedUnknownSNI, &rbacv3.Policy{
+		Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_RequestedServerName{RequestedServerName: &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: ".+"}}}}}},
+		Principals: []*rbacv3.Principal{{Identifier: &rbacv3.Principal_Any{Any: true}}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	all := &rbacv3.Policy{
+		Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_Any{Any: true}}},
+		Principals:  []*rbacv3.Principal{{Identifier: &rbacv3.Principal_Any{Any: true}}},
+	}
+	noSNI, err := denyFilter(RefusedNoSNI, all)
+	if err != nil {
+		return nil, err
+	}
+	notTLS, err := denyFilter(RefusedNotTLS, all)
+	if err != nil {
+		return nil, err
+	}
+	// RBAC is not a terminal filter and decides on the first bytes (onData), so the chain ends
+	// in one that does nothing when the connection opens: echo (a direct_response would close the
+	// connection on accept, before RBAC saw the ClientHello and counted it). The last RBAC filter
+	// denies everything, so echo never receives a byte.
+	ec, err := toAny(&echov3.Echo{})
+	if err != nil {
+		return nil, err
+	}
+	end := &listenerv3.Filter{Name: "envoy.filters.network.echo", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: ec}}
+	return []*listenerv3.FilterChain{
+		{Name: "refuse-tls", FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "tls"}, Filters: []*listenerv3.Filter{hasSNI, noSNI, end}},
+		{Name: "refuse-raw", FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer"}, Filters: []*listenerv3.Filter{notTLS, end}},
+	}, nil
+}
+
+// denyFilter is an RBAC network filter (envoy.filters.network.rbac) that closes connections
+// matching policy, counted in <RefusedStatPrefix>.<reason>.rbac.denied.
+func denyFilter(reason string, policy *rbacv3.Policy) (*listenerv3.Filter, error) {
+	a, err := toAny(&rbacnetv3.RBAC{
+		StatPrefix: RefusedStatPrefix + "." + reason + ".",
+		Rules:      &rbacv3.RBAC{Action: rbacv3.RBAC_DENY, Policies: map[string]*rbacv3.Policy{reason: policy}},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("build waypoint refusal %s: %w", reason, err)
+	}
+	return &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: a}}, nil
+}
+
+func cluster(name string, opts Options) *clusterv3.Cluster {
+	ct := opts.ConnectTimeout
+	if ct <= 0 {
+		ct = 5 * time.Second
+	}
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &core.ConfigSource{
+			ResourceApiVersion:    core.ApiVersion_V3,
+			ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}},
+		}},
+		ConnectTimeout: durationpb.New(ct),
+	}
+	if opts.Netns != "" {
+		c.UpstreamBindConfig = &core.BindConfig{SourceAddress: &core.SocketAddress{
+			Address: "0.0.0.0", PortSpecifier: &core.SocketAddress_PortValue{PortValue: 0}, NetworkNamespaceFilepath: opts.Netns,
+		}}
+	}
+	return c
+}
+
+// loadAssignment lists the service's endpoints of this cluster whose pod runs on this node (a
+// pod of m.Pods) at pod_ip:15008, one per pod, unhealthy ones marked so.
+func loadAssignment(name string, eps []model.Endpoint, clusterName string, local map[string]bool) *endpointv3.ClusterLoadAssignment {
+	var lbs []*endpointv3.LbEndpoint
+	seen := map[netip.Addr]bool{}
+	for _, ep := range eps {
+		if ep.Cluster != clusterName || !local[ep.PodUID] {
+			continue
+		}
+		ip, ok := endpointIP(ep.IPs)
+		if !ok || seen[ip] {
+			continue
+		}
+		seen[ip] = true
+		hs := core.HealthStatus_HEALTHY
+		if !ep.Healthy {
+			hs = core.HealthStatus_UNHEALTHY
+		}
+		lbs = append(lbs, &endpointv3.LbEndpoint{
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(ip.String(), InboundPort, "")}},
+			HealthStatus:   hs,
+		})
+	}
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	if len(lbs) > 0 {
+		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}
+	}
+	return cla
+}
+
+// endpointIP picks the first IPv4 address, else the first address (as package xds does for the
+// pods' inbound listeners).
+func endpointIP(ips []netip.Addr) (netip.Addr, bool) {
+	if i := slices.IndexFunc(ips, netip.Addr.Is4); i >= 0 {
+		return ips[i], true
+	}
+	if len(ips) > 0 {
+		return ips[0], true
+	}
+	return netip.Addr{}, false
+}
+
+func socketAddress(ip string, port uint32, netns string) *core.Address {
+	return &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
+		Address:                  ip,
+		PortSpecifier:            &core.SocketAddress_PortValue{PortValue: port},
+		NetworkNamespaceFilepath: netns,
+	}}}
+}
+
+func toAny(m proto.Message) (*anypb.Any, error) {
+	a, err := anypb.New(m)
+	if err != nil {
+		return nil, fmt.Errorf("marshal %T: %w", m, err)
+	}
+	return a, nil
+}
