@@ -21,7 +21,8 @@ test:
 lint: tools
 	hack/test.sh --lint-only
 
-## demo: the two-cluster demo (see README.md for what exists today)
+## demo: two local clusters with aether in the background, a sample service exported from beta
+## called from alpha through the waypoint (docs/demo.md); runs as root. demo-down stops it.
 demo:
 	hack/demo.sh up
 
@@ -44,6 +45,11 @@ substrate-up:
 ## substrate-down: stop a substrate started by substrate-up
 substrate-down:
 	go run ./e2e/cmd/substrate down
+
+## e2e: the scenario suite on the local two-cluster substrate (docs/e2e.md); runs as root.
+## `make test` runs it too (it is part of go test ./...).
+e2e: tools
+	go test -count=1 -v -timeout 30m -run '^TestScenarios$$' ./e2e/scenarios/
 
 ## e2e-clean: remove what crashed or interrupted substrate runs left ($TMPDIR/aesub-*: processes,
 ## namespace mounts, run directories); runs whose owner process still lives are skipped

@@ -1,18 +1,68 @@
 #!/usr/bin/env bash
-# demo.sh: `make demo` / `make demo-down`.
+# demo.sh: `make demo` / `make demo-down` (docs/demo.md).
 #
-# The two-cluster demo (a client in cluster A calling a service exported from cluster B through
-# B's node waypoint, both SPIFFE identities printed) needs the local two-cluster substrate,
-# which is not built yet (issues 9 and 11). Until then this script says so plainly.
+#   hack/demo.sh up     build what is needed, start two local clusters with aether (in the
+#                       background), deploy the sample, show requests from cluster alpha to the
+#                       service exported from cluster beta, and say how to look further
+#   hack/demo.sh down   stop the demo and remove everything it left
+#
+# Runs as root (network namespaces, nftables). State: $AETHER_DEMO_DIR (default /run/aether-demo).
 set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+state=${AETHER_DEMO_DIR:-/run/aether-demo}
+
+if [ "$(id -u)" != 0 ]; then
+  echo "aether demo: run as root (it creates network namespaces): sudo make demo" >&2
+  exit 1
+fi
+
+running() { [ -f "$state/demo.pid" ] && kill -0 "$(cat "$state/demo.pid")" 2>/dev/null; }
+
 case "${1:-up}" in
   up)
-    cat >&2 <<'EOT'
-aether demo: not available yet.
-The two-cluster demo runs on the local substrate (e2e/), which does not exist yet. What exists
-today is covered by `make test`: see README.md, section "What works today".
-EOT
-    exit 1 ;;
-  down) echo "aether demo: nothing to tear down" ;;
+    if running; then
+      echo "aether demo: already running (pid $(cat "$state/demo.pid")); see $state/demo.log, or: make demo-down" >&2
+      exit 1
+    fi
+    echo "==> tools (cached in ${AETHER_TOOLS_DIR:-/var/cache/aether-tools}; the first run builds them)"
+    hack/tools.sh
+    eval "$(hack/tools.sh --print | sed 's/^/export /')"
+    mkdir -p "$state"
+    rm -f "$state/ready" "$state/demo.env"
+    go build -o "$state/demo" ./e2e/cmd/demo
+    # The demo process owns every cluster process (they die with it): run it in its own session.
+    setsid "$state/demo" -state-dir "$state" >"$state/demo.log" 2>"$state/demo.err" </dev/null &
+    echo $! >"$state/demo.pid"
+    printed=0
+    while ! [ -f "$state/ready" ]; do
+      if ! running; then
+        tail -n +"$((printed + 1))" "$state/demo.log"
+        echo "aether demo: failed; its log: $state/demo.err" >&2
+        tail -n 30 "$state/demo.err" >&2
+        exit 1
+      fi
+      n=$(wc -l <"$state/demo.log")
+      if [ "$n" -gt "$printed" ]; then tail -n +"$((printed + 1))" "$state/demo.log" | head -n "$((n - printed))"; printed=$n; fi
+      sleep 1
+    done
+    tail -n +"$((printed + 1))" "$state/demo.log"
+    ;;
+  down)
+    if running; then
+      pid=$(cat "$state/demo.pid")
+      kill -TERM "$pid"
+      for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    # Whatever a killed demo left (run directories, namespace mounts, processes).
+    go run ./e2e/cmd/substrate clean
+    if [ -f "$state/dirs" ]; then
+      while read -r d; do
+        case "$d" in */aesub-*|*/aemesh-*) rm -rf "$d" ;; esac
+      done <"$state/dirs"
+    fi
+    rm -rf "$state"
+    echo "aether demo: stopped and cleaned up"
+    ;;
   *) echo "usage: hack/demo.sh up|down" >&2; exit 2 ;;
 esac

@@ -18,30 +18,39 @@ import (
 
 // InstallCRDs creates every CustomResourceDefinition in the *.yaml files of dir (relative paths
 // are taken from the repository root, e.g. "deploy/crds") and waits up to 60 s until each is
-// Established.
+// Established. It fails the test on any error (see CreateCRDs).
 func InstallCRDs(t testing.TB, cfg *rest.Config, dir string) {
 	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := CreateCRDs(ctx, cfg, dir); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+}
+
+// CreateCRDs creates every CustomResourceDefinition in the *.yaml files of dir (relative paths
+// are taken from the repository root) and waits, until ctx ends, for each to be Established.
+// An existing CRD of the same name is an error. Errors name the file or CRD.
+func CreateCRDs(ctx context.Context, cfg *rest.Config, dir string) error {
 	if !filepath.IsAbs(dir) {
 		root, err := RepoRoot()
 		if err != nil {
-			t.Fatal(err)
+			return fmt.Errorf("create CRDs: %w", err)
 		}
 		dir = filepath.Join(root, dir)
 	}
 	files, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil || len(files) == 0 {
-		t.Fatalf("testenv: no CRD files in %s (%v)", dir, err)
+		return fmt.Errorf("create CRDs: no CRD files in %s (%v)", dir, err)
 	}
 	cs, err := apiextclient.NewForConfig(cfg)
 	if err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("create CRDs: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
-			t.Fatal(err)
+			return fmt.Errorf("create CRDs: %w", err)
 		}
 		for _, doc := range strings.Split(string(b), "\n---") {
 			if strings.TrimSpace(doc) == "" {
@@ -49,16 +58,17 @@ func InstallCRDs(t testing.TB, cfg *rest.Config, dir string) {
 			}
 			var crd apiextv1.CustomResourceDefinition
 			if err := yaml.UnmarshalStrict([]byte(doc), &crd); err != nil {
-				t.Fatalf("testenv: decode CRD in %s: %v", f, err)
+				return fmt.Errorf("create CRDs: decode %s: %w", f, err)
 			}
 			if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
-				t.Fatalf("testenv: create CRD %s: %v", crd.Name, err)
+				return fmt.Errorf("create CRD %s: %w", crd.Name, err)
 			}
 			if err := waitEstablished(ctx, cs, crd.Name); err != nil {
-				t.Fatalf("testenv: %v", err)
+				return fmt.Errorf("create CRDs: %w", err)
 			}
 		}
 	}
+	return nil
 }
 
 func waitEstablished(ctx context.Context, cs apiextclient.Interface, name string) error {

@@ -1,0 +1,333 @@
+package mesh
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/aethermesh/aether/e2e/substrate"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// Binaries built by Build besides the workloads (substrate.Workloads).
+var Binaries = []string{"aether-agent", "aether-cni", "aether-registrar"}
+
+// Options configure StartMesh. The zero value gives two clusters of two nodes ("alpha"
+// 10.244.0.0/16 and "beta" 10.245.0.0/16).
+type Options struct {
+	// IdenticalPodCIDRs gives both clusters 10.244.0.0/16 (Flannel's default).
+	IdenticalPodCIDRs bool
+	// BaseDir is where the substrate's run directory and the mesh's directory go ("": $TMPDIR).
+	BaseDir string
+	// KeepDir keeps the directories (logs) after Stop.
+	KeepDir bool
+	// LeaseTTL is the agents' --registry-lease-ttl (0: 5 s): how long a dead node's endpoints
+	// stay in the registry.
+	LeaseTTL time.Duration
+	// BinDir holds prebuilt binaries (Binaries and substrate.Workloads); "" builds them into the
+	// mesh's directory.
+	BinDir string
+	// Logger receives progress (nil: discard).
+	Logger *slog.Logger
+}
+
+// Mesh is a running substrate with aether on it. Stop tears everything down.
+type Mesh struct {
+	*substrate.Substrate
+	// Dir is the mesh's own directory (binaries, CA files).
+	Dir string
+	// Bins are the binaries' paths by name (Binaries and substrate.Workloads).
+	Bins map[string]string
+	// CACert and CAKey are the development CA shared by every agent (PEM files).
+	CACert, CAKey string
+
+	opts     Options
+	envoy    string
+	mu       sync.Mutex
+	agents   map[string]*substrate.Process // by node name
+	restarts map[string]int
+	keepDir  bool
+}
+
+// Build builds the aether binaries (Binaries) and the test workloads into dir with the go tool
+// (CGO_ENABLED=0) from the repository root and returns their paths by name.
+func Build(ctx context.Context, dir string) (map[string]string, error) {
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return nil, fmt.Errorf("build binaries: %w", err)
+	}
+	bins, err := substrate.BuildWorkloads(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	args := []string{"build", "-o", dir + "/"}
+	for _, b := range Binaries {
+		args = append(args, "./cmd/"+b)
+		bins[b] = filepath.Join(dir, b)
+	}
+	cmd := exec.CommandContext(ctx, "go", args...)
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("build binaries: %w: %s", err, out)
+	}
+	return bins, nil
+}
+
+// StartMesh builds (unless Options.BinDir is set) and starts the substrate with aether: MCS
+// CRDs in each cluster (cluster hook), an aether-agent per node that is ready and has installed
+// aether-cni into the node's conflist before the node's kubelet starts (node hook), and an
+// aether-registrar per cluster. It returns once every agent and registrar runs. On error
+// everything started is torn down.
+func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
+	if opts.LeaseTTL == 0 {
+		opts.LeaseTTL = 5 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	tools, err := testenv.FindTools()
+	if err != nil {
+		return nil, fmt.Errorf("start mesh: %w", err)
+	}
+	dir, err := os.MkdirTemp(opts.BaseDir, "aemesh-")
+	if err != nil {
+		return nil, fmt.Errorf("start mesh: %w", err)
+	}
+	m := &Mesh{Dir: dir, opts: opts, envoy: tools.Envoy, agents: map[string]*substrate.Process{},
+		restarts: map[string]int{}, keepDir: opts.KeepDir}
+	defer func() {
+		if err != nil {
+			m.Stop()
+		}
+	}()
+	if opts.BinDir != "" {
+		m.Bins = map[string]string{}
+		for _, b := range append(append([]string{}, Binaries...), substrate.Workloads...) {
+			m.Bins[b] = filepath.Join(opts.BinDir, b)
+			if _, err := os.Stat(m.Bins[b]); err != nil {
+				return nil, fmt.Errorf("start mesh: BinDir: %w", err)
+			}
+		}
+	} else {
+		opts.Logger.Info("building aether binaries and workloads")
+		if m.Bins, err = Build(ctx, filepath.Join(dir, "bin")); err != nil {
+			return nil, fmt.Errorf("start mesh: %w", err)
+		}
+	}
+	ca, err := testenv.NewCA("aether-e2e-mesh-ca")
+	if err != nil {
+		return nil, fmt.Errorf("start mesh: %w", err)
+	}
+	m.CACert, m.CAKey = filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
+	if err := os.WriteFile(m.CACert, ca.CertPEM, 0o644); err != nil {
+		return nil, fmt.Errorf("start mesh: %w", err)
+	}
+	if err := os.WriteFile(m.CAKey, ca.KeyPEM, 0o600); err != nil {
+		return nil, fmt.Errorf("start mesh: %w", err)
+	}
+	podB := "10.245.0.0/16"
+	if opts.IdenticalPodCIDRs {
+		podB = "10.244.0.0/16"
+	}
+	opts.Logger.Info("starting the substrate with aether")
+	s, err := substrate.Start(ctx, substrate.Options{
+		Clusters: substrate.DefaultClusters("10.244.0.0/16", podB),
+		BaseDir:  opts.BaseDir, KeepDir: opts.KeepDir, Logger: opts.Logger,
+		Hooks: substrate.Hooks{
+			Cluster: func(ctx context.Context, c *substrate.Cluster) error {
+				return testenv.CreateCRDs(ctx, c.Config, "deploy/crds")
+			},
+			Node: func(ctx context.Context, n *substrate.Node) error {
+				return m.startAgent(ctx, n)
+			},
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("start mesh: %w", err)
+	}
+	m.Substrate = s
+	for _, c := range s.Clusters {
+		if _, err := c.Start("aether-registrar", []string{m.Bins["aether-registrar"],
+			"--cluster", c.Name, "--kubeconfig", c.Kubeconfig, "--registry-endpoints", s.RegistryEndpoint,
+			"--leader-elect=false", "--metrics-addr", "0", "--health-addr", "127.0.0.1:0"}, nil); err != nil {
+			return nil, fmt.Errorf("start mesh: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// agentArgs is the aether-agent command line for node n.
+func (m *Mesh) agentArgs(n *substrate.Node) []string {
+	return []string{m.Bins["aether-agent"],
+		"--node-name", n.Name, "--cluster", n.Cluster.Name, "--host-ip", n.Plan.IP.String(),
+		"--kubeconfig", n.Cluster.NodeKubeconfig, "--registry-endpoints", n.Cluster.NodeRegistryEndpoint,
+		"--registry-lease-ttl", m.opts.LeaseTTL.String(),
+		"--ca-cert", m.CACert, "--ca-key", m.CAKey, "--envoy-binary", m.envoy,
+		"--cni-plugin-binary", m.Bins["aether-cni"], "--east-west-waypoint", "--log-level", "debug"}
+}
+
+// startAgent starts node n's agent and waits until it has appended aether-cni to the node's
+// conflist (it does so once its CNI server answers).
+func (m *Mesh) startAgent(ctx context.Context, n *substrate.Node) error {
+	m.mu.Lock()
+	name := "aether-agent"
+	if r := m.restarts[n.Name]; r > 0 {
+		name += "-" + strconv.Itoa(r)
+	}
+	m.restarts[n.Name]++
+	m.mu.Unlock()
+	p, err := n.Start(name, m.agentArgs(n), nil)
+	if err != nil {
+		return fmt.Errorf("start agent on %s: %w", n.Name, err)
+	}
+	m.mu.Lock()
+	m.agents[n.Name] = p
+	m.mu.Unlock()
+	conflist := filepath.Join(n.Root, "etc/cni/net.d/10-flannel.conflist")
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if b, err := os.ReadFile(conflist); err == nil && bytes.Contains(b, []byte("aether-cni")) {
+			return nil
+		}
+		select {
+		case <-p.Done():
+			return fmt.Errorf("start agent on %s: exited: %v (log %s)", n.Name, p.ExitErr(), p.Log)
+		case <-ctx.Done():
+			return fmt.Errorf("start agent on %s: aether-cni not in %s (log %s): %w", n.Name, conflist, p.Log, ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("start agent on %s: aether-cni not in %s after 2m (log %s)", n.Name, conflist, p.Log)
+		}
+	}
+}
+
+// node finds a node by name in any cluster.
+func (m *Mesh) node(name string) (*substrate.Node, error) {
+	for _, c := range m.Clusters {
+		if n := c.Node(name); n != nil {
+			return n, nil
+		}
+	}
+	return nil, fmt.Errorf("no node %q", name)
+}
+
+// AgentLog returns the path of node's current agent log.
+func (m *Mesh) AgentLog(node string) string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if p := m.agents[node]; p != nil {
+		return p.Log
+	}
+	return ""
+}
+
+// RestartAgent stops node's agent (SIGTERM, its Envoy keeps running) and starts a new one, which
+// adopts the running Envoy and repairs the node's pods.
+func (m *Mesh) RestartAgent(ctx context.Context, node string) error {
+	n, err := m.node(node)
+	if err != nil {
+		return fmt.Errorf("restart agent: %w", err)
+	}
+	m.mu.Lock()
+	p := m.agents[node]
+	m.mu.Unlock()
+	if p != nil {
+		p.Stop(10 * time.Second)
+	}
+	return m.startAgent(ctx, n)
+}
+
+// envoyPid is the pid of node n's Envoy from the agent's pid file (0 if none).
+func envoyPid(n *substrate.Node) int {
+	b, err := os.ReadFile(filepath.Join(n.Root, "var/lib/aether/envoy/envoy.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// StopNode takes node out as a dead node would go: its agent and Envoy are killed (SIGKILL; the
+// registry lease of its endpoints then expires) and its Node object is deleted. Its pods keep
+// running but nothing reaches them through the mesh any more.
+func (m *Mesh) StopNode(ctx context.Context, node string) error {
+	n, err := m.node(node)
+	if err != nil {
+		return fmt.Errorf("stop node: %w", err)
+	}
+	m.mu.Lock()
+	p := m.agents[node]
+	delete(m.agents, node)
+	m.mu.Unlock()
+	if p != nil {
+		p.Stop(0)
+	}
+	if pid := envoyPid(n); pid > 0 {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if err := n.Cluster.Client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
+		return fmt.Errorf("stop node: delete Node %s: %w", node, err)
+	}
+	return nil
+}
+
+// cutTable is the nftables table CutRegistry adds in the underlay namespace.
+const cutTable = "aemesh-registry-cut"
+
+// CutRegistry cuts every node off the registry: an nftables rule in the underlay namespace
+// drops the nodes' packets to the registry forwarders (port substrate.RegistryPort), so open
+// connections hang like they do when a network partitions. RestoreRegistry removes it.
+func (m *Mesh) CutRegistry() error {
+	rules := fmt.Sprintf("table inet %s {\n chain input {\n  type filter hook input priority -10; policy accept;\n  tcp dport %d drop\n }\n}\n",
+		cutTable, substrate.RegistryPort)
+	cmd := exec.Command("nsenter", "--net="+m.Underlay.Path, "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(rules)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("cut registry: %w: %s", err, out)
+	}
+	return nil
+}
+
+// RestoreRegistry undoes CutRegistry.
+func (m *Mesh) RestoreRegistry() error {
+	if out, err := exec.Command("nsenter", "--net="+m.Underlay.Path, "nft", "delete", "table", "inet", cutTable).CombinedOutput(); err != nil {
+		return fmt.Errorf("restore registry: %w: %s", err, out)
+	}
+	return nil
+}
+
+// Stop tears down the substrate (pods first, while the agents still answer CNI DEL), then the
+// Envoys the agents started (they outlive their agents by design), then the mesh's directory
+// unless Options.KeepDir.
+func (m *Mesh) Stop() {
+	var pids []int
+	if m.Substrate != nil {
+		for _, c := range m.Clusters {
+			for _, n := range c.Nodes {
+				if pid := envoyPid(n); pid > 0 {
+					pids = append(pids, pid)
+				}
+			}
+		}
+		m.Substrate.Stop()
+	}
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	if !m.keepDir && m.Dir != "" {
+		_ = os.RemoveAll(m.Dir)
+	}
+}

@@ -1,0 +1,535 @@
+package scenarios
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/aethermesh/aether/e2e/mesh"
+	"github.com/aethermesh/aether/e2e/substrate"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// ns is the meshed namespace of the scenarios, in both clusters.
+const ns = "shop"
+
+// callerID is the SPIFFE ID of the client pod (default ServiceAccount in ns).
+const callerID = "spiffe://aether.internal/ns/" + ns + "/sa/default"
+
+// TestScenarios runs the scenario suite on the pair chosen by -pair: by default the local
+// substrate twice (distinct pod CIDRs: every scenario; identical pod CIDRs: the cross-cluster
+// ones), which needs root.
+func TestScenarios(t *testing.T) {
+	switch *pairFlag {
+	case "kind":
+		p, err := newKindPair(*kubeconfigAFlag, *kubeconfigBFlag)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runScenarios(t, p, true)
+	case "local":
+		testenv.RequireRoot(t)
+		t.Run("distinct-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, false), true) })
+		t.Run("identical-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, true), false) })
+	default:
+		t.Fatalf("-pair %q: want local or kind", *pairFlag)
+	}
+}
+
+// startLocal starts a mesh on the local substrate, stopped when t ends.
+func startLocal(t *testing.T, identical bool) ClusterPair {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	m, err := mesh.StartMesh(ctx, mesh.Options{IdenticalPodCIDRs: identical, BinDir: sharedBins(t),
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("mesh up in %s (substrate %s)", time.Since(start).Round(time.Millisecond), m.StartupTime.Round(time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() && *holdFlag > 0 {
+			t.Logf("holding the failed pair for %s: substrate %s, mesh %s", *holdFlag, m.Substrate.Dir, m.Dir)
+			time.Sleep(*holdFlag)
+		}
+		m.Stop()
+	})
+	return &localPair{m: m}
+}
+
+var bins struct {
+	dir string
+	err error
+}
+
+// sharedBins builds the binaries once per test binary run.
+func sharedBins(t *testing.T) string {
+	t.Helper()
+	if bins.dir == "" && bins.err == nil {
+		dir, err := os.MkdirTemp("", "aemesh-bin-")
+		if err == nil {
+			_, err = mesh.Build(context.Background(), dir)
+		}
+		bins.dir, bins.err = dir, err
+	}
+	if bins.err != nil {
+		t.Fatal(bins.err)
+	}
+	return bins.dir
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if bins.dir != "" {
+		os.RemoveAll(bins.dir)
+	}
+	os.Exit(code)
+}
+
+// reply is the echo workload's answer (e2e/workloads/echo).
+type reply struct {
+	Server   string `json:"server"`
+	Cluster  string `json:"cluster"`
+	Protocol string `json:"protocol"`
+	Peer     string `json:"peer"`
+	XFCC     string `json:"xfcc"`
+	CallerID string `json:"callerID"`
+	Message  string `json:"message"`
+}
+
+// world is the deployed sample: in A an echo service on both nodes and a client on node 1; in
+// B an exported echo service on both nodes and an unexported one.
+type world struct {
+	p          ClusterPair
+	a, b       string
+	nodesA     []string
+	nodesB     []string
+	clientNode string
+}
+
+func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := f()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %s: %v", what, timeout, err)
+		}
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+func echoService(name, app string) *corev1.Service {
+	tcp := "tcp"
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: corev1.ServiceSpec{
+			Selector: map[string]string{"app": app},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, TargetPort: intstr.FromInt32(substrate.EchoHTTPPort), Protocol: corev1.ProtocolTCP},
+				{Name: "tcp", Port: substrate.EchoTCPPort, TargetPort: intstr.FromInt32(substrate.EchoTCPPort), Protocol: corev1.ProtocolTCP, AppProtocol: &tcp},
+			},
+		},
+	}
+}
+
+func deploy(t *testing.T, p ClusterPair) *world {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	w := &world{p: p}
+	w.a, w.b = p.Clusters()
+	w.nodesA, w.nodesB = p.Nodes(w.a), p.Nodes(w.b)
+	w.clientNode = w.nodesA[0]
+	echoCmd, echoImg := p.Command("echo")
+	clientCmd, clientImg := p.Command("client")
+	type podSpec struct {
+		cluster string
+		pod     *corev1.Pod
+	}
+	var pods []podSpec
+	mkEcho := func(cluster, name, app, node string) {
+		pod := substrate.EchoPod(ns, name, node, cluster, echoCmd)
+		pod.Labels["app"] = app
+		pod.Spec.Containers[0].Image = echoImg
+		pods = append(pods, podSpec{cluster, pod})
+	}
+	for i, n := range w.nodesA {
+		mkEcho(w.a, fmt.Sprintf("echo-%d", i+1), "echo", n)
+	}
+	for i, n := range w.nodesB {
+		mkEcho(w.b, fmt.Sprintf("remote-%d", i+1), "remote", n)
+	}
+	mkEcho(w.b, "hidden-1", "hidden", w.nodesB[0])
+	client := substrate.ClientPod(ns, "client", w.clientNode, w.a, clientCmd)
+	client.Spec.Containers[0].Image = clientImg
+	pods = append(pods, podSpec{w.a, client})
+
+	for _, c := range []string{w.a, w.b} {
+		if _, err := p.Kube(c).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+			Name: ns, Labels: map[string]string{"aether.io/mesh": "enabled"}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, time.Minute, "default ServiceAccount in "+c, func() error {
+			_, err := p.Kube(c).CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+			return err
+		})
+	}
+	for _, s := range []struct{ c, name, app string }{{w.a, "echo", "echo"}, {w.b, "remote", "remote"}, {w.b, "hidden", "hidden"}} {
+		if _, err := p.Kube(s.c).CoreV1().Services(ns).Create(ctx, echoService(s.name, s.app), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, ps := range pods {
+		if _, err := p.Kube(ps.cluster).CoreV1().Pods(ns).Create(ctx, ps.pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Export "remote" from B (MCS ServiceExport).
+	export := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+		"metadata": map[string]any{"name": "remote", "namespace": ns}}}
+	dyn := p.Dynamic(w.b)
+	if _, err := dyn.Resource(serviceExports).Namespace(ns).Create(ctx, export, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, ps := range pods {
+		eventually(t, 2*time.Minute, "pod "+ps.pod.Name+" ready", func() error {
+			pod, err := p.Kube(ps.cluster).CoreV1().Pods(ns).Get(ctx, ps.pod.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if ps.pod.Name == "client" && pod.Status.Phase == corev1.PodRunning {
+				return nil
+			}
+			for _, c := range pod.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+					return nil
+				}
+			}
+			return fmt.Errorf("phase %s", pod.Status.Phase)
+		})
+	}
+	return w
+}
+
+var (
+	serviceExports = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1beta1", Resource: "serviceexports"}
+	serviceImports = schema.GroupVersionResource{Group: "multicluster.x-k8s.io", Version: "v1beta1", Resource: "serviceimports"}
+)
+
+// get runs "client http URL" in the client pod and decodes the echo's reply.
+func (w *world) get(ctx context.Context, url string) (reply, error) {
+	var r reply
+	out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "-timeout", "3s", "http", url)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return r, fmt.Errorf("decode %q: %w", out, err)
+	}
+	return r, nil
+}
+
+func (w *world) tcp(ctx context.Context, addr, msg string) (reply, error) {
+	var r reply
+	out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "-timeout", "3s", "tcp", addr, msg)
+	if err != nil {
+		return r, err
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		return r, fmt.Errorf("decode %q: %w", out, err)
+	}
+	return r, nil
+}
+
+// wantHTTP waits until GET url from the client answers from cluster with the client's identity.
+func (w *world) wantHTTP(t *testing.T, url, cluster string) reply {
+	t.Helper()
+	var got reply
+	eventually(t, 90*time.Second, "GET "+url, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := w.get(ctx, url)
+		if err != nil {
+			return err
+		}
+		if r.Cluster != cluster || r.CallerID != callerID {
+			return fmt.Errorf("answered by %s in %s seeing caller %q (xfcc %q); want cluster %s, caller %s", r.Server, r.Cluster, r.CallerID, r.XFCC, cluster, callerID)
+		}
+		got = r
+		return nil
+	})
+	return got
+}
+
+func (w *world) wantTCP(t *testing.T, addr, cluster string) reply {
+	t.Helper()
+	var got reply
+	eventually(t, 90*time.Second, "TCP "+addr, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, err := w.tcp(ctx, addr, "hello")
+		if err != nil {
+			return err
+		}
+		if r.Cluster != cluster || r.Message != "hello" {
+			return fmt.Errorf("answer %+v; want cluster %s, message hello", r, cluster)
+		}
+		got = r
+		return nil
+	})
+	return got
+}
+
+func (w *world) clusterIP(t *testing.T, cluster, svc string) string {
+	t.Helper()
+	s, err := w.p.Kube(cluster).CoreV1().Services(ns).Get(context.Background(), svc, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s.Spec.ClusterIP
+}
+
+// runScenarios deploys the sample and runs every scenario in order; all=false runs only the
+// cross-cluster ones (the identical-pod-CIDR pair).
+func runScenarios(t *testing.T, p ClusterPair, all bool) {
+	w := deploy(t, p)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(p.Debug())
+		}
+	})
+	run := func(name string, f func(t *testing.T)) {
+		start := time.Now()
+		ok := t.Run(name, f)
+		t.Logf("scenario %s: passed=%v in %s", name, ok, time.Since(start).Round(time.Millisecond))
+	}
+	if all {
+		run("intra-cluster-http-by-name", func(t *testing.T) { w.wantHTTP(t, "http://echo."+ns+".mesh/", w.a) })
+		run("intra-cluster-http-by-vip", func(t *testing.T) { w.wantHTTP(t, "http://"+w.clusterIP(t, w.a, "echo")+"/", w.a) })
+		run("intra-cluster-tcp-by-name", func(t *testing.T) { w.wantTCP(t, fmt.Sprintf("echo.%s.mesh:%d", ns, substrate.EchoTCPPort), w.a) })
+		run("intra-cluster-tcp-by-vip", func(t *testing.T) {
+			w.wantTCP(t, fmt.Sprintf("%s:%d", w.clusterIP(t, w.a, "echo"), substrate.EchoTCPPort), w.a)
+		})
+	}
+	var vip string
+	run("mcs-import-and-dns", func(t *testing.T) { vip = w.mcsImport(t) })
+	run("mcs-clusterset-vip", func(t *testing.T) {
+		if vip == "" {
+			t.Fatal("no clusterset VIP (mcs-import-and-dns failed)")
+		}
+		r := w.wantHTTP(t, "http://"+vip+"/", w.b)
+		t.Logf("A -> B by clusterset VIP %s: answered by %s in %s, caller %s", vip, r.Server, r.Cluster, r.CallerID)
+	})
+	run("cross-cluster-http-through-waypoint", func(t *testing.T) {
+		w.wantHTTP(t, "http://remote."+ns+".svc.clusterset.local/", w.b)
+	})
+	run("cross-cluster-tcp-through-waypoint", func(t *testing.T) {
+		w.wantTCP(t, fmt.Sprintf("remote.%s.svc.clusterset.local:%d", ns, substrate.EchoTCPPort), w.b)
+	})
+	if !all {
+		return
+	}
+	run("unexported-service-invisible", func(t *testing.T) { w.unexported(t) })
+	run("plaintext-to-app-port-refused", func(t *testing.T) { w.plaintextRefused(t) })
+	run("agent-restart-keeps-connections", func(t *testing.T) { w.agentRestart(t) })
+	run("registry-cut-keeps-serving", func(t *testing.T) { w.registryCut(t) })
+	run("destination-node-removed", func(t *testing.T) { w.nodeRemoved(t) })
+}
+
+// mcsImport: B's exported service gets a ServiceImport and a clusterset VIP in A, and
+// remote.<ns>.svc.clusterset.local resolves to that VIP in A's pods. It returns the VIP.
+func (w *world) mcsImport(t *testing.T) string {
+	var vip string
+	eventually(t, 90*time.Second, "ServiceImport and remote-clusterset Service in "+w.a, func() error {
+		if _, err := w.p.Dynamic(w.a).Resource(serviceImports).Namespace(ns).Get(context.Background(), "remote", metav1.GetOptions{}); err != nil {
+			return err
+		}
+		s, err := w.p.Kube(w.a).CoreV1().Services(ns).Get(context.Background(), "remote-clusterset", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		vip = s.Spec.ClusterIP
+		return nil
+	})
+	eventually(t, 60*time.Second, "clusterset name resolves to the VIP "+vip, func() error {
+		out, err := w.p.Exec(context.Background(), w.a, ns, "client", "client", "resolve", "remote."+ns+".svc.clusterset.local")
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(string(out)) != vip {
+			return fmt.Errorf("resolves to %q", out)
+		}
+		return nil
+	})
+	return vip
+}
+
+// unexported: B's "hidden" service (not exported) has no import in A, its clusterset name does
+// not resolve, and its mesh name does not reach it.
+func (w *world) unexported(t *testing.T) {
+	ctx := context.Background()
+	if _, err := w.p.Kube(w.a).CoreV1().Services(ns).Get(ctx, "hidden-clusterset", metav1.GetOptions{}); err == nil {
+		t.Error("A has a hidden-clusterset Service for B's unexported service")
+	}
+	if _, err := w.p.Dynamic(w.a).Resource(serviceImports).Namespace(ns).Get(ctx, "hidden", metav1.GetOptions{}); err == nil {
+		t.Error("A has a ServiceImport for B's unexported service")
+	}
+	// The control: the exported service's names resolve from the same pod.
+	for _, name := range []string{"remote." + ns + ".svc.clusterset.local", "echo." + ns + ".mesh"} {
+		if out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "resolve", name); err != nil {
+			t.Errorf("control: %s does not resolve in A: %v %s", name, err, out)
+		}
+	}
+	for _, name := range []string{"hidden." + ns + ".svc.clusterset.local", "hidden." + ns + ".mesh"} {
+		if out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "resolve", name); err == nil {
+			t.Errorf("%s resolves in A: %s", name, out)
+		}
+	}
+	if r, err := w.get(ctx, "http://hidden."+ns+".mesh/"); err == nil {
+		t.Errorf("hidden.%s.mesh answered from A: %+v", ns, r)
+	}
+}
+
+// plaintextRefused: a plaintext connection from the client straight to an echo pod's application
+// port (bypassing the mesh) gets no answer (strict inbound).
+func (w *world) plaintextRefused(t *testing.T) {
+	ctx := context.Background()
+	pod, err := w.p.Kube(w.a).CoreV1().Pods(ns).Get(ctx, "echo-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.get(ctx, fmt.Sprintf("http://%s:%d/", pod.Status.PodIP, substrate.EchoHTTPPort)); err == nil {
+		t.Errorf("plaintext HTTP to %s:%d answered: %+v", pod.Status.PodIP, substrate.EchoHTTPPort, r)
+	}
+	if r, err := w.tcp(ctx, fmt.Sprintf("%s:%d", pod.Status.PodIP, substrate.EchoTCPPort), "hello"); err == nil {
+		t.Errorf("plaintext TCP to %s:%d answered: %+v", pod.Status.PodIP, substrate.EchoTCPPort, r)
+	}
+	// The same service through the mesh still answers.
+	w.wantHTTP(t, "http://echo."+ns+".mesh/", w.a)
+}
+
+// agentRestart: a TCP connection through the client node's Envoy stays up while that node's
+// agent restarts, and new connections work after (pods repaired, Envoy adopted).
+func (w *world) agentRestart(t *testing.T) {
+	ctx := context.Background()
+	conn, err := w.p.Dial(ctx, w.a, ns, "client", fmt.Sprintf("%s:%d", w.clusterIP(t, w.a, "echo"), substrate.EchoTCPPort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	rd := bufio.NewReader(conn)
+	roundTrip := func(msg string) error {
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := fmt.Fprintln(conn, msg); err != nil {
+			return err
+		}
+		line, err := rd.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		var r reply
+		if err := json.Unmarshal([]byte(line), &r); err != nil || r.Message != msg {
+			return fmt.Errorf("answer %q (%v)", line, err)
+		}
+		return nil
+	}
+	if err := roundTrip("before"); err != nil {
+		t.Fatalf("established connection before the restart: %v", err)
+	}
+	for _, n := range []string{w.clientNode} {
+		if err := w.p.RestartAgent(ctx, w.a, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := roundTrip("after"); err != nil {
+		t.Fatalf("established connection after the agent restart: %v", err)
+	}
+	w.wantHTTP(t, "http://echo."+ns+".mesh/", w.a)
+	w.wantHTTP(t, "http://remote."+ns+".svc.clusterset.local/", w.b)
+	if err := roundTrip("later"); err != nil {
+		t.Fatalf("established connection after new requests: %v", err)
+	}
+}
+
+// registryCut: with every node cut off the registry for longer than the endpoint lease, the
+// last-known endpoints keep serving, intra- and cross-cluster; after the cut, still.
+func (w *world) registryCut(t *testing.T) {
+	ctx := context.Background()
+	if err := w.p.CutRegistry(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restored := false
+	defer func() {
+		if !restored {
+			_ = w.p.RestoreRegistry(ctx)
+		}
+	}()
+	time.Sleep(time.Duration(2*w.p.LeaseTTL()+1) * time.Second)
+	for i := 0; i < 3; i++ {
+		for _, c := range []struct{ url, cluster string }{{"http://echo." + ns + ".mesh/", w.a}, {"http://remote." + ns + ".svc.clusterset.local/", w.b}} {
+			r, err := w.get(ctx, c.url)
+			if err != nil || r.Cluster != c.cluster || r.CallerID != callerID {
+				t.Errorf("registry cut: GET %s = %+v, %v", c.url, r, err)
+			}
+		}
+	}
+	if err := w.p.RestoreRegistry(ctx); err != nil {
+		t.Fatal(err)
+	}
+	restored = true
+	w.wantHTTP(t, "http://echo."+ns+".mesh/", w.a)
+	w.wantHTTP(t, "http://remote."+ns+".svc.clusterset.local/", w.b)
+}
+
+// nodeRemoved: B's second node dies; calls to B's exported service move to the remaining node.
+func (w *world) nodeRemoved(t *testing.T) {
+	ctx := context.Background()
+	url := "http://remote." + ns + ".svc.clusterset.local/"
+	seen := map[string]bool{}
+	eventually(t, 90*time.Second, "both of B's nodes serve", func() error {
+		r, err := w.get(ctx, url)
+		if err != nil {
+			return err
+		}
+		seen[r.Server] = true
+		if len(seen) < 2 {
+			return fmt.Errorf("answered only by %v", seen)
+		}
+		return nil
+	})
+	gone := w.nodesB[1]
+	if err := w.p.StopNode(ctx, w.b, gone); err != nil {
+		t.Fatal(err)
+	}
+	// Once the dead node's endpoints expired, every call lands on the remaining node.
+	eventually(t, 2*time.Minute, "calls move to "+w.nodesB[0], func() error {
+		for i := 0; i < 6; i++ {
+			r, err := w.get(ctx, url)
+			if err != nil {
+				return err
+			}
+			if r.Server != "remote-1" || r.CallerID != callerID {
+				return fmt.Errorf("answered by %s (caller %q)", r.Server, r.CallerID)
+			}
+		}
+		return nil
+	})
+}
