@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"github.com/aethermesh/aether/internal/kubeconfig"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -19,8 +20,6 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 )
 
@@ -37,7 +36,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	log.Info("health endpoints up", "addr", haddr.String())
 
-	rc, err := restConfig(cfg.Kubeconfig)
+	rc, err := kubeconfig.RESTConfig(cfg.Kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -410,19 +409,4 @@ func firstNonEmpty(ss ...string) string {
 		}
 	}
 	return ""
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		c, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("in-cluster kubernetes config (set --kubeconfig outside a cluster): %w", err)
-		}
-		return c, nil
-	}
-	c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("--kubeconfig %q: %w", kubeconfig, err)
-	}
-	return c, nil
 }

@@ -2,13 +2,11 @@ package main
 
 import (
 	"context"
-	"fmt"
+	"github.com/aethermesh/aether/internal/kubeconfig"
 	"log/slog"
 	"os"
 	"path/filepath"
 
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	"github.com/aethermesh/aether/registrar"
@@ -19,7 +17,7 @@ import (
 // its leader lease.
 func run(ctx context.Context, cfg config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With("cluster", cfg.Cluster, "region", cfg.Region)
-	rc, err := restConfig(cfg.Kubeconfig)
+	rc, err := kubeconfig.RESTConfig(cfg.Kubeconfig)
 	if err != nil {
 		return err
 	}
@@ -65,19 +63,4 @@ func run(ctx context.Context, cfg config) error {
 	}
 	log.Info("registrar starting", "registry", endpoints, "leader_elect", cfg.LeaderElect)
 	return r.Start(ctx)
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		c, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("load in-cluster config (set --kubeconfig outside a cluster): %w", err)
-		}
-		return c, nil
-	}
-	c, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("load --kubeconfig %s: %w", kubeconfig, err)
-	}
-	return c, nil
 }
