@@ -45,7 +45,11 @@ func buildAgent(t testing.TB) string {
 			return
 		}
 		agentBin = filepath.Join(dir, "aether-agent")
-		out, err := exec.Command("go", "build", "-race", "-o", agentBin, ".").CombinedOutput()
+		args := []string{"build", "-o", agentBin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
 		if err != nil {
 			agentErr = fmt.Errorf("go build aether-agent: %v\n%s", err, out)
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -81,7 +82,7 @@ func newAgentMetrics() *agentMetrics {
 }
 
 // serveHealth serves /healthz (the process runs), /readyz (every part ready; 503 with the reasons
-// otherwise) and /metrics on addr until ctx ends. It returns once the listener is bound.
+// otherwise), /metrics and /debug/pprof/ on addr until ctx ends. It returns once the listener is bound.
 func serveHealth(ctx context.Context, addr string, r *readiness, m *agentMetrics) (net.Addr, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -95,6 +96,13 @@ func serveHealth(ctx context.Context, addr string, r *readiness, m *agentMetrics
 		fmt.Fprintln(w, "ok")
 	})
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	// Go runtime profiles (net/http/pprof), as istiod and linkerd's proxy-injector serve them:
+	// --health-addr is loopback by default, so only the node's operator can reach them.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on --health-addr %s: %w", addr, err)

@@ -21,8 +21,10 @@ type registryView struct {
 	log      *slog.Logger
 	onChange func()
 
-	mu      sync.Mutex
-	eps     map[string]registry.Record[*registryv1.ServiceEndpoint]
+	mu sync.Mutex
+	// eps holds each valid endpoint record converted once, when its event arrives: a change
+	// costs the conversion of what changed, not of every endpoint in the clusterset.
+	eps     map[string]model.Endpoint
 	exps    map[string]registry.Record[*registryv1.ExportMark]
 	cacheOK bool
 	epsOut  []model.Endpoint
@@ -34,7 +36,7 @@ type registryView struct {
 
 func newRegistryView(log *slog.Logger, onChange func()) *registryView {
 	return &registryView{log: log, onChange: onChange, synced: make(chan struct{}),
-		eps:  map[string]registry.Record[*registryv1.ServiceEndpoint]{},
+		eps:  map[string]model.Endpoint{},
 		exps: map[string]registry.Record[*registryv1.ExportMark]{}}
 }
 
@@ -49,7 +51,7 @@ func (v *registryView) run(ctx context.Context, r *registry.Registry) {
 				continue
 			}
 			v.mu.Lock()
-			b.Apply(v.eps)
+			v.applyEndpoints(b)
 			v.cacheOK = false
 			v.epsSeen = true
 			v.markSynced()
@@ -81,7 +83,26 @@ func (v *registryView) markSynced() {
 	}
 }
 
-// Records implements model.RegistryView. The converted slices are cached until the next batch.
+// applyEndpoints folds an endpoint batch into v.eps, converting each added or updated record; a
+// record that does not convert is logged and left out (an earlier value under its key is
+// dropped, as the store no longer holds a valid one). Called with v.mu held.
+func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoint]) {
+	for _, e := range b.Events {
+		if e.Type == registry.Deleted {
+			delete(v.eps, e.Key)
+			continue
+		}
+		m, err := registry.ToModelEndpoint(e.Record)
+		if err != nil {
+			v.log.Warn("skip registry endpoint", "key", e.Key, "err", err)
+			delete(v.eps, e.Key)
+			continue
+		}
+		v.eps[e.Key] = m
+	}
+}
+
+// Records implements model.RegistryView. The slices are cached until the next batch.
 func (v *registryView) Records() ([]model.Endpoint, []model.ExportMark) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -89,12 +110,7 @@ func (v *registryView) Records() ([]model.Endpoint, []model.ExportMark) {
 		return v.epsOut, v.expOut
 	}
 	eps := make([]model.Endpoint, 0, len(v.eps))
-	for _, rec := range v.eps {
-		e, err := registry.ToModelEndpoint(rec)
-		if err != nil {
-			v.log.Warn("skip registry endpoint", "key", rec.Key, "err", err)
-			continue
-		}
+	for _, e := range v.eps {
 		eps = append(eps, e)
 	}
 	exps := make([]model.ExportMark, 0, len(v.exps))

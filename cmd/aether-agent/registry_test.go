@@ -1,11 +1,13 @@
 package main
 
 import (
+	"log/slog"
 	"net/netip"
 	"testing"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/registrar/registry"
 )
 
 func TestDesiredEndpoints(t *testing.T) {
@@ -53,5 +55,44 @@ func TestDesiredEndpoints(t *testing.T) {
 		if g.Name != w.Name || g.Port != w.Port || g.Protocol != w.Protocol {
 			t.Errorf("port %d = %v, want %v", i, g, w)
 		}
+	}
+}
+
+func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
+	v := newRegistryView(slog.New(slog.DiscardHandler), func() {})
+	rec := func(key, addr string) registry.Record[*registryv1.ServiceEndpoint] {
+		return registry.Record[*registryv1.ServiceEndpoint]{Key: key, Origin: registry.Origin{Region: "eu", Cluster: "b"},
+			Value: &registryv1.ServiceEndpoint{Service: &registryv1.ServiceRef{Namespace: "shop", Name: "web"}, Addresses: []string{addr},
+				Kubernetes: &registryv1.KubernetesMetadata{PodUid: key}}}
+	}
+	ev := func(typ registry.EventType, key, addr string) registry.Event[*registryv1.ServiceEndpoint] {
+		return registry.Event[*registryv1.ServiceEndpoint]{Type: typ, Record: rec(key, addr)}
+	}
+	addrs := func() map[string]string {
+		eps, _ := v.Records()
+		out := map[string]string{}
+		for _, e := range eps {
+			out[e.PodUID] = e.IPs[0].String()
+		}
+		return out
+	}
+	apply := func(evs ...registry.Event[*registryv1.ServiceEndpoint]) {
+		v.mu.Lock()
+		v.applyEndpoints(registry.Batch[*registryv1.ServiceEndpoint]{Events: evs})
+		v.cacheOK = false
+		v.mu.Unlock()
+	}
+	apply(ev(registry.Added, "p1", "10.0.0.1"), ev(registry.Added, "p2", "10.0.0.2"), ev(registry.Added, "bad", "not-an-ip"))
+	if got := addrs(); len(got) != 2 || got["p1"] != "10.0.0.1" || got["p2"] != "10.0.0.2" {
+		t.Fatalf("after snapshot: %v, want p1 and p2 (the bad record skipped)", got)
+	}
+	// An update converts only the changed record; a valid record turning bad leaves the view.
+	apply(ev(registry.Updated, "p1", "10.0.0.9"), ev(registry.Updated, "p2", "999.1.1.1"))
+	if got := addrs(); len(got) != 1 || got["p1"] != "10.0.0.9" {
+		t.Fatalf("after update: %v, want only p1 at 10.0.0.9", got)
+	}
+	apply(ev(registry.Deleted, "p1", ""))
+	if got := addrs(); len(got) != 0 {
+		t.Fatalf("after delete: %v, want none", got)
 	}
 }

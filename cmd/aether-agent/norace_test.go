@@ -1,0 +1,6 @@
+//go:build !race
+
+package main
+
+// raceEnabled: benchmarks (run without -race) measure an agent built without the detector.
+const raceEnabled = false
