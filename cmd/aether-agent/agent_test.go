@@ -71,9 +71,24 @@ type agentProc struct {
 	envoyAdmin string
 	stateDir   string
 	cniSocket  string
+	client     *http.Client
 }
 
 func startAgent(t testing.TB, args ...string) *agentProc {
+	t.Helper()
+	return startAgentWith(t, agentOpts{}, args...)
+}
+
+// agentOpts place the agent elsewhere than the test's own network namespace.
+type agentOpts struct {
+	// wrap prefixes the command line (e.g. "ip netns exec <name>").
+	wrap []string
+	// client reaches the agent's health port and Envoy's admin (default http.DefaultClient).
+	client *http.Client
+}
+
+// startAgentWith is startAgent with the agent started through o.wrap.
+func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 	t.Helper()
 	dir := t.TempDir()
 	healthPort, dnsPort := testenv.FreePort(t), testenv.FreePort(t)
@@ -107,7 +122,12 @@ func startAgent(t testing.TB, args ...string) *agentProc {
 	a.envoyAdmin = all[len(all)-len(args)-1]
 	a.stateDir = filepath.Join(dir, "state")
 	a.cniSocket = filepath.Join(dir, "cni.sock")
-	a.cmd = exec.Command(buildAgent(t), all...)
+	a.client = o.client
+	if a.client == nil {
+		a.client = http.DefaultClient
+	}
+	argv := append(append(append([]string{}, o.wrap...), buildAgent(t)), all...)
+	a.cmd = exec.Command(argv[0], argv[1:]...)
 	logf, err := os.Create(a.logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -148,7 +168,7 @@ func tailString(s string, n int) string {
 
 // get returns the status and body of a health endpoint.
 func (a *agentProc) get(path string) (int, string) {
-	resp, err := http.Get("http://" + a.health + path)
+	resp, err := a.client.Get("http://" + a.health + path)
 	if err != nil {
 		return 0, err.Error()
 	}
@@ -188,7 +208,7 @@ func (a *agentProc) lookup(name string) (int, []string) {
 
 // envoy GETs a path from the supervised Envoy's admin API.
 func (a *agentProc) envoy(path string) string {
-	resp, err := http.Get("http://" + a.envoyAdmin + path)
+	resp, err := a.client.Get("http://" + a.envoyAdmin + path)
 	if err != nil {
 		return err.Error()
 	}

@@ -1,0 +1,182 @@
+//go:build linux
+
+package testenv
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// Dial opens a TCP connection to addr ("host:port") from inside the namespace, with a 5 s
+// connect timeout. The socket keeps its namespace after the call (sockets belong to the
+// namespace they were created in), so the caller uses it from any goroutine.
+func (n *Netns) Dial(addr string) (net.Conn, error) {
+	var c net.Conn
+	err := n.Do(func() (err error) {
+		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial %s from netns %s: %w", addr, n.Name, err)
+	}
+	return c, nil
+}
+
+// Listen opens a TCP listener on addr inside the namespace and closes it when the test ends;
+// a failure ends the test.
+func (n *Netns) Listen(t testing.TB, addr string) net.Listener {
+	t.Helper()
+	var l net.Listener
+	if err := n.Do(func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
+		t.Fatalf("testenv: listen %s in netns %s: %v", addr, n.Name, err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// HTTPClient returns an HTTP client (10 s timeout) whose connections start inside the
+// namespace. keepAlive false closes each connection after its request.
+func (n *Netns) HTTPClient(keepAlive bool) *http.Client {
+	return &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DisableKeepAlives: !keepAlive,
+			DialContext:       func(_ context.Context, _, addr string) (net.Conn, error) { return n.Dial(addr) },
+		},
+	}
+}
+
+// ServeHTTP serves h on addr inside the namespace until the test ends.
+func (n *Netns) ServeHTTP(t testing.TB, addr string, h http.Handler) {
+	t.Helper()
+	l := n.Listen(t, addr)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { srv.Close() })
+}
+
+// Veth connects two namespaces with a veth pair: interface nameA in a with address addrA, nameB
+// in b with addrB (prefix form, e.g. 10.250.0.5/24), both up.
+func Veth(t testing.TB, a *Netns, nameA string, addrA netip.Prefix, b *Netns, nameB string, addrB netip.Prefix) {
+	t.Helper()
+	ha, err := a.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ha.Close()
+	hb, err := b.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hb.Close()
+	tmp := "p" + b.Name[len(b.Name)-8:] + nameB
+	if len(tmp) > 15 {
+		tmp = tmp[:15]
+	}
+	if err := ha.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: nameA}, PeerName: tmp}); err != nil {
+		t.Fatalf("testenv: add veth %s in %s: %v", nameA, a.Name, err)
+	}
+	bns, err := netns.GetFromPath(b.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bns.Close()
+	if err := ha.LinkSetNsFd(mustLink(t, ha, tmp), int(bns)); err != nil {
+		t.Fatalf("testenv: move veth peer to %s: %v", b.Name, err)
+	}
+	if err := hb.LinkSetName(mustLink(t, hb, tmp), nameB); err != nil {
+		t.Fatal(err)
+	}
+	for _, side := range []struct {
+		h    *netlink.Handle
+		name string
+		addr netip.Prefix
+	}{{ha, nameA, addrA}, {hb, nameB, addrB}} {
+		l := mustLink(t, side.h, side.name)
+		if err := side.h.AddrAdd(l, &netlink.Addr{IPNet: prefixNet(side.addr)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := side.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// DefaultRoute adds a default route via gw inside the namespace.
+func (n *Netns) DefaultRoute(t testing.TB, gw netip.Addr) {
+	t.Helper()
+	h, err := n.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	if err := h.RouteAdd(&netlink.Route{Gw: gw.AsSlice()}); err != nil {
+		t.Fatalf("testenv: default route via %s in %s: %v", gw, n.Name, err)
+	}
+}
+
+// Forward accepts TCP connections on addr inside the namespace and copies each to target,
+// dialled from the test's own namespace (a node namespace reaching an API server or etcd on the
+// root loopback, say). It stops when the test ends.
+func (n *Netns) Forward(t testing.TB, addr, target string) {
+	t.Helper()
+	l := n.Listen(t, addr)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				u, err := net.DialTimeout("tcp", target, 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer u.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
+				<-done
+			}()
+		}
+	}()
+}
+
+// EchoOnce writes msg on c and reads the same bytes back (10 s deadline).
+func EchoOnce(c net.Conn, msg string) error {
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, msg); err != nil {
+		return err
+	}
+	buf := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, buf); err != nil {
+		return fmt.Errorf("read echo: %w", err)
+	}
+	if string(buf) != msg {
+		return fmt.Errorf("echo = %q, want %q", buf, msg)
+	}
+	return nil
+}
+
+func mustLink(t testing.TB, h *netlink.Handle, name string) netlink.Link {
+	t.Helper()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatalf("testenv: link %s: %v", name, err)
+	}
+	return l
+}
+
+func prefixNet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
