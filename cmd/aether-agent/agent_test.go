@@ -425,3 +425,28 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Errorf("1000 changes caused %.0f rebuilds, want between 1 and 100", rebuilds)
 	}
 }
+
+// mustCreate fails the test on a create call's error (for client-go calls whose object the test
+// does not need).
+func mustCreate(t testing.TB) func(any, error) {
+	return func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// createNodeAndMeshNamespace creates Node node-1 (InternalIP 127.0.0.1), the meshed namespace
+// shop and the given service accounts in it: what every agent test's node needs.
+func createNodeAndMeshNamespace(t testing.TB, ctx context.Context, cs kubernetes.Interface, serviceAccounts ...string) {
+	t.Helper()
+	must := mustCreate(t)
+	must(cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "127.0.0.1"}}}}, metav1.CreateOptions{}))
+	must(cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop",
+		Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}, metav1.CreateOptions{}))
+	for _, sa := range serviceAccounts {
+		must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}))
+	}
+}
