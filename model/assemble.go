@@ -86,10 +86,6 @@ func Assemble(version uint64, in Sources) *Mesh {
 		sel labels.Selector
 	}
 	var selectors []selected
-	epsByKey := map[ServiceKey][]Endpoint{}
-	for _, e := range in.Endpoints {
-		epsByKey[e.Service] = append(epsByKey[e.Service], e)
-	}
 	exported := map[ServiceKey]map[string]bool{}
 	for _, x := range in.Exports {
 		if exported[x.Service] == nil {
@@ -152,26 +148,31 @@ func Assemble(version uint64, in Sources) *Mesh {
 	}
 
 	services := make([]*Service, 0, len(byKey))
-	endpoints := map[ServiceKey][]Endpoint{}
-	for k, s := range byKey {
-		if !s.Local && !s.Imported {
-			continue
+	for _, s := range byKey {
+		if s.Local || s.Imported {
+			s.ClustersetVIPs = dedupIPs(s.ClustersetVIPs)
+			services = append(services, s)
 		}
-		s.ClustersetVIPs = dedupIPs(s.ClustersetVIPs)
-		var eps []Endpoint
-		for _, e := range epsByKey[k] {
-			switch {
-			case e.Cluster == in.Cluster && s.Local:
-				eps = append(eps, e)
-			case e.Cluster != in.Cluster && s.Imported && exported[k][e.Cluster]:
-				eps = append(eps, e)
-			}
+	}
+	// Endpoints are copied once, straight into slices of their final size: at 10k endpoints per
+	// change a second copy and slice growth cost more than the rest of Assemble.
+	counts := map[ServiceKey]int{}
+	for i := range in.Endpoints {
+		if e := &in.Endpoints[i]; endpointCounts(byKey[e.Service], e, in.Cluster, exported) {
+			counts[e.Service]++
 		}
-		resolvePorts(s, eps)
-		if len(eps) > 0 {
-			endpoints[k] = eps
+	}
+	endpoints := make(map[ServiceKey][]Endpoint, len(counts))
+	for k, n := range counts {
+		endpoints[k] = make([]Endpoint, 0, n)
+	}
+	for i := range in.Endpoints {
+		if e := &in.Endpoints[i]; endpointCounts(byKey[e.Service], e, in.Cluster, exported) {
+			endpoints[e.Service] = append(endpoints[e.Service], *e)
 		}
-		services = append(services, s)
+	}
+	for _, s := range services {
+		resolvePorts(s, endpoints[s.Key])
 	}
 
 	var pods []*LocalPod
@@ -208,6 +209,19 @@ func Assemble(version uint64, in Sources) *Mesh {
 		pods = append(pods, lp)
 	}
 	return New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
+}
+
+// endpointCounts reports whether e serves s in this cluster's model: endpoints of this cluster
+// serve its local services, another cluster's only imported services that cluster exports.
+func endpointCounts(s *Service, e *Endpoint, cluster string, exported map[ServiceKey]map[string]bool) bool {
+	switch {
+	case s == nil || (!s.Local && !s.Imported):
+		return false
+	case e.Cluster == cluster:
+		return s.Local
+	default:
+		return s.Imported && exported[e.Service][e.Cluster]
+	}
 }
 
 // resolvePorts fills a port's unknown target port and protocol from the registered endpoints'

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"sort"
+	"strings"
 )
 
 // Defaults named by DESIGN.md.
@@ -72,22 +73,7 @@ func New(version uint64, cluster, meshDomain, trustDomain string, node Node, ser
 		slices.SortFunc(s.Ports, func(a, b ServicePort) int { return int(a.Port) - int(b.Port) })
 	}
 	for k, eps := range endpoints {
-		slices.SortFunc(eps, func(a, b Endpoint) int {
-			if a.Cluster != b.Cluster {
-				if a.Cluster < b.Cluster {
-					return -1
-				}
-				return 1
-			}
-			switch {
-			case a.PodUID < b.PodUID:
-				return -1
-			case a.PodUID > b.PodUID:
-				return 1
-			}
-			return 0
-		})
-		endpoints[k] = eps
+		endpoints[k] = sortEndpoints(eps)
 	}
 	sort.Slice(pods, func(i, j int) bool {
 		if pods[i].Namespace != pods[j].Namespace {
@@ -177,4 +163,35 @@ func (m *Mesh) Pod(uid string) *LocalPod {
 		}
 	}
 	return nil
+}
+
+// compareEndpoints orders endpoints by cluster, then pod UID.
+func compareEndpoints(a, b *Endpoint) int {
+	if c := strings.Compare(a.Cluster, b.Cluster); c != 0 {
+		return c
+	}
+	return strings.Compare(a.PodUID, b.PodUID)
+}
+
+// sortEndpoints returns eps ordered by compareEndpoints. Endpoint is a large
+// struct: the sort moves 4-byte indices, not endpoints, and the result is one permuting copy
+// (eps itself when already sorted).
+func sortEndpoints(eps []Endpoint) []Endpoint {
+	sorted := true
+	for i := 1; i < len(eps) && sorted; i++ {
+		sorted = compareEndpoints(&eps[i-1], &eps[i]) <= 0
+	}
+	if sorted {
+		return eps
+	}
+	idx := make([]int32, len(eps))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	slices.SortFunc(idx, func(a, b int32) int { return compareEndpoints(&eps[a], &eps[b]) })
+	out := make([]Endpoint, len(eps))
+	for i, j := range idx {
+		out[i] = eps[j]
+	}
+	return out
 }
