@@ -39,8 +39,10 @@ type registryView struct {
 	hold     time.Duration
 	kick     chan struct{} // a deletion is waiting for a probe
 
-	mu      sync.Mutex
-	eps     map[string]registry.Record[*registryv1.ServiceEndpoint]
+	mu sync.Mutex
+	// eps holds each valid endpoint record converted once, when its event arrives: a change
+	// costs the conversion of what changed, not of every endpoint in the clusterset.
+	eps     map[string]model.Endpoint
 	exps    map[string]registry.Record[*registryv1.ExportMark]
 	pending map[string]time.Time // endpoint key -> when its deletion arrived (still in eps)
 	epsRev  int64                // revision of the last endpoint batch
@@ -59,7 +61,7 @@ type registryView struct {
 func newRegistryView(log *slog.Logger, hold time.Duration, onChange func()) *registryView {
 	return &registryView{log: log, onChange: onChange, hold: hold, synced: make(chan struct{}),
 		kick: make(chan struct{}, 1), probe: errors.New("registry not probed yet"),
-		eps:     map[string]registry.Record[*registryv1.ServiceEndpoint]{},
+		eps:     map[string]model.Endpoint{},
 		exps:    map[string]registry.Record[*registryv1.ExportMark]{},
 		pending: map[string]time.Time{}}
 }
@@ -103,14 +105,22 @@ func (v *registryView) run(ctx context.Context, r *registry.Registry) {
 	}
 }
 
-// applyEndpoints folds an endpoint batch into the view: additions and updates at once (they
-// cancel a held deletion of the same key), deletions of known endpoints held until a probe
-// confirms them (confirmDeletions). It reports whether a deletion is now held. Callers hold mu.
+// applyEndpoints folds an endpoint batch into the view, converting each added or updated record
+// once: additions and updates at once (they cancel a held deletion of the same key); a record
+// that does not convert is logged and left out at once (its writer is alive and wrote it);
+// deletions of known endpoints are held until a probe confirms them (confirmDeletions). It
+// reports whether a deletion is now held. Callers hold mu.
 func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoint], now time.Time) (held bool) {
 	for _, e := range b.Events {
 		if e.Type != registry.Deleted {
-			v.eps[e.Key] = e.Record
 			delete(v.pending, e.Key)
+			m, err := registry.ToModelEndpoint(e.Record)
+			if err != nil {
+				v.log.Warn("skip registry endpoint", "key", e.Key, "err", err)
+				delete(v.eps, e.Key)
+				continue
+			}
+			v.eps[e.Key] = m
 			continue
 		}
 		if _, known := v.eps[e.Key]; known {
@@ -204,7 +214,7 @@ func (v *registryView) markSynced() {
 	}
 }
 
-// Records implements model.RegistryView. The converted slices are cached until the next batch.
+// Records implements model.RegistryView. The slices are cached until the next batch.
 func (v *registryView) Records() ([]model.Endpoint, []model.ExportMark) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -212,12 +222,7 @@ func (v *registryView) Records() ([]model.Endpoint, []model.ExportMark) {
 		return v.epsOut, v.expOut
 	}
 	eps := make([]model.Endpoint, 0, len(v.eps))
-	for _, rec := range v.eps {
-		e, err := registry.ToModelEndpoint(rec)
-		if err != nil {
-			v.log.Warn("skip registry endpoint", "key", rec.Key, "err", err)
-			continue
-		}
+	for _, e := range v.eps {
 		eps = append(eps, e)
 	}
 	exps := make([]model.ExportMark, 0, len(v.exps))

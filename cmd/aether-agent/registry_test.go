@@ -66,6 +66,50 @@ func TestDesiredEndpoints(t *testing.T) {
 	}
 }
 
+func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
+	v := newRegistryView(slog.New(slog.DiscardHandler), time.Minute, func() {})
+	rec := func(key, addr string) registry.Record[*registryv1.ServiceEndpoint] {
+		return registry.Record[*registryv1.ServiceEndpoint]{Key: key, Origin: registry.Origin{Region: "eu", Cluster: "b"},
+			Value: &registryv1.ServiceEndpoint{Service: &registryv1.ServiceRef{Namespace: "shop", Name: "web"}, Addresses: []string{addr},
+				Kubernetes: &registryv1.KubernetesMetadata{PodUid: key}}}
+	}
+	ev := func(typ registry.EventType, key, addr string) registry.Event[*registryv1.ServiceEndpoint] {
+		return registry.Event[*registryv1.ServiceEndpoint]{Type: typ, Record: rec(key, addr)}
+	}
+	addrs := func() map[string]string {
+		eps, _ := v.Records()
+		out := map[string]string{}
+		for _, e := range eps {
+			out[e.PodUID] = e.IPs[0].String()
+		}
+		return out
+	}
+	apply := func(evs ...registry.Event[*registryv1.ServiceEndpoint]) {
+		v.mu.Lock()
+		v.applyEndpoints(registry.Batch[*registryv1.ServiceEndpoint]{Events: evs}, time.Now())
+		v.cacheOK = false
+		v.mu.Unlock()
+	}
+	apply(ev(registry.Added, "p1", "10.0.0.1"), ev(registry.Added, "p2", "10.0.0.2"), ev(registry.Added, "bad", "not-an-ip"))
+	if got := addrs(); len(got) != 2 || got["p1"] != "10.0.0.1" || got["p2"] != "10.0.0.2" {
+		t.Fatalf("after snapshot: %v, want p1 and p2 (the bad record skipped)", got)
+	}
+	// An update converts only the changed record; a valid record turning bad leaves the view.
+	apply(ev(registry.Updated, "p1", "10.0.0.9"), ev(registry.Updated, "p2", "999.1.1.1"))
+	if got := addrs(); len(got) != 1 || got["p1"] != "10.0.0.9" {
+		t.Fatalf("after update: %v, want only p1 at 10.0.0.9", got)
+	}
+	apply(ev(registry.Deleted, "p1", ""))
+	if got := addrs(); len(got) != 1 {
+		t.Fatalf("after delete, before a probe confirmed it: %v, want p1 still (held)", got)
+	}
+	after := time.Now().Add(time.Second)
+	v.confirmDeletions(after, after, nil)
+	if got := addrs(); len(got) != 0 {
+		t.Fatalf("after delete: %v, want none", got)
+	}
+}
+
 func heldTestEndpoint(uid string) *registryv1.ServiceEndpoint {
 	return &registryv1.ServiceEndpoint{
 		Service:   &registryv1.ServiceRef{Namespace: "shop", Name: "remote"},
@@ -209,13 +253,15 @@ func TestRegistryViewKeepsEndpointsThroughRegistryCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := registry.Origin{Region: "beta", Cluster: "beta"}.EndpointKey("shop", "remote", "u1")
-	present := func() (int64, bool) {
+	// present: the endpoint is in the view; held: its deletion is held.
+	present := func() (ok, held bool) {
 		view.mu.Lock()
 		defer view.mu.Unlock()
-		r, ok := view.eps[key]
-		return r.ModRevision, ok
+		_, ok = view.eps[key]
+		_, held = view.pending[key]
+		return ok, held
 	}
-	wait("the reader sees the endpoint", func() bool { _, ok := present(); return ok })
+	wait("the reader sees the endpoint", func() bool { ok, _ := present(); return ok })
 	deleted := direct.Watch(ctx, key, clientv3.WithFilterPut())
 
 	pw.Cut()
@@ -236,11 +282,12 @@ func TestRegistryViewKeepsEndpointsThroughRegistryCut(t *testing.T) {
 		defer view.mu.Unlock()
 		return view.epsRev >= delRev
 	})
-	if _, ok := present(); !ok {
-		t.Fatal("the lease-expiry deletion of a writer cut off with the reader emptied the view")
+	if ok, held := present(); !ok || !held {
+		t.Fatalf("after the reader's watch delivered the lease-expiry deletion of a writer cut off with it: in the view %v, deletion held %v; want the endpoint kept, its deletion held", ok, held)
 	}
 	pw.Restore()
-	wait("the writer re-registers under a new lease", func() bool { rev, ok := present(); return ok && rev > delRev })
+	// The re-registration cancels the held deletion.
+	wait("the writer re-registers under a new lease", func() bool { ok, held := present(); return ok && !held })
 	mu.Lock()
 	if gap {
 		t.Error("the view lost the endpoint during the cut")
@@ -251,5 +298,5 @@ func TestRegistryViewKeepsEndpointsThroughRegistryCut(t *testing.T) {
 	if err := writer.Close(); err != nil {
 		t.Fatal(err)
 	}
-	wait("a dead writer's endpoint leaves the view", func() bool { _, ok := present(); return !ok })
+	wait("a dead writer's endpoint leaves the view", func() bool { ok, _ := present(); return !ok })
 }
