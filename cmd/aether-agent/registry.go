@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -17,15 +18,36 @@ import (
 // registryView folds the registry's endpoint and export watches into what the model assembler
 // reads (model.RegistryView). It keeps its last view while the registry is unreachable: the
 // watches resume, or re-list after a compaction, and deliver exactly the difference.
+//
+// Endpoint deletions are held back ("self-preservation", as lease-based registries such as
+// Eureka do): the registry deletes an endpoint when its writer's lease expires, and a lease also
+// expires when the writer is alive but cut off from the registry. When every node is cut off
+// (a registry partition longer than about two thirds of the lease TTL), the registry deletes
+// every node's endpoints at once; a reader receives those deletions during the cut when the
+// partition is one-way (it can still read what etcd sends) and, in any case, as soon as its
+// watch resumes, before the writers have re-registered. Applying them would empty every
+// cluster's EDS ("no healthy upstream") although every endpoint still serves. So a deletion is
+// applied only when a registry round trip started after it arrived succeeded (the reader is
+// connected, so the deletion is not an artefact of its own partition) and no round trip failed
+// for the last hold (the writers, cut off with it, had time to come back and re-register; a
+// re-registration cancels the held deletion). A dead node's endpoints therefore leave the model
+// one probe after their lease expired while the registry is healthy, and at most hold after the
+// registry came back when the node died during an outage.
 type registryView struct {
 	log      *slog.Logger
 	onChange func()
+	hold     time.Duration
+	kick     chan struct{} // a deletion is waiting for a probe
 
 	mu sync.Mutex
 	// eps holds each valid endpoint record converted once, when its event arrives: a change
 	// costs the conversion of what changed, not of every endpoint in the clusterset.
 	eps     map[string]model.Endpoint
 	exps    map[string]registry.Record[*registryv1.ExportMark]
+	pending map[string]time.Time // endpoint key -> when its deletion arrived (still in eps)
+	epsRev  int64                // revision of the last endpoint batch
+	probe   error                // result of the last registry probe
+	failed  time.Time            // end of the last failed probe
 	cacheOK bool
 	epsOut  []model.Endpoint
 	expOut  []model.ExportMark
@@ -34,10 +56,14 @@ type registryView struct {
 	expSeen bool
 }
 
-func newRegistryView(log *slog.Logger, onChange func()) *registryView {
-	return &registryView{log: log, onChange: onChange, synced: make(chan struct{}),
-		eps:  map[string]model.Endpoint{},
-		exps: map[string]registry.Record[*registryv1.ExportMark]{}}
+// newRegistryView returns a view that calls onChange after every change of its records and holds
+// endpoint deletions for hold after the registry was last unreachable (see registryView).
+func newRegistryView(log *slog.Logger, hold time.Duration, onChange func()) *registryView {
+	return &registryView{log: log, onChange: onChange, hold: hold, synced: make(chan struct{}),
+		kick: make(chan struct{}, 1), probe: errors.New("registry not probed yet"),
+		eps:     map[string]model.Endpoint{},
+		exps:    map[string]registry.Record[*registryv1.ExportMark]{},
+		pending: map[string]time.Time{}}
 }
 
 // run consumes both watches until ctx ends.
@@ -51,11 +77,17 @@ func (v *registryView) run(ctx context.Context, r *registry.Registry) {
 				continue
 			}
 			v.mu.Lock()
-			v.applyEndpoints(b)
+			held := v.applyEndpoints(b, time.Now())
 			v.cacheOK = false
 			v.epsSeen = true
 			v.markSynced()
 			v.mu.Unlock()
+			if held {
+				select {
+				case v.kick <- struct{}{}:
+				default:
+				}
+			}
 			v.onChange()
 		case b, ok := <-exc:
 			if !ok {
@@ -73,6 +105,105 @@ func (v *registryView) run(ctx context.Context, r *registry.Registry) {
 	}
 }
 
+// applyEndpoints folds an endpoint batch into the view, converting each added or updated record
+// once: additions and updates at once (they cancel a held deletion of the same key); a record
+// that does not convert is logged and left out at once (its writer is alive and wrote it);
+// deletions of known endpoints are held until a probe confirms them (confirmDeletions). It
+// reports whether a deletion is now held. Callers hold mu.
+func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoint], now time.Time) (held bool) {
+	for _, e := range b.Events {
+		if e.Type != registry.Deleted {
+			delete(v.pending, e.Key)
+			m, err := registry.ToModelEndpoint(e.Record)
+			if err != nil {
+				v.log.Warn("skip registry endpoint", "key", e.Key, "err", err)
+				delete(v.eps, e.Key)
+				continue
+			}
+			v.eps[e.Key] = m
+			continue
+		}
+		if _, known := v.eps[e.Key]; known {
+			if _, ok := v.pending[e.Key]; !ok {
+				v.pending[e.Key] = now
+			}
+			held = true
+		}
+	}
+	v.epsRev = max(v.epsRev, b.Revision)
+	return held
+}
+
+// probeRegistry runs probe every interval (and at once when a deletion is held), each bounded by
+// timeout, records its result (health) and applies the held deletions it confirms, until ctx
+// ends. probe must need a round trip to the registry's quorum (a linearizable read).
+func (v *registryView) probeRegistry(ctx context.Context, probe func(context.Context) error, interval, timeout time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		start := time.Now()
+		pctx, cancel := context.WithTimeout(ctx, timeout)
+		err := probe(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		if v.confirmDeletions(start, time.Now(), err) {
+			v.onChange()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-v.kick:
+		}
+	}
+}
+
+// confirmDeletions records the result of a probe that ran from start to end and, when it
+// succeeded and none failed for the last hold, deletes the held endpoints whose deletion arrived
+// before start. It reports whether the records changed.
+func (v *registryView) confirmDeletions(start, end time.Time, probeErr error) (changed bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	wasOK := v.probe == nil
+	v.probe = probeErr
+	if probeErr != nil {
+		v.failed = end
+		if wasOK {
+			v.log.Warn("registry unreachable: serving the last-known endpoints; their deletions wait until it is back",
+				"held_deletions", len(v.pending), "hold", v.hold, "err", probeErr)
+		}
+		return false
+	}
+	if !wasOK && !v.failed.IsZero() {
+		v.log.Info("registry reachable again: deletions still held for the hold time", "held_deletions", len(v.pending), "hold", v.hold)
+	}
+	if !v.failed.IsZero() && end.Sub(v.failed) < v.hold {
+		return false
+	}
+	n := 0
+	for k, at := range v.pending {
+		if at.Before(start) {
+			delete(v.eps, k)
+			delete(v.pending, k)
+			n++
+		}
+	}
+	if n > 0 {
+		v.cacheOK = false
+		v.log.Debug("registry: endpoint deletions confirmed", "deleted", n, "still_held", len(v.pending))
+	}
+	return n > 0
+}
+
+// health returns the result of the last registry probe (nil: reachable).
+func (v *registryView) health(context.Context) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.probe
+}
+
 func (v *registryView) markSynced() {
 	if v.epsSeen && v.expSeen {
 		select {
@@ -80,25 +211,6 @@ func (v *registryView) markSynced() {
 		default:
 			close(v.synced)
 		}
-	}
-}
-
-// applyEndpoints folds an endpoint batch into v.eps, converting each added or updated record; a
-// record that does not convert is logged and left out (an earlier value under its key is
-// dropped, as the store no longer holds a valid one). Called with v.mu held.
-func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoint]) {
-	for _, e := range b.Events {
-		if e.Type == registry.Deleted {
-			delete(v.eps, e.Key)
-			continue
-		}
-		m, err := registry.ToModelEndpoint(e.Record)
-		if err != nil {
-			v.log.Warn("skip registry endpoint", "key", e.Key, "err", err)
-			delete(v.eps, e.Key)
-			continue
-		}
-		v.eps[e.Key] = m
 	}
 }
 

@@ -1,11 +1,19 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
+	"strings"
+	"sync"
 	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/registry"
 )
@@ -59,7 +67,7 @@ func TestDesiredEndpoints(t *testing.T) {
 }
 
 func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
-	v := newRegistryView(slog.New(slog.DiscardHandler), func() {})
+	v := newRegistryView(slog.New(slog.DiscardHandler), time.Minute, func() {})
 	rec := func(key, addr string) registry.Record[*registryv1.ServiceEndpoint] {
 		return registry.Record[*registryv1.ServiceEndpoint]{Key: key, Origin: registry.Origin{Region: "eu", Cluster: "b"},
 			Value: &registryv1.ServiceEndpoint{Service: &registryv1.ServiceRef{Namespace: "shop", Name: "web"}, Addresses: []string{addr},
@@ -78,7 +86,7 @@ func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
 	}
 	apply := func(evs ...registry.Event[*registryv1.ServiceEndpoint]) {
 		v.mu.Lock()
-		v.applyEndpoints(registry.Batch[*registryv1.ServiceEndpoint]{Events: evs})
+		v.applyEndpoints(registry.Batch[*registryv1.ServiceEndpoint]{Events: evs}, time.Now())
 		v.cacheOK = false
 		v.mu.Unlock()
 	}
@@ -92,7 +100,203 @@ func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
 		t.Fatalf("after update: %v, want only p1 at 10.0.0.9", got)
 	}
 	apply(ev(registry.Deleted, "p1", ""))
+	if got := addrs(); len(got) != 1 {
+		t.Fatalf("after delete, before a probe confirmed it: %v, want p1 still (held)", got)
+	}
+	after := time.Now().Add(time.Second)
+	v.confirmDeletions(after, after, nil)
 	if got := addrs(); len(got) != 0 {
 		t.Fatalf("after delete: %v, want none", got)
 	}
+}
+
+func heldTestEndpoint(uid string) *registryv1.ServiceEndpoint {
+	return &registryv1.ServiceEndpoint{
+		Service:   &registryv1.ServiceRef{Namespace: "shop", Name: "remote"},
+		Addresses: []string{"10.245.1.5"},
+		Ports:     []*registryv1.EndpointPort{{Name: "http", Port: 8080, Protocol: registryv1.Protocol_PROTOCOL_HTTP}},
+		SpiffeId:  "spiffe://aether.internal/ns/shop/sa/default",
+		Health:    registryv1.Health_HEALTH_HEALTHY,
+		Kubernetes: &registryv1.KubernetesMetadata{NodeName: "beta-node1", PodName: "remote-" + uid, PodUid: uid,
+			NodeIp: "172.30.2.11", ServiceAccount: "default"},
+	}
+}
+
+// TestRegistryViewHoldsDeletions drives the view's deletion hold with explicit probe times: a
+// deletion leaves the view only after a successful probe that started after it arrived, and
+// never within the hold after a failed probe; a re-registration cancels a held deletion.
+func TestRegistryViewHoldsDeletions(t *testing.T) {
+	const hold = 10 * time.Second
+	t0 := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	rec := func(uid string, rev int64) registry.Event[*registryv1.ServiceEndpoint] {
+		return registry.Event[*registryv1.ServiceEndpoint]{Type: registry.Added, Record: registry.Record[*registryv1.ServiceEndpoint]{
+			Key: "k/" + uid, Value: heldTestEndpoint(uid), ModRevision: rev,
+			Origin: registry.Origin{Region: "beta", Cluster: "beta"}}}
+	}
+	del := func(uid string, rev int64) registry.Event[*registryv1.ServiceEndpoint] {
+		e := rec(uid, rev)
+		e.Type = registry.Deleted
+		return e
+	}
+	type step struct {
+		batch  []registry.Event[*registryv1.ServiceEndpoint] // delivered at t
+		probe  *[2]float64                                   // probe from [0] to [1] ...
+		err    error                                         // ... with this result
+		t      float64
+		want   int // endpoints in the view after the step
+		reason string
+	}
+	unreachable := errors.New("context deadline exceeded")
+	cases := []struct {
+		name  string
+		steps []step
+	}{
+		{"healthy registry: deletion applied after the next probe", []step{
+			{t: 0, batch: []registry.Event[*registryv1.ServiceEndpoint]{rec("u1", 1), rec("u2", 2)}, want: 2},
+			{t: 1, batch: []registry.Event[*registryv1.ServiceEndpoint]{del("u1", 3)}, want: 2, reason: "held until a probe confirms it"},
+			{probe: &[2]float64{0.5, 1.5}, want: 2, reason: "the probe started before the deletion arrived"},
+			{probe: &[2]float64{2, 2.1}, want: 1, reason: "a probe after the deletion succeeded"},
+		}},
+		{"registry cut: deletions held through the cut and the hold after it", []step{
+			{t: 0, batch: []registry.Event[*registryv1.ServiceEndpoint]{rec("u1", 1), rec("u2", 2)}, want: 2},
+			{probe: &[2]float64{1, 3}, err: unreachable, want: 2},
+			{t: 4, batch: []registry.Event[*registryv1.ServiceEndpoint]{del("u1", 3), del("u2", 3)}, want: 2, reason: "lease expiry seen through a one-way cut"},
+			{probe: &[2]float64{5, 7}, err: unreachable, want: 2},
+			{probe: &[2]float64{12, 12.1}, want: 2, reason: "reachable again, but within the hold after the last failure (7s)"},
+			{t: 13, batch: []registry.Event[*registryv1.ServiceEndpoint]{rec("u1", 4)}, want: 2, reason: "u1's writer re-registered"},
+			{probe: &[2]float64{17.5, 17.6}, want: 1, reason: "hold over: u2 never came back (its node died during the cut)"},
+		}},
+		{"deletion of an unknown endpoint is ignored", []step{
+			{t: 0, batch: []registry.Event[*registryv1.ServiceEndpoint]{rec("u1", 1), del("u9", 2)}, want: 1},
+			{probe: &[2]float64{1, 1.1}, want: 1},
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := newRegistryView(slog.New(slog.DiscardHandler), hold, func() {})
+			for i, s := range tc.steps {
+				if s.batch != nil {
+					v.mu.Lock()
+					v.applyEndpoints(registry.Batch[*registryv1.ServiceEndpoint]{Events: s.batch}, at(s.t))
+					v.cacheOK = false
+					v.mu.Unlock()
+				}
+				if s.probe != nil {
+					v.confirmDeletions(at(s.probe[0]), at(s.probe[1]), s.err)
+				}
+				if eps, _ := v.Records(); len(eps) != s.want {
+					t.Fatalf("step %d (%s): %d endpoints in the view, want %d", i, s.reason, len(eps), s.want)
+				}
+			}
+		})
+	}
+}
+
+// TestRegistryViewKeepsEndpointsThroughRegistryCut cuts a writer and a reader off a real etcd
+// until the writer's lease expires, then restores the reader first: the reader's resumed watch
+// delivers the lease-expiry deletion, which must not empty the view (it did before the hold:
+// every cluster's EDS went empty during and after a registry cut). The writer comes back and
+// re-registers; the endpoint never left the view. Then the writer dies for good: its endpoint
+// leaves the view once its lease expired and the hold passed.
+func TestRegistryViewKeepsEndpointsThroughRegistryCut(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	target := strings.TrimPrefix(etcd.Endpoints[0], "http://")
+	pw, pr := testenv.NewCutProxy(t, target), testenv.NewCutProxy(t, target)
+	log := slog.New(slog.DiscardHandler)
+	newReg := func(url, cluster string) *registry.Registry {
+		r, err := registry.New(registry.Config{Endpoints: []string{url}, Region: cluster, Cluster: cluster,
+			LeaseTTL: 2 * time.Second, Logger: log})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = r.Close() })
+		return r
+	}
+	writer, reader := newReg(pw.URL(), "beta"), newReg(pr.URL(), "alpha")
+	direct, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints, DialTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer direct.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+
+	// The view's endpoint count after every change; gap records that it emptied once it had one.
+	var mu sync.Mutex
+	seen, gap := false, false
+	var view *registryView
+	view = newRegistryView(log, 10*time.Second, func() {
+		eps, _ := view.Records()
+		mu.Lock()
+		defer mu.Unlock()
+		if len(eps) > 0 {
+			seen = true
+		} else if seen {
+			gap = true
+		}
+	})
+	go view.run(ctx, reader)
+	go view.probeRegistry(ctx, func(ctx context.Context) error { return registryHealthy(ctx, reader) }, 200*time.Millisecond, time.Second)
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within a minute", what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	ep := heldTestEndpoint("u1")
+	if err := writer.RegisterEndpoint(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	key := registry.Origin{Region: "beta", Cluster: "beta"}.EndpointKey("shop", "remote", "u1")
+	// present: the endpoint is in the view; held: its deletion is held.
+	present := func() (ok, held bool) {
+		view.mu.Lock()
+		defer view.mu.Unlock()
+		_, ok = view.eps[key]
+		_, held = view.pending[key]
+		return ok, held
+	}
+	wait("the reader sees the endpoint", func() bool { ok, _ := present(); return ok })
+	deleted := direct.Watch(ctx, key, clientv3.WithFilterPut())
+
+	pw.Cut()
+	pr.Cut()
+	var delRev int64
+	select {
+	case resp := <-deleted:
+		if len(resp.Events) == 0 {
+			t.Fatalf("watch of %s: %v", key, resp.Err())
+		}
+		delRev = resp.Events[0].Kv.ModRevision
+	case <-ctx.Done():
+		t.Fatal("the writer's lease did not expire during the cut")
+	}
+	pr.Restore()
+	wait("the reader's watch delivers the deletion", func() bool {
+		view.mu.Lock()
+		defer view.mu.Unlock()
+		return view.epsRev >= delRev
+	})
+	if ok, held := present(); !ok || !held {
+		t.Fatalf("after the reader's watch delivered the lease-expiry deletion of a writer cut off with it: in the view %v, deletion held %v; want the endpoint kept, its deletion held", ok, held)
+	}
+	pw.Restore()
+	// The re-registration cancels the held deletion.
+	wait("the writer re-registers under a new lease", func() bool { ok, held := present(); return ok && !held })
+	mu.Lock()
+	if gap {
+		t.Error("the view lost the endpoint during the cut")
+	}
+	mu.Unlock()
+
+	// The writer dies (no revoke): once its lease expired and the hold passed, the endpoint goes.
+	if err := writer.Close(); err != nil {
+		t.Fatal(err)
+	}
+	wait("a dead writer's endpoint leaves the view", func() bool { ok, _ := present(); return !ok })
 }

@@ -57,7 +57,9 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	view := newRegistryView(log, func() {
+	// Endpoint deletions wait two lease TTLs after the registry was last unreachable: long
+	// enough for writers cut off with this node to reconnect and re-register (registryView).
+	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, func() {
 		metrics.events.WithLabelValues("registry").Inc()
 		asm.Trigger()
 	})
@@ -113,7 +115,8 @@ func run(ctx context.Context, cfg config) error {
 	}
 	defer reg.Close()
 	go view.run(ctx, reg)
-	go watchHealth(ctx, "registry", ready, log, func(ctx context.Context) error { return registryHealthy(ctx, reg) })
+	go view.probeRegistry(ctx, func(ctx context.Context) error { return registryHealthy(ctx, reg) }, time.Second, 2*time.Second)
+	go watchHealth(ctx, "registry", ready, log, view.health)
 	select {
 	case <-view.synced:
 	case <-ctx.Done():
@@ -354,10 +357,8 @@ func kubeDNSAddrs(ctx context.Context, cs kubernetes.Interface) ([]netip.Addr, e
 	return out, nil
 }
 
-// registryHealthy reads one key linearizably (it needs an etcd quorum) within 5 s.
+// registryHealthy reads one key linearizably (it needs an etcd quorum) within ctx.
 func registryHealthy(ctx context.Context, reg *registry.Registry) error {
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
 	if _, err := reg.Client().Get(ctx, registry.Root, clientv3.WithCountOnly()); err != nil {
 		return fmt.Errorf("registry unreachable: %w", err)
 	}

@@ -62,6 +62,8 @@ func TestScriptsWithStandIns(t *testing.T) {
 		"kind load docker-image aether-agent:dev --name t-a",
 		"kind load docker-image aether-envoy:dev --name t-b",
 		"kind load docker-image aether-registrar:dev --name t-b",
+		"kind load docker-image aether-e2e-workloads:dev --name t-a",
+		"kind load docker-image aether-e2e-workloads:dev --name t-b",
 		"  | AETHER_CLUSTER=t-a\n  | AETHER_REGISTRY_ENDPOINTS=http://172.18.0.9:2379",
 		"  | AETHER_CLUSTER=t-b\n  | AETHER_REGISTRY_ENDPOINTS=http://172.18.0.9:2379",
 		"create secret tls aether-ca --cert " + work + "/ca.crt --key " + work + "/ca.key",
@@ -78,6 +80,9 @@ func TestScriptsWithStandIns(t *testing.T) {
 		if !regexp.MustCompile(`docker build -f \S+/images/` + df + `/Dockerfile -t aether-` + df + `:dev \S+`).MatchString(calls) {
 			t.Errorf("images/%s/Dockerfile not built", df)
 		}
+	}
+	if !regexp.MustCompile(`docker build -f \S+/e2e/kind/workloads.Dockerfile -t aether-e2e-workloads:dev \S+`).MatchString(calls) {
+		t.Error("the workloads image (e2e/kind/workloads.Dockerfile) not built")
 	}
 	// deploy/ goes in after the namespace, the CA Secret and the ConfigMap, in both clusters.
 	root, err := filepath.Abs("../..")

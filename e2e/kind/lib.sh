@@ -28,11 +28,13 @@ REGISTRY=$PREFIX-registry
 # do not (each cluster's Flannel routes only its own).
 KIND_NETWORK=kind
 
-# Images: tag and Dockerfile (built from the repository root), as deploy/ names them.
+# Images: tag and Dockerfile (built from the repository root), as deploy/ names them, and the
+# test workloads the scenario suite deploys (e2e/scenarios/kind.go names that image).
 IMAGES=(
   "aether-agent:dev images/agent/Dockerfile"
   "aether-envoy:dev images/envoy/Dockerfile"
   "aether-registrar:dev images/registrar/Dockerfile"
+  "aether-e2e-workloads:dev e2e/kind/workloads.Dockerfile"
 )
 
 log() { printf '== %s\n' "$*" >&2; }

@@ -5,7 +5,7 @@ set -euo pipefail
 # shellcheck source=e2e/kind/lib.sh
 . "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-need go kubectl
+need go docker
 for c in "${CLUSTERS[@]}"; do
   [ -s "$(kubeconfig "$c")" ] || die "no kubeconfig for $c: run e2e/kind/up.sh first"
 done

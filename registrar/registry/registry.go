@@ -14,6 +14,8 @@ import (
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -25,6 +27,9 @@ const DefaultLeaseTTL = 30 * time.Second
 // listPageSize is how many keys one range request of a list fetches; pages are read at one
 // revision, so a list is a consistent snapshot.
 const listPageSize = 5000
+
+// reconnectMaxDelay caps the etcd client's reconnect backoff and bounds one connection attempt.
+const reconnectMaxDelay = 3 * time.Second
 
 // Config configures a Registry.
 type Config struct {
@@ -106,6 +111,14 @@ func New(cfg Config) (*Registry, error) {
 		// Keepalive pings detect a dead member quickly, so the client moves to another one.
 		DialKeepAliveTime:    5 * time.Second,
 		DialKeepAliveTimeout: 3 * time.Second,
+		// gRPC's default reconnect backoff grows to 120 s: after a long partition a client
+		// would stay away that long after the registry is back (its lease and watch with it).
+		// Capped at reconnectMaxDelay, a writer re-registers within seconds of the registry's
+		// return, inside the readers' deletion hold (cmd/aether-agent registryView).
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMaxDelay},
+			MinConnectTimeout: reconnectMaxDelay,
+		})},
 		// clientv3's own zap log is dropped: the registry logs what matters (lost leases,
 		// interrupted watches, failed writes) through cfg.Logger.
 		Logger: zap.NewNop(),

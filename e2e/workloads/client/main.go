@@ -6,9 +6,12 @@
 //	client tcp ADDR MESSAGE  send one line, print the one-line answer
 //	client banner ADDR       connect, print the first line the server sends (server-first)
 //	client resolve NAME      print the addresses NAME resolves to, one a line
+//	client relay ADDR        connect, then copy stdin to the connection and the connection to
+//	                         stdout until both ends closed (a pod-side TCP connection driven
+//	                         through kubectl exec: the kind cluster pair's Dial)
 //	client sleep             wait for SIGTERM
 //
-// Flag -timeout (default 5s) bounds every mode but sleep.
+// Flag -timeout (default 5s) bounds every mode but sleep; for relay it bounds the connect only.
 package main
 
 import (
@@ -41,7 +44,13 @@ func main() {
 
 func run(args []string, timeout time.Duration, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: client http URL | grpc ADDR MESSAGE | tcp ADDR MESSAGE | banner ADDR | resolve NAME | sleep")
+		return errors.New("usage: client http URL | grpc ADDR MESSAGE | tcp ADDR MESSAGE | banner ADDR | resolve NAME | relay ADDR | sleep")
+	}
+	if args[0] == "relay" {
+		if len(args) != 2 {
+			return fmt.Errorf("bad arguments %q", args)
+		}
+		return relay(args[1], timeout, os.Stdin, out)
 	}
 	if args[0] == "sleep" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -113,6 +122,26 @@ func run(args []string, timeout time.Duration, out io.Writer) error {
 		for _, a := range addrs {
 			fmt.Fprintln(out, a)
 		}
+	}
+	return nil
+}
+
+// relay connects to addr within timeout and copies in to the connection (then half-closes it)
+// and the connection to out, until the peer closes.
+func relay(addr string, timeout time.Duration, in io.Reader, out io.Writer) error {
+	c, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	go func() {
+		_, _ = io.Copy(c, in)
+		if tc, ok := c.(*net.TCPConn); ok {
+			_ = tc.CloseWrite()
+		}
+	}()
+	if _, err := io.Copy(out, c); err != nil {
+		return fmt.Errorf("relay from %s: %w", addr, err)
 	}
 	return nil
 }

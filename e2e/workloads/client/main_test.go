@@ -69,3 +69,36 @@ func TestBadArguments(t *testing.T) {
 		}
 	}
 }
+
+func TestRelay(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		rd := bufio.NewReader(c)
+		for {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				return
+			}
+			fmt.Fprint(c, "echo: "+line)
+		}
+	}()
+	var out strings.Builder
+	if err := relay(l.Addr().String(), 5*time.Second, strings.NewReader("one\ntwo\n"), &out); err != nil {
+		t.Fatal(err)
+	}
+	if out.String() != "echo: one\necho: two\n" {
+		t.Errorf("relay output %q", out.String())
+	}
+	if err := run([]string{"relay"}, time.Second, &out); err == nil {
+		t.Error("relay without an address: no error")
+	}
+}
