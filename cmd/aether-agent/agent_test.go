@@ -418,11 +418,15 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	})
 	time.Sleep(time.Second) // let a trailing rebuild land
 	rebuilds := a.metric("aether_agent_model_rebuilds_total") - before
+	elapsed := time.Since(start)
 	t.Logf("1000 Service creations over %s caused %.0f model rebuilds", took.Round(time.Millisecond), rebuilds)
-	// Coalescing: a rebuild needs a 50 ms quiet gap or 500 ms of events, so 1000 changes make far
-	// fewer rebuilds than changes (the exact count depends on the API server's pace).
-	if rebuilds < 1 || rebuilds > 100 {
-		t.Errorf("1000 changes caused %.0f rebuilds, want between 1 and 100", rebuilds)
+	// The coalescer's contract: two rebuilds are at least its quiet period (50 ms) apart, so the
+	// count is bounded by the time the storm took, whatever the API server's pace; and a storm of
+	// 1000 changes never costs 1000 rebuilds. (How many it costs on an idle machine is a number
+	// for the note, not an assertion: it depends on the load.)
+	limit := float64(elapsed/(50*time.Millisecond)) + 2
+	if rebuilds < 1 || rebuilds > limit || rebuilds >= 1000 {
+		t.Errorf("1000 changes over %s caused %.0f rebuilds, want between 1 and %.0f (one per 50 ms at most) and fewer than 1000", elapsed, rebuilds, limit)
 	}
 }
 
