@@ -1,10 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,7 +52,13 @@ type registryView struct {
 	probe   error                // result of the last registry probe
 	failed  time.Time            // end of the last failed probe
 	cacheOK bool
+	// epsOut is the last endpoint slice handed out, ordered by endpointOrder, and epsKeys the
+	// registry key of each entry; dirty holds the keys changed in eps since. Records merges the
+	// changes into a new slice (earlier slices are never written again), so the model's
+	// per-service endpoint lists arrive sorted and a change costs one copy, not a sort.
 	epsOut  []model.Endpoint
+	epsKeys []string
+	dirty   map[string]struct{}
 	expOut  []model.ExportMark
 	synced  chan struct{} // closed once both watches delivered their snapshot
 	epsSeen bool
@@ -61,7 +70,7 @@ type registryView struct {
 func newRegistryView(log *slog.Logger, hold time.Duration, onChange func()) *registryView {
 	return &registryView{log: log, onChange: onChange, hold: hold, synced: make(chan struct{}),
 		kick: make(chan struct{}, 1), probe: errors.New("registry not probed yet"),
-		eps:     map[string]model.Endpoint{},
+		eps: map[string]model.Endpoint{}, dirty: map[string]struct{}{},
 		exps:    map[string]registry.Record[*registryv1.ExportMark]{},
 		pending: map[string]time.Time{}}
 }
@@ -114,6 +123,7 @@ func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoi
 	for _, e := range b.Events {
 		if e.Type != registry.Deleted {
 			delete(v.pending, e.Key)
+			v.dirty[e.Key] = struct{}{}
 			m, err := registry.ToModelEndpoint(e.Record)
 			if err != nil {
 				v.log.Warn("skip registry endpoint", "key", e.Key, "err", err)
@@ -186,6 +196,7 @@ func (v *registryView) confirmDeletions(start, end time.Time, probeErr error) (c
 	for k, at := range v.pending {
 		if at.Before(start) {
 			delete(v.eps, k)
+			v.dirty[k] = struct{}{}
 			delete(v.pending, k)
 			n++
 		}
@@ -221,16 +232,69 @@ func (v *registryView) Records() ([]model.Endpoint, []model.ExportMark) {
 	if v.cacheOK {
 		return v.epsOut, v.expOut
 	}
-	eps := make([]model.Endpoint, 0, len(v.eps))
-	for _, e := range v.eps {
-		eps = append(eps, e)
-	}
+	eps := v.mergeEndpoints()
 	exps := make([]model.ExportMark, 0, len(v.exps))
 	for _, rec := range v.exps {
 		exps = append(exps, toModelExport(rec))
 	}
 	v.epsOut, v.expOut, v.cacheOK = eps, exps, true
 	return eps, exps
+}
+
+// keyedEndpoint is an endpoint with its registry key.
+type keyedEndpoint struct {
+	key string
+	ep  *model.Endpoint
+}
+
+// endpointOrder orders endpoints by service, then as model.New orders a service's endpoints
+// (cluster, pod UID), then by registry key so that the order is total.
+func endpointOrder(a, b keyedEndpoint) int {
+	return cmp.Or(a.ep.Service.Compare(b.ep.Service), strings.Compare(a.ep.Cluster, b.ep.Cluster),
+		strings.Compare(a.ep.PodUID, b.ep.PodUID), strings.Compare(a.key, b.key))
+}
+
+// mergeEndpoints returns a new slice of every endpoint in eps ordered by endpointOrder: the last
+// slice handed out with the dirty keys merged in (their current values, or left out when
+// deleted), or a full sort when most keys changed. Called with v.mu held; it clears dirty.
+func (v *registryView) mergeEndpoints() []model.Endpoint {
+	defer clear(v.dirty)
+	var changed []keyedEndpoint
+	full := len(v.dirty) > len(v.epsOut)/4
+	if full {
+		changed = make([]keyedEndpoint, 0, len(v.eps))
+		for k := range v.eps {
+			e := v.eps[k]
+			changed = append(changed, keyedEndpoint{k, &e})
+		}
+	} else {
+		for k := range v.dirty {
+			if e, ok := v.eps[k]; ok {
+				changed = append(changed, keyedEndpoint{k, &e})
+			}
+		}
+	}
+	slices.SortFunc(changed, endpointOrder)
+	out := make([]model.Endpoint, 0, len(v.eps))
+	keys := make([]string, 0, len(v.eps))
+	i := 0
+	if !full {
+		for j := range v.epsOut {
+			if _, gone := v.dirty[v.epsKeys[j]]; gone {
+				continue // its current value, if any, is in changed
+			}
+			old := keyedEndpoint{v.epsKeys[j], &v.epsOut[j]}
+			for ; i < len(changed) && endpointOrder(changed[i], old) < 0; i++ {
+				out, keys = append(out, *changed[i].ep), append(keys, changed[i].key)
+			}
+			out, keys = append(out, *old.ep), append(keys, old.key)
+		}
+	}
+	for ; i < len(changed); i++ {
+		out, keys = append(out, *changed[i].ep), append(keys, changed[i].key)
+	}
+	v.epsOut, v.epsKeys = out, keys
+	return out
 }
 
 // toModelExport converts an export mark record; cluster and region come from the key's origin.

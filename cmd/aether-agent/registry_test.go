@@ -1,9 +1,13 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"strings"
 	"sync"
@@ -299,4 +303,58 @@ func TestRegistryViewKeepsEndpointsThroughRegistryCut(t *testing.T) {
 		t.Fatal(err)
 	}
 	wait("a dead writer's endpoint leaves the view", func() bool { ok, _ := present(); return !ok })
+}
+
+// TestRegistryViewRecordsStaySorted applies random batches (adds, updates, held and confirmed
+// deletions, across services and clusters) and checks after each that Records returns exactly
+// the view's endpoints, ordered by service, cluster and pod UID (what model.New expects, so it
+// need not sort), whether Records merged the changes or re-sorted everything.
+func TestRegistryViewRecordsStaySorted(t *testing.T) {
+	v := newRegistryView(slog.New(slog.DiscardHandler), 0, func() {})
+	rng := rand.New(rand.NewPCG(1, 2))
+	want := map[string]string{} // key -> address
+	for round := 0; round < 300; round++ {
+		var evs []registry.Event[*registryv1.ServiceEndpoint]
+		n := 1 + rng.IntN(3)
+		if round%50 == 0 {
+			n = 200 // a large batch: Records re-sorts everything
+		}
+		for i := 0; i < n; i++ {
+			svc, cluster, uid := fmt.Sprintf("svc-%d", rng.IntN(5)), fmt.Sprintf("c%d", rng.IntN(3)), fmt.Sprintf("pod-%d", rng.IntN(40))
+			key := cluster + "/" + svc + "/" + uid
+			typ, addr := registry.Added, fmt.Sprintf("10.0.%d.%d", round%200, i%200)
+			if _, ok := want[key]; ok && rng.IntN(3) == 0 {
+				typ = registry.Deleted
+			}
+			ep := heldTestEndpoint(uid)
+			ep.Service.Name, ep.Addresses = svc, []string{addr}
+			evs = append(evs, registry.Event[*registryv1.ServiceEndpoint]{Type: typ, Record: registry.Record[*registryv1.ServiceEndpoint]{
+				Key: key, Origin: registry.Origin{Region: "eu", Cluster: cluster}, Value: ep}})
+			if typ == registry.Deleted {
+				delete(want, key)
+			} else {
+				want[key] = addr
+			}
+		}
+		v.mu.Lock()
+		v.applyEndpoints(registry.Batch[*registryv1.ServiceEndpoint]{Events: evs}, time.Now())
+		v.cacheOK = false
+		v.mu.Unlock()
+		after := time.Now().Add(time.Second)
+		v.confirmDeletions(after, after, nil)
+		eps, _ := v.Records()
+		got := map[string]string{}
+		for i, e := range eps {
+			got[e.Cluster+"/"+e.Service.Name+"/"+e.PodUID] = e.IPs[0].String()
+			if i > 0 {
+				p := eps[i-1]
+				if c := cmp.Or(p.Service.Compare(e.Service), strings.Compare(p.Cluster, e.Cluster), strings.Compare(p.PodUID, e.PodUID)); c >= 0 {
+					t.Fatalf("round %d: Records out of order at %d: %v/%s/%s then %v/%s/%s", round, i, p.Service, p.Cluster, p.PodUID, e.Service, e.Cluster, e.PodUID)
+				}
+			}
+		}
+		if !maps.Equal(got, want) {
+			t.Fatalf("round %d: Records = %v, want %v", round, got, want)
+		}
+	}
 }
