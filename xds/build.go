@@ -39,7 +39,6 @@ import (
 
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
-	"github.com/aethermesh/aether/tunnel"
 )
 
 // Options tune the builders. The zero value is usable.
@@ -93,87 +92,27 @@ type Resources struct {
 	Endpoints []*endpointv3.ClusterLoadAssignment
 	Routes    []*routev3.RouteConfiguration
 	Secrets   []*tlsv3.Secret
+
+	// known holds resources (and shared capture matchers) a Builder carried over unchanged from
+	// an earlier build whose ValidateAll passed: ValidateAll skips them.
+	known map[any]struct{}
+	// validated, when set, is called once ValidateAll passes (the Builder then marks what it
+	// built as known to be valid).
+	validated func()
+}
+
+func (r *Resources) isKnown(x any) bool {
+	_, ok := r.known[x]
+	return ok
 }
 
 // Build turns one mesh model and the current SVIDs of the local pods' identities (keyed by
 // SPIFFE ID) into Envoy resources. It is pure: same inputs, same output. It returns an error
 // naming the pod when a local pod has no SVID or no usable address, and any error from
-// marshalling a typed config.
+// marshalling a typed config. A caller that builds again and again (the agent, on every model
+// change) should keep a Builder instead, which rebuilds only what changed.
 func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opts Options) (*Resources, error) {
-	b := &builder{m: m, opts: opts}
-	r := &Resources{}
-	for _, s := range m.Services {
-		if len(s.AllVIPs()) == 0 {
-			continue
-		}
-		for _, sp := range s.Ports {
-			if sp.Protocol == model.ProtocolUDP {
-				continue
-			}
-			c, err := b.outboundCluster(s, sp)
-			if err != nil {
-				return nil, err
-			}
-			r.Clusters = append(r.Clusters, c)
-			r.Endpoints = append(r.Endpoints, b.loadAssignment(s, sp))
-		}
-	}
-	r.Clusters = append(r.Clusters, b.passthroughCluster())
-	// The shared routes are referenced only by pod listeners: a node without meshed pods serves
-	// none (a snapshot whose routes no listener names is not Consistent()).
-	if len(m.Pods) > 0 {
-		r.Routes = append(r.Routes, b.captureRoute(), b.laneRoute())
-	}
-	if err := b.prepareCapture(); err != nil {
-		return nil, err
-	}
-	b.localEndpoints = map[string][]model.Endpoint{}
-	for _, s := range m.Services {
-		for _, ep := range m.Endpoints[s.Key] {
-			if ep.Cluster == m.Cluster {
-				b.localEndpoints[ep.PodUID] = append(b.localEndpoints[ep.PodUID], ep)
-			}
-		}
-	}
-	ids := map[string]bool{}
-	for _, p := range m.Pods {
-		id := p.SPIFFEID(m.TrustDomain)
-		if svids[id] == nil {
-			return nil, fmt.Errorf("build pod %s/%s: no SVID for %s", p.Namespace, p.Name, id)
-		}
-		if p.NetnsPath == "" {
-			return nil, fmt.Errorf("build pod %s/%s: empty netns path", p.Namespace, p.Name)
-		}
-		ids[id] = true
-		ls, cs, err := b.podListeners(p)
-		if err != nil {
-			return nil, fmt.Errorf("build pod %s/%s: %w", p.Namespace, p.Name, err)
-		}
-		r.Listeners = append(r.Listeners, ls...)
-		r.Clusters = append(r.Clusters, cs...)
-	}
-	if opts.EastWestWaypoint {
-		// The node's tunnel listener (package tunnel); nil while the node IP is unknown.
-		w, err := tunnel.Build(m, tunnel.Options{ConnectTimeout: opts.ConnectTimeout, Netns: opts.UpstreamNetns})
-		if err != nil {
-			return nil, fmt.Errorf("build waypoint: %w", err)
-		}
-		if w != nil {
-			r.Listeners = append(r.Listeners, w.Listener)
-			r.Clusters = append(r.Clusters, w.Clusters...)
-			r.Endpoints = append(r.Endpoints, w.Endpoints...)
-		}
-	}
-	for _, id := range slices.Sorted(mapKeys(ids)) {
-		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
-	}
-	r.Secrets = append(r.Secrets, bundleSecret(bundlePEM))
-	sortByName(r.Listeners, (*listenerv3.Listener).GetName)
-	sortByName(r.Clusters, (*clusterv3.Cluster).GetName)
-	sortByName(r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
-	sortByName(r.Routes, (*routev3.RouteConfiguration).GetName)
-	sortByName(r.Secrets, (*tlsv3.Secret).GetName)
-	return r, nil
+	return NewBuilder(opts).Build(m, svids, bundlePEM)
 }
 
 type builder struct {
@@ -190,6 +129,45 @@ type builder struct {
 	captureHCM     *listenerv3.Filter
 	floorChains    []floorChain
 	passthrough    *listenerv3.Filter
+}
+
+// prepareShared builds the typed configs every build of one Builder shares (they depend on the
+// options only): the certificate selector, the capture HTTP connection manager and the
+// passthrough tcp_proxy.
+func (b *builder) prepareShared() error {
+	mapper, err := toAny(&fsmapperv3.Config{DefaultValue: "none"})
+	if err != nil {
+		return err
+	}
+	sel, err := toAny(&ondemandv3.Config{
+		ConfigSource:      adsSource(),
+		CertificateMapper: &core.TypedExtensionConfig{Name: "envoy.tls.upstream_certificate_mappers.filter_state_override", TypedConfig: mapper},
+	})
+	if err != nil {
+		return err
+	}
+	b.selector = &core.TypedExtensionConfig{Name: "envoy.tls.certificate_selectors.on_demand_secret", TypedConfig: sel}
+	early, err := toAny(&earlymutv3.HeaderMutation{Mutations: []*mutationv3.HeaderMutation{{
+		Action: &mutationv3.HeaderMutation_Append{Append: &core.HeaderValueOption{
+			Header:       &core.HeaderValue{Key: DstHeader, Value: "%DOWNSTREAM_LOCAL_ADDRESS%"},
+			AppendAction: core.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		}},
+	}}})
+	if err != nil {
+		return err
+	}
+	b.captureHCM, err = hcmFilter(&hcmv3.HttpConnectionManager{
+		StatPrefix: "outbound_http",
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource: adsSource(), RouteConfigName: CaptureRouteName,
+		}},
+		EarlyHeaderMutationExtensions: []*core.TypedExtensionConfig{{Name: "aether.original-destination", TypedConfig: early}},
+	})
+	if err != nil {
+		return err
+	}
+	b.passthrough, err = tcpProxy("passthrough", PassthroughCluster)
+	return err
 }
 
 // floorChain is the tcp_proxy filter of one TCP service port.
@@ -293,20 +271,6 @@ func (b *builder) peerIDs(k model.ServiceKey) []string {
 // validated against the trust bundle and pinned to the destination's SPIFFE IDs (URI SAN, exact;
 // a namespace prefix when no endpoint is known yet).
 func (b *builder) upstreamTLS(k model.ServiceKey, sni string, alpn []string) (*core.TransportSocket, error) {
-	if b.selector == nil {
-		mapper, err := toAny(&fsmapperv3.Config{DefaultValue: "none"})
-		if err != nil {
-			return nil, err
-		}
-		sel, err := toAny(&ondemandv3.Config{
-			ConfigSource:      adsSource(),
-			CertificateMapper: &core.TypedExtensionConfig{Name: "envoy.tls.upstream_certificate_mappers.filter_state_override", TypedConfig: mapper},
-		})
-		if err != nil {
-			return nil, err
-		}
-		b.selector = &core.TypedExtensionConfig{Name: "envoy.tls.certificate_selectors.on_demand_secret", TypedConfig: sel}
-	}
 	var sans []*tlsv3.SubjectAltNameMatcher
 	ids := b.peerIDs(k)
 	for _, id := range ids {
@@ -564,26 +528,165 @@ func routeTo(cluster string) *routev3.Route {
 	}
 }
 
+// serviceEntry builds everything one service contributes to a snapshot: its outbound clusters
+// and EDS resources (one per non-UDP port, when the service has a VIP), its floor chains, its
+// entries in the capture filter-chain matcher and in the capture route table, and its virtual
+// hosts in the lane route table. It reads only the service, its endpoints and mesh-wide values
+// (svcEntry lists them), so it may run for many services at once. When old (the service's entry
+// in the previous build, or nil) was built from the same service and short name, only the EDS
+// resources are built again, and the clusters too unless the endpoints' SPIFFE IDs changed.
+func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, error) {
+	e := &svcEntry{svc: s, eps: b.m.Endpoints[s.Key], short: b.m.ShortName(s.Key), peers: b.peerIDs(s.Key)}
+	if old != nil && old.short == e.short && serviceEqual(old.svc, s) {
+		e.floors, e.chains, e.routes, e.lane = old.floors, old.chains, old.routes, old.lane
+		if slices.Equal(old.peers, e.peers) {
+			e.clusters, e.clustersValid = old.clusters, old.valid || old.clustersValid
+		} else if err := b.outboundClusters(e); err != nil {
+			return nil, err
+		}
+		for _, sp := range s.Ports {
+			if sp.Protocol != model.ProtocolUDP && hasVIP(s) {
+				e.clas = append(e.clas, b.loadAssignment(s, sp))
+			}
+		}
+		return e, nil
+	}
+	if err := b.outboundClusters(e); err != nil {
+		return nil, err
+	}
+	vips := s.AllVIPs()
+	for _, sp := range s.Ports {
+		if sp.Protocol == model.ProtocolUDP {
+			continue
+		}
+		cn := ClusterName(b.m, s.Key, sp.Port)
+		if len(vips) > 0 {
+			e.clas = append(e.clas, b.loadAssignment(s, sp))
+		}
+		// Capture: the chain this port's VIPs select (floor chains exist even without a VIP).
+		chain := captureHTTPChain
+		if !sp.Protocol.IsHTTP() {
+			chain = "tcp|" + cn
+			tp, err := tcpProxy("outbound_tcp", cn)
+			if err != nil {
+				return nil, err
+			}
+			e.floors = append(e.floors, floorChain{name: chain, tcp: tp})
+		}
+		port := strconv.FormatUint(uint64(sp.Port), 10)
+		for _, vip := range vips {
+			a, _ := anypb.New(wrapperspb.String(chain))
+			e.chains = append(e.chains, vipChain{vip: vip.String(), port: port, action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+				Action: &xdscore.TypedExtensionConfig{Name: chain, TypedConfig: a}}}})
+		}
+		if sp.Protocol.IsHTTP() {
+			route, _ := anypb.New(routeTo(cn))
+			for _, vip := range vips {
+				e.routes = append(e.routes, vipRoute{dst: netip.AddrPortFrom(vip, uint16(sp.Port)).String(), action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+					Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}})
+			}
+		}
+	}
+	e.lane = b.laneVirtualHosts(s, e.short)
+	return e, nil
+}
+
+// hasVIP reports whether a service has a local or clusterset VIP (only those get clusters).
+func hasVIP(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIPs) > 0 }
+
+// outboundClusters builds e's outbound clusters: one per non-UDP port when the service has a VIP.
+func (b *builder) outboundClusters(e *svcEntry) error {
+	if !hasVIP(e.svc) {
+		return nil
+	}
+	for _, sp := range e.svc.Ports {
+		if sp.Protocol == model.ProtocolUDP {
+			continue
+		}
+		c, err := b.outboundCluster(e.svc, sp)
+		if err != nil {
+			return err
+		}
+		e.clusters = append(e.clusters, c)
+	}
+	return nil
+}
+
+// vipChain is one entry of the capture filter-chain matcher: VIP, then port, to a chain.
+type vipChain struct {
+	vip, port string
+	action    *xdsmatcher.Matcher_OnMatch
+}
+
+// vipRoute is one entry of the capture route table: "VIP:port" to a route.
+type vipRoute struct {
+	dst    string
+	action *xdsmatcher.Matcher_OnMatch
+}
+
+// routing holds what every pod's listeners share and what the shared route tables hold, assembled
+// from every service's entry in model order (a later service wins a VIP and port clash).
+type routing struct {
+	// captureMatcher is nil when no service has a VIP.
+	captureMatcher *xdsmatcher.Matcher
+	floorChains    []floorChain
+	captureRoute   *routev3.RouteConfiguration
+	laneRoute      *routev3.RouteConfiguration
+	// valid is set once a build that used this routing passed ValidateAll.
+	valid bool
+}
+
+// assembleRouting builds the capture filter-chain matcher (a hash map on destination IP, then
+// port, built once and shared by every pod's capture listener), the floor chains and both shared
+// route tables from the services' entries.
+func assembleRouting(entries []*svcEntry) *routing {
+	rt := &routing{}
+	byVIP := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
+	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
+	lane := &routev3.RouteConfiguration{Name: LaneRouteName}
+	for _, e := range entries {
+		rt.floorChains = append(rt.floorChains, e.floors...)
+		for _, c := range e.chains {
+			if byVIP[c.vip] == nil {
+				byVIP[c.vip] = map[string]*xdsmatcher.Matcher_OnMatch{}
+			}
+			byVIP[c.vip][c.port] = c.action
+		}
+		for _, r := range e.routes {
+			routes[r.dst] = r.action
+		}
+		lane.VirtualHosts = append(lane.VirtualHosts, e.lane...)
+	}
+	rt.captureRoute = captureRoute(routes)
+	rt.laneRoute = lane
+	if len(byVIP) == 0 {
+		return rt
+	}
+	portInput, _ := anypb.New(&netinputsv3.DestinationPortInput{})
+	ipInput, _ := anypb.New(&netinputsv3.DestinationIPInput{})
+	ipMap := make(map[string]*xdsmatcher.Matcher_OnMatch, len(byVIP))
+	for vip, ports := range byVIP {
+		ipMap[vip] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: &xdsmatcher.Matcher{
+			MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+				Input:    &xdscore.TypedExtensionConfig{Name: "port", TypedConfig: portInput},
+				TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: ports}},
+			}},
+		}}}
+	}
+	rt.captureMatcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+		Input:    &xdscore.TypedExtensionConfig{Name: "ip", TypedConfig: ipInput},
+		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: ipMap}},
+	}}}
+	return rt
+}
+
 // captureRoute is the route configuration of every pod's capture HTTP chain: one virtual host
 // whose matcher maps the original destination "VIP:port" (the DstHeader the capture HTTP
 // connection manager writes before routing, from %DOWNSTREAM_LOCAL_ADDRESS%) to the service
 // port's cluster, whatever Host the client used. The lookup is a hash map, so the route table's
 // cost per request does not grow with the number of services. The header is removed before the
 // request leaves.
-func (b *builder) captureRoute() *routev3.RouteConfiguration {
-	m := map[string]*xdsmatcher.Matcher_OnMatch{}
-	for _, s := range b.m.Services {
-		for _, sp := range s.Ports {
-			if !sp.Protocol.IsHTTP() {
-				continue
-			}
-			route, _ := anypb.New(routeTo(ClusterName(b.m, s.Key, sp.Port)))
-			for _, vip := range s.AllVIPs() {
-				m[netip.AddrPortFrom(vip, uint16(sp.Port)).String()] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
-					Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}
-			}
-		}
-	}
+func captureRoute(m map[string]*xdsmatcher.Matcher_OnMatch) *routev3.RouteConfiguration {
 	vh := &routev3.VirtualHost{Name: CaptureRouteName, Domains: []string{"*"}}
 	if len(m) > 0 {
 		input, _ := anypb.New(&matcherv3.HttpRequestHeaderMatchInput{HeaderName: DstHeader})
@@ -604,39 +707,37 @@ func (b *builder) captureRoute() *routev3.RouteConfiguration {
 	}
 }
 
-// laneRoute is the explicit HTTP lane's route configuration: one virtual host per service with an
-// HTTP port, answering its mesh names (<svc>.<ns>.<meshDomain>, the short <svc>.<meshDomain> when
-// the service owns it, <svc>.<ns>.svc.clusterset.local when imported), each also with ":<port>";
-// a name without a port goes to the service's first HTTP port.
-func (b *builder) laneRoute() *routev3.RouteConfiguration {
-	rc := &routev3.RouteConfiguration{Name: LaneRouteName}
-	for _, s := range b.m.Services {
-		var names []string
-		names = append(names, b.m.FQDN(s.Key))
-		if n := b.m.ShortName(s.Key); n != "" {
-			names = append(names, n)
-		}
-		if s.Imported {
-			names = append(names, model.ClustersetName(s.Key))
-		}
-		first := true
-		for _, sp := range s.Ports {
-			if !sp.Protocol.IsHTTP() {
-				continue
-			}
-			var domains []string
-			for _, n := range names {
-				if first {
-					domains = append(domains, n)
-				}
-				domains = append(domains, n+":"+strconv.FormatUint(uint64(sp.Port), 10))
-			}
-			first = false
-			cn := ClusterName(b.m, s.Key, sp.Port)
-			rc.VirtualHosts = append(rc.VirtualHosts, &routev3.VirtualHost{Name: cn, Domains: domains, Routes: []*routev3.Route{routeTo(cn)}})
-		}
+// laneVirtualHosts are one service's virtual hosts in the explicit HTTP lane's route
+// configuration (LaneRouteName): one per HTTP port, answering the service's mesh names
+// (<svc>.<ns>.<meshDomain>, the short <svc>.<meshDomain> when the service owns it, given as
+// short, <svc>.<ns>.svc.clusterset.local when imported), each also with ":<port>"; a name without
+// a port goes to the service's first HTTP port.
+func (b *builder) laneVirtualHosts(s *model.Service, short string) []*routev3.VirtualHost {
+	var vhs []*routev3.VirtualHost
+	names := []string{b.m.FQDN(s.Key)}
+	if short != "" {
+		names = append(names, short)
 	}
-	return rc
+	if s.Imported {
+		names = append(names, model.ClustersetName(s.Key))
+	}
+	first := true
+	for _, sp := range s.Ports {
+		if !sp.Protocol.IsHTTP() {
+			continue
+		}
+		var domains []string
+		for _, n := range names {
+			if first {
+				domains = append(domains, n)
+			}
+			domains = append(domains, n+":"+strconv.FormatUint(uint64(sp.Port), 10))
+		}
+		first = false
+		cn := ClusterName(b.m, s.Key, sp.Port)
+		vhs = append(vhs, &routev3.VirtualHost{Name: cn, Domains: domains, Routes: []*routev3.Route{routeTo(cn)}})
+	}
+	return vhs
 }
 
 // ---- per-pod listeners ----
@@ -727,81 +828,6 @@ func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*cl
 		ls = append(ls, inbound)
 	}
 	return ls, cs, nil
-}
-
-// prepareCapture builds the parts every pod's capture listener shares.
-func (b *builder) prepareCapture() error {
-	early, err := toAny(&earlymutv3.HeaderMutation{Mutations: []*mutationv3.HeaderMutation{{
-		Action: &mutationv3.HeaderMutation_Append{Append: &core.HeaderValueOption{
-			Header:       &core.HeaderValue{Key: DstHeader, Value: "%DOWNSTREAM_LOCAL_ADDRESS%"},
-			AppendAction: core.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
-		}},
-	}}})
-	if err != nil {
-		return err
-	}
-	b.captureHCM, err = hcmFilter(&hcmv3.HttpConnectionManager{
-		StatPrefix: "outbound_http",
-		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
-			ConfigSource: adsSource(), RouteConfigName: CaptureRouteName,
-		}},
-		EarlyHeaderMutationExtensions: []*core.TypedExtensionConfig{{Name: "aether.original-destination", TypedConfig: early}},
-	})
-	if err != nil {
-		return err
-	}
-	if b.passthrough, err = tcpProxy("passthrough", PassthroughCluster); err != nil {
-		return err
-	}
-	chainAction := func(name string) *xdsmatcher.Matcher_OnMatch {
-		a, _ := anypb.New(wrapperspb.String(name))
-		return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
-			Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}
-	}
-	portInput, _ := anypb.New(&netinputsv3.DestinationPortInput{})
-	ipInput, _ := anypb.New(&netinputsv3.DestinationIPInput{})
-	byVIP := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
-	for _, s := range b.m.Services {
-		for _, sp := range s.Ports {
-			if sp.Protocol == model.ProtocolUDP {
-				continue
-			}
-			chain := captureHTTPChain
-			if !sp.Protocol.IsHTTP() {
-				cn := ClusterName(b.m, s.Key, sp.Port)
-				chain = "tcp|" + cn
-				tp, err := tcpProxy("outbound_tcp", cn)
-				if err != nil {
-					return err
-				}
-				b.floorChains = append(b.floorChains, floorChain{name: chain, tcp: tp})
-			}
-			for _, vip := range s.AllVIPs() {
-				k := vip.String()
-				if byVIP[k] == nil {
-					byVIP[k] = map[string]*xdsmatcher.Matcher_OnMatch{}
-				}
-				byVIP[k][strconv.FormatUint(uint64(sp.Port), 10)] = chainAction(chain)
-			}
-		}
-	}
-	if len(byVIP) == 0 {
-		return nil
-	}
-	ipMap := make(map[string]*xdsmatcher.Matcher_OnMatch, len(byVIP))
-	for vip, ports := range byVIP {
-		ipMap[vip] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: &xdsmatcher.Matcher{
-			MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
-				Input:    &xdscore.TypedExtensionConfig{Name: "port", TypedConfig: portInput},
-				TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: ports}},
-			}},
-		}}}
-	}
-	b.captureMatcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
-		Input:    &xdscore.TypedExtensionConfig{Name: "ip", TypedConfig: ipInput},
-		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: ipMap}},
-	}}}
-	return nil
 }
 
 // captureListener is the pod's capture listener on 127.0.0.1:15001 inside its netns (the capture

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,6 +48,10 @@ type Server struct {
 	opts  ServerOptions
 	log   *slog.Logger
 	cache cache.SnapshotCache
+	// builder keeps what it built for the next SetMesh (rebuilds only what changed); hashes keeps
+	// the delta versions of the resources served, for the resources a new snapshot reuses.
+	builder *Builder
+	hashes  *hashMemo
 	// epoch prefixes every version this server instance hands out, so that a version an Envoy
 	// ACKed for a previous agent process is never taken for one of ours.
 	epoch string
@@ -60,7 +63,7 @@ type Server struct {
 	mu       sync.Mutex
 	mesh     *model.Mesh
 	seq      uint64
-	last     *cache.Snapshot
+	last     *snapshot
 	lastL    uint64 // version at which listeners last changed
 	lastC    uint64 // version at which clusters last changed
 	need     map[uint64][2]uint64
@@ -69,7 +72,7 @@ type Server struct {
 	nackCnt  uint64
 	lastNACK string
 	nacked   map[string]bool // "<type URL> <version>" already logged and counted
-	snaps    map[uint64]*cache.Snapshot
+	snaps    map[uint64]*snapshot
 	goodSeq  uint64            // highest version whose listeners and clusters Envoy ACKed
 	rejected map[uint64]string // NACKed versions -> error_detail
 	changed  chan struct{}
@@ -107,7 +110,9 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		nonces:   map[string]uint64{},
 		nacked:   map[string]bool{},
 		rejected: map[uint64]string{},
-		snaps:    map[uint64]*cache.Snapshot{},
+		snaps:    map[uint64]*snapshot{},
+		builder:  NewBuilder(opts.Build),
+		hashes:   &hashMemo{},
 		changed:  make(chan struct{}),
 		kick:     make(chan struct{}, 1),
 	}
@@ -186,7 +191,7 @@ func (s *Server) rotate(ctx context.Context) {
 func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	snap, err := s.build(ctx, m)
+	res, err := s.build(ctx, m)
 	if err != nil {
 		s.buildFailures.Inc()
 		s.log.Error("build xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
@@ -195,10 +200,7 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	s.seq++
 	v := s.seq
 	version := s.epoch + "." + strconv.FormatUint(v, 10)
-	snap, err = cache.NewSnapshot(version, snapResources(snap))
-	if err == nil {
-		err = snap.Consistent()
-	}
+	snap, err := newSnapshot(version, res, s.hashes)
 	if err != nil {
 		s.seq--
 		s.buildFailures.Inc()
@@ -242,7 +244,7 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 // noteChanges records v as the version at which listeners or clusters last changed, when they
 // differ from the snapshot served before (delta ADS sends nothing for an unchanged type, so no
 // ACK for v would come). Called with s.mu held.
-func (s *Server) noteChanges(snap *cache.Snapshot, v uint64) {
+func (s *Server) noteChanges(snap *snapshot, v uint64) {
 	if s.last == nil || !sameResources(s.last, snap, resource.ListenerType) {
 		s.lastL = v
 	}
@@ -252,7 +254,7 @@ func (s *Server) noteChanges(snap *cache.Snapshot, v uint64) {
 }
 
 // build runs the builders and validates every resource. Called with s.mu held.
-func (s *Server) build(ctx context.Context, m *model.Mesh) (*cache.Snapshot, error) {
+func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]types.Resource, error) {
 	var ids []string
 	seen := map[string]bool{}
 	for _, p := range m.Pods {
@@ -270,22 +272,22 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (*cache.Snapshot, err
 	for _, sv := range svids {
 		byID[sv.SPIFFEID] = sv
 	}
-	r, err := Build(m, byID, s.opts.Identity.Source().BundlePEM(), s.opts.Build)
+	r, err := s.builder.Build(m, byID, s.opts.Identity.Source().BundlePEM())
 	if err != nil {
 		return nil, err
 	}
 	if err := r.ValidateAll(); err != nil {
 		return nil, err
 	}
-	// A temporary snapshot holding the resources; SetMesh re-creates it with its version.
-	return cache.NewSnapshot("", r.typed())
+	return r.typed(), nil
 }
 
 // ValidateAll runs the PGV validation (ValidateAll) of every resource and returns every
 // violation, naming the resource. Clusters and endpoint sets are validated in parallel (one
 // goroutine per CPU); listeners first and alone, since the capture listeners share one
 // filter-chain matcher (one entry per VIP and port) that is validated once, then each listener
-// without it.
+// without it. Resources a Builder reused from an earlier build that passed ValidateAll are not
+// validated again.
 func (r *Resources) ValidateAll() error {
 	var errs []error
 	check := func(kind, name string, err error) {
@@ -295,8 +297,11 @@ func (r *Resources) ValidateAll() error {
 	}
 	validated := map[any]bool{}
 	for _, x := range r.Listeners {
+		if r.isKnown(x) {
+			continue
+		}
 		fcm := x.FilterChainMatcher
-		if fcm != nil && validated[fcm] {
+		if fcm != nil && (validated[fcm] || r.isKnown(fcm)) {
 			x.FilterChainMatcher = nil
 			check("listener", x.GetName(), x.ValidateAll())
 			x.FilterChainMatcher = fcm
@@ -308,34 +313,34 @@ func (r *Resources) ValidateAll() error {
 		}
 	}
 	for _, x := range r.Routes {
-		check("route", x.GetName(), x.ValidateAll())
+		if !r.isKnown(x) {
+			check("route", x.GetName(), x.ValidateAll())
+		}
 	}
 	for _, x := range r.Secrets {
 		check("secret", x.GetName(), x.ValidateAll())
 	}
-	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName)...)
-	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)...)
+	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName, r.isKnown)...)
+	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName, r.isKnown)...)
+	if len(errs) == 0 && r.validated != nil {
+		r.validated()
+	}
 	return errors.Join(errs...)
 }
 
-// parallelValidate runs ValidateAll on xs in GOMAXPROCS goroutines and returns the violations in
-// input order.
-func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, name func(T) string) []error {
-	n := runtime.GOMAXPROCS(0)
+// parallelValidate runs ValidateAll on the xs that skip does not name, in GOMAXPROCS goroutines,
+// and returns the violations in input order.
+func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, name func(T) string, skip func(any) bool) []error {
 	out := make([]error, len(xs))
-	var wg sync.WaitGroup
-	for w := 0; w < n; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < len(xs); i += n {
-				if err := xs[i].ValidateAll(); err != nil {
-					out[i] = fmt.Errorf("validate %s %q: %w", kind, name(xs[i]), err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	_ = parallel(len(xs), func(i int) error {
+		if skip(xs[i]) {
+			return nil
+		}
+		if err := xs[i].ValidateAll(); err != nil {
+			out[i] = fmt.Errorf("validate %s %q: %w", kind, name(xs[i]), err)
+		}
+		return nil
+	})
 	var errs []error
 	for _, err := range out {
 		if err != nil {
@@ -375,25 +380,16 @@ func (r *Resources) typed() map[resource.Type][]types.Resource {
 // snapshotTypes are the resource types every snapshot carries.
 var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType}
 
-func snapResources(s *cache.Snapshot) map[resource.Type][]types.Resource {
-	out := map[resource.Type][]types.Resource{}
-	for _, t := range snapshotTypes {
-		out[t] = []types.Resource{}
-		for _, r := range s.GetResources(t) {
-			out[t] = append(out[t], r)
-		}
-	}
-	return out
-}
-
-func sameResources(a, b *cache.Snapshot, t resource.Type) bool {
+// sameResources reports whether two snapshots hold the same resources of type t. Resources the
+// Builder reused are the same values, so most comparisons end at the pointer.
+func sameResources(a, b *snapshot, t resource.Type) bool {
 	ra, rb := a.GetResources(t), b.GetResources(t)
 	if len(ra) != len(rb) {
 		return false
 	}
 	for name, x := range ra {
 		y, ok := rb[name]
-		if !ok || !proto.Equal(x, y) {
+		if !ok || (x != y && !proto.Equal(x, y)) {
 			return false
 		}
 	}
@@ -507,13 +503,13 @@ func (s *Server) ack(url string, v uint64, ok bool, nack string) {
 }
 
 // rollback serves the resources of a fully ACKed snapshot under a new version.
-func (s *Server) rollback(good *cache.Snapshot) {
+func (s *Server) rollback(good *snapshot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
 	v := s.seq
 	version := s.epoch + "." + strconv.FormatUint(v, 10)
-	snap, err := cache.NewSnapshot(version, snapResources(good))
+	snap, err := newSnapshot(version, good.resources(), s.hashes)
 	if err == nil {
 		err = s.cache.SetSnapshot(context.Background(), s.opts.NodeID, snap)
 	}
