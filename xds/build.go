@@ -254,15 +254,16 @@ func bundleSecret(pem []byte) *tlsv3.Secret {
 
 // ---- outbound clusters, endpoints and routes ----
 
-// peerIDs returns the SPIFFE IDs of the service's endpoints, sorted and unique.
+// peerIDs returns the SPIFFE IDs of the service's endpoints, sorted and unique (nil when none).
 func (b *builder) peerIDs(k model.ServiceKey) []string {
-	seen := map[string]bool{}
+	var ids []string
 	for _, ep := range b.m.Endpoints[k] {
-		if ep.SPIFFEID != "" {
-			seen[ep.SPIFFEID] = true
+		if ep.SPIFFEID != "" && (len(ids) == 0 || ids[len(ids)-1] != ep.SPIFFEID) {
+			ids = append(ids, ep.SPIFFEID)
 		}
 	}
-	return slices.Sorted(mapKeys(seen))
+	slices.Sort(ids)
+	return slices.Compact(ids)
 }
 
 // upstreamTLS is the UpstreamTlsContext of an outbound cluster: SNI "<targetPort>", the client
@@ -444,26 +445,65 @@ func (b *builder) priority(ep model.Endpoint) uint32 {
 	return 2
 }
 
+// localityKey groups a service port's endpoints into LocalityLbEndpoints.
+type localityKey struct {
+	prio                  uint32
+	region, zone, cluster string
+}
+
 // loadAssignment is the EDS resource of one service port: every endpoint serving the target port
-// at pod_ip:15008, grouped by (priority, region, zone, cluster), unhealthy ones marked so.
+// at pod_ip:15008, grouped by (priority, region, zone, cluster), unhealthy ones marked so. The
+// groups are few (a linear search finds them) and the endpoints' messages are allocated in one
+// block per kind: at 100k endpoints this is most of a cold build.
 func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpointv3.ClusterLoadAssignment {
-	type key struct {
-		prio                  uint32
-		region, zone, cluster string
+	type group struct {
+		key localityKey
+		lbs []*endpointv3.LbEndpoint
 	}
-	groups := map[key][]*endpointv3.LbEndpoint{}
+	var groups []group
+	find := func(k localityKey) *group {
+		for i := range groups {
+			if groups[i].key == k {
+				return &groups[i]
+			}
+		}
+		groups = append(groups, group{key: k})
+		return &groups[len(groups)-1]
+	}
 	type nodeKey struct {
-		key
+		localityKey
 		node netip.Addr
 	}
 	waypoints := map[nodeKey]uint32{} // healthy endpoints per remote node
-	for _, ep := range b.m.Endpoints[s.Key] {
-		if !slices.ContainsFunc(ep.Ports, func(p model.EndpointPort) bool { return p.Port == sp.TargetPort }) {
+	viaWaypoint := b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector
+	all := b.m.Endpoints[s.Key]
+	serves := func(ep *model.Endpoint) bool {
+		return slices.ContainsFunc(ep.Ports, func(p model.EndpointPort) bool { return p.Port == sp.TargetPort })
+	}
+	n := 0
+	for i := range all {
+		if serves(&all[i]) {
+			n++
+		}
+	}
+	var (
+		lbs   = make([]endpointv3.LbEndpoint, n)
+		hids  = make([]endpointv3.LbEndpoint_Endpoint, n)
+		eps   = make([]endpointv3.Endpoint, n)
+		addrs = make([]core.Address, n)
+		sas   = make([]core.Address_SocketAddress, n)
+		socks = make([]core.SocketAddress, n)
+		ports = make([]core.SocketAddress_PortValue, n)
+	)
+	j := 0
+	for i := range all {
+		ep := &all[i]
+		if !serves(ep) {
 			continue
 		}
-		if b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector && ep.Cluster != b.m.Cluster {
+		if viaWaypoint && ep.Cluster != b.m.Cluster {
 			if ep.NodeIP.IsValid() {
-				nk := nodeKey{key{b.priority(ep), ep.Region, ep.Zone, ep.Cluster}, ep.NodeIP}
+				nk := nodeKey{localityKey{b.priority(*ep), ep.Region, ep.Zone, ep.Cluster}, ep.NodeIP}
 				if _, seen := waypoints[nk]; !seen {
 					waypoints[nk] = 0
 				}
@@ -481,11 +521,16 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		if !ep.Healthy {
 			hs = core.HealthStatus_UNHEALTHY
 		}
-		k := key{b.priority(ep), ep.Region, ep.Zone, ep.Cluster}
-		groups[k] = append(groups[k], &endpointv3.LbEndpoint{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(ip.String(), InboundPort, "")}},
-			HealthStatus:   hs,
-		})
+		ports[j].PortValue = InboundPort
+		socks[j].Address, socks[j].PortSpecifier = ip.String(), &ports[j]
+		sas[j].SocketAddress = &socks[j]
+		addrs[j].Address = &sas[j]
+		eps[j].Address = &addrs[j]
+		hids[j].Endpoint = &eps[j]
+		lbs[j].HostIdentifier, lbs[j].HealthStatus = &hids[j], hs
+		g := find(localityKey{b.priority(*ep), ep.Region, ep.Zone, ep.Cluster})
+		g.lbs = append(g.lbs, &lbs[j])
+		j++
 	}
 	nodes := slices.SortedFunc(mapKeys(waypoints), func(a, c nodeKey) int { return a.node.Compare(c.node) })
 	for _, nk := range nodes {
@@ -494,7 +539,8 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		if healthy == 0 {
 			hs, weight = core.HealthStatus_UNHEALTHY, 1
 		}
-		groups[nk.key] = append(groups[nk.key], &endpointv3.LbEndpoint{
+		g := find(nk.localityKey)
+		g.lbs = append(g.lbs, &endpointv3.LbEndpoint{
 			HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(nk.node.String(), WaypointPort, "")}},
 			HealthStatus:        hs,
 			LoadBalancingWeight: wrapperspb.UInt32(weight),
@@ -503,15 +549,18 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 			}},
 		})
 	}
-	keys := slices.SortedFunc(mapKeys(groups), func(a, c key) int {
-		return cmp.Or(cmp.Compare(a.prio, c.prio), cmp.Compare(a.cluster, c.cluster), cmp.Compare(a.region, c.region), cmp.Compare(a.zone, c.zone))
+	slices.SortFunc(groups, func(a, c group) int {
+		return cmp.Or(cmp.Compare(a.key.prio, c.key.prio), cmp.Compare(a.key.cluster, c.key.cluster), cmp.Compare(a.key.region, c.key.region), cmp.Compare(a.key.zone, c.key.zone))
 	})
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: ClusterName(b.m, s.Key, sp.Port)}
-	for _, k := range keys {
+	if len(groups) > 0 {
+		cla.Endpoints = make([]*endpointv3.LocalityLbEndpoints, 0, len(groups))
+	}
+	for _, g := range groups {
 		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
-			Locality:    &core.Locality{Region: k.region, Zone: k.zone, SubZone: k.cluster},
-			Priority:    k.prio,
-			LbEndpoints: groups[k],
+			Locality:    &core.Locality{Region: g.key.region, Zone: g.key.zone, SubZone: g.key.cluster},
+			Priority:    g.key.prio,
+			LbEndpoints: g.lbs,
 		})
 	}
 	return cla

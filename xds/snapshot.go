@@ -1,6 +1,8 @@
 package xds
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -129,15 +131,8 @@ func (s *snapshot) ConstructVersionMap() error {
 	var matchers []*xdsmatcher.Matcher
 	for _, t := range snapshotTypes {
 		for _, x := range s.plain[cache.GetResponseType(t)] {
-			if h, ok := s.memo.m[x]; ok {
-				next[x] = h
-				continue
-			}
-			if queued[x] {
-				continue
-			}
-			queued[x] = true
-			todo = append(todo, x)
+			// A shared matcher's hash is kept while any listener holds it, hashed or not, so
+			// that the next new listener holding it (a new pod) does not encode it again.
 			if l, ok := x.(*listenerv3.Listener); ok && l.FilterChainMatcher != nil && !queued[l.FilterChainMatcher] {
 				queued[l.FilterChainMatcher] = true
 				if h, ok := s.memo.m[l.FilterChainMatcher]; ok {
@@ -145,6 +140,14 @@ func (s *snapshot) ConstructVersionMap() error {
 				} else {
 					matchers = append(matchers, l.FilterChainMatcher)
 				}
+			}
+			if h, ok := s.memo.m[x]; ok {
+				next[x] = h
+				continue
+			}
+			if !queued[x] {
+				queued[x] = true
+				todo = append(todo, x)
 			}
 		}
 	}
@@ -209,17 +212,20 @@ func resourceVersion(x types.Resource, matchers map[any]string) (string, error) 
 // filterChainMatcherField is Listener.filter_chain_matcher's field number.
 var filterChainMatcherField = (&listenerv3.Listener{}).ProtoReflect().Descriptor().Fields().ByName("filter_chain_matcher").Number()
 
-// hashMessage is cache.HashResource of the deterministic encoding of m, with extra (another
-// hash) appended before hashing when not empty.
+// hashMessage is cache.HashResource of the deterministic encoding of m (cache.MarshalResource),
+// with extra (another hash) appended to the encoding before hashing when not empty.
 func hashMessage(m proto.Message, extra string) (string, error) {
 	b, err := cache.MarshalResource(m)
 	if err != nil {
 		return "", fmt.Errorf("marshal %T: %w", m, err)
 	}
-	if extra != "" {
-		b = append(b, "\x00filter_chain_matcher:"+extra...)
+	if extra == "" {
+		return cache.HashResource(b), nil
 	}
-	return cache.HashResource(b), nil
+	h := sha256.New()
+	h.Write(b)
+	h.Write([]byte("\x00filter_chain_matcher:" + extra))
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // consistent is cache.Snapshot.Consistent's rule, computed the same way (each EDS cluster names
