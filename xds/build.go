@@ -19,6 +19,7 @@ import (
 	sfsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	origdstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
+	sfslistenerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/set_filter_state/v3"
 	tlsinspv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	sfsnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
@@ -794,22 +795,36 @@ func (b *builder) laneVirtualHosts(s *model.Service, short string) []*routev3.Vi
 
 // ---- per-pod listeners ----
 
-// identityFilter is the set_filter_state network filter every pod listener runs first: it names
-// the pod's SVID secret for the upstream certificate selector. The value is an
-// envoy.hashable_string shared with upstream, so pooled upstream connections are partitioned per
-// source identity (a plain envoy.string is not hashed into the pool key: pods would share
-// connections, see TestPrivilegedEnvoyFactDynamicUpstreamCertSelector and docs/node-proxy.md).
-func identityFilter(spiffeID string) (*listenerv3.Filter, error) {
-	cfg, err := toAny(&sfsnetv3.Config{OnNewConnection: []*sfsv3.FilterStateValue{{
+// identityValue is the filter-state value every pod listener sets first: it names the pod's SVID
+// secret for the upstream certificate selector. The value is an envoy.hashable_string shared with
+// upstream, so pooled upstream connections are partitioned per source identity (a plain
+// envoy.string is not hashed into the pool key: pods would share connections, see
+// TestPrivilegedEnvoyFactDynamicUpstreamCertSelector and docs/node-proxy.md).
+func identityValue(spiffeID string) []*sfsv3.FilterStateValue {
+	return []*sfsv3.FilterStateValue{{
 		Key:                &sfsv3.FilterStateValue_ObjectKey{ObjectKey: CertMapperFilterStateKey},
 		FactoryKey:         "envoy.hashable_string",
 		Value:              &sfsv3.FilterStateValue_FormatString{FormatString: &core.SubstitutionFormatString{Format: &core.SubstitutionFormatString_TextFormatSource{TextFormatSource: &core.DataSource{Specifier: &core.DataSource_InlineString{InlineString: spiffeID}}}}},
 		SharedWithUpstream: sfsv3.FilterStateValue_ONCE,
-	}}})
+	}}
+}
+
+// identityFilter is the set_filter_state network filter that starts the lane listener's chain
+// (identityValue).
+func identityFilter(spiffeID string) (*listenerv3.Filter, error) {
+	cfg, err := toAny(&sfsnetv3.Config{OnNewConnection: identityValue(spiffeID)})
 	if err != nil {
 		return nil, err
 	}
 	return &listenerv3.Filter{Name: "envoy.filters.network.set_filter_state", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: cfg}}, nil
+}
+
+// identityListenerFilter is the set_filter_state listener filter (on accept, before the filter
+// chain is chosen) of the capture listener (identityValue). As a network filter it would be
+// repeated in every chain: with one floor chain per TCP service port that doubled the filters
+// Envoy builds per pod (at 10k services, 2000 floor chains: adding a pod took twice as long).
+func identityListenerFilter(spiffeID string) (*listenerv3.ListenerFilter, error) {
+	return listenerFilter("envoy.filters.listener.set_filter_state", &sfslistenerv3.Config{OnAccept: identityValue(spiffeID)})
 }
 
 func routerFilter() (*hcmv3.HttpFilter, error) {
@@ -896,23 +911,24 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 	if err != nil {
 		return nil, err
 	}
-	idf, err := identityFilter(id)
+	idf, err := identityListenerFilter(id)
 	if err != nil {
 		return nil, err
 	}
 	l := &listenerv3.Listener{
 		Name:               captureListenerName(p),
 		Address:            socketAddress("127.0.0.1", CapturePort, p.NetnsPath),
-		ListenerFilters:    []*listenerv3.ListenerFilter{od},
+		ListenerFilters:    []*listenerv3.ListenerFilter{od, idf},
 		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{b.passthrough}},
 	}
 	if b.captureMatcher == nil {
 		return l, nil
 	}
 	l.FilterChainMatcher = b.captureMatcher
-	l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{idf, b.captureHCM}})
+	l.FilterChains = make([]*listenerv3.FilterChain, 0, 1+len(b.floorChains))
+	l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{b.captureHCM}})
 	for _, fc := range b.floorChains {
-		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{idf, fc.tcp}})
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{fc.tcp}})
 	}
 	return l, nil
 }
