@@ -160,9 +160,9 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		return nil, err
 	}
 	if routingChanged {
-		rt = assembleRouting(entries)
+		rt = assembleRouting(entries, b.captureHCM)
 	}
-	b.captureMatcher, b.floorChains = rt.captureMatcher, rt.floorChains
+	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
 
 	r := &Resources{known: map[any]struct{}{}}
 	known := func(valid bool, xs ...any) {
@@ -202,7 +202,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		known(rt.valid, rt.captureRoute, rt.laneRoute)
 	}
 	if rt.captureMatcher != nil {
-		known(rt.valid, rt.captureMatcher)
+		known(rt.valid, rt.captureMatcher, chainsKey(rt.captureChains))
 	}
 
 	// Pods: this cluster's endpoints of the local pods, for their inbound listeners.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -328,6 +329,35 @@ func TestVersionMapStable(t *testing.T) {
 		if v2[resource.ListenerType][name] == v1[resource.ListenerType][name] {
 			t.Errorf("%s kept its version although its filter-chain matcher changed", name)
 		}
+	}
+
+	// The shared parts stay in the memo while listeners hold them, even when every listener was
+	// reused (its hash taken from the memo): a new pod's capture listener then encodes neither.
+	versions(bl, steps[4].mesh, memo)
+	r, _ := bl.Build(steps[4].mesh, fakeSVIDs(steps[4].mesh), []byte("BUNDLE"))
+	var capture *listenerv3.Listener
+	for _, l := range r.Listeners {
+		if strings.HasPrefix(l.GetName(), "capture|") {
+			capture = l
+		}
+	}
+	for _, p := range sharedParts(capture) {
+		if _, ok := memo.m[p.key]; !ok {
+			t.Errorf("shared part %T of %s not kept in the memo", p.msg, capture.GetName())
+		}
+	}
+	// A change in the shared filter chains moves the listener's version.
+	before, _ := resourceVersion(capture, memo.m)
+	chains := slices.Clone(capture.FilterChains)
+	chains[len(chains)-1] = &listenerv3.FilterChain{Name: "other"}
+	changedL := &listenerv3.Listener{Name: capture.Name, Address: capture.Address, ListenerFilters: capture.ListenerFilters,
+		FilterChainMatcher: capture.FilterChainMatcher, FilterChains: chains, DefaultFilterChain: capture.DefaultFilterChain}
+	shared := map[any]string{}
+	for _, p := range sharedParts(changedL) {
+		shared[p.key], _ = hashMessage(p.msg, "")
+	}
+	if after, _ := resourceVersion(changedL, shared); after == before {
+		t.Error("a capture listener kept its version although a filter chain changed")
 	}
 }
 

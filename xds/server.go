@@ -285,8 +285,8 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]
 // ValidateAll runs the PGV validation (ValidateAll) of every resource and returns every
 // violation, naming the resource. Clusters and endpoint sets are validated in parallel (one
 // goroutine per CPU); listeners first and alone, since the capture listeners share one
-// filter-chain matcher (one entry per VIP and port) that is validated once, then each listener
-// without it. Resources a Builder reused from an earlier build that passed ValidateAll are not
+// filter-chain matcher (one entry per VIP and port) and one list of filter chains (one per TCP
+// service port), each validated once, then each listener without them. Resources a Builder reused from an earlier build that passed ValidateAll are not
 // validated again.
 func (r *Resources) ValidateAll() error {
 	var errs []error
@@ -295,21 +295,31 @@ func (r *Resources) ValidateAll() error {
 			errs = append(errs, fmt.Errorf("validate %s %q: %w", kind, name, err))
 		}
 	}
+	// The capture listeners share their matcher and filter chains: each shared part is validated
+	// with the first listener that holds it (or not at all when a Builder knows it valid), and
+	// the other listeners are validated without it.
 	validated := map[any]bool{}
 	for _, x := range r.Listeners {
 		if r.isKnown(x) {
 			continue
 		}
-		fcm := x.FilterChainMatcher
-		if fcm != nil && (validated[fcm] || r.isKnown(fcm)) {
+		fcm, fcs := x.FilterChainMatcher, x.FilterChains
+		mk, ck := any(fcm), chainsKey(fcs)
+		skipM := fcm != nil && (validated[mk] || r.isKnown(mk))
+		skipC := ck != nil && (validated[ck] || r.isKnown(ck))
+		if skipM {
 			x.FilterChainMatcher = nil
-			check("listener", x.GetName(), x.ValidateAll())
-			x.FilterChainMatcher = fcm
-			continue
+		}
+		if skipC {
+			x.FilterChains = nil
 		}
 		check("listener", x.GetName(), x.ValidateAll())
+		x.FilterChainMatcher, x.FilterChains = fcm, fcs
 		if fcm != nil {
-			validated[fcm] = true
+			validated[mk] = true
+		}
+		if ck != nil {
+			validated[ck] = true
 		}
 	}
 	for _, x := range r.Routes {

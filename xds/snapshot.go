@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"sync"
 
-	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -38,12 +37,12 @@ type snapshot struct {
 
 var _ cache.ResourceSnapshot = (*snapshot)(nil)
 
-// hashMemo maps resource values to their delta version hash. Each ConstructVersionMap replaces
+// hashMemo maps resource values (and shared parts, sharedParts) to their delta version hash. Each ConstructVersionMap replaces
 // its contents with the hashes of the snapshot it ran for, so it never holds more than two
 // snapshots' resources.
 type hashMemo struct {
 	mu sync.Mutex
-	// m is keyed by resource values and by shared filter-chain matchers.
+	// m is keyed by resource values and by shared parts (sharedParts keys).
 	m map[any]string
 }
 
@@ -127,18 +126,21 @@ func (s *snapshot) ConstructVersionMap() error {
 	defer s.memo.mu.Unlock()
 	next := map[any]string{}
 	var todo []types.Resource
-	queued := map[types.Resource]bool{}
-	var matchers []*xdsmatcher.Matcher
+	queued := map[any]bool{}
+	var parts []sharedPart
 	for _, t := range snapshotTypes {
 		for _, x := range s.plain[cache.GetResponseType(t)] {
-			// A shared matcher's hash is kept while any listener holds it, hashed or not, so
-			// that the next new listener holding it (a new pod) does not encode it again.
-			if l, ok := x.(*listenerv3.Listener); ok && l.FilterChainMatcher != nil && !queued[l.FilterChainMatcher] {
-				queued[l.FilterChainMatcher] = true
-				if h, ok := s.memo.m[l.FilterChainMatcher]; ok {
-					next[l.FilterChainMatcher] = h
+			// A shared part's hash is kept while any listener holds it, hashed or not, so that
+			// the next new listener holding it (a new pod) does not encode it again.
+			for _, p := range sharedParts(x) {
+				if queued[p.key] {
+					continue
+				}
+				queued[p.key] = true
+				if h, ok := s.memo.m[p.key]; ok {
+					next[p.key] = h
 				} else {
-					matchers = append(matchers, l.FilterChainMatcher)
+					parts = append(parts, p)
 				}
 			}
 			if h, ok := s.memo.m[x]; ok {
@@ -151,16 +153,16 @@ func (s *snapshot) ConstructVersionMap() error {
 			}
 		}
 	}
-	// The shared filter-chain matchers first, each once; then the resources, which read them.
-	mh := make([]string, len(matchers))
-	if err := parallel(len(matchers), func(i int) (err error) {
-		mh[i], err = hashMessage(matchers[i], "")
+	// The shared parts first, each once; then the resources, which read their hashes.
+	ph := make([]string, len(parts))
+	if err := parallel(len(parts), func(i int) (err error) {
+		ph[i], err = hashMessage(parts[i].msg, "")
 		return err
 	}); err != nil {
 		return fmt.Errorf("construct version map: %w", err)
 	}
-	for i, m := range matchers {
-		next[m] = mh[i]
+	for i, p := range parts {
+		next[p.key] = ph[i]
 	}
 	hs := make([]string, len(todo))
 	if err := parallel(len(todo), func(i int) (err error) {
@@ -186,34 +188,66 @@ func (s *snapshot) ConstructVersionMap() error {
 	return nil
 }
 
-// resourceVersion is a resource's delta version: go-control-plane's (cache.HashResource of
-// cache.MarshalResource), except for a listener with a filter_chain_matcher, which every capture
-// listener shares (one entry per VIP and port, most of each listener's bytes): its version hashes
-// the listener without the matcher together with the matcher's own hash (in matchers), so that
-// the matcher is encoded once per snapshot, not once per pod. Versions are opaque to Envoy and to
-// go-control-plane (compared for equality only); this one is as deterministic as the library's,
-// so an unchanged listener keeps its version across builds and agent restarts.
-func resourceVersion(x types.Resource, matchers map[any]string) (string, error) {
+// sharedPart is a part of a resource that other resources hold too, hashed once per snapshot:
+// msg's encoding, under key.
+type sharedPart struct {
+	key any
+	msg proto.Message
+}
+
+// sharedParts are the parts of x hashed apart: for a listener with a filter_chain_matcher (the
+// capture listeners, which share it and their filter chains), the matcher and the filter chains.
+func sharedParts(x types.Resource) []sharedPart {
 	l, ok := x.(*listenerv3.Listener)
 	if !ok || l.FilterChainMatcher == nil {
+		return nil
+	}
+	parts := []sharedPart{{key: l.FilterChainMatcher, msg: l.FilterChainMatcher}}
+	if k := chainsKey(l.FilterChains); k != nil {
+		parts = append(parts, sharedPart{key: k, msg: &listenerv3.Listener{FilterChains: l.FilterChains}})
+	}
+	return parts
+}
+
+// resourceVersion is a resource's delta version: go-control-plane's (cache.HashResource of
+// cache.MarshalResource), except for a listener with shared parts (sharedParts: the capture
+// listeners' matcher, one entry per VIP and port, and filter chains, one per TCP service port:
+// nearly all of each listener's bytes). Its version hashes the listener without them together
+// with their own hashes (in shared), so that they are encoded once per snapshot, not once per
+// pod. Versions are opaque to Envoy and to go-control-plane (compared for equality only); this
+// one is as deterministic as the library's, so an unchanged listener keeps its version across
+// builds and agent restarts.
+func resourceVersion(x types.Resource, shared map[any]string) (string, error) {
+	parts := sharedParts(x)
+	if len(parts) == 0 {
 		return hashMessage(x, "")
 	}
+	l := x.(*listenerv3.Listener)
 	without := &listenerv3.Listener{}
 	dst := without.ProtoReflect()
 	l.ProtoReflect().Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		if fd.Number() != filterChainMatcherField {
+		if n := fd.Number(); n != filterChainMatcherField && n != filterChainsField {
 			dst.Set(fd, v) // shares the value; nothing here writes to it
 		}
 		return true
 	})
-	return hashMessage(without, matchers[l.FilterChainMatcher])
+	extra := "filter_chain_matcher:" + shared[parts[0].key]
+	if len(parts) > 1 {
+		extra += "\x00filter_chains:" + shared[parts[1].key]
+	}
+	return hashMessage(without, extra)
 }
 
-// filterChainMatcherField is Listener.filter_chain_matcher's field number.
-var filterChainMatcherField = (&listenerv3.Listener{}).ProtoReflect().Descriptor().Fields().ByName("filter_chain_matcher").Number()
+// Field numbers of Listener.filter_chain_matcher and Listener.filter_chains.
+var (
+	listenerFields          = (&listenerv3.Listener{}).ProtoReflect().Descriptor().Fields()
+	filterChainMatcherField = listenerFields.ByName("filter_chain_matcher").Number()
+	filterChainsField       = listenerFields.ByName("filter_chains").Number()
+)
 
 // hashMessage is cache.HashResource of the deterministic encoding of m (cache.MarshalResource),
-// with extra (another hash) appended to the encoding before hashing when not empty.
+// with a NUL and extra (named hashes of shared parts) appended to the encoding before hashing
+// when extra is not empty.
 func hashMessage(m proto.Message, extra string) (string, error) {
 	b, err := cache.MarshalResource(m)
 	if err != nil {
@@ -224,7 +258,7 @@ func hashMessage(m proto.Message, extra string) (string, error) {
 	}
 	h := sha256.New()
 	h.Write(b)
-	h.Write([]byte("\x00filter_chain_matcher:" + extra))
+	h.Write([]byte("\x00" + extra))
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
