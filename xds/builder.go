@@ -2,6 +2,7 @@ package xds
 
 import (
 	"fmt"
+	"maps"
 	"runtime"
 	"slices"
 	"sync"
@@ -44,6 +45,8 @@ type Builder struct {
 	svcs    map[model.ServiceKey]*svcEntry
 	pods    map[string]*podEntry
 	routing *routing
+	// localUIDs are the local pods' UIDs of the last build (svcEntry.locals depends on them).
+	localUIDs map[string]bool
 }
 
 // NewBuilder returns a Builder with nothing kept yet.
@@ -81,6 +84,10 @@ type svcEntry struct {
 	short string
 	// peers are the SPIFFE IDs of the endpoints, which the clusters pin.
 	peers []string
+	// locals are the endpoints in this cluster of local pods (Builder.localUIDs), in order, once
+	// localsKnown.
+	locals      []model.Endpoint
+	localsKnown bool
 
 	clusters []*clusterv3.Cluster
 	clas     []*endpointv3.ClusterLoadAssignment
@@ -164,7 +171,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	}
 	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
 
-	r := &Resources{known: map[any]struct{}{}}
+	r := &Resources{}
 	known := func(valid bool, xs ...any) {
 		if valid {
 			for _, x := range xs {
@@ -177,6 +184,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		nc += len(e.clusters)
 		ne += len(e.clas)
 	}
+	r.known = make(map[any]struct{}, nc+ne+4*len(m.Pods)+4)
 	r.Clusters = make([]*clusterv3.Cluster, 0, nc+3*len(m.Pods))
 	r.Endpoints = make([]*endpointv3.ClusterLoadAssignment, 0, ne)
 	for _, e := range entries {
@@ -206,22 +214,28 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	}
 
 	// Pods: this cluster's endpoints of the local pods, for their inbound listeners.
-	b.localEndpoints = make(map[string][]model.Endpoint, len(m.Pods))
+	// Each entry keeps its endpoints that are local pods' (for the same set of local pods); only
+	// new entries, or all when the set changed, look them up.
+	uids := make(map[string]bool, len(m.Pods))
 	for _, p := range m.Pods {
-		b.localEndpoints[p.UID] = nil
+		uids[p.UID] = true
 	}
-	if len(m.Pods) > 0 {
-		for _, s := range m.Services {
-			for _, ep := range m.Endpoints[s.Key] {
-				if ep.Cluster != m.Cluster {
-					continue
-				}
-				if l, ok := b.localEndpoints[ep.PodUID]; ok {
-					b.localEndpoints[ep.PodUID] = append(l, ep)
+	sameUIDs := maps.Equal(uids, bl.localUIDs)
+	b.localEndpoints = make(map[string][]model.Endpoint, len(m.Pods))
+	for _, e := range entries {
+		if !sameUIDs || !e.localsKnown {
+			e.locals, e.localsKnown = nil, true
+			for _, ep := range e.eps {
+				if ep.Cluster == m.Cluster && uids[ep.PodUID] {
+					e.locals = append(e.locals, ep)
 				}
 			}
 		}
+		for _, ep := range e.locals {
+			b.localEndpoints[ep.PodUID] = append(b.localEndpoints[ep.PodUID], ep)
+		}
 	}
+	bl.localUIDs = uids // what every kept entry's locals now hold, whether this build succeeds or not
 	pods := make(map[string]*podEntry, len(m.Pods))
 	ids := map[string]bool{}
 	for _, p := range m.Pods {
@@ -274,9 +288,17 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	sortByName(r.Routes, (*routev3.RouteConfiguration).GetName)
 	sortByName(r.Secrets, (*tlsv3.Secret).GetName)
 
-	svcs := make(map[model.ServiceKey]*svcEntry, len(entries))
-	for _, e := range entries {
-		svcs[e.svc.Key] = e
+	svcs := oldSvcs
+	if routingChanged || svcs == nil {
+		// The set of services may differ: a new index.
+		svcs = make(map[model.ServiceKey]*svcEntry, len(entries))
+		for _, e := range entries {
+			svcs[e.svc.Key] = e
+		}
+	} else {
+		for _, i := range todo {
+			svcs[entries[i].svc.Key] = entries[i]
+		}
 	}
 	bl.globals, bl.svcs, bl.pods, bl.routing = g, svcs, pods, rt
 	r.validated = func() {

@@ -378,3 +378,40 @@ func mapsEqual(a, b map[string]map[string]string) bool {
 	}
 	return true
 }
+
+// TestBuilderAfterFailedBuild: a build that fails (a new pod without an SVID) leaves the Builder
+// consistent: the next build of the earlier model still equals a fresh Build.
+func TestBuilderAfterFailedBuild(t *testing.T) {
+	first := goldenMesh()
+	// web-1 (which backs web.shop) leaves and a pod without an SVID arrives: the build fails
+	// after the Builder looked up the local pods' endpoints for the new set of pods.
+	withPod := goldenVariant(func(s []*model.Service, e map[model.ServiceKey][]model.Endpoint, p []*model.LocalPod) ([]*model.Service, []*model.LocalPod) {
+		p = slices.DeleteFunc(p, func(x *model.LocalPod) bool { return x.Name == "web-1" })
+		return s, append(p, &model.LocalPod{UID: "uid-new", Namespace: "shop", Name: "new", ServiceAccount: "new", NetnsPath: "/var/run/netns/cni-new",
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.1.30")}, Ready: true})
+	}, model.Node{})
+	bl := NewBuilder(Options{})
+	if _, err := bl.Build(first, fakeSVIDs(first), []byte("BUNDLE")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bl.Build(withPod, fakeSVIDs(first), []byte("BUNDLE")); err == nil || !strings.Contains(err.Error(), "no SVID") {
+		t.Fatalf("build with a pod lacking its SVID = %v, want a no-SVID error", err)
+	}
+	got, err := bl.Build(first, fakeSVIDs(first), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := Build(first, fakeSVIDs(first), []byte("BUNDLE"), Options{})
+	for _, kind := range []struct {
+		name string
+		a, b []proto.Message
+	}{
+		{"listeners", asMessages(got.Listeners), asMessages(want.Listeners)},
+		{"clusters", asMessages(got.Clusters), asMessages(want.Clusters)},
+		{"endpoints", asMessages(got.Endpoints), asMessages(want.Endpoints)},
+	} {
+		if !bytes.Equal(stableJSON(t, kind.a), stableJSON(t, kind.b)) {
+			t.Errorf("%s differ from a fresh Build after a failed build", kind.name)
+		}
+	}
+}

@@ -311,10 +311,14 @@ func (s *snapshot) consistent() error {
 			}
 		}
 	}
+	sharedChains := map[any]bool{} // the capture listeners' shared chains are read once
 	for _, x := range s.plain[types.Listener] {
 		l := x.(*listenerv3.Listener)
-		for _, fc := range l.GetFilterChains() {
-			chain(fc)
+		if k := chainsKey(l.GetFilterChains()); k == nil || !sharedChains[k] {
+			sharedChains[k] = true
+			for _, fc := range l.GetFilterChains() {
+				chain(fc)
+			}
 		}
 		if fc := l.GetDefaultFilterChain(); fc != nil {
 			chain(fc)
