@@ -58,6 +58,7 @@ type Server struct {
 
 	buildFailures prometheus.Counter
 	nacks         *prometheus.CounterVec
+	sent          *prometheus.CounterVec
 	snapVersion   prometheus.Gauge
 
 	mu       sync.Mutex
@@ -103,6 +104,8 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			Name: "aether_xds_build_failures_total", Help: "Snapshot builds that failed; the last good snapshot stays served."}),
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aether_xds_nacks_total", Help: "xDS responses Envoy rejected (NACK), by type URL."}, []string{"type_url"}),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aether_xds_resources_sent_total", Help: "Resources sent to Envoy in xDS responses, by type URL (delta sends only changed ones)."}, []string{"type_url"}),
 		snapVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aether_xds_snapshot_sequence", Help: "Sequence number of the snapshot being served."}),
 		need:     map[uint64][2]uint64{},
@@ -117,7 +120,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		kick:     make(chan struct{}, 1),
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.snapVersion} {
+		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.snapVersion} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("new xds server: register metrics: %w", err)
 			}
@@ -548,6 +551,7 @@ func (s *Server) callbacks() server.Callbacks {
 		StreamClosedFunc:      closed,
 		DeltaStreamClosedFunc: closed,
 		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, resp *discoverygrpc.DiscoveryResponse) {
+			s.sent.WithLabelValues(resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if v, ok := s.parseVersion(resp.GetVersionInfo()); ok {
@@ -559,6 +563,7 @@ func (s *Server) callbacks() server.Callbacks {
 			return nil
 		},
 		StreamDeltaResponseFunc: func(_ int64, _ *discoverygrpc.DeltaDiscoveryRequest, resp *discoverygrpc.DeltaDiscoveryResponse) {
+			s.sent.WithLabelValues(resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if v, ok := s.parseVersion(resp.GetSystemVersionInfo()); ok {
