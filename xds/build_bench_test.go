@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"runtime"
 	"testing"
+	"time"
 
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 
@@ -49,48 +50,117 @@ func benchMesh(services, endpoints, pods int) *model.Mesh {
 }
 
 // BenchmarkSnapshotBuild measures what SetMesh does per model change, without SVID issuing:
-// Build, ValidateAll on every resource, NewSnapshot and Consistent. It reports the heap retained
-// by the resulting snapshot per endpoint (retained-B/endpoint) besides Go's allocation figures.
+// Build, ValidateAll on every resource, and the snapshot with its consistency check. "cold"
+// builds the model with a new Builder every time (the package function Build). "incremental"
+// keeps one Builder and one hash memo, as the Server does, and alternates between two models that
+// differ in one endpoint's health, each a fresh copy (as the model assembler makes them); it also
+// computes the delta versions each time (what SetSnapshot does when Envoy uses delta xDS), outside
+// the timer, reported as versionmap-ms (BenchmarkSnapshotVersions measures them cold). Both
+// report the heap retained by the resulting snapshot per endpoint (retained-B/endpoint) besides
+// Go's allocation figures.
 //
 //	go test ./xds/ -run '^$' -bench BenchmarkSnapshotBuild -benchmem -benchtime 3x
 func BenchmarkSnapshotBuild(b *testing.B) {
-	for _, c := range []struct{ services, endpoints int }{
-		{100, 10_000}, {1_000, 10_000}, {10_000, 10_000},
-		{100, 100_000}, {1_000, 100_000}, {10_000, 100_000},
-	} {
-		b.Run(fmt.Sprintf("services=%d/endpoints=%d", c.services, c.endpoints), func(b *testing.B) {
-			m := benchMesh(c.services, c.endpoints, 20)
-			svids := fakeSVIDs(m)
-			var keep *cache.Snapshot
-			var with, without runtime.MemStats
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
+	for _, mode := range []string{"cold", "incremental"} {
+		for _, c := range benchSizes {
+			b.Run(fmt.Sprintf("%s/services=%d/endpoints=%d", mode, c.services, c.endpoints), func(b *testing.B) {
+				models := []*model.Mesh{benchMesh(c.services, c.endpoints, 20)}
+				if mode == "incremental" {
+					models = append(models, benchMesh(c.services, c.endpoints, 20))
+					first := models[1].Endpoints[models[1].Services[0].Key]
+					first[0].Healthy = !first[0].Healthy
+				}
+				svids := fakeSVIDs(models[0])
+				bl, memo := NewBuilder(Options{}), &hashMemo{}
+				var hashing time.Duration
+				build := func(m *model.Mesh) *snapshot {
+					if mode == "cold" {
+						bl = NewBuilder(Options{})
+					}
+					r, err := bl.Build(m, svids, []byte("BUNDLE"))
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := r.ValidateAll(); err != nil {
+						b.Fatal(err)
+					}
+					snap, err := newSnapshot("1", r.typed(), memo)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if mode == "incremental" {
+						b.StopTimer()
+						start := time.Now()
+						if err := snap.ConstructVersionMap(); err != nil {
+							b.Fatal(err)
+						}
+						hashing += time.Since(start)
+						b.StartTimer()
+					}
+					return snap
+				}
+				keep := build(models[0])
+				hashing = 0
+				var with, without runtime.MemStats
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					keep = nil
+					keep = build(models[(i+1)%len(models)])
+				}
+				b.StopTimer()
+				if mode == "incremental" {
+					b.ReportMetric(float64(hashing.Microseconds())/1e3/float64(b.N), "versionmap-ms")
+				}
+				// The heap the last snapshot holds: live heap with it minus live heap without it.
+				bl, memo = nil, nil
+				runtime.GC()
+				runtime.ReadMemStats(&with)
+				runtime.KeepAlive(keep)
 				keep = nil
-				r, err := Build(m, svids, []byte("BUNDLE"), Options{})
-				if err != nil {
-					b.Fatal(err)
+				runtime.GC()
+				runtime.ReadMemStats(&without)
+				b.ReportMetric(float64(int64(with.HeapAlloc)-int64(without.HeapAlloc))/float64(c.endpoints), "retained-B/endpoint")
+			})
+		}
+	}
+}
+
+var benchSizes = []struct{ services, endpoints int }{
+	{100, 10_000}, {1_000, 10_000}, {10_000, 10_000},
+	{100, 100_000}, {1_000, 100_000}, {10_000, 100_000},
+}
+
+// BenchmarkSnapshotVersions measures the delta versions of a whole snapshot computed from
+// nothing (a new Server's first snapshot, or the Builder's first): "library" is
+// cache.Snapshot.ConstructVersionMap (every resource encoded whole, as before this package had
+// its own snapshot), "memo" the snapshot's own (shared capture parts encoded once, in parallel).
+//
+//	go test ./xds/ -run '^$' -bench BenchmarkSnapshotVersions -benchtime 3x
+func BenchmarkSnapshotVersions(b *testing.B) {
+	for _, c := range benchSizes[3:] {
+		m := benchMesh(c.services, c.endpoints, 20)
+		r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for _, kind := range []string{"library", "memo"} {
+			b.Run(fmt.Sprintf("%s/services=%d/endpoints=%d", kind, c.services, c.endpoints), func(b *testing.B) {
+				for i := 0; i < b.N; i++ {
+					var s interface{ ConstructVersionMap() error }
+					var err error
+					if kind == "library" {
+						s, err = cache.NewSnapshot("1", r.typed())
+					} else {
+						s, err = newSnapshot("1", r.typed(), nil)
+					}
+					if err != nil {
+						b.Fatal(err)
+					}
+					if err := s.ConstructVersionMap(); err != nil {
+						b.Fatal(err)
+					}
 				}
-				if err := r.ValidateAll(); err != nil {
-					b.Fatal(err)
-				}
-				snap, err := cache.NewSnapshot("1", r.typed())
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := snap.Consistent(); err != nil {
-					b.Fatal(err)
-				}
-				keep = snap
-			}
-			b.StopTimer()
-			// The heap the last snapshot holds: live heap with it minus live heap without it.
-			runtime.GC()
-			runtime.ReadMemStats(&with)
-			runtime.KeepAlive(keep)
-			keep = nil
-			runtime.GC()
-			runtime.ReadMemStats(&without)
-			b.ReportMetric(float64(int64(with.HeapAlloc)-int64(without.HeapAlloc))/float64(c.endpoints), "retained-B/endpoint")
-		})
+			})
+		}
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -49,18 +48,23 @@ type Server struct {
 	opts  ServerOptions
 	log   *slog.Logger
 	cache cache.SnapshotCache
+	// builder keeps what it built for the next SetMesh (rebuilds only what changed); hashes keeps
+	// the delta versions of the resources served, for the resources a new snapshot reuses.
+	builder *Builder
+	hashes  *hashMemo
 	// epoch prefixes every version this server instance hands out, so that a version an Envoy
 	// ACKed for a previous agent process is never taken for one of ours.
 	epoch string
 
 	buildFailures prometheus.Counter
 	nacks         *prometheus.CounterVec
+	sent          *prometheus.CounterVec
 	snapVersion   prometheus.Gauge
 
 	mu       sync.Mutex
 	mesh     *model.Mesh
 	seq      uint64
-	last     *cache.Snapshot
+	last     *snapshot
 	lastL    uint64 // version at which listeners last changed
 	lastC    uint64 // version at which clusters last changed
 	need     map[uint64][2]uint64
@@ -69,7 +73,7 @@ type Server struct {
 	nackCnt  uint64
 	lastNACK string
 	nacked   map[string]bool // "<type URL> <version>" already logged and counted
-	snaps    map[uint64]*cache.Snapshot
+	snaps    map[uint64]*snapshot
 	goodSeq  uint64            // highest version whose listeners and clusters Envoy ACKed
 	rejected map[uint64]string // NACKed versions -> error_detail
 	changed  chan struct{}
@@ -100,6 +104,8 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			Name: "aether_xds_build_failures_total", Help: "Snapshot builds that failed; the last good snapshot stays served."}),
 		nacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aether_xds_nacks_total", Help: "xDS responses Envoy rejected (NACK), by type URL."}, []string{"type_url"}),
+		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aether_xds_resources_sent_total", Help: "Resources sent to Envoy in xDS responses, by type URL (delta sends only changed ones)."}, []string{"type_url"}),
 		snapVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aether_xds_snapshot_sequence", Help: "Sequence number of the snapshot being served."}),
 		need:     map[uint64][2]uint64{},
@@ -107,12 +113,14 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		nonces:   map[string]uint64{},
 		nacked:   map[string]bool{},
 		rejected: map[uint64]string{},
-		snaps:    map[uint64]*cache.Snapshot{},
+		snaps:    map[uint64]*snapshot{},
+		builder:  NewBuilder(opts.Build),
+		hashes:   &hashMemo{},
 		changed:  make(chan struct{}),
 		kick:     make(chan struct{}, 1),
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.snapVersion} {
+		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.snapVersion} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("new xds server: register metrics: %w", err)
 			}
@@ -186,7 +194,7 @@ func (s *Server) rotate(ctx context.Context) {
 func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	snap, err := s.build(ctx, m)
+	res, err := s.build(ctx, m)
 	if err != nil {
 		s.buildFailures.Inc()
 		s.log.Error("build xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
@@ -195,10 +203,7 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	s.seq++
 	v := s.seq
 	version := s.epoch + "." + strconv.FormatUint(v, 10)
-	snap, err = cache.NewSnapshot(version, snapResources(snap))
-	if err == nil {
-		err = snap.Consistent()
-	}
+	snap, err := newSnapshot(version, res, s.hashes)
 	if err != nil {
 		s.seq--
 		s.buildFailures.Inc()
@@ -242,7 +247,7 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 // noteChanges records v as the version at which listeners or clusters last changed, when they
 // differ from the snapshot served before (delta ADS sends nothing for an unchanged type, so no
 // ACK for v would come). Called with s.mu held.
-func (s *Server) noteChanges(snap *cache.Snapshot, v uint64) {
+func (s *Server) noteChanges(snap *snapshot, v uint64) {
 	if s.last == nil || !sameResources(s.last, snap, resource.ListenerType) {
 		s.lastL = v
 	}
@@ -252,7 +257,7 @@ func (s *Server) noteChanges(snap *cache.Snapshot, v uint64) {
 }
 
 // build runs the builders and validates every resource. Called with s.mu held.
-func (s *Server) build(ctx context.Context, m *model.Mesh) (*cache.Snapshot, error) {
+func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]types.Resource, error) {
 	var ids []string
 	seen := map[string]bool{}
 	for _, p := range m.Pods {
@@ -270,22 +275,22 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (*cache.Snapshot, err
 	for _, sv := range svids {
 		byID[sv.SPIFFEID] = sv
 	}
-	r, err := Build(m, byID, s.opts.Identity.Source().BundlePEM(), s.opts.Build)
+	r, err := s.builder.Build(m, byID, s.opts.Identity.Source().BundlePEM())
 	if err != nil {
 		return nil, err
 	}
 	if err := r.ValidateAll(); err != nil {
 		return nil, err
 	}
-	// A temporary snapshot holding the resources; SetMesh re-creates it with its version.
-	return cache.NewSnapshot("", r.typed())
+	return r.typed(), nil
 }
 
 // ValidateAll runs the PGV validation (ValidateAll) of every resource and returns every
 // violation, naming the resource. Clusters and endpoint sets are validated in parallel (one
 // goroutine per CPU); listeners first and alone, since the capture listeners share one
-// filter-chain matcher (one entry per VIP and port) that is validated once, then each listener
-// without it.
+// filter-chain matcher (one entry per VIP and port) and one list of filter chains (one per TCP
+// service port), each validated once, then each listener without them. Resources a Builder reused from an earlier build that passed ValidateAll are not
+// validated again.
 func (r *Resources) ValidateAll() error {
 	var errs []error
 	check := func(kind, name string, err error) {
@@ -293,49 +298,62 @@ func (r *Resources) ValidateAll() error {
 			errs = append(errs, fmt.Errorf("validate %s %q: %w", kind, name, err))
 		}
 	}
+	// The capture listeners share their matcher and filter chains: each shared part is validated
+	// with the first listener that holds it (or not at all when a Builder knows it valid), and
+	// the other listeners are validated without it.
 	validated := map[any]bool{}
 	for _, x := range r.Listeners {
-		fcm := x.FilterChainMatcher
-		if fcm != nil && validated[fcm] {
-			x.FilterChainMatcher = nil
-			check("listener", x.GetName(), x.ValidateAll())
-			x.FilterChainMatcher = fcm
+		if r.isKnown(x) {
 			continue
 		}
+		fcm, fcs := x.FilterChainMatcher, x.FilterChains
+		mk, ck := any(fcm), chainsKey(fcs)
+		skipM := fcm != nil && (validated[mk] || r.isKnown(mk))
+		skipC := ck != nil && (validated[ck] || r.isKnown(ck))
+		if skipM {
+			x.FilterChainMatcher = nil
+		}
+		if skipC {
+			x.FilterChains = nil
+		}
 		check("listener", x.GetName(), x.ValidateAll())
+		x.FilterChainMatcher, x.FilterChains = fcm, fcs
 		if fcm != nil {
-			validated[fcm] = true
+			validated[mk] = true
+		}
+		if ck != nil {
+			validated[ck] = true
 		}
 	}
 	for _, x := range r.Routes {
-		check("route", x.GetName(), x.ValidateAll())
+		if !r.isKnown(x) {
+			check("route", x.GetName(), x.ValidateAll())
+		}
 	}
 	for _, x := range r.Secrets {
 		check("secret", x.GetName(), x.ValidateAll())
 	}
-	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName)...)
-	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)...)
+	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName, r.isKnown)...)
+	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName, r.isKnown)...)
+	if len(errs) == 0 && r.validated != nil {
+		r.validated()
+	}
 	return errors.Join(errs...)
 }
 
-// parallelValidate runs ValidateAll on xs in GOMAXPROCS goroutines and returns the violations in
-// input order.
-func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, name func(T) string) []error {
-	n := runtime.GOMAXPROCS(0)
+// parallelValidate runs ValidateAll on the xs that skip does not name, in GOMAXPROCS goroutines,
+// and returns the violations in input order.
+func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, name func(T) string, skip func(any) bool) []error {
 	out := make([]error, len(xs))
-	var wg sync.WaitGroup
-	for w := 0; w < n; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := w; i < len(xs); i += n {
-				if err := xs[i].ValidateAll(); err != nil {
-					out[i] = fmt.Errorf("validate %s %q: %w", kind, name(xs[i]), err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	_ = parallel(len(xs), func(i int) error {
+		if skip(xs[i]) {
+			return nil
+		}
+		if err := xs[i].ValidateAll(); err != nil {
+			out[i] = fmt.Errorf("validate %s %q: %w", kind, name(xs[i]), err)
+		}
+		return nil
+	})
 	var errs []error
 	for _, err := range out {
 		if err != nil {
@@ -375,25 +393,16 @@ func (r *Resources) typed() map[resource.Type][]types.Resource {
 // snapshotTypes are the resource types every snapshot carries.
 var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType}
 
-func snapResources(s *cache.Snapshot) map[resource.Type][]types.Resource {
-	out := map[resource.Type][]types.Resource{}
-	for _, t := range snapshotTypes {
-		out[t] = []types.Resource{}
-		for _, r := range s.GetResources(t) {
-			out[t] = append(out[t], r)
-		}
-	}
-	return out
-}
-
-func sameResources(a, b *cache.Snapshot, t resource.Type) bool {
+// sameResources reports whether two snapshots hold the same resources of type t. Resources the
+// Builder reused are the same values, so most comparisons end at the pointer.
+func sameResources(a, b *snapshot, t resource.Type) bool {
 	ra, rb := a.GetResources(t), b.GetResources(t)
 	if len(ra) != len(rb) {
 		return false
 	}
 	for name, x := range ra {
 		y, ok := rb[name]
-		if !ok || !proto.Equal(x, y) {
+		if !ok || (x != y && !proto.Equal(x, y)) {
 			return false
 		}
 	}
@@ -507,13 +516,13 @@ func (s *Server) ack(url string, v uint64, ok bool, nack string) {
 }
 
 // rollback serves the resources of a fully ACKed snapshot under a new version.
-func (s *Server) rollback(good *cache.Snapshot) {
+func (s *Server) rollback(good *snapshot) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.seq++
 	v := s.seq
 	version := s.epoch + "." + strconv.FormatUint(v, 10)
-	snap, err := cache.NewSnapshot(version, snapResources(good))
+	snap, err := newSnapshot(version, good.resources(), s.hashes)
 	if err == nil {
 		err = s.cache.SetSnapshot(context.Background(), s.opts.NodeID, snap)
 	}
@@ -542,6 +551,7 @@ func (s *Server) callbacks() server.Callbacks {
 		StreamClosedFunc:      closed,
 		DeltaStreamClosedFunc: closed,
 		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, resp *discoverygrpc.DiscoveryResponse) {
+			s.sent.WithLabelValues(resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if v, ok := s.parseVersion(resp.GetVersionInfo()); ok {
@@ -553,6 +563,7 @@ func (s *Server) callbacks() server.Callbacks {
 			return nil
 		},
 		StreamDeltaResponseFunc: func(_ int64, _ *discoverygrpc.DeltaDiscoveryRequest, resp *discoverygrpc.DeltaDiscoveryResponse) {
+			s.sent.WithLabelValues(resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if v, ok := s.parseVersion(resp.GetSystemVersionInfo()); ok {

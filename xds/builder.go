@@ -1,0 +1,386 @@
+package xds
+
+import (
+	"fmt"
+	"maps"
+	"runtime"
+	"slices"
+	"sync"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/tunnel"
+)
+
+// Builder is Build with a memory, for a caller that rebuilds on every model change (the agent's
+// Server). It keeps, per service, the resources it built (outbound clusters, EDS resources, floor
+// chains, matcher and route entries) with the model values they were built from, per local pod
+// its listeners and inbound clusters, and the shared capture matcher and route tables. The next
+// Build compares each service and its endpoints, and each pod and its local endpoints, with what
+// it kept (by value: models are rebuilt from scratch) and rebuilds only what differs, services in
+// parallel across GOMAXPROCS; the shared parts are reassembled only when a service's routing
+// (VIPs, ports, names) changed or a service came or went. A change of a mesh-wide input (cluster
+// name, domains, node locality, or with CertMatcher the set of local identities) rebuilds
+// everything.
+//
+// Reused resources are the same values as in the previous build, so they hash the same for delta
+// xDS, and ValidateAll skips those that already passed it. The output of Build is the same as
+// that of the package function Build for the same model. A Builder is not safe for concurrent
+// use, and the resources it returns are shared with later builds: they must not be modified.
+type Builder struct {
+	opts Options
+	// shared is the builder holding the typed configs that depend on the options only.
+	shared *builder
+	// passthrough is the ORIGINAL_DST cluster (options only); passthroughValid once validated.
+	passthrough      *clusterv3.Cluster
+	passthroughValid bool
+
+	globals *meshGlobals
+	svcs    map[model.ServiceKey]*svcEntry
+	pods    map[string]*podEntry
+	routing *routing
+	// localUIDs are the local pods' UIDs of the last build (svcEntry.locals depends on them).
+	localUIDs map[string]bool
+}
+
+// NewBuilder returns a Builder with nothing kept yet.
+func NewBuilder(opts Options) *Builder { return &Builder{opts: opts} }
+
+// meshGlobals are the mesh-wide inputs that per-service and per-pod resources depend on.
+type meshGlobals struct {
+	cluster, meshDomain, trustDomain, region, zone string
+	// ids are the local identities, sorted, when every cluster depends on them (CertMatcher).
+	ids []string
+}
+
+func globalsOf(m *model.Mesh, opts Options) *meshGlobals {
+	g := &meshGlobals{cluster: m.Cluster, meshDomain: m.MeshDomain, trustDomain: m.TrustDomain, region: m.Node.Region, zone: m.Node.Zone}
+	if opts.CertSelection == CertMatcher {
+		seen := map[string]bool{}
+		for _, p := range m.Pods {
+			seen[p.SPIFFEID(m.TrustDomain)] = true
+		}
+		g.ids = slices.Sorted(mapKeys(seen))
+	}
+	return g
+}
+
+func (g *meshGlobals) equal(o *meshGlobals) bool {
+	return o != nil && g.cluster == o.cluster && g.meshDomain == o.meshDomain && g.trustDomain == o.trustDomain &&
+		g.region == o.region && g.zone == o.zone && slices.Equal(g.ids, o.ids)
+}
+
+// svcEntry is what one service contributes to a build (serviceEntry), with the model values it
+// was built from: the service, its endpoints and the short name it owned.
+type svcEntry struct {
+	svc   *model.Service
+	eps   []model.Endpoint
+	short string
+	// peers are the SPIFFE IDs of the endpoints, which the clusters pin.
+	peers []string
+	// locals are the endpoints in this cluster of local pods (Builder.localUIDs), in order, once
+	// localsKnown.
+	locals      []model.Endpoint
+	localsKnown bool
+
+	clusters []*clusterv3.Cluster
+	clas     []*endpointv3.ClusterLoadAssignment
+	floors   []floorChain
+	chains   []vipChain
+	routes   []vipRoute
+	lane     []*routev3.VirtualHost
+	// valid is set once a build that used this entry passed ValidateAll; clustersValid when its
+	// clusters were carried over from an entry that had.
+	valid, clustersValid bool
+}
+
+// podEntry is one local pod's listeners and inbound clusters, with the pod and the local
+// endpoints (its registrations in this cluster) they were built from.
+type podEntry struct {
+	pod       *model.LocalPod
+	local     []model.Endpoint
+	listeners []*listenerv3.Listener
+	clusters  []*clusterv3.Cluster
+	valid     bool
+}
+
+// Build is the package function Build, rebuilding only what changed since the Builder's last
+// successful Build (see Builder). Its errors are Build's.
+func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte) (*Resources, error) {
+	if bl.shared == nil {
+		sh := &builder{opts: bl.opts}
+		if err := sh.prepareShared(); err != nil {
+			return nil, err
+		}
+		bl.shared = sh
+		bl.passthrough = sh.passthroughCluster()
+	}
+	b := &builder{m: m, opts: bl.opts, selector: bl.shared.selector, captureHCM: bl.shared.captureHCM, passthrough: bl.shared.passthrough}
+	g := globalsOf(m, bl.opts)
+	oldSvcs, oldPods, rt := bl.svcs, bl.pods, bl.routing
+	if !g.equal(bl.globals) {
+		oldSvcs, oldPods, rt = nil, nil, nil
+	}
+
+	// Services: keep the entries whose service and endpoints are unchanged, rebuild the others.
+	entries := make([]*svcEntry, len(m.Services))
+	var todo []int
+	routingChanged := rt == nil
+	kept := 0
+	for i, s := range m.Services {
+		e := oldSvcs[s.Key]
+		if e == nil {
+			routingChanged = true
+			todo = append(todo, i)
+			continue
+		}
+		kept++
+		sameSvc := e.short == m.ShortName(s.Key) && serviceEqual(e.svc, s)
+		if sameSvc && endpointsEqual(e.eps, m.Endpoints[s.Key]) {
+			entries[i] = e
+			continue
+		}
+		if !sameSvc {
+			routingChanged = true
+		}
+		todo = append(todo, i)
+	}
+	if kept != len(oldSvcs) {
+		routingChanged = true // a service went away
+	}
+	err := parallel(len(todo), func(j int) error {
+		s := m.Services[todo[j]]
+		e, err := b.serviceEntry(s, oldSvcs[s.Key])
+		if err != nil {
+			return fmt.Errorf("build service %s: %w", s.Key, err)
+		}
+		entries[todo[j]] = e
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if routingChanged {
+		rt = assembleRouting(entries, b.captureHCM)
+	}
+	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
+
+	r := &Resources{}
+	known := func(valid bool, xs ...any) {
+		if valid {
+			for _, x := range xs {
+				r.known[x] = struct{}{}
+			}
+		}
+	}
+	nc, ne := 1, 0
+	for _, e := range entries {
+		nc += len(e.clusters)
+		ne += len(e.clas)
+	}
+	r.known = make(map[any]struct{}, nc+ne+4*len(m.Pods)+4)
+	r.Clusters = make([]*clusterv3.Cluster, 0, nc+3*len(m.Pods))
+	r.Endpoints = make([]*endpointv3.ClusterLoadAssignment, 0, ne)
+	for _, e := range entries {
+		r.Clusters = append(r.Clusters, e.clusters...)
+		r.Endpoints = append(r.Endpoints, e.clas...)
+		if e.valid || e.clustersValid {
+			for _, c := range e.clusters {
+				r.known[c] = struct{}{}
+			}
+		}
+		if e.valid {
+			for _, c := range e.clas {
+				r.known[c] = struct{}{}
+			}
+		}
+	}
+	r.Clusters = append(r.Clusters, bl.passthrough)
+	known(bl.passthroughValid, bl.passthrough)
+	// The shared routes are referenced only by pod listeners: a node without meshed pods serves
+	// none (a snapshot whose routes no listener names is not Consistent()).
+	if len(m.Pods) > 0 {
+		r.Routes = append(r.Routes, rt.captureRoute, rt.laneRoute)
+		known(rt.valid, rt.captureRoute, rt.laneRoute)
+	}
+	if rt.captureMatcher != nil {
+		known(rt.valid, rt.captureMatcher, chainsKey(rt.captureChains))
+	}
+
+	// Pods: this cluster's endpoints of the local pods, for their inbound listeners.
+	// Each entry keeps its endpoints that are local pods' (for the same set of local pods); only
+	// new entries, or all when the set changed, look them up.
+	uids := make(map[string]bool, len(m.Pods))
+	for _, p := range m.Pods {
+		uids[p.UID] = true
+	}
+	sameUIDs := maps.Equal(uids, bl.localUIDs)
+	b.localEndpoints = make(map[string][]model.Endpoint, len(m.Pods))
+	for _, e := range entries {
+		if !sameUIDs || !e.localsKnown {
+			e.locals, e.localsKnown = nil, true
+			for _, ep := range e.eps {
+				if ep.Cluster == m.Cluster && uids[ep.PodUID] {
+					e.locals = append(e.locals, ep)
+				}
+			}
+		}
+		for _, ep := range e.locals {
+			b.localEndpoints[ep.PodUID] = append(b.localEndpoints[ep.PodUID], ep)
+		}
+	}
+	bl.localUIDs = uids // what every kept entry's locals now hold, whether this build succeeds or not
+	pods := make(map[string]*podEntry, len(m.Pods))
+	ids := map[string]bool{}
+	for _, p := range m.Pods {
+		id := p.SPIFFEID(m.TrustDomain)
+		if svids[id] == nil {
+			return nil, fmt.Errorf("build pod %s/%s: no SVID for %s", p.Namespace, p.Name, id)
+		}
+		if p.NetnsPath == "" {
+			return nil, fmt.Errorf("build pod %s/%s: empty netns path", p.Namespace, p.Name)
+		}
+		ids[id] = true
+		local := b.localEndpoints[p.UID]
+		pe := oldPods[p.UID]
+		if routingChanged || pe == nil || !podEqual(pe.pod, p) || !endpointsEqual(pe.local, local) {
+			ls, cs, err := b.podListeners(p)
+			if err != nil {
+				return nil, fmt.Errorf("build pod %s/%s: %w", p.Namespace, p.Name, err)
+			}
+			pe = &podEntry{pod: p, local: local, listeners: ls, clusters: cs}
+		}
+		pods[p.UID] = pe
+		r.Listeners = append(r.Listeners, pe.listeners...)
+		r.Clusters = append(r.Clusters, pe.clusters...)
+		for _, l := range pe.listeners {
+			known(pe.valid, l)
+		}
+		for _, c := range pe.clusters {
+			known(pe.valid, c)
+		}
+	}
+	if bl.opts.EastWestWaypoint {
+		// The node's tunnel listener (package tunnel); nil while the node IP is unknown.
+		w, err := tunnel.Build(m, tunnel.Options{ConnectTimeout: bl.opts.ConnectTimeout, Netns: bl.opts.UpstreamNetns})
+		if err != nil {
+			return nil, fmt.Errorf("build waypoint: %w", err)
+		}
+		if w != nil {
+			r.Listeners = append(r.Listeners, w.Listener)
+			r.Clusters = append(r.Clusters, w.Clusters...)
+			r.Endpoints = append(r.Endpoints, w.Endpoints...)
+		}
+	}
+	for _, id := range slices.Sorted(mapKeys(ids)) {
+		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
+	}
+	r.Secrets = append(r.Secrets, bundleSecret(bundlePEM))
+	sortByName(r.Listeners, (*listenerv3.Listener).GetName)
+	sortByName(r.Clusters, (*clusterv3.Cluster).GetName)
+	sortByName(r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
+	sortByName(r.Routes, (*routev3.RouteConfiguration).GetName)
+	sortByName(r.Secrets, (*tlsv3.Secret).GetName)
+
+	svcs := oldSvcs
+	if routingChanged || svcs == nil {
+		// The set of services may differ: a new index.
+		svcs = make(map[model.ServiceKey]*svcEntry, len(entries))
+		for _, e := range entries {
+			svcs[e.svc.Key] = e
+		}
+	} else {
+		for _, i := range todo {
+			svcs[entries[i].svc.Key] = entries[i]
+		}
+	}
+	bl.globals, bl.svcs, bl.pods, bl.routing = g, svcs, pods, rt
+	r.validated = func() {
+		for _, e := range entries {
+			e.valid = true
+		}
+		for _, pe := range pods {
+			pe.valid = true
+		}
+		rt.valid = true
+		bl.passthroughValid = true
+	}
+	return r, nil
+}
+
+// parallel runs fn(0..n-1) in up to GOMAXPROCS goroutines and returns the error of the lowest
+// index that failed.
+func parallel(n int, fn func(i int) error) error {
+	w := min(runtime.GOMAXPROCS(0), n)
+	if w <= 1 {
+		for i := 0; i < n; i++ {
+			if err := fn(i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for k := 0; k < w; k++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := k; i < n; i += w {
+				errs[i] = fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// serviceEqual reports whether two services are the same in every field.
+func serviceEqual(a, b *model.Service) bool {
+	if a == b {
+		return true
+	}
+	return a.Key == b.Key && a.Local == b.Local && a.Imported == b.Imported && a.Exported == b.Exported &&
+		a.Created.Equal(b.Created) && slices.Equal(a.VIPs, b.VIPs) && slices.Equal(a.ClustersetVIPs, b.ClustersetVIPs) &&
+		slices.Equal(a.Ports, b.Ports)
+}
+
+// endpointsEqual reports whether two endpoint lists are the same, in the same order.
+func endpointsEqual(a, b []model.Endpoint) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true
+	}
+	for i := range a {
+		x, y := &a[i], &b[i]
+		if x.Service != y.Service || x.Cluster != y.Cluster || x.Region != y.Region || x.Zone != y.Zone ||
+			x.PodName != y.PodName || x.PodUID != y.PodUID || x.NodeName != y.NodeName || x.NodeIP != y.NodeIP ||
+			x.SPIFFEID != y.SPIFFEID || x.Healthy != y.Healthy || !slices.Equal(x.IPs, y.IPs) || !slices.Equal(x.Ports, y.Ports) {
+			return false
+		}
+	}
+	return true
+}
+
+// podEqual reports whether two local pods are the same in every field.
+func podEqual(a, b *model.LocalPod) bool {
+	if a == b {
+		return true
+	}
+	return a.UID == b.UID && a.Namespace == b.Namespace && a.Name == b.Name && a.ServiceAccount == b.ServiceAccount &&
+		a.ContainerID == b.ContainerID && a.NetnsPath == b.NetnsPath && a.Ready == b.Ready && a.Protocol == b.Protocol &&
+		slices.Equal(a.IPs, b.IPs) && slices.Equal(a.Ports, b.Ports) && slices.Equal(a.Services, b.Services)
+}

@@ -1,0 +1,417 @@
+package xds
+
+import (
+	"bytes"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// goldenVariant is goldenMesh with one change applied to fresh copies of its parts (as the model
+// assembler makes every model from scratch).
+func goldenVariant(change func(svcs []*model.Service, eps map[model.ServiceKey][]model.Endpoint, pods []*model.LocalPod) ([]*model.Service, []*model.LocalPod), node model.Node) *model.Mesh {
+	g := goldenMesh()
+	svcs, eps, pods := g.Services, g.Endpoints, g.Pods
+	if change != nil {
+		svcs, pods = change(svcs, eps, pods)
+	}
+	if node.Name == "" {
+		node = g.Node
+	}
+	return model.New(g.Version+1, g.Cluster, g.MeshDomain, g.TrustDomain, node, svcs, eps, pods)
+}
+
+var (
+	webKey = model.ServiceKey{Namespace: "shop", Name: "web"}
+	dbKey  = model.ServiceKey{Namespace: "shop", Name: "db"}
+	apiKey = model.ServiceKey{Namespace: "edge", Name: "api"}
+)
+
+// builderSteps is a sequence of models, each one change away from the one before.
+func builderSteps() []struct {
+	name string
+	mesh *model.Mesh
+} {
+	type svcs = []*model.Service
+	type eps = map[model.ServiceKey][]model.Endpoint
+	type pods = []*model.LocalPod
+	return []struct {
+		name string
+		mesh *model.Mesh
+	}{
+		{"first", goldenVariant(nil, model.Node{})},
+		{"same model again", goldenVariant(nil, model.Node{})},
+		{"one endpoint turns healthy", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			e[webKey][1].Healthy = true
+			return s, p
+		}, model.Node{})},
+		{"local endpoint gains a port", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			e[webKey][1].Healthy = true
+			e[dbKey][0].Ports = append(e[dbKey][0].Ports, model.EndpointPort{Port: 3307, Protocol: model.ProtocolTCP})
+			return s, p
+		}, model.Node{})},
+		{"service gains a VIP", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			for _, x := range s {
+				if x.Key == dbKey {
+					x.VIPs = append(x.VIPs, netip.MustParseAddr("10.96.0.12"))
+				}
+			}
+			return s, p
+		}, model.Node{})},
+		{"service removed", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			delete(e, apiKey)
+			return slices.DeleteFunc(s, func(x *model.Service) bool { return x.Key == apiKey }), p
+		}, model.Node{})},
+		{"pod added", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			delete(e, apiKey)
+			return slices.DeleteFunc(s, func(x *model.Service) bool { return x.Key == apiKey }),
+				append(p, &model.LocalPod{UID: "uid-new", Namespace: "shop", Name: "new", ServiceAccount: "new", NetnsPath: "/var/run/netns/cni-new",
+					IPs: []netip.Addr{netip.MustParseAddr("10.244.1.30")}, Ready: true, Ports: []model.PodPort{{Port: 8080}}})
+		}, model.Node{})},
+		{"pod removed", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			return s, p[1:]
+		}, model.Node{})},
+		{"node moved to another zone", goldenVariant(nil, model.Node{Name: "n1", Region: "r1", Zone: "z2"})},
+		{"back to the first model", goldenVariant(nil, model.Node{})},
+	}
+}
+
+// TestBuilderMatchesBuild: a Builder fed a sequence of models returns, at every step, exactly what
+// a fresh Build returns for that model, for every option set.
+func TestBuilderMatchesBuild(t *testing.T) {
+	for _, opts := range []struct {
+		name string
+		o    Options
+	}{
+		{"default", Options{}},
+		{"upstream-netns", Options{UpstreamNetns: "/var/run/netns/node"}},
+		{"east-west-waypoint", Options{EastWestWaypoint: true}},
+		{"transport-socket-matcher", Options{CertSelection: CertMatcher}},
+	} {
+		t.Run(opts.name, func(t *testing.T) {
+			bl := NewBuilder(opts.o)
+			for _, step := range builderSteps() {
+				m := step.mesh
+				got, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+				if err != nil {
+					t.Fatalf("%s: %v", step.name, err)
+				}
+				if err := got.ValidateAll(); err != nil {
+					t.Fatalf("%s: ValidateAll: %v", step.name, err)
+				}
+				want, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), opts.o)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, kind := range []struct {
+					name string
+					a, b []proto.Message
+				}{
+					{"listeners", asMessages(got.Listeners), asMessages(want.Listeners)},
+					{"clusters", asMessages(got.Clusters), asMessages(want.Clusters)},
+					{"endpoints", asMessages(got.Endpoints), asMessages(want.Endpoints)},
+					{"routes", asMessages(got.Routes), asMessages(want.Routes)},
+					{"secrets", asMessages(got.Secrets), asMessages(want.Secrets)},
+				} {
+					if !bytes.Equal(stableJSON(t, kind.a), stableJSON(t, kind.b)) {
+						t.Errorf("%s: %s differ from a fresh Build", step.name, kind.name)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestBuilderReusesUnchanged: after a change to one service's endpoints, the other services'
+// clusters and EDS resources and every pod listener are the values of the previous build, and
+// ValidateAll skips them; the changed service's EDS resource is new.
+func TestBuilderReusesUnchanged(t *testing.T) {
+	steps := builderSteps()
+	bl := NewBuilder(Options{})
+	m0 := steps[0].mesh
+	r0, err := bl.Build(m0, fakeSVIDs(m0), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r0.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	m1 := steps[2].mesh // web.shop's second endpoint turns healthy
+	r1, err := bl.Build(m1, fakeSVIDs(m1), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range r1.Clusters {
+		if same := c == r0.Clusters[i]; !same {
+			t.Errorf("cluster %s rebuilt, want the previous value (its peers did not change)", c.GetName())
+		}
+		if !r1.isKnown(c) {
+			t.Errorf("cluster %s not known valid", c.GetName())
+		}
+	}
+	for i, e := range r1.Endpoints {
+		changed := strings.HasPrefix(e.GetClusterName(), "web.shop.mesh:")
+		if same := e == r0.Endpoints[i]; same == changed {
+			t.Errorf("EDS %s: reused=%v, want reused only when unchanged", e.GetClusterName(), same)
+		}
+	}
+	for i, l := range r1.Listeners {
+		if l != r0.Listeners[i] {
+			t.Errorf("listener %s rebuilt, want the previous value", l.GetName())
+		}
+	}
+	if r1.Routes[0] != r0.Routes[0] || r1.Routes[1] != r0.Routes[1] {
+		t.Error("route tables rebuilt, want the previous values (no routing changed)")
+	}
+}
+
+// TestBuilderRevalidatesRejected: a resource that failed ValidateAll is validated again in the
+// next build that reuses it, so a bad model fails every time, and a good one passes after it.
+func TestBuilderRevalidatesRejected(t *testing.T) {
+	bad := goldenVariant(func(s []*model.Service, e map[model.ServiceKey][]model.Endpoint, p []*model.LocalPod) ([]*model.Service, []*model.LocalPod) {
+		p[0].Ports = []model.PodPort{{Port: 70000, Protocol: model.ProtocolTCP}} // not a port: its inbound cluster is invalid
+		return s, p
+	}, model.Node{})
+	bl := NewBuilder(Options{})
+	for i := 0; i < 2; i++ {
+		r, err := bl.Build(bad, fakeSVIDs(bad), []byte("BUNDLE"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ValidateAll(); err == nil || !strings.Contains(err.Error(), "70000") {
+			t.Fatalf("build %d of the bad model: ValidateAll = %v, want an error naming port 70000", i+1, err)
+		}
+	}
+	good := goldenMesh()
+	r, err := bl.Build(good, fakeSVIDs(good), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ValidateAll(); err != nil {
+		t.Fatalf("good model after the bad one: %v", err)
+	}
+}
+
+// TestConsistentAgreesWithLibrary: the snapshot's own consistency check accepts and rejects the
+// same snapshots as go-control-plane's Snapshot.Consistent.
+func TestConsistentAgreesWithLibrary(t *testing.T) {
+	m := goldenMesh()
+	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	without := func(t resource.Type, name string) map[resource.Type][]types.Resource {
+		out := r.typed()
+		out[t] = slices.DeleteFunc(slices.Clone(out[t]), func(x types.Resource) bool { return cache.GetResourceName(x) == name })
+		return out
+	}
+	cases := []struct {
+		name string
+		res  map[resource.Type][]types.Resource
+		ok   bool
+	}{
+		{"built", r.typed(), true},
+		{"empty model", mustTyped(t, model.New(1, "c1", "", "", model.Node{}, nil, nil, nil)), true},
+		{"EDS resource missing", without(resource.EndpointType, "web.shop.mesh:80"), false},
+		{"EDS cluster missing", without(resource.ClusterType, "web.shop.mesh:80"), false},
+		{"route missing", without(resource.RouteType, CaptureRouteName), false},
+		{"listeners missing", map[resource.Type][]types.Resource{
+			resource.ClusterType: r.typed()[resource.ClusterType], resource.EndpointType: r.typed()[resource.EndpointType],
+			resource.RouteType: r.typed()[resource.RouteType], resource.ListenerType: {}, resource.SecretType: {}}, false},
+		{"EDS service_name", map[resource.Type][]types.Resource{
+			resource.ClusterType: {&clusterv3.Cluster{Name: "a", ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+				EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{ServiceName: "web.shop.mesh:80"}}},
+			resource.EndpointType: {claNamed(r, "web.shop.mesh:80")}, resource.ListenerType: {}, resource.RouteType: {}, resource.SecretType: {}}, true},
+	}
+	for _, c := range cases {
+		lib, err := cache.NewSnapshot("1", c.res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		libErr := lib.Consistent()
+		_, ownErr := newSnapshot("1", c.res, nil)
+		if (libErr == nil) != c.ok || (ownErr == nil) != c.ok {
+			t.Errorf("%s: library Consistent = %v, own check = %v, want ok=%v", c.name, libErr, ownErr, c.ok)
+		}
+	}
+}
+
+func claNamed(r *Resources, name string) types.Resource {
+	for _, e := range r.Endpoints {
+		if e.GetClusterName() == name {
+			return e
+		}
+	}
+	return nil
+}
+
+func mustTyped(t *testing.T, m *model.Mesh) map[resource.Type][]types.Resource {
+	t.Helper()
+	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.typed()
+}
+
+// TestVersionMapStable: delta versions depend on content only (two Builders, two fresh models:
+// the same versions; equal to go-control-plane's hash for resources without a shared matcher),
+// and a change moves the versions of exactly the resources it changed.
+func TestVersionMapStable(t *testing.T) {
+	steps := builderSteps()
+	versions := func(bl *Builder, m *model.Mesh, memo *hashMemo) map[string]map[string]string {
+		t.Helper()
+		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := newSnapshot("1", r.typed(), memo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ConstructVersionMap(); err != nil {
+			t.Fatal(err)
+		}
+		for _, typ := range snapshotTypes {
+			for name, x := range s.GetResources(typ) {
+				b, _ := cache.MarshalResource(x)
+				lib := cache.HashResource(b)
+				if got := s.GetVersionMap(typ)[name]; (got == lib) == (typ == resource.ListenerType && strings.HasPrefix(name, "capture|")) {
+					t.Errorf("%s %s: version %s, library hash %s: want equal unless it is a capture listener", typ, name, got, lib)
+				}
+			}
+		}
+		out := map[string]map[string]string{}
+		for _, typ := range snapshotTypes {
+			out[typ] = s.GetVersionMap(typ)
+		}
+		return out
+	}
+	bl, memo := NewBuilder(Options{}), &hashMemo{}
+	v0 := versions(bl, steps[0].mesh, memo)
+	if other := versions(NewBuilder(Options{}), steps[1].mesh, nil); !mapsEqual(v0, other) {
+		t.Error("two builders of equal models give different versions")
+	}
+	changed := func(a, b map[string]map[string]string) []string {
+		var out []string
+		for typ, vm := range b {
+			for name, v := range vm {
+				if a[typ][name] != v {
+					out = append(out, name)
+				}
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	v1 := versions(bl, steps[2].mesh, memo) // an endpoint of web.shop:80 turns healthy
+	if got := changed(v0, v1); !slices.Equal(got, []string{"web.shop.mesh:80"}) {
+		t.Errorf("one endpoint changed: versions moved for %v, want only web.shop.mesh:80", got)
+	}
+	v2 := versions(bl, steps[4].mesh, memo) // db.shop gains a VIP: every capture listener's matcher changes
+	var captures []string
+	for name := range v2[resource.ListenerType] {
+		if strings.HasPrefix(name, "capture|") {
+			captures = append(captures, name)
+		}
+	}
+	for _, name := range captures {
+		if v2[resource.ListenerType][name] == v1[resource.ListenerType][name] {
+			t.Errorf("%s kept its version although its filter-chain matcher changed", name)
+		}
+	}
+
+	// The shared parts stay in the memo while listeners hold them, even when every listener was
+	// reused (its hash taken from the memo): a new pod's capture listener then encodes neither.
+	versions(bl, steps[4].mesh, memo)
+	r, _ := bl.Build(steps[4].mesh, fakeSVIDs(steps[4].mesh), []byte("BUNDLE"))
+	var capture *listenerv3.Listener
+	for _, l := range r.Listeners {
+		if strings.HasPrefix(l.GetName(), "capture|") {
+			capture = l
+		}
+	}
+	for _, p := range sharedParts(capture) {
+		if _, ok := memo.m[p.key]; !ok {
+			t.Errorf("shared part %T of %s not kept in the memo", p.msg, capture.GetName())
+		}
+	}
+	// A change in the shared filter chains moves the listener's version.
+	before, _ := resourceVersion(capture, memo.m)
+	chains := slices.Clone(capture.FilterChains)
+	chains[len(chains)-1] = &listenerv3.FilterChain{Name: "other"}
+	changedL := &listenerv3.Listener{Name: capture.Name, Address: capture.Address, ListenerFilters: capture.ListenerFilters,
+		FilterChainMatcher: capture.FilterChainMatcher, FilterChains: chains, DefaultFilterChain: capture.DefaultFilterChain}
+	shared := map[any]string{}
+	for _, p := range sharedParts(changedL) {
+		shared[p.key], _ = hashMessage(p.msg, "")
+	}
+	if after, _ := resourceVersion(changedL, shared); after == before {
+		t.Error("a capture listener kept its version although a filter chain changed")
+	}
+}
+
+func mapsEqual(a, b map[string]map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, x := range a {
+		y := b[k]
+		if len(x) != len(y) {
+			return false
+		}
+		for n, v := range x {
+			if y[n] != v {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// TestBuilderAfterFailedBuild: a build that fails (a new pod without an SVID) leaves the Builder
+// consistent: the next build of the earlier model still equals a fresh Build.
+func TestBuilderAfterFailedBuild(t *testing.T) {
+	first := goldenMesh()
+	// web-1 (which backs web.shop) leaves and a pod without an SVID arrives: the build fails
+	// after the Builder looked up the local pods' endpoints for the new set of pods.
+	withPod := goldenVariant(func(s []*model.Service, e map[model.ServiceKey][]model.Endpoint, p []*model.LocalPod) ([]*model.Service, []*model.LocalPod) {
+		p = slices.DeleteFunc(p, func(x *model.LocalPod) bool { return x.Name == "web-1" })
+		return s, append(p, &model.LocalPod{UID: "uid-new", Namespace: "shop", Name: "new", ServiceAccount: "new", NetnsPath: "/var/run/netns/cni-new",
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.1.30")}, Ready: true})
+	}, model.Node{})
+	bl := NewBuilder(Options{})
+	if _, err := bl.Build(first, fakeSVIDs(first), []byte("BUNDLE")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bl.Build(withPod, fakeSVIDs(first), []byte("BUNDLE")); err == nil || !strings.Contains(err.Error(), "no SVID") {
+		t.Fatalf("build with a pod lacking its SVID = %v, want a no-SVID error", err)
+	}
+	got, err := bl.Build(first, fakeSVIDs(first), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := Build(first, fakeSVIDs(first), []byte("BUNDLE"), Options{})
+	for _, kind := range []struct {
+		name string
+		a, b []proto.Message
+	}{
+		{"listeners", asMessages(got.Listeners), asMessages(want.Listeners)},
+		{"clusters", asMessages(got.Clusters), asMessages(want.Clusters)},
+		{"endpoints", asMessages(got.Endpoints), asMessages(want.Endpoints)},
+	} {
+		if !bytes.Equal(stableJSON(t, kind.a), stableJSON(t, kind.b)) {
+			t.Errorf("%s differ from a fresh Build after a failed build", kind.name)
+		}
+	}
+}
