@@ -85,7 +85,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	idle := s.cfg.IdleTimeout
 	started := make(chan *dns.Server, 2)
-	mk := func() *dns.Server {
+	mk := func(udp bool) *dns.Server {
 		mux := dns.NewServeMux()
 		mux.Handle(".", s.res)
 		srv := &dns.Server{
@@ -95,10 +95,13 @@ func (s *Server) Start(ctx context.Context) error {
 			IdleTimeout:  func() time.Duration { return idle },
 			UDPSize:      udpReadSize,
 		}
+		if udp {
+			srv.DecorateReader = s.fastReader
+		}
 		srv.NotifyStartedFunc = func() { started <- srv }
 		return srv
 	}
-	s.udp, s.tcp = mk(), mk()
+	s.udp, s.tcp = mk(true), mk(false)
 	s.udp.PacketConn = plainIfBound(pc)
 	s.tcp.Listener = l
 	for _, srv := range []*dns.Server{s.udp, s.tcp} {
@@ -178,6 +181,52 @@ func plainIfBound(pc net.PacketConn) net.PacketConn {
 		return boundUDPConn{u}
 	}
 	return pc
+}
+
+// fastReader is the UDP server's DecorateReader: it wraps miekg/dns's reader r in a
+// fastUDPReader for the resolver.
+func (s *Server) fastReader(r dns.Reader) dns.Reader {
+	pcr, ok := r.(dns.PacketConnReader)
+	if !ok {
+		return r // miekg/dns's own reader always is one; keep it as it is otherwise
+	}
+	return &fastUDPReader{PacketConnReader: pcr, res: s.res, in: make([]byte, udpReadSize), out: make([]byte, 0, 1024)}
+}
+
+// fastUDPReader reads the UDP socket for miekg/dns's server and answers, inside its read loop,
+// the queries the index answers alone (Resolver.answerWire): no goroutine, no dns.Msg and no
+// allocation per query, and no read deadline per packet (ShutdownContext's past deadline still
+// ends the read). Every other packet is returned to the server, which unpacks it and calls the
+// resolver's ServeDNS in a goroutine as usual (forwarded names, truncation, errors). Only a
+// boundUDPConn is read this way; a wildcard socket, which needs IP_PKTINFO, goes through the
+// wrapped reader unchanged. The server calls it from one goroutine, so in and out are its own.
+type fastUDPReader struct {
+	dns.PacketConnReader
+	res     *Resolver
+	in, out []byte
+}
+
+// ReadPacketConn implements dns.PacketConnReader: it returns the next packet that needs the
+// slow path (a copy of it and its sender) or a read error.
+func (f *fastUDPReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) ([]byte, net.Addr, error) {
+	c, ok := conn.(boundUDPConn)
+	if !ok {
+		return f.PacketConnReader.ReadPacketConn(conn, timeout)
+	}
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(f.in)
+		if err != nil {
+			return nil, nil, err
+		}
+		if wire, ok := f.res.answerWire(f.out[:0], f.in[:n], from.Addr().Unmap()); ok {
+			f.out = wire
+			if _, err := c.WriteToUDPAddrPort(wire, from); err != nil {
+				f.res.log.Debug("write dns answer", "err", err)
+			}
+			continue
+		}
+		return append([]byte(nil), f.in[:n]...), net.UDPAddrFromAddrPort(from), nil
+	}
 }
 
 // listenBoth binds UDP and TCP on the same address; with port 0 it binds UDP on a free port and
