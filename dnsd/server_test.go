@@ -520,63 +520,68 @@ func TestServerAnswersBursts(t *testing.T) {
 			}
 			want := map[uint16][]byte{}
 			forwarded := map[uint16]bool{}
-			for id := uint16(1); id <= 300; id++ {
-				k := kinds[int(id)%len(kinds)]
-				m := new(dns.Msg)
-				m.SetQuestion(k.name, k.qtype)
-				m.Id = id
-				if k.class != 0 {
-					m.Question[0].Qclass = k.class
-				}
-				if k.edns {
-					m.SetEdns0(1232, id%2 == 0)
-				}
-				b, err := m.Pack()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if k.forwarded {
-					forwarded[id] = true
-				} else {
-					wire, _, act := res.Index().Respond(nil, m, netip.MustParseAddr(u.(*net.UDPAddr).IP.String()).Unmap(), MaxUDPSize(m))
-					if act != Answered {
-						t.Fatalf("%s: action %s", k.name, act)
+			// Bursts of burst queries in flight at once: enough for full batches, few enough
+			// that neither socket's receive buffer overflows (UDP would drop the rest).
+			const burst, bursts = 30, 10
+			for first := uint16(1); first <= burst*bursts; first += burst {
+				for id := first; id < first+burst; id++ {
+					k := kinds[int(id)%len(kinds)]
+					m := new(dns.Msg)
+					m.SetQuestion(k.name, k.qtype)
+					m.Id = id
+					if k.class != 0 {
+						m.Question[0].Qclass = k.class
 					}
-					want[id] = wire
-				}
-				if _, err := c.Write(b); err != nil {
-					t.Fatal(err)
-				}
-				if id%50 == 0 {
-					if _, err := c.Write([]byte{1, 2, 3}); err != nil { // garbage: dropped
+					if k.edns {
+						m.SetEdns0(1232, id%2 == 0)
+					}
+					b, err := m.Pack()
+					if err != nil {
 						t.Fatal(err)
 					}
-				}
-			}
-			if err := c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
-				t.Fatal(err)
-			}
-			buf := make([]byte, 4096)
-			for got := 0; got < 300; got++ {
-				n, err := c.Read(buf)
-				if err != nil {
-					t.Fatalf("after %d answers: %v", got, err)
-				}
-				id := uint16(buf[0])<<8 | uint16(buf[1])
-				switch {
-				case forwarded[id]:
-					resp := new(dns.Msg)
-					if err := resp.Unpack(buf[:n]); err != nil || resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
-						t.Errorf("forwarded answer %d: %v %v", id, resp, err)
+					if k.forwarded {
+						forwarded[id] = true
+					} else {
+						wire, _, act := res.Index().Respond(nil, m, netip.MustParseAddr(u.(*net.UDPAddr).IP.String()).Unmap(), MaxUDPSize(m))
+						if act != Answered {
+							t.Fatalf("%s: action %s", k.name, act)
+						}
+						want[id] = wire
 					}
-					delete(forwarded, id)
-				case want[id] != nil:
-					if !bytes.Equal(buf[:n], want[id]) {
-						t.Errorf("answer %d:\n got % x\nwant % x", id, buf[:n], want[id])
+					if _, err := c.Write(b); err != nil {
+						t.Fatal(err)
 					}
-					delete(want, id)
-				default:
-					t.Errorf("unexpected or repeated answer id %d", id)
+					if id%10 == 0 {
+						if _, err := c.Write([]byte{1, 2, 3}); err != nil { // garbage: dropped
+							t.Fatal(err)
+						}
+					}
+				}
+				if err := c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+					t.Fatal(err)
+				}
+				buf := make([]byte, 4096)
+				for got := 0; got < burst; got++ {
+					n, err := c.Read(buf)
+					if err != nil {
+						t.Fatalf("burst at %d: after %d answers: %v", first, got, err)
+					}
+					id := uint16(buf[0])<<8 | uint16(buf[1])
+					switch {
+					case forwarded[id]:
+						resp := new(dns.Msg)
+						if err := resp.Unpack(buf[:n]); err != nil || resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+							t.Errorf("forwarded answer %d: %v %v", id, resp, err)
+						}
+						delete(forwarded, id)
+					case want[id] != nil:
+						if !bytes.Equal(buf[:n], want[id]) {
+							t.Errorf("answer %d:\n got % x\nwant % x", id, buf[:n], want[id])
+						}
+						delete(want, id)
+					default:
+						t.Errorf("unexpected or repeated answer id %d", id)
+					}
 				}
 			}
 			if len(want)+len(forwarded) != 0 {
