@@ -16,8 +16,9 @@
 #     meanwhile, which stays comparable when other work on a shared machine takes part of the
 #     core; "core share" is that CPU time over the wall time (about 100% when nothing else runs
 #     on SERVER_CPU);
-#   - low rate: dnsperf -Q at RATE queries/s (default: a tenth of CoreDNS's best saturation rate
-#     so far for the same query set) for LOW_DURATION seconds (default 30, so p99 rests on
+#   - low rate: dnsperf -Q at RATE queries/s (default: a tenth of CoreDNS's best queries per
+#     server CPU second so far for the same query set, which is its saturation rate on an idle
+#     machine and stays so on a busy one) for LOW_DURATION seconds (default 30, so p99 rests on
 #     thousands of samples), every query's latency recorded (-v); p50/p99/p99.9 per run, and
 #     pooled over all rounds in the summary.
 # Every line says how busy the machine was: the 1-minute load average at the start and end, and
@@ -160,8 +161,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
     for set in mesh nx; do
       rate=$RATE
       if [ -z "$rate" ]; then
-        # A tenth of CoreDNS's best saturation rate for this query set so far.
-        best=$(tr ' ' '\n' <<<"${qps[coredns.$set]:-${qps[$server.$set]}}" | sort -n | tail -1)
+        # A tenth of CoreDNS's best rate per server CPU second for this query set so far: its
+        # saturation rate with its core to itself, even when other work took part of the core.
+        best=$(tr ' ' '\n' <<<"${cpu[coredns.$set]:-${cpu[$server.$set]}}" | sort -n | tail -1)
         rate=$((best / 10))
       fi
       lowrates[$set]="${lowrates[$set]:-} $rate"
@@ -174,7 +176,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     stop
   done
 done
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {m = int((NR + 1) / 2); print NR % 2 ? v[m] : (v[m] + v[m + 1]) / 2}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2fx", a / b; else print "-"}'; }
 echo "summary over $ROUNDS round(s): per round values; median"
 for server in $SERVERS; do
