@@ -166,7 +166,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
         best=$(tr ' ' '\n' <<<"${cpu[coredns.$set]:-${cpu[$server.$set]}}" | sort -n | tail -1)
         rate=$((best / 10))
       fi
-      lowrates[$set]="${lowrates[$set]:-} $rate"
+      if [ "$server" = "${SERVERS%% *}" ]; then
+        lowrates[$set]="${lowrates[$set]:-} $rate"
+      fi
       lowrate "$work/q-$set" "$rate" "$work/lat.$server.$set" >"$work/res"
       read -r a b c lost <"$work/res"
       p50[$server.$set]="${p50[$server.$set]:-} $a"
@@ -197,6 +199,6 @@ if [[ " $SERVERS " == *" coredns "* ]]; then
       printf '  %-8s %-5s %10s %8s %12s %8s %9s %9s %8s\n' "$server" "$set" "$q" "$(ratio "$q" "$cq")" "$e" "$(ratio "$e" "$ce")" "$l50" "$l99" "$(ratio "$l99" "$c99")"
     done
   done
-  echo "  low rates (qps): mesh${lowrates[mesh]}, nx${lowrates[nx]}"
+  echo "  low rates per round (qps): mesh${lowrates[mesh]}, nx${lowrates[nx]}"
 fi
 echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), load average now $(cut -d' ' -f1-3 /proc/loadavg)"
