@@ -61,7 +61,7 @@ func MaxUDPSize(req *dns.Msg) int {
 // 2.1); <mesh name>.<ns>.svc.<clusterDomain>, where ns is the namespace of the pod at src,
 // answers a CNAME to the mesh name and its records (the first search-list expansion that glibc
 // and musl try with ndots=5); every answer has AA set. Malformed or unsupported queries get
-// FORMERR, NOTIMP, REFUSED or BADVERS.
+// FORMERR (also for more than one OPT, RFC 6891 section 6.1.1), NOTIMP, REFUSED or BADVERS.
 func (idx *Index) Respond(buf []byte, req *dns.Msg, src netip.Addr, maxSize int) (wire []byte, rcode int, act Action) {
 	if req.Opcode != dns.OpcodeQuery {
 		return errorReply(buf, req, dns.RcodeNotImplemented), dns.RcodeNotImplemented, Answered
@@ -70,6 +70,10 @@ func (idx *Index) Respond(buf []byte, req *dns.Msg, src netip.Addr, maxSize int)
 		return errorReply(buf, req, dns.RcodeFormatError), dns.RcodeFormatError, Answered
 	}
 	opt := req.IsEdns0()
+	if opt != nil && countOPT(req.Extra) > 1 {
+		// RFC 6891 section 6.1.1: more than one OPT is FORMERR.
+		return errorReply(buf, req, dns.RcodeFormatError), dns.RcodeFormatError, Answered
+	}
 	if opt != nil && opt.Version() != 0 {
 		// RFC 6891 section 6.1.3: an unsupported EDNS version answers BADVERS.
 		return errorReply(buf, req, dns.RcodeBadVers), dns.RcodeBadVers, Answered
@@ -95,6 +99,17 @@ func (idx *Index) Respond(buf []byte, req *dns.Msg, src netip.Addr, maxSize int)
 		wire = truncateWire(wire[:0], wire, maxSize)
 	}
 	return wire, p.rcode, Answered
+}
+
+// countOPT returns the number of OPT records in rrs.
+func countOPT(rrs []dns.RR) int {
+	n := 0
+	for _, rr := range rrs {
+		if rr.Header().Rrtype == dns.TypeOPT {
+			n++
+		}
+	}
+	return n
 }
 
 // ClustersetNXDOMAIN returns the NXDOMAIN answer, with the clusterset zone's SOA, for a
@@ -176,25 +191,12 @@ func (n *nameAnswers) pick(qtype uint16, expansion bool) *prepared {
 // the query had one, an OPT record (RFC 6891 section 7: a responder includes OPT when the
 // request did; the DO bit is copied, RFC 3225 section 3).
 func appendPrepared(buf []byte, req *dns.Msg, q dns.Question, opt *dns.OPT, p *prepared) ([]byte, error) {
-	need := 12 + len(q.Name) + 2 + 4 + len(p.body) + 11
+	need := 12 + len(q.Name) + 2 + 4 + len(p.body) + optLen
 	if cap(buf) < need {
 		buf = make([]byte, 0, need)
 	}
 	b := buf[:need]
-	b[0], b[1] = byte(req.Id>>8), byte(req.Id)
-	flags1 := byte(0x80 | 0x04) // QR, AA; opcode QUERY
-	if req.RecursionDesired {
-		flags1 |= 0x01
-	}
-	flags2 := byte(0x80) | byte(p.rcode&0x0F) // RA
-	if req.CheckingDisabled {
-		flags2 |= 0x10
-	}
-	b[2], b[3] = flags1, flags2
-	b[4], b[5] = 0, 1
-	b[6], b[7] = byte(p.an>>8), byte(p.an)
-	b[8], b[9] = byte(p.ns>>8), byte(p.ns)
-	b[10], b[11] = 0, 0
+	putHeader(b, req.Id, req.RecursionDesired, req.CheckingDisabled, opt != nil, p)
 	off, err := dns.PackDomainName(q.Name, b, 12, nil, false)
 	if err != nil {
 		return nil, fmt.Errorf("pack question %q: %w", q.Name, err)
@@ -203,15 +205,44 @@ func appendPrepared(buf []byte, req *dns.Msg, q dns.Question, opt *dns.OPT, p *p
 	off += 4
 	off += copy(b[off:], p.body)
 	if opt != nil {
-		b[11] = 1
-		var do byte
-		if opt.Do() {
-			do = 0x80
-		}
-		copy(b[off:], []byte{0, 0, 41, byte(ednsUDPSize >> 8), byte(ednsUDPSize & 0xFF), 0, 0, do, 0, 0, 0})
-		off += 11
+		off += putOPT(b[off:], opt.Do())
 	}
 	return b[:off], nil
+}
+
+// optLen is the length of the OPT record putOPT writes, in bytes.
+const optLen = 11
+
+// putHeader writes the 12-byte header of prepared answer p to the query with id, RD and CD into
+// b: QR, AA and RA set, opcode QUERY, one question, ARCOUNT 1 when an OPT follows.
+func putHeader(b []byte, id uint16, rd, cd, edns bool, p *prepared) {
+	b[0], b[1] = byte(id>>8), byte(id)
+	flags1 := byte(0x80 | 0x04) // QR, AA; opcode QUERY
+	if rd {
+		flags1 |= 0x01
+	}
+	flags2 := byte(0x80) | byte(p.rcode&0x0F) // RA
+	if cd {
+		flags2 |= 0x10
+	}
+	b[2], b[3] = flags1, flags2
+	b[4], b[5] = 0, 1
+	b[6], b[7] = byte(p.an>>8), byte(p.an)
+	b[8], b[9] = byte(p.ns>>8), byte(p.ns)
+	b[10], b[11] = 0, 0
+	if edns {
+		b[11] = 1
+	}
+}
+
+// putOPT writes the resolver's OPT record (root owner, UDP size ednsUDPSize, extended rcode 0,
+// version 0, DO as given, no options) into b and returns its length, optLen.
+func putOPT(b []byte, do bool) int {
+	var flags byte
+	if do {
+		flags = 0x80
+	}
+	return copy(b, []byte{0, 0, 41, byte(ednsUDPSize >> 8), byte(ednsUDPSize & 0xFF), 0, 0, flags, 0, 0, 0})
 }
 
 // truncateWire re-encodes a too long answer within maxSize using miekg/dns's truncation

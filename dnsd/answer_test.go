@@ -78,8 +78,18 @@ func TestRespond(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	for _, tc := range respondCases() {
+		t.Run(tc.name, func(t *testing.T) {
+			runCase(t, idx, tc)
+		})
+	}
+}
+
+// respondCases are the DNS rules as data, answered from testMesh (TestRespond); the fast path
+// is compared with the slow path over the same cases (TestRespondWireMatchesRespond).
+func respondCases() []dnsCase {
 	nx := []string{meshSOA()}
-	cases := []dnsCase{
+	return []dnsCase{
 		{name: "namespaced name A", qname: "web.default.mesh.", qtype: dns.TypeA,
 			answer: []string{rr("web.default.mesh.", "A", "10.96.0.20")}},
 		{name: "namespaced name AAAA from IPv6 VIP", qname: "web.default.mesh.", qtype: dns.TypeAAAA,
@@ -156,6 +166,8 @@ func TestRespond(t *testing.T) {
 			edit: func(m *dns.Msg) { m.Question = nil }},
 		{name: "EDNS version 1 is BADVERS (RFC 6891 6.1.3)", qname: "web.mesh.", qtype: dns.TypeA, rcode: dns.RcodeBadVers, noAA: true,
 			edit: func(m *dns.Msg) { m.SetEdns0(1232, false); m.IsEdns0().SetVersion(1) }},
+		{name: "two OPT records is FORMERR (RFC 6891 6.1.1)", qname: "web.mesh.", qtype: dns.TypeA, rcode: dns.RcodeFormatError, noAA: true,
+			edit: func(m *dns.Msg) { m.SetEdns0(1232, false); m.SetEdns0(1232, false) }},
 		{name: "EDNS query gets OPT with DO copied", qname: "web.mesh.", qtype: dns.TypeA,
 			edit:   func(m *dns.Msg) { m.SetEdns0(4096, true) },
 			answer: []string{rr("web.mesh.", "A", "10.96.0.20")},
@@ -179,11 +191,6 @@ func TestRespond(t *testing.T) {
 					t.Errorf("flags RD=%v CD=%v RA=%v, want all set", m.RecursionDesired, m.CheckingDisabled, m.RecursionAvailable)
 				}
 			}},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			runCase(t, idx, tc)
-		})
 	}
 }
 

@@ -6,12 +6,15 @@
 // Pieces, from pure to effectful:
 //   - Index (NewIndex): built from one *model.Mesh; every authoritative answer is prepared in
 //     wire form, and Index.Respond answers a query or says it must be forwarded. Pure, tested
-//     as data (TestRespond).
+//     as data (TestRespond). Index.RespondWire is the same for the common UDP query, straight
+//     from its wire form (TestRespondWireMatchesRespond proves the two give the same bytes).
 //   - Forwarder: the upstreams, a timeout per upstream, failover, demotion of failed upstreams.
 //   - Resolver: the dns.Handler; holds the current Index in an atomic pointer (Update swaps it,
 //     lookups never wait), the Forwarder and the Prometheus metrics.
 //   - Server: two miekg/dns servers (UDP, TCP), each with its own ServeMux, explicit timeouts,
-//     readiness through NotifyStartedFunc, ShutdownContext to stop.
+//     readiness through NotifyStartedFunc, ShutdownContext to stop. The UDP server's reader
+//     (fastUDPReader) answers the common queries inside its read loop, in batches of datagrams
+//     on Linux (recvmmsg/sendmmsg), and hands the others to miekg/dns and ServeDNS.
 //
 // It reads the mesh model and never changes it; it never touches Kubernetes, the registry, the
 // pod network namespaces or their capture rules (the DNAT of pod DNS to this resolver belongs to

@@ -40,7 +40,8 @@ func (w *captureWriter) Hijack()             {}
 // FuzzServeDNS feeds arbitrary bytes through the same steps as the server: miekg/dns unpacks
 // them (the server drops what does not unpack) and the resolver answers. No upstreams are
 // configured, so forwarded names answer SERVFAIL without network. Every answer must unpack,
-// carry the query's ID and fit the client's UDP size.
+// carry the query's ID and fit the client's UDP size; whatever the fast path (RespondWire)
+// answers must be exactly the slow path's answer.
 func FuzzServeDNS(f *testing.F) {
 	seed := func(name string, qtype uint16, edit func(*dns.Msg)) {
 		m := new(dns.Msg)
@@ -70,6 +71,8 @@ func FuzzServeDNS(f *testing.F) {
 	}
 	idx := res.Index()
 	f.Fuzz(func(t *testing.T, b []byte) {
+		// The fast path answers only what the slow path answers the same, byte for byte.
+		checkFastMatchesSlow(t, idx, b, shopPod)
 		req := new(dns.Msg)
 		if req.Unpack(b) != nil || req.Response {
 			return // the server's MsgAcceptFunc / unpack drops these

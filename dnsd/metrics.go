@@ -38,8 +38,10 @@ type metrics struct {
 	duration         *prometheus.HistogramVec
 	local, forward   prometheus.Observer
 
-	byType  map[uint16]int
-	byRcode map[int]int
+	// byType and byRcode give the counter index of a query type below 256 and of an rcode
+	// below 32 (arrays, not maps: count runs for every query); any other is "other".
+	byType  [256]uint8
+	byRcode [32]uint8
 	counter [][]prometheus.Counter // [type index][rcode index]; the last index is "other"
 }
 
@@ -59,16 +61,20 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			// 25 µs .. ~3.3 s.
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2.5, 14),
 		}, []string{"path"}),
-		byType:  map[uint16]int{},
-		byRcode: map[int]int{},
 	}
 	m.local = m.duration.WithLabelValues(pathLocal)
 	m.forward = m.duration.WithLabelValues(pathForward)
+	for i := range m.byType {
+		m.byType[i] = uint8(len(metricTypes))
+	}
 	for i, t := range metricTypes {
-		m.byType[t] = i
+		m.byType[t] = uint8(i)
+	}
+	for i := range m.byRcode {
+		m.byRcode[i] = uint8(len(metricRcodes))
 	}
 	for i, r := range metricRcodes {
-		m.byRcode[r] = i
+		m.byRcode[r] = uint8(i)
 	}
 	typeName := func(i int) string {
 		if i == len(metricTypes) {
@@ -100,13 +106,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 }
 
 func (m *metrics) count(qtype uint16, rcode int) {
-	i, ok := m.byType[qtype]
-	if !ok {
-		i = len(metricTypes)
+	i, j := len(metricTypes), len(metricRcodes)
+	if qtype < uint16(len(m.byType)) {
+		i = int(m.byType[qtype])
 	}
-	j, ok := m.byRcode[rcode]
-	if !ok {
-		j = len(metricRcodes)
+	if rcode >= 0 && rcode < len(m.byRcode) {
+		j = int(m.byRcode[rcode])
 	}
 	m.counter[i][j].Inc()
 }

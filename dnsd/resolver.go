@@ -145,6 +145,25 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	r.write(w, resp, maxSize)
 }
 
+// answerWire is ServeDNS's fast path for a UDP query in wire form q from src: it answers from
+// the current index with Index.RespondWire, counts the query in the metrics as ServeDNS would,
+// and returns the answer appended to buf. ok is false when the query needs the slow path
+// (unpacking and ServeDNS): no index yet, or a query RespondWire does not answer.
+func (r *Resolver) answerWire(buf, q []byte, src netip.Addr) (wire []byte, ok bool) {
+	start := time.Now()
+	idx := r.index.Load()
+	if idx == nil {
+		return buf, false
+	}
+	wire, qtype, rcode, ok := idx.RespondWire(buf, q, src)
+	if !ok {
+		return buf, false
+	}
+	r.metrics.count(qtype, rcode)
+	r.metrics.local.Observe(time.Since(start).Seconds())
+	return wire, true
+}
+
 // write sends m, truncated to maxSize (RFC 2181 section 9; TC set when records were dropped).
 func (r *Resolver) write(w dns.ResponseWriter, m *dns.Msg, maxSize int) {
 	m.Compress = true

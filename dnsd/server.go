@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -85,7 +86,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	idle := s.cfg.IdleTimeout
 	started := make(chan *dns.Server, 2)
-	mk := func() *dns.Server {
+	mk := func(udp bool) *dns.Server {
 		mux := dns.NewServeMux()
 		mux.Handle(".", s.res)
 		srv := &dns.Server{
@@ -95,10 +96,13 @@ func (s *Server) Start(ctx context.Context) error {
 			IdleTimeout:  func() time.Duration { return idle },
 			UDPSize:      udpReadSize,
 		}
+		if udp {
+			srv.DecorateReader = s.fastReader
+		}
 		srv.NotifyStartedFunc = func() { started <- srv }
 		return srv
 	}
-	s.udp, s.tcp = mk(), mk()
+	s.udp, s.tcp = mk(true), mk(false)
 	s.udp.PacketConn = plainIfBound(pc)
 	s.tcp.Listener = l
 	for _, srv := range []*dns.Server{s.udp, s.tcp} {
@@ -178,6 +182,110 @@ func plainIfBound(pc net.PacketConn) net.PacketConn {
 		return boundUDPConn{u}
 	}
 	return pc
+}
+
+// fastReader is the UDP server's DecorateReader: it wraps miekg/dns's reader r in a
+// fastUDPReader for the resolver.
+func (s *Server) fastReader(r dns.Reader) dns.Reader {
+	pcr, ok := r.(dns.PacketConnReader)
+	if !ok {
+		return r // miekg/dns's own reader always is one; keep it as it is otherwise
+	}
+	return &fastUDPReader{PacketConnReader: pcr, res: s.res, in: make([]byte, udpReadSize), out: make([]byte, 0, 1024)}
+}
+
+// fastUDPReader reads the UDP socket for miekg/dns's server and answers, inside its read loop,
+// the queries the index answers alone (Resolver.answerWire): no goroutine, no dns.Msg and no
+// allocation per query, and no read deadline per packet (ShutdownContext's past deadline still
+// ends the read). On Linux it reads and writes batchSize datagrams per system call
+// (recvmmsg/sendmmsg). Every other packet is returned to the server, which unpacks it and calls
+// the resolver's ServeDNS in a goroutine as usual (forwarded names, truncation, errors). Only a
+// boundUDPConn is read this way; a wildcard socket, which needs IP_PKTINFO, goes through the
+// wrapped reader unchanged. The server calls it from one goroutine, so its buffers are its own.
+type fastUDPReader struct {
+	dns.PacketConnReader
+	res     *Resolver
+	in, out []byte
+	// batch is the batched I/O of the socket (nil until the first read; never on other OSes).
+	batch *udpBatch
+	// slow are the packets of the last batch that need the slow path, not yet returned.
+	slow []slowPacket
+}
+
+// slowPacket is a copy of a datagram for the slow path and its sender.
+type slowPacket struct {
+	q    []byte
+	from netip.AddrPort
+}
+
+// ReadPacketConn implements dns.PacketConnReader: it returns the next packet that needs the
+// slow path (a copy of it and its sender) or a read error.
+func (f *fastUDPReader) ReadPacketConn(conn net.PacketConn, timeout time.Duration) ([]byte, net.Addr, error) {
+	c, ok := conn.(boundUDPConn)
+	if !ok {
+		return f.PacketConnReader.ReadPacketConn(conn, timeout)
+	}
+	if f.batch == nil && batchIO {
+		b, err := newUDPBatch(c.UDPConn, len(f.in))
+		if err != nil {
+			return nil, nil, err
+		}
+		f.batch = b
+	}
+	if f.batch != nil {
+		return f.readBatches()
+	}
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(f.in)
+		if err != nil {
+			return nil, nil, err
+		}
+		if wire, ok := f.res.answerWire(f.out[:0], f.in[:n], from.Addr().Unmap()); ok {
+			f.out = wire
+			if _, err := c.WriteToUDPAddrPort(wire, from); err != nil {
+				f.res.log.Debug("write dns answer", "err", err)
+			}
+			continue
+		}
+		return append([]byte(nil), f.in[:n]...), net.UDPAddrFromAddrPort(from), nil
+	}
+}
+
+// readBatches answers batches of datagrams until one holds a packet for the slow path, and
+// returns those packets one per call.
+func (f *fastUDPReader) readBatches() ([]byte, net.Addr, error) {
+	b := f.batch
+	var idx [batchSize]int
+	var answers [batchSize][]byte
+	for len(f.slow) == 0 {
+		n, err := b.read()
+		if err != nil {
+			return nil, nil, err
+		}
+		k := 0
+		for i := range n {
+			q, from := b.packet(i)
+			if from.IsValid() {
+				if wire, ok := f.res.answerWire(b.wire[i][:0], q, from.Addr()); ok {
+					b.wire[i], idx[k], answers[k] = wire, i, wire
+					k++
+					continue
+				}
+			}
+			f.slow = append(f.slow, slowPacket{q: append([]byte(nil), q...), from: from})
+		}
+		if k > 0 {
+			if err := b.write(idx[:k], answers[:k]); err != nil {
+				f.res.log.Debug("write dns answers", "err", err)
+			}
+		}
+	}
+	p := f.slow[0]
+	f.slow = f.slow[1:]
+	if len(f.slow) == 0 {
+		f.slow = nil
+	}
+	return p.q, net.UDPAddrFromAddrPort(p.from), nil
 }
 
 // listenBoth binds UDP and TCP on the same address; with port 0 it binds UDP on a free port and

@@ -1,9 +1,11 @@
 package dnsd
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -465,6 +467,125 @@ func TestServerSocketPaths(t *testing.T) {
 				if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
 					t.Errorf("%s answer = %v", netw, resp)
 				}
+			}
+		})
+	}
+}
+
+// TestServerAnswersBursts: a burst of UDP queries in flight at once (read in batches by the fast
+// path on Linux) mixing fast-path names, slow-path ones (forwarded, REFUSED) and
+// garbage gets one correct answer per query: the fast answers byte for byte those of
+// Index.Respond, the forwarded ones the upstream's. Over IPv4 and IPv6 loopback.
+func TestServerAnswersBursts(t *testing.T) {
+	up := startStub(t, answerA(1))
+	for _, addr := range []string{"127.0.0.1:0", "[::1]:0"} {
+		t.Run(addr, func(t *testing.T) {
+			fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			res, err := NewResolver(fwd, ResolverOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := res.Update(testMesh()); err != nil {
+				t.Fatal(err)
+			}
+			srv := NewServer(res, ServerConfig{Addr: addr})
+			if err := srv.Start(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Shutdown(context.Background())
+			u, _ := srv.Addrs()
+			c, err := net.DialUDP("udp", nil, u.(*net.UDPAddr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+
+			type query struct {
+				name      string
+				qtype     uint16
+				edns      bool
+				class     uint16
+				forwarded bool
+			}
+			kinds := []query{
+				{name: "web.mesh.", qtype: dns.TypeA},
+				{name: "NOPE.mesh.", qtype: dns.TypeAAAA, edns: true},
+				{name: "cart.shop.svc.clusterset.local.", qtype: dns.TypeA, edns: true},
+				{name: "example.org.", qtype: dns.TypeA, forwarded: true},
+				{name: "web.mesh.", qtype: dns.TypeA, class: dns.ClassCHAOS},
+				{name: "shop.mesh.", qtype: dns.TypeTXT},
+			}
+			want := map[uint16][]byte{}
+			forwarded := map[uint16]bool{}
+			// Bursts of burst queries in flight at once: enough for full batches, few enough
+			// that neither socket's receive buffer overflows (UDP would drop the rest).
+			const burst, bursts = 30, 10
+			for first := uint16(1); first <= burst*bursts; first += burst {
+				for id := first; id < first+burst; id++ {
+					k := kinds[int(id)%len(kinds)]
+					m := new(dns.Msg)
+					m.SetQuestion(k.name, k.qtype)
+					m.Id = id
+					if k.class != 0 {
+						m.Question[0].Qclass = k.class
+					}
+					if k.edns {
+						m.SetEdns0(1232, id%2 == 0)
+					}
+					b, err := m.Pack()
+					if err != nil {
+						t.Fatal(err)
+					}
+					if k.forwarded {
+						forwarded[id] = true
+					} else {
+						wire, _, act := res.Index().Respond(nil, m, netip.MustParseAddr(u.(*net.UDPAddr).IP.String()).Unmap(), MaxUDPSize(m))
+						if act != Answered {
+							t.Fatalf("%s: action %s", k.name, act)
+						}
+						want[id] = wire
+					}
+					if _, err := c.Write(b); err != nil {
+						t.Fatal(err)
+					}
+					if id%10 == 0 {
+						if _, err := c.Write([]byte{1, 2, 3}); err != nil { // garbage: dropped
+							t.Fatal(err)
+						}
+					}
+				}
+				if err := c.SetReadDeadline(time.Now().Add(30 * time.Second)); err != nil {
+					t.Fatal(err)
+				}
+				buf := make([]byte, 4096)
+				for got := 0; got < burst; got++ {
+					n, err := c.Read(buf)
+					if err != nil {
+						t.Fatalf("burst at %d: after %d answers: %v", first, got, err)
+					}
+					id := uint16(buf[0])<<8 | uint16(buf[1])
+					switch {
+					case forwarded[id]:
+						resp := new(dns.Msg)
+						if err := resp.Unpack(buf[:n]); err != nil || resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+							t.Errorf("forwarded answer %d: %v %v", id, resp, err)
+						}
+						delete(forwarded, id)
+					case want[id] != nil:
+						if !bytes.Equal(buf[:n], want[id]) {
+							t.Errorf("answer %d:\n got % x\nwant % x", id, buf[:n], want[id])
+						}
+						delete(want, id)
+					default:
+						t.Errorf("unexpected or repeated answer id %d", id)
+					}
+				}
+			}
+			if len(want)+len(forwarded) != 0 {
+				t.Errorf("%d queries unanswered", len(want)+len(forwarded))
 			}
 		})
 	}

@@ -11,11 +11,20 @@
 # ceiling of any miekg/dns server on this machine. SERVERS picks some (default all three). The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
 # LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone):
 #   - saturation: dnsperf with CLIENTS clients and OUTSTANDING queries in flight for DURATION
-#     seconds; "qps" is dnsperf's "Queries per second"; "per CPU second" divides the queries
-#     completed by the CPU time (user + system, /proc/<pid>/stat) the server used meanwhile,
-#     which stays comparable when other work on a shared machine takes part of the core;
-#   - low rate: dnsperf -Q at a tenth of CoreDNS's saturation rate for the same query set, every
-#     query's latency recorded (-v); p50/p99 from those.
+#     seconds (default 10); "qps" is dnsperf's "Queries per second"; "per CPU second" divides the
+#     queries completed by the CPU time (user + system, /proc/<pid>/stat) the server used
+#     meanwhile, which stays comparable when other work on a shared machine takes part of the
+#     core; "core share" is that CPU time over the wall time (about 100% when nothing else runs
+#     on SERVER_CPU);
+#   - low rate: dnsperf -Q at RATE queries/s (default: a tenth of CoreDNS's best queries per
+#     server CPU second so far for the same query set, which is its saturation rate on an idle
+#     machine and stays so on a busy one) for LOW_DURATION seconds (default 30, so p99 rests on
+#     thousands of samples), every query's latency recorded (-v); p50/p99/p99.9 per run, and
+#     pooled over all rounds in the summary.
+# Every line says how busy the machine was: the 1-minute load average at the start and end, and
+# "other work", the share of SERVER_CPU and LOAD_CPU's time (/proc/stat, steal included) that
+# neither the server nor dnsperf used. Numbers taken with other work above a few percent are
+# not the machine's; rerun when it is idle.
 # ROUNDS (default 1) repeats everything, alternating the servers, so a load change on a shared
 # machine hits both. Server and dnsperf run at nice NICE (default -19, root only) so that other
 # work on a shared machine perturbs them less (CFS still gives that work a share; no real-time
@@ -26,6 +35,8 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SERVER_CPU=${SERVER_CPU:-0}
 LOAD_CPU=${LOAD_CPU:-1}
 DURATION=${DURATION:-10}
+LOW_DURATION=${LOW_DURATION:-30}
+RATE=${RATE:-}
 NAMES=${NAMES:-1000}
 CLIENTS=${CLIENTS:-8}
 OUTSTANDING=${OUTSTANDING:-500}
@@ -94,50 +105,100 @@ start() { # server
 stop() { kill "$pid"; wait "$pid" 2>/dev/null || true; pid=""; }
 
 cputicks() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
-saturate() { # queryfile -> "qps queries-per-cpu-second"
-  local t0 t1 out
-  t0=$(cputicks)
-  out=$(nice -n "$NICE" taskset -c "$LOAD_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING" 2>&1)
-  t1=$(cputicks)
-  awk -v ticks=$((t1 - t0)) -v hz="$(getconf CLK_TCK)" '
+# Busy ticks of SERVER_CPU and LOAD_CPU together (user nice system irq softirq steal).
+corebusy() { awk -v a="cpu$SERVER_CPU" -v b="cpu$LOAD_CPU" '$1 == a || $1 == b {s += $2 + $3 + $4 + $7 + $8 + $9} END {print s}' /proc/stat; }
+loadavg() { cut -d' ' -f1 /proc/loadavg; }
+hz=$(getconf CLK_TCK)
+# measure cmd...: runs a dnsperf command line on LOAD_CPU; its output goes to $work/out, and
+# $busy describes the machine meanwhile ("load a->b, other work x%"), $sticks the server's CPU
+# ticks and $secs the wall seconds.
+measure() {
+  local la0 t0 c0 w0 w1 dcpu
+  la0=$(loadavg) t0=$(cputicks) c0=$(corebusy) w0=$(date +%s.%N)
+  nice -n "$NICE" taskset -c "$LOAD_CPU" /usr/bin/time -f '%U %S' -o "$work/time" "$@" >"$work/out" 2>&1
+  w1=$(date +%s.%N)
+  sticks=$(($(cputicks) - t0))
+  secs=$(awk -v a="$w0" -v b="$w1" 'BEGIN {print b - a}')
+  dcpu=$(awk '{print $1 + $2}' "$work/time")
+  busy=$(awk -v la0="$la0" -v la1="$(loadavg)" -v c=$(($(corebusy) - c0)) -v s="$sticks" -v d="$dcpu" -v hz="$hz" -v w="$secs" \
+    'BEGIN {o = (c - s - d * hz) / (2 * w * hz) * 100; if (o < 0) o = 0; printf "load %s->%s, other work %.0f%%", la0, la1, o}')
+}
+saturate() { # queryfile -> "qps queries-per-cpu-second core-share"; sets $busy (call it outside $(...))
+  measure dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$DURATION" -c "$CLIENTS" -q "$OUTSTANDING"
+  # Core share over DURATION: dnsperf's wait for the last answers adds wall time, not load.
+  awk -v ticks="$sticks" -v hz="$hz" -v w="$DURATION" '
     /Queries completed/ {done = $3}
     /Queries per second/ {qps = $4}
-    END {printf "%.0f %.0f", qps, done / (ticks / hz)}' <<<"$out"
+    END {printf "%.0f %.0f %.0f\n", qps, done / (ticks / hz), ticks / hz / w * 100}' "$work/out"
 }
-lowrate() { # queryfile rate -> "p50_ms p99_ms"
-  nice -n "$NICE" taskset -c "$LOAD_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$DURATION" -Q "$2" -v 2>/dev/null |
-    awk '/^> / {print $NF}' | sort -g |
-    awk '{v[NR] = $1} END {printf "%.3f %.3f", v[int(NR * 0.50)] * 1000, v[int(NR * 0.99)] * 1000}'
+lowrate() { # queryfile rate latencyfile -> "p50_ms p99_ms p99.9_ms lost"; appends latencies (s) to latencyfile; sets $busy (call it outside $(...))
+  measure dnsperf -s 127.0.0.1 -p "$port" -d "$1" -l "$LOW_DURATION" -Q "$2" -v
+  awk '/^> / {print $NF}' "$work/out" | tee -a "$3" | sort -g | pct
+  awk '/Queries lost/ {printf " %s\n", $3}' "$work/out"
+}
+pct() { # sorted latencies (s) on stdin -> "p50_ms p99_ms p99.9_ms"
+  awk 'function at(p, i) {i = int(NR * p); if (i < 1) i = 1; return v[i] * 1000}
+    {v[NR] = $1}
+    END {if (NR == 0) print "- - -"; else printf "%.3f %.3f %.3f", at(0.50), at(0.99), at(0.999)}'
 }
 
-declare -A qps cpu
+declare -A qps cpu share p50 p99 lowrates
 for ((r = 1; r <= ROUNDS; r++)); do
   for server in $SERVERS; do
     start "$server"
     for set in mesh nx; do
-      read -r q eff <<<"$(saturate "$work/q-$set")"
+      saturate "$work/q-$set" >"$work/res"
+      read -r q eff sh <"$work/res"
       qps[$server.$set]="${qps[$server.$set]:-} $q"
       cpu[$server.$set]="${cpu[$server.$set]:-} $eff"
-      echo "round $r $server $set saturation: $q qps, $eff queries per server CPU second (load average $(cut -d' ' -f1 /proc/loadavg))"
+      share[$server.$set]="${share[$server.$set]:-} $sh%"
+      echo "round $r $server $set saturation: $q qps, $eff queries per server CPU second, core share $sh% ($busy)"
     done
     stop
   done
   for server in $SERVERS; do
     start "$server"
     for set in mesh nx; do
-      # A tenth of CoreDNS's best saturation rate for this query set so far.
-      best=$(tr ' ' '\n' <<<"${qps[coredns.$set]:-${qps[$server.$set]}}" | sort -n | tail -1)
-      rate=$((best / 10))
-      echo "round $r $server $set at $rate qps: p50/p99 ms $(lowrate "$work/q-$set" "$rate") (load average $(cut -d' ' -f1 /proc/loadavg))"
+      rate=$RATE
+      if [ -z "$rate" ]; then
+        # A tenth of CoreDNS's best rate per server CPU second for this query set so far: its
+        # saturation rate with its core to itself, even when other work took part of the core.
+        best=$(tr ' ' '\n' <<<"${cpu[coredns.$set]:-${cpu[$server.$set]}}" | sort -n | tail -1)
+        rate=$((best / 10))
+      fi
+      if [ "$server" = "${SERVERS%% *}" ]; then
+        lowrates[$set]="${lowrates[$set]:-} $rate"
+      fi
+      lowrate "$work/q-$set" "$rate" "$work/lat.$server.$set" >"$work/res"
+      read -r a b c lost <"$work/res"
+      p50[$server.$set]="${p50[$server.$set]:-} $a"
+      p99[$server.$set]="${p99[$server.$set]:-} $b"
+      echo "round $r $server $set at $rate qps: p50/p99/p99.9 ms $a $b $c, $lost lost ($busy)"
     done
     stop
   done
 done
-median() { tr ' ' '\n' <<<"$1" | grep . | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
-echo "summary (per round; median):"
+median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {m = int((NR + 1) / 2); print NR % 2 ? v[m] : (v[m] + v[m + 1]) / 2}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2fx", a / b; else print "-"}'; }
+echo "summary over $ROUNDS round(s): per round values; median"
 for server in $SERVERS; do
   for set in mesh nx; do
-    echo "  $server $set qps:${qps[$server.$set]} (median $(median "${qps[$server.$set]}"))," \
-      "queries per CPU second:${cpu[$server.$set]} (median $(median "${cpu[$server.$set]}"))"
+    echo "  $server $set: qps${qps[$server.$set]} (median $(median "${qps[$server.$set]}")); per CPU second${cpu[$server.$set]} (median $(median "${cpu[$server.$set]}")); core share${share[$server.$set]}"
+    echo "  $server $set low rate: p50 ms${p50[$server.$set]}; p99 ms${p99[$server.$set]}; pooled p50/p99/p99.9 ms $(sort -g "$work/lat.$server.$set" | pct)"
   done
 done
+if [[ " $SERVERS " == *" coredns "* ]]; then
+  echo "ratios to CoreDNS (medians; p99 pooled over rounds):"
+  printf '  %-8s %-5s %10s %8s %12s %8s %9s %9s %8s\n' server set qps ratio "per CPU s" ratio "p50 ms" "p99 ms" "p99 ratio"
+  for server in $SERVERS; do
+    for set in mesh nx; do
+      q=$(median "${qps[$server.$set]}") cq=$(median "${qps[coredns.$set]}")
+      e=$(median "${cpu[$server.$set]}") ce=$(median "${cpu[coredns.$set]}")
+      read -r l50 l99 _ <<<"$(sort -g "$work/lat.$server.$set" | pct)"
+      read -r _ c99 _ <<<"$(sort -g "$work/lat.coredns.$set" | pct)"
+      printf '  %-8s %-5s %10s %8s %12s %8s %9s %9s %8s\n' "$server" "$set" "$q" "$(ratio "$q" "$cq")" "$e" "$(ratio "$e" "$ce")" "$l50" "$l99" "$(ratio "$l99" "$c99")"
+    done
+  done
+  echo "  low rates per round (qps): mesh${lowrates[mesh]}, nx${lowrates[nx]}"
+fi
+echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), load average now $(cut -d' ' -f1-3 /proc/loadavg)"
