@@ -1,8 +1,11 @@
 package model
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,12 +14,17 @@ import (
 )
 
 // BenchmarkAssemble measures one full model assembly (what the agent does per coalesced change)
-// with 100 imported services sharing 10k remote endpoints, and 10k services sharing 100k.
+// with 100 imported services sharing 10k remote endpoints, and 10k services sharing 100k; the
+// endpoints come unordered, or "sorted" by service, cluster and pod UID as the agent's registry
+// view hands them out (then no per-service sort is needed).
 //
 //	go test ./model/ -run '^$' -bench Assemble -benchmem
 func BenchmarkAssemble(b *testing.B) {
-	for _, size := range []struct{ services, endpoints int }{{100, 10_000}, {10_000, 100_000}} {
-		b.Run(fmt.Sprintf("services=%d/endpoints=%d", size.services, size.endpoints), func(b *testing.B) {
+	for _, size := range []struct {
+		services, endpoints int
+		sorted              bool
+	}{{100, 10_000, false}, {100, 10_000, true}, {10_000, 100_000, false}, {10_000, 100_000, true}} {
+		b.Run(fmt.Sprintf("services=%d/endpoints=%d/sorted=%v", size.services, size.endpoints, size.sorted), func(b *testing.B) {
 			in := Sources{Cluster: "a", MeshDomain: "mesh", MeshNamespaces: map[string]bool{"shop": true}}
 			for i := 0; i < size.services; i++ {
 				name := fmt.Sprintf("svc-%d", i)
@@ -30,6 +38,11 @@ func BenchmarkAssemble(b *testing.B) {
 					Service: ServiceKey{Namespace: "shop", Name: fmt.Sprintf("svc-%d", i%size.services)}, Cluster: "b", Region: "eu",
 					PodUID: fmt.Sprintf("pod-%d", i), IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, byte(100 + i/65536), byte(i / 256), byte(i)})},
 					Ports: []EndpointPort{{Name: "http", Port: 8080, Protocol: ProtocolHTTP}}, Healthy: true,
+				})
+			}
+			if size.sorted {
+				slices.SortFunc(in.Endpoints, func(a, c Endpoint) int {
+					return cmp.Or(a.Service.Compare(c.Service), strings.Compare(a.Cluster, c.Cluster), strings.Compare(a.PodUID, c.PodUID))
 				})
 			}
 			b.ResetTimer()
