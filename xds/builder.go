@@ -204,10 +204,15 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	r.Clusters = append(r.Clusters, bl.passthrough)
 	known(bl.passthroughValid, bl.passthrough)
 	// The shared routes are referenced only by pod listeners: a node without meshed pods serves
-	// none (a snapshot whose routes no listener names is not Consistent()).
+	// none, and the capture route only while the capture listeners carry their HTTP chain (some
+	// service has a VIP). A snapshot serving a route no listener names is not Consistent().
 	if len(m.Pods) > 0 {
-		r.Routes = append(r.Routes, rt.captureRoute, rt.laneRoute)
-		known(rt.valid, rt.captureRoute, rt.laneRoute)
+		r.Routes = append(r.Routes, rt.laneRoute)
+		known(rt.valid, rt.laneRoute)
+		if rt.captureMatcher != nil {
+			r.Routes = append(r.Routes, rt.captureRoute)
+			known(rt.valid, rt.captureRoute)
+		}
 	}
 	if rt.captureMatcher != nil {
 		known(rt.valid, rt.captureMatcher, chainsKey(rt.captureChains))

@@ -222,6 +222,10 @@ func TestConsistentAgreesWithLibrary(t *testing.T) {
 	}{
 		{"built", r.typed(), true},
 		{"empty model", mustTyped(t, model.New(1, "c1", "", "", model.Node{}, nil, nil, nil)), true},
+		// A node whose pods are captured before any mesh service exists: no capture HTTP chain
+		// names the capture route, so it must not be served (else the snapshot is refused and the
+		// pods' CNI ADD waits for an ACK that never comes).
+		{"pods without services", mustTyped(t, model.New(1, m.Cluster, m.MeshDomain, m.TrustDomain, m.Node, nil, nil, m.Pods)), true},
 		{"EDS resource missing", without(resource.EndpointType, "web.shop.mesh:80"), false},
 		{"EDS cluster missing", without(resource.ClusterType, "web.shop.mesh:80"), false},
 		{"route missing", without(resource.RouteType, CaptureRouteName), false},
