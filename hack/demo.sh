@@ -21,8 +21,9 @@ running() { [ -f "$state/demo.pid" ] && kill -0 "$(cat "$state/demo.pid")" 2>/de
 case "${1:-up}" in
   up)
     if running; then
-      echo "aether demo: already running (pid $(cat "$state/demo.pid")); see $state/demo.log, or: make demo-down" >&2
-      exit 1
+      # Idempotent: a second `make demo` points at the running one instead of failing.
+      echo "aether demo: already running (pid $(cat "$state/demo.pid")); its output is in $state/demo.log; make demo-down stops it"
+      exit 0
     fi
     echo "==> tools (cached in ${AETHER_TOOLS_DIR:-/var/cache/aether-tools}; the first run builds them)"
     hack/tools.sh

@@ -125,7 +125,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	return nil
 }
 
-const clientID = "spiffe://aether.internal/ns/" + ns + "/sa/default"
+const clientID = "spiffe://aether.internal/ns/" + ns + "/sa/client"
 
 // reply is the echo workload's JSON answer.
 type reply struct {
@@ -144,6 +144,13 @@ func deploySample(ctx context.Context, m *mesh.Mesh) error {
 			return fmt.Errorf("deploy sample: %w", err)
 		}
 	}
+	// Caller and server run under their own service accounts, so the two SPIFFE IDs printed
+	// (the caller's in beta, the server's in XFCC By=) differ.
+	for c, sa := range map[*substrate.Cluster]string{alpha: "client", beta: "hello"} {
+		if _, err := c.Client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("deploy sample: %w", err)
+		}
+	}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "hello"},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "hello"},
 			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(substrate.EchoHTTPPort)}}}}
@@ -154,6 +161,7 @@ func deploySample(ctx context.Context, m *mesh.Mesh) error {
 	for i, n := range beta.Nodes {
 		p := substrate.EchoPod(ns, fmt.Sprintf("hello-%d", i+1), n.Name, beta.Name, m.Bins["echo"])
 		p.Labels["app"] = "hello"
+		p.Spec.ServiceAccountName = "hello"
 		pods = append(pods, p)
 	}
 	for _, p := range pods {
@@ -162,6 +170,7 @@ func deploySample(ctx context.Context, m *mesh.Mesh) error {
 		}
 	}
 	client := substrate.ClientPod(ns, "client", alpha.Nodes[0].Name, alpha.Name, m.Bins["client"])
+	client.Spec.ServiceAccountName = "client"
 	if _, err := alpha.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("deploy sample: %w", err)
 	}

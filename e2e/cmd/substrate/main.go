@@ -64,7 +64,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		return down(cfg, log)
 	case "clean":
 		dirs, err := substrate.Clean(cfg.baseDir, cfg.force, log)
-		fmt.Printf("cleaned %d run(s)\n", len(dirs))
+		fmt.Printf("leftover runs cleaned (crashed or killed runs whose processes or mounts remained): %d\n", len(dirs))
 		return err
 	}
 	return fmt.Errorf("unknown command %q: want up, down or clean", cfg.cmd)
