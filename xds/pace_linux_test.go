@@ -1,0 +1,352 @@
+package xds
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The latency benchmarks' harness. The first versions paced requests with time.Sleep and
+// measured from the scheduled send time, so every sample carried the Go timer's overshoot: the
+// runtime's netpoller sleeps in whole milliseconds (epoll_wait timeouts, runtime/netpoll_epoll.go),
+// which put a 0.5-1 ms floor under both paths. This harness sends from one locked OS thread that
+// sleeps with clock_nanosleep (timer slack 1 ns) until spinMargin before the scheduled time and
+// spins the rest, does the request itself with blocking system calls on a dedicated keep-alive
+// connection per path (no Go scheduler hand-offs between send and receive), and alternates the
+// paths in short slices so that both see the same machine state.
+
+// spinMargin is how long before a scheduled send the pacing thread stops sleeping and spins.
+const spinMargin = 80 * time.Microsecond
+
+// benchEnv returns the integer in environment variable name, or def when it is unset. A value
+// that is not a positive integer fails the benchmark.
+func benchEnv(b *testing.B, name string, def int) int {
+	b.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		b.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
+}
+
+// pinLoad pins every thread of the test process (the load generator and the test's
+// applications) to the CPU list in AETHER_BENCH_LOAD_CPUS ("1", "1,3", "2-3"); threads created
+// later inherit it from their creator (sched_setaffinity(2)). Envoy is pinned separately through
+// AETHER_BENCH_ENVOY_CPUS (meshFixture.prefix). It returns a description for the report.
+func pinLoad(b *testing.B) string {
+	b.Helper()
+	v := os.Getenv("AETHER_BENCH_LOAD_CPUS")
+	envoy := os.Getenv("AETHER_BENCH_ENVOY_CPUS")
+	desc := fmt.Sprintf("envoy cpus %q, load cpus %q, GOMAXPROCS %d", envoy, v, runtime.GOMAXPROCS(0))
+	if v == "" {
+		return desc + " (unpinned)"
+	}
+	var set unix.CPUSet
+	for _, part := range strings.Split(v, ",") {
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err1 := strconv.Atoi(lo)
+		c, err2 := a, error(nil)
+		if isRange {
+			c, err2 = strconv.Atoi(hi)
+		}
+		if err1 != nil || err2 != nil || c < a {
+			b.Fatalf("AETHER_BENCH_LOAD_CPUS=%q: want a CPU list such as 1 or 1,3 or 2-3", v)
+		}
+		for i := a; i <= c; i++ {
+			set.Set(i)
+		}
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, t := range tasks {
+		tid, _ := strconv.Atoi(t.Name())
+		if err := unix.SchedSetaffinity(tid, &set); err != nil && err != unix.ESRCH {
+			b.Fatalf("pin thread %d to %s: %v", tid, v, err)
+		}
+	}
+	return desc
+}
+
+// loadavg is /proc/loadavg without its newline.
+func loadavg() string {
+	s, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(s))
+}
+
+// rawConn is a TCP connection driven with blocking system calls from the calling thread.
+type rawConn struct {
+	fd  int
+	buf []byte
+}
+
+// newRawConn takes over c (a *net.TCPConn, which it closes) as a blocking socket with a
+// 10 s receive timeout, so that a lost answer fails the benchmark instead of hanging it. Go
+// sets TCP_NODELAY on every TCP connection; it stays set on the duplicated descriptor.
+func newRawConn(t testing.TB, c net.Conn) *rawConn {
+	t.Helper()
+	sc, err := c.(syscall.Conn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := -1
+	if err := sc.Control(func(f uintptr) { fd, err = unix.Dup(int(f)) }); err != nil || fd < 0 {
+		t.Fatalf("dup socket: %v", err)
+	}
+	c.Close()
+	if err := unix.SetNonblock(fd, false); err != nil {
+		t.Fatal(err)
+	}
+	tv := unix.Timeval{Sec: 10}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := unix.GetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_NODELAY); err != nil || v == 0 {
+		t.Fatalf("TCP_NODELAY off on the benchmark connection (%d, %v)", v, err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	return &rawConn{fd: fd, buf: make([]byte, 16<<10)}
+}
+
+func (r *rawConn) write(p []byte) error {
+	for len(p) > 0 {
+		n, err := unix.Write(r.fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		p = p[n:]
+	}
+	return nil
+}
+
+// read reads at least once into p and returns the count; 0 bytes is io.ErrUnexpectedEOF.
+func (r *rawConn) read(p []byte) (int, error) {
+	for {
+		n, err := unix.Read(r.fd, p)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return 0, fmt.Errorf("read: %w", err)
+		}
+		if n == 0 {
+			return 0, io.ErrUnexpectedEOF
+		}
+		return n, nil
+	}
+}
+
+// echo writes msg and reads len(msg) bytes back.
+func (r *rawConn) echo(msg []byte) error {
+	if err := r.write(msg); err != nil {
+		return err
+	}
+	for got := 0; got < len(msg); {
+		n, err := r.read(r.buf[:len(msg)-got])
+		if err != nil {
+			return fmt.Errorf("echo: %w", err)
+		}
+		got += n
+	}
+	return nil
+}
+
+// httpRequest is a complete HTTP/1.1 POST of body to host (keep-alive).
+func httpRequest(host string, body []byte) []byte {
+	h := fmt.Sprintf("POST / HTTP/1.1\r\nHost: %s\r\nContent-Type: application/octet-stream\r\nContent-Length: %d\r\n\r\n", host, len(body))
+	return append([]byte(h), body...)
+}
+
+// roundTrip writes req and reads one HTTP/1.1 response, which must be 200 with a
+// Content-Length body of wantLen bytes and nothing after it.
+func (r *rawConn) roundTrip(req []byte, wantLen int) error {
+	if err := r.write(req); err != nil {
+		return err
+	}
+	have, total := 0, -1
+	for total < 0 || have < total {
+		if have == len(r.buf) {
+			return fmt.Errorf("response larger than %d bytes", len(r.buf))
+		}
+		n, err := r.read(r.buf[have:])
+		if err != nil {
+			return err
+		}
+		have += n
+		if total >= 0 {
+			continue
+		}
+		end := bytes.Index(r.buf[:have], []byte("\r\n\r\n"))
+		if end < 0 {
+			continue
+		}
+		head := string(r.buf[:end])
+		if !strings.HasPrefix(head, "HTTP/1.1 200 ") {
+			line, _, _ := strings.Cut(head, "\r\n")
+			return fmt.Errorf("response %q", line)
+		}
+		cl := -1
+		for _, line := range strings.Split(head, "\r\n")[1:] {
+			k, v, _ := strings.Cut(line, ":")
+			if strings.EqualFold(k, "Content-Length") {
+				cl, _ = strconv.Atoi(strings.TrimSpace(v))
+			}
+		}
+		if cl != wantLen {
+			return fmt.Errorf("response body length %d, want %d (head %q)", cl, wantLen, head)
+		}
+		total = end + 4 + cl
+	}
+	if have != total {
+		return fmt.Errorf("%d bytes after the response", have-total)
+	}
+	return nil
+}
+
+// pacePath is one path of an interleaved measurement: op does one request on the path's own
+// connection, synchronously on the calling thread.
+type pacePath struct {
+	name string
+	op   func() error
+}
+
+// paceResult holds, per path (in the order given), latencies measured from the scheduled send
+// time (coordinated-omission safe: a late send counts against the path it was late for) and from
+// the actual send (service time); and the pacing error (actual - scheduled send) of all sends.
+type paceResult struct {
+	sched, svc [][]time.Duration
+	pacing     []time.Duration
+	elapsed    time.Duration
+}
+
+// paceInterleaved sends requests at rate per second from one locked OS thread, path after path
+// in slices of slice requests (so each path runs at rate while it is measured, and the paths
+// alternate every slice/rate seconds), until every path has perPath samples. It stops at the
+// first error.
+func paceInterleaved(rate, perPath, slice int, paths []pacePath) (*paceResult, error) {
+	type out struct {
+		r   *paceResult
+		err error
+	}
+	done := make(chan out, 1)
+	go func() {
+		// The thread is locked and not unlocked: Go ends it with the goroutine, so its timer
+		// slack never leaks to other goroutines.
+		runtime.LockOSThread()
+		_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+		r := &paceResult{sched: make([][]time.Duration, len(paths)), svc: make([][]time.Duration, len(paths))}
+		for i := range paths {
+			r.sched[i] = make([]time.Duration, 0, perPath)
+			r.svc[i] = make([]time.Duration, 0, perPath)
+		}
+		total := perPath * len(paths)
+		r.pacing = make([]time.Duration, 0, total)
+		interval := time.Second / time.Duration(rate)
+		start := time.Now().Add(time.Millisecond)
+		var i int
+		for n := 0; n < total; i++ {
+			p := (i / slice) % len(paths)
+			if len(r.sched[p]) == perPath {
+				continue // this path is complete; its slots stay empty
+			}
+			at := start.Add(time.Duration(i) * interval)
+			if d := time.Until(at) - spinMargin; d > 0 {
+				ts := unix.NsecToTimespec(int64(d))
+				for unix.ClockNanosleep(unix.CLOCK_MONOTONIC, 0, &ts, &ts) == unix.EINTR {
+				}
+			}
+			for time.Now().Before(at) {
+			}
+			sent := time.Now()
+			if err := paths[p].op(); err != nil {
+				done <- out{nil, fmt.Errorf("%s request %d: %w", paths[p].name, len(r.sched[p]), err)}
+				return
+			}
+			end := time.Now()
+			r.sched[p] = append(r.sched[p], end.Sub(at))
+			r.svc[p] = append(r.svc[p], end.Sub(sent))
+			r.pacing = append(r.pacing, sent.Sub(at))
+			n++
+		}
+		r.elapsed = time.Since(start)
+		done <- out{r, nil}
+	}()
+	o := <-done
+	if o.err != nil {
+		return nil, o.err
+	}
+	for i := range paths {
+		slices.Sort(o.r.sched[i])
+		slices.Sort(o.r.svc[i])
+	}
+	slices.Sort(o.r.pacing)
+	return o.r, nil
+}
+
+// pct is the q-quantile of sorted l (0 for an empty l).
+func pct(l []time.Duration, q float64) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	return l[int(float64(len(l)-1)*q)]
+}
+
+// us formats d in microseconds with one decimal.
+func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 1, 64) }
+
+// reportPaced prints a table of r (every path's quantiles from the scheduled time and the
+// service time, and the added latency of every path against the first) and reports p50, p90 and
+// p99 of each path and the added values against the first path as benchmark metrics named
+// <prefix><path>-p99-us and <prefix>added-<path>-p99-us (with two paths: <prefix>added-p99-us).
+func reportPaced(b *testing.B, prefix string, paths []pacePath, r *paceResult) {
+	qs := []struct {
+		name string
+		q    float64
+	}{{"p50", .5}, {"p90", .9}, {"p99", .99}, {"p99.9", .999}}
+	fmt.Printf("%s%d paths interleaved in %s, pacing error (actual - scheduled send) p50 %s p99 %s max %s us; loadavg %s\n",
+		prefix, len(paths), r.elapsed.Round(time.Millisecond), us(pct(r.pacing, .5)), us(pct(r.pacing, .99)), us(r.pacing[len(r.pacing)-1]), loadavg())
+	fmt.Printf("  %-22s %7s %8s %8s %8s %8s %8s | %s\n", "path (us)", "n", "p50", "p90", "p99", "p99.9", "max", "service time p50 / p99")
+	for i, p := range paths {
+		l := r.sched[i]
+		fmt.Printf("  %-22s %7d %8s %8s %8s %8s %8s | %s / %s\n", prefix+p.name, len(l), us(pct(l, .5)), us(pct(l, .9)), us(pct(l, .99)),
+			us(pct(l, .999)), us(l[len(l)-1]), us(pct(r.svc[i], .5)), us(pct(r.svc[i], .99)))
+		for _, q := range qs[:3] {
+			b.ReportMetric(float64(pct(l, q.q))/1e3, prefix+p.name+"-"+q.name+"-us")
+		}
+	}
+	for i, p := range paths[1:] {
+		l, base := r.sched[i+1], r.sched[0]
+		var cells []string
+		for _, q := range qs {
+			cells = append(cells, q.name+" "+us(pct(l, q.q)-pct(base, q.q)))
+		}
+		fmt.Printf("  added %s - %s: %s us\n", p.name, paths[0].name, strings.Join(cells, ", "))
+		name := prefix + "added-"
+		if len(paths) > 2 {
+			name += p.name + "-"
+		}
+		for _, q := range qs[:3] {
+			b.ReportMetric(float64(pct(l, q.q)-pct(base, q.q))/1e3, name+q.name+"-us")
+		}
+	}
+	b.ReportMetric(float64(pct(r.pacing, .99))/1e3, prefix+"pacing-err-p99-us")
+}
