@@ -59,7 +59,8 @@ type Options struct {
 	// node_ip:15443, weighted by that node's healthy endpoints, with endpoint metadata
 	// envoy.transport_socket_match {waypoint: true}, which selects a TLS socket whose SNI is
 	// "<port>.<svc>.<ns>.<meshDomain>" (same client certificate, same SAN pin). Remote endpoints
-	// without a node IP are left out. Only with CertSelector.
+	// without a node IP are left out. Only with CertSelector: Build and NewServer refuse it
+	// with CertMatcher.
 	EastWestWaypoint bool
 }
 
@@ -97,9 +98,13 @@ type Resources struct {
 
 // Build turns one mesh model and the current SVIDs of the local pods' identities (keyed by
 // SPIFFE ID) into Envoy resources. It is pure: same inputs, same output. It returns an error
-// naming the pod when a local pod has no SVID or no usable address, and any error from
-// marshalling a typed config.
+// naming the option for options it does not implement (Options.check: EastWestWaypoint with
+// CertMatcher), naming the pod when a local pod has no SVID or no usable address, and any error
+// from marshalling a typed config.
 func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opts Options) (*Resources, error) {
+	if err := opts.check(); err != nil {
+		return nil, fmt.Errorf("build: %w", err)
+	}
 	b := &builder{m: m, opts: opts}
 	r := &Resources{}
 	for _, s := range m.Services {
