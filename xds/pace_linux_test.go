@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,18 +45,8 @@ func benchEnv(b *testing.B, name string, def int) int {
 	return n
 }
 
-// pinLoad pins every thread of the test process (the load generator and the test's
-// applications) to the CPU list in AETHER_BENCH_LOAD_CPUS ("1", "1,3", "2-3"); threads created
-// later inherit it from their creator (sched_setaffinity(2)). Envoy is pinned separately through
-// AETHER_BENCH_ENVOY_CPUS (meshFixture.prefix). It returns a description for the report.
-func pinLoad(b *testing.B) string {
-	b.Helper()
-	v := os.Getenv("AETHER_BENCH_LOAD_CPUS")
-	envoy := os.Getenv("AETHER_BENCH_ENVOY_CPUS")
-	desc := fmt.Sprintf("envoy cpus %q, load cpus %q, GOMAXPROCS %d", envoy, v, runtime.GOMAXPROCS(0))
-	if v == "" {
-		return desc + " (unpinned)"
-	}
+// parseCPUs parses a CPU list such as "1", "1,3" or "2-3".
+func parseCPUs(v string) (unix.CPUSet, error) {
 	var set unix.CPUSet
 	for _, part := range strings.Split(v, ",") {
 		lo, hi, isRange := strings.Cut(part, "-")
@@ -64,24 +55,71 @@ func pinLoad(b *testing.B) string {
 		if isRange {
 			c, err2 = strconv.Atoi(hi)
 		}
-		if err1 != nil || err2 != nil || c < a {
-			b.Fatalf("AETHER_BENCH_LOAD_CPUS=%q: want a CPU list such as 1 or 1,3 or 2-3", v)
+		if err1 != nil || err2 != nil || a < 0 || c < a {
+			return set, fmt.Errorf("parse CPU list %q: want e.g. 1 or 1,3 or 2-3", v)
 		}
 		for i := a; i <= c; i++ {
 			set.Set(i)
 		}
 	}
-	tasks, err := os.ReadDir("/proc/self/task")
+	return set, nil
+}
+
+// pinPID sets the CPU affinity of every thread of process pid (sched_setaffinity(2) acts on one
+// thread; threads created later inherit their creator's affinity), and with rt also the
+// scheduling policy SCHED_RR at priority 1 (sched_setattr(2)), above every normal task.
+func pinPID(pid int, set *unix.CPUSet, rt bool) error {
+	tasks, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
 	if err != nil {
-		b.Fatal(err)
+		return fmt.Errorf("pin process %d: %w", pid, err)
 	}
 	for _, t := range tasks {
 		tid, _ := strconv.Atoi(t.Name())
-		if err := unix.SchedSetaffinity(tid, &set); err != nil && err != unix.ESRCH {
-			b.Fatalf("pin thread %d to %s: %v", tid, v, err)
+		err := unix.SchedSetaffinity(tid, set)
+		if err == nil && rt {
+			err = unix.SchedSetAttr(tid, &unix.SchedAttr{Policy: unix.SCHED_RR, Priority: 1}, 0)
+		}
+		if err != nil && err != unix.ESRCH {
+			return fmt.Errorf("pin thread %d of %d: %w", tid, pid, err)
 		}
 	}
-	return desc
+	return nil
+}
+
+// pinBench pins the Envoy processes envoys to the CPU list in AETHER_BENCH_ENVOY_CPUS and this
+// test process (the load generator and the test's applications) to AETHER_BENCH_LOAD_CPUS,
+// each when set, and returns a description for the report. AETHER_BENCH_RT=1 also runs both
+// at real-time priority (SCHED_RR 1), so that other work on a shared machine cannot preempt
+// them (the kernel's RT throttling still leaves others 5% of each core); it returns whether
+// it did, for paceInterleaved. A bad value fails the benchmark.
+func pinBench(b *testing.B, envoys ...int) (desc string, rt bool) {
+	b.Helper()
+	rt = os.Getenv("AETHER_BENCH_RT") == "1"
+	ds := []string{fmt.Sprintf("GOMAXPROCS %d", runtime.GOMAXPROCS(0))}
+	if rt {
+		ds = append(ds, "AETHER_BENCH_RT=1 (SCHED_RR 1, the pacing thread 2)")
+	}
+	for _, x := range []struct {
+		env  string
+		pids []int
+	}{{"AETHER_BENCH_ENVOY_CPUS", envoys}, {"AETHER_BENCH_LOAD_CPUS", []int{os.Getpid()}}} {
+		v := os.Getenv(x.env)
+		if v == "" {
+			ds = append(ds, x.env+" unset (not pinned)")
+			continue
+		}
+		set, err := parseCPUs(v)
+		if err != nil {
+			b.Fatalf("%s: %v", x.env, err)
+		}
+		for _, pid := range x.pids {
+			if err := pinPID(pid, &set, rt); err != nil {
+				b.Fatalf("%s: %v", x.env, err)
+			}
+		}
+		ds = append(ds, fmt.Sprintf("%s=%s (pids %v)", x.env, v, x.pids))
+	}
+	return strings.Join(ds, ", "), rt
 }
 
 // loadavg is /proc/loadavg without its newline.
@@ -241,18 +279,30 @@ type paceResult struct {
 // paceInterleaved sends requests at rate per second from one locked OS thread, path after path
 // in slices of slice requests (so each path runs at rate while it is measured, and the paths
 // alternate every slice/rate seconds), until every path has perPath samples. It stops at the
-// first error.
-func paceInterleaved(rate, perPath, slice int, paths []pacePath) (*paceResult, error) {
+// first error. The garbage collector is off while it runs (a collection would stall the test's
+// applications, not the proxies; a 2 GiB soft memory limit still bounds the heap). rt runs the
+// pacing thread at SCHED_RR priority 2, above the rest of the process (pinBench's 1), so that no
+// runtime thread of the same priority delays its wake-ups.
+func paceInterleaved(rate, perPath, slice int, rt bool, paths []pacePath) (*paceResult, error) {
 	type out struct {
 		r   *paceResult
 		err error
 	}
+	runtime.GC()
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(2 << 30))
 	done := make(chan out, 1)
 	go func() {
 		// The thread is locked and not unlocked: Go ends it with the goroutine, so its timer
-		// slack never leaks to other goroutines.
+		// slack and priority never leak to other goroutines.
 		runtime.LockOSThread()
 		_ = unix.Prctl(unix.PR_SET_TIMERSLACK, 1, 0, 0, 0)
+		if rt {
+			if err := unix.SchedSetAttr(0, &unix.SchedAttr{Policy: unix.SCHED_RR, Priority: 2}, 0); err != nil {
+				done <- out{nil, fmt.Errorf("pacing thread priority: %w", err)}
+				return
+			}
+		}
 		r := &paceResult{sched: make([][]time.Duration, len(paths)), svc: make([][]time.Duration, len(paths))}
 		for i := range paths {
 			r.sched[i] = make([]time.Duration, 0, perPath)
