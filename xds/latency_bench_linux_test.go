@@ -38,7 +38,7 @@ func BenchmarkMeshLatency(b *testing.B) {
 	testenv.RequireRoot(b)
 	samples := benchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
 	f := startTrafficFixture(b, time.Hour, false, Options{})
-	pin, rt := pinBench(b, f.sup.PID())
+	pin := pinBench(b, f.sup.PID())
 	direct, _ := f.addPod("direct", false)
 	body := bytes.Repeat([]byte("x"), 1024)
 	srvIP := f.ips["server"].String()
@@ -72,11 +72,11 @@ func BenchmarkMeshLatency(b *testing.B) {
 		}},
 	} {
 		// Warm the connections, Envoy's upstream pool and the caches.
-		if _, err := paceInterleaved(1000, 1000, 10, rt, c.paths); err != nil {
+		if _, err := paceInterleaved(1000, 1000, 10, c.paths); err != nil {
 			b.Fatalf("%swarm-up: %v", c.name, err)
 		}
 		cpu0 := envoyCPUSeconds(f.sup.PID())
-		r, err := paceInterleaved(1000, samples, 10, rt, c.paths)
+		r, err := paceInterleaved(1000, samples, 10, c.paths)
 		if err != nil {
 			b.Fatalf("%s: %v", c.name, err)
 		}

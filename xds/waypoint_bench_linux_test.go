@@ -98,7 +98,7 @@ func BenchmarkWaypoint(b *testing.B) {
 	// The latency part runs pinned: the three Envoys on AETHER_BENCH_ENVOY_CPUS, this process on
 	// AETHER_BENCH_LOAD_CPUS. Throughput and connection rate ran unpinned: pinned, the three
 	// "nodes" would share one core and the ratios would compare CPU per byte instead.
-	pin, rt := pinBench(b, w.a.sup.PID(), w.b1.sup.PID(), w.b2.sup.PID())
+	pin := pinBench(b, w.a.sup.PID(), w.b1.sup.PID(), w.b2.sup.PID())
 	fmt.Printf("latency: %d samples per path at 1000/s, %s\n", samples, pin)
 	body := bytes.Repeat([]byte("x"), 1024)
 	var lpaths []pacePath
@@ -111,10 +111,10 @@ func BenchmarkWaypoint(b *testing.B) {
 		lpaths = append(lpaths, pacePath{p.name, func() error { return rc.roundTrip(req, len(body)) }})
 	}
 	// Warm the connections and the Envoys' upstream pools, then measure.
-	if _, err := paceInterleaved(1000, 1000, 10, rt, lpaths); err != nil {
+	if _, err := paceInterleaved(1000, 1000, 10, lpaths); err != nil {
 		b.Fatalf("warm-up: %v", err)
 	}
-	r, err := paceInterleaved(1000, samples, 10, rt, lpaths)
+	r, err := paceInterleaved(1000, samples, 10, lpaths)
 	if err != nil {
 		b.Fatal(err)
 	}
