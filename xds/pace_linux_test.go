@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -360,39 +361,48 @@ func pct(l []time.Duration, q float64) time.Duration {
 // us formats d in microseconds with one decimal.
 func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f', 1, 64) }
 
-// reportPaced prints a table of r (every path's quantiles from the scheduled time and the
-// service time, and the added latency of every path against the first) and reports p50, p90 and
-// p99 of each path and the added values against the first path as benchmark metrics named
-// <prefix><path>-p99-us and <prefix>added-<path>-p99-us (with two paths: <prefix>added-p99-us).
+// reportPaced prints a table of r (every path's quantiles from the scheduled time and of the
+// service time, and the added latency of every path against the first, both ways) and reports
+// p50, p90 and p99 of each path and the added values against the first path as benchmark
+// metrics named <prefix><path>-p99-us and <prefix>added-p99-us (with more than two paths
+// <prefix>added-<path>-p99-us; service time: added-svc-).
 func reportPaced(b *testing.B, prefix string, paths []pacePath, r *paceResult) {
 	qs := []struct {
 		name string
 		q    float64
 	}{{"p50", .5}, {"p90", .9}, {"p99", .99}, {"p99.9", .999}}
-	fmt.Printf("%s%d paths interleaved in %s, pacing error (actual - scheduled send) p50 %s p99 %s max %s us; loadavg %s\n",
-		prefix, len(paths), r.elapsed.Round(time.Millisecond), us(pct(r.pacing, .5)), us(pct(r.pacing, .99)), us(r.pacing[len(r.pacing)-1]), loadavg())
-	fmt.Printf("  %-22s %7s %8s %8s %8s %8s %8s | %s\n", "path (us)", "n", "p50", "p90", "p99", "p99.9", "max", "service time p50 / p99")
+	late := len(r.pacing) - sort.Search(len(r.pacing), func(i int) bool { return r.pacing[i] > time.Millisecond })
+	fmt.Printf("%s%d paths interleaved in %s; pacing error (actual - scheduled send) p50 %s p99 %s max %s us, %d sends late by more than 1 ms; loadavg %s\n",
+		prefix, len(paths), r.elapsed.Round(time.Millisecond), us(pct(r.pacing, .5)), us(pct(r.pacing, .99)), us(r.pacing[len(r.pacing)-1]), late, loadavg())
+	row := func(name string, l []time.Duration) string {
+		return fmt.Sprintf("%-16s %7d %8s %8s %8s %8s %8s", name, len(l), us(pct(l, .5)), us(pct(l, .9)), us(pct(l, .99)), us(pct(l, .999)), us(l[len(l)-1]))
+	}
+	fmt.Printf("  %-16s %7s %8s %8s %8s %8s %8s | %-16s %7s %8s %8s %8s %8s %8s\n", "from schedule", "n", "p50", "p90", "p99", "p99.9", "max",
+		"service time", "n", "p50", "p90", "p99", "p99.9", "max")
 	for i, p := range paths {
-		l := r.sched[i]
-		fmt.Printf("  %-22s %7d %8s %8s %8s %8s %8s | %s / %s\n", prefix+p.name, len(l), us(pct(l, .5)), us(pct(l, .9)), us(pct(l, .99)),
-			us(pct(l, .999)), us(l[len(l)-1]), us(pct(r.svc[i], .5)), us(pct(r.svc[i], .99)))
+		fmt.Printf("  %s | %s\n", row(prefix+p.name, r.sched[i]), row(prefix+p.name, r.svc[i]))
 		for _, q := range qs[:3] {
-			b.ReportMetric(float64(pct(l, q.q))/1e3, prefix+p.name+"-"+q.name+"-us")
+			b.ReportMetric(float64(pct(r.sched[i], q.q))/1e3, prefix+p.name+"-"+q.name+"-us")
 		}
 	}
 	for i, p := range paths[1:] {
-		l, base := r.sched[i+1], r.sched[0]
-		var cells []string
-		for _, q := range qs {
-			cells = append(cells, q.name+" "+us(pct(l, q.q)-pct(base, q.q)))
-		}
-		fmt.Printf("  added %s - %s: %s us\n", p.name, paths[0].name, strings.Join(cells, ", "))
-		name := prefix + "added-"
-		if len(paths) > 2 {
-			name += p.name + "-"
-		}
-		for _, q := range qs[:3] {
-			b.ReportMetric(float64(pct(l, q.q)-pct(base, q.q))/1e3, name+q.name+"-us")
+		for _, kind := range []struct {
+			name       string
+			l, base    []time.Duration
+			metricPart string
+		}{{"from schedule", r.sched[i+1], r.sched[0], ""}, {"service time", r.svc[i+1], r.svc[0], "svc-"}} {
+			var cells []string
+			for _, q := range qs {
+				cells = append(cells, q.name+" "+us(pct(kind.l, q.q)-pct(kind.base, q.q)))
+			}
+			fmt.Printf("  added %s - %s (%s): %s us\n", p.name, paths[0].name, kind.name, strings.Join(cells, ", "))
+			name := prefix + "added-" + kind.metricPart
+			if len(paths) > 2 {
+				name += p.name + "-"
+			}
+			for _, q := range qs[:3] {
+				b.ReportMetric(float64(pct(kind.l, q.q)-pct(kind.base, q.q))/1e3, name+q.name+"-us")
+			}
 		}
 	}
 	b.ReportMetric(float64(pct(r.pacing, .99))/1e3, prefix+"pacing-err-p99-us")
