@@ -3,7 +3,9 @@ package xds
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -75,6 +77,11 @@ func BenchmarkMeshLatency(b *testing.B) {
 		if _, err := paceInterleaved(1000, 1000, 10, c.paths); err != nil {
 			b.Fatalf("%swarm-up: %v", c.name, err)
 		}
+		nss := append([]*testenv.Netns{f.node}, slices.Collect(maps.Values(f.pods))...)
+		net0, err := readNetCounters(nss...)
+		if err != nil {
+			b.Fatal(err)
+		}
 		cpu0 := envoyCPUSeconds(f.sup.PID())
 		r, err := paceInterleaved(1000, samples, 10, c.paths)
 		if err != nil {
@@ -82,6 +89,7 @@ func BenchmarkMeshLatency(b *testing.B) {
 		}
 		cpu := envoyCPUSeconds(f.sup.PID()) - cpu0
 		reportPaced(b, c.name, c.paths, r)
+		netDelta(b, net0, nss...)
 		// Envoy serves only the mesh path: its CPU over the mesh requests, per 1000 requests/s.
 		cores := cpu / (float64(samples) / 1000)
 		fmt.Printf("  envoy CPU: %.3f cores at 1000 %srequests/s\n", cores, c.name)

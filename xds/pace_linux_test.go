@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/aethermesh/aether/internal/testenv"
 )
 
 // The latency benchmarks' harness. The first versions paced requests with time.Sleep and
@@ -406,4 +408,68 @@ func reportPaced(b *testing.B, prefix string, paths []pacePath, r *paceResult) {
 		}
 	}
 	b.ReportMetric(float64(pct(r.pacing, .99))/1e3, prefix+"pacing-err-p99-us")
+}
+
+// netCounters are kernel counters that explain latency tails which are not the proxies' doing.
+type netCounters struct {
+	// retrans is TCP RetransSegs (/proc/net/snmp) summed over the namespaces given: a
+	// retransmitted segment costs at least the 200 ms minimum RTO.
+	retrans int64
+	// softnetDrops is the "dropped" column of /proc/net/softnet_stat summed over CPUs (all
+	// namespaces): packets lost because a CPU's input backlog was full.
+	softnetDrops int64
+}
+
+// readNetCounters reads netCounters in the namespaces nss.
+func readNetCounters(nss ...*testenv.Netns) (netCounters, error) {
+	var c netCounters
+	for _, ns := range nss {
+		err := ns.Do(func() error {
+			b, err := os.ReadFile("/proc/thread-self/net/snmp")
+			if err != nil {
+				return err
+			}
+			var head []string
+			for _, line := range strings.Split(string(b), "\n") {
+				f := strings.Fields(line)
+				if len(f) == 0 || f[0] != "Tcp:" {
+					continue
+				}
+				if head == nil {
+					head = f
+					continue
+				}
+				if i := slices.Index(head, "RetransSegs"); i > 0 && i < len(f) {
+					n, _ := strconv.ParseInt(f[i], 10, 64)
+					c.retrans += n
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return c, fmt.Errorf("read TCP counters in %s: %w", ns.Name, err)
+		}
+	}
+	b, err := os.ReadFile("/proc/net/softnet_stat")
+	if err != nil {
+		return c, fmt.Errorf("read softnet_stat: %w", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 1 {
+			n, _ := strconv.ParseInt(f[1], 16, 64)
+			c.softnetDrops += n
+		}
+	}
+	return c, nil
+}
+
+// netDelta prints how the counters of nss moved since before (taken with readNetCounters).
+func netDelta(b *testing.B, before netCounters, nss ...*testenv.Netns) {
+	b.Helper()
+	after, err := readNetCounters(nss...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	fmt.Printf("  kernel: %d TCP segments retransmitted in the benchmark's namespaces, %d packets dropped from full CPU backlogs (whole machine)\n",
+		after.retrans-before.retrans, after.softnetDrops-before.softnetDrops)
 }

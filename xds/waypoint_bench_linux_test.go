@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -114,11 +116,20 @@ func BenchmarkWaypoint(b *testing.B) {
 	if _, err := paceInterleaved(1000, 1000, 10, lpaths); err != nil {
 		b.Fatalf("warm-up: %v", err)
 	}
+	nss := []*testenv.Netns{w.ul}
+	for _, f := range []*meshFixture{w.a, w.b1, w.b2} {
+		nss = append(append(nss, f.node), slices.Collect(maps.Values(f.pods))...)
+	}
+	net0, err := readNetCounters(nss...)
+	if err != nil {
+		b.Fatal(err)
+	}
 	r, err := paceInterleaved(1000, samples, 10, lpaths)
 	if err != nil {
 		b.Fatal(err)
 	}
 	reportPaced(b, "http-", lpaths, r)
+	netDelta(b, net0, nss...)
 	for i, p := range lpaths {
 		res[p.name+"-p99-us"] = float64(pct(r.sched[i], .99)) / 1e3
 	}
