@@ -79,6 +79,7 @@ func BenchmarkMeshLatency(b *testing.B) {
 			b.Fatalf("%swarm-up: %v", c.name, err)
 		}
 		nss := append([]*testenv.Netns{f.node}, slices.Collect(maps.Values(f.pods))...)
+		conns0 := upstreamConns(f)
 		net0, err := readNetCounters(nss...)
 		if err != nil {
 			b.Fatal(err)
@@ -90,7 +91,7 @@ func BenchmarkMeshLatency(b *testing.B) {
 		}
 		u1, s1 := envoyCPUSeconds(f.sup.PID())
 		reportPaced(b, c.name, c.paths, r)
-		netDelta(b, net0, nss...)
+		netDelta(b, net0, nss, conns0, f)
 		// Envoy serves only the mesh path: its CPU over the mesh requests, per 1000 requests/s.
 		per := float64(samples) / 1000
 		user, sys := (u1-u0)/per, (s1-s0)/per

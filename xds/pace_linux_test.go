@@ -463,13 +463,28 @@ func readNetCounters(nss ...*testenv.Netns) (netCounters, error) {
 	return c, nil
 }
 
-// netDelta prints how the counters of nss moved since before (taken with readNetCounters).
-func netDelta(b *testing.B, before netCounters, nss ...*testenv.Netns) {
+// netDelta prints how the counters of nss moved since before (taken with readNetCounters), and
+// how many upstream connections the fixtures' Envoys opened since conns0 (upstreamConns).
+func netDelta(b *testing.B, before netCounters, nss []*testenv.Netns, conns0 int, fs ...*meshFixture) {
 	b.Helper()
 	after, err := readNetCounters(nss...)
 	if err != nil {
 		b.Fatal(err)
 	}
-	fmt.Printf("  kernel: %d TCP segments retransmitted in the benchmark's namespaces, %d packets dropped from full CPU backlogs (whole machine)\n",
-		after.retrans-before.retrans, after.softnetDrops-before.softnetDrops)
+	fmt.Printf("  kernel: %d TCP segments retransmitted in the benchmark's namespaces, %d packets dropped from full CPU backlogs (whole machine); envoy: %d upstream connections opened\n",
+		after.retrans-before.retrans, after.softnetDrops-before.softnetDrops, upstreamConns(fs...)-conns0)
+}
+
+// upstreamConns sums Envoy's cluster.*.upstream_cx_total over the fixtures' Envoys: the upstream
+// connections opened so far. A keep-alive measurement should open none.
+func upstreamConns(fs ...*meshFixture) int {
+	n := 0
+	for _, f := range fs {
+		for k, v := range f.stats() {
+			if strings.HasPrefix(k, "cluster.") && strings.HasSuffix(k, ".upstream_cx_total") {
+				n += v
+			}
+		}
+	}
+	return n
 }

@@ -120,6 +120,7 @@ func BenchmarkWaypoint(b *testing.B) {
 	for _, f := range []*meshFixture{w.a, w.b1, w.b2} {
 		nss = append(append(nss, f.node), slices.Collect(maps.Values(f.pods))...)
 	}
+	conns0 := upstreamConns(w.a, w.b1, w.b2)
 	net0, err := readNetCounters(nss...)
 	if err != nil {
 		b.Fatal(err)
@@ -129,7 +130,7 @@ func BenchmarkWaypoint(b *testing.B) {
 		b.Fatal(err)
 	}
 	reportPaced(b, "http-", lpaths, r)
-	netDelta(b, net0, nss...)
+	netDelta(b, net0, nss, conns0, w.a, w.b1, w.b2)
 	for i, p := range lpaths {
 		res[p.name+"-p99-us"] = float64(pct(r.sched[i], .99)) / 1e3
 	}
