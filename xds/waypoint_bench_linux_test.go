@@ -131,9 +131,6 @@ func BenchmarkWaypoint(b *testing.B) {
 	}
 	reportPaced(b, "http-", lpaths, r)
 	netDelta(b, net0, nss, conns0, w.a, w.b1, w.b2)
-	for i, p := range lpaths {
-		res[p.name+"-p99-us"] = float64(pct(r.sched[i], .99)) / 1e3
-	}
 	fmt.Printf("  throughput MB/s direct %.0f waypoint %.0f, conn/s direct %.0f waypoint %.0f\n",
 		res["direct-MB/s"], res["waypoint-MB/s"], res["direct-conn/s"], res["waypoint-conn/s"])
 	b.ReportMetric(res["waypoint-MB/s"]/res["direct-MB/s"], "throughput-ratio")
