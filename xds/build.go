@@ -59,7 +59,8 @@ type Options struct {
 	// node_ip:15443, weighted by that node's healthy endpoints, with endpoint metadata
 	// envoy.transport_socket_match {waypoint: true}, which selects a TLS socket whose SNI is
 	// "<port>.<svc>.<ns>.<meshDomain>" (same client certificate, same SAN pin). Remote endpoints
-	// without a node IP are left out. Only with CertSelector.
+	// without a node IP are left out. Only with CertSelector: Build and NewServer refuse it
+	// with CertMatcher.
 	EastWestWaypoint bool
 }
 
@@ -123,9 +124,10 @@ func (r *Resources) isKnown(x any) bool {
 
 // Build turns one mesh model and the current SVIDs of the local pods' identities (keyed by
 // SPIFFE ID) into Envoy resources. It is pure: same inputs, same output. It returns an error
-// naming the pod when a local pod has no SVID or no usable address, and any error from
-// marshalling a typed config. A caller that builds again and again (the agent, on every model
-// change) should keep a Builder instead, which rebuilds only what changed.
+// naming the option for options it does not implement (Options.check: EastWestWaypoint with
+// CertMatcher), naming the pod when a local pod has no SVID or no usable address, and any error
+// from marshalling a typed config. A caller that builds again and again (the agent, on every
+// model change) should keep a Builder instead, which rebuilds only what changed.
 func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opts Options) (*Resources, error) {
 	return NewBuilder(opts).Build(m, svids, bundlePEM)
 }

@@ -113,6 +113,9 @@ type podEntry struct {
 // Build is the package function Build, rebuilding only what changed since the Builder's last
 // successful Build (see Builder). Its errors are Build's.
 func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte) (*Resources, error) {
+	if err := bl.opts.check(); err != nil {
+		return nil, fmt.Errorf("build: %w", err)
+	}
 	if bl.shared == nil {
 		sh := &builder{opts: bl.opts}
 		if err := sh.prepareShared(); err != nil {

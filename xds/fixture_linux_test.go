@@ -111,11 +111,7 @@ func (f *meshFixture) supConfig() SupervisorConfig {
 }
 
 func (f *meshFixture) prefix() []string {
-	p := []string{"ip", "netns", "exec", f.node.Name}
-	if cpus := os.Getenv("AETHER_BENCH_ENVOY_CPUS"); cpus != "" {
-		p = append([]string{"taskset", "-c", cpus}, p...)
-	}
-	return p
+	return []string{"ip", "netns", "exec", f.node.Name}
 }
 
 // startAgent starts what the agent runs for Envoy: a new xDS server (a new process would have a

@@ -3,9 +3,7 @@ package xds
 import (
 	"bytes"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -16,140 +14,88 @@ import (
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
-// envoyCPUSeconds reads utime+stime of pid from /proc (clock ticks of 10 ms).
-func envoyCPUSeconds(pid int) float64 {
+// envoyCPUSeconds reads the user and system CPU time of pid from /proc (utime and stime, clock
+// ticks of 10 ms).
+func envoyCPUSeconds(pid int) (user, sys float64) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0
+		return 0, 0
 	}
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
 	ut, _ := strconv.ParseFloat(f[11], 64)
 	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100
+	return ut / 100, st / 100
 }
 
-// paced runs op at rate per second for d, open loop (each op in its own goroutine from a pool of
-// workers fed by a ticker), and returns the latencies.
-func paced(rate int, d time.Duration, workers int, op func(w int) error) ([]time.Duration, error) {
-	n := int(d.Seconds() * float64(rate))
-	jobs := make(chan time.Time, n)
-	out := make(chan time.Duration, n)
-	errc := make(chan error, workers)
-	for w := 0; w < workers; w++ {
-		go func() {
-			for sched := range jobs {
-				if err := op(w); err != nil {
-					errc <- err
-					return
-				}
-				out <- time.Since(sched)
-			}
-			errc <- nil
-		}()
-	}
-	interval := time.Second / time.Duration(rate)
-	start := time.Now()
-	for i := 0; i < n; i++ {
-		at := start.Add(time.Duration(i) * interval)
-		time.Sleep(time.Until(at))
-		jobs <- at
-	}
-	close(jobs)
-	var firstErr error
-	for w := 0; w < workers; w++ {
-		if err := <-errc; err != nil && firstErr == nil {
-			firstErr = err
-		}
-	}
-	close(out)
-	var lat []time.Duration
-	for l := range out {
-		lat = append(lat, l)
-	}
-	slices.Sort(lat)
-	return lat, firstErr
-}
-
-func pct(l []time.Duration, p float64) time.Duration {
-	if len(l) == 0 {
-		return 0
-	}
-	return l[int(float64(len(l)-1)*p)]
-}
-
-// BenchmarkMeshLatency measures, in one run, the latency of 1 KB HTTP requests (1 KB answers)
-// and 1 KB TCP echoes at 1000 per second from a client pod: through the mesh (capture listener,
-// mTLS between Envoy's two legs, inbound listener) and directly to the server pod. It reports
-// p50/p99 of both and Envoy's CPU per 1000 requests per second. Pin the load generator and
-// Envoy to separate cores:
-//
-//	AETHER_BENCH_ENVOY_CPUS=0 taskset -c 1 go test ./xds/ -run '^$' -bench BenchmarkMeshLatency -benchtime 1x
+// BenchmarkMeshLatency measures the latency the mesh adds: 1 KB HTTP requests (1 KB answers)
+// and 1 KB TCP echoes at 1000 per second from a client pod, through the mesh (capture listener,
+// mTLS between Envoy's two legs, inbound listener, one node Envoy) against a direct connection
+// from another pod to the same server pod, the two paths alternating every 10 requests in one
+// run (paceInterleaved: precise pacing from a locked thread, latency from the scheduled send
+// time, one keep-alive connection per path). It prints per path p50/p90/p99/p99.9, the added
+// values, the pacing error, the load average and Envoy's CPU per 1000 requests per second, and
+// reports them as metrics. AETHER_BENCH_SAMPLES sets the samples per path (default 20000);
+// AETHER_BENCH_ENVOY_CPUS and AETHER_BENCH_LOAD_CPUS pin Envoy and this process (the load
+// generator and the applications) to separate cores. bench/latency.sh runs it pinned.
 func BenchmarkMeshLatency(b *testing.B) {
 	testenv.RequireRoot(b)
+	samples := benchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
 	f := startTrafficFixture(b, time.Hour, false, Options{})
+	pin := pinBench(b, f.sup.PID())
 	direct, _ := f.addPod("direct", false)
 	body := bytes.Repeat([]byte("x"), 1024)
-	const rate, dur, workers = 1000, 5 * time.Second, 16
-	httpOp := func(ns *testenv.Netns, url string) func(int) error {
-		tr := &http.Transport{MaxIdleConnsPerHost: workers}
-		tr.DialContext = httpClientIn(ns, true).Transport.(*http.Transport).DialContext
-		c := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-		return func(int) error {
-			resp, err := c.Post(url, "application/octet-stream", bytes.NewReader(body))
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				return fmt.Errorf("status %d", resp.StatusCode)
-			}
-			return err
-		}
-	}
-	tcpOp := func(ns *testenv.Netns, addr string) func(int) error {
-		conns := make([]net.Conn, workers)
-		buf := make([][]byte, workers)
-		return func(w int) error {
-			if conns[w] == nil {
-				c, err := dialIn(ns, addr)
-				if err != nil {
-					return err
-				}
-				conns[w], buf[w] = c, make([]byte, len(body))
-			}
-			if _, err := conns[w].Write(body); err != nil {
-				return err
-			}
-			_, err := io.ReadFull(conns[w], buf[w])
-			return err
-		}
-	}
 	srvIP := f.ips["server"].String()
-	cases := []struct {
-		name string
-		op   func(int) error
-	}{
-		{"http-direct", httpOp(direct, "http://"+srvIP+":8080/")},
-		{"http-mesh", httpOp(f.pods["alpha"], "http://"+vipHTTP.String()+"/")},
-		{"tcp-direct", tcpOp(direct, srvIP+":9000")},
-		{"tcp-mesh", tcpOp(f.pods["alpha"], vipTCP.String()+":9000")},
-	}
-	for _, c := range cases {
-		// Warm connections and pools.
-		if _, err := paced(200, time.Second, workers, c.op); err != nil {
-			b.Fatalf("%s warm-up: %v", c.name, err)
+	conn := func(ns *testenv.Netns, addr string) *rawConn {
+		c, err := dialIn(ns, addr)
+		if err != nil {
+			b.Fatal(err)
 		}
-		cpu0 := envoyCPUSeconds(f.sup.PID())
-		lat, err := paced(rate, dur, workers, c.op)
+		return newRawConn(b, c)
+	}
+	httpPath := func(name string, ns *testenv.Netns, addr, host string) pacePath {
+		c, req := conn(ns, addr), httpRequest(host, body)
+		return pacePath{name, func() error { return c.roundTrip(req, len(body)) }}
+	}
+	tcpPath := func(name string, ns *testenv.Netns, addr string) pacePath {
+		c := conn(ns, addr)
+		return pacePath{name, func() error { return c.echo(body) }}
+	}
+	fmt.Printf("BenchmarkMeshLatency: %d samples per path at 1000/s, %s, loadavg %s\n", samples, pin, loadavg())
+	for _, c := range []struct {
+		name  string
+		paths []pacePath
+	}{
+		{"http-", []pacePath{
+			httpPath("direct", direct, srvIP+":8080", srvIP+":8080"),
+			httpPath("mesh", f.pods["alpha"], vipHTTP.String()+":80", vipHTTP.String()),
+		}},
+		{"tcp-", []pacePath{
+			tcpPath("direct", direct, srvIP+":9000"),
+			tcpPath("mesh", f.pods["alpha"], vipTCP.String()+":9000"),
+		}},
+	} {
+		// Warm the connections, Envoy's upstream pool and the caches.
+		if _, err := paceInterleaved(1000, 1000, 10, c.paths); err != nil {
+			b.Fatalf("%swarm-up: %v", c.name, err)
+		}
+		nss := append([]*testenv.Netns{f.node}, slices.Collect(maps.Values(f.pods))...)
+		conns0 := upstreamConns(f)
+		net0, err := readNetCounters(nss...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		u0, s0 := envoyCPUSeconds(f.sup.PID())
+		r, err := paceInterleaved(1000, samples, 10, c.paths)
 		if err != nil {
 			b.Fatalf("%s: %v", c.name, err)
 		}
-		cpu := envoyCPUSeconds(f.sup.PID()) - cpu0
-		b.ReportMetric(float64(pct(lat, 0.5).Microseconds()), c.name+"-p50-us")
-		b.ReportMetric(float64(pct(lat, 0.99).Microseconds()), c.name+"-p99-us")
-		if strings.HasSuffix(c.name, "mesh") {
-			b.ReportMetric(cpu/dur.Seconds(), c.name+"-envoy-cores")
-		}
+		u1, s1 := envoyCPUSeconds(f.sup.PID())
+		reportPaced(b, c.name, c.paths, r)
+		netDelta(b, net0, nss, conns0, f)
+		// Envoy serves only the mesh path: its CPU over the mesh requests, per 1000 requests/s.
+		per := float64(samples) / 1000
+		user, sys := (u1-u0)/per, (s1-s0)/per
+		fmt.Printf("  envoy CPU: %.3f cores at 1000 %srequests/s (user %.3f, system %.3f)\n", user+sys, c.name, user, sys)
+		b.ReportMetric(user+sys, c.name+"mesh-envoy-cores")
 	}
 }

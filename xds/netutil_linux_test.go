@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -72,6 +73,18 @@ func getBody(c *http.Client, url string, hdr map[string]string) (int, string, ht
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b), resp.Header, err
+}
+
+// echoPost answers a POST with its body, with a Content-Length (a plain io.Copy would make the
+// answer chunked).
+func echoPost(w http.ResponseWriter, r *http.Request) {
+	b, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
 }
 
 // serveEcho echoes bytes back on every connection l accepts.

@@ -93,6 +93,9 @@ func NewServer(opts ServerOptions) (*Server, error) {
 	if opts.Identity == nil {
 		return nil, errors.New("new xds server: nil Identity")
 	}
+	if err := opts.Build.check(); err != nil {
+		return nil, fmt.Errorf("new xds server: %w", err)
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}

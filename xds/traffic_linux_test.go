@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/netip"
 	"regexp"
@@ -71,7 +70,7 @@ func startTrafficFixture(t testing.TB, svidLifetime time.Duration, delta bool, b
 	hl := listenIn(t, srvNS, "0.0.0.0:8080")
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
-			_, _ = io.Copy(w, r.Body) // the latency benchmark's echo
+			echoPost(w, r) // the latency benchmarks' echo
 			return
 		}
 		fmt.Fprintf(w, "xfcc=%s", r.Header.Get("X-Forwarded-Client-Cert"))

@@ -4,8 +4,8 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"net"
-	"net/http"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -22,10 +22,17 @@ import (
 // as a local endpoint of web/direct): single-stream throughput (MB/s, a server streaming to the
 // client through the TCP floor), new connections per second (4 workers, each connection a
 // 1-byte TCP echo through the floor, so every one is a fresh mTLS handshake end to end) and the
-// p50/p99 latency of 1 KB HTTP requests at 1000 per second. Reported: each path's numbers,
-// the ratios waypoint/direct and the added p99 in microseconds. bench/waypoint.sh runs it.
+// latency of 1 KB HTTP requests at 1000 per second, the two paths alternating every 10 requests
+// (paceInterleaved: precise pacing from a locked thread, latency from the scheduled send time,
+// one keep-alive connection per path). Reported: each path's numbers, the ratios
+// waypoint/direct and the added p50/p90/p99 in microseconds (http-added-p99-us), with the pacing
+// error and the load average. AETHER_BENCH_SAMPLES sets the latency samples per path (default
+// 20000); AETHER_BENCH_ENVOY_CPUS and AETHER_BENCH_LOAD_CPUS pin the three Envoys and this
+// process (load generator and applications) for the latency part; throughput and connection
+// rate run unpinned. bench/waypoint.sh runs it.
 func BenchmarkWaypoint(b *testing.B) {
 	testenv.RequireRoot(b)
+	samples := benchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
 	w := newWaypointTopo(b, false)
 	// Pod routes between the clusters, for the direct path only.
 	aIP, b1IP, b2IP := w.nodeIP[w.a].String(), w.nodeIP[w.b1].String(), w.nodeIP[w.b2].String()
@@ -38,6 +45,7 @@ func BenchmarkWaypoint(b *testing.B) {
 	paths := []struct{ name, vip string }{{"direct", vipDirect.String()}, {"waypoint", vipEchoSet.String()}}
 	res := map[string]float64{}
 	report := func(name string, v float64) { res[name] = v; b.ReportMetric(v, name) }
+	fmt.Printf("BenchmarkWaypoint: loadavg %s\n", loadavg())
 
 	// Each measurement alternates the two paths in rounds, so that both see the same noise from
 	// whatever else runs on the machine.
@@ -89,47 +97,44 @@ func BenchmarkWaypoint(b *testing.B) {
 		report(p.name+"-conn/s", conns[p.name]/connTime[p.name].Seconds())
 	}
 
+	// The latency part runs pinned: the three Envoys on AETHER_BENCH_ENVOY_CPUS, this process on
+	// AETHER_BENCH_LOAD_CPUS. Throughput and connection rate ran unpinned: pinned, the three
+	// "nodes" would share one core and the ratios would compare CPU per byte instead.
+	pin := pinBench(b, w.a.sup.PID(), w.b1.sup.PID(), w.b2.sup.PID())
+	fmt.Printf("latency: %d samples per path at 1000/s, %s\n", samples, pin)
 	body := bytes.Repeat([]byte("x"), 1024)
-	ops := map[string]func(int) error{}
+	var lpaths []pacePath
 	for _, p := range paths {
-		const workers = 16
-		tr := &http.Transport{MaxIdleConnsPerHost: workers, DialContext: httpClientIn(client, true).Transport.(*http.Transport).DialContext}
-		defer tr.CloseIdleConnections()
-		hc := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-		ops[p.name] = func(int) error {
-			resp, err := hc.Post("http://"+p.vip+"/", "application/octet-stream", bytes.NewReader(body))
-			if err != nil {
-				return err
-			}
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				return fmt.Errorf("%s: status %d", p.name, resp.StatusCode)
-			}
-			return err
+		c, err := dialIn(client, p.vip+":80")
+		if err != nil {
+			b.Fatal(err)
 		}
-		if _, err := paced(200, time.Second, workers, ops[p.name]); err != nil {
-			b.Fatalf("%s warm-up: %v", p.name, err)
-		}
+		rc, req := newRawConn(b, c), httpRequest(p.vip, body)
+		lpaths = append(lpaths, pacePath{p.name, func() error { return rc.roundTrip(req, len(body)) }})
 	}
-	lats := map[string][]time.Duration{}
-	for r := 0; r < rounds; r++ {
-		for _, p := range paths {
-			lat, err := paced(1000, 2*time.Second, 16, ops[p.name])
-			if err != nil {
-				b.Fatal(err)
-			}
-			lats[p.name] = append(lats[p.name], lat...)
-		}
+	// Warm the connections and the Envoys' upstream pools, then measure.
+	if _, err := paceInterleaved(1000, 1000, 10, lpaths); err != nil {
+		b.Fatalf("warm-up: %v", err)
 	}
-	for _, p := range paths {
-		slices.Sort(lats[p.name])
-		report(p.name+"-p50-us", float64(pct(lats[p.name], 0.5).Microseconds()))
-		report(p.name+"-p99-us", float64(pct(lats[p.name], 0.99).Microseconds()))
+	nss := []*testenv.Netns{w.ul}
+	for _, f := range []*meshFixture{w.a, w.b1, w.b2} {
+		nss = append(append(nss, f.node), slices.Collect(maps.Values(f.pods))...)
 	}
+	conns0 := upstreamConns(w.a, w.b1, w.b2)
+	net0, err := readNetCounters(nss...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := paceInterleaved(1000, samples, 10, lpaths)
+	if err != nil {
+		b.Fatal(err)
+	}
+	reportPaced(b, "http-", lpaths, r)
+	netDelta(b, net0, nss, conns0, w.a, w.b1, w.b2)
+	fmt.Printf("  throughput MB/s direct %.0f waypoint %.0f, conn/s direct %.0f waypoint %.0f\n",
+		res["direct-MB/s"], res["waypoint-MB/s"], res["direct-conn/s"], res["waypoint-conn/s"])
 	b.ReportMetric(res["waypoint-MB/s"]/res["direct-MB/s"], "throughput-ratio")
 	b.ReportMetric(res["waypoint-conn/s"]/res["direct-conn/s"], "conn-rate-ratio")
-	b.ReportMetric(res["waypoint-p99-us"]-res["direct-p99-us"], "added-p99-us")
 }
 
 // connRate opens connections to addr from ns with the given number of workers for d, each a

@@ -114,7 +114,7 @@ func run(t testing.TB, ns *testenv.Netns, name string, args ...string) {
 func serveXFCC(t testing.TB, l net.Listener) {
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
-			_, _ = io.Copy(w, r.Body)
+			echoPost(w, r) // the latency benchmarks' echo
 			return
 		}
 		fmt.Fprintf(w, "xfcc=%s", r.Header.Get("X-Forwarded-Client-Cert"))
