@@ -92,7 +92,7 @@ func TestPrivilegedEnvoyFactNamespacedListeners(t *testing.T) {
 		// Retry until one request is answered (Envoy may still be starting its worker), then
 		// check the answer.
 		waitFor(t, fmt.Sprintf("pod%d: GET 127.0.0.1:15001 in its netns", i), func() error {
-			code, b, h, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
+			code, b, h, err := getBody(p.HTTPClient(false), "http://127.0.0.1:15001/", nil)
 			if err != nil || code != 200 {
 				return fmt.Errorf("%d %v", code, err)
 			}
@@ -123,7 +123,7 @@ func TestPrivilegedEnvoyFactWildcardInNetns(t *testing.T) {
 	var inPod string
 	var errPod error
 	for try := 0; try < 50; try++ { // retry while Envoy starts its worker
-		if _, inPod, _, errPod = getBody(httpClientIn(pod, false), "http://"+addr+"/", nil); errPod == nil {
+		if _, inPod, _, errPod = getBody(pod.HTTPClient(false), "http://"+addr+"/", nil); errPod == nil {
 			break
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -152,7 +152,7 @@ func TestPrivilegedEnvoyFactUpstreamInNetns(t *testing.T) {
 	// The app port is free in the root netns, so only a connection made inside the pod's netns
 	// can reach the echo server.
 	appPort := testenv.FreePort(t)
-	serveEcho(listenIn(t, pod, fmt.Sprintf("127.0.0.1:%d", appPort)))
+	serveEcho(pod.Listen(t, fmt.Sprintf("127.0.0.1:%d", appPort)))
 	port := testenv.FreePort(t)
 	startFactsEnvoy(t, factsAdmin+fmt.Sprintf(`
 static_resources:
@@ -186,7 +186,7 @@ static_resources:
 			return err
 		}
 		defer c.Close()
-		return echoOnce(c, "hello from the root netns\n")
+		return testenv.EchoOnce(c, "hello from the root netns\n")
 	})
 }
 
@@ -341,7 +341,7 @@ static_resources:
 	// The cluster comes over CDS after Envoy is live: wait until each pod gets through once.
 	for i, p := range pods {
 		waitFor(t, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
-			code, body, _, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
+			code, body, _, err := getBody(p.HTTPClient(false), "http://127.0.0.1:15001/", nil)
 			if err != nil || code != 200 {
 				return fmt.Errorf("%d %q %v", code, body, err)
 			}
@@ -359,7 +359,7 @@ static_resources:
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c := httpClientIn(p, true)
+				c := p.HTTPClient(true)
 				for n := 0; n < 20; n++ {
 					code, body, _, err := getBody(c, "http://127.0.0.1:15001/", nil)
 					if err != nil || code != 200 {
@@ -486,7 +486,7 @@ static_resources:
 	for i, p := range pods {
 		var body string
 		waitFor(t, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
-			code, b, _, err := getBody(httpClientIn(p, false), "http://127.0.0.1:15001/", nil)
+			code, b, _, err := getBody(p.HTTPClient(false), "http://127.0.0.1:15001/", nil)
 			if err != nil || code != 200 {
 				return fmt.Errorf("%d %q %v", code, b, err)
 			}

@@ -46,7 +46,7 @@ func BenchmarkMeshLatency(b *testing.B) {
 	body := bytes.Repeat([]byte("x"), 1024)
 	srvIP := f.ips["server"].String()
 	conn := func(ns *testenv.Netns, addr string) *rawConn {
-		c, err := dialIn(ns, addr)
+		c, err := ns.Dial(addr)
 		if err != nil {
 			b.Fatal(err)
 		}

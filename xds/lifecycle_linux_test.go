@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -24,7 +25,7 @@ func serverCertSerial(t *testing.T, f *meshFixture) string {
 		t.Fatal(err)
 	}
 	cert, _ := tls.X509KeyPair(good.CertChainPEM, good.KeyPEM)
-	raw, err := dialIn(f.pods["outside"], f.ips["server"].String()+":15008")
+	raw, err := f.pods["outside"].Dial(f.ips["server"].String() + ":15008")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,15 +43,15 @@ func serverCertSerial(t *testing.T, f *meshFixture) string {
 func TestPrivilegedCertRotation(t *testing.T) {
 	f := startTrafficFixture(t, 6*time.Second, true, Options{})
 	before := serverCertSerial(t, f)
-	tcp, err := dialIn(f.pods["alpha"], vipTCP.String()+":9000")
+	tcp, err := f.pods["alpha"].Dial(vipTCP.String() + ":9000")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tcp.Close()
-	if err := echoOnce(tcp, "before rotation"); err != nil {
+	if err := testenv.EchoOnce(tcp, "before rotation"); err != nil {
 		t.Fatal(err)
 	}
-	keep := httpClientIn(f.pods["beta"], true)
+	keep := f.pods["beta"].HTTPClient(true)
 	if code, body, _, err := getBody(keep, "http://"+vipHTTP.String()+"/", nil); err != nil || code != 200 {
 		t.Fatalf("HTTP before rotation: %d %q %v", code, body, err)
 	}
@@ -72,18 +73,18 @@ func TestPrivilegedCertRotation(t *testing.T) {
 		}
 		return nil
 	})
-	if err := echoOnce(tcp, "after rotation, same connection"); err != nil {
+	if err := testenv.EchoOnce(tcp, "after rotation, same connection"); err != nil {
 		t.Errorf("established TCP connection after rotation: %v", err)
 	}
 	if code, body, _, err := getBody(keep, "http://"+vipHTTP.String()+"/", nil); err != nil || code != 200 || xfccURI(body) != model.SPIFFEID(f.td, "shop", "beta") {
 		t.Errorf("keep-alive HTTP after rotation: %d %q %v", code, body, err)
 	}
-	c2, err := dialIn(f.pods["alpha"], vipTCP.String()+":9000")
+	c2, err := f.pods["alpha"].Dial(vipTCP.String() + ":9000")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c2.Close()
-	if err := echoOnce(c2, "new connection after rotation"); err != nil {
+	if err := testenv.EchoOnce(c2, "new connection after rotation"); err != nil {
 		t.Errorf("new TCP connection after rotation: %v", err)
 	}
 }
@@ -120,7 +121,7 @@ func envoyPIDs(t *testing.T, f *meshFixture) []int {
 func TestPrivilegedEnvoySupervision(t *testing.T) {
 	f := startTrafficFixture(t, time.Hour, true, Options{})
 	httpOK := func() error {
-		code, body, _, err := getBody(httpClientIn(f.pods["alpha"], false), "http://"+vipHTTP.String()+"/", nil)
+		code, body, _, err := getBody(f.pods["alpha"].HTTPClient(false), "http://"+vipHTTP.String()+"/", nil)
 		if err != nil {
 			return err
 		}
@@ -154,18 +155,18 @@ func TestPrivilegedEnvoySupervision(t *testing.T) {
 	})
 
 	t.Run("agent restart adopts Envoy", func(t *testing.T) {
-		tcp, err := dialIn(f.pods["alpha"], vipTCP.String()+":9000")
+		tcp, err := f.pods["alpha"].Dial(vipTCP.String() + ":9000")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer tcp.Close()
-		if err := echoOnce(tcp, "before the agent dies"); err != nil {
+		if err := testenv.EchoOnce(tcp, "before the agent dies"); err != nil {
 			t.Fatal(err)
 		}
 		envoyPID := f.sup.PID()
 		f.stopAgent()
 		// While the agent is away, Envoy keeps serving its last configuration.
-		if err := echoOnce(tcp, "while the agent is away"); err != nil {
+		if err := testenv.EchoOnce(tcp, "while the agent is away"); err != nil {
 			t.Errorf("established connection while the agent is away: %v", err)
 		}
 		if err := httpOK(); err != nil {
@@ -190,11 +191,11 @@ func TestPrivilegedEnvoySupervision(t *testing.T) {
 		ep.Service = extra.Key
 		eps[extra.Key] = []model.Endpoint{ep}
 		f.set(model.New(3, m.Cluster, m.MeshDomain, m.TrustDomain, m.Node, append(m.Services, extra), eps, m.Pods))
-		code, body, _, err := getBody(httpClientIn(f.pods["alpha"], false), "http://10.96.0.20:8000/", nil)
+		code, body, _, err := getBody(f.pods["alpha"].HTTPClient(false), "http://10.96.0.20:8000/", nil)
 		if err != nil || code != 200 {
 			t.Errorf("new service after the agent restart: %d %q %v", code, body, err)
 		}
-		if err := echoOnce(tcp, "after the agent is back"); err != nil {
+		if err := testenv.EchoOnce(tcp, "after the agent is back"); err != nil {
 			t.Errorf("established connection after the agent restart: %v", err)
 		}
 		if n := len(envoyPIDs(t, f)); n != 1 {

@@ -1,7 +1,6 @@
 package xds
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -16,42 +15,6 @@ import (
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/internal/testenv"
 )
-
-// dialIn opens a TCP connection to addr from inside ns (the socket is created on a thread in ns;
-// the connection is then usable from any goroutine).
-func dialIn(ns *testenv.Netns, addr string) (net.Conn, error) {
-	var c net.Conn
-	err := ns.Do(func() (err error) {
-		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
-		return err
-	})
-	return c, err
-}
-
-// listenIn opens a TCP listener on addr inside ns and closes it when the test ends.
-func listenIn(t testing.TB, ns *testenv.Netns, addr string) net.Listener {
-	t.Helper()
-	var l net.Listener
-	if err := ns.Do(func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
-		t.Fatalf("listen %s in %s: %v", addr, ns.Name, err)
-	}
-	t.Cleanup(func() { l.Close() })
-	return l
-}
-
-// httpClientIn returns an HTTP client whose connections start inside ns. keepAlive false closes
-// each connection after its request.
-func httpClientIn(ns *testenv.Netns, keepAlive bool) *http.Client {
-	return &http.Client{
-		Timeout: 10 * time.Second,
-		Transport: &http.Transport{
-			DisableKeepAlives: !keepAlive,
-			DialContext: func(_ context.Context, _, addr string) (net.Conn, error) {
-				return dialIn(ns, addr)
-			},
-		},
-	}
-}
 
 // getBody GETs url with the client and returns status and body.
 func getBody(c *http.Client, url string, hdr map[string]string) (int, string, http.Header, error) {
@@ -117,22 +80,6 @@ func serveBanner(l net.Listener, banner string) {
 			}()
 		}
 	}()
-}
-
-// echoOnce writes msg on c and expects it back.
-func echoOnce(c net.Conn, msg string) error {
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(c, msg); err != nil {
-		return err
-	}
-	buf := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, buf); err != nil {
-		return fmt.Errorf("read echo: %w", err)
-	}
-	if string(buf) != msg {
-		return fmt.Errorf("echo = %q, want %q", buf, msg)
-	}
-	return nil
 }
 
 // readBanner reads len(want) bytes from c and compares.

@@ -67,7 +67,7 @@ func startTrafficFixture(t testing.TB, svidLifetime time.Duration, delta bool, b
 	srvNS, _ := f.addPod("server", false)
 	outside, _ := f.addPod("outside", false) // a non-mesh host
 	// The HTTP application answers with the XFCC header Envoy forwarded.
-	hl := listenIn(t, srvNS, "0.0.0.0:8080")
+	hl := srvNS.Listen(t, "0.0.0.0:8080")
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			echoPost(w, r) // the latency benchmarks' echo
@@ -77,10 +77,10 @@ func startTrafficFixture(t testing.TB, svidLifetime time.Duration, delta bool, b
 	})}
 	go func() { _ = hs.Serve(hl) }()
 	t.Cleanup(func() { hs.Close() })
-	serveEcho(listenIn(t, srvNS, "0.0.0.0:9000"))
-	serveBanner(listenIn(t, srvNS, "0.0.0.0:2525"), bannerText)
-	serveEcho(listenIn(t, outside, "0.0.0.0:7000"))
-	serveBanner(listenIn(t, outside, "0.0.0.0:2222"), bannerText)
+	serveEcho(srvNS.Listen(t, "0.0.0.0:9000"))
+	serveBanner(srvNS.Listen(t, "0.0.0.0:2525"), bannerText)
+	serveEcho(outside.Listen(t, "0.0.0.0:7000"))
+	serveBanner(outside.Listen(t, "0.0.0.0:2222"), bannerText)
 	f.set(trafficMesh(f, 1))
 	return f
 }
@@ -139,7 +139,7 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 
 	t.Run("HTTP via VIP carries the caller's identity", func(t *testing.T) {
 		for _, host := range []string{"anything.example", "http.web.mesh", vipHTTP.String()} {
-			code, body, _, err := getBody(httpClientIn(alpha, false), "http://"+vipHTTP.String()+":80/x", map[string]string{"Host": host})
+			code, body, _, err := getBody(alpha.HTTPClient(false), "http://"+vipHTTP.String()+":80/x", map[string]string{"Host": host})
 			if err != nil || code != 200 {
 				t.Fatalf("GET VIP with Host %s: %d %q %v", host, code, body, err)
 			}
@@ -151,7 +151,7 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 
 	t.Run("explicit lane", func(t *testing.T) {
 		for _, host := range []string{"http.web.mesh", "http.mesh", "http.web.mesh:80"} {
-			code, body, _, err := getBody(httpClientIn(beta, false), "http://127.0.0.1:18081/", map[string]string{"Host": host})
+			code, body, _, err := getBody(beta.HTTPClient(false), "http://127.0.0.1:18081/", map[string]string{"Host": host})
 			if err != nil || code != 200 || xfccURI(body) != betaID {
 				t.Errorf("lane Host %s: %d %q %v, want 200 with XFCC URI %s", host, code, body, err, betaID)
 			}
@@ -159,18 +159,18 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 	})
 
 	t.Run("TCP floor", func(t *testing.T) {
-		c, err := dialIn(alpha, vipTCP.String()+":9000")
+		c, err := alpha.Dial(vipTCP.String() + ":9000")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if err := echoOnce(c, strings.Repeat("floor bytes \x00\xff ", 100)); err != nil {
+		if err := testenv.EchoOnce(c, strings.Repeat("floor bytes \x00\xff ", 100)); err != nil {
 			t.Fatal(err)
 		}
 	})
 
 	t.Run("server-first through the floor", func(t *testing.T) {
-		c, err := dialIn(alpha, vipBanner.String()+":25")
+		c, err := alpha.Dial(vipBanner.String() + ":25")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -178,21 +178,21 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 		if err := readBanner(c, bannerText); err != nil {
 			t.Fatal(err)
 		}
-		if err := echoOnce(c, "EHLO x\r\n"); err != nil {
+		if err := testenv.EchoOnce(c, "EHLO x\r\n"); err != nil {
 			t.Fatal(err)
 		}
 	})
 
 	t.Run("passthrough", func(t *testing.T) {
-		c, err := dialIn(alpha, f.ips["outside"].String()+":7000")
+		c, err := alpha.Dial(f.ips["outside"].String() + ":7000")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer c.Close()
-		if err := echoOnce(c, "to a non-mesh host"); err != nil {
+		if err := testenv.EchoOnce(c, "to a non-mesh host"); err != nil {
 			t.Fatal(err)
 		}
-		b, err := dialIn(alpha, f.ips["outside"].String()+":2222")
+		b, err := alpha.Dial(f.ips["outside"].String() + ":2222")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -214,7 +214,7 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					cl := httpClientIn(ns, true)
+					cl := ns.HTTPClient(true)
 					for i := 0; i < 30; i++ {
 						code, body, _, err := getBody(cl, "http://"+vipHTTP.String()+"/", nil)
 						if err != nil || code != 200 {
@@ -241,7 +241,7 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 		pool := x509.NewCertPool()
 		pool.AppendCertsFromPEM(f.ca.BundlePEM())
 		try := func(certs []tls.Certificate) error {
-			raw, err := dialIn(f.pods["outside"], target)
+			raw, err := f.pods["outside"].Dial(target)
 			if err != nil {
 				return err
 			}

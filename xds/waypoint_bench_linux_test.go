@@ -52,7 +52,7 @@ func BenchmarkWaypoint(b *testing.B) {
 	const rounds = 4
 	streams := map[string]net.Conn{}
 	for _, p := range paths {
-		c, err := dialIn(client, p.vip+":9100")
+		c, err := client.Dial(p.vip + ":9100")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func BenchmarkWaypoint(b *testing.B) {
 	body := bytes.Repeat([]byte("x"), 1024)
 	var lpaths []pacePath
 	for _, p := range paths {
-		c, err := dialIn(client, p.vip+":80")
+		c, err := client.Dial(p.vip + ":80")
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -150,7 +150,7 @@ func connRate(ns *testenv.Netns, addr string, workers int, d time.Duration) (int
 			defer wg.Done()
 			one := make([]byte, 1)
 			for time.Since(start) < d {
-				c, err := dialIn(ns, addr)
+				c, err := ns.Dial(addr)
 				if err != nil {
 					errc <- err
 					return

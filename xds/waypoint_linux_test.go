@@ -88,11 +88,11 @@ func newWaypointTopo(t testing.TB, identical bool) *waypointTopo {
 	w.b1.addPod("bclient", true)
 	srv2, _ := w.b2.addPod("srv2", false)
 	for _, ns := range []*testenv.Netns{nearNS, srv1, srv2} {
-		serveXFCC(t, listenIn(t, ns, "0.0.0.0:8080"))
-		serveEcho(listenIn(t, ns, "0.0.0.0:9000"))
-		serveStream(listenIn(t, ns, "0.0.0.0:9100"))
+		serveXFCC(t, ns.Listen(t, "0.0.0.0:8080"))
+		serveEcho(ns.Listen(t, "0.0.0.0:9000"))
+		serveStream(ns.Listen(t, "0.0.0.0:9100"))
 	}
-	serveXFCC(t, listenIn(t, srv1, "0.0.0.0:8081"))
+	serveXFCC(t, srv1.Listen(t, "0.0.0.0:8081"))
 	return w
 }
 
@@ -308,7 +308,7 @@ func testWaypoint(t *testing.T, identical bool) {
 		before1, before2 := w.b1.stats(), w.b2.stats()
 		seen := map[string]bool{}
 		for i := 0; i < 12; i++ {
-			code, body, _, err := getBody(httpClientIn(w.b1.pods["bclient"], false), "http://"+vipEcho.String()+"/", nil)
+			code, body, _, err := getBody(w.b1.pods["bclient"].HTTPClient(false), "http://"+vipEcho.String()+"/", nil)
 			if err != nil || code != 200 || xfccURI(body) != model.SPIFFEID(td, "shop", "bclient") {
 				t.Fatalf("b: GET echo VIP: %d %q %v", code, body, err)
 			}
@@ -317,7 +317,7 @@ func testWaypoint(t *testing.T, identical bool) {
 		if !seen[echo1] || !seen[echo2] {
 			t.Errorf("b's client reached %v, want both echo pods", seen)
 		}
-		code, body, _, err := getBody(httpClientIn(w.a.pods["client"], false), "http://"+vipNear.String()+"/", nil)
+		code, body, _, err := getBody(w.a.pods["client"].HTTPClient(false), "http://"+vipNear.String()+"/", nil)
 		if err != nil || code != 200 || xfccBy(body) != model.SPIFFEID(td, "web", "near") {
 			t.Fatalf("a: GET near VIP: %d %q %v", code, body, err)
 		}
@@ -335,7 +335,7 @@ func testWaypoint(t *testing.T, identical bool) {
 			if i%2 == 1 {
 				url, hdr = "http://127.0.0.1:18081/", map[string]string{"Host": "echo.web.mesh"}
 			}
-			code, body, _, err := getBody(httpClientIn(w.a.pods["client"], false), url, hdr)
+			code, body, _, err := getBody(w.a.pods["client"].HTTPClient(false), url, hdr)
 			if err != nil || code != 200 {
 				t.Fatalf("GET %s: %d %q %v", url, code, body, err)
 			}
@@ -347,11 +347,11 @@ func testWaypoint(t *testing.T, identical bool) {
 		if !seen[echo1] || !seen[echo2] || len(seen) != 2 {
 			t.Errorf("answered by %v, want both b pods", seen)
 		}
-		c, err := dialIn(w.a.pods["client"], vipEchoSet.String()+":9000")
+		c, err := w.a.pods["client"].Dial(vipEchoSet.String() + ":9000")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := echoOnce(c, strings.Repeat("tcp through the waypoint ", 64)); err != nil {
+		if err := testenv.EchoOnce(c, strings.Repeat("tcp through the waypoint ", 64)); err != nil {
 			t.Error(err)
 		}
 		c.Close()
@@ -377,7 +377,7 @@ func testWaypoint(t *testing.T, identical bool) {
 
 	t.Run("the tunnel shows the pod's certificate", func(t *testing.T) {
 		var peer string
-		conn, err := dialIn(w.a.node, b1IP+":15443")
+		conn, err := w.a.node.Dial(b1IP + ":15443")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -398,7 +398,7 @@ func testWaypoint(t *testing.T, identical bool) {
 
 	t.Run("pod IPs of the other cluster are unreachable", func(t *testing.T) {
 		for _, ip := range []netip.Addr{w.b1.ips["srv1"], w.b2.ips["srv2"]} {
-			code, body, _, err := getBody(httpClientIn(w.a.pods["client"], false), "http://"+ip.String()+":8080/", nil)
+			code, body, _, err := getBody(w.a.pods["client"].HTTPClient(false), "http://"+ip.String()+":8080/", nil)
 			if err == nil && strings.Contains(body, "echo-") {
 				t.Errorf("a's client reached b's pod %s directly: %d %q", ip, code, body)
 			}
@@ -413,7 +413,7 @@ func testWaypoint(t *testing.T, identical bool) {
 			{"another cluster's name", "8080.near.web.mesh"},
 			{"no SNI", ""},
 		} {
-			conn, err := dialIn(w.a.node, b1IP+":15443")
+			conn, err := w.a.node.Dial(b1IP + ":15443")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -424,7 +424,7 @@ func testWaypoint(t *testing.T, identical bool) {
 			}
 			conn.Close()
 		}
-		conn, err := dialIn(w.a.node, b1IP+":15443")
+		conn, err := w.a.node.Dial(b1IP + ":15443")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -465,7 +465,7 @@ func testWaypoint(t *testing.T, identical bool) {
 			t.Errorf("b1's waypoint is still in a's EDS")
 		}
 		for i := 0; i < 8; i++ {
-			code, body, _, err := getBody(httpClientIn(w.a.pods["client"], false), "http://"+vipEchoSet.String()+"/", nil)
+			code, body, _, err := getBody(w.a.pods["client"].HTTPClient(false), "http://"+vipEchoSet.String()+"/", nil)
 			if err != nil || code != 200 || xfccBy(body) != echo2 {
 				t.Fatalf("GET after withdrawal: %d %q %v, want an answer from %s", code, body, err, echo2)
 			}
