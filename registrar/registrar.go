@@ -146,16 +146,18 @@ func New(cfg Config) (*Registrar, error) {
 	log := cfg.Logger
 	view := mcs.NewExportView(cfg.Exports, log)
 	r := &Registrar{mgr: mgr, cfg: cfg, log: log, probeErr: errors.New("registry not probed yet")}
-	rl := func() workqueue.TypedRateLimiter[reconcile.Request] {
-		return workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay)
+	// Each controller gets its own rate limiter (it keeps per-item failure counts).
+	tuning := func() mcs.ControllerTuning {
+		return mcs.ControllerTuning{MaxConcurrentReconciles: cfg.Workers, SkipNameValidation: cfg.SkipNameValidation,
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay)}
 	}
 	r.export = &mcs.ExportController{
 		Client: mgr.GetClient(), Exports: cfg.Exports, View: view, Log: log, Metrics: met,
-		MaxConcurrentReconciles: cfg.Workers, SkipNameValidation: cfg.SkipNameValidation, RateLimiter: rl(),
+		ControllerTuning: tuning(),
 	}
 	r.imp = &mcs.ImportGenerator{
 		Client: mgr.GetClient(), View: view, Recorder: mgr.GetEventRecorder("aether-registrar"), Log: log, Metrics: met,
-		MaxConcurrentReconciles: cfg.Workers, SkipNameValidation: cfg.SkipNameValidation, RateLimiter: rl(),
+		ControllerTuning: tuning(),
 	}
 	if err := errors.Join(
 		mgr.Add(view),

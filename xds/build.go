@@ -355,16 +355,28 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 			TransportSocket: wts,
 		}}
 	}
-	if sp.Protocol == model.ProtocolHTTP2 || sp.Protocol == model.ProtocolGRPC {
-		po, err := toAny(&httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
-			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-				Http2ProtocolOptions: &core.Http2ProtocolOptions{}}}}})
-		if err != nil {
-			return nil, err
-		}
-		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": po}
+	if err := setUpstreamProtocol(c, sp.Protocol); err != nil {
+		return nil, err
 	}
 	return c, nil
+}
+
+// setUpstreamProtocol makes c speak HTTP/2 to its upstreams when p is HTTP2 or GRPC
+// (Cluster.typed_extension_protocol_options, envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+// with explicit_http_config.http2_protocol_options); other protocols leave c unchanged. It fails
+// only if the options cannot be marshalled.
+func setUpstreamProtocol(c *clusterv3.Cluster, p model.Protocol) error {
+	if p != model.ProtocolHTTP2 && p != model.ProtocolGRPC {
+		return nil
+	}
+	po, err := toAny(&httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
+		ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
+			Http2ProtocolOptions: &core.Http2ProtocolOptions{}}}}})
+	if err != nil {
+		return err
+	}
+	c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": po}
+	return nil
 }
 
 // upstreamTLSFor is an UpstreamTlsContext presenting the SDS secret id ("" for none), with the
@@ -1122,14 +1134,8 @@ func (b *builder) inboundCluster(p *model.LocalPod, ipt inboundPort) (*clusterv3
 			}}}},
 		}}},
 	}
-	if ipt.protocol == model.ProtocolHTTP2 || ipt.protocol == model.ProtocolGRPC {
-		po, err := toAny(&httpv3.HttpProtocolOptions{UpstreamProtocolOptions: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_{
-			ExplicitHttpConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig{ProtocolConfig: &httpv3.HttpProtocolOptions_ExplicitHttpConfig_Http2ProtocolOptions{
-				Http2ProtocolOptions: &core.Http2ProtocolOptions{}}}}})
-		if err != nil {
-			return nil, err
-		}
-		c.TypedExtensionProtocolOptions = map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": po}
+	if err := setUpstreamProtocol(c, ipt.protocol); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

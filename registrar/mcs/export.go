@@ -44,12 +44,8 @@ type ExportController struct {
 	View    *ExportView
 	Log     *slog.Logger
 	Metrics *Metrics
-	// MaxConcurrentReconciles bounds parallel reconciles (default 4).
-	MaxConcurrentReconciles int
-	// SkipNameValidation allows several controllers of this name in one process (tests).
-	SkipNameValidation bool
-	// RateLimiter, when set, replaces the default retry rate limiter.
-	RateLimiter workqueue.TypedRateLimiter[reconcile.Request]
+	// ControllerTuning sets parallelism, retry rate limiting and name validation.
+	ControllerTuning
 	// WriteTimeout bounds one registry write (default 5 s): without it a write to an unreachable
 	// registry blocks until the registry returns, holding a worker.
 	WriteTimeout time.Duration
@@ -212,17 +208,35 @@ func (c *ExportController) Resync(ctx context.Context) {
 	}
 }
 
+// ControllerTuning is what the export controller and the import generator share of their
+// controller-runtime options (controller.Options).
+type ControllerTuning struct {
+	// MaxConcurrentReconciles bounds parallel reconciles (default 4).
+	MaxConcurrentReconciles int
+	// SkipNameValidation allows several controllers of this name in one process (tests).
+	SkipNameValidation bool
+	// RateLimiter, when set, replaces the default retry rate limiter.
+	RateLimiter workqueue.TypedRateLimiter[reconcile.Request]
+}
+
+// options returns the controller.Options the tuning gives, with MaxConcurrentReconciles 4 when
+// unset.
+func (t ControllerTuning) options() controller.Options {
+	opts := controller.Options{MaxConcurrentReconciles: t.MaxConcurrentReconciles, RateLimiter: t.RateLimiter}
+	if opts.MaxConcurrentReconciles == 0 {
+		opts.MaxConcurrentReconciles = 4
+	}
+	if t.SkipNameValidation {
+		opts.SkipNameValidation = &t.SkipNameValidation
+	}
+	return opts
+}
+
 // SetupWithManager registers the controller: ServiceExports, the Services of the same name, and
 // the export view (a change of any cluster's mark of a service re-decides its conflicts, and this
 // cluster's marks without a ServiceExport are removed).
 func (c *ExportController) SetupWithManager(mgr ctrl.Manager) error {
-	opts := controller.Options{MaxConcurrentReconciles: c.MaxConcurrentReconciles, RateLimiter: c.RateLimiter}
-	if opts.MaxConcurrentReconciles == 0 {
-		opts.MaxConcurrentReconciles = 4
-	}
-	if c.SkipNameValidation {
-		opts.SkipNameValidation = &c.SkipNameValidation
-	}
+	opts := c.options()
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("serviceexport").
 		For(&mcsv1beta1.ServiceExport{}).

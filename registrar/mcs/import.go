@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -58,12 +57,8 @@ type ImportGenerator struct {
 	Recorder events.EventRecorder
 	Log      *slog.Logger
 	Metrics  *Metrics
-	// MaxConcurrentReconciles bounds parallel reconciles (default 4).
-	MaxConcurrentReconciles int
-	// SkipNameValidation allows several controllers of this name in one process (tests).
-	SkipNameValidation bool
-	// RateLimiter, when set, replaces the default retry rate limiter.
-	RateLimiter workqueue.TypedRateLimiter[reconcile.Request]
+	// ControllerTuning sets parallelism, retry rate limiting and name validation.
+	ControllerTuning
 
 	queue queueRef
 }
@@ -309,13 +304,7 @@ func (g *ImportGenerator) Resync(ctx context.Context) {
 // aether.io/mesh-service (mapped to their service), and Namespaces (a new namespace gets the
 // imports that were waiting for it).
 func (g *ImportGenerator) SetupWithManager(mgr ctrl.Manager) error {
-	opts := controller.Options{MaxConcurrentReconciles: g.MaxConcurrentReconciles, RateLimiter: g.RateLimiter}
-	if opts.MaxConcurrentReconciles == 0 {
-		opts.MaxConcurrentReconciles = 4
-	}
-	if g.SkipNameValidation {
-		opts.SkipNameValidation = &g.SkipNameValidation
-	}
+	opts := g.options()
 	req := func(ns, name string) reconcile.Request {
 		return reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}
 	}
