@@ -104,10 +104,8 @@ func run(ctx context.Context, cfg config) error {
 		Endpoints: cfg.RegistryEndpoints, Region: region, Cluster: cfg.Cluster,
 		LeaseTTL: cfg.RegistryLeaseTTL, Logger: log, Metrics: metrics.reg,
 	}
-	if cfg.RegistryCert != "" || cfg.RegistryCA != "" {
-		if rcfg.TLS, err = registry.TLSFiles(cfg.RegistryCert, cfg.RegistryKey, cfg.RegistryCA); err != nil {
-			return err
-		}
+	if rcfg.TLS, err = registry.TLSFiles(cfg.RegistryCert, cfg.RegistryKey, cfg.RegistryCA); err != nil {
+		return err
 	}
 	reg, err := registry.New(rcfg)
 	if err != nil {

@@ -39,10 +39,8 @@ func run(ctx context.Context, cfg config) error {
 		Endpoints: endpoints, Username: cfg.RegistryUser, Password: cfg.RegistryPassword,
 		Region: cfg.Region, Cluster: cfg.Cluster, Logger: log, Metrics: ctrlmetrics.Registry,
 	}
-	if cfg.RegistryCA != "" || cfg.RegistryCert != "" {
-		if rcfg.TLS, err = registry.TLSFiles(cfg.RegistryCert, cfg.RegistryKey, cfg.RegistryCA); err != nil {
-			return err
-		}
+	if rcfg.TLS, err = registry.TLSFiles(cfg.RegistryCert, cfg.RegistryKey, cfg.RegistryCA); err != nil {
+		return err
 	}
 	reg, err := registry.New(rcfg)
 	if err != nil {

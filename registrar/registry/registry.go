@@ -58,9 +58,12 @@ type Config struct {
 }
 
 // TLSFiles builds a client TLS configuration from PEM files: the client certificate and key and
-// the CA that signed etcd's serving certificate. It returns an error naming the file that could
-// not be used.
+// the CA that signed etcd's serving certificate. With all three empty it returns nil, nil
+// (plaintext, Config.TLS unset). It returns an error naming the file that could not be used.
 func TLSFiles(certFile, keyFile, caFile string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" && caFile == "" {
+		return nil, nil
+	}
 	info := transport.TLSInfo{CertFile: certFile, KeyFile: keyFile, TrustedCAFile: caFile}
 	c, err := info.ClientConfig()
 	if err != nil {
