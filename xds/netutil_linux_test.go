@@ -50,36 +50,32 @@ func echoPost(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(b)
 }
 
-// serveEcho echoes bytes back on every connection l accepts.
-func serveEcho(l net.Listener) {
+// serveEach runs handle on its own goroutine for every connection l accepts, closing the
+// connection afterwards, until l is closed.
+func serveEach(l net.Listener, handle func(net.Conn)) {
 	go func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+			go func() { defer c.Close(); handle(c) }()
 		}
 	}()
 }
 
+// serveEcho echoes bytes back on every connection l accepts.
+func serveEcho(l net.Listener) {
+	serveEach(l, func(c net.Conn) { _, _ = io.Copy(c, c) })
+}
+
 // serveBanner writes banner first on every connection l accepts, then echoes.
 func serveBanner(l net.Listener, banner string) {
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := io.WriteString(c, banner); err != nil {
-					return
-				}
-				_, _ = io.Copy(c, c)
-			}()
+	serveEach(l, func(c net.Conn) {
+		if _, err := io.WriteString(c, banner); err == nil {
+			_, _ = io.Copy(c, c)
 		}
-	}()
+	})
 }
 
 // readBanner reads len(want) bytes from c and compares.

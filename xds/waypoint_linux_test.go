@@ -125,23 +125,14 @@ func serveXFCC(t testing.TB, l net.Listener) {
 
 // serveStream writes zeros to every accepted connection until the peer goes away.
 func serveStream(l net.Listener) {
-	go func() {
+	serveEach(l, func(c net.Conn) {
+		buf := make([]byte, 64<<10)
 		for {
-			c, err := l.Accept()
-			if err != nil {
+			if _, err := c.Write(buf); err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					if _, err := c.Write(buf); err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 }
 
 var byInXFCC = regexp.MustCompile(`By=([^;,]+)`)
