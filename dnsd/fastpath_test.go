@@ -135,18 +135,7 @@ func TestRespondWireLeavesOddQueriesToSlowPath(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pack := func(name string, qtype uint16, edit func(*dns.Msg)) []byte {
-		m := new(dns.Msg)
-		m.SetQuestion(name, qtype)
-		if edit != nil {
-			edit(m)
-		}
-		b, err := m.Pack()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
+	pack := func(name string, qtype uint16, edit func(*dns.Msg)) []byte { return packedQuery(t, name, qtype, edit) }
 	header := []byte{0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0}
 	long := append([]byte(nil), header...)
 	for range 130 {

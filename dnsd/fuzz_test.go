@@ -43,18 +43,7 @@ func (w *captureWriter) Hijack()             {}
 // carry the query's ID and fit the client's UDP size; whatever the fast path (RespondWire)
 // answers must be exactly the slow path's answer.
 func FuzzServeDNS(f *testing.F) {
-	seed := func(name string, qtype uint16, edit func(*dns.Msg)) {
-		m := new(dns.Msg)
-		m.SetQuestion(name, qtype)
-		if edit != nil {
-			edit(m)
-		}
-		b, err := m.Pack()
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(b)
-	}
+	seed := func(name string, qtype uint16, edit func(*dns.Msg)) { f.Add(packedQuery(f, name, qtype, edit)) }
 	seed("web.mesh.", dns.TypeA, nil)
 	seed("web.mesh.shop.svc.cluster.local.", dns.TypeAAAA, func(m *dns.Msg) { m.SetEdns0(1232, true) })
 	seed("cart.shop.svc.clusterset.local.", dns.TypeANY, nil)

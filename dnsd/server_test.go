@@ -121,13 +121,29 @@ func startResolver(t *testing.T, upstreams []string, fo ForwarderOptions) *testR
 	return &testResolver{addr: u.String(), reg: reg, res: res}
 }
 
-func ask(t *testing.T, addr, net, name string, qtype uint16, edit func(*dns.Msg)) *dns.Msg {
-	t.Helper()
+// query is a question for name and qtype, changed by edit when it is not nil.
+func query(name string, qtype uint16, edit func(*dns.Msg)) *dns.Msg {
 	m := new(dns.Msg)
 	m.SetQuestion(name, qtype)
 	if edit != nil {
 		edit(m)
 	}
+	return m
+}
+
+// packedQuery is query in wire form; a message that does not pack fails tb.
+func packedQuery(tb testing.TB, name string, qtype uint16, edit func(*dns.Msg)) []byte {
+	tb.Helper()
+	b, err := query(name, qtype, edit).Pack()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+func ask(t *testing.T, addr, net, name string, qtype uint16, edit func(*dns.Msg)) *dns.Msg {
+	t.Helper()
+	m := query(name, qtype, edit)
 	c := &dns.Client{Net: net, Timeout: 20 * time.Second}
 	resp, _, err := c.Exchange(m, addr)
 	if err != nil && resp == nil {
