@@ -9,6 +9,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/aethermesh/aether/registrar/registry"
 )
 
 // config is the agent's whole configuration: every field has a flag and an environment variable
@@ -171,7 +173,8 @@ func (c config) validate() error {
 	if c.SVIDTTL < 2*time.Minute {
 		errs = append(errs, fmt.Errorf("--svid-ttl %s: want at least 2m", c.SVIDTTL))
 	}
-	for _, f := range []struct{ name, path string }{{"ca-cert", c.CACert}, {"ca-key", c.CAKey}, {"registry-ca", c.RegistryCA}, {"registry-cert", c.RegistryCert}, {"registry-key", c.RegistryKey}} {
+	errs = append(errs, registry.CheckTLSFlags(c.RegistryCA, c.RegistryCert, c.RegistryKey)...)
+	for _, f := range []struct{ name, path string }{{"ca-cert", c.CACert}, {"ca-key", c.CAKey}} {
 		if f.path == "" {
 			continue
 		}

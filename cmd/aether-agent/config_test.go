@@ -27,6 +27,8 @@ func TestParseConfig(t *testing.T) {
 		{name: "bad cluster dns", args: []string{"--cluster-dns", "10.96.0.10,x"}, wantErr: `--cluster-dns "x"`},
 		{name: "bad inbound mode", args: []string{"--inbound-mode", "open"}, wantErr: `--inbound-mode "open"`},
 		{name: "bad capture backend", args: []string{"--capture-backend", "ebpf"}, wantErr: `--capture-backend "ebpf"`},
+		{name: "registry cert without key", args: []string{"--registry-cert", "/etc/hostname"}, wantErr: "--registry-cert and --registry-key go together"},
+		{name: "missing registry CA", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

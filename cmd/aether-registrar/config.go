@@ -7,11 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/aethermesh/aether/registrar/registry"
 )
 
 // config is the registrar's whole configuration: every field has a flag, most an environment
@@ -131,17 +132,7 @@ func (c config) validate() error {
 			}
 		}
 	}
-	if (c.RegistryCert == "") != (c.RegistryKey == "") {
-		errs = append(errs, errors.New("--registry-cert and --registry-key go together"))
-	}
-	for _, f := range []struct{ name, path string }{{"registry-ca", c.RegistryCA}, {"registry-cert", c.RegistryCert}, {"registry-key", c.RegistryKey}} {
-		if f.path == "" {
-			continue
-		}
-		if _, err := os.Stat(f.path); err != nil {
-			errs = append(errs, fmt.Errorf("--%s %q: %w", f.name, f.path, err))
-		}
-	}
+	errs = append(errs, registry.CheckTLSFlags(c.RegistryCA, c.RegistryCert, c.RegistryKey)...)
 	if c.RegistryProbe <= 0 {
 		errs = append(errs, fmt.Errorf("--registry-probe-interval %s: want a positive duration", c.RegistryProbe))
 	}
