@@ -190,8 +190,9 @@ static_resources:
 	})
 }
 
-// adsServer serves the given resources over ADS (SotW) on a loopback port and returns the port.
-func adsServer(t testing.TB, res map[resource.Type][]types.Resource) int {
+// adsServer serves the given resources over ADS (SotW) to node "facts" on a loopback port and
+// returns the port and the cache (SetSnapshot on it changes what Envoy gets).
+func adsServer(t testing.TB, res map[resource.Type][]types.Resource) (int, cache.SnapshotCache) {
 	t.Helper()
 	sc := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
 	snap, err := cache.NewSnapshot("1", res)
@@ -209,7 +210,7 @@ func adsServer(t testing.TB, res map[resource.Type][]types.Resource) int {
 	}
 	go func() { _ = g.Serve(l) }()
 	t.Cleanup(g.Stop)
-	return l.Addr().(*net.TCPAddr).Port
+	return l.Addr().(*net.TCPAddr).Port, sc
 }
 
 // factsSelectorCluster is a STATIC cluster with one TLS context whose client certificate comes
@@ -283,7 +284,7 @@ func TestPrivilegedEnvoyFactDynamicUpstreamCertSelector(t *testing.T) {
 		TrustedCa: &core.DataSource{Specifier: &core.DataSource_InlineBytes{InlineBytes: dev.BundlePEM()}},
 	}}})
 	svc := factsSelectorCluster(t, "svc", up.Addr().(*net.TCPAddr).Port, "spiffe://"+td+"/ns/srv/sa/server", nil)
-	sdsPort := adsServer(t, map[resource.Type][]types.Resource{resource.SecretType: secrets, resource.ClusterType: {svc}})
+	sdsPort, _ := adsServer(t, map[resource.Type][]types.Resource{resource.SecretType: secrets, resource.ClusterType: {svc}})
 	pods := []*testenv.Netns{testenv.NewNetns(t), testenv.NewNetns(t)}
 	var b strings.Builder
 	fmt.Fprintf(&b, `

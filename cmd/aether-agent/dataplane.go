@@ -7,14 +7,17 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/xds"
 )
 
 // podDataplane is the agent's cni.Dataplane: it adds a pod's attachment to the model's sources
-// and returns once the node proxy serves a model holding the pod (acked reports when a model
-// version is live in Envoy). It also implements model.AttachmentView for the assembler.
+// and returns once the node proxy serves a model holding the pod (acked reports when Envoy has
+// ACKed a model version; warm, when the named listeners have left warming, so they accept
+// connections). It also implements model.AttachmentView for the assembler.
 type podDataplane struct {
 	asm   *model.Assembler
 	acked func(ctx context.Context, m *model.Mesh) error
+	warm  func(ctx context.Context, listeners []string) error
 
 	mu   sync.Mutex
 	pods map[string]model.PodAttachment // by pod UID
@@ -36,7 +39,8 @@ func (d *podDataplane) Attachments() map[string]model.PodAttachment {
 }
 
 // PodAdded implements cni.Dataplane: it records the pod, triggers a rebuild and waits until a
-// model holding the pod has been built and acknowledged by the node proxy, or ctx ends.
+// model holding the pod has been built and ACKed by Envoy and the pod's listeners have left
+// warming (their routes and secrets arrived), or ctx ends.
 func (d *podDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
 	d.mu.Lock()
 	d.pods[p.UID] = model.PodAttachment{ContainerID: p.ContainerID, PodUID: p.UID, Namespace: p.Namespace,
@@ -62,10 +66,15 @@ func (d *podDataplane) PodRemoved(ctx context.Context, p model.LocalPod) error {
 func (d *podDataplane) waitModel(ctx context.Context, uid string, present bool) error {
 	for {
 		if m := d.asm.Current(); m != nil && (m.Pod(uid) != nil) == present {
-			if d.acked == nil {
-				return nil
+			if d.acked != nil {
+				if err := d.acked(ctx, m); err != nil {
+					return err
+				}
 			}
-			return d.acked(ctx, m)
+			if present && d.warm != nil {
+				return d.warm(ctx, xds.PodListenerNames(m.Pod(uid)))
+			}
+			return nil
 		}
 		select {
 		case <-ctx.Done():

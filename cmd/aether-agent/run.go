@@ -153,6 +153,9 @@ func run(ctx context.Context, cfg config) error {
 	go push.run(ctx)
 	asm.Subscribe(push.offer)
 	dp.acked = push.waitAcked
+	dp.warm = func(ctx context.Context, names []string) error {
+		return xds.WaitListenersWarm(ctx, cfg.EnvoyAdmin, names)
+	}
 	if err := startEnvoy(ctx, cfg, ready, log.With("part", "envoy")); err != nil {
 		return err
 	}

@@ -1,0 +1,124 @@
+//go:build linux
+
+package xds
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// TestWaitListenersWarm feeds a real Envoy over ADS a pod's lane listener whose route (RDS) is
+// not served: Envoy ACKs the listener but keeps it warming, and WaitListenersWarm waits. Once
+// the route is served the listener turns active and WaitListenersWarm returns.
+func TestWaitListenersWarm(t *testing.T) {
+	pod := &model.LocalPod{Namespace: "shop", Name: "web-1"}
+	names := PodListenerNames(pod)
+	hcm, err := rdsHCM("lane", "lane-shop-web-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lane := &listenerv3.Listener{
+		Name:         laneListenerName(pod),
+		Address:      socketAddress("127.0.0.1", 0, ""),
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{hcm}}},
+	}
+	// Envoy starts with no listener (a listener warming while Envoy initialises would hold /ready
+	// back until the route's initial fetch times out), then gets the lane listener.
+	port, sc := adsServer(t, map[resource.Type][]types.Resource{resource.ListenerType: {}})
+	ev := startFactsEnvoy(t, fmt.Sprintf(`
+node: { id: facts, cluster: facts }
+dynamic_resources:
+  lds_config: { ads: {}, resource_api_version: V3 }
+  ads_config:
+    api_type: GRPC
+    transport_api_version: V3
+    grpc_services: [{ envoy_grpc: { cluster_name: ads } }]
+static_resources:
+  clusters:
+  - name: ads
+    type: STATIC
+    connect_timeout: 2s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: { http2_protocol_options: {} }
+    load_assignment:
+      cluster_name: ads
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } } }] }]
+admin:
+  address: { socket_address: { address: 127.0.0.1, port_value: 0 } }
+`, port))
+	ctx := context.Background()
+	serve := func(version string, res map[resource.Type][]types.Resource) {
+		t.Helper()
+		snap, err := cache.NewSnapshot(version, res)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := sc.SetSnapshot(ctx, "facts", snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serve("2", map[resource.Type][]types.Resource{resource.ListenerType: {lane}})
+	// Envoy holds the listener (ACKed) but it waits for its route.
+	waitFor(t, "lane listener added", func() error {
+		s, err := ev.Admin(ctx, "/stats?filter=^listener_manager.total_listeners_warming$")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(s, ": 1") {
+			return fmt.Errorf("%s", strings.TrimSpace(s))
+		}
+		return nil
+	})
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = WaitListenersWarm(short, ev.AdminAddr, names)
+	cancel()
+	if err == nil || !strings.Contains(err.Error(), "still warming: "+lane.Name) {
+		t.Fatalf("WaitListenersWarm while the route is missing = %v, want an error naming %s as warming", err, lane.Name)
+	}
+
+	serve("3", map[resource.Type][]types.Resource{resource.ListenerType: {lane}, resource.RouteType: {&routev3.RouteConfiguration{Name: "lane-shop-web-1"}}})
+	long, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := WaitListenersWarm(long, ev.AdminAddr, names); err != nil {
+		t.Fatalf("WaitListenersWarm once the route is served: %v", err)
+	}
+	if l, err := ev.Admin(ctx, "/listeners"); err != nil || !strings.Contains(l, lane.Name) {
+		t.Fatalf("after WaitListenersWarm, /listeners = %q (%v), want %s active", l, err, lane.Name)
+	}
+
+	// A listener Envoy cannot bind (its port is taken) is in error_state: an error at once.
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	inbound := proto.Clone(lane).(*listenerv3.Listener)
+	inbound.Name = inboundListenerName(pod)
+	inbound.Address = socketAddress("127.0.0.1", uint32(taken.Addr().(*net.TCPAddr).Port), "")
+	serve("4", map[resource.Type][]types.Resource{resource.ListenerType: {lane, inbound}, resource.RouteType: {&routev3.RouteConfiguration{Name: "lane-shop-web-1"}}})
+	// (Called here before Envoy took the update it returns nil: the agent calls it after the
+	// LDS ACK, which Envoy refuses in this case.)
+	waitFor(t, "the unbindable listener reported", func() error {
+		err := WaitListenersWarm(long, ev.AdminAddr, names)
+		if err == nil || !strings.Contains(err.Error(), "envoy failed listener "+inbound.Name+": ") {
+			return fmt.Errorf("WaitListenersWarm = %v, want an error naming %s", err, inbound.Name)
+		}
+		t.Logf("unbindable listener: %v", err)
+		return nil
+	})
+}
