@@ -28,6 +28,14 @@ type mmsghdr struct {
 // sendmmsg(2): one system call per batch instead of one per datagram, which is most of what a
 // busy resolver's CPU does. The sender addresses stay in kernel form (sockaddr) from the read to
 // the write, so nothing is parsed or allocated per datagram. Not safe for concurrent use.
+//
+// Both calls pass MSG_DONTWAIT (they never block: an empty socket parks the goroutine on Go's
+// poller instead) and are made with RawSyscall6, without the runtime's syscall bookkeeping. A
+// plain Syscall6 wakes the runtime's sysmon thread whenever it finds it in its idle sleep, which
+// at a low query rate is every query: a second thread woken per query on the resolver's core.
+// Measured with dnsperf at 11k queries/s (bench/dns/run.sh's low rate) on one pinned core: the
+// server's CPU fell from 40% to 27% of the core, p50 from 0.054 to 0.050 ms and p99 from 0.105
+// to 0.097 ms.
 type udpBatch struct {
 	raw   rawConn
 	in    [batchSize]mmsghdr
@@ -77,7 +85,7 @@ func (b *udpBatch) read() (int, error) {
 	var n int
 	var errno unix.Errno
 	err := b.raw.Read(func(fd uintptr) bool {
-		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.in[0])), batchSize, unix.MSG_DONTWAIT, 0, 0)
+		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&b.in[0])), batchSize, unix.MSG_DONTWAIT, 0, 0)
 		if e == unix.EAGAIN || e == unix.EINTR {
 			return false
 		}
@@ -129,7 +137,7 @@ func (b *udpBatch) write(idx []int, answers [][]byte) error {
 		var n int
 		var errno unix.Errno
 		err := b.raw.Write(func(fd uintptr) bool {
-			r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.out[sent])), uintptr(len(idx)-sent), unix.MSG_DONTWAIT, 0, 0)
+			r, _, e := unix.RawSyscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&b.out[sent])), uintptr(len(idx)-sent), unix.MSG_DONTWAIT, 0, 0)
 			if e == unix.EAGAIN || e == unix.EINTR {
 				return false
 			}
