@@ -269,7 +269,8 @@ func mustTyped(t *testing.T, m *model.Mesh) map[resource.Type][]types.Resource {
 }
 
 // TestVersionMapStable: delta versions depend on content only (two Builders, two fresh models:
-// the same versions; equal to go-control-plane's hash for resources without a shared matcher),
+// the same versions; equal to go-control-plane's hash for resources without a shared matcher,
+// with the cluster's appended for EDS),
 // and a change moves the versions of exactly the resources it changed.
 func TestVersionMapStable(t *testing.T) {
 	steps := builderSteps()
@@ -290,6 +291,11 @@ func TestVersionMapStable(t *testing.T) {
 			for name, x := range s.GetResources(typ) {
 				b, _ := cache.MarshalResource(x)
 				lib := cache.HashResource(b)
+				// An EDS resource's version carries its cluster's (snapshot.ConstructVersionMap).
+				if c, ok := s.GetResources(resource.ClusterType)[name]; ok && typ == resource.EndpointType {
+					cb, _ := cache.MarshalResource(c)
+					lib += "/" + cache.HashResource(cb)
+				}
 				if got := s.GetVersionMap(typ)[name]; (got == lib) == (typ == resource.ListenerType && strings.HasPrefix(name, "capture|")) {
 					t.Errorf("%s %s: version %s, library hash %s: want equal unless it is a capture listener", typ, name, got, lib)
 				}

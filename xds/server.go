@@ -65,8 +65,10 @@ type Server struct {
 	mesh     *model.Mesh
 	seq      uint64
 	last     *snapshot
-	lastL    uint64 // version at which listeners last changed
-	lastC    uint64 // version at which clusters last changed
+	served   *snapshot   // what the cache holds: last, or the first step of a two-step push
+	pending  *pendingEDS // the second step of a two-step push not taken yet
+	lastL    uint64      // version at which listeners last changed
+	lastC    uint64      // version at which clusters last changed
 	need     map[uint64][2]uint64
 	acked    map[string]uint64 // type URL -> highest ACKed version of this epoch
 	nonces   map[string]uint64 // response nonce -> version (per stream nonces are unique enough)
@@ -215,7 +217,7 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	}
 	prevL, prevC := s.lastL, s.lastC
 	s.noteChanges(snap, v)
-	if err := s.cache.SetSnapshot(ctx, s.opts.NodeID, snap); err != nil {
+	if err := s.setSnapshot(ctx, snap); err != nil {
 		s.lastL, s.lastC = prevL, prevC
 		s.seq--
 		s.buildFailures.Inc()
@@ -469,6 +471,72 @@ func (s *Server) NACKs() (count uint64, last string) {
 	return s.nackCnt, s.lastNACK
 }
 
+// setSnapshot serves snap. When clusters that already had endpoints changed, it serves snap in
+// two steps (snapshot.holdEDS): first the changed clusters without their endpoints; then, once
+// the clusters' response has gone to Envoy (or after edsReleaseTimeout), snap itself, which sends
+// the endpoints after them. Called with s.mu held.
+func (s *Server) setSnapshot(ctx context.Context, snap *snapshot) error {
+	prev := s.served
+	s.pending = nil // a newer snapshot replaces a second step not taken yet
+	if prev != nil {
+		if names := snap.changedEDSClusters(prev); len(names) > 0 {
+			first := snap.holdEDS(prev, names)
+			if err := s.cache.SetSnapshot(ctx, s.opts.NodeID, first); err != nil {
+				return err
+			}
+			s.served = first
+			p := &pendingEDS{snap: snap, sent: make(chan struct{})}
+			s.pending = p
+			go s.releaseEDS(p)
+			return nil
+		}
+	}
+	if err := s.cache.SetSnapshot(ctx, s.opts.NodeID, snap); err != nil {
+		return err
+	}
+	s.served = snap
+	return nil
+}
+
+// pendingEDS is the second step of a two-step push (setSnapshot): snap, to serve once sent is
+// closed (the first step's clusters went to Envoy).
+type pendingEDS struct {
+	snap *snapshot
+	sent chan struct{}
+	once sync.Once
+}
+
+// edsReleaseTimeout bounds the wait for the first step's clusters to go out: with no Envoy
+// connected, or one that does not ask, the second step is served anyway.
+const edsReleaseTimeout = time.Second
+
+// releaseEDS serves p's snapshot once its clusters were sent, unless a newer one replaced it.
+func (s *Server) releaseEDS(p *pendingEDS) {
+	select {
+	case <-p.sent:
+	case <-time.After(edsReleaseTimeout):
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending != p {
+		return
+	}
+	s.pending = nil
+	if err := s.cache.SetSnapshot(context.Background(), s.opts.NodeID, p.snap); err != nil {
+		s.log.Error("serve endpoints after changed clusters", "version", p.snap.version, "err", err)
+		return
+	}
+	s.served = p.snap
+}
+
+// clustersSent notes a clusters response of version v going to Envoy (called with s.mu held):
+// it releases the second step of a two-step push of that version.
+func (s *Server) clustersSent(typeURL, v string) {
+	if p := s.pending; p != nil && typeURL == resource.ClusterType && v == p.snap.version {
+		p.once.Do(func() { close(p.sent) })
+	}
+}
+
 // Version returns the version of the snapshot being served ("" before the first SetMesh).
 func (s *Server) Version() string {
 	s.mu.Lock()
@@ -527,7 +595,7 @@ func (s *Server) rollback(good *snapshot) {
 	version := s.epoch + "." + strconv.FormatUint(v, 10)
 	snap, err := newSnapshot(version, good.resources(), s.hashes)
 	if err == nil {
-		err = s.cache.SetSnapshot(context.Background(), s.opts.NodeID, snap)
+		err = s.setSnapshot(context.Background(), snap)
 	}
 	if err != nil {
 		s.seq--
@@ -560,6 +628,7 @@ func (s *Server) callbacks() server.Callbacks {
 			if v, ok := s.parseVersion(resp.GetVersionInfo()); ok {
 				s.nonces[resp.GetNonce()] = v
 			}
+			s.clustersSent(resp.GetTypeUrl(), resp.GetVersionInfo())
 		},
 		StreamRequestFunc: func(_ int64, req *discoverygrpc.DiscoveryRequest) error {
 			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
@@ -572,6 +641,7 @@ func (s *Server) callbacks() server.Callbacks {
 			if v, ok := s.parseVersion(resp.GetSystemVersionInfo()); ok {
 				s.nonces[resp.GetNonce()] = v
 			}
+			s.clustersSent(resp.GetTypeUrl(), resp.GetSystemVersionInfo())
 		},
 		StreamDeltaRequestFunc: func(_ int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
 			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)

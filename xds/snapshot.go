@@ -30,6 +30,11 @@ type snapshot struct {
 	items   [types.UnknownType]map[string]types.ResourceWithTTL
 	plain   [types.UnknownType]map[string]types.Resource
 	memo    *hashMemo
+	// edsVersion and edsHold, set only on the first step of a two-step push (holdEDS), make the
+	// snapshot report the EDS type's version and some EDS resources' versions as Envoy already
+	// holds them, so that nothing of those is sent before the clusters.
+	edsVersion string
+	edsHold    map[string]string
 
 	mu       sync.Mutex
 	versions map[string]map[string]string
@@ -85,9 +90,55 @@ func (s *snapshot) resources() map[resource.Type][]types.Resource {
 // GetVersion implements cache.ResourceSnapshot.
 func (s *snapshot) GetVersion(typeURL string) string {
 	if i := cache.GetResponseType(typeURL); i != types.UnknownType && s.items[i] != nil {
+		if typeURL == resource.EndpointType && s.edsVersion != "" {
+			return s.edsVersion
+		}
 		return s.version
 	}
 	return ""
+}
+
+// changedEDSClusters returns the names of the EDS clusters that prev and s both hold with a
+// ClusterLoadAssignment but whose Cluster resource differs.
+func (s *snapshot) changedEDSClusters(prev *snapshot) []string {
+	ci, ei := cache.GetResponseType(resource.ClusterType), cache.GetResponseType(resource.EndpointType)
+	var out []string
+	for name, c := range s.plain[ci] {
+		old, ok := prev.plain[ci][name]
+		if !ok || old == c || proto.Equal(old, c) {
+			continue
+		}
+		if _, ok := s.plain[ei][name]; !ok {
+			continue
+		}
+		if _, ok := prev.plain[ei][name]; ok {
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// holdEDS returns the first step of pushing s after prev when clusters changed (names, from
+// changedEDSClusters): s's resources, with the EDS type's version (state of the world) and the
+// named ClusterLoadAssignments' versions (delta) as prev served them, so that the first step
+// sends the changed clusters and not their endpoints. Serving s itself next then sends those
+// endpoints after the clusters. Envoy replaces a changed cluster with a new one that stays
+// warming until an EDS response arrives after it (xDS protocol, "Eventual consistency
+// considerations": EDS after CDS); one that arrives before it goes to the old cluster, and the new
+// one waits for its initial fetch timeout (15 s). Delta ADS sends the two steps' responses in
+// order (one stream queue); state-of-the-world ADS queues them per type, so there the order is
+// likely, not certain.
+func (s *snapshot) holdEDS(prev *snapshot, names []string) *snapshot {
+	first := &snapshot{version: s.version, items: s.items, plain: s.plain, memo: s.memo,
+		edsVersion: prev.GetVersion(resource.EndpointType), edsHold: map[string]string{}}
+	if vm := prev.GetVersionMap(resource.EndpointType); vm != nil {
+		for _, n := range names {
+			if v, ok := vm[n]; ok {
+				first.edsHold[n] = v
+			}
+		}
+	}
+	return first
 }
 
 // GetResourcesAndTTL implements cache.ResourceSnapshot.
@@ -182,6 +233,21 @@ func (s *snapshot) ConstructVersionMap() error {
 			vm[name] = next[x]
 		}
 		versions[t] = vm
+	}
+	// An EDS resource's version also carries its cluster's, so a changed cluster is always
+	// followed by its ClusterLoadAssignment (the server sends CDS before EDS): Envoy replaces a
+	// changed cluster with a new one that stays warming until an EDS response arrives for it
+	// (xDS protocol, "Eventual consistency considerations"), and without one it waits for the
+	// initial fetch timeout (15 s).
+	clusters := s.plain[cache.GetResponseType(resource.ClusterType)]
+	eds := versions[resource.EndpointType]
+	for name, v := range eds {
+		if c, ok := clusters[name]; ok {
+			eds[name] = v + "/" + next[c]
+		}
+	}
+	for name, v := range s.edsHold {
+		eds[name] = v
 	}
 	s.versions = versions
 	s.memo.m = next
