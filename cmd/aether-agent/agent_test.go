@@ -243,9 +243,11 @@ func eventually(t testing.TB, d time.Duration, what string, f func() error) {
 }
 
 // TestAgentModelFollowsSources runs the real agent binary against a real kube-apiserver and a real
-// etcd registry and checks, through its DNS answers, readiness and metrics, that the model follows
-// Kubernetes and the registry, survives an API server outage and a registry outage with the last
-// model, and converges after each returns.
+// etcd registry and checks, through its DNS answers, Envoy's clusters, readiness and metrics,
+// that the model follows Kubernetes and the registry (Services, ServiceImports and endpoints
+// appear and go), survives an API server outage and a registry outage with the last model, and
+// converges after each returns (a Service created after the API outage, an endpoint registered
+// during the registry outage).
 func TestAgentModelFollowsSources(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
@@ -377,6 +379,15 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	if err := wantA("pay.shop.svc.clusterset.local", "10.96.77.7")(); err != nil {
 		t.Fatalf("during the registry outage: %v", err)
 	}
+	// Meanwhile cluster b (which reaches etcd itself) registers another endpoint of pay.
+	if err := b.RegisterEndpoint(ctx, &registryv1.ServiceEndpoint{
+		Service: &registryv1.ServiceRef{Namespace: "shop", Name: "pay"}, Addresses: []string{"10.245.9.10"},
+		Ports:    []*registryv1.EndpointPort{{Name: "grpc", Port: 9090, Protocol: registryv1.Protocol_PROTOCOL_GRPC}},
+		SpiffeId: "spiffe://aether.internal/ns/shop/sa/pay", Health: registryv1.Health_HEALTH_HEALTHY,
+		Kubernetes: &registryv1.KubernetesMetadata{NodeName: "b-node-1", PodName: "pay-2", PodUid: "pay-uid-2", NodeIp: "172.30.1.11"},
+	}); err != nil {
+		t.Fatal(err)
+	}
 	regProxy.Restore()
 	eventually(t, 60*time.Second, "ready after the registry returns", func() error {
 		if code, body := a.get("/readyz"); code != http.StatusOK {
@@ -384,6 +395,15 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		}
 		return nil
 	})
+	// The model converges: the endpoint registered during the outage reaches Envoy.
+	eventually(t, 60*time.Second, "pay's endpoint registered during the outage in Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::10.245.9.10:15008::", true))
+
+	// Deleting the ServiceImport removes the clusterset name and the imported service's cluster.
+	if err := mcs.MulticlusterV1beta1().ServiceImports("shop").Delete(ctx, "pay", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "pay's clusterset name gone", wantNX("pay.shop.svc.clusterset.local"))
+	eventually(t, 30*time.Second, "pay's cluster gone from Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::", false))
 
 	// A storm of 1000 Service changes is coalesced into few rebuilds.
 	before := a.metric("aether_agent_model_rebuilds_total")
