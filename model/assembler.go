@@ -33,6 +33,9 @@ type AssemblerConfig struct {
 	// Quiet and MaxDelay bound rebuilds under bursts (see Coalescer); defaults 50 ms and 500 ms.
 	Quiet, MaxDelay time.Duration
 	Logger          *slog.Logger
+	// Observe, when set, is called after each build with the time it took to read the sources
+	// and assemble the Mesh (not the subscribers' time).
+	Observe func(took time.Duration)
 }
 
 // Assembler keeps the agent's current Mesh: on every Trigger (an informer event, a registry
@@ -93,6 +96,7 @@ func (a *Assembler) Rebuilds() uint64 { return a.built.Load() }
 // Rebuild assembles a Mesh now and publishes it. When the Kubernetes source cannot be read the
 // current Mesh is kept and the error returned.
 func (a *Assembler) Rebuild() error {
+	start := time.Now()
 	s := Sources{Cluster: a.cfg.Cluster, MeshDomain: a.cfg.MeshDomain, TrustDomain: a.cfg.TrustDomain}
 	if a.kube != nil {
 		if err := a.kube.Fill(&s); err != nil {
@@ -107,6 +111,9 @@ func (a *Assembler) Rebuild() error {
 		s.Attachments = a.att.Attachments()
 	}
 	m := Assemble(a.ver.Add(1), s)
+	if a.cfg.Observe != nil {
+		a.cfg.Observe(time.Since(start))
+	}
 	a.cfg.Logger.Debug("mesh model built", "version", m.Version, "services", len(m.Services), "pods", len(m.Pods), "endpoints", len(s.Endpoints))
 	a.cur.Store(m)
 	a.built.Add(1)

@@ -264,6 +264,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	began := time.Now()
 	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL())
 	eventually(t, 60*time.Second, "agent ready", func() error {
 		if code, body := a.get("/readyz"); code != http.StatusOK {
@@ -298,6 +299,20 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	eventually(t, 30*time.Second, "web.shop.mesh", wantA("web.shop.mesh", web.Spec.ClusterIP))
 	eventually(t, 30*time.Second, "web.mesh", wantA("web.mesh", web.Spec.ClusterIP))
 	eventually(t, 30*time.Second, "web's EDS cluster in Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", true))
+	// The agent's metrics: model version, model build time, last successful push, events by source.
+	for name, want := range map[string]float64{
+		"aether_agent_model_version":                            2,
+		"aether_agent_model_build_seconds_count":                2,
+		"aether_agent_last_push_timestamp_seconds":              float64(began.Unix()),
+		`aether_agent_source_events_total{source="kubernetes"}`: 1,
+	} {
+		if got := a.metric(name); got < want {
+			t.Errorf("%s = %v, want at least %v", name, got, want)
+		}
+	}
+	if _, body := a.get("/metrics"); !regexp.MustCompile(`aether_agent_build_info\{commit_time="[^"]*",go_version="go[^"]+",revision="[^"]*",started="[^"]+"\} 1`).MatchString(body) {
+		t.Errorf("no aether_agent_build_info with the build's labels in /metrics")
+	}
 
 	// Cluster b exports pay and registers an endpoint; cluster a imports it.
 	b, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "eu", Cluster: "b", LeaseTTL: 5 * time.Second})

@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"runtime"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"sync"
@@ -61,6 +63,7 @@ type agentMetrics struct {
 	modelVersion prometheus.Gauge
 	lastPush     prometheus.Gauge
 	rebuilds     prometheus.Counter
+	buildSeconds prometheus.Histogram
 	events       *prometheus.CounterVec
 	ready        prometheus.Gauge
 }
@@ -69,16 +72,36 @@ func newAgentMetrics() *agentMetrics {
 	m := &agentMetrics{
 		reg:          prometheus.NewRegistry(),
 		modelVersion: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_model_version", Help: "Version of the mesh model last handed to the node's parts."}),
-		lastPush:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_last_push_timestamp_seconds", Help: "Unix time of the last model pushed to every part without error."}),
+		lastPush:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_last_push_timestamp_seconds", Help: "Unix time of the last model the xDS server built and served to Envoy without error."}),
 		rebuilds:     prometheus.NewCounter(prometheus.CounterOpts{Name: "aether_agent_model_rebuilds_total", Help: "Mesh models built."}),
-		events:       prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_agent_source_events_total", Help: "Change events received, by source."}, []string{"source"}),
-		ready:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_ready", Help: "1 when every part of the agent is ready."}),
+		buildSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "aether_agent_model_build_seconds", Help: "Time to read the sources and assemble one mesh model.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 9)}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_agent_source_events_total", Help: "Change events received, by source."}, []string{"source"}),
+		ready:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_ready", Help: "1 when every part of the agent is ready."}),
 	}
-	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_build_info", Help: "Always 1; labels carry the build.", ConstLabels: prometheus.Labels{"started": time.Now().UTC().Format(time.RFC3339)}})
+	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_build_info", Help: "Always 1; labels carry the build (Go version, VCS revision and commit time) and the start time.", ConstLabels: buildLabels()})
 	bi.Set(1)
-	m.reg.MustRegister(m.modelVersion, m.lastPush, m.rebuilds, m.events, m.ready, bi,
+	m.reg.MustRegister(m.modelVersion, m.lastPush, m.rebuilds, m.buildSeconds, m.events, m.ready, bi,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// buildLabels are aether_agent_build_info's labels: the Go version, the VCS revision and commit
+// time the binary was built from (runtime/debug.BuildInfo; "unknown" when not stamped, as under
+// go test) and the process start time.
+func buildLabels() prometheus.Labels {
+	l := prometheus.Labels{"go_version": runtime.Version(), "revision": "unknown", "commit_time": "unknown", "started": time.Now().UTC().Format(time.RFC3339)}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				l["revision"] = s.Value
+			case "vcs.time":
+				l["commit_time"] = s.Value
+			}
+		}
+	}
+	return l
 }
 
 // serveHealth serves /healthz (the process runs), /readyz (every part ready; 503 with the reasons

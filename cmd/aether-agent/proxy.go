@@ -20,6 +20,8 @@ type pusher struct {
 	srv    *xds.Server
 	log    *slog.Logger
 	latest chan *model.Mesh
+	// served, when set, is called after each model the server built and served.
+	served func()
 
 	mu      sync.Mutex
 	pushed  uint64 // highest model version pushed
@@ -50,6 +52,9 @@ func (p *pusher) run(ctx context.Context) {
 			continue
 		}
 		p.mu.Lock()
+		if p.served != nil {
+			p.served()
+		}
 		p.pushed, p.version = m.Version, v
 		close(p.changed)
 		p.changed = make(chan struct{})

@@ -78,12 +78,12 @@ func run(ctx context.Context, cfg config) error {
 	}
 	asm = model.NewAssembler(model.AssemblerConfig{
 		Cluster: cfg.Cluster, MeshDomain: cfg.MeshDomain, TrustDomain: cfg.TrustDomain, Logger: log,
+		Observe: func(took time.Duration) { metrics.buildSeconds.Observe(took.Seconds()) },
 	}, kube, view, dp)
 	dp.asm = asm
 	asm.Subscribe(func(m *model.Mesh) {
 		metrics.rebuilds.Inc()
 		metrics.modelVersion.Set(float64(m.Version))
-		metrics.lastPush.SetToCurrentTime()
 		for _, c := range m.ShortNameClashes() {
 			log.Warn("short mesh name clash: oldest service keeps the short name", "name", c.Name+"."+m.MeshDomain, "winner", c.Winner.String(), "losers", fmt.Sprint(c.Losers))
 		}
@@ -150,6 +150,7 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}()
 	push := newPusher(xsrv, log.With("part", "xds"))
+	push.served = metrics.lastPush.SetToCurrentTime
 	go push.run(ctx)
 	asm.Subscribe(push.offer)
 	dp.acked = push.waitAcked
