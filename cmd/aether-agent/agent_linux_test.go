@@ -18,7 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/registrar/registry"
@@ -26,7 +28,8 @@ import (
 
 // TestPrivilegedAgentPodLifecycle sends a pod's CNI ADD and DEL to the real agent binary and
 // checks that the pod's listeners appear in and leave the real Envoy, its capture rules are
-// installed, and its endpoint is registered and removed in the registry.
+// installed, and its endpoint is registered (healthy while the pod is Ready, unhealthy once it is
+// not) and removed in the registry.
 func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 	testenv.RequireRoot(t)
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
@@ -104,19 +107,36 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer reader.Close()
-	eventually(t, 30*time.Second, "web-1's endpoint in the registry", func() error {
-		recs, _, err := reader.ListEndpoints(ctx)
+	registered := func(health registryv1.Health) func() error {
+		return func() error {
+			recs, _, err := reader.ListEndpoints(ctx)
+			if err != nil {
+				return err
+			}
+			for _, r := range recs {
+				if r.Value.GetKubernetes().GetPodUid() == string(pod.UID) && r.Origin.Cluster == "a" &&
+					r.Value.GetKubernetes().GetNodeIp() == "127.0.0.1" && len(r.Value.GetPorts()) == 1 && r.Value.GetPorts()[0].GetPort() == 8080 &&
+					r.Value.GetHealth() == health {
+					return nil
+				}
+			}
+			return fmt.Errorf("not registered %s yet (%d records)", health, len(recs))
+		}
+	}
+	eventually(t, 30*time.Second, "web-1's endpoint in the registry, healthy", registered(registryv1.Health_HEALTH_HEALTHY))
+	// The endpoint is healthy while the pod is Ready.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := cs.CoreV1().Pods("shop").Get(ctx, "web-1", metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
-		for _, r := range recs {
-			if r.Value.GetKubernetes().GetPodUid() == string(pod.UID) && r.Origin.Cluster == "a" &&
-				r.Value.GetKubernetes().GetNodeIp() == "127.0.0.1" && len(r.Value.GetPorts()) == 1 && r.Value.GetPorts()[0].GetPort() == 8080 {
-				return nil
-			}
-		}
-		return fmt.Errorf("not registered yet (%d records)", len(recs))
-	})
+		cur.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionFalse}}
+		_, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "web-1's endpoint unhealthy once the pod is not Ready", registered(registryv1.Health_HEALTH_UNHEALTHY))
 
 	if err := cl.Del(ctx, req); err != nil {
 		t.Logf("lds stats: %s", a.envoy("/stats?filter=listener_manager"))
