@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"log/slog"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
 )
@@ -150,6 +153,73 @@ func TestPrivilegedCNIRepairAfterRestart(t *testing.T) {
 		return n.cni.CheckNetworkList(ctx, n.list, podRT(kept, "ctr-kept", "mesh", "ctr-kept"))
 	}); err != nil {
 		t.Fatalf("CHECK after repair: %v", err)
+	}
+}
+
+// TestPrivilegedCNIAddWaitsForRepair restarts the agent while a captured pod's record is on
+// disk and holds that pod's repair in the dataplane: an ADD for a new pod that arrives meanwhile
+// is not answered, and reaches the dataplane only after the repair has finished. STATUS answers
+// not ready until then.
+func TestPrivilegedCNIAddWaitsForRepair(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	add := func(ns *testenv.Netns, cid, ip string) error {
+		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: cid, Namespace: "mesh", Name: cid, NetnsPath: ns.Path, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr(ip)}}})
+		return err
+	}
+	oldNS, newNS := testenv.NewNetns(t), testenv.NewNetns(t)
+	first := startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	if err := add(oldNS, "ctr-old", "10.244.32.2"); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+
+	release := make(chan struct{})
+	dp := &recordingDataplane{hold: map[string]chan struct{}{"ctr-old": release}}
+	srv := &Server{Config: ServerConfig{Socket: sock, StateDir: state, HostIP: netip.MustParseAddr(hostIP),
+		ClusterDNS: []netip.Addr{netip.MustParseAddr(clusterDNS)}}, Lookup: &staticLookup{}, Dataplane: dp, Backend: capture.NFTables{},
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx) }()
+	defer func() { cancel(); <-served }()
+	releaseRepair := sync.OnceFunc(func() { close(release) })
+	defer releaseRepair() // (before the Serve wait above, also when the test fails)
+	events := func() []string {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		return append([]string(nil), dp.events...)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !slices.Contains(events(), "start ctr-old") {
+		if time.Now().After(deadline) {
+			t.Fatal("the restarted agent did not start repairing ctr-old within 30s")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := NewClient(sock).Status(context.Background()); err == nil {
+		t.Error("STATUS during the repair: ready, want not ready")
+	}
+	done := make(chan error, 1)
+	go func() { done <- add(newNS, "ctr-new", "10.244.32.3") }()
+	select {
+	case err := <-done:
+		t.Fatalf("ADD answered while the repair was held: %v", err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	releaseRepair()
+	if err := <-done; err != nil {
+		t.Fatalf("ADD after the repair: %v", err)
+	}
+	want := []string{"start ctr-old", "end ctr-old", "start ctr-new", "end ctr-new"}
+	if got := events(); !slices.Equal(got, want) {
+		t.Fatalf("dataplane calls = %q, want %q (the new pod only after the repair)", got, want)
+	}
+	if err := NewClient(sock).Status(context.Background()); err != nil {
+		t.Errorf("STATUS after the repair: %v", err)
 	}
 }
 

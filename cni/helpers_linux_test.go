@@ -92,11 +92,23 @@ type recordingDataplane struct {
 	removed int
 	fail    error
 	hang    bool
+	// hold, when set, holds PodAdded of the container IDs it names until their channel is
+	// closed; events records "start <id>" and "end <id>" of every PodAdded.
+	hold   map[string]chan struct{}
+	events []string
 }
 
 func (d *recordingDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
 	d.mu.Lock()
+	d.events = append(d.events, "start "+p.ContainerID)
+	gate := d.hold[p.ContainerID]
+	d.mu.Unlock()
+	if gate != nil {
+		<-gate
+	}
+	d.mu.Lock()
 	defer d.mu.Unlock()
+	defer func() { d.events = append(d.events, "end "+p.ContainerID) }()
 	if d.hang {
 		<-ctx.Done() // Envoy never ACKs: the server's bound must end the wait
 		return ctx.Err()

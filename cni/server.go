@@ -131,6 +131,9 @@ type Server struct {
 	store Store
 	locks [64]sync.Mutex
 	ready atomic.Bool
+	// repaired, set by Serve, is closed when the first repair has finished; ADDs served
+	// before then wait for it.
+	repaired chan struct{}
 }
 
 func (s *Server) defaults() { s.once.Do(s.setDefaults) }
@@ -156,9 +159,11 @@ func (s *Server) setDefaults() {
 }
 
 // Serve listens on the socket, repairs every persisted attachment, reports ready and serves
-// until ctx ends. Requests are served during the first repair (per-attachment locks keep them
-// apart), but STATUS answers not ready until it has finished. It returns the listen error, or
-// nil after ctx ends.
+// until ctx ends. The socket answers from the start, but until the first repair has finished
+// STATUS answers not ready and an ADD waits for it (bounded by the request; then "try again
+// later"), so no pod is added to a node whose earlier pods are not yet repaired; DEL, CHECK and
+// GC are served meanwhile (per-attachment locks keep them apart from the repair). It returns the
+// listen error, or nil after ctx ends.
 func (s *Server) Serve(ctx context.Context) error {
 	s.defaults()
 	switch {
@@ -183,6 +188,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		l.Close()
 		return fmt.Errorf("serve CNI: %w", err)
 	}
+	s.repaired = make(chan struct{})
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(l) }()
@@ -191,6 +197,7 @@ func (s *Server) Serve(ctx context.Context) error {
 		s.Log.Error("repair attachments", "err", err)
 	}
 	s.ready.Store(true)
+	close(s.repaired)
 	var tick <-chan time.Time
 	if s.Config.RepairInterval > 0 {
 		t := time.NewTicker(s.Config.RepairInterval)
@@ -223,7 +230,16 @@ func (s *Server) Ready() bool { return s.ready.Load() }
 func (s *Server) Handler() http.Handler {
 	s.defaults()
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+PathAdd, s.handle(func(ctx context.Context, r Request) (any, error) { return s.Add(ctx, r) }))
+	mux.HandleFunc("POST "+PathAdd, s.handle(func(ctx context.Context, r Request) (any, error) {
+		if s.repaired != nil {
+			select {
+			case <-s.repaired:
+			case <-ctx.Done():
+				return nil, types.NewError(types.ErrTryAgainLater, "aether agent not ready", "repair of persisted attachments in progress")
+			}
+		}
+		return s.Add(ctx, r)
+	}))
 	mux.HandleFunc("POST "+PathDel, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.Del(ctx, r) }))
 	mux.HandleFunc("POST "+PathCheck, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.Check(ctx, r) }))
 	mux.HandleFunc("POST "+PathGC, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.GC(ctx, r) }))
