@@ -92,6 +92,7 @@ func run(ctx context.Context, cfg config) (err error) {
 	url := "http://hello." + ns + ".svc.clusterset.local/"
 	step("client in alpha -> " + url)
 	var last reply
+	before := tunnelCountersOf(beta.Nodes)
 	deadline := time.Now().Add(2 * time.Minute)
 	for sent := 0; sent < cfg.requests; {
 		out, err := alpha.ExecInPod(sctx, ns, "client", m.Bins["client"], "-timeout", "3s", "http", url)
@@ -112,6 +113,7 @@ func run(ctx context.Context, cfg config) (err error) {
 			sent, ns, clientID, ns, r.Server, r.Cluster, r.CallerID)
 	}
 	fmt.Printf("  XFCC header beta's pod received (By = the server's identity, URI = the caller's):\n      %s\n", last.XFCC)
+	showWaypoint(alpha.Nodes[0], beta.Nodes, before)
 	env := describe(m)
 	if err := os.WriteFile(filepath.Join(cfg.stateDir, "demo.env"), []byte(env), 0o644); err != nil {
 		return fmt.Errorf("write demo.env: %w", err)
