@@ -1,7 +1,9 @@
 // Command demo is `make demo`: it starts the local two-cluster substrate with aether (e2e/mesh),
 // deploys a sample (service "hello" in namespace "demo" of cluster beta, exported with an MCS
 // ServiceExport; a client pod in cluster alpha), sends requests from alpha to beta through beta's
-// node waypoints, prints both identities, and says how to look further. It then runs until
+// node waypoints, prints both identities, shows the waypoint path (alpha-node1's EDS entries for
+// the service, beta's node IPs at :15443, and beta's tunnel counters before and after the
+// requests, waypoint.go), and says how to look further. It then runs until
 // SIGTERM or SIGINT (`make demo-down`) and tears everything down.
 //
 //	demo [-state-dir DIR] [-requests N]
@@ -12,6 +14,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,6 +95,11 @@ func run(ctx context.Context, cfg config) (err error) {
 	url := "http://hello." + ns + ".svc.clusterset.local/"
 	step("client in alpha -> " + url)
 	var last reply
+	before := tunnelCountersOf(beta.Nodes)
+	onNode := map[string]string{} // hello pod -> its node
+	for i, n := range beta.Nodes {
+		onNode[helloPod(i)] = n.Name
+	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for sent := 0; sent < cfg.requests; {
 		out, err := alpha.ExecInPod(sctx, ns, "client", m.Bins["client"], "-timeout", "3s", "http", url)
@@ -108,10 +116,11 @@ func run(ctx context.Context, cfg config) (err error) {
 		}
 		sent++
 		last = r
-		fmt.Printf("  request %d: alpha/%s/client (%s)\n      -> beta: answered by pod %s/%s in cluster %s\n      caller's SPIFFE ID seen in beta: %s\n",
-			sent, ns, clientID, ns, r.Server, r.Cluster, r.CallerID)
+		fmt.Printf("  request %d: alpha/%s/client (%s)\n      -> beta: answered by pod %s/%s on %s in cluster %s\n      caller's SPIFFE ID seen in beta: %s\n",
+			sent, ns, clientID, ns, r.Server, cmp.Or(onNode[r.Server], "?"), r.Cluster, r.CallerID)
 	}
 	fmt.Printf("  XFCC header beta's pod received (By = the server's identity, URI = the caller's):\n      %s\n", last.XFCC)
+	showWaypoint(alpha.Nodes[0], beta.Nodes, before)
 	env := describe(m)
 	if err := os.WriteFile(filepath.Join(cfg.stateDir, "demo.env"), []byte(env), 0o644); err != nil {
 		return fmt.Errorf("write demo.env: %w", err)
@@ -134,6 +143,9 @@ type reply struct {
 	XFCC     string `json:"xfcc"`
 	CallerID string `json:"callerID"`
 }
+
+// helloPod names the hello pod on beta's i-th node (0-based).
+func helloPod(i int) string { return fmt.Sprintf("hello-%d", i+1) }
 
 func step(s string) { fmt.Printf("==> %s\n", s) }
 
@@ -159,7 +171,7 @@ func deploySample(ctx context.Context, m *mesh.Mesh) error {
 	}
 	var pods []*corev1.Pod
 	for i, n := range beta.Nodes {
-		p := substrate.EchoPod(ns, fmt.Sprintf("hello-%d", i+1), n.Name, beta.Name, m.Bins["echo"])
+		p := substrate.EchoPod(ns, helloPod(i), n.Name, beta.Name, m.Bins["echo"])
 		p.Labels["app"] = "hello"
 		p.Spec.ServiceAccountName = "hello"
 		pods = append(pods, p)
@@ -219,12 +231,13 @@ func lookFurther(m *mesh.Mesh, beta string) string {
   kubectl --kubeconfig %s get pods,svc,serviceexports -A      # cluster beta (hello, exported)
   nsenter --net=%s curl -s 127.0.0.1:15000/clusters | grep hello   # alpha-node1's Envoy: beta's node IPs at :15443 (waypoint)
   nsenter --net=%s curl -s 127.0.0.1:15000/listeners           # beta-node1's Envoy: the east-west tunnel listener on :15443
+  nsenter --net=%s curl -s '127.0.0.1:15000/stats?filter=^tcp\.waypoint\.'   # beta-node1's waypoint counters per service
   nsenter --net=%s curl -s 127.0.0.1:15021/readyz              # alpha-node1's agent (also /metrics)
   nsenter --net=%s dig @%s hello.%s.svc.clusterset.local        # the agent's DNS
   logs: %s/logs/<node>/aether-agent.log, %s/logs/<cluster>/aether-registrar.log
   everything above is in /run/aether-demo/demo.env
 ==> stop and clean up: make demo-down
-`, a.Kubeconfig, bc.Kubeconfig, n.Netns.Path, bn.Netns.Path, n.Netns.Path, n.Netns.Path, n.Plan.IP.String()+" -p 18054", ns,
+`, a.Kubeconfig, bc.Kubeconfig, n.Netns.Path, bn.Netns.Path, bn.Netns.Path, n.Netns.Path, n.Netns.Path, n.Plan.IP.String()+" -p 18054", ns,
 		m.Substrate.Dir, m.Substrate.Dir)
 	return b.String()
 }
