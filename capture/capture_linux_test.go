@@ -127,6 +127,11 @@ const (
 	topoGateway = "10.99.0.1"
 	topoOther   = "10.99.0.3"
 	topoHostIP  = "198.18.0.1"
+	// topoExcludedCIDR is an excluded outbound CIDR; topoInCIDR is inside it and topoOutCIDR
+	// just outside (same /24), both on the node's loopback in captureTraffic.
+	topoExcludedCIDR = "192.0.2.0/25"
+	topoInCIDR       = "192.0.2.1"
+	topoOutCIDR      = "192.0.2.129"
 )
 
 func newTopo(t *testing.T) *topo {
@@ -252,7 +257,7 @@ func originalDst(c net.Conn) (netip.AddrPort, error) {
 
 // TestPrivilegedCaptureTraffic shows what the rules do to real traffic in a pod netns: outbound
 // TCP lands on the capture listener with its original destination recoverable, excluded ports
-// bypass it, DNS to the cluster DNS address reaches the resolver on HOST_IP:18054, IPv6 is
+// and excluded CIDRs bypass it (an address just outside the CIDR does not), DNS to the cluster DNS address reaches the resolver on HOST_IP:18054, IPv6 is
 // dropped for a v4-only pod, and inbound plaintext is refused in strict mode (except from the
 // node) and accepted in permissive mode.
 func TestPrivilegedCaptureTraffic(t *testing.T) {
@@ -267,6 +272,7 @@ func captureTraffic(t *testing.T, b Backend) {
 	cfg := Config{
 		PodIPs: addrs(topoPodIP), HostIP: netip.MustParseAddr(topoHostIP), ClusterDNS: addrs("10.96.0.10"),
 		NodeSources: prefixes(topoGateway + "/32"), ExcludeOutboundPorts: []uint16{7070},
+		ExcludeOutboundCIDRs: prefixes(topoExcludedCIDR),
 	}
 	rs, err := Build(cfg)
 	if err != nil {
@@ -318,6 +324,40 @@ func captureTraffic(t *testing.T, b Backend) {
 		t.Fatal("excluded port 7070 was captured")
 	case <-time.After(10 * time.Second):
 		t.Fatal("excluded port: no connection at the destination")
+	}
+
+	// An excluded CIDR goes to the real destination; an address just outside it (same /24,
+	// other /25) is captured. Both addresses are on the node's loopback, each with a listener.
+	addAddrs(t, tp.node, "lo", topoInCIDR+"/32", topoOutCIDR+"/32")
+	_, inCIDR := acceptOn(t, tp.node, topoInCIDR+":7171")
+	_, outCIDR := acceptOn(t, tp.node, topoOutCIDR+":7171")
+	if err := dialFrom(tp.pod, "", topoInCIDR+":7171"); err != nil {
+		t.Fatalf("dial %s in excluded %s: %v", topoInCIDR, topoExcludedCIDR, err)
+	}
+	select {
+	case c := <-inCIDR:
+		c.Close()
+	case c := <-captured:
+		c.Close()
+		t.Fatalf("%s in excluded %s was captured", topoInCIDR, topoExcludedCIDR)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("excluded CIDR: no connection at %s", topoInCIDR)
+	}
+	if err := dialFrom(tp.pod, "", topoOutCIDR+":7171"); err != nil {
+		t.Fatalf("dial %s outside excluded %s: %v", topoOutCIDR, topoExcludedCIDR, err)
+	}
+	select {
+	case c := <-captured:
+		od, err := originalDst(c)
+		c.Close()
+		if err != nil || od.String() != topoOutCIDR+":7171" {
+			t.Fatalf("SO_ORIGINAL_DST = %v, %v; want %s:7171", od, err, topoOutCIDR)
+		}
+	case c := <-outCIDR:
+		c.Close()
+		t.Fatalf("%s outside excluded %s bypassed the capture listener", topoOutCIDR, topoExcludedCIDR)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("capture listener got no connection for %s", topoOutCIDR)
 	}
 
 	// DNS: a UDP query to the cluster DNS address reaches the resolver on HOST_IP:18054.
@@ -416,6 +456,29 @@ func captureTraffic(t *testing.T, b Backend) {
 	// Control: without the rules the same IPv6 connection works.
 	if err := dialFrom(tp.node, "", "[fd99::2]:8081"); err != nil {
 		t.Fatalf("IPv6 after teardown: %v", err)
+	}
+}
+
+// addAddrs adds addresses (CIDR notation) to a link in ns.
+func addAddrs(t *testing.T, ns *testenv.Netns, link string, addrs ...string) {
+	t.Helper()
+	h, err := ns.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range addrs {
+		a, err := netlink.ParseAddr(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := h.AddrAdd(l, a); err != nil {
+			t.Fatalf("add %s to %s: %v", s, link, err)
+		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -247,6 +248,30 @@ func TestPrivilegedCNIChain(t *testing.T) {
 			podA := testenv.NewNetns(t)
 			rtA := podRT(podA, "ctr-a", "mesh", "a")
 
+			// VERSION (CNI spec 1.1, "Version") through libcni, which asks in its own current
+			// version (1.1.0), through libcni's conflist validation (which asks every plugin of
+			// the chain whether it supports the conflist's version), and by running the binary
+			// with this conflist's cniVersion on stdin, which the answer must echo.
+			var info cniversion.PluginInfo
+			if err := n.do(func(ctx context.Context) (err error) {
+				info, err = n.cni.GetVersionInfo(ctx, PluginName)
+				return err
+			}); err != nil {
+				t.Fatalf("VERSION via libcni: %v", err)
+			}
+			checkVersionAnswer(t, info, cniversion.Current())
+			if err := n.do(func(ctx context.Context) error { _, err := n.cni.ValidateNetworkList(ctx, n.list); return err }); err != nil {
+				t.Fatalf("libcni ValidateNetworkList for %s: %v", tc.version, err)
+			}
+			out, stderr, err := execPlugin(t, "VERSION", map[string]any{"cniVersion": tc.version}, rtA)
+			if err != nil {
+				t.Fatalf("VERSION: %v\n%s", err, stderr)
+			}
+			if info, err = (&cniversion.PluginDecoder{}).Decode(out); err != nil {
+				t.Fatalf("VERSION answer %s: %v", out, err)
+			}
+			checkVersionAnswer(t, info, tc.version)
+
 			// ADD: the chain's result is the bridge's result, passed through unchanged.
 			res, err := n.add(t, rtA)
 			if err != nil {
@@ -272,7 +297,7 @@ func TestPrivilegedCNIChain(t *testing.T) {
 			_ = json.Unmarshal(prevJSON, &prev)
 			conf := n.pluginConf()
 			conf["prevResult"] = prev
-			out, stderr, err := execPlugin(t, "ADD", conf, rtA)
+			out, stderr, err = execPlugin(t, "ADD", conf, rtA)
 			if err != nil {
 				t.Fatalf("direct ADD: %v\n%s", err, stderr)
 			}
@@ -410,5 +435,30 @@ func TestPrivilegedCNIChain(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// checkVersionAnswer asserts a VERSION answer: it names cniVersion and supports every conflist
+// version aether-cni is chained under (0.3.1, what kube-flannel writes, 1.0.0 and 1.1.0).
+func checkVersionAnswer(t *testing.T, info cniversion.PluginInfo, cniVersion string) {
+	t.Helper()
+	var buf bytes.Buffer
+	if err := info.Encode(&buf); err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		CNIVersion string   `json:"cniVersion"`
+		Supported  []string `json:"supportedVersions"`
+	}
+	if err := json.Unmarshal(buf.Bytes(), &got); err != nil {
+		t.Fatalf("VERSION answer %s: %v", buf.Bytes(), err)
+	}
+	if got.CNIVersion != cniVersion {
+		t.Errorf("VERSION answered cniVersion %q, want %q (the input's)", got.CNIVersion, cniVersion)
+	}
+	for _, v := range []string{"0.3.1", "1.0.0", "1.1.0"} {
+		if !slices.Contains(got.Supported, v) {
+			t.Errorf("VERSION supportedVersions %v lacks %s", got.Supported, v)
+		}
 	}
 }

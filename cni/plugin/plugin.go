@@ -35,7 +35,8 @@ type Plugin struct {
 }
 
 // Funcs returns the CNI commands for skel.PluginMainFuncsWithError (CNI spec 1.1: ADD, DEL,
-// CHECK, GC, STATUS; VERSION is answered by skel from SupportedVersions).
+// CHECK, GC, STATUS; VERSION is answered before skel runs, by ServeVersion, because skel
+// ignores the request's cniVersion).
 func (p *Plugin) Funcs() skel.CNIFuncs {
 	return skel.CNIFuncs{Add: p.cmdAdd, Del: p.cmdDel, Check: p.cmdCheck, GC: p.cmdGC, Status: p.cmdStatus}
 }
