@@ -9,6 +9,9 @@ import (
 	"net/http"
 	"net/http/httptrace"
 	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -326,4 +329,74 @@ func grepLines(s, sub string) string {
 		}
 	}
 	return strings.Join(out, "\n")
+}
+
+// TestPrivilegedAgentKilledAdoptsEnvoy kills the real agent binary with SIGKILL twice: Envoy,
+// in its own session, keeps running and serving its last configuration; the restarted agent
+// adopts it (first through the pid file, then, with the pid file removed, through Envoy's admin
+// API answering with the agent's node id): one Envoy, the same process, and new configuration
+// flows to it.
+func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
+	testenv.RequireRoot(t)
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	cs := kubernetes.NewForConfigOrDie(api.Config)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	createNodeAndMeshNamespace(t, ctx, cs)
+	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
+	ready := func(what string) {
+		t.Helper()
+		eventually(t, 60*time.Second, what, func() error {
+			if code, body := a.get("/readyz"); code != http.StatusOK {
+				return fmt.Errorf("/readyz %d: %s", code, body)
+			}
+			return nil
+		})
+	}
+	ready("agent ready")
+	service := func(name string) {
+		t.Helper()
+		if _, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 30*time.Second, name+"'s cluster in Envoy", a.envoyHas("/clusters", name+".shop.mesh:80::", true))
+	}
+	service("web")
+	envoys := a.envoyProcesses()
+	if len(envoys) != 1 || a.envoyPID() != envoys[0] {
+		t.Fatalf("Envoy processes %v, pid file %d: want one, named in the pid file", envoys, a.envoyPID())
+	}
+
+	for i, removePID := range []bool{false, true} {
+		a.killAndRestart(t)
+		// (Between kill and restart nothing serves xDS; Envoy keeps its last configuration.)
+		if !strings.Contains(a.envoy("/clusters"), "web.shop.mesh:80::") {
+			t.Fatalf("round %d: Envoy lost its configuration when the agent was killed", i+1)
+		}
+		if removePID {
+			if err := os.Remove(filepath.Join(a.stateDir, "envoy", "envoy.pid")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ready(fmt.Sprintf("round %d: the restarted agent ready", i+1))
+		if got := a.envoyProcesses(); !slices.Equal(got, envoys) {
+			t.Fatalf("round %d: Envoy processes after the restart %v, want the same one %v (adopted, not a second)", i+1, got, envoys)
+		}
+		service(fmt.Sprintf("api%d", i+1))
+	}
+	if !strings.Contains(mustReadFile(t, a.logPath), "adopt") {
+		t.Errorf("the agent log never mentions adopting Envoy")
+	}
+}
+
+func mustReadFile(t testing.TB, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -67,6 +67,8 @@ type agentProc struct {
 	health  string
 	dnsAddr string
 	logPath string
+	// argv is the agent's command line (run starts it).
+	argv []string
 	// envoyAdmin is the admin address of the Envoy the agent supervises; stateDir holds its pid.
 	envoyAdmin string
 	stateDir   string
@@ -126,17 +128,8 @@ func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 	if a.client == nil {
 		a.client = http.DefaultClient
 	}
-	argv := append(append(append([]string{}, o.wrap...), buildAgent(t)), all...)
-	a.cmd = exec.Command(argv[0], argv[1:]...)
-	logf, err := os.Create(a.logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a.cmd.Stdout, a.cmd.Stderr = logf, logf
-	if err := testenv.StartCmd(a.cmd); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = a.cmd.Wait(); logf.Close(); close(a.done) }()
+	a.argv = append(append(append([]string{}, o.wrap...), buildAgent(t)), all...)
+	a.run(t)
 	t.Cleanup(func() {
 		_ = a.cmd.Process.Signal(syscall.SIGTERM)
 		select {
@@ -145,11 +138,9 @@ func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 			_ = a.cmd.Process.Kill()
 			<-a.done
 		}
-		// Envoy outlives the agent by design: stop it through its pid file.
-		if b, err := os.ReadFile(filepath.Join(a.stateDir, "envoy", "envoy.pid")); err == nil {
-			if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && pid > 0 {
-				_ = syscall.Kill(pid, syscall.SIGKILL)
-			}
+		// Envoy outlives the agent by design: stop every Envoy started for this agent.
+		for _, pid := range a.envoyProcesses() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		if t.Failed() {
 			b, _ := os.ReadFile(a.logPath)
@@ -157,6 +148,65 @@ func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 		}
 	})
 	return a
+}
+
+// run starts the agent process from a.argv, appending to its log.
+func (a *agentProc) run(t testing.TB) {
+	t.Helper()
+	a.cmd = exec.Command(a.argv[0], a.argv[1:]...)
+	logf, err := os.OpenFile(a.logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.cmd.Stdout, a.cmd.Stderr = logf, logf
+	if err := testenv.StartCmd(a.cmd); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	a.done = done
+	cmd := a.cmd
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+}
+
+// killAndRestart kills the agent with SIGKILL (no shutdown code runs) and starts it again with
+// the same flags, state directory and ports.
+func (a *agentProc) killAndRestart(t testing.TB) {
+	t.Helper()
+	_ = a.cmd.Process.Kill()
+	<-a.done
+	a.run(t)
+}
+
+// envoyPID returns the pid in the agent's Envoy pid file (0 when there is none).
+func (a *agentProc) envoyPID() int {
+	b, err := os.ReadFile(filepath.Join(a.stateDir, "envoy", "envoy.pid"))
+	if err != nil {
+		return 0
+	}
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
+}
+
+// envoyProcesses returns the pids of the running Envoy processes started for this agent (their
+// command line names a file in its state directory).
+func (a *agentProc) envoyProcesses() []int {
+	var pids []int
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(string(b), "\x00")
+		if strings.HasSuffix(args[0], "envoy") && strings.Contains(string(b), a.stateDir+"/") {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 func tailString(s string, n int) string {
