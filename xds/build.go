@@ -462,17 +462,30 @@ func endpointIP(ips []netip.Addr) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// priority orders endpoints by locality (DESIGN.md, data flow 5): 0 = this cluster and this
-// node's zone, 1 = this cluster, 2 = other clusters.
+// priority orders endpoints by cluster, then locality (DESIGN.md, data flow 5; Envoy
+// LocalityLbEndpoints.priority, lower first): within this cluster 0 = this node's region and zone,
+// 1 = its region, another zone, 2 = another region; other clusters' endpoints likewise at 3, 4
+// and 5, so traffic leaves the cluster only when no local endpoint is healthy, and then goes to
+// the nearest. loadAssignment numbers the tiers a service actually has 0, 1, ... in this order.
 func (b *builder) priority(ep model.Endpoint) uint32 {
+	var p uint32
 	switch {
-	case ep.Cluster == b.m.Cluster && ep.Region == b.m.Node.Region && ep.Zone == b.m.Node.Zone:
-		return 0
-	case ep.Cluster == b.m.Cluster:
-		return 1
+	case ep.Region == b.m.Node.Region && ep.Zone == b.m.Node.Zone:
+		p = 0
+	case ep.Region == b.m.Node.Region:
+		p = 1
+	default:
+		p = 2
 	}
-	return 2
+	if ep.Cluster != b.m.Cluster {
+		p += remoteTier
+	}
+	return p
 }
+
+// remoteTier is the priority offset of other clusters' endpoints: they come after every endpoint
+// of this cluster, and locality orders them within their tier as it does this cluster's.
+const remoteTier = 3
 
 // localityKey groups a service port's endpoints into LocalityLbEndpoints.
 type localityKey struct {
@@ -585,10 +598,16 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 	if len(groups) > 0 {
 		cla.Endpoints = make([]*endpointv3.LocalityLbEndpoints, 0, len(groups))
 	}
-	for _, g := range groups {
+	// Envoy's priorities run from 0 without gaps (LocalityLbEndpoints.priority): the tiers
+	// present are numbered in order.
+	var prio uint32
+	for i, g := range groups {
+		if i > 0 && g.key.prio != groups[i-1].key.prio {
+			prio++
+		}
 		cla.Endpoints = append(cla.Endpoints, &endpointv3.LocalityLbEndpoints{
 			Locality:    &core.Locality{Region: g.key.region, Zone: g.key.zone, SubZone: g.key.cluster},
-			Priority:    g.key.prio,
+			Priority:    prio,
 			LbEndpoints: g.lbs,
 		})
 	}

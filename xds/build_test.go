@@ -4,14 +4,16 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -310,4 +312,54 @@ func TestInboundPortProtocolFromEndpoints(t *testing.T) {
 		}
 	}
 	t.Fatal("no inbound chain 9000 for shop/echo")
+}
+
+// TestEndpointPriority: this cluster's endpoints come first (0-2), other clusters' after them
+// (3-5), and within each tier the node's zone, then its region, then other regions.
+func TestEndpointPriority(t *testing.T) {
+	m := model.New(1, "c1", "mesh", model.DefaultTrustDomain, model.Node{Name: "n1", Region: "r1", Zone: "z1"}, nil, nil, nil)
+	b := &builder{m: m}
+	for _, c := range []struct {
+		cluster, region, zone string
+		want                  uint32
+	}{
+		{"c1", "r1", "z1", 0}, {"c1", "r1", "z2", 1}, {"c1", "r2", "z1", 2}, {"c1", "", "", 2},
+		{"c2", "r1", "z1", 3}, {"c2", "r1", "z2", 4}, {"c2", "r2", "z9", 5},
+	} {
+		if got := b.priority(model.Endpoint{Cluster: c.cluster, Region: c.region, Zone: c.zone}); got != c.want {
+			t.Errorf("priority of an endpoint in cluster %s, region %q, zone %q = %d, want %d", c.cluster, c.region, c.zone, got, c.want)
+		}
+	}
+}
+
+// TestLoadAssignmentTiers: a service port with endpoints in this cluster's other zone and in two
+// localities of another cluster gets one priority per tier present, numbered from 0 without gaps:
+// this cluster first, then the other cluster's endpoints in the node's region, then the rest.
+func TestLoadAssignmentTiers(t *testing.T) {
+	m := goldenMesh()
+	api := model.ServiceKey{Namespace: "edge", Name: "api"}
+	eps := m.Endpoints[api]
+	near := eps[0]
+	near.PodName, near.PodUID, near.Region, near.Zone, near.IPs = "api-near", "uid-api-near", "r1", "z1", []netip.Addr{netip.MustParseAddr("10.244.3.3")}
+	local := eps[0]
+	local.PodName, local.PodUID, local.Cluster, local.Region, local.Zone, local.IPs = "api-local", "uid-api-local", "c1", "r1", "z2", []netip.Addr{netip.MustParseAddr("10.244.4.4")}
+	m.Endpoints[api] = append(append([]model.Endpoint{}, eps...), near, local)
+	m = model.New(m.Version, m.Cluster, m.MeshDomain, m.TrustDomain, m.Node, m.Services, m.Endpoints, m.Pods)
+	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, cla := range r.Endpoints {
+		if cla.ClusterName != "api.edge.mesh:80" {
+			continue
+		}
+		for _, l := range cla.Endpoints {
+			got = append(got, fmt.Sprintf("%d %s/%s/%s %d", l.Priority, l.Locality.SubZone, l.Locality.Region, l.Locality.Zone, len(l.LbEndpoints)))
+		}
+	}
+	want := []string{"0 c1/r1/z2 1", "1 c2/r1/z1 1", "2 c2/r2/z9 3"}
+	if !slices.Equal(got, want) {
+		t.Errorf("api:80 localities = %q, want %q", got, want)
+	}
 }
