@@ -46,18 +46,7 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 	must(cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"},
 			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{}))
-	pod, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "web-1", Labels: map[string]string{"app": "web"}},
-		Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: "web", AutomountServiceAccountToken: new(bool),
-			Containers: []corev1.Container{{Name: "app", Image: "echo", Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-	if _, err := cs.CoreV1().Pods("shop").UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	pod := createReadyPod(t, ctx, cs, "web-1", "web")
 
 	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
 	eventually(t, 60*time.Second, "agent ready", func() error {
@@ -67,24 +56,8 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 		return nil
 	})
 
-	// The pod's network namespace, with its address (Envoy binds the inbound listener to it).
-	ns := testenv.NewNetns(t)
-	podIP := netip.MustParseAddr("10.250.0.5")
-	h, err := ns.Netlink()
-	if err != nil {
-		t.Fatal(err)
-	}
-	lo, _ := h.LinkByName("lo")
-	addr, _ := netlink.ParseAddr(podIP.String() + "/32")
-	if err := h.AddrAdd(lo, addr); err != nil {
-		t.Fatal(err)
-	}
-	h.Close()
-
+	ns, req := podAttachment(t, pod, "ctr-1", netip.MustParseAddr("10.250.0.5"))
 	cl := plugin.NewClient(a.cniSocket)
-	req := plugin.Request{Network: "test", Attachment: plugin.PodAttachment{
-		ContainerID: "ctr-1", PodUID: string(pod.UID), Namespace: "shop", Name: "web-1",
-		NetnsPath: ns.Path, IPs: []netip.Addr{podIP}, Interface: "eth0"}}
 	start := time.Now()
 	resp, err := cl.Add(ctx, req)
 	if err != nil {
@@ -188,19 +161,7 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	}
 	pods := map[string]*corev1.Pod{}
 	for _, name := range []string{"web", "client"} {
-		p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name + "-1", Labels: map[string]string{"app": name}},
-			Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: name, AutomountServiceAccountToken: new(bool),
-				Containers: []corev1.Container{{Name: "app", Image: name, Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-		if p, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		pods[name] = p
+		pods[name] = createReadyPod(t, ctx, cs, name+"-1", name)
 	}
 
 	// The node is a namespace of its own (as on the substrate): the agent and its Envoy run in
@@ -335,7 +296,9 @@ func grepLines(s, sub string) string {
 // in its own session, keeps running and serving its last configuration; the restarted agent
 // adopts it (first through the pid file, then, with the pid file removed, through Envoy's admin
 // API answering with the agent's node id): one Envoy, the same process, and new configuration
-// flows to it.
+// flows to it. A pod captured before the kills keeps its listeners, and its capture rules,
+// deleted while the agent was down, are back once the restarted agent is ready (repair runs
+// before readiness).
 func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 	testenv.RequireRoot(t)
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
@@ -344,7 +307,8 @@ func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 	cs := kubernetes.NewForConfigOrDie(api.Config)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	createNodeAndMeshNamespace(t, ctx, cs)
+	createNodeAndMeshNamespace(t, ctx, cs, "web")
+	pod := createReadyPod(t, ctx, cs, "web-1", "web")
 	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
 	ready := func(what string) {
 		t.Helper()
@@ -365,6 +329,23 @@ func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 		eventually(t, 30*time.Second, name+"'s cluster in Envoy", a.envoyHas("/clusters", name+".shop.mesh:80::", true))
 	}
 	service("web")
+	// A captured pod: its rules are in its netns, its listeners in Envoy.
+	podNS, req := podAttachment(t, pod, "ctr-1", netip.MustParseAddr("10.250.0.6"))
+	if _, err := plugin.NewClient(a.cniSocket).Add(ctx, req); err != nil {
+		t.Fatalf("CNI ADD: %v", err)
+	}
+	captured := func() error {
+		if out, err := podNS.Command("nft", "list", "table", "inet", "aether").CombinedOutput(); err != nil {
+			return fmt.Errorf("pod's capture rules: %v: %s", err, out)
+		}
+		if l := a.envoy("/listeners"); !strings.Contains(l, "inbound|shop/web-1") {
+			return fmt.Errorf("pod's listeners not in Envoy: %s", l)
+		}
+		return nil
+	}
+	if err := captured(); err != nil {
+		t.Fatal(err)
+	}
 	envoys := a.envoyProcesses()
 	if len(envoys) != 1 || a.envoyPID() != envoys[0] {
 		t.Fatalf("Envoy processes %v, pid file %d: want one, named in the pid file", envoys, a.envoyPID())
@@ -380,8 +361,14 @@ func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 			if err := os.Remove(filepath.Join(a.stateDir, "envoy", "envoy.pid")); err != nil {
 				t.Fatal(err)
 			}
+		} else if out, err := podNS.Command("nft", "delete", "table", "inet", "aether").CombinedOutput(); err != nil {
+			// The pod's rules are lost while the agent is down: the restart repairs them.
+			t.Fatalf("delete the pod's rules: %v: %s", err, out)
 		}
 		ready(fmt.Sprintf("round %d: the restarted agent ready", i+1))
+		if err := captured(); err != nil {
+			t.Fatalf("round %d: after the restart: %v", i+1, err)
+		}
 		if got := a.envoyProcesses(); !slices.Equal(got, envoys) {
 			t.Fatalf("round %d: Envoy processes after the restart %v, want the same one %v (adopted, not a second)", i+1, got, envoys)
 		}
@@ -399,4 +386,43 @@ func mustReadFile(t testing.TB, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// createReadyPod creates Pod shop/<name> on node-1 (label app=<app>, service account <app>, one
+// container port 8080) and marks it Ready.
+func createReadyPod(t testing.TB, ctx context.Context, cs kubernetes.Interface, name, app string) *corev1.Pod {
+	t.Helper()
+	p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}},
+		Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: app, AutomountServiceAccountToken: new(bool),
+			Containers: []corev1.Container{{Name: "app", Image: app, Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	if p, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// podAttachment makes pod's network namespace with ip on its loopback (Envoy binds the inbound
+// listener to it) and returns it with the CNI request that attaches it as container cid.
+func podAttachment(t testing.TB, pod *corev1.Pod, cid string, ip netip.Addr) (*testenv.Netns, plugin.Request) {
+	t.Helper()
+	ns := testenv.NewNetns(t)
+	h, err := ns.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	lo, _ := h.LinkByName("lo")
+	addr, _ := netlink.ParseAddr(ip.String() + "/32")
+	if err := h.AddrAdd(lo, addr); err != nil {
+		t.Fatal(err)
+	}
+	return ns, plugin.Request{Network: "test", Attachment: plugin.PodAttachment{
+		ContainerID: cid, PodUID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name,
+		NetnsPath: ns.Path, IPs: []netip.Addr{ip}, Interface: "eth0"}}
 }
