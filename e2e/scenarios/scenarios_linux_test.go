@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -291,6 +292,12 @@ func (w *world) wantTCP(t *testing.T, addr, cluster string) reply {
 		}
 		if r.Cluster != cluster || r.Message != "hello" {
 			return fmt.Errorf("answer %+v; want cluster %s, message hello", r, cluster)
+		}
+		// Through the mesh the application's peer is the destination pod's inbound listener,
+		// which reaches it from the pod's loopback after terminating mTLS; a connection that
+		// bypassed the mesh would come from the caller's address.
+		if host, _, err := net.SplitHostPort(r.Peer); err != nil || host != "127.0.0.1" {
+			return fmt.Errorf("answer %+v: peer %q, want 127.0.0.1 (the destination pod's inbound mTLS listener)", r, r.Peer)
 		}
 		got = r
 		return nil
