@@ -15,6 +15,7 @@ func TestParseConfig(t *testing.T) {
 		wantErr string
 	}{
 		{name: "env defaults", args: nil},
+		{name: "waypoint on", args: []string{"--east-west-waypoint"}},
 		{name: "flags override env", args: []string{"--node-name", "n2", "--registry-endpoints", "http://127.0.0.1:2379, http://127.0.0.1:2380"}},
 		{name: "bad host ip", args: []string{"--host-ip", "nope"}, wantErr: `--host-ip "nope"`},
 		{name: "bad dns port", args: []string{"--dns-port", "70000"}, wantErr: "--dns-port 70000"},
@@ -47,6 +48,12 @@ func TestParseConfig(t *testing.T) {
 			}
 			if tc.name == "flags override env" && (c.NodeName != "n2" || len(c.RegistryEndpoints) != 2 || c.RegistryEndpoints[1] != "http://127.0.0.1:2380") {
 				t.Errorf("flags did not override: %+v", c)
+			}
+			if tc.name == "env defaults" && c.EastWestWaypoint {
+				t.Errorf("--east-west-waypoint is on by default, want off")
+			}
+			if tc.name == "waypoint on" && !c.EastWestWaypoint {
+				t.Errorf("--east-west-waypoint did not turn the waypoint on")
 			}
 		})
 	}

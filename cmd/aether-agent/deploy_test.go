@@ -123,6 +123,9 @@ func TestDeployAgentArgs(t *testing.T) {
 	if cfg.CNIPlugin == "" {
 		t.Error("--cni-plugin-binary is empty: the agent would not install aether-cni")
 	}
+	if !cfg.EastWestWaypoint {
+		t.Error("--east-west-waypoint is off in the deployed agent: deploy/config.yaml makes every node a waypoint")
+	}
 
 	// Shared with the node at the same path (the conflist names the CNI socket; Envoy opens the
 	// CNI runtime's netns paths), and with the Envoy container.
