@@ -35,8 +35,11 @@ type SupervisorConfig struct {
 	// ExtraArgs are appended to Envoy's command line.
 	ExtraArgs []string
 	// MinBackoff and MaxBackoff bound the restart delay after Envoy dies (defaults 200 ms and
-	// 30 s); the delay doubles after each death within a minute of its start.
+	// 30 s); the delay doubles after each death within StableAfter of its start.
 	MinBackoff, MaxBackoff time.Duration
+	// StableAfter is how long an Envoy must have run before its death resets the restart delay
+	// to MinBackoff (default 1 min).
+	StableAfter time.Duration
 	// CheckInterval is how often a running Envoy is checked (default 1 s).
 	CheckInterval time.Duration
 	Logger        *slog.Logger
@@ -55,6 +58,10 @@ type Supervisor struct {
 	starts  int
 	adopted bool
 	waitCh  chan struct{} // closed when a child we started exits
+
+	// sleep is how Run waits out a restart delay (sleepCtx); a test seam: tests wrap it to
+	// record the delays Run asks for. Set before Run starts.
+	sleep func(ctx context.Context, d time.Duration) bool
 }
 
 // NewSupervisor checks cfg and returns a Supervisor. It returns an error naming the missing
@@ -73,6 +80,9 @@ func NewSupervisor(cfg SupervisorConfig) (*Supervisor, error) {
 	if cfg.MaxBackoff <= 0 {
 		cfg.MaxBackoff = 30 * time.Second
 	}
+	if cfg.StableAfter <= 0 {
+		cfg.StableAfter = time.Minute
+	}
 	if cfg.CheckInterval <= 0 {
 		cfg.CheckInterval = time.Second
 	}
@@ -82,7 +92,37 @@ func NewSupervisor(cfg SupervisorConfig) (*Supervisor, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("new supervisor: %w", err)
 	}
-	return &Supervisor{cfg: cfg, log: cfg.Logger}, nil
+	return &Supervisor{cfg: cfg, log: cfg.Logger, sleep: sleepCtx}, nil
+}
+
+// sleepCtx waits d or until ctx ends; it reports whether d elapsed.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// restartBackoff is Run's restart delay policy: the first restart waits min; each death of an
+// Envoy that ran less than stableAfter doubles the delay, up to max; a death after at least
+// stableAfter of uptime starts again from min.
+type restartBackoff struct {
+	min, max, stableAfter time.Duration
+	next                  time.Duration // delay of the next restart; 0 before the first death
+}
+
+// delay returns how long to wait before restarting an Envoy that died after running for uptime.
+func (b *restartBackoff) delay(uptime time.Duration) time.Duration {
+	if b.next == 0 || uptime >= b.stableAfter {
+		b.next = b.min
+	}
+	d := min(b.next, b.max)
+	b.next = min(b.next*2, b.max)
+	return d
 }
 
 func (s *Supervisor) pidFile() string { return filepath.Join(s.cfg.StateDir, "envoy.pid") }
@@ -237,7 +277,7 @@ func (s *Supervisor) start() error {
 // Run keeps one Envoy running until ctx ends; Envoy keeps running afterwards. It adopts a
 // running Envoy first and starts one only when none runs.
 func (s *Supervisor) Run(ctx context.Context) error {
-	backoff := s.cfg.MinBackoff
+	backoff := &restartBackoff{min: s.cfg.MinBackoff, max: s.cfg.MaxBackoff, stableAfter: s.cfg.StableAfter}
 	for {
 		pid, running := s.adopt(ctx)
 		if running {
@@ -257,16 +297,12 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if time.Since(started) > time.Minute {
-			backoff = s.cfg.MinBackoff
-		}
-		s.log.Warn("envoy is gone; restarting", "backoff", backoff)
-		select {
-		case <-ctx.Done():
+		uptime := time.Since(started)
+		d := backoff.delay(uptime)
+		s.log.Warn("envoy is gone; restarting", "uptime", uptime, "backoff", d)
+		if !s.sleep(ctx, d) {
 			return nil
-		case <-time.After(backoff):
 		}
-		backoff = min(backoff*2, s.cfg.MaxBackoff)
 	}
 }
 

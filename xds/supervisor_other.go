@@ -16,6 +16,7 @@ type SupervisorConfig struct {
 	StateDir               string
 	Prefix, ExtraArgs      []string
 	MinBackoff, MaxBackoff time.Duration
+	StableAfter            time.Duration
 	CheckInterval          time.Duration
 	Logger                 *slog.Logger
 }
