@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -61,13 +62,20 @@ func trafficMesh(f *meshFixture, version uint64) *model.Mesh {
 
 // startTrafficFixture builds the namespaces, starts the applications and serves the mesh.
 func startTrafficFixture(t testing.TB, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
+	return startTrafficFixtureAt(t, "0.0.0.0", svidLifetime, delta, build)
+}
+
+// startTrafficFixtureAt is startTrafficFixture with the server pod's applications bound to
+// appHost inside its netns ("0.0.0.0", or "127.0.0.1" for applications bound to the pod's
+// loopback only).
+func startTrafficFixtureAt(t testing.TB, appHost string, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
 	f := newMeshFixture(t, svidLifetime, delta, build)
 	f.addPod("alpha", true)
 	f.addPod("beta", true)
 	srvNS, _ := f.addPod("server", false)
 	outside, _ := f.addPod("outside", false) // a non-mesh host
 	// The HTTP application answers with the XFCC header Envoy forwarded.
-	hl := srvNS.Listen(t, "0.0.0.0:8080")
+	hl := srvNS.Listen(t, appHost+":8080")
 	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method == http.MethodPost {
 			echoPost(w, r) // the latency benchmarks' echo
@@ -77,8 +85,8 @@ func startTrafficFixture(t testing.TB, svidLifetime time.Duration, delta bool, b
 	})}
 	go func() { _ = hs.Serve(hl) }()
 	t.Cleanup(func() { hs.Close() })
-	serveEcho(srvNS.Listen(t, "0.0.0.0:9000"))
-	serveBanner(srvNS.Listen(t, "0.0.0.0:2525"), bannerText)
+	serveEcho(srvNS.Listen(t, appHost+":9000"))
+	serveBanner(srvNS.Listen(t, appHost+":2525"), bannerText)
 	serveEcho(outside.Listen(t, "0.0.0.0:7000"))
 	serveBanner(outside.Listen(t, "0.0.0.0:2222"), bannerText)
 	f.set(trafficMesh(f, 1))
@@ -281,6 +289,67 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 		if err := try([]tls.Certificate{gc}); err != nil {
 			t.Errorf("inbound with a valid client certificate: %v", err)
 		}
+	})
+}
+
+// TestPrivilegedInboundLoopbackApp binds the server pod's applications to 127.0.0.1 only
+// inside its netns. The inbound listener on pod_ip:15008 reaches them through the inbound
+// cluster (bind source 127.0.0.1 in the pod's netns): an HTTP call and a TCP connection by VIP
+// from a meshed pod arrive, while a plaintext dial to pod_ip:<port> from another pod finds
+// nothing listening there.
+func TestPrivilegedInboundLoopbackApp(t *testing.T) {
+	f := startTrafficFixtureAt(t, "127.0.0.1", time.Hour, true, Options{})
+	alpha, outside, server := f.pods["alpha"], f.pods["outside"], f.ips["server"]
+	alphaID := model.SPIFFEID(f.td, "shop", "alpha")
+
+	t.Run("HTTP via VIP", func(t *testing.T) {
+		code, body, _, err := getBody(alpha.HTTPClient(false), "http://"+vipHTTP.String()+"/", nil)
+		if err != nil || code != 200 {
+			t.Fatalf("GET VIP: %d %q %v", code, body, err)
+		}
+		if got := xfccURI(body); got != alphaID {
+			t.Errorf("XFCC URI = %q (body %q), want %q", got, body, alphaID)
+		}
+	})
+
+	t.Run("TCP via VIP", func(t *testing.T) {
+		c, err := alpha.Dial(vipTCP.String() + ":9000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := testenv.EchoOnce(c, "to a loopback-only application"); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("server-first via VIP", func(t *testing.T) {
+		c, err := alpha.Dial(vipBanner.String() + ":25")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if err := readBanner(c, bannerText); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("plaintext to pod_ip:port from another pod does not reach it", func(t *testing.T) {
+		for _, port := range []string{"8080", "9000", "2525"} {
+			c, err := outside.Dial(server.String() + ":" + port)
+			if err == nil {
+				c.Close()
+				t.Errorf("plaintext dial %s:%s from another pod connected, want refused", server, port)
+			} else if !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Errorf("plaintext dial %s:%s: %v, want connection refused", server, port, err)
+			}
+		}
+		// The same pod is reachable from there: the refusals are about the bind address.
+		c, err := outside.Dial(server.String() + ":15008")
+		if err != nil {
+			t.Fatalf("dial the inbound listener %s:15008 from the same pod: %v", server, err)
+		}
+		c.Close()
 	})
 }
 
