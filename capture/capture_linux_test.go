@@ -415,32 +415,43 @@ func captureTraffic(t *testing.T, b Backend) {
 	}
 	expectConn(t, "TCP DNS to the resolver", tcpDNS, captured).Close()
 
-	// IPv6 from a v4-only pod is dropped, not open: a listener on the pod's own IPv6 link
-	// address (reached through eth0, not lo) is unreachable from the node.
+	// IPv6 of a v4-only pod is dropped, not open, in each direction on its own. Permanent
+	// neighbour entries take neighbour discovery (which the rules drop too) out of the picture,
+	// so whatever the rules let through reaches its peer; UDP shows each direction alone (a TCP
+	// handshake needs both).
 	addIPv6(t, tp)
+	addStaticNeighbours(t, tp)
+	// Inbound: a listener on the pod's own IPv6 address (reached through eth0, not lo) is
+	// unreachable from the node, and no datagram from the node reaches the pod.
 	acceptOn(t, tp.pod, "[fd99::2]:8081")
 	if err := dialTimeout(tp.node, "", "[fd99::2]:8081", time.Second); !isTimeout(err) {
-		t.Fatalf("IPv6 node -> v4-only pod = %v, want a timeout (dropped)", err)
+		t.Fatalf("IPv6 node -> v4-only pod TCP = %v, want a timeout (dropped)", err)
 	}
-	// Outbound IPv6 from a v4-only pod is dropped too, TCP and UDP: the SYN to a listener on
-	// the node times out (not captured: the capture listener is IPv4 only, so a redirect would be
-	// refused) and a datagram gets no answer; neither reaches the node.
+	podUDP6 := serveUDPEcho(t, tp.pod, "[fd99::2]:5353")
+	if err := queryUDP(tp.node, "[fd99::2]:5353", time.Second); err == nil {
+		t.Fatal("IPv6 node -> v4-only pod UDP got an answer; inbound IPv6 is open")
+	}
+	if n := podUDP6.Load(); n != 0 {
+		t.Fatalf("inbound IPv6 UDP reached the v4-only pod (%d datagrams)", n)
+	}
+	// Outbound: the SYN to a listener on the node times out (not captured: the capture listener
+	// is IPv4 only, so a redirect would be refused), and no datagram reaches the node.
 	_, node6 := acceptOn(t, tp.node, "[fd99::1]:8082")
 	if err := dialTimeout(tp.pod, "", "[fd99::1]:8082", time.Second); !isTimeout(err) {
 		t.Fatalf("IPv6 v4-only pod -> node TCP = %v, want a timeout (dropped)", err)
 	}
-	udp6 := serveUDPEcho(t, tp.node, "[fd99::1]:5353")
+	nodeUDP6 := serveUDPEcho(t, tp.node, "[fd99::1]:5353")
 	if err := queryUDP(tp.pod, "[fd99::1]:5353", time.Second); err == nil {
 		t.Fatal("IPv6 v4-only pod -> node UDP got an answer; outbound IPv6 is open")
+	}
+	if n := nodeUDP6.Load(); n != 0 {
+		t.Fatalf("outbound IPv6 UDP from the v4-only pod reached the node (%d datagrams)", n)
 	}
 	select {
 	case c := <-node6:
 		c.Close()
-		t.Fatal("outbound IPv6 TCP from a v4-only pod reached the node")
+		t.Fatal("outbound IPv6 TCP from the v4-only pod reached the node")
 	default:
-	}
-	if n := udp6.Load(); n != 0 {
-		t.Fatalf("outbound IPv6 UDP from a v4-only pod reached the node (%d datagrams)", n)
 	}
 
 	// Inbound, strict: plaintext from another source is refused, the node and 15008 are let in.
@@ -480,6 +491,7 @@ func captureTraffic(t *testing.T, b Backend) {
 	eventually(t, "IPv6 outbound TCP after teardown", func() error { return dialFrom(tp.pod, "", "[fd99::1]:8082") })
 	expectConn(t, "IPv6 outbound TCP after teardown", node6, nil).Close()
 	eventually(t, "IPv6 outbound UDP after teardown", func() error { return queryUDP(tp.pod, "[fd99::1]:5353", time.Second) })
+	eventually(t, "IPv6 inbound UDP after teardown", func() error { return queryUDP(tp.node, "[fd99::2]:5353", time.Second) })
 }
 
 // eventually calls fn until it succeeds, failing the test with what and fn's last error when it
@@ -529,6 +541,41 @@ func addIPv6(t *testing.T, tp *topo) {
 	addIPv6Addrs(t, tp.pod, "eth0", topoPodIPv6+"/64")
 	addIPv6Addrs(t, tp.node, "vnode", topoGatewayV6+"/64", topoOtherV6+"/64")
 	tp.pod.DefaultRoute(t, netip.MustParseAddr(topoGatewayV6))
+}
+
+// addStaticNeighbours adds permanent IPv6 neighbour entries for the two veth ends (the pod's
+// topoPodIPv6 in the node, the node's topoGatewayV6 in the pod), so IPv6 packets leave without
+// neighbour discovery.
+func addStaticNeighbours(t *testing.T, tp *topo) {
+	t.Helper()
+	hp, err := tp.pod.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hp.Close()
+	hn, err := tp.node.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hn.Close()
+	eth0, err := hp.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vnode, err := hn.LinkByName("vnode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []struct {
+		h         *netlink.Handle
+		link, mac netlink.Link
+		ip        string
+	}{{hp, eth0, vnode, topoGatewayV6}, {hn, vnode, eth0, topoPodIPv6}} {
+		if err := n.h.NeighAdd(&netlink.Neigh{LinkIndex: n.link.Attrs().Index, Family: unix.AF_INET6,
+			State: netlink.NUD_PERMANENT, IP: net.ParseIP(n.ip), HardwareAddr: n.mac.Attrs().HardwareAddr}); err != nil {
+			t.Fatalf("neighbour %s: %v", n.ip, err)
+		}
+	}
 }
 
 // addIPv6Addrs is addAddrs for IPv6 addresses, without duplicate address detection (so they
