@@ -344,9 +344,11 @@ func originalDst(c net.Conn) (netip.AddrPort, error) {
 
 // TestPrivilegedCaptureTraffic shows what the rules do to real traffic in a pod netns: outbound
 // TCP lands on the capture listener with its original destination recoverable, excluded ports
-// and excluded CIDRs bypass it (an address just outside the CIDR does not), DNS to the cluster DNS address reaches the resolver on HOST_IP:18054, IPv6 is
-// dropped for a v4-only pod, and inbound plaintext is refused in strict mode (except from the
-// node) and accepted in permissive mode.
+// and excluded CIDRs bypass it (an address just outside the CIDR does not), DNS over UDP and TCP
+// to the cluster DNS address reaches the resolver on HOST_IP:18054, IPv6 of a v4-only pod is
+// dropped inbound and outbound (TCP and UDP, each direction shown on its own) and goes through
+// again after Teardown, and inbound plaintext is refused in strict mode (except from the node)
+// and accepted in permissive mode.
 func TestPrivilegedCaptureTraffic(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, tb := range testBackends() {
