@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -230,9 +231,95 @@ func dialTimeout(ns *testenv.Netns, src, addr string, timeout time.Duration) err
 	})
 }
 
-// OriginalDst returns SO_ORIGINAL_DST of an accepted IPv4 TCP connection: the destination the
-// client dialled before the redirect.
+// isTimeout reports whether a dial ended because nothing answered (the SYN was dropped), as
+// opposed to a refusal or an unreachable route.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// expectConn waits for a connection on want and returns it (the caller closes it). A connection
+// on wrong first (nil: none expected there) or none within 10 s fails the test, naming what.
+func expectConn(t *testing.T, what string, want, wrong <-chan net.Conn) net.Conn {
+	t.Helper()
+	select {
+	case c := <-want:
+		return c
+	case c := <-wrong:
+		c.Close()
+		t.Fatalf("%s: the connection reached the wrong listener %v", what, c.LocalAddr())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s: no connection", what)
+	}
+	return nil
+}
+
+// expectCaptured waits for a connection on the capture listener (none on direct, the real
+// destination's listener) and checks that its original destination is dst ("ip:port" or
+// "[ip6]:port").
+func expectCaptured(t *testing.T, captured, direct <-chan net.Conn, dst string) {
+	t.Helper()
+	c := expectConn(t, "capture of "+dst, captured, direct)
+	defer c.Close()
+	if od, err := originalDst(c); err != nil || od.String() != dst {
+		t.Fatalf("original destination = %v, %v; want %s", od, err, dst)
+	}
+}
+
+// serveUDPEcho answers every datagram sent to addr in ns with "answer:" and the datagram (a
+// stand-in for the agent's resolver or any UDP peer). It returns the count of datagrams received.
+func serveUDPEcho(t *testing.T, ns *testenv.Netns, addr string) *atomic.Int32 {
+	t.Helper()
+	var pc net.PacketConn
+	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp", addr); return err }); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	var got atomic.Int32
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			got.Add(1)
+			_, _ = pc.WriteTo(append([]byte("answer:"), buf[:n]...), from)
+		}
+	}()
+	return &got
+}
+
+// queryUDP sends "q" from ns to addr and waits up to timeout for the answer serveUDPEcho gives.
+func queryUDP(ns *testenv.Netns, addr string, timeout time.Duration) error {
+	return ns.Do(func() error {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		if _, err := c.Write([]byte("q")); err != nil {
+			return err
+		}
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		if err != nil {
+			return err
+		}
+		if string(buf[:n]) != "answer:q" {
+			return fmt.Errorf("reply %q", buf[:n])
+		}
+		return nil
+	})
+}
+
+// originalDst returns SO_ORIGINAL_DST of an accepted TCP connection (IP6T_SO_ORIGINAL_DST for
+// IPv6, see originalDst6): the destination the client dialled before the redirect.
 func originalDst(c net.Conn) (netip.AddrPort, error) {
+	if c.LocalAddr().(*net.TCPAddr).IP.To4() == nil {
+		return originalDst6(c)
+	}
 	raw, err := c.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		return netip.AddrPort{}, err
@@ -257,9 +344,11 @@ func originalDst(c net.Conn) (netip.AddrPort, error) {
 
 // TestPrivilegedCaptureTraffic shows what the rules do to real traffic in a pod netns: outbound
 // TCP lands on the capture listener with its original destination recoverable, excluded ports
-// and excluded CIDRs bypass it (an address just outside the CIDR does not), DNS to the cluster DNS address reaches the resolver on HOST_IP:18054, IPv6 is
-// dropped for a v4-only pod, and inbound plaintext is refused in strict mode (except from the
-// node) and accepted in permissive mode.
+// and excluded CIDRs bypass it (an address just outside the CIDR does not), DNS over UDP and TCP
+// to the cluster DNS address reaches the resolver on HOST_IP:18054, IPv6 of a v4-only pod is
+// dropped inbound and outbound (TCP and UDP, each direction shown on its own) and goes through
+// again after Teardown, and inbound plaintext is refused in strict mode (except from the node)
+// and accepted in permissive mode.
 func TestPrivilegedCaptureTraffic(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, tb := range testBackends() {
@@ -287,44 +376,19 @@ func captureTraffic(t *testing.T, b Backend) {
 	if err := dialFrom(tp.pod, "", "203.0.113.9:80"); err != nil {
 		t.Fatalf("dial 203.0.113.9:80 from pod: %v", err)
 	}
-	select {
-	case c := <-captured:
-		od, err := originalDst(c)
-		c.Close()
-		if err != nil || od.String() != "203.0.113.9:80" {
-			t.Fatalf("SO_ORIGINAL_DST = %v, %v; want 203.0.113.9:80", od, err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("capture listener got no connection")
-	}
+	expectCaptured(t, captured, nil, "203.0.113.9:80")
 	// The explicit HTTP lane (127.0.0.1:18081 in the pod netns) is loopback: reached directly.
 	_, lane := acceptOn(t, tp.pod, "127.0.0.1:18081")
 	if err := dialFrom(tp.pod, "", "127.0.0.1:18081"); err != nil {
 		t.Fatalf("dial the explicit lane: %v", err)
 	}
-	select {
-	case c := <-lane:
-		c.Close()
-	case c := <-captured:
-		c.Close()
-		t.Fatal("the explicit lane was captured")
-	case <-time.After(10 * time.Second):
-		t.Fatal("explicit lane: no connection")
-	}
+	expectConn(t, "explicit lane", lane, captured).Close()
 	// An excluded port goes to the real destination (the node), not to the capture listener.
 	_, direct := acceptOn(t, tp.node, topoGateway+":7070")
 	if err := dialFrom(tp.pod, "", topoGateway+":7070"); err != nil {
 		t.Fatalf("dial excluded port: %v", err)
 	}
-	select {
-	case c := <-direct:
-		c.Close()
-	case c := <-captured:
-		c.Close()
-		t.Fatal("excluded port 7070 was captured")
-	case <-time.After(10 * time.Second):
-		t.Fatal("excluded port: no connection at the destination")
-	}
+	expectConn(t, "excluded port 7070", direct, captured).Close()
 
 	// An excluded CIDR goes to the real destination; an address just outside it (same /24,
 	// other /25) is captured. Both addresses are on the node's loopback, each with a listener.
@@ -334,69 +398,15 @@ func captureTraffic(t *testing.T, b Backend) {
 	if err := dialFrom(tp.pod, "", topoInCIDR+":7171"); err != nil {
 		t.Fatalf("dial %s in excluded %s: %v", topoInCIDR, topoExcludedCIDR, err)
 	}
-	select {
-	case c := <-inCIDR:
-		c.Close()
-	case c := <-captured:
-		c.Close()
-		t.Fatalf("%s in excluded %s was captured", topoInCIDR, topoExcludedCIDR)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("excluded CIDR: no connection at %s", topoInCIDR)
-	}
+	expectConn(t, topoInCIDR+" in excluded "+topoExcludedCIDR, inCIDR, captured).Close()
 	if err := dialFrom(tp.pod, "", topoOutCIDR+":7171"); err != nil {
 		t.Fatalf("dial %s outside excluded %s: %v", topoOutCIDR, topoExcludedCIDR, err)
 	}
-	select {
-	case c := <-captured:
-		od, err := originalDst(c)
-		c.Close()
-		if err != nil || od.String() != topoOutCIDR+":7171" {
-			t.Fatalf("SO_ORIGINAL_DST = %v, %v; want %s:7171", od, err, topoOutCIDR)
-		}
-	case c := <-outCIDR:
-		c.Close()
-		t.Fatalf("%s outside excluded %s bypassed the capture listener", topoOutCIDR, topoExcludedCIDR)
-	case <-time.After(10 * time.Second):
-		t.Fatalf("capture listener got no connection for %s", topoOutCIDR)
-	}
+	expectCaptured(t, captured, outCIDR, topoOutCIDR+":7171")
 
 	// DNS: a UDP query to the cluster DNS address reaches the resolver on HOST_IP:18054.
-	var pc net.PacketConn
-	if err := tp.node.Do(func() (err error) { pc, err = net.ListenPacket("udp", topoHostIP+":18054"); return err }); err != nil {
-		t.Fatal(err)
-	}
-	defer pc.Close()
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(append([]byte("answer:"), buf[:n]...), from)
-		}
-	}()
-	err = tp.pod.Do(func() error {
-		c, err := net.Dial("udp", "10.96.0.10:53")
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := c.Write([]byte("q")); err != nil {
-			return err
-		}
-		buf := make([]byte, 64)
-		n, err := c.Read(buf)
-		if err != nil {
-			return err
-		}
-		if string(buf[:n]) != "answer:q" {
-			return fmt.Errorf("reply %q", buf[:n])
-		}
-		return nil
-	})
-	if err != nil {
+	serveUDPEcho(t, tp.node, topoHostIP+":18054")
+	if err := queryUDP(tp.pod, "10.96.0.10:53", 5*time.Second); err != nil {
 		t.Fatalf("DNS via cluster DNS address: %v", err)
 	}
 
@@ -405,22 +415,45 @@ func captureTraffic(t *testing.T, b Backend) {
 	if err := dialFrom(tp.pod, "", "10.96.0.10:53"); err != nil {
 		t.Fatalf("TCP DNS: %v", err)
 	}
-	select {
-	case c := <-tcpDNS:
-		c.Close()
-	case c := <-captured:
-		c.Close()
-		t.Fatal("TCP DNS went to the capture listener")
-	case <-time.After(10 * time.Second):
-		t.Fatal("TCP DNS did not reach the resolver")
-	}
+	expectConn(t, "TCP DNS to the resolver", tcpDNS, captured).Close()
 
-	// IPv6 from a v4-only pod is dropped, not open: a listener on the pod's own IPv6 link
-	// address (reached through eth0, not lo) is unreachable from the node.
+	// IPv6 of a v4-only pod is dropped, not open, in each direction on its own. Permanent
+	// neighbour entries take neighbour discovery (which the rules drop too) out of the picture,
+	// so whatever the rules let through reaches its peer; UDP shows each direction alone (a TCP
+	// handshake needs both).
 	addIPv6(t, tp)
+	addStaticNeighbours(t, tp)
+	// Inbound: a listener on the pod's own IPv6 address (reached through eth0, not lo) is
+	// unreachable from the node, and no datagram from the node reaches the pod.
 	acceptOn(t, tp.pod, "[fd99::2]:8081")
-	if err := dialTimeout(tp.node, "", "[fd99::2]:8081", time.Second); err == nil {
-		t.Fatal("IPv6 node -> v4-only pod connected; IPv6 is open")
+	if err := dialTimeout(tp.node, "", "[fd99::2]:8081", time.Second); !isTimeout(err) {
+		t.Fatalf("IPv6 node -> v4-only pod TCP = %v, want a timeout (dropped)", err)
+	}
+	podUDP6 := serveUDPEcho(t, tp.pod, "[fd99::2]:5353")
+	if err := queryUDP(tp.node, "[fd99::2]:5353", time.Second); err == nil {
+		t.Fatal("IPv6 node -> v4-only pod UDP got an answer; inbound IPv6 is open")
+	}
+	if n := podUDP6.Load(); n != 0 {
+		t.Fatalf("inbound IPv6 UDP reached the v4-only pod (%d datagrams)", n)
+	}
+	// Outbound: the SYN to a listener on the node times out (not captured: the capture listener
+	// is IPv4 only, so a redirect would be refused), and no datagram reaches the node.
+	_, node6 := acceptOn(t, tp.node, "[fd99::1]:8082")
+	if err := dialTimeout(tp.pod, "", "[fd99::1]:8082", time.Second); !isTimeout(err) {
+		t.Fatalf("IPv6 v4-only pod -> node TCP = %v, want a timeout (dropped)", err)
+	}
+	nodeUDP6 := serveUDPEcho(t, tp.node, "[fd99::1]:5353")
+	if err := queryUDP(tp.pod, "[fd99::1]:5353", time.Second); err == nil {
+		t.Fatal("IPv6 v4-only pod -> node UDP got an answer; outbound IPv6 is open")
+	}
+	if n := nodeUDP6.Load(); n != 0 {
+		t.Fatalf("outbound IPv6 UDP from the v4-only pod reached the node (%d datagrams)", n)
+	}
+	select {
+	case c := <-node6:
+		c.Close()
+		t.Fatal("outbound IPv6 TCP from the v4-only pod reached the node")
+	default:
 	}
 
 	// Inbound, strict: plaintext from another source is refused, the node and 15008 are let in.
@@ -453,9 +486,30 @@ func captureTraffic(t *testing.T, b Backend) {
 	if err := b.Teardown(tp.pod.Path); err != nil {
 		t.Fatal(err)
 	}
-	// Control: without the rules the same IPv6 connection works.
-	if err := dialFrom(tp.node, "", "[fd99::2]:8081"); err != nil {
-		t.Fatalf("IPv6 after teardown: %v", err)
+	// Control: without the rules the same IPv6 connections and datagrams go through. Neighbour
+	// discovery failed while the rules dropped it, and a failed neighbour entry answers "no route
+	// to host" until it is probed again, so each is retried until it converges.
+	eventually(t, "IPv6 inbound after teardown", func() error { return dialFrom(tp.node, "", "[fd99::2]:8081") })
+	eventually(t, "IPv6 outbound TCP after teardown", func() error { return dialFrom(tp.pod, "", "[fd99::1]:8082") })
+	expectConn(t, "IPv6 outbound TCP after teardown", node6, nil).Close()
+	eventually(t, "IPv6 outbound UDP after teardown", func() error { return queryUDP(tp.pod, "[fd99::1]:5353", time.Second) })
+	eventually(t, "IPv6 inbound UDP after teardown", func() error { return queryUDP(tp.node, "[fd99::2]:5353", time.Second) })
+}
+
+// eventually calls fn until it succeeds, failing the test with what and fn's last error when it
+// has not within 30 s (several times the few seconds neighbour discovery takes to recover).
+func eventually(t *testing.T, what string, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		err := fn()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -482,28 +536,72 @@ func addAddrs(t *testing.T, ns *testenv.Netns, link string, addrs ...string) {
 	}
 }
 
-// addIPv6 gives the pod fd99::2/64 and the node fd99::1/64 on their veth ends (no DAD).
+// addIPv6 gives the pod topoPodIPv6/64 with a default route via topoGatewayV6, and the node
+// topoGatewayV6/64 and topoOtherV6/64, on their veth ends.
 func addIPv6(t *testing.T, tp *topo) {
 	t.Helper()
-	for _, s := range []struct {
-		ns   *testenv.Netns
-		link string
-		addr string
-	}{{tp.pod, "eth0", "fd99::2/64"}, {tp.node, "vnode", "fd99::1/64"}} {
-		h, err := s.ns.Netlink()
+	addIPv6Addrs(t, tp.pod, "eth0", topoPodIPv6+"/64")
+	addIPv6Addrs(t, tp.node, "vnode", topoGatewayV6+"/64", topoOtherV6+"/64")
+	tp.pod.DefaultRoute(t, netip.MustParseAddr(topoGatewayV6))
+}
+
+// addStaticNeighbours adds permanent IPv6 neighbour entries for the two veth ends (the pod's
+// topoPodIPv6 in the node, the node's topoGatewayV6 in the pod), so IPv6 packets leave without
+// neighbour discovery.
+func addStaticNeighbours(t *testing.T, tp *topo) {
+	t.Helper()
+	hp, err := tp.pod.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hp.Close()
+	hn, err := tp.node.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hn.Close()
+	eth0, err := hp.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	vnode, err := hn.LinkByName("vnode")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []struct {
+		h         *netlink.Handle
+		link, mac netlink.Link
+		ip        string
+	}{{hp, eth0, vnode, topoGatewayV6}, {hn, vnode, eth0, topoPodIPv6}} {
+		if err := n.h.NeighAdd(&netlink.Neigh{LinkIndex: n.link.Attrs().Index, Family: unix.AF_INET6,
+			State: netlink.NUD_PERMANENT, IP: net.ParseIP(n.ip), HardwareAddr: n.mac.Attrs().HardwareAddr}); err != nil {
+			t.Fatalf("neighbour %s: %v", n.ip, err)
+		}
+	}
+}
+
+// addIPv6Addrs is addAddrs for IPv6 addresses, without duplicate address detection (so they
+// are usable at once instead of tentative).
+func addIPv6Addrs(t *testing.T, ns *testenv.Netns, link string, addrs ...string) {
+	t.Helper()
+	h, err := ns.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range addrs {
+		a, err := netlink.ParseAddr(s)
 		if err != nil {
 			t.Fatal(err)
 		}
-		l, err := h.LinkByName(s.link)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a, _ := netlink.ParseAddr(s.addr)
 		a.Flags = unix.IFA_F_NODAD
 		if err := h.AddrAdd(l, a); err != nil {
-			t.Fatalf("add %s: %v", s.addr, err)
+			t.Fatalf("add %s to %s: %v", s, link, err)
 		}
-		h.Close()
 	}
 }
 
@@ -558,37 +656,121 @@ func TestPrivilegedNFTablesLargeExclusions(t *testing.T) {
 	}
 }
 
-// TestPrivilegedCaptureIPv6 shows IPv6 captured like IPv4 for a pod that has an IPv6 address:
-// outbound TCP lands on [::1]:15001 with the original destination recoverable
-// (IP6T_SO_ORIGINAL_DST), and strict mode refuses IPv6 plaintext inbound.
+// The IPv6 side of topo (addIPv6): pod fd99::2/64 (default route via fd99::1), node fd99::1/64
+// and fd99::3/64 (another pod's source), HOST_IP fd98::1 on the node's loopback; the cluster DNS
+// service address and the excluded prefix are only ever reached through the pod's rules.
+const (
+	topoPodIPv6      = "fd99::2"
+	topoGatewayV6    = "fd99::1"
+	topoOtherV6      = "fd99::3"
+	topoHostIPv6     = "fd98::1"
+	topoClusterDNSv6 = "fd96::a"
+	// topoExcludedV6 is an excluded outbound prefix; topoInV6 is inside it and topoOutV6 just
+	// outside (same /64), both on the node's loopback in captureIPv6.
+	topoExcludedV6 = "fd97::/65"
+	topoInV6       = "fd97::1"
+	topoOutV6      = "fd97::8000:0:0:1"
+)
+
+// TestPrivilegedCaptureIPv6 shows IPv6 captured like IPv4 for a dual-stack pod, with every
+// backend (nftables; iptables-nft and iptables-legacy through ip6tables): outbound TCP lands on
+// [::1]:15001 with the original destination recoverable (IP6T_SO_ORIGINAL_DST), an excluded port
+// and an excluded IPv6 prefix bypass it (an address just outside the prefix does not), DNS over
+// UDP and TCP to the IPv6 cluster DNS address reaches the resolver on [HOST_IPv6]:18054, strict
+// mode refuses IPv6 plaintext inbound except from the node's IPv6 source and to 15008, and
+// permissive mode accepts it.
 func TestPrivilegedCaptureIPv6(t *testing.T) {
 	testenv.RequireRoot(t)
+	for _, tb := range testBackends() {
+		t.Run(tb.name, func(t *testing.T) { captureIPv6(t, tb.b) })
+	}
+}
+
+func captureIPv6(t *testing.T, b Backend) {
 	tp := newTopo(t)
 	addIPv6(t, tp)
-	rs, err := Build(Config{PodIPs: addrs(topoPodIP, "fd99::2"), NodeSources: prefixes(topoGateway + "/32")})
+	addIPv6Addrs(t, tp.node, "lo", topoHostIPv6+"/128", topoInV6+"/128", topoOutV6+"/128")
+	cfg := Config{
+		PodIPs: addrs(topoPodIP, topoPodIPv6), HostIP: netip.MustParseAddr(topoHostIP),
+		HostIPv6: netip.MustParseAddr(topoHostIPv6), ClusterDNS: addrs("10.96.0.10", topoClusterDNSv6),
+		NodeSources:          prefixes(topoGateway+"/32", topoGatewayV6+"/128"),
+		ExcludeOutboundPorts: []uint16{7070}, ExcludeOutboundCIDRs: prefixes(topoExcludedV6),
+	}
+	rs, err := Build(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := (NFTables{}).Apply(tp.pod.Path, rs); err != nil {
+	if _, err := b.Apply(tp.pod.Path, rs); err != nil {
 		t.Fatal(err)
 	}
+
+	// Outbound TCP is captured; an excluded port and an excluded prefix go to the real
+	// destination, an address just outside the prefix is captured.
 	_, captured := acceptOn(t, tp.pod, "[::1]:15001")
-	if err := dialFrom(tp.pod, "", "[fd99::1]:80"); err != nil {
-		t.Fatalf("dial [fd99::1]:80 from pod: %v", err)
+	_, node80 := acceptOn(t, tp.node, "["+topoGatewayV6+"]:80")
+	if err := dialFrom(tp.pod, "", "["+topoGatewayV6+"]:80"); err != nil {
+		t.Fatalf("dial [%s]:80 from pod: %v", topoGatewayV6, err)
 	}
-	select {
-	case c := <-captured:
-		od, err := originalDst6(c)
-		c.Close()
-		if err != nil || od.String() != "[fd99::1]:80" {
-			t.Fatalf("IP6T_SO_ORIGINAL_DST = %v, %v; want [fd99::1]:80", od, err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("IPv6 connection not captured")
+	expectCaptured(t, captured, node80, "["+topoGatewayV6+"]:80")
+	_, direct := acceptOn(t, tp.node, "["+topoGatewayV6+"]:7070")
+	if err := dialFrom(tp.pod, "", "["+topoGatewayV6+"]:7070"); err != nil {
+		t.Fatalf("dial excluded port over IPv6: %v", err)
 	}
-	acceptOn(t, tp.pod, "[fd99::2]:8080")
-	if err := dialFrom(tp.node, "", "[fd99::2]:8080"); !isRefused(err) {
-		t.Fatalf("strict: IPv6 plaintext to :8080 = %v, want refused", err)
+	expectConn(t, "IPv6 excluded port 7070", direct, captured).Close()
+	_, inPrefix := acceptOn(t, tp.node, "["+topoInV6+"]:7171")
+	_, outPrefix := acceptOn(t, tp.node, "["+topoOutV6+"]:7171")
+	if err := dialFrom(tp.pod, "", "["+topoInV6+"]:7171"); err != nil {
+		t.Fatalf("dial %s in excluded %s: %v", topoInV6, topoExcludedV6, err)
+	}
+	expectConn(t, topoInV6+" in excluded "+topoExcludedV6, inPrefix, captured).Close()
+	if err := dialFrom(tp.pod, "", "["+topoOutV6+"]:7171"); err != nil {
+		t.Fatalf("dial %s outside excluded %s: %v", topoOutV6, topoExcludedV6, err)
+	}
+	expectCaptured(t, captured, outPrefix, "["+topoOutV6+"]:7171")
+
+	// DNS to the IPv6 cluster DNS address, UDP and TCP, reaches the resolver on
+	// [HOST_IPv6]:18054 (not the capture listener); IPv4 DNS still reaches HOST_IP:18054.
+	resolver := "[" + topoHostIPv6 + "]:18054"
+	serveUDPEcho(t, tp.node, resolver)
+	if err := queryUDP(tp.pod, "["+topoClusterDNSv6+"]:53", 5*time.Second); err != nil {
+		t.Fatalf("UDP DNS via the IPv6 cluster DNS address: %v", err)
+	}
+	_, tcpDNS := acceptOn(t, tp.node, resolver)
+	if err := dialFrom(tp.pod, "", "["+topoClusterDNSv6+"]:53"); err != nil {
+		t.Fatalf("TCP DNS via the IPv6 cluster DNS address: %v", err)
+	}
+	expectConn(t, "IPv6 TCP DNS to the resolver", tcpDNS, captured).Close()
+	serveUDPEcho(t, tp.node, topoHostIP+":18054")
+	if err := queryUDP(tp.pod, "10.96.0.10:53", 5*time.Second); err != nil {
+		t.Fatalf("UDP DNS via the IPv4 cluster DNS address of a dual-stack pod: %v", err)
+	}
+
+	// Inbound, strict: IPv6 plaintext from another source is refused, the node's IPv6 source
+	// and 15008 are let in.
+	acceptOn(t, tp.pod, "["+topoPodIPv6+"]:8080")
+	acceptOn(t, tp.pod, "["+topoPodIPv6+"]:15008")
+	app := "[" + topoPodIPv6 + "]:8080"
+	if err := dialFrom(tp.node, topoOtherV6, app); !isRefused(err) {
+		t.Fatalf("strict: IPv6 plaintext from %s to :8080 = %v, want connection refused", topoOtherV6, err)
+	}
+	if err := dialFrom(tp.node, topoOtherV6, "["+topoPodIPv6+"]:15008"); err != nil {
+		t.Fatalf("strict: %s to :15008: %v", topoOtherV6, err)
+	}
+	if err := dialFrom(tp.node, topoGatewayV6, app); err != nil {
+		t.Fatalf("strict: node (%s) to :8080: %v", topoGatewayV6, err)
+	}
+
+	// Permissive: the same IPv6 plaintext connection is accepted.
+	cfg.Mode = ModePermissive
+	rs, _ = Build(cfg)
+	if changed, err := b.Apply(tp.pod.Path, rs); err != nil || !changed {
+		t.Fatalf("apply permissive: %v %v", changed, err)
+	}
+	if err := dialFrom(tp.node, topoOtherV6, app); err != nil {
+		t.Fatalf("permissive: IPv6 plaintext from %s to :8080: %v", topoOtherV6, err)
+	}
+	if err := b.Teardown(tp.pod.Path); err != nil {
+		t.Fatal(err)
 	}
 }
 
