@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -239,11 +240,14 @@ func (a *agentProc) metric(name string) float64 {
 }
 
 // lookup asks the agent's resolver for name's A records; it returns the rcode and the addresses.
-func (a *agentProc) lookup(name string) (int, []string) {
+func (a *agentProc) lookup(name string) (int, []string) { return a.lookupAt(a.dnsAddr, name) }
+
+// lookupAt is lookup through the resolver address addr (host:port).
+func (a *agentProc) lookupAt(addr, name string) (int, []string) {
 	c := &dns.Client{Timeout: 2 * time.Second}
 	m := new(dns.Msg)
 	m.SetQuestion(dns.Fqdn(name), dns.TypeA)
-	r, _, err := c.Exchange(m, a.dnsAddr)
+	r, _, err := c.Exchange(m, addr)
 	if err != nil {
 		return -1, nil
 	}
@@ -315,7 +319,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	began := time.Now()
-	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL())
+	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL(), "--host-ip-v6", "::1")
 	eventually(t, 60*time.Second, "agent ready", func() error {
 		if code, body := a.get("/readyz"); code != http.StatusOK {
 			return fmt.Errorf("/readyz %d: %s", code, body)
@@ -348,6 +352,11 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "web.shop.mesh", wantA("web.shop.mesh", web.Spec.ClusterIP))
 	eventually(t, 30*time.Second, "web.mesh", wantA("web.mesh", web.Spec.ClusterIP))
+	// The resolver also answers on the node's IPv6 address (--host-ip-v6).
+	_, dnsPort, _ := net.SplitHostPort(a.dnsAddr)
+	if rc, ips := a.lookupAt(net.JoinHostPort("::1", dnsPort), "web.shop.mesh"); rc != dns.RcodeSuccess || len(ips) != 1 || ips[0] != web.Spec.ClusterIP {
+		t.Errorf("web.shop.mesh through [::1]:%s: rcode %d, A %v; want %s", dnsPort, rc, ips, web.Spec.ClusterIP)
+	}
 	eventually(t, 30*time.Second, "web's EDS cluster in Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", true))
 	// The agent's metrics: model version, model build time, last successful push, events by source.
 	for name, want := range map[string]float64{

@@ -34,14 +34,18 @@ type config struct {
 	CAKey   string        // --ca-key, AETHER_CA_KEY
 	SVIDTTL time.Duration // --svid-ttl: lifetime of issued SVIDs (rotated at half-life)
 
-	HostIP      netip.Addr // --host-ip, HOST_IP: the node IP (DNS listens here; capture DNATs here)
-	DNSPort     int        // --dns-port: 18054
-	XDSSocket   string     // --xds-socket: unix socket of the ADS server
-	EnvoyAdmin  string     // --envoy-admin: 127.0.0.1:15000
-	EnvoyBinary string     // --envoy-binary
-	HealthAddr  string     // --health-addr: /healthz, /readyz, /metrics
-	StateDir    string     // --state-dir: persisted pod attachments
-	CNISocket   string     // --cni-socket
+	HostIP netip.Addr // --host-ip, HOST_IP: the node IP (DNS listens here; capture DNATs here)
+	// HostIPv6 (--host-ip-v6, HOST_IP_V6) is the node's IPv6 address on dual-stack nodes: the
+	// resolver listens there too and pods' IPv6 cluster DNS is DNAT'ed to it. Unset: IPv6
+	// cluster DNS addresses are left alone.
+	HostIPv6    netip.Addr
+	DNSPort     int    // --dns-port: 18054
+	XDSSocket   string // --xds-socket: unix socket of the ADS server
+	EnvoyAdmin  string // --envoy-admin: 127.0.0.1:15000
+	EnvoyBinary string // --envoy-binary
+	HealthAddr  string // --health-addr: /healthz, /readyz, /metrics
+	StateDir    string // --state-dir: persisted pod attachments
+	CNISocket   string // --cni-socket
 
 	ClusterDNS  []netip.Addr // --cluster-dns: kube-dns ClusterIPs DNAT'ed to the resolver (default: kube-system/kube-dns)
 	ResolvConf  string       // --resolv-conf: upstreams for names outside the mesh
@@ -96,6 +100,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.CAKey, "ca-key", env("AETHER_CA_KEY", ""), "development CA key (PEM)")
 	fs.DurationVar(&c.SVIDTTL, "svid-ttl", time.Hour, "lifetime of workload SVIDs; each is renewed at half its lifetime")
 	hostIP := fs.String("host-ip", env("HOST_IP", ""), "this node's IP: the DNS resolver listens here (env HOST_IP)")
+	hostIPv6 := fs.String("host-ip-v6", env("HOST_IP_V6", ""), "this node's IPv6 address on a dual-stack node: the resolver listens here too and IPv6 cluster DNS is DNAT'ed to it (env HOST_IP_V6)")
 	fs.IntVar(&c.DNSPort, "dns-port", 18054, "DNS port on the host IP (UDP and TCP)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
@@ -141,6 +146,13 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 		}
 		c.HostIP = ip
 	}
+	if *hostIPv6 != "" {
+		ip, err := netip.ParseAddr(*hostIPv6)
+		if err != nil || !ip.Is6() || ip.Is4In6() {
+			return c, fmt.Errorf("--host-ip-v6 %q: not an IPv6 address", *hostIPv6)
+		}
+		c.HostIPv6 = ip
+	}
 	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}
@@ -161,6 +173,11 @@ func (c config) validate() error {
 	}
 	if !c.HostIP.IsValid() {
 		errs = append(errs, errors.New("--host-ip is required (or env HOST_IP)"))
+	}
+	for _, ip := range c.ClusterDNS {
+		if ip.Is6() && !ip.Is4In6() && !c.HostIPv6.IsValid() {
+			errs = append(errs, fmt.Errorf("--cluster-dns %s is IPv6: set --host-ip-v6 (the node's IPv6 address the resolver listens on)", ip))
+		}
 	}
 	if c.DNSPort <= 0 || c.DNSPort > 65535 {
 		errs = append(errs, fmt.Errorf("--dns-port %d: want 1-65535", c.DNSPort))

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -16,6 +18,9 @@ func TestParseConfig(t *testing.T) {
 	}{
 		{name: "env defaults", args: nil},
 		{name: "waypoint on", args: []string{"--east-west-waypoint"}},
+		{name: "dual stack", args: []string{"--host-ip-v6", "fd00::11", "--cluster-dns", "10.96.0.10,fd00:96::a"}},
+		{name: "host ip v6 not v6", args: []string{"--host-ip-v6", "172.30.0.11"}, wantErr: `--host-ip-v6 "172.30.0.11"`},
+		{name: "ipv6 cluster dns without host ip v6", args: []string{"--cluster-dns", "fd00:96::a"}, wantErr: "--cluster-dns fd00:96::a is IPv6: set --host-ip-v6"},
 		{name: "flags override env", args: []string{"--node-name", "n2", "--registry-endpoints", "http://127.0.0.1:2379, http://127.0.0.1:2380"}},
 		{name: "bad host ip", args: []string{"--host-ip", "nope"}, wantErr: `--host-ip "nope"`},
 		{name: "bad dns port", args: []string{"--dns-port", "70000"}, wantErr: "--dns-port 70000"},
@@ -52,6 +57,9 @@ func TestParseConfig(t *testing.T) {
 			if tc.name == "env defaults" && c.EastWestWaypoint {
 				t.Errorf("--east-west-waypoint is on by default, want off")
 			}
+			if tc.name == "dual stack" && (c.HostIPv6 != netip.MustParseAddr("fd00::11") || len(c.ClusterDNS) != 2) {
+				t.Errorf("dual stack config = host IPv6 %s, cluster DNS %v", c.HostIPv6, c.ClusterDNS)
+			}
 			if tc.name == "waypoint on" && !c.EastWestWaypoint {
 				t.Errorf("--east-west-waypoint did not turn the waypoint on")
 			}
@@ -60,5 +68,23 @@ func TestParseConfig(t *testing.T) {
 	if _, err := parseConfig(nil, func(string) string { return "" }); err == nil ||
 		!strings.Contains(err.Error(), "--node-name is required") || !strings.Contains(err.Error(), "--cluster is required") {
 		t.Errorf("empty config error = %v, want every required flag named", err)
+	}
+}
+
+// TestDNSForFamilies: IPv6 cluster DNS addresses are DNAT'ed only when the resolver also listens
+// on an IPv6 host address; otherwise they are left alone (and reported).
+func TestDNSForFamilies(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00:96::a")
+	for _, c := range []struct {
+		haveIPv6  bool
+		use, left []netip.Addr
+	}{
+		{false, []netip.Addr{v4}, []netip.Addr{v6}},
+		{true, []netip.Addr{v4, v6}, nil},
+	} {
+		use, left := dnsForFamilies([]netip.Addr{v4, v6}, c.haveIPv6)
+		if !slices.Equal(use, c.use) || !slices.Equal(left, c.left) {
+			t.Errorf("dnsForFamilies(%s %s, IPv6 host %v) = %v, %v; want %v, %v", v4, v6, c.haveIPv6, use, left, c.use, c.left)
+		}
 	}
 }

@@ -181,15 +181,21 @@ func run(ctx context.Context, cfg config) error {
 			log.Error("DNS index not updated; answering from the previous one", "err", err)
 		}
 	})
-	dnsSrv := dnsd.NewServer(resolver, dnsd.ServerConfig{Addr: dnsAddr, Logger: log.With("part", "dns")})
-	if err := dnsSrv.Start(ctx); err != nil {
-		return fmt.Errorf("DNS on --host-ip/--dns-port %s: %w", dnsAddr, err)
+	dnsAddrs := map[string]string{dnsAddr: "--host-ip/--dns-port"}
+	if cfg.HostIPv6.IsValid() {
+		dnsAddrs[netip.AddrPortFrom(cfg.HostIPv6, uint16(cfg.DNSPort)).String()] = "--host-ip-v6/--dns-port"
 	}
-	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = dnsSrv.Shutdown(sctx)
-	}()
+	for addr, flags := range dnsAddrs {
+		dnsSrv := dnsd.NewServer(resolver, dnsd.ServerConfig{Addr: addr, Logger: log.With("part", "dns")})
+		if err := dnsSrv.Start(ctx); err != nil {
+			return fmt.Errorf("DNS on %s %s: %w", flags, addr, err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = dnsSrv.Shutdown(sctx)
+		}()
+	}
 
 	if err := asm.Rebuild(); err != nil {
 		return err
@@ -201,8 +207,17 @@ func run(ctx context.Context, cfg config) error {
 
 	clusterDNS := cfg.ClusterDNS
 	if len(clusterDNS) == 0 {
-		if clusterDNS, err = kubeDNSAddrs(ctx, cs); err != nil {
+		all, err := kubeDNSAddrs(ctx, cs)
+		if err != nil {
 			return err
+		}
+		var left []netip.Addr
+		clusterDNS, left = dnsForFamilies(all, cfg.HostIPv6.IsValid())
+		if len(left) > 0 {
+			log.Warn("IPv6 cluster DNS left alone: no --host-ip-v6 for the resolver to listen on", "addresses", fmt.Sprint(left))
+		}
+		if len(clusterDNS) == 0 {
+			return fmt.Errorf("kube-system/kube-dns has only IPv6 ClusterIPs %v: set --host-ip-v6", left)
 		}
 	}
 	backend, err := capture.NewBackend(cfg.CaptureBackend)
@@ -211,7 +226,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	cniSrv := &cni.Server{
 		Config: cni.ServerConfig{
-			Socket: cfg.CNISocket, StateDir: cfg.StateDir, HostIP: cfg.HostIP, ClusterDNS: clusterDNS,
+			Socket: cfg.CNISocket, StateDir: cfg.StateDir, HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6, ClusterDNS: clusterDNS,
 			DNSPort: uint16(cfg.DNSPort), Mode: capture.Mode(cfg.InboundMode), NodeName: cfg.NodeName,
 			RepairInterval: time.Minute,
 		},
@@ -357,6 +372,20 @@ func kubeDNSAddrs(ctx context.Context, cs kubernetes.Interface) ([]netip.Addr, e
 		return nil, fmt.Errorf("kube-system/kube-dns has no ClusterIP (set --cluster-dns)")
 	}
 	return out, nil
+}
+
+// dnsForFamilies splits the cluster DNS addresses into those the capture rules DNAT to the
+// resolver (IPv4, and IPv6 when the resolver also listens on an IPv6 host address) and the IPv6
+// ones left alone (capture.Config requires a HostIPv6 for an IPv6 cluster DNS address).
+func dnsForFamilies(addrs []netip.Addr, haveIPv6 bool) (use, left []netip.Addr) {
+	for _, ip := range addrs {
+		if ip.Is6() && !ip.Is4In6() && !haveIPv6 {
+			left = append(left, ip)
+			continue
+		}
+		use = append(use, ip)
+	}
+	return use, left
 }
 
 // registryHealthy reads one key linearizably (it needs an etcd quorum) within ctx.
