@@ -251,14 +251,18 @@ func (f *meshFixture) set(m *model.Mesh) string {
 		n, last := f.srv.NACKs()
 		f.t.Fatalf("WaitForAck(%s): %v (NACKs %d, last %q)", v, err, n, last)
 	}
-	// An ACKed listener may still be warming (waiting for its routes and secrets) for a moment.
-	waitFor(f.t, "listeners warm", func() error {
+	// An ACKed listener may still be warming (waiting for its routes and secrets) for a moment,
+	// and a just-started Envoy accepts connections only once it is LIVE.
+	waitFor(f.t, "listeners warm and Envoy live", func() error {
 		s, err := f.admin("/stats?filter=^listener_manager.total_listeners_warming$")
 		if err != nil {
 			return err
 		}
 		if !strings.Contains(s, ": 0") {
 			return fmt.Errorf("%s", strings.TrimSpace(s))
+		}
+		if r, err := f.admin("/ready"); err != nil || strings.TrimSpace(r) != "LIVE" {
+			return fmt.Errorf("envoy /ready: %q %v", r, err)
 		}
 		return nil
 	})

@@ -22,7 +22,8 @@ func PodListenerNames(p *model.LocalPod) []string {
 }
 
 // WaitListenersWarm polls Envoy's admin API at adminAddress (host:port or unix://path) every
-// 5 ms until none of the named dynamic listeners is warming, and returns nil then. Names Envoy
+// 5 ms until none of the named dynamic listeners is warming and Envoy is LIVE (/ready), and
+// returns nil then. Names Envoy
 // does not hold are ignored: call it after Envoy ACKed the listeners (Server.WaitForAck).
 //
 // Envoy ACKs an LDS response once it has added the listeners, but a listener whose filter chains
@@ -47,6 +48,12 @@ func WaitListenersWarm(ctx context.Context, adminAddress string, names []string)
 	for {
 		warming, err := warmingListeners(ctx, c, path)
 		if err == nil && len(warming) == 0 {
+			// Listeners Envoy took before its workers started (while it initialises, waiting
+			// for its first configuration) are active in the config dump but accept no
+			// connection until the server is LIVE.
+			err = live(ctx, c, base)
+		}
+		if err == nil && len(warming) == 0 {
 			return nil
 		}
 		if _, failed := errors.AsType[*listenerError](err); failed {
@@ -65,6 +72,25 @@ func WaitListenersWarm(ctx context.Context, adminAddress string, names []string)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}
+}
+
+// live returns nil when Envoy's /ready answers LIVE (its workers run), else an error with the
+// state it answered.
+func live(ctx context.Context, c *http.Client, base string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/ready", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if st := strings.TrimSpace(string(b)); st != "LIVE" {
+		return fmt.Errorf("envoy not live yet: %s", st)
+	}
+	return nil
 }
 
 // listenerError is a listener in Envoy's error_state.
