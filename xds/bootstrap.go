@@ -3,6 +3,7 @@ package xds
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -149,4 +150,20 @@ func AdminClient(addr string) (*http.Client, string) {
 		}}, "http://envoy-admin"
 	}
 	return &http.Client{Timeout: 5 * time.Second}, "http://" + addr
+}
+
+// adminGet GETs url (AdminClient's base plus an admin path) with c and returns the status code
+// and body, or the request's error.
+func adminGet(ctx context.Context, c *http.Client, url string) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
 }

@@ -213,6 +213,33 @@ func adsServer(t testing.TB, res map[resource.Type][]types.Resource) (int, cache
 	return l.Addr().(*net.TCPAddr).Port, sc
 }
 
+// adsBootstrap is the start of a bootstrap for node "facts" whose configSource (for example
+// "cds_config" or "lds_config") is ADS from adsServer on port: the node, dynamic_resources and
+// the static HTTP/2 cluster "ads", ending inside static_resources (callers may add "  listeners:").
+func adsBootstrap(configSource string, port int) string {
+	return fmt.Sprintf(`
+node: { id: facts, cluster: facts }
+dynamic_resources:
+  %s: { ads: {}, resource_api_version: V3 }
+  ads_config:
+    api_type: GRPC
+    transport_api_version: V3
+    grpc_services: [{ envoy_grpc: { cluster_name: ads } }]
+static_resources:
+  clusters:
+  - name: ads
+    type: STATIC
+    connect_timeout: 2s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: { http2_protocol_options: {} }
+    load_assignment:
+      cluster_name: ads
+      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } } }] }]
+`, configSource, port)
+}
+
 // factsSelectorCluster is a STATIC cluster with one TLS context whose client certificate comes
 // from the on-demand certificate selector keyed by downstream filter state.
 func factsSelectorCluster(t testing.TB, name string, port int, peer string, prefetch []string) *clusterv3.Cluster {
@@ -287,27 +314,7 @@ func TestPrivilegedEnvoyFactDynamicUpstreamCertSelector(t *testing.T) {
 	sdsPort, _ := adsServer(t, map[resource.Type][]types.Resource{resource.SecretType: secrets, resource.ClusterType: {svc}})
 	pods := []*testenv.Netns{testenv.NewNetns(t), testenv.NewNetns(t)}
 	var b strings.Builder
-	fmt.Fprintf(&b, `
-node: { id: facts, cluster: facts }
-dynamic_resources:
-  cds_config: { ads: {}, resource_api_version: V3 }
-  ads_config:
-    api_type: GRPC
-    transport_api_version: V3
-    grpc_services: [{ envoy_grpc: { cluster_name: ads } }]
-static_resources:
-  clusters:
-  - name: ads
-    type: STATIC
-    connect_timeout: 2s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: ads
-      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } } }] }]
-  listeners:`, sdsPort)
+	b.WriteString(adsBootstrap("cds_config", sdsPort) + "  listeners:")
 	for i, p := range pods {
 		fmt.Fprintf(&b, `
   - name: pod%[1]d

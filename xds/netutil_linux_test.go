@@ -136,3 +136,13 @@ func mtlsHTTPServer(t testing.TB, l net.Listener, svid *identity.SVID, bundle []
 	go func() { _ = srv.ServeTLS(l, "", "") }()
 	t.Cleanup(func() { srv.Close() })
 }
+
+// echoVia dials addr from inside ns and checks that msg comes back unchanged (testenv.EchoOnce).
+func echoVia(ns *testenv.Netns, addr, msg string) error {
+	c, err := ns.Dial(addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return testenv.EchoOnce(c, msg)
+}

@@ -7,9 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -166,16 +164,7 @@ type ServerInfo struct {
 // serverInfo asks the admin API for /server_info.
 func (s *Supervisor) serverInfo(ctx context.Context) (*ServerInfo, error) {
 	c, base := AdminClient(s.cfg.Bootstrap.AdminAddress)
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/server_info", nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
+	_, b, err := adminGet(ctx, c, base+"/server_info")
 	if err != nil {
 		return nil, err
 	}

@@ -167,12 +167,7 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 	})
 
 	t.Run("TCP floor", func(t *testing.T) {
-		c, err := alpha.Dial(vipTCP.String() + ":9000")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if err := testenv.EchoOnce(c, strings.Repeat("floor bytes \x00\xff ", 100)); err != nil {
+		if err := echoVia(alpha, vipTCP.String()+":9000", strings.Repeat("floor bytes \x00\xff ", 100)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -192,12 +187,7 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 	})
 
 	t.Run("passthrough", func(t *testing.T) {
-		c, err := alpha.Dial(f.ips["outside"].String() + ":7000")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if err := testenv.EchoOnce(c, "to a non-mesh host"); err != nil {
+		if err := echoVia(alpha, f.ips["outside"].String()+":7000", "to a non-mesh host"); err != nil {
 			t.Fatal(err)
 		}
 		b, err := alpha.Dial(f.ips["outside"].String() + ":2222")
@@ -313,12 +303,7 @@ func TestPrivilegedInboundLoopbackApp(t *testing.T) {
 	})
 
 	t.Run("TCP via VIP", func(t *testing.T) {
-		c, err := alpha.Dial(vipTCP.String() + ":9000")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		if err := testenv.EchoOnce(c, "to a loopback-only application"); err != nil {
+		if err := echoVia(alpha, vipTCP.String()+":9000", "to a loopback-only application"); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -77,16 +76,10 @@ func WaitListenersWarm(ctx context.Context, adminAddress string, names []string)
 // live returns nil when Envoy's /ready answers LIVE (its workers run), else an error with the
 // state it answered.
 func live(ctx context.Context, c *http.Client, base string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/ready", nil)
+	_, b, err := adminGet(ctx, c, base+"/ready")
 	if err != nil {
 		return err
 	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	if st := strings.TrimSpace(string(b)); st != "LIVE" {
 		return fmt.Errorf("envoy not live yet: %s", st)
 	}
@@ -103,21 +96,12 @@ func (e *listenerError) Error() string {
 // warmingListeners GETs path (a filtered dynamic_listeners config dump) and returns the names of
 // the listeners in it that are warming, or a *listenerError for one in error_state.
 func warmingListeners(ctx context.Context, c *http.Client, path string) ([]string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, path, nil)
+	status, b, err := adminGet(ctx, c, path)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("envoy admin config_dump: status %d: %s", resp.StatusCode, b)
+	if status != http.StatusOK {
+		return nil, fmt.Errorf("envoy admin config_dump: status %d: %s", status, b)
 	}
 	var dump struct {
 		Configs []struct {

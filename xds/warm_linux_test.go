@@ -38,29 +38,7 @@ func TestWaitListenersWarm(t *testing.T) {
 	// Envoy starts with no listener (a listener warming while Envoy initialises would hold /ready
 	// back until the route's initial fetch times out), then gets the lane listener.
 	port, sc := adsServer(t, map[resource.Type][]types.Resource{resource.ListenerType: {}})
-	ev := startFactsEnvoy(t, fmt.Sprintf(`
-node: { id: facts, cluster: facts }
-dynamic_resources:
-  lds_config: { ads: {}, resource_api_version: V3 }
-  ads_config:
-    api_type: GRPC
-    transport_api_version: V3
-    grpc_services: [{ envoy_grpc: { cluster_name: ads } }]
-static_resources:
-  clusters:
-  - name: ads
-    type: STATIC
-    connect_timeout: 2s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: { http2_protocol_options: {} }
-    load_assignment:
-      cluster_name: ads
-      endpoints: [{ lb_endpoints: [{ endpoint: { address: { socket_address: { address: 127.0.0.1, port_value: %d } } } }] }]
-admin:
-  address: { socket_address: { address: 127.0.0.1, port_value: 0 } }
-`, port))
+	ev := startFactsEnvoy(t, adsBootstrap("lds_config", port)+factsAdmin)
 	ctx := context.Background()
 	serve := func(version string, res map[resource.Type][]types.Resource) {
 		t.Helper()

@@ -49,12 +49,7 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 	pod := createReadyPod(t, ctx, cs, "web-1", "web")
 
 	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
-	eventually(t, 60*time.Second, "agent ready", func() error {
-		if code, body := a.get("/readyz"); code != http.StatusOK {
-			return fmt.Errorf("/readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	a.waitReady(t, 60*time.Second, "agent ready")
 
 	ns, req := podAttachment(t, pod, "ctr-1", netip.MustParseAddr("10.250.0.5"))
 	cl := plugin.NewClient(a.cniSocket)
@@ -178,25 +173,7 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	node.Forward(t, regProxy.Addr(), regProxy.Addr())
 	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false)},
 		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL())
-	ready := func(d time.Duration, what string) {
-		t.Helper()
-		eventually(t, d, what, func() error {
-			if code, body := a.get("/readyz"); code != http.StatusOK {
-				return fmt.Errorf("/readyz %d: %s", code, body)
-			}
-			return nil
-		})
-	}
-	degraded := func(source string) {
-		t.Helper()
-		eventually(t, 60*time.Second, "readiness naming "+source, func() error {
-			if code, body := a.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, source) {
-				return fmt.Errorf("/readyz %d: %s", code, body)
-			}
-			return nil
-		})
-	}
-	ready(60*time.Second, "agent ready")
+	a.waitReady(t, 60*time.Second, "agent ready")
 
 	webNS.ServeHTTP(t, "0.0.0.0:8080", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "web saw %s", r.Header.Get("X-Forwarded-Client-Cert"))
@@ -265,19 +242,19 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	}
 
 	api.StopAPIServer()
-	degraded("kubernetes")
+	a.waitDegraded(t, "kubernetes")
 	traffic("API server stopped")
 	if err := api.RestartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	ready(90*time.Second, "ready after the API server returns")
+	a.waitReady(t, 90*time.Second, "ready after the API server returns")
 	traffic("after the API server returned")
 
 	regProxy.Cut()
-	degraded("registry")
+	a.waitDegraded(t, "registry")
 	traffic("registry cut off")
 	regProxy.Restore()
-	ready(60*time.Second, "ready after the registry returns")
+	a.waitReady(t, 60*time.Second, "ready after the registry returns")
 	traffic("after the registry returned")
 }
 
@@ -310,16 +287,7 @@ func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 	createNodeAndMeshNamespace(t, ctx, cs, "web")
 	pod := createReadyPod(t, ctx, cs, "web-1", "web")
 	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
-	ready := func(what string) {
-		t.Helper()
-		eventually(t, 60*time.Second, what, func() error {
-			if code, body := a.get("/readyz"); code != http.StatusOK {
-				return fmt.Errorf("/readyz %d: %s", code, body)
-			}
-			return nil
-		})
-	}
-	ready("agent ready")
+	a.waitReady(t, 60*time.Second, "agent ready")
 	service := func(name string) {
 		t.Helper()
 		if _, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
@@ -365,7 +333,7 @@ func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 			// The pod's rules are lost while the agent is down: the restart repairs them.
 			t.Fatalf("delete the pod's rules: %v: %s", err, out)
 		}
-		ready(fmt.Sprintf("round %d: the restarted agent ready", i+1))
+		a.waitReady(t, 60*time.Second, fmt.Sprintf("round %d: the restarted agent ready", i+1))
 		if err := captured(); err != nil {
 			t.Fatalf("round %d: after the restart: %v", i+1, err)
 		}

@@ -217,6 +217,28 @@ func tailString(s string, n int) string {
 	return s[len(s)-n:]
 }
 
+// waitReady waits up to d until /readyz answers 200.
+func (a *agentProc) waitReady(t testing.TB, d time.Duration, what string) {
+	t.Helper()
+	eventually(t, d, what, func() error {
+		if code, body := a.get("/readyz"); code != http.StatusOK {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+}
+
+// waitDegraded waits up to a minute until /readyz answers 503 naming source.
+func (a *agentProc) waitDegraded(t testing.TB, source string) {
+	t.Helper()
+	eventually(t, 60*time.Second, "readiness naming "+source, func() error {
+		if code, body := a.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, source) {
+			return fmt.Errorf("/readyz %d: %s", code, body)
+		}
+		return nil
+	})
+}
+
 // get returns the status and body of a health endpoint.
 func (a *agentProc) get(path string) (int, string) {
 	resp, err := a.client.Get("http://" + a.health + path)
@@ -320,12 +342,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	}
 	began := time.Now()
 	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL(), "--host-ip-v6", "::1")
-	eventually(t, 60*time.Second, "agent ready", func() error {
-		if code, body := a.get("/readyz"); code != http.StatusOK {
-			return fmt.Errorf("/readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	a.waitReady(t, 60*time.Second, "agent ready")
 
 	// A local mesh Service: its name answers with its ClusterIP.
 	web, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
@@ -417,12 +434,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 
 	// API server outage: readiness degrades with the reason; DNS keeps answering the last model.
 	api.StopAPIServer()
-	eventually(t, 60*time.Second, "readiness degraded by the API outage", func() error {
-		if code, body := a.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "kubernetes") {
-			return fmt.Errorf("/readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	a.waitDegraded(t, "kubernetes")
 	if err := wantA("pay.shop.svc.clusterset.local", "10.96.77.7")(); err != nil {
 		t.Fatalf("during the API outage: %v", err)
 	}
@@ -435,21 +447,11 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, 90*time.Second, "a Service created after the outage", wantA("api.shop.mesh", api2.Spec.ClusterIP))
-	eventually(t, 60*time.Second, "ready again", func() error {
-		if code, body := a.get("/readyz"); code != http.StatusOK {
-			return fmt.Errorf("/readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	a.waitReady(t, 60*time.Second, "ready again")
 
 	// Registry outage: the last model stays; readiness names the registry.
 	regProxy.Cut()
-	eventually(t, 60*time.Second, "readiness degraded by the registry outage", func() error {
-		if code, body := a.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "registry") {
-			return fmt.Errorf("/readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	a.waitDegraded(t, "registry")
 	if err := wantA("pay.shop.svc.clusterset.local", "10.96.77.7")(); err != nil {
 		t.Fatalf("during the registry outage: %v", err)
 	}
@@ -463,12 +465,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	regProxy.Restore()
-	eventually(t, 60*time.Second, "ready after the registry returns", func() error {
-		if code, body := a.get("/readyz"); code != http.StatusOK {
-			return fmt.Errorf("/readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	a.waitReady(t, 60*time.Second, "ready after the registry returns")
 	// The model converges: the endpoint registered during the outage reaches Envoy.
 	eventually(t, 60*time.Second, "pay's endpoint registered during the outage in Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::10.245.9.10:15008::", true))
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -358,12 +357,7 @@ func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 		}
 	})
 
-	eventually(t, 90*time.Second, "agent ready as its ServiceAccount, with Envoy from its own 'container'", func() error {
-		if code, body := a.get("/readyz"); code != http.StatusOK {
-			return fmt.Errorf("/readyz %d: %s", code, body)
-		}
-		return nil
-	})
+	a.waitReady(t, 90*time.Second, "agent ready as its ServiceAccount, with Envoy from its own 'container'")
 	if !strings.Contains(a.envoy("/server_info"), `"state": "LIVE"`) {
 		t.Errorf("Envoy started from the agent's bootstrap is not LIVE: %s", tailString(a.envoy("/server_info"), 500))
 	}
