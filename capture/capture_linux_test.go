@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -266,52 +265,17 @@ func expectCaptured(t *testing.T, captured, direct <-chan net.Conn, dst string) 
 	}
 }
 
-// serveUDPEcho answers every datagram sent to addr in ns with "answer:" and the datagram (a
-// stand-in for the agent's resolver or any UDP peer). It returns the count of datagrams received.
-func serveUDPEcho(t *testing.T, ns *testenv.Netns, addr string) *atomic.Int32 {
-	t.Helper()
-	var pc net.PacketConn
-	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp", addr); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	var got atomic.Int32
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			got.Add(1)
-			_, _ = pc.WriteTo(append([]byte("answer:"), buf[:n]...), from)
-		}
-	}()
-	return &got
-}
-
-// queryUDP sends "q" from ns to addr and waits up to timeout for the answer serveUDPEcho gives.
+// queryUDP sends "q" from ns to addr and waits up to timeout for the answer
+// ServeUDPEcho(..., "answer:") gives.
 func queryUDP(ns *testenv.Netns, addr string, timeout time.Duration) error {
-	return ns.Do(func() error {
-		c, err := net.Dial("udp", addr)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(timeout))
-		if _, err := c.Write([]byte("q")); err != nil {
-			return err
-		}
-		buf := make([]byte, 64)
-		n, err := c.Read(buf)
-		if err != nil {
-			return err
-		}
-		if string(buf[:n]) != "answer:q" {
-			return fmt.Errorf("reply %q", buf[:n])
-		}
-		return nil
-	})
+	got, err := ns.AskUDP(addr, "q", timeout)
+	if err != nil {
+		return err
+	}
+	if got != "answer:q" {
+		return fmt.Errorf("reply %q", got)
+	}
+	return nil
 }
 
 // originalDst returns SO_ORIGINAL_DST of an accepted TCP connection (IP6T_SO_ORIGINAL_DST for
@@ -405,7 +369,7 @@ func captureTraffic(t *testing.T, b Backend) {
 	expectCaptured(t, captured, outCIDR, topoOutCIDR+":7171")
 
 	// DNS: a UDP query to the cluster DNS address reaches the resolver on HOST_IP:18054.
-	serveUDPEcho(t, tp.node, topoHostIP+":18054")
+	tp.node.ServeUDPEcho(t, topoHostIP+":18054", "answer:")
 	if err := queryUDP(tp.pod, "10.96.0.10:53", 5*time.Second); err != nil {
 		t.Fatalf("DNS via cluster DNS address: %v", err)
 	}
@@ -429,7 +393,7 @@ func captureTraffic(t *testing.T, b Backend) {
 	if err := dialTimeout(tp.node, "", "[fd99::2]:8081", time.Second); !isTimeout(err) {
 		t.Fatalf("IPv6 node -> v4-only pod TCP = %v, want a timeout (dropped)", err)
 	}
-	podUDP6 := serveUDPEcho(t, tp.pod, "[fd99::2]:5353")
+	podUDP6 := tp.pod.ServeUDPEcho(t, "[fd99::2]:5353", "answer:")
 	if err := queryUDP(tp.node, "[fd99::2]:5353", time.Second); err == nil {
 		t.Fatal("IPv6 node -> v4-only pod UDP got an answer; inbound IPv6 is open")
 	}
@@ -442,7 +406,7 @@ func captureTraffic(t *testing.T, b Backend) {
 	if err := dialTimeout(tp.pod, "", "[fd99::1]:8082", time.Second); !isTimeout(err) {
 		t.Fatalf("IPv6 v4-only pod -> node TCP = %v, want a timeout (dropped)", err)
 	}
-	nodeUDP6 := serveUDPEcho(t, tp.node, "[fd99::1]:5353")
+	nodeUDP6 := tp.node.ServeUDPEcho(t, "[fd99::1]:5353", "answer:")
 	if err := queryUDP(tp.pod, "[fd99::1]:5353", time.Second); err == nil {
 		t.Fatal("IPv6 v4-only pod -> node UDP got an answer; outbound IPv6 is open")
 	}
@@ -513,7 +477,8 @@ func eventually(t *testing.T, what string, fn func() error) {
 	}
 }
 
-// addAddrs adds addresses (CIDR notation) to a link in ns.
+// addAddrs adds addresses (CIDR notation) to a link in ns; IPv6 ones without duplicate address
+// detection (so they are usable at once instead of tentative).
 func addAddrs(t *testing.T, ns *testenv.Netns, link string, addrs ...string) {
 	t.Helper()
 	h, err := ns.Netlink()
@@ -530,6 +495,9 @@ func addAddrs(t *testing.T, ns *testenv.Netns, link string, addrs ...string) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if a.IP.To4() == nil {
+			a.Flags = unix.IFA_F_NODAD
+		}
 		if err := h.AddrAdd(l, a); err != nil {
 			t.Fatalf("add %s to %s: %v", s, link, err)
 		}
@@ -540,8 +508,8 @@ func addAddrs(t *testing.T, ns *testenv.Netns, link string, addrs ...string) {
 // topoGatewayV6/64 and topoOtherV6/64, on their veth ends.
 func addIPv6(t *testing.T, tp *topo) {
 	t.Helper()
-	addIPv6Addrs(t, tp.pod, "eth0", topoPodIPv6+"/64")
-	addIPv6Addrs(t, tp.node, "vnode", topoGatewayV6+"/64", topoOtherV6+"/64")
+	addAddrs(t, tp.pod, "eth0", topoPodIPv6+"/64")
+	addAddrs(t, tp.node, "vnode", topoGatewayV6+"/64", topoOtherV6+"/64")
 	tp.pod.DefaultRoute(t, netip.MustParseAddr(topoGatewayV6))
 }
 
@@ -576,31 +544,6 @@ func addStaticNeighbours(t *testing.T, tp *topo) {
 		if err := n.h.NeighAdd(&netlink.Neigh{LinkIndex: n.link.Attrs().Index, Family: unix.AF_INET6,
 			State: netlink.NUD_PERMANENT, IP: net.ParseIP(n.ip), HardwareAddr: n.mac.Attrs().HardwareAddr}); err != nil {
 			t.Fatalf("neighbour %s: %v", n.ip, err)
-		}
-	}
-}
-
-// addIPv6Addrs is addAddrs for IPv6 addresses, without duplicate address detection (so they
-// are usable at once instead of tentative).
-func addIPv6Addrs(t *testing.T, ns *testenv.Netns, link string, addrs ...string) {
-	t.Helper()
-	h, err := ns.Netlink()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName(link)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range addrs {
-		a, err := netlink.ParseAddr(s)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.Flags = unix.IFA_F_NODAD
-		if err := h.AddrAdd(l, a); err != nil {
-			t.Fatalf("add %s to %s: %v", s, link, err)
 		}
 	}
 }
@@ -689,7 +632,7 @@ func TestPrivilegedCaptureIPv6(t *testing.T) {
 func captureIPv6(t *testing.T, b Backend) {
 	tp := newTopo(t)
 	addIPv6(t, tp)
-	addIPv6Addrs(t, tp.node, "lo", topoHostIPv6+"/128", topoInV6+"/128", topoOutV6+"/128")
+	addAddrs(t, tp.node, "lo", topoHostIPv6+"/128", topoInV6+"/128", topoOutV6+"/128")
 	cfg := Config{
 		PodIPs: addrs(topoPodIP, topoPodIPv6), HostIP: netip.MustParseAddr(topoHostIP),
 		HostIPv6: netip.MustParseAddr(topoHostIPv6), ClusterDNS: addrs("10.96.0.10", topoClusterDNSv6),
@@ -731,7 +674,7 @@ func captureIPv6(t *testing.T, b Backend) {
 	// DNS to the IPv6 cluster DNS address, UDP and TCP, reaches the resolver on
 	// [HOST_IPv6]:18054 (not the capture listener); IPv4 DNS still reaches HOST_IP:18054.
 	resolver := "[" + topoHostIPv6 + "]:18054"
-	serveUDPEcho(t, tp.node, resolver)
+	tp.node.ServeUDPEcho(t, resolver, "answer:")
 	if err := queryUDP(tp.pod, "["+topoClusterDNSv6+"]:53", 5*time.Second); err != nil {
 		t.Fatalf("UDP DNS via the IPv6 cluster DNS address: %v", err)
 	}
@@ -740,7 +683,7 @@ func captureIPv6(t *testing.T, b Backend) {
 		t.Fatalf("TCP DNS via the IPv6 cluster DNS address: %v", err)
 	}
 	expectConn(t, "IPv6 TCP DNS to the resolver", tcpDNS, captured).Close()
-	serveUDPEcho(t, tp.node, topoHostIP+":18054")
+	tp.node.ServeUDPEcho(t, topoHostIP+":18054", "answer:")
 	if err := queryUDP(tp.pod, "10.96.0.10:53", 5*time.Second); err != nil {
 		t.Fatalf("UDP DNS via the IPv4 cluster DNS address of a dual-stack pod: %v", err)
 	}

@@ -192,45 +192,6 @@ func dialIn(ns *testenv.Netns, src, addr string) error {
 	})
 }
 
-func udpEcho(t *testing.T, ns *testenv.Netns, addr string) {
-	t.Helper()
-	var pc net.PacketConn
-	if err := ns.Do(func() (err error) { pc, err = net.ListenPacket("udp", addr); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			_, _ = pc.WriteTo(append([]byte("resolver:"), buf[:n]...), from)
-		}
-	}()
-}
-
-func udpQuery(ns *testenv.Netns, addr string) (string, error) {
-	var got string
-	err := ns.Do(func() error {
-		c, err := net.Dial("udp", addr)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-		if _, err := c.Write([]byte("q")); err != nil {
-			return err
-		}
-		buf := make([]byte, 64)
-		n, err := c.Read(buf)
-		got = string(buf[:n])
-		return err
-	})
-	return got, err
-}
-
 // TestPrivilegedCNIChain drives the real chain bridge + host-local + aether-cni through libcni
 // under conflists of versions 0.3.1, 1.0.0 and 1.1.0 and checks the CNI spec's command sequences
 // and what capture does to traffic.
@@ -337,8 +298,8 @@ func TestPrivilegedCNIChain(t *testing.T) {
 				t.Fatal("capture listener got nothing")
 			}
 			// DNS to the cluster DNS address reaches the resolver on HOST_IP:18054.
-			udpEcho(t, n.host, hostIP+":18054")
-			if got, err := udpQuery(podA, clusterDNS+":53"); err != nil || got != "resolver:q" {
+			n.host.ServeUDPEcho(t, hostIP+":18054", "resolver:")
+			if got, err := podA.AskUDP(clusterDNS+":53", "q", 5*time.Second); err != nil || got != "resolver:q" {
 				t.Fatalf("DNS query = %q, %v", got, err)
 			}
 

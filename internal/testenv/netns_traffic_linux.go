@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -179,4 +180,51 @@ func mustLink(t testing.TB, h *netlink.Handle, name string) netlink.Link {
 
 func prefixNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// ServeUDPEcho answers every datagram sent to addr ("host:port") inside the namespace with
+// prefix followed by the datagram, until the test ends (a stand-in for a resolver or any UDP
+// peer). It returns the count of datagrams received.
+func (n *Netns) ServeUDPEcho(t testing.TB, addr, prefix string) *atomic.Int32 {
+	t.Helper()
+	var pc net.PacketConn
+	if err := n.Do(func() (err error) { pc, err = net.ListenPacket("udp", addr); return err }); err != nil {
+		t.Fatalf("testenv: listen udp %s in %s: %v", addr, n.Name, err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	var got atomic.Int32
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			k, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			got.Add(1)
+			_, _ = pc.WriteTo(append([]byte(prefix), buf[:k]...), from)
+		}
+	}()
+	return &got
+}
+
+// AskUDP sends msg from inside the namespace to addr over UDP and returns the first datagram
+// that comes back within timeout, or the error (a timeout when none does).
+func (n *Netns) AskUDP(addr, msg string, timeout time.Duration) (string, error) {
+	var got string
+	err := n.Do(func() error {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(timeout))
+		if _, err := c.Write([]byte(msg)); err != nil {
+			return err
+		}
+		buf := make([]byte, 512)
+		k, err := c.Read(buf)
+		got = string(buf[:k])
+		return err
+	})
+	return got, err
 }
