@@ -113,19 +113,8 @@ func TestBuilderMatchesBuild(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				for _, kind := range []struct {
-					name string
-					a, b []proto.Message
-				}{
-					{"listeners", asMessages(got.Listeners), asMessages(want.Listeners)},
-					{"clusters", asMessages(got.Clusters), asMessages(want.Clusters)},
-					{"endpoints", asMessages(got.Endpoints), asMessages(want.Endpoints)},
-					{"routes", asMessages(got.Routes), asMessages(want.Routes)},
-					{"secrets", asMessages(got.Secrets), asMessages(want.Secrets)},
-				} {
-					if !bytes.Equal(stableJSON(t, kind.a), stableJSON(t, kind.b)) {
-						t.Errorf("%s: %s differ from a fresh Build", step.name, kind.name)
-					}
+				for _, kind := range differingKinds(t, got, want) {
+					t.Errorf("%s: %s differ from a fresh Build", step.name, kind)
 				}
 			}
 		})
@@ -412,16 +401,29 @@ func TestBuilderAfterFailedBuild(t *testing.T) {
 		t.Fatal(err)
 	}
 	want, _ := Build(first, fakeSVIDs(first), []byte("BUNDLE"), Options{})
+	for _, kind := range differingKinds(t, got, want) {
+		t.Errorf("%s differ from a fresh Build after a failed build", kind)
+	}
+}
+
+// differingKinds returns the resource kinds ("listeners", "clusters", ...) whose resources
+// differ between a and b (compared as stable JSON).
+func differingKinds(t *testing.T, a, b *Resources) []string {
+	t.Helper()
+	var out []string
 	for _, kind := range []struct {
 		name string
 		a, b []proto.Message
 	}{
-		{"listeners", asMessages(got.Listeners), asMessages(want.Listeners)},
-		{"clusters", asMessages(got.Clusters), asMessages(want.Clusters)},
-		{"endpoints", asMessages(got.Endpoints), asMessages(want.Endpoints)},
+		{"listeners", asMessages(a.Listeners), asMessages(b.Listeners)},
+		{"clusters", asMessages(a.Clusters), asMessages(b.Clusters)},
+		{"endpoints", asMessages(a.Endpoints), asMessages(b.Endpoints)},
+		{"routes", asMessages(a.Routes), asMessages(b.Routes)},
+		{"secrets", asMessages(a.Secrets), asMessages(b.Secrets)},
 	} {
 		if !bytes.Equal(stableJSON(t, kind.a), stableJSON(t, kind.b)) {
-			t.Errorf("%s differ from a fresh Build after a failed build", kind.name)
+			out = append(out, kind.name)
 		}
 	}
+	return out
 }
