@@ -452,29 +452,13 @@ func captureTraffic(t *testing.T, b Backend) {
 	}
 	// Control: without the rules the same IPv6 connections and datagrams go through. Neighbour
 	// discovery failed while the rules dropped it, and a failed neighbour entry answers "no route
-	// to host" until it is probed again, so each is retried until it converges.
-	eventually(t, "IPv6 inbound after teardown", func() error { return dialFrom(tp.node, "", "[fd99::2]:8081") })
-	eventually(t, "IPv6 outbound TCP after teardown", func() error { return dialFrom(tp.pod, "", "[fd99::1]:8082") })
+	// to host" until it is probed again, so each is retried until it converges (30 s: several
+	// times the few seconds neighbour discovery takes to recover).
+	testenv.Eventually(t, 30*time.Second, "IPv6 inbound after teardown", func() error { return dialFrom(tp.node, "", "[fd99::2]:8081") })
+	testenv.Eventually(t, 30*time.Second, "IPv6 outbound TCP after teardown", func() error { return dialFrom(tp.pod, "", "[fd99::1]:8082") })
 	expectConn(t, "IPv6 outbound TCP after teardown", node6, nil).Close()
-	eventually(t, "IPv6 outbound UDP after teardown", func() error { return queryUDP(tp.pod, "[fd99::1]:5353", time.Second) })
-	eventually(t, "IPv6 inbound UDP after teardown", func() error { return queryUDP(tp.node, "[fd99::2]:5353", time.Second) })
-}
-
-// eventually calls fn until it succeeds, failing the test with what and fn's last error when it
-// has not within 30 s (several times the few seconds neighbour discovery takes to recover).
-func eventually(t *testing.T, what string, fn func() error) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		err := fn()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "IPv6 outbound UDP after teardown", func() error { return queryUDP(tp.pod, "[fd99::1]:5353", time.Second) })
+	testenv.Eventually(t, 30*time.Second, "IPv6 inbound UDP after teardown", func() error { return queryUDP(tp.node, "[fd99::2]:5353", time.Second) })
 }
 
 // addAddrs adds addresses (CIDR notation) to a link in ns; IPv6 ones without duplicate address

@@ -2,6 +2,7 @@ package model
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync/atomic"
 	"testing"
@@ -86,9 +87,11 @@ func TestKubeSourceRealAPIServer(t *testing.T) {
 		}
 		return Assemble(1, s)
 	}
-	waitFor(t, "model with web, pay and the pod", func() bool {
-		m := build()
-		return len(m.Services) == 2 && len(m.Pods) == 1
+	testenv.Eventually(t, 30*time.Second, "model with web, pay and the pod", func() error {
+		if m := build(); len(m.Services) != 2 || len(m.Pods) != 1 {
+			return fmt.Errorf("%d services and %d pods, want 2 and 1", len(m.Services), len(m.Pods))
+		}
+		return nil
 	})
 	m := build()
 	w := m.Service(ServiceKey{"shop", "web"})
@@ -108,16 +111,10 @@ func TestKubeSourceRealAPIServer(t *testing.T) {
 	if err := cs.CoreV1().Services("shop").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "web removed from the model", func() bool { return build().Service(ServiceKey{"shop", "web"}) == nil })
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
+	testenv.Eventually(t, 30*time.Second, "web removed from the model", func() error {
+		if w := build().Service(ServiceKey{"shop", "web"}); w != nil {
+			return fmt.Errorf("shop/web still in the model: %+v", w)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }

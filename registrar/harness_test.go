@@ -167,24 +167,6 @@ func (cl *cluster) unexport(t testing.TB, ns, name string) {
 	}
 }
 
-// eventually polls check every 100 ms until it returns nil or converge passes, then fails the
-// test with the last error. It returns how long it took.
-func eventually(t testing.TB, what string, check func() error) time.Duration {
-	t.Helper()
-	start := time.Now()
-	deadline := start.Add(converge)
-	for {
-		err := check()
-		if err == nil {
-			return time.Since(start)
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, converge, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // imported checks that cl holds aether's ServiceImport ns/name and its clusterset Service, wired
 // together the way the agents read them (model.Assemble), with the given ports and exporting
 // clusters. It returns the ServiceImport.

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/registry"
 )
@@ -72,16 +73,16 @@ func TestMCSTwoClusters(t *testing.T) {
 			port{name: "db", port: 5432, tgt: 5432, appProto: "tcp"})
 		east.export(t, "shop", "cart")
 		var si *mcsv1beta1.ServiceImport
-		took := eventually(t, "import of shop/cart in west", func() (err error) {
+		took := testenv.Eventually(t, converge, "import of shop/cart in west", func() (err error) {
 			si, err = west.imported("shop", "cart", []int32{80, 9090, 5432}, "east")
 			return err
 		})
 		t.Logf("export in east -> ServiceImport and clusterset VIP in west: %s", took)
-		eventually(t, "import of shop/cart in east", func() error {
+		testenv.Eventually(t, converge, "import of shop/cart in east", func() error {
 			_, err := east.imported("shop", "cart", []int32{80, 9090, 5432}, "east")
 			return err
 		})
-		eventually(t, "ServiceExport conditions", func() error {
+		testenv.Eventually(t, converge, "ServiceExport conditions", func() error {
 			for _, c := range []struct {
 				typ    mcsv1beta1.ServiceExportConditionType
 				status metav1.ConditionStatus
@@ -117,7 +118,7 @@ func TestMCSTwoClusters(t *testing.T) {
 		if err := west.c.Delete(ctx, si); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "ServiceImport recreated with the same VIP", func() error {
+		testenv.Eventually(t, converge, "ServiceImport recreated with the same VIP", func() error {
 			got, err := west.imported("shop", "cart", []int32{80, 9090, 5432}, "east")
 			if err == nil && (got.UID == si.UID || got.Spec.IPs[0] != vip) {
 				return fmt.Errorf("uid %s (was %s), ips %v (was %s)", got.UID, si.UID, got.Spec.IPs, vip)
@@ -133,22 +134,22 @@ func TestMCSTwoClusters(t *testing.T) {
 		if err := east.c.Update(ctx, &svc); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "port change imported in west", func() error {
+		testenv.Eventually(t, converge, "port change imported in west", func() error {
 			_, err := west.imported("shop", "cart", []int32{80, 9090}, "east")
 			return err
 		})
 
 		east.unexport(t, "shop", "cart")
-		took = eventually(t, "removal in west", func() error { return west.gone("shop", "cart") })
+		took = testenv.Eventually(t, converge, "removal in west", func() error { return west.gone("shop", "cart") })
 		t.Logf("unexport in east -> removed in west: %s", took)
-		eventually(t, "removal in east", func() error { return east.gone("shop", "cart") })
+		testenv.Eventually(t, converge, "removal in east", func() error { return east.gone("shop", "cart") })
 	})
 
 	t.Run("InvalidExports", func(t *testing.T) {
 		east.createNS(t, "invalid")
 		west.createNS(t, "invalid")
 		east.export(t, "invalid", "later")
-		eventually(t, "NoService", func() error {
+		testenv.Eventually(t, converge, "NoService", func() error {
 			return east.wantCond("invalid", "later", mcsv1beta1.ServiceExportConditionValid, metav1.ConditionFalse, string(mcsv1beta1.ServiceExportReasonNoService))
 		})
 		ext := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "invalid", Name: "ext"},
@@ -157,12 +158,12 @@ func TestMCSTwoClusters(t *testing.T) {
 			t.Fatal(err)
 		}
 		east.export(t, "invalid", "ext")
-		eventually(t, "InvalidServiceType", func() error {
+		testenv.Eventually(t, converge, "InvalidServiceType", func() error {
 			return east.wantCond("invalid", "ext", mcsv1beta1.ServiceExportConditionValid, metav1.ConditionFalse, string(mcsv1beta1.ServiceExportReasonInvalidServiceType))
 		})
 		// The backing Service appears: the export becomes valid and is imported.
 		east.createService(t, "invalid", "later", port{name: "http", port: 80, tgt: 8080})
-		eventually(t, "late Service imported in west", func() error {
+		testenv.Eventually(t, converge, "late Service imported in west", func() error {
 			_, err := west.imported("invalid", "later", []int32{80}, "east")
 			return err
 		})
@@ -175,11 +176,11 @@ func TestMCSTwoClusters(t *testing.T) {
 		east.createNS(t, "only-east")
 		east.createService(t, "only-east", "api", port{name: "http", port: 80, tgt: 8080})
 		east.export(t, "only-east", "api")
-		eventually(t, "import in east", func() error {
+		testenv.Eventually(t, converge, "import in east", func() error {
 			_, err := east.imported("only-east", "api", []int32{80}, "east")
 			return err
 		})
-		eventually(t, "NamespaceMissing event and metric in west", func() error {
+		testenv.Eventually(t, converge, "NamespaceMissing event and metric in west", func() error {
 			var evs eventsv1.EventList
 			if err := west.c.List(ctx, &evs, client.InNamespace("default")); err != nil {
 				return err
@@ -201,11 +202,11 @@ func TestMCSTwoClusters(t *testing.T) {
 		}
 		// The namespace appears: the import follows, the gap closes.
 		west.createNS(t, "only-east")
-		eventually(t, "import after the namespace appeared", func() error {
+		testenv.Eventually(t, converge, "import after the namespace appeared", func() error {
 			_, err := west.imported("only-east", "api", []int32{80}, "east")
 			return err
 		})
-		eventually(t, "gauge back to 0", func() error {
+		testenv.Eventually(t, converge, "gauge back to 0", func() error {
 			if g := westR.gauge(t, "aether_registrar_imports_missing_namespace"); g != 0 {
 				return fmt.Errorf("gauge %v", g)
 			}
@@ -229,7 +230,7 @@ func TestMCSTwoClusters(t *testing.T) {
 			east.createService(t, "foreign", n, port{name: "http", port: 80, tgt: 8080})
 			east.export(t, "foreign", n)
 		}
-		eventually(t, "imported in east, blocked in west", func() error {
+		testenv.Eventually(t, converge, "imported in east, blocked in west", func() error {
 			for _, n := range []string{"pay", "ledger"} {
 				if _, err := east.imported("foreign", n, []int32{80}, "east"); err != nil {
 					return err
@@ -243,7 +244,7 @@ func TestMCSTwoClusters(t *testing.T) {
 		for _, n := range []string{"pay", "ledger"} {
 			east.unexport(t, "foreign", n)
 		}
-		eventually(t, "removed in east", func() error {
+		testenv.Eventually(t, converge, "removed in east", func() error {
 			return errorsJoin(east.gone("foreign", "pay"), east.gone("foreign", "ledger"))
 		})
 		var si mcsv1beta1.ServiceImport
@@ -278,7 +279,7 @@ func TestMCSTwoClusters(t *testing.T) {
 		// creationTimestamp has one-second resolution: make east's export strictly younger.
 		time.Sleep(time.Until(se.CreationTimestamp.Add(1100 * time.Millisecond)))
 		east.export(t, "stock", "inventory")
-		eventually(t, "conflict resolved for west", func() error {
+		testenv.Eventually(t, converge, "conflict resolved for west", func() error {
 			return errorsJoin(
 				east.wantCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict, metav1.ConditionTrue, string(mcsv1beta1.ServiceExportReasonPortConflict)),
 				west.wantCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict, metav1.ConditionFalse, string(mcsv1beta1.ServiceExportReasonNoConflicts)),
@@ -321,7 +322,7 @@ func TestMCSTwoClusters(t *testing.T) {
 			}
 			return out
 		}
-		eventually(t, "10 imports before the leader change", want(names(0, 10)...))
+		testenv.Eventually(t, converge, "10 imports before the leader change", want(names(0, 10)...))
 		before := uids(t, west, "fleet")
 		select {
 		case <-standby.r.Elected():
@@ -341,7 +342,7 @@ func TestMCSTwoClusters(t *testing.T) {
 		start := time.Now()
 		standby.waitElected(t)
 		t.Logf("standby elected %s after the leader stopped", time.Since(start))
-		took := eventually(t, "12 imports after the leader change", want(names(3, 15)...))
+		took := testenv.Eventually(t, converge, "12 imports after the leader change", want(names(3, 15)...))
 		t.Logf("converged %s after the standby was elected", took)
 		after := uids(t, west, "fleet")
 		for n, uid := range before {
@@ -354,7 +355,7 @@ func TestMCSTwoClusters(t *testing.T) {
 
 	t.Run("RegistryOutageDeletesNothingAndConverges", func(t *testing.T) {
 		regSrv.stop()
-		eventually(t, "registrars not ready", func() error {
+		testenv.Eventually(t, converge, "registrars not ready", func() error {
 			for name, in := range map[string]*instance{"east": eastA, "west": westR} {
 				if in.r.Ready() == nil {
 					return fmt.Errorf("%s still ready with the registry stopped", name)
@@ -365,7 +366,7 @@ func TestMCSTwoClusters(t *testing.T) {
 		east.unexport(t, "fleet", "svc-3")
 		east.createService(t, "fleet", "svc-new", port{name: "http", port: 80, tgt: 8080})
 		east.export(t, "fleet", "svc-new")
-		eventually(t, "new export pending", func() error {
+		testenv.Eventually(t, converge, "new export pending", func() error {
 			return east.wantCond("fleet", "svc-new", mcsv1beta1.ServiceExportConditionReady, metav1.ConditionFalse, string(mcsv1beta1.ServiceExportReasonPending))
 		})
 		// west's registrar restarts during the outage: the new leader cannot read the registry,
@@ -385,10 +386,10 @@ func TestMCSTwoClusters(t *testing.T) {
 		}
 		restart := time.Now()
 		regSrv.start()
-		eventually(t, "ready again", func() error {
+		testenv.Eventually(t, converge, "ready again", func() error {
 			return errorsJoin(eastA.r.Ready(), westR.r.Ready())
 		})
-		took := eventually(t, "converged after the registry returned", func() error {
+		took := testenv.Eventually(t, converge, "converged after the registry returned", func() error {
 			for _, cl := range []*cluster{east, west} {
 				if err := cl.exactlyImported("fleet", append(namesRange(4, 15), "svc-new")); err != nil {
 					return err
@@ -406,7 +407,7 @@ func TestMCSTwoClusters(t *testing.T) {
 
 	t.Run("WinnerUnexportHandsOverToNextOldest", func(t *testing.T) {
 		west.unexport(t, "stock", "inventory")
-		eventually(t, "east's export defines the service", func() error {
+		testenv.Eventually(t, converge, "east's export defines the service", func() error {
 			return errorsJoin(
 				east.wantCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict, metav1.ConditionFalse, string(mcsv1beta1.ServiceExportReasonNoConflicts)),
 				func() error { _, err := east.imported("stock", "inventory", []int32{8000}, "east"); return err }(),

@@ -12,6 +12,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -49,7 +50,7 @@ func TestPrivilegedDeltaSendsOnlyChanges(t *testing.T) {
 		t.Fatalf("first snapshot sent no clusters or endpoints: %v", before)
 	}
 	f.set(model1(3, true))
-	waitFor(t, "the changed EDS resource sent", func() error {
+	testenv.Eventually(t, time.Minute, "the changed EDS resource sent", func() error {
 		if n := sent(resource.EndpointType) - before[resource.EndpointType]; n < 1 {
 			return fmt.Errorf("%v EDS resources sent", n)
 		}

@@ -91,7 +91,7 @@ func TestPrivilegedEnvoyFactNamespacedListeners(t *testing.T) {
 		var hdr http.Header
 		// Retry until one request is answered (Envoy may still be starting its worker), then
 		// check the answer.
-		waitFor(t, fmt.Sprintf("pod%d: GET 127.0.0.1:15001 in its netns", i), func() error {
+		testenv.Eventually(t, time.Minute, fmt.Sprintf("pod%d: GET 127.0.0.1:15001 in its netns", i), func() error {
 			code, b, h, err := getBody(p.HTTPClient(false), "http://127.0.0.1:15001/", nil)
 			if err != nil || code != 200 {
 				return fmt.Errorf("%d %v", code, err)
@@ -180,7 +180,7 @@ static_resources:
             address:
               socket_address: { address: 127.0.0.1, port_value: %d }
 `, port, pod.Path, appPort))
-	waitFor(t, "echo through an upstream connection into the pod netns's loopback", func() error {
+	testenv.Eventually(t, time.Minute, "echo through an upstream connection into the pod netns's loopback", func() error {
 		c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
 		if err != nil {
 			return err
@@ -348,7 +348,7 @@ func TestPrivilegedEnvoyFactDynamicUpstreamCertSelector(t *testing.T) {
 	startFactsEnvoy(t, factsAdmin+b.String())
 	// The cluster comes over CDS after Envoy is live: wait until each pod gets through once.
 	for i, p := range pods {
-		waitFor(t, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
+		testenv.Eventually(t, time.Minute, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
 			code, body, _, err := getBody(p.HTTPClient(false), "http://127.0.0.1:15001/", nil)
 			if err != nil || code != 200 {
 				return fmt.Errorf("%d %q %v", code, body, err)
@@ -493,7 +493,7 @@ static_resources:
 	startFactsEnvoy(t, boot)
 	for i, p := range pods {
 		var body string
-		waitFor(t, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
+		testenv.Eventually(t, time.Minute, fmt.Sprintf("pod%d reaches the upstream", i), func() error {
 			code, b, _, err := getBody(p.HTTPClient(false), "http://127.0.0.1:15001/", nil)
 			if err != nil || code != 200 {
 				return fmt.Errorf("%d %q %v", code, b, err)

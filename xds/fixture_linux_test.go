@@ -253,7 +253,7 @@ func (f *meshFixture) set(m *model.Mesh) string {
 	}
 	// An ACKed listener may still be warming (waiting for its routes and secrets) for a moment,
 	// and a just-started Envoy accepts connections only once it is LIVE.
-	waitFor(f.t, "listeners warm and Envoy live", func() error {
+	testenv.Eventually(f.t, time.Minute, "listeners warm and Envoy live", func() error {
 		s, err := f.admin("/stats?filter=^listener_manager.total_listeners_warming$")
 		if err != nil {
 			return err
@@ -282,18 +282,4 @@ func (f *meshFixture) admin(path string) (string, error) {
 		return string(b), fmt.Errorf("admin %s: %s", path, resp.Status)
 	}
 	return string(b), err
-}
-
-// waitFor polls cond every 100 ms until it returns nil or 60 s pass.
-func waitFor(t testing.TB, what string, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("%s: not within 60s: %v", what, err)
 }

@@ -56,7 +56,7 @@ func TestPrivilegedCertRotation(t *testing.T) {
 		t.Fatalf("HTTP before rotation: %d %q %v", code, body, err)
 	}
 	v0 := f.srv.Version()
-	waitFor(t, "two SVID rotations pushed and ACKed", func() error {
+	testenv.Eventually(t, time.Minute, "two SVID rotations pushed and ACKed", func() error {
 		v := f.srv.Version()
 		a, _ := strconv.Atoi(v0[strings.IndexByte(v0, '.')+1:])
 		b, _ := strconv.Atoi(v[strings.IndexByte(v, '.')+1:])
@@ -67,7 +67,7 @@ func TestPrivilegedCertRotation(t *testing.T) {
 		defer cancel()
 		return f.srv.WaitForAck(ctx, v)
 	})
-	waitFor(t, "the server pod presents a rotated certificate", func() error {
+	testenv.Eventually(t, time.Minute, "the server pod presents a rotated certificate", func() error {
 		if after := serverCertSerial(t, f); after == before {
 			return fmt.Errorf("serial still %s", after)
 		}
@@ -142,13 +142,13 @@ func TestPrivilegedEnvoySupervision(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "a new Envoy", func() error {
+		testenv.Eventually(t, time.Minute, "a new Envoy", func() error {
 			if p := f.sup.PID(); p == 0 || p == pid {
 				return fmt.Errorf("pid %d", p)
 			}
 			return nil
 		})
-		waitFor(t, "traffic through the new Envoy", httpOK)
+		testenv.Eventually(t, time.Minute, "traffic through the new Envoy", httpOK)
 		if n := len(envoyPIDs(t, f)); n != 1 {
 			t.Errorf("%d Envoy processes, want 1", n)
 		}
@@ -173,7 +173,7 @@ func TestPrivilegedEnvoySupervision(t *testing.T) {
 			t.Errorf("new HTTP request while the agent is away: %v", err)
 		}
 		f.startAgent()
-		waitFor(t, "adoption", func() error {
+		testenv.Eventually(t, time.Minute, "adoption", func() error {
 			if !f.sup.Adopted() || f.sup.PID() != envoyPID {
 				return fmt.Errorf("adopted=%v pid=%d, want adopted pid %d", f.sup.Adopted(), f.sup.PID(), envoyPID)
 			}

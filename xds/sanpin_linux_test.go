@@ -129,7 +129,7 @@ func testSANPin(t *testing.T, build Options) {
 		t.Errorf("TCP echo with the pin on %s succeeded, want the server refused", wrong)
 	}
 	c.Close()
-	waitFor(t, "fail_verify_san counters", func() error {
+	testenv.Eventually(t, time.Minute, "fail_verify_san counters", func() error {
 		after := f.stats()
 		for _, cl := range []string{httpCluster, tcpCluster} {
 			if got := sanFailures(t, after, cl) - sanFailures(t, before, cl); got < 1 {
@@ -172,7 +172,7 @@ func testSANPinWaypoint(t *testing.T) {
 			t.Errorf("through the waypoint with the pin on %s: %d %q, want refused", wrong, code, body)
 		}
 	}
-	waitFor(t, "fail_verify_san through the waypoint", func() error {
+	testenv.Eventually(t, time.Minute, "fail_verify_san through the waypoint", func() error {
 		afterA := w.a.stats()
 		if got := sanFailures(t, afterA, cluster) - sanFailures(t, beforeA, cluster); got < 1 {
 			return fmt.Errorf("a's %s ssl.fail_verify_san moved by %d, want at least 1", cluster, got)

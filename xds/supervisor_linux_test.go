@@ -81,7 +81,7 @@ func (r *delayRecorder) get() []time.Duration {
 // waitDelays waits until at least n delays are recorded and returns them.
 func (r *delayRecorder) waitDelays(t *testing.T, n int) []time.Duration {
 	t.Helper()
-	waitFor(t, fmt.Sprintf("%d restart delays", n), func() error {
+	testenv.Eventually(t, time.Minute, fmt.Sprintf("%d restart delays", n), func() error {
 		if got := r.get(); len(got) < n {
 			return fmt.Errorf("%d so far: %v", len(got), got)
 		}
@@ -170,7 +170,7 @@ func TestEnvoyRestartBackoff(t *testing.T) {
 		// Its admin API answers (no xDS server here, so it never gets to LIVE: that would take
 		// the initial fetch timeouts).
 		var pid int
-		waitFor(t, "Envoy's admin API answers", func() error {
+		testenv.Eventually(t, time.Minute, "Envoy's admin API answers", func() error {
 			actx, acancel := context.WithTimeout(ctx, 5*time.Second)
 			defer acancel()
 			if _, err := sup.serverInfo(actx); err != nil {
@@ -196,7 +196,7 @@ func TestEnvoyRestartBackoff(t *testing.T) {
 		}
 		// The restarted Envoy dies young: the delay doubles again.
 		var next int
-		waitFor(t, "a new Envoy", func() error {
+		testenv.Eventually(t, time.Minute, "a new Envoy", func() error {
 			if next = sup.PID(); next == 0 || next == pid {
 				return fmt.Errorf("pid %d", next)
 			}

@@ -388,7 +388,7 @@ func testACKsAndNACKs(t *testing.T, delta bool, build Options) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "NACK of the bad snapshot", func() error {
+	testenv.Eventually(t, time.Minute, "NACK of the bad snapshot", func() error {
 		if n, _ := f.srv.NACKs(); n == 0 {
 			return fmt.Errorf("no NACK yet")
 		}

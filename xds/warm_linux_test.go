@@ -17,6 +17,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -52,7 +53,7 @@ func TestWaitListenersWarm(t *testing.T) {
 	}
 	serve("2", map[resource.Type][]types.Resource{resource.ListenerType: {lane}})
 	// Envoy holds the listener (ACKed) but it waits for its route.
-	waitFor(t, "lane listener added", func() error {
+	testenv.Eventually(t, time.Minute, "lane listener added", func() error {
 		s, err := ev.Admin(ctx, "/stats?filter=^listener_manager.total_listeners_warming$")
 		if err != nil {
 			return err
@@ -91,7 +92,7 @@ func TestWaitListenersWarm(t *testing.T) {
 	serve("4", map[resource.Type][]types.Resource{resource.ListenerType: {lane, inbound}, resource.RouteType: {&routev3.RouteConfiguration{Name: "lane-shop-web-1"}}})
 	// (Called here before Envoy took the update it returns nil: the agent calls it after the
 	// LDS ACK, which Envoy refuses in this case.)
-	waitFor(t, "the unbindable listener reported", func() error {
+	testenv.Eventually(t, time.Minute, "the unbindable listener reported", func() error {
 		err := WaitListenersWarm(long, ev.AdminAddr, names)
 		if err == nil || !strings.Contains(err.Error(), "envoy failed listener "+inbound.Name+": ") {
 			return fmt.Errorf("WaitListenersWarm = %v, want an error naming %s", err, inbound.Name)

@@ -425,7 +425,7 @@ func testWaypoint(t *testing.T, identical bool) {
 			t.Errorf("plaintext got an answer %q", b)
 		}
 		conn.Close()
-		waitFor(t, "refusal counters", func() error {
+		testenv.Eventually(t, time.Minute, "refusal counters", func() error {
 			after := w.b1.stats()
 			for reason, want := range map[string]int{tunnel.RefusedUnknownSNI: 3, tunnel.RefusedNoSNI: 1, tunnel.RefusedNotTLS: 1} {
 				k := tunnel.RefusedStatPrefix + "." + reason + ".rbac.denied"

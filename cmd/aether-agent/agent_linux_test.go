@@ -94,7 +94,7 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 			return fmt.Errorf("not registered %s yet (%d records)", health, len(recs))
 		}
 	}
-	eventually(t, 30*time.Second, "web-1's endpoint in the registry, healthy", registered(registryv1.Health_HEALTH_HEALTHY))
+	testenv.Eventually(t, 30*time.Second, "web-1's endpoint in the registry, healthy", registered(registryv1.Health_HEALTH_HEALTHY))
 	// The endpoint is healthy while the pod is Ready.
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := cs.CoreV1().Pods("shop").Get(ctx, "web-1", metav1.GetOptions{})
@@ -107,7 +107,7 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "web-1's endpoint unhealthy once the pod is not Ready", registered(registryv1.Health_HEALTH_UNHEALTHY))
+	testenv.Eventually(t, 30*time.Second, "web-1's endpoint unhealthy once the pod is not Ready", registered(registryv1.Health_HEALTH_UNHEALTHY))
 
 	if err := cl.Del(ctx, req); err != nil {
 		t.Logf("lds stats: %s", a.envoy("/stats?filter=listener_manager"))
@@ -120,7 +120,7 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 	if out, _ := ns.Command("nft", "list", "ruleset").CombinedOutput(); strings.Contains(string(out), "15001") {
 		t.Errorf("capture rules left after DEL:\n%s", out)
 	}
-	eventually(t, 30*time.Second, "web-1's endpoint removed", func() error {
+	testenv.Eventually(t, 30*time.Second, "web-1's endpoint removed", func() error {
 		recs, _, err := reader.ListEndpoints(ctx)
 		if err != nil {
 			return err
@@ -224,7 +224,7 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 			t.Logf("web pod rules:\n%s", out)
 		}
 	})
-	eventually(t, 60*time.Second, "client reaches web through the mesh", func() error { return call(fresh, false) })
+	testenv.Eventually(t, 60*time.Second, "client reaches web through the mesh", func() error { return call(fresh, false) })
 	if err := call(kept, false); err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +294,7 @@ func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 30*time.Second, name+"'s cluster in Envoy", a.envoyHas("/clusters", name+".shop.mesh:80::", true))
+		testenv.Eventually(t, 30*time.Second, name+"'s cluster in Envoy", a.envoyHas("/clusters", name+".shop.mesh:80::", true))
 	}
 	service("web")
 	// A captured pod: its rules are in its netns, its listeners in Envoy.

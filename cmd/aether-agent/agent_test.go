@@ -220,7 +220,7 @@ func tailString(s string, n int) string {
 // waitReady waits up to d until /readyz answers 200.
 func (a *agentProc) waitReady(t testing.TB, d time.Duration, what string) {
 	t.Helper()
-	eventually(t, d, what, func() error {
+	testenv.Eventually(t, d, what, func() error {
 		if code, body := a.get("/readyz"); code != http.StatusOK {
 			return fmt.Errorf("/readyz %d: %s", code, body)
 		}
@@ -231,7 +231,7 @@ func (a *agentProc) waitReady(t testing.TB, d time.Duration, what string) {
 // waitDegraded waits up to a minute until /readyz answers 503 naming source.
 func (a *agentProc) waitDegraded(t testing.TB, source string) {
 	t.Helper()
-	eventually(t, 60*time.Second, "readiness naming "+source, func() error {
+	testenv.Eventually(t, 60*time.Second, "readiness naming "+source, func() error {
 		if code, body := a.get("/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, source) {
 			return fmt.Errorf("/readyz %d: %s", code, body)
 		}
@@ -303,21 +303,6 @@ func (a *agentProc) envoyHas(path, want string, present bool) func() error {
 	}
 }
 
-func eventually(t testing.TB, d time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s: %v", d, what, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // TestAgentModelFollowsSources runs the real agent binary against a real kube-apiserver and a real
 // etcd registry and checks, through its DNS answers, Envoy's clusters, readiness and metrics,
 // that the model follows Kubernetes and the registry (Services, ServiceImports and endpoints
@@ -367,14 +352,14 @@ func TestAgentModelFollowsSources(t *testing.T) {
 			return nil
 		}
 	}
-	eventually(t, 30*time.Second, "web.shop.mesh", wantA("web.shop.mesh", web.Spec.ClusterIP))
-	eventually(t, 30*time.Second, "web.mesh", wantA("web.mesh", web.Spec.ClusterIP))
+	testenv.Eventually(t, 30*time.Second, "web.shop.mesh", wantA("web.shop.mesh", web.Spec.ClusterIP))
+	testenv.Eventually(t, 30*time.Second, "web.mesh", wantA("web.mesh", web.Spec.ClusterIP))
 	// The resolver also answers on the node's IPv6 address (--host-ip-v6).
 	_, dnsPort, _ := net.SplitHostPort(a.dnsAddr)
 	if rc, ips := a.lookupAt(net.JoinHostPort("::1", dnsPort), "web.shop.mesh"); rc != dns.RcodeSuccess || len(ips) != 1 || ips[0] != web.Spec.ClusterIP {
 		t.Errorf("web.shop.mesh through [::1]:%s: rcode %d, A %v; want %s", dnsPort, rc, ips, web.Spec.ClusterIP)
 	}
-	eventually(t, 30*time.Second, "web's EDS cluster in Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", true))
+	testenv.Eventually(t, 30*time.Second, "web's EDS cluster in Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", true))
 	// The agent's metrics: model version, model build time, last successful push, events by source.
 	for name, want := range map[string]float64{
 		"aether_agent_model_version":                            2,
@@ -406,7 +391,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "pay clusterset name", wantA("pay.shop.svc.clusterset.local", "10.96.77.7"))
+	testenv.Eventually(t, 30*time.Second, "pay clusterset name", wantA("pay.shop.svc.clusterset.local", "10.96.77.7"))
 	if err := b.RegisterEndpoint(ctx, &registryv1.ServiceEndpoint{
 		Service: &registryv1.ServiceRef{Namespace: "shop", Name: "pay"}, Addresses: []string{"10.245.9.9"},
 		Ports:    []*registryv1.EndpointPort{{Name: "grpc", Port: 9090, Protocol: registryv1.Protocol_PROTOCOL_GRPC}},
@@ -416,18 +401,18 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Cluster b's endpoint reaches Envoy's EDS (direct to the pod's inbound port: no waypoint).
-	eventually(t, 30*time.Second, "pay's remote endpoint in Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::10.245.9.9:15008::", true))
+	testenv.Eventually(t, 30*time.Second, "pay's remote endpoint in Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::10.245.9.9:15008::", true))
 	if err := b.DeregisterEndpoint(ctx, "shop", "pay", "pay-uid-1"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "pay's endpoint gone from Envoy", a.envoyHas("/clusters", "10.245.9.9:15008", false))
+	testenv.Eventually(t, 30*time.Second, "pay's endpoint gone from Envoy", a.envoyHas("/clusters", "10.245.9.9:15008", false))
 
 	// Deleting the Service removes its names.
 	if err := cs.CoreV1().Services("shop").Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "web.shop.mesh gone", wantNX("web.shop.mesh"))
-	eventually(t, 30*time.Second, "web's cluster gone from Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", false))
+	testenv.Eventually(t, 30*time.Second, "web.shop.mesh gone", wantNX("web.shop.mesh"))
+	testenv.Eventually(t, 30*time.Second, "web's cluster gone from Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", false))
 	if stats := a.envoy("/stats?filter=update_rejected"); regexp.MustCompile(`update_rejected: [1-9]`).MatchString(stats) {
 		t.Fatalf("Envoy rejected an update:\n%s", stats)
 	}
@@ -446,7 +431,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 90*time.Second, "a Service created after the outage", wantA("api.shop.mesh", api2.Spec.ClusterIP))
+	testenv.Eventually(t, 90*time.Second, "a Service created after the outage", wantA("api.shop.mesh", api2.Spec.ClusterIP))
 	a.waitReady(t, 60*time.Second, "ready again")
 
 	// Registry outage: the last model stays; readiness names the registry.
@@ -467,14 +452,14 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	regProxy.Restore()
 	a.waitReady(t, 60*time.Second, "ready after the registry returns")
 	// The model converges: the endpoint registered during the outage reaches Envoy.
-	eventually(t, 60*time.Second, "pay's endpoint registered during the outage in Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::10.245.9.10:15008::", true))
+	testenv.Eventually(t, 60*time.Second, "pay's endpoint registered during the outage in Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::10.245.9.10:15008::", true))
 
 	// Deleting the ServiceImport removes the clusterset name and the imported service's cluster.
 	if err := mcs.MulticlusterV1beta1().ServiceImports("shop").Delete(ctx, "pay", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 30*time.Second, "pay's clusterset name gone", wantNX("pay.shop.svc.clusterset.local"))
-	eventually(t, 30*time.Second, "pay's cluster gone from Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::", false))
+	testenv.Eventually(t, 30*time.Second, "pay's clusterset name gone", wantNX("pay.shop.svc.clusterset.local"))
+	testenv.Eventually(t, 30*time.Second, "pay's cluster gone from Envoy", a.envoyHas("/clusters", "pay.shop.mesh:9000::", false))
 
 	// A storm of 1000 Service changes is coalesced into few rebuilds.
 	before := a.metric("aether_agent_model_rebuilds_total")
@@ -501,7 +486,7 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
-	eventually(t, 60*time.Second, "the last storm Service", func() error {
+	testenv.Eventually(t, 60*time.Second, "the last storm Service", func() error {
 		if rc, _ := a.lookup("storm-999.shop.mesh"); rc != dns.RcodeSuccess {
 			return fmt.Errorf("rcode %d", rc)
 		}

@@ -81,7 +81,7 @@ func benchPutToEnvoy(b *testing.B, endpoints int) {
 		}
 	}
 	a := startAgent(b, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0], "--log-level", "warn")
-	eventually(b, 5*time.Minute, "agent ready with every background endpoint", func() error {
+	testenv.Eventually(b, 5*time.Minute, "agent ready with every background endpoint", func() error {
 		if code, body := a.get("/readyz"); code != http.StatusOK {
 			return fmt.Errorf("/readyz %d: %s", code, body)
 		}

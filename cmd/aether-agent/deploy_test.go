@@ -361,7 +361,7 @@ func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 	if !strings.Contains(a.envoy("/server_info"), `"state": "LIVE"`) {
 		t.Errorf("Envoy started from the agent's bootstrap is not LIVE: %s", tailString(a.envoy("/server_info"), 500))
 	}
-	eventually(t, 60*time.Second, "the uncaptured meshed pod evicted", func() error {
+	testenv.Eventually(t, 60*time.Second, "the uncaptured meshed pod evicted", func() error {
 		p, err := cs.CoreV1().Pods("shop").Get(ctx, "stray", metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil) {
 			return nil

@@ -68,7 +68,7 @@ func BenchmarkExportToImport(b *testing.B) {
 				args := append([]string{"--cluster", name, "--kubeconfig", c.api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0],
 					"--leader-elect-namespace", "aether-system"}, extra...)
 				c.p = startProc(b, args...)
-				waitFor(b, 60*time.Second, name+" /readyz", c.p.ready)
+				testenv.Eventually(b, 60*time.Second, name+" /readyz", c.p.ready)
 			}
 		}
 		east, west := clusters["east"], clusters["west"]

@@ -126,21 +126,6 @@ func (p *proc) memory() (rss, peak int64, err error) {
 	return rss, peak, sc.Err()
 }
 
-func waitFor(t testing.TB, d time.Duration, what string, check func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := check()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, d, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 func kubeClient(t testing.TB, api *testenv.KubeAPIServer) client.Client {
 	s := runtime.NewScheme()
 	if err := errors.Join(clientgoscheme.AddToScheme(s), mcsv1beta1.Install(s)); err != nil {
@@ -182,12 +167,12 @@ func TestBinarySingleMachineEmbeddedRegistry(t *testing.T) {
 		"--registry-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)),
 		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)),
 		"--leader-elect-namespace", "aether-system")
-	waitFor(t, 60*time.Second, "/readyz", p.ready)
+	testenv.Eventually(t, 60*time.Second, "/readyz", p.ready)
 	ctx := context.Background()
 	if err := exportService(ctx, c, "apps", "web"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "ServiceImport apps/web with its VIP", func() error {
+	testenv.Eventually(t, 60*time.Second, "ServiceImport apps/web with its VIP", func() error {
 		var si mcsv1beta1.ServiceImport
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "apps", Name: "web"}, &si); err != nil {
 			return err

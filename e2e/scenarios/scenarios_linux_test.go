@@ -121,21 +121,6 @@ type world struct {
 	clientNode string
 }
 
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s: %v", what, timeout, err)
-		}
-		time.Sleep(300 * time.Millisecond)
-	}
-}
-
 func echoService(name, app string) *corev1.Service {
 	tcp := "tcp"
 	return &corev1.Service{
@@ -187,7 +172,7 @@ func deploy(t *testing.T, p ClusterPair) *world {
 			Name: ns, Labels: map[string]string{"aether.io/mesh": "enabled"}}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Minute, "default ServiceAccount in "+c, func() error {
+		testenv.Eventually(t, time.Minute, "default ServiceAccount in "+c, func() error {
 			_, err := p.Kube(c).CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 			return err
 		})
@@ -211,7 +196,7 @@ func deploy(t *testing.T, p ClusterPair) *world {
 		t.Fatal(err)
 	}
 	for _, ps := range pods {
-		eventually(t, 2*time.Minute, "pod "+ps.pod.Name+" ready", func() error {
+		testenv.Eventually(t, 2*time.Minute, "pod "+ps.pod.Name+" ready", func() error {
 			pod, err := p.Kube(ps.cluster).CoreV1().Pods(ns).Get(ctx, ps.pod.Name, metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -264,7 +249,7 @@ func (w *world) tcp(ctx context.Context, addr, msg string) (reply, error) {
 func (w *world) wantHTTP(t *testing.T, url, cluster string) reply {
 	t.Helper()
 	var got reply
-	eventually(t, 90*time.Second, "GET "+url, func() error {
+	testenv.Eventually(t, 90*time.Second, "GET "+url, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		r, err := w.get(ctx, url)
@@ -283,7 +268,7 @@ func (w *world) wantHTTP(t *testing.T, url, cluster string) reply {
 func (w *world) wantTCP(t *testing.T, addr, cluster string) reply {
 	t.Helper()
 	var got reply
-	eventually(t, 90*time.Second, "TCP "+addr, func() error {
+	testenv.Eventually(t, 90*time.Second, "TCP "+addr, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		r, err := w.tcp(ctx, addr, "hello")
@@ -365,7 +350,7 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 // remote.<ns>.svc.clusterset.local resolves to that VIP in A's pods. It returns the VIP.
 func (w *world) mcsImport(t *testing.T) string {
 	var vip string
-	eventually(t, 90*time.Second, "ServiceImport and remote-clusterset Service in "+w.a, func() error {
+	testenv.Eventually(t, 90*time.Second, "ServiceImport and remote-clusterset Service in "+w.a, func() error {
 		if _, err := w.p.Dynamic(w.a).Resource(serviceImports).Namespace(ns).Get(context.Background(), "remote", metav1.GetOptions{}); err != nil {
 			return err
 		}
@@ -376,7 +361,7 @@ func (w *world) mcsImport(t *testing.T) string {
 		vip = s.Spec.ClusterIP
 		return nil
 	})
-	eventually(t, 60*time.Second, "clusterset name resolves to the VIP "+vip, func() error {
+	testenv.Eventually(t, 60*time.Second, "clusterset name resolves to the VIP "+vip, func() error {
 		out, err := w.p.Exec(context.Background(), w.a, ns, "client", "client", "resolve", "remote."+ns+".svc.clusterset.local")
 		if err != nil {
 			return err
@@ -522,7 +507,7 @@ func (w *world) nodeRemoved(t *testing.T) {
 	ctx := context.Background()
 	url := "http://remote." + ns + ".svc.clusterset.local/"
 	seen := map[string]bool{}
-	eventually(t, 90*time.Second, "both of B's nodes serve", func() error {
+	testenv.Eventually(t, 90*time.Second, "both of B's nodes serve", func() error {
 		r, err := w.get(ctx, url)
 		if err != nil {
 			return err
@@ -538,7 +523,7 @@ func (w *world) nodeRemoved(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Once the dead node's endpoints expired, every call lands on the remaining node.
-	eventually(t, 2*time.Minute, "calls move to "+w.nodesB[0], func() error {
+	testenv.Eventually(t, 2*time.Minute, "calls move to "+w.nodesB[0], func() error {
 		for i := 0; i < 6; i++ {
 			r, err := w.get(ctx, url)
 			if err != nil {

@@ -131,7 +131,7 @@ func (c *etcdCluster) leader() int {
 func (c *etcdCluster) waitLeader() int {
 	c.t.Helper()
 	var l int
-	eventually(c.t, converge, "etcd leader", func() error {
+	testenv.Eventually(c.t, converge, "etcd leader", func() error {
 		if l = c.leader(); l < 0 {
 			return fmt.Errorf("no leader among running members")
 		}
@@ -186,7 +186,7 @@ func TestThreeMemberClusterQuorumLoss(t *testing.T) {
 	// One member down (the leader): writes and watches continue.
 	first := c.waitLeader()
 	c.stop(first, syscall.SIGTERM)
-	eventually(t, converge, "register with one member down", func() error { return register("p2") })
+	testenv.Eventually(t, converge, "register with one member down", func() error { return register("p2") })
 	v.waitKeys(t, key("p1"), key("p2"))
 
 	// Two down: no quorum. Writes fail with an error.
@@ -202,7 +202,7 @@ func TestThreeMemberClusterQuorumLoss(t *testing.T) {
 	c.start(first)
 	c.start(second)
 	c.waitLeader()
-	eventually(t, converge, "register after quorum is back", func() error { return register("p3") })
+	testenv.Eventually(t, converge, "register after quorum is back", func() error { return register("p3") })
 	v.waitKeys(t, key("p1"), key("p2"), key("p3"))
 	recs, _, err := reader.ListEndpoints(ctx)
 	if err != nil {
@@ -215,7 +215,7 @@ func TestThreeMemberClusterQuorumLoss(t *testing.T) {
 	time.Sleep(4 * time.Second)
 	v.waitKeys(t, key("p1"), key("p2"), key("p3"))
 	// Every member converges to the same keys at the same revision.
-	eventually(t, converge, "members agree", func() error {
+	testenv.Eventually(t, converge, "members agree", func() error {
 		var ref []string
 		var refRev int64
 		for i, m := range c.members {

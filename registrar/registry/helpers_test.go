@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+	"github.com/aethermesh/aether/internal/testenv"
 )
 
 // converge is the generous deadline for anything the tests wait on (several times the expected
@@ -64,22 +65,6 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// eventually retries f until it returns nil or the deadline passes.
-func eventually(t testing.TB, d time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %v", what, d, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
 
 // viewer consumes a watch into a view and keeps every batch.
@@ -134,7 +119,7 @@ func (v *viewer[T]) allBatches() []Batch[T] {
 // waitKeys waits until the view holds exactly want (sorted).
 func (v *viewer[T]) waitKeys(t testing.TB, want ...string) {
 	t.Helper()
-	eventually(t, converge, "watch view", func() error {
+	testenv.Eventually(t, converge, "watch view", func() error {
 		got := v.keys()
 		if !slices.Equal(got, want) {
 			return fmt.Errorf("view keys %q, want %q", got, want)

@@ -1,0 +1,28 @@
+package testenv
+
+import (
+	"testing"
+	"time"
+)
+
+// Eventually calls check until it returns nil and returns how long that took. It polls after
+// 10 ms at first, doubling the pause up to 100 ms, so a quick convergence is seen quickly and a
+// slow one is not polled hard. When d passes first it fails the test with
+// "<what>: not within <d>: <check's last error>". Tests give d several times the expected
+// convergence time: the deadline catches a hang, it does not measure speed.
+func Eventually(t testing.TB, d time.Duration, what string, check func() error) time.Duration {
+	t.Helper()
+	start := time.Now()
+	pause := 10 * time.Millisecond
+	for {
+		err := check()
+		if err == nil {
+			return time.Since(start)
+		}
+		if time.Since(start) > d {
+			t.Fatalf("%s: not within %s: %v", what, d, err)
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 100*time.Millisecond)
+	}
+}
