@@ -7,8 +7,11 @@
 # from a mesh model (bench/dns/server), CoreDNS (hack/tools.sh builds it) from its hosts plugin
 # for the zone mesh (names it does not hold fall through to the file plugin with a zone of only
 # the SOA and NS, which answers NXDOMAIN with the SOA as dnsd does; the hosts plugin alone
-# answers them SERVFAIL, and template runs before hosts), and "bare" (bench/dns/bare), the smallest miekg/dns map server, as the
-# ceiling of any miekg/dns server on this machine. SERVERS picks some (default all three). The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
+# answers them SERVFAIL, and template runs before hosts), "bare" (bench/dns/bare), the smallest miekg/dns map server, as the
+# ceiling of any miekg/dns server on this machine, and "floor" (bench/dns/floor, C, built with
+# clang), which returns every query with the QR bit set and nothing else: its low-rate latency is
+# the kernel's, the loopback path's and the idle core's wake-up, the floor under any user-space
+# server here. SERVERS picks some (default all four). The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
 # LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone):
 #   - saturation: dnsperf with CLIENTS clients and OUTSTANDING queries in flight for DURATION
 #     seconds (default 10); "qps" is dnsperf's "Queries per second"; "per CPU second" divides the
@@ -41,7 +44,7 @@ NAMES=${NAMES:-1000}
 CLIENTS=${CLIENTS:-8}
 OUTSTANDING=${OUTSTANDING:-500}
 ROUNDS=${ROUNDS:-1}
-SERVERS=${SERVERS:-coredns dnsd bare}
+SERVERS=${SERVERS:-coredns dnsd bare floor}
 NICE=${NICE:--19}
 
 eval "$("$root/hack/tools.sh" --print)"
@@ -57,6 +60,9 @@ cleanup() {
 trap cleanup EXIT
 
 (cd "$root" && go build -o "$work/dnsd-server" ./bench/dns/server && go build -o "$work/bare-server" ./bench/dns/bare)
+if [[ " $SERVERS " == *" floor "* ]]; then
+  "${CC:-clang}" -O2 -Wall -o "$work/floor-server" "$root/bench/dns/floor/floor.c"
+fi
 for ((i = 0; i < NAMES; i++)); do
   echo "10.96.$((i / 256)).$((i % 256)) svc-$i.bench.mesh" >>"$work/hosts"
   echo "svc-$i.bench.mesh A" >>"$work/q-mesh"
@@ -92,10 +98,14 @@ start() { # server
     dnsd) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/dnsd-server" -addr "127.0.0.1:$port" -names "$NAMES" 2>"$work/$1.log" & ;;
     bare) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/bare-server" -addr "127.0.0.1:$port" -names "$NAMES" 2>"$work/$1.log" & ;;
     coredns) nice -n "$NICE" taskset -c "$SERVER_CPU" "$AETHER_COREDNS" -conf "$work/Corefile" >"$work/$1.log" 2>&1 & ;;
+    floor) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/floor-server" 127.0.0.1 "$port" 2>"$work/$1.log" & ;;
   esac
   pid=$!
   for _ in $(seq 100); do
-    [ "$(dig +short +time=1 +tries=1 @127.0.0.1 -p "$port" svc-1.bench.mesh A 2>/dev/null)" = 10.96.0.1 ] && return 0
+    case $1 in
+      floor) dig +time=1 +tries=1 @127.0.0.1 -p "$port" svc-1.bench.mesh A 2>/dev/null | grep -q 'status: NOERROR' && return 0 ;; # no records: the question comes back
+      *) [ "$(dig +short +time=1 +tries=1 @127.0.0.1 -p "$port" svc-1.bench.mesh A 2>/dev/null)" = 10.96.0.1 ] && return 0 ;;
+    esac
     sleep 0.1
   done
   echo "run.sh: $1 did not answer; log:" >&2
