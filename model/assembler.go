@@ -30,6 +30,11 @@ type AssemblerConfig struct {
 	Cluster     string
 	MeshDomain  string
 	TrustDomain string
+	// Region and Zone, when set, replace the Node's topology labels (LabelRegion, LabelZone) in
+	// every Mesh. The agent sets Region to its registry origin's region, which its endpoints
+	// carry, so that the priority tiers compare this cluster's endpoints with the node alike; and
+	// Zone from --zone.
+	Region, Zone string
 	// Quiet and MaxDelay bound rebuilds under bursts (see Coalescer); defaults 50 ms and 500 ms.
 	Quiet, MaxDelay time.Duration
 	Logger          *slog.Logger
@@ -103,6 +108,12 @@ func (a *Assembler) Rebuild() error {
 			a.cfg.Logger.Error("assemble mesh model: keeping the last model", "err", err)
 			return err
 		}
+	}
+	if a.cfg.Region != "" {
+		s.Node.Region = a.cfg.Region
+	}
+	if a.cfg.Zone != "" {
+		s.Node.Zone = a.cfg.Zone
 	}
 	if a.reg != nil {
 		s.Endpoints, s.Exports = a.reg.Records()

@@ -48,7 +48,7 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{}))
 	pod := createReadyPod(t, ctx, cs, "web-1", "web")
 
-	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
+	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0], "--zone", "z9")
 	a.waitReady(t, 60*time.Second, "agent ready")
 
 	ns, req := podAttachment(t, pod, "ctr-1", netip.MustParseAddr("10.250.0.5"))
@@ -72,7 +72,8 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 	if out, err := ns.Command("nft", "list", "ruleset").CombinedOutput(); err != nil || !strings.Contains(string(out), "15001") {
 		t.Errorf("capture rules in the pod netns: %v\n%s", err, out)
 	}
-	// The pod's endpoint is registered: healthy (Ready), with the node IP and the target port.
+	// The pod's endpoint is registered: healthy (Ready), with the node IP, the target port and
+	// the zone of --zone.
 	reader, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "default", Cluster: "reader"})
 	if err != nil {
 		t.Fatal(err)
@@ -87,7 +88,7 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 			for _, r := range recs {
 				if r.Value.GetKubernetes().GetPodUid() == string(pod.UID) && r.Origin.Cluster == "a" &&
 					r.Value.GetKubernetes().GetNodeIp() == "127.0.0.1" && len(r.Value.GetPorts()) == 1 && r.Value.GetPorts()[0].GetPort() == 8080 &&
-					r.Value.GetHealth() == health {
+					r.Value.GetZone() == "z9" && r.Value.GetHealth() == health {
 					return nil
 				}
 			}

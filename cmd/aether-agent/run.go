@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/aethermesh/aether/capture"
@@ -49,20 +50,24 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("MCS client: %w", err)
 	}
 
-	var asm *model.Assembler
-	kube, err := model.NewKubeSource(cs, mcs, cfg.NodeName, 0, func() {
-		metrics.events.WithLabelValues("kubernetes").Inc()
-		asm.Trigger()
-	})
+	// The sources trigger the assembler once it exists; its first build reads every source, so
+	// events before it (the informers' initial sync) are not needed.
+	var asmRef atomic.Pointer[model.Assembler]
+	trigger := func(source string) func() {
+		return func() {
+			metrics.events.WithLabelValues(source).Inc()
+			if a := asmRef.Load(); a != nil {
+				a.Trigger()
+			}
+		}
+	}
+	kube, err := model.NewKubeSource(cs, mcs, cfg.NodeName, 0, trigger("kubernetes"))
 	if err != nil {
 		return err
 	}
 	// Endpoint deletions wait two lease TTLs after the registry was last unreachable: long
 	// enough for writers cut off with this node to reconnect and re-register (registryView).
-	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, func() {
-		metrics.events.WithLabelValues("registry").Inc()
-		asm.Trigger()
-	})
+	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, trigger("registry"))
 	// Pods captured before a restart are known from the persisted attachments before the first
 	// model is built, so repair finds them already served.
 	dp := newPodDataplane()
@@ -76,10 +81,26 @@ func run(ctx context.Context, cfg config) error {
 			dp.pods[r.Attachment.PodUID] = r.Attachment
 		}
 	}
-	asm = model.NewAssembler(model.AssemblerConfig{
+
+	if err := kube.Start(ctx, 2*time.Minute); err != nil {
+		return err
+	}
+	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })
+
+	// This node's locality: the region is the flag, else the Node's label, else "default", and
+	// is the registry origin's, so this cluster's endpoints and the node compare alike in the
+	// xDS priority tiers; the zone is the flag, else the Node's label.
+	var node model.Sources
+	if err := kube.Fill(&node); err != nil {
+		return err
+	}
+	region := firstNonEmpty(cfg.Region, node.Node.Region, "default")
+	asm := model.NewAssembler(model.AssemblerConfig{
 		Cluster: cfg.Cluster, MeshDomain: cfg.MeshDomain, TrustDomain: cfg.TrustDomain, Logger: log,
+		Region: region, Zone: cfg.Zone,
 		Observe: func(took time.Duration) { metrics.buildSeconds.Observe(took.Seconds()) },
 	}, kube, view, dp)
+	asmRef.Store(asm)
 	dp.asm = asm
 	asm.Subscribe(func(m *model.Mesh) {
 		metrics.rebuilds.Inc()
@@ -89,17 +110,6 @@ func run(ctx context.Context, cfg config) error {
 		}
 	})
 
-	if err := kube.Start(ctx, 2*time.Minute); err != nil {
-		return err
-	}
-	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })
-
-	// The registry origin needs the region: the flag, else the Node's label, else "default".
-	var node model.Sources
-	if err := kube.Fill(&node); err != nil {
-		return err
-	}
-	region := firstNonEmpty(cfg.Region, node.Node.Region, "default")
 	rcfg := registry.Config{
 		Endpoints: cfg.RegistryEndpoints, Region: region, Cluster: cfg.Cluster,
 		LeaseTTL: cfg.RegistryLeaseTTL, Logger: log, Metrics: metrics.reg,
