@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export AETHER_TOOLS_DIR ?= /var/cache/aether-tools
 
-.PHONY: all build tools test test-unit lint demo demo-down e2e e2e-clean substrate-up substrate-down
+.PHONY: all build tools test lint demo demo-down e2e e2e-clean substrate-up substrate-down
 
 all: build
 

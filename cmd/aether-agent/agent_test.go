@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -326,7 +327,10 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	began := time.Now()
-	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL(), "--host-ip-v6", "::1")
+	// The Node's region label is eu, but the agent registers under region "default" (as
+	// deploy/config.yaml sets it) and in zone eu-1 (no zone label).
+	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL(), "--host-ip-v6", "::1",
+		"--region", "default", "--zone", "eu-1")
 	a.waitReady(t, 60*time.Second, "agent ready")
 
 	// A local mesh Service: its name answers with its ClusterIP.
@@ -360,6 +364,28 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Errorf("web.shop.mesh through [::1]:%s: rcode %d, A %v; want %s", dnsPort, rc, ips, web.Spec.ClusterIP)
 	}
 	testenv.Eventually(t, 30*time.Second, "web's EDS cluster in Envoy", a.envoyHas("/clusters", "web.shop.mesh:80::", true))
+	// Locality: endpoints another node of this cluster registers under the same origin region
+	// come first in this node's zone (priority 0), then in another zone (priority 1), whatever
+	// the Node's region label says.
+	peer, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "default", Cluster: "a", LeaseTTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	for i, zone := range []string{"eu-1", "eu-2"} {
+		uid := fmt.Sprintf("web-uid-%d", i)
+		if err := peer.RegisterEndpoint(ctx, &registryv1.ServiceEndpoint{
+			Service: &registryv1.ServiceRef{Namespace: "shop", Name: "web"}, Addresses: []string{fmt.Sprintf("10.244.7.%d", i+1)},
+			Ports: []*registryv1.EndpointPort{{Name: "http", Port: 80, Protocol: registryv1.Protocol_PROTOCOL_HTTP}}, Zone: zone,
+			SpiffeId: "spiffe://aether.internal/ns/shop/sa/web", Health: registryv1.Health_HEALTH_HEALTHY,
+			Kubernetes: &registryv1.KubernetesMetadata{NodeName: "node-2", PodName: "web-" + zone, PodUid: uid, NodeIp: "172.30.0.12"},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer peer.DeregisterEndpoint(ctx, "shop", "web", uid)
+	}
+	testenv.Eventually(t, 30*time.Second, "web's same-zone endpoint at priority 0", a.envoyHas("/clusters", "web.shop.mesh:80::10.244.7.1:15008::priority::0", true))
+	testenv.Eventually(t, 30*time.Second, "web's other-zone endpoint at priority 1", a.envoyHas("/clusters", "web.shop.mesh:80::10.244.7.2:15008::priority::1", true))
 	// The agent's metrics: model version, model build time, last successful push, events by source.
 	for name, want := range map[string]float64{
 		"aether_agent_model_version":                            2,
@@ -528,5 +554,36 @@ func createNodeAndMeshNamespace(t testing.TB, ctx context.Context, cs kubernetes
 		Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}, metav1.CreateOptions{}))
 	for _, sa := range serviceAccounts {
 		must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}))
+	}
+}
+
+// TestHelpAndBadFlags: the real binary prints its usage, with each flag's environment variable,
+// and exits 0 on --help; an unknown flag or an unreadable variable exits 2 naming it.
+func TestHelpAndBadFlags(t *testing.T) {
+	bin := buildAgent(t)
+	out, err := exec.Command(bin, "--help").CombinedOutput()
+	if err != nil {
+		t.Fatalf("aether-agent --help: %v\n%s", err, out)
+	}
+	for _, want := range []string{"-node-name", "(env NODE_NAME)", "-region", "(env AETHER_REGION)", "-capture-backend", "(env AETHER_CAPTURE_BACKEND)"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("aether-agent --help lacks %q:\n%s", want, out)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		env  string
+		want string
+	}{
+		{args: []string{"--no-such-flag"}, want: "no-such-flag"},
+		{env: "AETHER_EAST_WEST_WAYPOINT=yes", want: `env AETHER_EAST_WEST_WAYPOINT "yes"`},
+	} {
+		cmd := exec.Command(bin, c.args...)
+		cmd.Env = append(os.Environ(), c.env)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(string(out), c.want) {
+			t.Errorf("aether-agent %v with %s: %v, want exit status 2 and %q in:\n%s", c.args, c.env, err, c.want, out)
+		}
 	}
 }

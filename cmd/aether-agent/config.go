@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/registrar/registry"
 )
 
@@ -78,47 +79,45 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 func parseFlags(args []string, getenv func(string) string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("aether-agent", flag.ContinueOnError)
-	env := func(k, def string) string {
-		if v := getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	fs.StringVar(&c.NodeName, "node-name", env("NODE_NAME", ""), "this node's name (env NODE_NAME)")
-	fs.StringVar(&c.Cluster, "cluster", env("AETHER_CLUSTER", ""), "this cluster's name in the registry (env AETHER_CLUSTER)")
-	fs.StringVar(&c.Region, "region", env("AETHER_REGION", ""), "region (default: the Node's topology.kubernetes.io/region label)")
-	fs.StringVar(&c.Zone, "zone", env("AETHER_ZONE", ""), "zone (default: the Node's topology.kubernetes.io/zone label)")
-	fs.StringVar(&c.MeshDomain, "mesh-domain", env("AETHER_MESH_DOMAIN", "mesh"), "DNS domain of mesh names")
-	fs.StringVar(&c.TrustDomain, "trust-domain", env("AETHER_TRUST_DOMAIN", "aether.internal"), "SPIFFE trust domain")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig path (empty: in-cluster config)")
-	endpoints := fs.String("registry-endpoints", env("AETHER_REGISTRY_ENDPOINTS", ""), "comma-separated etcd client URLs of the registry")
-	fs.StringVar(&c.RegistryCA, "registry-ca", env("AETHER_REGISTRY_CA", ""), "CA bundle for the registry's TLS")
-	fs.StringVar(&c.RegistryCert, "registry-cert", env("AETHER_REGISTRY_CERT", ""), "client certificate for the registry")
-	fs.StringVar(&c.RegistryKey, "registry-key", env("AETHER_REGISTRY_KEY", ""), "client key for the registry")
+	ef := &envflag.Set{FS: fs, Getenv: getenv}
+	ef.StringVar(&c.NodeName, "node-name", "NODE_NAME", "", "this node's name")
+	ef.StringVar(&c.Cluster, "cluster", "AETHER_CLUSTER", "", "this cluster's name in the registry")
+	ef.StringVar(&c.Region, "region", "AETHER_REGION", "", "region of this node's registry origin and locality (default: the Node's topology.kubernetes.io/region label, else default)")
+	ef.StringVar(&c.Zone, "zone", "AETHER_ZONE", "", "zone of this node's endpoints and locality (default: the Node's topology.kubernetes.io/zone label)")
+	ef.StringVar(&c.MeshDomain, "mesh-domain", "AETHER_MESH_DOMAIN", "mesh", "DNS domain of mesh names")
+	ef.StringVar(&c.TrustDomain, "trust-domain", "AETHER_TRUST_DOMAIN", "aether.internal", "SPIFFE trust domain")
+	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
+	endpoints := ef.String("registry-endpoints", "AETHER_REGISTRY_ENDPOINTS", "", "comma-separated etcd client URLs of the registry")
+	ef.StringVar(&c.RegistryCA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
+	ef.StringVar(&c.RegistryCert, "registry-cert", "AETHER_REGISTRY_CERT", "", "client certificate for the registry")
+	ef.StringVar(&c.RegistryKey, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
 	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease")
-	fs.StringVar(&c.CACert, "ca-cert", env("AETHER_CA_CERT", ""), "development CA certificate (PEM) that signs workload SVIDs")
-	fs.StringVar(&c.CAKey, "ca-key", env("AETHER_CA_KEY", ""), "development CA key (PEM)")
+	ef.StringVar(&c.CACert, "ca-cert", "AETHER_CA_CERT", "", "development CA certificate (PEM) that signs workload SVIDs")
+	ef.StringVar(&c.CAKey, "ca-key", "AETHER_CA_KEY", "", "development CA key (PEM)")
 	fs.DurationVar(&c.SVIDTTL, "svid-ttl", time.Hour, "lifetime of workload SVIDs; each is renewed at half its lifetime")
-	hostIP := fs.String("host-ip", env("HOST_IP", ""), "this node's IP: the DNS resolver listens here (env HOST_IP)")
-	hostIPv6 := fs.String("host-ip-v6", env("HOST_IP_V6", ""), "this node's IPv6 address on a dual-stack node: the resolver listens here too and IPv6 cluster DNS is DNAT'ed to it (env HOST_IP_V6)")
+	hostIP := ef.String("host-ip", "HOST_IP", "", "this node's IP: the DNS resolver listens here")
+	hostIPv6 := ef.String("host-ip-v6", "HOST_IP_V6", "", "this node's IPv6 address on a dual-stack node: the resolver listens here too and IPv6 cluster DNS is DNAT'ed to it")
 	fs.IntVar(&c.DNSPort, "dns-port", 18054, "DNS port on the host IP (UDP and TCP)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
-	fs.StringVar(&c.EnvoyBinary, "envoy-binary", env("AETHER_ENVOY", "envoy"), "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")
+	ef.StringVar(&c.EnvoyBinary, "envoy-binary", "AETHER_ENVOY", "envoy", "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")
 	fs.StringVar(&c.HealthAddr, "health-addr", "127.0.0.1:15021", "address of /healthz, /readyz and /metrics")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/aether", "node-local state (pod attachments)")
 	fs.StringVar(&c.CNISocket, "cni-socket", "/var/run/aether/cni.sock", "unix socket aether-cni calls")
-	clusterDNS := fs.String("cluster-dns", env("AETHER_CLUSTER_DNS", ""), "comma-separated cluster DNS service IPs whose port 53 is DNAT'ed to the agent (default: the ClusterIPs of kube-system/kube-dns)")
+	clusterDNS := ef.String("cluster-dns", "AETHER_CLUSTER_DNS", "", "comma-separated cluster DNS service IPs whose port 53 is DNAT'ed to the agent (default: the ClusterIPs of kube-system/kube-dns)")
 	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf whose nameservers get every name outside the mesh")
-	fs.StringVar(&c.InboundMode, "inbound-mode", env("AETHER_INBOUND_MODE", "strict"), "inbound policy for meshed pods: strict (mTLS only) or permissive (plaintext too)")
-	fs.StringVar(&c.CaptureBackend, "capture-backend", env("AETHER_CAPTURE_BACKEND", "nftables"), "capture rules backend: nftables, iptables (the node's mode), iptables-nft or iptables-legacy")
+	ef.StringVar(&c.InboundMode, "inbound-mode", "AETHER_INBOUND_MODE", "strict", "inbound policy for meshed pods: strict (mTLS only) or permissive (plaintext too)")
+	ef.StringVar(&c.CaptureBackend, "capture-backend", "AETHER_CAPTURE_BACKEND", "nftables", "capture rules backend: nftables, iptables (the node's mode), iptables-nft or iptables-legacy")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI config directory holding the primary CNI's conflist")
 	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory aether-cni is installed into")
-	fs.StringVar(&c.CNIPlugin, "cni-plugin-binary", env("AETHER_CNI_PLUGIN", ""), "aether-cni binary to install and append to the conflist (empty: do not install)")
+	ef.StringVar(&c.CNIPlugin, "cni-plugin-binary", "AETHER_CNI_PLUGIN", "", "aether-cni binary to install and append to the conflist (empty: do not install)")
 	fs.BoolVar(&c.UninstallCNI, "uninstall-cni", false, "remove aether-cni from the conflist and the CNI bin dir, then exit")
-	fs.BoolVar(&c.EastWestWaypoint, "east-west-waypoint", env("AETHER_EAST_WEST_WAYPOINT", "") == "true", "make this node an east-west waypoint and send cross-cluster traffic through remote nodes' waypoints")
-	level := fs.String("log-level", env("AETHER_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
+	ef.BoolVar(&c.EastWestWaypoint, "east-west-waypoint", "AETHER_EAST_WEST_WAYPOINT", "make this node an east-west waypoint and send cross-cluster traffic through remote nodes' waypoints")
+	level := ef.String("log-level", "AETHER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if err := ef.Err(); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {

@@ -5,6 +5,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"os/signal"
@@ -15,6 +17,9 @@ func main() {
 	cfg, err := parseFlags(os.Args[1:], os.Getenv)
 	if err == nil && !cfg.UninstallCNI {
 		err = cfg.validate()
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // -h/--help: the flag set printed the usage
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "aether-agent: invalid configuration:", err)

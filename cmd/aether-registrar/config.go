@@ -12,6 +12,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 
+	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/registrar/registry"
 )
 
@@ -54,27 +55,22 @@ type config struct {
 func parseConfig(args []string, getenv func(string) string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("aether-registrar", flag.ContinueOnError)
-	env := func(k, def string) string {
-		if v := getenv(k); v != "" {
-			return v
-		}
-		return def
-	}
-	fs.StringVar(&c.Cluster, "cluster", env("AETHER_CLUSTER", ""), "this cluster's name: its registry partition and MCS cluster name (env AETHER_CLUSTER)")
-	fs.StringVar(&c.Region, "region", env("AETHER_REGION", "default"), "this cluster's region in the registry key layout (env AETHER_REGION)")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", env("KUBECONFIG", ""), "kubeconfig path (empty: in-cluster config)")
-	endpoints := fs.String("registry-endpoints", env("AETHER_REGISTRY_ENDPOINTS", ""), "comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd")
-	fs.StringVar(&c.RegistryCA, "registry-ca", env("AETHER_REGISTRY_CA", ""), "CA bundle for the registry's TLS")
-	fs.StringVar(&c.RegistryCert, "registry-cert", env("AETHER_REGISTRY_CERT", ""), "client certificate for the registry")
-	fs.StringVar(&c.RegistryKey, "registry-key", env("AETHER_REGISTRY_KEY", ""), "client key for the registry")
-	fs.StringVar(&c.RegistryUser, "registry-user", env("AETHER_REGISTRY_USER", ""), "etcd user (password from env AETHER_REGISTRY_PASSWORD)")
+	ef := &envflag.Set{FS: fs, Getenv: getenv}
+	ef.StringVar(&c.Cluster, "cluster", "AETHER_CLUSTER", "", "this cluster's name: its registry partition and MCS cluster name")
+	ef.StringVar(&c.Region, "region", "AETHER_REGION", "default", "this cluster's region in the registry key layout")
+	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
+	endpoints := ef.String("registry-endpoints", "AETHER_REGISTRY_ENDPOINTS", "", "comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd")
+	ef.StringVar(&c.RegistryCA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
+	ef.StringVar(&c.RegistryCert, "registry-cert", "AETHER_REGISTRY_CERT", "", "client certificate for the registry")
+	ef.StringVar(&c.RegistryKey, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
+	ef.StringVar(&c.RegistryUser, "registry-user", "AETHER_REGISTRY_USER", "", "etcd user (password from env AETHER_REGISTRY_PASSWORD)")
 	c.RegistryPassword = getenv("AETHER_REGISTRY_PASSWORD")
-	fs.StringVar(&c.RegistryDataDir, "registry-data-dir", env("AETHER_REGISTRY_DATA_DIR", "/var/lib/aether/registry"), "embedded etcd's data directory (used when --registry-endpoints is empty)")
+	ef.StringVar(&c.RegistryDataDir, "registry-data-dir", "AETHER_REGISTRY_DATA_DIR", "/var/lib/aether/registry", "embedded etcd's data directory (used when --registry-endpoints is empty)")
 	fs.StringVar(&c.RegistryListen, "registry-listen", "http://127.0.0.1:2379", "embedded etcd's client URL (used when --registry-endpoints is empty)")
 	fs.StringVar(&c.RegistryPeer, "registry-peer-listen", "http://127.0.0.1:2380", "embedded etcd's peer URL (used when --registry-endpoints is empty)")
 	fs.DurationVar(&c.RegistryProbe, "registry-probe-interval", 2*time.Second, "how often readiness probes the registry")
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "elect a leader among replicas (only the leader writes)")
-	fs.StringVar(&c.LeaderElectNamespace, "leader-elect-namespace", env("POD_NAMESPACE", "aether-system"), "namespace of the leader election Lease (env POD_NAMESPACE)")
+	ef.StringVar(&c.LeaderElectNamespace, "leader-elect-namespace", "POD_NAMESPACE", "aether-system", "namespace of the leader election Lease")
 	fs.StringVar(&c.LeaderElectID, "leader-elect-id", "aether-registrar", "name of the leader election Lease")
 	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a standby waits before taking over a lease that was not renewed")
 	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it steps down")
@@ -85,8 +81,11 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")
 	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 50, "API server requests per second")
 	fs.IntVar(&c.KubeBurst, "kube-api-burst", 100, "API server request burst")
-	level := fs.String("log-level", env("AETHER_LOG_LEVEL", "info"), "log level: debug, info, warn, error")
+	level := ef.String("log-level", "AETHER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
 	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if err := ef.Err(); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
@@ -121,7 +120,7 @@ func (c config) validate() error {
 	}
 	if len(c.RegistryEndpoints) == 0 {
 		if c.RegistryDataDir == "" {
-			errs = append(errs, errors.New("--registry-data-dir is required when --registry-endpoints is empty"))
+			errs = append(errs, errors.New("--registry-endpoints (AETHER_REGISTRY_ENDPOINTS) is empty and there is no --registry-data-dir for an embedded etcd: give the registry's etcd client URLs, or a data directory to run a single-member etcd"))
 		}
 		for _, f := range []struct{ name, v string }{{"registry-listen", c.RegistryListen}, {"registry-peer-listen", c.RegistryPeer}} {
 			u, err := url.Parse(f.v)

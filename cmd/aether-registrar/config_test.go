@@ -22,7 +22,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "external registry", args: []string{"--registry-endpoints", "https://10.0.0.1:2379, https://10.0.0.2:2379", "--registry-data-dir", ""}, check: func(c config) bool {
 			return len(c.RegistryEndpoints) == 2 && c.RegistryEndpoints[1] == "https://10.0.0.2:2379"
 		}},
-		{name: "no data dir without endpoints", args: []string{"--registry-data-dir", ""}, wantErr: "--registry-data-dir is required"},
+		{name: "no data dir without endpoints", args: []string{"--registry-data-dir", ""}, wantErr: "--registry-endpoints (AETHER_REGISTRY_ENDPOINTS) is empty and there is no --registry-data-dir"},
 		{name: "bad endpoint", args: []string{"--registry-endpoints", "10.0.0.1:2379"}, wantErr: `--registry-endpoints "10.0.0.1:2379"`},
 		{name: "bad cluster", args: []string{"--cluster", "East_1"}, wantErr: `--cluster "East_1"`},
 		{name: "bad region", args: []string{"--region", "a.b"}, wantErr: `--region "a.b"`},

@@ -15,7 +15,8 @@ import (
 
 // TestDeployRegistrarArgs parses deploy/registrar/deployment.yaml's container (args, env, envFrom
 // the shipped aether-config) with the registrar's own parser, so a renamed flag or environment
-// variable fails: unconfigured it must refuse to start naming --cluster; configured it must
+// variable fails: unconfigured it must refuse to start naming --cluster, and without registry
+// endpoints naming them (no embedded etcd in the Deployment); configured it must
 // accept everything but files that only the cluster supplies, and those must come from the
 // registry-client Secret; the probes must hit its health address; the leader election Lease
 // must be in the namespace the Role covers.
@@ -47,6 +48,10 @@ func TestDeployRegistrarArgs(t *testing.T) {
 
 	data := maps.Clone(shipped)
 	data["AETHER_CLUSTER"] = "east"
+	// The Deployment runs no embedded etcd: without endpoints it refuses to start naming them.
+	if _, err := parse(data); err == nil || !strings.Contains(err.Error(), "--registry-endpoints (AETHER_REGISTRY_ENDPOINTS) is empty") {
+		t.Errorf("registrar without AETHER_REGISTRY_ENDPOINTS: %v, want an error naming it", err)
+	}
 	data["AETHER_REGISTRY_ENDPOINTS"] = "https://10.0.0.2:2379"
 	cfg, err := parse(data)
 	if err != nil {

@@ -186,3 +186,28 @@ func TestBinarySingleMachineEmbeddedRegistry(t *testing.T) {
 		t.Fatalf("exit after SIGTERM: %v", err)
 	}
 }
+
+// TestHelpAndBadFlags: the command prints its usage, with each flag's environment variable, and
+// exits 0 on --help; an unknown flag exits 2 naming it.
+func TestHelpAndBadFlags(t *testing.T) {
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command(os.Args[0], args...)
+		cmd.Env = append(os.Environ(), "AETHER_REGISTRAR_MAIN=1")
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("--help")
+	if err != nil {
+		t.Fatalf("aether-registrar --help: %v\n%s", err, out)
+	}
+	for _, want := range []string{"-cluster", "(env AETHER_CLUSTER)", "-registry-endpoints", "(env AETHER_REGISTRY_ENDPOINTS)"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("aether-registrar --help lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = run("--no-such-flag")
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "no-such-flag") {
+		t.Errorf("aether-registrar --no-such-flag: %v, want exit status 2 naming the flag:\n%s", err, out)
+	}
+}

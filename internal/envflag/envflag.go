@@ -1,0 +1,69 @@
+// Package envflag defines command-line flags whose defaults come from environment variables, the
+// way the DaemonSet and Deployment configure aether's binaries (a ConfigMap's keys as env, flags
+// for overrides): a flag given on the command line wins, else a non-empty variable, else the
+// built-in default. Each flag's usage names its variable. It owns no flag's meaning; the
+// binaries' config parsers do.
+package envflag
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Set defines flags on FS with defaults read through Getenv (os.Getenv in the binaries, a map in
+// tests).
+type Set struct {
+	FS     *flag.FlagSet
+	Getenv func(string) string
+	errs   []error
+}
+
+// usage appends " (env NAME)" unless the text already names the variable.
+func usage(text, env string) string {
+	if strings.Contains(text, "env "+env) {
+		return text
+	}
+	return text + " (env " + env + ")"
+}
+
+// Value returns the variable env when it is set and not empty, else def.
+func (s *Set) Value(env, def string) string {
+	if v := s.Getenv(env); v != "" {
+		return v
+	}
+	return def
+}
+
+// StringVar defines a string flag stored in p, default env's value or def.
+func (s *Set) StringVar(p *string, name, env, def, text string) {
+	s.FS.StringVar(p, name, s.Value(env, def), usage(text, env))
+}
+
+// String defines a string flag, default env's value or def, and returns its value's address.
+func (s *Set) String(name, env, def, text string) *string {
+	p := new(string)
+	s.StringVar(p, name, env, def, text)
+	return p
+}
+
+// BoolVar defines a boolean flag stored in p, default env's value (strconv.ParseBool: true,
+// false, 1, 0, ...) or false when env is unset. A value that does not parse is reported by Err,
+// naming the variable and the value.
+func (s *Set) BoolVar(p *bool, name, env, text string) {
+	def := false
+	if v := s.Getenv(env); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			s.errs = append(s.errs, fmt.Errorf("env %s %q: want true or false", env, v))
+		}
+		def = b
+	}
+	s.FS.BoolVar(p, name, def, usage(text, env))
+}
+
+// Err returns the errors of environment values that could not be read as their flag's type, or
+// nil.
+func (s *Set) Err() error { return errors.Join(s.errs...) }
