@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/aethermesh/aether/internal/envflag"
+	"github.com/aethermesh/aether/registrar/registry"
+)
+
+// setupAuthCommand is the subcommand that makes origins unforgeable on a shared etcd.
+const setupAuthCommand = "setup-registry-auth"
+
+// authConfig is the configuration of `aether-registrar setup-registry-auth`.
+type authConfig struct {
+	Endpoints     []string               // --registry-endpoints, AETHER_REGISTRY_ENDPOINTS
+	CA, Cert, Key string                 // --registry-ca/-cert/-key, AETHER_REGISTRY_CA/CERT/KEY
+	RootPassword  string                 // AETHER_REGISTRY_ROOT_PASSWORD only (never a flag: it would show in ps)
+	Users         []registry.ClusterUser // --clusters, passwords from clusterPasswordVar
+	Timeout       time.Duration          // --timeout
+}
+
+// clusterPasswordVar is the environment variable holding a cluster user's password:
+// AETHER_REGISTRY_PASSWORD_<REGION>_<CLUSTER>, upper case, '-' as '_'. Unset means no password
+// (the cluster authenticates with a TLS client certificate whose CN is the user name).
+func clusterPasswordVar(o registry.Origin) string {
+	return "AETHER_REGISTRY_PASSWORD_" + strings.ToUpper(strings.ReplaceAll(o.Region+"_"+o.Cluster, "-", "_"))
+}
+
+// parseAuthConfig reads the subcommand's flags (args after its name) with environment defaults
+// from getenv. Each error names the flag or variable and its value.
+func parseAuthConfig(args []string, getenv func(string) string) (authConfig, error) {
+	var c authConfig
+	fs := flag.NewFlagSet("aether-registrar "+setupAuthCommand, flag.ContinueOnError)
+	ef := &envflag.Set{FS: fs, Getenv: getenv}
+	endpoints := ef.String("registry-endpoints", "AETHER_REGISTRY_ENDPOINTS", "", "comma-separated etcd client URLs of the registry")
+	ef.StringVar(&c.CA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
+	ef.StringVar(&c.Cert, "registry-cert", "AETHER_REGISTRY_CERT", "", "client certificate for the registry (with --client-cert-auth, CN root)")
+	ef.StringVar(&c.Key, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
+	clusters := fs.String("clusters", "", "comma-separated <region>/<cluster> origins to create a user and role for; a user's password comes from AETHER_REGISTRY_PASSWORD_<REGION>_<CLUSTER> (upper case, - as _), none when unset (TLS client certificate with CN aether.<region>.<cluster>)")
+	fs.DurationVar(&c.Timeout, "timeout", 30*time.Second, "how long the whole setup may take")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if err := ef.Err(); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	var errs []error
+	for _, e := range strings.Split(*endpoints, ",") {
+		if e = strings.TrimSpace(e); e != "" {
+			c.Endpoints = append(c.Endpoints, e)
+		}
+	}
+	if len(c.Endpoints) == 0 {
+		errs = append(errs, errors.New("--registry-endpoints is required"))
+	}
+	c.RootPassword = getenv("AETHER_REGISTRY_ROOT_PASSWORD")
+	if c.RootPassword == "" {
+		errs = append(errs, errors.New("AETHER_REGISTRY_ROOT_PASSWORD is required (the etcd root user's password)"))
+	}
+	for _, s := range strings.Split(*clusters, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		region, cluster, ok := strings.Cut(s, "/")
+		o := registry.Origin{Region: region, Cluster: cluster}
+		if !ok {
+			errs = append(errs, fmt.Errorf("--clusters %q: want <region>/<cluster>", s))
+			continue
+		}
+		if err := o.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("--clusters %q: %w", s, err))
+			continue
+		}
+		c.Users = append(c.Users, registry.ClusterUser{Origin: o, Password: getenv(clusterPasswordVar(o))})
+	}
+	if len(c.Users) == 0 && *clusters == "" {
+		errs = append(errs, errors.New("--clusters is required"))
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout %s: want a positive duration", c.Timeout))
+	}
+	errs = append(errs, registry.CheckTLSFlags(c.CA, c.Cert, c.Key)...)
+	return c, errors.Join(errs...)
+}
+
+// setupAuth runs registry.SetupAuth as the etcd root user (which also works before auth is on:
+// etcd then ignores the credentials), so it can be run again to add clusters.
+func setupAuth(ctx context.Context, c authConfig) error {
+	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
+	defer cancel()
+	tlsCfg, err := registry.TLSFiles(c.Cert, c.Key, c.CA)
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{
+		Endpoints: c.Endpoints, TLS: tlsCfg, Username: "root", Password: c.RootPassword,
+		DialTimeout: 5 * time.Second, Context: ctx,
+	})
+	if err != nil {
+		return fmt.Errorf("connect to the registry's etcd %v: %w", c.Endpoints, err)
+	}
+	defer cli.Close()
+	return registry.SetupAuth(ctx, cli, c.RootPassword, c.Users)
+}
