@@ -47,7 +47,7 @@ stamp "go test"
 go test -race -p 2 -timeout 45m -count=1 ./...
 
 stamp "fuzz (short runs of every fuzz target)"
-# Each target's seed corpus already ran above; this explores ${AETHER_FUZZTIME:-5000x} more inputs
+# Each target's seed corpus already ran above; this explores ${AETHER_FUZZTIME:-20000x} more inputs
 # each. A count, not a duration: with a duration Go 1.26's fuzz coordinator can fail a target with
 # a bare "context deadline exceeded" (no failing input) when its worker is mid-call at the
 # deadline on a busy machine (golang/go#75804, fixed in Go 1.27). A real finding still fails the
@@ -56,7 +56,7 @@ grep -rl --include='*_test.go' '^func Fuzz' . | grep -v '^./hack/' | while read 
   pkg="./$(dirname "${f#./}")"
   sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$f" | while read -r target; do
     echo "fuzz $pkg $target"
-    go test -run '^$' -fuzz "^$target\$" -fuzztime "${AETHER_FUZZTIME:-5000x}" -parallel 1 "$pkg"
+    go test -run '^$' -fuzz "^$target\$" -fuzztime "${AETHER_FUZZTIME:-20000x}" -parallel 1 "$pkg"
   done
 done
 
