@@ -114,24 +114,11 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.BoolVar(&c.UninstallCNI, "uninstall-cni", false, "remove aether-cni from the conflist and the CNI bin dir, then exit")
 	ef.BoolVar(&c.EastWestWaypoint, "east-west-waypoint", "AETHER_EAST_WEST_WAYPOINT", "make this node an east-west waypoint and send cross-cluster traffic through remote nodes' waypoints")
 	level := ef.String("log-level", "AETHER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
-	if err := fs.Parse(args); err != nil {
+	if err := ef.Parse(args); err != nil {
 		return c, err
 	}
-	if err := ef.Err(); err != nil {
-		return c, err
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	for _, e := range strings.Split(*endpoints, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			c.RegistryEndpoints = append(c.RegistryEndpoints, e)
-		}
-	}
-	for _, s := range strings.Split(*clusterDNS, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
+	c.RegistryEndpoints = envflag.List(*endpoints)
+	for _, s := range envflag.List(*clusterDNS) {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
 			return c, fmt.Errorf("--cluster-dns %q: not an IP address", s)

@@ -82,20 +82,10 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 50, "API server requests per second")
 	fs.IntVar(&c.KubeBurst, "kube-api-burst", 100, "API server request burst")
 	level := ef.String("log-level", "AETHER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
-	if err := fs.Parse(args); err != nil {
+	if err := ef.Parse(args); err != nil {
 		return c, err
 	}
-	if err := ef.Err(); err != nil {
-		return c, err
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
-	}
-	for _, e := range strings.Split(*endpoints, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			c.RegistryEndpoints = append(c.RegistryEndpoints, e)
-		}
-	}
+	c.RegistryEndpoints = envflag.List(*endpoints)
 	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}

@@ -45,21 +45,11 @@ func parseAuthConfig(args []string, getenv func(string) string) (authConfig, err
 	ef.StringVar(&c.Key, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
 	clusters := fs.String("clusters", "", "comma-separated <region>/<cluster> origins to create a user and role for; a user's password comes from AETHER_REGISTRY_PASSWORD_<REGION>_<CLUSTER> (upper case, - as _), none when unset (TLS client certificate with CN aether.<region>.<cluster>)")
 	fs.DurationVar(&c.Timeout, "timeout", 30*time.Second, "how long the whole setup may take")
-	if err := fs.Parse(args); err != nil {
+	if err := ef.Parse(args); err != nil {
 		return c, err
-	}
-	if err := ef.Err(); err != nil {
-		return c, err
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
 	var errs []error
-	for _, e := range strings.Split(*endpoints, ",") {
-		if e = strings.TrimSpace(e); e != "" {
-			c.Endpoints = append(c.Endpoints, e)
-		}
-	}
+	c.Endpoints = envflag.List(*endpoints)
 	if len(c.Endpoints) == 0 {
 		errs = append(errs, errors.New("--registry-endpoints is required"))
 	}
@@ -67,10 +57,7 @@ func parseAuthConfig(args []string, getenv func(string) string) (authConfig, err
 	if c.RootPassword == "" {
 		errs = append(errs, errors.New("AETHER_REGISTRY_ROOT_PASSWORD is required (the etcd root user's password)"))
 	}
-	for _, s := range strings.Split(*clusters, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
+	for _, s := range envflag.List(*clusters) {
 		region, cluster, ok := strings.Cut(s, "/")
 		o := registry.Origin{Region: region, Cluster: cluster}
 		if !ok {

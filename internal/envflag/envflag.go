@@ -67,3 +67,29 @@ func (s *Set) BoolVar(p *bool, name, env, text string) {
 // Err returns the errors of environment values that could not be read as their flag's type, or
 // nil.
 func (s *Set) Err() error { return errors.Join(s.errs...) }
+
+// Parse parses args (without the program name) on FS and returns flag.ErrHelp for -h/--help, a
+// flag's parse error, the environment errors of Err, or an error naming stray arguments.
+func (s *Set) Parse(args []string) error {
+	if err := s.FS.Parse(args); err != nil {
+		return err
+	}
+	if err := s.Err(); err != nil {
+		return err
+	}
+	if s.FS.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", s.FS.Args())
+	}
+	return nil
+}
+
+// List splits a comma-separated flag value into its trimmed, non-empty items (nil for none).
+func List(v string) []string {
+	var out []string
+	for _, item := range strings.Split(v, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}

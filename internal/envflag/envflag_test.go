@@ -1,6 +1,7 @@
 package envflag
 
 import (
+	"errors"
 	"flag"
 	"io"
 	"strings"
@@ -37,5 +38,36 @@ func TestSet(t *testing.T) {
 	}
 	if err := s.Err(); err == nil || !strings.Contains(err.Error(), `env BAD "yes please"`) {
 		t.Errorf("Err() = %v, want an error naming BAD and its value", err)
+	}
+}
+
+// TestParseAndList: Parse returns flag.ErrHelp for --help, the environment errors, and an error
+// naming stray arguments; List trims and drops empty items.
+func TestParseAndList(t *testing.T) {
+	newSet := func(env map[string]string) *Set {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		s := &Set{FS: fs, Getenv: func(k string) string { return env[k] }}
+		var b bool
+		s.BoolVar(&b, "b", "B", "flag b")
+		return s
+	}
+	if err := newSet(nil).Parse([]string{"--help"}); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("Parse(--help) = %v, want flag.ErrHelp", err)
+	}
+	if err := newSet(map[string]string{"B": "maybe"}).Parse(nil); err == nil || !strings.Contains(err.Error(), `env B "maybe"`) {
+		t.Errorf("Parse with B=maybe: %v, want an error naming B", err)
+	}
+	if err := newSet(nil).Parse([]string{"-b", "extra"}); err == nil || !strings.Contains(err.Error(), `unexpected arguments ["extra"]`) {
+		t.Errorf("Parse with a stray argument: %v, want an error naming it", err)
+	}
+	if err := newSet(nil).Parse([]string{"-b"}); err != nil {
+		t.Errorf("Parse(-b) = %v", err)
+	}
+	if got := List(" a, ,b ,"); len(got) != 2 || got[0] != "a" || got[1] != "b" {
+		t.Errorf("List = %q, want [a b]", got)
+	}
+	if got := List(""); got != nil {
+		t.Errorf("List(\"\") = %q, want nil", got)
 	}
 }
