@@ -38,10 +38,10 @@ func (s *Substrate) setupCluster(ctx, bgctx context.Context, c *Cluster, cniBinD
 	c.Client = cs
 	apiAddr := strings.TrimPrefix(c.Config.Host, "https://")
 	gw := c.Plan.Gateway.String()
-	if err := s.fwd.listen(s.Underlay, net.JoinHostPort(gw, strconv.Itoa(APIServerPort)), apiAddr); err != nil {
+	if err := s.fwd.Listen(s.Underlay, net.JoinHostPort(gw, strconv.Itoa(APIServerPort)), apiAddr); err != nil {
 		return err
 	}
-	if err := s.fwd.listen(s.Underlay, net.JoinHostPort(gw, strconv.Itoa(RegistryPort)), strings.TrimPrefix(s.RegistryEndpoint, "http://")); err != nil {
+	if err := s.fwd.Listen(s.Underlay, net.JoinHostPort(gw, strconv.Itoa(RegistryPort)), strings.TrimPrefix(s.RegistryEndpoint, "http://")); err != nil {
 		return err
 	}
 	c.NodeRegistryEndpoint = "http://" + net.JoinHostPort(gw, strconv.Itoa(RegistryPort))

@@ -87,7 +87,7 @@ type Substrate struct {
 	procs    *procTable
 	cancel   context.CancelFunc
 	bg       sync.WaitGroup
-	fwd      *forwarder
+	fwd      *testenv.Forwarder
 	stopOnce sync.Once
 	mounted  bool
 	failed   bool
@@ -275,7 +275,7 @@ func Start(ctx context.Context, opts Options) (_ *Substrate, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("start substrate: %w", err)
 	}
-	s := &Substrate{Dir: dir, Plan: plan, opts: opts, log: opts.Logger, netnsDir: filepath.Join(dir, "netns"), fwd: &forwarder{}}
+	s := &Substrate{Dir: dir, Plan: plan, opts: opts, log: opts.Logger, netnsDir: filepath.Join(dir, "netns"), fwd: &testenv.Forwarder{}}
 	defer func() {
 		if err != nil {
 			// Keep the logs of a failed start; Clean removes the directory later.
@@ -506,7 +506,7 @@ func (s *Substrate) stop() {
 		s.procs.stopAll("node/", 10*time.Second)
 		s.procs.stopAll("cluster/", 10*time.Second)
 	}
-	s.fwd.close()
+	s.fwd.Close()
 	var wg sync.WaitGroup
 	for _, c := range s.Clusters {
 		if c.stopAPI != nil {

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -127,30 +128,102 @@ func (n *Netns) DefaultRoute(t testing.TB, gw netip.Addr) {
 
 // Forward accepts TCP connections on addr inside the namespace and copies each to target,
 // dialled from the test's own namespace (a node namespace reaching an API server or etcd on the
-// root loopback, say). It stops when the test ends.
+// root loopback, say). It stops, cutting the forwarded connections, when the test ends.
 func (n *Netns) Forward(t testing.TB, addr, target string) {
 	t.Helper()
-	l := n.Listen(t, addr)
-	go func() {
+	f := &Forwarder{}
+	if err := f.Listen(n, addr, target); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	t.Cleanup(f.Close)
+}
+
+// Forwarder copies TCP connections accepted inside namespaces to targets dialled from the
+// caller's namespace (5 s dial timeout; a connection whose target does not answer is closed).
+// Close stops it and cuts every forwarded connection. Safe for concurrent use.
+type Forwarder struct {
+	mu     sync.Mutex
+	ls     []net.Listener
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Listen accepts connections on addr ("host:port") inside ns and forwards each to target.
+func (f *Forwarder) Listen(ns *Netns, addr, target string) error {
+	var l net.Listener
+	if err := ns.Do(func() (err error) { l, err = net.Listen("tcp", addr); return err }); err != nil {
+		return fmt.Errorf("forward: listen on %s in netns %s: %w", addr, ns.Name, err)
+	}
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		l.Close()
+		return fmt.Errorf("forward: listen on %s in netns %s: forwarder closed", addr, ns.Name)
+	}
+	f.ls = append(f.ls, l)
+	f.mu.Unlock()
+	f.wg.Go(func() {
 		for {
 			c, err := l.Accept()
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				u, err := net.DialTimeout("tcp", target, 5*time.Second)
-				if err != nil {
-					return
-				}
-				defer u.Close()
-				done := make(chan struct{}, 2)
-				go func() { _, _ = io.Copy(u, c); done <- struct{}{} }()
-				go func() { _, _ = io.Copy(c, u); done <- struct{}{} }()
-				<-done
-			}()
+			f.wg.Go(func() { f.pipe(c, target) })
 		}
-	}()
+	})
+	return nil
+}
+
+// track adds (or removes) a connection Close must cut; false when the forwarder is closed.
+func (f *Forwarder) track(c net.Conn, add bool) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !add {
+		delete(f.conns, c)
+		return true
+	}
+	if f.closed {
+		return false
+	}
+	if f.conns == nil {
+		f.conns = map[net.Conn]struct{}{}
+	}
+	f.conns[c] = struct{}{}
+	return true
+}
+
+func (f *Forwarder) pipe(down net.Conn, target string) {
+	defer down.Close()
+	up, err := net.DialTimeout("tcp", target, 5*time.Second)
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	if !f.track(down, true) || !f.track(up, true) {
+		return
+	}
+	defer f.track(down, false)
+	defer f.track(up, false)
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, down); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(down, up); done <- struct{}{} }()
+	<-done
+}
+
+// Close stops accepting, cuts every forwarded connection and waits for the copies to end.
+func (f *Forwarder) Close() {
+	f.mu.Lock()
+	f.closed = true
+	for _, l := range f.ls {
+		l.Close()
+	}
+	f.ls = nil
+	for c := range f.conns {
+		c.Close()
+	}
+	f.mu.Unlock()
+	f.wg.Wait()
 }
 
 // EchoOnce writes msg on c and reads the same bytes back (10 s deadline).

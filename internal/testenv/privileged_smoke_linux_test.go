@@ -249,3 +249,49 @@ func TestPrivilegedNftablesInNetns(t *testing.T) {
 		}
 	}
 }
+
+// TestPrivilegedForwarder: a connection accepted inside a namespace reaches an echo server on the
+// root loopback through the Forwarder; Close cuts the established connection and stops
+// accepting.
+func TestPrivilegedForwarder(t *testing.T) {
+	RequireRoot(t)
+	ns := NewNetns(t) // lo is up
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	f := &Forwarder{}
+	if err := f.Listen(ns, "127.0.0.1:7000", echo.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ns.Dial("127.0.0.1:7000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := EchoOnce(c, "through the forwarder\n"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if n, err := c.Read(make([]byte, 1)); err == nil {
+		t.Errorf("read %d bytes after Close, want the connection cut", n)
+	}
+	if c2, err := ns.Dial("127.0.0.1:7000"); err == nil {
+		c2.Close()
+		t.Error("dial after Close succeeded, want refused")
+	}
+	if err := f.Listen(ns, "127.0.0.1:7001", echo.Addr().String()); err == nil {
+		t.Error("Listen after Close succeeded, want an error")
+	}
+}
