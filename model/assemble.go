@@ -1,14 +1,17 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
 
@@ -71,7 +74,18 @@ type Sources struct {
 // Ports: a Service port's target port is its numeric targetPort, or, when named, the container port
 // registered for it; the protocol is the port's appProtocol, else the registered endpoints'
 // protocol, else HTTP. Assemble is pure: the same Sources give the same Mesh.
+//
+// Parts of an object the model cannot hold are left out and listed in Mesh.Skipped, so one odd
+// object never costs the other services their routing: a port number outside 1-65535 (a
+// ServiceImport's CRD does not bound it), an SCTP port (not captured, so not meshed), a second
+// non-UDP port with the same number as an earlier one (80/TCP beside 80/SCTP is valid in a
+// Service; a ServiceImport may list a port twice), a VIP that is not an IP address, and an
+// aether.io/mesh-service annotation that does not name a service in the Service's own namespace.
 func Assemble(version uint64, in Sources) *Mesh {
+	var skipped []Skipped
+	skip := func(kind string, obj ServiceKey, field, value, reason string) {
+		skipped = append(skipped, Skipped{Object: kind + " " + obj.String(), Field: field, Value: value, Reason: reason})
+	}
 	byKey := map[ServiceKey]*Service{}
 	get := func(k ServiceKey) *Service {
 		s := byKey[k]
@@ -98,25 +112,37 @@ func Assemble(version uint64, in Sources) *Mesh {
 		if !in.MeshNamespaces[svc.Namespace] {
 			continue
 		}
+		k := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+		skipIP := func(i int, v, reason string) { skip("Service", k, fmt.Sprintf("spec.clusterIPs[%d]", i), v, reason) }
 		if svc.Labels[LabelManagedBy] == ManagedByAether {
-			if target, ok := parseMeshService(svc.Annotations[AnnotationMeshService]); ok {
-				s := get(target)
-				s.Imported = true
-				s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, svc.Spec.ClusterIPs)
+			v, ok := svc.Annotations[AnnotationMeshService]
+			if !ok {
+				continue
 			}
+			target, err := parseMeshService(v, svc.Namespace)
+			if err != nil {
+				skip("Service", k, "metadata.annotations["+AnnotationMeshService+"]", v, err.Error())
+				continue
+			}
+			s := get(target)
+			s.Imported = true
+			s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, svc.Spec.ClusterIPs, skipIP)
 			continue
 		}
-		k := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 		if len(svc.Spec.Selector) > 0 {
 			selectors = append(selectors, selected{k, labels.SelectorFromSet(svc.Spec.Selector)})
 		}
 		s := get(k)
 		s.Local = true
 		s.Created = svc.CreationTimestamp.Time
-		s.VIPs = appendIPs(nil, svc.Spec.ClusterIPs)
+		s.VIPs = appendIPs(nil, svc.Spec.ClusterIPs, skipIP)
 		s.Exported = exported[k][in.Cluster]
 		s.Ports = nil
-		for _, p := range svc.Spec.Ports {
+		for i, p := range svc.Spec.Ports {
+			if f, v, reason := badPort(i, p.Port, p.Protocol, s.Ports); reason != "" {
+				skip("Service", k, f, v, reason)
+				continue
+			}
 			sp := ServicePort{Name: p.Name, Port: uint32(p.Port)}
 			switch {
 			case p.TargetPort.Type == intstr.String && p.TargetPort.StrVal != "":
@@ -138,10 +164,16 @@ func Assemble(version uint64, in Sources) *Mesh {
 		k := ServiceKey{Namespace: imp.Namespace, Name: imp.Name}
 		s := get(k)
 		s.Imported = true
-		s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, imp.Spec.IPs)
+		s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, imp.Spec.IPs, func(i int, v, reason string) {
+			skip("ServiceImport", k, fmt.Sprintf("spec.ips[%d]", i), v, reason)
+		})
 		if !s.Local {
 			s.Ports = nil
-			for _, p := range imp.Spec.Ports {
+			for i, p := range imp.Spec.Ports {
+				if f, v, reason := badPort(i, p.Port, p.Protocol, s.Ports); reason != "" {
+					skip("ServiceImport", k, f, v, reason)
+					continue
+				}
 				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: portProtocol(p.Protocol, p.AppProtocol)})
 			}
 		}
@@ -208,7 +240,28 @@ func Assemble(version uint64, in Sources) *Mesh {
 		slices.SortFunc(lp.Services, ServiceKey.Compare)
 		pods = append(pods, lp)
 	}
-	return New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
+	m := New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
+	m.skipped = skipped
+	return m
+}
+
+// badPort checks port i of a Service or ServiceImport against the ports kept so far. It returns
+// the field, its value and why the port is left out of the model, or reason "" to keep it.
+func badPort(i int, port int32, proto corev1.Protocol, kept []ServicePort) (field, value, reason string) {
+	field = fmt.Sprintf("spec.ports[%d]", i)
+	switch {
+	case port < 1 || port > 65535:
+		return field + ".port", strconv.Itoa(int(port)), "want 1-65535"
+	case proto == corev1.ProtocolSCTP:
+		return field + ".protocol", string(proto), "SCTP is not captured, so not meshed"
+	case proto != corev1.ProtocolUDP && slices.ContainsFunc(kept, func(sp ServicePort) bool {
+		return sp.Port == uint32(port) && sp.Protocol != ProtocolUDP
+	}):
+		// Two ports with one number would be two clusters with one name and two lane virtual
+		// hosts with the same domains, which Envoy rejects for the whole route table.
+		return field + ".port", strconv.Itoa(int(port)), "duplicate port: an earlier port has this number"
+	}
+	return "", "", ""
 }
 
 // endpointCounts reports whether e serves s in this cluster's model: endpoints of this cluster
@@ -265,19 +318,35 @@ func portProtocol(l4 corev1.Protocol, app *string) Protocol {
 	return ""
 }
 
-func parseMeshService(v string) (ServiceKey, bool) {
-	ns, name, ok := strings.Cut(v, "/")
-	if !ok || ns == "" || name == "" {
-		return ServiceKey{}, false
+// parseMeshService parses the annotation aether.io/mesh-service ("<ns>/<svc>") of a
+// <svc>-clusterset Service in namespace ns: the namespace must be ns (aether creates the
+// clusterset Service beside the service it stands for) and the name a DNS label.
+func parseMeshService(v, ns string) (ServiceKey, error) {
+	n, name, ok := strings.Cut(v, "/")
+	switch {
+	case !ok:
+		return ServiceKey{}, fmt.Errorf("want <namespace>/<service>")
+	case n != ns:
+		return ServiceKey{}, fmt.Errorf("want a service in namespace %q", ns)
+	case len(validation.IsDNS1123Label(name)) > 0:
+		return ServiceKey{}, fmt.Errorf("service name: %s", strings.Join(validation.IsDNS1123Label(name), "; "))
 	}
-	return ServiceKey{Namespace: ns, Name: name}, true
+	return ServiceKey{Namespace: ns, Name: name}, nil
 }
 
-func appendIPs(dst []netip.Addr, ips []string) []netip.Addr {
-	for _, s := range ips {
-		if a, err := netip.ParseAddr(s); err == nil {
-			dst = append(dst, a)
+// appendIPs appends the VIPs in ips to dst. "None" (a headless Service) and "" are no VIP;
+// anything else that is not an IP address without a zone is passed to bad with its index.
+func appendIPs(dst []netip.Addr, ips []string, bad func(i int, v, reason string)) []netip.Addr {
+	for i, s := range ips {
+		if s == "" || s == corev1.ClusterIPNone {
+			continue
 		}
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			bad(i, s, "want an IPv4 or IPv6 address")
+			continue
+		}
+		dst = append(dst, a)
 	}
 	return dst
 }

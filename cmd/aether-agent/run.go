@@ -108,6 +108,10 @@ func run(ctx context.Context, cfg config) error {
 		for _, c := range m.ShortNameClashes() {
 			log.Warn("short mesh name clash: oldest service keeps the short name", "name", c.Name+"."+m.MeshDomain, "winner", c.Winner.String(), "losers", fmt.Sprint(c.Losers))
 		}
+		metrics.skipped.Set(float64(len(m.Skipped())))
+		for _, s := range m.Skipped() {
+			log.Warn("left out of the mesh model; the rest is served", "object", s.Object, "field", s.Field, "value", s.Value, "reason", s.Reason)
+		}
 	})
 
 	rcfg := registry.Config{
