@@ -136,6 +136,16 @@ func TestValidateExport(t *testing.T) {
 		{"no ports", func(m *registryv1.ExportMark) { m.Ports = nil }, "ports"},
 		{"bad target port", func(m *registryv1.ExportMark) { m.Ports[0].TargetPort = 65536 }, "ports[0].target_port"},
 		{"target port zero ok", func(m *registryv1.ExportMark) { m.Ports[0].TargetPort = 0 }, ""},
+		{"duplicate port", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "b", Port: m.Ports[0].Port, Protocol: registryv1.Protocol_PROTOCOL_TCP})
+		}, "ports[1].port"},
+		{"duplicate UDP port", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "u", Port: 53, Protocol: registryv1.Protocol_PROTOCOL_UDP},
+				&registryv1.ServicePort{Name: "u2", Port: 53, Protocol: registryv1.Protocol_PROTOCOL_UDP})
+		}, "ports[2].port"},
+		{"UDP beside TCP on one port ok", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "u", Port: m.Ports[0].Port, Protocol: registryv1.Protocol_PROTOCOL_UDP})
+		}, ""},
 		{"bad create time", func(m *registryv1.ExportMark) { m.CreateTime = "yesterday" }, "create_time"},
 		{"bad namespace", func(m *registryv1.ExportMark) { m.Service.Namespace = "a/b" }, "service.namespace"},
 	}

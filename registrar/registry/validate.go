@@ -182,8 +182,9 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 }
 
 // ValidateExport checks an ExportMark: service, ports (at least one; port 1-65535, target_port
-// 0-65535 where 0 means the same as port, a defined protocol, unique ports) and create_time
-// (RFC 3339).
+// 0-65535 where 0 means the same as port, a defined protocol, unique ports, where a UDP port and
+// a non-UDP port may share a number as they may in a Service: 53/UDP beside 53/TCP) and
+// create_time (RFC 3339).
 func ValidateExport(m *registryv1.ExportMark) error {
 	if m == nil {
 		return fieldErr("export", "", "required")
@@ -194,16 +195,21 @@ func ValidateExport(m *registryv1.ExportMark) error {
 	if len(m.GetPorts()) == 0 {
 		return fieldErr("ports", "", "want at least one port")
 	}
-	seen := map[uint32]bool{}
+	type l4Port struct {
+		port uint32
+		udp  bool
+	}
+	seen := map[l4Port]bool{}
 	for i, p := range m.GetPorts() {
 		f := fmt.Sprintf("ports[%d]", i)
 		if err := validPort(p.GetPort(), f+".port", false); err != nil {
 			return err
 		}
-		if seen[p.GetPort()] {
+		k := l4Port{p.GetPort(), p.GetProtocol() == registryv1.Protocol_PROTOCOL_UDP}
+		if seen[k] {
 			return fieldErr(f+".port", strconv.Itoa(int(p.GetPort())), "duplicate port")
 		}
-		seen[p.GetPort()] = true
+		seen[k] = true
 		if err := validPort(p.GetTargetPort(), f+".target_port", true); err != nil {
 			return err
 		}
