@@ -105,8 +105,8 @@ func validTime(s, field string) error {
 
 // ValidateEndpoint checks a ServiceEndpoint before it is written and after it is read. It returns
 // a *ValidationError naming the first bad field: service, addresses (at least one, each an IP
-// address, no duplicates), ports (at least one, 1-65535, a defined protocol, unique numbers and
-// names), spiffe_id (spiffe://...), health (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and
+// address, no duplicates), ports (at least one, 1-65535, a defined protocol, unique names; a
+// number repeats only under different names), spiffe_id (spiffe://...), health (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and
 // node name required; node_ip empty or an IP address), zone (at most 63 characters, no '/').
 func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if ep == nil {
@@ -141,8 +141,10 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 			return fieldErr(fmt.Sprintf("ports[%d].port", i), strconv.Itoa(int(p.GetPort())), "want 1-65535")
 		}
 		for _, q := range ep.GetPorts()[:i] {
-			if q.GetPort() == p.GetPort() {
-				return fieldErr(fmt.Sprintf("ports[%d].port", i), strconv.Itoa(int(p.GetPort())), "duplicate port")
+			// Two named Service ports may reach one container port (80 and 8080 both to 8080):
+			// the record keeps both names, which other clusters resolve target ports by.
+			if q.GetPort() == p.GetPort() && (p.GetName() == "" || q.GetName() == "") {
+				return fieldErr(fmt.Sprintf("ports[%d].port", i), strconv.Itoa(int(p.GetPort())), "duplicate port without a name")
 			}
 			if p.GetName() != "" && q.GetName() == p.GetName() {
 				return fieldErr(fmt.Sprintf("ports[%d].name", i), p.GetName(), "duplicate port name")
