@@ -80,7 +80,8 @@ type Sources struct {
 // ServiceImport's CRD does not bound it), an SCTP port (not captured, so not meshed), a second
 // non-UDP port with the same number as an earlier one (80/TCP beside 80/SCTP is valid in a
 // Service; a ServiceImport may list a port twice), a VIP that is not an IP address, and an
-// aether.io/mesh-service annotation that does not name a service in the Service's own namespace.
+// aether.io/mesh-service annotation that does not name a service in the Service's own namespace,
+// and a whole ServiceImport whose name is not a DNS label (MCS names it after its Service).
 func Assemble(version uint64, in Sources) *Mesh {
 	var skipped []Skipped
 	skip := func(kind string, obj ServiceKey, field, value, reason string) {
@@ -162,6 +163,12 @@ func Assemble(version uint64, in Sources) *Mesh {
 			continue
 		}
 		k := ServiceKey{Namespace: imp.Namespace, Name: imp.Name}
+		if errs := validation.IsDNS1123Label(imp.Name); len(errs) > 0 {
+			// A CRD object's name may be 253 characters with dots; the mesh names and waypoint
+			// SNI built from it would not be DNS names (Envoy refuses an SNI over 255 bytes).
+			skip("ServiceImport", k, "metadata.name", imp.Name, "want a DNS label, the name of the Service it imports: "+strings.Join(errs, "; "))
+			continue
+		}
 		s := get(k)
 		s.Imported = true
 		s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, imp.Spec.IPs, func(i int, v, reason string) {

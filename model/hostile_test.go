@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -20,7 +21,7 @@ import (
 // TestAssembleSkipsHostileParts feeds objects that a real kube-apiserver accepts but whose parts
 // the model cannot hold (80/TCP beside 80/SCTP; a ServiceImport with port 80 twice, ports 0,
 // 70000 and -1 and a VIP that is no IP; clusterset Services whose mesh-service annotation names
-// another namespace or no DNS label) through a KubeSource into Assemble: exactly those parts are
+// another namespace or no DNS label; a ServiceImport named with 253 characters) through a KubeSource into Assemble: exactly those parts are
 // left out and listed in Mesh.Skipped by object, field and value, and everything else stays in
 // the model (53/UDP beside 53/TCP, headless and ExternalName Services; 8 Services with the
 // API server's own "kubernetes").
@@ -67,6 +68,12 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 			{Name: "zero", Port: 0}, {Name: "big", Port: 70000}, {Name: "neg", Port: -1}}},
 	}, metav1.CreateOptions{}))
 
+	long := strings.Repeat("a.", 126) + "b"
+	must(mcs.MulticlusterV1beta1().ServiceImports("shop").Create(ctx, &mcsv1beta1.ServiceImport{
+		ObjectMeta: metav1.ObjectMeta{Name: long},
+		Spec:       mcsv1beta1.ServiceImportSpec{Type: mcsv1beta1.ClusterSetIP, IPs: []string{"10.96.9.10"}, Ports: []mcsv1beta1.ServicePort{{Name: "a", Port: 80}}},
+	}, metav1.CreateOptions{}))
+
 	src, err := NewKubeSource(cs, mcs, "node-1", 0, func() {})
 	if err != nil {
 		t.Fatal(err)
@@ -80,7 +87,7 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 		if err := src.Fill(&s); err != nil {
 			return err
 		}
-		if len(s.Services) != 8 || len(s.Imports) != 1 || len(s.MeshNamespaces) != 2 {
+		if len(s.Services) != 8 || len(s.Imports) != 2 || len(s.MeshNamespaces) != 2 {
 			return fmt.Errorf("%d services, %d imports, %d namespaces", len(s.Services), len(s.Imports), len(s.MeshNamespaces))
 		}
 		m = Assemble(1, s)
@@ -116,6 +123,9 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 	if s := m.Service(ServiceKey{Namespace: "other", Name: "web"}); s == nil || s.Imported || len(s.ClustersetVIPs) > 0 {
 		t.Errorf("other/web = %+v: a clusterset Service in another namespace made it imported", s)
 	}
+	if m.Service(ServiceKey{Namespace: "shop", Name: long}) != nil {
+		t.Errorf("the ServiceImport named %q is in the model", long)
+	}
 	if s := m.Service(ServiceKey{Namespace: "shop", Name: "headless"}); s == nil || len(s.VIPs) > 0 {
 		t.Errorf("shop/headless = %+v, want no VIP", s)
 	}
@@ -133,7 +143,9 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 		"ServiceImport shop/api spec.ports[2].port=0",
 		"ServiceImport shop/api spec.ports[3].port=70000",
 		"ServiceImport shop/api spec.ports[4].port=-1",
+		"ServiceImport shop/" + long + " metadata.name=" + long,
 	}
+	slices.Sort(want)
 	if !slices.Equal(got, want) {
 		t.Errorf("Skipped =\n%q\nwant\n%q", got, want)
 	}

@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"context"
 	"net/netip"
 	"strings"
 	"testing"
@@ -53,5 +54,44 @@ func TestPrivilegedHostileServicesAcked(t *testing.T) {
 	}
 	if n, last := f.srv.NACKs(); n != 0 {
 		t.Errorf("Envoy rejected %d responses, last: %s", n, last)
+	}
+}
+
+// TestPrivilegedLongImportNameAcked: with the east-west waypoint on, a ServiceImport whose name
+// is a valid object name but no DNS label (253 characters with dots; MCS names a ServiceImport
+// after its Service, a label) is left out of the model, and a real Envoy ACKs the snapshot with
+// the well-formed service beside it. Before, its waypoint SNI ("<port>.<name>.<ns>.<meshDomain>",
+// 264 bytes) passed ValidateAll (the TLS context is inside an Any) and Envoy rejected the
+// clusters (UpstreamTlsContext.sni is at most 255 bytes), so no snapshot after it was ACKed.
+func TestPrivilegedLongImportNameAcked(t *testing.T) {
+	f := newMeshFixture(t, time.Hour, true, Options{EastWestWaypoint: true})
+	_, ip := f.addPod("client", false)
+	long := strings.Repeat("a.", 126) + "b"
+	in := model.Sources{
+		Cluster: "c1", MeshDomain: "mesh", TrustDomain: f.td, MeshNamespaces: map[string]bool{"shop": true},
+		Services: []*corev1.Service{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
+			Spec: corev1.ServiceSpec{ClusterIPs: []string{"10.96.0.1"}, Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}},
+		Imports: []*mcsv1beta1.ServiceImport{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: long},
+			Spec: mcsv1beta1.ServiceImportSpec{IPs: []string{"10.97.0.5"}, Ports: []mcsv1beta1.ServicePort{{Name: "http", Port: 80}}}}},
+		Pods: []*corev1.Pod{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "client", UID: "uid-client"}}},
+		Attachments: map[string]model.PodAttachment{"uid-client": {PodUID: "uid-client", Namespace: "shop", Name: "client",
+			NetnsPath: f.pods["client"].Path, IPs: []netip.Addr{ip}}},
+	}
+	m := model.Assemble(2, in)
+	v, err := f.srv.SetMesh(context.Background(), m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// WaitForAck returns once listeners and clusters are ACKed, or at the NACK.
+	if err := f.srv.WaitForAck(ctx, v); err != nil {
+		t.Fatalf("WaitForAck: %v", err)
+	}
+	if n, last := f.srv.NACKs(); n != 0 {
+		t.Errorf("Envoy rejected %d responses, last: %s", n, last)
+	}
+	if m.Service(model.ServiceKey{Namespace: "shop", Name: long}) != nil || len(m.Skipped()) != 1 {
+		t.Errorf("the import is in the model (skipped: %v)", m.Skipped())
 	}
 }
