@@ -81,7 +81,9 @@ type Sources struct {
 // non-UDP port with the same number as an earlier one (80/TCP beside 80/SCTP is valid in a
 // Service; a ServiceImport may list a port twice), a VIP that is not an IP address, and an
 // aether.io/mesh-service annotation that does not name a service in the Service's own namespace,
-// and a whole ServiceImport whose name is not a DNS label (MCS names it after its Service).
+// and a whole ServiceImport whose name is not a DNS label (MCS names it after its Service). An
+// appProtocol or endpoint.aether.io/protocol annotation ParseProtocol does not know is listed too
+// (the default applies).
 func Assemble(version uint64, in Sources) *Mesh {
 	var skipped []Skipped
 	skip := func(kind string, obj ServiceKey, field, value, reason string) {
@@ -153,7 +155,9 @@ func Assemble(version uint64, in Sources) *Mesh {
 			default: // unset targetPort defaults to the port (Kubernetes API semantics)
 				sp.TargetPort = uint32(p.Port)
 			}
-			sp.Protocol = portProtocol(p.Protocol, p.AppProtocol)
+			sp.Protocol = portProtocol(p.Protocol, p.AppProtocol, func(v, reason string) {
+				skip("Service", k, fmt.Sprintf("spec.ports[%d].appProtocol", i), v, reason)
+			})
 			sp.AppProtocol = sp.Protocol != ""
 			s.Ports = append(s.Ports, sp)
 		}
@@ -181,7 +185,10 @@ func Assemble(version uint64, in Sources) *Mesh {
 					skip("ServiceImport", k, f, v, reason)
 					continue
 				}
-				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: portProtocol(p.Protocol, p.AppProtocol)})
+				proto := portProtocol(p.Protocol, p.AppProtocol, func(v, reason string) {
+					skip("ServiceImport", k, fmt.Sprintf("spec.ports[%d].appProtocol", i), v, reason)
+				})
+				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: proto})
 			}
 		}
 	}
@@ -227,6 +234,8 @@ func Assemble(version uint64, in Sources) *Mesh {
 		}
 		proto, err := ParseProtocol(p.Annotations[AnnotationPortProtocol])
 		if err != nil {
+			skip("Pod", ServiceKey{Namespace: p.Namespace, Name: p.Name}, "metadata.annotations["+AnnotationPortProtocol+"]",
+				p.Annotations[AnnotationPortProtocol], err.Error()+"; HTTP is used")
 			proto = ProtocolHTTP
 		}
 		lp.Protocol = proto
@@ -312,15 +321,18 @@ func resolvePorts(s *Service, eps []Endpoint) {
 }
 
 // portProtocol maps a Kubernetes port protocol and appProtocol to a Protocol; "" means "decide
-// from the endpoints, else HTTP" (see resolvePorts).
-func portProtocol(l4 corev1.Protocol, app *string) Protocol {
+// from the endpoints, else HTTP" (see resolvePorts). An appProtocol ParseProtocol does not know
+// is passed to unknown and ignored.
+func portProtocol(l4 corev1.Protocol, app *string, unknown func(v, reason string)) Protocol {
 	if l4 == corev1.ProtocolUDP {
 		return ProtocolUDP
 	}
 	if app != nil {
-		if p, err := ParseProtocol(*app); err == nil {
+		p, err := ParseProtocol(*app)
+		if err == nil {
 			return p
 		}
+		unknown(*app, err.Error()+"; ignored: the protocol comes from the endpoints, else HTTP")
 	}
 	return ""
 }

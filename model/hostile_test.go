@@ -22,9 +22,10 @@ import (
 // the model cannot hold (80/TCP beside 80/SCTP; a ServiceImport with port 80 twice, ports 0,
 // 70000 and -1 and a VIP that is no IP; clusterset Services whose mesh-service annotation names
 // another namespace or no DNS label; a ServiceImport named with 253 characters) through a KubeSource into Assemble: exactly those parts are
-// left out and listed in Mesh.Skipped by object, field and value, and everything else stays in
-// the model (53/UDP beside 53/TCP, headless and ExternalName Services; 8 Services with the
-// API server's own "kubernetes").
+// left out and listed in Mesh.Skipped by object, field and value, as are an unknown appProtocol
+// and an unknown endpoint.aether.io/protocol pod annotation (the defaults apply), and everything
+// else stays in the model (53/UDP beside 53/TCP, headless and ExternalName Services; 9 Services
+// with the API server's own "kubernetes").
 func TestAssembleSkipsHostileParts(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
@@ -68,6 +69,18 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 			{Name: "zero", Port: 0}, {Name: "big", Port: 70000}, {Name: "neg", Port: -1}}},
 	}, metav1.CreateOptions{}))
 
+	custom := "example.com/custom"
+	must(cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "custom"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "c", Port: 80, AppProtocol: &custom}}}}, metav1.CreateOptions{}))
+	// There is no controller manager: the ServiceAccount admission plugin needs the account.
+	must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
+	pod, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "quic", Annotations: map[string]string{AnnotationPortProtocol: "quic"}},
+		Spec:       corev1.PodSpec{NodeName: "node-1", AutomountServiceAccountToken: new(bool), Containers: []corev1.Container{{Name: "app", Image: "echo"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	long := strings.Repeat("a.", 126) + "b"
 	must(mcs.MulticlusterV1beta1().ServiceImports("shop").Create(ctx, &mcsv1beta1.ServiceImport{
 		ObjectMeta: metav1.ObjectMeta{Name: long},
@@ -83,12 +96,12 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 	}
 	var m *Mesh
 	testenv.Eventually(t, time.Minute, "every object in the informers", func() error {
-		s := Sources{Cluster: "c1"}
+		s := Sources{Cluster: "c1", Attachments: map[string]PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x"}}}
 		if err := src.Fill(&s); err != nil {
 			return err
 		}
-		if len(s.Services) != 8 || len(s.Imports) != 2 || len(s.MeshNamespaces) != 2 {
-			return fmt.Errorf("%d services, %d imports, %d namespaces", len(s.Services), len(s.Imports), len(s.MeshNamespaces))
+		if len(s.Services) != 9 || len(s.Imports) != 2 || len(s.MeshNamespaces) != 2 || len(s.Pods) != 1 {
+			return fmt.Errorf("%d services, %d imports, %d namespaces, %d pods", len(s.Services), len(s.Imports), len(s.MeshNamespaces), len(s.Pods))
 		}
 		m = Assemble(1, s)
 		return nil
@@ -112,6 +125,7 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 		{"shop", "ext", "[]"},
 		{"shop", "api", "[a:80/HTTP]"},
 		{"other", "web", "[http:80/HTTP]"},
+		{"shop", "custom", "[c:80/HTTP]"},
 	} {
 		if got := ports(c.ns, c.name); got != c.want {
 			t.Errorf("%s/%s ports = %s, want %s", c.ns, c.name, got, c.want)
@@ -144,6 +158,8 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 		"ServiceImport shop/api spec.ports[3].port=70000",
 		"ServiceImport shop/api spec.ports[4].port=-1",
 		"ServiceImport shop/" + long + " metadata.name=" + long,
+		"Service shop/custom spec.ports[0].appProtocol=example.com/custom",
+		"Pod shop/quic metadata.annotations[endpoint.aether.io/protocol]=quic",
 	}
 	slices.Sort(want)
 	if !slices.Equal(got, want) {

@@ -50,7 +50,8 @@ type Mesh struct {
 }
 
 // Skipped is a part of a Kubernetes object that Assemble left out of the model because the model
-// cannot hold it; the rest of the object and every other object are still in the model.
+// cannot hold it, or a value it ignored (an unknown protocol: the default applies); the rest of
+// the object and every other object are still in the model.
 type Skipped struct {
 	// Object is the object's kind and namespace/name, e.g. "ServiceImport shop/web".
 	Object string
