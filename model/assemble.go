@@ -68,8 +68,9 @@ type Sources struct {
 //   - endpoints from this cluster count for every service in the model; endpoints from another
 //     cluster count only while that cluster exports the service and this cluster imports it, so
 //     remote unexported services never appear;
-//   - this node's pods become LocalPods when they have a CNI attachment and are not opted out
-//     (annotation aether.io/capture: "false").
+//   - this node's pods become LocalPods when they have a CNI attachment (with a netns path and an
+//     IP address, else the pod is listed in Mesh.Skipped) and are not opted out (annotation
+//     aether.io/capture: "false").
 //
 // Ports: a Service port's target port is its numeric targetPort, or, when named, the container port
 // registered for it; the protocol is the port's appProtocol, else the registered endpoints'
@@ -227,10 +228,21 @@ func Assemble(version uint64, in Sources) *Mesh {
 		if !ok || p.Annotations[AnnotationCapture] == "false" || !in.MeshNamespaces[p.Namespace] {
 			continue
 		}
+		// The CNI server refuses an ADD without these, but a record in the state directory may be
+		// old or edited: a pod Envoy cannot serve is left out, not the node's whole snapshot.
+		podKey := ServiceKey{Namespace: p.Namespace, Name: p.Name}
+		if att.NetnsPath == "" {
+			skip("Pod", podKey, "attachment.netnsPath", "", "want the pod's netns path (CNI_NETNS); the pod is not served")
+			continue
+		}
+		if !slices.ContainsFunc(att.IPs, netip.Addr.IsValid) {
+			skip("Pod", podKey, "attachment.ips", fmt.Sprint(att.IPs), "want an IP address; the pod is not served")
+			continue
+		}
 		lp := &LocalPod{
 			UID: string(p.UID), Namespace: p.Namespace, Name: p.Name,
 			ServiceAccount: p.Spec.ServiceAccountName, ContainerID: att.ContainerID,
-			NetnsPath: att.NetnsPath, IPs: att.IPs, Ready: podReady(p),
+			NetnsPath: att.NetnsPath, IPs: slices.DeleteFunc(slices.Clone(att.IPs), func(a netip.Addr) bool { return !a.IsValid() }), Ready: podReady(p),
 		}
 		proto, err := ParseProtocol(p.Annotations[AnnotationPortProtocol])
 		if err != nil {

@@ -96,7 +96,7 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 	}
 	var m *Mesh
 	testenv.Eventually(t, time.Minute, "every object in the informers", func() error {
-		s := Sources{Cluster: "c1", Attachments: map[string]PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x"}}}
+		s := Sources{Cluster: "c1", Attachments: map[string]PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}}
 		if err := src.Fill(&s); err != nil {
 			return err
 		}
