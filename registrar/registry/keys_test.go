@@ -145,6 +145,14 @@ func TestValidateExport(t *testing.T) {
 			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "u", Port: 53, Protocol: registryv1.Protocol_PROTOCOL_UDP},
 				&registryv1.ServicePort{Name: "u2", Port: 53, Protocol: registryv1.Protocol_PROTOCOL_UDP})
 		}, "ports[2].port"},
+		{"duplicate port name", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: m.Ports[0].Name, Port: 81, Protocol: registryv1.Protocol_PROTOCOL_TCP})
+		}, "ports[1].name"},
+		{"unnamed port beside another", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Port: 81, Protocol: registryv1.Protocol_PROTOCOL_TCP})
+		}, "ports[1].name"},
+		{"port name not a DNS label", func(m *registryv1.ExportMark) { m.Ports[0].Name = "Web_Port" }, "ports[0].name"},
+		{"one unnamed port ok", func(m *registryv1.ExportMark) { m.Ports[0].Name = "" }, ""},
 		{"UDP beside TCP on one port ok", func(m *registryv1.ExportMark) {
 			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "u", Port: m.Ports[0].Port, Protocol: registryv1.Protocol_PROTOCOL_UDP})
 		}, ""},

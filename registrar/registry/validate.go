@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -185,8 +186,9 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 
 // ValidateExport checks an ExportMark: service, ports (at least one; port 1-65535, target_port
 // 0-65535 where 0 means the same as port, a defined protocol, unique ports, where a UDP port and
-// a non-UDP port may share a number as they may in a Service: 53/UDP beside 53/TCP) and
-// create_time (RFC 3339).
+// a non-UDP port may share a number as they may in a Service: 53/UDP beside 53/TCP; names as a
+// Service's: DNS labels, unique, required when there is more than one port) and create_time
+// (RFC 3339).
 func ValidateExport(m *registryv1.ExportMark) error {
 	if m == nil {
 		return fieldErr("export", "", "required")
@@ -212,6 +214,15 @@ func ValidateExport(m *registryv1.ExportMark) error {
 			return fieldErr(f+".port", strconv.Itoa(int(p.GetPort())), "duplicate port")
 		}
 		seen[k] = true
+		// The importing cluster makes a Service of these ports, whose API refuses other names.
+		switch name := p.GetName(); {
+		case name == "" && len(m.GetPorts()) > 1:
+			return fieldErr(f+".name", name, "required when there is more than one port")
+		case name != "" && validName(name) != nil:
+			return fieldErr(f+".name", name, errNotDNSLabel.Error())
+		case name != "" && slices.ContainsFunc(m.GetPorts()[:i], func(q *registryv1.ServicePort) bool { return q.GetName() == name }):
+			return fieldErr(f+".name", name, "duplicate port name")
+		}
 		if err := validPort(p.GetTargetPort(), f+".target_port", true); err != nil {
 			return err
 		}
