@@ -92,6 +92,11 @@ func TestValidateNamesField(t *testing.T) {
 		{"no node name", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeName = "" }, "kubernetes.node_name"},
 		{"bad node ip", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "node-1" }, "kubernetes.node_ip"},
 		{"empty node ip ok", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "" }, ""},
+		{"unspecified address", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"10.0.0.1", "0.0.0.0"} }, "addresses[1]"},
+		{"multicast address", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"ff02::1"} }, "addresses[0]"},
+		{"unspecified node ip", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "::" }, "kubernetes.node_ip"},
+		{"node ip with zone", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "fe80::1%eth0" }, "kubernetes.node_ip"},
+		{"loopback node ip ok", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "127.0.0.1" }, ""},
 		{"ipv6 ok", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"fd00::1", "10.0.0.1"} }, ""},
 	}
 	for _, tt := range tests {

@@ -105,10 +105,11 @@ func validTime(s, field string) error {
 }
 
 // ValidateEndpoint checks a ServiceEndpoint before it is written and after it is read. It returns
-// a *ValidationError naming the first bad field: service, addresses (at least one, each an IP
-// address, no duplicates), ports (at least one, 1-65535, a defined protocol, unique names; a
-// number repeats only under different names), spiffe_id (spiffe://...), health (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and
-// node name required; node_ip empty or an IP address), zone (at most 63 characters, no '/').
+// a *ValidationError naming the first bad field: service, addresses (at least one, each a unicast
+// IP address without a zone, no duplicates), ports (at least one, 1-65535, a defined protocol,
+// unique names; a number repeats only under different names), spiffe_id (spiffe://...), health
+// (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and node name required; node_ip empty or a
+// unicast address without a zone), zone (at most 63 characters, no '/').
 func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if ep == nil {
 		return fieldErr("endpoint", "", "required")
@@ -124,10 +125,10 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	}
 	// Address and port lists are short: quadratic duplicate checks allocate nothing.
 	for i, a := range ep.GetAddresses() {
-		ip, err := netip.ParseAddr(a)
-		if err != nil || ip.Zone() != "" {
-			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want an IPv4 or IPv6 address")
+		if !hostAddr(a) {
+			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want a unicast IPv4 or IPv6 address without a zone")
 		}
+		ip, _ := netip.ParseAddr(a)
 		for _, b := range ep.GetAddresses()[:i] {
 			if prev, _ := netip.ParseAddr(b); prev == ip {
 				return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "duplicate address")
@@ -176,12 +177,18 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if k.GetNodeName() == "" {
 		return fieldErr("kubernetes.node_name", "", "required")
 	}
-	if k.GetNodeIp() != "" {
-		if _, err := netip.ParseAddr(k.GetNodeIp()); err != nil {
-			return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want an IPv4 or IPv6 address or empty")
-		}
+	if k.GetNodeIp() != "" && !hostAddr(k.GetNodeIp()) {
+		return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want a unicast IPv4 or IPv6 address without a zone, or empty")
 	}
 	return nil
+}
+
+// hostAddr reports whether s is an address a pod or node can have and another node can dial: an
+// IP address, not unspecified (0.0.0.0, ::: Envoy would dial itself) or multicast, without an
+// IPv6 zone (which names an interface of the writer's node).
+func hostAddr(s string) bool {
+	ip, err := netip.ParseAddr(s)
+	return err == nil && ip.Zone() == "" && !ip.IsUnspecified() && !ip.IsMulticast()
 }
 
 // ValidateExport checks an ExportMark: service, ports (at least one; port 1-65535, target_port
