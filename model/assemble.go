@@ -1,14 +1,17 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
 
@@ -65,13 +68,28 @@ type Sources struct {
 //   - endpoints from this cluster count for every service in the model; endpoints from another
 //     cluster count only while that cluster exports the service and this cluster imports it, so
 //     remote unexported services never appear;
-//   - this node's pods become LocalPods when they have a CNI attachment and are not opted out
-//     (annotation aether.io/capture: "false").
+//   - this node's pods become LocalPods when they have a CNI attachment (with a netns path and an
+//     IP address, else the pod is listed in Mesh.Skipped) and are not opted out (annotation
+//     aether.io/capture: "false").
 //
 // Ports: a Service port's target port is its numeric targetPort, or, when named, the container port
 // registered for it; the protocol is the port's appProtocol, else the registered endpoints'
 // protocol, else HTTP. Assemble is pure: the same Sources give the same Mesh.
+//
+// Parts of an object the model cannot hold are left out and listed in Mesh.Skipped, so one odd
+// object never costs the other services their routing: a port number outside 1-65535 (a
+// ServiceImport's CRD does not bound it), an SCTP port (not captured, so not meshed), a second
+// non-UDP port with the same number as an earlier one (80/TCP beside 80/SCTP is valid in a
+// Service; a ServiceImport may list a port twice), a VIP that is not an IP address, and an
+// aether.io/mesh-service annotation that does not name a service in the Service's own namespace,
+// and a whole ServiceImport whose name is not a DNS label (MCS names it after its Service). An
+// appProtocol or endpoint.aether.io/protocol annotation ParseProtocol does not know is listed too
+// (the default applies).
 func Assemble(version uint64, in Sources) *Mesh {
+	var skipped []Skipped
+	skip := func(kind string, obj ServiceKey, field, value, reason string) {
+		skipped = append(skipped, Skipped{Object: kind + " " + obj.String(), Field: field, Value: value, Reason: reason})
+	}
 	byKey := map[ServiceKey]*Service{}
 	get := func(k ServiceKey) *Service {
 		s := byKey[k]
@@ -98,25 +116,37 @@ func Assemble(version uint64, in Sources) *Mesh {
 		if !in.MeshNamespaces[svc.Namespace] {
 			continue
 		}
+		k := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
+		skipIP := func(i int, v, reason string) { skip("Service", k, fmt.Sprintf("spec.clusterIPs[%d]", i), v, reason) }
 		if svc.Labels[LabelManagedBy] == ManagedByAether {
-			if target, ok := parseMeshService(svc.Annotations[AnnotationMeshService]); ok {
-				s := get(target)
-				s.Imported = true
-				s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, svc.Spec.ClusterIPs)
+			v, ok := svc.Annotations[AnnotationMeshService]
+			if !ok {
+				continue
 			}
+			target, err := parseMeshService(v, svc.Namespace)
+			if err != nil {
+				skip("Service", k, "metadata.annotations["+AnnotationMeshService+"]", v, err.Error())
+				continue
+			}
+			s := get(target)
+			s.Imported = true
+			s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, svc.Spec.ClusterIPs, skipIP)
 			continue
 		}
-		k := ServiceKey{Namespace: svc.Namespace, Name: svc.Name}
 		if len(svc.Spec.Selector) > 0 {
 			selectors = append(selectors, selected{k, labels.SelectorFromSet(svc.Spec.Selector)})
 		}
 		s := get(k)
 		s.Local = true
 		s.Created = svc.CreationTimestamp.Time
-		s.VIPs = appendIPs(nil, svc.Spec.ClusterIPs)
+		s.VIPs = appendIPs(nil, svc.Spec.ClusterIPs, skipIP)
 		s.Exported = exported[k][in.Cluster]
 		s.Ports = nil
-		for _, p := range svc.Spec.Ports {
+		for i, p := range svc.Spec.Ports {
+			if f, v, reason := badPort(i, p.Port, p.Protocol, s.Ports); reason != "" {
+				skip("Service", k, f, v, reason)
+				continue
+			}
 			sp := ServicePort{Name: p.Name, Port: uint32(p.Port)}
 			switch {
 			case p.TargetPort.Type == intstr.String && p.TargetPort.StrVal != "":
@@ -126,7 +156,9 @@ func Assemble(version uint64, in Sources) *Mesh {
 			default: // unset targetPort defaults to the port (Kubernetes API semantics)
 				sp.TargetPort = uint32(p.Port)
 			}
-			sp.Protocol = portProtocol(p.Protocol, p.AppProtocol)
+			sp.Protocol = portProtocol(p.Protocol, p.AppProtocol, func(v, reason string) {
+				skip("Service", k, fmt.Sprintf("spec.ports[%d].appProtocol", i), v, reason)
+			})
 			sp.AppProtocol = sp.Protocol != ""
 			s.Ports = append(s.Ports, sp)
 		}
@@ -136,13 +168,28 @@ func Assemble(version uint64, in Sources) *Mesh {
 			continue
 		}
 		k := ServiceKey{Namespace: imp.Namespace, Name: imp.Name}
+		if errs := validation.IsDNS1123Label(imp.Name); len(errs) > 0 {
+			// A CRD object's name may be 253 characters with dots; the mesh names and waypoint
+			// SNI built from it would not be DNS names (Envoy refuses an SNI over 255 bytes).
+			skip("ServiceImport", k, "metadata.name", imp.Name, "want a DNS label, the name of the Service it imports: "+strings.Join(errs, "; "))
+			continue
+		}
 		s := get(k)
 		s.Imported = true
-		s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, imp.Spec.IPs)
+		s.ClustersetVIPs = appendIPs(s.ClustersetVIPs, imp.Spec.IPs, func(i int, v, reason string) {
+			skip("ServiceImport", k, fmt.Sprintf("spec.ips[%d]", i), v, reason)
+		})
 		if !s.Local {
 			s.Ports = nil
-			for _, p := range imp.Spec.Ports {
-				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: portProtocol(p.Protocol, p.AppProtocol)})
+			for i, p := range imp.Spec.Ports {
+				if f, v, reason := badPort(i, p.Port, p.Protocol, s.Ports); reason != "" {
+					skip("ServiceImport", k, f, v, reason)
+					continue
+				}
+				proto := portProtocol(p.Protocol, p.AppProtocol, func(v, reason string) {
+					skip("ServiceImport", k, fmt.Sprintf("spec.ports[%d].appProtocol", i), v, reason)
+				})
+				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: proto})
 			}
 		}
 	}
@@ -181,13 +228,26 @@ func Assemble(version uint64, in Sources) *Mesh {
 		if !ok || p.Annotations[AnnotationCapture] == "false" || !in.MeshNamespaces[p.Namespace] {
 			continue
 		}
+		// The CNI server refuses an ADD without these, but a record in the state directory may be
+		// old or edited: a pod Envoy cannot serve is left out, not the node's whole snapshot.
+		podKey := ServiceKey{Namespace: p.Namespace, Name: p.Name}
+		if att.NetnsPath == "" {
+			skip("Pod", podKey, "attachment.netnsPath", "", "want the pod's netns path (CNI_NETNS); the pod is not served")
+			continue
+		}
+		if !slices.ContainsFunc(att.IPs, netip.Addr.IsValid) {
+			skip("Pod", podKey, "attachment.ips", fmt.Sprint(att.IPs), "want an IP address; the pod is not served")
+			continue
+		}
 		lp := &LocalPod{
 			UID: string(p.UID), Namespace: p.Namespace, Name: p.Name,
 			ServiceAccount: p.Spec.ServiceAccountName, ContainerID: att.ContainerID,
-			NetnsPath: att.NetnsPath, IPs: att.IPs, Ready: podReady(p),
+			NetnsPath: att.NetnsPath, IPs: slices.DeleteFunc(slices.Clone(att.IPs), func(a netip.Addr) bool { return !a.IsValid() }), Ready: podReady(p),
 		}
 		proto, err := ParseProtocol(p.Annotations[AnnotationPortProtocol])
 		if err != nil {
+			skip("Pod", ServiceKey{Namespace: p.Namespace, Name: p.Name}, "metadata.annotations["+AnnotationPortProtocol+"]",
+				p.Annotations[AnnotationPortProtocol], err.Error()+"; HTTP is used")
 			proto = ProtocolHTTP
 		}
 		lp.Protocol = proto
@@ -208,7 +268,28 @@ func Assemble(version uint64, in Sources) *Mesh {
 		slices.SortFunc(lp.Services, ServiceKey.Compare)
 		pods = append(pods, lp)
 	}
-	return New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
+	m := New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
+	m.skipped = skipped
+	return m
+}
+
+// badPort checks port i of a Service or ServiceImport against the ports kept so far. It returns
+// the field, its value and why the port is left out of the model, or reason "" to keep it.
+func badPort(i int, port int32, proto corev1.Protocol, kept []ServicePort) (field, value, reason string) {
+	field = fmt.Sprintf("spec.ports[%d]", i)
+	switch {
+	case port < 1 || port > 65535:
+		return field + ".port", strconv.Itoa(int(port)), "want 1-65535"
+	case proto == corev1.ProtocolSCTP:
+		return field + ".protocol", string(proto), "SCTP is not captured, so not meshed"
+	case proto != corev1.ProtocolUDP && slices.ContainsFunc(kept, func(sp ServicePort) bool {
+		return sp.Port == uint32(port) && sp.Protocol != ProtocolUDP
+	}):
+		// Two ports with one number would be two clusters with one name and two lane virtual
+		// hosts with the same domains, which Envoy rejects for the whole route table.
+		return field + ".port", strconv.Itoa(int(port)), "duplicate port: an earlier port has this number"
+	}
+	return "", "", ""
 }
 
 // endpointCounts reports whether e serves s in this cluster's model: endpoints of this cluster
@@ -252,32 +333,51 @@ func resolvePorts(s *Service, eps []Endpoint) {
 }
 
 // portProtocol maps a Kubernetes port protocol and appProtocol to a Protocol; "" means "decide
-// from the endpoints, else HTTP" (see resolvePorts).
-func portProtocol(l4 corev1.Protocol, app *string) Protocol {
+// from the endpoints, else HTTP" (see resolvePorts). An appProtocol ParseProtocol does not know
+// is passed to unknown and ignored.
+func portProtocol(l4 corev1.Protocol, app *string, unknown func(v, reason string)) Protocol {
 	if l4 == corev1.ProtocolUDP {
 		return ProtocolUDP
 	}
 	if app != nil {
-		if p, err := ParseProtocol(*app); err == nil {
+		p, err := ParseProtocol(*app)
+		if err == nil {
 			return p
 		}
+		unknown(*app, err.Error()+"; ignored: the protocol comes from the endpoints, else HTTP")
 	}
 	return ""
 }
 
-func parseMeshService(v string) (ServiceKey, bool) {
-	ns, name, ok := strings.Cut(v, "/")
-	if !ok || ns == "" || name == "" {
-		return ServiceKey{}, false
+// parseMeshService parses the annotation aether.io/mesh-service ("<ns>/<svc>") of a
+// <svc>-clusterset Service in namespace ns: the namespace must be ns (aether creates the
+// clusterset Service beside the service it stands for) and the name a DNS label.
+func parseMeshService(v, ns string) (ServiceKey, error) {
+	n, name, ok := strings.Cut(v, "/")
+	switch {
+	case !ok:
+		return ServiceKey{}, fmt.Errorf("want <namespace>/<service>")
+	case n != ns:
+		return ServiceKey{}, fmt.Errorf("want a service in namespace %q", ns)
+	case len(validation.IsDNS1123Label(name)) > 0:
+		return ServiceKey{}, fmt.Errorf("service name: %s", strings.Join(validation.IsDNS1123Label(name), "; "))
 	}
-	return ServiceKey{Namespace: ns, Name: name}, true
+	return ServiceKey{Namespace: ns, Name: name}, nil
 }
 
-func appendIPs(dst []netip.Addr, ips []string) []netip.Addr {
-	for _, s := range ips {
-		if a, err := netip.ParseAddr(s); err == nil {
-			dst = append(dst, a)
+// appendIPs appends the VIPs in ips to dst. "None" (a headless Service) and "" are no VIP;
+// anything else that is not an IP address without a zone is passed to bad with its index.
+func appendIPs(dst []netip.Addr, ips []string, bad func(i int, v, reason string)) []netip.Addr {
+	for i, s := range ips {
+		if s == "" || s == corev1.ClusterIPNone {
+			continue
 		}
+		a, err := netip.ParseAddr(s)
+		if err != nil || a.Zone() != "" {
+			bad(i, s, "want an IPv4 or IPv6 address")
+			continue
+		}
+		dst = append(dst, a)
 	}
 	return dst
 }

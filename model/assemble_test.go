@@ -177,7 +177,7 @@ func TestAssemblePods(t *testing.T) {
 		},
 		Attachments: map[string]PodAttachment{
 			"u1": {PodUID: "u1", NetnsPath: "/var/run/netns/u1", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5")}, ContainerID: "c1"},
-			"u2": {PodUID: "u2", NetnsPath: "/var/run/netns/u2"},
+			"u2": {PodUID: "u2", NetnsPath: "/var/run/netns/u2", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.6")}},
 			"u3": {PodUID: "u3", NetnsPath: "/var/run/netns/u3"},
 		},
 	}

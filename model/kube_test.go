@@ -81,7 +81,7 @@ func TestKubeSourceRealAPIServer(t *testing.T) {
 	mustCreate(err)
 
 	build := func() *Mesh {
-		s := Sources{Cluster: "a", Attachments: map[string]PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x"}}}
+		s := Sources{Cluster: "a", Attachments: map[string]PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}}
 		if err := src.Fill(&s); err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"sort"
@@ -45,6 +46,26 @@ type Mesh struct {
 	byVIP      map[netip.Addr]*Service
 	shortOwner map[string]ServiceKey
 	clashes    []ShortNameClash
+	skipped    []Skipped
+}
+
+// Skipped is a part of a Kubernetes object that Assemble left out of the model because the model
+// cannot hold it, or a value it ignored (an unknown protocol: the default applies); the rest of
+// the object and every other object are still in the model.
+type Skipped struct {
+	// Object is the object's kind and namespace/name, e.g. "ServiceImport shop/web".
+	Object string
+	// Field is the field's path in the object, e.g. "spec.ports[1].port".
+	Field string
+	// Value is the field's value as written.
+	Value string
+	// Reason says what was wanted.
+	Reason string
+}
+
+// String returns "<object>: <field>: value <value>: <reason>".
+func (s Skipped) String() string {
+	return fmt.Sprintf("%s: %s: value %q: %s", s.Object, s.Field, s.Value, s.Reason)
 }
 
 // ShortNameClash reports a service name used in more than one namespace: the short name
@@ -140,6 +161,10 @@ func (m *Mesh) ShortNameOwner(name string) (ServiceKey, bool) {
 
 // ShortNameClashes lists the service names used in more than one namespace, sorted by name.
 func (m *Mesh) ShortNameClashes() []ShortNameClash { return m.clashes }
+
+// Skipped lists what Assemble left out of this model, in the order of its sources (nil for a
+// Mesh made with New).
+func (m *Mesh) Skipped() []Skipped { return m.skipped }
 
 // FQDN returns the mesh name <svc>.<ns>.<meshDomain> of k (no trailing dot).
 func (m *Mesh) FQDN(k ServiceKey) string { return k.Name + "." + k.Namespace + "." + m.MeshDomain }

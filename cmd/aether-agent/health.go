@@ -66,6 +66,7 @@ type agentMetrics struct {
 	buildSeconds prometheus.Histogram
 	events       *prometheus.CounterVec
 	ready        prometheus.Gauge
+	skipped      prometheus.Gauge
 }
 
 func newAgentMetrics() *agentMetrics {
@@ -78,10 +79,12 @@ func newAgentMetrics() *agentMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 4, 9)}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_agent_source_events_total", Help: "Change events received, by source."}, []string{"source"}),
 		ready:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_ready", Help: "1 when every part of the agent is ready."}),
+		skipped: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_model_skipped_fields",
+			Help: "Fields of Kubernetes objects the last mesh model left out (each logged with object, field and value)."}),
 	}
 	bi := prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_agent_build_info", Help: "Always 1; labels carry the build (Go version, VCS revision and commit time) and the start time.", ConstLabels: buildLabels()})
 	bi.Set(1)
-	m.reg.MustRegister(m.modelVersion, m.lastPush, m.rebuilds, m.buildSeconds, m.events, m.ready, bi,
+	m.reg.MustRegister(m.modelVersion, m.lastPush, m.rebuilds, m.buildSeconds, m.events, m.ready, m.skipped, bi,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -70,6 +70,35 @@ func TestDesiredEndpoints(t *testing.T) {
 	}
 }
 
+// TestDesiredEndpointsSharedTargetPort: a Service whose two ports reach one container port (80
+// and 8080 both to 8080, a common shape) gives an endpoint the registry accepts, with both port
+// names (other clusters resolve a port's target by its name). Before, the registry refused the
+// record as a duplicate port and no pod of such a Service was ever registered.
+func TestDesiredEndpointsSharedTargetPort(t *testing.T) {
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	m := model.New(1, "a", "", "", model.Node{Name: "n1"},
+		[]*model.Service{{Key: web, Local: true, Ports: []model.ServicePort{
+			{Name: "http", Port: 80, TargetPort: 8080, Protocol: model.ProtocolHTTP},
+			{Name: "alt", Port: 8080, TargetPort: 8080, Protocol: model.ProtocolHTTP},
+		}}}, nil,
+		[]*model.LocalPod{{UID: "u1", Namespace: "shop", Name: "web-1", Ready: true, Protocol: model.ProtocolHTTP,
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Services: []model.ServiceKey{web}}})
+	ep := desiredEndpoints(m)["shop/web/u1"]
+	if ep == nil {
+		t.Fatal("no endpoint for shop/web/u1")
+	}
+	if err := registry.ValidateEndpoint(ep); err != nil {
+		t.Fatalf("the registry refuses the endpoint: %v", err)
+	}
+	var got []string
+	for _, p := range ep.Ports {
+		got = append(got, fmt.Sprintf("%s/%d", p.Name, p.Port))
+	}
+	if want := "http/8080 alt/8080"; strings.Join(got, " ") != want {
+		t.Errorf("ports = %v, want %s", got, want)
+	}
+}
+
 func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
 	v := newRegistryView(slog.New(slog.DiscardHandler), time.Minute, func() {})
 	rec := func(key, addr string) registry.Record[*registryv1.ServiceEndpoint] {

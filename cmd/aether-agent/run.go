@@ -74,7 +74,9 @@ func run(ctx context.Context, cfg config) error {
 	store := cni.Store{Dir: cfg.StateDir}
 	recs, err := store.List()
 	if err != nil {
-		return fmt.Errorf("read persisted attachments in --state-dir %s: %w", cfg.StateDir, err)
+		// One unreadable record must not stop the agent (and with it every ADD and the DNS of
+		// the node): the others are served; the CNI server's repair reports it again.
+		log.Error("read persisted attachments: serving the readable ones", "state_dir", cfg.StateDir, "readable", len(recs), "err", err)
 	}
 	for _, r := range recs {
 		if r.Captured {
@@ -107,6 +109,10 @@ func run(ctx context.Context, cfg config) error {
 		metrics.modelVersion.Set(float64(m.Version))
 		for _, c := range m.ShortNameClashes() {
 			log.Warn("short mesh name clash: oldest service keeps the short name", "name", c.Name+"."+m.MeshDomain, "winner", c.Winner.String(), "losers", fmt.Sprint(c.Losers))
+		}
+		metrics.skipped.Set(float64(len(m.Skipped())))
+		for _, s := range m.Skipped() {
+			log.Warn("left out of the mesh model; the rest is served", "object", s.Object, "field", s.Field, "value", s.Value, "reason", s.Reason)
 		}
 	})
 

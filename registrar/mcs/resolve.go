@@ -39,11 +39,14 @@ func (e *InvalidExportError) Error() string { return string(e.Reason) + ": " + e
 //
 // The protocol is UDP for a UDP port, else the port's appProtocol (model.ParseProtocol), else HTTP:
 // a mark cannot say "unspecified" (registry.ValidateExport), so HTTP doubles as the default and
-// the ServiceImport leaves appProtocol unset for it (see importPorts).
+// the ServiceImport leaves appProtocol unset for it (see importPorts). SCTP ports are left out:
+// capture does not take SCTP, so they are not meshed (and 80/SCTP beside 80/TCP would be two
+// ports 80 in the mark).
 //
 // It returns an *InvalidExportError for a Service the clusterset cannot import: svc nil
 // (NoService), type ExternalName, a headless Service (aether imports ClusterSetIP services only),
-// one of aether's own <svc>-clusterset Services, or one without ports (InvalidServiceType).
+// one of aether's own <svc>-clusterset Services, or one without ports other than SCTP
+// (InvalidServiceType).
 func MarkFromService(svc *corev1.Service, created time.Time) (*registryv1.ExportMark, error) {
 	if svc == nil {
 		return nil, &InvalidExportError{Reason: mcsv1beta1.ServiceExportReasonNoService, Message: "no Service with the ServiceExport's namespace and name"}
@@ -63,11 +66,17 @@ func MarkFromService(svc *corev1.Service, created time.Time) (*registryv1.Export
 		CreateTime: created.UTC().Format(time.RFC3339Nano),
 	}
 	for _, p := range svc.Spec.Ports {
+		if p.Protocol == corev1.ProtocolSCTP {
+			continue
+		}
 		sp := &registryv1.ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: markProtocol(p)}
 		if p.TargetPort.IntValue() > 0 {
 			sp.TargetPort = uint32(p.TargetPort.IntValue())
 		}
 		m.Ports = append(m.Ports, sp)
+	}
+	if len(m.Ports) == 0 {
+		return nil, &InvalidExportError{Reason: mcsv1beta1.ServiceExportReasonInvalidServiceType, Message: "the Service has only SCTP ports, which aether does not mesh"}
 	}
 	return m, nil
 }

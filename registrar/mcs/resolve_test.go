@@ -3,6 +3,7 @@ package mcs
 import (
 	"errors"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -116,6 +117,25 @@ func TestMarkFromService(t *testing.T) {
 		if got != want[i] {
 			t.Errorf("port %d = %s, want %s", i, got, want[i])
 		}
+	}
+	// 53/UDP beside 53/TCP (the shape of kube-dns's own Service) is one exportable Service; an
+	// SCTP port is not captured, so not meshed: it is left out, not exported as HTTP beside 80/TCP.
+	both, err := MarkFromService(service(func(s *corev1.Service) {
+		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP},
+			corev1.ServicePort{Name: "sctp", Port: 80, Protocol: corev1.ProtocolSCTP})
+	}), created)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := registry.ValidateExport(both); err != nil {
+		t.Errorf("mark of 53/UDP beside 53/TCP does not validate: %v", err)
+	}
+	var got []string
+	for _, p := range both.Ports {
+		got = append(got, p.Name+"/"+itoa(p.Port)+"/"+p.Protocol.String())
+	}
+	if want := []string{"http/80/PROTOCOL_HTTP", "h2/81/PROTOCOL_HTTP2", "dns/53/PROTOCOL_UDP", "dns-tcp/53/PROTOCOL_HTTP"}; !slices.Equal(got, want) {
+		t.Errorf("ports = %q, want %q", got, want)
 	}
 	again, _ := MarkFromService(service(nil), created)
 	if !SameMark(m, again) {

@@ -79,7 +79,9 @@ func TestValidateNamesField(t *testing.T) {
 		{"duplicate address", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"10.0.0.1", "10.0.0.1"} }, "addresses[1]"},
 		{"port zero", func(e *registryv1.ServiceEndpoint) { e.Ports[1].Port = 0 }, "ports[1].port"},
 		{"port too big", func(e *registryv1.ServiceEndpoint) { e.Ports[0].Port = 70000 }, "ports[0].port"},
-		{"duplicate port", func(e *registryv1.ServiceEndpoint) { e.Ports[1].Port = e.Ports[0].Port }, "ports[1].port"},
+		{"shared port under two names ok", func(e *registryv1.ServiceEndpoint) { e.Ports[1].Port = e.Ports[0].Port }, ""},
+		{"duplicate unnamed port", func(e *registryv1.ServiceEndpoint) { e.Ports[1].Port, e.Ports[1].Name = e.Ports[0].Port, "" }, "ports[1].port"},
+		{"duplicate port name", func(e *registryv1.ServiceEndpoint) { e.Ports[1].Name = e.Ports[0].Name }, "ports[1].name"},
 		{"no protocol", func(e *registryv1.ServiceEndpoint) { e.Ports[0].Protocol = 0 }, "ports[0].protocol"},
 		{"unknown protocol", func(e *registryv1.ServiceEndpoint) { e.Ports[0].Protocol = 42 }, "ports[0].protocol"},
 		{"bad spiffe id", func(e *registryv1.ServiceEndpoint) { e.SpiffeId = "https://x" }, "spiffe_id"},
@@ -90,6 +92,11 @@ func TestValidateNamesField(t *testing.T) {
 		{"no node name", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeName = "" }, "kubernetes.node_name"},
 		{"bad node ip", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "node-1" }, "kubernetes.node_ip"},
 		{"empty node ip ok", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "" }, ""},
+		{"unspecified address", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"10.0.0.1", "0.0.0.0"} }, "addresses[1]"},
+		{"multicast address", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"ff02::1"} }, "addresses[0]"},
+		{"unspecified node ip", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "::" }, "kubernetes.node_ip"},
+		{"node ip with zone", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "fe80::1%eth0" }, "kubernetes.node_ip"},
+		{"loopback node ip ok", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "127.0.0.1" }, ""},
 		{"ipv6 ok", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"fd00::1", "10.0.0.1"} }, ""},
 	}
 	for _, tt := range tests {
@@ -136,6 +143,24 @@ func TestValidateExport(t *testing.T) {
 		{"no ports", func(m *registryv1.ExportMark) { m.Ports = nil }, "ports"},
 		{"bad target port", func(m *registryv1.ExportMark) { m.Ports[0].TargetPort = 65536 }, "ports[0].target_port"},
 		{"target port zero ok", func(m *registryv1.ExportMark) { m.Ports[0].TargetPort = 0 }, ""},
+		{"duplicate port", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "b", Port: m.Ports[0].Port, Protocol: registryv1.Protocol_PROTOCOL_TCP})
+		}, "ports[1].port"},
+		{"duplicate UDP port", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "u", Port: 53, Protocol: registryv1.Protocol_PROTOCOL_UDP},
+				&registryv1.ServicePort{Name: "u2", Port: 53, Protocol: registryv1.Protocol_PROTOCOL_UDP})
+		}, "ports[2].port"},
+		{"duplicate port name", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: m.Ports[0].Name, Port: 81, Protocol: registryv1.Protocol_PROTOCOL_TCP})
+		}, "ports[1].name"},
+		{"unnamed port beside another", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Port: 81, Protocol: registryv1.Protocol_PROTOCOL_TCP})
+		}, "ports[1].name"},
+		{"port name not a DNS label", func(m *registryv1.ExportMark) { m.Ports[0].Name = "Web_Port" }, "ports[0].name"},
+		{"one unnamed port ok", func(m *registryv1.ExportMark) { m.Ports[0].Name = "" }, ""},
+		{"UDP beside TCP on one port ok", func(m *registryv1.ExportMark) {
+			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "u", Port: m.Ports[0].Port, Protocol: registryv1.Protocol_PROTOCOL_UDP})
+		}, ""},
 		{"bad create time", func(m *registryv1.ExportMark) { m.CreateTime = "yesterday" }, "create_time"},
 		{"bad namespace", func(m *registryv1.ExportMark) { m.Service.Namespace = "a/b" }, "service.namespace"},
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -104,10 +105,11 @@ func validTime(s, field string) error {
 }
 
 // ValidateEndpoint checks a ServiceEndpoint before it is written and after it is read. It returns
-// a *ValidationError naming the first bad field: service, addresses (at least one, each an IP
-// address, no duplicates), ports (at least one, 1-65535, a defined protocol, unique numbers and
-// names), spiffe_id (spiffe://...), health (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and
-// node name required; node_ip empty or an IP address), zone (at most 63 characters, no '/').
+// a *ValidationError naming the first bad field: service, addresses (at least one, each a unicast
+// IP address without a zone, no duplicates), ports (at least one, 1-65535, a defined protocol,
+// unique names; a number repeats only under different names), spiffe_id (spiffe://...), health
+// (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and node name required; node_ip empty or a
+// unicast address without a zone), zone (at most 63 characters, no '/').
 func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if ep == nil {
 		return fieldErr("endpoint", "", "required")
@@ -123,10 +125,10 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	}
 	// Address and port lists are short: quadratic duplicate checks allocate nothing.
 	for i, a := range ep.GetAddresses() {
-		ip, err := netip.ParseAddr(a)
-		if err != nil || ip.Zone() != "" {
-			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want an IPv4 or IPv6 address")
+		if !hostAddr(a) {
+			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want a unicast IPv4 or IPv6 address without a zone")
 		}
+		ip, _ := netip.ParseAddr(a)
 		for _, b := range ep.GetAddresses()[:i] {
 			if prev, _ := netip.ParseAddr(b); prev == ip {
 				return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "duplicate address")
@@ -141,8 +143,10 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 			return fieldErr(fmt.Sprintf("ports[%d].port", i), strconv.Itoa(int(p.GetPort())), "want 1-65535")
 		}
 		for _, q := range ep.GetPorts()[:i] {
-			if q.GetPort() == p.GetPort() {
-				return fieldErr(fmt.Sprintf("ports[%d].port", i), strconv.Itoa(int(p.GetPort())), "duplicate port")
+			// Two named Service ports may reach one container port (80 and 8080 both to 8080):
+			// the record keeps both names, which other clusters resolve target ports by.
+			if q.GetPort() == p.GetPort() && (p.GetName() == "" || q.GetName() == "") {
+				return fieldErr(fmt.Sprintf("ports[%d].port", i), strconv.Itoa(int(p.GetPort())), "duplicate port without a name")
 			}
 			if p.GetName() != "" && q.GetName() == p.GetName() {
 				return fieldErr(fmt.Sprintf("ports[%d].name", i), p.GetName(), "duplicate port name")
@@ -173,16 +177,24 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if k.GetNodeName() == "" {
 		return fieldErr("kubernetes.node_name", "", "required")
 	}
-	if k.GetNodeIp() != "" {
-		if _, err := netip.ParseAddr(k.GetNodeIp()); err != nil {
-			return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want an IPv4 or IPv6 address or empty")
-		}
+	if k.GetNodeIp() != "" && !hostAddr(k.GetNodeIp()) {
+		return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want a unicast IPv4 or IPv6 address without a zone, or empty")
 	}
 	return nil
 }
 
+// hostAddr reports whether s is an address a pod or node can have and another node can dial: an
+// IP address, not unspecified (0.0.0.0, ::: Envoy would dial itself) or multicast, without an
+// IPv6 zone (which names an interface of the writer's node).
+func hostAddr(s string) bool {
+	ip, err := netip.ParseAddr(s)
+	return err == nil && ip.Zone() == "" && !ip.IsUnspecified() && !ip.IsMulticast()
+}
+
 // ValidateExport checks an ExportMark: service, ports (at least one; port 1-65535, target_port
-// 0-65535 where 0 means the same as port, a defined protocol, unique ports) and create_time
+// 0-65535 where 0 means the same as port, a defined protocol, unique ports, where a UDP port and
+// a non-UDP port may share a number as they may in a Service: 53/UDP beside 53/TCP; names as a
+// Service's: DNS labels, unique, required when there is more than one port) and create_time
 // (RFC 3339).
 func ValidateExport(m *registryv1.ExportMark) error {
 	if m == nil {
@@ -194,16 +206,30 @@ func ValidateExport(m *registryv1.ExportMark) error {
 	if len(m.GetPorts()) == 0 {
 		return fieldErr("ports", "", "want at least one port")
 	}
-	seen := map[uint32]bool{}
+	type l4Port struct {
+		port uint32
+		udp  bool
+	}
+	seen := map[l4Port]bool{}
 	for i, p := range m.GetPorts() {
 		f := fmt.Sprintf("ports[%d]", i)
 		if err := validPort(p.GetPort(), f+".port", false); err != nil {
 			return err
 		}
-		if seen[p.GetPort()] {
+		k := l4Port{p.GetPort(), p.GetProtocol() == registryv1.Protocol_PROTOCOL_UDP}
+		if seen[k] {
 			return fieldErr(f+".port", strconv.Itoa(int(p.GetPort())), "duplicate port")
 		}
-		seen[p.GetPort()] = true
+		seen[k] = true
+		// The importing cluster makes a Service of these ports, whose API refuses other names.
+		switch name := p.GetName(); {
+		case name == "" && len(m.GetPorts()) > 1:
+			return fieldErr(f+".name", name, "required when there is more than one port")
+		case name != "" && validName(name) != nil:
+			return fieldErr(f+".name", name, errNotDNSLabel.Error())
+		case name != "" && slices.ContainsFunc(m.GetPorts()[:i], func(q *registryv1.ServicePort) bool { return q.GetName() == name }):
+			return fieldErr(f+".name", name, "duplicate port name")
+		}
 		if err := validPort(p.GetTargetPort(), f+".target_port", true); err != nil {
 			return err
 		}
