@@ -386,6 +386,42 @@ func TestAgentModelFollowsSources(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, "web's same-zone endpoint at priority 0", a.envoyHas("/clusters", "web.shop.mesh:80::10.244.7.1:15008::priority::0", true))
 	testenv.Eventually(t, 30*time.Second, "web's other-zone endpoint at priority 1", a.envoyHas("/clusters", "web.shop.mesh:80::10.244.7.2:15008::priority::1", true))
+
+	// A Service the model cannot hold in full (80/SCTP beside 80/TCP): the SCTP port is left out,
+	// counted in aether_agent_model_skipped_fields and logged once, not on every later rebuild.
+	if _, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "odd"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}, {Name: "sctp", Port: 80, Protocol: corev1.ProtocolSCTP}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "odd's SCTP port counted as skipped", func() error {
+		if got := a.metric("aether_agent_model_skipped_fields"); got != 1 {
+			return fmt.Errorf("aether_agent_model_skipped_fields = %v, want 1", got)
+		}
+		return nil
+	})
+	testenv.Eventually(t, 30*time.Second, "odd's cluster in Envoy", a.envoyHas("/clusters", "odd.shop.mesh:80::", true))
+	other, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "other"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "other.shop.mesh (a later rebuild)", wantA("other.shop.mesh", other.Spec.ClusterIP))
+	if logged, err := os.ReadFile(a.logPath); err != nil {
+		t.Fatal(err)
+	} else if n := strings.Count(string(logged), "left out of the mesh model"); n != 1 {
+		t.Errorf("the skipped SCTP port was logged %d times over several rebuilds, want once", n)
+	}
+	for _, name := range []string{"odd", "other"} {
+		if err := cs.CoreV1().Services("shop").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "nothing skipped once odd is gone", func() error {
+		if got := a.metric("aether_agent_model_skipped_fields"); got != 0 {
+			return fmt.Errorf("aether_agent_model_skipped_fields = %v, want 0", got)
+		}
+		return nil
+	})
 	// The agent's metrics: model version, model build time, last successful push, events by source.
 	for name, want := range map[string]float64{
 		"aether_agent_model_version":                            2,

@@ -9,6 +9,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -384,6 +385,29 @@ func TestRegistryViewRecordsStaySorted(t *testing.T) {
 		}
 		if !maps.Equal(got, want) {
 			t.Fatalf("round %d: Records = %v, want %v", round, got, want)
+		}
+	}
+}
+
+// TestSeenSet: an item is reported the first time it appears, not while it stays, and again
+// after it went away and came back; a duplicate within one model is reported once.
+func TestSeenSet(t *testing.T) {
+	var s seenSet
+	steps := []struct {
+		items []string
+		fresh []int
+	}{
+		{[]string{"a", "b"}, []int{0, 1}},
+		{[]string{"b", "a"}, nil},
+		{[]string{"a", "c", "c"}, []int{1}},
+		{[]string{"a"}, nil},
+		{[]string{"c", "a"}, []int{0}},
+		{nil, nil},
+	}
+	for i, st := range steps {
+		got := s.update(len(st.items), func(i int) string { return st.items[i] })
+		if !slices.Equal(got, st.fresh) {
+			t.Errorf("step %d %v: fresh %v, want %v", i, st.items, got, st.fresh)
 		}
 	}
 }

@@ -104,14 +104,21 @@ func run(ctx context.Context, cfg config) error {
 	}, kube, view, dp)
 	asmRef.Store(asm)
 	dp.asm = asm
+	// Clashes and skipped fields are logged when they first appear, not on every rebuild (an
+	// endpoint change rebuilds the model); the metric always has the current count.
+	var clashSeen, skipSeen seenSet
 	asm.Subscribe(func(m *model.Mesh) {
 		metrics.rebuilds.Inc()
 		metrics.modelVersion.Set(float64(m.Version))
-		for _, c := range m.ShortNameClashes() {
+		clashes := m.ShortNameClashes()
+		for _, i := range clashSeen.update(len(clashes), func(i int) string { return fmt.Sprint(clashes[i]) }) {
+			c := clashes[i]
 			log.Warn("short mesh name clash: oldest service keeps the short name", "name", c.Name+"."+m.MeshDomain, "winner", c.Winner.String(), "losers", fmt.Sprint(c.Losers))
 		}
-		metrics.skipped.Set(float64(len(m.Skipped())))
-		for _, s := range m.Skipped() {
+		skipped := m.Skipped()
+		metrics.skipped.Set(float64(len(skipped)))
+		for _, i := range skipSeen.update(len(skipped), func(i int) string { return skipped[i].String() }) {
+			s := skipped[i]
 			log.Warn("left out of the mesh model; the rest is served", "object", s.Object, "field", s.Field, "value", s.Value, "reason", s.Reason)
 		}
 	})
@@ -457,4 +464,26 @@ func firstNonEmpty(ss ...string) string {
 		}
 	}
 	return ""
+}
+
+// seenSet remembers the items of the last model, so that a report is logged once when it
+// appears rather than on every rebuild. Not safe for concurrent use (one subscriber's).
+type seenSet map[string]struct{}
+
+// update replaces the set with the n items named key(0..n-1) and returns the indexes of those
+// that were not in it.
+func (s *seenSet) update(n int, key func(int) string) []int {
+	var fresh []int
+	next := make(seenSet, n)
+	for i := range n {
+		k := key(i)
+		if _, ok := (*s)[k]; !ok {
+			if _, dup := next[k]; !dup {
+				fresh = append(fresh, i)
+			}
+		}
+		next[k] = struct{}{}
+	}
+	*s = next
+	return fresh
 }
