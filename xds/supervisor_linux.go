@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -193,6 +194,24 @@ func alive(pid int) bool {
 	return true
 }
 
+// bootPath is the bootstrap file start writes and passes to Envoy with -c.
+func (s *Supervisor) bootPath() string { return filepath.Join(s.cfg.StateDir, "bootstrap.json") }
+
+// ours reports whether pid is a live Envoy started by a supervisor with this StateDir: its
+// command line (/proc/<pid>/cmdline) has our bootstrap path as an argument. The pid file
+// survives reboots and pids are reused, so a live pid alone may be any process, which must be
+// neither adopted nor signalled.
+func (s *Supervisor) ours(pid int) bool {
+	if !alive(pid) {
+		return false
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	return slices.Contains(strings.Split(string(b), "\x00"), s.bootPath())
+}
+
 func (s *Supervisor) readPID() int {
 	b, err := os.ReadFile(s.pidFile())
 	if err != nil {
@@ -202,13 +221,16 @@ func (s *Supervisor) readPID() int {
 	return pid
 }
 
-// adopt looks for a running Envoy: the process in the pid file, or one whose admin API answers
-// with our node id. It returns its pid (possibly 0 when only the admin API answered) and whether
+// adopt looks for a running Envoy: the process in the pid file when it is ours (a foreign
+// process there is logged and left alone), or one whose admin API answers with our node id. It returns its pid (possibly 0 when only the admin API answered) and whether
 // one runs.
 func (s *Supervisor) adopt(ctx context.Context) (int, bool) {
 	pid := s.readPID()
-	if alive(pid) {
+	if s.ours(pid) {
 		return pid, true
+	}
+	if alive(pid) {
+		s.log.Warn("pid file names a process that is not our envoy; leaving it alone", "path", s.pidFile(), "pid", pid)
 	}
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
@@ -224,7 +246,7 @@ func (s *Supervisor) start() error {
 	if err != nil {
 		return fmt.Errorf("start envoy: %w", err)
 	}
-	bootPath := filepath.Join(s.cfg.StateDir, "bootstrap.json")
+	bootPath := s.bootPath()
 	if err := os.WriteFile(bootPath, boot, 0o644); err != nil {
 		return fmt.Errorf("start envoy: write bootstrap: %w", err)
 	}
@@ -358,12 +380,15 @@ func (s *Supervisor) WaitLive(ctx context.Context) error {
 }
 
 // Stop terminates the supervised Envoy (SIGTERM, then SIGKILL after 10 s) and removes its pid
-// file. The agent never calls it in production (Envoy outlives the agent); tests and an explicit
+// file. A pid file naming a process that is not our Envoy (see ours) is removed and that process
+// left alone. The agent never calls it in production (Envoy outlives the agent); tests and an explicit
 // uninstall do.
 func (s *Supervisor) Stop() error {
 	pid := s.PID()
 	if pid == 0 {
-		pid = s.readPID()
+		if pid = s.readPID(); !s.ours(pid) {
+			pid = 0
+		}
 	}
 	if !alive(pid) {
 		_ = os.Remove(s.pidFile())
