@@ -291,6 +291,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	backoff := &restartBackoff{min: s.cfg.MinBackoff, max: s.cfg.MaxBackoff, stableAfter: s.cfg.StableAfter}
 	for {
 		pid, running := s.adopt(ctx)
+		watch := true
 		if running {
 			s.mu.Lock()
 			if s.pid != pid || s.waitCh == nil {
@@ -298,13 +299,16 @@ func (s *Supervisor) Run(ctx context.Context) error {
 				s.log.Info("adopted running envoy", "pid", pid)
 			}
 			s.mu.Unlock()
-		} else {
-			if err := s.start(); err != nil {
-				s.log.Error("start envoy", "err", err)
-			}
+		} else if err := s.start(); err != nil {
+			// Nothing runs to watch (and whatever answers on the admin address is not ours):
+			// wait out the backoff and try again.
+			s.log.Error("start envoy", "err", err)
+			watch = false
 		}
 		started := time.Now()
-		s.watch(ctx)
+		if watch {
+			s.watch(ctx)
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
