@@ -4,10 +4,14 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -107,4 +111,101 @@ func TestSupervisorStalePIDFile(t *testing.T) {
 			t.Errorf("foreign pid %d was killed", foreign.Process.Pid)
 		}
 	})
+}
+
+// logBuffer is a slog handler target that keeps every record for the test to search.
+type logBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+	t  testing.TB
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.t.Log(strings.TrimSpace(string(p)))
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// foreignAdmin serves an admin-like /server_info on 127.0.0.1 (another node's Envoy, or any
+// program holding the port) and returns its address.
+func foreignAdmin(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, `{"state":"LIVE","node":{"id":"someone-else"}}`)
+	})}
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	return l.Addr().String()
+}
+
+// TestSupervisorAdminAddressTaken: another program holds Envoy's admin address and answers
+// /server_info for another node. With the real Envoy, which cannot bind the address and exits,
+// and with a missing Envoy binary, the supervisor keeps retrying with backoff (it never takes
+// the foreign admin API for its Envoy), its log names the address or the path, and the foreign
+// program keeps serving.
+func TestSupervisorAdminAddressTaken(t *testing.T) {
+	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
+	for _, tc := range []struct {
+		name, envoy string
+		want        func(dir, admin string) string
+	}{
+		{"real envoy", tools.Envoy, func(_, admin string) string { return admin }},
+		{"missing binary", "", func(dir, _ string) string { return filepath.Join(dir, "no-envoy") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			admin := foreignAdmin(t)
+			envoy := tc.envoy
+			if envoy == "" {
+				envoy = filepath.Join(dir, "no-envoy")
+			}
+			logs := &logBuffer{t: t}
+			sup, err := NewSupervisor(SupervisorConfig{
+				EnvoyPath: envoy,
+				Bootstrap: BootstrapConfig{NodeID: "taken-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"),
+					AdminAddress: admin},
+				StateDir:      filepath.Join(dir, "envoy"),
+				ExtraArgs:     []string{"--concurrency", "1"},
+				MinBackoff:    20 * time.Millisecond,
+				MaxBackoff:    100 * time.Millisecond,
+				CheckInterval: 50 * time.Millisecond,
+				Logger:        slog.New(slog.NewTextHandler(logs, nil)),
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var rec delayRecorder
+			rec.install(sup)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { _ = sup.Run(ctx); close(done) }()
+			defer func() {
+				cancel()
+				<-done
+				_ = sup.Stop()
+			}()
+			rec.waitDelays(t, 3)
+			if sup.Adopted() {
+				t.Errorf("adopted the foreign admin API")
+			}
+			if want := tc.want(dir, admin); !strings.Contains(logs.String(), want) {
+				t.Errorf("supervisor log does not name %s", want)
+			}
+			c, base := AdminClient(admin)
+			if _, _, err := adminGet(ctx, c, base+"/server_info"); err != nil {
+				t.Errorf("foreign admin API: %v", err)
+			}
+		})
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -259,6 +260,7 @@ func (s *Supervisor) start() error {
 		return fmt.Errorf("start envoy: %w", err)
 	}
 	defer out.Close()
+	outStart, _ := out.Seek(0, io.SeekEnd)
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = out, out
 	// Its own session: no signal aimed at the agent's process group reaches Envoy, and Envoy
@@ -275,7 +277,8 @@ func (s *Supervisor) start() error {
 	done := make(chan struct{})
 	go func() {
 		err := cmd.Wait()
-		s.log.Warn("envoy exited", "pid", pid, "status", cmd.ProcessState.String(), "err", err)
+		s.log.Warn("envoy exited", "pid", pid, "status", cmd.ProcessState.String(), "err", err,
+			"last_output", s.lastOutput(outStart))
 		close(done)
 	}()
 	s.mu.Lock()
@@ -283,6 +286,26 @@ func (s *Supervisor) start() error {
 	s.mu.Unlock()
 	s.log.Info("started envoy", "pid", pid, "bootstrap", bootPath)
 	return nil
+}
+
+// lastOutput returns the last line Envoy wrote to StateDir/envoy.out after offset from (its
+// stdout and stderr, where it writes why it exits at start, e.g. "cannot bind
+// '127.0.0.1:15000': Address already in use"), at most 512 bytes; "" when it wrote nothing.
+func (s *Supervisor) lastOutput(from int64) string {
+	f, err := os.Open(filepath.Join(s.cfg.StateDir, "envoy.out"))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err == nil {
+		from = max(from, st.Size()-512)
+	}
+	b, err := io.ReadAll(io.NewSectionReader(f, from, 512))
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return lines[len(lines)-1]
 }
 
 // Run keeps one Envoy running until ctx ends; Envoy keeps running afterwards. It adopts a
