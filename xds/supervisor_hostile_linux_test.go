@@ -202,6 +202,11 @@ func TestSupervisorAdminAddressTaken(t *testing.T) {
 			if want := tc.want(dir, admin); !strings.Contains(logs.String(), want) {
 				t.Errorf("supervisor log does not name %s", want)
 			}
+			wctx, wcancel := context.WithTimeout(ctx, time.Second)
+			defer wcancel()
+			if err := sup.WaitLive(wctx); err == nil {
+				t.Errorf("WaitLive = nil with another node's admin API on %s", admin)
+			}
 			c, base := AdminClient(admin)
 			if _, _, err := adminGet(ctx, c, base+"/server_info"); err != nil {
 				t.Errorf("foreign admin API: %v", err)

@@ -391,11 +391,14 @@ func (s *Supervisor) watch(ctx context.Context) {
 	}
 }
 
-// WaitLive waits until the admin API reports state LIVE, or ctx ends.
+// WaitLive waits until the admin API reports state LIVE with our node id (another program on
+// the admin address, such as another node's Envoy, is not ours), or ctx ends.
 func (s *Supervisor) WaitLive(ctx context.Context) error {
 	for {
 		si, err := s.serverInfo(ctx)
-		if err == nil && si.State == "LIVE" {
+		if err == nil && si.Node.ID != s.cfg.Bootstrap.NodeID {
+			err = fmt.Errorf("admin %s answers for node %q, not %q", s.cfg.Bootstrap.AdminAddress, si.Node.ID, s.cfg.Bootstrap.NodeID)
+		} else if err == nil && si.State == "LIVE" {
 			return nil
 		}
 		select {
