@@ -114,25 +114,27 @@ func (c Config) Validate() error {
 	if c.HostIPv6.IsValid() && !c.HostIPv6.Is6() {
 		return fmt.Errorf("validate capture config: hostIPv6: %v is not IPv6", c.HostIPv6)
 	}
+	if c.HostIPv6.Zone() != "" {
+		return fmt.Errorf("validate capture config: hostIPv6: %v has a zone", c.HostIPv6)
+	}
 	for _, d := range c.ClusterDNS {
-		switch {
+		// Build unmaps ::ffff:a.b.c.d to a.b.c.d, which is DNAT'ed to hostIP.
+		switch u := d.Unmap(); {
 		case !d.IsValid():
 			return fmt.Errorf("validate capture config: clusterDNS: invalid address")
-		case d.Is4() && !c.HostIP.IsValid():
+		case d.Zone() != "":
+			return fmt.Errorf("validate capture config: clusterDNS: %v has a zone", d)
+		case u.Is4() && !c.HostIP.IsValid():
 			return fmt.Errorf("validate capture config: clusterDNS: %v is IPv4 but hostIP is not set", d)
-		case d.Is6() && !c.HostIPv6.IsValid():
+		case u.Is6() && !c.HostIPv6.IsValid():
 			return fmt.Errorf("validate capture config: clusterDNS: %v is IPv6 but hostIPv6 is not set", d)
 		}
 	}
-	for _, p := range c.ExcludeOutboundCIDRs {
-		if !p.IsValid() {
-			return fmt.Errorf("validate capture config: excludeOutboundCIDRs: invalid prefix %v", p)
-		}
+	if err := validPrefixes("excludeOutboundCIDRs", c.ExcludeOutboundCIDRs); err != nil {
+		return err
 	}
-	for _, p := range c.NodeSources {
-		if !p.IsValid() {
-			return fmt.Errorf("validate capture config: nodeSources: invalid prefix %v", p)
-		}
+	if err := validPrefixes("nodeSources", c.NodeSources); err != nil {
+		return err
 	}
 	for _, p := range c.ExcludeOutboundPorts {
 		if p == 0 {
@@ -142,6 +144,22 @@ func (c Config) Validate() error {
 	for _, p := range c.ExcludeInboundPorts {
 		if p == 0 {
 			return fmt.Errorf("validate capture config: excludeInboundPorts: port 0")
+		}
+	}
+	return nil
+}
+
+// validPrefixes returns an error naming field and the prefix when one is invalid, or is
+// IPv4-mapped (::ffff:0:0/96) but shorter than /96: sortedPrefixes turns ::ffff:a.b.c.d/n into
+// a.b.c.d/(n-96), and a shorter one has no IPv4 form (left as it was, it would match every IPv4
+// address).
+func validPrefixes(field string, ps []netip.Prefix) error {
+	for _, p := range ps {
+		switch {
+		case !p.IsValid():
+			return fmt.Errorf("validate capture config: %s: invalid prefix %v", field, p)
+		case p.Addr().Is4In6() && p.Bits() < 96:
+			return fmt.Errorf("validate capture config: %s: %v: an IPv4-mapped prefix needs at least /96", field, p)
 		}
 	}
 	return nil

@@ -150,6 +150,18 @@ func TestValidate(t *testing.T) {
 		{"v6 dns without host ipv6", func(c *Config) { c.ClusterDNS = addrs("fd00::a") }, "clusterDNS"},
 		{"port zero", func(c *Config) { c.ExcludeOutboundPorts = []uint16{0} }, "excludeOutboundPorts"},
 		{"inbound port zero", func(c *Config) { c.ExcludeInboundPorts = []uint16{0} }, "excludeInboundPorts"},
+		// An IPv4-mapped prefix shorter than /96 has no IPv4 form; unmapped, it matched all IPv4.
+		{"mapped exclude cidr shorter than /96", func(c *Config) { c.ExcludeOutboundCIDRs = prefixes("::ffff:10.0.0.0/90") }, "excludeOutboundCIDRs: ::ffff:10.0.0.0/90"},
+		{"mapped node source shorter than /96", func(c *Config) { c.NodeSources = prefixes("::ffff:0.0.0.0/80") }, "nodeSources: ::ffff:0.0.0.0/80"},
+		{"zoned cluster dns", func(c *Config) {
+			c.HostIPv6 = netip.MustParseAddr("fd00::1")
+			c.ClusterDNS = addrs("fd00::a%eth0")
+		}, "clusterDNS: fd00::a%eth0"},
+		{"zoned host ipv6", func(c *Config) { c.HostIPv6 = netip.MustParseAddr("fd00::1%eth0") }, "hostIPv6: fd00::1%eth0"},
+		{"mapped dns, only host ipv6", func(c *Config) {
+			c.HostIP, c.HostIPv6 = netip.Addr{}, netip.MustParseAddr("fd00::1")
+			c.ClusterDNS = addrs("::ffff:10.96.0.10")
+		}, "clusterDNS: ::ffff:10.96.0.10"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := ok
@@ -165,5 +177,28 @@ func TestValidate(t *testing.T) {
 	}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBuildUnmapsIPv4MappedInput: IPv4-mapped addresses and prefixes (::ffff:a.b.c.d) in the
+// config are IPv4 in the rules, DNS ones DNAT'ed to HostIP.
+func TestBuildUnmapsIPv4MappedInput(t *testing.T) {
+	c := goldenConfigs[0].cfg
+	c.ClusterDNS = addrs("::ffff:10.96.0.10")
+	c.ExcludeOutboundCIDRs = prefixes("::ffff:10.0.0.0/104")
+	c.NodeSources = prefixes("::ffff:10.244.1.1/128")
+	rs, err := Build(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	txt := rs.NFTText()
+	for _, want := range []string{
+		"ip daddr 10.96.0.10 meta l4proto udp udp dport 53 dnat ip to 192.168.0.10:18054",
+		"ip daddr 10.0.0.0/8 return",
+		"ip saddr 10.244.1.1 meta l4proto tcp accept",
+	} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("rule set lacks %q:\n%s", want, txt)
+		}
 	}
 }
