@@ -109,12 +109,19 @@ func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 		if err != nil {
 			return fmt.Errorf("check capture rules: %w", err)
 		}
-		live := map[string][]string{} // chain -> comments
+		// "table chain" -> comments: built-in chains such as OUTPUT exist in several tables
+		// (nat and filter), each with its own jump.
+		live := map[string][]string{}
 		wanted := map[string]bool{}
 		for _, ch := range rs.Chains {
 			wanted[ch.Hook.iptablesChain()] = true
 		}
+		table := ""
 		for _, line := range strings.Split(string(out), "\n") {
+			if t, ok := strings.CutPrefix(line, "*"); ok {
+				table = t
+				continue
+			}
 			if name, ok := strings.CutPrefix(line, ":"+ChainPrefix); ok {
 				if chain := ChainPrefix + strings.Fields(name)[0]; !wanted[chain] {
 					return &DriftError{What: fmt.Sprintf("%s: chain %s is not in the rule set", b.bin(fam, ""), chain)}
@@ -123,12 +130,13 @@ func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 			if !strings.HasPrefix(line, "-A ") {
 				continue
 			}
-			chain := strings.Fields(line)[1]
+			chain := table + " " + strings.Fields(line)[1]
 			if m := commentRE.FindStringSubmatch(line); m != nil {
 				live[chain] = append(live[chain], m[1])
 			}
 		}
 		for _, ch := range rs.Chains {
+			table, builtin := ch.Hook.iptables()
 			name := ch.Hook.iptablesChain()
 			var want []string
 			for _, r := range ch.Rules {
@@ -136,12 +144,11 @@ func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 					want = append(want, r.Comment())
 				}
 			}
-			if !slices.Equal(live[name], want) {
-				return &DriftError{What: fmt.Sprintf("%s chain %s holds %d aether rules, want %d", b.bin(fam, ""), name, len(live[name]), len(want))}
+			if got := live[table+" "+name]; !slices.Equal(got, want) {
+				return &DriftError{What: fmt.Sprintf("%s chain %s holds %d aether rules, want %d", b.bin(fam, ""), name, len(got), len(want))}
 			}
-			_, builtin := ch.Hook.iptables()
-			if !slices.Contains(live[builtin], Tag+":jump") {
-				return &DriftError{What: fmt.Sprintf("%s: jump from %s to %s is missing", b.bin(fam, ""), builtin, name)}
+			if !slices.Contains(live[table+" "+builtin], Tag+":jump") {
+				return &DriftError{What: fmt.Sprintf("%s: jump from %s %s to %s is missing", b.bin(fam, ""), table, builtin, name)}
 			}
 		}
 	}
