@@ -30,6 +30,7 @@ func TestPrivilegedRepairsPartialDrift(t *testing.T) {
 			{"input chain flushed", [][]string{{"nft", "flush", "chain", "inet", TableName, "input_filter"}}},
 			{"foreign rule inserted first in our chain", [][]string{{"nft", "insert", "rule", "inet", TableName, "input_filter", "accept"}}},
 			{"rule appended to our chain", [][]string{{"nft", "add", "rule", "inet", TableName, "output_nat", "return"}}},
+			{"chain policy set to drop", [][]string{{"nft", "chain", "inet", TableName, "output_filter", "{ policy drop; }"}}},
 		},
 	}
 	for _, tool := range []string{"iptables-nft", "iptables-legacy"} {

@@ -75,8 +75,8 @@ func (NFTables) Apply(netnsPath string, rs RuleSet) (changed bool, err error) {
 	return true, nil
 }
 
-// sameChains reports whether table inet aether holds exactly rs's chains (names, hooks and
-// priorities), whatever their rules.
+// sameChains reports whether table inet aether holds exactly rs's chains (names, hooks,
+// priorities and policy accept), whatever their rules.
 func sameChains(conn *nftables.Conn, rs RuleSet) bool {
 	chains, err := conn.ListChainsOfTableFamily(nftables.TableFamilyINet)
 	if err != nil {
@@ -92,8 +92,7 @@ func sameChains(conn *nftables.Conn, rs RuleSet) bool {
 		if i < 0 {
 			return false
 		}
-		_, hook, prio := rs.Chains[i].Hook.nftables()
-		if c.Hooknum == nil || *c.Hooknum != *hook || c.Priority == nil || *c.Priority != *prio {
+		if !sameHook(c, rs.Chains[i]) {
 			return false
 		}
 	}
@@ -101,7 +100,7 @@ func sameChains(conn *nftables.Conn, rs RuleSet) bool {
 }
 
 // Check compares the live table inet aether in the pod netns with rs: the same chains (name,
-// hook) holding the same rules in the same order, compared by their aether comments (which carry
+// hook, priority, policy accept) holding the same rules in the same order, compared by their aether comments (which carry
 // a digest of each rule). It returns a *DriftError describing the first difference, or another
 // error when the netns cannot be read.
 func (NFTables) Check(netnsPath string, rs RuleSet) error {
@@ -200,9 +199,8 @@ func checkNFT(conn *nftables.Conn, rs RuleSet) error {
 		if i < 0 {
 			return &DriftError{What: "chain " + ch.Name + " is missing"}
 		}
-		_, hook, prio := ch.Hook.nftables()
-		if live[i].Hooknum == nil || *live[i].Hooknum != *hook || live[i].Priority == nil || *live[i].Priority != *prio {
-			return &DriftError{What: "chain " + ch.Name + " has another hook or priority"}
+		if !sameHook(live[i], ch) {
+			return &DriftError{What: "chain " + ch.Name + " has another hook, priority or policy"}
 		}
 		rules, err := conn.GetRules(t, live[i])
 		if err != nil {
@@ -219,6 +217,14 @@ func checkNFT(conn *nftables.Conn, rs RuleSet) error {
 		}
 	}
 	return nil
+}
+
+// sameHook reports whether live chain c has ch's hook and priority and policy accept (a chain
+// whose policy someone set to drop would drop every packet no rule accepts).
+func sameHook(c *nftables.Chain, ch Chain) bool {
+	_, hook, prio := ch.Hook.nftables()
+	return c.Hooknum != nil && *c.Hooknum == *hook && c.Priority != nil && *c.Priority == *prio &&
+		(c.Policy == nil || *c.Policy == nftables.ChainPolicyAccept)
 }
 
 func (h Hook) nftables() (nftables.ChainType, *nftables.ChainHook, *nftables.ChainPriority) {
