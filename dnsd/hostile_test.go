@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -227,6 +229,132 @@ func TestHostileQueries(t *testing.T) {
 				if m.Id != binary.BigEndian.Uint16(b) {
 					t.Errorf("%s: id %d, want the query's", netw, m.Id)
 				}
+			}
+		})
+	}
+}
+
+// rawUpstream is a UDP upstream on loopback that answers every query with reply(query bytes).
+func rawUpstream(t *testing.T, reply func(q []byte) []byte) string {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 65535)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if b := reply(append([]byte(nil), buf[:n]...)); b != nil {
+				_, _ = pc.WriteTo(b, from)
+			}
+		}
+	}()
+	return pc.LocalAddr().String()
+}
+
+// TestHostileUpstreams: an upstream that answers with the wrong ID, the wrong question, garbage,
+// a message cut short or one larger than the client's UDP size never has its answer passed on
+// as it is: the resolver fails over to the next upstream (or answers SERVFAIL when none is
+// left), and a large answer is truncated to the client's size with TC set.
+func TestHostileUpstreams(t *testing.T) {
+	good := startStub(t, answerA(1))
+	edit := func(fn func(m *dns.Msg)) func(q []byte) []byte {
+		return func(q []byte) []byte {
+			req := new(dns.Msg)
+			if err := req.Unpack(q); err != nil {
+				return nil
+			}
+			m := new(dns.Msg)
+			m.SetReply(req)
+			m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: req.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: net.IPv4(198, 51, 100, 1)})
+			fn(m)
+			b, _ := m.Pack()
+			return b
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		reply func(q []byte) []byte
+	}{
+		{"wrong id", edit(func(m *dns.Msg) { m.Id++ })},
+		{"wrong question name", edit(func(m *dns.Msg) { m.Question[0].Name = "evil.example." })},
+		{"wrong question type", edit(func(m *dns.Msg) { m.Question[0].Qtype = dns.TypeMX })},
+		{"no question", edit(func(m *dns.Msg) { m.Question = nil })},
+		{"garbage", func(q []byte) []byte { return append(q[:2:2], 0x81, 0x80, 0, 1, 0, 9) }},
+		{"cut short", func(q []byte) []byte { b := edit(func(*dns.Msg) {})(q); return b[:len(b)-3] }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := rawUpstream(t, tc.reply)
+			addr := startShortTimeoutServer(t, []string{bad, good.addr})
+			resp := ask(t, addr, "udp", "example.org.", dns.TypeA, nil)
+			if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 || resp.Answer[0].(*dns.A).A.String() != "192.0.2.1" {
+				t.Errorf("answer = %v, want the good upstream's", resp)
+			}
+			alone := startShortTimeoutServer(t, []string{bad})
+			if resp := ask(t, alone, "udp", "example.org.", dns.TypeA, nil); resp.Rcode != dns.RcodeServerFailure || len(resp.Answer) != 0 {
+				t.Errorf("with only the bad upstream: %v, want SERVFAIL", resp)
+			}
+		})
+	}
+	t.Run("oversized", func(t *testing.T) {
+		big := rawUpstream(t, edit(func(m *dns.Msg) {
+			for i := range 300 {
+				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: net.IPv4(198, 51, byte(i>>8), byte(i))})
+			}
+		}))
+		addr := startShortTimeoutServer(t, []string{big})
+		m := query("example.org.", dns.TypeA, nil)
+		b, _ := m.Pack()
+		resp := rawUDP(t, addr, b)
+		if resp == nil {
+			t.Fatal("no answer")
+		}
+		resp.Compress = true // as it was sent
+		if !resp.Truncated || resp.Len() > dns.MinMsgSize || len(resp.Answer) == 0 {
+			t.Fatalf("answer of %d bytes, TC %v, %d records; want truncated within %d bytes", resp.Len(), resp.Truncated, len(resp.Answer), dns.MinMsgSize)
+		}
+	})
+}
+
+// TestOddResolvConf: resolv.conf content seen on nodes (zone ids, options, comments, search
+// lists) gives usable upstreams; a file with no nameserver, or a nameserver that is not an IP
+// address, gives an error naming the path or the value.
+func TestOddResolvConf(t *testing.T) {
+	for _, tc := range []struct {
+		name, conf string
+		want       string // upstreams joined by ","; "" for an error
+		errHas     string
+	}{
+		{"zone id and options", "# generated\noptions ndots:5 timeout:1 attempts:3 rotate edns0\nsearch a.svc.cluster.local svc.cluster.local\nnameserver fe80::1%eth0\nnameserver 10.96.0.10 # trailing\n",
+			"[fe80::1%eth0]:53,10.96.0.10:53", ""},
+		{"tabs and a domain line", "domain example.org\nnameserver\t10.0.0.10\n\n", "10.0.0.10:53", ""},
+		{"only the resolver itself", "nameserver 10.0.0.1\n", "", "no nameserver"},
+		{"empty", "", "", "no nameserver"},
+		{"hostname", "nameserver kube-dns\n", "", "kube-dns"},
+		{"port in the address", "nameserver 10.0.0.10:5353\n", "", "10.0.0.10:5353"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "resolv.conf")
+			if err := os.WriteFile(p, []byte(tc.conf), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			ups, err := ReadResolvConf(p, "10.0.0.1:53")
+			if err == nil {
+				_, err = NewForwarder(ups, ForwarderOptions{})
+			}
+			if tc.want != "" {
+				if err != nil || strings.Join(ups, ",") != tc.want {
+					t.Fatalf("upstreams %v, %v; want %s", ups, err, tc.want)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+				t.Fatalf("error = %v, want one naming %q", err, tc.errHas)
 			}
 		})
 	}
