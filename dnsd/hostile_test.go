@@ -3,6 +3,7 @@ package dnsd
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/aethermesh/aether/internal/testenv"
 )
 
 // startShortTimeoutServer starts a resolver server on loopback with short TCP timeouts, so
@@ -358,4 +361,63 @@ func TestOddResolvConf(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTCPConnectionLimit: with MaxTCPConns clients holding connections open (stalled after a
+// 64 KiB length prefix, each pinning a buffer of that size), one more connection is closed at
+// once instead of pinning more memory; once they go, TCP queries are answered again.
+func TestTCPConnectionLimit(t *testing.T) {
+	res, err := NewResolver(nil, ResolverOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Update(testMesh()); err != nil {
+		t.Fatal(err)
+	}
+	const limit = 4
+	srv := NewServer(res, ServerConfig{Addr: "127.0.0.1:0", ReadTimeout: time.Minute, IdleTimeout: time.Minute, MaxTCPConns: limit})
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	_, a := srv.Addrs()
+	addr := a.String()
+	var held []net.Conn
+	for range limit {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write([]byte{0xFF, 0xFF}); err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	// The server accepts them in order; the next one finds no slot.
+	testenv.Eventually(t, 30*time.Second, "a connection over the limit is closed", func() error {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err != io.EOF {
+			return fmt.Errorf("read: %v, want EOF", err)
+		}
+		return nil
+	})
+	for _, c := range held {
+		c.Close()
+	}
+	testenv.Eventually(t, 30*time.Second, "a TCP answer after the held connections closed", func() error {
+		c := &dns.Client{Net: "tcp", Timeout: 5 * time.Second}
+		resp, _, err := c.Exchange(query("web.mesh.", dns.TypeA, nil), addr)
+		if err != nil {
+			return err
+		}
+		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			return fmt.Errorf("answer %v", resp)
+		}
+		return nil
+	})
 }

@@ -24,6 +24,12 @@ const (
 	DefaultIdleTimeout  = 8 * time.Second // an idle TCP connection between queries
 )
 
+// DefaultMaxTCPConns is how many TCP connections the server holds open at once. miekg/dns reads
+// a TCP query into a buffer of the length its 2-byte prefix claims (up to 64 KiB) and holds it
+// until the read timeout, so this bounds the memory clients that stall after the prefix can pin
+// (64 MiB at most).
+const DefaultMaxTCPConns = 1024
+
 // udpReadSize is the buffer a UDP query is read into, in bytes: queries are small, but EDNS0
 // options (cookies, padding) make some longer than 512.
 const udpReadSize = 4096
@@ -39,6 +45,10 @@ type ServerConfig struct {
 	Listener   net.Listener
 	// ReadTimeout, WriteTimeout and IdleTimeout: zero means the Default* values above.
 	ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// MaxTCPConns is how many TCP connections are served at once (0: DefaultMaxTCPConns); a
+	// connection beyond it is closed at once (RFC 7766 section 6.2.2 lets a server close
+	// connections to free resources) and the client retries or uses UDP.
+	MaxTCPConns int
 	// Logger receives the listening addresses (nil: discard).
 	Logger *slog.Logger
 }
@@ -66,6 +76,9 @@ func NewServer(res *Resolver, cfg ServerConfig) *Server {
 	}
 	if cfg.IdleTimeout <= 0 {
 		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxTCPConns <= 0 {
+		cfg.MaxTCPConns = DefaultMaxTCPConns
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -104,7 +117,7 @@ func (s *Server) Start(ctx context.Context) error {
 	}
 	s.udp, s.tcp = mk(true), mk(false)
 	s.udp.PacketConn = plainIfBound(pc)
-	s.tcp.Listener = l
+	s.tcp.Listener = &limitListener{Listener: l, slots: make(chan struct{}, s.cfg.MaxTCPConns)}
 	for _, srv := range []*dns.Server{s.udp, s.tcp} {
 		go func() {
 			if err := srv.ActivateAndServe(); err != nil {
@@ -316,4 +329,41 @@ func listenBoth(addr string) (net.PacketConn, net.Listener, error) {
 		}
 	}
 	return nil, nil, last
+}
+
+// limitListener accepts at most cap(slots) connections open at once; one accepted beyond that
+// is closed at once and Accept waits for the next.
+type limitListener struct {
+	net.Listener
+	slots chan struct{}
+}
+
+// Accept returns the next connection while a slot is free; it closes the ones that find none.
+func (l *limitListener) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		select {
+		case l.slots <- struct{}{}:
+			return &limitConn{Conn: c, slots: l.slots}, nil
+		default:
+			_ = c.Close()
+		}
+	}
+}
+
+// limitConn frees its slot of the limitListener on its first Close.
+type limitConn struct {
+	net.Conn
+	slots chan struct{}
+	once  sync.Once
+}
+
+// Close closes the connection and frees its slot.
+func (c *limitConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { <-c.slots })
+	return err
 }
