@@ -214,3 +214,42 @@ func TestSupervisorAdminAddressTaken(t *testing.T) {
 		})
 	}
 }
+
+// TestSupervisorBadPaths: a state dir that cannot be created is an error naming it; an Envoy
+// binary that is not executable is logged with its path and retried with backoff, nothing
+// started.
+func TestSupervisorBadPaths(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bad := filepath.Join(file, "envoy")
+	if _, err := NewSupervisor(SupervisorConfig{EnvoyPath: "envoy", StateDir: bad}); err == nil || !strings.Contains(err.Error(), bad) {
+		t.Errorf("NewSupervisor with state dir %s = %v, want an error naming it", bad, err)
+	}
+	logs := &logBuffer{t: t}
+	sup, err := NewSupervisor(SupervisorConfig{
+		EnvoyPath: file, StateDir: filepath.Join(dir, "state"),
+		Bootstrap:  BootstrapConfig{NodeID: "bad-path-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"), AdminAddress: "unix://" + filepath.Join(dir, "admin.sock")},
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec delayRecorder
+	rec.install(sup)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = sup.Run(ctx); close(done) }()
+	rec.waitDelays(t, 3)
+	cancel()
+	<-done
+	if sup.Starts() != 0 {
+		t.Errorf("starts = %d with a non-executable binary", sup.Starts())
+	}
+	if !strings.Contains(logs.String(), file) || !strings.Contains(logs.String(), "permission denied") {
+		t.Errorf("log does not name %s and the cause", file)
+	}
+}

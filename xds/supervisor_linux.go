@@ -90,7 +90,7 @@ func NewSupervisor(cfg SupervisorConfig) (*Supervisor, error) {
 		cfg.Logger = slog.Default()
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
-		return nil, fmt.Errorf("new supervisor: %w", err)
+		return nil, fmt.Errorf("new supervisor: StateDir %s: %w", cfg.StateDir, err)
 	}
 	return &Supervisor{cfg: cfg, log: cfg.Logger, sleep: sleepCtx}, nil
 }
