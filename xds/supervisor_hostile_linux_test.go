@@ -253,3 +253,73 @@ func TestSupervisorBadPaths(t *testing.T) {
 		t.Errorf("log does not name %s and the cause", file)
 	}
 }
+
+// zombieChildren returns the pids of this process's children that exited and were not reaped.
+func zombieChildren(t *testing.T) []int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := strings.LastIndexByte(string(b), ')')
+		f := strings.Fields(string(b[i+1:])) // state, ppid, ...
+		if len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(os.Getpid()) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// TestSupervisorPIDFileUnwritable: when the pid file cannot be written (a directory stands at
+// its path), the real Envoy just started is killed and reaped (no zombie left per retry), the
+// error names the path, and the supervisor retries with backoff.
+func TestSupervisorPIDFileUnwritable(t *testing.T) {
+	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
+	dir, err := os.MkdirTemp("", "aetw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	state := filepath.Join(dir, "envoy")
+	pidPath := filepath.Join(state, "envoy.pid")
+	if err := os.MkdirAll(pidPath, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{t: t}
+	sup, err := NewSupervisor(SupervisorConfig{
+		EnvoyPath: tools.Envoy, StateDir: state, ExtraArgs: []string{"--concurrency", "1"},
+		Bootstrap:  BootstrapConfig{NodeID: "pid-dir-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"), AdminAddress: "unix://" + filepath.Join(dir, "admin.sock")},
+		MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec delayRecorder
+	rec.install(sup)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = sup.Run(ctx); close(done) }()
+	rec.waitDelays(t, 3)
+	cancel()
+	<-done
+	if !strings.Contains(logs.String(), pidPath) {
+		t.Errorf("log does not name %s", pidPath)
+	}
+	testenv.Eventually(t, 30*time.Second, "no zombie Envoy", func() error {
+		if z := zombieChildren(t); len(z) > 0 {
+			return fmt.Errorf("zombie children %v", z)
+		}
+		return nil
+	})
+}

@@ -272,6 +272,7 @@ func (s *Supervisor) start() error {
 	pid := cmd.Process.Pid
 	if err := os.WriteFile(s.pidFile(), []byte(strconv.Itoa(pid)), 0o644); err != nil {
 		_ = cmd.Process.Kill()
+		_ = cmd.Wait() // reap it: no zombie per failed start
 		return fmt.Errorf("start envoy: write pid file: %w", err)
 	}
 	done := make(chan struct{})
