@@ -39,6 +39,8 @@ func TestPrivilegedRepairsPartialDrift(t *testing.T) {
 			{"filter INPUT jump deleted", [][]string{jump(tool, "filter", "INPUT", "AETHER-INPUT")}},
 			{"filter OUTPUT jump deleted", [][]string{jump(tool, "filter", "OUTPUT", "AETHER-OUTPUT")}},
 			{"chain flushed", [][]string{{tool, "-w", "-t", "filter", "-F", "AETHER-INPUT"}}},
+			{"foreign rule inserted first in our chain", [][]string{{tool, "-w", "-t", "filter", "-I", "AETHER-INPUT", "1", "-j", "ACCEPT"}}},
+			{"foreign rule appended to our nat chain", [][]string{{tool, "-w", "-t", "nat", "-A", "AETHER-OUTPUT-NAT", "-p", "tcp", "-j", "RETURN"}}},
 			{"first rule moved last", [][]string{
 				{tool, "-w", "-t", "filter", "-D", "AETHER-INPUT", "1"},
 				{tool, "-w", "-t", "filter", "-A", "AETHER-INPUT", "-m", "conntrack", "--ctstate", "RELATED,ESTABLISHED", "-m", "comment", "--comment", rs.Chains[len(rs.Chains)-1].Rules[0].Comment(), "-j", "ACCEPT"},

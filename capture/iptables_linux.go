@@ -98,8 +98,8 @@ func (b IPTables) Apply(netnsPath string, rs RuleSet) (bool, error) {
 var commentRE = regexp.MustCompile(`--comment "?(aether:[^" ]+)"?`)
 
 // Check compares aether's chains (per family, via iptables-save) with rs by the rules' aether
-// comments, in order, and verifies each jump from a built-in chain. It returns a *DriftError for
-// a difference.
+// comments, in order (a rule without one in aether's chains is drift), and verifies each jump
+// from a built-in chain. It returns a *DriftError for a difference.
 func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 	if _, err := os.Stat(netnsPath); err != nil {
 		return fmt.Errorf("check capture rules: %w", err)
@@ -130,9 +130,13 @@ func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 			if !strings.HasPrefix(line, "-A ") {
 				continue
 			}
-			chain := table + " " + strings.Fields(line)[1]
+			name := strings.Fields(line)[1]
+			chain := table + " " + name
 			if m := commentRE.FindStringSubmatch(line); m != nil {
 				live[chain] = append(live[chain], m[1])
+			} else if strings.HasPrefix(name, ChainPrefix) {
+				// A rule without our tag in our chain was added by someone else: drift.
+				live[chain] = append(live[chain], "untagged: "+line)
 			}
 		}
 		for _, ch := range rs.Chains {
