@@ -421,3 +421,72 @@ func TestTCPConnectionLimit(t *testing.T) {
 		return nil
 	})
 }
+
+// TestForwardLimit: with MaxForwards queries waiting on an upstream that never answers, one
+// more forwarded query (a plain name, and a clusterset name, which must not get a cacheable
+// NXDOMAIN) is answered SERVFAIL at once, without a goroutine and a socket of its own held for
+// the forward timeout; mesh names are still answered.
+func TestForwardLimit(t *testing.T) {
+	release := make(chan struct{})
+	silent := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		<-release
+		m := new(dns.Msg)
+		m.SetRcode(r, dns.RcodeServerFailure)
+		_ = w.WriteMsg(m)
+	})
+	fwd, err := NewForwarder([]string{silent.addr}, ForwarderOptions{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const limit = 2
+	res, err := NewResolver(fwd, ResolverOptions{MaxForwards: limit})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Update(testMesh()); err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(res, ServerConfig{Addr: "127.0.0.1:0"})
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Shutdown(context.Background())
+	defer close(release) // first: the held queries end, then Shutdown has nothing to wait for
+	u, _ := srv.Addrs()
+	addr := u.String()
+	// limit queries that wait on the silent upstream.
+	for i := range limit {
+		c, err := net.Dial("udp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := c.Write(packedQuery(t, fmt.Sprintf("slow%d.example.org.", i), dns.TypeA, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testenv.Eventually(t, 30*time.Second, "the silent upstream holds the first queries", func() error {
+		if n := silent.queries.Load(); n < limit {
+			return fmt.Errorf("%d queries at the upstream", n)
+		}
+		return nil
+	})
+	for _, name := range []string{"one-more.example.org.", "other.ns.svc.clusterset.local."} {
+		// The client gives up long before the forward timeout (a minute): only an answer
+		// given at once arrives.
+		c := &dns.Client{Net: "udp", Timeout: 10 * time.Second}
+		resp, _, err := c.Exchange(query(name, dns.TypeA, nil), addr)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if resp.Rcode != dns.RcodeServerFailure {
+			t.Errorf("%s over the forward limit: %s, want SERVFAIL", name, dns.RcodeToString[resp.Rcode])
+		}
+	}
+	if n := silent.queries.Load(); n != limit {
+		t.Errorf("the upstream got %d queries, want %d", n, limit)
+	}
+	if resp := ask(t, addr, "udp", "web.mesh.", dns.TypeA, nil); resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+		t.Errorf("mesh name at the forward limit: %v", resp)
+	}
+}

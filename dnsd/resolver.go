@@ -2,6 +2,7 @@ package dnsd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -27,7 +28,17 @@ type Resolver struct {
 	log     *slog.Logger
 	// forwardTimeout bounds a whole forwarded query (all upstreams).
 	forwardTimeout time.Duration
+	// forwards holds one token per query being forwarded (at most MaxForwards).
+	forwards chan struct{}
 }
+
+// DefaultMaxForwards is how many queries a Resolver forwards at once. Each holds a goroutine
+// and an upstream socket for up to the forward timeout, so a flood of queries for names an
+// upstream is slow to answer would otherwise pin memory and file descriptors without bound.
+const DefaultMaxForwards = 1024
+
+// errForwardLimit is why a query that found MaxForwards queries in flight was not forwarded.
+var errForwardLimit = errors.New("too many queries being forwarded")
 
 // ResolverOptions configure NewResolver.
 type ResolverOptions struct {
@@ -38,6 +49,9 @@ type ResolverOptions struct {
 	Registerer prometheus.Registerer
 	// Logger receives debug records of failed writes and forwards (nil: discard).
 	Logger *slog.Logger
+	// MaxForwards is how many queries are forwarded at once (0: DefaultMaxForwards); a query
+	// beyond it is answered SERVFAIL at once, without asking an upstream.
+	MaxForwards int
 }
 
 // NewResolver returns a resolver forwarding to fwd (nil: no upstreams, every forwarded query
@@ -66,7 +80,11 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	if len(fwd.upstreams) > 0 {
 		timeout = time.Duration(len(fwd.upstreams)) * fwd.upstreams[0].udp.Timeout
 	}
-	return &Resolver{opts: o.Index, fwd: fwd, metrics: m, log: o.Logger, forwardTimeout: timeout}, nil
+	if o.MaxForwards <= 0 {
+		o.MaxForwards = DefaultMaxForwards
+	}
+	return &Resolver{opts: o.Index, fwd: fwd, metrics: m, log: o.Logger, forwardTimeout: timeout,
+		forwards: make(chan struct{}, o.MaxForwards)}, nil
 }
 
 // Update builds an index from m and swaps it in. Queries in flight finish with the index they
@@ -124,11 +142,11 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	bufPool.Put(bp)
-	ctx, cancel := context.WithTimeout(context.Background(), r.forwardTimeout)
-	resp, err := r.fwd.Exchange(ctx, req, tcp)
-	cancel()
+	resp, err := r.forward(req, tcp)
 	if err != nil {
-		if act == ForwardClusterset {
+		// Only an answer from no upstream means the clusterset name does not exist; too many
+		// forwards in flight says nothing about the name.
+		if act == ForwardClusterset && !errors.Is(err, errForwardLimit) {
 			resp = idx.ClustersetNXDOMAIN(req)
 		} else {
 			r.log.Debug("forward failed", "err", err)
@@ -143,6 +161,20 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	r.metrics.count(qtype, resp.Rcode)
 	r.metrics.forward.Observe(time.Since(start).Seconds())
 	r.write(w, resp, maxSize)
+}
+
+// forward sends req to the upstreams (Forwarder.Exchange) within the forward timeout, unless
+// MaxForwards queries are being forwarded already: then it returns errForwardLimit at once.
+func (r *Resolver) forward(req *dns.Msg, tcp bool) (*dns.Msg, error) {
+	select {
+	case r.forwards <- struct{}{}:
+		defer func() { <-r.forwards }()
+	default:
+		return nil, fmt.Errorf("forward %s: %w", qname(req), errForwardLimit)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.forwardTimeout)
+	defer cancel()
+	return r.fwd.Exchange(ctx, req, tcp)
 }
 
 // answerWire is ServeDNS's fast path for a UDP query in wire form q from src: it answers from
