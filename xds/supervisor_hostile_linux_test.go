@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -322,4 +323,47 @@ func TestSupervisorPIDFileUnwritable(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestSupervisorAdoptedAdminChangesHands: an Envoy adopted through its admin API alone (no pid
+// file) goes away and another program answers on the admin address for another node. The
+// supervisor counts that as gone and starts again (here: tries, with a missing binary) instead
+// of watching a foreign program for good.
+func TestSupervisorAdoptedAdminChangesHands(t *testing.T) {
+	dir := t.TempDir()
+	var id atomic.Value
+	id.Store("handover-node")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, `{"state":"LIVE","node":{"id":%q}}`, id.Load())
+	})}
+	go func() { _ = srv.Serve(l) }()
+	defer srv.Close()
+	sup, err := NewSupervisor(SupervisorConfig{
+		EnvoyPath: filepath.Join(dir, "no-envoy"), StateDir: filepath.Join(dir, "state"),
+		Bootstrap:     BootstrapConfig{NodeID: "handover-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"), AdminAddress: l.Addr().String()},
+		MinBackoff:    10 * time.Millisecond,
+		CheckInterval: 20 * time.Millisecond,
+		Logger:        slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec delayRecorder
+	rec.install(sup)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = sup.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	testenv.Eventually(t, 30*time.Second, "adopted through the admin API", func() error {
+		if !sup.Adopted() {
+			return fmt.Errorf("not adopted")
+		}
+		return nil
+	})
+	id.Store("someone-else")
+	rec.waitDelays(t, 1)
 }

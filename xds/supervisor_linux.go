@@ -377,11 +377,12 @@ func (s *Supervisor) watch(ctx context.Context) {
 			}
 			continue
 		}
-		// Adopted through the admin API only: gone after three failed checks.
+		// Adopted through the admin API only: gone after three failed checks (no answer, or
+		// one for another node: another program holds the admin address now).
 		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		_, err := s.serverInfo(actx)
+		si, err := s.serverInfo(actx)
 		cancel()
-		if err != nil {
+		if err != nil || si.Node.ID != s.cfg.Bootstrap.NodeID {
 			misses++
 			if misses >= 3 {
 				return
