@@ -47,8 +47,9 @@ type SupervisorConfig struct {
 
 // Supervisor keeps exactly one Envoy running for the node. Envoy runs in its own session and
 // outlives the agent: a restarted supervisor adopts the running Envoy (its admin API answers with
-// our node id, or its pid file names a live process) and starts one only when none runs. A dead
-// Envoy is restarted with exponential backoff.
+// our node id, or its pid file names a live process whose command line has our bootstrap path)
+// and starts one only when none runs. It never adopts or signals another process. A dead Envoy
+// is restarted with exponential backoff.
 type Supervisor struct {
 	cfg SupervisorConfig
 	log *slog.Logger
