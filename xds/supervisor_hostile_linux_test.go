@@ -82,12 +82,9 @@ func TestSupervisorStalePIDFile(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { _ = sup.Run(ctx); close(done) }()
+		_, ctx, stop := runRecorded(sup)
 		defer func() {
-			cancel()
-			<-done
+			stop()
 			_ = sup.Stop()
 		}()
 		testenv.Eventually(t, time.Minute, "our Envoy's admin API answers", func() error {
@@ -186,14 +183,9 @@ func TestSupervisorAdminAddressTaken(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var rec delayRecorder
-			rec.install(sup)
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { _ = sup.Run(ctx); close(done) }()
+			rec, ctx, stop := runRecorded(sup)
 			defer func() {
-				cancel()
-				<-done
+				stop()
 				_ = sup.Stop()
 			}()
 			rec.waitDelays(t, 3)
@@ -239,14 +231,9 @@ func TestSupervisorBadPaths(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec delayRecorder
-	rec.install(sup)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = sup.Run(ctx); close(done) }()
+	rec, _, stop := runRecorded(sup)
 	rec.waitDelays(t, 3)
-	cancel()
-	<-done
+	stop()
 	if sup.Starts() != 0 {
 		t.Errorf("starts = %d with a non-executable binary", sup.Starts())
 	}
@@ -306,14 +293,9 @@ func TestSupervisorPIDFileUnwritable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec delayRecorder
-	rec.install(sup)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = sup.Run(ctx); close(done) }()
+	rec, _, stop := runRecorded(sup)
 	rec.waitDelays(t, 3)
-	cancel()
-	<-done
+	stop()
 	if !strings.Contains(logs.String(), pidPath) {
 		t.Errorf("log does not name %s", pidPath)
 	}
@@ -352,12 +334,8 @@ func TestSupervisorAdoptedAdminChangesHands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec delayRecorder
-	rec.install(sup)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = sup.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	rec, _, stop := runRecorded(sup)
+	defer stop()
 	testenv.Eventually(t, 30*time.Second, "adopted through the admin API", func() error {
 		if !sup.Adopted() {
 			return fmt.Errorf("not adopted")

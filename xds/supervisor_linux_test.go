@@ -78,6 +78,17 @@ func (r *delayRecorder) get() []time.Duration {
 	return slices.Clone(r.delays)
 }
 
+// runRecorded runs sup.Run in the background with its restart delays recorded; ctx is Run's
+// context, and stop cancels it and waits for Run to return.
+func runRecorded(sup *Supervisor) (rec *delayRecorder, ctx context.Context, stop func()) {
+	rec = &delayRecorder{}
+	rec.install(sup)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = sup.Run(ctx); close(done) }()
+	return rec, ctx, func() { cancel(); <-done }
+}
+
 // waitDelays waits until at least n delays are recorded and returns them.
 func (r *delayRecorder) waitDelays(t *testing.T, n int) []time.Duration {
 	t.Helper()
@@ -127,14 +138,9 @@ func TestEnvoyRestartBackoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rec delayRecorder
-	rec.install(sup)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = sup.Run(ctx); close(done) }()
+	rec, ctx, stop := runRecorded(sup)
 	t.Cleanup(func() {
-		cancel()
-		<-done
+		stop()
 		_ = sup.Stop()
 		if t.Failed() {
 			o, _ := os.ReadFile(filepath.Join(cfg.StateDir, "envoy.out"))
