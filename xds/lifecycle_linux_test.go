@@ -91,6 +91,14 @@ func TestPrivilegedCertRotation(t *testing.T) {
 
 // envoyPIDs lists the running Envoy processes started from this fixture's state dir.
 func envoyPIDs(t *testing.T, f *meshFixture) []int {
+	return procsWhere(t, "cmdline", func(pid int, b []byte) bool {
+		args := strings.Split(string(b), "\x00")
+		return len(args) > 0 && strings.HasSuffix(args[0], "envoy") && strings.Contains(string(b), f.dir) && alive(pid)
+	})
+}
+
+// procsWhere returns the pids whose /proc/<pid>/<file> content match accepts.
+func procsWhere(t *testing.T, file string, match func(pid int, content []byte) bool) []int {
 	t.Helper()
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
@@ -102,12 +110,7 @@ func envoyPIDs(t *testing.T, f *meshFixture) []int {
 		if err != nil {
 			continue
 		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		args := strings.Split(string(b), "\x00")
-		if len(args) > 0 && strings.HasSuffix(args[0], "envoy") && strings.Contains(string(b), f.dir) && alive(pid) {
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/" + file); err == nil && match(pid, b) {
 			out = append(out, pid)
 		}
 	}

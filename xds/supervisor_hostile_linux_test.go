@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
@@ -244,28 +245,11 @@ func TestSupervisorBadPaths(t *testing.T) {
 
 // zombieChildren returns the pids of this process's children that exited and were not reaped.
 func zombieChildren(t *testing.T) []int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue
-		}
-		i := strings.LastIndexByte(string(b), ')')
+	return procsWhere(t, "stat", func(_ int, b []byte) bool {
+		i := bytes.LastIndexByte(b, ')')
 		f := strings.Fields(string(b[i+1:])) // state, ppid, ...
-		if len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(os.Getpid()) {
-			out = append(out, pid)
-		}
-	}
-	return out
+		return len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(os.Getpid())
+	})
 }
 
 // TestSupervisorPIDFileUnwritable: when the pid file cannot be written (a directory stands at
