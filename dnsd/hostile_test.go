@@ -22,30 +22,8 @@ import (
 // hostile TCP clients are cut quickly, forwarding to upstreams.
 func startShortTimeoutServer(t *testing.T, upstreams []string) string {
 	t.Helper()
-	fwd, err := NewForwarder(upstreams, ForwarderOptions{Timeout: 300 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	res, err := NewResolver(fwd, ResolverOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.Update(testMesh()); err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(res, ServerConfig{Addr: "127.0.0.1:0", ReadTimeout: 200 * time.Millisecond, IdleTimeout: 300 * time.Millisecond})
-	if err := srv.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	})
-	u, _ := srv.Addrs()
-	return u.String()
+	return startResolverWith(t, upstreams, ForwarderOptions{Timeout: 300 * time.Millisecond},
+		ServerConfig{ReadTimeout: 200 * time.Millisecond, IdleTimeout: 300 * time.Millisecond}).addr
 }
 
 // TestHostileTCPClients: TCP clients that stall after a length prefix, or mid-message, are cut

@@ -91,6 +91,13 @@ type testResolver struct {
 
 func startResolver(t *testing.T, upstreams []string, fo ForwarderOptions) *testResolver {
 	t.Helper()
+	return startResolverWith(t, upstreams, fo, ServerConfig{})
+}
+
+// startResolverWith starts a resolver over the test mesh on a loopback port with sc (its Addr is
+// set here), forwarding to upstreams.
+func startResolverWith(t *testing.T, upstreams []string, fo ForwarderOptions, sc ServerConfig) *testResolver {
+	t.Helper()
 	fwd, err := NewForwarder(upstreams, fo)
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +110,8 @@ func startResolver(t *testing.T, upstreams []string, fo ForwarderOptions) *testR
 	if err := res.Update(testMesh()); err != nil {
 		t.Fatal(err)
 	}
-	srv := NewServer(res, ServerConfig{Addr: "127.0.0.1:0"})
+	sc.Addr = "127.0.0.1:0"
+	srv := NewServer(res, sc)
 	if err := srv.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
