@@ -44,9 +44,8 @@ func TestSupervisorStalePIDFile(t *testing.T) {
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	foreign := startForeign(t)
 	cfg := SupervisorConfig{
-		EnvoyPath: tools.Envoy,
-		Bootstrap: BootstrapConfig{NodeID: "stale-pid-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"),
-			AdminAddress: "unix://" + filepath.Join(dir, "admin.sock")},
+		EnvoyPath:     tools.Envoy,
+		Bootstrap:     unixBootstrap(dir, "stale-pid-node"),
 		StateDir:      filepath.Join(dir, "envoy"),
 		ExtraArgs:     []string{"--concurrency", "1"},
 		CheckInterval: 100 * time.Millisecond,
@@ -225,7 +224,7 @@ func TestSupervisorBadPaths(t *testing.T) {
 	logs := &logBuffer{t: t}
 	sup, err := NewSupervisor(SupervisorConfig{
 		EnvoyPath: file, StateDir: filepath.Join(dir, "state"),
-		Bootstrap:  BootstrapConfig{NodeID: "bad-path-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"), AdminAddress: "unix://" + filepath.Join(dir, "admin.sock")},
+		Bootstrap:  unixBootstrap(dir, "bad-path-node"),
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})
@@ -270,7 +269,7 @@ func TestSupervisorPIDFileUnwritable(t *testing.T) {
 	logs := &logBuffer{t: t}
 	sup, err := NewSupervisor(SupervisorConfig{
 		EnvoyPath: tools.Envoy, StateDir: state, ExtraArgs: []string{"--concurrency", "1"},
-		Bootstrap:  BootstrapConfig{NodeID: "pid-dir-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"), AdminAddress: "unix://" + filepath.Join(dir, "admin.sock")},
+		Bootstrap:  unixBootstrap(dir, "pid-dir-node"),
 		MinBackoff: 10 * time.Millisecond, MaxBackoff: 20 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)),
 	})

@@ -78,6 +78,12 @@ func (r *delayRecorder) get() []time.Duration {
 	return slices.Clone(r.delays)
 }
 
+// unixBootstrap is a bootstrap for node id with the xDS server and Envoy's admin API on unix
+// sockets in dir (xds.sock, admin.sock), so supervisor tests need no free ports.
+func unixBootstrap(dir, id string) BootstrapConfig {
+	return BootstrapConfig{NodeID: id, XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"), AdminAddress: "unix://" + filepath.Join(dir, "admin.sock")}
+}
+
 // runRecorded runs sup.Run in the background with its restart delays recorded; ctx is Run's
 // context, and stop cancels it and waits for Run to return.
 func runRecorded(sup *Supervisor) (rec *delayRecorder, ctx context.Context, stop func()) {
@@ -122,9 +128,8 @@ func TestEnvoyRestartBackoff(t *testing.T) {
 	const minB, maxB, stable = 20 * time.Millisecond, 160 * time.Millisecond, 3 * time.Second
 	cfg := SupervisorConfig{
 		EnvoyPath: tools.Envoy,
-		Bootstrap: BootstrapConfig{NodeID: "backoff-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"),
-			AdminAddress: "unix://" + filepath.Join(dir, "admin.sock")},
-		StateDir: filepath.Join(dir, "envoy"),
+		Bootstrap: unixBootstrap(dir, "backoff-node"),
+		StateDir:  filepath.Join(dir, "envoy"),
 		// $0 is the flag file, "$@" Envoy's command line.
 		Prefix:        []string{"/bin/sh", "-c", `if [ -e "$0" ]; then exec "$@" --config-yaml '{crash_loop_bogus_field: 1}'; fi; exec "$@"`, crash},
 		ExtraArgs:     []string{"--concurrency", "1"},
