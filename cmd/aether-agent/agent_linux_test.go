@@ -35,10 +35,7 @@ import (
 // not) and removed in the registry.
 func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 	testenv.RequireRoot(t)
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	etcd := testenv.StartEmbeddedEtcd(t, nil)
-	cs := kubernetes.NewForConfigOrDie(api.Config)
+	api, etcd, cs := startSources(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	createNodeAndMeshNamespace(t, ctx, cs, "web")
@@ -141,11 +138,8 @@ func TestPrivilegedAgentPodLifecycle(t *testing.T) {
 // missing source meanwhile and recovers after it returns.
 func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	testenv.RequireRoot(t)
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	api, etcd, cs := startSources(t)
 	regProxy := testenv.NewCutProxy(t, strings.TrimPrefix(etcd.Endpoints[0], "http://"))
-	cs := kubernetes.NewForConfigOrDie(api.Config)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	createNodeAndMeshNamespace(t, ctx, cs, "web", "client")
@@ -279,10 +273,7 @@ func grepLines(s, sub string) string {
 // before readiness).
 func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 	testenv.RequireRoot(t)
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	etcd := testenv.StartEmbeddedEtcd(t, nil)
-	cs := kubernetes.NewForConfigOrDie(api.Config)
+	api, etcd, cs := startSources(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	createNodeAndMeshNamespace(t, ctx, cs, "web")

@@ -37,6 +37,15 @@ var (
 	agentErr  error
 )
 
+// startSources starts what the agent reads: a real kube-apiserver with aether's CRDs (ServiceExport,
+// ServiceImport) and an embedded etcd as the registry, and returns a clientset for the API server.
+func startSources(t testing.TB) (*testenv.KubeAPIServer, *testenv.EmbeddedEtcd, *kubernetes.Clientset) {
+	t.Helper()
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	return api, testenv.StartEmbeddedEtcd(t, nil), kubernetes.NewForConfigOrDie(api.Config)
+}
+
 // buildAgent builds this package's binary once per test run.
 func buildAgent(t testing.TB) string {
 	t.Helper()
@@ -311,11 +320,8 @@ func (a *agentProc) envoyHas(path, want string, present bool) func() error {
 // converges after each returns (a Service created after the API outage, an endpoint registered
 // during the registry outage).
 func TestAgentModelFollowsSources(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	api, etcd, cs := startSources(t)
 	regProxy := testenv.NewCutProxy(t, strings.TrimPrefix(etcd.Endpoints[0], "http://"))
-	cs := kubernetes.NewForConfigOrDie(api.Config)
 	mcs := mcsclient.NewForConfigOrDie(api.Config)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -13,7 +13,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
@@ -35,10 +34,7 @@ func BenchmarkEndpointPutToEnvoy(b *testing.B) {
 }
 
 func benchPutToEnvoy(b *testing.B, endpoints int) {
-	api := testenv.StartTestKubeAPIServer(b, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(b, api.Config, "deploy/crds")
-	etcd := testenv.StartEmbeddedEtcd(b, nil)
-	cs := kubernetes.NewForConfigOrDie(api.Config)
+	api, etcd, cs := startSources(b)
 	mcs := mcsclient.NewForConfigOrDie(api.Config)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()

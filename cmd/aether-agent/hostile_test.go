@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
-
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
@@ -18,10 +16,7 @@ import (
 // serving the other pods, and its log names the file. Before, the agent exited at start ("read
 // persisted attachments"), which took the whole node's CNI ADDs and DNS down with it.
 func TestAgentStartsWithAnUnreadableAttachment(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	etcd := testenv.StartEmbeddedEtcd(t, nil)
-	cs := kubernetes.NewForConfigOrDie(api.Config)
+	api, etcd, cs := startSources(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	createNodeAndMeshNamespace(t, ctx, cs)
