@@ -176,7 +176,7 @@ func (f *meshFixture) addPod(name string, capture bool) (*testenv.Netns, netip.A
 		t.Fatal(err)
 	}
 	defer nh.Close()
-	hostName := fmt.Sprintf("v%s", ns.Name[4:])
+	hostName := "v" + ns.Name[len(ns.Name)-8:] // the random part of the name: a link name has at most 15 bytes
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName}, PeerName: "eth0"}
 	if err := nh.LinkAdd(veth); err != nil {
 		t.Fatalf("add veth: %v", err)

@@ -5,9 +5,14 @@ package testenv
 import (
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"os"
 	"os/exec"
+	"regexp"
 	"runtime"
+	"strconv"
+	"sync"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -22,16 +27,33 @@ type Netns struct {
 	Path string
 }
 
+// netnsDir is where named network namespaces are bind-mounted (iproute2's NETNS_RUN_DIR).
+const netnsDir = "/var/run/netns"
+
+// netnsName matches the names NewNetns gives: aet-<pid of the creating test process>-<hex>.
+var netnsName = regexp.MustCompile(`^aet-([0-9]+)-[0-9a-f]+$`)
+
+var sweepOnce sync.Once
+
 // NewNetns creates a fresh named network namespace with its loopback up and deletes it when the
 // test ends. It needs root (see RequireRoot). The caller's OS thread never changes namespace: the
 // work happens on a fresh goroutine locked to its own thread, which is discarded afterwards.
+//
+// The name, aet-<pid>-<hex>, carries the test process's pid. A test binary killed before its
+// cleanups ran (go test's -timeout panic, SIGKILL) leaves its namespaces behind; the first
+// NewNetns of each process deletes those whose process is gone (SweepNetns).
 func NewNetns(t testing.TB) *Netns {
 	t.Helper()
 	RequireRoot(t)
-	b := make([]byte, 5)
+	sweepOnce.Do(func() {
+		if err := SweepNetns(); err != nil {
+			t.Logf("testenv: %v", err)
+		}
+	})
+	b := make([]byte, 4)
 	_, _ = rand.Read(b)
-	n := &Netns{Name: "aet-" + hex.EncodeToString(b)}
-	n.Path = "/var/run/netns/" + n.Name
+	n := &Netns{Name: fmt.Sprintf("aet-%d-%s", os.Getpid(), hex.EncodeToString(b))}
+	n.Path = netnsDir + "/" + n.Name
 	err := onLockedThread(func() error {
 		h, err := netns.NewNamed(n.Name)
 		if err != nil {
@@ -53,6 +75,37 @@ func NewNetns(t testing.TB) *Netns {
 		}
 	})
 	return n
+}
+
+// SweepNetns deletes the namespaces NewNetns made in test processes that no longer run (names
+// aet-<pid>-<hex> whose pid has no /proc entry). Namespaces of live processes, and every other
+// name, are left alone. It returns the errors of deletions that failed, joined.
+func SweepNetns() error {
+	ents, err := os.ReadDir(netnsDir)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		return fmt.Errorf("sweep netns: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		m := netnsName.FindStringSubmatch(e.Name())
+		if m == nil {
+			continue
+		}
+		pid, err := strconv.Atoi(m[1])
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat("/proc/" + m[1]); !errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err := netns.DeleteNamed(e.Name()); err != nil {
+			errs = append(errs, fmt.Errorf("sweep netns %s: %w", e.Name(), err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Do runs fn inside the namespace on a fresh goroutine locked to its own OS thread, and returns

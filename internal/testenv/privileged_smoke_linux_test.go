@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -293,5 +295,43 @@ func TestPrivilegedForwarder(t *testing.T) {
 	}
 	if err := f.Listen(ns, "127.0.0.1:7001", echo.Addr().String()); err == nil {
 		t.Error("Listen after Close succeeded, want an error")
+	}
+}
+
+// TestPrivilegedSweepNetns: a namespace left by a test process that is gone is deleted; one of a
+// live process is kept.
+func TestPrivilegedSweepNetns(t *testing.T) {
+	RequireRoot(t)
+	gone := exec.Command("true")
+	if err := gone.Run(); err != nil {
+		t.Fatal(err)
+	}
+	dead := fmt.Sprintf("aet-%d-5eed0001", gone.Process.Pid)
+	live := fmt.Sprintf("aet-1-5eed%04x", os.Getpid()&0xffff) // pid 1 always runs
+	for _, name := range []string{dead, live} {
+		err := onLockedThread(func() error {
+			h, err := netns.NewNamed(name)
+			if err == nil {
+				h.Close()
+			}
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = netns.DeleteNamed(name) })
+	}
+	if err := SweepNetns(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(netnsDir, dead)); !os.IsNotExist(err) {
+		t.Errorf("%s (process gone) after sweep: stat err = %v, want not exist", dead, err)
+	}
+	if _, err := os.Stat(filepath.Join(netnsDir, live)); err != nil {
+		t.Errorf("%s (pid 1 runs) after sweep: %v, want kept", live, err)
+	}
+	n := NewNetns(t)
+	if !netnsName.MatchString(n.Name) || !strings.HasPrefix(n.Name, fmt.Sprintf("aet-%d-", os.Getpid())) {
+		t.Errorf("NewNetns name %q, want aet-%d-<hex>", n.Name, os.Getpid())
 	}
 }
