@@ -212,3 +212,10 @@ if [[ " $SERVERS " == *" coredns "* ]]; then
   echo "  low rates per round (qps): mesh${lowrates[mesh]}, nx${lowrates[nx]}"
 fi
 echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), load average now $(cut -d' ' -f1-3 /proc/loadavg)"
+# What sets the low-rate latency of every server here: how an idle core waits (cpuidle driver;
+# with haltpoll, guest_halt_poll_ns 0 means no polling before HLT, so each query wakes a halted
+# vCPU), the timer rate, and DAMON (kdamond) running beside the servers.
+idle=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
+[ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ] && idle="$idle, guest_halt_poll_ns $(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)"
+damon=$(cat /sys/kernel/mm/damon/admin/kdamonds/*/state 2>/dev/null | sort | uniq -c | awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2}')
+echo "kernel: $(uname -r), cpuidle $idle, HZ $( (zcat /proc/config.gz 2>/dev/null || cat "/boot/config-$(uname -r)" 2>/dev/null) | awk -F= '$1 == "CONFIG_HZ" {print $2}'), kdamonds: ${damon:-none}"
