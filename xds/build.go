@@ -801,8 +801,9 @@ func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIP
 // directEntries adds what one port of a headless service contributes for connections made
 // straight to its pods (clients resolve a headless Service to pod IPs and dial one): for each
 // target port its endpoints in this cluster serve, an ORIGINAL_DST cluster (directCluster), and
-// for each of those endpoints' IPs an entry in the capture filter-chain matcher (and for HTTP
-// the capture route "<pod_ip>:<port>") that sends the connection to it. So a connection to a
+// for each of those endpoints' address (endpointIP: the one its inbound listener binds) an
+// entry in the capture filter-chain matcher (and for HTTP the capture route "<pod_ip>:<port>")
+// that sends the connection to it. So a connection to a
 // meshed pod's IP and target port goes over mTLS to that same pod's :15008 with SNI "<port>";
 // a pod that is not an endpoint (not meshed) is still passed through. Other clusters' endpoints
 // are left out: their pod IPs are not this cluster's (and may be equal to local ones).
@@ -814,8 +815,11 @@ func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
 		if ep.Cluster != b.m.Cluster {
 			continue
 		}
-		if p, ok := sp.EndpointPort(ep); ok {
-			ips[p.Port] = append(ips[p.Port], ep.IPs...)
+		// The address the pod's inbound listener binds (and EDS dials); a dual-stack pod's other
+		// address is passed through as before.
+		ip, hasIP := endpointIP(ep.IPs)
+		if p, ok := sp.EndpointPort(ep); ok && hasIP {
+			ips[p.Port] = append(ips[p.Port], ip)
 		}
 	}
 	for _, target := range slices.Sorted(mapKeys(ips)) {
