@@ -73,8 +73,11 @@ type Sources struct {
 //     aether.io/capture: "false").
 //
 // Ports: a Service port's target port is its numeric targetPort, or, when named, the container port
-// registered for it; the protocol is the port's appProtocol, else the registered endpoints'
-// protocol, else HTTP. Assemble is pure: the same Sources give the same Mesh.
+// each endpoint registered for it (per pod: ServicePort.EndpointPort); the protocol is the port's
+// appProtocol, else the registered endpoints' protocol, else HTTP. A local pod that a Service
+// selects but that declares no container port of a named targetPort is not an endpoint of that
+// port and is listed in Mesh.Skipped. A Service with clusterIP None is Headless. Assemble is
+// pure: the same Sources give the same Mesh.
 //
 // Parts of an object the model cannot hold are left out and listed in Mesh.Skipped, so one odd
 // object never costs the other services their routing: a port number outside 1-65535 (a
@@ -140,6 +143,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 		s.Local = true
 		s.Created = svc.CreationTimestamp.Time
 		s.VIPs = appendIPs(nil, svc.Spec.ClusterIPs, skipIP)
+		s.Headless = svc.Spec.ClusterIP == corev1.ClusterIPNone
 		s.Exported = exported[k][in.Cluster]
 		s.Ports = nil
 		for i, p := range svc.Spec.Ports {
@@ -266,6 +270,14 @@ func Assemble(version uint64, in Sources) *Mesh {
 			}
 		}
 		slices.SortFunc(lp.Services, ServiceKey.Compare)
+		for _, k := range lp.Services {
+			for _, sp := range byKey[k].Ports {
+				if _, ok := lp.TargetPort(sp); !ok && sp.TargetPortName != "" {
+					skip("Pod", podKey, "spec.containers[*].ports", sp.TargetPortName, fmt.Sprintf(
+						"no container port of that name: not an endpoint of Service %s port %d (nor in its EndpointSlices)", k, sp.Port))
+				}
+			}
+		}
 		pods = append(pods, lp)
 	}
 	m := New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
@@ -306,7 +318,9 @@ func endpointCounts(s *Service, e *Endpoint, cluster string, exported map[Servic
 }
 
 // resolvePorts fills a port's unknown target port and protocol from the registered endpoints'
-// port of the same name (the agent registers each Service port with its container port).
+// port of the same name (the agent registers each Service port with its container port). For a
+// named targetPort the first endpoint's port becomes TargetPort; every endpoint keeps its own
+// (ServicePort.EndpointPort), which may differ from pod to pod.
 func resolvePorts(s *Service, eps []Endpoint) {
 	for i := range s.Ports {
 		sp := &s.Ports[i]

@@ -71,10 +71,13 @@ type ServicePort struct {
 	// Port is the Service port clients dial on the VIP.
 	Port uint32
 	// TargetPort is the container port the application listens on. It is also the SNI
-	// ("<port>") that selects the inbound filter chain at the destination pod.
+	// ("<port>") that selects the inbound filter chain at the destination pod. For a named
+	// targetPort it is the port the first endpoint registered for it: pods may resolve the name
+	// to different numbers, so each endpoint's own port comes from EndpointPort.
 	TargetPort uint32
 	// TargetPortName is the Service's named targetPort ("" when numeric); the agent on each pod's
-	// node resolves it against the pod's container ports when it registers the endpoint.
+	// node resolves it against the pod's container ports when it registers the endpoint
+	// (LocalPod.TargetPort), per pod, as the EndpointSlice controller does.
 	TargetPortName string
 	// Protocol decides HTTP routing or a TCP floor chain.
 	Protocol Protocol
@@ -92,6 +95,9 @@ type Service struct {
 	Local bool
 	// VIPs are the local Service's ClusterIPs (empty when not Local or headless).
 	VIPs []netip.Addr
+	// Headless is true for a local Service with spec.clusterIP None: it has no VIP, its clients
+	// resolve its pods' IPs (kube-dns) and connect to one pod directly.
+	Headless bool
 	// Imported is true when a ServiceImport exists for it in this cluster (exported somewhere in
 	// the clusterset).
 	Imported bool
@@ -119,6 +125,20 @@ func (s *Service) PortByTarget(p uint32) (ServicePort, bool) {
 		}
 	}
 	return ServicePort{}, false
+}
+
+// EndpointPort returns the port of e that serves sp: for a named targetPort, e's port registered
+// under sp's name (each pod resolves the name to its own container port, as in an EndpointSlice,
+// whose ports are per slice and whose controller groups pods by resolved port), else e's port
+// numbered sp.TargetPort. It reports false when e does not serve sp: its pod declares no
+// container port of that name, so its agent registered none.
+func (sp ServicePort) EndpointPort(e *Endpoint) (EndpointPort, bool) {
+	for _, p := range e.Ports {
+		if sp.TargetPortName != "" && p.Name == sp.Name || sp.TargetPortName == "" && p.Port == sp.TargetPort {
+			return p, true
+		}
+	}
+	return EndpointPort{}, false
 }
 
 // EndpointPort is one port a registered endpoint serves.
@@ -173,6 +193,23 @@ type LocalPod struct {
 	Protocol Protocol
 	// Services are the local services whose selector matches the pod's labels, sorted.
 	Services []ServiceKey
+}
+
+// TargetPort returns the container port of the pod that serves sp: sp.TargetPort when the
+// Service's targetPort is a number, else the pod's container port named sp.TargetPortName with
+// the same L4 protocol (UDP or not), as the EndpointSlice controller's findPort matches. It
+// reports false when the pod declares no container port of that name: the pod is then not an
+// endpoint of that Service port (Kubernetes leaves it out of the EndpointSlices too).
+func (p *LocalPod) TargetPort(sp ServicePort) (uint32, bool) {
+	if sp.TargetPortName == "" {
+		return sp.TargetPort, sp.TargetPort != 0
+	}
+	for _, pp := range p.Ports {
+		if pp.Name == sp.TargetPortName && (pp.Protocol == ProtocolUDP) == (sp.Protocol == ProtocolUDP) {
+			return pp.Port, true
+		}
+	}
+	return 0, false
 }
 
 // SPIFFEID returns the pod's workload identity, spiffe://<trustDomain>/ns/<ns>/sa/<sa>.

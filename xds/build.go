@@ -340,8 +340,9 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 		TransportSocket:      ts,
 		UpstreamBindConfig:   b.bindConfig(),
 	}
+	others := b.otherTargetPorts(s, sp)
 	if b.opts.CertSelection == CertMatcher {
-		if err := b.addSocketMatcher(c, s.Key, sni); err != nil {
+		if err := b.addSocketMatcher(c, s.Key, sni, others); err != nil {
 			return nil, fmt.Errorf("build cluster %s: %w", name, err)
 		}
 	} else if b.opts.EastWestWaypoint {
@@ -355,10 +356,53 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 			TransportSocket: wts,
 		}}
 	}
+	if b.opts.CertSelection != CertMatcher {
+		for _, p := range others {
+			ps := strconv.FormatUint(uint64(p), 10)
+			pts, err := b.upstreamTLS(s.Key, ps, nil)
+			if err != nil {
+				return nil, fmt.Errorf("build cluster %s: %w", name, err)
+			}
+			c.TransportSocketMatches = append(c.TransportSocketMatches, &clusterv3.Cluster_TransportSocketMatch{
+				Name:            "port-" + ps,
+				Match:           &structpb.Struct{Fields: map[string]*structpb.Value{portMatchKey: structpb.NewStringValue(ps)}},
+				TransportSocket: pts,
+			})
+		}
+	}
 	if err := setUpstreamProtocol(c, sp.Protocol); err != nil {
 		return nil, err
 	}
 	return c, nil
+}
+
+// portMatchKey is the key, in an endpoint's envoy.transport_socket_match metadata, of the target
+// port the endpoint serves when it differs from its service port's TargetPort (a named targetPort
+// that pods resolve to different numbers). The cluster's socket for that port sends SNI
+// "<port>", so each pod's inbound listener gets its own port's SNI.
+const portMatchKey = "port"
+
+// otherTargetPorts returns the target ports, sorted and unique, on which endpoints dialled
+// directly (not through a waypoint) serve sp other than sp.TargetPort: a named targetPort
+// resolved to different numbers by different pods (model.ServicePort.EndpointPort). Each gets a
+// transport socket of its own (SNI "<port>"); it is nil when every endpoint serves TargetPort.
+func (b *builder) otherTargetPorts(s *model.Service, sp model.ServicePort) []uint32 {
+	if sp.TargetPortName == "" {
+		return nil
+	}
+	viaWaypoint := b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector
+	var out []uint32
+	eps := b.m.Endpoints[s.Key]
+	for i := range eps {
+		if viaWaypoint && eps[i].Cluster != b.m.Cluster {
+			continue
+		}
+		if p, ok := sp.EndpointPort(&eps[i]); ok && p.Port != sp.TargetPort {
+			out = append(out, p.Port)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // setUpstreamProtocol makes c speak HTTP/2 to its upstreams when p is HTTP2 or GRPC
@@ -404,8 +448,11 @@ func (b *builder) upstreamTLSFor(k model.ServiceKey, sni, id string) (*core.Tran
 }
 
 // addSocketMatcher gives c one named TLS socket per local identity and a transport_socket_matcher
-// on the shared filter state CertMapperFilterStateKey that picks the caller's (CertMatcher).
-func (b *builder) addSocketMatcher(c *clusterv3.Cluster, k model.ServiceKey, sni string) error {
+// on the shared filter state CertMapperFilterStateKey that picks the caller's (CertMatcher). With
+// other target ports (otherTargetPorts), each identity also gets one socket per such port, and
+// its match is a nested matcher on the endpoint's metadata envoy.transport_socket_match.port
+// (EndpointMetadataInput) that picks it, the SNI-sni socket when the endpoint has none.
+func (b *builder) addSocketMatcher(c *clusterv3.Cluster, k model.ServiceKey, sni string, others []uint32) error {
 	ids := map[string]bool{}
 	for _, p := range b.m.Pods {
 		ids[p.SPIFFEID(b.m.TrustDomain)] = true
@@ -418,11 +465,39 @@ func (b *builder) addSocketMatcher(c *clusterv3.Cluster, k model.ServiceKey, sni
 			return err
 		}
 		c.TransportSocketMatches = append(c.TransportSocketMatches, &clusterv3.Cluster_TransportSocketMatch{Name: name, TransportSocket: ts})
-		a, err := toAny(&tsinputsv3.TransportSocketNameAction{Name: name})
+		a, err := socketAction(name)
 		if err != nil {
 			return err
 		}
-		m[id] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}
+		m[id] = a
+		if len(others) == 0 {
+			continue
+		}
+		byPort := map[string]*xdsmatcher.Matcher_OnMatch{}
+		for _, p := range others {
+			ps := strconv.FormatUint(uint64(p), 10)
+			pname := name + "|" + ps
+			pts, err := b.upstreamTLSFor(k, ps, id)
+			if err != nil {
+				return err
+			}
+			c.TransportSocketMatches = append(c.TransportSocketMatches, &clusterv3.Cluster_TransportSocketMatch{Name: pname, TransportSocket: pts})
+			if byPort[ps], err = socketAction(pname); err != nil {
+				return err
+			}
+		}
+		input, err := toAny(&tsinputsv3.EndpointMetadataInput{Filter: "envoy.transport_socket_match",
+			Path: []*tsinputsv3.EndpointMetadataInput_PathSegment{{Segment: &tsinputsv3.EndpointMetadataInput_PathSegment_Key{Key: portMatchKey}}}})
+		if err != nil {
+			return err
+		}
+		m[id] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: &xdsmatcher.Matcher{
+			MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+				Input:    &xdscore.TypedExtensionConfig{Name: "endpoint-port", TypedConfig: input},
+				TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: byPort}},
+			}},
+			OnNoMatch: a,
+		}}}
 	}
 	if len(m) == 0 {
 		return nil
@@ -436,6 +511,15 @@ func (b *builder) addSocketMatcher(c *clusterv3.Cluster, k model.ServiceKey, sni
 		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: m}},
 	}}}
 	return nil
+}
+
+// socketAction is the matcher action that picks the transport socket named name.
+func socketAction(name string) (*xdsmatcher.Matcher_OnMatch, error) {
+	a, err := toAny(&tsinputsv3.TransportSocketNameAction{Name: name})
+	if err != nil {
+		return nil, err
+	}
+	return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}, nil
 }
 
 func (b *builder) passthroughCluster() *clusterv3.Cluster {
@@ -493,8 +577,9 @@ type localityKey struct {
 	region, zone, cluster string
 }
 
-// loadAssignment is the EDS resource of one service port: every endpoint serving the target port
-// at pod_ip:15008, grouped by (priority, region, zone, cluster), unhealthy ones marked so. The
+// loadAssignment is the EDS resource of one service port: every endpoint serving it (on its own
+// target port, model.ServicePort.EndpointPort; one that differs from sp.TargetPort carries the
+// metadata that selects its SNI socket) at pod_ip:15008, grouped by (priority, region, zone, cluster), unhealthy ones marked so. The
 // groups are few (a linear search finds them) and the endpoints' messages are allocated in one
 // block per kind: at 100k endpoints this is most of a cold build.
 func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpointv3.ClusterLoadAssignment {
@@ -519,8 +604,10 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 	waypoints := map[nodeKey]uint32{} // healthy endpoints per remote node
 	viaWaypoint := b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector
 	all := b.m.Endpoints[s.Key]
+	// Each endpoint serves sp on its own port (a named targetPort may differ from pod to pod).
 	serves := func(ep *model.Endpoint) bool {
-		return slices.ContainsFunc(ep.Ports, func(p model.EndpointPort) bool { return p.Port == sp.TargetPort })
+		_, ok := sp.EndpointPort(ep)
+		return ok
 	}
 	n := 0
 	for i := range all {
@@ -570,6 +657,12 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		eps[j].Address = &addrs[j]
 		hids[j].Endpoint = &eps[j]
 		lbs[j].HostIdentifier, lbs[j].HealthStatus = &hids[j], hs
+		if p, _ := sp.EndpointPort(ep); p.Port != sp.TargetPort {
+			// Selects the cluster's socket with SNI "<port>" (outboundCluster, otherTargetPorts).
+			lbs[j].Metadata = &core.Metadata{FilterMetadata: map[string]*structpb.Struct{
+				"envoy.transport_socket_match": {Fields: map[string]*structpb.Value{portMatchKey: structpb.NewStringValue(strconv.FormatUint(uint64(p.Port), 10))}},
+			}}
+		}
 		g := find(localityKey{b.priority(*ep), ep.Region, ep.Zone, ep.Cluster})
 		g.lbs = append(g.lbs, &lbs[j])
 		j++
@@ -631,18 +724,23 @@ func routeTo(cluster string) *routev3.Route {
 // hosts in the lane route table. It reads only the service, its endpoints and mesh-wide values
 // (svcEntry lists them), so it may run for many services at once. When old (the service's entry
 // in the previous build, or nil) was built from the same service and short name, only the EDS
-// resources are built again, and the clusters too unless the endpoints' SPIFFE IDs changed.
+// resources are built again, and the clusters too unless the endpoints' SPIFFE IDs or their
+// other target ports (otherTargetPorts) changed.
 func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, error) {
 	e := &svcEntry{svc: s, eps: b.m.Endpoints[s.Key], short: b.m.ShortName(s.Key), peers: b.peerIDs(s.Key)}
-	if old != nil && old.short == e.short && serviceEqual(old.svc, s) {
+	for _, sp := range s.Ports {
+		e.otherPorts = append(e.otherPorts, b.otherTargetPorts(s, sp))
+	}
+	// A headless service's capture entries and direct clusters follow its endpoints: rebuilt whole.
+	if old != nil && !s.Headless && old.short == e.short && serviceEqual(old.svc, s) {
 		e.floors, e.chains, e.routes, e.lane = old.floors, old.chains, old.routes, old.lane
-		if slices.Equal(old.peers, e.peers) {
+		if slices.Equal(old.peers, e.peers) && slices.EqualFunc(old.otherPorts, e.otherPorts, slices.Equal) {
 			e.clusters, e.clustersValid = old.clusters, old.valid || old.clustersValid
 		} else if err := b.outboundClusters(e); err != nil {
 			return nil, err
 		}
 		for _, sp := range s.Ports {
-			if sp.Protocol != model.ProtocolUDP && hasVIP(s) {
+			if sp.Protocol != model.ProtocolUDP && hasClusters(s) {
 				e.clas = append(e.clas, b.loadAssignment(s, sp))
 			}
 		}
@@ -657,8 +755,13 @@ func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, erro
 			continue
 		}
 		cn := ClusterName(b.m, s.Key, sp.Port)
-		if len(vips) > 0 {
+		if hasClusters(s) {
 			e.clas = append(e.clas, b.loadAssignment(s, sp))
+		}
+		if s.Headless {
+			if err := b.directEntries(e, sp); err != nil {
+				return nil, err
+			}
 		}
 		// Capture: the chain this port's VIPs select (floor chains exist even without a VIP).
 		chain := captureHTTPChain
@@ -688,12 +791,111 @@ func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, erro
 	return e, nil
 }
 
-// hasVIP reports whether a service has a local or clusterset VIP (only those get clusters).
-func hasVIP(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIPs) > 0 }
+// hasClusters reports whether a service gets outbound EDS clusters (and lane virtual hosts): when
+// it has a local or clusterset VIP, or is headless (its lane virtual hosts balance over its
+// pods). Any other service without a VIP (a Service of type ExternalName, an import whose VIP is
+// not known yet) has no cluster and no virtual host: a lane request for its name gets 404, not a
+// route to a missing cluster.
+func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIPs) > 0 || s.Headless }
 
-// outboundClusters builds e's outbound clusters: one per non-UDP port when the service has a VIP.
+// directEntries adds what one port of a headless service contributes for connections made
+// straight to its pods (clients resolve a headless Service to pod IPs and dial one): for each
+// target port its endpoints in this cluster serve, an ORIGINAL_DST cluster (directCluster), and
+// for each of those endpoints' address (endpointIP: the one its inbound listener binds) an
+// entry in the capture filter-chain matcher (and for HTTP the capture route "<pod_ip>:<port>")
+// that sends the connection to it. So a connection to a
+// meshed pod's IP and target port goes over mTLS to that same pod's :15008 with SNI "<port>";
+// a pod that is not an endpoint (not meshed) is still passed through. Other clusters' endpoints
+// are left out: their pod IPs are not this cluster's (and may be equal to local ones).
+func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
+	s := e.svc
+	ips := map[uint32][]netip.Addr{}
+	for i := range e.eps {
+		ep := &e.eps[i]
+		if ep.Cluster != b.m.Cluster {
+			continue
+		}
+		// The address the pod's inbound listener binds (and EDS dials); a dual-stack pod's other
+		// address is passed through as before.
+		ip, hasIP := endpointIP(ep.IPs)
+		if p, ok := sp.EndpointPort(ep); ok && hasIP {
+			ips[p.Port] = append(ips[p.Port], ip)
+		}
+	}
+	for _, target := range slices.Sorted(mapKeys(ips)) {
+		cn := DirectClusterName(b.m, s.Key, sp.Port, target)
+		c, err := b.directCluster(s, sp, target)
+		if err != nil {
+			return err
+		}
+		e.clusters = append(e.clusters, c)
+		chain := captureHTTPChain
+		if !sp.Protocol.IsHTTP() {
+			chain = "tcp|" + cn
+			tp, err := tcpProxy("outbound_tcp", cn)
+			if err != nil {
+				return err
+			}
+			e.floors = append(e.floors, floorChain{name: chain, tcp: tp})
+		}
+		a, err := toAny(wrapperspb.String(chain))
+		if err != nil {
+			return err
+		}
+		route, err := toAny(routeTo(cn))
+		if err != nil {
+			return err
+		}
+		port := strconv.FormatUint(uint64(target), 10)
+		for _, ip := range ips[target] {
+			e.chains = append(e.chains, vipChain{vip: ip.String(), port: port, action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+				Action: &xdscore.TypedExtensionConfig{Name: chain, TypedConfig: a}}}})
+			if sp.Protocol.IsHTTP() {
+				e.routes = append(e.routes, vipRoute{dst: netip.AddrPortFrom(ip, uint16(target)).String(), action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+					Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}})
+			}
+		}
+	}
+	return nil
+}
+
+// directCluster is the ORIGINAL_DST cluster of directEntries: the upstream host is the address
+// the client dialled (restored by original_dst), its port replaced by InboundPort
+// (Cluster.original_dst_lb_config.upstream_port_override), with the same upstream mTLS as the
+// service's EDS clusters and SNI "<target>".
+func (b *builder) directCluster(s *model.Service, sp model.ServicePort, target uint32) (*clusterv3.Cluster, error) {
+	name := DirectClusterName(b.m, s.Key, sp.Port, target)
+	sni := strconv.FormatUint(uint64(target), 10)
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
+		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
+		LbConfig: &clusterv3.Cluster_OriginalDstLbConfig_{OriginalDstLbConfig: &clusterv3.Cluster_OriginalDstLbConfig{
+			UpstreamPortOverride: wrapperspb.UInt32(InboundPort),
+		}},
+		ConnectTimeout:     b.opts.connectTimeout(),
+		UpstreamBindConfig: b.bindConfig(),
+	}
+	var err error
+	if b.opts.CertSelection == CertMatcher {
+		if c.TransportSocket, err = b.upstreamTLSFor(s.Key, sni, ""); err == nil {
+			err = b.addSocketMatcher(c, s.Key, sni, nil)
+		}
+	} else {
+		c.TransportSocket, err = b.upstreamTLS(s.Key, sni, nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("build cluster %s: %w", name, err)
+	}
+	if err := setUpstreamProtocol(c, sp.Protocol); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// outboundClusters builds e's outbound EDS clusters: one per non-UDP port when hasClusters.
 func (b *builder) outboundClusters(e *svcEntry) error {
-	if !hasVIP(e.svc) {
+	if !hasClusters(e.svc) {
 		return nil
 	}
 	for _, sp := range e.svc.Ports {
@@ -822,6 +1024,9 @@ func captureRoute(m map[string]*xdsmatcher.Matcher_OnMatch) *routev3.RouteConfig
 // short, <svc>.<ns>.svc.clusterset.local when imported), each also with ":<port>"; a name without
 // a port goes to the service's first HTTP port.
 func (b *builder) laneVirtualHosts(s *model.Service, short string) []*routev3.VirtualHost {
+	if !hasClusters(s) {
+		return nil // no cluster to route to (hasClusters)
+	}
 	var vhs []*routev3.VirtualHost
 	names := []string{b.m.FQDN(s.Key)}
 	if short != "" {

@@ -32,6 +32,8 @@ func goldenMesh() *model.Mesh {
 	web := model.ServiceKey{Namespace: "shop", Name: "web"}
 	db := model.ServiceKey{Namespace: "shop", Name: "db"}
 	api := model.ServiceKey{Namespace: "edge", Name: "api"}
+	// peers is headless; its named targetPort "web" is 8080 in web-1 and 8081 in peer-2.
+	peers := model.ServiceKey{Namespace: "shop", Name: "peers"}
 	ip := netip.MustParseAddr
 	services := []*model.Service{
 		{Key: web, Local: true, VIPs: []netip.Addr{ip("10.96.0.10")}, Ports: []model.ServicePort{
@@ -45,6 +47,10 @@ func goldenMesh() *model.Mesh {
 		{Key: api, Imported: true, ClustersetVIPs: []netip.Addr{ip("10.97.0.5")}, Ports: []model.ServicePort{
 			{Name: "http", Port: 80, TargetPort: 8000, Protocol: model.ProtocolHTTP},
 		}},
+		{Key: peers, Local: true, Headless: true, Ports: []model.ServicePort{
+			{Name: "http", Port: 80, TargetPort: 8080, TargetPortName: "web", Protocol: model.ProtocolHTTP},
+			{Name: "raft", Port: 7000, TargetPort: 7000, Protocol: model.ProtocolTCP},
+		}},
 	}
 	eps := map[model.ServiceKey][]model.Endpoint{
 		web: {
@@ -56,6 +62,12 @@ func goldenMesh() *model.Mesh {
 		db: {
 			{Service: db, Cluster: "c1", Region: "r1", Zone: "z1", PodName: "db-0", PodUID: "uid-db-0", IPs: []netip.Addr{ip("10.244.1.9")},
 				Ports: []model.EndpointPort{{Port: 3306, Protocol: model.ProtocolTCP}}, SPIFFEID: model.SPIFFEID(td, "shop", "db"), Healthy: true},
+		},
+		peers: {
+			{Service: peers, Cluster: "c1", Region: "r1", Zone: "z1", PodName: "web-1", PodUID: "uid-web-1", IPs: []netip.Addr{ip("10.244.1.7")},
+				Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}, {Name: "raft", Port: 7000, Protocol: model.ProtocolTCP}}, SPIFFEID: model.SPIFFEID(td, "shop", "web"), Healthy: true},
+			{Service: peers, Cluster: "c1", Region: "r1", Zone: "z2", PodName: "peer-2", PodUID: "uid-peer-2", IPs: []netip.Addr{ip("10.244.2.9")},
+				Ports: []model.EndpointPort{{Name: "http", Port: 8081, Protocol: model.ProtocolHTTP}, {Name: "raft", Port: 7000, Protocol: model.ProtocolTCP}}, SPIFFEID: model.SPIFFEID(td, "shop", "peer"), Healthy: true},
 		},
 		api: {
 			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-1", PodUID: "uid-api-1", IPs: []netip.Addr{ip("10.244.1.7")}, NodeIP: ip("192.168.0.21"),

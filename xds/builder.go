@@ -84,6 +84,9 @@ type svcEntry struct {
 	short string
 	// peers are the SPIFFE IDs of the endpoints, which the clusters pin.
 	peers []string
+	// otherPorts are, per service port, the endpoints' target ports other than its TargetPort
+	// (otherTargetPorts), which get transport sockets of their own in the clusters.
+	otherPorts [][]uint32
 	// locals are the endpoints in this cluster of local pods (Builder.localUIDs), in order, once
 	// localsKnown.
 	locals      []model.Endpoint
@@ -149,7 +152,8 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			entries[i] = e
 			continue
 		}
-		if !sameSvc {
+		if !sameSvc || s.Headless {
+			// A headless service's endpoints are in the capture matcher and route (directEntries).
 			routingChanged = true
 		}
 		todo = append(todo, i)
@@ -359,7 +363,7 @@ func serviceEqual(a, b *model.Service) bool {
 	if a == b {
 		return true
 	}
-	return a.Key == b.Key && a.Local == b.Local && a.Imported == b.Imported && a.Exported == b.Exported &&
+	return a.Key == b.Key && a.Local == b.Local && a.Headless == b.Headless && a.Imported == b.Imported && a.Exported == b.Exported &&
 		a.Created.Equal(b.Created) && slices.Equal(a.VIPs, b.VIPs) && slices.Equal(a.ClustersetVIPs, b.ClustersetVIPs) &&
 		slices.Equal(a.Ports, b.Ports)
 }

@@ -32,9 +32,10 @@ func goldenVariant(change func(svcs []*model.Service, eps map[model.ServiceKey][
 }
 
 var (
-	webKey = model.ServiceKey{Namespace: "shop", Name: "web"}
-	dbKey  = model.ServiceKey{Namespace: "shop", Name: "db"}
-	apiKey = model.ServiceKey{Namespace: "edge", Name: "api"}
+	webKey   = model.ServiceKey{Namespace: "shop", Name: "web"}
+	dbKey    = model.ServiceKey{Namespace: "shop", Name: "db"}
+	apiKey   = model.ServiceKey{Namespace: "edge", Name: "api"}
+	peersKey = model.ServiceKey{Namespace: "shop", Name: "peers"}
 )
 
 // builderSteps is a sequence of models, each one change away from the one before.
@@ -60,6 +61,24 @@ func builderSteps() []struct {
 			e[dbKey][0].Ports = append(e[dbKey][0].Ports, model.EndpointPort{Port: 3307, Protocol: model.ProtocolTCP})
 			return s, p
 		}, model.Node{})},
+		{"headless endpoint moves to another IP and port", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			e[peersKey][1].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
+			e[peersKey][1].Ports[0].Port = 8082
+			return s, p
+		}, model.Node{})},
+		{"named target port on one number in every pod", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			e[peersKey][1].Ports[0].Port = 8080
+			return s, p
+		}, model.Node{})},
+		{"web's HTTP targetPort named", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			nameWebTarget(s, e)
+			return s, p
+		}, model.Node{})},
+		{"a web pod resolves the name to another port", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			nameWebTarget(s, e)
+			e[webKey][1].Ports[0].Port = 8081
+			return s, p
+		}, model.Node{})},
 		{"service gains a VIP", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
 			for _, x := range s {
 				if x.Key == dbKey {
@@ -83,6 +102,21 @@ func builderSteps() []struct {
 		}, model.Node{})},
 		{"node moved to another zone", goldenVariant(nil, model.Node{Name: "n1", Region: "r1", Zone: "z2"})},
 		{"back to the first model", goldenVariant(nil, model.Node{})},
+	}
+}
+
+// nameWebTarget makes web's HTTP port's targetPort the name "web", which its endpoints registered
+// under the port's name "http" (8080 in both pods).
+func nameWebTarget(s []*model.Service, e map[model.ServiceKey][]model.Endpoint) {
+	for _, x := range s {
+		for i := range x.Ports {
+			if x.Key == webKey && x.Ports[i].Name == "http" {
+				x.Ports[i].TargetPortName = "web"
+			}
+		}
+	}
+	for i := range e[webKey] {
+		e[webKey][i].Ports[0].Name = "http"
 	}
 }
 

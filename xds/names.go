@@ -47,6 +47,13 @@ func ClusterName(m *model.Mesh, k model.ServiceKey, port uint32) string {
 	return m.FQDN(k) + ":" + strconv.FormatUint(uint64(port), 10)
 }
 
+// DirectClusterName returns the ORIGINAL_DST cluster that carries connections made straight to
+// the pods of a headless service's port (model.Service.Headless) on target port target:
+// "direct|<svc>.<ns>.<meshDomain>:<port>|<target>".
+func DirectClusterName(m *model.Mesh, k model.ServiceKey, port, target uint32) string {
+	return "direct|" + ClusterName(m, k, port) + "|" + strconv.FormatUint(uint64(target), 10)
+}
+
 // WaypointSNI returns the exact SNI of waypoint traffic to a target port of a service:
 // "<port>.<svc>.<ns>.<meshDomain>" (DESIGN.md, data flow 8).
 func WaypointSNI(m *model.Mesh, k model.ServiceKey, targetPort uint32) string {

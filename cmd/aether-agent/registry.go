@@ -355,17 +355,10 @@ func desiredEndpoints(m *model.Mesh) map[string]*registryv1.ServiceEndpoint {
 				ep.Addresses = append(ep.Addresses, ip.String())
 			}
 			for _, sp := range s.Ports {
-				target, proto := sp.TargetPort, p.Protocol
-				if sp.TargetPortName != "" {
-					target = 0
-					for _, pp := range p.Ports {
-						if pp.Name == sp.TargetPortName {
-							target = pp.Port
-						}
-					}
-				}
-				if target == 0 {
-					continue // a named port this pod does not have: Kubernetes leaves it out too
+				proto := p.Protocol
+				target, ok := p.TargetPort(sp)
+				if !ok {
+					continue // a named port this pod does not have: Kubernetes leaves it out too (Mesh.Skipped lists it)
 				}
 				if sp.AppProtocol {
 					proto = sp.Protocol

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -98,6 +99,10 @@ func TestValidateNamesField(t *testing.T) {
 		{"node ip with zone", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "fe80::1%eth0" }, "kubernetes.node_ip"},
 		{"loopback node ip ok", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "127.0.0.1" }, ""},
 		{"ipv6 ok", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"fd00::1", "10.0.0.1"} }, ""},
+		{"100 addresses ok", func(e *registryv1.ServiceEndpoint) { e.Addresses = manyAddresses(MaxEndpointAddresses) }, ""},
+		{"101 addresses", func(e *registryv1.ServiceEndpoint) { e.Addresses = manyAddresses(MaxEndpointAddresses + 1) }, "addresses"},
+		{"100 ports ok", func(e *registryv1.ServiceEndpoint) { e.Ports = manyEndpointPorts(MaxEndpointPorts) }, ""},
+		{"101 ports", func(e *registryv1.ServiceEndpoint) { e.Ports = manyEndpointPorts(MaxEndpointPorts + 1) }, "ports"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -106,6 +111,33 @@ func TestValidateNamesField(t *testing.T) {
 			assertField(t, ValidateEndpoint(ep), tt.wantField)
 		})
 	}
+}
+
+// manyAddresses returns n distinct IPv4 addresses.
+func manyAddresses(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("10.1.%d.%d", i/250, 1+i%250)
+	}
+	return out
+}
+
+// manyEndpointPorts returns n distinct named HTTP ports from 8000 up.
+func manyEndpointPorts(n int) []*registryv1.EndpointPort {
+	out := make([]*registryv1.EndpointPort, n)
+	for i := range out {
+		out[i] = &registryv1.EndpointPort{Name: fmt.Sprintf("p%d", i), Port: uint32(8000 + i), Protocol: registryv1.Protocol_PROTOCOL_HTTP}
+	}
+	return out
+}
+
+// manyServicePorts returns n distinct named HTTP ports from 8000 up.
+func manyServicePorts(n int) []*registryv1.ServicePort {
+	out := make([]*registryv1.ServicePort, n)
+	for i := range out {
+		out[i] = &registryv1.ServicePort{Name: fmt.Sprintf("p%d", i), Port: uint32(8000 + i), Protocol: registryv1.Protocol_PROTOCOL_HTTP}
+	}
+	return out
 }
 
 func assertField(t *testing.T, err error, want string) {
@@ -163,6 +195,8 @@ func TestValidateExport(t *testing.T) {
 		}, ""},
 		{"bad create time", func(m *registryv1.ExportMark) { m.CreateTime = "yesterday" }, "create_time"},
 		{"bad namespace", func(m *registryv1.ExportMark) { m.Service.Namespace = "a/b" }, "service.namespace"},
+		{"100 ports ok", func(m *registryv1.ExportMark) { m.Ports = manyServicePorts(MaxExportPorts) }, ""},
+		{"101 ports", func(m *registryv1.ExportMark) { m.Ports = manyServicePorts(MaxExportPorts + 1) }, "ports"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -141,6 +141,66 @@ func TestWriterRefusesForeignOriginAndInvalidRecords(t *testing.T) {
 	}
 }
 
+// A record over a list limit (MaxEndpointPorts, MaxEndpointAddresses, MaxExportPorts) is refused
+// with an error naming the field and the count, and the record already stored under its key is
+// left as it was: in etcd, and (for an endpoint) among the records re-registered after a lost
+// lease.
+func TestOversizedRecordRefusedKeepsStored(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	a := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", nil)
+	ctx := ctxT(t, converge)
+	ep := testEndpoint("shop", "cart", "uid-1", "10.0.0.1")
+	if err := a.RegisterEndpoint(ctx, ep); err != nil {
+		t.Fatal(err)
+	}
+	x := testExport()
+	if err := a.Export(ctx, x); err != nil {
+		t.Fatal(err)
+	}
+	stored := func() map[string][]byte {
+		resp, err := a.Client().Get(ctx, Root, clientv3.WithPrefix())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string][]byte{}
+		for _, kv := range resp.Kvs {
+			out[string(kv.Key)] = kv.Value
+		}
+		return out
+	}
+	before := stored()
+	desiredBefore := len(a.desired)
+
+	morePorts := proto.Clone(ep).(*registryv1.ServiceEndpoint)
+	morePorts.Ports = manyEndpointPorts(MaxEndpointPorts + 1)
+	moreAddrs := proto.Clone(ep).(*registryv1.ServiceEndpoint)
+	moreAddrs.Addresses = manyAddresses(MaxEndpointAddresses + 1)
+	moreExport := proto.Clone(x).(*registryv1.ExportMark)
+	moreExport.Ports = manyServicePorts(MaxExportPorts + 1)
+	for _, tc := range []struct {
+		name, field, count string
+		err                error
+	}{
+		{"endpoint ports", "ports", "101 items", a.RegisterEndpoint(ctx, morePorts)},
+		{"endpoint addresses", "addresses", "101 items", a.RegisterEndpoint(ctx, moreAddrs)},
+		{"export ports", "ports", "101 items", a.Export(ctx, moreExport)},
+	} {
+		var ve *ValidationError
+		if !errors.As(tc.err, &ve) || ve.Field != tc.field || ve.Value != tc.count {
+			t.Errorf("%s: error = %v, want a ValidationError for %s with value %q", tc.name, tc.err, tc.field, tc.count)
+		}
+	}
+	if after := stored(); !reflect.DeepEqual(after, before) {
+		t.Errorf("refused writes changed the store:\nbefore %d keys\nafter  %d keys", len(before), len(after))
+	}
+	if len(a.desired) != desiredBefore {
+		t.Errorf("refused writes changed the endpoints kept registered: %d, want %d", len(a.desired), desiredBefore)
+	}
+	if got := a.desired[a.origin.EndpointKey("shop", "cart", "uid-1")]; got == nil {
+		t.Error("the stored endpoint is no longer kept registered")
+	}
+}
+
 // Malformed keys and values are skipped, logged and counted; they hide nothing else and never
 // stop a reader or watcher. A record that turns bad is delivered as Deleted.
 func TestBadDataIsSkippedAndCounted(t *testing.T) {

@@ -104,9 +104,34 @@ func validTime(s, field string) error {
 	return nil
 }
 
+// Limits on the lists of one record, taken from the Kubernetes API objects the records mirror, so
+// that no record Kubernetes can describe is refused and no writer can make every reader decode,
+// validate and hold an unbounded list (etcd's own cap is 1.5 MiB per value, room for about
+// 100k ports).
+const (
+	// MaxEndpointAddresses caps ServiceEndpoint.addresses: an EndpointSlice endpoint holds "at
+	// least one address but no more than 100" (discovery.k8s.io/v1 Endpoint.addresses). A pod
+	// has at most two (Pod status.podIPs: one per IP family).
+	MaxEndpointAddresses = 100
+	// MaxEndpointPorts caps ServiceEndpoint.ports: "Each slice may include a maximum of 100
+	// ports" (discovery.k8s.io/v1 EndpointSlice.ports); the endpoint controller puts every
+	// port of a Service into each of its slices.
+	MaxEndpointPorts = 100
+	// MaxExportPorts caps ExportMark.ports, the ports of an exported Service. The Service API
+	// itself sets no count, but the importing cluster carries them in EndpointSlices (at most
+	// 100 ports each, as MaxEndpointPorts), so a Service with more cannot be imported whole.
+	MaxExportPorts = 100
+)
+
+// tooMany is the error for a list of n items over max.
+func tooMany(field string, n, limit int) *ValidationError {
+	return fieldErr(field, strconv.Itoa(n)+" items", fmt.Sprintf("want at most %d", limit))
+}
+
 // ValidateEndpoint checks a ServiceEndpoint before it is written and after it is read. It returns
-// a *ValidationError naming the first bad field: service, addresses (at least one, each a unicast
-// IP address without a zone, no duplicates), ports (at least one, 1-65535, a defined protocol,
+// a *ValidationError naming the first bad field: service, addresses (1 to MaxEndpointAddresses,
+// each a unicast IP address without a zone, no duplicates), ports (1 to MaxEndpointPorts,
+// 1-65535, a defined protocol,
 // unique names; a number repeats only under different names), spiffe_id (spiffe://...), health
 // (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and node name required; node_ip empty or a
 // unicast address without a zone), zone (at most 63 characters, no '/').
@@ -123,6 +148,9 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if len(ep.GetAddresses()) == 0 {
 		return fieldErr("addresses", "", "want at least one pod IP")
 	}
+	if n := len(ep.GetAddresses()); n > MaxEndpointAddresses {
+		return tooMany("addresses", n, MaxEndpointAddresses)
+	}
 	// Address and port lists are short: quadratic duplicate checks allocate nothing.
 	for i, a := range ep.GetAddresses() {
 		if !hostAddr(a) {
@@ -137,6 +165,9 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	}
 	if len(ep.GetPorts()) == 0 {
 		return fieldErr("ports", "", "want at least one port")
+	}
+	if n := len(ep.GetPorts()); n > MaxEndpointPorts {
+		return tooMany("ports", n, MaxEndpointPorts)
 	}
 	for i, p := range ep.GetPorts() {
 		if p.GetPort() == 0 || p.GetPort() > 65535 {
@@ -191,7 +222,7 @@ func hostAddr(s string) bool {
 	return err == nil && ip.Zone() == "" && !ip.IsUnspecified() && !ip.IsMulticast()
 }
 
-// ValidateExport checks an ExportMark: service, ports (at least one; port 1-65535, target_port
+// ValidateExport checks an ExportMark: service, ports (1 to MaxExportPorts; port 1-65535, target_port
 // 0-65535 where 0 means the same as port, a defined protocol, unique ports, where a UDP port and
 // a non-UDP port may share a number as they may in a Service: 53/UDP beside 53/TCP; names as a
 // Service's: DNS labels, unique, required when there is more than one port) and create_time
@@ -205,6 +236,9 @@ func ValidateExport(m *registryv1.ExportMark) error {
 	}
 	if len(m.GetPorts()) == 0 {
 		return fieldErr("ports", "", "want at least one port")
+	}
+	if n := len(m.GetPorts()); n > MaxExportPorts {
+		return tooMany("ports", n, MaxExportPorts)
 	}
 	type l4Port struct {
 		port uint32
