@@ -23,7 +23,9 @@ var (
 //   - shop/web: local, newer (no short name);
 //   - shop/cart: local and imported (clusterset VIP), IPv4 only;
 //   - remote/pay: imported only (not local: its mesh name answers the clusterset VIP);
-//   - default/headless: local without VIP.
+//   - default/headless: local without VIP and not headless (as an ExternalName Service);
+//   - default/db: headless (clusterIP None), with ready and unready endpoints here and a ready
+//     one in cluster c2.
 func testMesh() *model.Mesh {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ips := func(s ...string) []netip.Addr {
@@ -39,12 +41,20 @@ func testMesh() *model.Mesh {
 		{Key: model.ServiceKey{Namespace: "shop", Name: "cart"}, Local: true, VIPs: ips("10.96.1.30"), Imported: true, ClustersetVIPs: ips("10.97.0.30"), Created: t0},
 		{Key: model.ServiceKey{Namespace: "remote", Name: "pay"}, Imported: true, ClustersetVIPs: ips("10.97.0.40")},
 		{Key: model.ServiceKey{Namespace: "default", Name: "headless"}, Local: true, Created: t0},
+		{Key: model.ServiceKey{Namespace: "default", Name: "db"}, Local: true, Headless: true, Created: t0},
 	}
+	db := model.ServiceKey{Namespace: "default", Name: "db"}
+	eps := map[model.ServiceKey][]model.Endpoint{db: {
+		{Service: db, Cluster: "c1", PodUID: "d1", IPs: ips("10.244.1.7"), Healthy: true},
+		{Service: db, Cluster: "c1", PodUID: "d2", IPs: ips("10.244.1.5", "fd00:244::5"), Healthy: true},
+		{Service: db, Cluster: "c1", PodUID: "d3", IPs: ips("10.244.1.6"), Healthy: false},
+		{Service: db, Cluster: "c2", PodUID: "d4", IPs: ips("10.245.0.8"), Healthy: true},
+	}}
 	pods := []*model.LocalPod{
 		{UID: "u1", Namespace: "shop", Name: "client", IPs: []netip.Addr{shopPod}},
 		{UID: "u2", Namespace: "default", Name: "client", IPs: []netip.Addr{defaultPod}},
 	}
-	return model.New(7, "c1", "", "", model.Node{Name: "n1"}, svcs, nil, pods)
+	return model.New(7, "c1", "", "", model.Node{Name: "n1"}, svcs, eps, pods)
 }
 
 func meshSOA() string {
@@ -111,6 +121,14 @@ func respondCases() []dnsCase {
 		{name: "TXT is NODATA with SOA", qname: "web.default.mesh.", qtype: dns.TypeTXT, ns: nx},
 		{name: "HTTPS is NODATA with SOA", qname: "web.mesh.", qtype: dns.TypeHTTPS, ns: nx},
 		{name: "service without VIP is NODATA", qname: "headless.default.mesh.", qtype: dns.TypeA, ns: nx},
+		{name: "headless service A: this cluster's ready pods", qname: "db.default.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("db.default.mesh.", "A", "10.244.1.5"), rr("db.default.mesh.", "A", "10.244.1.7")}},
+		{name: "headless service AAAA: pods' IPv6 addresses", qname: "db.default.mesh.", qtype: dns.TypeAAAA,
+			answer: []string{rr("db.default.mesh.", "AAAA", "fd00:244::5")}},
+		{name: "headless short name", qname: "db.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7")}},
+		{name: "search expansion of a headless name", qname: "db.mesh.default.svc.cluster.local.", qtype: dns.TypeA, src: defaultPod,
+			answer: []string{rr("db.mesh.default.svc.cluster.local.", "CNAME", "db.mesh."), rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7")}},
 		{name: "imported-only service answers its clusterset VIP", qname: "pay.remote.mesh.", qtype: dns.TypeA,
 			answer: []string{rr("pay.remote.mesh.", "A", "10.97.0.40")}},
 		{name: "imported-only service has no short name", qname: "pay.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},

@@ -3,6 +3,7 @@ package dnsd
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/miekg/dns"
@@ -134,8 +135,11 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 	}
 	for _, s := range m.Services {
 		vips := s.VIPs
-		if !s.Local {
+		switch {
+		case !s.Local:
 			vips = s.ClustersetVIPs
+		case s.Headless:
+			vips = headlessAddrs(m, s.Key)
 		}
 		if s.Local || s.Imported {
 			if err := add(m.FQDN(s.Key), &idx.mesh, vips); err != nil {
@@ -159,6 +163,24 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 		}
 	}
 	return idx, nil
+}
+
+// headlessAddrs returns the addresses a headless Service's mesh name answers: the IPs of its
+// ready (Healthy) endpoints in this cluster, sorted, each once. This is what kube-dns answers
+// for a headless Service (Kubernetes DNS specification 2.4.1, ready endpoints only); endpoints
+// in other clusters are left out, as their pod IPs need not be routable from here.
+func headlessAddrs(m *model.Mesh, k model.ServiceKey) []netip.Addr {
+	var out []netip.Addr
+	for _, e := range m.Endpoints[k] {
+		if e.Cluster != m.Cluster || !e.Healthy {
+			continue
+		}
+		for _, ip := range e.IPs {
+			out = append(out, ip.Unmap())
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // validName reports whether lower-case FQDN is made of host-name labels (RFC 1123 section 2.1:
