@@ -600,7 +600,8 @@ func createNodeAndMeshNamespace(t testing.TB, ctx context.Context, cs kubernetes
 }
 
 // TestHelpAndBadFlags: the real binary prints its usage, with each flag's environment variable,
-// and exits 0 on --help; an unknown flag or an unreadable variable exits 2 naming it.
+// and exits 0 on --help; an unknown flag, an unreadable variable or two node ports with one
+// number exits 2 naming them.
 func TestHelpAndBadFlags(t *testing.T) {
 	bin := buildAgent(t)
 	out, err := exec.Command(bin, "--help").CombinedOutput()
@@ -619,6 +620,8 @@ func TestHelpAndBadFlags(t *testing.T) {
 	}{
 		{args: []string{"--no-such-flag"}, want: "no-such-flag"},
 		{env: "AETHER_EAST_WEST_WAYPOINT=yes", want: `env AETHER_EAST_WEST_WAYPOINT "yes"`},
+		{args: []string{"--dns-port", "15008"}, want: "--dns-port and the inbound mTLS port are both 15008"},
+		{args: []string{"--envoy-admin", "127.0.0.1:9000", "--health-addr", ":9000"}, want: "--envoy-admin and --health-addr are both 9000"},
 	} {
 		cmd := exec.Command(bin, c.args...)
 		cmd.Env = append(os.Environ(), c.env)

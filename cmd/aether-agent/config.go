@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/xds"
 )
 
 // config is the agent's whole configuration: every field has a flag and an environment variable
@@ -168,6 +170,7 @@ func (c config) validate() error {
 	if c.DNSPort <= 0 || c.DNSPort > 65535 {
 		errs = append(errs, fmt.Errorf("--dns-port %d: want 1-65535", c.DNSPort))
 	}
+	errs = append(errs, c.checkPorts()...)
 	if (c.CACert == "") != (c.CAKey == "") {
 		errs = append(errs, errors.New("--ca-cert and --ca-key go together"))
 	} else if c.CACert == "" {
@@ -207,4 +210,54 @@ func (c config) validate() error {
 		errs = append(errs, fmt.Errorf("--mesh-domain %q: not a DNS name", c.MeshDomain))
 	}
 	return errors.Join(errs...)
+}
+
+// nodePort is one port of the node's port plan (DESIGN.md, ports): a flag's, or a fixed one.
+type nodePort struct {
+	name string // "--dns-port", or "the capture listener's port" for a fixed one
+	port int
+}
+
+// fixedPorts are the node's ports no flag sets: the pod netns listeners and the east-west
+// tunnel listener (DESIGN.md, ports).
+var fixedPorts = []nodePort{
+	{"the capture listener's port", xds.CapturePort},
+	{"the inbound mTLS port", xds.InboundPort},
+	{"the explicit HTTP lane's port", xds.LanePort},
+	{"the east-west tunnel port", xds.WaypointPort},
+}
+
+// checkPorts refuses two ports of the node's plan with the same number: --dns-port,
+// --envoy-admin's and --health-addr's ports and the fixed ones. Each port is one role, whatever
+// address it is bound on, so that a rule or probe matching a port number means one listener.
+// Port 0 (a port the kernel picks) and a unix socket (--envoy-admin unix:///path; xDS is always
+// one) take no number. Each error names both ports and the number; an address that does not
+// parse is an error naming its flag.
+func (c config) checkPorts() []error {
+	var errs []error
+	ports := []nodePort{{"--dns-port", c.DNSPort}}
+	for _, f := range []struct{ name, addr string }{{"--envoy-admin", c.EnvoyAdmin}, {"--health-addr", c.HealthAddr}} {
+		if strings.HasPrefix(f.addr, "unix://") {
+			continue
+		}
+		_, p, err := net.SplitHostPort(f.addr)
+		var n int
+		if err == nil {
+			n, err = net.LookupPort("tcp", p)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want host:port", f.name, f.addr))
+			continue
+		}
+		ports = append(ports, nodePort{f.name, n})
+	}
+	ports = append(ports, fixedPorts...)
+	for i, a := range ports {
+		for _, b := range ports[i+1:] {
+			if a.port != 0 && a.port == b.port {
+				errs = append(errs, fmt.Errorf("%s and %s are both %d: each needs its own port", a.name, b.name, a.port))
+			}
+		}
+	}
+	return errs
 }
