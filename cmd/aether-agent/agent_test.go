@@ -608,7 +608,13 @@ func TestHelpAndBadFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("aether-agent --help: %v\n%s", err, out)
 	}
-	for _, want := range []string{"-node-name", "(env NODE_NAME)", "-region", "(env AETHER_REGION)", "-capture-backend", "(env AETHER_CAPTURE_BACKEND)"} {
+	for _, want := range []string{"-node-name", "(env NODE_NAME)", "-region", "(env AETHER_REGION)", "-capture-backend", "(env AETHER_CAPTURE_BACKEND)",
+		// The registry client flags (internal/registryflag), as the agent printed them before
+		// they were shared with the registrar.
+		"-registry-endpoints string\n    \tcomma-separated etcd client URLs of the registry (env AETHER_REGISTRY_ENDPOINTS)\n",
+		"-registry-ca string\n    \tCA bundle for the registry's TLS (env AETHER_REGISTRY_CA)\n",
+		"-registry-cert string\n    \tclient certificate for the registry (env AETHER_REGISTRY_CERT)\n",
+		"-registry-key string\n    \tclient key for the registry (env AETHER_REGISTRY_KEY)\n"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("aether-agent --help lacks %q:\n%s", want, out)
 		}

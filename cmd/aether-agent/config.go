@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/internal/envflag"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/internal/registryflag"
 	"github.com/aethermesh/aether/xds"
 )
 
@@ -27,11 +27,8 @@ type config struct {
 	TrustDomain string // --trust-domain, AETHER_TRUST_DOMAIN
 	Kubeconfig  string // --kubeconfig, KUBECONFIG (empty: in-cluster)
 
-	RegistryEndpoints []string // --registry-endpoints, AETHER_REGISTRY_ENDPOINTS (comma-separated URLs)
-	RegistryCA        string   // --registry-ca, AETHER_REGISTRY_CA
-	RegistryCert      string   // --registry-cert, AETHER_REGISTRY_CERT
-	RegistryKey       string   // --registry-key, AETHER_REGISTRY_KEY
-	RegistryLeaseTTL  time.Duration
+	Registry         registryflag.Flags // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
+	RegistryLeaseTTL time.Duration
 
 	CACert  string        // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
 	CAKey   string        // --ca-key, AETHER_CA_KEY
@@ -89,10 +86,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	ef.StringVar(&c.MeshDomain, "mesh-domain", "AETHER_MESH_DOMAIN", "mesh", "DNS domain of mesh names")
 	ef.StringVar(&c.TrustDomain, "trust-domain", "AETHER_TRUST_DOMAIN", "aether.internal", "SPIFFE trust domain")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
-	endpoints := ef.String("registry-endpoints", "AETHER_REGISTRY_ENDPOINTS", "", "comma-separated etcd client URLs of the registry")
-	ef.StringVar(&c.RegistryCA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
-	ef.StringVar(&c.RegistryCert, "registry-cert", "AETHER_REGISTRY_CERT", "", "client certificate for the registry")
-	ef.StringVar(&c.RegistryKey, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
+	c.Registry.Define(ef, registryflag.Usage{})
 	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease")
 	ef.StringVar(&c.CACert, "ca-cert", "AETHER_CA_CERT", "", "development CA certificate (PEM) that signs workload SVIDs")
 	ef.StringVar(&c.CAKey, "ca-key", "AETHER_CA_KEY", "", "development CA key (PEM)")
@@ -119,7 +113,6 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	if err := ef.Parse(args); err != nil {
 		return c, err
 	}
-	c.RegistryEndpoints = envflag.List(*endpoints)
 	for _, s := range envflag.List(*clusterDNS) {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
@@ -156,7 +149,7 @@ func (c config) validate() error {
 	}
 	req("node-name", c.NodeName)
 	req("cluster", c.Cluster)
-	if len(c.RegistryEndpoints) == 0 {
+	if len(c.Registry.Endpoints()) == 0 {
 		errs = append(errs, errors.New("--registry-endpoints is required (the registrar's embedded etcd, or an external etcd)"))
 	}
 	if !c.HostIP.IsValid() {
@@ -179,7 +172,7 @@ func (c config) validate() error {
 	if c.SVIDTTL < 2*time.Minute {
 		errs = append(errs, fmt.Errorf("--svid-ttl %s: want at least 2m", c.SVIDTTL))
 	}
-	errs = append(errs, registry.CheckTLSFlags(c.RegistryCA, c.RegistryCert, c.RegistryKey)...)
+	errs = append(errs, c.Registry.CheckTLS()...)
 	for _, f := range []struct{ name, path string }{{"ca-cert", c.CACert}, {"ca-key", c.CAKey}} {
 		if f.path == "" {
 			continue

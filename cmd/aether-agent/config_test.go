@@ -65,7 +65,7 @@ func TestParseConfig(t *testing.T) {
 			if c.Cluster != "a" || c.HostIP.String() != "172.30.0.11" || c.MeshDomain != "mesh" || c.TrustDomain != "aether.internal" {
 				t.Errorf("config = %+v", c)
 			}
-			if tc.name == "flags override env" && (c.NodeName != "n2" || len(c.RegistryEndpoints) != 2 || c.RegistryEndpoints[1] != "http://127.0.0.1:2380") {
+			if tc.name == "flags override env" && (c.NodeName != "n2" || len(c.Registry.Endpoints()) != 2 || c.Registry.Endpoints()[1] != "http://127.0.0.1:2380") {
 				t.Errorf("flags did not override: %+v", c)
 			}
 			if tc.name == "env defaults" && c.EastWestWaypoint {
