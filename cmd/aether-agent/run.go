@@ -187,7 +187,7 @@ func run(ctx context.Context, cfg config) error {
 	// DNS: the resolver answers SERVFAIL until its first index, so it may start before the
 	// first model; readiness waits for both.
 	dnsAddr := netip.AddrPortFrom(cfg.HostIP, uint16(cfg.DNSPort)).String()
-	upstreams, err := dnsd.ReadResolvConf(cfg.ResolvConf, dnsAddr)
+	upstreams, err := dnsd.ReadResolvConf(cfg.ResolvConf, log.With("part", "dns"), dnsAddr)
 	if err != nil {
 		return err
 	}
