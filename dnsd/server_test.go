@@ -27,12 +27,17 @@ type stub struct {
 
 func startStub(t *testing.T, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
 	t.Helper()
-	s := &stub{}
 	pc, l, err := listenBoth("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.addr = pc.LocalAddr().String()
+	return startStubOn(t, pc, l, fn)
+}
+
+// startStubOn is startStub on sockets the caller opened (inside a network namespace, say).
+func startStubOn(t *testing.T, pc net.PacketConn, l net.Listener, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
+	t.Helper()
+	s := &stub{addr: pc.LocalAddr().String()}
 	mux := dns.NewServeMux()
 	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
 		s.queries.Add(1)
