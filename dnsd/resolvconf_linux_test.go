@@ -4,11 +4,9 @@ package dnsd
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -21,49 +19,6 @@ import (
 
 	"github.com/aethermesh/aether/internal/testenv"
 )
-
-// resolvConfServeEnv names the resolv.conf serveFromResolvConf reads.
-const resolvConfServeEnv = "DNSD_RESOLV_CONF_SERVE"
-
-// resolvConfServeAddr is where serveFromResolvConf's resolver listens, inside the test's own
-// network namespace.
-const resolvConfServeAddr = "127.0.0.1:18054"
-
-// serveFromResolvConf is the resolver process of TestPrivilegedForwardsPastBadResolvConfLines,
-// started inside the test's namespace: it builds its upstreams as the agent does
-// (ReadResolvConf with the resolver's own address excluded, then NewForwarder), serves on
-// resolvConfServeAddr, logs JSON to stderr, prints "ready" and serves until stdin closes. It
-// returns the exit status.
-func serveFromResolvConf(path string) int {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	fail := func(err error) int {
-		log.Error("serve from resolv.conf", "err", err)
-		return 1
-	}
-	ups, err := ReadResolvConf(path, log, resolvConfServeAddr)
-	if err != nil {
-		return fail(err)
-	}
-	fwd, err := NewForwarder(ups, ForwarderOptions{})
-	if err != nil {
-		return fail(err)
-	}
-	res, err := NewResolver(fwd, ResolverOptions{Logger: log})
-	if err != nil {
-		return fail(err)
-	}
-	if err := res.Update(testMesh()); err != nil {
-		return fail(err)
-	}
-	srv := NewServer(res, ServerConfig{Addr: resolvConfServeAddr, Logger: log})
-	if err := srv.Start(context.Background()); err != nil {
-		return fail(err)
-	}
-	fmt.Println("ready")
-	_, _ = io.Copy(io.Discard, os.Stdin)
-	_ = srv.Shutdown(context.Background())
-	return 0
-}
 
 // TestPrivilegedForwardsPastBadResolvConfLines: a resolver whose resolv.conf starts with lines
 // glibc skips ("nameserver 10.0.0.10:53", a host name) starts, warns about each of them, and

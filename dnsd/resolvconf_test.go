@@ -2,7 +2,10 @@ package dnsd
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -87,4 +90,47 @@ func TestReadResolvConf(t *testing.T) {
 	if _, err := ReadResolvConf(filepath.Join(t.TempDir(), "missing"), nil); err == nil || !strings.Contains(err.Error(), "missing") {
 		t.Errorf("missing file: %v, want an error naming it", err)
 	}
+}
+
+// resolvConfServeEnv names the resolv.conf serveFromResolvConf reads.
+const resolvConfServeEnv = "DNSD_RESOLV_CONF_SERVE"
+
+// resolvConfServeAddr is where serveFromResolvConf's resolver listens, inside the test's own
+// network namespace.
+const resolvConfServeAddr = "127.0.0.1:18054"
+
+// serveFromResolvConf is the resolver process of TestPrivilegedForwardsPastBadResolvConfLines,
+// started inside the test's namespace: it builds its upstreams as the agent does
+// (ReadResolvConf with the resolver's own address excluded, then NewForwarder), serves on
+// resolvConfServeAddr, logs JSON to stderr, prints "ready" and serves until stdin closes. It
+// returns the exit status.
+func serveFromResolvConf(path string) int {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	fail := func(err error) int {
+		log.Error("serve from resolv.conf", "err", err)
+		return 1
+	}
+	ups, err := ReadResolvConf(path, log, resolvConfServeAddr)
+	if err != nil {
+		return fail(err)
+	}
+	fwd, err := NewForwarder(ups, ForwarderOptions{})
+	if err != nil {
+		return fail(err)
+	}
+	res, err := NewResolver(fwd, ResolverOptions{Logger: log})
+	if err != nil {
+		return fail(err)
+	}
+	if err := res.Update(testMesh()); err != nil {
+		return fail(err)
+	}
+	srv := NewServer(res, ServerConfig{Addr: resolvConfServeAddr, Logger: log})
+	if err := srv.Start(context.Background()); err != nil {
+		return fail(err)
+	}
+	fmt.Println("ready")
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	_ = srv.Shutdown(context.Background())
+	return 0
 }
