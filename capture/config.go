@@ -75,15 +75,7 @@ func (c Config) withDefaults() Config {
 	if c.Mode == "" {
 		c.Mode = ModeStrict
 	}
-	if c.CapturePort == 0 {
-		c.CapturePort = DefaultCapturePort
-	}
-	if c.InboundPort == 0 {
-		c.InboundPort = DefaultInboundPort
-	}
-	if c.DNSPort == 0 {
-		c.DNSPort = DefaultDNSPort
-	}
+	c = c.withDefaultPorts()
 	c.PodIPs = sortedAddrs(c.PodIPs)
 	c.ClusterDNS = sortedAddrs(c.ClusterDNS)
 	c.ExcludeOutboundPorts = sortedPorts(c.ExcludeOutboundPorts)
@@ -93,12 +85,17 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Validate reports the first invalid field as an error naming it and its value.
+// Validate reports the first invalid field as an error naming it and its value. Two of
+// CapturePort, InboundPort and DNSPort with one number (zero counting as its default) is an
+// error naming both fields and the number.
 func (c Config) Validate() error {
 	switch c.Mode {
 	case "", ModeStrict, ModePermissive:
 	default:
 		return fmt.Errorf("validate capture config: mode %q: want %q or %q", c.Mode, ModeStrict, ModePermissive)
+	}
+	if err := c.validPorts(); err != nil {
+		return err
 	}
 	if len(c.PodIPs) == 0 {
 		return fmt.Errorf("validate capture config: podIPs: empty (prevResult carried no address)")
@@ -149,6 +146,26 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// validPorts refuses two of CapturePort, InboundPort and DNSPort (after their defaults) sharing a
+// number: each is one role of the node's port plan (DESIGN.md, ports), and a shared one sends
+// traffic to the wrong listener (a capture redirect to 15008 reaches nothing on 127.0.0.1, the
+// inbound listener being on the pod IP).
+func (c Config) validPorts() error {
+	d := c.withDefaultPorts()
+	ports := []struct {
+		field string
+		port  uint16
+	}{{"capturePort", d.CapturePort}, {"inboundPort", d.InboundPort}, {"dnsPort", d.DNSPort}}
+	for i, a := range ports {
+		for _, b := range ports[i+1:] {
+			if a.port == b.port {
+				return fmt.Errorf("validate capture config: %s and %s are both %d: each needs its own port", a.field, b.field, a.port)
+			}
+		}
+	}
+	return nil
+}
+
 // validPrefixes returns an error naming field and the prefix when one is invalid, or is
 // IPv4-mapped (::ffff:0:0/96) but shorter than /96: sortedPrefixes turns ::ffff:a.b.c.d/n into
 // a.b.c.d/(n-96), and a shorter one has no IPv4 form (left as it was, it would match every IPv4
@@ -163,6 +180,20 @@ func validPrefixes(field string, ps []netip.Prefix) error {
 		}
 	}
 	return nil
+}
+
+// withDefaultPorts returns a copy with zero ports set to their defaults.
+func (c Config) withDefaultPorts() Config {
+	if c.CapturePort == 0 {
+		c.CapturePort = DefaultCapturePort
+	}
+	if c.InboundPort == 0 {
+		c.InboundPort = DefaultInboundPort
+	}
+	if c.DNSPort == 0 {
+		c.DNSPort = DefaultDNSPort
+	}
+	return c
 }
 
 // hasIPv6 reports whether the pod has an IPv6 address (and so gets IPv6 captured, not dropped).

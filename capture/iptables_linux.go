@@ -82,11 +82,15 @@ func (b IPTables) Apply(netnsPath string, rs RuleSet) (bool, error) {
 			return false, fmt.Errorf("apply capture rules: %w", err)
 		}
 		for _, j := range rs.IPTablesJumps() {
-			args := append([]string{"-w", "-t", j.Table, "-C", j.Chain}, j.Rule...)
-			if _, err := b.run(netnsPath, nil, b.bin(fam, ""), args...); err == nil {
+			// The jump must be the built-in chain's first rule (see Check): one that is
+			// missing, or behind a rule someone inserted before it, is deleted (every copy) and
+			// inserted first. The foreign rule stays where it is, now behind ours.
+			first, err := b.run(netnsPath, nil, b.bin(fam, ""), "-w", "-t", j.Table, "-S", j.Chain, "1")
+			if err == nil && isJumpTo(string(first), j.target()) {
 				continue
 			}
-			args = append([]string{"-w", "-t", j.Table, "-I", j.Chain, "1"}, j.Rule...)
+			b.deleteJump(netnsPath, fam, j)
+			args := append([]string{"-w", "-t", j.Table, "-I", j.Chain, "1"}, j.Rule...)
 			if _, err := b.run(netnsPath, nil, b.bin(fam, ""), args...); err != nil {
 				return false, fmt.Errorf("apply capture rules: %w", err)
 			}
@@ -99,7 +103,10 @@ var commentRE = regexp.MustCompile(`--comment "?(aether:[^" ]+)"?`)
 
 // Check compares aether's chains (per family, via iptables-save) with rs by the rules' aether
 // comments, in order (a rule without one in aether's chains is drift), and verifies each jump
-// from a built-in chain. It returns a *DriftError for a difference.
+// from a built-in chain, which must be that chain's first rule: a rule before it (an ACCEPT or
+// RETURN someone inserted with -I) ends the built-in chain for the packets it matches before
+// they reach aether's chain, so they would leave uncaptured, or enter past strict mode. It
+// returns a *DriftError for a difference.
 func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 	if _, err := os.Stat(netnsPath); err != nil {
 		return fmt.Errorf("check capture rules: %w", err)
@@ -112,6 +119,7 @@ func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 		// "table chain" -> comments: built-in chains such as OUTPUT exist in several tables
 		// (nat and filter), each with its own jump.
 		live := map[string][]string{}
+		first := map[string]string{} // "table chain" -> the built-in chain's first rule
 		wanted := map[string]bool{}
 		for _, ch := range rs.Chains {
 			wanted[ch.Hook.iptablesChain()] = true
@@ -132,6 +140,9 @@ func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 			}
 			name := strings.Fields(line)[1]
 			chain := table + " " + name
+			if _, seen := first[chain]; !seen {
+				first[chain] = line
+			}
 			if m := commentRE.FindStringSubmatch(line); m != nil {
 				live[chain] = append(live[chain], m[1])
 			} else if strings.HasPrefix(name, ChainPrefix) {
@@ -153,6 +164,10 @@ func (b IPTables) Check(netnsPath string, rs RuleSet) error {
 			}
 			if !slices.Contains(live[table+" "+builtin], Tag+":jump") {
 				return &DriftError{What: fmt.Sprintf("%s: jump from %s %s to %s is missing", b.bin(fam, ""), table, builtin, name)}
+			}
+			if f := first[table+" "+builtin]; !isJumpTo(f, name) {
+				return &DriftError{What: fmt.Sprintf("%s: jump from %s %s to %s is not the chain's first rule: %q comes before it and can take packets past capture",
+					b.bin(fam, ""), table, builtin, name, f)}
 			}
 		}
 	}
@@ -183,12 +198,7 @@ func (b IPTables) remove(netnsPath string, hooks []Hook) error {
 	}
 	for _, fam := range families {
 		for _, j := range rs.IPTablesJumps() {
-			for i := 0; i < 10; i++ { // delete every copy of the jump
-				args := append([]string{"-w", "-t", j.Table, "-D", j.Chain}, j.Rule...)
-				if _, err := b.run(netnsPath, nil, b.bin(fam, ""), args...); err != nil {
-					break
-				}
-			}
+			b.deleteJump(netnsPath, fam, j)
 		}
 		for _, ch := range rs.Chains {
 			table, _ := ch.Hook.iptables()
@@ -202,6 +212,27 @@ func (b IPTables) remove(netnsPath string, hooks []Hook) error {
 		}
 	}
 	return nil
+}
+
+// deleteJump deletes every copy of the jump j (up to 10); a missing one is skipped.
+func (b IPTables) deleteJump(netnsPath string, fam Family, j IPTablesJump) {
+	for i := 0; i < 10; i++ {
+		args := append([]string{"-w", "-t", j.Table, "-D", j.Chain}, j.Rule...)
+		if _, err := b.run(netnsPath, nil, b.bin(fam, ""), args...); err != nil {
+			return
+		}
+	}
+}
+
+// target returns the aether chain the jump goes to (the argument of its -j).
+func (j IPTablesJump) target() string { return j.Rule[len(j.Rule)-1] }
+
+// isJumpTo reports whether rule (one "-A CHAIN ..." line of iptables-save or iptables -S) is
+// aether's tagged jump to chain.
+func isJumpTo(rule, chain string) bool {
+	m := commentRE.FindStringSubmatch(rule)
+	f := strings.Fields(rule)
+	return m != nil && m[1] == Tag+":jump" && len(f) > 1 && f[len(f)-2] == "-j" && f[len(f)-1] == chain
 }
 
 func isDriftErr(err error) bool {

@@ -157,6 +157,12 @@ func TestValidate(t *testing.T) {
 			c.HostIPv6 = netip.MustParseAddr("fd00::1")
 			c.ClusterDNS = addrs("fd00::a%eth0")
 		}, "clusterDNS: fd00::a%eth0"},
+		// Each port of the node's plan has one role (DESIGN.md, ports); zero means the default.
+		{"capture port is the inbound port", func(c *Config) { c.CapturePort, c.InboundPort = 15008, 15008 }, "capturePort and inboundPort are both 15008"},
+		{"capture port is the default inbound port", func(c *Config) { c.CapturePort = 15008 }, "capturePort and inboundPort are both 15008"},
+		{"inbound port is the default capture port", func(c *Config) { c.InboundPort = 15001 }, "capturePort and inboundPort are both 15001"},
+		{"dns port is the capture port", func(c *Config) { c.DNSPort = 15001 }, "capturePort and dnsPort are both 15001"},
+		{"inbound port is the default dns port", func(c *Config) { c.InboundPort = 18054 }, "inboundPort and dnsPort are both 18054"},
 		{"zoned host ipv6", func(c *Config) { c.HostIPv6 = netip.MustParseAddr("fd00::1%eth0") }, "hostIPv6: fd00::1%eth0"},
 		{"mapped dns, only host ipv6", func(c *Config) {
 			c.HostIP, c.HostIPv6 = netip.Addr{}, netip.MustParseAddr("fd00::1")
@@ -177,6 +183,11 @@ func TestValidate(t *testing.T) {
 	}
 	if err := ok.Validate(); err != nil {
 		t.Fatal(err)
+	}
+	moved := ok
+	moved.CapturePort, moved.InboundPort, moved.DNSPort = 15006, 15009, 15053
+	if err := moved.Validate(); err != nil {
+		t.Errorf("Validate(distinct non-default ports) = %v", err)
 	}
 }
 

@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -197,26 +200,49 @@ func qname(m *dns.Msg) string {
 // ReadResolvConf returns the nameservers of a resolv.conf file as "ip:53" (or "[ip]:53")
 // addresses, in file order, dropping any in exclude (the resolver's own address, so it never
 // forwards to itself).
-func ReadResolvConf(path string, exclude ...string) ([]string, error) {
-	cc, err := dns.ClientConfigFromFile(path)
+//
+// Like glibc's res_init (resolv.conf(5)), a nameserver line whose value is not an IPv4 address
+// or an IPv6 address (with an optional %zone) is skipped and the others are used: "nameserver
+// 10.0.0.10:53", a host name, "[fd00::10]" or an empty value. Each skipped line is logged once
+// as a warning naming the file, the line number and the value. Text after the address on the
+// line is ignored, as glibc does; so are every other keyword (search, domain, options) and
+// comment lines. It returns an error naming the file when it cannot be read or when no usable
+// nameserver is left.
+func ReadResolvConf(path string, log *slog.Logger, exclude ...string) ([]string, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("read resolv.conf %s: %w", path, err)
 	}
 	var out []string
-	for _, s := range cc.Servers {
-		a := net.JoinHostPort(s, cc.Port)
-		skip := false
-		for _, e := range exclude {
-			if e == a {
-				skip = true
-			}
+	skipped, excluded := 0, 0
+	for i, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "nameserver" {
+			continue
 		}
-		if !skip {
-			out = append(out, a)
+		value := ""
+		if len(f) > 1 {
+			value = f[1]
 		}
+		ip, err := netip.ParseAddr(value)
+		if err != nil {
+			skipped++
+			log.Warn("resolv.conf nameserver line skipped: not an IP address (glibc skips it too)",
+				"file", path, "line", i+1, "value", value)
+			continue
+		}
+		a := net.JoinHostPort(ip.String(), "53")
+		if slices.Contains(exclude, a) {
+			excluded++
+			continue
+		}
+		out = append(out, a)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("read resolv.conf %s: no nameserver lines", path)
+		return nil, fmt.Errorf("read resolv.conf %s: no usable nameserver (%d skipped as not IP addresses, %d excluded as the resolver's own address)", path, skipped, excluded)
 	}
 	return out, nil
 }

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -300,45 +298,6 @@ func TestHostileUpstreams(t *testing.T) {
 			t.Fatalf("answer of %d bytes, TC %v, %d records; want truncated within %d bytes", resp.Len(), resp.Truncated, len(resp.Answer), dns.MinMsgSize)
 		}
 	})
-}
-
-// TestOddResolvConf: resolv.conf content seen on nodes (zone ids, options, comments, search
-// lists) gives usable upstreams; a file with no nameserver, or a nameserver that is not an IP
-// address, gives an error naming the path or the value.
-func TestOddResolvConf(t *testing.T) {
-	for _, tc := range []struct {
-		name, conf string
-		want       string // upstreams joined by ","; "" for an error
-		errHas     string
-	}{
-		{"zone id and options", "# generated\noptions ndots:5 timeout:1 attempts:3 rotate edns0\nsearch a.svc.cluster.local svc.cluster.local\nnameserver fe80::1%eth0\nnameserver 10.96.0.10 # trailing\n",
-			"[fe80::1%eth0]:53,10.96.0.10:53", ""},
-		{"tabs and a domain line", "domain example.org\nnameserver\t10.0.0.10\n\n", "10.0.0.10:53", ""},
-		{"only the resolver itself", "nameserver 10.0.0.1\n", "", "no nameserver"},
-		{"empty", "", "", "no nameserver"},
-		{"hostname", "nameserver kube-dns\n", "", "kube-dns"},
-		{"port in the address", "nameserver 10.0.0.10:5353\n", "", "10.0.0.10:5353"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := filepath.Join(t.TempDir(), "resolv.conf")
-			if err := os.WriteFile(p, []byte(tc.conf), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			ups, err := ReadResolvConf(p, "10.0.0.1:53")
-			if err == nil {
-				_, err = NewForwarder(ups, ForwarderOptions{})
-			}
-			if tc.want != "" {
-				if err != nil || strings.Join(ups, ",") != tc.want {
-					t.Fatalf("upstreams %v, %v; want %s", ups, err, tc.want)
-				}
-				return
-			}
-			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
-				t.Fatalf("error = %v, want one naming %q", err, tc.errHas)
-			}
-		})
-	}
 }
 
 // TestTCPConnectionLimit: with MaxTCPConns clients holding connections open (stalled after a

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,12 +27,17 @@ type stub struct {
 
 func startStub(t *testing.T, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
 	t.Helper()
-	s := &stub{}
 	pc, l, err := listenBoth("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.addr = pc.LocalAddr().String()
+	return startStubOn(t, pc, l, fn)
+}
+
+// startStubOn is startStub on sockets the caller opened (inside a network namespace, say).
+func startStubOn(t *testing.T, pc net.PacketConn, l net.Listener, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
+	t.Helper()
+	s := &stub{addr: pc.LocalAddr().String()}
 	mux := dns.NewServeMux()
 	mux.HandleFunc(".", func(w dns.ResponseWriter, r *dns.Msg) {
 		s.queries.Add(1)
@@ -437,18 +441,9 @@ func TestUpdateNeverBlocksLookups(t *testing.T) {
 	wg.Wait()
 }
 
-func TestReadResolvConf(t *testing.T) {
-	p := t.TempDir() + "/resolv.conf"
-	if err := os.WriteFile(p, []byte("search default.svc.cluster.local svc.cluster.local\nnameserver 10.96.0.10\nnameserver fd00::10\nnameserver 10.0.0.1\noptions ndots:5\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	got, err := ReadResolvConf(p, "10.0.0.1:53")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Join(got, ",") != "10.96.0.10:53,[fd00::10]:53" {
-		t.Errorf("ReadResolvConf = %v", got)
-	}
+// TestNewForwarderAddresses: upstreams are bare IP addresses or ip:port; a host name is an
+// error naming it.
+func TestNewForwarderAddresses(t *testing.T) {
 	if _, err := NewForwarder([]string{"10.96.0.10", "[fd00::1]:5353", "127.0.0.1:53"}, ForwarderOptions{}); err != nil {
 		t.Errorf("NewForwarder(valid) = %v", err)
 	}

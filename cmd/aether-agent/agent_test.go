@@ -600,14 +600,21 @@ func createNodeAndMeshNamespace(t testing.TB, ctx context.Context, cs kubernetes
 }
 
 // TestHelpAndBadFlags: the real binary prints its usage, with each flag's environment variable,
-// and exits 0 on --help; an unknown flag or an unreadable variable exits 2 naming it.
+// and exits 0 on --help; an unknown flag, an unreadable variable or two node ports with one
+// number exits 2 naming them.
 func TestHelpAndBadFlags(t *testing.T) {
 	bin := buildAgent(t)
 	out, err := exec.Command(bin, "--help").CombinedOutput()
 	if err != nil {
 		t.Fatalf("aether-agent --help: %v\n%s", err, out)
 	}
-	for _, want := range []string{"-node-name", "(env NODE_NAME)", "-region", "(env AETHER_REGION)", "-capture-backend", "(env AETHER_CAPTURE_BACKEND)"} {
+	for _, want := range []string{"-node-name", "(env NODE_NAME)", "-region", "(env AETHER_REGION)", "-capture-backend", "(env AETHER_CAPTURE_BACKEND)",
+		// The registry client flags (internal/registryflag), as the agent printed them before
+		// they were shared with the registrar.
+		"-registry-endpoints string\n    \tcomma-separated etcd client URLs of the registry (env AETHER_REGISTRY_ENDPOINTS)\n",
+		"-registry-ca string\n    \tCA bundle for the registry's TLS (env AETHER_REGISTRY_CA)\n",
+		"-registry-cert string\n    \tclient certificate for the registry (env AETHER_REGISTRY_CERT)\n",
+		"-registry-key string\n    \tclient key for the registry (env AETHER_REGISTRY_KEY)\n"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("aether-agent --help lacks %q:\n%s", want, out)
 		}
@@ -619,6 +626,8 @@ func TestHelpAndBadFlags(t *testing.T) {
 	}{
 		{args: []string{"--no-such-flag"}, want: "no-such-flag"},
 		{env: "AETHER_EAST_WEST_WAYPOINT=yes", want: `env AETHER_EAST_WEST_WAYPOINT "yes"`},
+		{args: []string{"--dns-port", "15008"}, want: "--dns-port and the inbound mTLS port are both 15008"},
+		{args: []string{"--envoy-admin", "127.0.0.1:9000", "--health-addr", ":9000"}, want: "--envoy-admin and --health-addr are both 9000"},
 	} {
 		cmd := exec.Command(bin, c.args...)
 		cmd.Env = append(os.Environ(), c.env)

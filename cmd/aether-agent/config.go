@@ -5,13 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/aethermesh/aether/internal/envflag"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/internal/registryflag"
+	"github.com/aethermesh/aether/xds"
 )
 
 // config is the agent's whole configuration: every field has a flag and an environment variable
@@ -25,11 +27,8 @@ type config struct {
 	TrustDomain string // --trust-domain, AETHER_TRUST_DOMAIN
 	Kubeconfig  string // --kubeconfig, KUBECONFIG (empty: in-cluster)
 
-	RegistryEndpoints []string // --registry-endpoints, AETHER_REGISTRY_ENDPOINTS (comma-separated URLs)
-	RegistryCA        string   // --registry-ca, AETHER_REGISTRY_CA
-	RegistryCert      string   // --registry-cert, AETHER_REGISTRY_CERT
-	RegistryKey       string   // --registry-key, AETHER_REGISTRY_KEY
-	RegistryLeaseTTL  time.Duration
+	Registry         registryflag.Flags // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
+	RegistryLeaseTTL time.Duration
 
 	CACert  string        // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
 	CAKey   string        // --ca-key, AETHER_CA_KEY
@@ -87,10 +86,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	ef.StringVar(&c.MeshDomain, "mesh-domain", "AETHER_MESH_DOMAIN", "mesh", "DNS domain of mesh names")
 	ef.StringVar(&c.TrustDomain, "trust-domain", "AETHER_TRUST_DOMAIN", "aether.internal", "SPIFFE trust domain")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
-	endpoints := ef.String("registry-endpoints", "AETHER_REGISTRY_ENDPOINTS", "", "comma-separated etcd client URLs of the registry")
-	ef.StringVar(&c.RegistryCA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
-	ef.StringVar(&c.RegistryCert, "registry-cert", "AETHER_REGISTRY_CERT", "", "client certificate for the registry")
-	ef.StringVar(&c.RegistryKey, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
+	c.Registry.Define(ef, registryflag.Usage{})
 	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease")
 	ef.StringVar(&c.CACert, "ca-cert", "AETHER_CA_CERT", "", "development CA certificate (PEM) that signs workload SVIDs")
 	ef.StringVar(&c.CAKey, "ca-key", "AETHER_CA_KEY", "", "development CA key (PEM)")
@@ -117,7 +113,6 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	if err := ef.Parse(args); err != nil {
 		return c, err
 	}
-	c.RegistryEndpoints = envflag.List(*endpoints)
 	for _, s := range envflag.List(*clusterDNS) {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
@@ -154,7 +149,7 @@ func (c config) validate() error {
 	}
 	req("node-name", c.NodeName)
 	req("cluster", c.Cluster)
-	if len(c.RegistryEndpoints) == 0 {
+	if len(c.Registry.Endpoints()) == 0 {
 		errs = append(errs, errors.New("--registry-endpoints is required (the registrar's embedded etcd, or an external etcd)"))
 	}
 	if !c.HostIP.IsValid() {
@@ -168,6 +163,7 @@ func (c config) validate() error {
 	if c.DNSPort <= 0 || c.DNSPort > 65535 {
 		errs = append(errs, fmt.Errorf("--dns-port %d: want 1-65535", c.DNSPort))
 	}
+	errs = append(errs, c.checkPorts()...)
 	if (c.CACert == "") != (c.CAKey == "") {
 		errs = append(errs, errors.New("--ca-cert and --ca-key go together"))
 	} else if c.CACert == "" {
@@ -176,7 +172,7 @@ func (c config) validate() error {
 	if c.SVIDTTL < 2*time.Minute {
 		errs = append(errs, fmt.Errorf("--svid-ttl %s: want at least 2m", c.SVIDTTL))
 	}
-	errs = append(errs, registry.CheckTLSFlags(c.RegistryCA, c.RegistryCert, c.RegistryKey)...)
+	errs = append(errs, c.Registry.CheckTLS()...)
 	for _, f := range []struct{ name, path string }{{"ca-cert", c.CACert}, {"ca-key", c.CAKey}} {
 		if f.path == "" {
 			continue
@@ -207,4 +203,54 @@ func (c config) validate() error {
 		errs = append(errs, fmt.Errorf("--mesh-domain %q: not a DNS name", c.MeshDomain))
 	}
 	return errors.Join(errs...)
+}
+
+// nodePort is one port of the node's port plan (DESIGN.md, ports): a flag's, or a fixed one.
+type nodePort struct {
+	name string // "--dns-port", or "the capture listener's port" for a fixed one
+	port int
+}
+
+// fixedPorts are the node's ports no flag sets: the pod netns listeners and the east-west
+// tunnel listener (DESIGN.md, ports).
+var fixedPorts = []nodePort{
+	{"the capture listener's port", xds.CapturePort},
+	{"the inbound mTLS port", xds.InboundPort},
+	{"the explicit HTTP lane's port", xds.LanePort},
+	{"the east-west tunnel port", xds.WaypointPort},
+}
+
+// checkPorts refuses two ports of the node's plan with the same number: --dns-port,
+// --envoy-admin's and --health-addr's ports and the fixed ones. Each port is one role, whatever
+// address it is bound on, so that a rule or probe matching a port number means one listener.
+// Port 0 (a port the kernel picks) and a unix socket (--envoy-admin unix:///path; xDS is always
+// one) take no number. Each error names both ports and the number; an address that does not
+// parse is an error naming its flag.
+func (c config) checkPorts() []error {
+	var errs []error
+	ports := []nodePort{{"--dns-port", c.DNSPort}}
+	for _, f := range []struct{ name, addr string }{{"--envoy-admin", c.EnvoyAdmin}, {"--health-addr", c.HealthAddr}} {
+		if strings.HasPrefix(f.addr, "unix://") {
+			continue
+		}
+		_, p, err := net.SplitHostPort(f.addr)
+		var n int
+		if err == nil {
+			n, err = net.LookupPort("tcp", p)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s %q: want host:port", f.name, f.addr))
+			continue
+		}
+		ports = append(ports, nodePort{f.name, n})
+	}
+	ports = append(ports, fixedPorts...)
+	for i, a := range ports {
+		for _, b := range ports[i+1:] {
+			if a.port != 0 && a.port == b.port {
+				errs = append(errs, fmt.Errorf("%s and %s are both %d: each needs its own port", a.name, b.name, a.port))
+			}
+		}
+	}
+	return errs
 }

@@ -35,6 +35,20 @@ func TestParseConfig(t *testing.T) {
 		{name: "bad capture backend", args: []string{"--capture-backend", "ebpf"}, wantErr: `--capture-backend "ebpf"`},
 		{name: "registry cert without key", args: []string{"--registry-cert", "/etc/hostname"}, wantErr: "--registry-cert and --registry-key go together"},
 		{name: "missing registry CA", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
+		// The node's port plan (DESIGN.md, ports): one number per role, flags and fixed ports.
+		{name: "dns port is the capture port", args: []string{"--dns-port", "15001"}, wantErr: "--dns-port and the capture listener's port are both 15001"},
+		{name: "dns port is the inbound port", args: []string{"--dns-port", "15008"}, wantErr: "--dns-port and the inbound mTLS port are both 15008"},
+		{name: "dns port is the tunnel port", args: []string{"--dns-port", "15443"}, wantErr: "--dns-port and the east-west tunnel port are both 15443"},
+		{name: "dns port is envoy admin's", args: []string{"--dns-port", "15000"}, wantErr: "--dns-port and --envoy-admin are both 15000"},
+		{name: "dns port is the metrics port", args: []string{"--dns-port", "15021"}, wantErr: "--dns-port and --health-addr are both 15021"},
+		{name: "envoy admin on the metrics port", args: []string{"--envoy-admin", "127.0.0.1:9000", "--health-addr", "0.0.0.0:9000"}, wantErr: "--envoy-admin and --health-addr are both 9000"},
+		{name: "envoy admin on the capture port", args: []string{"--envoy-admin", "127.0.0.1:15001"}, wantErr: "--envoy-admin and the capture listener's port are both 15001"},
+		{name: "metrics on the tunnel port", args: []string{"--health-addr", ":15443"}, wantErr: "--health-addr and the east-west tunnel port are both 15443"},
+		{name: "metrics on the lane port", args: []string{"--health-addr", "127.0.0.1:18081"}, wantErr: "--health-addr and the explicit HTTP lane's port are both 18081"},
+		{name: "envoy admin without a port", args: []string{"--envoy-admin", "127.0.0.1"}, wantErr: `--envoy-admin "127.0.0.1": want host:port`},
+		{name: "health addr with a bad port", args: []string{"--health-addr", "127.0.0.1:nope"}, wantErr: `--health-addr "127.0.0.1:nope": want host:port`},
+		{name: "kernel-picked ports", args: []string{"--envoy-admin", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"}},
+		{name: "envoy admin on a unix socket", args: []string{"--envoy-admin", "unix:///run/aether/admin.sock", "--dns-port", "15000"}},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,7 +65,7 @@ func TestParseConfig(t *testing.T) {
 			if c.Cluster != "a" || c.HostIP.String() != "172.30.0.11" || c.MeshDomain != "mesh" || c.TrustDomain != "aether.internal" {
 				t.Errorf("config = %+v", c)
 			}
-			if tc.name == "flags override env" && (c.NodeName != "n2" || len(c.RegistryEndpoints) != 2 || c.RegistryEndpoints[1] != "http://127.0.0.1:2380") {
+			if tc.name == "flags override env" && (c.NodeName != "n2" || len(c.Registry.Endpoints()) != 2 || c.Registry.Endpoints()[1] != "http://127.0.0.1:2380") {
 				t.Errorf("flags did not override: %+v", c)
 			}
 			if tc.name == "env defaults" && c.EastWestWaypoint {

@@ -124,10 +124,10 @@ func run(ctx context.Context, cfg config) error {
 	})
 
 	rcfg := registry.Config{
-		Endpoints: cfg.RegistryEndpoints, Region: region, Cluster: cfg.Cluster,
+		Endpoints: cfg.Registry.Endpoints(), Region: region, Cluster: cfg.Cluster,
 		LeaseTTL: cfg.RegistryLeaseTTL, Logger: log, Metrics: metrics.reg,
 	}
-	if rcfg.TLS, err = registry.TLSFiles(cfg.RegistryCert, cfg.RegistryKey, cfg.RegistryCA); err != nil {
+	if rcfg.TLS, err = cfg.Registry.TLS(); err != nil {
 		return err
 	}
 	reg, err := registry.New(rcfg)
@@ -187,7 +187,7 @@ func run(ctx context.Context, cfg config) error {
 	// DNS: the resolver answers SERVFAIL until its first index, so it may start before the
 	// first model; readiness waits for both.
 	dnsAddr := netip.AddrPortFrom(cfg.HostIP, uint16(cfg.DNSPort)).String()
-	upstreams, err := dnsd.ReadResolvConf(cfg.ResolvConf, dnsAddr)
+	upstreams, err := dnsd.ReadResolvConf(cfg.ResolvConf, log.With("part", "dns"), dnsAddr)
 	if err != nil {
 		return err
 	}

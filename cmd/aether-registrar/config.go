@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/aethermesh/aether/internal/envflag"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/internal/registryflag"
 )
 
 // config is the registrar's whole configuration: every field has a flag, most an environment
@@ -23,16 +23,13 @@ type config struct {
 	Region     string // --region, AETHER_REGION
 	Kubeconfig string // --kubeconfig, KUBECONFIG (empty: in-cluster)
 
-	RegistryEndpoints []string // --registry-endpoints, AETHER_REGISTRY_ENDPOINTS (comma-separated URLs)
-	RegistryCA        string   // --registry-ca, AETHER_REGISTRY_CA
-	RegistryCert      string   // --registry-cert, AETHER_REGISTRY_CERT
-	RegistryKey       string   // --registry-key, AETHER_REGISTRY_KEY
-	RegistryUser      string   // --registry-user, AETHER_REGISTRY_USER (etcd auth; password from AETHER_REGISTRY_PASSWORD)
-	RegistryPassword  string   // AETHER_REGISTRY_PASSWORD only (never a flag: it would show in ps)
-	RegistryDataDir   string   // --registry-data-dir, AETHER_REGISTRY_DATA_DIR: embedded etcd's data (no endpoints)
-	RegistryListen    string   // --registry-listen: embedded etcd's client URL
-	RegistryPeer      string   // --registry-peer-listen: embedded etcd's peer URL
-	RegistryProbe     time.Duration
+	Registry         registryflag.Flags // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
+	RegistryUser     string             // --registry-user, AETHER_REGISTRY_USER (etcd auth; password from AETHER_REGISTRY_PASSWORD)
+	RegistryPassword string             // AETHER_REGISTRY_PASSWORD only (never a flag: it would show in ps)
+	RegistryDataDir  string             // --registry-data-dir, AETHER_REGISTRY_DATA_DIR: embedded etcd's data (no endpoints)
+	RegistryListen   string             // --registry-listen: embedded etcd's client URL
+	RegistryPeer     string             // --registry-peer-listen: embedded etcd's peer URL
+	RegistryProbe    time.Duration
 
 	LeaderElect          bool          // --leader-elect
 	LeaderElectNamespace string        // --leader-elect-namespace, POD_NAMESPACE
@@ -59,10 +56,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	ef.StringVar(&c.Cluster, "cluster", "AETHER_CLUSTER", "", "this cluster's name: its registry partition and MCS cluster name")
 	ef.StringVar(&c.Region, "region", "AETHER_REGION", "default", "this cluster's region in the registry key layout")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
-	endpoints := ef.String("registry-endpoints", "AETHER_REGISTRY_ENDPOINTS", "", "comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd")
-	ef.StringVar(&c.RegistryCA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
-	ef.StringVar(&c.RegistryCert, "registry-cert", "AETHER_REGISTRY_CERT", "", "client certificate for the registry")
-	ef.StringVar(&c.RegistryKey, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
+	c.Registry.Define(ef, registryflag.Usage{Endpoints: "comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd"})
 	ef.StringVar(&c.RegistryUser, "registry-user", "AETHER_REGISTRY_USER", "", "etcd user (password from env AETHER_REGISTRY_PASSWORD)")
 	c.RegistryPassword = getenv("AETHER_REGISTRY_PASSWORD")
 	ef.StringVar(&c.RegistryDataDir, "registry-data-dir", "AETHER_REGISTRY_DATA_DIR", "/var/lib/aether/registry", "embedded etcd's data directory (used when --registry-endpoints is empty)")
@@ -85,7 +79,6 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	if err := ef.Parse(args); err != nil {
 		return c, err
 	}
-	c.RegistryEndpoints = envflag.List(*endpoints)
 	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
 	}
@@ -103,12 +96,12 @@ func (c config) validate() error {
 	}
 	label("cluster", c.Cluster)
 	label("region", c.Region)
-	for _, e := range c.RegistryEndpoints {
+	for _, e := range c.Registry.Endpoints() {
 		if u, err := url.Parse(e); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("--registry-endpoints %q: want http:// or https:// URLs", e))
 		}
 	}
-	if len(c.RegistryEndpoints) == 0 {
+	if len(c.Registry.Endpoints()) == 0 {
 		if c.RegistryDataDir == "" {
 			errs = append(errs, errors.New("--registry-endpoints (AETHER_REGISTRY_ENDPOINTS) is empty and there is no --registry-data-dir for an embedded etcd: give the registry's etcd client URLs, or a data directory to run a single-member etcd"))
 		}
@@ -121,7 +114,7 @@ func (c config) validate() error {
 			}
 		}
 	}
-	errs = append(errs, registry.CheckTLSFlags(c.RegistryCA, c.RegistryCert, c.RegistryKey)...)
+	errs = append(errs, c.Registry.CheckTLS()...)
 	if c.RegistryProbe <= 0 {
 		errs = append(errs, fmt.Errorf("--registry-probe-interval %s: want a positive duration", c.RegistryProbe))
 	}

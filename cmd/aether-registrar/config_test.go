@@ -16,11 +16,11 @@ func TestParseConfig(t *testing.T) {
 		check   func(config) bool
 	}{
 		{name: "env defaults: embedded registry", check: func(c config) bool {
-			return c.Cluster == "east" && c.Region == "default" && len(c.RegistryEndpoints) == 0 && c.RegistryDataDir != "" &&
+			return c.Cluster == "east" && c.Region == "default" && len(c.Registry.Endpoints()) == 0 && c.RegistryDataDir != "" &&
 				c.LeaderElect && c.LeaderElectNamespace == "mesh-system" && c.LeaseDuration == 15*time.Second
 		}},
 		{name: "external registry", args: []string{"--registry-endpoints", "https://10.0.0.1:2379, https://10.0.0.2:2379", "--registry-data-dir", ""}, check: func(c config) bool {
-			return len(c.RegistryEndpoints) == 2 && c.RegistryEndpoints[1] == "https://10.0.0.2:2379"
+			return len(c.Registry.Endpoints()) == 2 && c.Registry.Endpoints()[1] == "https://10.0.0.2:2379"
 		}},
 		{name: "no data dir without endpoints", args: []string{"--registry-data-dir", ""}, wantErr: "--registry-endpoints (AETHER_REGISTRY_ENDPOINTS) is empty and there is no --registry-data-dir"},
 		{name: "bad endpoint", args: []string{"--registry-endpoints", "10.0.0.1:2379"}, wantErr: `--registry-endpoints "10.0.0.1:2379"`},

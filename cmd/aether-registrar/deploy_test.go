@@ -57,8 +57,8 @@ func TestDeployRegistrarArgs(t *testing.T) {
 	if err != nil {
 		t.Fatalf("configured registrar: %v", err)
 	}
-	if cfg.Cluster != "east" || len(cfg.RegistryEndpoints) != 1 || cfg.LeaderElectNamespace != "aether-system" {
-		t.Errorf("cluster %q, endpoints %v, lease namespace %q: want east, the ConfigMap's endpoint, aether-system", cfg.Cluster, cfg.RegistryEndpoints, cfg.LeaderElectNamespace)
+	if cfg.Cluster != "east" || len(cfg.Registry.Endpoints()) != 1 || cfg.LeaderElectNamespace != "aether-system" {
+		t.Errorf("cluster %q, endpoints %v, lease namespace %q: want east, the ConfigMap's endpoint, aether-system", cfg.Cluster, cfg.Registry.Endpoints(), cfg.LeaderElectNamespace)
 	}
 
 	// TLS to the registry, as config.yaml's comment shows it.

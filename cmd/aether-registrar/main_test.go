@@ -187,8 +187,9 @@ func TestBinarySingleMachineEmbeddedRegistry(t *testing.T) {
 	}
 }
 
-// TestHelpAndBadFlags: the command prints its usage, with each flag's environment variable, and
-// exits 0 on --help; an unknown flag exits 2 naming it.
+// TestHelpAndBadFlags: the command and its setup-registry-auth subcommand print their usage,
+// with each flag's environment variable, and exit 0 on --help; an unknown flag exits 2 naming
+// it.
 func TestHelpAndBadFlags(t *testing.T) {
 	run := func(args ...string) (string, error) {
 		cmd := exec.Command(os.Args[0], args...)
@@ -200,9 +201,29 @@ func TestHelpAndBadFlags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("aether-registrar --help: %v\n%s", err, out)
 	}
-	for _, want := range []string{"-cluster", "(env AETHER_CLUSTER)", "-registry-endpoints", "(env AETHER_REGISTRY_ENDPOINTS)"} {
+	// The registry client flags (internal/registryflag), as each command printed them before
+	// they were shared with the agent.
+	registryFlags := func(endpoints, cert string) []string {
+		return []string{
+			"-registry-endpoints string\n    \t" + endpoints + " (env AETHER_REGISTRY_ENDPOINTS)\n",
+			"-registry-ca string\n    \tCA bundle for the registry's TLS (env AETHER_REGISTRY_CA)\n",
+			"-registry-cert string\n    \t" + cert + " (env AETHER_REGISTRY_CERT)\n",
+			"-registry-key string\n    \tclient key for the registry (env AETHER_REGISTRY_KEY)\n",
+		}
+	}
+	for _, want := range append([]string{"-cluster", "(env AETHER_CLUSTER)"},
+		registryFlags("comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd", "client certificate for the registry")...) {
 		if !strings.Contains(out, want) {
 			t.Errorf("aether-registrar --help lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = run(setupAuthCommand, "--help")
+	if err != nil {
+		t.Fatalf("aether-registrar %s --help: %v\n%s", setupAuthCommand, err, out)
+	}
+	for _, want := range registryFlags("comma-separated etcd client URLs of the registry", "client certificate for the registry (with --client-cert-auth, CN root)") {
+		if !strings.Contains(out, want) {
+			t.Errorf("aether-registrar %s --help lacks %q:\n%s", setupAuthCommand, want, out)
 		}
 	}
 	out, err = run("--no-such-flag")

@@ -23,7 +23,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	rc.QPS, rc.Burst = float32(cfg.KubeQPS), cfg.KubeBurst
 
-	endpoints := cfg.RegistryEndpoints
+	endpoints := cfg.Registry.Endpoints()
 	if len(endpoints) == 0 {
 		emb, err := registry.StartEmbedded(ctx, registry.EmbeddedConfig{
 			DataDir: cfg.RegistryDataDir, ClientURL: cfg.RegistryListen, PeerURL: cfg.RegistryPeer,
@@ -39,7 +39,7 @@ func run(ctx context.Context, cfg config) error {
 		Endpoints: endpoints, Username: cfg.RegistryUser, Password: cfg.RegistryPassword,
 		Region: cfg.Region, Cluster: cfg.Cluster, Logger: log, Metrics: ctrlmetrics.Registry,
 	}
-	if rcfg.TLS, err = registry.TLSFiles(cfg.RegistryCert, cfg.RegistryKey, cfg.RegistryCA); err != nil {
+	if rcfg.TLS, err = cfg.Registry.TLS(); err != nil {
 		return err
 	}
 	reg, err := registry.New(rcfg)

@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/aethermesh/aether/internal/envflag"
+	"github.com/aethermesh/aether/internal/registryflag"
 	"github.com/aethermesh/aether/registrar/registry"
 )
 
@@ -19,11 +20,10 @@ const setupAuthCommand = "setup-registry-auth"
 
 // authConfig is the configuration of `aether-registrar setup-registry-auth`.
 type authConfig struct {
-	Endpoints     []string               // --registry-endpoints, AETHER_REGISTRY_ENDPOINTS
-	CA, Cert, Key string                 // --registry-ca/-cert/-key, AETHER_REGISTRY_CA/CERT/KEY
-	RootPassword  string                 // AETHER_REGISTRY_ROOT_PASSWORD only (never a flag: it would show in ps)
-	Users         []registry.ClusterUser // --clusters, passwords from clusterPasswordVar
-	Timeout       time.Duration          // --timeout
+	Registry     registryflag.Flags     // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
+	RootPassword string                 // AETHER_REGISTRY_ROOT_PASSWORD only (never a flag: it would show in ps)
+	Users        []registry.ClusterUser // --clusters, passwords from clusterPasswordVar
+	Timeout      time.Duration          // --timeout
 }
 
 // clusterPasswordVar is the environment variable holding a cluster user's password:
@@ -39,18 +39,14 @@ func parseAuthConfig(args []string, getenv func(string) string) (authConfig, err
 	var c authConfig
 	fs := flag.NewFlagSet("aether-registrar "+setupAuthCommand, flag.ContinueOnError)
 	ef := &envflag.Set{FS: fs, Getenv: getenv}
-	endpoints := ef.String("registry-endpoints", "AETHER_REGISTRY_ENDPOINTS", "", "comma-separated etcd client URLs of the registry")
-	ef.StringVar(&c.CA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
-	ef.StringVar(&c.Cert, "registry-cert", "AETHER_REGISTRY_CERT", "", "client certificate for the registry (with --client-cert-auth, CN root)")
-	ef.StringVar(&c.Key, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
+	c.Registry.Define(ef, registryflag.Usage{Cert: "client certificate for the registry (with --client-cert-auth, CN root)"})
 	clusters := fs.String("clusters", "", "comma-separated <region>/<cluster> origins to create a user and role for; a user's password comes from AETHER_REGISTRY_PASSWORD_<REGION>_<CLUSTER> (upper case, - as _), none when unset (TLS client certificate with CN aether.<region>.<cluster>)")
 	fs.DurationVar(&c.Timeout, "timeout", 30*time.Second, "how long the whole setup may take")
 	if err := ef.Parse(args); err != nil {
 		return c, err
 	}
 	var errs []error
-	c.Endpoints = envflag.List(*endpoints)
-	if len(c.Endpoints) == 0 {
+	if len(c.Registry.Endpoints()) == 0 {
 		errs = append(errs, errors.New("--registry-endpoints is required"))
 	}
 	c.RootPassword = getenv("AETHER_REGISTRY_ROOT_PASSWORD")
@@ -76,7 +72,7 @@ func parseAuthConfig(args []string, getenv func(string) string) (authConfig, err
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("--timeout %s: want a positive duration", c.Timeout))
 	}
-	errs = append(errs, registry.CheckTLSFlags(c.CA, c.Cert, c.Key)...)
+	errs = append(errs, c.Registry.CheckTLS()...)
 	return c, errors.Join(errs...)
 }
 
@@ -85,16 +81,16 @@ func parseAuthConfig(args []string, getenv func(string) string) (authConfig, err
 func setupAuth(ctx context.Context, c authConfig) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
-	tlsCfg, err := registry.TLSFiles(c.Cert, c.Key, c.CA)
+	tlsCfg, err := c.Registry.TLS()
 	if err != nil {
 		return err
 	}
 	cli, err := clientv3.New(clientv3.Config{
-		Endpoints: c.Endpoints, TLS: tlsCfg, Username: "root", Password: c.RootPassword,
+		Endpoints: c.Registry.Endpoints(), TLS: tlsCfg, Username: "root", Password: c.RootPassword,
 		DialTimeout: 5 * time.Second, Context: ctx,
 	})
 	if err != nil {
-		return fmt.Errorf("connect to the registry's etcd %v: %w", c.Endpoints, err)
+		return fmt.Errorf("connect to the registry's etcd %v: %w", c.Registry.Endpoints(), err)
 	}
 	defer cli.Close()
 	return registry.SetupAuth(ctx, cli, c.RootPassword, c.Users)

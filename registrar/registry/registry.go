@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -71,25 +70,6 @@ func TLSFiles(certFile, keyFile, caFile string) (*tls.Config, error) {
 		return nil, fmt.Errorf("load etcd client TLS (cert %s, key %s, ca %s): %w", certFile, keyFile, caFile, err)
 	}
 	return c, nil
-}
-
-// CheckTLSFlags checks the registry client TLS flags both binaries take (--registry-ca,
-// --registry-cert, --registry-key): certificate and key go together, and every file given
-// exists. Each error names the flag and its value; nil when all is well.
-func CheckTLSFlags(caFile, certFile, keyFile string) []error {
-	var errs []error
-	if (certFile == "") != (keyFile == "") {
-		errs = append(errs, errors.New("--registry-cert and --registry-key go together"))
-	}
-	for _, f := range []struct{ name, path string }{{"registry-ca", caFile}, {"registry-cert", certFile}, {"registry-key", keyFile}} {
-		if f.path == "" {
-			continue
-		}
-		if _, err := os.Stat(f.path); err != nil {
-			errs = append(errs, fmt.Errorf("--%s %q: %w", f.name, f.path, err))
-		}
-	}
-	return errs
 }
 
 // Registry reads the whole registry and writes under its own origin's prefix. It is safe for

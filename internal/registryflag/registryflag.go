@@ -1,0 +1,85 @@
+// Package registryflag defines the registry client flags aether's binaries share
+// (--registry-endpoints, --registry-ca, --registry-cert, --registry-key, each with its
+// AETHER_REGISTRY_* variable) and checks them, so aether-agent, aether-registrar and
+// `aether-registrar setup-registry-auth` spell, document and check them one way. It owns these
+// four flags only; connecting to the registry is package registry's (registry.TLSFiles).
+package registryflag
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"os"
+
+	"github.com/aethermesh/aether/internal/envflag"
+	"github.com/aethermesh/aether/registrar/registry"
+)
+
+// Default help texts; Usage overrides them per binary.
+const (
+	defaultEndpointsUsage = "comma-separated etcd client URLs of the registry"
+	defaultCertUsage      = "client certificate for the registry"
+)
+
+// Flags are the registry client flags' values after parsing.
+type Flags struct {
+	endpoints string // --registry-endpoints as given; Endpoints splits it
+	// CA is --registry-ca (AETHER_REGISTRY_CA): the PEM bundle that signed etcd's serving
+	// certificate; empty: the system roots (or plaintext when Cert and Key are empty too).
+	CA string
+	// Cert and Key are --registry-cert and --registry-key (AETHER_REGISTRY_CERT, _KEY): the
+	// client certificate and key (PEM files), both or neither.
+	Cert, Key string
+}
+
+// Usage replaces a flag's help text for one binary; an empty field keeps the default.
+type Usage struct {
+	// Endpoints is --registry-endpoints' text (default "comma-separated etcd client URLs of the
+	// registry").
+	Endpoints string
+	// Cert is --registry-cert's text (default "client certificate for the registry").
+	Cert string
+}
+
+// Define defines the four flags on ef, storing their values in f. Each flag's default is its
+// variable's value, else empty (envflag).
+func (f *Flags) Define(ef *envflag.Set, u Usage) {
+	if u.Endpoints == "" {
+		u.Endpoints = defaultEndpointsUsage
+	}
+	if u.Cert == "" {
+		u.Cert = defaultCertUsage
+	}
+	ef.StringVar(&f.endpoints, "registry-endpoints", "AETHER_REGISTRY_ENDPOINTS", "", u.Endpoints)
+	ef.StringVar(&f.CA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
+	ef.StringVar(&f.Cert, "registry-cert", "AETHER_REGISTRY_CERT", "", u.Cert)
+	ef.StringVar(&f.Key, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
+}
+
+// Endpoints returns --registry-endpoints split at commas, trimmed, empty items dropped (nil for
+// none).
+func (f Flags) Endpoints() []string { return envflag.List(f.endpoints) }
+
+// CheckTLS checks the TLS flags: --registry-cert and --registry-key go together, and every file
+// given exists. Each error names the flag and its value; nil when all is well.
+func (f Flags) CheckTLS() []error {
+	var errs []error
+	if (f.Cert == "") != (f.Key == "") {
+		errs = append(errs, errors.New("--registry-cert and --registry-key go together"))
+	}
+	for _, fl := range []struct{ name, path string }{{"registry-ca", f.CA}, {"registry-cert", f.Cert}, {"registry-key", f.Key}} {
+		if fl.path == "" {
+			continue
+		}
+		if _, err := os.Stat(fl.path); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q: %w", fl.name, fl.path, err))
+		}
+	}
+	return errs
+}
+
+// TLS returns the etcd client TLS configuration of the flags (registry.TLSFiles): nil, nil
+// when all three are empty (plaintext), else an error naming the file that could not be used.
+func (f Flags) TLS() (*tls.Config, error) {
+	return registry.TLSFiles(f.Cert, f.Key, f.CA)
+}
