@@ -31,3 +31,6 @@ func NewSupervisor(SupervisorConfig) (*Supervisor, error) {
 
 // Run returns an error: Envoy supervision needs Linux.
 func (*Supervisor) Run(context.Context) error { return errors.New("supervise envoy: Linux only") }
+
+// WaitLive returns an error: Envoy supervision needs Linux.
+func (*Supervisor) WaitLive(context.Context) error { return errors.New("wait for envoy: Linux only") }

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command demo is `make demo`: it starts the local two-cluster substrate with aether (e2e/mesh),
 // deploys a sample (service "hello" in namespace "demo" of cluster beta, exported with an MCS
 // ServiceExport; a client pod in cluster alpha), sends requests from alpha to beta through beta's

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Command substrate starts and stops aether's local two-cluster substrate (e2e/substrate) as
 // root, without Docker:
 //
