@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -159,6 +160,7 @@ func deploy(t *testing.T, p ClusterPair) *world {
 	for i, n := range w.nodesA {
 		mkEcho(w.a, fmt.Sprintf("echo-%d", i+1), "echo", n)
 	}
+	pods[0].pod.Labels["headless"] = "yes" // echo-1 backs the headless Service too
 	for i, n := range w.nodesB {
 		mkEcho(w.b, fmt.Sprintf("remote-%d", i+1), "remote", n)
 	}
@@ -177,8 +179,17 @@ func deploy(t *testing.T, p ClusterPair) *world {
 			return err
 		})
 	}
-	for _, s := range []struct{ c, name, app string }{{w.a, "echo", "echo"}, {w.b, "remote", "remote"}, {w.b, "hidden", "hidden"}} {
-		if _, err := p.Kube(s.c).CoreV1().Services(ns).Create(ctx, echoService(s.name, s.app), metav1.CreateOptions{}); err != nil {
+	// A headless Service of echo-1 only: echo-2's pod IP stays an address no headless Service
+	// names, which plaintext-to-app-port-refused needs (a meshed client's connection to it is
+	// passed through in plaintext).
+	headless := echoService("echo-pods", "echo")
+	headless.Spec.Selector["headless"] = "yes"
+	headless.Spec.ClusterIP = corev1.ClusterIPNone
+	for _, s := range []struct {
+		c   string
+		svc *corev1.Service
+	}{{w.a, echoService("echo", "echo")}, {w.a, headless}, {w.b, echoService("remote", "remote")}, {w.b, echoService("hidden", "hidden")}} {
+		if _, err := p.Kube(s.c).CoreV1().Services(ns).Create(ctx, s.svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -321,6 +332,9 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 			w.wantTCP(t, fmt.Sprintf("%s:%d", w.clusterIP(t, w.a, "echo"), substrate.EchoTCPPort), w.a)
 		})
 	}
+	if all {
+		run("headless-by-mesh-name", func(t *testing.T) { w.headless(t) })
+	}
 	var vip string
 	run("mcs-import-and-dns", func(t *testing.T) { vip = w.mcsImport(t) })
 	run("mcs-clusterset-vip", func(t *testing.T) {
@@ -374,6 +388,37 @@ func (w *world) mcsImport(t *testing.T) string {
 	return vip
 }
 
+// headless: the mesh name of A's headless Service echo-pods resolves to its ready pod's IP (the
+// agent's resolver, as kube-dns answers a headless Service), and a request to that name on the
+// target port reaches a pod over mTLS with the client's identity.
+func (w *world) headless(t *testing.T) {
+	ctx := context.Background()
+	pods, err := w.p.Kube(w.a).CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=echo,headless=yes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, p := range pods.Items {
+		want = append(want, p.Status.PodIP)
+	}
+	slices.Sort(want)
+	name := "echo-pods." + ns + ".mesh"
+	testenv.Eventually(t, 60*time.Second, name+" resolves to its pods "+strings.Join(want, ","), func() error {
+		out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "resolve", name)
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		got := strings.Fields(string(out))
+		slices.Sort(got)
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("resolves to %q", got)
+		}
+		return nil
+	})
+	r := w.wantHTTP(t, fmt.Sprintf("http://%s:%d/", name, substrate.EchoHTTPPort), w.a)
+	t.Logf("headless %s: answered by %s, caller %s", name, r.Server, r.CallerID)
+}
+
 // unexported: B's "hidden" service (not exported) has no import in A, its clusterset name does
 // not resolve, and its mesh name does not reach it.
 func (w *world) unexported(t *testing.T) {
@@ -400,7 +445,7 @@ func (w *world) unexported(t *testing.T) {
 	}
 }
 
-// plaintextRefused: a plaintext connection from the client straight to an echo pod's application
+// plaintextRefused: a plaintext connection from the client straight to echo-2's application
 // port (bypassing the mesh) gets no answer (strict inbound).
 func (w *world) plaintextRefused(t *testing.T) {
 	ctx := context.Background()
