@@ -24,8 +24,8 @@ var (
 //   - shop/cart: local and imported (clusterset VIP), IPv4 only;
 //   - remote/pay: imported only (not local: its mesh name answers the clusterset VIP);
 //   - default/headless: local without VIP and not headless (as an ExternalName Service);
-//   - default/db: headless (clusterIP None), with ready and unready endpoints here and a ready
-//     one in cluster c2.
+//   - default/db: headless (clusterIP None), with ready pods db-0, db-1 and db.x (a pod name with
+//     a dot), an unready db-2 here, and a ready db-3 in cluster c2.
 func testMesh() *model.Mesh {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ips := func(s ...string) []netip.Addr {
@@ -45,10 +45,11 @@ func testMesh() *model.Mesh {
 	}
 	db := model.ServiceKey{Namespace: "default", Name: "db"}
 	eps := map[model.ServiceKey][]model.Endpoint{db: {
-		{Service: db, Cluster: "c1", PodUID: "d1", IPs: ips("10.244.1.7"), Healthy: true},
-		{Service: db, Cluster: "c1", PodUID: "d2", IPs: ips("10.244.1.5", "fd00:244::5"), Healthy: true},
-		{Service: db, Cluster: "c1", PodUID: "d3", IPs: ips("10.244.1.6"), Healthy: false},
-		{Service: db, Cluster: "c2", PodUID: "d4", IPs: ips("10.245.0.8"), Healthy: true},
+		{Service: db, Cluster: "c1", PodUID: "d1", PodName: "db-0", IPs: ips("10.244.1.7"), Healthy: true},
+		{Service: db, Cluster: "c1", PodUID: "d2", PodName: "db-1", IPs: ips("10.244.1.5", "fd00:244::5"), Healthy: true},
+		{Service: db, Cluster: "c1", PodUID: "d3", PodName: "db-2", IPs: ips("10.244.1.6"), Healthy: false},
+		{Service: db, Cluster: "c1", PodUID: "d5", PodName: "db.x", IPs: ips("10.244.1.8"), Healthy: true},
+		{Service: db, Cluster: "c2", PodUID: "d4", PodName: "db-3", IPs: ips("10.245.0.8"), Healthy: true},
 	}}
 	pods := []*model.LocalPod{
 		{UID: "u1", Namespace: "shop", Name: "client", IPs: []netip.Addr{shopPod}},
@@ -122,13 +123,20 @@ func respondCases() []dnsCase {
 		{name: "HTTPS is NODATA with SOA", qname: "web.mesh.", qtype: dns.TypeHTTPS, ns: nx},
 		{name: "service without VIP is NODATA", qname: "headless.default.mesh.", qtype: dns.TypeA, ns: nx},
 		{name: "headless service A: this cluster's ready pods", qname: "db.default.mesh.", qtype: dns.TypeA,
-			answer: []string{rr("db.default.mesh.", "A", "10.244.1.5"), rr("db.default.mesh.", "A", "10.244.1.7")}},
+			answer: []string{rr("db.default.mesh.", "A", "10.244.1.5"), rr("db.default.mesh.", "A", "10.244.1.7"), rr("db.default.mesh.", "A", "10.244.1.8")}},
+		{name: "headless service's pod by name", qname: "db-0.db.default.mesh.", qtype: dns.TypeA,
+			answer: []string{rr("db-0.db.default.mesh.", "A", "10.244.1.7")}},
+		{name: "headless service's dual-stack pod AAAA", qname: "db-1.db.default.mesh.", qtype: dns.TypeAAAA,
+			answer: []string{rr("db-1.db.default.mesh.", "AAAA", "fd00:244::5")}},
+		{name: "headless service's unready pod has no name", qname: "db-2.db.default.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
+		{name: "headless service's pod in another cluster has no name", qname: "db-3.db.default.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
+		{name: "headless service's pod named with a dot has no name", qname: "x.db.default.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
 		{name: "headless service AAAA: pods' IPv6 addresses", qname: "db.default.mesh.", qtype: dns.TypeAAAA,
 			answer: []string{rr("db.default.mesh.", "AAAA", "fd00:244::5")}},
 		{name: "headless short name", qname: "db.mesh.", qtype: dns.TypeA,
-			answer: []string{rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7")}},
+			answer: []string{rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7"), rr("db.mesh.", "A", "10.244.1.8")}},
 		{name: "search expansion of a headless name", qname: "db.mesh.default.svc.cluster.local.", qtype: dns.TypeA, src: defaultPod,
-			answer: []string{rr("db.mesh.default.svc.cluster.local.", "CNAME", "db.mesh."), rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7")}},
+			answer: []string{rr("db.mesh.default.svc.cluster.local.", "CNAME", "db.mesh."), rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7"), rr("db.mesh.", "A", "10.244.1.8")}},
 		{name: "imported-only service answers its clusterset VIP", qname: "pay.remote.mesh.", qtype: dns.TypeA,
 			answer: []string{rr("pay.remote.mesh.", "A", "10.97.0.40")}},
 		{name: "imported-only service has no short name", qname: "pay.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
@@ -357,5 +365,25 @@ func TestNewIndexRejectsBadNames(t *testing.T) {
 	_, err := NewIndex(m, IndexOptions{})
 	if err == nil || !strings.Contains(err.Error(), "ns/a b") {
 		t.Errorf("NewIndex(service \"a b\") error = %v, want one naming the service", err)
+	}
+}
+
+// TestNewIndexSkipsPodNamesTooLong: a headless Service's per-pod name that would pass 253 bytes
+// is left out; the index still builds and the Service's own name answers.
+func TestNewIndexSkipsPodNamesTooLong(t *testing.T) {
+	l40 := strings.Repeat("a", 40)
+	domain := strings.Join([]string{l40, l40, l40, l40}, ".") // 163 bytes
+	k := model.ServiceKey{Namespace: strings.Repeat("n", 40), Name: strings.Repeat("s", 40)}
+	ip := netip.MustParseAddr("10.244.0.9")
+	m := model.New(1, "c1", domain, "", model.Node{}, []*model.Service{{Key: k, Local: true, Headless: true}},
+		map[model.ServiceKey][]model.Endpoint{k: {{Service: k, Cluster: "c1", PodName: strings.Repeat("p", 40), IPs: []netip.Addr{ip}, Healthy: true}}}, nil)
+	idx, err := NewIndex(m, IndexOptions{})
+	if err != nil {
+		t.Fatalf("NewIndex: %v", err)
+	}
+	svc := dns.CanonicalName(m.FQDN(k))
+	runCase(t, idx, dnsCase{name: "service", qname: svc, qtype: dns.TypeA, answer: []string{rr(svc, "A", "10.244.0.9")}})
+	if n := idx.names[strings.Repeat("p", 40)+"."+svc]; n != nil {
+		t.Errorf("per-pod name of %d bytes is in the index", len(strings.Repeat("p", 40)+"."+svc))
 	}
 }

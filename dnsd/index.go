@@ -145,6 +145,20 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 			if err := add(m.FQDN(s.Key), &idx.mesh, vips); err != nil {
 				return nil, fmt.Errorf("service %s: %w", s.Key, err)
 			}
+			if s.Local && s.Headless {
+				// <pod>.<svc>.<ns>.<meshDomain>: each ready pod's own addresses, as kube-dns's
+				// <hostname>.<svc>.<ns>.svc.<zone> for a StatefulSet's pods. A pod name that is
+				// not one DNS label (it may hold dots), or that makes the name too long, gets none.
+				for _, e := range readyHere(m, s.Key) {
+					name := e.PodName + "." + m.FQDN(s.Key)
+					if strings.Contains(e.PodName, ".") || !validName(dns.CanonicalName(name)) {
+						continue
+					}
+					if err := add(name, &idx.mesh, unmapped(e.IPs)); err != nil {
+						return nil, fmt.Errorf("service %s: %w", s.Key, err)
+					}
+				}
+			}
 			if short := m.ShortName(s.Key); short != "" {
 				if err := add(short, &idx.mesh, vips); err != nil {
 					return nil, fmt.Errorf("service %s: %w", s.Key, err)
@@ -166,21 +180,36 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 }
 
 // headlessAddrs returns the addresses a headless Service's mesh name answers: the IPs of its
-// ready (Healthy) endpoints in this cluster, sorted, each once. This is what kube-dns answers
-// for a headless Service (Kubernetes DNS specification 2.4.1, ready endpoints only); endpoints
-// in other clusters are left out, as their pod IPs need not be routable from here.
+// ready endpoints in this cluster (readyHere), sorted, each once. This is what kube-dns answers
+// for a headless Service (Kubernetes DNS specification 2.4.1, ready endpoints only).
 func headlessAddrs(m *model.Mesh, k model.ServiceKey) []netip.Addr {
 	var out []netip.Addr
-	for _, e := range m.Endpoints[k] {
-		if e.Cluster != m.Cluster || !e.Healthy {
-			continue
-		}
-		for _, ip := range e.IPs {
-			out = append(out, ip.Unmap())
-		}
+	for _, e := range readyHere(m, k) {
+		out = append(out, unmapped(e.IPs)...)
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
+}
+
+// readyHere returns the ready (Healthy) endpoints of service k in this cluster; endpoints in other
+// clusters are left out, as their pod IPs need not be routable from here.
+func readyHere(m *model.Mesh, k model.ServiceKey) []model.Endpoint {
+	var out []model.Endpoint
+	for _, e := range m.Endpoints[k] {
+		if e.Cluster == m.Cluster && e.Healthy {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// unmapped returns ips with IPv4-mapped IPv6 addresses as IPv4.
+func unmapped(ips []netip.Addr) []netip.Addr {
+	out := make([]netip.Addr, len(ips))
+	for i, ip := range ips {
+		out[i] = ip.Unmap()
+	}
+	return out
 }
 
 // validName reports whether lower-case FQDN is made of host-name labels (RFC 1123 section 2.1:

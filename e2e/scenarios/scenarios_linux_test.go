@@ -389,8 +389,9 @@ func (w *world) mcsImport(t *testing.T) string {
 }
 
 // headless: the mesh name of A's headless Service echo-pods resolves to its ready pod's IP (the
-// agent's resolver, as kube-dns answers a headless Service), and a request to that name on the
-// target port reaches a pod over mTLS with the client's identity.
+// agent's resolver, as kube-dns answers a headless Service), a request to that name on the
+// target port reaches the pod over mTLS with the client's identity, and <pod>.echo-pods.shop.mesh
+// resolves to the pod's IP.
 func (w *world) headless(t *testing.T) {
 	ctx := context.Background()
 	pods, err := w.p.Kube(w.a).CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=echo,headless=yes"})
@@ -417,6 +418,12 @@ func (w *world) headless(t *testing.T) {
 	})
 	r := w.wantHTTP(t, fmt.Sprintf("http://%s:%d/", name, substrate.EchoHTTPPort), w.a)
 	t.Logf("headless %s: answered by %s, caller %s", name, r.Server, r.CallerID)
+	// The pod's own name under the Service, as a StatefulSet's clients use it.
+	podName := pods.Items[0].Name + "." + name
+	out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "resolve", podName)
+	if err != nil || strings.TrimSpace(string(out)) != pods.Items[0].Status.PodIP {
+		t.Errorf("%s resolves to %q (%v), want %s", podName, out, err, pods.Items[0].Status.PodIP)
+	}
 }
 
 // unexported: B's "hidden" service (not exported) has no import in A, its clusterset name does
