@@ -85,7 +85,9 @@ type Dataplane interface {
 	// PodAdded programs the pod's listeners and returns once Envoy has ACKed a snapshot holding
 	// them, or an error when ctx ends first.
 	PodAdded(ctx context.Context, pod model.LocalPod) error
-	// PodRemoved removes the pod's listeners; idempotent.
+	// PodRemoved removes the pod's listeners; idempotent. It does nothing when the pod is
+	// served with another container than pod.ContainerID (a newer sandbox of the same pod: the
+	// stale attachment's release must not take the live one's listeners).
 	PodRemoved(ctx context.Context, pod model.LocalPod) error
 }
 
