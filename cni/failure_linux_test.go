@@ -389,3 +389,41 @@ func TestPrivilegedInstalledConflistRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPrivilegedCNIRepairAnnouncesNewestSandbox: a pod whose sandbox was recreated while the
+// old one's DEL never reached the agent has two captured records of one pod UID, both netns
+// still present (the old one leaked). The dataplane serves one attachment per pod UID, so the
+// restarted agent's repair announces only the newest; before, it announced both in file-name
+// order, and the stale one, announced last, took the live pod's listeners into the leaked netns.
+func TestPrivilegedCNIRepairAnnouncesNewestSandbox(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	add := func(ns *testenv.Netns, cid, ip string) {
+		t.Helper()
+		if _, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: cid, PodUID: "uid-web", Namespace: "mesh", Name: "web", NetnsPath: ns.Path, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr(ip)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldNS, newNS := testenv.NewNetns(t), testenv.NewNetns(t)
+	first := startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	// The old sandbox's container ID sorts after the new one's, so file order announces it last.
+	add(oldNS, "ctr-z-old", "10.244.33.2")
+	add(newNS, "ctr-a-new", "10.244.33.3")
+	first.stop()
+
+	dp := &recordingDataplane{}
+	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	dp.mu.Lock()
+	events := slices.Clone(dp.events)
+	dp.mu.Unlock()
+	if want := []string{"start ctr-a-new", "end ctr-a-new"}; !slices.Equal(events, want) {
+		t.Fatalf("repair announced %q, want %q (only the pod's newest sandbox)", events, want)
+	}
+	// The stale record is kept (its netns exists) and its rules repaired; DEL or GC removes it.
+	if !tableIn(t, oldNS) || !tableIn(t, newNS) {
+		t.Fatal("capture rules missing after repair")
+	}
+}

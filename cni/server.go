@@ -512,7 +512,8 @@ func (s *Server) GC(ctx context.Context, req Request) error {
 
 // Repair reconciles every persisted attachment: a record whose netns is gone is released; a
 // captured pod's rules are re-applied where they drifted and the pod is announced to the
-// dataplane (PodAdded, so a restarted agent serves Envoy every pod again). With NodePods set,
+// dataplane (PodAdded, so a restarted agent serves Envoy every pod again; of several records of
+// one pod UID, only the newest is announced). With NodePods set,
 // meshed pods on the node that have no attachment are reported and evicted. It returns the
 // joined errors of the pods it could not repair. Serve runs it at start; the periodic repairs
 // (RepairInterval) do the same without announcing pods the dataplane already has.
@@ -526,9 +527,12 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		errs = append(errs, err)
 	}
 	attached := map[string]bool{}
+	newest := newestByPod(recs)
 	for _, r := range recs {
 		attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
-		if err := s.repairOne(ctx, r, announce); err != nil {
+		// The dataplane serves one attachment per pod UID: announcing an older sandbox's record
+		// after the newer one would move the live pod's listeners into the old netns.
+		if err := s.repairOne(ctx, r, announce && newest[r.Attachment.PodUID] == r); err != nil {
 			errs = append(errs, fmt.Errorf("repair %s/%s: %w", r.Attachment.Namespace, r.Attachment.Name, err))
 		}
 	}
@@ -552,6 +556,22 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// newestByPod returns, per pod UID, its captured record added last (ties: the greater key). A
+// pod has several when its sandbox was recreated and the old one's DEL never arrived.
+func newestByPod(recs []*Record) map[string]*Record {
+	out := map[string]*Record{}
+	for _, r := range recs {
+		if !r.Captured {
+			continue
+		}
+		cur := out[r.Attachment.PodUID]
+		if cur == nil || r.Added.After(cur.Added) || r.Added.Equal(cur.Added) && r.Key() > cur.Key() {
+			out[r.Attachment.PodUID] = r
+		}
+	}
+	return out
 }
 
 func (s *Server) repairOne(ctx context.Context, r *Record, announce bool) error {
