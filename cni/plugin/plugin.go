@@ -204,16 +204,24 @@ func (p *Plugin) cmdCheck(args *skel.CmdArgs) error {
 }
 
 // cmdGC is GC (CNI spec 1.1, section "GC"): the agent drops every attachment of this network
-// not listed in cni.dev/valid-attachments.
+// not listed in cni.dev/valid-attachments (or its first spelling, cni.dev/attachments). The spec
+// requires the list; a GC without it is refused (ErrInvalidNetworkConfig naming the key), since
+// reading "no list" as "nothing is valid" would strip capture from every pod of the network on
+// the node. An explicit empty list (or null) is honoured: the runtime has no attachment left.
 func (p *Plugin) cmdGC(args *skel.CmdArgs) error {
 	conf, err := parseConfig(args.StdinData, false)
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
 	}
-	_, done := p.logger(conf, args, "GC")
+	log, done := p.logger(conf, args, "GC")
 	defer done()
+	if !conf.validSet {
+		msg := "parse config: cni.dev/valid-attachments: missing; GC needs the runtime's list of still valid attachments (CNI spec 1.1, GC)"
+		log.Error("GC refused", "err", msg)
+		return types.NewError(types.ErrInvalidNetworkConfig, msg, "")
+	}
 	req := Request{Network: conf.Name, ValidAttachments: []Attachment{}}
-	for _, a := range conf.ValidAttachments {
+	for _, a := range conf.valid {
 		req.ValidAttachments = append(req.ValidAttachments, Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)
