@@ -427,3 +427,49 @@ func TestPrivilegedCNIRepairAnnouncesNewestSandbox(t *testing.T) {
 		t.Fatal("capture rules missing after repair")
 	}
 }
+
+// TestPrivilegedCNIHeldAddDoesNotBlockOtherPods: while one pod's ADD waits for the dataplane
+// (Envoy has not ACKed its listeners; the server waits up to DataplaneTimeout, then undoes for
+// as long again), an ADD of another pod is served. Before, attachments shared 64 lock shards by
+// hash, and "ctr-other-2" shares "ctr-held"'s shard: its ADD waited behind the held one until
+// the kubelet's timeout failed it.
+func TestPrivilegedCNIHeldAddDoesNotBlockOtherPods(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release()
+	dp := &recordingDataplane{hold: map[string]chan struct{}{"ctr-held": gate}}
+	a := startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, dp)
+	add := func(ctx context.Context, ns *testenv.Netns, cid, ip string) error {
+		_, err := NewClient(sock).Add(ctx, Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: cid, Namespace: "mesh", Name: cid, NetnsPath: ns.Path, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr(ip)}}})
+		return err
+	}
+	held := make(chan error, 1)
+	go func() { held <- add(context.Background(), testenv.NewNetns(t), "ctr-held", "10.244.34.2") }()
+	testenv.Eventually(t, 30*time.Second, "the held ADD reaches the dataplane", func() error {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		if !slices.Contains(dp.events, "start ctr-held") {
+			return fmt.Errorf("dataplane events %q", dp.events)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := add(ctx, testenv.NewNetns(t), "ctr-other-2", "10.244.34.3"); err != nil {
+		t.Fatalf("ADD of another pod while ctr-held's ADD waits for the dataplane: %v", err)
+	}
+	release()
+	if err := <-held; err != nil {
+		t.Fatalf("held ADD: %v", err)
+	}
+	// Locks live only while requested: nothing is left once no request is in flight.
+	a.srv.locks.mu.Lock()
+	defer a.srv.locks.mu.Unlock()
+	if n := len(a.srv.locks.m); n != 0 {
+		t.Fatalf("%d attachment locks left with no request in flight", n)
+	}
+}

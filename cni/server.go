@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
@@ -131,7 +130,7 @@ type Server struct {
 
 	once  sync.Once
 	store Store
-	locks [64]sync.Mutex
+	locks keyedLocks
 	ready atomic.Bool
 	// repaired, set by Serve, is closed when the first repair has finished; ADDs served
 	// before then wait for it.
@@ -286,12 +285,44 @@ func writeError(w http.ResponseWriter, err error) {
 	_ = json.NewEncoder(w).Encode(e)
 }
 
-func (s *Server) lock(key string) func() {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	m := &s.locks[h.Sum32()%uint32(len(s.locks))]
-	m.Lock()
-	return m.Unlock
+// lock takes the attachment's own lock and returns its release. Attachments never share a lock:
+// one pod's ADD waiting (up to DataplaneTimeout, and as long again to undo) must not hold up
+// another pod's ADD, DEL or CHECK.
+func (s *Server) lock(key string) func() { return s.locks.lock(key) }
+
+// keyedLocks is one mutex per key, kept only while someone holds or waits for it, so the map
+// holds at most the attachments with a request in flight.
+type keyedLocks struct {
+	mu sync.Mutex
+	m  map[string]*keyedLock
+}
+
+type keyedLock struct {
+	mu   sync.Mutex
+	refs int // holders and waiters; guarded by keyedLocks.mu
+}
+
+func (k *keyedLocks) lock(key string) func() {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyedLock{}
+	}
+	l := k.m[key]
+	if l == nil {
+		l = &keyedLock{}
+		k.m[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 func validateRequest(r Request, needNetns bool) error {
