@@ -473,3 +473,21 @@ func TestPrivilegedCNIHeldAddDoesNotBlockOtherPods(t *testing.T) {
 		t.Fatalf("%d attachment locks left with no request in flight", n)
 	}
 }
+
+// TestPrivilegedCNISocketSurvivesOldAgentShutdown: during a DaemonSet update with maxSurge (or
+// any overlap of two agents on a node) the new agent takes over the CNI socket path; the old
+// one, stopping afterwards, must not remove the new one's socket. Before, its shutdown removed
+// the path (os.Remove, and Go's unlink-on-close), so every later ADD on the node failed with
+// "agent unavailable" and STATUS said not ready until the new agent restarted.
+func TestPrivilegedCNISocketSurvivesOldAgentShutdown(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	old := startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	old.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := NewClient(sock).Status(ctx); err != nil {
+		t.Fatalf("STATUS of the new agent after the old one stopped: %v", err)
+	}
+}

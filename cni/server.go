@@ -163,8 +163,10 @@ func (s *Server) setDefaults() {
 // until ctx ends. The socket answers from the start, but until the first repair has finished
 // STATUS answers not ready and an ADD waits for it (bounded by the request; then "try again
 // later"), so no pod is added to a node whose earlier pods are not yet repaired; DEL, CHECK and
-// GC are served meanwhile (per-attachment locks keep them apart from the repair). It returns the
-// listen error, or nil after ctx ends.
+// GC are served meanwhile (per-attachment locks keep them apart from the repair). It replaces a
+// socket file left at the path (a crashed agent's, or a running one's it takes over) and at
+// shutdown removes the file only if it is still its own. It returns the listen error, or nil
+// after ctx ends.
 func (s *Server) Serve(ctx context.Context) error {
 	s.defaults()
 	switch {
@@ -189,6 +191,20 @@ func (s *Server) Serve(ctx context.Context) error {
 		l.Close()
 		return fmt.Errorf("serve CNI: %w", err)
 	}
+	// The socket file is removed at shutdown only while it is still ours: when a second agent
+	// on the node (a DaemonSet update with maxSurge) has taken the path over, removing it would
+	// cut the node's CNI off from the running agent. Go's own unlink on close goes by path too.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	ours, err := os.Stat(s.Config.Socket)
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("serve CNI: %w", err)
+	}
+	removeIfOurs := func() {
+		if cur, err := os.Stat(s.Config.Socket); err == nil && os.SameFile(cur, ours) {
+			_ = os.Remove(s.Config.Socket)
+		}
+	}
 	s.repaired = make(chan struct{})
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
@@ -212,9 +228,10 @@ func (s *Server) Serve(ctx context.Context) error {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = hs.Shutdown(sctx)
-			_ = os.Remove(s.Config.Socket)
+			removeIfOurs()
 			return nil
 		case err := <-errc:
+			removeIfOurs()
 			return fmt.Errorf("serve CNI: %w", err)
 		case <-tick:
 			if err := s.repair(ctx, false); err != nil {
