@@ -4,7 +4,9 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"net"
 	"net/netip"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -73,4 +75,38 @@ func TestPodDataplaneStaleAttachmentRemoval(t *testing.T) {
 	if p := asm.Current().Pod("u1"); p != nil {
 		t.Fatalf("pod still in the model after its live attachment was removed: %+v", p)
 	}
+}
+
+// TestListenUnixSurvivesOldListenerClose: the agent's xDS socket. When a second agent on the node
+// (a DaemonSet update with maxSurge) has taken the path over, the old agent closing its listener
+// must not remove the new one's socket file; before, Go's unlink on close removed it by path, and
+// Envoy, which outlives agents, could not reconnect to the new agent's xDS.
+func TestListenUnixSurvivesOldListenerClose(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "xds.sock")
+	old, err := listenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur, err := listenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cur.Close()
+	go func() {
+		for {
+			c, err := cur.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("dial the new listener after the old one closed: %v", err)
+	}
+	c.Close()
 }
