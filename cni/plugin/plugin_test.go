@@ -172,3 +172,26 @@ func TestPluginGCWithoutValidAttachments(t *testing.T) {
 		}
 	}
 }
+
+// TestPluginDelWithoutPodIdentity: CNI_ARGS is optional on DEL (CNI spec 1.1), and the agent
+// releases an attachment by container ID and interface alone, so a DEL without the pod's
+// identity still reaches it. Before, the plugin returned at once, leaving the pod's capture
+// rules, Envoy listeners and record behind until a repair found its netns gone (never, for a
+// netns the runtime keeps). A failure of such a DEL is logged, not returned (the attachment may
+// never have been ours).
+func TestPluginDelWithoutPodIdentity(t *testing.T) {
+	agent := &fakeAgent{}
+	p := &Plugin{Stderr: &bytes.Buffer{}, NewAgent: func(string) Agent { return agent }}
+	args, _ := newArgs(t, "mesh", "")
+	args.Args = ""
+	if err := p.cmdDel(args); err != nil {
+		t.Fatal(err)
+	}
+	if len(agent.reqs) != 1 || agent.reqs[0].Attachment.ContainerID != "c1" || agent.reqs[0].Attachment.Interface != "eth0" {
+		t.Fatalf("DEL without CNI_ARGS sent %+v, want one request for c1/eth0", agent.reqs)
+	}
+	agent.err = types.NewError(types.ErrInternal, "boom", "")
+	if err := p.cmdDel(args); err != nil {
+		t.Fatalf("DEL without CNI_ARGS, agent failing = %v, want success", err)
+	}
+}
