@@ -491,3 +491,68 @@ func TestPrivilegedCNISocketSurvivesOldAgentShutdown(t *testing.T) {
 		t.Fatalf("STATUS of the new agent after the old one stopped: %v", err)
 	}
 }
+
+// TestPrivilegedCNIGCKeepsAttachmentAddedMeanwhile: a GC that arrives while an ADD is in flight
+// (its record saved, Envoy not yet ACKed) cannot have that attachment in its list of valid ones;
+// once the ADD succeeds, the GC must leave it alone. Before, GC listed the record, waited for
+// the ADD's lock and then released it: the runtime saw the ADD succeed and the pod ran without
+// capture rules or listeners.
+func TestPrivilegedCNIGCKeepsAttachmentAddedMeanwhile(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release()
+	dp := &recordingDataplane{hold: map[string]chan struct{}{"ctr-new": gate}}
+	a := startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	pod := testenv.NewNetns(t)
+	added := make(chan error, 1)
+	go func() {
+		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: "ctr-new", Namespace: "mesh", Name: "new", NetnsPath: pod.Path, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.35.2")}}})
+		added <- err
+	}()
+	waiters := func() int {
+		a.srv.locks.mu.Lock()
+		defer a.srv.locks.mu.Unlock()
+		if l := a.srv.locks.m["ctr-new_eth0"]; l != nil {
+			return l.refs
+		}
+		return 0
+	}
+	testenv.Eventually(t, 30*time.Second, "the ADD holds its attachment", func() error {
+		if waiters() != 1 || len(records(t, state)) != 1 {
+			return fmt.Errorf("lock refs %d, records %d", waiters(), len(records(t, state)))
+		}
+		return nil
+	})
+	gcDone := make(chan error, 1)
+	go func() {
+		gcDone <- NewClient(sock).GC(context.Background(), Request{Network: "aethertest", ValidAttachments: []Attachment{}})
+	}()
+	testenv.Eventually(t, 30*time.Second, "the GC waits for the ADD's lock", func() error {
+		if waiters() != 2 {
+			return fmt.Errorf("lock refs %d", waiters())
+		}
+		return nil
+	})
+	release()
+	if err := <-added; err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if err := <-gcDone; err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if recs := records(t, state); len(recs) != 1 || !tableIn(t, pod) || dp.liveCount() != 1 {
+		t.Fatalf("after the GC: %d records, rules %v, %d pods in the dataplane; want the ADDed pod kept", len(recs), tableIn(t, pod), dp.liveCount())
+	}
+	// A later GC without it releases it.
+	if err := NewClient(sock).GC(context.Background(), Request{Network: "aethertest", ValidAttachments: []Attachment{}}); err != nil {
+		t.Fatal(err)
+	}
+	if recs := records(t, state); len(recs) != 0 || tableIn(t, pod) {
+		t.Fatalf("after a later GC: %d records, rules %v; want none", len(recs), tableIn(t, pod))
+	}
+}

@@ -131,7 +131,11 @@ type Server struct {
 	once  sync.Once
 	store Store
 	locks keyedLocks
-	ready atomic.Bool
+	// addedAt holds, per attachment key, when its last ADD succeeded (in this process); GC
+	// leaves alone an attachment added after the GC began. Entries go with the attachment.
+	addedMu sync.Mutex
+	addedAt map[string]time.Time
+	ready   atomic.Bool
 	// repaired, set by Serve, is closed when the first repair has finished; ADDs served
 	// before then wait for it.
 	repaired chan struct{}
@@ -459,8 +463,31 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 		log.Error("dataplane did not accept the pod; undone", "err", err)
 		return Response{}, types.NewError(types.ErrTryAgainLater, "program pod listeners", err.Error())
 	}
+	s.setAddedAt(a.ContainerID, a.Interface, time.Now())
 	log.Info("pod captured")
 	return Response{Captured: true}, nil
+}
+
+// setAddedAt records (t set) or forgets (t zero) when the attachment's last ADD succeeded.
+func (s *Server) setAddedAt(containerID, ifname string, t time.Time) {
+	s.addedMu.Lock()
+	defer s.addedMu.Unlock()
+	k := attachmentKey(containerID, ifname)
+	if t.IsZero() {
+		delete(s.addedAt, k)
+		return
+	}
+	if s.addedAt == nil {
+		s.addedAt = map[string]time.Time{}
+	}
+	s.addedAt[k] = t
+}
+
+// addedSince reports whether the attachment's last ADD succeeded after t.
+func (s *Server) addedSince(key string, t time.Time) bool {
+	s.addedMu.Lock()
+	defer s.addedMu.Unlock()
+	return s.addedAt[key].After(t)
 }
 
 // Del handles CNI DEL: it removes the capture rules (if the netns still exists), the pod's
@@ -501,6 +528,7 @@ func (s *Server) release(ctx context.Context, a model.PodAttachment) error {
 	if err := s.store.Delete(a.ContainerID, a.Interface); err != nil {
 		return types.NewError(types.ErrIOFailure, "delete attachment", err.Error())
 	}
+	s.setAddedAt(a.ContainerID, a.Interface, time.Time{})
 	return nil
 }
 
@@ -533,9 +561,12 @@ func (s *Server) Check(_ context.Context, req Request) error {
 }
 
 // GC handles CNI GC: every recorded attachment of req.Network not in req.ValidAttachments is
-// released.
+// released, except one whose ADD succeeded after the GC began (an ADD in flight while the
+// runtime built its list of valid attachments cannot be on it; releasing it would leave a pod
+// that its runtime saw added running uncaptured).
 func (s *Server) GC(ctx context.Context, req Request) error {
 	s.defaults()
+	start := time.Now()
 	recs, err := s.store.List()
 	if err != nil {
 		s.Log.Warn("gc: some attachments unreadable", "err", err)
@@ -546,6 +577,11 @@ func (s *Server) GC(ctx context.Context, req Request) error {
 			continue
 		}
 		unlock := s.lock(r.Key())
+		if s.addedSince(r.Key(), start) {
+			unlock()
+			s.Log.Info("gc: attachment added while the GC ran: kept", "containerID", r.Attachment.ContainerID)
+			continue
+		}
 		if err := s.release(ctx, r.Attachment); err != nil {
 			errs = append(errs, err)
 		}
