@@ -556,3 +556,52 @@ func TestPrivilegedCNIGCKeepsAttachmentAddedMeanwhile(t *testing.T) {
 		t.Fatalf("after a later GC: %d records, rules %v; want none", len(recs), tableIn(t, pod))
 	}
 }
+
+// TestPrivilegedCNISecondInterfaceRefused: aether-cni put into a second network's conflist too
+// (Multus), so one container is ADDed twice, eth0 then net1. The dataplane serves one attachment
+// per pod and the capture rules are one table per netns, so the second ADD would rebuild both
+// for net1's addresses and take the pod's mesh traffic off eth0. It is refused with an error
+// naming the interfaces, and eth0's capture is untouched. Before, it succeeded and replaced it.
+func TestPrivilegedCNISecondInterfaceRefused(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	dp := &recordingDataplane{}
+	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	pod := testenv.NewNetns(t)
+	add := func(ifname, ip string) error {
+		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: "ctr-multi", PodUID: "uid-multi", Namespace: "mesh", Name: "multi", NetnsPath: pod.Path, Interface: ifname,
+			IPs: []netip.Addr{netip.MustParseAddr(ip)}}})
+		return err
+	}
+	if err := add("eth0", "10.244.36.2"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := pod.Command("nft", "list", "table", "inet", capture.TableName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v %s", err, before)
+	}
+	err = add("net1", "192.168.36.2")
+	if err == nil || !strings.Contains(err.Error(), "net1") || !strings.Contains(err.Error(), "eth0") {
+		t.Fatalf("second ADD of one container on net1 = %v, want an error naming net1 and eth0", err)
+	}
+	after, err := pod.Command("nft", "list", "table", "inet", capture.TableName).CombinedOutput()
+	if err != nil || string(after) != string(before) {
+		t.Fatalf("eth0's capture rules changed by the refused ADD (%v):\nbefore %s\nafter %s", err, before, after)
+	}
+	dp.mu.Lock()
+	live := dp.live["ctr-multi"]
+	dp.mu.Unlock()
+	if recs := records(t, state); len(recs) != 1 || recs[0].Attachment.Interface != "eth0" || len(live.IPs) != 1 || live.IPs[0].String() != "10.244.36.2" {
+		t.Fatalf("after the refused ADD: records %d, dataplane pod %+v; want eth0's only", len(recs), live)
+	}
+	// DEL of the refused attachment (the runtime cleans up a failed ADD) leaves eth0's alone.
+	if err := NewClient(sock).Del(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+		ContainerID: "ctr-multi", NetnsPath: pod.Path, Interface: "net1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if recs := records(t, state); len(recs) != 1 || !tableIn(t, pod) || dp.liveCount() != 1 {
+		t.Fatalf("DEL of net1 touched eth0's attachment: records %d, rules %v, dataplane %d", len(recs), tableIn(t, pod), dp.liveCount())
+	}
+}

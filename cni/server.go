@@ -425,6 +425,17 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 		log.Info("pod not meshed: left alone", "reason", reason)
 		return Response{Captured: false, Reason: reason}, nil
 	}
+	// One captured attachment per container: the dataplane serves one per pod and capture is
+	// one rule table per netns, so a second interface's ADD (aether-cni in a second network's
+	// conflist too) would rebuild both for its addresses and take the pod's mesh traffic off
+	// the first.
+	if other, err := s.capturedSibling(a.ContainerID, a.Interface); err != nil {
+		return Response{}, types.NewError(types.ErrIOFailure, "load attachments", err.Error())
+	} else if other != "" {
+		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(
+			"validate request: interface %q: container %s is already captured through interface %q; %s captures one interface per pod (is it in a second network's conflist?)",
+			a.Interface, a.ContainerID, other, PluginName), "")
+	}
 	rec.Captured = true
 	rs, err := s.rules(rec)
 	if err != nil {
@@ -466,6 +477,27 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 	s.setAddedAt(a.ContainerID, a.Interface, time.Now())
 	log.Info("pod captured")
 	return Response{Captured: true}, nil
+}
+
+// capturedSibling returns the interface of another captured attachment of containerID than
+// ifname, or "".
+func (s *Server) capturedSibling(containerID, ifname string) (string, error) {
+	recs, err := s.store.ForContainer(containerID)
+	for _, r := range recs {
+		if r.Captured && r.Attachment.Interface != ifname {
+			return r.Attachment.Interface, nil
+		}
+	}
+	return "", err
+}
+
+// netnsCapturedByOther reports whether a captured attachment other than key has its rules in
+// netnsPath (unreadable records are skipped: List reports them).
+func (s *Server) netnsCapturedByOther(netnsPath, key string) bool {
+	recs, _ := s.store.List()
+	return slices.ContainsFunc(recs, func(r *Record) bool {
+		return r.Captured && r.Key() != key && r.Attachment.NetnsPath == netnsPath
+	})
 }
 
 // setAddedAt records (t set) or forgets (t zero) when the attachment's last ADD succeeded.
@@ -511,6 +543,12 @@ func (s *Server) release(ctx context.Context, a model.PodAttachment) error {
 	netnsPath := a.NetnsPath
 	if rec != nil && netnsPath == "" {
 		netnsPath = rec.Attachment.NetnsPath
+	}
+	// An attachment without a record (its ADD failed or was refused) tears down the netns's
+	// rules only when no other captured attachment owns them: the runtime's DEL of a refused
+	// second interface must not uncapture the first.
+	if netnsPath != "" && rec == nil && s.netnsCapturedByOther(netnsPath, attachmentKey(a.ContainerID, a.Interface)) {
+		netnsPath = ""
 	}
 	if netnsPath != "" {
 		if err := s.Backend.Teardown(netnsPath); err != nil {
