@@ -389,3 +389,219 @@ func TestPrivilegedInstalledConflistRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestPrivilegedCNIRepairAnnouncesNewestSandbox: a pod whose sandbox was recreated while the
+// old one's DEL never reached the agent has two captured records of one pod UID, both netns
+// still present (the old one leaked). The dataplane serves one attachment per pod UID, so the
+// restarted agent's repair announces only the newest; before, it announced both in file-name
+// order, and the stale one, announced last, took the live pod's listeners into the leaked netns.
+func TestPrivilegedCNIRepairAnnouncesNewestSandbox(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	add := func(ns *testenv.Netns, cid, ip string) {
+		t.Helper()
+		if _, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: cid, PodUID: "uid-web", Namespace: "mesh", Name: "web", NetnsPath: ns.Path, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr(ip)}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	oldNS, newNS := testenv.NewNetns(t), testenv.NewNetns(t)
+	first := startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	// The old sandbox's container ID sorts after the new one's, so file order announces it last.
+	add(oldNS, "ctr-z-old", "10.244.33.2")
+	add(newNS, "ctr-a-new", "10.244.33.3")
+	first.stop()
+
+	dp := &recordingDataplane{}
+	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	dp.mu.Lock()
+	events := slices.Clone(dp.events)
+	dp.mu.Unlock()
+	if want := []string{"start ctr-a-new", "end ctr-a-new"}; !slices.Equal(events, want) {
+		t.Fatalf("repair announced %q, want %q (only the pod's newest sandbox)", events, want)
+	}
+	// The stale record is kept (its netns exists) and its rules repaired; DEL or GC removes it.
+	if !tableIn(t, oldNS) || !tableIn(t, newNS) {
+		t.Fatal("capture rules missing after repair")
+	}
+}
+
+// TestPrivilegedCNIHeldAddDoesNotBlockOtherPods: while one pod's ADD waits for the dataplane
+// (Envoy has not ACKed its listeners; the server waits up to DataplaneTimeout, then undoes for
+// as long again), an ADD of another pod is served. Before, attachments shared 64 lock shards by
+// hash, and "ctr-other-2" shares "ctr-held"'s shard: its ADD waited behind the held one until
+// the kubelet's timeout failed it.
+func TestPrivilegedCNIHeldAddDoesNotBlockOtherPods(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release()
+	dp := &recordingDataplane{hold: map[string]chan struct{}{"ctr-held": gate}}
+	a := startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, dp)
+	add := func(ctx context.Context, ns *testenv.Netns, cid, ip string) error {
+		_, err := NewClient(sock).Add(ctx, Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: cid, Namespace: "mesh", Name: cid, NetnsPath: ns.Path, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr(ip)}}})
+		return err
+	}
+	held := make(chan error, 1)
+	go func() { held <- add(context.Background(), testenv.NewNetns(t), "ctr-held", "10.244.34.2") }()
+	testenv.Eventually(t, 30*time.Second, "the held ADD reaches the dataplane", func() error {
+		dp.mu.Lock()
+		defer dp.mu.Unlock()
+		if !slices.Contains(dp.events, "start ctr-held") {
+			return fmt.Errorf("dataplane events %q", dp.events)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := add(ctx, testenv.NewNetns(t), "ctr-other-2", "10.244.34.3"); err != nil {
+		t.Fatalf("ADD of another pod while ctr-held's ADD waits for the dataplane: %v", err)
+	}
+	release()
+	if err := <-held; err != nil {
+		t.Fatalf("held ADD: %v", err)
+	}
+	// Locks live only while requested: nothing is left once no request is in flight.
+	a.srv.locks.mu.Lock()
+	defer a.srv.locks.mu.Unlock()
+	if n := len(a.srv.locks.m); n != 0 {
+		t.Fatalf("%d attachment locks left with no request in flight", n)
+	}
+}
+
+// TestPrivilegedCNISocketSurvivesOldAgentShutdown: during a DaemonSet update with maxSurge (or
+// any overlap of two agents on a node) the new agent takes over the CNI socket path; the old
+// one, stopping afterwards, must not remove the new one's socket. Before, its shutdown removed
+// the path (os.Remove, and Go's unlink-on-close), so every later ADD on the node failed with
+// "agent unavailable" and STATUS said not ready until the new agent restarted.
+func TestPrivilegedCNISocketSurvivesOldAgentShutdown(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	old := startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	old.stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := NewClient(sock).Status(ctx); err != nil {
+		t.Fatalf("STATUS of the new agent after the old one stopped: %v", err)
+	}
+}
+
+// TestPrivilegedCNIGCKeepsAttachmentAddedMeanwhile: a GC that arrives while an ADD is in flight
+// (its record saved, Envoy not yet ACKed) cannot have that attachment in its list of valid ones;
+// once the ADD succeeds, the GC must leave it alone. Before, GC listed the record, waited for
+// the ADD's lock and then released it: the runtime saw the ADD succeed and the pod ran without
+// capture rules or listeners.
+func TestPrivilegedCNIGCKeepsAttachmentAddedMeanwhile(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	gate := make(chan struct{})
+	release := sync.OnceFunc(func() { close(gate) })
+	defer release()
+	dp := &recordingDataplane{hold: map[string]chan struct{}{"ctr-new": gate}}
+	a := startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	pod := testenv.NewNetns(t)
+	added := make(chan error, 1)
+	go func() {
+		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: "ctr-new", Namespace: "mesh", Name: "new", NetnsPath: pod.Path, Interface: "eth0",
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.35.2")}}})
+		added <- err
+	}()
+	waiters := func() int {
+		a.srv.locks.mu.Lock()
+		defer a.srv.locks.mu.Unlock()
+		if l := a.srv.locks.m["ctr-new_eth0"]; l != nil {
+			return l.refs
+		}
+		return 0
+	}
+	testenv.Eventually(t, 30*time.Second, "the ADD holds its attachment", func() error {
+		if waiters() != 1 || len(records(t, state)) != 1 {
+			return fmt.Errorf("lock refs %d, records %d", waiters(), len(records(t, state)))
+		}
+		return nil
+	})
+	gcDone := make(chan error, 1)
+	go func() {
+		gcDone <- NewClient(sock).GC(context.Background(), Request{Network: "aethertest", ValidAttachments: []Attachment{}})
+	}()
+	testenv.Eventually(t, 30*time.Second, "the GC waits for the ADD's lock", func() error {
+		if waiters() != 2 {
+			return fmt.Errorf("lock refs %d", waiters())
+		}
+		return nil
+	})
+	release()
+	if err := <-added; err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if err := <-gcDone; err != nil {
+		t.Fatalf("GC: %v", err)
+	}
+	if recs := records(t, state); len(recs) != 1 || !tableIn(t, pod) || dp.liveCount() != 1 {
+		t.Fatalf("after the GC: %d records, rules %v, %d pods in the dataplane; want the ADDed pod kept", len(recs), tableIn(t, pod), dp.liveCount())
+	}
+	// A later GC without it releases it.
+	if err := NewClient(sock).GC(context.Background(), Request{Network: "aethertest", ValidAttachments: []Attachment{}}); err != nil {
+		t.Fatal(err)
+	}
+	if recs := records(t, state); len(recs) != 0 || tableIn(t, pod) {
+		t.Fatalf("after a later GC: %d records, rules %v; want none", len(recs), tableIn(t, pod))
+	}
+}
+
+// TestPrivilegedCNISecondInterfaceRefused: aether-cni put into a second network's conflist too
+// (Multus), so one container is ADDed twice, eth0 then net1. The dataplane serves one attachment
+// per pod and the capture rules are one table per netns, so the second ADD would rebuild both
+// for net1's addresses and take the pod's mesh traffic off eth0. It is refused with an error
+// naming the interfaces, and eth0's capture is untouched. Before, it succeeded and replaced it.
+func TestPrivilegedCNISecondInterfaceRefused(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	dp := &recordingDataplane{}
+	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
+	pod := testenv.NewNetns(t)
+	add := func(ifname, ip string) error {
+		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+			ContainerID: "ctr-multi", PodUID: "uid-multi", Namespace: "mesh", Name: "multi", NetnsPath: pod.Path, Interface: ifname,
+			IPs: []netip.Addr{netip.MustParseAddr(ip)}}})
+		return err
+	}
+	if err := add("eth0", "10.244.36.2"); err != nil {
+		t.Fatal(err)
+	}
+	before, err := pod.Command("nft", "list", "table", "inet", capture.TableName).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v %s", err, before)
+	}
+	err = add("net1", "192.168.36.2")
+	if err == nil || !strings.Contains(err.Error(), "net1") || !strings.Contains(err.Error(), "eth0") {
+		t.Fatalf("second ADD of one container on net1 = %v, want an error naming net1 and eth0", err)
+	}
+	after, err := pod.Command("nft", "list", "table", "inet", capture.TableName).CombinedOutput()
+	if err != nil || string(after) != string(before) {
+		t.Fatalf("eth0's capture rules changed by the refused ADD (%v):\nbefore %s\nafter %s", err, before, after)
+	}
+	dp.mu.Lock()
+	live := dp.live["ctr-multi"]
+	dp.mu.Unlock()
+	if recs := records(t, state); len(recs) != 1 || recs[0].Attachment.Interface != "eth0" || len(live.IPs) != 1 || live.IPs[0].String() != "10.244.36.2" {
+		t.Fatalf("after the refused ADD: records %d, dataplane pod %+v; want eth0's only", len(recs), live)
+	}
+	// DEL of the refused attachment (the runtime cleans up a failed ADD) leaves eth0's alone.
+	if err := NewClient(sock).Del(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+		ContainerID: "ctr-multi", NetnsPath: pod.Path, Interface: "net1"}}); err != nil {
+		t.Fatal(err)
+	}
+	if recs := records(t, state); len(recs) != 1 || !tableIn(t, pod) || dp.liveCount() != 1 {
+		t.Fatalf("DEL of net1 touched eth0's attachment: records %d, rules %v, dataplane %d", len(recs), tableIn(t, pod), dp.liveCount())
+	}
+}

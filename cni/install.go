@@ -105,7 +105,9 @@ func (in *Installer) entry() map[string]any {
 // replaces an aether-cni entry that differs, and writes nothing when it is already right. It
 // writes atomically (temporary file and rename, keeping the file's mode). It returns the file
 // and whether it changed it; ("", false, nil) when no conflist exists yet; an error when the
-// conflist's cniVersion is one aether-cni does not support (every ADD would fail).
+// conflist's cniVersion is one aether-cni does not support (every ADD would fail) or it has no
+// plugin other than aether-cni (nothing to chain after: every ADD would fail for want of a
+// prevResult, where the runtime would otherwise keep the node NetworkNotReady).
 func (in *Installer) Ensure() (path string, changed bool, err error) {
 	path, err = in.PrimaryConflist()
 	if err != nil || path == "" {
@@ -122,17 +124,23 @@ func (in *Installer) Ensure() (path string, changed bool, err error) {
 	}
 	want := in.entry()
 	var kept []json.RawMessage
-	ok := false
+	ok, primary := false, false
 	for i, p := range plugins {
 		var v map[string]any
 		if json.Unmarshal(p, &v) != nil || v["type"] != PluginName {
 			kept = append(kept, p)
+			primary = true
 			continue
 		}
 		if i == len(plugins)-1 && reflect.DeepEqual(v, roundTrip(want)) {
 			ok = true
 			kept = append(kept, p)
 		}
+	}
+	if !primary {
+		// The runtime refuses such a conflist (the node stays NetworkNotReady); aether-cni alone
+		// would make it valid with every ADD failing for want of a prevResult.
+		return path, false, fmt.Errorf("ensure conflist %s: plugins: no plugin for %s to chain after (the primary CNI has not written its plugins yet?)", path, PluginName)
 	}
 	if ok && len(kept) == len(plugins) {
 		return path, false, nil

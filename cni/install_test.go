@@ -194,3 +194,26 @@ func TestInstallerRejectsUnsupportedVersion(t *testing.T) {
 		t.Fatalf("unsupported conflist was changed: %v", tp)
 	}
 }
+
+// TestInstallerRefusesConflistWithoutPrimary: a conflist with no plugin for aether-cni to chain
+// after (plugins empty, null or absent: a primary CNI half-way through writing it, a hand edit)
+// is left as it is and named in the error. Before, Ensure appended aether-cni, turning a conflist
+// the runtime refuses (node NetworkNotReady, no pods scheduled) into a valid one whose every ADD
+// fails ("prevResult: missing"): the node turned Ready with no pod able to start on it.
+func TestInstallerRefusesConflistWithoutPrimary(t *testing.T) {
+	for name, plugins := range map[string]string{"empty": `, "plugins": []`, "null": `, "plugins": null`, "absent": ``} {
+		t.Run(name, func(t *testing.T) {
+			in, path := newInstaller(t)
+			conf := []byte(`{"name": "cbr0", "cniVersion": "1.0.0"` + plugins + "}\n")
+			if err := os.WriteFile(path, conf, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if _, changed, err := in.Ensure(); err == nil || changed || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "plugins") {
+				t.Fatalf("Ensure = changed %v, %v; want an error naming %s and plugins", changed, err, path)
+			}
+			if b, _ := os.ReadFile(path); string(b) != string(conf) {
+				t.Fatalf("conflist changed to %s", b)
+			}
+		})
+	}
+}

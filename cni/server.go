@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
@@ -85,7 +84,9 @@ type Dataplane interface {
 	// PodAdded programs the pod's listeners and returns once Envoy has ACKed a snapshot holding
 	// them, or an error when ctx ends first.
 	PodAdded(ctx context.Context, pod model.LocalPod) error
-	// PodRemoved removes the pod's listeners; idempotent.
+	// PodRemoved removes the pod's listeners; idempotent. It does nothing when the pod is
+	// served with another container than pod.ContainerID (a newer sandbox of the same pod: the
+	// stale attachment's release must not take the live one's listeners).
 	PodRemoved(ctx context.Context, pod model.LocalPod) error
 }
 
@@ -129,8 +130,12 @@ type Server struct {
 
 	once  sync.Once
 	store Store
-	locks [64]sync.Mutex
-	ready atomic.Bool
+	locks keyedLocks
+	// addedAt holds, per attachment key, when its last ADD succeeded (in this process); GC
+	// leaves alone an attachment added after the GC began. Entries go with the attachment.
+	addedMu sync.Mutex
+	addedAt map[string]time.Time
+	ready   atomic.Bool
 	// repaired, set by Serve, is closed when the first repair has finished; ADDs served
 	// before then wait for it.
 	repaired chan struct{}
@@ -162,8 +167,10 @@ func (s *Server) setDefaults() {
 // until ctx ends. The socket answers from the start, but until the first repair has finished
 // STATUS answers not ready and an ADD waits for it (bounded by the request; then "try again
 // later"), so no pod is added to a node whose earlier pods are not yet repaired; DEL, CHECK and
-// GC are served meanwhile (per-attachment locks keep them apart from the repair). It returns the
-// listen error, or nil after ctx ends.
+// GC are served meanwhile (per-attachment locks keep them apart from the repair). It replaces a
+// socket file left at the path (a crashed agent's, or a running one's it takes over) and at
+// shutdown removes the file only if it is still its own. It returns the listen error, or nil
+// after ctx ends.
 func (s *Server) Serve(ctx context.Context) error {
 	s.defaults()
 	switch {
@@ -188,6 +195,20 @@ func (s *Server) Serve(ctx context.Context) error {
 		l.Close()
 		return fmt.Errorf("serve CNI: %w", err)
 	}
+	// The socket file is removed at shutdown only while it is still ours: when a second agent
+	// on the node (a DaemonSet update with maxSurge) has taken the path over, removing it would
+	// cut the node's CNI off from the running agent. Go's own unlink on close goes by path too.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	ours, err := os.Stat(s.Config.Socket)
+	if err != nil {
+		l.Close()
+		return fmt.Errorf("serve CNI: %w", err)
+	}
+	removeIfOurs := func() {
+		if cur, err := os.Stat(s.Config.Socket); err == nil && os.SameFile(cur, ours) {
+			_ = os.Remove(s.Config.Socket)
+		}
+	}
 	s.repaired = make(chan struct{})
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
@@ -211,9 +232,10 @@ func (s *Server) Serve(ctx context.Context) error {
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
 			_ = hs.Shutdown(sctx)
-			_ = os.Remove(s.Config.Socket)
+			removeIfOurs()
 			return nil
 		case err := <-errc:
+			removeIfOurs()
 			return fmt.Errorf("serve CNI: %w", err)
 		case <-tick:
 			if err := s.repair(ctx, false); err != nil {
@@ -284,12 +306,44 @@ func writeError(w http.ResponseWriter, err error) {
 	_ = json.NewEncoder(w).Encode(e)
 }
 
-func (s *Server) lock(key string) func() {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	m := &s.locks[h.Sum32()%uint32(len(s.locks))]
-	m.Lock()
-	return m.Unlock
+// lock takes the attachment's own lock and returns its release. Attachments never share a lock:
+// one pod's ADD waiting (up to DataplaneTimeout, and as long again to undo) must not hold up
+// another pod's ADD, DEL or CHECK.
+func (s *Server) lock(key string) func() { return s.locks.lock(key) }
+
+// keyedLocks is one mutex per key, kept only while someone holds or waits for it, so the map
+// holds at most the attachments with a request in flight.
+type keyedLocks struct {
+	mu sync.Mutex
+	m  map[string]*keyedLock
+}
+
+type keyedLock struct {
+	mu   sync.Mutex
+	refs int // holders and waiters; guarded by keyedLocks.mu
+}
+
+func (k *keyedLocks) lock(key string) func() {
+	k.mu.Lock()
+	if k.m == nil {
+		k.m = map[string]*keyedLock{}
+	}
+	l := k.m[key]
+	if l == nil {
+		l = &keyedLock{}
+		k.m[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.m, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 func validateRequest(r Request, needNetns bool) error {
@@ -371,6 +425,17 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 		log.Info("pod not meshed: left alone", "reason", reason)
 		return Response{Captured: false, Reason: reason}, nil
 	}
+	// One captured attachment per container: the dataplane serves one per pod and capture is
+	// one rule table per netns, so a second interface's ADD (aether-cni in a second network's
+	// conflist too) would rebuild both for its addresses and take the pod's mesh traffic off
+	// the first.
+	if other, err := s.capturedSibling(a.ContainerID, a.Interface); err != nil {
+		return Response{}, types.NewError(types.ErrIOFailure, "load attachments", err.Error())
+	} else if other != "" {
+		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(
+			"validate request: interface %q: container %s is already captured through interface %q; %s captures one interface per pod (is it in a second network's conflist?)",
+			a.Interface, a.ContainerID, other, PluginName), "")
+	}
 	rec.Captured = true
 	rs, err := s.rules(rec)
 	if err != nil {
@@ -409,8 +474,52 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 		log.Error("dataplane did not accept the pod; undone", "err", err)
 		return Response{}, types.NewError(types.ErrTryAgainLater, "program pod listeners", err.Error())
 	}
+	s.setAddedAt(a.ContainerID, a.Interface, time.Now())
 	log.Info("pod captured")
 	return Response{Captured: true}, nil
+}
+
+// capturedSibling returns the interface of another captured attachment of containerID than
+// ifname, or "".
+func (s *Server) capturedSibling(containerID, ifname string) (string, error) {
+	recs, err := s.store.ForContainer(containerID)
+	for _, r := range recs {
+		if r.Captured && r.Attachment.Interface != ifname {
+			return r.Attachment.Interface, nil
+		}
+	}
+	return "", err
+}
+
+// netnsCapturedByOther reports whether a captured attachment other than key has its rules in
+// netnsPath (unreadable records are skipped: List reports them).
+func (s *Server) netnsCapturedByOther(netnsPath, key string) bool {
+	recs, _ := s.store.List()
+	return slices.ContainsFunc(recs, func(r *Record) bool {
+		return r.Captured && r.Key() != key && r.Attachment.NetnsPath == netnsPath
+	})
+}
+
+// setAddedAt records (t set) or forgets (t zero) when the attachment's last ADD succeeded.
+func (s *Server) setAddedAt(containerID, ifname string, t time.Time) {
+	s.addedMu.Lock()
+	defer s.addedMu.Unlock()
+	k := attachmentKey(containerID, ifname)
+	if t.IsZero() {
+		delete(s.addedAt, k)
+		return
+	}
+	if s.addedAt == nil {
+		s.addedAt = map[string]time.Time{}
+	}
+	s.addedAt[k] = t
+}
+
+// addedSince reports whether the attachment's last ADD succeeded after t.
+func (s *Server) addedSince(key string, t time.Time) bool {
+	s.addedMu.Lock()
+	defer s.addedMu.Unlock()
+	return s.addedAt[key].After(t)
 }
 
 // Del handles CNI DEL: it removes the capture rules (if the netns still exists), the pod's
@@ -435,6 +544,12 @@ func (s *Server) release(ctx context.Context, a model.PodAttachment) error {
 	if rec != nil && netnsPath == "" {
 		netnsPath = rec.Attachment.NetnsPath
 	}
+	// An attachment without a record (its ADD failed or was refused) tears down the netns's
+	// rules only when no other captured attachment owns them: the runtime's DEL of a refused
+	// second interface must not uncapture the first.
+	if netnsPath != "" && rec == nil && s.netnsCapturedByOther(netnsPath, attachmentKey(a.ContainerID, a.Interface)) {
+		netnsPath = ""
+	}
 	if netnsPath != "" {
 		if err := s.Backend.Teardown(netnsPath); err != nil {
 			return types.NewError(types.ErrInternal, "remove capture rules", err.Error())
@@ -451,6 +566,7 @@ func (s *Server) release(ctx context.Context, a model.PodAttachment) error {
 	if err := s.store.Delete(a.ContainerID, a.Interface); err != nil {
 		return types.NewError(types.ErrIOFailure, "delete attachment", err.Error())
 	}
+	s.setAddedAt(a.ContainerID, a.Interface, time.Time{})
 	return nil
 }
 
@@ -483,9 +599,12 @@ func (s *Server) Check(_ context.Context, req Request) error {
 }
 
 // GC handles CNI GC: every recorded attachment of req.Network not in req.ValidAttachments is
-// released.
+// released, except one whose ADD succeeded after the GC began (an ADD in flight while the
+// runtime built its list of valid attachments cannot be on it; releasing it would leave a pod
+// that its runtime saw added running uncaptured).
 func (s *Server) GC(ctx context.Context, req Request) error {
 	s.defaults()
+	start := time.Now()
 	recs, err := s.store.List()
 	if err != nil {
 		s.Log.Warn("gc: some attachments unreadable", "err", err)
@@ -496,6 +615,11 @@ func (s *Server) GC(ctx context.Context, req Request) error {
 			continue
 		}
 		unlock := s.lock(r.Key())
+		if s.addedSince(r.Key(), start) {
+			unlock()
+			s.Log.Info("gc: attachment added while the GC ran: kept", "containerID", r.Attachment.ContainerID)
+			continue
+		}
 		if err := s.release(ctx, r.Attachment); err != nil {
 			errs = append(errs, err)
 		}
@@ -510,7 +634,8 @@ func (s *Server) GC(ctx context.Context, req Request) error {
 
 // Repair reconciles every persisted attachment: a record whose netns is gone is released; a
 // captured pod's rules are re-applied where they drifted and the pod is announced to the
-// dataplane (PodAdded, so a restarted agent serves Envoy every pod again). With NodePods set,
+// dataplane (PodAdded, so a restarted agent serves Envoy every pod again; of several records of
+// one pod UID, only the newest is announced). With NodePods set,
 // meshed pods on the node that have no attachment are reported and evicted. It returns the
 // joined errors of the pods it could not repair. Serve runs it at start; the periodic repairs
 // (RepairInterval) do the same without announcing pods the dataplane already has.
@@ -524,9 +649,12 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		errs = append(errs, err)
 	}
 	attached := map[string]bool{}
+	newest := newestByPod(recs)
 	for _, r := range recs {
 		attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
-		if err := s.repairOne(ctx, r, announce); err != nil {
+		// The dataplane serves one attachment per pod UID: announcing an older sandbox's record
+		// after the newer one would move the live pod's listeners into the old netns.
+		if err := s.repairOne(ctx, r, announce && newest[r.Attachment.PodUID] == r); err != nil {
 			errs = append(errs, fmt.Errorf("repair %s/%s: %w", r.Attachment.Namespace, r.Attachment.Name, err))
 		}
 	}
@@ -550,6 +678,22 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// newestByPod returns, per pod UID, its captured record added last (ties: the greater key). A
+// pod has several when its sandbox was recreated and the old one's DEL never arrived.
+func newestByPod(recs []*Record) map[string]*Record {
+	out := map[string]*Record{}
+	for _, r := range recs {
+		if !r.Captured {
+			continue
+		}
+		cur := out[r.Attachment.PodUID]
+		if cur == nil || r.Added.After(cur.Added) || r.Added.Equal(cur.Added) && r.Key() > cur.Key() {
+			out[r.Attachment.PodUID] = r
+		}
+	}
+	return out
 }
 
 func (s *Server) repairOne(ctx context.Context, r *Record, announce bool) error {

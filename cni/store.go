@@ -98,6 +98,51 @@ func (s *Store) Delete(containerID, ifname string) error {
 	return nil
 }
 
+// ForContainer returns the records of one container's attachments (any interface). Unreadable
+// files are skipped and reported in the error, as List does.
+func (s *Store) ForContainer(containerID string) ([]*Record, error) {
+	ents, err := os.ReadDir(s.Dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list attachments of %s: %w", containerID, err)
+	}
+	var out []*Record
+	var errs []error
+	for _, e := range ents {
+		// attachmentKey joins with "_", and container IDs may hold "_": the prefix only
+		// narrows the files to read, the record's own container ID decides.
+		if e.IsDir() || !strings.HasPrefix(e.Name(), containerID+"_") || !strings.HasSuffix(e.Name(), ".json") {
+			continue
+		}
+		r, err := s.readFile(filepath.Join(s.Dir, e.Name()))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if r.Attachment.ContainerID == containerID {
+			out = append(out, r)
+		}
+	}
+	if len(errs) > 0 {
+		return out, fmt.Errorf("list attachments of %s: %w", containerID, errors.Join(errs...))
+	}
+	return out, nil
+}
+
+func (s *Store) readFile(path string) (*Record, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	r := &Record{}
+	if err := json.Unmarshal(b, r); err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Base(path), err)
+	}
+	return r, nil
+}
+
 // List returns every record in Dir. Unreadable files are skipped and reported in the error
 // (joined), so one corrupt file never hides the others.
 func (s *Store) List() ([]*Record, error) {
@@ -114,14 +159,9 @@ func (s *Store) List() ([]*Record, error) {
 		if e.IsDir() || !strings.HasSuffix(e.Name(), ".json") || strings.HasPrefix(e.Name(), ".") {
 			continue
 		}
-		b, err := os.ReadFile(filepath.Join(s.Dir, e.Name()))
+		r, err := s.readFile(filepath.Join(s.Dir, e.Name()))
 		if err != nil {
 			errs = append(errs, err)
-			continue
-		}
-		r := &Record{}
-		if err := json.Unmarshal(b, r); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
 			continue
 		}
 		out = append(out, r)

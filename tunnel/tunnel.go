@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/aethermesh/aether/model"
 )
@@ -95,7 +96,8 @@ func ServerName(m *model.Mesh, k model.ServiceKey) string { return "*." + m.FQDN
 // this node at pod_ip:15008. The listener has no TLS transport socket, so Envoy never terminates
 // TLS on it. There is no default filter chain: a connection that is not TLS, has no SNI or an
 // SNI of no exported local service lands on a refusal chain whose RBAC filter closes it and
-// counts it by reason. It returns nil (and no error) when the node IP is unknown; errors only from
+// counts it by reason. The listener binds with IP_FREEBIND (Listener.freebind), so a node IP
+// that is not an address of the host does not make Envoy reject the LDS update. It returns nil (and no error) when the node IP is unknown; errors only from
 // marshalling typed configs.
 func Build(m *model.Mesh, opts Options) (*Resources, error) {
 	if !m.Node.IP.IsValid() {
@@ -113,6 +115,12 @@ func Build(m *model.Mesh, opts Options) (*Resources, error) {
 		Name:       ListenerName,
 		StatPrefix: StatPrefix,
 		Address:    socketAddress(m.Node.IP.String(), Port, opts.Netns),
+		// IP_FREEBIND: the node IP comes from the Node's InternalIP, which may not (yet) be an
+		// address of the host (a wrong --node-ip, an address configured late). Without it Envoy
+		// cannot bind and rejects the whole LDS update, and every later one, since each snapshot
+		// holds this listener: no pod listener on the node would change again. With it the
+		// listener is accepted and serves once the address is there.
+		Freebind: wrapperspb.Bool(true),
 		ListenerFilters: []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.tls_inspector",
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: ti}}},
 	}

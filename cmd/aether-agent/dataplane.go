@@ -51,12 +51,18 @@ func (d *podDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
 }
 
 // PodRemoved implements cni.Dataplane; it returns once a model without the pod is acknowledged.
+// It removes the pod only while p's container is the one the pod is served with (or p names no
+// container): the release of a stale attachment of a pod whose sandbox was recreated (repair,
+// GC, a late DEL) must not take the live sandbox's listeners.
 func (d *podDataplane) PodRemoved(ctx context.Context, p model.LocalPod) error {
 	d.mu.Lock()
-	_, had := d.pods[p.UID]
-	delete(d.pods, p.UID)
+	cur, had := d.pods[p.UID]
+	stale := had && p.ContainerID != "" && cur.ContainerID != p.ContainerID
+	if had && !stale {
+		delete(d.pods, p.UID)
+	}
 	d.mu.Unlock()
-	if !had {
+	if !had || stale {
 		return nil
 	}
 	d.asm.Trigger()

@@ -81,6 +81,7 @@ func (p *pusher) waitAcked(ctx context.Context, m *model.Mesh) error {
 }
 
 // listenUnix listens on a unix socket at path, replacing a stale socket file, with mode 0600.
+// Closing the listener leaves the file (it may be another agent's by then).
 func listenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
@@ -94,5 +95,9 @@ func listenUnix(path string) (net.Listener, error) {
 		l.Close()
 		return nil, fmt.Errorf("listen on %s: %w", path, err)
 	}
+	// Go unlinks the path on close, whoever's socket it is by then: when a second agent on the
+	// node (a DaemonSet update with maxSurge) has taken it over, that would cut Envoy off from
+	// the running agent. A file left after a clean stop is replaced by the next agent (above).
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	return l, nil
 }

@@ -78,9 +78,12 @@ func run(ctx context.Context, cfg config) error {
 		// the node): the others are served; the CNI server's repair reports it again.
 		log.Error("read persisted attachments: serving the readable ones", "state_dir", cfg.StateDir, "readable", len(recs), "err", err)
 	}
+	// A pod whose sandbox was recreated may have a stale record beside the live one (its DEL
+	// never arrived): serve the newest; repair releases the stale one without touching it.
+	added := map[string]time.Time{}
 	for _, r := range recs {
-		if r.Captured {
-			dp.pods[r.Attachment.PodUID] = r.Attachment
+		if r.Captured && (added[r.Attachment.PodUID].IsZero() || r.Added.After(added[r.Attachment.PodUID])) {
+			dp.pods[r.Attachment.PodUID], added[r.Attachment.PodUID] = r.Attachment, r.Added
 		}
 	}
 

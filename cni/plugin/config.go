@@ -45,7 +45,16 @@ type PluginConf struct {
 	// ExcludeOutboundCIDRs are destination prefixes never captured ("169.254.169.254/32").
 	ExcludeOutboundCIDRs []string `json:"excludeOutboundCIDRs,omitempty"`
 
+	// Attachments is the GC list under the name the CNI spec text first gave it
+	// ("cni.dev/attachments", containernetworking/cni#1101); libcni sends it beside
+	// cni.dev/valid-attachments. It is read only when cni.dev/valid-attachments is absent.
+	Attachments []types.GCAttachment `json:"cni.dev/attachments,omitempty"`
+
 	// Derived by parseConfig.
+	// valid is GC's list of still valid attachments; validSet reports whether the input had
+	// one (an explicit empty list or null is one; an absent key is not).
+	valid    []types.GCAttachment
+	validSet bool
 	capture  CaptureOptions
 	timeout  time.Duration
 	excluded []string
@@ -60,6 +69,15 @@ func parseConfig(stdin []byte, needPrev bool) (*PluginConf, error) {
 	conf := &PluginConf{}
 	if err := json.Unmarshal(stdin, conf); err != nil {
 		return nil, fmt.Errorf("parse config: %w", err)
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &keys); err != nil {
+		return nil, fmt.Errorf("parse config: %w", err)
+	}
+	if _, ok := keys["cni.dev/valid-attachments"]; ok {
+		conf.valid, conf.validSet = conf.ValidAttachments, true
+	} else if _, ok := keys["cni.dev/attachments"]; ok {
+		conf.valid, conf.validSet = conf.Attachments, true
 	}
 	if !slices.Contains(SupportedVersions, conf.CNIVersion) {
 		return nil, fmt.Errorf("parse config: cniVersion %q: want one of %s", conf.CNIVersion, strings.Join(SupportedVersions, ", "))

@@ -150,7 +150,8 @@ func (p *Plugin) doAdd(conf *PluginConf, args *skel.CmdArgs, k K8sArgs, log *slo
 
 // cmdDel is DEL (CNI spec 1.1, section "DEL"): idempotent. When the agent cannot be reached DEL
 // still succeeds: the rules die with the netns and the agent's repair drops the attachment of a
-// netns that is gone, so a failing DEL would only block the runtime.
+// netns that is gone, so a failing DEL would only block the runtime. A DEL without pod identity
+// in CNI_ARGS (optional on DEL) is still sent, by container ID and interface.
 func (p *Plugin) cmdDel(args *skel.CmdArgs) error {
 	conf, err := parseConfig(args.StdinData, false)
 	if err != nil {
@@ -160,8 +161,16 @@ func (p *Plugin) cmdDel(args *skel.CmdArgs) error {
 	defer done()
 	k, err := parseK8sArgs(args.Args)
 	if err != nil {
-		// DEL must succeed for attachments that were never ours.
-		log.Debug("DEL without pod identity: nothing to do", "err", err)
+		// CNI_ARGS is optional on DEL (CNI spec 1.1, DEL): the agent still releases the
+		// attachment by container ID and interface, which is all it needs. Without the
+		// namespace, excluded pods cannot be told apart, and DEL must succeed for attachments
+		// that were never ours, so a failure is only logged.
+		log.Debug("DEL without pod identity: releasing by container ID", "err", err)
+		ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)
+		defer cancel()
+		if err := p.agent(conf.AgentSocket).Del(ctx, request(conf, args, K8sArgs{})); err != nil {
+			log.Warn("DEL without pod identity: agent did not release the attachment; left to its repair", "err", err)
+		}
 		return nil
 	}
 	if slices.Contains(conf.excluded, string(k.K8S_POD_NAMESPACE)) {
@@ -204,16 +213,24 @@ func (p *Plugin) cmdCheck(args *skel.CmdArgs) error {
 }
 
 // cmdGC is GC (CNI spec 1.1, section "GC"): the agent drops every attachment of this network
-// not listed in cni.dev/valid-attachments.
+// not listed in cni.dev/valid-attachments (or its first spelling, cni.dev/attachments). The spec
+// requires the list; a GC without it is refused (ErrInvalidNetworkConfig naming the key), since
+// reading "no list" as "nothing is valid" would strip capture from every pod of the network on
+// the node. An explicit empty list (or null) is honoured: the runtime has no attachment left.
 func (p *Plugin) cmdGC(args *skel.CmdArgs) error {
 	conf, err := parseConfig(args.StdinData, false)
 	if err != nil {
 		return types.NewError(types.ErrInvalidNetworkConfig, err.Error(), "")
 	}
-	_, done := p.logger(conf, args, "GC")
+	log, done := p.logger(conf, args, "GC")
 	defer done()
+	if !conf.validSet {
+		msg := "parse config: cni.dev/valid-attachments: missing; GC needs the runtime's list of still valid attachments (CNI spec 1.1, GC)"
+		log.Error("GC refused", "err", msg)
+		return types.NewError(types.ErrInvalidNetworkConfig, msg, "")
+	}
 	req := Request{Network: conf.Name, ValidAttachments: []Attachment{}}
-	for _, a := range conf.ValidAttachments {
+	for _, a := range conf.valid {
 		req.ValidAttachments = append(req.ValidAttachments, Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)

@@ -137,3 +137,61 @@ func TestPluginGC(t *testing.T) {
 		t.Fatalf("GC request = %+v", agent.reqs)
 	}
 }
+
+// TestPluginGCWithoutValidAttachments: a GC whose config has no cni.dev/valid-attachments (a
+// hand-run GC, a runtime that does not send it) is refused with an error naming the key, and
+// the agent is not called; before, it was sent as "nothing is valid" and the agent released
+// every attachment of the network: capture and listeners gone from every pod on the node. The
+// spec's first spelling, cni.dev/attachments, and an explicit empty list or null are honoured.
+func TestPluginGCWithoutValidAttachments(t *testing.T) {
+	gc := func(extra string) ([]Request, error) {
+		agent := &fakeAgent{}
+		p := &Plugin{Stderr: &bytes.Buffer{}, NewAgent: func(string) Agent { return agent }}
+		err := p.cmdGC(&skel.CmdArgs{StdinData: []byte(`{"cniVersion":"1.1.0","name":"n","type":"aether-cni"` + extra + `}`)})
+		return agent.reqs, err
+	}
+	reqs, err := gc("")
+	var te *types.Error
+	if !errors.As(err, &te) || te.Code != types.ErrInvalidNetworkConfig || !strings.Contains(te.Msg, "cni.dev/valid-attachments") {
+		t.Fatalf("GC without cni.dev/valid-attachments = %v, want code 1 naming the key", err)
+	}
+	if len(reqs) != 0 {
+		t.Fatalf("GC without cni.dev/valid-attachments called the agent: %+v", reqs)
+	}
+	for _, c := range []struct {
+		extra string
+		want  int
+	}{
+		{`,"cni.dev/attachments":[{"containerID":"c1","ifname":"eth0"}]`, 1},
+		{`,"cni.dev/valid-attachments":[]`, 0},
+		{`,"cni.dev/valid-attachments":null`, 0},
+	} {
+		reqs, err := gc(c.extra)
+		if err != nil || len(reqs) != 1 || len(reqs[0].ValidAttachments) != c.want {
+			t.Errorf("GC with %s = %+v, %v; want one agent call keeping %d", c.extra, reqs, err, c.want)
+		}
+	}
+}
+
+// TestPluginDelWithoutPodIdentity: CNI_ARGS is optional on DEL (CNI spec 1.1), and the agent
+// releases an attachment by container ID and interface alone, so a DEL without the pod's
+// identity still reaches it. Before, the plugin returned at once, leaving the pod's capture
+// rules, Envoy listeners and record behind until a repair found its netns gone (never, for a
+// netns the runtime keeps). A failure of such a DEL is logged, not returned (the attachment may
+// never have been ours).
+func TestPluginDelWithoutPodIdentity(t *testing.T) {
+	agent := &fakeAgent{}
+	p := &Plugin{Stderr: &bytes.Buffer{}, NewAgent: func(string) Agent { return agent }}
+	args, _ := newArgs(t, "mesh", "")
+	args.Args = ""
+	if err := p.cmdDel(args); err != nil {
+		t.Fatal(err)
+	}
+	if len(agent.reqs) != 1 || agent.reqs[0].Attachment.ContainerID != "c1" || agent.reqs[0].Attachment.Interface != "eth0" {
+		t.Fatalf("DEL without CNI_ARGS sent %+v, want one request for c1/eth0", agent.reqs)
+	}
+	agent.err = types.NewError(types.ErrInternal, "boom", "")
+	if err := p.cmdDel(args); err != nil {
+		t.Fatalf("DEL without CNI_ARGS, agent failing = %v, want success", err)
+	}
+}
