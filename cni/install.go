@@ -62,17 +62,17 @@ func (in *Installer) InstallBinary() error {
 	return nil
 }
 
-// PrimaryConflist returns the conflist the runtime uses: the first file in lexical order among
-// ConfDir's *.conflist, *.conf and *.json (the order kubelet/containerd's libcni ConfFiles
-// gives). It returns "" when there is none yet, and an error when the first one is not a
-// conflist (a single-plugin .conf cannot chain).
-func (in *Installer) PrimaryConflist() (string, error) {
+// PrimaryConfig returns the network configuration file the runtime uses: the first file in
+// lexical order among ConfDir's *.conflist, *.conf and *.json (the order kubelet/containerd's
+// libcni ConfFiles gives). It may be a single-plugin .conf or .json, which Ensure turns into a
+// conflist. It returns "" when there is none yet.
+func (in *Installer) PrimaryConfig() (string, error) {
 	ents, err := os.ReadDir(in.ConfDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return "", nil
 	}
 	if err != nil {
-		return "", fmt.Errorf("find primary conflist: %w", err)
+		return "", fmt.Errorf("find primary network config: %w", err)
 	}
 	var names []string
 	for _, e := range ents {
@@ -85,11 +85,50 @@ func (in *Installer) PrimaryConflist() (string, error) {
 		return "", nil
 	}
 	slices.Sort(names)
-	p := filepath.Join(in.ConfDir, names[0])
-	if filepath.Ext(p) != ".conflist" {
-		return "", fmt.Errorf("find primary conflist: %s is not a .conflist; %s can only chain into a conflist", p, PluginName)
+	return filepath.Join(in.ConfDir, names[0]), nil
+}
+
+// toConflist turns the single-plugin network configuration at path (a .conf or .json: one
+// plugin's object with "type", CNI spec 1.1 section "Configuration format" as libcni's
+// ConfListFromConf reads it) into a conflist of that one plugin, <base>.conflist beside it, and
+// removes the original, as Istio's install-cni does for a primary CNI (Multus's 00-multus.conf,
+// for one) that writes a single plugin: only a conflist can chain. The conflist takes the
+// original's name, cniVersion and mode; the plugin keeps every other key. A <base>.conflist
+// already there is replaced (the .conf sorted first, so it was the one in use). It returns the
+// conflist's path, and an error naming the file when it is not a single plugin or its cniVersion
+// is one aether-cni does not support; then nothing is written.
+func (in *Installer) toConflist(path string) (string, error) {
+	top, plugins, mode, err := readConflist(path)
+	if err != nil {
+		return "", err
 	}
-	return p, nil
+	var typ, ver string
+	_ = json.Unmarshal(top["type"], &typ)
+	_ = json.Unmarshal(top["cniVersion"], &ver)
+	if typ == "" || plugins != nil {
+		return "", fmt.Errorf("convert %s to a conflist: type: missing; a .conf or .json network config is one plugin with a type", path)
+	}
+	if !slices.Contains(plugin.SupportedVersions, ver) {
+		return "", fmt.Errorf("convert %s to a conflist: cniVersion %q: %s supports %s", path, ver, PluginName, strings.Join(plugin.SupportedVersions, ", "))
+	}
+	list := map[string]json.RawMessage{"cniVersion": top["cniVersion"]}
+	if n, ok := top["name"]; ok {
+		list["name"] = n
+	}
+	delete(top, "cniVersion")
+	one, err := json.Marshal(top)
+	if err != nil {
+		return "", fmt.Errorf("convert %s to a conflist: %w", path, err)
+	}
+	out := strings.TrimSuffix(path, filepath.Ext(path)) + ".conflist"
+	if err := writeConflist(out, list, []json.RawMessage{one}, mode); err != nil {
+		return "", err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return "", fmt.Errorf("convert %s to a conflist: %w", path, err)
+	}
+	in.log().Info("single-plugin network config turned into a conflist", "from", path, "to", out)
+	return out, nil
 }
 
 func (in *Installer) entry() map[string]any {
@@ -101,7 +140,8 @@ func (in *Installer) entry() map[string]any {
 	return e
 }
 
-// Ensure makes the primary conflist end with the aether-cni entry: it appends it when missing,
+// Ensure makes the primary conflist end with the aether-cni entry (a single-plugin .conf or
+// .json first in order becomes a conflist first, see toConflist): it appends it when missing,
 // replaces an aether-cni entry that differs, and writes nothing when it is already right. It
 // writes atomically (temporary file and rename, keeping the file's mode). It returns the file
 // and whether it changed it; ("", false, nil) when no conflist exists yet; an error when the
@@ -109,9 +149,17 @@ func (in *Installer) entry() map[string]any {
 // plugin other than aether-cni (nothing to chain after: every ADD would fail for want of a
 // prevResult, where the runtime would otherwise keep the node NetworkNotReady).
 func (in *Installer) Ensure() (path string, changed bool, err error) {
-	path, err = in.PrimaryConflist()
+	path, err = in.PrimaryConfig()
 	if err != nil || path == "" {
 		return path, false, err
+	}
+	converted := false
+	if filepath.Ext(path) != ".conflist" {
+		list, err := in.toConflist(path)
+		if err != nil {
+			return path, false, err
+		}
+		path, converted = list, true
 	}
 	top, plugins, mode, err := readConflist(path)
 	if err != nil {
@@ -143,7 +191,7 @@ func (in *Installer) Ensure() (path string, changed bool, err error) {
 		return path, false, fmt.Errorf("ensure conflist %s: plugins: no plugin for %s to chain after (the primary CNI has not written its plugins yet?)", path, PluginName)
 	}
 	if ok && len(kept) == len(plugins) {
-		return path, false, nil
+		return path, converted, nil
 	}
 	if !ok {
 		b, err := json.Marshal(want)

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/containernetworking/cni/libcni"
 )
 
 const flannelConflist = `{
@@ -139,11 +141,72 @@ func TestInstallerBinary(t *testing.T) {
 	}
 }
 
-func TestInstallerRejectsSinglePluginConf(t *testing.T) {
+// TestInstallerConvertsSinglePluginConf: a single-plugin .conf first in order (Multus's
+// 00-multus.conf, a bare bridge config) becomes <base>.conflist holding that plugin and then
+// aether-cni, which libcni loads; the .conf is gone and a second Ensure changes nothing. When the
+// primary CNI writes its .conf again, the conflist is made anew from it.
+func TestInstallerConvertsSinglePluginConf(t *testing.T) {
 	in, _ := newInstaller(t)
-	_ = os.WriteFile(filepath.Join(in.ConfDir, "05-single.conf"), []byte(`{"type":"bridge"}`), 0o644)
-	if _, _, err := in.Ensure(); err == nil || !strings.Contains(err.Error(), "05-single.conf") {
-		t.Fatalf("Ensure with a .conf first = %v, want an error naming it", err)
+	conf := filepath.Join(in.ConfDir, "05-single.conf")
+	single := `{"cniVersion":"0.3.1","name":"mynet","type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.1.0.0/16"}}`
+	if err := os.WriteFile(conf, []byte(single), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	want := filepath.Join(in.ConfDir, "05-single.conflist")
+	for round := 1; round <= 2; round++ {
+		path, changed, err := in.Ensure()
+		if err != nil || path != want || !changed {
+			t.Fatalf("round %d: Ensure = %q, %v, %v; want %q, changed", round, path, changed, err, want)
+		}
+		if _, err := os.Stat(conf); !os.IsNotExist(err) {
+			t.Errorf("round %d: %s still there (stat err %v)", round, conf, err)
+		}
+		list, err := libcni.ConfListFromFile(want)
+		if err != nil {
+			t.Fatalf("round %d: libcni cannot load the conflist: %v", round, err)
+		}
+		if list.Name != "mynet" || list.CNIVersion != "0.3.1" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "bridge" || list.Plugins[1].Network.Type != PluginName {
+			t.Errorf("round %d: conflist %s %s with %d plugins %+v; want mynet 0.3.1 [bridge aether-cni]", round, list.Name, list.CNIVersion, len(list.Plugins), list.Plugins)
+		}
+		var bridge map[string]any
+		if err := json.Unmarshal(list.Plugins[0].Bytes, &bridge); err != nil || bridge["bridge"] != "cni0" || bridge["ipam"] == nil {
+			t.Errorf("round %d: bridge plugin lost keys: %s", round, list.Plugins[0].Bytes)
+		}
+		if st, err := os.Stat(want); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("round %d: conflist mode %v (%v), want the .conf's 0600", round, st.Mode().Perm(), err)
+		}
+		if _, changed, err := in.Ensure(); err != nil || changed {
+			t.Errorf("round %d: second Ensure = changed %v, %v; want no change", round, changed, err)
+		}
+		// The primary CNI writes its .conf again (it sorts before our .conflist).
+		if err := os.WriteFile(conf, []byte(single), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestInstallerRefusesBadSinglePluginConf: a .conf first in order that is not one plugin, or has
+// a cniVersion aether-cni does not support, is an error naming the file, and nothing is written.
+func TestInstallerRefusesBadSinglePluginConf(t *testing.T) {
+	for _, c := range []struct{ body, want string }{
+		{`{"cniVersion":"0.3.1","name":"n"}`, "type"},
+		{`{"cniVersion":"0.3.1","name":"n","plugins":[{"type":"bridge"}]}`, "type"},
+		{`{"cniVersion":"0.1.0","name":"n","type":"bridge"}`, "cniVersion"},
+	} {
+		in, _ := newInstaller(t)
+		conf := filepath.Join(in.ConfDir, "05-single.conf")
+		if err := os.WriteFile(conf, []byte(c.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, _, err := in.Ensure(); err == nil || !strings.Contains(err.Error(), "05-single.conf") || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Ensure with %s first = %v, want an error naming the file and %s", c.body, err, c.want)
+		}
+		if b, err := os.ReadFile(conf); err != nil || string(b) != c.body {
+			t.Errorf("%s changed: %q, %v", conf, b, err)
+		}
+		if _, err := os.Stat(filepath.Join(in.ConfDir, "05-single.conflist")); !os.IsNotExist(err) {
+			t.Errorf("a conflist was written for %s", c.body)
+		}
 	}
 }
 
