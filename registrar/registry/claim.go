@@ -57,35 +57,37 @@ func (r *Registry) EnsureClaim(ctx context.Context) (*registryv1.PartitionClaim,
 		return nil, errors.New("check partition claim: Config.ClusterID: required")
 	}
 	key := r.origin.ClaimKey()
+	// A linearizable read first: a claim that exists (every check but the first) costs no raft
+	// proposal, which the create-if-absent transaction would (it holds a put).
+	resp, err := r.cli.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("check partition claim %s: %w", r.origin, err)
+	}
 	var kv *mvccpb.KeyValue
-	if r.claimer {
+	if len(resp.Kvs) > 0 {
+		kv = resp.Kvs[0]
+	} else if r.claimer {
 		c := r.newClaim("")
 		b, err := proto.Marshal(c)
 		if err != nil {
 			return nil, fmt.Errorf("claim partition %s: marshal: %w", r.origin, err)
 		}
-		resp, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+		tr, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, string(b))).Else(clientv3.OpGet(key)).Commit()
 		if err != nil {
 			return nil, fmt.Errorf("claim partition %s: %w", r.origin, err)
 		}
-		if resp.Succeeded {
+		if tr.Succeeded {
 			r.log.Info("registry: claimed the partition for this cluster", "key", key, "cluster_id", r.clusterID)
-			r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", resp.Header.Revision))
+			r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", tr.Header.Revision))
 			return c, nil
 		}
-		// The compare failed in the same transaction, so the key exists in the read.
-		kv = resp.Responses[0].GetResponseRange().Kvs[0]
+		// Created meanwhile by another claimer: the compare failed in the same transaction,
+		// so the key exists in the read.
+		kv = tr.Responses[0].GetResponseRange().Kvs[0]
 	} else {
-		resp, err := r.cli.Get(ctx, key)
-		if err != nil {
-			return nil, fmt.Errorf("check partition claim %s: %w", r.origin, err)
-		}
-		if len(resp.Kvs) == 0 {
-			r.setGuard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
-			return nil, nil
-		}
-		kv = resp.Kvs[0]
+		r.setGuard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+		return nil, nil
 	}
 	c, err := decodeClaim(kv)
 	if err != nil {
