@@ -195,7 +195,7 @@ func TestBinaryPartitionClaim(t *testing.T) {
 		want string
 	}{
 		{nil, "--previous-cluster-id is required"},
-		{[]string{"--previous-cluster-id", "a b"}, `--previous-cluster-id "a b"`},
+		{[]string{"--previous-cluster-id", "a b"}, `--previous-cluster-id: invalid value "a b"`},
 		{[]string{"--previous-cluster-id", idA, "--cluster", "East"}, `--cluster "East"`},
 	} {
 		if out, code := runReclaim(t, append(append([]string{}, base...), c.args...)...); code != 2 || !strings.Contains(out, c.want) {

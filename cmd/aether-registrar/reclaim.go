@@ -8,11 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"regexp"
 	"time"
 
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/kubeconfig"
+	"github.com/aethermesh/aether/registrar/registry"
 )
 
 // reclaimCommand is the subcommand that re-claims this cluster's registry partition after the
@@ -27,10 +27,6 @@ type reclaimConfig struct {
 	Timeout           time.Duration // --timeout
 }
 
-// clusterIDPattern is what a cluster ID looks like: a Kubernetes UID (RFC 4122 text) or any
-// other short token without spaces or slashes.
-var clusterIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-
 // parseReclaimConfig reads the subcommand's flags (args after its name) with environment
 // defaults from getenv. Each error names the flag and its value.
 func parseReclaimConfig(args []string, getenv func(string) string) (reclaimConfig, error) {
@@ -44,11 +40,10 @@ func parseReclaimConfig(args []string, getenv func(string) string) (reclaimConfi
 		return c, err
 	}
 	errs := c.target.validate()
-	switch {
-	case c.PreviousClusterID == "":
+	if c.PreviousClusterID == "" {
 		errs = append(errs, errors.New("--previous-cluster-id is required: the cluster ID the partition's claim names now (the registrar's error prints it)"))
-	case !clusterIDPattern.MatchString(c.PreviousClusterID):
-		errs = append(errs, fmt.Errorf("--previous-cluster-id %q: want a kube-system Namespace UID (1-128 characters of A-Z a-z 0-9 . _ -)", c.PreviousClusterID))
+	} else if err := registry.ValidateClusterID("--previous-cluster-id", c.PreviousClusterID); err != nil {
+		errs = append(errs, err)
 	}
 	if c.Timeout <= 0 {
 		errs = append(errs, fmt.Errorf("--timeout %s: want a positive duration", c.Timeout))

@@ -169,10 +169,11 @@ func (r *Registry) newClaim(previous string) *registryv1.PartitionClaim {
 // error naming its key and how to clear it.
 func decodeClaim(kv *mvccpb.KeyValue) (*registryv1.PartitionClaim, error) {
 	c := new(registryv1.PartitionClaim)
-	if err := proto.Unmarshal(kv.Value, c); err != nil || c.ClusterId == "" {
-		if err == nil {
-			err = errors.New("cluster_id: empty")
-		}
+	err := proto.Unmarshal(kv.Value, c)
+	if err == nil {
+		err = ValidateClusterID("cluster_id", c.ClusterId)
+	}
+	if err != nil {
 		return nil, fmt.Errorf("check partition claim: %s holds no valid PartitionClaim (%v); nothing is written into the partition until it is deleted (etcdctl del %s), then the cluster's registrar claims it again", kv.Key, err, kv.Key)
 	}
 	return c, nil

@@ -257,6 +257,22 @@ func TestPartitionClaimUnreadable(t *testing.T) {
 	}
 }
 
+// A bad cluster ID is refused when the writer is created, naming the field and value.
+func TestClusterIDValidated(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Region: "eu", Cluster: "east", ClusterID: "a b"}, `ClusterID: invalid value "a b"`},
+		{Config{Region: "eu", Cluster: "east", ClusterID: strings.Repeat("x", 129)}, "ClusterID: invalid value"},
+		{Config{Region: "eu", Cluster: "east", Claimer: true}, "ClusterID: required with Claimer"},
+	} {
+		if _, err := NewWithClient(nil, c.cfg); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("NewWithClient(%+v) = %v, want an error naming %s", c.cfg, err, c.want)
+		}
+	}
+}
+
 // With etcd auth on, a cluster's own user (SetupAuth) claims, re-claims and writes its
 // partition: the claim key is inside its prefix.
 func TestPartitionClaimWithClusterUser(t *testing.T) {

@@ -183,6 +183,11 @@ func NewWithClient(cli *clientv3.Client, cfg Config) (*Registry, error) {
 	if cfg.Claimer && cfg.ClusterID == "" {
 		return nil, errors.New("create registry: ClusterID: required with Claimer")
 	}
+	if cfg.ClusterID != "" {
+		if err := ValidateClusterID("ClusterID", cfg.ClusterID); err != nil {
+			return nil, fmt.Errorf("create registry: %w", err)
+		}
+	}
 	claimedBy := cfg.ClaimedBy
 	if claimedBy == "" {
 		claimedBy = defaultClaimedBy()
