@@ -34,7 +34,9 @@ type Config struct {
 	// Exports is this cluster's registry (its origin is this cluster's partition). Required.
 	Exports mcs.Exports
 	// Probe checks that the registry answers (for example a linearizable read with a short
-	// timeout); readiness fails while it returns an error. Required.
+	// timeout, or registry.Registry.EnsureClaim); readiness fails while it returns an error. An
+	// error matching registry.ErrPartitionClaimed (this cluster's partition belongs to another
+	// cluster) stops the registrar: Start returns it. Required.
 	Probe func(ctx context.Context) error
 	// ProbeInterval is how often Probe runs (default 2 s); ProbeTimeout bounds one run (default 2 s).
 	ProbeInterval, ProbeTimeout time.Duration
@@ -193,9 +195,11 @@ func (r *Registrar) Ready() error {
 
 func (r *Registrar) readyCheck(*http.Request) error { return r.Ready() }
 
-// probeLoop probes the registry every ProbeInterval on every replica (readiness is per replica).
-// When the registry answers again after failing, it re-enqueues everything, so writes that failed
-// during the outage are retried at once.
+// probeLoop probes the registry every ProbeInterval on every replica (readiness is per replica),
+// the first time at start. When the registry answers again after failing, it re-enqueues
+// everything, so writes that failed during the outage are retried at once. A partition claimed
+// by another cluster (registry.ErrPartitionClaimed) ends it with that error, which stops the
+// manager.
 func (r *Registrar) probeLoop(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.ProbeInterval)
 	defer t.Stop()
@@ -205,6 +209,13 @@ func (r *Registrar) probeLoop(ctx context.Context) error {
 		cancel()
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, registry.ErrPartitionClaimed) {
+			r.mu.Lock()
+			r.probeErr = err
+			r.mu.Unlock()
+			r.log.Error("registrar: this cluster's registry partition is claimed by another cluster; stopping without writing into it", "err", err)
+			return fmt.Errorf("check registry partition: %w", err)
 		}
 		r.mu.Lock()
 		was := r.probeErr

@@ -379,7 +379,10 @@ func desiredEndpoints(m *model.Mesh) map[string]*registryv1.ServiceEndpoint {
 }
 
 // sync registers new and changed endpoints and deregisters gone ones. It returns the first error
-// and leaves what it could not write for the next sync.
+// and leaves what it could not write for the next sync. When the registry partition is claimed
+// by another cluster (registry.ErrPartitionClaimed) it stops, withdraws every endpoint of this
+// node from the partition and returns that error; the next sync after a re-claim registers them
+// again.
 func (e *endpointRegistrar) sync(ctx context.Context, m *model.Mesh) error {
 	want := desiredEndpoints(m)
 	e.mu.Lock()
@@ -390,6 +393,10 @@ func (e *endpointRegistrar) sync(ctx context.Context, m *model.Mesh) error {
 			continue
 		}
 		if err := e.reg.RegisterEndpoint(ctx, ep); err != nil {
+			if errors.Is(err, registry.ErrPartitionClaimed) {
+				e.withdrawLocked(ctx)
+				return fmt.Errorf("sync endpoints: %w", err)
+			}
 			e.log.Warn("register endpoint", "key", key, "err", err)
 			if first == nil {
 				first = err
@@ -403,6 +410,10 @@ func (e *endpointRegistrar) sync(ctx context.Context, m *model.Mesh) error {
 			continue
 		}
 		err := e.reg.DeregisterEndpoint(ctx, old.Service.Namespace, old.Service.Name, old.Kubernetes.PodUid)
+		if errors.Is(err, registry.ErrPartitionClaimed) {
+			e.withdrawLocked(ctx)
+			return fmt.Errorf("sync endpoints: %w", err)
+		}
 		if err != nil {
 			e.log.Warn("deregister endpoint", "key", key, "err", err)
 			if first == nil {
@@ -416,4 +427,54 @@ func (e *endpointRegistrar) sync(ctx context.Context, m *model.Mesh) error {
 		return fmt.Errorf("sync endpoints: %w", first)
 	}
 	return nil
+}
+
+// withdrawLocked removes every endpoint this node registered (revoking its lease) after its
+// partition turned out to be claimed by another cluster. Callers hold mu.
+func (e *endpointRegistrar) withdrawLocked(ctx context.Context) {
+	if len(e.have) == 0 {
+		return
+	}
+	if err := e.reg.RevokeEndpoints(ctx); err != nil {
+		e.log.Warn("withdraw endpoints from a partition claimed by another cluster", "err", err)
+		return
+	}
+	e.log.Warn("withdrew this node's endpoints from the registry partition claimed by another cluster", "endpoints", len(e.have))
+	clear(e.have)
+}
+
+// partitionClaimPart is the readiness part that fails while another cluster holds the claim
+// of this cluster's registry partition.
+const partitionClaimPart = "partition-claim"
+
+// claimCheckInterval is how often the agent checks its partition's claim.
+const claimCheckInterval = 5 * time.Second
+
+// watchClaim checks every interval, until ctx ends, that this cluster may write into its
+// registry partition (Registry.EnsureClaim: the claim names this cluster's ID or nobody; the
+// registrar claims, the agent only checks). While another cluster holds the claim, readiness
+// part "partition-claim" fails with the claim and the fix, and the node's endpoints are
+// withdrawn from the partition; once the claim is this cluster's again (re-claimed), the part
+// passes and the next sync registers them. A registry that does not answer changes nothing here
+// (readiness part "registry" reports it).
+func watchClaim(ctx context.Context, reg *registry.Registry, e *endpointRegistrar, ready *readiness, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		_, err := reg.EnsureClaim(ctx)
+		switch {
+		case errors.Is(err, registry.ErrPartitionClaimed):
+			ready.set(partitionClaimPart, fmt.Errorf("%w: no endpoint of this node is registered; give this cluster its own --cluster (AETHER_CLUSTER) for its agents and registrar, or, if the claiming cluster was rebuilt into this one, run aether-registrar reclaim-partition (docs/registry.md, Partition claim)", err))
+			e.mu.Lock()
+			e.withdrawLocked(ctx)
+			e.mu.Unlock()
+		case err == nil:
+			ready.set(partitionClaimPart, nil)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"github.com/aethermesh/aether/internal/kubeconfig"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -15,6 +14,8 @@ import (
 	"github.com/aethermesh/aether/cni"
 	"github.com/aethermesh/aether/dnsd"
 	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/clusterid"
+	"github.com/aethermesh/aether/internal/kubeconfig"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/registry"
 	"github.com/aethermesh/aether/xds"
@@ -29,7 +30,7 @@ import (
 func run(ctx context.Context, cfg config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log = log.With("node", cfg.NodeName, "cluster", cfg.Cluster)
-	ready := newReadiness("kubernetes", "registry", "model", "dns", "xds", "envoy", "cni")
+	ready := newReadiness("kubernetes", "registry", partitionClaimPart, "model", "dns", "xds", "envoy", "cni")
 	metrics := newAgentMetrics()
 	haddr, err := serveHealth(ctx, cfg.HealthAddr, ready, metrics)
 	if err != nil {
@@ -126,9 +127,18 @@ func run(ctx context.Context, cfg config) error {
 		}
 	})
 
+	// This cluster's ID (the UID of its kube-system Namespace): the agent writes endpoints into
+	// the registry partition of --cluster only while its claim names this cluster or nobody
+	// (the registrar claims it; the agent only checks).
+	idCtx, cancelID := context.WithTimeout(ctx, 2*time.Minute)
+	clusterID, err := clusterid.Get(idCtx, cs)
+	cancelID()
+	if err != nil {
+		return err
+	}
 	rcfg := registry.Config{
 		Endpoints: cfg.Registry.Endpoints(), Region: region, Cluster: cfg.Cluster,
-		LeaseTTL: cfg.RegistryLeaseTTL, Logger: log, Metrics: metrics.reg,
+		LeaseTTL: cfg.RegistryLeaseTTL, Logger: log, Metrics: metrics.reg, ClusterID: clusterID,
 	}
 	if rcfg.TLS, err = cfg.Registry.TLS(); err != nil {
 		return err
@@ -147,6 +157,7 @@ func run(ctx context.Context, cfg config) error {
 		return nil
 	}
 	endpoints := newEndpointRegistrar(reg, log)
+	go watchClaim(ctx, reg, endpoints, ready, claimCheckInterval)
 	latest := make(chan *model.Mesh, 1)
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(latest, m) })
 	go syncEndpointsLoop(ctx, endpoints, latest, log)

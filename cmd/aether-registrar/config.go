@@ -19,17 +19,8 @@ import (
 // config is the registrar's whole configuration: every field has a flag, most an environment
 // variable too (the flag wins). validate names the flag of every bad field.
 type config struct {
-	Cluster    string // --cluster, AETHER_CLUSTER: this cluster's name (its registry partition)
-	Region     string // --region, AETHER_REGION
-	Kubeconfig string // --kubeconfig, KUBECONFIG (empty: in-cluster)
-
-	Registry         registryflag.Flags // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
-	RegistryUser     string             // --registry-user, AETHER_REGISTRY_USER (etcd auth; password from AETHER_REGISTRY_PASSWORD)
-	RegistryPassword string             // AETHER_REGISTRY_PASSWORD only (never a flag: it would show in ps)
-	RegistryDataDir  string             // --registry-data-dir, AETHER_REGISTRY_DATA_DIR: embedded etcd's data (no endpoints)
-	RegistryListen   string             // --registry-listen: embedded etcd's client URL
-	RegistryPeer     string             // --registry-peer-listen: embedded etcd's peer URL
-	RegistryProbe    time.Duration
+	target
+	RegistryProbe time.Duration
 
 	LeaderElect          bool          // --leader-elect
 	LeaderElectNamespace string        // --leader-elect-namespace, POD_NAMESPACE
@@ -48,11 +39,23 @@ type config struct {
 	LogLevel slog.Level // --log-level
 }
 
-// parseConfig reads flags (args without the program name) with environment defaults from getenv.
-func parseConfig(args []string, getenv func(string) string) (config, error) {
-	var c config
-	fs := flag.NewFlagSet("aether-registrar", flag.ContinueOnError)
-	ef := &envflag.Set{FS: fs, Getenv: getenv}
+// target is this cluster and its registry: the flags the registrar and its reclaim-partition
+// subcommand share.
+type target struct {
+	Cluster    string // --cluster, AETHER_CLUSTER: this cluster's name (its registry partition)
+	Region     string // --region, AETHER_REGION
+	Kubeconfig string // --kubeconfig, KUBECONFIG (empty: in-cluster)
+
+	Registry         registryflag.Flags // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
+	RegistryUser     string             // --registry-user, AETHER_REGISTRY_USER (etcd auth; password from AETHER_REGISTRY_PASSWORD)
+	RegistryPassword string             // AETHER_REGISTRY_PASSWORD only (never a flag: it would show in ps)
+	RegistryDataDir  string             // --registry-data-dir, AETHER_REGISTRY_DATA_DIR: embedded etcd's data (no endpoints)
+	RegistryListen   string             // --registry-listen: embedded etcd's client URL
+	RegistryPeer     string             // --registry-peer-listen: embedded etcd's peer URL
+}
+
+// define registers the target's flags (with their environment variables) on ef and fs.
+func (c *target) define(ef *envflag.Set, fs *flag.FlagSet, getenv func(string) string) {
 	ef.StringVar(&c.Cluster, "cluster", "AETHER_CLUSTER", "", "this cluster's name: its registry partition and MCS cluster name")
 	ef.StringVar(&c.Region, "region", "AETHER_REGION", "default", "this cluster's region in the registry key layout")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
@@ -62,30 +65,10 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	ef.StringVar(&c.RegistryDataDir, "registry-data-dir", "AETHER_REGISTRY_DATA_DIR", "/var/lib/aether/registry", "embedded etcd's data directory (used when --registry-endpoints is empty)")
 	fs.StringVar(&c.RegistryListen, "registry-listen", "http://127.0.0.1:2379", "embedded etcd's client URL (used when --registry-endpoints is empty)")
 	fs.StringVar(&c.RegistryPeer, "registry-peer-listen", "http://127.0.0.1:2380", "embedded etcd's peer URL (used when --registry-endpoints is empty)")
-	fs.DurationVar(&c.RegistryProbe, "registry-probe-interval", 2*time.Second, "how often readiness probes the registry")
-	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "elect a leader among replicas (only the leader writes)")
-	ef.StringVar(&c.LeaderElectNamespace, "leader-elect-namespace", "POD_NAMESPACE", "aether-system", "namespace of the leader election Lease")
-	fs.StringVar(&c.LeaderElectID, "leader-elect-id", "aether-registrar", "name of the leader election Lease")
-	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a standby waits before taking over a lease that was not renewed")
-	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it steps down")
-	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "interval between leader election attempts")
-	fs.BoolVar(&c.ReleaseOnCancel, "leader-elect-release-on-cancel", true, "give up the lease at once on a clean shutdown")
-	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
-	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
-	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")
-	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 50, "API server requests per second")
-	fs.IntVar(&c.KubeBurst, "kube-api-burst", 100, "API server request burst")
-	level := ef.String("log-level", "AETHER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
-	if err := ef.Parse(args); err != nil {
-		return c, err
-	}
-	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
-		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
-	}
-	return c, c.validate()
 }
 
-func (c config) validate() error {
+// validate names the flag and value of every bad target field.
+func (c target) validate() []error {
 	var errs []error
 	label := func(flagName, v string) {
 		if v == "" {
@@ -114,7 +97,40 @@ func (c config) validate() error {
 			}
 		}
 	}
-	errs = append(errs, c.Registry.CheckTLS()...)
+	return append(errs, c.Registry.CheckTLS()...)
+}
+
+// parseConfig reads flags (args without the program name) with environment defaults from getenv.
+func parseConfig(args []string, getenv func(string) string) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("aether-registrar", flag.ContinueOnError)
+	ef := &envflag.Set{FS: fs, Getenv: getenv}
+	c.target.define(ef, fs, getenv)
+	fs.DurationVar(&c.RegistryProbe, "registry-probe-interval", 2*time.Second, "how often readiness probes the registry")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "elect a leader among replicas (only the leader writes)")
+	ef.StringVar(&c.LeaderElectNamespace, "leader-elect-namespace", "POD_NAMESPACE", "aether-system", "namespace of the leader election Lease")
+	fs.StringVar(&c.LeaderElectID, "leader-elect-id", "aether-registrar", "name of the leader election Lease")
+	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a standby waits before taking over a lease that was not renewed")
+	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it steps down")
+	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "interval between leader election attempts")
+	fs.BoolVar(&c.ReleaseOnCancel, "leader-elect-release-on-cancel", true, "give up the lease at once on a clean shutdown")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
+	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
+	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")
+	fs.Float64Var(&c.KubeQPS, "kube-api-qps", 50, "API server requests per second")
+	fs.IntVar(&c.KubeBurst, "kube-api-burst", 100, "API server request burst")
+	level := ef.String("log-level", "AETHER_LOG_LEVEL", "info", "log level: debug, info, warn, error")
+	if err := ef.Parse(args); err != nil {
+		return c, err
+	}
+	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
+		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
+	}
+	return c, c.validate()
+}
+
+func (c config) validate() error {
+	errs := c.target.validate()
 	if c.RegistryProbe <= 0 {
 		errs = append(errs, fmt.Errorf("--registry-probe-interval %s: want a positive duration", c.RegistryProbe))
 	}

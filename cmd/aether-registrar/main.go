@@ -1,7 +1,10 @@
 // Command aether-registrar is aether's per-cluster, leader-elected controller set: MCS export
 // (ServiceExport to a registry export mark) and import (ServiceImport and <svc>-clusterset VIP
 // Service). With --registry-endpoints empty it embeds a single-member etcd (--registry-data-dir),
-// the single-machine, single-replica deployment. See docs/registrar.md for its flags.
+// the single-machine, single-replica deployment. It claims its cluster's registry partition for
+// this cluster (the UID of its kube-system Namespace) and exits, writing nothing, when another
+// cluster holds the claim; `aether-registrar reclaim-partition` re-claims it after a rebuild.
+// See docs/registrar.md for its flags.
 package main
 
 import (
@@ -19,6 +22,10 @@ import (
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == setupAuthCommand {
 		mainSetupAuth(os.Args[2:])
+		return
+	}
+	if len(os.Args) > 1 && os.Args[1] == reclaimCommand {
+		mainReclaim(os.Args[2:])
 		return
 	}
 	cfg, err := parseConfig(os.Args[1:], os.Getenv)
@@ -60,4 +67,22 @@ func mainSetupAuth(args []string) {
 		fmt.Printf("user %s: read the registry, write %s; authenticates by %s\n", registry.UserName(u.Origin), u.Origin.Prefix(), how)
 	}
 	fmt.Println("etcd authentication is on")
+}
+
+// mainReclaim runs `aether-registrar reclaim-partition`: exit 0 when this cluster holds its
+// partition's claim (re-claimed or already), 2 on bad input (nothing is changed), 1 when the
+// claim names another cluster ID than --previous-cluster-id or the API server or etcd failed.
+func mainReclaim(args []string) {
+	c, err := parseReclaimConfig(args, os.Getenv)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "aether-registrar %s: invalid configuration: %v\n", reclaimCommand, err)
+		os.Exit(2)
+	}
+	if err := reclaim(context.Background(), c, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "aether-registrar %s: %v\n", reclaimCommand, err)
+		os.Exit(1)
+	}
 }

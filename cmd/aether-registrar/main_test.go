@@ -187,9 +187,9 @@ func TestBinarySingleMachineEmbeddedRegistry(t *testing.T) {
 	}
 }
 
-// TestHelpAndBadFlags: the command and its setup-registry-auth subcommand print their usage,
-// with each flag's environment variable, and exit 0 on --help; an unknown flag exits 2 naming
-// it.
+// TestHelpAndBadFlags: the command and its setup-registry-auth and reclaim-partition subcommands
+// print their usage, with each flag's environment variable, and exit 0 on --help; an unknown
+// flag exits 2 naming it.
 func TestHelpAndBadFlags(t *testing.T) {
 	run := func(args ...string) (string, error) {
 		cmd := exec.Command(os.Args[0], args...)
@@ -224,6 +224,15 @@ func TestHelpAndBadFlags(t *testing.T) {
 	for _, want := range registryFlags("comma-separated etcd client URLs of the registry", "client certificate for the registry (with --client-cert-auth, CN root)") {
 		if !strings.Contains(out, want) {
 			t.Errorf("aether-registrar %s --help lacks %q:\n%s", setupAuthCommand, want, out)
+		}
+	}
+	out, err = run(reclaimCommand, "--help")
+	if err != nil {
+		t.Fatalf("aether-registrar %s --help: %v\n%s", reclaimCommand, err, out)
+	}
+	for _, want := range []string{"-previous-cluster-id string", "-cluster string", "(env AETHER_CLUSTER)", "-registry-user string", "-timeout duration"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("aether-registrar %s --help lacks %q:\n%s", reclaimCommand, want, out)
 		}
 	}
 	out, err = run("--no-such-flag")

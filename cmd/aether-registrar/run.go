@@ -2,19 +2,30 @@ package main
 
 import (
 	"context"
-	"github.com/aethermesh/aether/internal/kubeconfig"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	ctrlmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/aethermesh/aether/internal/clusterid"
+	"github.com/aethermesh/aether/internal/kubeconfig"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registrar/registry"
 )
 
+// clusterIDTimeout bounds the wait for this cluster's kube-system Namespace at start.
+const clusterIDTimeout = 2 * time.Minute
+
 // run connects to (or embeds) the registry and runs the registrar until ctx ends or it loses
-// its leader lease.
+// its leader lease. Its registry partition is claimed for this cluster (the UID of its
+// kube-system Namespace): when another cluster holds the claim it writes nothing and returns an
+// error that says how to fix it (claimError).
 func run(ctx context.Context, cfg config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With("cluster", cfg.Cluster, "region", cfg.Region)
 	rc, err := kubeconfig.RESTConfig(cfg.Kubeconfig)
@@ -22,34 +33,18 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	rc.QPS, rc.Burst = float32(cfg.KubeQPS), cfg.KubeBurst
-
-	endpoints := cfg.Registry.Endpoints()
-	if len(endpoints) == 0 {
-		emb, err := registry.StartEmbedded(ctx, registry.EmbeddedConfig{
-			DataDir: cfg.RegistryDataDir, ClientURL: cfg.RegistryListen, PeerURL: cfg.RegistryPeer,
-			LogFile: filepath.Join(cfg.RegistryDataDir, "etcd.log"), Logger: log,
-		})
-		if err != nil {
-			return err
-		}
-		defer emb.Close()
-		endpoints = emb.Endpoints
-	}
-	rcfg := registry.Config{
-		Endpoints: endpoints, Username: cfg.RegistryUser, Password: cfg.RegistryPassword,
-		Region: cfg.Region, Cluster: cfg.Cluster, Logger: log, Metrics: ctrlmetrics.Registry,
-	}
-	if rcfg.TLS, err = cfg.Registry.TLS(); err != nil {
-		return err
-	}
-	reg, err := registry.New(rcfg)
+	reg, id, closeReg, err := openRegistry(ctx, cfg.target, rc, log, claimedBy("aether-registrar"))
 	if err != nil {
 		return err
 	}
-	defer reg.Close()
+	defer closeReg()
 
 	r, err := registrar.New(registrar.Config{
-		Kube: rc, Exports: reg, Probe: registrar.EtcdProbe(reg.Client()), ProbeInterval: cfg.RegistryProbe,
+		Kube: rc, Exports: reg,
+		// The claim check is a linearizable read (or the claiming transaction), so it probes the
+		// registry's quorum too; a claim of another cluster stops the registrar.
+		Probe:          func(ctx context.Context) error { _, err := reg.EnsureClaim(ctx); return err },
+		ProbeInterval:  cfg.RegistryProbe,
 		LeaderElection: cfg.LeaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
@@ -59,6 +54,72 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	log.Info("registrar starting", "registry", endpoints, "leader_elect", cfg.LeaderElect)
-	return r.Start(ctx)
+	log.Info("registrar starting", "registry", reg.Client().Endpoints(), "leader_elect", cfg.LeaderElect, "cluster_id", id)
+	return claimError(r.Start(ctx), cfg.target)
+}
+
+// openRegistry reads this cluster's ID (the UID of its kube-system Namespace) and opens the
+// registry (embedding etcd when no endpoints are given) as a writer of the target's partition
+// that claims it under that ID. claimedBy names the process in a claim it writes. The returned
+// func closes the registry and the embedded etcd.
+func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logger, claimedBy string) (*registry.Registry, string, func(), error) {
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	idCtx, cancel := context.WithTimeout(ctx, clusterIDTimeout)
+	id, err := clusterid.Get(idCtx, cs)
+	cancel()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	var closers []func()
+	closeAll := func() {
+		for i := len(closers) - 1; i >= 0; i-- {
+			closers[i]()
+		}
+	}
+	endpoints := t.Registry.Endpoints()
+	if len(endpoints) == 0 {
+		emb, err := registry.StartEmbedded(ctx, registry.EmbeddedConfig{
+			DataDir: t.RegistryDataDir, ClientURL: t.RegistryListen, PeerURL: t.RegistryPeer,
+			LogFile: filepath.Join(t.RegistryDataDir, "etcd.log"), Logger: log,
+		})
+		if err != nil {
+			return nil, "", nil, err
+		}
+		closers = append(closers, func() { emb.Close() })
+		endpoints = emb.Endpoints
+	}
+	rcfg := registry.Config{
+		Endpoints: endpoints, Username: t.RegistryUser, Password: t.RegistryPassword,
+		Region: t.Region, Cluster: t.Cluster, Logger: log, Metrics: ctrlmetrics.Registry,
+		ClusterID: id, Claimer: true, ClaimedBy: claimedBy,
+	}
+	if rcfg.TLS, err = t.Registry.TLS(); err != nil {
+		closeAll()
+		return nil, "", nil, err
+	}
+	reg, err := registry.New(rcfg)
+	if err != nil {
+		closeAll()
+		return nil, "", nil, err
+	}
+	closers = append(closers, func() { reg.Close() })
+	return reg, id, closeAll, nil
+}
+
+// claimError adds to an error caused by a partition claimed by another cluster what the
+// operator can do about it; other errors pass unchanged.
+func claimError(err error, t target) error {
+	var ce *registry.ClaimConflictError
+	if !errors.As(err, &ce) {
+		return err
+	}
+	return fmt.Errorf(`%w
+Nothing was written into the registry partition of cluster name %q (region %q): it belongs to the cluster whose kube-system Namespace has UID %s, and this cluster's is %s.
+- If this is another cluster (for example its configuration was copied from that one), give it a cluster name of its own: --cluster (AETHER_CLUSTER in the aether-config ConfigMap), the same for its registrar and agents.
+- If the cluster that made the claim no longer exists and this one replaces it (rebuilt), re-claim the partition once, with this cluster's kubeconfig and the registrar's registry flags:
+    aether-registrar %s --cluster %s --region %s --previous-cluster-id %s`,
+		err, t.Cluster, t.Region, ce.Claim.GetClusterId(), ce.ClusterID, reclaimCommand, t.Cluster, t.Region, ce.Claim.GetClusterId())
 }

@@ -108,6 +108,8 @@ type metrics struct {
 	badRecords *prometheus.CounterVec
 	leaseLost  prometheus.Counter
 	relists    prometheus.Counter
+	// claimConflict is 1 while this writer's partition is claimed by another cluster.
+	claimConflict prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -124,6 +126,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "aether_registry_watch_relists_total",
 			Help: "Times a watch fell behind a compaction and re-listed the store.",
 		}),
+		claimConflict: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "aether_registry_partition_claim_conflict",
+			Help: "1 while this writer's registry partition (its region and cluster name) is claimed by another real cluster (another kube-system Namespace UID), so it writes nothing; 0 otherwise.",
+		}),
 	}
 	if reg == nil {
 		return m, nil
@@ -136,6 +142,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.relists, err = register(reg, m.relists); err != nil {
+		return nil, err
+	}
+	if m.claimConflict, err = register(reg, m.claimConflict); err != nil {
 		return nil, err
 	}
 	return m, nil

@@ -7,8 +7,14 @@
 //	endpoints/<ns>/<svc>/<pod uid>   ServiceEndpoint, bound to the writer's lease
 //	exports/<ns>/<svc>               ExportMark
 //	config/<base64url(<ns>/<svc>)>   ServiceConfigProjection
+//	claim                            PartitionClaim: which real cluster owns the partition
 //
 // A Registry writes only under its own (region, cluster) prefix and refuses anything else.
+// With Config.ClusterID (the UID of the cluster's kube-system Namespace) every write is an etcd
+// transaction conditional on the partition's claim naming that cluster, so two clusters given
+// the same cluster name cannot both write one partition: the first registrar claims it
+// (EnsureClaim), every other cluster's writers are refused (ErrPartitionClaimed), and an
+// operator re-claims it explicitly after a rebuild (Reclaim).
 // Readers list and watch the whole root and take a record's origin from its key path, never from
 // its value. Malformed keys or values are skipped, logged with their key and counted
 // (aether_registry_bad_records_total); they never stop a reader.

@@ -51,7 +51,7 @@ func (r *Registry) RegisterEndpoint(ctx context.Context, ep *registryv1.ServiceE
 			return fmt.Errorf("register endpoint %q: %w", key, err)
 		}
 	}
-	_, err = r.cli.Put(ctx, key, string(b), clientv3.WithLease(r.lease))
+	err = r.write(ctx, clientv3.OpPut(key, string(b), clientv3.WithLease(r.lease)))
 	if errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		// The lease expired before the keeper noticed: replace it now rather than fail.
 		r.log.Warn("registry: endpoint lease lost; re-registering under a new lease", "lease", fmt.Sprintf("%x", int64(r.lease)))
@@ -59,7 +59,7 @@ func (r *Registry) RegisterEndpoint(ctx context.Context, ep *registryv1.ServiceE
 		if err := r.replaceLocked(ctx); err != nil {
 			return fmt.Errorf("register endpoint %q: %w", key, err)
 		}
-		_, err = r.cli.Put(ctx, key, string(b), clientv3.WithLease(r.lease))
+		err = r.write(ctx, clientv3.OpPut(key, string(b), clientv3.WithLease(r.lease)))
 	}
 	if err != nil {
 		return fmt.Errorf("register endpoint %q: %w", key, err)
@@ -205,7 +205,7 @@ func (r *Registry) replaceLocked(ctx context.Context) error {
 		if len(ops) == 0 {
 			return nil
 		}
-		_, err := r.cli.Txn(ctx).Then(ops...).Commit()
+		err := r.write(ctx, ops...)
 		ops = ops[:0]
 		return err
 	}

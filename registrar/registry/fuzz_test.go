@@ -19,6 +19,7 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add(o.ConfigKey("shop", "cart"), cf)
 	f.Add(o.ConfigKey("shop", "cart"), ep)
 	f.Add(Root+"eu/clusters/alpha/endpoints/shop/cart", []byte{0xff})
+	f.Add(o.ClaimKey(), ex)
 	f.Add("", []byte(nil))
 	f.Fuzz(func(t *testing.T, key string, value []byte) {
 		check := func(k Kind, origin Origin) {

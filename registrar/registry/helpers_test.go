@@ -30,9 +30,12 @@ func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
+// newTestRegistry returns a writer of region/cluster that claims its partition as cluster ID
+// "cid-<region>-<cluster>" (so every test exercises the claim-guarded writes), after mod.
 func newTestRegistry(t testing.TB, endpoints []string, region, cluster string, mod func(*Config)) *Registry {
 	t.Helper()
-	cfg := Config{Endpoints: endpoints, Region: region, Cluster: cluster, LeaseTTL: 2 * time.Second, Logger: testLogger(t)}
+	cfg := Config{Endpoints: endpoints, Region: region, Cluster: cluster, LeaseTTL: 2 * time.Second, Logger: testLogger(t),
+		ClusterID: "cid-" + region + "-" + cluster, Claimer: true}
 	if mod != nil {
 		mod(&cfg)
 	}

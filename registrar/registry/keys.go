@@ -17,6 +17,9 @@ const (
 	KindEndpoint Kind = "endpoints"
 	KindExport   Kind = "exports"
 	KindConfig   Kind = "config"
+	// KindClaim is the partition claim, the single key .../clusters/<cluster>/claim (no
+	// namespace or service): which real cluster owns the partition (see Registry.EnsureClaim).
+	KindClaim Kind = "claim"
 )
 
 // Origin is the region and cluster a record belongs to, as read from its key path.
@@ -53,6 +56,10 @@ func (o Origin) ExportKey(namespace, service string) string {
 	return o.Prefix() + string(KindExport) + "/" + namespace + "/" + service
 }
 
+// ClaimKey returns .../claim under the origin's prefix: the partition's PartitionClaim. It sits
+// inside the prefix, so the cluster's own etcd user (SetupAuth) may write it.
+func (o Origin) ClaimKey() string { return o.Prefix() + string(KindClaim) }
+
 // ConfigKey returns .../config/<base64url(<ns>/<svc>)> under the origin's prefix. The encoding
 // is RFC 4648 section 5 (URL and filename safe alphabet) without padding.
 func (o Origin) ConfigKey(namespace, service string) string {
@@ -61,23 +68,31 @@ func (o Origin) ConfigKey(namespace, service string) string {
 
 // Key is a parsed registry key.
 type Key struct {
-	Origin    Origin
-	Kind      Kind
+	Origin Origin
+	Kind   Kind
+	// Namespace and Service are empty for the claim key.
 	Namespace string
 	Service   string
 	// PodUID is set for endpoint keys only.
 	PodUID string
 }
 
-// ParseKey splits a registry key into origin, kind, service and (for endpoints) pod UID. It
-// returns an error naming the key when the key does not follow the layout or a segment is not a
-// valid name.
+// ParseKey splits a registry key into origin, kind, service and (for endpoints) pod UID; the
+// claim key (.../clusters/<cluster>/claim) has origin and kind only. It returns an error naming
+// the key when the key does not follow the layout or a segment is not a valid name.
 func ParseKey(key string) (Key, error) {
 	rest, ok := strings.CutPrefix(key, Root)
 	if !ok {
 		return Key{}, fmt.Errorf("parse key %q: not under %s", key, Root)
 	}
 	parts := strings.Split(rest, "/")
+	if len(parts) == 4 && parts[1] == "clusters" && Kind(parts[3]) == KindClaim {
+		k := Key{Origin: Origin{Region: parts[0], Cluster: parts[2]}, Kind: KindClaim}
+		if err := k.Origin.Validate(); err != nil {
+			return Key{}, fmt.Errorf("parse key %q: %w", key, err)
+		}
+		return k, nil
+	}
 	// <region> clusters <cluster> <kind> ...
 	if len(parts) < 5 || parts[1] != "clusters" {
 		return Key{}, fmt.Errorf("parse key %q: want %s<region>/clusters/<cluster>/<kind>/<rest>", key, Root)

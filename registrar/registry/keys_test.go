@@ -36,6 +36,15 @@ func TestKeyLayout(t *testing.T) {
 			}
 		})
 	}
+	t.Run("claim", func(t *testing.T) {
+		if got, want := o.ClaimKey(), "/aether/v1/regions/eu-west/clusters/alpha/claim"; got != want {
+			t.Fatalf("ClaimKey = %q, want %q", got, want)
+		}
+		k, err := ParseKey(o.ClaimKey())
+		if err != nil || k != (Key{Origin: o, Kind: KindClaim}) {
+			t.Fatalf("ParseKey(claim) = %+v, %v", k, err)
+		}
+	})
 }
 
 func TestParseKeyRejects(t *testing.T) {
@@ -47,6 +56,9 @@ func TestParseKeyRejects(t *testing.T) {
 		{"bad region", "/aether/v1/regions/R_1/clusters/c/exports/ns/svc", "region"},
 		{"empty cluster", "/aether/v1/regions/r/clusters//exports/ns/svc", "cluster"},
 		{"unknown kind", "/aether/v1/regions/r/clusters/c/widgets/ns/svc", "unknown kind"},
+		{"claim with a tail", "/aether/v1/regions/r/clusters/c/claim/x", "unknown kind"},
+		{"claim of a bad cluster", "/aether/v1/regions/r/clusters/C_1/claim", "cluster"},
+		{"cluster without kind", "/aether/v1/regions/r/clusters/c/exports", "want /aether"},
 		{"endpoint without uid", "/aether/v1/regions/r/clusters/c/endpoints/ns/svc", "endpoints/<ns>/<svc>/<pod uid>"},
 		{"endpoint extra segment", "/aether/v1/regions/r/clusters/c/endpoints/ns/svc/uid/x", "endpoints/<ns>/<svc>/<pod uid>"},
 		{"endpoint bad uid", "/aether/v1/regions/r/clusters/c/endpoints/ns/svc/u%20id", "pod_uid"},

@@ -46,6 +46,18 @@ type Config struct {
 	// Region and Cluster are this writer's origin: every write goes under
 	// /aether/v1/regions/<Region>/clusters/<Cluster>/. Both must be RFC 1123 DNS labels.
 	Region, Cluster string
+	// ClusterID, when set, identifies the real cluster this writer belongs to (the UID of its
+	// kube-system Namespace) and turns the partition claim on: every write into the partition
+	// is conditional on its claim (Origin.ClaimKey) naming this cluster ID, or, for a
+	// non-claimer, on there being no claim; a partition claimed by another cluster ID is never
+	// written (see EnsureClaim). Empty: no claim is checked (single-cluster tests and tools).
+	ClusterID string
+	// Claimer makes this writer claim its partition when nobody has (the registrar); otherwise
+	// it only checks the claim (the agent).
+	Claimer bool
+	// ClaimedBy names the process in a claim it writes, for operators (default: the command and
+	// host name).
+	ClaimedBy string
 	// LeaseTTL is the endpoint lease TTL (default DefaultLeaseTTL; etcd raises values below its
 	// minimum, 1.5 election timeouts, to that minimum). Whole seconds; rounded up.
 	LeaseTTL time.Duration
@@ -53,7 +65,7 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when set, registers the registry's Prometheus counters
 	// (aether_registry_bad_records_total, aether_registry_lease_lost_total,
-	// aether_registry_watch_relists_total).
+	// aether_registry_watch_relists_total) and the aether_registry_partition_claim_conflict gauge.
 	Metrics prometheus.Registerer
 }
 
@@ -93,6 +105,14 @@ type Registry struct {
 	lease   clientv3.LeaseID
 	desired map[string][]byte // endpoint key -> value this writer keeps registered
 	leaseCh chan struct{}     // closed and replaced whenever the lease changes (tests, Lease)
+
+	// The partition claim (claim.go).
+	clusterID string
+	claimer   bool
+	claimedBy string
+	cmu       sync.Mutex
+	guard     *clientv3.Cmp // the verified claim every write compares; nil: verify first
+	conflict  bool          // the last check found another cluster's claim
 }
 
 // New connects to etcd and returns a Registry for cfg's origin. It returns an error when the
@@ -160,12 +180,25 @@ func NewWithClient(cli *clientv3.Client, cfg Config) (*Registry, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create registry: %w", err)
 	}
+	if cfg.Claimer && cfg.ClusterID == "" {
+		return nil, errors.New("create registry: ClusterID: required with Claimer")
+	}
+	if cfg.ClusterID != "" {
+		if err := ValidateClusterID("ClusterID", cfg.ClusterID); err != nil {
+			return nil, fmt.Errorf("create registry: %w", err)
+		}
+	}
+	claimedBy := cfg.ClaimedBy
+	if claimedBy == "" {
+		claimedBy = defaultClaimedBy()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Registry{
 		cli: cli, origin: o, ttl: int64((ttl + time.Second - 1) / time.Second),
 		log: log.With("region", o.Region, "cluster", o.Cluster), m: m,
 		ctx: ctx, cancel: cancel,
 		desired: map[string][]byte{}, leaseCh: make(chan struct{}),
+		clusterID: cfg.ClusterID, claimer: cfg.Claimer, claimedBy: claimedBy,
 	}, nil
 }
 
@@ -224,7 +257,7 @@ func (r *Registry) put(ctx context.Context, key string, v proto.Message, opts ..
 	if err != nil {
 		return fmt.Errorf("marshal %q: %w", key, err)
 	}
-	if _, err := r.cli.Put(ctx, key, string(b), opts...); err != nil {
+	if err := r.write(ctx, clientv3.OpPut(key, string(b), opts...)); err != nil {
 		return fmt.Errorf("put %q: %w", key, err)
 	}
 	return nil
@@ -235,7 +268,7 @@ func (r *Registry) del(ctx context.Context, key string) error {
 	if err := r.checkOwn(key); err != nil {
 		return err
 	}
-	if _, err := r.cli.Delete(ctx, key); err != nil {
+	if err := r.write(ctx, clientv3.OpDelete(key)); err != nil {
 		return fmt.Errorf("delete %q: %w", key, err)
 	}
 	return nil

@@ -50,14 +50,22 @@ var errNotDNSLabel = errors.New("want an RFC 1123 DNS label (a-z, 0-9, '-', at m
 
 // validPodUID checks an endpoint id: 1 to 128 characters of A-Z a-z 0-9 . _ - (a Kubernetes
 // UID is a lowercase RFC 4122 UUID).
-func validPodUID(s string) error {
+func validPodUID(s string) error { return validToken("pod_uid", s) }
+
+// ValidateClusterID checks a cluster ID (Config.ClusterID, PartitionClaim.cluster_id): a
+// Kubernetes UID, or any token of 1-128 characters of A-Z a-z 0-9 . _ - (as a pod UID). It
+// returns a *ValidationError naming field and the value.
+func ValidateClusterID(field, id string) error { return validToken(field, id) }
+
+// validToken checks a UID-like token: 1-128 characters of A-Z a-z 0-9 . _ -.
+func validToken(field, s string) error {
 	ok := len(s) > 0 && len(s) <= 128
 	for i := 0; ok && i < len(s); i++ {
 		c := s[i]
 		ok = c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-'
 	}
 	if !ok {
-		return fieldErr("pod_uid", s, "want 1-128 characters of A-Z a-z 0-9 . _ -")
+		return fieldErr(field, s, "want 1-128 characters of A-Z a-z 0-9 . _ -")
 	}
 	return nil
 }

@@ -236,7 +236,7 @@ func (x Route_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use Route_Kind.Descriptor instead.
 func (Route_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{7, 0}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{8, 0}
 }
 
 type PathMatch_Type int32
@@ -288,7 +288,7 @@ func (x PathMatch_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathMatch_Type.Descriptor instead.
 func (PathMatch_Type) EnumDescriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{10, 0}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{11, 0}
 }
 
 type PathModifier_Type int32
@@ -337,7 +337,7 @@ func (x PathModifier_Type) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PathModifier_Type.Descriptor instead.
 func (PathModifier_Type) EnumDescriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{17, 0}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{18, 0}
 }
 
 type BackendRef_Kind int32
@@ -386,7 +386,7 @@ func (x BackendRef_Kind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BackendRef_Kind.Descriptor instead.
 func (BackendRef_Kind) EnumDescriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{21, 0}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{22, 0}
 }
 
 // ServiceRef names a Kubernetes Service in its home cluster.
@@ -847,6 +847,82 @@ func (x *ExportMark) GetCreateTime() string {
 	return ""
 }
 
+// PartitionClaim is stored at .../clusters/<cluster>/claim: which real cluster owns the
+// partition of that cluster name. The first registrar of a cluster creates it; registrars and
+// agents whose own cluster_id differs refuse to write into the partition (docs/registry.md,
+// "Partition claim").
+type PartitionClaim struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// cluster_id identifies the real cluster: the UID of its kube-system Namespace.
+	ClusterId string `protobuf:"bytes,1,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// claim_time is when this cluster_id claimed the partition, RFC 3339 with nanoseconds (UTC).
+	ClaimTime string `protobuf:"bytes,2,opt,name=claim_time,json=claimTime,proto3" json:"claim_time,omitempty"`
+	// claimed_by names the process that wrote the claim (host name and command), for operators.
+	ClaimedBy string `protobuf:"bytes,3,opt,name=claimed_by,json=claimedBy,proto3" json:"claimed_by,omitempty"`
+	// previous_cluster_id is the cluster_id an explicit re-claim replaced (empty for a first claim).
+	PreviousClusterId string `protobuf:"bytes,4,opt,name=previous_cluster_id,json=previousClusterId,proto3" json:"previous_cluster_id,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *PartitionClaim) Reset() {
+	*x = PartitionClaim{}
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PartitionClaim) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PartitionClaim) ProtoMessage() {}
+
+func (x *PartitionClaim) ProtoReflect() protoreflect.Message {
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PartitionClaim.ProtoReflect.Descriptor instead.
+func (*PartitionClaim) Descriptor() ([]byte, []int) {
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PartitionClaim) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *PartitionClaim) GetClaimTime() string {
+	if x != nil {
+		return x.ClaimTime
+	}
+	return ""
+}
+
+func (x *PartitionClaim) GetClaimedBy() string {
+	if x != nil {
+		return x.ClaimedBy
+	}
+	return ""
+}
+
+func (x *PartitionClaim) GetPreviousClusterId() string {
+	if x != nil {
+		return x.PreviousClusterId
+	}
+	return ""
+}
+
 // ServiceConfigProjection is the route configuration attached to an exported Service, projected
 // by its origin cluster's registrar (Gateway API HTTPRoute and GRPCRoute core features), stored
 // under .../config/<base64url(<ns>/<svc>)>.
@@ -865,7 +941,7 @@ type ServiceConfigProjection struct {
 
 func (x *ServiceConfigProjection) Reset() {
 	*x = ServiceConfigProjection{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[6]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -877,7 +953,7 @@ func (x *ServiceConfigProjection) String() string {
 func (*ServiceConfigProjection) ProtoMessage() {}
 
 func (x *ServiceConfigProjection) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[6]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -890,7 +966,7 @@ func (x *ServiceConfigProjection) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ServiceConfigProjection.ProtoReflect.Descriptor instead.
 func (*ServiceConfigProjection) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{6}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ServiceConfigProjection) GetService() *ServiceRef {
@@ -943,7 +1019,7 @@ type Route struct {
 
 func (x *Route) Reset() {
 	*x = Route{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[7]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -955,7 +1031,7 @@ func (x *Route) String() string {
 func (*Route) ProtoMessage() {}
 
 func (x *Route) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[7]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -968,7 +1044,7 @@ func (x *Route) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Route.ProtoReflect.Descriptor instead.
 func (*Route) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{7}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *Route) GetKind() Route_Kind {
@@ -1015,7 +1091,7 @@ type RouteRule struct {
 
 func (x *RouteRule) Reset() {
 	*x = RouteRule{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[8]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1027,7 +1103,7 @@ func (x *RouteRule) String() string {
 func (*RouteRule) ProtoMessage() {}
 
 func (x *RouteRule) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[8]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1040,7 +1116,7 @@ func (x *RouteRule) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteRule.ProtoReflect.Descriptor instead.
 func (*RouteRule) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{8}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *RouteRule) GetName() string {
@@ -1101,7 +1177,7 @@ type RouteMatch struct {
 
 func (x *RouteMatch) Reset() {
 	*x = RouteMatch{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[9]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1113,7 +1189,7 @@ func (x *RouteMatch) String() string {
 func (*RouteMatch) ProtoMessage() {}
 
 func (x *RouteMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[9]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1126,7 +1202,7 @@ func (x *RouteMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteMatch.ProtoReflect.Descriptor instead.
 func (*RouteMatch) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{9}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *RouteMatch) GetPath() *PathMatch {
@@ -1175,7 +1251,7 @@ type PathMatch struct {
 
 func (x *PathMatch) Reset() {
 	*x = PathMatch{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[10]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1187,7 +1263,7 @@ func (x *PathMatch) String() string {
 func (*PathMatch) ProtoMessage() {}
 
 func (x *PathMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[10]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1200,7 +1276,7 @@ func (x *PathMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathMatch.ProtoReflect.Descriptor instead.
 func (*PathMatch) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{10}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PathMatch) GetType() PathMatch_Type {
@@ -1229,7 +1305,7 @@ type HeaderMatch struct {
 
 func (x *HeaderMatch) Reset() {
 	*x = HeaderMatch{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[11]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1241,7 +1317,7 @@ func (x *HeaderMatch) String() string {
 func (*HeaderMatch) ProtoMessage() {}
 
 func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[11]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1254,7 +1330,7 @@ func (x *HeaderMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderMatch.ProtoReflect.Descriptor instead.
 func (*HeaderMatch) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{11}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *HeaderMatch) GetType() StringMatchType {
@@ -1290,7 +1366,7 @@ type QueryParamMatch struct {
 
 func (x *QueryParamMatch) Reset() {
 	*x = QueryParamMatch{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[12]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1302,7 +1378,7 @@ func (x *QueryParamMatch) String() string {
 func (*QueryParamMatch) ProtoMessage() {}
 
 func (x *QueryParamMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[12]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1315,7 +1391,7 @@ func (x *QueryParamMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QueryParamMatch.ProtoReflect.Descriptor instead.
 func (*QueryParamMatch) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{12}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *QueryParamMatch) GetType() StringMatchType {
@@ -1351,7 +1427,7 @@ type GRPCMethodMatch struct {
 
 func (x *GRPCMethodMatch) Reset() {
 	*x = GRPCMethodMatch{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[13]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1363,7 +1439,7 @@ func (x *GRPCMethodMatch) String() string {
 func (*GRPCMethodMatch) ProtoMessage() {}
 
 func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[13]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1376,7 +1452,7 @@ func (x *GRPCMethodMatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GRPCMethodMatch.ProtoReflect.Descriptor instead.
 func (*GRPCMethodMatch) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{13}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GRPCMethodMatch) GetType() StringMatchType {
@@ -1417,7 +1493,7 @@ type RouteFilter struct {
 
 func (x *RouteFilter) Reset() {
 	*x = RouteFilter{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[14]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1429,7 +1505,7 @@ func (x *RouteFilter) String() string {
 func (*RouteFilter) ProtoMessage() {}
 
 func (x *RouteFilter) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[14]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1442,7 +1518,7 @@ func (x *RouteFilter) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteFilter.ProtoReflect.Descriptor instead.
 func (*RouteFilter) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{14}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RouteFilter) GetFilter() isRouteFilter_Filter {
@@ -1542,7 +1618,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[15]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1554,7 +1630,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[15]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1567,7 +1643,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{15}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Header) GetName() string {
@@ -1596,7 +1672,7 @@ type HeaderModifier struct {
 
 func (x *HeaderModifier) Reset() {
 	*x = HeaderModifier{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[16]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1684,7 @@ func (x *HeaderModifier) String() string {
 func (*HeaderModifier) ProtoMessage() {}
 
 func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[16]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1697,7 @@ func (x *HeaderModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HeaderModifier.ProtoReflect.Descriptor instead.
 func (*HeaderModifier) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{16}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *HeaderModifier) GetSet() []*Header {
@@ -1656,7 +1732,7 @@ type PathModifier struct {
 
 func (x *PathModifier) Reset() {
 	*x = PathModifier{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[17]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1668,7 +1744,7 @@ func (x *PathModifier) String() string {
 func (*PathModifier) ProtoMessage() {}
 
 func (x *PathModifier) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[17]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1681,7 +1757,7 @@ func (x *PathModifier) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathModifier.ProtoReflect.Descriptor instead.
 func (*PathModifier) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{17}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PathModifier) GetType() PathModifier_Type {
@@ -1713,7 +1789,7 @@ type RequestRedirect struct {
 
 func (x *RequestRedirect) Reset() {
 	*x = RequestRedirect{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[18]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1725,7 +1801,7 @@ func (x *RequestRedirect) String() string {
 func (*RequestRedirect) ProtoMessage() {}
 
 func (x *RequestRedirect) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[18]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1738,7 +1814,7 @@ func (x *RequestRedirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestRedirect.ProtoReflect.Descriptor instead.
 func (*RequestRedirect) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{18}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RequestRedirect) GetScheme() string {
@@ -1787,7 +1863,7 @@ type URLRewrite struct {
 
 func (x *URLRewrite) Reset() {
 	*x = URLRewrite{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1799,7 +1875,7 @@ func (x *URLRewrite) String() string {
 func (*URLRewrite) ProtoMessage() {}
 
 func (x *URLRewrite) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[19]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1812,7 +1888,7 @@ func (x *URLRewrite) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use URLRewrite.ProtoReflect.Descriptor instead.
 func (*URLRewrite) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{19}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *URLRewrite) GetHostname() string {
@@ -1841,7 +1917,7 @@ type RequestMirror struct {
 
 func (x *RequestMirror) Reset() {
 	*x = RequestMirror{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1853,7 +1929,7 @@ func (x *RequestMirror) String() string {
 func (*RequestMirror) ProtoMessage() {}
 
 func (x *RequestMirror) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[20]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1866,7 +1942,7 @@ func (x *RequestMirror) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RequestMirror.ProtoReflect.Descriptor instead.
 func (*RequestMirror) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{20}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RequestMirror) GetBackend() *BackendRef {
@@ -1898,7 +1974,7 @@ type BackendRef struct {
 
 func (x *BackendRef) Reset() {
 	*x = BackendRef{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1910,7 +1986,7 @@ func (x *BackendRef) String() string {
 func (*BackendRef) ProtoMessage() {}
 
 func (x *BackendRef) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[21]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1923,7 +1999,7 @@ func (x *BackendRef) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BackendRef.ProtoReflect.Descriptor instead.
 func (*BackendRef) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{21}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *BackendRef) GetKind() BackendRef_Kind {
@@ -1972,7 +2048,7 @@ type RouteTimeouts struct {
 
 func (x *RouteTimeouts) Reset() {
 	*x = RouteTimeouts{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1984,7 +2060,7 @@ func (x *RouteTimeouts) String() string {
 func (*RouteTimeouts) ProtoMessage() {}
 
 func (x *RouteTimeouts) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[22]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1997,7 +2073,7 @@ func (x *RouteTimeouts) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RouteTimeouts.ProtoReflect.Descriptor instead.
 func (*RouteTimeouts) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{22}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RouteTimeouts) GetRequestMs() uint64 {
@@ -2027,7 +2103,7 @@ type RetryPolicy struct {
 
 func (x *RetryPolicy) Reset() {
 	*x = RetryPolicy{}
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2115,7 @@ func (x *RetryPolicy) String() string {
 func (*RetryPolicy) ProtoMessage() {}
 
 func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
-	mi := &file_aether_registry_v1_registry_proto_msgTypes[23]
+	mi := &file_aether_registry_v1_registry_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2128,7 @@ func (x *RetryPolicy) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RetryPolicy.ProtoReflect.Descriptor instead.
 func (*RetryPolicy) Descriptor() ([]byte, []int) {
-	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{23}
+	return file_aether_registry_v1_registry_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RetryPolicy) GetAttempts() uint32 {
@@ -2120,7 +2196,15 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x125\n" +
 	"\x05ports\x18\x04 \x03(\v2\x1f.aether.registry.v1.ServicePortR\x05ports\x12\x1f\n" +
 	"\vcreate_time\x18\x05 \x01(\tR\n" +
-	"createTime\"\xec\x01\n" +
+	"createTime\"\x9d\x01\n" +
+	"\x0ePartitionClaim\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x1d\n" +
+	"\n" +
+	"claim_time\x18\x02 \x01(\tR\tclaimTime\x12\x1d\n" +
+	"\n" +
+	"claimed_by\x18\x03 \x01(\tR\tclaimedBy\x12.\n" +
+	"\x13previous_cluster_id\x18\x04 \x01(\tR\x11previousClusterId\"\xec\x01\n" +
 	"\x17ServiceConfigProjection\x128\n" +
 	"\aservice\x18\x01 \x01(\v2\x1e.aether.registry.v1.ServiceRefR\aservice\x12%\n" +
 	"\x0eorigin_cluster\x18\x02 \x01(\tR\roriginCluster\x12#\n" +
@@ -2257,7 +2341,7 @@ func file_aether_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_aether_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_aether_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_aether_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_aether_registry_v1_registry_proto_goTypes = []any{
 	(Protocol)(0),                   // 0: aether.registry.v1.Protocol
 	(Health)(0),                     // 1: aether.registry.v1.Health
@@ -2272,24 +2356,25 @@ var file_aether_registry_v1_registry_proto_goTypes = []any{
 	(*ServiceEndpoint)(nil),         // 10: aether.registry.v1.ServiceEndpoint
 	(*ServicePort)(nil),             // 11: aether.registry.v1.ServicePort
 	(*ExportMark)(nil),              // 12: aether.registry.v1.ExportMark
-	(*ServiceConfigProjection)(nil), // 13: aether.registry.v1.ServiceConfigProjection
-	(*Route)(nil),                   // 14: aether.registry.v1.Route
-	(*RouteRule)(nil),               // 15: aether.registry.v1.RouteRule
-	(*RouteMatch)(nil),              // 16: aether.registry.v1.RouteMatch
-	(*PathMatch)(nil),               // 17: aether.registry.v1.PathMatch
-	(*HeaderMatch)(nil),             // 18: aether.registry.v1.HeaderMatch
-	(*QueryParamMatch)(nil),         // 19: aether.registry.v1.QueryParamMatch
-	(*GRPCMethodMatch)(nil),         // 20: aether.registry.v1.GRPCMethodMatch
-	(*RouteFilter)(nil),             // 21: aether.registry.v1.RouteFilter
-	(*Header)(nil),                  // 22: aether.registry.v1.Header
-	(*HeaderModifier)(nil),          // 23: aether.registry.v1.HeaderModifier
-	(*PathModifier)(nil),            // 24: aether.registry.v1.PathModifier
-	(*RequestRedirect)(nil),         // 25: aether.registry.v1.RequestRedirect
-	(*URLRewrite)(nil),              // 26: aether.registry.v1.URLRewrite
-	(*RequestMirror)(nil),           // 27: aether.registry.v1.RequestMirror
-	(*BackendRef)(nil),              // 28: aether.registry.v1.BackendRef
-	(*RouteTimeouts)(nil),           // 29: aether.registry.v1.RouteTimeouts
-	(*RetryPolicy)(nil),             // 30: aether.registry.v1.RetryPolicy
+	(*PartitionClaim)(nil),          // 13: aether.registry.v1.PartitionClaim
+	(*ServiceConfigProjection)(nil), // 14: aether.registry.v1.ServiceConfigProjection
+	(*Route)(nil),                   // 15: aether.registry.v1.Route
+	(*RouteRule)(nil),               // 16: aether.registry.v1.RouteRule
+	(*RouteMatch)(nil),              // 17: aether.registry.v1.RouteMatch
+	(*PathMatch)(nil),               // 18: aether.registry.v1.PathMatch
+	(*HeaderMatch)(nil),             // 19: aether.registry.v1.HeaderMatch
+	(*QueryParamMatch)(nil),         // 20: aether.registry.v1.QueryParamMatch
+	(*GRPCMethodMatch)(nil),         // 21: aether.registry.v1.GRPCMethodMatch
+	(*RouteFilter)(nil),             // 22: aether.registry.v1.RouteFilter
+	(*Header)(nil),                  // 23: aether.registry.v1.Header
+	(*HeaderModifier)(nil),          // 24: aether.registry.v1.HeaderModifier
+	(*PathModifier)(nil),            // 25: aether.registry.v1.PathModifier
+	(*RequestRedirect)(nil),         // 26: aether.registry.v1.RequestRedirect
+	(*URLRewrite)(nil),              // 27: aether.registry.v1.URLRewrite
+	(*RequestMirror)(nil),           // 28: aether.registry.v1.RequestMirror
+	(*BackendRef)(nil),              // 29: aether.registry.v1.BackendRef
+	(*RouteTimeouts)(nil),           // 30: aether.registry.v1.RouteTimeouts
+	(*RetryPolicy)(nil),             // 31: aether.registry.v1.RetryPolicy
 }
 var file_aether_registry_v1_registry_proto_depIdxs = []int32{
 	0,  // 0: aether.registry.v1.EndpointPort.protocol:type_name -> aether.registry.v1.Protocol
@@ -2301,36 +2386,36 @@ var file_aether_registry_v1_registry_proto_depIdxs = []int32{
 	7,  // 6: aether.registry.v1.ExportMark.service:type_name -> aether.registry.v1.ServiceRef
 	11, // 7: aether.registry.v1.ExportMark.ports:type_name -> aether.registry.v1.ServicePort
 	7,  // 8: aether.registry.v1.ServiceConfigProjection.service:type_name -> aether.registry.v1.ServiceRef
-	14, // 9: aether.registry.v1.ServiceConfigProjection.routes:type_name -> aether.registry.v1.Route
+	15, // 9: aether.registry.v1.ServiceConfigProjection.routes:type_name -> aether.registry.v1.Route
 	3,  // 10: aether.registry.v1.Route.kind:type_name -> aether.registry.v1.Route.Kind
-	15, // 11: aether.registry.v1.Route.rules:type_name -> aether.registry.v1.RouteRule
-	16, // 12: aether.registry.v1.RouteRule.matches:type_name -> aether.registry.v1.RouteMatch
-	21, // 13: aether.registry.v1.RouteRule.filters:type_name -> aether.registry.v1.RouteFilter
-	28, // 14: aether.registry.v1.RouteRule.backends:type_name -> aether.registry.v1.BackendRef
-	29, // 15: aether.registry.v1.RouteRule.timeouts:type_name -> aether.registry.v1.RouteTimeouts
-	30, // 16: aether.registry.v1.RouteRule.retry:type_name -> aether.registry.v1.RetryPolicy
-	17, // 17: aether.registry.v1.RouteMatch.path:type_name -> aether.registry.v1.PathMatch
-	18, // 18: aether.registry.v1.RouteMatch.headers:type_name -> aether.registry.v1.HeaderMatch
-	19, // 19: aether.registry.v1.RouteMatch.query_params:type_name -> aether.registry.v1.QueryParamMatch
-	20, // 20: aether.registry.v1.RouteMatch.grpc_method:type_name -> aether.registry.v1.GRPCMethodMatch
+	16, // 11: aether.registry.v1.Route.rules:type_name -> aether.registry.v1.RouteRule
+	17, // 12: aether.registry.v1.RouteRule.matches:type_name -> aether.registry.v1.RouteMatch
+	22, // 13: aether.registry.v1.RouteRule.filters:type_name -> aether.registry.v1.RouteFilter
+	29, // 14: aether.registry.v1.RouteRule.backends:type_name -> aether.registry.v1.BackendRef
+	30, // 15: aether.registry.v1.RouteRule.timeouts:type_name -> aether.registry.v1.RouteTimeouts
+	31, // 16: aether.registry.v1.RouteRule.retry:type_name -> aether.registry.v1.RetryPolicy
+	18, // 17: aether.registry.v1.RouteMatch.path:type_name -> aether.registry.v1.PathMatch
+	19, // 18: aether.registry.v1.RouteMatch.headers:type_name -> aether.registry.v1.HeaderMatch
+	20, // 19: aether.registry.v1.RouteMatch.query_params:type_name -> aether.registry.v1.QueryParamMatch
+	21, // 20: aether.registry.v1.RouteMatch.grpc_method:type_name -> aether.registry.v1.GRPCMethodMatch
 	4,  // 21: aether.registry.v1.PathMatch.type:type_name -> aether.registry.v1.PathMatch.Type
 	2,  // 22: aether.registry.v1.HeaderMatch.type:type_name -> aether.registry.v1.StringMatchType
 	2,  // 23: aether.registry.v1.QueryParamMatch.type:type_name -> aether.registry.v1.StringMatchType
 	2,  // 24: aether.registry.v1.GRPCMethodMatch.type:type_name -> aether.registry.v1.StringMatchType
-	23, // 25: aether.registry.v1.RouteFilter.request_header_modifier:type_name -> aether.registry.v1.HeaderModifier
-	23, // 26: aether.registry.v1.RouteFilter.response_header_modifier:type_name -> aether.registry.v1.HeaderModifier
-	25, // 27: aether.registry.v1.RouteFilter.request_redirect:type_name -> aether.registry.v1.RequestRedirect
-	26, // 28: aether.registry.v1.RouteFilter.url_rewrite:type_name -> aether.registry.v1.URLRewrite
-	27, // 29: aether.registry.v1.RouteFilter.request_mirror:type_name -> aether.registry.v1.RequestMirror
-	22, // 30: aether.registry.v1.HeaderModifier.set:type_name -> aether.registry.v1.Header
-	22, // 31: aether.registry.v1.HeaderModifier.add:type_name -> aether.registry.v1.Header
+	24, // 25: aether.registry.v1.RouteFilter.request_header_modifier:type_name -> aether.registry.v1.HeaderModifier
+	24, // 26: aether.registry.v1.RouteFilter.response_header_modifier:type_name -> aether.registry.v1.HeaderModifier
+	26, // 27: aether.registry.v1.RouteFilter.request_redirect:type_name -> aether.registry.v1.RequestRedirect
+	27, // 28: aether.registry.v1.RouteFilter.url_rewrite:type_name -> aether.registry.v1.URLRewrite
+	28, // 29: aether.registry.v1.RouteFilter.request_mirror:type_name -> aether.registry.v1.RequestMirror
+	23, // 30: aether.registry.v1.HeaderModifier.set:type_name -> aether.registry.v1.Header
+	23, // 31: aether.registry.v1.HeaderModifier.add:type_name -> aether.registry.v1.Header
 	5,  // 32: aether.registry.v1.PathModifier.type:type_name -> aether.registry.v1.PathModifier.Type
-	24, // 33: aether.registry.v1.RequestRedirect.path:type_name -> aether.registry.v1.PathModifier
-	24, // 34: aether.registry.v1.URLRewrite.path:type_name -> aether.registry.v1.PathModifier
-	28, // 35: aether.registry.v1.RequestMirror.backend:type_name -> aether.registry.v1.BackendRef
+	25, // 33: aether.registry.v1.RequestRedirect.path:type_name -> aether.registry.v1.PathModifier
+	25, // 34: aether.registry.v1.URLRewrite.path:type_name -> aether.registry.v1.PathModifier
+	29, // 35: aether.registry.v1.RequestMirror.backend:type_name -> aether.registry.v1.BackendRef
 	6,  // 36: aether.registry.v1.BackendRef.kind:type_name -> aether.registry.v1.BackendRef.Kind
 	7,  // 37: aether.registry.v1.BackendRef.service:type_name -> aether.registry.v1.ServiceRef
-	21, // 38: aether.registry.v1.BackendRef.filters:type_name -> aether.registry.v1.RouteFilter
+	22, // 38: aether.registry.v1.BackendRef.filters:type_name -> aether.registry.v1.RouteFilter
 	39, // [39:39] is the sub-list for method output_type
 	39, // [39:39] is the sub-list for method input_type
 	39, // [39:39] is the sub-list for extension type_name
@@ -2343,7 +2428,7 @@ func file_aether_registry_v1_registry_proto_init() {
 	if File_aether_registry_v1_registry_proto != nil {
 		return
 	}
-	file_aether_registry_v1_registry_proto_msgTypes[14].OneofWrappers = []any{
+	file_aether_registry_v1_registry_proto_msgTypes[15].OneofWrappers = []any{
 		(*RouteFilter_RequestHeaderModifier)(nil),
 		(*RouteFilter_ResponseHeaderModifier)(nil),
 		(*RouteFilter_RequestRedirect)(nil),
@@ -2356,7 +2441,7 @@ func file_aether_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_registry_v1_registry_proto_rawDesc), len(file_aether_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   24,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

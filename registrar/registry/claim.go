@@ -1,0 +1,271 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+)
+
+// ErrPartitionClaimed is matched (errors.Is) by the error of every write refused because the
+// writer's partition is claimed by another real cluster; the error is a *ClaimConflictError.
+var ErrPartitionClaimed = errors.New("registry partition claimed by another cluster")
+
+// ClaimConflictError reports a partition claimed by another real cluster than the writer's:
+// two clusters were given the same cluster name (region and cluster).
+type ClaimConflictError struct {
+	// Origin is the partition (the writer's region and cluster name).
+	Origin Origin
+	// ClusterID is the writer's own cluster ID (Config.ClusterID).
+	ClusterID string
+	// Claim is the claim found in the registry.
+	Claim *registryv1.PartitionClaim
+}
+
+// Error names the partition, the claiming cluster ID (with when and by whom it claimed) and the
+// writer's own cluster ID.
+func (e *ClaimConflictError) Error() string {
+	return fmt.Sprintf("registry partition %s (cluster name %q) is claimed by cluster ID %q (claimed %s by %s), not by this cluster's ID %q",
+		e.Origin, e.Origin.Cluster, e.Claim.GetClusterId(), e.Claim.GetClaimTime(), e.Claim.GetClaimedBy(), e.ClusterID)
+}
+
+// Is makes errors.Is(err, ErrPartitionClaimed) true.
+func (e *ClaimConflictError) Is(target error) bool { return target == ErrPartitionClaimed }
+
+// EnsureClaim checks the partition claim (Origin.ClaimKey) against this writer's
+// Config.ClusterID and returns the claim in force (nil when there is none). A claimer
+// (Config.Claimer, the registrar) creates the claim when the partition has none, in one etcd
+// transaction (create if absent, else read), so of two clusters racing for one partition exactly
+// one wins. A non-claimer (the agent) only reads it: an unclaimed partition may be written.
+//
+// It returns a *ClaimConflictError (errors.Is ErrPartitionClaimed) when another cluster ID holds
+// the claim, an error naming the key when the stored claim is not a valid PartitionClaim, and the
+// etcd error when etcd does not answer. After a successful check every write of this Registry is
+// a transaction conditional on the claim being unchanged, so a claim taken by another cluster
+// afterwards refuses the writes (they check again and fail) instead of racing them.
+// aether_registry_partition_claim_conflict is 1 while the last check found a conflict.
+func (r *Registry) EnsureClaim(ctx context.Context) (*registryv1.PartitionClaim, error) {
+	if r.clusterID == "" {
+		return nil, errors.New("check partition claim: Config.ClusterID: required")
+	}
+	key := r.origin.ClaimKey()
+	// A linearizable read first: a claim that exists (every check but the first) costs no raft
+	// proposal, which the create-if-absent transaction would (it holds a put).
+	resp, err := r.cli.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("check partition claim %s: %w", r.origin, err)
+	}
+	var kv *mvccpb.KeyValue
+	if len(resp.Kvs) > 0 {
+		kv = resp.Kvs[0]
+	} else if r.claimer {
+		c := r.newClaim("")
+		b, err := proto.Marshal(c)
+		if err != nil {
+			return nil, fmt.Errorf("claim partition %s: marshal: %w", r.origin, err)
+		}
+		tr, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(clientv3.OpPut(key, string(b))).Else(clientv3.OpGet(key)).Commit()
+		if err != nil {
+			return nil, fmt.Errorf("claim partition %s: %w", r.origin, err)
+		}
+		if tr.Succeeded {
+			r.log.Info("registry: claimed the partition for this cluster", "key", key, "cluster_id", r.clusterID)
+			r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", tr.Header.Revision))
+			return c, nil
+		}
+		// Created meanwhile by another claimer: the compare failed in the same transaction,
+		// so the key exists in the read.
+		kv = tr.Responses[0].GetResponseRange().Kvs[0]
+	} else {
+		r.setGuard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
+		return nil, nil
+	}
+	c, err := decodeClaim(kv)
+	if err != nil {
+		r.clearGuard()
+		return nil, err
+	}
+	if c.ClusterId != r.clusterID {
+		cerr := &ClaimConflictError{Origin: r.origin, ClusterID: r.clusterID, Claim: c}
+		r.setConflict(cerr)
+		return c, cerr
+	}
+	r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
+	return c, nil
+}
+
+// Reclaim is the operator's explicit re-claim of the partition after the real cluster behind
+// its cluster name was rebuilt (a new kube-system Namespace, so a new cluster ID): it replaces a
+// claim held by cluster ID previous with this writer's Config.ClusterID, recording previous in
+// previous_cluster_id, in one transaction conditional on the claim read. It is idempotent: a
+// claim that already holds this cluster ID is returned unchanged (changed false), and a
+// partition without a claim is claimed. A claim held by any ID other than previous is left
+// alone and refused with a *ClaimConflictError, so a wrong or stale previous cannot take
+// another cluster's partition. It returns the claim in force afterwards.
+func (r *Registry) Reclaim(ctx context.Context, previous string) (claim *registryv1.PartitionClaim, changed bool, err error) {
+	if r.clusterID == "" {
+		return nil, false, errors.New("re-claim partition: Config.ClusterID: required")
+	}
+	key := r.origin.ClaimKey()
+	resp, err := r.cli.Get(ctx, key)
+	if err != nil {
+		return nil, false, fmt.Errorf("re-claim partition %s: %w", r.origin, err)
+	}
+	cmp := clientv3.Compare(clientv3.CreateRevision(key), "=", 0)
+	if len(resp.Kvs) > 0 {
+		kv := resp.Kvs[0]
+		old, err := decodeClaim(kv)
+		if err != nil {
+			return nil, false, fmt.Errorf("re-claim partition %s: %w", r.origin, err)
+		}
+		switch old.ClusterId {
+		case r.clusterID:
+			r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
+			return old, false, nil
+		case previous:
+		default:
+			return old, false, fmt.Errorf("re-claim partition %s: held by cluster ID %q, not the previous cluster ID %q given: %w",
+				r.origin, old.ClusterId, previous, &ClaimConflictError{Origin: r.origin, ClusterID: r.clusterID, Claim: old})
+		}
+		cmp = clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)
+	} else {
+		previous = ""
+	}
+	c := r.newClaim(previous)
+	b, err := proto.Marshal(c)
+	if err != nil {
+		return nil, false, fmt.Errorf("re-claim partition %s: marshal: %w", r.origin, err)
+	}
+	tr, err := r.cli.Txn(ctx).If(cmp).Then(clientv3.OpPut(key, string(b))).Commit()
+	if err != nil {
+		return nil, false, fmt.Errorf("re-claim partition %s: %w", r.origin, err)
+	}
+	if !tr.Succeeded {
+		return nil, false, fmt.Errorf("re-claim partition %s: the claim at %s changed while it was replaced; nothing written, run it again", r.origin, key)
+	}
+	r.log.Warn("registry: partition re-claimed for this cluster", "key", key, "cluster_id", r.clusterID, "previous_cluster_id", previous)
+	r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", tr.Header.Revision))
+	return c, true, nil
+}
+
+// newClaim returns this writer's claim, replacing previous.
+func (r *Registry) newClaim(previous string) *registryv1.PartitionClaim {
+	return &registryv1.PartitionClaim{
+		ClusterId: r.clusterID, ClaimTime: time.Now().UTC().Format(time.RFC3339Nano),
+		ClaimedBy: r.claimedBy, PreviousClusterId: previous,
+	}
+}
+
+// decodeClaim decodes a stored claim; one that does not unmarshal or names no cluster ID is an
+// error naming its key and how to clear it.
+func decodeClaim(kv *mvccpb.KeyValue) (*registryv1.PartitionClaim, error) {
+	c := new(registryv1.PartitionClaim)
+	err := proto.Unmarshal(kv.Value, c)
+	if err == nil {
+		err = ValidateClusterID("cluster_id", c.ClusterId)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("check partition claim: %s holds no valid PartitionClaim (%v); nothing is written into the partition until it is deleted (etcdctl del %s), then the cluster's registrar claims it again", kv.Key, err, kv.Key)
+	}
+	return c, nil
+}
+
+// setGuard records the compare that keeps this writer's writes valid (the claim as verified).
+func (r *Registry) setGuard(cmp clientv3.Cmp) {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	r.guard = &cmp
+	if r.conflict {
+		r.log.Info("registry: partition claim is this cluster's again; writing", "key", r.origin.ClaimKey(), "cluster_id", r.clusterID)
+	}
+	r.conflict = false
+	r.m.claimConflict.Set(0)
+}
+
+// clearGuard makes the next write verify the claim again.
+func (r *Registry) clearGuard() {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	r.guard = nil
+}
+
+// setConflict refuses writes until a check finds the claim this cluster's again; it logs the
+// conflict when it starts.
+func (r *Registry) setConflict(err *ClaimConflictError) {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	r.guard = nil
+	if !r.conflict {
+		r.log.Error("registry: partition claimed by another cluster; writing nothing into it", "key", r.origin.ClaimKey(),
+			"claim_cluster_id", err.Claim.GetClusterId(), "claim_time", err.Claim.GetClaimTime(), "claimed_by", err.Claim.GetClaimedBy(),
+			"cluster_id", r.clusterID)
+	}
+	r.conflict = true
+	r.m.claimConflict.Set(1)
+}
+
+// claimGuard returns the compare a write must carry: the verified claim, after verifying it
+// (EnsureClaim) when it is not (first write, changed claim, conflict).
+func (r *Registry) claimGuard(ctx context.Context) (clientv3.Cmp, error) {
+	r.cmu.Lock()
+	g := r.guard
+	r.cmu.Unlock()
+	if g != nil {
+		return *g, nil
+	}
+	if _, err := r.EnsureClaim(ctx); err != nil {
+		return clientv3.Cmp{}, err
+	}
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	if r.guard == nil {
+		return clientv3.Cmp{}, fmt.Errorf("check partition claim %s: changed while it was checked", r.origin)
+	}
+	return *r.guard, nil
+}
+
+// write commits ops (puts and deletes under the writer's prefix) atomically. Without a
+// Config.ClusterID it commits them as they are. With one, the transaction also compares the
+// partition claim with the one verified: when the claim changed, it is verified again and the
+// write retried (at most three times); when another cluster holds it, the write is refused with
+// a *ClaimConflictError and nothing is written.
+func (r *Registry) write(ctx context.Context, ops ...clientv3.Op) error {
+	if r.clusterID == "" {
+		if len(ops) == 1 {
+			_, err := r.cli.Do(ctx, ops[0])
+			return err
+		}
+		_, err := r.cli.Txn(ctx).Then(ops...).Commit()
+		return err
+	}
+	for range 3 {
+		cmp, err := r.claimGuard(ctx)
+		if err != nil {
+			return err
+		}
+		resp, err := r.cli.Txn(ctx).If(cmp).Then(ops...).Commit()
+		if err != nil {
+			return err
+		}
+		if resp.Succeeded {
+			return nil
+		}
+		r.clearGuard()
+	}
+	return fmt.Errorf("write under %s: the partition claim %s changed during three attempts in a row", r.origin.Prefix(), r.origin.ClaimKey())
+}
+
+// defaultClaimedBy names this process for a claim's claimed_by: its command and host name.
+func defaultClaimedBy() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s on host %s", filepath.Base(os.Args[0]), host)
+}
