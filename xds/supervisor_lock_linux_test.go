@@ -400,3 +400,74 @@ func startWithoutLock(t *testing.T, sup *Supervisor, pidFile bool) int {
 	adminAnswers(t, sup)
 	return cmd.Process.Pid
 }
+
+// TestSupervisorForkingPrefix: a Prefix that forks Envoy and exits (a daemonizing wrapper) makes
+// the child the supervisor started exit while Envoy runs. The supervisor takes the wrapper's
+// exit for Envoy's, but finds the lock held by the real Envoy it forked, adopts it and starts no
+// second one; SIGKILLed, that Envoy frees the lock and is started again, once.
+func TestSupervisorForkingPrefix(t *testing.T) {
+	dir := lockTestDir(t)
+	cfg := lockTestConfig(t, dir, "forking-node")
+	cfg.Prefix = []string{"/bin/sh", "-c", `"$@" &`, "sh"}
+	stopEnvoyAtEnd(t, dir, cfg)
+	sup, err := NewSupervisor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _, stop := runRecorded(sup)
+	defer stop()
+	envoy := func() int {
+		var pid int
+		testenv.Eventually(t, time.Minute, "one Envoy process", func() error {
+			got := envoysIn(t, dir)
+			if len(got) != 1 {
+				return fmt.Errorf("Envoy processes %v", got)
+			}
+			pid = got[0]
+			return nil
+		})
+		return pid
+	}
+	first := envoy()
+	rec.waitDelays(t, 1) // the wrapper's exit
+	testenv.Eventually(t, time.Minute, "the forked Envoy adopted", func() error {
+		if !sup.Adopted() {
+			return fmt.Errorf("not adopted")
+		}
+		return nil
+	})
+	adminAnswers(t, sup)
+	if n := sup.Starts(); n != 1 {
+		t.Errorf("%d starts, want 1", n)
+	}
+	if got := envoysIn(t, dir); !slices.Equal(got, []int{first}) {
+		t.Errorf("Envoy processes %v, want [%d]", got, first)
+	}
+
+	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "a second start", func() error {
+		if n := sup.Starts(); n < 2 {
+			return fmt.Errorf("%d starts", n)
+		}
+		return nil
+	})
+	second := envoy()
+	adminAnswers(t, sup)
+	if second == first {
+		t.Fatalf("the same Envoy %d after SIGKILL", first)
+	}
+	testenv.Eventually(t, time.Minute, "the second forked Envoy adopted", func() error {
+		if !sup.Adopted() {
+			return fmt.Errorf("not adopted")
+		}
+		return nil
+	})
+	if n := sup.Starts(); n != 2 {
+		t.Errorf("%d starts, want 2", n)
+	}
+	if got := envoysIn(t, dir); !slices.Equal(got, []int{second}) {
+		t.Errorf("Envoy processes %v, want [%d]", got, second)
+	}
+}
