@@ -77,7 +77,7 @@ type Supervisor struct {
 	// sleep is how Run waits out a restart delay (sleepCtx); a test seam: tests wrap it to
 	// record the delays Run asks for. Set before Run starts.
 	sleep func(ctx context.Context, d time.Duration) bool
-	// lockPath is StateDir/envoy.lock, absolute (compared with /proc/<pid>/fd links).
+	// lockPath is StateDir/envoy.lock.
 	lockPath string
 }
 
@@ -109,11 +109,7 @@ func NewSupervisor(cfg SupervisorConfig) (*Supervisor, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("new supervisor: StateDir %s: %w", cfg.StateDir, err)
 	}
-	abs, err := filepath.Abs(cfg.StateDir)
-	if err != nil {
-		return nil, fmt.Errorf("new supervisor: StateDir %s: %w", cfg.StateDir, err)
-	}
-	return &Supervisor{cfg: cfg, log: cfg.Logger, sleep: sleepCtx, lockPath: filepath.Join(abs, "envoy.lock")}, nil
+	return &Supervisor{cfg: cfg, log: cfg.Logger, sleep: sleepCtx, lockPath: filepath.Join(cfg.StateDir, "envoy.lock")}, nil
 }
 
 // sleepCtx waits d or until ctx ends; it reports whether d elapsed.
@@ -246,7 +242,8 @@ func (s *Supervisor) tryLock() (*os.File, error) {
 }
 
 // holdsLock reports whether the live process pid has StateDir/envoy.lock open (one of
-// /proc/<pid>/fd links to it): the Envoy a supervisor of this StateDir started, at any point
+// /proc/<pid>/fd is that file: same device and inode, whatever path the link shows, which
+// depends on mount namespaces): the Envoy a supervisor of this StateDir started, at any point
 // after exec.Cmd.Start returned, whatever its command line says at that moment.
 func (s *Supervisor) holdsLock(pid int) bool {
 	if !alive(pid) {
@@ -262,9 +259,6 @@ func (s *Supervisor) holdsLock(pid int) bool {
 		return false
 	}
 	for _, e := range ents {
-		if l, err := os.Readlink(dir + e.Name()); err != nil || l != s.lockPath {
-			continue
-		}
 		if st, err := os.Stat(dir + e.Name()); err == nil && os.SameFile(st, lock) {
 			return true
 		}
