@@ -2,7 +2,8 @@
 // endpoints, SDS secrets) with one pure builder per resource (Build; a Builder rebuilds only what
 // changed since its last model), serves it to the node's Envoy over ADS (state-of-the-world and
 // delta, go-control-plane; Server, with WaitForAck for the CNI ADD path), and supervises the
-// Envoy process (Bootstrap, Supervisor: adoption after an agent restart, restart with backoff).
+// Envoy process (Bootstrap, Supervisor: one Envoy per state directory, held to it by a lock file
+// Envoy inherits; adoption after an agent restart; restart with backoff).
 // docs/node-proxy.md describes the layout and the Envoy 1.40 behaviour it relies on (checked by
 // the TestPrivilegedEnvoyFact tests).
 //

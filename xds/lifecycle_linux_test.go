@@ -90,10 +90,13 @@ func TestPrivilegedCertRotation(t *testing.T) {
 }
 
 // envoyPIDs lists the running Envoy processes started from this fixture's state dir.
-func envoyPIDs(t *testing.T, f *meshFixture) []int {
+func envoyPIDs(t *testing.T, f *meshFixture) []int { return envoysIn(t, f.dir) }
+
+// envoysIn lists the running Envoy processes whose command line names a path under dir.
+func envoysIn(t *testing.T, dir string) []int {
 	return procsWhere(t, "cmdline", func(pid int, b []byte) bool {
 		args := strings.Split(string(b), "\x00")
-		return len(args) > 0 && strings.HasSuffix(args[0], "envoy") && strings.Contains(string(b), f.dir) && alive(pid)
+		return len(args) > 0 && strings.HasSuffix(args[0], "envoy") && strings.Contains(string(b), dir) && alive(pid)
 	})
 }
 

@@ -26,8 +26,10 @@ type SupervisorConfig struct {
 	EnvoyPath string
 	// Bootstrap is written to StateDir/bootstrap.json before every start.
 	Bootstrap BootstrapConfig
-	// StateDir holds the bootstrap, Envoy's pid file and its logs. It must survive agent
-	// restarts (the pid file is how a restarted agent recognises the Envoy it started).
+	// StateDir holds the bootstrap, Envoy's pid file, its lock file (envoy.lock) and its logs.
+	// It must survive agent restarts (the lock and the pid file are how a restarted agent
+	// recognises the Envoy it started). One StateDir per node: supervisors sharing it never run
+	// two Envoys.
 	StateDir string
 	// Prefix is prepended to Envoy's command line, e.g. ["ip", "netns", "exec", "node1"] in the
 	// local substrate; empty in production.
@@ -46,10 +48,19 @@ type SupervisorConfig struct {
 }
 
 // Supervisor keeps exactly one Envoy running for the node. Envoy runs in its own session and
-// outlives the agent: a restarted supervisor adopts the running Envoy (its admin API answers with
-// our node id, or its pid file names a live process whose command line has our bootstrap path)
-// and starts one only when none runs. It never adopts or signals another process. A dead Envoy
-// is restarted with exponential backoff.
+// outlives the agent.
+//
+// At most one Envoy per StateDir runs by construction: a supervisor starts Envoy only while it
+// holds the flock(2) lock of StateDir/envoy.lock, and Envoy inherits that locked open file (as
+// fd 3, exec.Cmd.ExtraFiles) before the supervisor closes its own copy, so the lock stays held
+// exactly as long as that Envoy (and any process it forks) lives, across agent restarts, and the
+// kernel drops it when Envoy dies, even by SIGKILL. A supervisor that finds the lock held adopts
+// that Envoy (its pid from the pid file once the pid names a process holding the lock file) and
+// watches the lock; one that finds it free knows no Envoy it could have started runs, adopts an
+// Envoy started by an agent that predates the lock (the pid file names a live process whose
+// command line has our bootstrap path, or the admin API answers with our node id) and otherwise
+// starts one. It never adopts or signals another process. A dead Envoy is restarted with
+// exponential backoff.
 type Supervisor struct {
 	cfg SupervisorConfig
 	log *slog.Logger
@@ -58,11 +69,16 @@ type Supervisor struct {
 	pid     int
 	starts  int
 	adopted bool
-	waitCh  chan struct{} // closed when a child we started exits
+	// locked: the adopted Envoy holds envoy.lock (watch the lock, not the pid); false for an
+	// Envoy we started (watch waitCh) and for one started by an agent without the lock.
+	locked bool
+	waitCh chan struct{} // closed when a child we started exits
 
 	// sleep is how Run waits out a restart delay (sleepCtx); a test seam: tests wrap it to
 	// record the delays Run asks for. Set before Run starts.
 	sleep func(ctx context.Context, d time.Duration) bool
+	// lockPath is StateDir/envoy.lock.
+	lockPath string
 }
 
 // NewSupervisor checks cfg and returns a Supervisor. It returns an error naming the missing
@@ -93,7 +109,7 @@ func NewSupervisor(cfg SupervisorConfig) (*Supervisor, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		return nil, fmt.Errorf("new supervisor: StateDir %s: %w", cfg.StateDir, err)
 	}
-	return &Supervisor{cfg: cfg, log: cfg.Logger, sleep: sleepCtx}, nil
+	return &Supervisor{cfg: cfg, log: cfg.Logger, sleep: sleepCtx, lockPath: filepath.Join(cfg.StateDir, "envoy.lock")}, nil
 }
 
 // sleepCtx waits d or until ctx ends; it reports whether d elapsed.
@@ -199,13 +215,70 @@ func alive(pid int) bool {
 // bootPath is the bootstrap file start writes and passes to Envoy with -c.
 func (s *Supervisor) bootPath() string { return filepath.Join(s.cfg.StateDir, "bootstrap.json") }
 
-// ours reports whether pid is a live Envoy started by a supervisor with this StateDir: its
-// command line (/proc/<pid>/cmdline) has our bootstrap path as an argument. The pid file
-// survives reboots and pids are reused, so a live pid alone may be any process, which must be
-// neither adopted nor signalled.
+// tryLock opens StateDir/envoy.lock and takes its flock(2) lock without waiting. It returns the
+// open file holding the lock (the caller hands it to Envoy or closes it), or nil when another
+// open file description holds it: an Envoy of this StateDir runs, or a supervisor is starting
+// one. flock locks belong to the open file description, so two supervisors in one process
+// exclude each other too.
+func (s *Supervisor) tryLock() (*os.File, error) {
+	f, err := os.OpenFile(s.lockPath, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("open envoy lock: %w", err)
+	}
+	for {
+		err = syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
+		if !errors.Is(err, syscall.EINTR) {
+			break
+		}
+	}
+	if err == nil {
+		return f, nil
+	}
+	f.Close()
+	if errors.Is(err, syscall.EWOULDBLOCK) {
+		return nil, nil
+	}
+	return nil, fmt.Errorf("lock %s: %w", s.lockPath, err)
+}
+
+// holdsLock reports whether the live process pid has StateDir/envoy.lock open (one of
+// /proc/<pid>/fd is that file: same device and inode, whatever path the link shows, which
+// depends on mount namespaces): the Envoy a supervisor of this StateDir started, at any point
+// after exec.Cmd.Start returned, whatever its command line says at that moment.
+func (s *Supervisor) holdsLock(pid int) bool {
+	if !alive(pid) {
+		return false
+	}
+	lock, err := os.Stat(s.lockPath)
+	if err != nil {
+		return false
+	}
+	dir := "/proc/" + strconv.Itoa(pid) + "/fd/"
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return false
+	}
+	for _, e := range ents {
+		if st, err := os.Stat(dir + e.Name()); err == nil && os.SameFile(st, lock) {
+			return true
+		}
+	}
+	return false
+}
+
+// ours reports whether pid is a live Envoy started by a supervisor with this StateDir: it holds
+// our lock file open (holdsLock), or, for an Envoy started by an agent that predates the lock,
+// its command line (/proc/<pid>/cmdline) has our bootstrap path as an argument. The command line
+// alone cannot tell for an Envoy just started: it is empty while the kernel is still inside
+// execve (after exec.Cmd.Start has returned), and a Prefix wrapper's is the wrapper's. The pid
+// file survives reboots and pids are reused, so a live pid alone may be any process, which must
+// be neither adopted nor signalled.
 func (s *Supervisor) ours(pid int) bool {
 	if !alive(pid) {
 		return false
+	}
+	if s.holdsLock(pid) {
+		return true
 	}
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
 	if err != nil {
@@ -223,10 +296,11 @@ func (s *Supervisor) readPID() int {
 	return pid
 }
 
-// adopt looks for a running Envoy: the process in the pid file when it is ours (a foreign
-// process there is logged and left alone), or one whose admin API answers with our node id. It returns its pid (possibly 0 when only the admin API answered) and whether
-// one runs.
-func (s *Supervisor) adopt(ctx context.Context) (int, bool) {
+// adoptUnlocked looks for a running Envoy that does not hold the lock (started by an agent that
+// predates it): the process in the pid file when it is ours (a foreign process there is logged
+// and left alone), or one whose admin API answers with our node id. It returns its pid (0 when
+// only the admin API answered) and whether one runs.
+func (s *Supervisor) adoptUnlocked(ctx context.Context) (int, bool) {
 	pid := s.readPID()
 	if s.ours(pid) {
 		return pid, true
@@ -242,8 +316,12 @@ func (s *Supervisor) adopt(ctx context.Context) (int, bool) {
 	return 0, false
 }
 
-// start writes the bootstrap and starts Envoy in its own session (it survives the agent).
-func (s *Supervisor) start() error {
+// start writes the bootstrap and starts Envoy in its own session (it survives the agent). lock
+// is the open file holding envoy.lock (tryLock): Envoy inherits it as fd 3, and start closes
+// this copy when it returns, after the pid file is written, so from then on only Envoy holds
+// the lock.
+func (s *Supervisor) start(lock *os.File) error {
+	defer lock.Close()
 	boot, err := Bootstrap(s.cfg.Bootstrap)
 	if err != nil {
 		return fmt.Errorf("start envoy: %w", err)
@@ -264,6 +342,7 @@ func (s *Supervisor) start() error {
 	outStart, _ := out.Seek(0, io.SeekEnd)
 	cmd := exec.Command(args[0], args[1:]...)
 	cmd.Stdout, cmd.Stderr = out, out
+	cmd.ExtraFiles = []*os.File{lock}
 	// Its own session: no signal aimed at the agent's process group reaches Envoy, and Envoy
 	// is not killed when the agent exits.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -284,7 +363,7 @@ func (s *Supervisor) start() error {
 		close(done)
 	}()
 	s.mu.Lock()
-	s.pid, s.starts, s.adopted, s.waitCh = pid, s.starts+1, false, done
+	s.pid, s.starts, s.adopted, s.locked, s.waitCh = pid, s.starts+1, false, false, done
 	s.mu.Unlock()
 	s.log.Info("started envoy", "pid", pid, "bootstrap", bootPath)
 	return nil
@@ -315,21 +394,7 @@ func (s *Supervisor) lastOutput(from int64) string {
 func (s *Supervisor) Run(ctx context.Context) error {
 	backoff := &restartBackoff{min: s.cfg.MinBackoff, max: s.cfg.MaxBackoff, stableAfter: s.cfg.StableAfter}
 	for {
-		pid, running := s.adopt(ctx)
-		watch := true
-		if running {
-			s.mu.Lock()
-			if s.pid != pid || s.waitCh == nil {
-				s.pid, s.adopted = pid, true
-				s.log.Info("adopted running envoy", "pid", pid)
-			}
-			s.mu.Unlock()
-		} else if err := s.start(); err != nil {
-			// Nothing runs to watch (and whatever answers on the admin address is not ours):
-			// wait out the backoff and try again.
-			s.log.Error("start envoy", "err", err)
-			watch = false
-		}
+		watch := s.adoptOrStart(ctx)
 		started := time.Now()
 		if watch {
 			s.watch(ctx)
@@ -346,14 +411,59 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	}
 }
 
-// watch returns when the supervised Envoy is gone or ctx ends.
+// adoptOrStart adopts the running Envoy or starts one; it reports whether there is one to
+// watch. With envoy.lock held it adopts the holder and never starts; with the lock taken it
+// adopts an Envoy that predates the lock or starts one holding it.
+func (s *Supervisor) adoptOrStart(ctx context.Context) bool {
+	lock, err := s.tryLock()
+	if err != nil {
+		// Without the lock nothing may be started: wait out the backoff and try again.
+		s.log.Error("start envoy", "err", err)
+		return false
+	}
+	if lock == nil {
+		pid := s.readPID()
+		if !s.holdsLock(pid) {
+			pid = 0 // not written yet by the supervisor starting it; watch fills it in
+		}
+		s.setAdopted(pid, true)
+		return true
+	}
+	if pid, ok := s.adoptUnlocked(ctx); ok {
+		lock.Close()
+		s.setAdopted(pid, false)
+		return true
+	}
+	if err := s.start(lock); err != nil {
+		// Nothing runs to watch (and whatever answers on the admin address is not ours):
+		// wait out the backoff and try again.
+		s.log.Error("start envoy", "err", err)
+		return false
+	}
+	return true
+}
+
+// setAdopted records an Envoy found running: pid (0 when not known) and whether it holds the
+// lock.
+func (s *Supervisor) setAdopted(pid int, locked bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pid != pid || s.waitCh != nil || !s.adopted || s.locked != locked {
+		s.log.Info("adopted running envoy", "pid", pid, "holds_lock", locked)
+	}
+	s.pid, s.adopted, s.locked, s.waitCh = pid, true, locked, nil
+}
+
+// watch returns when the supervised Envoy is gone or ctx ends: the child we started exited; the
+// lock an adopted Envoy held is free; an adopted Envoy without the lock is no longer alive, or,
+// adopted through its admin API alone, stopped answering with our node id.
 func (s *Supervisor) watch(ctx context.Context) {
 	t := time.NewTicker(s.cfg.CheckInterval)
 	defer t.Stop()
 	misses := 0
 	for {
 		s.mu.Lock()
-		pid, waitCh := s.pid, s.waitCh
+		pid, locked, waitCh := s.pid, s.locked, s.waitCh
 		s.mu.Unlock()
 		var exited <-chan struct{}
 		if waitCh != nil {
@@ -369,29 +479,66 @@ func (s *Supervisor) watch(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if pid > 0 {
+		switch {
+		case locked:
+			if s.watchLock(pid) {
+				return
+			}
+		case pid > 0:
 			if !alive(pid) {
 				s.mu.Lock()
 				s.pid = 0
 				s.mu.Unlock()
 				return
 			}
-			continue
-		}
-		// Adopted through the admin API only: gone after three failed checks (no answer, or
-		// one for another node: another program holds the admin address now).
-		actx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		si, err := s.serverInfo(actx)
-		cancel()
-		if err != nil || si.Node.ID != s.cfg.Bootstrap.NodeID {
-			misses++
-			if misses >= 3 {
-				return
+		default:
+			// Adopted through the admin API only: gone after three failed checks (no answer,
+			// or one for another node: another program holds the admin address now).
+			actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			si, err := s.serverInfo(actx)
+			cancel()
+			if err != nil || si.Node.ID != s.cfg.Bootstrap.NodeID {
+				misses++
+				if misses >= 3 {
+					return
+				}
+			} else {
+				misses = 0
 			}
-		} else {
-			misses = 0
 		}
 	}
+}
+
+// watchLock checks an adopted Envoy that holds envoy.lock; pid is the one known (0: none yet).
+// It reports true when the lock is free (every process holding it has exited); otherwise it
+// refreshes the pid from the pid file, which the supervisor that started Envoy writes while it
+// still holds the lock.
+func (s *Supervisor) watchLock(pid int) bool {
+	lock, err := s.tryLock()
+	if err != nil {
+		s.log.Error("watch envoy", "err", err)
+		return false
+	}
+	if lock != nil {
+		lock.Close()
+		s.mu.Lock()
+		s.pid, s.locked = 0, false
+		s.mu.Unlock()
+		return true
+	}
+	if pid > 0 && alive(pid) {
+		return false
+	}
+	if p := s.readPID(); p != pid && s.holdsLock(p) {
+		pid = p
+		s.log.Info("adopted running envoy", "pid", pid, "holds_lock", true)
+	} else if pid > 0 {
+		pid = 0 // exited, the lock held by what it forked
+	}
+	s.mu.Lock()
+	s.pid = pid
+	s.mu.Unlock()
+	return false
 }
 
 // WaitLive waits until the admin API reports state LIVE with our node id (another program on

@@ -266,8 +266,8 @@ func grepLines(s, sub string) string {
 
 // TestPrivilegedAgentKilledAdoptsEnvoy kills the real agent binary with SIGKILL twice: Envoy,
 // in its own session, keeps running and serving its last configuration; the restarted agent
-// adopts it (first through the pid file, then, with the pid file removed, through Envoy's admin
-// API answering with the agent's node id): one Envoy, the same process, and new configuration
+// adopts it (Envoy holds <state-dir>/envoy/envoy.lock: first with the pid file naming it, then
+// with the pid file removed, the lock alone): one Envoy, the same process, and new configuration
 // flows to it. A pod captured before the kills keeps its listeners, and its capture rules,
 // deleted while the agent was down, are back once the restarted agent is ready (repair runs
 // before readiness).
@@ -334,8 +334,8 @@ func TestPrivilegedAgentKilledAdoptsEnvoy(t *testing.T) {
 		}
 		service(fmt.Sprintf("api%d", i+1))
 	}
-	if !strings.Contains(mustReadFile(t, a.logPath), "adopt") {
-		t.Errorf("the agent log never mentions adopting Envoy")
+	if adopted := grepLines(mustReadFile(t, a.logPath), "adopted running envoy"); !strings.Contains(adopted, `"holds_lock":true`) {
+		t.Errorf("the agent log never records adopting Envoy through its lock:\n%s", adopted)
 	}
 }
 
