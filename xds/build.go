@@ -1135,6 +1135,18 @@ func listenerFilter(name string, m proto.Message) (*listenerv3.ListenerFilter, e
 	return &listenerv3.ListenerFilter{Name: name, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: a}}, nil
 }
 
+// podFreebind is Listener.freebind of every per-pod listener: Envoy binds them with IP_FREEBIND
+// (IPV6_FREEBIND for IPv6), so an address that is not (or no longer) on an interface of the pod's
+// netns does not fail the bind. Without it one such pod made Envoy reject the LDS update with
+// "cannot bind ... Cannot assign requested address", and every later update too, since each
+// snapshot holds that pod's listeners: no pod listener on the node changed again and every CNI
+// ADD on the node failed waiting for the ACK. A pod with NET_ADMIN can remove its own address
+// (then any Envoy restart rebinds), an IPv6 address is unbindable while DAD is tentative, and a
+// chained plugin's prevResult may name an address it never configured. A listener bound with
+// freebind serves as soon as the address appears (TestPrivilegedPodAddressAbsent); until then
+// it receives nothing, as the pod would not either.
+func podFreebind() *wrapperspb.BoolValue { return wrapperspb.Bool(true) }
+
 // podListeners builds the three listeners of one local pod (capture, explicit lane, inbound) and
 // the inbound clusters that reach its application ports.
 func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*clusterv3.Cluster, error) {
@@ -1179,6 +1191,7 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 	l := &listenerv3.Listener{
 		Name:               captureListenerName(p),
 		Address:            socketAddress("127.0.0.1", CapturePort, p.NetnsPath),
+		Freebind:           podFreebind(),
 		ListenerFilters:    []*listenerv3.ListenerFilter{od, idf},
 		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{b.passthrough}},
 	}
@@ -1203,6 +1216,7 @@ func (b *builder) laneListener(p *model.LocalPod, id string) (*listenerv3.Listen
 	return &listenerv3.Listener{
 		Name:         laneListenerName(p),
 		Address:      socketAddress("127.0.0.1", LanePort, p.NetnsPath),
+		Freebind:     podFreebind(),
 		FilterChains: []*listenerv3.FilterChain{{Name: "lane", Filters: []*listenerv3.Filter{idf, h}}},
 	}, nil
 }
@@ -1295,6 +1309,7 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 	l := &listenerv3.Listener{
 		Name:            inboundListenerName(p),
 		Address:         socketAddress(ip.String(), InboundPort, p.NetnsPath),
+		Freebind:        podFreebind(),
 		ListenerFilters: []*listenerv3.ListenerFilter{ti},
 	}
 	var clusters []*clusterv3.Cluster
