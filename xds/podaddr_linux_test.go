@@ -3,7 +3,11 @@
 package xds
 
 import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -106,4 +110,52 @@ func testPodAddressAbsent(t *testing.T, delta bool) {
 		return nil
 	})
 	noRejects("after the address came back")
+}
+
+// TestPrivilegedPodAddressTentativeIPv6: a pod whose only address is an IPv6 one still in
+// duplicate address detection (tentative: the kernel refuses to bind it) gets its listeners from
+// a real Envoy (IPV6_FREEBIND), and its inbound listener serves an mTLS client once the address is
+// usable. Before, Envoy rejected the update ("Cannot assign requested address").
+func TestPrivilegedPodAddressTentativeIPv6(t *testing.T) {
+	f := newMeshFixture(t, time.Hour, true, Options{})
+	f.addPod("alpha", false)
+	v6, _ := f.addPod("v6", false)
+	serveEcho(v6.Listen(t, "127.0.0.1:9000"))
+	ip := netip.MustParseAddr("fd00:44::5")
+	// A hundred DAD probes a second apart keep the address tentative for the test's length.
+	run(t, v6, "sysctl", "-qw", "net.ipv6.conf.eth0.accept_dad=1", "net.ipv6.conf.eth0.dad_transmits=100")
+	run(t, v6, "ip", "-6", "addr", "add", ip.String()+"/64", "dev", "eth0")
+	f.ips["v6"] = ip
+	f.set(podAddrMesh(f, 1, map[string]netip.Addr{"v6": netip.MustParseAddr("10.96.0.50")}, "v6"))
+	out, err := v6.Command("ip", "-6", "addr", "show", "dev", "eth0").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "tentative") {
+		t.Fatalf("the address is no longer tentative, the test shows nothing: %s %v", out, err)
+	}
+	if n, last := f.srv.NACKs(); n != 0 {
+		t.Fatalf("NACKs = %d (last %q), want 0", n, last)
+	}
+	// The address becomes usable: a client in the pod's netns reaches the application through
+	// the inbound listener on [ip]:15008.
+	run(t, v6, "ip", "-6", "addr", "del", ip.String()+"/64", "dev", "eth0")
+	run(t, v6, "ip", "-6", "addr", "add", ip.String()+"/64", "dev", "eth0", "nodad")
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(f.ca.BundlePEM())
+	svid, err := f.ca.Issue(context.Background(), model.SPIFFEID(f.td, "web", "alpha"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := tls.X509KeyPair(svid.CertChainPEM, svid.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "mTLS to the inbound listener on the IPv6 address", func() error {
+		raw, err := v6.Dial(net.JoinHostPort(ip.String(), "15008"))
+		if err != nil {
+			return err
+		}
+		defer raw.Close()
+		c := tls.Client(raw, &tls.Config{ServerName: "9000", RootCAs: pool, Certificates: []tls.Certificate{cert}, InsecureSkipVerify: true})
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		return testenv.EchoOnce(c, "over IPv6")
+	})
 }
