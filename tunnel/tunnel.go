@@ -115,9 +115,10 @@ func ServerName(m *model.Mesh, k model.ServiceKey) string { return "*." + m.FQDN
 // TLS on it. There is no default filter chain: a connection that is not TLS, has no SNI or an
 // SNI of no exported local service lands on a refusal chain whose RBAC filter closes it and
 // counts it by reason. A connection that has not sent its whole ClientHello within
-// Options.HandshakeTimeout is closed. The listener binds with IP_FREEBIND (Listener.freebind), so a node IP
-// that is not an address of the host does not make Envoy reject the LDS update. It returns nil (and no error) when the node IP is unknown; errors only from
-// marshalling typed configs.
+// Options.HandshakeTimeout is closed. The listener binds with IP_FREEBIND (Listener.freebind), so
+// a node IP that is not an address of the host does not make Envoy reject the LDS update. It
+// returns nil (and no error) when the node IP is unknown; errors only from marshalling typed
+// configs.
 func Build(m *model.Mesh, opts Options) (*Resources, error) {
 	if !m.Node.IP.IsValid() {
 		return nil, nil

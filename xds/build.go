@@ -1330,16 +1330,15 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		return nil, nil, err
 	}
 	ts := &core.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &core.TransportSocket_TypedConfig{TypedConfig: dtc}}
-	l := &listenerv3.Listener{
-		Name:            inboundListenerName(p),
-		Address:         socketAddress(ip.String(), InboundPort, p.NetnsPath),
-		Freebind:        podFreebind(),
-		ListenerFilters: []*listenerv3.ListenerFilter{ti},
-		// tls_inspector's wait for the ClientHello, then the chain's handshake
-		// (Options.HandshakeTimeout).
-		ListenerFiltersTimeout: b.opts.handshakeTimeout(),
-	}
+	// Bounds tls_inspector's wait for the ClientHello, then each chain's handshake.
 	handshake := b.opts.handshakeTimeout()
+	l := &listenerv3.Listener{
+		Name:                   inboundListenerName(p),
+		Address:                socketAddress(ip.String(), InboundPort, p.NetnsPath),
+		Freebind:               podFreebind(),
+		ListenerFilters:        []*listenerv3.ListenerFilter{ti},
+		ListenerFiltersTimeout: handshake,
+	}
 	var clusters []*clusterv3.Cluster
 	for _, ipt := range ports {
 		cn := inboundClusterName(p, ipt.port)
