@@ -64,6 +64,24 @@ type Options struct {
 	// leaves it empty: Envoy runs in the node's host netns. Tests where a "node" is a netns of its
 	// own set it to that netns.
 	Netns string
+	// HandshakeTimeout bounds how long a connection may take to send its whole ClientHello,
+	// which tls_inspector waits for before a chain is chosen (Listener.listener_filters_timeout;
+	// Envoy's default is 15 s); one still short of it is closed and counted
+	// (listener.waypoint.downstream_pre_cx_timeout). The listener never terminates TLS: the rest
+	// of the handshake is bounded by the destination pod's inbound listener. Zero or less means
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+}
+
+// DefaultHandshakeTimeout is Options.HandshakeTimeout's default, 10 s (package xds uses the same
+// for the pods' inbound listeners; docs/node-proxy.md says why).
+const DefaultHandshakeTimeout = 10 * time.Second
+
+func (o Options) handshakeTimeout() time.Duration {
+	if o.HandshakeTimeout <= 0 {
+		return DefaultHandshakeTimeout
+	}
+	return o.HandshakeTimeout
 }
 
 // Resources are the tunnel's Envoy resources: the listener, one EDS cluster per exported local
@@ -96,9 +114,11 @@ func ServerName(m *model.Mesh, k model.ServiceKey) string { return "*." + m.FQDN
 // this node at pod_ip:15008. The listener has no TLS transport socket, so Envoy never terminates
 // TLS on it. There is no default filter chain: a connection that is not TLS, has no SNI or an
 // SNI of no exported local service lands on a refusal chain whose RBAC filter closes it and
-// counts it by reason. The listener binds with IP_FREEBIND (Listener.freebind), so a node IP
-// that is not an address of the host does not make Envoy reject the LDS update. It returns nil (and no error) when the node IP is unknown; errors only from
-// marshalling typed configs.
+// counts it by reason. A connection that has not sent its whole ClientHello within
+// Options.HandshakeTimeout is closed. The listener binds with IP_FREEBIND (Listener.freebind), so
+// a node IP that is not an address of the host does not make Envoy reject the LDS update. It
+// returns nil (and no error) when the node IP is unknown; errors only from marshalling typed
+// configs.
 func Build(m *model.Mesh, opts Options) (*Resources, error) {
 	if !m.Node.IP.IsValid() {
 		return nil, nil
@@ -123,6 +143,7 @@ func Build(m *model.Mesh, opts Options) (*Resources, error) {
 		Freebind: wrapperspb.Bool(true),
 		ListenerFilters: []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.tls_inspector",
 			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: ti}}},
+		ListenerFiltersTimeout: durationpb.New(opts.handshakeTimeout()),
 	}
 	r := &Resources{Listener: l}
 	for _, s := range m.Services {

@@ -40,6 +40,7 @@ import (
 
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/tunnel"
 )
 
 // Options tune the builders. The zero value is usable.
@@ -62,6 +63,28 @@ type Options struct {
 	// without a node IP are left out. Only with CertSelector: Build and NewServer refuse it
 	// with CertMatcher.
 	EastWestWaypoint bool
+	// HandshakeTimeout bounds how long a downstream connection to a listener that terminates or
+	// inspects TLS may take first to send its whole ClientHello (Listener.listener_filters_timeout,
+	// which tls_inspector waits under; Envoy's default is 15 s) and then to complete the TLS
+	// handshake (FilterChain.transport_socket_connect_timeout; Envoy's default is none): the
+	// pods' inbound listeners (pod_ip:15008) and, with EastWestWaypoint, the tunnel listener
+	// (node_ip:15443, tunnel.Options.HandshakeTimeout; it forwards the handshake to a pod's
+	// inbound listener, whose timeout then closes both legs). A connection still short of either
+	// is closed and counted (listener.<addr>.downstream_pre_cx_timeout,
+	// downstream_cx_transport_socket_connect_timeout). Zero or less means
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+}
+
+// DefaultHandshakeTimeout is Options.HandshakeTimeout's default, 10 s (docs/node-proxy.md says
+// why).
+const DefaultHandshakeTimeout = tunnel.DefaultHandshakeTimeout
+
+func (o Options) handshakeTimeout() *durationpb.Duration {
+	if o.HandshakeTimeout <= 0 {
+		return durationpb.New(DefaultHandshakeTimeout)
+	}
+	return durationpb.New(o.HandshakeTimeout)
 }
 
 // CertSelection is the mechanism that picks the source pod's client certificate per upstream
@@ -1135,6 +1158,18 @@ func listenerFilter(name string, m proto.Message) (*listenerv3.ListenerFilter, e
 	return &listenerv3.ListenerFilter{Name: name, ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: a}}, nil
 }
 
+// podFreebind is Listener.freebind of every per-pod listener: Envoy binds them with IP_FREEBIND
+// (IPV6_FREEBIND for IPv6), so an address that is not (or no longer) on an interface of the pod's
+// netns does not fail the bind. Without it one such pod made Envoy reject the LDS update with
+// "cannot bind ... Cannot assign requested address", and every later update too, since each
+// snapshot holds that pod's listeners: no pod listener on the node changed again and every CNI
+// ADD on the node failed waiting for the ACK. A pod with NET_ADMIN can remove its own address
+// (then any Envoy restart rebinds), an IPv6 address is unbindable while DAD is tentative, and a
+// chained plugin's prevResult may name an address it never configured. A listener bound with
+// freebind serves as soon as the address appears (TestPrivilegedPodAddressAbsent); until then
+// it receives nothing, as the pod would not either.
+func podFreebind() *wrapperspb.BoolValue { return wrapperspb.Bool(true) }
+
 // podListeners builds the three listeners of one local pod (capture, explicit lane, inbound) and
 // the inbound clusters that reach its application ports.
 func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*clusterv3.Cluster, error) {
@@ -1179,6 +1214,7 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 	l := &listenerv3.Listener{
 		Name:               captureListenerName(p),
 		Address:            socketAddress("127.0.0.1", CapturePort, p.NetnsPath),
+		Freebind:           podFreebind(),
 		ListenerFilters:    []*listenerv3.ListenerFilter{od, idf},
 		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{b.passthrough}},
 	}
@@ -1203,6 +1239,7 @@ func (b *builder) laneListener(p *model.LocalPod, id string) (*listenerv3.Listen
 	return &listenerv3.Listener{
 		Name:         laneListenerName(p),
 		Address:      socketAddress("127.0.0.1", LanePort, p.NetnsPath),
+		Freebind:     podFreebind(),
 		FilterChains: []*listenerv3.FilterChain{{Name: "lane", Filters: []*listenerv3.Filter{idf, h}}},
 	}, nil
 }
@@ -1260,8 +1297,9 @@ func (b *builder) inboundPorts(p *model.LocalPod) []inboundPort {
 // inboundListener is the pod's mTLS listener on pod_ip:15008 inside its netns: TLS with the pod's
 // SVID, a client certificate from the trust domain required, one filter chain per served port
 // selected by SNI "<port>" (and the exact waypoint SNIs), then HTTP (the caller's identity
-// forwarded as XFCC, SANITIZE_SET with the URI) or raw TCP to the application. It returns nil
-// when the pod serves no port.
+// forwarded as XFCC, SANITIZE_SET with the URI) or raw TCP to the application. A connection gets
+// Options.HandshakeTimeout to send its ClientHello and as long again to finish the handshake. It
+// returns nil when the pod serves no port.
 func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Listener, []*clusterv3.Cluster, error) {
 	ports := b.inboundPorts(p)
 	if len(ports) == 0 {
@@ -1292,10 +1330,14 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		return nil, nil, err
 	}
 	ts := &core.TransportSocket{Name: "envoy.transport_sockets.tls", ConfigType: &core.TransportSocket_TypedConfig{TypedConfig: dtc}}
+	// Bounds tls_inspector's wait for the ClientHello, then each chain's handshake.
+	handshake := b.opts.handshakeTimeout()
 	l := &listenerv3.Listener{
-		Name:            inboundListenerName(p),
-		Address:         socketAddress(ip.String(), InboundPort, p.NetnsPath),
-		ListenerFilters: []*listenerv3.ListenerFilter{ti},
+		Name:                   inboundListenerName(p),
+		Address:                socketAddress(ip.String(), InboundPort, p.NetnsPath),
+		Freebind:               podFreebind(),
+		ListenerFilters:        []*listenerv3.ListenerFilter{ti},
+		ListenerFiltersTimeout: handshake,
 	}
 	var clusters []*clusterv3.Cluster
 	for _, ipt := range ports {
@@ -1325,10 +1367,11 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		}
 		sni := append([]string{strconv.FormatUint(uint64(ipt.port), 10)}, ipt.waypointSNIs...)
 		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
-			Name:             strconv.FormatUint(uint64(ipt.port), 10),
-			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: sni, TransportProtocol: "tls"},
-			TransportSocket:  ts,
-			Filters:          []*listenerv3.Filter{f},
+			Name:                          strconv.FormatUint(uint64(ipt.port), 10),
+			FilterChainMatch:              &listenerv3.FilterChainMatch{ServerNames: sni, TransportProtocol: "tls"},
+			TransportSocket:               ts,
+			TransportSocketConnectTimeout: handshake,
+			Filters:                       []*listenerv3.Filter{f},
 		})
 		c, err := b.inboundCluster(p, ipt)
 		if err != nil {

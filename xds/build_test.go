@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -373,5 +374,47 @@ func TestLoadAssignmentTiers(t *testing.T) {
 	want := []string{"0 c1/r1/z2 1", "1 c2/r1/z1 1", "2 c2/r2/z9 3"}
 	if !slices.Equal(got, want) {
 		t.Errorf("api:80 localities = %q, want %q", got, want)
+	}
+}
+
+// TestHandshakeTimeout: every listener that inspects TLS (the pods' inbound listeners, the
+// waypoint's tunnel listener) bounds the wait for the ClientHello (listener_filters_timeout), and
+// every chain that terminates TLS bounds the handshake (transport_socket_connect_timeout), at
+// DefaultHandshakeTimeout or Options.HandshakeTimeout; the pod listeners bind with freebind.
+func TestHandshakeTimeout(t *testing.T) {
+	m := goldenMesh()
+	m = model.New(m.Version, m.Cluster, m.MeshDomain, m.TrustDomain, model.Node{Name: "n1", IP: netip.MustParseAddr("192.168.0.10")}, m.Services, m.Endpoints, m.Pods)
+	for _, c := range []struct {
+		name string
+		set  time.Duration
+		want time.Duration
+	}{{"default", 0, DefaultHandshakeTimeout}, {"set", 3 * time.Second, 3 * time.Second}} {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{EastWestWaypoint: true, HandshakeTimeout: c.set})
+			if err != nil {
+				t.Fatal(err)
+			}
+			inspecting := 0
+			for _, l := range r.Listeners {
+				if !l.GetFreebind().GetValue() {
+					t.Errorf("%s: no freebind", l.Name)
+				}
+				if !slices.ContainsFunc(l.ListenerFilters, func(f *listenerv3.ListenerFilter) bool { return f.Name == "envoy.filters.listener.tls_inspector" }) {
+					continue
+				}
+				inspecting++
+				if got := l.GetListenerFiltersTimeout().AsDuration(); got != c.want {
+					t.Errorf("%s: listener_filters_timeout %s, want %s", l.Name, got, c.want)
+				}
+				for _, fc := range l.FilterChains {
+					if got := fc.GetTransportSocketConnectTimeout().AsDuration(); fc.TransportSocket != nil && got != c.want {
+						t.Errorf("%s chain %s: transport_socket_connect_timeout %s, want %s", l.Name, fc.Name, got, c.want)
+					}
+				}
+			}
+			if inspecting != 3 { // two inbound listeners and the tunnel listener
+				t.Errorf("%d listeners inspect TLS, want 3", inspecting)
+			}
+		})
 	}
 }

@@ -280,7 +280,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	}
 	if bl.opts.EastWestWaypoint {
 		// The node's tunnel listener (package tunnel); nil while the node IP is unknown.
-		w, err := tunnel.Build(m, tunnel.Options{ConnectTimeout: bl.opts.ConnectTimeout, Netns: bl.opts.UpstreamNetns})
+		w, err := tunnel.Build(m, tunnel.Options{ConnectTimeout: bl.opts.ConnectTimeout, Netns: bl.opts.UpstreamNetns, HandshakeTimeout: bl.opts.HandshakeTimeout})
 		if err != nil {
 			return nil, fmt.Errorf("build waypoint: %w", err)
 		}

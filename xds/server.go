@@ -570,7 +570,7 @@ func (s *Server) ack(url string, v uint64, ok bool, nack string) {
 		s.changed = make(chan struct{})
 		if v == s.seq && s.goodSeq != 0 && s.snaps[s.goodSeq] != nil {
 			good := s.snaps[s.goodSeq]
-			go s.rollback(good)
+			go s.rollback(good, v)
 		}
 		return
 	}
@@ -586,10 +586,16 @@ func (s *Server) ack(url string, v uint64, ok bool, nack string) {
 	}
 }
 
-// rollback serves the resources of a fully ACKed snapshot under a new version.
-func (s *Server) rollback(good *snapshot) {
+// rollback serves the resources of a fully ACKed snapshot under a new version, in place of the
+// rejected snapshot nacked. It does nothing when a newer snapshot was set since (SetMesh won the
+// lock first): that one replaces the rejected snapshot, and rolling back over it would serve the
+// old configuration until the next SetMesh, and a version WaitForAck waits for would never come.
+func (s *Server) rollback(good *snapshot, nacked uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.seq != nacked {
+		return
+	}
 	s.seq++
 	v := s.seq
 	version := s.epoch + "." + strconv.FormatUint(v, 10)
