@@ -139,6 +139,8 @@ type Server struct {
 	// repaired, set by Serve, is closed when the first repair has finished; ADDs served
 	// before then wait for it.
 	repaired chan struct{}
+	// repairCh holds a pending RequestRepair (capacity 1).
+	repairCh chan struct{}
 }
 
 func (s *Server) defaults() { s.once.Do(s.setDefaults) }
@@ -161,6 +163,7 @@ func (s *Server) setDefaults() {
 		s.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s.store = Store{Dir: c.StateDir}
+	s.repairCh = make(chan struct{}, 1)
 }
 
 // Serve listens on the socket, repairs every persisted attachment, reports ready and serves
@@ -241,7 +244,23 @@ func (s *Server) Serve(ctx context.Context) error {
 			if err := s.repair(ctx, false); err != nil {
 				s.Log.Error("repair attachments", "err", err)
 			}
+		case <-s.repairCh:
+			if err := s.repair(ctx, false); err != nil {
+				s.Log.Error("repair attachments", "err", err)
+			}
 		}
+	}
+}
+
+// RequestRepair asks the serving server for a repair pass now, without waiting for
+// RepairInterval (the agent asks when Envoy rejects a configuration: the listeners of a pod
+// whose netns is gone). Requests made while one is pending are merged into it; it never blocks.
+// Before Serve's first repair it is a no-op beyond that pending request.
+func (s *Server) RequestRepair() {
+	s.defaults()
+	select {
+	case s.repairCh <- struct{}{}:
+	default:
 	}
 }
 

@@ -39,6 +39,11 @@ type ServerOptions struct {
 	Logger *slog.Logger
 	// Registerer, when set, receives the server's metrics.
 	Registerer prometheus.Registerer
+	// OnNACK, when set, is called on its own goroutine once per rejected response (type URL and
+	// version), with the type URL and Envoy's error_detail. The agent runs its attachment repair
+	// from it: a restarted Envoy rejects the listeners of a pod whose netns is gone ("failed to
+	// open netns file"), and repair releases that pod.
+	OnNACK func(typeURL, detail string)
 }
 
 // Server is the agent's xDS server for its node's Envoy: it builds snapshots from mesh models,
@@ -565,6 +570,9 @@ func (s *Server) ack(url string, v uint64, ok bool, nack string) {
 		s.lastNACK = nack
 		s.nacks.WithLabelValues(url).Inc()
 		s.log.Error("envoy rejected xds response (NACK)", "type_url", url, "version", v, "error_detail", nack)
+		if s.opts.OnNACK != nil {
+			go s.opts.OnNACK(url, nack)
+		}
 		s.rejected[v] = nack
 		close(s.changed)
 		s.changed = make(chan struct{})

@@ -10,9 +10,11 @@ import (
 	"net/http/httptrace"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -385,4 +387,69 @@ func podAttachment(t testing.TB, pod *corev1.Pod, cid string, ip netip.Addr) (*t
 	return ns, plugin.Request{Network: "test", Attachment: plugin.PodAttachment{
 		ContainerID: cid, PodUID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name,
 		NetnsPath: ns.Path, IPs: []netip.Addr{ip}, Interface: "eth0"}}
+}
+
+// TestPrivilegedAgentRepairsWhenEnvoyRejects: a pod's netns disappears without a DEL, then
+// Envoy restarts. The new Envoy rejects the configuration (it cannot open that netns to bind the
+// pod's listeners), and the rejection starts a CNI repair at once, which releases the pod: the
+// other pod's listeners are in the new Envoy and a new Service reaches it, with the periodic
+// repair an hour away (--cni-repair-interval 1h), so only the rejection can have started it.
+func TestPrivilegedAgentRepairsWhenEnvoyRejects(t *testing.T) {
+	testenv.RequireRoot(t)
+	api, etcd, cs := startSources(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	createNodeAndMeshNamespace(t, ctx, cs, "web")
+	live := createReadyPod(t, ctx, cs, "web-1", "web")
+	gone := createReadyPod(t, ctx, cs, "web-2", "web")
+	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0], "--cni-repair-interval", "1h")
+	a.waitReady(t, 60*time.Second, "agent ready")
+
+	_, liveReq := podAttachment(t, live, "ctr-live", netip.MustParseAddr("10.250.0.6"))
+	// The other pod's netns is one the test deletes itself (testenv's cleanup would fail on it).
+	goneNS := fmt.Sprintf("aet-gone-%d", os.Getpid())
+	if out, err := exec.Command("ip", "netns", "add", goneNS).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns add: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", goneNS).Run() })
+	goneReq := liveReq
+	goneReq.Attachment = plugin.PodAttachment{ContainerID: "ctr-gone", PodUID: string(gone.UID), Namespace: gone.Namespace,
+		Name: gone.Name, NetnsPath: "/var/run/netns/" + goneNS, IPs: []netip.Addr{netip.MustParseAddr("10.250.0.7")}, Interface: "eth0"}
+	for _, req := range []plugin.Request{liveReq, goneReq} {
+		if _, err := plugin.NewClient(a.cniSocket).Add(ctx, req); err != nil {
+			t.Fatalf("CNI ADD %s: %v", req.Attachment.Name, err)
+		}
+	}
+	for _, name := range []string{"inbound|shop/web-1", "inbound|shop/web-2"} {
+		testenv.Eventually(t, 30*time.Second, name+" in Envoy", a.envoyHas("/listeners", name, true))
+	}
+
+	if out, err := exec.Command("ip", "netns", "delete", goneNS).CombinedOutput(); err != nil {
+		t.Fatalf("ip netns delete: %v: %s", err, out)
+	}
+	old := a.envoyPID()
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, "a new Envoy", func() error {
+		if p := a.envoyPID(); p == 0 || p == old || !strings.Contains(a.envoy("/server_info"), "LIVE") {
+			return fmt.Errorf("envoy pid %d (old %d), server_info %.80s", p, old, a.envoy("/server_info"))
+		}
+		return nil
+	})
+	// The new Envoy rejected the update holding web-2's listeners (it applies the listeners it
+	// can open, so web-1's are there either way). Until web-2 is released every later update is
+	// rejected too, as each holds web-2's listeners: the new Service below reaches Envoy only
+	// because the rejection started the repair that released web-2.
+	testenv.Eventually(t, 60*time.Second, "web-1's listeners in the new Envoy", a.envoyHas("/listeners", "inbound|shop/web-1", true))
+	testenv.Eventually(t, 30*time.Second, "web-2's listeners not in the new Envoy", a.envoyHas("/listeners", "inbound|shop/web-2", false))
+	if _, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "api"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "a new Service's cluster in the new Envoy", a.envoyHas("/clusters", "api.shop.mesh:80::", true))
+	log := mustReadFile(t, a.logPath)
+	if !strings.Contains(log, "envoy rejected xds response (NACK)") {
+		t.Errorf("the agent log records no rejection: the new Envoy was expected to reject web-2's listeners")
+	}
 }

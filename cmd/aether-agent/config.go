@@ -33,6 +33,10 @@ type config struct {
 	CACert  string        // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
 	CAKey   string        // --ca-key, AETHER_CA_KEY
 	SVIDTTL time.Duration // --svid-ttl: lifetime of issued SVIDs (rotated at half-life)
+	// CNIRepairInterval (--cni-repair-interval) is how often the CNI server checks and repairs
+	// every attachment (rules, listeners, records of gone netns); a rejected Envoy
+	// configuration also starts a pass at once.
+	CNIRepairInterval time.Duration
 
 	HostIP netip.Addr // --host-ip, HOST_IP: the node IP (DNS listens here; capture DNATs here)
 	// HostIPv6 (--host-ip-v6, HOST_IP_V6) is the node's IPv6 address on dual-stack nodes: the
@@ -91,6 +95,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	ef.StringVar(&c.CACert, "ca-cert", "AETHER_CA_CERT", "", "development CA certificate (PEM) that signs workload SVIDs")
 	ef.StringVar(&c.CAKey, "ca-key", "AETHER_CA_KEY", "", "development CA key (PEM)")
 	fs.DurationVar(&c.SVIDTTL, "svid-ttl", time.Hour, "lifetime of workload SVIDs; each is renewed at half its lifetime")
+	fs.DurationVar(&c.CNIRepairInterval, "cni-repair-interval", time.Minute, "how often every pod attachment is checked and repaired (a rejected Envoy configuration also starts a check at once)")
 	hostIP := ef.String("host-ip", "HOST_IP", "", "this node's IP: the DNS resolver listens here")
 	hostIPv6 := ef.String("host-ip-v6", "HOST_IP_V6", "", "this node's IPv6 address on a dual-stack node: the resolver listens here too and IPv6 cluster DNS is DNAT'ed to it")
 	fs.IntVar(&c.DNSPort, "dns-port", 18054, "DNS port on the host IP (UDP and TCP)")
@@ -168,6 +173,9 @@ func (c config) validate() error {
 		errs = append(errs, errors.New("--ca-cert and --ca-key go together"))
 	} else if c.CACert == "" {
 		errs = append(errs, errors.New("--ca-cert and --ca-key are required (the CA that signs workload SVIDs)"))
+	}
+	if c.CNIRepairInterval < time.Second {
+		errs = append(errs, fmt.Errorf("--cni-repair-interval %s: want at least 1s", c.CNIRepairInterval))
 	}
 	if c.SVIDTTL < 2*time.Minute {
 		errs = append(errs, fmt.Errorf("--svid-ttl %s: want at least 2m", c.SVIDTTL))

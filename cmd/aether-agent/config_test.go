@@ -26,6 +26,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "bad dns port", args: []string{"--dns-port", "70000"}, wantErr: "--dns-port 70000"},
 		{name: "ca pair", args: []string{"--ca-key", ""}, wantErr: "--ca-cert and --ca-key go together"},
 		{name: "short svid ttl", args: []string{"--svid-ttl", "30s"}, wantErr: "--svid-ttl 30s"},
+		{name: "cni repair interval under a second", args: []string{"--cni-repair-interval", "0s"}, wantErr: "--cni-repair-interval 0s"},
 		{name: "missing file", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
 		{name: "bad mesh domain", args: []string{"--mesh-domain", "a..b"}, wantErr: `--mesh-domain "a..b"`},

@@ -168,8 +168,17 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return fmt.Errorf("--ca-cert/--ca-key: %w", err)
 	}
+	// A rejected configuration starts a CNI repair pass at once: after an Envoy restart, the
+	// listeners of a pod whose netns is gone (its DEL never came) are rejected until repair
+	// releases the pod, which would otherwise wait for --cni-repair-interval.
+	var repairer atomic.Pointer[cni.Server]
 	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca),
 		Logger: log.With("part", "xds"), Registerer: metrics.reg,
+		OnNACK: func(string, string) {
+			if s := repairer.Load(); s != nil {
+				s.RequestRepair()
+			}
+		},
 		// --east-west-waypoint: remote endpoints through their nodes' waypoints, and this node's
 		// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known).
 		Build: xds.Options{EastWestWaypoint: cfg.EastWestWaypoint}})
@@ -265,11 +274,12 @@ func run(ctx context.Context, cfg config) error {
 		Config: cni.ServerConfig{
 			Socket: cfg.CNISocket, StateDir: cfg.StateDir, HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6, ClusterDNS: clusterDNS,
 			DNSPort: uint16(cfg.DNSPort), Mode: capture.Mode(cfg.InboundMode), NodeName: cfg.NodeName,
-			RepairInterval: time.Minute,
+			RepairInterval: cfg.CNIRepairInterval,
 		},
 		Lookup: &cni.KubePods{Client: cs}, NodePods: &cni.KubePods{Client: cs},
 		Dataplane: dp, Backend: backend, Log: log.With("part", "cni"),
 	}
+	repairer.Store(cniSrv)
 	cniErr := make(chan error, 1)
 	go func() { cniErr <- cniSrv.Serve(ctx) }()
 	// aether-cni goes into the node's conflist only once the server answers: from then on a pod
