@@ -96,6 +96,23 @@ func testPodNetnsGone(t *testing.T, delta bool) {
 		}
 		return nil
 	})
+	// State of the world: the server rolls back once to the last ACKed snapshot, which the new
+	// Envoy rejects as well; it must not roll back again (each rollback is a new version, so
+	// that looped at about 160 NACKs a second). Delta: one NACK.
+	want := uint64(1)
+	if !delta {
+		want = 2
+		testenv.Eventually(t, time.Minute, "the rolled-back snapshot rejected", func() error {
+			if n, _ := f.srv.NACKs(); n < want {
+				return fmt.Errorf("%d NACKs, want %d", n, want)
+			}
+			return nil
+		})
+	}
+	time.Sleep(2 * time.Second) // a loop would add hundreds meanwhile
+	if n, _ := f.srv.NACKs(); n != want {
+		t.Errorf("%d NACKs after the restart, want %d (no rollback of a rejected rollback)", n, want)
+	}
 	// The snapshot without the pod (what the agent serves once repair released it) is ACKed,
 	// and the restarted Envoy serves the other pods.
 	f.set(podAddrMesh(f, 4, vips, "late"))

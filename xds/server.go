@@ -81,9 +81,13 @@ type Server struct {
 	lastNACK string
 	nacked   map[string]bool // "<type URL> <version>" already logged and counted
 	snaps    map[uint64]*snapshot
-	goodSeq  uint64            // highest version whose listeners and clusters Envoy ACKed
-	rejected map[uint64]string // NACKed versions -> error_detail
-	changed  chan struct{}
+	goodSeq  uint64 // highest version whose listeners and clusters Envoy ACKed
+	// rolledBack is the version the last rollback served; when Envoy rejects that one too (a
+	// restarted Envoy that cannot take the last ACKed snapshot either), it is not rolled back
+	// again: that would loop, each rollback a new version and a new NACK.
+	rolledBack uint64
+	rejected   map[uint64]string // NACKed versions -> error_detail
+	changed    chan struct{}
 	// kick wakes the rotation loop after SetMesh (new identities change the next renewal).
 	kick chan struct{}
 }
@@ -576,9 +580,12 @@ func (s *Server) ack(url string, v uint64, ok bool, nack string) {
 		s.rejected[v] = nack
 		close(s.changed)
 		s.changed = make(chan struct{})
-		if v == s.seq && s.goodSeq != 0 && s.snaps[s.goodSeq] != nil {
-			good := s.snaps[s.goodSeq]
-			go s.rollback(good, v)
+		switch {
+		case v != s.seq || s.goodSeq == 0 || s.snaps[s.goodSeq] == nil:
+		case v == s.rolledBack:
+			s.log.Warn("envoy rejected the last ACKed snapshot too (a restarted Envoy?); serving nothing new until the next change", "version", v)
+		default:
+			go s.rollback(s.snaps[s.goodSeq], v)
 		}
 		return
 	}
@@ -621,6 +628,7 @@ func (s *Server) rollback(good *snapshot, nacked uint64) {
 	s.snaps[v] = snap
 	s.last = snap
 	s.snapVersion.Set(float64(v))
+	s.rolledBack = v
 	s.log.Warn("served the last ACKed snapshot again after a NACK", "version", version)
 }
 
