@@ -147,7 +147,7 @@ func New(cfg Config) (*Registrar, error) {
 	}
 	log := cfg.Logger
 	view := mcs.NewExportView(cfg.Exports, log)
-	r := &Registrar{mgr: mgr, cfg: cfg, log: log, probeErr: errors.New("registry not probed yet")}
+	r := &Registrar{mgr: mgr, cfg: cfg, log: log, probeErr: errNotProbed}
 	// Each controller gets its own rate limiter (it keeps per-item failure counts).
 	tuning := func() mcs.ControllerTuning {
 		return mcs.ControllerTuning{MaxConcurrentReconciles: cfg.Workers, SkipNameValidation: cfg.SkipNameValidation,
@@ -222,8 +222,10 @@ func (r *Registrar) probeLoop(ctx context.Context) error {
 		r.probeErr = err
 		r.mu.Unlock()
 		switch {
-		case err != nil && was == nil:
-			r.log.Warn("registrar: registry unreachable; not ready (nothing is deleted while it is)", "err", err)
+		case err != nil && (was == nil || was == errNotProbed || err.Error() != was.Error()):
+			// Logged when the registry fails, and again when the reason changes: a first probe
+			// that fails (etcd down, a permission the cluster's etcd user lacks) is logged too.
+			r.log.Warn("registrar: registry probe failed; not ready (nothing is deleted while it is)", "err", err)
 		case err == nil && was != nil:
 			r.log.Info("registrar: registry reachable; ready")
 			r.export.Resync(ctx)
@@ -236,6 +238,9 @@ func (r *Registrar) probeLoop(ctx context.Context) error {
 		}
 	}
 }
+
+// errNotProbed is the registry state before the first probe: not ready.
+var errNotProbed = errors.New("registry not probed yet")
 
 // everyReplica is a Runnable that runs on every replica, leader or not.
 type everyReplica func(ctx context.Context) error

@@ -31,8 +31,8 @@ type SupervisorConfig struct {
 	// recognises the Envoy it started). One StateDir per node: supervisors sharing it never run
 	// two Envoys.
 	StateDir string
-	// Prefix is prepended to Envoy's command line, e.g. ["ip", "netns", "exec", "node1"] in the
-	// local substrate; empty in production.
+	// Prefix is prepended to Envoy's command line, e.g. ["ip", "netns", "exec", "node1"]; empty
+	// in production and in the local substrate (tests use it to wrap Envoy).
 	Prefix []string
 	// ExtraArgs are appended to Envoy's command line.
 	ExtraArgs []string

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/registryflag"
@@ -88,6 +89,10 @@ func setupAuth(ctx context.Context, c authConfig) error {
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints: c.Registry.Endpoints(), TLS: tlsCfg, Username: "root", Password: c.RootPassword,
 		DialTimeout: 5 * time.Second, Context: ctx,
+		// clientv3's own zap log is dropped: on a first run it logs a retry of every call made
+		// before auth is enabled, on a rerun "already exists" for every user and role, both
+		// expected; the errors that matter are returned.
+		Logger: zap.NewNop(),
 	})
 	if err != nil {
 		return fmt.Errorf("connect to the registry's etcd %v: %w", c.Registry.Endpoints(), err)

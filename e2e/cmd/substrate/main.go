@@ -98,7 +98,7 @@ func up(ctx context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	fmt.Print(env)
-	fmt.Printf("# up in %v, %d MiB resident; stop with Ctrl-C or: substrate down\n", s.StartupTime.Round(time.Millisecond), total>>20)
+	fmt.Printf("# up in %v, %d MiB resident; stop with Ctrl-C or: make substrate-down\n", s.StartupTime.Round(time.Millisecond), total>>20)
 	<-ctx.Done()
 	fmt.Println("# shutting down")
 	return nil
