@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -30,6 +31,9 @@ type Resolver struct {
 	forwardTimeout time.Duration
 	// forwards holds one token per query being forwarded (at most MaxForwards).
 	forwards chan struct{}
+	// meshZone, csZone and csuffix ("mesh.", "svc.clusterset.local.", ".svc.cluster.local.")
+	// tell, before the first index, which names could be mesh names (preModelForward).
+	meshZone, csZone, csuffix string
 }
 
 // DefaultMaxForwards is how many queries a Resolver forwards at once. Each holds a goroutine
@@ -52,12 +56,18 @@ type ResolverOptions struct {
 	// MaxForwards is how many queries are forwarded at once (0: DefaultMaxForwards); a query
 	// beyond it is answered SERVFAIL at once, without asking an upstream.
 	MaxForwards int
+	// MeshDomain is the mesh domain before the first model gives it ("": model's default,
+	// "mesh"), for telling which names to forward until then.
+	MeshDomain string
 }
 
 // NewResolver returns a resolver forwarding to fwd (nil: no upstreams, every forwarded query
-// answers SERVFAIL); it hooks fwd's failures into its metrics. Until the first Update it answers SERVFAIL
-// to every query (it cannot tell mesh names from others yet, and a negative answer would be
-// cached by clients). It returns an error when the metrics cannot be registered.
+// answers SERVFAIL); it hooks fwd's failures into its metrics. Until the first Update it
+// forwards every query that cannot concern a mesh name, so the node's pods keep resolving
+// cluster and external names while the agent waits for the API server or the registry, and
+// answers SERVFAIL to the rest (names in the mesh domain or in svc.clusterset.local, and search-
+// list expansions holding one): it cannot answer those yet, and a negative answer would be
+// cached by clients. It returns an error when the metrics cannot be registered.
 func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -83,8 +93,16 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	if o.MaxForwards <= 0 {
 		o.MaxForwards = DefaultMaxForwards
 	}
+	meshDomain, clusterDomain := o.MeshDomain, o.Index.ClusterDomain
+	if meshDomain == "" {
+		meshDomain = model.DefaultMeshDomain
+	}
+	if clusterDomain == "" {
+		clusterDomain = DefaultClusterDomain
+	}
 	return &Resolver{opts: o.Index, fwd: fwd, metrics: m, log: o.Logger, forwardTimeout: timeout,
-		forwards: make(chan struct{}, o.MaxForwards)}, nil
+		forwards: make(chan struct{}, o.MaxForwards), meshZone: strings.ToLower(dns.CanonicalName(meshDomain)),
+		csZone: dns.CanonicalName(model.ClustersetDomain), csuffix: ".svc." + strings.ToLower(dns.CanonicalName(clusterDomain))}, nil
 }
 
 // Update builds an index from m and swaps it in. Queries in flight finish with the index they
@@ -121,6 +139,17 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		qtype = req.Question[0].Qtype
 	}
 	idx := r.index.Load()
+	if idx == nil && r.preModelForward(req) {
+		resp, err := r.forward(req, tcp)
+		if err != nil {
+			r.log.Debug("forward failed", "err", err)
+			resp = servfail(req)
+		}
+		r.metrics.count(qtype, resp.Rcode)
+		r.metrics.forward.Observe(time.Since(start).Seconds())
+		r.write(w, resp, maxSize)
+		return
+	}
 	if idx == nil {
 		m := new(dns.Msg)
 		m.SetRcode(req, dns.RcodeServerFailure)
@@ -150,17 +179,42 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 			resp = idx.ClustersetNXDOMAIN(req)
 		} else {
 			r.log.Debug("forward failed", "err", err)
-			resp = new(dns.Msg)
-			resp.SetRcode(req, dns.RcodeServerFailure)
-			resp.RecursionAvailable = true
-			if opt := req.IsEdns0(); opt != nil {
-				resp.SetEdns0(ednsUDPSize, opt.Do())
-			}
+			resp = servfail(req)
 		}
 	}
 	r.metrics.count(qtype, resp.Rcode)
 	r.metrics.forward.Observe(time.Since(start).Seconds())
 	r.write(w, resp, maxSize)
+}
+
+// servfail is the SERVFAIL answer to a forwarded query no upstream answered (RA set; an OPT
+// when the query had one).
+func servfail(req *dns.Msg) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.SetRcode(req, dns.RcodeServerFailure)
+	resp.RecursionAvailable = true
+	if opt := req.IsEdns0(); opt != nil {
+		resp.SetEdns0(ednsUDPSize, opt.Do())
+	}
+	return resp
+}
+
+// preModelForward reports whether a query may be forwarded before the first index: one IN
+// question whose name is neither in the mesh zone nor in svc.clusterset.local, nor a search-list
+// expansion (<...>.svc.<clusterDomain>) holding either zone, which the first index may answer.
+func (r *Resolver) preModelForward(req *dns.Msg) bool {
+	if len(req.Question) != 1 || req.Question[0].Qclass != dns.ClassINET {
+		return false
+	}
+	name := strings.ToLower(dns.CanonicalName(req.Question[0].Name))
+	if inZone(name, r.meshZone) || inZone(name, r.csZone) {
+		return false
+	}
+	if strings.HasSuffix(name, r.csuffix) {
+		dotted := "." + name
+		return !strings.Contains(dotted, "."+r.meshZone) && !strings.Contains(dotted, "."+r.csZone)
+	}
+	return true
 }
 
 // forward sends req to the upstreams (Forwarder.Exchange) within the forward timeout, unless

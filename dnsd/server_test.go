@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/aethermesh/aether/model"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
@@ -102,17 +104,27 @@ func startResolver(t *testing.T, upstreams []string, fo ForwarderOptions) *testR
 // set here), forwarding to upstreams.
 func startResolverWith(t *testing.T, upstreams []string, fo ForwarderOptions, sc ServerConfig) *testResolver {
 	t.Helper()
+	return startResolverModel(t, upstreams, fo, sc, ResolverOptions{}, testMesh())
+}
+
+// startResolverModel is startResolverWith with resolver options ro (its Registerer is set here)
+// and model m (nil: no Update, the resolver before its first model).
+func startResolverModel(t *testing.T, upstreams []string, fo ForwarderOptions, sc ServerConfig, ro ResolverOptions, m *model.Mesh) *testResolver {
+	t.Helper()
 	fwd, err := NewForwarder(upstreams, fo)
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg})
+	ro.Registerer = reg
+	res, err := NewResolver(fwd, ro)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := res.Update(testMesh()); err != nil {
-		t.Fatal(err)
+	if m != nil {
+		if err := res.Update(m); err != nil {
+			t.Fatal(err)
+		}
 	}
 	sc.Addr = "127.0.0.1:0"
 	srv := NewServer(res, sc)
@@ -607,5 +619,49 @@ func TestServerAnswersBursts(t *testing.T) {
 				t.Errorf("%d queries unanswered", len(want)+len(forwarded))
 			}
 		})
+	}
+}
+
+// TestForwardsBeforeFirstModel: until its first model the resolver forwards every name that
+// cannot be a mesh name (so a node's pods keep resolving cluster and external names while the
+// agent waits for the API server or the registry) and answers SERVFAIL for names in the mesh
+// domain, in svc.clusterset.local, and search-list expansions holding either; the first model
+// then answers mesh names.
+func TestForwardsBeforeFirstModel(t *testing.T) {
+	up := startStub(t, answerA(1))
+	r := startResolverModel(t, []string{up.addr}, ForwarderOptions{}, ServerConfig{}, ResolverOptions{MeshDomain: "corp"}, nil)
+	for _, c := range []struct {
+		name  string
+		rcode int
+		sent  bool // reached the upstream
+	}{
+		{"example.org.", dns.RcodeSuccess, true},
+		{"kubernetes.default.svc.cluster.local.", dns.RcodeNameError, true},
+		{"web.mesh.", dns.RcodeSuccess, true}, // not the mesh domain here
+		{"web.corp.", dns.RcodeServerFailure, false},
+		{"WEB.Shop.CORP.", dns.RcodeServerFailure, false},
+		{"corp.", dns.RcodeServerFailure, false},
+		{"cart.shop.svc.clusterset.local.", dns.RcodeServerFailure, false},
+		{"web.corp.shop.svc.cluster.local.", dns.RcodeServerFailure, false},
+		{"cart.shop.svc.clusterset.local.shop.svc.cluster.local.", dns.RcodeServerFailure, false},
+		{"example.org.shop.svc.cluster.local.", dns.RcodeNameError, true},
+	} {
+		for _, network := range []string{"udp", "tcp"} {
+			before := up.queries.Load()
+			m := ask(t, r.addr, network, c.name, dns.TypeA, nil)
+			if m.Rcode != c.rcode {
+				t.Errorf("%s %s before the first model: rcode %s, want %s", network, c.name, dns.RcodeToString[m.Rcode], dns.RcodeToString[c.rcode])
+			}
+			if sent := up.queries.Load() > before; sent != c.sent {
+				t.Errorf("%s %s before the first model: forwarded %v, want %v", network, c.name, sent, c.sent)
+			}
+		}
+	}
+	mesh := testMesh()
+	if err := r.res.Update(model.New(mesh.Version, mesh.Cluster, "corp", "", mesh.Node, mesh.Services, mesh.Endpoints, mesh.Pods)); err != nil {
+		t.Fatal(err)
+	}
+	if m := ask(t, r.addr, "udp", "web.default.corp.", dns.TypeA, nil); m.Rcode != dns.RcodeSuccess || len(m.Answer) != 1 {
+		t.Errorf("web.default.corp. after the first model: %v", m)
 	}
 }

@@ -638,3 +638,50 @@ func TestHelpAndBadFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentDNSBeforeRegistry: the agent's resolver listens before the agent waits for the
+// registry, and until the first model it forwards names that cannot be mesh names: with the
+// registry unreachable at start (an agent restarted during a registry outage) the node's pods
+// still get their cluster and external names forwarded, and mesh names answer SERVFAIL without
+// reaching an upstream. Before, nothing listened until the registry answered.
+func TestAgentDNSBeforeRegistry(t *testing.T) {
+	api, _, cs := startSources(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	createNodeAndMeshNamespace(t, ctx, cs)
+	dead := fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))
+	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", dead)
+	// The upstream (127.0.0.1:53 from the test's resolv.conf) refuses: a forwarded query is
+	// counted as a network failure of that upstream, a query answered locally is not.
+	forwarded := func() float64 {
+		_, body := a.get("/metrics")
+		var n float64
+		for _, m := range regexp.MustCompile(`(?m)^aether_dns_upstream_failures_total\{[^}]*upstream="127\.0\.0\.1:53"[^}]*\} ([0-9.e+]+)$`).FindAllStringSubmatch(body, -1) {
+			v, _ := strconv.ParseFloat(m[1], 64)
+			n += v
+		}
+		return n
+	}
+	testenv.Eventually(t, 60*time.Second, "the resolver answers", func() error {
+		if rcode, _ := a.lookup("example.org"); rcode != dns.RcodeServerFailure {
+			return fmt.Errorf("example.org: rcode %d, want SERVFAIL from the refusing upstream", rcode)
+		}
+		return nil
+	})
+	if code, body := a.get("/readyz"); code != http.StatusServiceUnavailable {
+		t.Fatalf("/readyz %d with the registry unreachable: %s", code, body)
+	}
+	before := forwarded()
+	if before < 1 {
+		t.Errorf("example.org was not forwarded before the first model (upstream failures %v)", before)
+	}
+	if rcode, _ := a.lookup("web.shop.mesh"); rcode != dns.RcodeServerFailure {
+		t.Errorf("web.shop.mesh before the first model: rcode %d, want SERVFAIL", rcode)
+	}
+	if rcode, _ := a.lookup("kubernetes.default.svc.cluster.local"); rcode != dns.RcodeServerFailure {
+		t.Errorf("kubernetes.default.svc.cluster.local: rcode %d, want SERVFAIL from the refusing upstream", rcode)
+	}
+	if got := forwarded(); got != before+1 {
+		t.Errorf("upstream failures went from %v to %v; want one more (the cluster name forwarded, the mesh name not)", before, got)
+	}
+}

@@ -88,6 +88,40 @@ func run(ctx context.Context, cfg config) error {
 		}
 	}
 
+	// DNS first, before anything that waits for the API server or the registry: every pod's
+	// DNS on this node is DNAT'ed here, so an agent restarted while either is unreachable must
+	// still answer. Before the first model the resolver forwards every name that cannot be a
+	// mesh name and answers SERVFAIL for the rest; readiness waits for the first model.
+	dnsAddr := netip.AddrPortFrom(cfg.HostIP, uint16(cfg.DNSPort)).String()
+	upstreams, err := dnsd.ReadResolvConf(cfg.ResolvConf, log.With("part", "dns"), dnsAddr)
+	if err != nil {
+		return err
+	}
+	fwd, err := dnsd.NewForwarder(upstreams, dnsd.ForwarderOptions{Logger: log.With("part", "dns")})
+	if err != nil {
+		return fmt.Errorf("--resolv-conf %s: %w", cfg.ResolvConf, err)
+	}
+	resolver, err := dnsd.NewResolver(fwd, dnsd.ResolverOptions{Registerer: metrics.reg, Logger: log.With("part", "dns"),
+		MeshDomain: cfg.MeshDomain})
+	if err != nil {
+		return err
+	}
+	dnsAddrs := map[string]string{dnsAddr: "--host-ip/--dns-port"}
+	if cfg.HostIPv6.IsValid() {
+		dnsAddrs[netip.AddrPortFrom(cfg.HostIPv6, uint16(cfg.DNSPort)).String()] = "--host-ip-v6/--dns-port"
+	}
+	for addr, flags := range dnsAddrs {
+		dnsSrv := dnsd.NewServer(resolver, dnsd.ServerConfig{Addr: addr, Logger: log.With("part", "dns")})
+		if err := dnsSrv.Start(ctx); err != nil {
+			return fmt.Errorf("DNS on %s %s: %w", flags, addr, err)
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = dnsSrv.Shutdown(sctx)
+		}()
+	}
+
 	if err := kube.Start(ctx, 2*time.Minute); err != nil {
 		return err
 	}
@@ -207,41 +241,11 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 
-	// DNS: the resolver answers SERVFAIL until its first index, so it may start before the
-	// first model; readiness waits for both.
-	dnsAddr := netip.AddrPortFrom(cfg.HostIP, uint16(cfg.DNSPort)).String()
-	upstreams, err := dnsd.ReadResolvConf(cfg.ResolvConf, log.With("part", "dns"), dnsAddr)
-	if err != nil {
-		return err
-	}
-	fwd, err := dnsd.NewForwarder(upstreams, dnsd.ForwarderOptions{Logger: log.With("part", "dns")})
-	if err != nil {
-		return fmt.Errorf("--resolv-conf %s: %w", cfg.ResolvConf, err)
-	}
-	resolver, err := dnsd.NewResolver(fwd, dnsd.ResolverOptions{Registerer: metrics.reg, Logger: log.With("part", "dns")})
-	if err != nil {
-		return err
-	}
 	asm.Subscribe(func(m *model.Mesh) {
 		if err := resolver.Update(m); err != nil {
 			log.Error("DNS index not updated; answering from the previous one", "err", err)
 		}
 	})
-	dnsAddrs := map[string]string{dnsAddr: "--host-ip/--dns-port"}
-	if cfg.HostIPv6.IsValid() {
-		dnsAddrs[netip.AddrPortFrom(cfg.HostIPv6, uint16(cfg.DNSPort)).String()] = "--host-ip-v6/--dns-port"
-	}
-	for addr, flags := range dnsAddrs {
-		dnsSrv := dnsd.NewServer(resolver, dnsd.ServerConfig{Addr: addr, Logger: log.With("part", "dns")})
-		if err := dnsSrv.Start(ctx); err != nil {
-			return fmt.Errorf("DNS on %s %s: %w", flags, addr, err)
-		}
-		defer func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = dnsSrv.Shutdown(sctx)
-		}()
-	}
 
 	if err := asm.Rebuild(); err != nil {
 		return err
