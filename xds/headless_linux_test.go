@@ -89,19 +89,7 @@ func headlessMesh(f *meshFixture) *model.Mesh {
 // through, the explicit lane balances a headless Service's name over its pods, a VIP-less
 // service that is not headless has no lane virtual host (404, not 503), and requests to the VIP
 // of a service whose named targetPort is 8080 in one pod and 8081 in the other reach both pods.
-func TestPrivilegedHeadlessAndPerPodPorts(t *testing.T) {
-	for _, c := range []struct {
-		name  string
-		delta bool
-		build Options
-	}{
-		{"sotw", false, Options{}},
-		{"delta", true, Options{}},
-		{"transport-socket-matcher", false, Options{CertSelection: CertMatcher}},
-	} {
-		t.Run(c.name, func(t *testing.T) { testHeadlessAndPerPodPorts(t, c.delta, c.build) })
-	}
-}
+func TestPrivilegedHeadlessAndPerPodPorts(t *testing.T) { runProtocols(t, testHeadlessAndPerPodPorts) }
 
 func testHeadlessAndPerPodPorts(t *testing.T, delta bool, build Options) {
 	f := newMeshFixture(t, time.Hour, delta, build)

@@ -111,7 +111,12 @@ func xfccURI(body string) string {
 // listener and through passthrough; traffic to a non-mesh address passes through; two pods with
 // different service accounts calling concurrently over keep-alive connections each arrive with
 // their own identity; an inbound connection without a valid client certificate is refused.
-func TestPrivilegedMeshTraffic(t *testing.T) {
+func TestPrivilegedMeshTraffic(t *testing.T) { runProtocols(t, testMeshTraffic) }
+
+// runProtocols runs a traffic scenario as a subtest per way of serving Envoy: state of the world,
+// delta, and state of the world with the client certificate chosen by a transport socket
+// matcher (CertMatcher).
+func runProtocols(t *testing.T, scenario func(t *testing.T, delta bool, build Options)) {
 	for _, c := range []struct {
 		name  string
 		delta bool
@@ -121,7 +126,7 @@ func TestPrivilegedMeshTraffic(t *testing.T) {
 		{"delta", true, Options{}},
 		{"sotw-transport-socket-matcher", false, Options{CertSelection: CertMatcher}},
 	} {
-		t.Run(c.name, func(t *testing.T) { testMeshTraffic(t, c.delta, c.build) })
+		t.Run(c.name, func(t *testing.T) { scenario(t, c.delta, c.build) })
 	}
 }
 
