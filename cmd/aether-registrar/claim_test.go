@@ -46,18 +46,7 @@ func kubeSystemUID(t testing.TB, c client.Client) string {
 // code.
 func runReclaim(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{reclaimCommand}, args...)...)
-	cmd.Env = append(os.Environ(), "AETHER_REGISTRAR_MAIN=1")
-	out, err := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return string(out), 0
-	case errors.As(err, &exit):
-		return string(out), exit.ExitCode()
-	}
-	t.Fatalf("run %s: %v", reclaimCommand, err)
-	return "", 0
+	return runSubcommand(t, reclaimCommand, nil, args...)
 }
 
 // waitExit waits for the process to exit by itself and returns its exit code and log.

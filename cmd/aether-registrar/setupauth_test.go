@@ -21,7 +21,14 @@ import (
 // added, and returns its output and exit code.
 func runSetupAuth(t *testing.T, env []string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], append([]string{setupAuthCommand}, args...)...)
+	return runSubcommand(t, setupAuthCommand, env, args...)
+}
+
+// runSubcommand runs `aether-registrar <sub> args...` (this test binary as the registrar) with
+// env added, and returns its combined output and exit code.
+func runSubcommand(t *testing.T, sub string, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], append([]string{sub}, args...)...)
 	cmd.Env = append(append(os.Environ(), "AETHER_REGISTRAR_MAIN=1"), env...)
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
@@ -31,7 +38,7 @@ func runSetupAuth(t *testing.T, env []string, args ...string) (string, int) {
 	case errors.As(err, &exit):
 		return string(out), exit.ExitCode()
 	}
-	t.Fatalf("run %s: %v", setupAuthCommand, err)
+	t.Fatalf("run %s: %v", sub, err)
 	return "", 0
 }
 
