@@ -212,6 +212,27 @@ func alive(pid int) bool {
 	return true
 }
 
+// ownProcess reports whether pid is this process or one of its threads (a thread id answers
+// kill(2) and has a /proc entry like a process; its thread group id, the Tgid line of
+// /proc/<pid>/status, is the process's pid). A pid file that survived a reboot can name either.
+func ownProcess(pid int) bool {
+	self := os.Getpid()
+	if pid == self {
+		return true
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			tgid, err := strconv.Atoi(strings.TrimSpace(v))
+			return err == nil && tgid == self
+		}
+	}
+	return false
+}
+
 // bootPath is the bootstrap file start writes and passes to Envoy with -c.
 func (s *Supervisor) bootPath() string { return filepath.Join(s.cfg.StateDir, "bootstrap.json") }
 
@@ -244,9 +265,10 @@ func (s *Supervisor) tryLock() (*os.File, error) {
 // holdsLock reports whether the live process pid has StateDir/envoy.lock open (one of
 // /proc/<pid>/fd is that file: same device and inode, whatever path the link shows, which
 // depends on mount namespaces): the Envoy a supervisor of this StateDir started, at any point
-// after exec.Cmd.Start returned, whatever its command line says at that moment.
+// after exec.Cmd.Start returned, whatever its command line says at that moment. This process
+// (ownProcess) never counts: it has the file open itself while it takes the lock.
 func (s *Supervisor) holdsLock(pid int) bool {
-	if !alive(pid) {
+	if !alive(pid) || ownProcess(pid) {
 		return false
 	}
 	lock, err := os.Stat(s.lockPath)
@@ -272,9 +294,10 @@ func (s *Supervisor) holdsLock(pid int) bool {
 // alone cannot tell for an Envoy just started: it is empty while the kernel is still inside
 // execve (after exec.Cmd.Start has returned), and a Prefix wrapper's is the wrapper's. The pid
 // file survives reboots and pids are reused, so a live pid alone may be any process, which must
-// be neither adopted nor signalled.
+// be neither adopted nor signalled; after a reboot it may even be this process or one of its
+// threads (ownProcess), which is never ours.
 func (s *Supervisor) ours(pid int) bool {
-	if !alive(pid) {
+	if !alive(pid) || ownProcess(pid) {
 		return false
 	}
 	if s.holdsLock(pid) {

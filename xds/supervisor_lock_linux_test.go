@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -469,5 +470,64 @@ func TestSupervisorForkingPrefix(t *testing.T) {
 	}
 	if got := envoysIn(t, dir); !slices.Equal(got, []int{second}) {
 		t.Errorf("Envoy processes %v, want [%d]", got, second)
+	}
+}
+
+// TestSupervisorPIDFileNamesItself: after a reboot the pid file (it survives in StateDir) may
+// name a pid that the agent itself, or one of its threads, now has; pids after a boot repeat,
+// and the agent holds envoy.lock open while it looks for an Envoy to adopt. That process must
+// not be taken for our Envoy (holdsLock saw our own open lock file): the supervisor adopted
+// itself and never started Envoy, and Stop would have sent SIGTERM to the agent.
+func TestSupervisorPIDFileNamesItself(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pid  func(t *testing.T) int
+	}{
+		{"process", func(*testing.T) int { return os.Getpid() }},
+		{"thread", func(t *testing.T) int {
+			// A thread of this process other than its main one, kept alive for the test.
+			tid := make(chan int)
+			release := make(chan struct{})
+			go func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				tid <- syscall.Gettid()
+				<-release
+			}()
+			t.Cleanup(func() { close(release) })
+			return <-tid
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := lockTestDir(t)
+			cfg := lockTestConfig(t, dir, "self-node")
+			stopEnvoyAtEnd(t, dir, cfg)
+			sup, err := NewSupervisor(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			self := tc.pid(t)
+			if err := os.WriteFile(sup.pidFile(), []byte(strconv.Itoa(self)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if sup.ours(self) {
+				t.Errorf("ours(%d) (this test process) = true", self)
+			}
+			_, _, stop := runRecorded(sup)
+			defer stop()
+			testenv.Eventually(t, time.Minute, "Envoy started", func() error {
+				if n := sup.Starts(); n != 1 {
+					return fmt.Errorf("%d starts, adopted %v pid %d", n, sup.Adopted(), sup.PID())
+				}
+				return nil
+			})
+			adminAnswers(t, sup)
+			if pid := sup.PID(); pid == self || !sup.holdsLock(pid) {
+				t.Errorf("supervised pid %d (this process: %d), holds the lock %v", pid, self, sup.holdsLock(pid))
+			}
+		})
 	}
 }
