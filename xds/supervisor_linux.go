@@ -583,28 +583,78 @@ func (s *Supervisor) WaitLive(ctx context.Context) error {
 }
 
 // Stop terminates the supervised Envoy (SIGTERM, then SIGKILL after 10 s) and removes its pid
-// file. A pid file naming a process that is not our Envoy (see ours) is removed and that process
-// left alone. The agent never calls it in production (Envoy outlives the agent); tests and an explicit
-// uninstall do.
+// file. The Envoy is the one supervised, the pid file's when it is ours (see ours), and every
+// process holding envoy.lock open with our bootstrap path on its command line (lockHolders): an
+// Envoy a forking Prefix wrapper started is named by no pid file. A pid file naming a process
+// that is not our Envoy is removed and that process left alone. It returns an error when
+// envoy.lock is still held afterwards (by a process it could not tell for ours). The agent never
+// calls it in production (Envoy outlives the agent); tests and an explicit uninstall do.
 func (s *Supervisor) Stop() error {
+	var pids []int
 	pid := s.PID()
 	if pid == 0 {
 		if pid = s.readPID(); !s.ours(pid) {
 			pid = 0
 		}
 	}
-	if !alive(pid) {
-		_ = os.Remove(s.pidFile())
+	if alive(pid) {
+		pids = append(pids, pid)
+	}
+	if lock, err := s.tryLock(); err == nil && lock == nil {
+		for _, p := range s.lockHolders() {
+			if !slices.Contains(pids, p) {
+				pids = append(pids, p)
+			}
+		}
+	} else if lock != nil {
+		lock.Close()
+	}
+	anyAlive := func() bool { return slices.ContainsFunc(pids, alive) }
+	wait := func(d time.Duration) {
+		for deadline := time.Now().Add(d); anyAlive() && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for _, p := range pids {
+		_ = syscall.Kill(p, syscall.SIGTERM)
+	}
+	wait(10 * time.Second)
+	for _, p := range pids {
+		if alive(p) {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	}
+	wait(5 * time.Second)
+	_ = os.Remove(s.pidFile())
+	lock, err := s.tryLock()
+	if err != nil {
+		return fmt.Errorf("stop envoy: %w", err)
+	}
+	if lock == nil {
+		return fmt.Errorf("stop envoy: %s still held by a process that is not our envoy", s.lockPath)
+	}
+	lock.Close()
+	return nil
+}
+
+// lockHolders returns the live processes, other than this one, that hold envoy.lock open
+// (holdsLock) and have our bootstrap path as an argument (/proc/<pid>/cmdline): our Envoys,
+// whatever started them.
+func (s *Supervisor) lockHolders() []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
 		return nil
 	}
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(pid) && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !s.holdsLock(pid) {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && slices.Contains(strings.Split(string(b), "\x00"), s.bootPath()) {
+			out = append(out, pid)
+		}
 	}
-	if alive(pid) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	_ = os.Remove(s.pidFile())
-	return nil
+	return out
 }

@@ -531,3 +531,48 @@ func TestSupervisorPIDFileNamesItself(t *testing.T) {
 		})
 	}
 }
+
+// TestSupervisorStopForkedEnvoy: with a Prefix that forks Envoy and exits, the pid file names the
+// wrapper, gone, while the Envoy it forked holds envoy.lock. Stop (an explicit uninstall) must
+// stop that Envoy, not report success with it still running: before, Stop found the pid file's
+// process dead, removed the file and returned nil.
+func TestSupervisorStopForkedEnvoy(t *testing.T) {
+	dir := lockTestDir(t)
+	cfg := lockTestConfig(t, dir, "stop-forked-node")
+	cfg.Prefix = []string{"/bin/sh", "-c", `"$@" &`, "sh"}
+	stopEnvoyAtEnd(t, dir, cfg)
+	sup, err := NewSupervisor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _, stop := runRecorded(sup)
+	var envoy int
+	testenv.Eventually(t, time.Minute, "one Envoy process", func() error {
+		got := envoysIn(t, dir)
+		if len(got) != 1 {
+			return fmt.Errorf("Envoy processes %v", got)
+		}
+		envoy = got[0]
+		return nil
+	})
+	rec.waitDelays(t, 1) // the wrapper's exit
+	adminAnswers(t, sup)
+	stop()
+
+	// A fresh supervisor, as an uninstall runs it.
+	un, err := NewSupervisor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := un.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if alive(envoy) {
+		t.Errorf("Envoy %d still running after Stop returned nil", envoy)
+	}
+	if lock, err := un.tryLock(); err != nil || lock == nil {
+		t.Errorf("envoy.lock still held after Stop (%v)", err)
+	} else {
+		lock.Close()
+	}
+}
