@@ -93,10 +93,11 @@ func (in *Installer) PrimaryConfig() (string, error) {
 // ConfListFromConf reads it) into a conflist of that one plugin, <base>.conflist beside it, and
 // removes the original, as Istio's install-cni does for a primary CNI (Multus's 00-multus.conf,
 // for one) that writes a single plugin: only a conflist can chain. The conflist takes the
-// original's name, cniVersion and mode; the plugin keeps every other key. A <base>.conflist
-// already there is replaced (the .conf sorted first, so it was the one in use). It returns the
-// conflist's path, and an error naming the file when it is not a single plugin or its cniVersion
-// is one aether-cni does not support; then nothing is written.
+// original's name ("" when it has none, as libcni's ConfListFromConf), cniVersion and mode; the
+// plugin keeps every other key. A <base>.conflist already there is replaced (the .conf sorted
+// first, so it was the one in use). It returns the conflist's path, and an error naming the file
+// when it is not a single plugin or its cniVersion is one aether-cni does not support; then
+// nothing is written.
 func (in *Installer) toConflist(path string) (string, error) {
 	top, plugins, mode, err := readConflist(path)
 	if err != nil {
@@ -111,7 +112,9 @@ func (in *Installer) toConflist(path string) (string, error) {
 	if !slices.Contains(plugin.SupportedVersions, ver) {
 		return "", fmt.Errorf("convert %s to a conflist: cniVersion %q: %s supports %s", path, ver, PluginName, strings.Join(plugin.SupportedVersions, ", "))
 	}
-	list := map[string]json.RawMessage{"cniVersion": top["cniVersion"]}
+	// A conflist must have a name (libcni's NetworkConfFromBytes refuses one without); a .conf
+	// without one is valid and its list gets the name "" (libcni's ConfListFromConf).
+	list := map[string]json.RawMessage{"cniVersion": top["cniVersion"], "name": json.RawMessage(`""`)}
 	if n, ok := top["name"]; ok {
 		list["name"] = n
 	}

@@ -185,6 +185,30 @@ func TestInstallerConvertsSinglePluginConf(t *testing.T) {
 	}
 }
 
+// TestInstallerConvertsNamelessConf: a single-plugin .conf without "name" is a valid network
+// configuration for the runtime (libcni's ConfListFromConf gives its list the name ""), so the
+// conflist it becomes must load too: libcni refuses a conflist without "name" ("no name"), which
+// would leave the node without a network configuration.
+func TestInstallerConvertsNamelessConf(t *testing.T) {
+	in, _ := newInstaller(t)
+	conf := filepath.Join(in.ConfDir, "05-single.conf")
+	single := `{"cniVersion":"1.0.0","type":"bridge","bridge":"cni0","ipam":{"type":"host-local","subnet":"10.1.0.0/16"}}`
+	if err := os.WriteFile(conf, []byte(single), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path, _, err := in.Ensure()
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := libcni.ConfListFromFile(path)
+	if err != nil {
+		t.Fatalf("libcni cannot load the converted conflist: %v", err)
+	}
+	if list.Name != "" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "bridge" || list.Plugins[1].Network.Type != PluginName {
+		t.Errorf("conflist %q with plugins %+v; want \"\" [bridge aether-cni]", list.Name, list.Plugins)
+	}
+}
+
 // TestInstallerRefusesBadSinglePluginConf: a .conf first in order that is not one plugin, or has
 // a cniVersion aether-cni does not support, is an error naming the file, and nothing is written.
 func TestInstallerRefusesBadSinglePluginConf(t *testing.T) {

@@ -200,8 +200,12 @@ func servfail(req *dns.Msg) *dns.Msg {
 }
 
 // preModelForward reports whether a query may be forwarded before the first index: one IN
-// question whose name is neither in the mesh zone nor in svc.clusterset.local, nor a search-list
-// expansion (<...>.svc.<clusterDomain>) holding either zone, which the first index may answer.
+// question whose name is neither in the mesh zone nor in svc.clusterset.local, nor a name the
+// first index may answer as a search-list expansion: <target>.<ns>.svc.<clusterDomain> with
+// target a name below either zone's apex (Index.lookup; the apexes are not expandable). A
+// cluster name that merely holds the zone's labels elsewhere (Service cart in a namespace named
+// like the mesh domain, cart.mesh.svc.cluster.local, or a Service named like it) is forwarded,
+// as the first index forwards it.
 func (r *Resolver) preModelForward(req *dns.Msg) bool {
 	if len(req.Question) != 1 || req.Question[0].Qclass != dns.ClassINET {
 		return false
@@ -210,9 +214,14 @@ func (r *Resolver) preModelForward(req *dns.Msg) bool {
 	if inZone(name, r.meshZone) || inZone(name, r.csZone) {
 		return false
 	}
-	if strings.HasSuffix(name, r.csuffix) {
-		dotted := "." + name
-		return !strings.Contains(dotted, "."+r.meshZone) && !strings.Contains(dotted, "."+r.csZone)
+	if rest, ok := strings.CutSuffix(name, r.csuffix); ok {
+		i := strings.LastIndexByte(rest, '.')
+		if i < 0 {
+			return true // <ns>.svc.<clusterDomain>: no target
+		}
+		target := rest[:i+1] // without the namespace label, as an FQDN
+		below := func(apex string) bool { return target != apex && inZone(target, apex) }
+		return !below(r.meshZone) && !below(r.csZone)
 	}
 	return true
 }

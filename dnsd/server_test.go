@@ -645,6 +645,14 @@ func TestForwardsBeforeFirstModel(t *testing.T) {
 		{"web.corp.shop.svc.cluster.local.", dns.RcodeServerFailure, false},
 		{"cart.shop.svc.clusterset.local.shop.svc.cluster.local.", dns.RcodeServerFailure, false},
 		{"example.org.shop.svc.cluster.local.", dns.RcodeNameError, true},
+		// Cluster names that hold the mesh domain's or clusterset's labels but cannot be a
+		// search-list expansion of a mesh name (<mesh name>.<ns>.svc.<clusterDomain>, the mesh
+		// name below its zone's apex): Service cart in namespace corp, a Service named corp,
+		// a Service named svc in a namespace named clusterset.
+		{"cart.corp.svc.cluster.local.", dns.RcodeNameError, true},
+		{"corp.shop.svc.cluster.local.", dns.RcodeNameError, true},
+		{"x.svc.clusterset.local.svc.cluster.local.", dns.RcodeNameError, true},
+		{"web.shop.corp.shop.svc.cluster.local.", dns.RcodeServerFailure, false},
 	} {
 		for _, network := range []string{"udp", "tcp"} {
 			before := up.queries.Load()

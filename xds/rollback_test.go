@@ -74,3 +74,36 @@ func TestRollbackYieldsToNewerSnapshot(t *testing.T) {
 		t.Errorf("served snapshot %q, server version %q after a rollback raced SetMesh; want %q", got, s.Version(), v3)
 	}
 }
+
+// TestNACKBookkeepingBounded: the record of NACKs already logged and counted (one per type and
+// version) is pruned with the versions it refers to, like the server's other per-version maps.
+// Before, it grew by an entry per rejected type and version for the life of the agent: an Envoy
+// rejecting every configuration of a busy node (a model change a second) kept adding to it.
+func TestNACKBookkeepingBounded(t *testing.T) {
+	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m := goldenMesh()
+	for v := uint64(1); v <= 300; v++ {
+		mesh := model.New(v, m.Cluster, m.MeshDomain, m.TrustDomain, m.Node, m.Services, m.Endpoints, m.Pods[:int(v)%2+1])
+		if _, err := s.SetMesh(ctx, mesh); err != nil {
+			t.Fatal(err)
+		}
+		s.mu.Lock()
+		s.ack(resource.ListenerType, v, false, "rejected")
+		s.ack(resource.ClusterType, v, false, "rejected")
+		s.mu.Unlock()
+	}
+	if n, _ := s.NACKs(); n != 600 {
+		t.Errorf("%d NACKs counted, want 600", n)
+	}
+	s.mu.Lock()
+	n := len(s.nacked)
+	s.mu.Unlock()
+	if n > 2*66 {
+		t.Errorf("%d NACK records kept after 300 rejected versions, want at most %d (the last 64 or so versions)", n, 2*66)
+	}
+}

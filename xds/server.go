@@ -79,7 +79,7 @@ type Server struct {
 	nonces   map[string]uint64 // response nonce -> version (per stream nonces are unique enough)
 	nackCnt  uint64
 	lastNACK string
-	nacked   map[string]bool // "<type URL> <version>" already logged and counted
+	nacked   map[nackKey]bool // NACKs already logged and counted; pruned with rejected
 	snaps    map[uint64]*snapshot
 	goodSeq  uint64 // highest version whose listeners and clusters Envoy ACKed
 	// rolledBack is the version the last rollback served; when Envoy rejects that one too (a
@@ -90,6 +90,12 @@ type Server struct {
 	changed    chan struct{}
 	// kick wakes the rotation loop after SetMesh (new identities change the next renewal).
 	kick chan struct{}
+}
+
+// nackKey is one rejected response: type URL and snapshot version.
+type nackKey struct {
+	url     string
+	version uint64
 }
 
 // Type URLs whose ACK WaitForAck waits for: the listeners hold the pods, the clusters are what
@@ -125,7 +131,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		need:     map[uint64][2]uint64{},
 		acked:    map[string]uint64{},
 		nonces:   map[string]uint64{},
-		nacked:   map[string]bool{},
+		nacked:   map[nackKey]bool{},
 		rejected: map[uint64]string{},
 		snaps:    map[uint64]*snapshot{},
 		builder:  NewBuilder(opts.Build),
@@ -242,6 +248,11 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	for old := range s.rejected {
 		if old+64 < v {
 			delete(s.rejected, old)
+		}
+	}
+	for k := range s.nacked {
+		if k.version+64 < v {
+			delete(s.nacked, k)
 		}
 	}
 	for old := range s.snaps {
@@ -565,7 +576,7 @@ func (s *Server) Version() string {
 // version then never succeeds.
 func (s *Server) ack(url string, v uint64, ok bool, nack string) {
 	if !ok {
-		key := url + " " + strconv.FormatUint(v, 10)
+		key := nackKey{url, v}
 		if s.nacked[key] {
 			return
 		}

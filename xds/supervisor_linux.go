@@ -212,6 +212,27 @@ func alive(pid int) bool {
 	return true
 }
 
+// ownProcess reports whether pid is this process or one of its threads (a thread id answers
+// kill(2) and has a /proc entry like a process; its thread group id, the Tgid line of
+// /proc/<pid>/status, is the process's pid). A pid file that survived a reboot can name either.
+func ownProcess(pid int) bool {
+	self := os.Getpid()
+	if pid == self {
+		return true
+	}
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return false
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			tgid, err := strconv.Atoi(strings.TrimSpace(v))
+			return err == nil && tgid == self
+		}
+	}
+	return false
+}
+
 // bootPath is the bootstrap file start writes and passes to Envoy with -c.
 func (s *Supervisor) bootPath() string { return filepath.Join(s.cfg.StateDir, "bootstrap.json") }
 
@@ -244,9 +265,10 @@ func (s *Supervisor) tryLock() (*os.File, error) {
 // holdsLock reports whether the live process pid has StateDir/envoy.lock open (one of
 // /proc/<pid>/fd is that file: same device and inode, whatever path the link shows, which
 // depends on mount namespaces): the Envoy a supervisor of this StateDir started, at any point
-// after exec.Cmd.Start returned, whatever its command line says at that moment.
+// after exec.Cmd.Start returned, whatever its command line says at that moment. This process
+// (ownProcess) never counts: it has the file open itself while it takes the lock.
 func (s *Supervisor) holdsLock(pid int) bool {
-	if !alive(pid) {
+	if !alive(pid) || ownProcess(pid) {
 		return false
 	}
 	lock, err := os.Stat(s.lockPath)
@@ -272,9 +294,10 @@ func (s *Supervisor) holdsLock(pid int) bool {
 // alone cannot tell for an Envoy just started: it is empty while the kernel is still inside
 // execve (after exec.Cmd.Start has returned), and a Prefix wrapper's is the wrapper's. The pid
 // file survives reboots and pids are reused, so a live pid alone may be any process, which must
-// be neither adopted nor signalled.
+// be neither adopted nor signalled; after a reboot it may even be this process or one of its
+// threads (ownProcess), which is never ours.
 func (s *Supervisor) ours(pid int) bool {
-	if !alive(pid) {
+	if !alive(pid) || ownProcess(pid) {
 		return false
 	}
 	if s.holdsLock(pid) {
@@ -560,28 +583,78 @@ func (s *Supervisor) WaitLive(ctx context.Context) error {
 }
 
 // Stop terminates the supervised Envoy (SIGTERM, then SIGKILL after 10 s) and removes its pid
-// file. A pid file naming a process that is not our Envoy (see ours) is removed and that process
-// left alone. The agent never calls it in production (Envoy outlives the agent); tests and an explicit
-// uninstall do.
+// file. The Envoy is the one supervised, the pid file's when it is ours (see ours), and every
+// process holding envoy.lock open with our bootstrap path on its command line (lockHolders): an
+// Envoy a forking Prefix wrapper started is named by no pid file. A pid file naming a process
+// that is not our Envoy is removed and that process left alone. It returns an error when
+// envoy.lock is still held afterwards (by a process it could not tell for ours). The agent never
+// calls it in production (Envoy outlives the agent); tests and an explicit uninstall do.
 func (s *Supervisor) Stop() error {
+	var pids []int
 	pid := s.PID()
 	if pid == 0 {
 		if pid = s.readPID(); !s.ours(pid) {
 			pid = 0
 		}
 	}
-	if !alive(pid) {
-		_ = os.Remove(s.pidFile())
+	if alive(pid) {
+		pids = append(pids, pid)
+	}
+	if lock, err := s.tryLock(); err == nil && lock == nil {
+		for _, p := range s.lockHolders() {
+			if !slices.Contains(pids, p) {
+				pids = append(pids, p)
+			}
+		}
+	} else if lock != nil {
+		lock.Close()
+	}
+	anyAlive := func() bool { return slices.ContainsFunc(pids, alive) }
+	wait := func(d time.Duration) {
+		for deadline := time.Now().Add(d); anyAlive() && time.Now().Before(deadline); {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	for _, p := range pids {
+		_ = syscall.Kill(p, syscall.SIGTERM)
+	}
+	wait(10 * time.Second)
+	for _, p := range pids {
+		if alive(p) {
+			_ = syscall.Kill(p, syscall.SIGKILL)
+		}
+	}
+	wait(5 * time.Second)
+	_ = os.Remove(s.pidFile())
+	lock, err := s.tryLock()
+	if err != nil {
+		return fmt.Errorf("stop envoy: %w", err)
+	}
+	if lock == nil {
+		return fmt.Errorf("stop envoy: %s still held by a process that is not our envoy", s.lockPath)
+	}
+	lock.Close()
+	return nil
+}
+
+// lockHolders returns the live processes, other than this one, that hold envoy.lock open
+// (holdsLock) and have our bootstrap path as an argument (/proc/<pid>/cmdline): our Envoys,
+// whatever started them.
+func (s *Supervisor) lockHolders() []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
 		return nil
 	}
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	deadline := time.Now().Add(10 * time.Second)
-	for alive(pid) && time.Now().Before(deadline) {
-		time.Sleep(50 * time.Millisecond)
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || !s.holdsLock(pid) {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err == nil && slices.Contains(strings.Split(string(b), "\x00"), s.bootPath()) {
+			out = append(out, pid)
+		}
 	}
-	if alive(pid) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	_ = os.Remove(s.pidFile())
-	return nil
+	return out
 }

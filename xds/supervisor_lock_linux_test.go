@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -469,5 +470,109 @@ func TestSupervisorForkingPrefix(t *testing.T) {
 	}
 	if got := envoysIn(t, dir); !slices.Equal(got, []int{second}) {
 		t.Errorf("Envoy processes %v, want [%d]", got, second)
+	}
+}
+
+// TestSupervisorPIDFileNamesItself: after a reboot the pid file (it survives in StateDir) may
+// name a pid that the agent itself, or one of its threads, now has; pids after a boot repeat,
+// and the agent holds envoy.lock open while it looks for an Envoy to adopt. That process must
+// not be taken for our Envoy (holdsLock saw our own open lock file): the supervisor adopted
+// itself and never started Envoy, and Stop would have sent SIGTERM to the agent.
+func TestSupervisorPIDFileNamesItself(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		pid  func(t *testing.T) int
+	}{
+		{"process", func(*testing.T) int { return os.Getpid() }},
+		{"thread", func(t *testing.T) int {
+			// A thread of this process other than its main one, kept alive for the test.
+			tid := make(chan int)
+			release := make(chan struct{})
+			go func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				tid <- syscall.Gettid()
+				<-release
+			}()
+			t.Cleanup(func() { close(release) })
+			return <-tid
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := lockTestDir(t)
+			cfg := lockTestConfig(t, dir, "self-node")
+			stopEnvoyAtEnd(t, dir, cfg)
+			sup, err := NewSupervisor(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			self := tc.pid(t)
+			if err := os.WriteFile(sup.pidFile(), []byte(strconv.Itoa(self)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if sup.ours(self) {
+				t.Errorf("ours(%d) (this test process) = true", self)
+			}
+			_, _, stop := runRecorded(sup)
+			defer stop()
+			testenv.Eventually(t, time.Minute, "Envoy started", func() error {
+				if n := sup.Starts(); n != 1 {
+					return fmt.Errorf("%d starts, adopted %v pid %d", n, sup.Adopted(), sup.PID())
+				}
+				return nil
+			})
+			adminAnswers(t, sup)
+			if pid := sup.PID(); pid == self || !sup.holdsLock(pid) {
+				t.Errorf("supervised pid %d (this process: %d), holds the lock %v", pid, self, sup.holdsLock(pid))
+			}
+		})
+	}
+}
+
+// TestSupervisorStopForkedEnvoy: with a Prefix that forks Envoy and exits, the pid file names the
+// wrapper, gone, while the Envoy it forked holds envoy.lock. Stop (an explicit uninstall) must
+// stop that Envoy, not report success with it still running: before, Stop found the pid file's
+// process dead, removed the file and returned nil.
+func TestSupervisorStopForkedEnvoy(t *testing.T) {
+	dir := lockTestDir(t)
+	cfg := lockTestConfig(t, dir, "stop-forked-node")
+	cfg.Prefix = []string{"/bin/sh", "-c", `"$@" &`, "sh"}
+	stopEnvoyAtEnd(t, dir, cfg)
+	sup, err := NewSupervisor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, _, stop := runRecorded(sup)
+	var envoy int
+	testenv.Eventually(t, time.Minute, "one Envoy process", func() error {
+		got := envoysIn(t, dir)
+		if len(got) != 1 {
+			return fmt.Errorf("Envoy processes %v", got)
+		}
+		envoy = got[0]
+		return nil
+	})
+	rec.waitDelays(t, 1) // the wrapper's exit
+	adminAnswers(t, sup)
+	stop()
+
+	// A fresh supervisor, as an uninstall runs it.
+	un, err := NewSupervisor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := un.Stop(); err != nil {
+		t.Fatalf("Stop: %v", err)
+	}
+	if alive(envoy) {
+		t.Errorf("Envoy %d still running after Stop returned nil", envoy)
+	}
+	if lock, err := un.tryLock(); err != nil || lock == nil {
+		t.Errorf("envoy.lock still held after Stop (%v)", err)
+	} else {
+		lock.Close()
 	}
 }
