@@ -51,11 +51,23 @@ func NewExportView(src Exports, log *slog.Logger) *ExportView {
 }
 
 // Subscribe registers fn to be called (from the view's goroutine, after the view changed) with
-// the services a batch touched. fn must not block for long.
+// the services a batch touched; when the view has its first snapshot already, fn is also called
+// at once, from the caller's goroutine, with every service the view holds. fn must not block for
+// long.
 func (v *ExportView) Subscribe(fn func([]model.ServiceKey)) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	v.subs = append(v.subs, fn)
+	synced := v.synced
+	v.mu.Unlock()
+	// A subscriber that comes after the first snapshot (the view and the controllers start
+	// side by side once elected) is given every service the view holds: otherwise a mark of
+	// this cluster without a ServiceExport, left by an earlier owner of the partition, would be
+	// removed only when something else touched its service.
+	if synced {
+		if keys := v.Services(""); len(keys) > 0 {
+			fn(keys)
+		}
+	}
 }
 
 // NeedLeaderElection makes the view run on the elected leader only.

@@ -114,3 +114,25 @@ func TestExportView(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestExportViewLateSubscriber: a subscriber that comes after the view's first snapshot (the view
+// and the controllers start side by side once elected) is given every service the view holds, so
+// a stale mark of this cluster is still reconciled; before, it heard only of later batches.
+func TestExportViewLateSubscriber(t *testing.T) {
+	f := &feed{origin: registry.Origin{Region: "r1", Cluster: "a"}, ch: make(chan registry.Batch[*registryv1.ExportMark], 1)}
+	v := NewExportView(f, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = v.Start(ctx) }()
+	f.ch <- registry.Batch[*registryv1.ExportMark]{Snapshot: true, Events: []registry.Event[*registryv1.ExportMark]{
+		{Type: registry.Added, Record: markOf("a", "ns", "stale")}, {Type: registry.Added, Record: markOf("b", "other", "y")},
+	}}
+	if err := v.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	v.Subscribe(func(keys []model.ServiceKey) { got = append(got, fmt.Sprint(keys)) })
+	if fmt.Sprint(got) != "[[ns/stale other/y]]" {
+		t.Errorf("late subscriber was given %v, want [[ns/stale other/y]]", got)
+	}
+}
