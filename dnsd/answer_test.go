@@ -24,8 +24,8 @@ var (
 //   - shop/cart: local and imported (clusterset VIP), IPv4 only;
 //   - remote/pay: imported only (not local: its mesh name answers the clusterset VIP);
 //   - default/headless: local without VIP and not headless (as an ExternalName Service);
-//   - default/db: headless (clusterIP None), with ready pods db-0, db-1 and db.x (a pod name with
-//     a dot), an unready db-2 here, and a ready db-3 in cluster c2.
+//   - default/db: headless (clusterIP None), with ready pods db-0, db-1 (dual-stack), db.x (a pod
+//     name with a dot) and db-6 (IPv6 only), an unready db-2 here, and a ready db-3 in cluster c2.
 func testMesh() *model.Mesh {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ips := func(s ...string) []netip.Addr {
@@ -49,6 +49,7 @@ func testMesh() *model.Mesh {
 		{Service: db, Cluster: "c1", PodUID: "d2", PodName: "db-1", IPs: ips("10.244.1.5", "fd00:244::5"), Healthy: true},
 		{Service: db, Cluster: "c1", PodUID: "d3", PodName: "db-2", IPs: ips("10.244.1.6"), Healthy: false},
 		{Service: db, Cluster: "c1", PodUID: "d5", PodName: "db.x", IPs: ips("10.244.1.8"), Healthy: true},
+		{Service: db, Cluster: "c1", PodUID: "d6", PodName: "db-6", IPs: ips("fd00:244::6"), Healthy: true},
 		{Service: db, Cluster: "c2", PodUID: "d4", PodName: "db-3", IPs: ips("10.245.0.8"), Healthy: true},
 	}}
 	pods := []*model.LocalPod{
@@ -126,13 +127,14 @@ func respondCases() []dnsCase {
 			answer: []string{rr("db.default.mesh.", "A", "10.244.1.5"), rr("db.default.mesh.", "A", "10.244.1.7"), rr("db.default.mesh.", "A", "10.244.1.8")}},
 		{name: "headless service's pod by name", qname: "db-0.db.default.mesh.", qtype: dns.TypeA,
 			answer: []string{rr("db-0.db.default.mesh.", "A", "10.244.1.7")}},
-		{name: "headless service's dual-stack pod AAAA", qname: "db-1.db.default.mesh.", qtype: dns.TypeAAAA,
-			answer: []string{rr("db-1.db.default.mesh.", "AAAA", "fd00:244::5")}},
+		{name: "headless service's dual-stack pod: only the address the mesh carries (IPv4)", qname: "db-1.db.default.mesh.", qtype: dns.TypeAAAA, ns: nx},
+		{name: "headless service's IPv6-only pod AAAA", qname: "db-6.db.default.mesh.", qtype: dns.TypeAAAA,
+			answer: []string{rr("db-6.db.default.mesh.", "AAAA", "fd00:244::6")}},
 		{name: "headless service's unready pod has no name", qname: "db-2.db.default.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
 		{name: "headless service's pod in another cluster has no name", qname: "db-3.db.default.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
 		{name: "headless service's pod named with a dot has no name", qname: "x.db.default.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
-		{name: "headless service AAAA: pods' IPv6 addresses", qname: "db.default.mesh.", qtype: dns.TypeAAAA,
-			answer: []string{rr("db.default.mesh.", "AAAA", "fd00:244::5")}},
+		{name: "headless service AAAA: IPv6-only pods (a dual-stack pod is answered by its IPv4 address)", qname: "db.default.mesh.", qtype: dns.TypeAAAA,
+			answer: []string{rr("db.default.mesh.", "AAAA", "fd00:244::6")}},
 		{name: "headless short name", qname: "db.mesh.", qtype: dns.TypeA,
 			answer: []string{rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7"), rr("db.mesh.", "A", "10.244.1.8")}},
 		{name: "search expansion of a headless name", qname: "db.mesh.default.svc.cluster.local.", qtype: dns.TypeA, src: defaultPod,

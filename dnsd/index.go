@@ -154,7 +154,7 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 					if strings.Contains(e.PodName, ".") || !validName(dns.CanonicalName(name)) {
 						continue
 					}
-					if err := add(name, &idx.mesh, unmapped(e.IPs)); err != nil {
+					if err := add(name, &idx.mesh, meshAddr(e)); err != nil {
 						return nil, fmt.Errorf("service %s: %w", s.Key, err)
 					}
 				}
@@ -179,13 +179,14 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 	return idx, nil
 }
 
-// headlessAddrs returns the addresses a headless Service's mesh name answers: the IPs of its
-// ready endpoints in this cluster (readyHere), sorted, each once. This is what kube-dns answers
+// headlessAddrs returns the addresses a headless Service's mesh name answers: the address the
+// mesh carries (meshAddr) of each of its ready endpoints in this cluster (readyHere), sorted,
+// each once. This is what kube-dns answers
 // for a headless Service (Kubernetes DNS specification 2.4.1, ready endpoints only).
 func headlessAddrs(m *model.Mesh, k model.ServiceKey) []netip.Addr {
 	var out []netip.Addr
 	for _, e := range readyHere(m, k) {
-		out = append(out, unmapped(e.IPs)...)
+		out = append(out, meshAddr(e)...)
 	}
 	slices.SortFunc(out, netip.Addr.Compare)
 	return slices.Compact(out)
@@ -203,13 +204,15 @@ func readyHere(m *model.Mesh, k model.ServiceKey) []model.Endpoint {
 	return out
 }
 
-// unmapped returns ips with IPv4-mapped IPv6 addresses as IPv4.
-func unmapped(ips []netip.Addr) []netip.Addr {
-	out := make([]netip.Addr, len(ips))
-	for i, ip := range ips {
-		out[i] = ip.Unmap()
+// meshAddr returns the address of e that the mesh carries (model.MeshAddr: the one the pod's
+// inbound mTLS listener binds), as IPv4 when IPv4-mapped; none when e has no address. A
+// dual-stack pod's other address is not answered: a connection to it would be passed through
+// in plaintext, which the destination's strict inbound refuses.
+func meshAddr(e model.Endpoint) []netip.Addr {
+	if ip, ok := model.MeshAddr(e.IPs); ok {
+		return []netip.Addr{ip.Unmap()}
 	}
-	return out
+	return nil
 }
 
 // validName reports whether lower-case FQDN is made of host-name labels (RFC 1123 section 2.1:

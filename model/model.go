@@ -244,3 +244,20 @@ type PodAttachment struct {
 	// Interface is CNI_IFNAME (usually eth0).
 	Interface string `json:"interface"`
 }
+
+// MeshAddr picks, of a pod's addresses (LocalPod.IPs, Endpoint.IPs), the one the mesh carries:
+// the node proxy binds the pod's inbound mTLS listener to it and dials the endpoint at it, and
+// the resolver answers a headless Service's names with it. It is the first IPv4 address, else
+// the first address; false when there is none. On a dual-stack pod the other address is not
+// the mesh's: a connection to it is passed through in plaintext.
+func MeshAddr(ips []netip.Addr) (netip.Addr, bool) {
+	for _, ip := range ips {
+		if ip.Is4() {
+			return ip, true
+		}
+	}
+	if len(ips) > 0 {
+		return ips[0], true
+	}
+	return netip.Addr{}, false
+}

@@ -3,7 +3,6 @@ package tunnel
 import (
 	"fmt"
 	"net/netip"
-	"slices"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -256,7 +255,7 @@ func loadAssignment(name string, eps []model.Endpoint, clusterName string, local
 		if ep.Cluster != clusterName || !local[ep.PodUID] {
 			continue
 		}
-		ip, ok := endpointIP(ep.IPs)
+		ip, ok := model.MeshAddr(ep.IPs)
 		if !ok || seen[ip] {
 			continue
 		}
@@ -275,18 +274,6 @@ func loadAssignment(name string, eps []model.Endpoint, clusterName string, local
 		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}
 	}
 	return cla
-}
-
-// endpointIP picks the first IPv4 address, else the first address (as package xds does for the
-// pods' inbound listeners).
-func endpointIP(ips []netip.Addr) (netip.Addr, bool) {
-	if i := slices.IndexFunc(ips, netip.Addr.Is4); i >= 0 {
-		return ips[i], true
-	}
-	if len(ips) > 0 {
-		return ips[0], true
-	}
-	return netip.Addr{}, false
 }
 
 func socketAddress(ip string, port uint32, netns string) *core.Address {

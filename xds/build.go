@@ -555,20 +555,6 @@ func (b *builder) passthroughCluster() *clusterv3.Cluster {
 	}
 }
 
-// endpointIP picks the address an endpoint is dialled at: its first IPv4 address, else its first
-// address.
-func endpointIP(ips []netip.Addr) (netip.Addr, bool) {
-	for _, ip := range ips {
-		if ip.Is4() {
-			return ip, true
-		}
-	}
-	if len(ips) > 0 {
-		return ips[0], true
-	}
-	return netip.Addr{}, false
-}
-
 // priority orders endpoints by cluster, then locality (DESIGN.md, data flow 5; Envoy
 // LocalityLbEndpoints.priority, lower first): within this cluster 0 = this node's region and zone,
 // 1 = its region, another zone, 2 = another region; other clusters' endpoints likewise at 3, 4
@@ -665,7 +651,7 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 			}
 			continue
 		}
-		ip, ok := endpointIP(ep.IPs)
+		ip, ok := model.MeshAddr(ep.IPs)
 		if !ok {
 			continue
 		}
@@ -824,7 +810,7 @@ func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIP
 // directEntries adds what one port of a headless service contributes for connections made
 // straight to its pods (clients resolve a headless Service to pod IPs and dial one): for each
 // target port its endpoints in this cluster serve, an ORIGINAL_DST cluster (directCluster), and
-// for each of those endpoints' address (endpointIP: the one its inbound listener binds) an
+// for each of those endpoints' address (model.MeshAddr: the one its inbound listener binds) an
 // entry in the capture filter-chain matcher (and for HTTP the capture route "<pod_ip>:<port>")
 // that sends the connection to it. So a connection to a
 // meshed pod's IP and target port goes over mTLS to that same pod's :15008 with SNI "<port>";
@@ -840,7 +826,7 @@ func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
 		}
 		// The address the pod's inbound listener binds (and EDS dials); a dual-stack pod's other
 		// address is passed through as before.
-		ip, hasIP := endpointIP(ep.IPs)
+		ip, hasIP := model.MeshAddr(ep.IPs)
 		if p, ok := sp.EndpointPort(ep); ok && hasIP {
 			ips[p.Port] = append(ips[p.Port], ip)
 		}
@@ -1305,7 +1291,7 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 	if len(ports) == 0 {
 		return nil, nil, nil
 	}
-	ip, ok := endpointIP(p.IPs)
+	ip, ok := model.MeshAddr(p.IPs)
 	if !ok {
 		return nil, nil, fmt.Errorf("inbound listener: pod has no IP")
 	}
