@@ -308,3 +308,51 @@ func TestPartitionClaimWithClusterUser(t *testing.T) {
 		t.Fatalf("re-claim as the cluster's user: %v", err)
 	}
 }
+
+// An agent whose endpoint lease was lost (it expired while the node was cut off from the
+// registry) and whose partition was claimed by another cluster meanwhile cannot re-register:
+// withdrawing its endpoints (RevokeEndpoints) must still succeed, since the lost lease took
+// them with it, and stop the re-registration. Before, the revoke of the lost lease failed with
+// "requested lease not found" on every claim check, the endpoints were never forgotten, and the
+// lease keeper granted and revoked a lease every few seconds for as long as the conflict lasted.
+func TestRevokeEndpointsAfterLostLeaseInClaimedPartition(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx := ctxT(t, converge)
+	a := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer = "uid-a", false })
+	if err := a.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "pod-a", "10.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	b := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer = "uid-b", true })
+	if _, err := b.EnsureClaim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost, _ := a.Lease()
+	if _, err := a.Client().Revoke(ctx, lost); err != nil { // the lease expires
+		t.Fatal(err)
+	}
+	// The keeper notices and fails to re-register into the claimed partition.
+	testenv.Eventually(t, converge, "lease keeper notices the lost lease", func() error {
+		if got := counterValue(t, a.m.leaseLost); got < 1 {
+			return fmt.Errorf("aether_registry_lease_lost_total = %v", got)
+		}
+		return nil
+	})
+	if _, err := a.EnsureClaim(ctx); !errors.Is(err, ErrPartitionClaimed) {
+		t.Fatalf("claim check: %v, want ErrPartitionClaimed", err)
+	}
+	if err := a.RevokeEndpoints(ctx); err != nil {
+		t.Fatalf("withdraw after the lease was lost: %v, want nil (the endpoints are gone with the lease)", err)
+	}
+	if id, _ := a.Lease(); id != 0 {
+		t.Fatalf("lease after withdrawing = %x, want 0 (nothing kept)", int64(id))
+	}
+	a.wmu.Lock()
+	n := len(a.desired)
+	a.wmu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d endpoints still kept for re-registration after withdrawing, want 0", n)
+	}
+	if resp, err := a.Client().Get(ctx, a.Origin().Prefix()+string(KindEndpoint), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Fatalf("endpoints in the partition = %v, %v; want none", resp, err)
+	}
+}
