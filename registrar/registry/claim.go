@@ -19,6 +19,11 @@ import (
 // writer's partition is claimed by another real cluster; the error is a *ClaimConflictError.
 var ErrPartitionClaimed = errors.New("registry partition claimed by another cluster")
 
+// ErrClaimUnreadable is matched (errors.Is) by the error of every claim check and write refused
+// because the partition's claim key holds no valid PartitionClaim (written by hand or by another
+// tool); the error names the key and how to clear it.
+var ErrClaimUnreadable = errors.New("registry partition claim unreadable")
+
 // ClaimConflictError reports a partition claimed by another real cluster than the writer's:
 // two clusters were given the same cluster name (region and cluster).
 type ClaimConflictError struct {
@@ -47,7 +52,8 @@ func (e *ClaimConflictError) Is(target error) bool { return target == ErrPartiti
 // one wins. A non-claimer (the agent) only reads it: an unclaimed partition may be written.
 //
 // It returns a *ClaimConflictError (errors.Is ErrPartitionClaimed) when another cluster ID holds
-// the claim, an error naming the key when the stored claim is not a valid PartitionClaim, and the
+// the claim, an error naming the key (errors.Is ErrClaimUnreadable) when the stored claim is not
+// a valid PartitionClaim, and the
 // etcd error when etcd does not answer. After a successful check every write of this Registry is
 // a transaction conditional on the claim being unchanged, so a claim taken by another cluster
 // afterwards refuses the writes (they check again and fail) instead of racing them.
@@ -174,7 +180,7 @@ func decodeClaim(kv *mvccpb.KeyValue) (*registryv1.PartitionClaim, error) {
 		err = ValidateClusterID("cluster_id", c.ClusterId)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("check partition claim: %s holds no valid PartitionClaim (%v); nothing is written into the partition until it is deleted (etcdctl del %s), then the cluster's registrar claims it again", kv.Key, err, kv.Key)
+		return nil, fmt.Errorf("check partition claim: %s holds no valid PartitionClaim (%v); nothing is written into the partition until it is deleted (etcdctl del %s), then the cluster's registrar claims it again: %w", kv.Key, err, kv.Key, ErrClaimUnreadable)
 	}
 	return c, nil
 }

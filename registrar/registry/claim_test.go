@@ -243,8 +243,8 @@ func TestPartitionClaimUnreadable(t *testing.T) {
 	if _, err := r.Client().Put(ctx, key, "\xff\xff"); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Export(ctx, testExport()); err == nil || !strings.Contains(err.Error(), "etcdctl del "+key) {
-		t.Fatalf("write with an unreadable claim: %v, want an error naming %s", err, key)
+	if err := r.Export(ctx, testExport()); !errors.Is(err, ErrClaimUnreadable) || !strings.Contains(err.Error(), "etcdctl del "+key) {
+		t.Fatalf("write with an unreadable claim: %v, want ErrClaimUnreadable naming %s", err, key)
 	}
 	if _, err := r.Client().Delete(ctx, key); err != nil {
 		t.Fatal(err)
