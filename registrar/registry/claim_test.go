@@ -356,3 +356,40 @@ func TestRevokeEndpointsAfterLostLeaseInClaimedPartition(t *testing.T) {
 		t.Fatalf("endpoints in the partition = %v, %v; want none", resp, err)
 	}
 }
+
+// Two claim checks of one writer overlap (the agent's periodic check and a write's re-check):
+// the one that read the claim earlier must not overwrite what the later one found. Here the
+// first check reads this cluster's claim, another cluster re-claims the partition, a second
+// check finds the conflict, and only then does the first check finish. Before, the first check
+// reported the partition as this cluster's (nil error, so the agent's readiness passed),
+// logged "claim is this cluster's again" and set aether_registry_partition_claim_conflict to 0
+// while another cluster held the claim.
+func TestPartitionClaimStaleCheckDoesNotWin(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx := ctxT(t, converge)
+	metrics := prometheus.NewRegistry()
+	a := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer = "uid-a", true })
+	if _, err := a.EnsureClaim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	agent := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer, c.Metrics = "uid-a", false, metrics })
+	b := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer = "uid-b", true })
+	calls := 0 // EnsureClaim runs on this goroutine only
+	agent.afterClaimRead = func() {
+		if calls++; calls != 1 {
+			return
+		}
+		if _, _, err := b.Reclaim(ctx, "uid-a"); err != nil {
+			t.Error(err)
+		}
+		if _, err := agent.EnsureClaim(ctx); !errors.Is(err, ErrPartitionClaimed) {
+			t.Errorf("second check: %v, want ErrPartitionClaimed", err)
+		}
+	}
+	if _, err := agent.EnsureClaim(ctx); !errors.Is(err, ErrPartitionClaimed) {
+		t.Errorf("first check, finishing last: %v, want ErrPartitionClaimed (another cluster holds the claim)", err)
+	}
+	if got := gaugeValue(t, metrics, "aether_registry_partition_claim_conflict"); got != 1 {
+		t.Errorf("aether_registry_partition_claim_conflict = %v, want 1", got)
+	}
+}
