@@ -3,6 +3,7 @@ package mcs
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 
@@ -51,11 +52,20 @@ func NewExportView(src Exports, log *slog.Logger) *ExportView {
 }
 
 // Subscribe registers fn to be called (from the view's goroutine, after the view changed) with
-// the services a batch touched. fn must not block for long.
+// the services a batch touched. A subscriber registered after the view synced is called once at
+// once (from Subscribe's caller) with every service the view holds, so it misses none of the
+// first snapshot. fn must not block for long.
 func (v *ExportView) Subscribe(fn func([]model.ServiceKey)) {
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	v.subs = append(v.subs, fn)
+	var keys []model.ServiceKey
+	if v.synced {
+		keys = slices.SortedFunc(maps.Keys(v.byKey), model.ServiceKey.Compare)
+	}
+	v.mu.Unlock()
+	if len(keys) > 0 {
+		fn(keys)
+	}
 }
 
 // NeedLeaderElection makes the view run on the elected leader only.

@@ -114,3 +114,34 @@ func TestExportView(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestExportViewLateSubscriber: a subscriber registered after the view synced (the export
+// controller's and the import generator's queues start concurrently with the view, on the
+// leader) is told every service the view holds, at once. Before, it heard only of later
+// changes: when the first snapshot came first, this cluster's stale marks (a registrar that
+// re-claimed a partition after a rebuild, or was down while a ServiceExport was deleted) were
+// never reconciled, so never removed, and no ServiceImport was generated for a service until
+// one of its marks changed.
+func TestExportViewLateSubscriber(t *testing.T) {
+	f := &feed{origin: registry.Origin{Region: "r1", Cluster: "a"}, ch: make(chan registry.Batch[*registryv1.ExportMark])}
+	v := NewExportView(f, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = v.Start(ctx) }()
+	f.ch <- registry.Batch[*registryv1.ExportMark]{Snapshot: true, Events: []registry.Event[*registryv1.ExportMark]{
+		{Type: registry.Added, Record: markOf("a", "ns", "stale")}, {Type: registry.Added, Record: markOf("b", "other", "y")},
+	}}
+	if err := v.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	touched := make(chan string, 10)
+	v.Subscribe(func(keys []model.ServiceKey) { touched <- fmt.Sprint(keys) })
+	select {
+	case got := <-touched:
+		if got != "[ns/stale other/y]" {
+			t.Fatalf("late subscriber told %s, want [ns/stale other/y]", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("late subscriber was not told the services the view holds")
+	}
+}
