@@ -122,3 +122,39 @@ func TestAgentRespectsPartitionClaim(t *testing.T) {
 		t.Fatal("ready while another cluster holds the partition")
 	}
 }
+
+// TestAgentUnreadableClaimNotReady: a claim that is not a PartitionClaim (written by hand, by
+// an old tool) refuses every write of the agent as a conflicting one does, so readiness part
+// partition-claim must fail too, naming the key, and pass again once the key is deleted.
+// Before, the part kept its last state: an agent that had been ready stayed ready while it
+// registered nothing.
+func TestAgentUnreadableClaimNotReady(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "eu", Cluster: "east", LeaseTTL: 5 * time.Second,
+		Logger: log, ClusterID: "uid-east"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	ready := newReadiness(partitionClaimPart)
+	go watchClaim(ctx, reg, newEndpointRegistrar(reg, log), ready, 100*time.Millisecond)
+	testenv.Eventually(t, 30*time.Second, "ready with no claim", ready.state)
+
+	key := reg.Origin().ClaimKey()
+	if _, err := reg.Client().Put(ctx, key, "not a claim"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "not ready with an unreadable claim", func() error {
+		if err := ready.state(); err == nil || !strings.Contains(err.Error(), key) || !strings.Contains(err.Error(), partitionClaimPart) {
+			return fmt.Errorf("readiness %v, want %s failing naming %s", err, partitionClaimPart, key)
+		}
+		return nil
+	})
+	if _, err := reg.Client().Delete(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "ready after the claim key is deleted", ready.state)
+}

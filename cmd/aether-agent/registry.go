@@ -455,8 +455,9 @@ const claimCheckInterval = 5 * time.Second
 // registrar claims, the agent only checks). While another cluster holds the claim, readiness
 // part "partition-claim" fails with the claim and the fix, and the node's endpoints are
 // withdrawn from the partition; once the claim is this cluster's again (re-claimed), the part
-// passes and the next sync registers them. A registry that does not answer changes nothing here
-// (readiness part "registry" reports it).
+// passes and the next sync registers them. A claim key holding no valid claim
+// (registry.ErrClaimUnreadable) fails the part too, naming the key, but withdraws nothing. A
+// registry that does not answer changes nothing here (readiness part "registry" reports it).
 func watchClaim(ctx context.Context, reg *registry.Registry, e *endpointRegistrar, ready *readiness, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -468,6 +469,10 @@ func watchClaim(ctx context.Context, reg *registry.Registry, e *endpointRegistra
 			e.mu.Lock()
 			e.withdrawLocked(ctx)
 			e.mu.Unlock()
+		case errors.Is(err, registry.ErrClaimUnreadable):
+			// Every write is refused until the key is deleted; the endpoints already
+			// registered stay (whose the partition is cannot be told).
+			ready.set(partitionClaimPart, err)
 		case err == nil:
 			ready.set(partitionClaimPart, nil)
 		}

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -240,4 +242,39 @@ func TestHelpAndBadFlags(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() != 2 || !strings.Contains(out, "no-such-flag") {
 		t.Errorf("aether-registrar --no-such-flag: %v, want exit status 2 naming the flag:\n%s", err, out)
 	}
+}
+
+// TestBinaryEmbeddedRegistryServesWhileAPIServerDown: in the single-machine shape the embedded
+// registry is every cluster's, so it serves as soon as the registrar starts, also while this
+// cluster's API server does not answer yet (the registrar waits up to 2 minutes for its cluster
+// ID). Before, the etcd was started only after the cluster ID was read: a host cluster whose
+// API server came up late (or not at all) kept the registry of the whole clusterset down.
+func TestBinaryEmbeddedRegistryServesWhileAPIServerDown(t *testing.T) {
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	// An API server address nothing listens on.
+	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: down, cluster: {server: "https://127.0.0.1:%d", insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: t}}]
+contexts: [{name: c, context: {cluster: down, user: u}}]
+current-context: c
+`, testenv.FreePort(t)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	listen := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))
+	startProc(t, "--cluster", "solo", "--kubeconfig", kubeconfig,
+		"--registry-data-dir", filepath.Join(dir, "registry"), "--registry-listen", listen,
+		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	testenv.Eventually(t, 60*time.Second, "embedded registry answers", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		_, err := cli.Get(ctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err
+	})
 }

@@ -58,20 +58,15 @@ func run(ctx context.Context, cfg config) error {
 	return claimError(r.Start(ctx), cfg.target)
 }
 
-// openRegistry reads this cluster's ID (the UID of its kube-system Namespace) and opens the
-// registry (embedding etcd when no endpoints are given) as a writer of the target's partition
-// that claims it under that ID. claimedBy names the process in a claim it writes. The returned
-// func closes the registry and the embedded etcd.
+// openRegistry opens the registry (embedding etcd when no endpoints are given, started first so
+// that it serves the other clusters while this one's API server does not answer), reads this
+// cluster's ID (the UID of its kube-system Namespace, waiting up to clusterIDTimeout) and
+// returns a writer of the target's partition that claims it under that ID. claimedBy names the
+// process in a claim it writes. The returned func closes the registry and the embedded etcd.
 func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logger, claimedBy string) (*registry.Registry, string, func(), error) {
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("kubernetes client: %w", err)
-	}
-	idCtx, cancel := context.WithTimeout(ctx, clusterIDTimeout)
-	id, err := clusterid.Get(idCtx, cs)
-	cancel()
-	if err != nil {
-		return nil, "", nil, err
 	}
 	var closers []func()
 	closeAll := func() {
@@ -90,6 +85,15 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 		}
 		closers = append(closers, func() { emb.Close() })
 		endpoints = emb.Endpoints
+	}
+	// After the embedded etcd is up: it is every cluster's registry, served also while this
+	// cluster's API server does not answer yet.
+	idCtx, cancel := context.WithTimeout(ctx, clusterIDTimeout)
+	id, err := clusterid.Get(idCtx, cs)
+	cancel()
+	if err != nil {
+		closeAll()
+		return nil, "", nil, err
 	}
 	rcfg := registry.Config{
 		Endpoints: endpoints, Username: t.RegistryUser, Password: t.RegistryPassword,

@@ -19,6 +19,11 @@ import (
 // writer's partition is claimed by another real cluster; the error is a *ClaimConflictError.
 var ErrPartitionClaimed = errors.New("registry partition claimed by another cluster")
 
+// ErrClaimUnreadable is matched (errors.Is) by the error of every claim check and write refused
+// because the partition's claim key holds no valid PartitionClaim (written by hand or by another
+// tool); the error names the key and how to clear it.
+var ErrClaimUnreadable = errors.New("registry partition claim unreadable")
+
 // ClaimConflictError reports a partition claimed by another real cluster than the writer's:
 // two clusters were given the same cluster name (region and cluster).
 type ClaimConflictError struct {
@@ -47,22 +52,43 @@ func (e *ClaimConflictError) Is(target error) bool { return target == ErrPartiti
 // one wins. A non-claimer (the agent) only reads it: an unclaimed partition may be written.
 //
 // It returns a *ClaimConflictError (errors.Is ErrPartitionClaimed) when another cluster ID holds
-// the claim, an error naming the key when the stored claim is not a valid PartitionClaim, and the
-// etcd error when etcd does not answer. After a successful check every write of this Registry is
-// a transaction conditional on the claim being unchanged, so a claim taken by another cluster
-// afterwards refuses the writes (they check again and fail) instead of racing them.
-// aether_registry_partition_claim_conflict is 1 while the last check found a conflict.
+// the claim, an error naming the key (errors.Is ErrClaimUnreadable) when the stored claim is not
+// a valid PartitionClaim, and the etcd error when etcd does not answer. After a successful check
+// every write of this Registry is a transaction conditional on the claim being unchanged, so a
+// claim taken by another cluster afterwards refuses the writes (they check again and fail)
+// instead of racing them. aether_registry_partition_claim_conflict is 1 while the last check
+// (the one that read the newest revision) found a conflict.
 func (r *Registry) EnsureClaim(ctx context.Context) (*registryv1.PartitionClaim, error) {
 	if r.clusterID == "" {
 		return nil, errors.New("check partition claim: Config.ClusterID: required")
 	}
+	// Checks of one writer may overlap (the agent's periodic check and a write's re-check): the
+	// outcome of one that read an older revision than a check already recorded is stale, and
+	// is read again rather than recorded or returned.
+	for {
+		c, rev, record, err := r.checkClaim(ctx)
+		if record == nil || r.recordCheck(rev, record) {
+			return c, err
+		}
+	}
+}
+
+// checkClaim reads (and, for a claimer, creates) the claim once. It returns the claim in force,
+// the revision it was read at, the state change the outcome calls for (record, applied by
+// recordCheck unless a newer check was recorded meanwhile; nil when etcd failed) and the error
+// EnsureClaim returns.
+func (r *Registry) checkClaim(ctx context.Context) (claim *registryv1.PartitionClaim, rev int64, record func(), err error) {
 	key := r.origin.ClaimKey()
 	// A linearizable read first: a claim that exists (every check but the first) costs no raft
 	// proposal, which the create-if-absent transaction would (it holds a put).
 	resp, err := r.cli.Get(ctx, key)
 	if err != nil {
-		return nil, fmt.Errorf("check partition claim %s: %w", r.origin, err)
+		return nil, 0, nil, fmt.Errorf("check partition claim %s: %w", r.origin, err)
 	}
+	if r.afterClaimRead != nil {
+		r.afterClaimRead()
+	}
+	rev = resp.Header.Revision
 	var kv *mvccpb.KeyValue
 	if len(resp.Kvs) > 0 {
 		kv = resp.Kvs[0]
@@ -70,37 +96,47 @@ func (r *Registry) EnsureClaim(ctx context.Context) (*registryv1.PartitionClaim,
 		c := r.newClaim("")
 		b, err := proto.Marshal(c)
 		if err != nil {
-			return nil, fmt.Errorf("claim partition %s: marshal: %w", r.origin, err)
+			return nil, 0, nil, fmt.Errorf("claim partition %s: marshal: %w", r.origin, err)
 		}
 		tr, err := r.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
 			Then(clientv3.OpPut(key, string(b))).Else(clientv3.OpGet(key)).Commit()
 		if err != nil {
-			return nil, fmt.Errorf("claim partition %s: %w", r.origin, err)
+			return nil, 0, nil, fmt.Errorf("claim partition %s: %w", r.origin, err)
 		}
+		rev = tr.Header.Revision
 		if tr.Succeeded {
 			r.log.Info("registry: claimed the partition for this cluster", "key", key, "cluster_id", r.clusterID)
-			r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", tr.Header.Revision))
-			return c, nil
+			return c, rev, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", rev)) }, nil
 		}
 		// Created meanwhile by another claimer: the compare failed in the same transaction,
 		// so the key exists in the read.
 		kv = tr.Responses[0].GetResponseRange().Kvs[0]
 	} else {
-		r.setGuard(clientv3.Compare(clientv3.CreateRevision(key), "=", 0))
-		return nil, nil
+		return nil, rev, func() { r.setGuardLocked(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)) }, nil
 	}
 	c, err := decodeClaim(kv)
 	if err != nil {
-		r.clearGuard()
-		return nil, err
+		return nil, rev, func() { r.guard = nil }, err
 	}
 	if c.ClusterId != r.clusterID {
 		cerr := &ClaimConflictError{Origin: r.origin, ClusterID: r.clusterID, Claim: c}
-		r.setConflict(cerr)
-		return c, cerr
+		return c, rev, func() { r.setConflictLocked(cerr) }, cerr
 	}
-	r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
-	return c, nil
+	modRev := kv.ModRevision
+	return c, rev, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)) }, nil
+}
+
+// recordCheck applies the outcome of a claim check read at revision rev, unless a check that
+// read a newer revision was recorded already; it reports whether it applied it.
+func (r *Registry) recordCheck(rev int64, apply func()) bool {
+	r.cmu.Lock()
+	defer r.cmu.Unlock()
+	if rev < r.checkedRev {
+		return false
+	}
+	r.checkedRev = rev
+	apply()
+	return true
 }
 
 // Reclaim is the operator's explicit re-claim of the partition after the real cluster behind
@@ -129,7 +165,7 @@ func (r *Registry) Reclaim(ctx context.Context, previous string) (claim *registr
 		}
 		switch old.ClusterId {
 		case r.clusterID:
-			r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision))
+			r.recordCheck(resp.Header.Revision, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)) })
 			return old, false, nil
 		case previous:
 		default:
@@ -153,7 +189,7 @@ func (r *Registry) Reclaim(ctx context.Context, previous string) (claim *registr
 		return nil, false, fmt.Errorf("re-claim partition %s: the claim at %s changed while it was replaced; nothing written, run it again", r.origin, key)
 	}
 	r.log.Warn("registry: partition re-claimed for this cluster", "key", key, "cluster_id", r.clusterID, "previous_cluster_id", previous)
-	r.setGuard(clientv3.Compare(clientv3.ModRevision(key), "=", tr.Header.Revision))
+	r.recordCheck(tr.Header.Revision, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", tr.Header.Revision)) })
 	return c, true, nil
 }
 
@@ -174,15 +210,14 @@ func decodeClaim(kv *mvccpb.KeyValue) (*registryv1.PartitionClaim, error) {
 		err = ValidateClusterID("cluster_id", c.ClusterId)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("check partition claim: %s holds no valid PartitionClaim (%v); nothing is written into the partition until it is deleted (etcdctl del %s), then the cluster's registrar claims it again", kv.Key, err, kv.Key)
+		return nil, fmt.Errorf("check partition claim: %s holds no valid PartitionClaim (%v); nothing is written into the partition until it is deleted (etcdctl del %s), then the cluster's registrar claims it again: %w", kv.Key, err, kv.Key, ErrClaimUnreadable)
 	}
 	return c, nil
 }
 
-// setGuard records the compare that keeps this writer's writes valid (the claim as verified).
-func (r *Registry) setGuard(cmp clientv3.Cmp) {
-	r.cmu.Lock()
-	defer r.cmu.Unlock()
+// setGuardLocked records the compare that keeps this writer's writes valid (the claim as
+// verified). Callers hold cmu.
+func (r *Registry) setGuardLocked(cmp clientv3.Cmp) {
 	r.guard = &cmp
 	if r.conflict {
 		r.log.Info("registry: partition claim is this cluster's again; writing", "key", r.origin.ClaimKey(), "cluster_id", r.clusterID)
@@ -198,11 +233,9 @@ func (r *Registry) clearGuard() {
 	r.guard = nil
 }
 
-// setConflict refuses writes until a check finds the claim this cluster's again; it logs the
-// conflict when it starts.
-func (r *Registry) setConflict(err *ClaimConflictError) {
-	r.cmu.Lock()
-	defer r.cmu.Unlock()
+// setConflictLocked refuses writes until a check finds the claim this cluster's again; it logs
+// the conflict when it starts. Callers hold cmu.
+func (r *Registry) setConflictLocked(err *ClaimConflictError) {
 	r.guard = nil
 	if !r.conflict {
 		r.log.Error("registry: partition claimed by another cluster; writing nothing into it", "key", r.origin.ClaimKey(),

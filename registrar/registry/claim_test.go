@@ -243,8 +243,8 @@ func TestPartitionClaimUnreadable(t *testing.T) {
 	if _, err := r.Client().Put(ctx, key, "\xff\xff"); err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Export(ctx, testExport()); err == nil || !strings.Contains(err.Error(), "etcdctl del "+key) {
-		t.Fatalf("write with an unreadable claim: %v, want an error naming %s", err, key)
+	if err := r.Export(ctx, testExport()); !errors.Is(err, ErrClaimUnreadable) || !strings.Contains(err.Error(), "etcdctl del "+key) {
+		t.Fatalf("write with an unreadable claim: %v, want ErrClaimUnreadable naming %s", err, key)
 	}
 	if _, err := r.Client().Delete(ctx, key); err != nil {
 		t.Fatal(err)
@@ -306,5 +306,90 @@ func TestPartitionClaimWithClusterUser(t *testing.T) {
 	}
 	if _, _, err := b.Reclaim(ctx, "uid-a"); err != nil {
 		t.Fatalf("re-claim as the cluster's user: %v", err)
+	}
+}
+
+// An agent whose endpoint lease was lost (it expired while the node was cut off from the
+// registry) and whose partition was claimed by another cluster meanwhile cannot re-register:
+// withdrawing its endpoints (RevokeEndpoints) must still succeed, since the lost lease took
+// them with it, and stop the re-registration. Before, the revoke of the lost lease failed with
+// "requested lease not found" on every claim check, the endpoints were never forgotten, and the
+// lease keeper granted and revoked a lease every few seconds for as long as the conflict lasted.
+func TestRevokeEndpointsAfterLostLeaseInClaimedPartition(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx := ctxT(t, converge)
+	a := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer = "uid-a", false })
+	if err := a.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "pod-a", "10.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	b := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer = "uid-b", true })
+	if _, err := b.EnsureClaim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lost, _ := a.Lease()
+	if _, err := a.Client().Revoke(ctx, lost); err != nil { // the lease expires
+		t.Fatal(err)
+	}
+	// The keeper notices and fails to re-register into the claimed partition.
+	testenv.Eventually(t, converge, "lease keeper notices the lost lease", func() error {
+		if got := counterValue(t, a.m.leaseLost); got < 1 {
+			return fmt.Errorf("aether_registry_lease_lost_total = %v", got)
+		}
+		return nil
+	})
+	if _, err := a.EnsureClaim(ctx); !errors.Is(err, ErrPartitionClaimed) {
+		t.Fatalf("claim check: %v, want ErrPartitionClaimed", err)
+	}
+	if err := a.RevokeEndpoints(ctx); err != nil {
+		t.Fatalf("withdraw after the lease was lost: %v, want nil (the endpoints are gone with the lease)", err)
+	}
+	if id, _ := a.Lease(); id != 0 {
+		t.Fatalf("lease after withdrawing = %x, want 0 (nothing kept)", int64(id))
+	}
+	a.wmu.Lock()
+	n := len(a.desired)
+	a.wmu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d endpoints still kept for re-registration after withdrawing, want 0", n)
+	}
+	if resp, err := a.Client().Get(ctx, a.Origin().Prefix()+string(KindEndpoint), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+		t.Fatalf("endpoints in the partition = %v, %v; want none", resp, err)
+	}
+}
+
+// Two claim checks of one writer overlap (the agent's periodic check and a write's re-check):
+// the one that read the claim earlier must not overwrite what the later one found. Here the
+// first check reads this cluster's claim, another cluster re-claims the partition, a second
+// check finds the conflict, and only then does the first check finish. Before, the first check
+// reported the partition as this cluster's (nil error, so the agent's readiness passed),
+// logged "claim is this cluster's again" and set aether_registry_partition_claim_conflict to 0
+// while another cluster held the claim.
+func TestPartitionClaimStaleCheckDoesNotWin(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx := ctxT(t, converge)
+	metrics := prometheus.NewRegistry()
+	a := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer = "uid-a", true })
+	if _, err := a.EnsureClaim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	agent := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer, c.Metrics = "uid-a", false, metrics })
+	b := newTestRegistry(t, etcd.Endpoints, "eu", "east", func(c *Config) { c.ClusterID, c.Claimer = "uid-b", true })
+	calls := 0 // EnsureClaim runs on this goroutine only
+	agent.afterClaimRead = func() {
+		if calls++; calls != 1 {
+			return
+		}
+		if _, _, err := b.Reclaim(ctx, "uid-a"); err != nil {
+			t.Error(err)
+		}
+		if _, err := agent.EnsureClaim(ctx); !errors.Is(err, ErrPartitionClaimed) {
+			t.Errorf("second check: %v, want ErrPartitionClaimed", err)
+		}
+	}
+	if _, err := agent.EnsureClaim(ctx); !errors.Is(err, ErrPartitionClaimed) {
+		t.Errorf("first check, finishing last: %v, want ErrPartitionClaimed (another cluster holds the claim)", err)
+	}
+	if got := gaugeValue(t, metrics, "aether_registry_partition_claim_conflict"); got != 1 {
+		t.Errorf("aether_registry_partition_claim_conflict = %v, want 1", got)
 	}
 }

@@ -88,14 +88,16 @@ func (r *Registry) DeregisterEndpoint(ctx context.Context, namespace, name, podU
 }
 
 // RevokeEndpoints revokes this writer's lease, which deletes every endpoint registered under it
-// at once, and forgets them. The next RegisterEndpoint grants a new lease.
+// at once, and forgets them. The next RegisterEndpoint grants a new lease. A lease etcd no
+// longer has (expired, or revoked already) is not an error: its endpoints are gone with it, and
+// they are forgotten too, which also stops re-registering them (the lease keeper's retries).
 func (r *Registry) RevokeEndpoints(ctx context.Context) error {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	if r.lease == 0 {
 		return nil
 	}
-	if _, err := r.cli.Revoke(ctx, r.lease); err != nil {
+	if _, err := r.cli.Revoke(ctx, r.lease); err != nil && !errors.Is(err, rpctypes.ErrLeaseNotFound) {
 		return fmt.Errorf("revoke endpoints: lease %x: %w", int64(r.lease), err)
 	}
 	r.setLeaseLocked(0)

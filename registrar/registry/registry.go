@@ -113,6 +113,10 @@ type Registry struct {
 	cmu       sync.Mutex
 	guard     *clientv3.Cmp // the verified claim every write compares; nil: verify first
 	conflict  bool          // the last check found another cluster's claim
+	// checkedRev is the etcd revision the last recorded claim check read at (recordCheck).
+	checkedRev int64
+	// afterClaimRead, when set (tests), runs in EnsureClaim after the claim was read.
+	afterClaimRead func()
 }
 
 // New connects to etcd and returns a Registry for cfg's origin. It returns an error when the
