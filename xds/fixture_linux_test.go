@@ -269,6 +269,27 @@ func (f *meshFixture) set(m *model.Mesh) string {
 	return v
 }
 
+// wantNoRejections checks that Envoy rejected nothing the server sent: no NACK, and every
+// update_rejected stat of the admin API is 0 (there must be some).
+func (f *meshFixture) wantNoRejections(t *testing.T) {
+	t.Helper()
+	if n, last := f.srv.NACKs(); n != 0 {
+		t.Errorf("NACKs = %d (last %q), want 0", n, last)
+	}
+	stats, err := f.admin("/stats?filter=update_rejected")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(stats) == "" {
+		t.Fatal("no update_rejected stats")
+	}
+	for _, line := range strings.Split(strings.TrimSpace(stats), "\n") {
+		if !strings.HasSuffix(line, ": 0") {
+			t.Errorf("admin stat %q, want 0", line)
+		}
+	}
+}
+
 // admin GETs an Envoy admin path.
 func (f *meshFixture) admin(path string) (string, error) {
 	c, base := AdminClient("unix://" + f.adminSock)

@@ -106,20 +106,7 @@ func testHeadlessAndPerPodPorts(t *testing.T, delta bool, build Options) {
 	f.set(headlessMesh(f))
 	alphaID := model.SPIFFEID(f.td, "shop", "alpha")
 
-	t.Run("no NACK", func(t *testing.T) {
-		if n, last := f.srv.NACKs(); n != 0 {
-			t.Errorf("NACKs = %d (last %q), want 0", n, last)
-		}
-		stats, err := f.admin("/stats?filter=update_rejected")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(strings.TrimSpace(stats), "\n") {
-			if !strings.HasSuffix(line, ": 0") {
-				t.Errorf("admin stat %q, want 0", line)
-			}
-		}
-	})
+	t.Run("no NACK", f.wantNoRejections)
 
 	t.Run("headless pod IP, HTTP, reaches that pod over mTLS", func(t *testing.T) {
 		for i, name := range []string{"srv1", "srv2"} {

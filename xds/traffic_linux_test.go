@@ -135,20 +135,7 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 	alpha, beta := f.pods["alpha"], f.pods["beta"]
 	alphaID, betaID := model.SPIFFEID(f.td, "shop", "alpha"), model.SPIFFEID(f.td, "shop", "beta")
 
-	t.Run("no NACK", func(t *testing.T) {
-		if n, last := f.srv.NACKs(); n != 0 {
-			t.Errorf("NACKs = %d (last %q), want 0", n, last)
-		}
-		stats, err := f.admin("/stats?filter=update_rejected")
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, line := range strings.Split(strings.TrimSpace(stats), "\n") {
-			if !strings.HasSuffix(line, ": 0") {
-				t.Errorf("admin stat %q, want 0", line)
-			}
-		}
-	})
+	t.Run("no NACK", f.wantNoRejections)
 
 	t.Run("HTTP via VIP carries the caller's identity", func(t *testing.T) {
 		for _, host := range []string{"anything.example", "http.web.mesh", vipHTTP.String()} {
@@ -371,18 +358,7 @@ func testACKsAndNACKs(t *testing.T, delta bool, build Options) {
 	}
 	good := model.New(2, m.Cluster, m.MeshDomain, f.td, m.Node, m.Services, m.Endpoints, m.Pods)
 	f.set(good)
-	stats, err := f.admin("/stats?filter=update_rejected")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.TrimSpace(stats) == "" {
-		t.Fatal("no update_rejected stats")
-	}
-	for _, line := range strings.Split(strings.TrimSpace(stats), "\n") {
-		if !strings.HasSuffix(line, ": 0") {
-			t.Errorf("admin stat %q, want 0", line)
-		}
-	}
+	f.wantNoRejections(t)
 	bad := goldenMesh()
 	for i, p := range bad.Pods {
 		p.NetnsPath, p.IPs = good.Pods[i].NetnsPath, good.Pods[i].IPs
