@@ -11,9 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
-	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
 	"github.com/aethermesh/aether/internal/testenv"
 )
@@ -27,18 +25,10 @@ import (
 // else stays in the model (53/UDP beside 53/TCP, headless and ExternalName Services; 9 Services
 // with the API server's own "kubernetes").
 func TestAssembleSkipsHostileParts(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	cs := kubernetes.NewForConfigOrDie(api.Config)
-	mcs := mcsclient.NewForConfigOrDie(api.Config)
+	cs, mcs := startAPI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	must := func(_ any, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := fatalOnError(t)
 	for _, ns := range []string{"shop", "other"} {
 		must(cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
 			Labels: map[string]string{LabelMeshNamespace: MeshNamespaceEnabled}}}, metav1.CreateOptions{}))

@@ -19,10 +19,7 @@ import (
 // TestKubeSourceRealAPIServer feeds a KubeSource from a real kube-apiserver and checks that the
 // assembled model follows creates and deletes.
 func TestKubeSourceRealAPIServer(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	cs := kubernetes.NewForConfigOrDie(api.Config)
-	mcs := mcsclient.NewForConfigOrDie(api.Config)
+	cs, mcs := startAPI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
 
@@ -117,4 +114,24 @@ func TestKubeSourceRealAPIServer(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// startAPI starts a real kube-apiserver with aether's CRDs (deploy/crds) for the test and
+// returns clients of it.
+func startAPI(t *testing.T) (*kubernetes.Clientset, *mcsclient.Clientset) {
+	t.Helper()
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	return kubernetes.NewForConfigOrDie(api.Config), mcsclient.NewForConfigOrDie(api.Config)
+}
+
+// fatalOnError returns a function that fails t at once on a non-nil error, for the two results
+// of a client's Create.
+func fatalOnError(t *testing.T) func(any, error) {
+	return func(_ any, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }

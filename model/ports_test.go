@@ -13,8 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
-	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
 	"github.com/aethermesh/aether/internal/testenv"
 )
@@ -80,18 +78,10 @@ func TestLocalPodTargetPort(t *testing.T) {
 // name in Mesh.Skipped, keeps each registered endpoint's own port, and marks the headless
 // Service Headless with no VIP.
 func TestNamedTargetPortPerPodRealAPIServer(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	cs := kubernetes.NewForConfigOrDie(api.Config)
-	mcs := mcsclient.NewForConfigOrDie(api.Config)
+	cs, mcs := startAPI(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	must := func(_ any, err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	must := fatalOnError(t)
 	must(cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{LabelMeshNamespace: MeshNamespaceEnabled}}}, metav1.CreateOptions{}))
 	must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
 	sel := map[string]string{"app": "db"}
