@@ -20,6 +20,8 @@ import (
 // variable too (the flag wins). validate names the flag of every bad field.
 type config struct {
 	target
+	// RegistryProbe is --registry-probe-interval: how often the registry (and the partition
+	// claim) is checked for readiness.
 	RegistryProbe time.Duration
 
 	LeaderElect          bool          // --leader-elect
