@@ -222,6 +222,26 @@ func respondCases() []dnsCase {
 	}
 }
 
+// TestRespondClusterDomain: with IndexOptions.ClusterDomain set (a cluster whose kubelet's
+// clusterDomain is not cluster.local), the first search-list expansion under that domain is
+// answered, and the same name under cluster.local is kube-dns's like any other name.
+func TestRespondClusterDomain(t *testing.T) {
+	idx, err := NewIndex(testMesh(), IndexOptions{ClusterDomain: "Corp.Example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []dnsCase{
+		{name: "expansion under the cluster domain", qname: "web.mesh.shop.svc.corp.example.", qtype: dns.TypeA, src: shopPod,
+			answer: []string{rr("web.mesh.shop.svc.corp.example.", "CNAME", "web.mesh."), rr("web.mesh.", "A", "10.96.0.20")}},
+		{name: "expansion of a namespaced name, mixed case", qname: "Cart.Shop.Mesh.Default.Svc.Corp.Example.", qtype: dns.TypeA, src: defaultPod,
+			answer: []string{rr("Cart.Shop.Mesh.Default.Svc.Corp.Example.", "CNAME", "cart.shop.mesh."), rr("cart.shop.mesh.", "A", "10.96.1.30")}},
+		{name: "cluster.local expansion is forwarded", qname: "web.mesh.shop.svc.cluster.local.", qtype: dns.TypeA, src: shopPod, act: Forward},
+		{name: "second search domain is kube-dns's", qname: "web.mesh.svc.corp.example.", qtype: dns.TypeA, src: shopPod, act: Forward},
+	} {
+		t.Run(tc.name, func(t *testing.T) { runCase(t, idx, tc) })
+	}
+}
+
 func runCase(t *testing.T, idx *Index, tc dnsCase) {
 	t.Helper()
 	req := new(dns.Msg)

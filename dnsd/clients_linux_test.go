@@ -29,8 +29,11 @@ const (
 	kubeDNSIP = "10.96.0.10"
 )
 
-// podResolvConf is what the kubelet writes for a pod in namespace shop (ClusterFirst).
-const podResolvConf = "search shop.svc.cluster.local svc.cluster.local cluster.local\nnameserver " + kubeDNSIP + "\noptions ndots:5\n"
+// podResolvConf is what the kubelet writes for a pod in namespace shop (ClusterFirst) in a
+// cluster whose clusterDomain is domain.
+func podResolvConf(domain string) string {
+	return "search shop.svc." + domain + " svc." + domain + " " + domain + "\nnameserver " + kubeDNSIP + "\noptions ndots:5\n"
+}
 
 // dnatRules DNATs the pod's DNS to the cluster DNS service to the agent's resolver, as the
 // capture rules do (DESIGN.md, data flow 2), in the pod namespace's own nftables.
@@ -60,7 +63,9 @@ func run(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
-func newPodTopology(t *testing.T) *podTopology {
+// newPodTopology builds the topology for a cluster whose clusterDomain is domain: the pod's
+// resolv.conf searches under it and the resolver is told it (IndexOptions.ClusterDomain).
+func newPodTopology(t *testing.T, domain string) *podTopology {
 	t.Helper()
 	node, pod := testenv.NewNetns(t), testenv.NewNetns(t)
 	run(t, "ip", "-n", node.Name, "link", "add", "vn", "type", "veth", "peer", "name", "vp", "netns", pod.Name)
@@ -87,7 +92,7 @@ func newPodTopology(t *testing.T) *podTopology {
 		os.RemoveAll(dir)
 		os.Remove("/etc/netns") // only when empty (other tests may use it)
 	})
-	if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(podResolvConf), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "resolv.conf"), []byte(podResolvConf(domain)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 
@@ -99,7 +104,7 @@ func newPodTopology(t *testing.T) *podTopology {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg})
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, Index: IndexOptions{ClusterDomain: domain}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,75 +167,81 @@ func TestPrivilegedClientsThroughDNAT(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := newPodTopology(t)
+	// The second domain is a cluster whose kubelet's clusterDomain is not cluster.local
+	// (aether-agent --cluster-domain, or read from its resolv.conf).
+	for _, domain := range []string{"cluster.local", "corp.example"} {
+		t.Run(domain, func(t *testing.T) {
+			p := newPodTopology(t, domain)
 
-	clients := []lookupClient{
-		{name: "miekg/dns udp", lookup: miekgLookup("udp")},
-		{name: "miekg/dns tcp", lookup: miekgLookup("tcp")},
-		{name: "go", lookup: func(t *testing.T, p *podTopology, name string) []string {
-			cmd := p.pod.Command(self, "-test.run=^$")
-			cmd.Env = append(os.Environ(), "DNSD_GO_LOOKUP="+name, "GODEBUG=netdns=go")
-			return lines(t, cmd)
-		}},
-		{name: "glibc getent ahosts", lookup: func(t *testing.T, p *podTopology, name string) []string {
-			var out []string
-			for _, l := range lines(t, p.pod.Command("getent", "ahosts", name)) {
-				if f := strings.Fields(l); len(f) >= 2 && f[1] == "STREAM" {
-					out = append(out, f[0])
+			clients := []lookupClient{
+				{name: "miekg/dns udp", lookup: miekgLookup("udp")},
+				{name: "miekg/dns tcp", lookup: miekgLookup("tcp")},
+				{name: "go", lookup: func(t *testing.T, p *podTopology, name string) []string {
+					cmd := p.pod.Command(self, "-test.run=^$")
+					cmd.Env = append(os.Environ(), "DNSD_GO_LOOKUP="+name, "GODEBUG=netdns=go")
+					return lines(t, cmd)
+				}},
+				{name: "glibc getent ahosts", lookup: func(t *testing.T, p *podTopology, name string) []string {
+					var out []string
+					for _, l := range lines(t, p.pod.Command("getent", "ahosts", name)) {
+						if f := strings.Fields(l); len(f) >= 2 && f[1] == "STREAM" {
+							out = append(out, f[0])
+						}
+					}
+					return out
+				}},
+				{name: "musl getaddrinfo", lookup: func(t *testing.T, p *podTopology, name string) []string {
+					var out []string
+					for _, l := range lines(t, p.pod.Command(musl, name)) {
+						if !strings.HasPrefix(l, "canonical ") {
+							out = append(out, l)
+						}
+					}
+					return out
+				}},
+			}
+			names := []struct {
+				name string
+				want []string // addresses (each client asks what it asks: miekg A only)
+				mesh bool     // answered by the resolver itself
+			}{
+				{name: "web.mesh", want: []string{"10.96.0.20", "fd00::20"}, mesh: true},
+				{name: "cart.shop.mesh", want: []string{"10.96.1.30"}, mesh: true},
+				{name: "cart.shop.svc.clusterset.local", want: []string{"10.97.0.30"}, mesh: true},
+				{name: "example.org", want: []string{"192.0.2.1"}},
+			}
+			var report []string
+			for _, c := range clients {
+				for _, n := range names {
+					t.Run(c.name+"/"+n.name, func(t *testing.T) {
+						before := p.queries(t)
+						got := c.lookup(t, p, n.name)
+						sent := p.queries(t) - before
+						slices.Sort(got)
+						got = slices.Compact(got)
+						want := n.want
+						if strings.HasPrefix(c.name, "miekg/dns") {
+							want = want[:1]
+						}
+						if !slices.Equal(got, want) {
+							t.Errorf("%s resolved %s to %v, want %v", c.name, n.name, got, want)
+						}
+						report = append(report, fmt.Sprintf("%-20s %-32s %d queries", c.name, n.name, sent))
+						if n.mesh {
+							families := 2
+							if strings.HasPrefix(c.name, "miekg/dns") {
+								families = 1
+							}
+							if sent != families {
+								t.Errorf("%s sent %d queries for %s, want %d (one per address family: first expansion answered)", c.name, sent, n.name, families)
+							}
+						}
+					})
 				}
 			}
-			return out
-		}},
-		{name: "musl getaddrinfo", lookup: func(t *testing.T, p *podTopology, name string) []string {
-			var out []string
-			for _, l := range lines(t, p.pod.Command(musl, name)) {
-				if !strings.HasPrefix(l, "canonical ") {
-					out = append(out, l)
-				}
-			}
-			return out
-		}},
+			t.Logf("queries per lookup (pod resolv.conf ndots:5, search shop.svc.%[1]s svc.%[1]s %[1]s):\n%[2]s", domain, strings.Join(report, "\n"))
+		})
 	}
-	names := []struct {
-		name string
-		want []string // addresses (each client asks what it asks: miekg A only)
-		mesh bool     // answered by the resolver itself
-	}{
-		{name: "web.mesh", want: []string{"10.96.0.20", "fd00::20"}, mesh: true},
-		{name: "cart.shop.mesh", want: []string{"10.96.1.30"}, mesh: true},
-		{name: "cart.shop.svc.clusterset.local", want: []string{"10.97.0.30"}, mesh: true},
-		{name: "example.org", want: []string{"192.0.2.1"}},
-	}
-	var report []string
-	for _, c := range clients {
-		for _, n := range names {
-			t.Run(c.name+"/"+n.name, func(t *testing.T) {
-				before := p.queries(t)
-				got := c.lookup(t, p, n.name)
-				sent := p.queries(t) - before
-				slices.Sort(got)
-				got = slices.Compact(got)
-				want := n.want
-				if strings.HasPrefix(c.name, "miekg/dns") {
-					want = want[:1]
-				}
-				if !slices.Equal(got, want) {
-					t.Errorf("%s resolved %s to %v, want %v", c.name, n.name, got, want)
-				}
-				report = append(report, fmt.Sprintf("%-20s %-32s %d queries", c.name, n.name, sent))
-				if n.mesh {
-					families := 2
-					if strings.HasPrefix(c.name, "miekg/dns") {
-						families = 1
-					}
-					if sent != families {
-						t.Errorf("%s sent %d queries for %s, want %d (one per address family: first expansion answered)", c.name, sent, n.name, families)
-					}
-				}
-			})
-		}
-	}
-	t.Logf("queries per lookup (pod resolv.conf ndots:5, search shop.svc.cluster.local svc.cluster.local cluster.local):\n%s", strings.Join(report, "\n"))
 }
 
 // miekgLookup asks one A query with the miekg/dns client over netw from inside the pod

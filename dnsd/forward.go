@@ -197,6 +197,35 @@ func qname(m *dns.Msg) string {
 	return m.Question[0].Name
 }
 
+// ClusterDomainFromResolvConf returns the Kubernetes cluster domain named by the search list of
+// a resolv.conf file, lower case and without the trailing dot, or "" when the list names none.
+// The kubelet writes the list of a ClusterFirst or ClusterFirstWithHostNet pod as
+// "<ns>.svc.<domain> svc.<domain> <domain>" followed by the node's own (Kubernetes "DNS for
+// Services and Pods"), so the domain is the first entry X such that "svc.X" is an entry too.
+// As in glibc's res_init (resolv.conf(5)), the last search or domain line wins. It returns an
+// error naming the file when it cannot be read.
+func ClusterDomainFromResolvConf(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read resolv.conf %s: %w", path, err)
+	}
+	var search []string
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 0 && (f[0] == "search" || f[0] == "domain") {
+			search = search[:0]
+			for _, e := range f[1:] {
+				search = append(search, strings.ToLower(strings.TrimSuffix(e, ".")))
+			}
+		}
+	}
+	for _, e := range search {
+		if e != "" && slices.Contains(search, "svc."+e) {
+			return e, nil
+		}
+	}
+	return "", nil
+}
+
 // ReadResolvConf returns the nameservers of a resolv.conf file as "ip:53" (or "[ip]:53")
 // addresses, in file order, dropping any in exclude (the resolver's own address, so it never
 // forwards to itself).

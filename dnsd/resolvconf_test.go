@@ -134,3 +134,32 @@ func serveFromResolvConf(path string) int {
 	_ = srv.Shutdown(context.Background())
 	return 0
 }
+
+// TestClusterDomainFromResolvConf: the kubelet's search list names the cluster domain (the entry
+// X with svc.X beside it), whatever the case, trailing dots and node domains after it; the last
+// search or domain line wins, as in glibc; a list without such a pair names none; an unreadable
+// file is an error naming it.
+func TestClusterDomainFromResolvConf(t *testing.T) {
+	dir := t.TempDir()
+	for i, tc := range []struct{ conf, want string }{
+		{conf: "nameserver 10.96.0.10\nsearch default.svc.cluster.local svc.cluster.local cluster.local\noptions ndots:5\n", want: "cluster.local"},
+		{conf: "search kube-system.svc.Corp.Example. svc.Corp.Example. Corp.Example. ec2.internal\nnameserver 10.96.0.10\n", want: "corp.example"},
+		{conf: "search a.svc.cluster.local svc.cluster.local cluster.local\nsearch ec2.internal\n", want: ""},
+		{conf: "search ec2.internal\ndomain x.svc.cluster.local\nsearch a.svc.k8s.test svc.k8s.test k8s.test\n", want: "k8s.test"},
+		{conf: "search svc.example.com example.org\n", want: ""},
+		{conf: "nameserver 10.0.0.2\n", want: ""},
+		{conf: "search\tsvc.cluster.local\tcluster.local\r\n", want: "cluster.local"},
+	} {
+		p := filepath.Join(dir, fmt.Sprintf("resolv-%d.conf", i))
+		if err := os.WriteFile(p, []byte(tc.conf), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := ClusterDomainFromResolvConf(p); err != nil || got != tc.want {
+			t.Errorf("%q: ClusterDomainFromResolvConf = %q, %v; want %q", tc.conf, got, err, tc.want)
+		}
+	}
+	missing := filepath.Join(dir, "missing.conf")
+	if _, err := ClusterDomainFromResolvConf(missing); err == nil || !strings.Contains(err.Error(), missing) {
+		t.Errorf("missing file: err = %v, want one naming %s", err, missing)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/aethermesh/aether/dnsd"
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/registryflag"
 	"github.com/aethermesh/aether/xds"
@@ -51,9 +52,14 @@ type config struct {
 	StateDir    string // --state-dir: persisted pod attachments
 	CNISocket   string // --cni-socket
 
-	ClusterDNS  []netip.Addr // --cluster-dns: kube-dns ClusterIPs DNAT'ed to the resolver (default: kube-system/kube-dns)
-	ResolvConf  string       // --resolv-conf: upstreams for names outside the mesh
-	InboundMode string       // --inbound-mode: strict or permissive
+	ClusterDNS []netip.Addr // --cluster-dns: kube-dns ClusterIPs DNAT'ed to the resolver (default: kube-system/kube-dns)
+	ResolvConf string       // --resolv-conf: upstreams for names outside the mesh
+	// ClusterDomain (--cluster-domain, AETHER_CLUSTER_DOMAIN) is the kubelet's clusterDomain:
+	// the resolver answers the pods' first search-list expansion of a mesh name,
+	// <name>.<ns>.svc.<ClusterDomain>. Empty: read from --resolv-conf's search list (see
+	// clusterDomain), else cluster.local.
+	ClusterDomain string
+	InboundMode   string // --inbound-mode: strict or permissive
 
 	CaptureBackend string // --capture-backend: nftables, iptables, iptables-nft, iptables-legacy
 	CNIConfDir     string // --cni-conf-dir: where the primary CNI's conflist lives
@@ -107,6 +113,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.StringVar(&c.CNISocket, "cni-socket", "/var/run/aether/cni.sock", "unix socket aether-cni calls")
 	clusterDNS := ef.String("cluster-dns", "AETHER_CLUSTER_DNS", "", "comma-separated cluster DNS service IPs whose port 53 is DNAT'ed to the agent (default: the ClusterIPs of kube-system/kube-dns)")
 	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf whose nameservers get every name outside the mesh")
+	ef.StringVar(&c.ClusterDomain, "cluster-domain", "AETHER_CLUSTER_DOMAIN", "", "the cluster's DNS domain (the kubelet's clusterDomain), whose search-list expansions of mesh names the resolver answers (default: the svc.<domain> entry of --resolv-conf's search list, else cluster.local)")
 	ef.StringVar(&c.InboundMode, "inbound-mode", "AETHER_INBOUND_MODE", "strict", "inbound policy for meshed pods: strict (mTLS only) or permissive (plaintext too)")
 	ef.StringVar(&c.CaptureBackend, "capture-backend", "AETHER_CAPTURE_BACKEND", "nftables", "capture rules backend: nftables, iptables (the node's mode), iptables-nft or iptables-legacy")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI config directory holding the primary CNI's conflist")
@@ -200,17 +207,51 @@ func (c config) validate() error {
 	if c.RegistryLeaseTTL < 2*time.Second {
 		errs = append(errs, fmt.Errorf("--registry-lease-ttl %s: want at least 2s", c.RegistryLeaseTTL))
 	}
-	if isLabel := func(s string) bool {
-		for _, l := range strings.Split(s, ".") {
-			if l == "" || len(l) > 63 {
+	if !isDNSName(c.MeshDomain) {
+		errs = append(errs, fmt.Errorf("--mesh-domain %q: not a DNS name", c.MeshDomain))
+	}
+	if c.ClusterDomain != "" && !isDNSName(strings.TrimSuffix(c.ClusterDomain, ".")) {
+		errs = append(errs, fmt.Errorf("--cluster-domain %q: not a DNS name", c.ClusterDomain))
+	}
+	return errors.Join(errs...)
+}
+
+// clusterDomain returns the cluster domain the resolver expands mesh names under and where it
+// came from: --cluster-domain when set, else the domain of --resolv-conf's search list
+// (dnsd.ClusterDomainFromResolvConf: a hostNetwork agent with dnsPolicy ClusterFirstWithHostNet,
+// as deploy/agent/daemonset.yaml runs it, gets the kubelet's list), else dnsd.DefaultClusterDomain.
+// It returns an error naming the file when --resolv-conf cannot be read.
+func clusterDomain(c config) (domain, from string, err error) {
+	if c.ClusterDomain != "" {
+		return strings.ToLower(strings.TrimSuffix(c.ClusterDomain, ".")), "--cluster-domain", nil
+	}
+	d, err := dnsd.ClusterDomainFromResolvConf(c.ResolvConf)
+	if err != nil {
+		return "", "", fmt.Errorf("--resolv-conf: %w", err)
+	}
+	if d != "" {
+		return d, "--resolv-conf search list", nil
+	}
+	return dnsd.DefaultClusterDomain, "default", nil
+}
+
+// isDNSName reports whether s is a DNS name of RFC 1123 host labels (letters, digits and
+// hyphens, 1 to 63 characters, no hyphen first or last), dot-separated, 253 characters at most.
+func isDNSName(s string) bool {
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, r := range l {
+			if !(r == '-' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
 				return false
 			}
 		}
-		return true
-	}; !isLabel(c.MeshDomain) {
-		errs = append(errs, fmt.Errorf("--mesh-domain %q: not a DNS name", c.MeshDomain))
 	}
-	return errors.Join(errs...)
+	return true
 }
 
 // nodePort is one port of the node's port plan (DESIGN.md, ports): a flag's, or a fixed one.

@@ -2,6 +2,8 @@ package main
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -30,6 +32,9 @@ func TestParseConfig(t *testing.T) {
 		{name: "missing file", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
 		{name: "bad mesh domain", args: []string{"--mesh-domain", "a..b"}, wantErr: `--mesh-domain "a..b"`},
+		{name: "cluster domain", args: []string{"--cluster-domain", "corp.example."}},
+		{name: "bad cluster domain", args: []string{"--cluster-domain", "corp_example"}, wantErr: `--cluster-domain "corp_example"`},
+		{name: "cluster domain label starting with a hyphen", args: []string{"--cluster-domain", "-corp.example"}, wantErr: `--cluster-domain "-corp.example"`},
 		{name: "short lease", args: []string{"--registry-lease-ttl", "1s"}, wantErr: "--registry-lease-ttl 1s"},
 		{name: "bad cluster dns", args: []string{"--cluster-dns", "10.96.0.10,x"}, wantErr: `--cluster-dns "x"`},
 		{name: "bad inbound mode", args: []string{"--inbound-mode", "open"}, wantErr: `--inbound-mode "open"`},
@@ -101,5 +106,41 @@ func TestDNSForFamilies(t *testing.T) {
 		if !slices.Equal(use, c.use) || !slices.Equal(left, c.left) {
 			t.Errorf("dnsForFamilies(%s %s, IPv6 host %v) = %v, %v; want %v, %v", v4, v6, c.haveIPv6, use, left, c.use, c.left)
 		}
+	}
+}
+
+// TestClusterDomain: the flag wins; else the kubelet's search list in --resolv-conf names the
+// domain (what a ClusterFirstWithHostNet agent gets); else cluster.local. An unreadable
+// --resolv-conf is an error naming the flag and the file.
+func TestClusterDomain(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	kubelet := write("kubelet", "nameserver 10.96.0.10\nsearch aether-system.svc.corp.example svc.corp.example corp.example ec2.internal\noptions ndots:5\n")
+	node := write("node", "nameserver 10.0.0.2\nsearch ec2.internal\n")
+	for _, tc := range []struct {
+		name, flag, resolv string
+		want, from         string
+	}{
+		{name: "flag", flag: "Corp.Example.", resolv: node, want: "corp.example", from: "--cluster-domain"},
+		{name: "flag over the search list", flag: "other.example", resolv: kubelet, want: "other.example", from: "--cluster-domain"},
+		{name: "search list", resolv: kubelet, want: "corp.example", from: "--resolv-conf search list"},
+		{name: "node resolv.conf", resolv: node, want: "cluster.local", from: "default"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, from, err := clusterDomain(config{ClusterDomain: tc.flag, ResolvConf: tc.resolv})
+			if err != nil || got != tc.want || from != tc.from {
+				t.Errorf("clusterDomain = %q, %q, %v; want %q, %q", got, from, err, tc.want, tc.from)
+			}
+		})
+	}
+	missing := filepath.Join(dir, "missing")
+	if _, _, err := clusterDomain(config{ResolvConf: missing}); err == nil || !strings.Contains(err.Error(), "--resolv-conf") || !strings.Contains(err.Error(), missing) {
+		t.Errorf("unreadable resolv.conf: err = %v, want it to name --resolv-conf and %s", err, missing)
 	}
 }

@@ -101,8 +101,13 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return fmt.Errorf("--resolv-conf %s: %w", cfg.ResolvConf, err)
 	}
+	clusterDomain, from, err := clusterDomain(cfg)
+	if err != nil {
+		return err
+	}
+	log.Info("cluster domain for search-list expansions of mesh names", "domain", clusterDomain, "from", from)
 	resolver, err := dnsd.NewResolver(fwd, dnsd.ResolverOptions{Registerer: metrics.reg, Logger: log.With("part", "dns"),
-		MeshDomain: cfg.MeshDomain})
+		MeshDomain: cfg.MeshDomain, Index: dnsd.IndexOptions{ClusterDomain: clusterDomain}})
 	if err != nil {
 		return err
 	}
