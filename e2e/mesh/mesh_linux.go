@@ -173,7 +173,7 @@ func (m *Mesh) agentArgs(n *substrate.Node) []string {
 	return []string{m.Bins["aether-agent"],
 		"--node-name", n.Name, "--cluster", n.Cluster.Name, "--host-ip", n.Plan.IP.String(),
 		"--kubeconfig", n.Cluster.NodeKubeconfig, "--registry-endpoints", n.Cluster.NodeRegistryEndpoint,
-		"--registry-lease-ttl", m.opts.LeaseTTL.String(), "--cluster-domain", m.Plan.ClusterDomain,
+		"--registry-lease-ttl", m.opts.LeaseTTL.String(), "--cluster-domain", n.Cluster.Domain(),
 		"--ca-cert", m.CACert, "--ca-key", m.CAKey, "--envoy-binary", m.envoy,
 		"--cni-plugin-binary", m.Bins["aether-cni"], "--east-west-waypoint", "--log-level", "debug"}
 }

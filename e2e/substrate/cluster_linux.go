@@ -221,6 +221,10 @@ func createKubeDNSService(ctx context.Context, cs kubernetes.Interface, ip netip
 	return nil
 }
 
+// Domain is the cluster's DNS domain (the kubelet's clusterDomain: Options.ClusterDomain, by
+// default cluster.local), valid from the Cluster hook on.
+func (c *Cluster) Domain() string { return c.s.Plan.ClusterDomain }
+
 // service and selectedPodIPs make Cluster a clusterView for the stub kube-dns.
 func (c *Cluster) service(ns, name string) (*corev1.Service, bool) {
 	svc, err := c.svcLst.Services(ns).Get(name)
