@@ -17,6 +17,11 @@ const DefaultClaimSafetyInterval = 5 * time.Minute
 // or the read failed: it starts at the first value and doubles up to the second.
 var claimWatchBackoff = [2]time.Duration{100 * time.Millisecond, 5 * time.Second}
 
+// claimReadTimeout bounds each of WatchClaim's reads of the claim, so that an unreachable
+// registry is logged and retried rather than waited for, and events are not held up behind a
+// safety re-read.
+const claimReadTimeout = 10 * time.Second
+
 // ErrClaimNotChecked is what ClaimStatus reports before the first claim check was recorded.
 var ErrClaimNotChecked = errors.New("registry partition claim not checked yet")
 
@@ -42,9 +47,9 @@ func (r *Registry) ClaimStatus() (changed <-chan struct{}, err error) {
 // member lost) or its revision was compacted, it reads and watches again, after a backoff of
 // 100 ms doubling to 5 s (at once after a compaction). Every safety interval (default
 // DefaultClaimSafetyInterval when safety <= 0) it reads the claim again while the watch goes
-// on. Outcomes are recorded as EnsureClaim records them: one that is older (by etcd revision)
-// than the newest recorded never replaces it. It returns an error at once when the writer has
-// no Config.ClusterID.
+// on. Each read is bounded by 10 s. Outcomes are recorded as EnsureClaim records them: one
+// that is older (by etcd revision) than the newest recorded never replaces it. It returns an
+// error at once when the writer has no Config.ClusterID.
 func (r *Registry) WatchClaim(ctx context.Context, safety time.Duration) error {
 	if r.clusterID == "" {
 		return errors.New("watch partition claim: Config.ClusterID: required")
@@ -64,7 +69,9 @@ func (r *Registry) WatchClaim(ctx context.Context, safety time.Duration) error {
 	}
 	failing := false
 	for ctx.Err() == nil {
-		_, rev, err := r.ensureClaim(ctx)
+		rctx, rcancel := context.WithTimeout(ctx, claimReadTimeout)
+		_, rev, err := r.ensureClaim(rctx)
+		rcancel()
 		if rev == 0 { // etcd did not answer (or ctx ended)
 			if ctx.Err() != nil {
 				return nil
@@ -122,7 +129,10 @@ func (r *Registry) followClaim(ctx context.Context, rev int64, safety time.Durat
 		case <-ctx.Done():
 			return claimRestartError, healthy
 		case <-t.C:
-			if _, err := r.EnsureClaim(ctx); err != nil && !errors.Is(err, ErrPartitionClaimed) && !errors.Is(err, ErrClaimUnreadable) {
+			rctx, rcancel := context.WithTimeout(ctx, claimReadTimeout)
+			_, err := r.EnsureClaim(rctx)
+			rcancel()
+			if err != nil && !errors.Is(err, ErrPartitionClaimed) && !errors.Is(err, ErrClaimUnreadable) {
 				r.log.Debug("registry: safety re-read of the partition claim failed; the watch goes on", "key", key, "err", err)
 			}
 		case resp, ok := <-wch:
@@ -155,7 +165,9 @@ func (r *Registry) followClaim(ctx context.Context, rev int64, safety time.Durat
 func (r *Registry) recordClaimEvent(ctx context.Context, ev *clientv3.Event) {
 	if ev.Type == clientv3.EventTypeDelete {
 		if r.claimer {
-			_, _ = r.EnsureClaim(ctx) // its outcome is recorded; an etcd error waits for the next event or read
+			rctx, rcancel := context.WithTimeout(ctx, claimReadTimeout)
+			defer rcancel()
+			_, _ = r.EnsureClaim(rctx) // its outcome is recorded; an etcd error waits for the next event or read
 			return
 		}
 		key := string(ev.Kv.Key)
