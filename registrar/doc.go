@@ -4,7 +4,9 @@
 // ExportController (ServiceExport to an export mark in this cluster's registry partition, with
 // Valid, Ready and Conflict conditions) and the ImportGenerator (ServiceImport and the
 // <svc>-clusterset VIP Service from the clusterset-wide export view) — and a registry probe that
-// makes the registrar not ready while the registry does not answer. docs/registrar.md is the
+// makes the registrar not ready while the registry does not answer (and, when the registry
+// partition is claimed by another cluster, stops the registrar or, with
+// Config.KeepRunningOnClaimConflict, pauses the controllers). docs/registrar.md is the
 // operator's guide.
 //
 // It is the only aether component that writes Kubernetes objects from registry state, and it

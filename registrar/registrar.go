@@ -34,10 +34,19 @@ type Config struct {
 	// Exports is this cluster's registry (its origin is this cluster's partition). Required.
 	Exports mcs.Exports
 	// Probe checks that the registry answers (for example a linearizable read with a short
-	// timeout, or registry.Registry.EnsureClaim); readiness fails while it returns an error. An
-	// error matching registry.ErrPartitionClaimed (this cluster's partition belongs to another
-	// cluster) stops the registrar: Start returns it. Required.
+	// timeout, or registry.Registry.EnsureClaim); readiness check "registry" fails while it
+	// returns an error. An error matching registry.ErrPartitionClaimed (this cluster's partition
+	// belongs to another cluster) stops the registrar (Start returns it), or, with
+	// KeepRunningOnClaimConflict, only its controllers. Required.
 	Probe func(ctx context.Context) error
+	// KeepRunningOnClaimConflict makes a partition claimed by another cluster pause the export
+	// controller and import generator (they read and write nothing) and fail readiness check
+	// "partition-claim" with the probe's error, instead of stopping the registrar; everything
+	// else (the process, the registry it may host, the probe) goes on, and once a probe
+	// succeeds again (the claim re-claimed for this cluster) the controllers resume with a full
+	// resync, without a restart. For the single-machine shape, whose process hosts every
+	// cluster's registry.
+	KeepRunningOnClaimConflict bool
 	// ProbeInterval is how often Probe runs (default 2 s); ProbeTimeout bounds one run (default 2 s).
 	ProbeInterval, ProbeTimeout time.Duration
 
@@ -79,6 +88,10 @@ type Registrar struct {
 
 	mu       sync.Mutex
 	probeErr error
+	// claimErr is nil once a probe succeeded (the partition's claim verified as this
+	// cluster's, with registry.Registry.EnsureClaim as the probe) and until one finds the
+	// partition claimed by another cluster; the controllers are paused while it is not nil.
+	claimErr error
 }
 
 // +kubebuilder:rbac:groups=coordination.k8s.io,namespace=aether-system,resources=leases,verbs=get;list;watch;create;update;patch;delete
@@ -147,11 +160,12 @@ func New(cfg Config) (*Registrar, error) {
 	}
 	log := cfg.Logger
 	view := mcs.NewExportView(cfg.Exports, log)
-	r := &Registrar{mgr: mgr, cfg: cfg, log: log, probeErr: errNotProbed}
+	r := &Registrar{mgr: mgr, cfg: cfg, log: log, probeErr: errNotProbed, claimErr: errClaimNotVerified}
 	// Each controller gets its own rate limiter (it keeps per-item failure counts).
 	tuning := func() mcs.ControllerTuning {
 		return mcs.ControllerTuning{MaxConcurrentReconciles: cfg.Workers, SkipNameValidation: cfg.SkipNameValidation,
-			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay)}
+			RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
+			Paused:      r.paused}
 	}
 	r.export = &mcs.ExportController{
 		Client: mgr.GetClient(), Exports: cfg.Exports, View: view, Log: log, Metrics: met,
@@ -168,6 +182,7 @@ func New(cfg Config) (*Registrar, error) {
 		mgr.Add(everyReplica(r.probeLoop)),
 		mgr.AddHealthzCheck("ping", healthz.Ping),
 		mgr.AddReadyzCheck("registry", r.readyCheck),
+		mgr.AddReadyzCheck(PartitionClaimCheck, r.claimCheck),
 	); err != nil {
 		return nil, fmt.Errorf("create registrar: %w", err)
 	}
@@ -186,20 +201,54 @@ func (r *Registrar) Start(ctx context.Context) error {
 // Elected is closed when this instance becomes the leader (at once without leader election).
 func (r *Registrar) Elected() <-chan struct{} { return r.mgr.Elected() }
 
-// Ready returns nil when the registry answered the last probe, else the probe's error.
+// Ready returns nil when the registry answered the last probe and the partition is not
+// claimed by another cluster, else the probe's error.
 func (r *Registrar) Ready() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.probeErr != nil {
+		return r.probeErr
+	}
+	if r.claimErr != errClaimNotVerified {
+		return r.claimErr
+	}
+	return nil
+}
+
+// PartitionClaimCheck names the readiness check (/readyz) that fails while this cluster's
+// registry partition is claimed by another cluster (Config.KeepRunningOnClaimConflict).
+const PartitionClaimCheck = "partition-claim"
+
+func (r *Registrar) readyCheck(*http.Request) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.probeErr
 }
 
-func (r *Registrar) readyCheck(*http.Request) error { return r.Ready() }
+func (r *Registrar) claimCheck(*http.Request) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.claimErr == errClaimNotVerified {
+		return nil // check "registry" fails until the first probe
+	}
+	return r.claimErr
+}
+
+// paused reports whether the controllers must do nothing: the partition's claim is not
+// verified as this cluster's yet (no probe succeeded), or another cluster holds it.
+func (r *Registrar) paused() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.claimErr != nil
+}
 
 // probeLoop probes the registry every ProbeInterval on every replica (readiness is per replica),
 // the first time at start. When the registry answers again after failing, it re-enqueues
 // everything, so writes that failed during the outage are retried at once. A partition claimed
 // by another cluster (registry.ErrPartitionClaimed) ends it with that error, which stops the
-// manager.
+// manager; with KeepRunningOnClaimConflict it pauses the controllers instead (logging the
+// conflict when it starts and when the claim changes) and resumes them, with the same
+// re-enqueueing, at the first probe that succeeds afterwards.
 func (r *Registrar) probeLoop(ctx context.Context) error {
 	t := time.NewTicker(r.cfg.ProbeInterval)
 	defer t.Stop()
@@ -212,24 +261,24 @@ func (r *Registrar) probeLoop(ctx context.Context) error {
 		}
 		if errors.Is(err, registry.ErrPartitionClaimed) {
 			r.mu.Lock()
-			r.probeErr = err
+			wasClaim := r.claimErr
+			r.claimErr = err
+			if r.cfg.KeepRunningOnClaimConflict {
+				// The registry answered: check "registry" passes, "partition-claim" fails.
+				r.probeErr = nil
+			} else {
+				r.probeErr = err
+			}
 			r.mu.Unlock()
-			r.log.Error("registrar: this cluster's registry partition is claimed by another cluster; stopping without writing into it", "err", err)
-			return fmt.Errorf("check registry partition: %w", err)
-		}
-		r.mu.Lock()
-		was := r.probeErr
-		r.probeErr = err
-		r.mu.Unlock()
-		switch {
-		case err != nil && (was == nil || was == errNotProbed || err.Error() != was.Error()):
-			// Logged when the registry fails, and again when the reason changes: a first probe
-			// that fails (etcd down, a permission the cluster's etcd user lacks) is logged too.
-			r.log.Warn("registrar: registry probe failed; not ready (nothing is deleted while it is)", "err", err)
-		case err == nil && was != nil:
-			r.log.Info("registrar: registry reachable; ready")
-			r.export.Resync(ctx)
-			r.imp.Resync(ctx)
+			if !r.cfg.KeepRunningOnClaimConflict {
+				r.log.Error("registrar: this cluster's registry partition is claimed by another cluster; stopping without writing into it", "err", err)
+				return fmt.Errorf("check registry partition: %w", err)
+			}
+			if wasClaim == nil || wasClaim == errClaimNotVerified || wasClaim.Error() != err.Error() {
+				r.log.Error("registrar: this cluster's registry partition is claimed by another cluster; export and import stopped, writing nothing, not ready (check "+PartitionClaimCheck+"); the registry this process serves keeps serving the other clusters", "err", err)
+			}
+		} else {
+			r.probe(ctx, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -239,8 +288,36 @@ func (r *Registrar) probeLoop(ctx context.Context) error {
 	}
 }
 
+// probe records the outcome of a probe that found no claim conflict and acts on its change.
+func (r *Registrar) probe(ctx context.Context, err error) {
+	r.mu.Lock()
+	was, wasClaim := r.probeErr, r.claimErr
+	r.probeErr = err
+	if err == nil {
+		r.claimErr = nil
+	}
+	r.mu.Unlock()
+	switch {
+	case err != nil && (was == nil || was == errNotProbed || err.Error() != was.Error()):
+		// Logged when the registry fails, and again when the reason changes: a first probe
+		// that fails (etcd down, a permission the cluster's etcd user lacks) is logged too.
+		r.log.Warn("registrar: registry probe failed; not ready (nothing is deleted while it is)", "err", err)
+	case err == nil && (was != nil || wasClaim != nil):
+		if wasClaim != nil && wasClaim != errClaimNotVerified {
+			r.log.Info("registrar: this cluster's registry partition is claimed by this cluster again; export and import resumed")
+		}
+		r.log.Info("registrar: registry reachable; ready")
+		r.export.Resync(ctx)
+		r.imp.Resync(ctx)
+	}
+}
+
 // errNotProbed is the registry state before the first probe: not ready.
 var errNotProbed = errors.New("registry not probed yet")
+
+// errClaimNotVerified is the claim state before the first successful probe: the controllers
+// wait (check "registry" reports it).
+var errClaimNotVerified = errors.New("registry partition claim not verified yet")
 
 // everyReplica is a Runnable that runs on every replica, leader or not.
 type everyReplica func(ctx context.Context) error

@@ -6,12 +6,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
+	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/aethermesh/aether/internal/clusterid"
@@ -26,7 +31,8 @@ import (
 // is written and readiness part partition-claim fails naming the claim and the fix. After the
 // partition is re-claimed for the agent's cluster the endpoint is registered and the part
 // passes, without a restart; when another cluster takes the partition back, the node's
-// endpoints are withdrawn.
+// endpoints are withdrawn. The claim's safety re-read is an hour away: every change is seen
+// through the claim watch.
 func TestAgentRespectsPartitionClaim(t *testing.T) {
 	etcd := testenv.StartEmbeddedEtcd(t, nil)
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
@@ -84,7 +90,7 @@ func TestAgentRespectsPartitionClaim(t *testing.T) {
 	agentReg := open(id, false)
 	e := newEndpointRegistrar(agentReg, log)
 	ready := newReadiness(partitionClaimPart)
-	go watchClaim(ctx, agentReg, e, ready, 100*time.Millisecond)
+	go watchClaim(ctx, agentReg, e, ready, time.Hour) // no safety re-read: only the watch sees changes
 
 	if err := e.sync(ctx, m); !errors.Is(err, registry.ErrPartitionClaimed) {
 		t.Fatalf("sync into another cluster's partition: %v, want ErrPartitionClaimed", err)
@@ -127,7 +133,8 @@ func TestAgentRespectsPartitionClaim(t *testing.T) {
 // an old tool) refuses every write of the agent as a conflicting one does, so readiness part
 // partition-claim must fail too, naming the key, and pass again once the key is deleted.
 // Before, the part kept its last state: an agent that had been ready stayed ready while it
-// registered nothing.
+// registered nothing. Both changes are seen through the claim watch (no safety re-read within
+// the test).
 func TestAgentUnreadableClaimNotReady(t *testing.T) {
 	etcd := testenv.StartEmbeddedEtcd(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -140,7 +147,7 @@ func TestAgentUnreadableClaimNotReady(t *testing.T) {
 	}
 	defer reg.Close()
 	ready := newReadiness(partitionClaimPart)
-	go watchClaim(ctx, reg, newEndpointRegistrar(reg, log), ready, 100*time.Millisecond)
+	go watchClaim(ctx, reg, newEndpointRegistrar(reg, log), ready, time.Hour)
 	testenv.Eventually(t, 30*time.Second, "ready with no claim", ready.state)
 
 	key := reg.Origin().ClaimKey()
@@ -158,3 +165,78 @@ func TestAgentUnreadableClaimNotReady(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, "ready after the claim key is deleted", ready.state)
 }
+
+// rangeCounter counts the unary etcd requests a client sends, by gRPC method: a counting
+// wrapper at the client's boundary.
+type rangeCounter struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (c *rangeCounter) intercept(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	c.mu.Lock()
+	c.n[method]++
+	c.mu.Unlock()
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+func (c *rangeCounter) snapshot() map[string]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.n)
+}
+
+// TestAgentClaimWatchIdleReads counts the etcd requests one agent's claim watch (watchClaim with
+// the agent's own safety interval, claimSafetyInterval) sends while nothing changes, through a
+// counting interceptor on its etcd client: after the first read it sends no range request (and
+// no other unary request); the claim is followed by one etcd watch. The idle time is
+// AETHER_CLAIM_IDLE (default 10s). Before, the agent read the claim every 5 s: 2 range
+// requests per agent in 10 s, 200 a second for 1000 nodes.
+func TestAgentClaimWatchIdleReads(t *testing.T) {
+	idle := 10 * time.Second
+	if v := os.Getenv("AETHER_CLAIM_IDLE"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("AETHER_CLAIM_IDLE: %v", err)
+		}
+		idle = d
+	}
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), idle+2*time.Minute)
+	defer cancel()
+	counter := &rangeCounter{n: map[string]int{}}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(counter.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	reg, err := registry.NewWithClient(cli, registry.Config{Region: "eu", Cluster: "east", Logger: log, ClusterID: "uid-east"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reg.Close()
+	ready := newReadiness(partitionClaimPart)
+	go watchClaim(ctx, reg, newEndpointRegistrar(reg, log), ready, claimSafetyInterval)
+	testenv.Eventually(t, 30*time.Second, "ready after the first claim read", ready.state)
+	start := counter.snapshot()
+	time.Sleep(idle)
+	end := counter.snapshot()
+	ranges := end[rangeMethod] - start[rangeMethod]
+	unary := 0
+	for m, n := range end {
+		unary += n - start[m]
+	}
+	t.Logf("claim watch of one idle agent over %s: %d etcd range requests, %d unary requests in all (first read: %d range requests); the 5 s poll sent %d",
+		idle, ranges, unary, start[rangeMethod], int(idle/(5*time.Second)))
+	if ranges != 0 || unary != 0 {
+		t.Fatalf("idle claim watch sent %d range and %d unary requests in %s, want 0 (%v)", ranges, unary, idle, end)
+	}
+	if err := ready.state(); err != nil {
+		t.Fatalf("not ready after %s idle: %v", idle, err)
+	}
+}
+
+// rangeMethod is the gRPC method of an etcd range request (a Get).
+const rangeMethod = "/etcdserverpb.KV/Range"

@@ -430,44 +430,64 @@ func (e *endpointRegistrar) sync(ctx context.Context, m *model.Mesh) error {
 }
 
 // withdrawLocked removes every endpoint this node registered (revoking its lease) after its
-// partition turned out to be claimed by another cluster. Callers hold mu.
-func (e *endpointRegistrar) withdrawLocked(ctx context.Context) {
+// partition turned out to be claimed by another cluster. It reports whether none is left
+// registered (false: the registry refused; try again). Callers hold mu.
+func (e *endpointRegistrar) withdrawLocked(ctx context.Context) bool {
 	if len(e.have) == 0 {
-		return
+		return true
 	}
 	if err := e.reg.RevokeEndpoints(ctx); err != nil {
 		e.log.Warn("withdraw endpoints from a partition claimed by another cluster", "err", err)
-		return
+		return false
 	}
 	e.log.Warn("withdrew this node's endpoints from the registry partition claimed by another cluster", "endpoints", len(e.have))
 	clear(e.have)
+	return true
 }
 
 // partitionClaimPart is the readiness part that fails while another cluster holds the claim
 // of this cluster's registry partition.
 const partitionClaimPart = "partition-claim"
 
-// claimCheckInterval is how often the agent checks its partition's claim.
-const claimCheckInterval = 5 * time.Second
+// claimSafetyInterval is how often the agent reads its partition's claim although it watches
+// it (registry.Registry.WatchClaim): a safety net only, so that thousands of agents cost the
+// registry a few reads a second at most (1000 nodes: 3.3 reads/s), not one per node every few
+// seconds.
+const claimSafetyInterval = 5 * time.Minute
 
-// watchClaim checks every interval, until ctx ends, that this cluster may write into its
-// registry partition (Registry.EnsureClaim: the claim names this cluster's ID or nobody; the
-// registrar claims, the agent only checks). While another cluster holds the claim, readiness
-// part "partition-claim" fails with the claim and the fix, and the node's endpoints are
-// withdrawn from the partition; once the claim is this cluster's again (re-claimed), the part
-// passes and the next sync registers them. A claim key holding no valid claim
-// (registry.ErrClaimUnreadable) fails the part too, naming the key, but withdraws nothing. A
-// registry that does not answer changes nothing here (readiness part "registry" reports it).
-func watchClaim(ctx context.Context, reg *registry.Registry, e *endpointRegistrar, ready *readiness, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
+// claimWithdrawRetry is how long the agent waits before withdrawing its endpoints again after
+// the registry refused a withdrawal (a conflict is not a change it would be told of again).
+const claimWithdrawRetry = 5 * time.Second
+
+// watchClaim keeps readiness part "partition-claim" and the node's endpoints in line with the
+// claim of this cluster's registry partition until ctx ends: it watches the claim
+// (registry.Registry.WatchClaim: one read, then an etcd watch, re-read every safety interval
+// and after a failed or compacted watch) and acts on every change of the writer's recorded
+// claim state (registry.Registry.ClaimStatus, which also follows what a write's re-check
+// found, newest etcd revision winning). This cluster may write into the partition while the
+// claim names its ID or nobody (the registrar claims, the agent only checks). While another
+// cluster holds the claim, the part fails with the claim and the fix, and the node's endpoints
+// are withdrawn from the partition (again every claimWithdrawRetry while the registry refuses
+// the withdrawal); once the claim is this cluster's again (re-claimed), the part passes and the
+// next sync registers them. A claim key holding no valid claim (registry.ErrClaimUnreadable)
+// fails the part too, naming the key, but withdraws nothing. A registry that does not answer
+// changes nothing here (readiness part "registry" reports it).
+func watchClaim(ctx context.Context, reg *registry.Registry, e *endpointRegistrar, ready *readiness, safety time.Duration) {
+	go func() {
+		if err := reg.WatchClaim(ctx, safety); err != nil {
+			ready.set(partitionClaimPart, err)
+		}
+	}()
 	for {
-		_, err := reg.EnsureClaim(ctx)
+		changed, err := reg.ClaimStatus()
+		var retry <-chan time.Time
 		switch {
 		case errors.Is(err, registry.ErrPartitionClaimed):
 			ready.set(partitionClaimPart, fmt.Errorf("%w: no endpoint of this node is registered; give this cluster its own --cluster (AETHER_CLUSTER) for its agents and registrar, or, if the claiming cluster was rebuilt into this one, run aether-registrar reclaim-partition (docs/registry.md, Partition claim)", err))
 			e.mu.Lock()
-			e.withdrawLocked(ctx)
+			if !e.withdrawLocked(ctx) {
+				retry = time.After(claimWithdrawRetry)
+			}
 			e.mu.Unlock()
 		case errors.Is(err, registry.ErrClaimUnreadable):
 			// Every write is refused until the key is deleted; the endpoints already
@@ -479,7 +499,8 @@ func watchClaim(ctx context.Context, reg *registry.Registry, e *endpointRegistra
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-changed:
+		case <-retry:
 		}
 	}
 }

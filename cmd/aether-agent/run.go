@@ -196,7 +196,7 @@ func run(ctx context.Context, cfg config) error {
 		return nil
 	}
 	endpoints := newEndpointRegistrar(reg, log)
-	go watchClaim(ctx, reg, endpoints, ready, claimCheckInterval)
+	go watchClaim(ctx, reg, endpoints, ready, claimSafetyInterval)
 	latest := make(chan *model.Mesh, 1)
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(latest, m) })
 	go syncEndpointsLoop(ctx, endpoints, latest, log)

@@ -4,16 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/registrar/registry"
 )
@@ -215,5 +221,149 @@ func TestBinaryPartitionClaim(t *testing.T) {
 	pA = startProc(t, args(apiA)...)
 	if code, log := pA.waitExit(t, 90*time.Second); code != 1 || !strings.Contains(log, idB) {
 		t.Fatalf("registrar A after the re-claim: exit %d, want 1 naming B's ID; log:\n%s", code, log)
+	}
+}
+
+// readyz returns the registrar's verbose /readyz answer: its status code and body (one line per
+// check, "[-]<check> failed" for a failing one).
+func (p *proc) readyz() (int, string, error) {
+	resp, err := http.Get("http://" + p.health + "/readyz?verbose")
+	if err != nil {
+		return 0, "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), err
+}
+
+// TestBinaryEmbeddedClaimConflictKeepsRegistry: in the single-machine shape the registrar hosts
+// the clusterset's registry. When its own partition turns out to be claimed by another cluster
+// (here cluster B re-claims cluster name "east" through the embedded registry while A's
+// registrar runs), A's registrar does not exit: the embedded etcd keeps serving, so a writer of
+// another partition (cluster west) and B's writer of the partition it now holds read and write;
+// A's export controller writes nothing (a ServiceExport created meanwhile gets no mark);
+// /readyz fails naming check partition-claim; the log names both cluster IDs and the re-claim
+// command that reaches the running registry. Re-claimed for A with that command, the same
+// process (no restart) is ready again and exports what was created meanwhile.
+func TestBinaryEmbeddedClaimConflictKeepsRegistry(t *testing.T) {
+	apiA := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	apiB := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, apiA.Config, "deploy/crds")
+	ca := kubeClient(t, apiA)
+	idA, idB := kubeSystemUID(t, ca), kubeSystemUID(t, kubeClient(t, apiB))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	listen := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))
+	pA := startProc(t, "--cluster", "east", "--region", "eu", "--kubeconfig", apiA.Kubeconfig,
+		"--registry-data-dir", filepath.Join(t.TempDir(), "registry"), "--registry-listen", listen,
+		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)),
+		"--registry-probe-interval", "500ms", "--leader-elect-namespace", "aether-system")
+	testenv.Eventually(t, 90*time.Second, "registrar A ready", pA.ready)
+	pid := pA.cmd.Process.Pid
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	east := registry.Origin{Region: "eu", Cluster: "east"}
+	hasMark := func(svc string, want bool) func() error {
+		return func() error {
+			resp, err := cli.Get(ctx, east.ExportKey("apps", svc))
+			if err != nil {
+				return err
+			}
+			if (len(resp.Kvs) == 1) != want {
+				return fmt.Errorf("export mark apps/%s present: %v, want %v", svc, len(resp.Kvs) == 1, want)
+			}
+			return nil
+		}
+	}
+	if err := exportService(ctx, ca, "apps", "web"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 60*time.Second, "A's export mark", hasMark("web", true))
+
+	// Cluster B takes cluster name east through A's embedded registry.
+	reclaimVia := func(api *testenv.KubeAPIServer, previous string) {
+		t.Helper()
+		out, code := runReclaim(t, "--cluster", "east", "--region", "eu", "--kubeconfig", api.Kubeconfig,
+			"--registry-endpoints", listen, "--previous-cluster-id", previous)
+		if code != 0 {
+			t.Fatalf("reclaim-partition replacing %s: exit %d:\n%s", previous, code, out)
+		}
+	}
+	reclaimVia(apiB, idA)
+	testenv.Eventually(t, 60*time.Second, "A not ready, naming check partition-claim", func() error {
+		code, body, err := pA.readyz()
+		if err != nil {
+			return err
+		}
+		if code == http.StatusOK || !strings.Contains(body, "[-]partition-claim failed") || !strings.Contains(body, "[+]registry ok") {
+			return fmt.Errorf("/readyz %d:\n%s", code, body)
+		}
+		return nil
+	})
+	if err := exportService(ctx, ca, "apps", "late"); err != nil {
+		t.Fatal(err)
+	}
+
+	// The registry keeps serving every other writer.
+	writer := func(cluster, id string) *registry.Registry {
+		r, err := registry.New(registry.Config{Endpoints: []string{listen}, Region: "eu", Cluster: cluster, ClusterID: id, Claimer: true,
+			LeaseTTL: 5 * time.Second, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	for _, w := range []*registry.Registry{writer("west", "uid-west"), writer("east", idB)} {
+		ep := &registryv1.ServiceEndpoint{
+			Service: &registryv1.ServiceRef{Namespace: "apps", Name: "api"}, Addresses: []string{"10.1.0.5"},
+			Ports:  []*registryv1.EndpointPort{{Name: "http", Port: 8080, Protocol: registryv1.Protocol_PROTOCOL_HTTP}},
+			Health: registryv1.Health_HEALTH_HEALTHY, SpiffeId: "spiffe://aether.internal/ns/apps/sa/default",
+			Kubernetes: &registryv1.KubernetesMetadata{NodeName: "n1", PodName: "api-1", PodUid: "pod-" + w.Origin().Cluster},
+		}
+		if err := w.RegisterEndpoint(ctx, ep); err != nil {
+			t.Fatalf("%s writes its partition while A is in conflict: %v", w.Origin(), err)
+		}
+		eps, _, err := w.ListEndpoints(ctx)
+		if err != nil {
+			t.Fatalf("%s reads the registry while A is in conflict: %v", w.Origin(), err)
+		}
+		found := false
+		for _, e := range eps {
+			found = found || e.Key == w.Origin().EndpointKey("apps", "api", "pod-"+w.Origin().Cluster)
+		}
+		if !found {
+			t.Fatalf("%s does not read back its endpoint: %v", w.Origin(), eps)
+		}
+	}
+	if err := hasMark("late", false)(); err != nil {
+		t.Fatalf("A's export controller wrote while another cluster holds its partition: %v", err)
+	}
+	select {
+	case err := <-pA.done:
+		pA.done <- err
+		t.Fatalf("registrar A exited in conflict: %v", err)
+	default:
+	}
+	b, err := os.ReadFile(pA.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := strings.ReplaceAll(string(b), `\"`, `"`)
+	for _, want := range []string{"export and import stopped", idA, idB, reclaimCommand + " --cluster east --region eu --registry-endpoints " + listen + " --previous-cluster-id " + idB} {
+		if !strings.Contains(log, want) {
+			t.Errorf("registrar A's log lacks %q:\n%s", want, log)
+		}
+	}
+
+	// Re-claimed for A with the command it printed: the same process resumes.
+	reclaimVia(apiA, idB)
+	testenv.Eventually(t, 60*time.Second, "A ready again", pA.ready)
+	testenv.Eventually(t, 60*time.Second, "A's export made during the conflict", hasMark("late", true))
+	if pA.cmd.Process.Pid != pid || pA.cmd.ProcessState != nil {
+		t.Fatal("registrar A was restarted")
 	}
 }

@@ -3,7 +3,9 @@
 // Service). With --registry-endpoints empty it embeds a single-member etcd (--registry-data-dir),
 // the single-machine, single-replica deployment. It claims its cluster's registry partition for
 // this cluster (the UID of its kube-system Namespace) and exits, writing nothing, when another
-// cluster holds the claim; `aether-registrar reclaim-partition` re-claims it after a rebuild.
+// cluster holds the claim (with an embedded registry it stays up instead, serving the registry,
+// with its controllers stopped and readiness failing, until the claim is this cluster's again);
+// `aether-registrar reclaim-partition` re-claims it after a rebuild.
 // See docs/registrar.md for its flags.
 package main
 

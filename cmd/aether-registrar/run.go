@@ -25,7 +25,11 @@ const clusterIDTimeout = 2 * time.Minute
 // run connects to (or embeds) the registry and runs the registrar until ctx ends or it loses
 // its leader lease. Its registry partition is claimed for this cluster (the UID of its
 // kube-system Namespace): when another cluster holds the claim it writes nothing and returns an
-// error that says how to fix it (claimError).
+// error that says how to fix it (claimError). In the single-machine shape (the registry
+// embedded, so this process serves every cluster's registry) it does not return then: it keeps
+// the registry serving, stops its export and import controllers, logs that error and fails
+// readiness check partition-claim, and resumes once the claim is this cluster's again
+// (registrar.Config.KeepRunningOnClaimConflict).
 func run(ctx context.Context, cfg config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With("cluster", cfg.Cluster, "region", cfg.Region)
 	rc, err := kubeconfig.RESTConfig(cfg.Kubeconfig)
@@ -42,9 +46,13 @@ func run(ctx context.Context, cfg config) error {
 	r, err := registrar.New(registrar.Config{
 		Kube: rc, Exports: reg,
 		// The claim check is a linearizable read (or the claiming transaction), so it probes the
-		// registry's quorum too; a claim of another cluster stops the registrar.
-		Probe:          func(ctx context.Context) error { _, err := reg.EnsureClaim(ctx); return err },
-		ProbeInterval:  cfg.RegistryProbe,
+		// registry's quorum too; a claim of another cluster stops the registrar, or, when it
+		// hosts the registry, its controllers.
+		Probe: func(ctx context.Context) error {
+			_, err := reg.EnsureClaim(ctx)
+			return claimError(err, cfg.target)
+		},
+		ProbeInterval: cfg.RegistryProbe, KeepRunningOnClaimConflict: len(cfg.Registry.Endpoints()) == 0,
 		LeaderElection: cfg.LeaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
@@ -55,7 +63,7 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	log.Info("registrar starting", "registry", reg.Client().Endpoints(), "leader_elect", cfg.LeaderElect, "cluster_id", id)
-	return claimError(r.Start(ctx), cfg.target)
+	return r.Start(ctx)
 }
 
 // openRegistry opens the registry (embedding etcd when no endpoints are given, started first so
@@ -114,16 +122,22 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 }
 
 // claimError adds to an error caused by a partition claimed by another cluster what the
-// operator can do about it; other errors pass unchanged.
+// operator can do about it; other errors pass unchanged. In the single-machine shape the
+// re-claim command it prints reaches the running registrar's embedded registry through
+// --registry-endpoints (its --registry-listen URL).
 func claimError(err error, t target) error {
 	var ce *registry.ClaimConflictError
 	if !errors.As(err, &ce) {
 		return err
 	}
+	reach := ""
+	if len(t.Registry.Endpoints()) == 0 {
+		reach = " --registry-endpoints " + t.RegistryListen
+	}
 	return fmt.Errorf(`%w
 Nothing was written into the registry partition of cluster name %q (region %q): it belongs to the cluster whose kube-system Namespace has UID %s, and this cluster's is %s.
 - If this is another cluster (for example its configuration was copied from that one), give it a cluster name of its own: --cluster (AETHER_CLUSTER in the aether-config ConfigMap), the same for its registrar and agents.
 - If the cluster that made the claim no longer exists and this one replaces it (rebuilt), re-claim the partition once, with this cluster's kubeconfig and the registrar's registry flags:
-    aether-registrar %s --cluster %s --region %s --previous-cluster-id %s`,
-		err, t.Cluster, t.Region, ce.Claim.GetClusterId(), ce.ClusterID, reclaimCommand, t.Cluster, t.Region, ce.Claim.GetClusterId())
+    aether-registrar %s --cluster %s --region %s%s --previous-cluster-id %s`,
+		err, t.Cluster, t.Region, ce.Claim.GetClusterId(), ce.ClusterID, reclaimCommand, t.Cluster, t.Region, reach, ce.Claim.GetClusterId())
 }

@@ -60,8 +60,12 @@ type ExportController struct {
 // Reconcile records or clears this cluster's export mark for the ServiceExport req names and
 // updates its status. The ServiceExport's namespace and name are the exported Service's (MCS
 // API). It returns an error (and is retried) when the registry or the API server refuses a write
-// (a resourceVersion conflict is retried shortly without an error).
+// (a resourceVersion conflict is retried shortly without an error). It does nothing while
+// Paused.
 func (c *ExportController) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if c.paused() {
+		return reconcile.Result{}, nil
+	}
 	return quietConflict(c.reconcile(ctx, req))
 }
 
@@ -217,7 +221,15 @@ type ControllerTuning struct {
 	SkipNameValidation bool
 	// RateLimiter, when set, replaces the default retry rate limiter.
 	RateLimiter workqueue.TypedRateLimiter[reconcile.Request]
+	// Paused, when set and returning true, stops the controller's work: every Reconcile returns
+	// at once, reading and writing nothing, and the request is dropped. The registrar pauses
+	// both controllers while its registry partition's claim is not verified as this cluster's,
+	// and calls Resync when it is.
+	Paused func() bool
 }
+
+// paused reports whether Paused says so.
+func (t ControllerTuning) paused() bool { return t.Paused != nil && t.Paused() }
 
 // options returns the controller.Options the tuning gives, with MaxConcurrentReconciles 4 when
 // unset.

@@ -72,8 +72,11 @@ type ImportGenerator struct {
 // Reconcile converges the ServiceImport and clusterset Service of the service req names with
 // the export view. It returns an error (and is retried) when the API server refuses a write; a
 // write refused because the cache was behind (a resourceVersion conflict) is retried shortly
-// without an error.
+// without an error. It does nothing while Paused.
 func (g *ImportGenerator) Reconcile(ctx context.Context, req reconcile.Request) (reconcile.Result, error) {
+	if g.paused() {
+		return reconcile.Result{}, nil
+	}
 	return quietConflict(g.reconcile(ctx, req))
 }
 

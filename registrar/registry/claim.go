@@ -65,10 +65,17 @@ func (r *Registry) EnsureClaim(ctx context.Context) (*registryv1.PartitionClaim,
 	// Checks of one writer may overlap (the agent's periodic check and a write's re-check): the
 	// outcome of one that read an older revision than a check already recorded is stale, and
 	// is read again rather than recorded or returned.
+	c, _, err := r.ensureClaim(ctx)
+	return c, err
+}
+
+// ensureClaim is EnsureClaim; it also returns the etcd revision the returned outcome was read
+// at (0 when etcd failed), from which WatchClaim watches.
+func (r *Registry) ensureClaim(ctx context.Context) (*registryv1.PartitionClaim, int64, error) {
 	for {
 		c, rev, record, err := r.checkClaim(ctx)
-		if record == nil || r.recordCheck(rev, record) {
-			return c, err
+		if record == nil || r.recordCheck(rev, record, err) {
+			return c, rev, err
 		}
 	}
 }
@@ -114,21 +121,31 @@ func (r *Registry) checkClaim(ctx context.Context) (claim *registryv1.PartitionC
 	} else {
 		return nil, rev, func() { r.setGuardLocked(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)) }, nil
 	}
+	c, record, err := r.claimOutcome(kv)
+	return c, rev, record, err
+}
+
+// claimOutcome decodes the stored claim kv (present) and returns it, the state change it calls
+// for (see checkClaim) and the error a check finding it returns: nil when it names this
+// writer's cluster ID, a *ClaimConflictError when another, an ErrClaimUnreadable error when it
+// is not a valid PartitionClaim.
+func (r *Registry) claimOutcome(kv *mvccpb.KeyValue) (*registryv1.PartitionClaim, func(), error) {
 	c, err := decodeClaim(kv)
 	if err != nil {
-		return nil, rev, func() { r.guard = nil }, err
+		return nil, func() { r.guard = nil }, err
 	}
 	if c.ClusterId != r.clusterID {
 		cerr := &ClaimConflictError{Origin: r.origin, ClusterID: r.clusterID, Claim: c}
-		return c, rev, func() { r.setConflictLocked(cerr) }, cerr
+		return c, func() { r.setConflictLocked(cerr) }, cerr
 	}
-	modRev := kv.ModRevision
-	return c, rev, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)) }, nil
+	key, modRev := string(kv.Key), kv.ModRevision
+	return c, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", modRev)) }, nil
 }
 
-// recordCheck applies the outcome of a claim check read at revision rev, unless a check that
-// read a newer revision was recorded already; it reports whether it applied it.
-func (r *Registry) recordCheck(rev int64, apply func()) bool {
+// recordCheck applies the outcome of a claim check read at revision rev (apply, and outcome as
+// what ClaimStatus reports), unless a check that read a newer revision was recorded already; it
+// reports whether it applied it.
+func (r *Registry) recordCheck(rev int64, apply func(), outcome error) bool {
 	r.cmu.Lock()
 	defer r.cmu.Unlock()
 	if rev < r.checkedRev {
@@ -136,7 +153,20 @@ func (r *Registry) recordCheck(rev int64, apply func()) bool {
 	}
 	r.checkedRev = rev
 	apply()
+	if errText(outcome) != errText(r.claimErr) {
+		close(r.claimCh)
+		r.claimCh = make(chan struct{})
+	}
+	r.claimErr = outcome
 	return true
+}
+
+// errText is err's message, "" for nil.
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // Reclaim is the operator's explicit re-claim of the partition after the real cluster behind
@@ -165,7 +195,7 @@ func (r *Registry) Reclaim(ctx context.Context, previous string) (claim *registr
 		}
 		switch old.ClusterId {
 		case r.clusterID:
-			r.recordCheck(resp.Header.Revision, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)) })
+			r.recordCheck(resp.Header.Revision, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", kv.ModRevision)) }, nil)
 			return old, false, nil
 		case previous:
 		default:
@@ -189,7 +219,7 @@ func (r *Registry) Reclaim(ctx context.Context, previous string) (claim *registr
 		return nil, false, fmt.Errorf("re-claim partition %s: the claim at %s changed while it was replaced; nothing written, run it again", r.origin, key)
 	}
 	r.log.Warn("registry: partition re-claimed for this cluster", "key", key, "cluster_id", r.clusterID, "previous_cluster_id", previous)
-	r.recordCheck(tr.Header.Revision, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", tr.Header.Revision)) })
+	r.recordCheck(tr.Header.Revision, func() { r.setGuardLocked(clientv3.Compare(clientv3.ModRevision(key), "=", tr.Header.Revision)) }, nil)
 	return c, true, nil
 }
 

@@ -110,6 +110,8 @@ type metrics struct {
 	relists    prometheus.Counter
 	// claimConflict is 1 while this writer's partition is claimed by another cluster.
 	claimConflict prometheus.Gauge
+	// claimWatchRestarts counts WatchClaim's re-reads after its watch ended, by reason.
+	claimWatchRestarts *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -130,6 +132,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "aether_registry_partition_claim_conflict",
 			Help: "1 while this writer's registry partition (its region and cluster name) is claimed by another real cluster (another kube-system Namespace UID), so it writes nothing; 0 otherwise.",
 		}),
+		claimWatchRestarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aether_registry_claim_watch_restarts_total",
+			Help: "Times the watch of this writer's partition claim ended and the claim was read and watched again, by reason (compacted: its revision was compacted; error: the watch failed).",
+		}, []string{"reason"}),
 	}
 	if reg == nil {
 		return m, nil
@@ -145,6 +151,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		return nil, err
 	}
 	if m.claimConflict, err = register(reg, m.claimConflict); err != nil {
+		return nil, err
+	}
+	if m.claimWatchRestarts, err = register(reg, m.claimWatchRestarts); err != nil {
 		return nil, err
 	}
 	return m, nil

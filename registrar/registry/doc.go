@@ -14,7 +14,8 @@
 // transaction conditional on the partition's claim naming that cluster, so two clusters given
 // the same cluster name cannot both write one partition: the first registrar claims it
 // (EnsureClaim), every other cluster's writers are refused (ErrPartitionClaimed), and an
-// operator re-claims it explicitly after a rebuild (Reclaim).
+// operator re-claims it explicitly after a rebuild (Reclaim). A writer follows the claim with
+// one etcd watch (WatchClaim, ClaimStatus) rather than periodic reads.
 // Readers list and watch the whole root and take a record's origin from its key path, never from
 // its value. Malformed keys or values are skipped, logged with their key and counted
 // (aether_registry_bad_records_total); they never stop a reader.

@@ -65,7 +65,8 @@ type Config struct {
 	Logger *slog.Logger
 	// Metrics, when set, registers the registry's Prometheus counters
 	// (aether_registry_bad_records_total, aether_registry_lease_lost_total,
-	// aether_registry_watch_relists_total) and the aether_registry_partition_claim_conflict gauge.
+	// aether_registry_watch_relists_total, aether_registry_claim_watch_restarts_total) and the
+	// aether_registry_partition_claim_conflict gauge.
 	Metrics prometheus.Registerer
 }
 
@@ -115,6 +116,10 @@ type Registry struct {
 	conflict  bool          // the last check found another cluster's claim
 	// checkedRev is the etcd revision the last recorded claim check read at (recordCheck).
 	checkedRev int64
+	// claimErr is the outcome of that check (ClaimStatus); claimCh is closed and replaced
+	// whenever it changes.
+	claimErr error
+	claimCh  chan struct{}
 	// afterClaimRead, when set (tests), runs in EnsureClaim after the claim was read.
 	afterClaimRead func()
 }
@@ -203,6 +208,7 @@ func NewWithClient(cli *clientv3.Client, cfg Config) (*Registry, error) {
 		ctx: ctx, cancel: cancel,
 		desired: map[string][]byte{}, leaseCh: make(chan struct{}),
 		clusterID: cfg.ClusterID, claimer: cfg.Claimer, claimedBy: claimedBy,
+		claimErr: ErrClaimNotChecked, claimCh: make(chan struct{}),
 	}, nil
 }
 
