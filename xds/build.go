@@ -644,14 +644,11 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		groups = append(groups, group{key: k})
 		return &groups[len(groups)-1]
 	}
-	// A remote node's endpoints may serve sp on different target ports (a named targetPort):
-	// one waypoint entry per node and port, each with that port's SNI.
 	type nodeKey struct {
 		localityKey
 		node netip.Addr
-		port uint32
 	}
-	waypoints := map[nodeKey]uint32{} // healthy endpoints per remote node and target port
+	waypoints := map[nodeKey]map[uint32]waypointPods{} // per remote node, per target port
 	viaWaypoint := b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector
 	all := b.m.Endpoints[s.Key]
 	// Each endpoint serves sp on its own port (a named targetPort may differ from pod to pod).
@@ -683,13 +680,16 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		if viaWaypoint && ep.Cluster != b.m.Cluster {
 			if ep.NodeIP.IsValid() {
 				p, _ := sp.EndpointPort(ep)
-				nk := nodeKey{localityKey{b.priority(*ep), ep.Region, ep.Zone, ep.Cluster}, ep.NodeIP, p.Port}
-				if _, seen := waypoints[nk]; !seen {
-					waypoints[nk] = 0
+				nk := nodeKey{localityKey{b.priority(*ep), ep.Region, ep.Zone, ep.Cluster}, ep.NodeIP}
+				if waypoints[nk] == nil {
+					waypoints[nk] = map[uint32]waypointPods{}
 				}
+				wp := waypoints[nk][p.Port]
+				wp.all++
 				if ep.Healthy {
-					waypoints[nk]++
+					wp.healthy++
 				}
+				waypoints[nk][p.Port] = wp
 			}
 			continue
 		}
@@ -718,19 +718,18 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		g.lbs = append(g.lbs, &lbs[j])
 		j++
 	}
-	nodes := slices.SortedFunc(mapKeys(waypoints), func(a, c nodeKey) int {
-		return cmp.Or(a.node.Compare(c.node), cmp.Compare(a.port, c.port))
-	})
+	nodes := slices.SortedFunc(mapKeys(waypoints), func(a, c nodeKey) int { return a.node.Compare(c.node) })
 	for _, nk := range nodes {
-		healthy := waypoints[nk]
+		port := waypointPort(waypoints[nk], sp.TargetPort)
+		healthy := waypoints[nk][port].healthy
 		hs, weight := core.HealthStatus_HEALTHY, healthy
 		if healthy == 0 {
 			hs, weight = core.HealthStatus_UNHEALTHY, 1
 		}
 		match := map[string]*structpb.Value{"waypoint": structpb.NewBoolValue(true)}
-		if nk.port != sp.TargetPort {
+		if port != sp.TargetPort {
 			// Selects the cluster's "waypoint-<port>" socket (SNI of that port).
-			match[portMatchKey] = structpb.NewStringValue(strconv.FormatUint(uint64(nk.port), 10))
+			match[portMatchKey] = structpb.NewStringValue(strconv.FormatUint(uint64(port), 10))
 		}
 		g := find(nk.localityKey)
 		g.lbs = append(g.lbs, &endpointv3.LbEndpoint{
@@ -763,6 +762,28 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		})
 	}
 	return cla
+}
+
+// waypointPods counts one remote node's endpoints of a service port on one target port.
+type waypointPods struct{ healthy, all uint32 }
+
+// waypointPort picks the one target port, of those a remote node's pods serve a service port on
+// (a named targetPort may differ from pod to pod), that the node's waypoint entry carries: the
+// one with the most healthy pods, then the most pods, then target (the service port's
+// TargetPort), then the lowest. One entry per node and port is not possible: Envoy keeps only
+// the first of several EDS hosts with one address (all node_ip:15443), so the other ports' pods
+// on that node get no traffic through the waypoint; no connection is sent with an SNI its pod
+// does not serve.
+func waypointPort(ports map[uint32]waypointPods, target uint32) uint32 {
+	var best uint32
+	var bp waypointPods
+	for _, p := range slices.Sorted(mapKeys(ports)) {
+		c := ports[p]
+		if best == 0 || c.healthy > bp.healthy || c.healthy == bp.healthy && (c.all > bp.all || c.all == bp.all && p == target) {
+			best, bp = p, c
+		}
+	}
+	return best
 }
 
 func routeTo(cluster string) *routev3.Route {

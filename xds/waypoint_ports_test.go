@@ -45,12 +45,13 @@ func endpointSNI(t *testing.T, c *clusterv3.Cluster, lb *endpointv3.LbEndpoint) 
 	return socketSNI(t, c.TransportSocket)
 }
 
-// TestWaypointEndpointsPerTargetPort: with EastWestWaypoint, a service port's EDS holds one
-// waypoint entry per remote node and target port (a named targetPort that remote pods resolve to
-// different numbers), weighted by that node's healthy pods serving that port, and the SNI Envoy
-// picks for each entry is the waypoint SNI of that entry's port; direct endpoints keep their
-// own "<port>" SNI. Before, a node got one entry with the service port's TargetPort's SNI for
-// all its pods, and the pods on another number failed the handshake.
+// TestWaypointEndpointsPerTargetPort: with EastWestWaypoint and a named targetPort (or an
+// imported port) that remote pods resolve to different numbers, each remote node's one waypoint
+// entry carries one target port (waypointPort), weighted by that node's healthy pods serving
+// it, and the SNI Envoy picks for the entry is that port's waypoint SNI; direct endpoints keep
+// their own "<port>" SNI; no address appears twice. Before, every entry had the service port's
+// TargetPort's SNI and counted all the node's pods, and the pods on another number failed the
+// handshake.
 func TestWaypointEndpointsPerTargetPort(t *testing.T) {
 	td := model.DefaultTrustDomain
 	api := model.ServiceKey{Namespace: "edge", Name: "api"}
@@ -73,21 +74,32 @@ func TestWaypointEndpointsPerTargetPort(t *testing.T) {
 		{"one target port everywhere", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8000, true), ep("c2", "p3", n2, 8000, true)},
 			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8000.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8000.api.edge.mesh"}},
-		{"imported port resolved per pod", imported,
-			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8001, true), ep("c2", "p3", n2, 8001, true), ep("c2", "p4", n2, 8001, true)},
-			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8000.api.edge.mesh", "192.168.0.21:15443 HEALTHY w1 sni=8001.api.edge.mesh",
-				"192.168.0.22:15443 HEALTHY w2 sni=8001.api.edge.mesh"}},
+		{"imported port resolved per pod, one number per node", imported,
+			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8000, true), ep("c2", "p3", n2, 8001, true), ep("c2", "p4", n2, 8001, true)},
+			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8000.api.edge.mesh", "192.168.0.22:15443 HEALTHY w2 sni=8001.api.edge.mesh"}},
 		{"no remote pod on the first port", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8002, true), ep("c2", "p2", n2, 8003, true)},
 			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8002.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8003.api.edge.mesh"}},
-		{"a port whose pods on a node are all unhealthy", imported,
-			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8001, false)},
-			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8000.api.edge.mesh", "192.168.0.21:15443 UNHEALTHY w1 sni=8001.api.edge.mesh"}},
+		// One EDS host per address (Envoy keeps the first of duplicates): a node whose pods
+		// disagree carries the port with the most healthy pods, then the most pods, then the
+		// service port's TargetPort, then the lowest.
+		{"a node's pods on two numbers: the most healthy pods", imported,
+			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8001, true), ep("c2", "p3", n1, 8001, true), ep("c2", "p4", n2, 8000, true)},
+			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8001.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8000.api.edge.mesh"}},
+		{"a node's pods on two numbers: a tie goes to TargetPort", imported,
+			[]model.Endpoint{ep("c2", "p1", n1, 8001, true), ep("c2", "p2", n1, 8000, true)},
+			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8000.api.edge.mesh"}},
+		{"a node's pods on two numbers: unhealthy ones do not count", imported,
+			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8001, false), ep("c2", "p3", n1, 8001, false)},
+			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8000.api.edge.mesh"}},
+		{"a node with no healthy pod: the port with the most pods", imported,
+			[]model.Endpoint{ep("c2", "p1", n1, 8000, false), ep("c2", "p2", n1, 8001, false), ep("c2", "p3", n1, 8001, false)},
+			[]string{"192.168.0.21:15443 UNHEALTHY w1 sni=8001.api.edge.mesh"}},
 		{"local named targetPort: direct and waypoint endpoints on other numbers", named,
 			[]model.Endpoint{ep("c1", "p1", netip.Addr{}, 8000, true), ep("c1", "p2", netip.Addr{}, 8001, true),
-				ep("c2", "p3", n1, 8001, true), ep("c2", "p4", n1, 8002, true)},
+				ep("c2", "p3", n1, 8001, true), ep("c2", "p4", n1, 8002, true), ep("c2", "p5", n1, 8002, true), ep("c2", "p6", n2, 8003, true)},
 			[]string{"10.244.9.1:15008 HEALTHY w0 sni=8000", "10.244.9.2:15008 HEALTHY w0 sni=8001",
-				"192.168.0.21:15443 HEALTHY w1 sni=8001.api.edge.mesh", "192.168.0.21:15443 HEALTHY w1 sni=8002.api.edge.mesh"}},
+				"192.168.0.21:15443 HEALTHY w2 sni=8002.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8003.api.edge.mesh"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -106,9 +118,15 @@ func TestWaypointEndpointsPerTargetPort(t *testing.T) {
 				t.Fatalf("no cluster or EDS api.edge.mesh:80")
 			}
 			var got []string
+			addrs := map[string]bool{}
 			for _, l := range r.Endpoints[ei].Endpoints {
 				for _, lb := range l.LbEndpoints {
 					sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+					a := fmt.Sprintf("%s:%d", sa.Address, sa.GetPortValue())
+					if addrs[a] {
+						t.Errorf("EDS holds %s twice: Envoy would keep only the first", a)
+					}
+					addrs[a] = true
 					got = append(got, fmt.Sprintf("%s:%d %s w%d sni=%s", sa.Address, sa.GetPortValue(), lb.HealthStatus,
 						lb.GetLoadBalancingWeight().GetValue(), endpointSNI(t, r.Clusters[ci], lb)))
 				}
