@@ -59,9 +59,12 @@ type Options struct {
 	// east-west waypoint (DESIGN.md, data flow 8): one EDS entry per remote node at
 	// node_ip:15443, weighted by that node's healthy endpoints, with endpoint metadata
 	// envoy.transport_socket_match {waypoint: true}, which selects a TLS socket whose SNI is
-	// "<port>.<svc>.<ns>.<meshDomain>" (same client certificate, same SAN pin). Remote endpoints
-	// without a node IP are left out. Only with CertSelector: Build and NewServer refuse it
-	// with CertMatcher.
+	// "<port>.<svc>.<ns>.<meshDomain>" (same client certificate, same SAN pin). Where a named
+	// targetPort (or an imported port) is a different number in the node's pods, the entry
+	// carries one of them (waypointPort) and the metadata {waypoint: true, port: "<port>"}
+	// selects that port's SNI; the node's pods on other numbers get no traffic through it.
+	// Remote endpoints without a node IP are left out. Only with CertSelector: Build and
+	// NewServer refuse it with CertMatcher.
 	EastWestWaypoint bool
 	// HandshakeTimeout bounds how long a downstream connection to a listener that terminates or
 	// inspects TLS may take first to send its whole ClientHello (Listener.listener_filters_timeout,
