@@ -66,46 +66,50 @@ func TestWaypointEndpointsPerTargetPort(t *testing.T) {
 	named := &model.Service{Key: api, Local: true, Imported: true, VIPs: []netip.Addr{netip.MustParseAddr("10.96.0.5")},
 		Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8000, TargetPortName: "web", Protocol: model.ProtocolHTTP}}}
 	cases := []struct {
-		name string
-		svc  *model.Service
-		eps  []model.Endpoint
-		want []string // "<address>:<port> <health> w<weight> sni=<SNI>", EDS order
+		name   string
+		svc    *model.Service
+		eps    []model.Endpoint
+		want   []string // "<address>:<port> <health> w<weight> sni=<SNI>", EDS order
+		direct bool     // EastWestWaypoint off: remote pods are dialled at their pod IPs
 	}{
 		{"one target port everywhere", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8000, true), ep("c2", "p3", n2, 8000, true)},
-			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8000.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8000.api.edge.mesh"}},
+			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8000.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8000.api.edge.mesh"}, false},
 		{"imported port resolved per pod, one number per node", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8000, true), ep("c2", "p3", n2, 8001, true), ep("c2", "p4", n2, 8001, true)},
-			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8000.api.edge.mesh", "192.168.0.22:15443 HEALTHY w2 sni=8001.api.edge.mesh"}},
+			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8000.api.edge.mesh", "192.168.0.22:15443 HEALTHY w2 sni=8001.api.edge.mesh"}, false},
 		{"no remote pod on the first port", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8002, true), ep("c2", "p2", n2, 8003, true)},
-			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8002.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8003.api.edge.mesh"}},
+			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8002.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8003.api.edge.mesh"}, false},
 		// One EDS host per address (Envoy keeps the first of duplicates): a node whose pods
 		// disagree carries the port with the most healthy pods, then the most pods, then the
 		// service port's TargetPort, then the lowest.
 		{"a node's pods on two numbers: the most healthy pods", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8001, true), ep("c2", "p3", n1, 8001, true), ep("c2", "p4", n2, 8000, true)},
-			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8001.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8000.api.edge.mesh"}},
+			[]string{"192.168.0.21:15443 HEALTHY w2 sni=8001.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8000.api.edge.mesh"}, false},
 		{"a node's pods on two numbers: a tie goes to TargetPort", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8001, true), ep("c2", "p2", n1, 8000, true)},
-			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8000.api.edge.mesh"}},
+			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8000.api.edge.mesh"}, false},
 		{"a node's pods on two numbers: unhealthy ones do not count", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8001, false), ep("c2", "p3", n1, 8001, false)},
-			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8000.api.edge.mesh"}},
+			[]string{"192.168.0.21:15443 HEALTHY w1 sni=8000.api.edge.mesh"}, false},
 		{"a node with no healthy pod: the port with the most pods", imported,
 			[]model.Endpoint{ep("c2", "p1", n1, 8000, false), ep("c2", "p2", n1, 8001, false), ep("c2", "p3", n1, 8001, false)},
-			[]string{"192.168.0.21:15443 UNHEALTHY w1 sni=8001.api.edge.mesh"}},
+			[]string{"192.168.0.21:15443 UNHEALTHY w1 sni=8001.api.edge.mesh"}, false},
+		{"without the waypoint, an imported port resolved per pod: each pod its own SNI", imported,
+			[]model.Endpoint{ep("c2", "p1", n1, 8000, true), ep("c2", "p2", n1, 8001, true)},
+			[]string{"10.244.9.1:15008 HEALTHY w0 sni=8000", "10.244.9.2:15008 HEALTHY w0 sni=8001"}, true},
 		{"local named targetPort: direct and waypoint endpoints on other numbers", named,
 			[]model.Endpoint{ep("c1", "p1", netip.Addr{}, 8000, true), ep("c1", "p2", netip.Addr{}, 8001, true),
 				ep("c2", "p3", n1, 8001, true), ep("c2", "p4", n1, 8002, true), ep("c2", "p5", n1, 8002, true), ep("c2", "p6", n2, 8003, true)},
 			[]string{"10.244.9.1:15008 HEALTHY w0 sni=8000", "10.244.9.2:15008 HEALTHY w0 sni=8001",
-				"192.168.0.21:15443 HEALTHY w2 sni=8002.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8003.api.edge.mesh"}},
+				"192.168.0.21:15443 HEALTHY w2 sni=8002.api.edge.mesh", "192.168.0.22:15443 HEALTHY w1 sni=8003.api.edge.mesh"}, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			exported := map[model.ServiceKey][]model.Endpoint{api: c.eps}
 			m := model.New(1, "c1", "mesh", td, model.Node{Name: "n0", Region: "r1", Zone: "z1"}, []*model.Service{c.svc}, exported, nil)
-			r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{EastWestWaypoint: true})
+			r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{EastWestWaypoint: !c.direct})
 			if err != nil {
 				t.Fatal(err)
 			}
