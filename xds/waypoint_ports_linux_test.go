@@ -1,15 +1,12 @@
 package xds
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"maps"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/aethermesh/aether/model"
 )
@@ -141,22 +138,7 @@ func TestPrivilegedWaypointNamedTargetPort(t *testing.T) {
 		}{{"7000.named.web.mesh", []string{"srv1"}}, {"7002.named.web.mesh", []string{"srv3", "srv4"}}} {
 			seen := map[string]bool{}
 			for i := 0; i < 12; i++ {
-				conn, err := w.a.node.Dial(b1IP + ":15443")
-				if err != nil {
-					t.Fatal(err)
-				}
-				var peer string
-				tc := tls.Client(conn, &tls.Config{ServerName: c.sni, InsecureSkipVerify: true,
-					VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-						if cert, err := x509.ParseCertificate(raw[0]); err == nil && len(cert.URIs) > 0 {
-							peer = cert.URIs[0].String()
-						}
-						return nil
-					}})
-				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-				_ = tc.Handshake() // the pod then refuses us (no client certificate)
-				conn.Close()
-				seen[peer] = true
+				seen[tunnelPeer(t, w.a.node, b1IP+":15443", c.sni)] = true
 			}
 			var want []string
 			for _, p := range c.pods {
