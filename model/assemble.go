@@ -193,7 +193,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 				proto := portProtocol(p.Protocol, p.AppProtocol, func(v, reason string) {
 					skip("ServiceImport", k, fmt.Sprintf("spec.ports[%d].appProtocol", i), v, reason)
 				})
-				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: proto})
+				s.Ports = append(s.Ports, ServicePort{Name: p.Name, Port: uint32(p.Port), Protocol: proto, FromImport: true})
 			}
 		}
 	}
@@ -319,8 +319,8 @@ func endpointCounts(s *Service, e *Endpoint, cluster string, exported map[Servic
 
 // resolvePorts fills a port's unknown target port and protocol from the registered endpoints'
 // port of the same name (the agent registers each Service port with its container port). For a
-// named targetPort the first endpoint's port becomes TargetPort; every endpoint keeps its own
-// (ServicePort.EndpointPort), which may differ from pod to pod.
+// named targetPort, or an imported service's port, the first endpoint's port becomes TargetPort;
+// every endpoint keeps its own (ServicePort.EndpointPort), which may differ from pod to pod.
 func resolvePorts(s *Service, eps []Endpoint) {
 	for i := range s.Ports {
 		sp := &s.Ports[i]

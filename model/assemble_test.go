@@ -88,6 +88,7 @@ func TestAssembleClusterset(t *testing.T) {
 			{Service: web, Cluster: "a", PodUID: "w1"},
 			{Service: web, Cluster: "b", PodUID: "w2"},                                                    // b does not export web
 			{Service: pay, Cluster: "b", PodUID: "p1", Ports: []EndpointPort{{Name: "grpc", Port: 9090}}}, // exported by b
+			{Service: pay, Cluster: "b", PodUID: "p3", Ports: []EndpointPort{{Name: "grpc", Port: 9091}}}, // a named targetPort resolved otherwise
 			{Service: pay, Cluster: "c", PodUID: "p2"},                                                    // c does not export pay
 			{Service: secret, Cluster: "b", PodUID: "s1"},                                                 // remote, unexported
 		},
@@ -104,13 +105,21 @@ func TestAssembleClusterset(t *testing.T) {
 	if len(p.ClustersetVIPs) != 1 || p.ClustersetVIPs[0] != netip.MustParseAddr("10.96.5.5") {
 		t.Errorf("pay clusterset VIPs = %v, want [10.96.5.5] once", p.ClustersetVIPs)
 	}
-	if len(p.Ports) != 1 || p.Ports[0].TargetPort != 9090 || p.Ports[0].Protocol != ProtocolGRPC {
-		t.Errorf("pay ports = %+v, want grpc 9000 -> 9090", p.Ports)
+	if len(p.Ports) != 1 || p.Ports[0].TargetPort != 9090 || p.Ports[0].Protocol != ProtocolGRPC || !p.Ports[0].FromImport {
+		t.Fatalf("pay ports = %+v, want grpc 9000 -> 9090, from the import", p.Ports)
+	}
+	// The ServiceImport has no targetPort: each endpoint serves the port on the number its
+	// home cluster's agent registered under the port's name.
+	for _, e := range m.Endpoints[pay] {
+		want := map[string]uint32{"p1": 9090, "p3": 9091}[e.PodUID]
+		if got, ok := p.Ports[0].EndpointPort(&e); !ok || got.Port != want {
+			t.Errorf("pay endpoint %s serves grpc on %d %v, want %d", e.PodUID, got.Port, ok, want)
+		}
 	}
 	if m.ServiceByVIP(netip.MustParseAddr("10.96.5.5")) != p {
 		t.Error("clusterset VIP does not find pay")
 	}
-	if eps := m.Endpoints[pay]; len(eps) != 1 || eps[0].PodUID != "p1" {
+	if eps := m.Endpoints[pay]; len(eps) != 2 || eps[0].PodUID != "p1" || eps[1].PodUID != "p3" {
 		t.Errorf("pay endpoints = %+v, want only b's (c does not export)", eps)
 	}
 	if eps := m.Endpoints[web]; len(eps) != 1 || eps[0].Cluster != "a" {

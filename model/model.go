@@ -84,7 +84,18 @@ type ServicePort struct {
 	// AppProtocol is true when Protocol was declared by the Service port's appProtocol (or its
 	// UDP protocol), which takes precedence over the pod annotation endpoint.aether.io/protocol.
 	AppProtocol bool
+	// FromImport is true for a port of a service this cluster knows only from its ServiceImport
+	// (not Local). An MCS ServiceImport port has no targetPort: the home cluster's agents
+	// resolved it per pod (a named targetPort may be a different number in each pod) and
+	// registered it under the port's Name, so endpoints serve it on their own numbers, matched by
+	// Name (EndpointPort), and TargetPort is only the first endpoint's.
+	FromImport bool
 }
+
+// PerEndpoint reports whether sp's endpoints may serve it on different target ports: a named
+// targetPort (TargetPortName) or a port of an imported service (FromImport). EndpointPort then
+// matches an endpoint's port by the Service port's Name, not by TargetPort.
+func (sp ServicePort) PerEndpoint() bool { return sp.TargetPortName != "" || sp.FromImport }
 
 // Service is a mesh service as one cluster's model sees it: a local Service (its ClusterIP is the
 // local VIP) and/or a service imported through MCS (its <svc>-clusterset Service's ClusterIP is the
@@ -127,14 +138,16 @@ func (s *Service) PortByTarget(p uint32) (ServicePort, bool) {
 	return ServicePort{}, false
 }
 
-// EndpointPort returns the port of e that serves sp: for a named targetPort, e's port registered
-// under sp's name (each pod resolves the name to its own container port, as in an EndpointSlice,
-// whose ports are per slice and whose controller groups pods by resolved port), else e's port
-// numbered sp.TargetPort. It reports false when e does not serve sp: its pod declares no
-// container port of that name, so its agent registered none.
+// EndpointPort returns the port of e that serves sp: when sp.PerEndpoint (a named targetPort, or
+// an imported service's port), e's port registered under sp's name (each pod resolves the name to
+// its own container port, as in an EndpointSlice, whose ports are per slice and whose controller
+// groups pods by resolved port), else e's port numbered sp.TargetPort. It reports false when e
+// does not serve sp: its pod declares no container port of that name, so its agent registered
+// none.
 func (sp ServicePort) EndpointPort(e *Endpoint) (EndpointPort, bool) {
+	byName := sp.PerEndpoint()
 	for _, p := range e.Ports {
-		if sp.TargetPortName != "" && p.Name == sp.Name || sp.TargetPortName == "" && p.Port == sp.TargetPort {
+		if byName && p.Name == sp.Name || !byName && p.Port == sp.TargetPort {
 			return p, true
 		}
 	}

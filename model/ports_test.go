@@ -17,12 +17,14 @@ import (
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
-// ServicePort.EndpointPort resolves a named targetPort per endpoint, by the port each endpoint
-// registered under the Service port's name, and a numeric one by number.
+// ServicePort.EndpointPort resolves a named targetPort and an imported service's port per
+// endpoint, by the port each endpoint registered under the Service port's name, and a numeric one
+// by number.
 func TestServicePortEndpointPort(t *testing.T) {
 	ep := func(ports ...EndpointPort) *Endpoint { return &Endpoint{Ports: ports} }
 	named := ServicePort{Name: "db", Port: 5432, TargetPort: 5432, TargetPortName: "pg"}
 	numeric := ServicePort{Name: "http", Port: 80, TargetPort: 8080}
+	imported := ServicePort{Name: "http", Port: 80, TargetPort: 8080, FromImport: true}
 	tests := []struct {
 		name string
 		sp   ServicePort
@@ -36,6 +38,9 @@ func TestServicePortEndpointPort(t *testing.T) {
 		{"named, a number alone does not serve", named, ep(EndpointPort{Name: "metrics", Port: 5432}), 0},
 		{"numeric", numeric, ep(EndpointPort{Name: "http", Port: 8080}), 8080},
 		{"numeric, other number", numeric, ep(EndpointPort{Name: "http", Port: 9090}), 0},
+		{"imported, the first endpoint's port", imported, ep(EndpointPort{Name: "http", Port: 8080}), 8080},
+		{"imported, another pod's own port", imported, ep(EndpointPort{Name: "http", Port: 8082}), 8082},
+		{"imported, a number alone does not serve", imported, ep(EndpointPort{Name: "metrics", Port: 8080}), 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,6 +3,9 @@ package tunnel
 import (
 	"fmt"
 	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -107,10 +110,29 @@ func ServiceStatPrefix(k model.ServiceKey) string {
 // SNI "<port>.<svc>.<ns>.<meshDomain>" of every port (FilterChainMatch.server_names).
 func ServerName(m *model.Mesh, k model.ServiceKey) string { return "*." + m.FQDN(k) }
 
+// SNI is the waypoint SNI of one target port of a service, "<port>.<svc>.<ns>.<meshDomain>"
+// (DESIGN.md, data flow 8): what a caller's node sends through the tunnel, the exact server name
+// of a port chain (PortClusterName), and a server name of the destination pod's inbound chain
+// for that port.
+func SNI(m *model.Mesh, k model.ServiceKey, targetPort uint32) string {
+	return strconv.FormatUint(uint64(targetPort), 10) + "." + m.FQDN(k)
+}
+
+// PortClusterName names the cluster of the pods on this node that serve one target port of a
+// service whose pods here disagree on it: "waypoint|<ns>/<svc>:<port>".
+func PortClusterName(k model.ServiceKey, targetPort uint32) string {
+	return ClusterName(k) + ":" + strconv.FormatUint(uint64(targetPort), 10)
+}
+
 // Build returns the tunnel resources of one node (DESIGN.md, data flow 8): the listener on
 // node_ip:15443 with tls_inspector and one filter chain per exported local service (server_names
 // ServerName), whose tcp_proxy passes the raw, still-encrypted bytes to the service's pods on
-// this node at pod_ip:15008. The listener has no TLS transport socket, so Envoy never terminates
+// this node at pod_ip:15008. Where those pods disagree on a target port (a named targetPort that
+// pods resolve to different numbers: each pod's registered endpoint ports), each port that not
+// every pod serves gets a chain of its own matching its exact SNI (Envoy prefers an exact
+// server_names entry to a wildcard), to a cluster of only the pods serving it
+// (PortClusterName), so a connection never reaches a pod whose inbound listener has no chain for
+// its SNI. The listener has no TLS transport socket, so Envoy never terminates
 // TLS on it. There is no default filter chain: a connection that is not TLS, has no SNI or an
 // SNI of no exported local service lands on a refusal chain whose RBAC filter closes it and
 // counts it by reason. A connection that has not sent its whole ClientHello within
@@ -149,26 +171,104 @@ func Build(m *model.Mesh, opts Options) (*Resources, error) {
 		if !s.Local || !s.Exported {
 			continue
 		}
+		pods := localPods(m.Endpoints[s.Key], m.Cluster, local)
 		cn := ClusterName(s.Key)
-		tp, err := toAny(&tcpv3.TcpProxy{StatPrefix: ServiceStatPrefix(s.Key), ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cn}})
+		fc, err := serviceChain(s.Key, s.Key.String(), ServerName(m, s.Key), cn)
 		if err != nil {
-			return nil, fmt.Errorf("build waypoint chain %s: %w", s.Key, err)
+			return nil, err
 		}
-		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
-			Name:             s.Key.String(),
-			FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{ServerName(m, s.Key)}, TransportProtocol: "tls"},
-			Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.tcp_proxy",
-				ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: tp}}},
-		})
+		l.FilterChains = append(l.FilterChains, fc)
 		r.Clusters = append(r.Clusters, cluster(cn, opts))
-		r.Endpoints = append(r.Endpoints, loadAssignment(cn, m.Endpoints[s.Key], m.Cluster, local))
+		r.Endpoints = append(r.Endpoints, loadAssignment(cn, pods, 0))
+		for _, port := range splitPorts(pods) {
+			pcn := PortClusterName(s.Key, port)
+			fc, err := serviceChain(s.Key, s.Key.String()+":"+strconv.FormatUint(uint64(port), 10), SNI(m, s.Key, port), pcn)
+			if err != nil {
+				return nil, err
+			}
+			l.FilterChains = append(l.FilterChains, fc)
+			r.Clusters = append(r.Clusters, cluster(pcn, opts))
+			r.Endpoints = append(r.Endpoints, loadAssignment(pcn, pods, port))
+		}
 	}
+	slices.SortFunc(r.Clusters, func(a, b *clusterv3.Cluster) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(r.Endpoints, func(a, b *endpointv3.ClusterLoadAssignment) int { return strings.Compare(a.ClusterName, b.ClusterName) })
 	refusals, err := refusalChains()
 	if err != nil {
 		return nil, err
 	}
 	l.FilterChains = append(l.FilterChains, refusals...)
 	return r, nil
+}
+
+// serviceChain is the filter chain named name that takes TLS connections whose SNI matches
+// serverName and passes their raw bytes to cluster cn, counted under the service's stat prefix
+// (ServiceStatPrefix: a service's port chains add to the same counters).
+func serviceChain(k model.ServiceKey, name, serverName, cn string) (*listenerv3.FilterChain, error) {
+	tp, err := toAny(&tcpv3.TcpProxy{StatPrefix: ServiceStatPrefix(k), ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cn}})
+	if err != nil {
+		return nil, fmt.Errorf("build waypoint chain %s: %w", name, err)
+	}
+	return &listenerv3.FilterChain{
+		Name:             name,
+		FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{serverName}, TransportProtocol: "tls"},
+		Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.tcp_proxy",
+			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: tp}}},
+	}, nil
+}
+
+// localPod is one pod on this node backing a service: its mesh address (the one its inbound
+// listener binds), health, and the target ports it serves the service on (its registered
+// endpoint ports, UDP left out: they do not go through :15008).
+type localPod struct {
+	ip      netip.Addr
+	healthy bool
+	ports   []uint32
+}
+
+// localPods lists a service's endpoints of this cluster whose pod runs on this node (a pod of
+// local), one per mesh address, in endpoint order.
+func localPods(eps []model.Endpoint, clusterName string, local map[string]bool) []localPod {
+	var out []localPod
+	seen := map[netip.Addr]bool{}
+	for _, ep := range eps {
+		if ep.Cluster != clusterName || !local[ep.PodUID] {
+			continue
+		}
+		ip, ok := model.MeshAddr(ep.IPs)
+		if !ok || seen[ip] {
+			continue
+		}
+		seen[ip] = true
+		p := localPod{ip: ip, healthy: ep.Healthy}
+		for _, epp := range ep.Ports {
+			if epp.Protocol != model.ProtocolUDP {
+				p.ports = append(p.ports, epp.Port)
+			}
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// splitPorts returns, sorted, the target ports that some but not all of pods serve: the ports
+// that need a chain and cluster of their own. It is empty in the common case, where every pod
+// serves the service on the same numbers.
+func splitPorts(pods []localPod) []uint32 {
+	count := map[uint32]int{}
+	for _, p := range pods {
+		for _, port := range slices.Compact(slices.Sorted(slices.Values(p.ports))) {
+			count[port]++
+		}
+	}
+	var out []uint32
+	for port, n := range count {
+		if n < len(pods) {
+			out = append(out, port)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // refusalChains close what no service chain takes. Envoy picks a filter chain by server_names
@@ -246,26 +346,20 @@ func cluster(name string, opts Options) *clusterv3.Cluster {
 	return c
 }
 
-// loadAssignment lists the service's endpoints of this cluster whose pod runs on this node (a
-// pod of m.Pods) at pod_ip:15008, one per pod, unhealthy ones marked so.
-func loadAssignment(name string, eps []model.Endpoint, clusterName string, local map[string]bool) *endpointv3.ClusterLoadAssignment {
+// loadAssignment lists pods at pod_ip:15008, those serving port only when port is not 0,
+// unhealthy ones marked so.
+func loadAssignment(name string, pods []localPod, port uint32) *endpointv3.ClusterLoadAssignment {
 	var lbs []*endpointv3.LbEndpoint
-	seen := map[netip.Addr]bool{}
-	for _, ep := range eps {
-		if ep.Cluster != clusterName || !local[ep.PodUID] {
+	for _, p := range pods {
+		if port != 0 && !slices.Contains(p.ports, port) {
 			continue
 		}
-		ip, ok := model.MeshAddr(ep.IPs)
-		if !ok || seen[ip] {
-			continue
-		}
-		seen[ip] = true
 		hs := core.HealthStatus_HEALTHY
-		if !ep.Healthy {
+		if !p.healthy {
 			hs = core.HealthStatus_UNHEALTHY
 		}
 		lbs = append(lbs, &endpointv3.LbEndpoint{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(ip.String(), InboundPort, "")}},
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(p.ip.String(), InboundPort, "")}},
 			HealthStatus:   hs,
 		})
 	}

@@ -3,6 +3,7 @@ package tunnel_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"testing"
 
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -186,5 +188,163 @@ func TestXDSBuildAddsWaypoint(t *testing.T) {
 		if err := snap.Consistent(); err != nil {
 			t.Errorf("EastWestWaypoint=%v: snapshot not consistent: %v", on, err)
 		}
+	}
+}
+
+// chainFor returns the filter chain Envoy picks for a TLS connection with SNI sni
+// (FilterChainMatch.server_names: an exact name first, then the longest wildcard suffix "*.x",
+// which matches any name ending in ".x"; a chain without server_names only when none matched).
+func chainFor(l *listenerv3.Listener, sni string) *listenerv3.FilterChain {
+	var wildcard, fallback *listenerv3.FilterChain
+	best := 0
+	for _, fc := range l.FilterChains {
+		m := fc.GetFilterChainMatch()
+		if m.GetTransportProtocol() != "tls" {
+			continue
+		}
+		if len(m.GetServerNames()) == 0 {
+			fallback = fc
+		}
+		for _, n := range m.GetServerNames() {
+			if n == sni {
+				return fc
+			}
+			if suffix, ok := strings.CutPrefix(n, "*"); ok && strings.HasSuffix(sni, suffix) && len(suffix) > best {
+				wildcard, best = fc, len(suffix)
+			}
+		}
+	}
+	if wildcard != nil {
+		return wildcard
+	}
+	return fallback
+}
+
+// reached returns the pod addresses (healthy or not) a connection with SNI sni can reach: the
+// hosts of the cluster its chain's tcp_proxy names; nil when a refusal chain takes it.
+func reached(t *testing.T, r *tunnel.Resources, sni string) []string {
+	t.Helper()
+	fc := chainFor(r.Listener, sni)
+	if fc == nil || len(fc.Filters) != 1 {
+		return nil
+	}
+	var tp tcpv3.TcpProxy
+	if err := fc.Filters[0].GetTypedConfig().UnmarshalTo(&tp); err != nil {
+		return nil
+	}
+	var out []string
+	for _, cla := range r.Endpoints {
+		if cla.ClusterName != tp.GetCluster() {
+			continue
+		}
+		for _, le := range cla.Endpoints {
+			for _, lb := range le.LbEndpoints {
+				out = append(out, lb.GetEndpoint().Address.GetSocketAddress().Address)
+			}
+		}
+		return out
+	}
+	t.Errorf("chain %s names cluster %q, which has no load assignment", fc.Name, tp.GetCluster())
+	return nil
+}
+
+// TestBuildSplitPorts: when an exported service's pods on this node serve it on different target
+// ports (a named targetPort resolved per pod), a connection whose SNI names a port reaches only
+// the pods serving that port (an exact-SNI chain and cluster per port not every pod serves);
+// ports every pod serves stay on the service's wildcard chain. Before, the wildcard chain sent
+// every SNI of the service to every pod, and the pods without the SNI's port failed the
+// handshake.
+func TestBuildSplitPorts(t *testing.T) {
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	type pod struct {
+		ip      string
+		ports   []uint32
+		udp     uint32 // a UDP port: never served through :15008
+		healthy bool
+	}
+	cases := []struct {
+		name     string
+		pods     []pod
+		chains   []string            // listener chains and their server names
+		clusters []string            // cluster names
+		reach    map[uint32][]string // target port: pods its SNI reaches
+	}{
+		{"every pod on the same ports", []pod{{"10.1.0.5", []uint32{8080, 9090}, 0, true}, {"10.1.0.6", []uint32{8080, 9090}, 53, false}},
+			[]string{"shop/web=*.web.shop.mesh", "refuse-tls=", "refuse-raw="},
+			[]string{"waypoint|shop/web"},
+			map[uint32][]string{8080: {"10.1.0.5", "10.1.0.6"}, 9090: {"10.1.0.5", "10.1.0.6"}}},
+		{"named port resolved to two numbers, a shared numeric port", []pod{
+			{"10.1.0.5", []uint32{8080, 9090}, 0, true}, {"10.1.0.6", []uint32{8081, 9090}, 0, true}, {"10.1.0.7", []uint32{8081, 9090}, 0, false}},
+			[]string{"shop/web=*.web.shop.mesh", "shop/web:8080=8080.web.shop.mesh", "shop/web:8081=8081.web.shop.mesh", "refuse-tls=", "refuse-raw="},
+			[]string{"waypoint|shop/web", "waypoint|shop/web:8080", "waypoint|shop/web:8081"},
+			map[uint32][]string{8080: {"10.1.0.5"}, 8081: {"10.1.0.6", "10.1.0.7"}, 9090: {"10.1.0.5", "10.1.0.6", "10.1.0.7"}}},
+		{"a pod without one of the ports", []pod{{"10.1.0.5", []uint32{8080, 9090}, 0, true}, {"10.1.0.6", []uint32{8080}, 9090, true}},
+			[]string{"shop/web=*.web.shop.mesh", "shop/web:9090=9090.web.shop.mesh", "refuse-tls=", "refuse-raw="},
+			[]string{"waypoint|shop/web", "waypoint|shop/web:9090"},
+			map[uint32][]string{8080: {"10.1.0.5", "10.1.0.6"}, 9090: {"10.1.0.5"}}},
+		{"no pod on this node", nil,
+			[]string{"shop/web=*.web.shop.mesh", "refuse-tls=", "refuse-raw="},
+			[]string{"waypoint|shop/web"},
+			map[uint32][]string{8080: nil}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var eps []model.Endpoint
+			var pods []*model.LocalPod
+			for i, p := range c.pods {
+				uid := fmt.Sprintf("web-%d", i)
+				e := model.Endpoint{Service: web, Cluster: "b", PodUID: uid, PodName: uid, IPs: []netip.Addr{netip.MustParseAddr(p.ip)},
+					NodeName: "n1", SPIFFEID: model.SPIFFEID("td", "shop", "sa"), Healthy: p.healthy}
+				for _, port := range p.ports {
+					e.Ports = append(e.Ports, model.EndpointPort{Name: fmt.Sprint(port), Port: port, Protocol: model.ProtocolTCP})
+				}
+				if p.udp != 0 {
+					e.Ports = append(e.Ports, model.EndpointPort{Name: "udp", Port: p.udp, Protocol: model.ProtocolUDP})
+				}
+				eps = append(eps, e)
+				pods = append(pods, &model.LocalPod{UID: uid, Namespace: "shop", Name: uid, NetnsPath: "/var/run/netns/" + uid, IPs: e.IPs, Ready: p.healthy})
+			}
+			svcs := []*model.Service{{Key: web, Local: true, Exported: true, VIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+				Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, TargetPortName: "http", Protocol: model.ProtocolTCP}}}}
+			m := model.New(1, "b", "mesh", "td", model.Node{Name: "n1", IP: netip.MustParseAddr("192.168.0.9")}, svcs, map[model.ServiceKey][]model.Endpoint{web: eps}, pods)
+			r, err := tunnel.Build(m, tunnel.Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Listener.ValidateAll(); err != nil {
+				t.Fatal(err)
+			}
+			var chains, clusters []string
+			for _, fc := range r.Listener.FilterChains {
+				chains = append(chains, fc.Name+"="+strings.Join(fc.GetFilterChainMatch().GetServerNames(), ","))
+			}
+			for i, cl := range r.Clusters {
+				if err := cl.ValidateAll(); err != nil {
+					t.Error(err)
+				}
+				clusters = append(clusters, cl.Name)
+				if r.Endpoints[i].ClusterName != cl.Name {
+					t.Errorf("load assignment %d is %s, want %s", i, r.Endpoints[i].ClusterName, cl.Name)
+				}
+			}
+			if !slices.Equal(chains, c.chains) {
+				t.Errorf("chains\n got %q\nwant %q", chains, c.chains)
+			}
+			if !slices.Equal(clusters, c.clusters) {
+				t.Errorf("clusters %q, want %q", clusters, c.clusters)
+			}
+			for port, want := range c.reach {
+				sni := tunnel.SNI(m, web, port)
+				if got := reached(t, r, sni); !slices.Equal(got, want) {
+					t.Errorf("SNI %s reaches %q, want %q", sni, got, want)
+				}
+			}
+			if got := reached(t, r, "1.web.shop.mesh"); len(c.pods) > 0 && len(got) != len(c.pods) {
+				t.Errorf("SNI of a port no pod serves reaches %q, want the service's wildcard chain (every pod, which refuses it)", got)
+			}
+			if got := reached(t, r, "8080.other.shop.mesh"); got != nil {
+				t.Errorf("another service's SNI reaches %q, want refused", got)
+			}
+		})
 	}
 }

@@ -59,9 +59,12 @@ type Options struct {
 	// east-west waypoint (DESIGN.md, data flow 8): one EDS entry per remote node at
 	// node_ip:15443, weighted by that node's healthy endpoints, with endpoint metadata
 	// envoy.transport_socket_match {waypoint: true}, which selects a TLS socket whose SNI is
-	// "<port>.<svc>.<ns>.<meshDomain>" (same client certificate, same SAN pin). Remote endpoints
-	// without a node IP are left out. Only with CertSelector: Build and NewServer refuse it
-	// with CertMatcher.
+	// "<port>.<svc>.<ns>.<meshDomain>" (same client certificate, same SAN pin). Where a named
+	// targetPort (or an imported port) is a different number in the node's pods, the entry
+	// carries one of them (waypointPort) and the metadata {waypoint: true, port: "<port>"}
+	// selects that port's SNI; the node's pods on other numbers get no traffic through it.
+	// Remote endpoints without a node IP are left out. Only with CertSelector: Build and
+	// NewServer refuse it with CertMatcher.
 	EastWestWaypoint bool
 	// HandshakeTimeout bounds how long a downstream connection to a listener that terminates or
 	// inspects TLS may take first to send its whole ClientHello (Listener.listener_filters_timeout,
@@ -365,22 +368,39 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 	}
 	others := b.otherTargetPorts(s, sp)
 	if b.opts.CertSelection == CertMatcher {
-		if err := b.addSocketMatcher(c, s.Key, sni, others); err != nil {
+		if err := b.addSocketMatcher(c, s.Key, sni, others.direct); err != nil {
 			return nil, fmt.Errorf("build cluster %s: %w", name, err)
 		}
 	} else if b.opts.EastWestWaypoint {
+		// Envoy picks the first transport_socket_matches entry whose match is a subset of the
+		// endpoint's envoy.transport_socket_match metadata: a waypoint endpoint of another
+		// target port carries {waypoint: true, port: "<port>"}, so its entry comes before the
+		// plain waypoint one and the direct "port-<port>" ones.
+		for _, p := range others.waypoint {
+			ps := strconv.FormatUint(uint64(p), 10)
+			wts, err := b.upstreamTLS(s.Key, WaypointSNI(b.m, s.Key, p), nil)
+			if err != nil {
+				return nil, fmt.Errorf("build cluster %s: %w", name, err)
+			}
+			c.TransportSocketMatches = append(c.TransportSocketMatches, &clusterv3.Cluster_TransportSocketMatch{
+				Name: "waypoint-" + ps,
+				Match: &structpb.Struct{Fields: map[string]*structpb.Value{
+					"waypoint": structpb.NewBoolValue(true), portMatchKey: structpb.NewStringValue(ps)}},
+				TransportSocket: wts,
+			})
+		}
 		wts, err := b.upstreamTLS(s.Key, WaypointSNI(b.m, s.Key, sp.TargetPort), nil)
 		if err != nil {
 			return nil, fmt.Errorf("build cluster %s: %w", name, err)
 		}
-		c.TransportSocketMatches = []*clusterv3.Cluster_TransportSocketMatch{{
+		c.TransportSocketMatches = append(c.TransportSocketMatches, &clusterv3.Cluster_TransportSocketMatch{
 			Name:            "waypoint",
 			Match:           &structpb.Struct{Fields: map[string]*structpb.Value{"waypoint": structpb.NewBoolValue(true)}},
 			TransportSocket: wts,
-		}}
+		})
 	}
 	if b.opts.CertSelection != CertMatcher {
-		for _, p := range others {
+		for _, p := range others.direct {
 			ps := strconv.FormatUint(uint64(p), 10)
 			pts, err := b.upstreamTLS(s.Key, ps, nil)
 			if err != nil {
@@ -402,30 +422,51 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 // portMatchKey is the key, in an endpoint's envoy.transport_socket_match metadata, of the target
 // port the endpoint serves when it differs from its service port's TargetPort (a named targetPort
 // that pods resolve to different numbers). The cluster's socket for that port sends SNI
-// "<port>", so each pod's inbound listener gets its own port's SNI.
+// "<port>", so each pod's inbound listener gets its own port's SNI; a waypoint endpoint's
+// ({waypoint: true, port: "<port>"}) sends the waypoint SNI of that port.
 const portMatchKey = "port"
 
-// otherTargetPorts returns the target ports, sorted and unique, on which endpoints dialled
-// directly (not through a waypoint) serve sp other than sp.TargetPort: a named targetPort
-// resolved to different numbers by different pods (model.ServicePort.EndpointPort). Each gets a
-// transport socket of its own (SNI "<port>"); it is nil when every endpoint serves TargetPort.
-func (b *builder) otherTargetPorts(s *model.Service, sp model.ServicePort) []uint32 {
-	if sp.TargetPortName == "" {
-		return nil
+// otherPorts are the target ports, sorted and unique, other than a service port's TargetPort, on
+// which its endpoints serve it (a named targetPort, or an imported service's port, resolved to
+// different numbers by different pods: model.ServicePort.EndpointPort). Each gets a transport
+// socket of its own in the port's cluster.
+type otherPorts struct {
+	// direct are those of endpoints dialled at pod_ip:15008 (SNI "<port>").
+	direct []uint32
+	// waypoint are those of other clusters' endpoints reached through their node's waypoint
+	// (SNI "<port>.<svc>.<ns>.<meshDomain>").
+	waypoint []uint32
+}
+
+func (o otherPorts) equal(p otherPorts) bool {
+	return slices.Equal(o.direct, p.direct) && slices.Equal(o.waypoint, p.waypoint)
+}
+
+// otherTargetPorts returns sp's otherPorts; both lists are nil when every endpoint serves
+// TargetPort. Waypoint ones are only those of endpoints the waypoint carries (a known node IP).
+func (b *builder) otherTargetPorts(s *model.Service, sp model.ServicePort) otherPorts {
+	var out otherPorts
+	if !sp.PerEndpoint() {
+		return out
 	}
 	viaWaypoint := b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector
-	var out []uint32
 	eps := b.m.Endpoints[s.Key]
 	for i := range eps {
-		if viaWaypoint && eps[i].Cluster != b.m.Cluster {
+		p, ok := sp.EndpointPort(&eps[i])
+		if !ok || p.Port == sp.TargetPort {
 			continue
 		}
-		if p, ok := sp.EndpointPort(&eps[i]); ok && p.Port != sp.TargetPort {
-			out = append(out, p.Port)
+		switch {
+		case !viaWaypoint || eps[i].Cluster == b.m.Cluster:
+			out.direct = append(out.direct, p.Port)
+		case eps[i].NodeIP.IsValid():
+			out.waypoint = append(out.waypoint, p.Port)
 		}
 	}
-	slices.Sort(out)
-	return slices.Compact(out)
+	slices.Sort(out.direct)
+	slices.Sort(out.waypoint)
+	out.direct, out.waypoint = slices.Compact(out.direct), slices.Compact(out.waypoint)
+	return out
 }
 
 // setUpstreamProtocol makes c speak HTTP/2 to its upstreams when p is HTTP2 or GRPC
@@ -610,7 +651,7 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		localityKey
 		node netip.Addr
 	}
-	waypoints := map[nodeKey]uint32{} // healthy endpoints per remote node
+	waypoints := map[nodeKey]map[uint32]waypointPods{} // per remote node, per target port
 	viaWaypoint := b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector
 	all := b.m.Endpoints[s.Key]
 	// Each endpoint serves sp on its own port (a named targetPort may differ from pod to pod).
@@ -641,13 +682,17 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		}
 		if viaWaypoint && ep.Cluster != b.m.Cluster {
 			if ep.NodeIP.IsValid() {
+				p, _ := sp.EndpointPort(ep)
 				nk := nodeKey{localityKey{b.priority(*ep), ep.Region, ep.Zone, ep.Cluster}, ep.NodeIP}
-				if _, seen := waypoints[nk]; !seen {
-					waypoints[nk] = 0
+				if waypoints[nk] == nil {
+					waypoints[nk] = map[uint32]waypointPods{}
 				}
+				wp := waypoints[nk][p.Port]
+				wp.all++
 				if ep.Healthy {
-					waypoints[nk]++
+					wp.healthy++
 				}
+				waypoints[nk][p.Port] = wp
 			}
 			continue
 		}
@@ -678,10 +723,16 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 	}
 	nodes := slices.SortedFunc(mapKeys(waypoints), func(a, c nodeKey) int { return a.node.Compare(c.node) })
 	for _, nk := range nodes {
-		healthy := waypoints[nk]
+		port := waypointPort(waypoints[nk], sp.TargetPort)
+		healthy := waypoints[nk][port].healthy
 		hs, weight := core.HealthStatus_HEALTHY, healthy
 		if healthy == 0 {
 			hs, weight = core.HealthStatus_UNHEALTHY, 1
+		}
+		match := map[string]*structpb.Value{"waypoint": structpb.NewBoolValue(true)}
+		if port != sp.TargetPort {
+			// Selects the cluster's "waypoint-<port>" socket (SNI of that port).
+			match[portMatchKey] = structpb.NewStringValue(strconv.FormatUint(uint64(port), 10))
 		}
 		g := find(nk.localityKey)
 		g.lbs = append(g.lbs, &endpointv3.LbEndpoint{
@@ -689,7 +740,7 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 			HealthStatus:        hs,
 			LoadBalancingWeight: wrapperspb.UInt32(weight),
 			Metadata: &core.Metadata{FilterMetadata: map[string]*structpb.Struct{
-				"envoy.transport_socket_match": {Fields: map[string]*structpb.Value{"waypoint": structpb.NewBoolValue(true)}},
+				"envoy.transport_socket_match": {Fields: match},
 			}},
 		})
 	}
@@ -714,6 +765,28 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		})
 	}
 	return cla
+}
+
+// waypointPods counts one remote node's endpoints of a service port on one target port.
+type waypointPods struct{ healthy, all uint32 }
+
+// waypointPort picks the one target port, of those a remote node's pods serve a service port on
+// (a named targetPort may differ from pod to pod), that the node's waypoint entry carries: the
+// one with the most healthy pods, then the most pods, then target (the service port's
+// TargetPort), then the lowest. One entry per node and port is not possible: Envoy keeps only
+// the first of several EDS hosts with one address (all node_ip:15443), so the other ports' pods
+// on that node get no traffic through the waypoint; no connection is sent with an SNI its pod
+// does not serve.
+func waypointPort(ports map[uint32]waypointPods, target uint32) uint32 {
+	var best uint32
+	var bp waypointPods
+	for _, p := range slices.Sorted(mapKeys(ports)) {
+		c := ports[p]
+		if best == 0 || c.healthy > bp.healthy || c.healthy == bp.healthy && (c.all > bp.all || c.all == bp.all && p == target) {
+			best, bp = p, c
+		}
+	}
+	return best
 }
 
 func routeTo(cluster string) *routev3.Route {
@@ -743,7 +816,7 @@ func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, erro
 	// A headless service's capture entries and direct clusters follow its endpoints: rebuilt whole.
 	if old != nil && !s.Headless && old.short == e.short && serviceEqual(old.svc, s) {
 		e.floors, e.chains, e.routes, e.lane = old.floors, old.chains, old.routes, old.lane
-		if slices.Equal(old.peers, e.peers) && slices.EqualFunc(old.otherPorts, e.otherPorts, slices.Equal) {
+		if slices.Equal(old.peers, e.peers) && slices.EqualFunc(old.otherPorts, e.otherPorts, otherPorts.equal) {
 			e.clusters, e.clustersValid = old.clusters, old.valid || old.clustersValid
 		} else if err := b.outboundClusters(e); err != nil {
 			return nil, err

@@ -85,8 +85,9 @@ type svcEntry struct {
 	// peers are the SPIFFE IDs of the endpoints, which the clusters pin.
 	peers []string
 	// otherPorts are, per service port, the endpoints' target ports other than its TargetPort
-	// (otherTargetPorts), which get transport sockets of their own in the clusters.
-	otherPorts [][]uint32
+	// (otherTargetPorts), direct and through a waypoint, which get transport sockets of their
+	// own in the clusters.
+	otherPorts []otherPorts
 	// locals are the endpoints in this cluster of local pods (Builder.localUIDs), in order, once
 	// localsKnown.
 	locals      []model.Endpoint

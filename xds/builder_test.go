@@ -79,6 +79,15 @@ func builderSteps() []struct {
 			e[webKey][1].Ports[0].Port = 8081
 			return s, p
 		}, model.Node{})},
+		{"imported api's port matched by name", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			importAPIByName(s, e)
+			return s, p
+		}, model.Node{})},
+		{"a remote api pod resolves the name to another port", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			importAPIByName(s, e)
+			e[apiKey][1].Ports[0].Port = 8001
+			return s, p
+		}, model.Node{})},
 		{"service gains a VIP", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
 			for _, x := range s {
 				if x.Key == dbKey {
@@ -117,6 +126,19 @@ func nameWebTarget(s []*model.Service, e map[model.ServiceKey][]model.Endpoint) 
 	}
 	for i := range e[webKey] {
 		e[webKey][i].Ports[0].Name = "http"
+	}
+}
+
+// importAPIByName makes api's port an imported one (model.ServicePort.FromImport: endpoints serve
+// it on the number registered under the port's name "http", 8000 in every pod).
+func importAPIByName(s []*model.Service, e map[model.ServiceKey][]model.Endpoint) {
+	for _, x := range s {
+		if x.Key == apiKey {
+			x.Ports[0].FromImport = true
+		}
+	}
+	for i := range e[apiKey] {
+		e[apiKey][i].Ports[0].Name = "http"
 	}
 }
 

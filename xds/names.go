@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/tunnel"
 )
 
 // Fixed ports and addresses of the per-pod listeners (DESIGN.md, ports).
@@ -55,9 +56,9 @@ func DirectClusterName(m *model.Mesh, k model.ServiceKey, port, target uint32) s
 }
 
 // WaypointSNI returns the exact SNI of waypoint traffic to a target port of a service:
-// "<port>.<svc>.<ns>.<meshDomain>" (DESIGN.md, data flow 8).
+// "<port>.<svc>.<ns>.<meshDomain>" (DESIGN.md, data flow 8; tunnel.SNI).
 func WaypointSNI(m *model.Mesh, k model.ServiceKey, targetPort uint32) string {
-	return strconv.FormatUint(uint64(targetPort), 10) + "." + m.FQDN(k)
+	return tunnel.SNI(m, k, targetPort)
 }
 
 func captureListenerName(p *model.LocalPod) string { return "capture|" + p.Namespace + "/" + p.Name }

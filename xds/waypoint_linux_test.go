@@ -226,6 +226,29 @@ func (w *waypointTopo) set(version uint64, withSrv1, direct bool) {
 	w.a.set(a)
 }
 
+// tunnelPeer opens a TLS connection with SNI sni from ns to a tunnel listener at addr and returns
+// the URI SAN of the certificate the far end shows (the destination pod's, the tunnel does no
+// TLS); "" when none was shown. The pod then refuses the handshake (no client certificate).
+func tunnelPeer(t *testing.T, ns *testenv.Netns, addr, sni string) string {
+	t.Helper()
+	conn, err := ns.Dial(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	var peer string
+	tc := tls.Client(conn, &tls.Config{ServerName: sni, InsecureSkipVerify: true,
+		VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
+			if c, err := x509.ParseCertificate(raw[0]); err == nil && len(c.URIs) > 0 {
+				peer = c.URIs[0].String()
+			}
+			return nil
+		}})
+	_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+	_ = tc.Handshake()
+	return peer
+}
+
 // stats returns Envoy's counters and gauges by name.
 func (f *meshFixture) stats() map[string]int {
 	f.t.Helper()
@@ -367,22 +390,7 @@ func testWaypoint(t *testing.T, identical bool) {
 	})
 
 	t.Run("the tunnel shows the pod's certificate", func(t *testing.T) {
-		var peer string
-		conn, err := w.a.node.Dial(b1IP + ":15443")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		tc := tls.Client(conn, &tls.Config{ServerName: "8080.echo.web.mesh", InsecureSkipVerify: true,
-			VerifyPeerCertificate: func(raw [][]byte, _ [][]*x509.Certificate) error {
-				if c, err := x509.ParseCertificate(raw[0]); err == nil && len(c.URIs) > 0 {
-					peer = c.URIs[0].String()
-				}
-				return nil
-			}})
-		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-		_ = tc.Handshake() // the pod then refuses us (no client certificate)
-		if peer != echo1 {
+		if peer := tunnelPeer(t, w.a.node, b1IP+":15443", "8080.echo.web.mesh"); peer != echo1 {
 			t.Errorf("certificate through b1's tunnel: %q, want the pod's %q", peer, echo1)
 		}
 	})
