@@ -23,6 +23,10 @@ type config struct {
 	// RegistryProbe is --registry-probe-interval: how often the registry (and the partition
 	// claim) is checked for readiness.
 	RegistryProbe time.Duration
+	// ClusterIDTimeout is --cluster-id-timeout: how long the registrar waits at start for its
+	// cluster's ID (the UID of Namespace kube-system) before it exits, with an external
+	// registry. With the embedded registry it waits as long as it takes.
+	ClusterIDTimeout time.Duration
 
 	LeaderElect          bool          // --leader-elect
 	LeaderElectNamespace string        // --leader-elect-namespace, POD_NAMESPACE
@@ -109,6 +113,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	ef := &envflag.Set{FS: fs, Getenv: getenv}
 	c.target.define(ef, fs, getenv)
 	fs.DurationVar(&c.RegistryProbe, "registry-probe-interval", 2*time.Second, "how often readiness probes the registry")
+	fs.DurationVar(&c.ClusterIDTimeout, "cluster-id-timeout", 2*time.Minute, "how long to wait at start for this cluster's ID (the UID of Namespace kube-system) before exiting; with the embedded registry (no --registry-endpoints) the registrar waits as long as it takes, serving the registry meanwhile")
 	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "elect a leader among replicas (only the leader writes)")
 	ef.StringVar(&c.LeaderElectNamespace, "leader-elect-namespace", "POD_NAMESPACE", "aether-system", "namespace of the leader election Lease")
 	fs.StringVar(&c.LeaderElectID, "leader-elect-id", "aether-registrar", "name of the leader election Lease")
@@ -135,6 +140,9 @@ func (c config) validate() error {
 	errs := c.target.validate()
 	if c.RegistryProbe <= 0 {
 		errs = append(errs, fmt.Errorf("--registry-probe-interval %s: want a positive duration", c.RegistryProbe))
+	}
+	if c.ClusterIDTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--cluster-id-timeout %s: want a positive duration", c.ClusterIDTimeout))
 	}
 	if c.LeaderElect {
 		if c.LeaderElectNamespace == "" {

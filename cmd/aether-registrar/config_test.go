@@ -32,6 +32,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "lease timings", args: []string{"--leader-elect-renew-deadline", "20s"}, wantErr: "--leader-elect-lease-duration 15s"},
 		{name: "no leader election needs no namespace", args: []string{"--leader-elect=false", "--leader-elect-namespace", ""}, check: func(c config) bool { return !c.LeaderElect }},
 		{name: "workers", args: []string{"--workers", "0"}, wantErr: "--workers 0"},
+		{name: "cluster id timeout", args: []string{"--cluster-id-timeout", "0s"}, wantErr: "--cluster-id-timeout 0s"},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
 	} {

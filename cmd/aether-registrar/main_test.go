@@ -246,9 +246,12 @@ func TestHelpAndBadFlags(t *testing.T) {
 
 // TestBinaryEmbeddedRegistryServesWhileAPIServerDown: in the single-machine shape the embedded
 // registry is every cluster's, so it serves as soon as the registrar starts, also while this
-// cluster's API server does not answer yet (the registrar waits up to 2 minutes for its cluster
-// ID). Before, the etcd was started only after the cluster ID was read: a host cluster whose
-// API server came up late (or not at all) kept the registry of the whole clusterset down.
+// cluster's API server does not answer yet, and for as long as it does not answer: the
+// registrar waits for its cluster ID past --cluster-id-timeout instead of exiting with the
+// registry. Before, the etcd was started only after the cluster ID was read (a host cluster
+// whose API server came up late kept the registry of the whole clusterset down), and then the
+// registrar exited after 2 minutes, taking the registry down. A registrar with an external
+// registry (here the embedded one) still exits after --cluster-id-timeout, naming kube-system.
 func TestBinaryEmbeddedRegistryServesWhileAPIServerDown(t *testing.T) {
 	dir := t.TempDir()
 	kubeconfig := filepath.Join(dir, "kubeconfig")
@@ -263,7 +266,7 @@ current-context: c
 		t.Fatal(err)
 	}
 	listen := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))
-	startProc(t, "--cluster", "solo", "--kubeconfig", kubeconfig,
+	host := startProc(t, "--cluster", "solo", "--kubeconfig", kubeconfig, "--cluster-id-timeout", "1s",
 		"--registry-data-dir", filepath.Join(dir, "registry"), "--registry-listen", listen,
 		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
 	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
@@ -277,4 +280,31 @@ current-context: c
 		_, err := cli.Get(ctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly())
 		return err
 	})
+
+	// A registrar of another cluster using that registry as an external one gives up on its
+	// cluster ID after --cluster-id-timeout and exits, naming the Namespace.
+	other := startProc(t, "--cluster", "other", "--kubeconfig", kubeconfig, "--cluster-id-timeout", "1s",
+		"--registry-endpoints", listen)
+	select {
+	case err := <-other.done:
+		other.done <- err
+		if log, _ := os.ReadFile(other.log); err == nil || !strings.Contains(string(log), "kube-system") {
+			t.Errorf("registrar with an external registry and no cluster ID: exit %v, want an error naming kube-system; log:\n%s", err, log)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("registrar with an external registry still waits for its cluster ID 2 minutes after --cluster-id-timeout 1s")
+	}
+	// By then the embedded registry's registrar has waited past its own 1 s as long: it is
+	// still running and its registry still answers.
+	select {
+	case err := <-host.done:
+		host.done <- err
+		t.Fatalf("registrar with the embedded registry exited while waiting for its cluster ID: %v", err)
+	default:
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := cli.Get(ctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+		t.Errorf("embedded registry after its registrar's --cluster-id-timeout: %v", err)
+	}
 }

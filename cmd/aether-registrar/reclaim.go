@@ -64,7 +64,7 @@ func reclaim(ctx context.Context, c reclaimConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	reg, id, closeReg, err := openRegistry(ctx, c.target, rc, log, claimedBy("aether-registrar "+reclaimCommand))
+	reg, id, closeReg, err := openRegistry(ctx, c.target, rc, log, claimedBy("aether-registrar "+reclaimCommand), 0)
 	if err != nil {
 		return err
 	}

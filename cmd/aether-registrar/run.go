@@ -19,8 +19,8 @@ import (
 	"github.com/aethermesh/aether/registrar/registry"
 )
 
-// clusterIDTimeout bounds the wait for this cluster's kube-system Namespace at start.
-const clusterIDTimeout = 2 * time.Minute
+// clusterIDWaitLog is how often a registrar still waiting for its cluster ID says so.
+const clusterIDWaitLog = 30 * time.Second
 
 // run connects to (or embeds) the registry and runs the registrar until ctx ends or it loses
 // its leader lease. Its registry partition is claimed for this cluster (the UID of its
@@ -37,7 +37,14 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	rc.QPS, rc.Burst = float32(cfg.KubeQPS), cfg.KubeBurst
-	reg, id, closeReg, err := openRegistry(ctx, cfg.target, rc, log, claimedBy("aether-registrar"))
+	// With an external registry, a cluster ID not read within --cluster-id-timeout ends the
+	// registrar (its Deployment restarts it). With the embedded one it waits as long as it
+	// takes: exiting would take the registry of every cluster down with it.
+	idTimeout := cfg.ClusterIDTimeout
+	if len(cfg.Registry.Endpoints()) == 0 {
+		idTimeout = 0
+	}
+	reg, id, closeReg, err := openRegistry(ctx, cfg.target, rc, log, claimedBy("aether-registrar"), idTimeout)
 	if err != nil {
 		return err
 	}
@@ -68,10 +75,11 @@ func run(ctx context.Context, cfg config) error {
 
 // openRegistry opens the registry (embedding etcd when no endpoints are given, started first so
 // that it serves the other clusters while this one's API server does not answer), reads this
-// cluster's ID (the UID of its kube-system Namespace, waiting up to clusterIDTimeout) and
-// returns a writer of the target's partition that claims it under that ID. claimedBy names the
-// process in a claim it writes. The returned func closes the registry and the embedded etcd.
-func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logger, claimedBy string) (*registry.Registry, string, func(), error) {
+// cluster's ID (the UID of its kube-system Namespace, waiting up to idTimeout, or until ctx ends
+// when idTimeout is 0, and logging every clusterIDWaitLog that it still waits) and returns a
+// writer of the target's partition that claims it under that ID. claimedBy names the process in
+// a claim it writes. The returned func closes the registry and the embedded etcd.
+func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logger, claimedBy string, idTimeout time.Duration) (*registry.Registry, string, func(), error) {
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("kubernetes client: %w", err)
@@ -96,9 +104,7 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 	}
 	// After the embedded etcd is up: it is every cluster's registry, served also while this
 	// cluster's API server does not answer yet.
-	idCtx, cancel := context.WithTimeout(ctx, clusterIDTimeout)
-	id, err := clusterid.Get(idCtx, cs)
-	cancel()
+	id, err := waitClusterID(ctx, cs, idTimeout, log)
 	if err != nil {
 		closeAll()
 		return nil, "", nil, err
@@ -119,6 +125,33 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 	}
 	closers = append(closers, func() { reg.Close() })
 	return reg, id, closeAll, nil
+}
+
+// waitClusterID reads this cluster's ID (clusterid.Get), giving up after timeout (0: when ctx
+// ends) and logging every clusterIDWaitLog while the API server has not given it.
+func waitClusterID(ctx context.Context, cs kubernetes.Interface, timeout time.Duration, log *slog.Logger) (string, error) {
+	idCtx, cancel := ctx, context.CancelFunc(func() {})
+	if timeout > 0 {
+		idCtx, cancel = context.WithTimeout(ctx, timeout)
+	}
+	defer cancel()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		start := time.Now()
+		t := time.NewTicker(clusterIDWaitLog)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				log.Warn("still waiting for this cluster's ID (the UID of Namespace kube-system): the API server has not given it",
+					"waited", time.Since(start).Round(time.Second), "timeout", timeout)
+			}
+		}
+	}()
+	return clusterid.Get(idCtx, cs)
 }
 
 // claimError adds to an error caused by a partition claimed by another cluster what the
