@@ -108,18 +108,7 @@ func TestBinaryPartitionClaim(t *testing.T) {
 	args := func(api *testenv.KubeAPIServer) []string {
 		return append(target(api), "--registry-probe-interval", "500ms")
 	}
-	hasMark := func(svc string, want bool) func() error {
-		return func() error {
-			resp, err := cli.Get(ctx, east.ExportKey("apps", svc))
-			if err != nil {
-				return err
-			}
-			if (len(resp.Kvs) == 1) != want {
-				return fmt.Errorf("export mark apps/%s present: %v, want %v", svc, len(resp.Kvs) == 1, want)
-			}
-			return nil
-		}
-	}
+	hasMark := func(svc string, want bool) func() error { return markPresent(ctx, cli, east, "apps", svc, want) }
 	claimOf := func() (string, error) {
 		resp, err := cli.Get(ctx, east.ClaimKey())
 		if err != nil || len(resp.Kvs) == 0 {
@@ -266,18 +255,7 @@ func TestBinaryEmbeddedClaimConflictKeepsRegistry(t *testing.T) {
 	}
 	defer cli.Close()
 	east := registry.Origin{Region: "eu", Cluster: "east"}
-	hasMark := func(svc string, want bool) func() error {
-		return func() error {
-			resp, err := cli.Get(ctx, east.ExportKey("apps", svc))
-			if err != nil {
-				return err
-			}
-			if (len(resp.Kvs) == 1) != want {
-				return fmt.Errorf("export mark apps/%s present: %v, want %v", svc, len(resp.Kvs) == 1, want)
-			}
-			return nil
-		}
-	}
+	hasMark := func(svc string, want bool) func() error { return markPresent(ctx, cli, east, "apps", svc, want) }
 	if err := exportService(ctx, ca, "apps", "web"); err != nil {
 		t.Fatal(err)
 	}
@@ -365,5 +343,20 @@ func TestBinaryEmbeddedClaimConflictKeepsRegistry(t *testing.T) {
 	testenv.Eventually(t, 60*time.Second, "A's export made during the conflict", hasMark("late", true))
 	if pA.cmd.Process.Pid != pid || pA.cmd.ProcessState != nil {
 		t.Fatal("registrar A was restarted")
+	}
+}
+
+// markPresent checks, for testenv.Eventually, whether origin's export mark of ns/svc is in the
+// registry (want) or not.
+func markPresent(ctx context.Context, cli *clientv3.Client, origin registry.Origin, ns, svc string, want bool) func() error {
+	return func() error {
+		resp, err := cli.Get(ctx, origin.ExportKey(ns, svc))
+		if err != nil {
+			return err
+		}
+		if (len(resp.Kvs) == 1) != want {
+			return fmt.Errorf("export mark %s/%s present: %v, want %v", ns, svc, len(resp.Kvs) == 1, want)
+		}
+		return nil
 	}
 }
