@@ -301,7 +301,7 @@ func walkTTLs(wire []byte) (qend int, ttls []ttlField, ok bool) {
 	}
 	qend = off + 4
 	off = qend
-	n := int(wire[6])<<8 | int(wire[7]) + int(wire[8])<<8 | int(wire[9]) + int(wire[10])<<8 | int(wire[11])
+	n := (int(wire[6])<<8 | int(wire[7])) + (int(wire[8])<<8 | int(wire[9])) + (int(wire[10])<<8 | int(wire[11]))
 	ttls = make([]ttlField, 0, n)
 	for range n {
 		off = skipName(off)
@@ -365,7 +365,7 @@ func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, qu
 	}
 	if edns {
 		putOPT(b[len(e.wire):], do)
-		ar := int(b[10])<<8 | int(b[11]) + 1
+		ar := (int(b[10])<<8 | int(b[11])) + 1
 		b[10], b[11] = byte(ar>>8), byte(ar)
 	}
 	return b, true

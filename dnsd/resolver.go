@@ -28,7 +28,7 @@ type Resolver struct {
 	metrics *metrics
 	// cache holds forwarded answers (nil: no cache).
 	cache *cache
-	log     *slog.Logger
+	log   *slog.Logger
 	// forwardTimeout bounds a whole forwarded query (all upstreams).
 	forwardTimeout time.Duration
 	// forwards holds one token per query being forwarded (at most MaxForwards).
