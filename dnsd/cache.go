@@ -246,14 +246,21 @@ func answersType(answer []dns.RR, qtype uint16) bool {
 }
 
 // newCacheEntry returns the entry for upstream answer resp to req, received at clock reading
-// now, or nil when it is not cached (lifetime; also an answer with TSIG, and one longer than
-// maxCacheEntry once packed). It packs resp's records (which sets their RDLENGTH fields):
-// resp must not be in use elsewhere.
+// now, or nil when it is not cached (lifetime; also an answer with TSIG, with an OPT record
+// outside the additional section, or longer than maxCacheEntry once packed). It packs resp's
+// records (which sets their RDLENGTH fields): resp must not be in use elsewhere.
 func (c *cache) newCacheEntry(req, resp *dns.Msg, now int64) *cacheEntry {
 	q := req.Question[0]
 	ttl, _ := lifetime(resp, q.Qtype, c.maxTTL, c.maxNeg)
 	if ttl == 0 || resp.IsTsig() != nil {
 		return nil
+	}
+	for _, sec := range [][]dns.RR{resp.Answer, resp.Ns} {
+		for _, rr := range sec {
+			if rr.Header().Rrtype == dns.TypeOPT {
+				return nil // only in the additional section (RFC 6891 section 6.1.1)
+			}
+		}
 	}
 	m := &dns.Msg{MsgHdr: resp.MsgHdr, Compress: true, Question: []dns.Question{q}, Answer: resp.Answer, Ns: resp.Ns}
 	m.Id = 0
