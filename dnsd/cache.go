@@ -3,7 +3,6 @@ package dnsd
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 	"unsafe"
 
@@ -122,22 +121,22 @@ func putKeySuffix(b []byte, qtype, qclass uint16, flags byte) {
 	b[0], b[1], b[2], b[3], b[4] = byte(qtype>>8), byte(qtype), byte(qclass>>8), byte(qclass), flags
 }
 
-// cacheKey returns the cache key of req, or false when req is not cached: opcode other than
-// QUERY, not exactly one question, a response, TSIG, several OPT records or an EDNS version
-// other than 0, or an EDNS Client Subnet option (RFC 7871: the answer depends on the client's
-// subnet).
-func cacheKey(req *dns.Msg) (string, bool) {
+// appendCacheKey appends the cache key of req to buf and returns it, or false when req is not
+// cached: opcode other than QUERY, not exactly one question, a response, TSIG, several OPT
+// records or an EDNS version other than 0, or an EDNS Client Subnet option (RFC 7871: the
+// answer depends on the client's subnet).
+func appendCacheKey(buf []byte, req *dns.Msg) ([]byte, bool) {
 	if req.Opcode != dns.OpcodeQuery || req.Response || len(req.Question) != 1 || req.IsTsig() != nil {
-		return "", false
+		return buf, false
 	}
 	var flags byte
 	if opt := req.IsEdns0(); opt != nil {
 		if countOPT(req.Extra) > 1 || opt.Version() != 0 {
-			return "", false
+			return buf, false
 		}
 		for _, o := range opt.Option {
 			if o.Option() == dns.EDNS0SUBNET {
-				return "", false
+				return buf, false
 			}
 		}
 		if opt.Do() {
@@ -151,10 +150,23 @@ func cacheKey(req *dns.Msg) (string, bool) {
 		flags |= keyAD
 	}
 	q := req.Question[0]
-	name := strings.ToLower(q.Name)
-	b := make([]byte, len(name)+cacheKeySuffix)
-	putKeySuffix(b[copy(b, name):], q.Qtype, q.Qclass, flags)
-	return string(b), true
+	// Lower-case ASCII: presentation form escapes every other byte (\DDD).
+	for i := 0; i < len(q.Name); i++ {
+		c := q.Name[i]
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		buf = append(buf, c)
+	}
+	buf = append(buf, make([]byte, cacheKeySuffix)...)
+	putKeySuffix(buf[len(buf)-cacheKeySuffix:], q.Qtype, q.Qclass, flags)
+	return buf, true
+}
+
+// cacheKey is appendCacheKey as a string.
+func cacheKey(req *dns.Msg) (string, bool) {
+	k, ok := appendCacheKey(nil, req)
+	return string(k), ok
 }
 
 // wireKey completes the cache key of the parsed UDP query q (wq.key) and returns it, without
@@ -448,18 +460,21 @@ type flightResult struct {
 // buf (truncated to maxSize), or resp, the answer to write (truncated by the caller); or
 // exchange's error.
 func (c *cache) exchange(buf []byte, req *dns.Msg, tcp bool, maxSize int, exchange func(*dns.Msg, bool) (*dns.Msg, error)) (wire []byte, resp *dns.Msg, hit bool, err error) {
-	key, ok := cacheKey(req)
+	var kb [maxNameWire + 32]byte
+	k, ok := appendCacheKey(kb[:0], req)
 	if !ok {
 		resp, err := exchange(req, tcp)
 		return nil, resp, false, err
 	}
-	if e, now := c.get(key); e != nil {
+	// k does not escape on a hit: the LRU keeps no reference to the key it is asked for.
+	if e, now := c.get(unsafe.String(unsafe.SliceData(k), len(k))); e != nil {
 		if wire, ok := e.answerMsg(buf, req, maxSize, now); ok {
 			c.m.cacheHits.Inc()
 			return wire, nil, true, nil
 		}
 	}
 	c.m.cacheMisses.Inc()
+	key := string(k)
 	fk := key + "u"
 	if tcp {
 		fk = key + "t"

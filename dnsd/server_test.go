@@ -27,7 +27,7 @@ type stub struct {
 	last    *dns.Msg
 }
 
-func startStub(t *testing.T, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
+func startStub(t testing.TB, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
 	t.Helper()
 	pc, l, err := listenBoth("127.0.0.1:0")
 	if err != nil {
@@ -37,7 +37,7 @@ func startStub(t *testing.T, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
 }
 
 // startStubOn is startStub on sockets the caller opened (inside a network namespace, say).
-func startStubOn(t *testing.T, pc net.PacketConn, l net.Listener, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
+func startStubOn(t testing.TB, pc net.PacketConn, l net.Listener, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
 	t.Helper()
 	s := &stub{addr: pc.LocalAddr().String()}
 	mux := dns.NewServeMux()
