@@ -288,9 +288,11 @@ func (r *Resolver) forward(req *dns.Msg, tcp bool) (*dns.Msg, error) {
 }
 
 // answerWire is ServeDNS's fast path for a UDP query in wire form q from src: it answers from
-// the current index with Index.RespondWire, counts the query in the metrics as ServeDNS would,
-// and returns the answer appended to buf. ok is false when the query needs the slow path
-// (unpacking and ServeDNS): no index yet, or a query RespondWire does not answer.
+// the current index as Index.RespondWire does, or for a forwarded name from the cache (a live
+// entry whose answer fits the client's UDP size), counts the query in the metrics as ServeDNS
+// would, and returns the answer appended to buf. ok is false when the query needs the slow path
+// (unpacking and ServeDNS): no index yet, a query RespondWire does not take, an answer to
+// truncate, or a forwarded name the cache does not hold (a miss, counted by ServeDNS).
 func (r *Resolver) answerWire(buf, q []byte, src netip.Addr) (wire []byte, ok bool) {
 	start := time.Now()
 	idx := r.index.Load()
