@@ -415,37 +415,13 @@ func TestCacheEvictsAndCounts(t *testing.T) {
 	}{
 		{MetricCacheHits, 2}, {MetricCacheMisses, 4}, {MetricCacheEvictions, 2}, {MetricCacheEntries, 2},
 	} {
-		if got := metricValue(t, reg, c.metric); got != c.want {
+		if got := metricSum(t, reg, c.metric, nil); got != c.want {
 			t.Errorf("%s = %v, want %v", c.metric, got, c.want)
 		}
 	}
 	if n := up.queries.Load(); n != 4 {
 		t.Errorf("upstream got %d queries, want 4", n)
 	}
-}
-
-// metricValue returns the value of an unlabelled counter or gauge.
-func metricValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	fams, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() != name {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			if m.Counter != nil {
-				return m.Counter.GetValue()
-			}
-			if m.Gauge != nil {
-				return m.Gauge.GetValue()
-			}
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
 }
 
 // TestCacheOptions: bad options are errors naming the field and value; Size 0 is no cache.
