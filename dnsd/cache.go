@@ -14,7 +14,8 @@ import (
 // Cache defaults, those of NodeLocal DNSCache (its CoreDNS cache plugin: `cache 30`, denial
 // TTL 5 s, 9984 entries in each of its two caches).
 const (
-	// DefaultCacheSize is how many forwarded answers the agent caches (its --dns-cache-size).
+	// DefaultCacheSize is how many forwarded answers the agent caches (the default of its
+	// --dns-cache-size).
 	DefaultCacheSize = 10000
 	// DefaultCacheMaxTTL caps how long a positive answer is cached.
 	DefaultCacheMaxTTL = 30 * time.Second
@@ -55,9 +56,8 @@ type cache struct {
 }
 
 // newCache returns the cache o describes (its metrics, m, still to set), or nil when o.Size is
-// 0. It returns an error naming
-// the field and value for a negative size or a TTL cap that is not a positive whole number of
-// seconds.
+// 0. It returns an error naming the field and value for a negative size or a TTL cap that is
+// not a positive whole number of seconds.
 func newCache(o CacheOptions) (*cache, error) {
 	if o.Size < 0 {
 		return nil, fmt.Errorf("new dns cache: Size %d: want 0 (no cache) or more", o.Size)
@@ -169,7 +169,7 @@ func cacheKey(req *dns.Msg) (string, bool) {
 	return string(k), ok
 }
 
-// wireKey completes the cache key of the parsed UDP query q (wq.key) and returns it, without
+// cacheKey completes the cache key of the parsed UDP query q (wq.key) and returns it, without
 // copying: valid while wq is. The fast path's queries are class IN.
 func (wq *wireQuery) cacheKey(q []byte) string {
 	var flags byte
@@ -207,7 +207,7 @@ type ttlField struct {
 }
 
 // lifetime returns how long answer resp to a query of type qtype may be cached, in seconds
-// (0: not at all), and whether it is negative:
+// (0: not at all):
 //   - only NOERROR and NXDOMAIN answers without TC are cached (not SERVFAIL, REFUSED, FORMERR,
 //     ...; a truncated answer is incomplete);
 //   - a positive answer lives the smallest TTL of its answer and authority records, capped by
@@ -218,12 +218,12 @@ type ttlField struct {
 //     section, or less when another of its records' TTL is smaller, capped by maxNeg (RFC 2308
 //     section 5); without an SOA it is not cached (RFC 2308 section 5: "Negative responses
 //     without SOA records SHOULD NOT be cached").
-func lifetime(resp *dns.Msg, qtype uint16, maxTTL, maxNeg uint32) (ttl uint32, negative bool) {
+func lifetime(resp *dns.Msg, qtype uint16, maxTTL, maxNeg uint32) uint32 {
 	if resp.Truncated || (resp.Rcode != dns.RcodeSuccess && resp.Rcode != dns.RcodeNameError) {
-		return 0, false
+		return 0
 	}
-	negative = resp.Rcode == dns.RcodeNameError || !answersType(resp.Answer, qtype)
-	ttl = ^uint32(0)
+	negative := resp.Rcode == dns.RcodeNameError || !answersType(resp.Answer, qtype)
+	ttl := ^uint32(0)
 	var soa *dns.SOA
 	for _, sec := range [][]dns.RR{resp.Answer, resp.Ns} {
 		for _, rr := range sec {
@@ -238,12 +238,12 @@ func lifetime(resp *dns.Msg, qtype uint16, maxTTL, maxNeg uint32) (ttl uint32, n
 		}
 	}
 	if !negative {
-		return min(ttl, maxTTL), false
+		return min(ttl, maxTTL)
 	}
 	if soa == nil {
-		return 0, true
+		return 0
 	}
-	return min(ttl, soa.Minttl, maxNeg), true
+	return min(ttl, soa.Minttl, maxNeg)
 }
 
 // answersType reports whether answer holds a record of qtype (any record for ANY; RFC 2308
@@ -263,7 +263,7 @@ func answersType(answer []dns.RR, qtype uint16) bool {
 // records (which sets their RDLENGTH fields): resp must not be in use elsewhere.
 func (c *cache) newCacheEntry(req, resp *dns.Msg, now int64) *cacheEntry {
 	q := req.Question[0]
-	ttl, _ := lifetime(resp, q.Qtype, c.maxTTL, c.maxNeg)
+	ttl := lifetime(resp, q.Qtype, c.maxTTL, c.maxNeg)
 	if ttl == 0 || resp.IsTsig() != nil {
 		return nil
 	}
