@@ -480,6 +480,10 @@ func (c *cache) exchange(buf []byte, req *dns.Msg, tcp bool, maxSize int, exchan
 		fk = key + "t"
 	}
 	v, err, _ := c.flight.Do(fk, func() (any, error) {
+		// A flight for the same key may have stored the answer since the miss above.
+		if e, _ := c.get(key); e != nil {
+			return &flightResult{entry: e}, nil
+		}
 		resp, err := exchange(req, tcp)
 		if err != nil {
 			return nil, err
