@@ -3,6 +3,7 @@ package dnsd
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"testing"
 
 	"github.com/miekg/dns"
@@ -70,4 +71,55 @@ func BenchmarkRespondWire(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkForwardedCache measures a forwarded name (upstream: a stub on loopback, the
+// question's own answer with TTL 30, or TTL 0 for "miss" so that it is never cached): "miss" is
+// the cache's overhead on top of the upstream exchange ("no cache" is the exchange alone);
+// "hit" is ServeDNS answering from the cache (slow path: unpacked query) and answerWire the UDP
+// fast path (wire query).
+func BenchmarkForwardedCache(b *testing.B) {
+	up := startStub(b, func(w dns.ResponseWriter, r *dns.Msg) {
+		ttl := 30
+		if strings.HasPrefix(r.Question[0].Name, "miss.") {
+			ttl = 0
+		}
+		reply(dns.RcodeSuccess, []string{fmt.Sprintf("%%s %d IN A 192.0.2.1", ttl)}, nil, nil, nil)(w, r)
+	})
+	cached, _ := cachingResolver(b, up.addr, DefaultCacheSize, &fakeClock{})
+	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	uncached, err := NewResolver(fwd, ResolverOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := uncached.Update(testMesh()); err != nil {
+		b.Fatal(err)
+	}
+	serveBench := func(res *Resolver, name string) func(b *testing.B) {
+		return func(b *testing.B) {
+			req := query(name, dns.TypeA, nil)
+			w := &captureWriter{}
+			b.ReportAllocs()
+			for b.Loop() {
+				res.ServeDNS(w, req)
+			}
+		}
+	}
+	b.Run("no cache/ServeDNS", serveBench(uncached, "www.example.org."))
+	b.Run("miss/ServeDNS", serveBench(cached, "miss.example.org."))
+	b.Run("hit/ServeDNS", serveBench(cached, "www.example.org."))
+	b.Run("hit/answerWire", func(b *testing.B) {
+		q := packedQuery(b, "www.example.org.", dns.TypeA, nil)
+		buf := make([]byte, 0, 1024)
+		if _, ok := cached.answerWire(buf, q, shopPod); !ok {
+			b.Fatal("fast path did not answer the hit")
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			cached.answerWire(buf, q, shopPod)
+		}
+	})
 }

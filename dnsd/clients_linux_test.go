@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,6 +53,8 @@ type podTopology struct {
 	node, pod *testenv.Netns
 	reg       *prometheus.Registry
 	upstream  *stub
+	// exampleA counts the A queries for example.org. that reached the upstream.
+	exampleA *atomic.Int64
 }
 
 func run(t *testing.T, name string, args ...string) string {
@@ -98,13 +101,23 @@ func newPodTopology(t *testing.T, domain string) *podTopology {
 
 	// kube-dns: a stub on the root namespace's loopback, where the resolver's forwarding
 	// sockets live (only its listening sockets are opened in the node namespace).
-	up := startStub(t, answerA(1))
+	exampleA := new(atomic.Int64)
+	up := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		if q := r.Question[0]; q.Name == "example.org." && q.Qtype == dns.TypeA {
+			exampleA.Add(1)
+		}
+		answerA(1)(w, r)
+	})
 	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, Index: IndexOptions{ClusterDomain: domain}})
+	// The agent's default cache: every client's lookups of the forwarded name after the first
+	// are answered from it. Its clock stands still, so no entry expires during the test however
+	// slow the machine.
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, Index: IndexOptions{ClusterDomain: domain},
+		Cache: CacheOptions{Size: DefaultCacheSize, clock: func() int64 { return 0 }}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +151,7 @@ func newPodTopology(t *testing.T, domain string) *podTopology {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	})
-	return &podTopology{node: node, pod: pod, reg: reg, upstream: up}
+	return &podTopology{node: node, pod: pod, reg: reg, upstream: up, exampleA: exampleA}
 }
 
 func (p *podTopology) queries(t *testing.T) int {
@@ -240,6 +253,11 @@ func TestPrivilegedClientsThroughDNAT(t *testing.T) {
 				}
 			}
 			t.Logf("queries per lookup (pod resolv.conf ndots:5, search shop.svc.%[1]s svc.%[1]s %[1]s):\n%[2]s", domain, strings.Join(report, "\n"))
+			// The cache (30 s, TTL 30) answered every client's A lookup of example.org after
+			// the first, whatever the client and transport.
+			if n := p.exampleA.Load(); n != 1 {
+				t.Errorf("upstream got %d A queries for example.org., want 1 (the rest answered from the cache)", n)
+			}
 		})
 	}
 }

@@ -10,11 +10,15 @@
 //     from its wire form (TestRespondWireMatchesRespond proves the two give the same bytes).
 //   - Forwarder: the upstreams, a timeout per upstream, failover, demotion of failed upstreams.
 //   - Resolver: the dns.Handler; holds the current Index in an atomic pointer (Update swaps it,
-//     lookups never wait), the Forwarder and the Prometheus metrics.
+//     lookups never wait), the Forwarder, the cache and the Prometheus metrics.
+//   - cache (ResolverOptions.Cache): forwarded answers in wire form, LRU-bounded, kept per RFC
+//     2308 and capped like NodeLocal DNSCache; identical queries in flight go upstream once.
+//     Mesh answers are never cached (the index is authoritative).
 //   - Server: two miekg/dns servers (UDP, TCP), each with its own ServeMux, explicit timeouts,
 //     readiness through NotifyStartedFunc, ShutdownContext to stop. The UDP server's reader
-//     (fastUDPReader) answers the common queries inside its read loop, in batches of datagrams
-//     on Linux (recvmmsg/sendmmsg), and hands the others to miekg/dns and ServeDNS.
+//     (fastUDPReader) answers the common queries, cache hits included, inside its read loop,
+//     in batches of datagrams on Linux (recvmmsg/sendmmsg), and hands the others to miekg/dns
+//     and ServeDNS.
 //
 // It reads the mesh model and never changes it; it never touches Kubernetes, the registry, the
 // pod network namespaces or their capture rules (the DNAT of pod DNS to this resolver belongs to

@@ -1,9 +1,11 @@
 package dnsd
 
 import (
+	"bytes"
 	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 )
@@ -82,4 +84,121 @@ func FuzzServeDNS(f *testing.F) {
 		}
 		_, _, _ = idx.Respond(nil, req, netip.Addr{}, dns.MinMsgSize)
 	})
+}
+
+// FuzzCacheEntry feeds arbitrary upstream answers to the cache: whatever it keeps must be
+// served, through ServeDNS's path (answerMsg) and the UDP fast path alike, as a message that
+// unpacks, carries the query's ID and question, has every record of the upstream's answer (OPT
+// aside) with its TTL less the entry's age, and fits the client's UDP size; the fast path's
+// bytes must be exactly the slow path's.
+func FuzzCacheEntry(f *testing.F) {
+	for _, m := range []*dns.Msg{
+		cacheSeed("www.example.", dns.RcodeSuccess, "www.example. 20 IN A 192.0.2.1", "example. 25 IN NS ns.example.", "ns.example. 2 IN A 192.0.2.53"),
+		cacheSeed("nx.example.", dns.RcodeNameError, "", soa(60, 3), ""),
+		cacheSeed("c.example.", dns.RcodeSuccess, "c.example. 20 IN CNAME t.example.", soa(30, 3), ""),
+		cacheSeed("t.example.", dns.RcodeSuccess, "t.example. 20 IN TXT \"hello\"", "", "t.example. 5 IN AAAA 2001:db8::1"),
+	} {
+		b, err := m.Pack()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b, true)
+		f.Add(b, false)
+	}
+	m, err := newMetrics(nil, func() float64 { return 0 })
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte, edns bool) {
+		resp := new(dns.Msg)
+		if resp.Unpack(b) != nil || len(resp.Question) != 1 {
+			return
+		}
+		q := resp.Question[0]
+		req := new(dns.Msg)
+		req.SetQuestion(q.Name, q.Qtype)
+		req.Question[0].Qclass = q.Qclass
+		req.Id = 4242
+		if edns {
+			req.SetEdns0(1232, false)
+		}
+		c, err := newCache(CacheOptions{Size: 4, clock: func() int64 { return 0 }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.m = m
+		e := c.newCacheEntry(req, resp, 0)
+		if e == nil {
+			return
+		}
+		stored := new(dns.Msg)
+		if err := stored.Unpack(e.wire); err != nil {
+			t.Fatalf("entry does not unpack: %v", err)
+		}
+		age := int64(time.Second)
+		wire, ok := e.answerMsg(nil, req, dns.MaxMsgSize, age)
+		if !ok {
+			t.Fatalf("entry does not answer its own question %v", q)
+		}
+		got := new(dns.Msg)
+		if err := got.Unpack(wire); err != nil {
+			t.Fatalf("answer does not unpack: %v\n% x", err, wire)
+		}
+		if got.Id != req.Id || len(got.Question) != 1 || got.Question[0] != req.Question[0] || got.Rcode != resp.Rcode {
+			t.Fatalf("answer header or question: %v", got)
+		}
+		want := append(append(append([]dns.RR(nil), stored.Answer...), stored.Ns...), stored.Extra...)
+		var have []dns.RR
+		for _, rr := range append(append(got.Answer, got.Ns...), got.Extra...) {
+			if rr.Header().Rrtype != dns.TypeOPT {
+				have = append(have, rr)
+			}
+		}
+		if len(have) != len(want) {
+			t.Fatalf("answer has %d records, entry %d", len(have), len(want))
+		}
+		for i := range want {
+			if w := want[i].Header().Ttl - min(want[i].Header().Ttl, 1); have[i].Header().Ttl != w {
+				t.Fatalf("record %d TTL %d, want %d (stored %d less 1 s)", i, have[i].Header().Ttl, w, want[i].Header().Ttl)
+			}
+		}
+		if (got.IsEdns0() != nil) != edns {
+			t.Fatalf("answer OPT %v, query had one: %v", got.IsEdns0(), edns)
+		}
+		// Over UDP: within the client's size, and the fast path gives the same bytes.
+		udp, _ := e.answerMsg(nil, req, MaxUDPSize(req), age)
+		if len(udp) > MaxUDPSize(req) {
+			t.Fatalf("UDP answer %d bytes, client accepts %d", len(udp), MaxUDPSize(req))
+		}
+		pq, err := req.Pack()
+		if err != nil {
+			return
+		}
+		var wq wireQuery
+		if !wq.parse(pq) {
+			return
+		}
+		c.add(wq.cacheKey(pq), e)
+		c.clock = func() int64 { return age }
+		if fast, _, ok := c.answerWire(nil, pq, &wq); ok && !bytes.Equal(fast, udp) {
+			t.Fatalf("fast path answer differs:\nfast % x\nslow % x", fast, udp)
+		}
+	})
+}
+
+// cacheSeed is an upstream answer to name (type A) with rcode and one record per section
+// (presentation form; "" for none).
+func cacheSeed(name string, rcode int, answer, ns, extra string) *dns.Msg {
+	m := new(dns.Msg)
+	m.SetQuestion(name, dns.TypeA)
+	m.Response, m.Rcode, m.RecursionAvailable = true, rcode, true
+	for _, s := range []struct {
+		rr  string
+		sec *[]dns.RR
+	}{{answer, &m.Answer}, {ns, &m.Ns}, {extra, &m.Extra}} {
+		if s.rr != "" {
+			*s.sec = append(*s.sec, mustRR(s.rr))
+		}
+	}
+	return m
 }

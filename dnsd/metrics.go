@@ -10,12 +10,17 @@ const (
 	MetricQueries          = "aether_dns_queries_total"
 	MetricUpstreamFailures = "aether_dns_upstream_failures_total"
 	MetricDuration         = "aether_dns_request_duration_seconds"
+	MetricCacheHits        = "aether_dns_cache_hits_total"
+	MetricCacheMisses      = "aether_dns_cache_misses_total"
+	MetricCacheEntries     = "aether_dns_cache_entries"
+	MetricCacheEvictions   = "aether_dns_cache_evictions_total"
 )
 
 // Answer paths, the "path" label of MetricDuration.
 const (
 	pathLocal   = "local"
 	pathForward = "forward"
+	pathCache   = "cache"
 )
 
 // metricTypes are the query types counted under their own name; any other is "other".
@@ -37,6 +42,12 @@ type metrics struct {
 	upstreamFailures *prometheus.CounterVec
 	duration         *prometheus.HistogramVec
 	local, forward   prometheus.Observer
+	cached           prometheus.Observer
+
+	// The cache's: hits and misses of cacheable forwarded queries, entries pushed out to make
+	// room; its entry count is a gauge read at scrape time.
+	cacheHits, cacheMisses, cacheEvictions prometheus.Counter
+	cacheEntries                           prometheus.GaugeFunc
 
 	// byType and byRcode give the counter index of a query type below 256 and of an rcode
 	// below 32 (arrays, not maps: count runs for every query); any other is "other".
@@ -45,7 +56,9 @@ type metrics struct {
 	counter [][]prometheus.Counter // [type index][rcode index]; the last index is "other"
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+// newMetrics returns the resolver's collectors, registered with reg when it is not nil;
+// entries gives the cache's entry count (MetricCacheEntries).
+func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, error) {
 	m := &metrics{
 		queries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricQueries,
@@ -57,13 +70,30 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}, []string{"upstream", "reason"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: MetricDuration,
-			Help: "Time from a query's arrival to its answer being written, in seconds, by path (local answer or forward).",
+			Help: "Time from a query's arrival to its answer being written, in seconds, by path (local answer, forward, or cache: a forwarded name answered from the cache).",
 			// 25 µs .. ~3.3 s.
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2.5, 14),
 		}, []string{"path"}),
+		cacheHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricCacheHits,
+			Help: "Forwarded queries answered from the cache.",
+		}),
+		cacheMisses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricCacheMisses,
+			Help: "Cacheable forwarded queries the cache held no live answer for (sent upstream, or coalesced with an identical query in flight).",
+		}),
+		cacheEvictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricCacheEvictions,
+			Help: "Cached answers evicted, least recently used first, to make room for new ones.",
+		}),
+		cacheEntries: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: MetricCacheEntries,
+			Help: "Answers held by the cache, expired ones included until replaced or evicted.",
+		}, entries),
 	}
 	m.local = m.duration.WithLabelValues(pathLocal)
 	m.forward = m.duration.WithLabelValues(pathForward)
+	m.cached = m.duration.WithLabelValues(pathCache)
 	for i := range m.byType {
 		m.byType[i] = uint8(len(metricTypes))
 	}
@@ -96,7 +126,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.duration} {
+		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.duration,
+			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

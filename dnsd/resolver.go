@@ -26,7 +26,9 @@ type Resolver struct {
 	opts    IndexOptions
 	fwd     *Forwarder
 	metrics *metrics
-	log     *slog.Logger
+	// cache holds forwarded answers (nil: no cache).
+	cache *cache
+	log   *slog.Logger
 	// forwardTimeout bounds a whole forwarded query (all upstreams).
 	forwardTimeout time.Duration
 	// forwards holds one token per query being forwarded (at most MaxForwards).
@@ -49,7 +51,7 @@ type ResolverOptions struct {
 	// Index tunes the index built by Update.
 	Index IndexOptions
 	// Registerer receives the resolver's metrics (MetricQueries, MetricUpstreamFailures,
-	// MetricDuration); nil registers nothing.
+	// MetricDuration, MetricCache*); nil registers nothing.
 	Registerer prometheus.Registerer
 	// Logger receives debug records of failed writes and forwards (nil: discard).
 	Logger *slog.Logger
@@ -59,6 +61,9 @@ type ResolverOptions struct {
 	// MeshDomain is the mesh domain before the first model gives it ("": model's default,
 	// "mesh"), for telling which names to forward until then.
 	MeshDomain string
+	// Cache configures the cache of forwarded answers (zero value: no cache; the agent's
+	// default is Size DefaultCacheSize).
+	Cache CacheOptions
 }
 
 // NewResolver returns a resolver forwarding to fwd (nil: no upstreams, every forwarded query
@@ -67,14 +72,27 @@ type ResolverOptions struct {
 // cluster and external names while the agent waits for the API server or the registry, and
 // answers SERVFAIL to the rest (names in the mesh domain or in svc.clusterset.local, and search-
 // list expansions holding one): it cannot answer those yet, and a negative answer would be
-// cached by clients. It returns an error when the metrics cannot be registered.
+// cached by clients. It returns an error when the cache options are invalid (newCache) or the
+// metrics cannot be registered.
 func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	m, err := newMetrics(o.Registerer)
+	c, err := newCache(o.Cache)
+	if err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(o.Registerer, func() float64 {
+		if c == nil {
+			return 0
+		}
+		return float64(c.lru.Len())
+	})
 	if err != nil {
 		return nil, fmt.Errorf("register dns metrics: %w", err)
+	}
+	if c != nil {
+		c.m = m
 	}
 	if fwd == nil {
 		fwd = &Forwarder{log: o.Logger}
@@ -100,7 +118,7 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	if clusterDomain == "" {
 		clusterDomain = DefaultClusterDomain
 	}
-	return &Resolver{opts: o.Index, fwd: fwd, metrics: m, log: o.Logger, forwardTimeout: timeout,
+	return &Resolver{opts: o.Index, fwd: fwd, metrics: m, cache: c, log: o.Logger, forwardTimeout: timeout,
 		forwards: make(chan struct{}, o.MaxForwards), meshZone: strings.ToLower(dns.CanonicalName(meshDomain)),
 		csZone: dns.CanonicalName(model.ClustersetDomain), csuffix: ".svc." + strings.ToLower(dns.CanonicalName(clusterDomain))}, nil
 }
@@ -140,14 +158,7 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 	}
 	idx := r.index.Load()
 	if idx == nil && r.preModelForward(req) {
-		resp, err := r.forward(req, tcp)
-		if err != nil {
-			r.log.Debug("forward failed", "err", err)
-			resp = servfail(req)
-		}
-		r.metrics.count(qtype, resp.Rcode)
-		r.metrics.forward.Observe(time.Since(start).Seconds())
-		r.write(w, resp, maxSize)
+		r.serveForwarded(w, req, tcp, maxSize, qtype, start, nil)
 		return
 	}
 	if idx == nil {
@@ -171,19 +182,55 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	bufPool.Put(bp)
-	resp, err := r.forward(req, tcp)
+	if act != ForwardClusterset {
+		idx = nil
+	}
+	r.serveForwarded(w, req, tcp, maxSize, qtype, start, idx)
+}
+
+// serveForwarded answers a query the upstreams answer: from the cache when it holds a live
+// answer, else from the upstreams (through the cache when there is one, which coalesces
+// identical queries and keeps the answer). When no upstream answers, it answers SERVFAIL, or
+// for a clusterset name (cs, the index, not nil) cs's NXDOMAIN.
+func (r *Resolver) serveForwarded(w dns.ResponseWriter, req *dns.Msg, tcp bool, maxSize int, qtype uint16, start time.Time, cs *Index) {
+	var (
+		wire []byte
+		resp *dns.Msg
+		hit  bool
+		err  error
+	)
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	if r.cache != nil {
+		wire, resp, hit, err = r.cache.exchange((*bp)[:0], req, tcp, maxSize, r.forward)
+	} else {
+		resp, err = r.forward(req, tcp)
+	}
+	obs := r.metrics.forward
+	if hit {
+		obs = r.metrics.cached
+	}
+	if wire != nil {
+		r.metrics.count(qtype, int(wire[3]&0x0F))
+		obs.Observe(time.Since(start).Seconds())
+		if _, err := w.Write(wire); err != nil {
+			r.log.Debug("write dns answer", "err", err)
+		}
+		*bp = wire[:0]
+		return
+	}
 	if err != nil {
 		// Only an answer from no upstream means the clusterset name does not exist; too many
 		// forwards in flight says nothing about the name.
-		if act == ForwardClusterset && !errors.Is(err, errForwardLimit) {
-			resp = idx.ClustersetNXDOMAIN(req)
+		if cs != nil && !errors.Is(err, errForwardLimit) {
+			resp = cs.ClustersetNXDOMAIN(req)
 		} else {
 			r.log.Debug("forward failed", "err", err)
 			resp = servfail(req)
 		}
 	}
 	r.metrics.count(qtype, resp.Rcode)
-	r.metrics.forward.Observe(time.Since(start).Seconds())
+	obs.Observe(time.Since(start).Seconds())
 	r.write(w, resp, maxSize)
 }
 
@@ -241,21 +288,35 @@ func (r *Resolver) forward(req *dns.Msg, tcp bool) (*dns.Msg, error) {
 }
 
 // answerWire is ServeDNS's fast path for a UDP query in wire form q from src: it answers from
-// the current index with Index.RespondWire, counts the query in the metrics as ServeDNS would,
-// and returns the answer appended to buf. ok is false when the query needs the slow path
-// (unpacking and ServeDNS): no index yet, or a query RespondWire does not answer.
+// the current index as Index.RespondWire does, or for a forwarded name from the cache (a live
+// entry whose answer fits the client's UDP size), counts the query in the metrics as ServeDNS
+// would, and returns the answer appended to buf. ok is false when the query needs the slow path
+// (unpacking and ServeDNS): no index yet, a query RespondWire does not take, an answer to
+// truncate, or a forwarded name the cache does not hold (a miss, counted by ServeDNS).
 func (r *Resolver) answerWire(buf, q []byte, src netip.Addr) (wire []byte, ok bool) {
 	start := time.Now()
 	idx := r.index.Load()
 	if idx == nil {
 		return buf, false
 	}
-	wire, qtype, rcode, ok := idx.RespondWire(buf, q, src)
-	if !ok {
+	var wq wireQuery
+	if !wq.parse(q) {
 		return buf, false
 	}
-	r.metrics.count(qtype, rcode)
-	r.metrics.local.Observe(time.Since(start).Seconds())
+	wire, rcode, act, ok := idx.respondWire(buf, q, &wq, src)
+	if ok {
+		r.metrics.count(wq.qtype, rcode)
+		r.metrics.local.Observe(time.Since(start).Seconds())
+		return wire, true
+	}
+	if act == Answered || r.cache == nil {
+		return buf, false
+	}
+	if wire, rcode, ok = r.cache.answerWire(buf, q, &wq); !ok {
+		return buf, false
+	}
+	r.metrics.count(wq.qtype, rcode)
+	r.metrics.cached.Observe(time.Since(start).Seconds())
 	return wire, true
 }
 

@@ -27,7 +27,7 @@ type stub struct {
 	last    *dns.Msg
 }
 
-func startStub(t *testing.T, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
+func startStub(t testing.TB, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
 	t.Helper()
 	pc, l, err := listenBoth("127.0.0.1:0")
 	if err != nil {
@@ -37,7 +37,7 @@ func startStub(t *testing.T, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
 }
 
 // startStubOn is startStub on sockets the caller opened (inside a network namespace, say).
-func startStubOn(t *testing.T, pc net.PacketConn, l net.Listener, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
+func startStubOn(t testing.TB, pc net.PacketConn, l net.Listener, fn func(w dns.ResponseWriter, r *dns.Msg)) *stub {
 	t.Helper()
 	s := &stub{addr: pc.LocalAddr().String()}
 	mux := dns.NewServeMux()
@@ -176,7 +176,8 @@ func ask(t *testing.T, addr, net, name string, qtype uint16, edit func(*dns.Msg)
 	return resp
 }
 
-// metricSum returns the sum of a counter family's samples whose labels include match.
+// metricSum returns the sum of a counter or gauge family's samples (a histogram's sample
+// counts) whose labels include match.
 func metricSum(t *testing.T, reg *prometheus.Registry, name string, match map[string]string) float64 {
 	t.Helper()
 	fams, err := reg.Gather()
@@ -198,6 +199,8 @@ func metricSum(t *testing.T, reg *prometheus.Registry, name string, match map[st
 			switch {
 			case m.Counter != nil:
 				sum += m.Counter.GetValue()
+			case m.Gauge != nil:
+				sum += m.Gauge.GetValue()
 			case m.Histogram != nil:
 				sum += float64(m.Histogram.GetSampleCount())
 			}

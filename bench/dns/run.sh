@@ -12,7 +12,11 @@
 # clang), which returns every query with the QR bit set and nothing else: its low-rate latency is
 # the kernel's, the loopback path's and the idle core's wake-up, the floor under any user-space
 # server here. SERVERS picks some (default all four). The server runs pinned to SERVER_CPU (taskset), dnsperf (Debian) to
-# LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone):
+# LOAD_CPU. For each server and query set ("mesh": existing names, "nx": NXDOMAIN in the zone,
+# and with SETS="mesh nx fwd" "fwd": forwarded names svc-<i>.bench.example, which an upstream
+# (a second dnsd server, authoritative for example with TTL 30, unpinned) answers, served by
+# dnsd through its cache and by CoreDNS through forward + cache 30 as NodeLocal DNSCache does,
+# so that after each name's first query a run is all hits; bare and floor skip it):
 #   - saturation: dnsperf with CLIENTS clients and OUTSTANDING queries in flight for DURATION
 #     seconds (default 10); "qps" is dnsperf's "Queries per second"; "per CPU second" divides the
 #     queries completed by the CPU time (user + system, /proc/<pid>/stat) the server used
@@ -45,6 +49,7 @@ CLIENTS=${CLIENTS:-8}
 OUTSTANDING=${OUTSTANDING:-500}
 ROUNDS=${ROUNDS:-1}
 SERVERS=${SERVERS:-coredns dnsd bare floor}
+SETS=${SETS:-mesh nx}
 NICE=${NICE:--19}
 
 eval "$("$root/hack/tools.sh" --print)"
@@ -67,6 +72,7 @@ for ((i = 0; i < NAMES; i++)); do
   echo "10.96.$((i / 256)).$((i % 256)) svc-$i.bench.mesh" >>"$work/hosts"
   echo "svc-$i.bench.mesh A" >>"$work/q-mesh"
   echo "nx-$i.bench.mesh A" >>"$work/q-nx"
+  echo "svc-$i.bench.example A" >>"$work/q-fwd"
 done
 
 # The zone's SOA (and NS), so that CoreDNS's file plugin answers the names hosts does not hold
@@ -74,12 +80,31 @@ done
 # shellcheck disable=SC2016 # $ORIGIN is a zone file directive
 printf '$ORIGIN mesh.\n@ 5 IN SOA ns.dns.mesh. hostmaster.mesh. 1 7200 1800 86400 5\n@ 5 IN NS ns.dns.mesh.\n' >"$work/mesh.zone"
 
-# A random high port free for UDP and TCP.
+# A random high port free for UDP and TCP, and the next one (the forwarded set's upstream).
 while :; do
   port=$((30000 + RANDOM % 20000))
-  [ -z "$(ss -Htaun "sport = :$port")" ] && break
+  [ -z "$(ss -Htaun "sport = :$port")" ] && [ -z "$(ss -Htaun "sport = :$((port + 1))")" ] && break
 done
+# The upstream of the forwarded set.
+upport=$((port + 1))
+if [[ " $SETS " == *" fwd "* ]]; then
+  "$work/dnsd-server" -addr "127.0.0.1:$upport" -names "$NAMES" -mesh-domain example -ttl 30 -cache-size 0 2>"$work/upstream.log" &
+  uppid=$!
+  trap 'kill $uppid 2>/dev/null; cleanup' EXIT
+  for _ in $(seq 100); do
+    [ "$(dig +short +time=1 +tries=1 @127.0.0.1 -p "$upport" svc-1.bench.example A 2>/dev/null)" = 10.96.0.1 ] && break
+    sleep 0.1
+  done
+fi
 cat >"$work/Corefile" <<EOC
+example:$port {
+    bind 127.0.0.1
+    forward . 127.0.0.1:$upport
+    cache 30 {
+        success 9984 30
+        denial 9984 5
+    }
+}
 mesh:$port {
     bind 127.0.0.1
     hosts $work/hosts mesh {
@@ -95,7 +120,7 @@ EOC
 
 start() { # server
   case $1 in
-    dnsd) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/dnsd-server" -addr "127.0.0.1:$port" -names "$NAMES" 2>"$work/$1.log" & ;;
+    dnsd) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/dnsd-server" -addr "127.0.0.1:$port" -names "$NAMES" -upstream "127.0.0.1:$upport" 2>"$work/$1.log" & ;;
     bare) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/bare-server" -addr "127.0.0.1:$port" -names "$NAMES" 2>"$work/$1.log" & ;;
     coredns) nice -n "$NICE" taskset -c "$SERVER_CPU" "$AETHER_COREDNS" -conf "$work/Corefile" >"$work/$1.log" 2>&1 & ;;
     floor) nice -n "$NICE" taskset -c "$SERVER_CPU" "$work/floor-server" 127.0.0.1 "$port" 2>"$work/$1.log" & ;;
@@ -152,11 +177,27 @@ pct() { # sorted latencies (s) on stdin -> "p50_ms p99_ms p99.9_ms"
     END {if (NR == 0) print "- - -"; else printf "%.3f %.3f %.3f", at(0.50), at(0.99), at(0.999)}'
 }
 
+# warm set: for the forwarded set, asks every name once, a few at a time, so that the runs
+# measure the cache and not a cold start's burst of misses (thousands of queries in flight for
+# names nobody has asked yet, each sent upstream; a lost one holds a dnsperf slot for 5 s).
+warm() {
+  [ "$1" = fwd ] || return 0
+  taskset -c "$LOAD_CPU" dnsperf -s 127.0.0.1 -p "$port" -d "$work/q-fwd" -n 1 -c 1 -q 10 >/dev/null 2>&1 || true
+}
+# sets server: the query sets server serves (bare and floor hold no forwarded names).
+sets() {
+  case $1 in
+    bare | floor) for s in $SETS; do [ "$s" = fwd ] || printf '%s ' "$s"; done ;;
+    *) echo "$SETS" ;;
+  esac
+}
+
 declare -A qps cpu share p50 p99 lowrates
 for ((r = 1; r <= ROUNDS; r++)); do
   for server in $SERVERS; do
     start "$server"
-    for set in mesh nx; do
+    for set in $(sets "$server"); do
+      warm "$set"
       saturate "$work/q-$set" >"$work/res"
       read -r q eff sh <"$work/res"
       qps[$server.$set]="${qps[$server.$set]:-} $q"
@@ -168,7 +209,8 @@ for ((r = 1; r <= ROUNDS; r++)); do
   done
   for server in $SERVERS; do
     start "$server"
-    for set in mesh nx; do
+    for set in $(sets "$server"); do
+      warm "$set"
       rate=$RATE
       if [ -z "$rate" ]; then
         # A tenth of CoreDNS's best rate per server CPU second for this query set so far: its
@@ -192,7 +234,7 @@ median() { tr ' ' '\n' <<<"$1" | grep . | sort -g | awk '{v[NR] = $1} END {m = i
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (b > 0) printf "%.2fx", a / b; else print "-"}'; }
 echo "summary over $ROUNDS round(s): per round values; median"
 for server in $SERVERS; do
-  for set in mesh nx; do
+  for set in $(sets "$server"); do
     echo "  $server $set: qps${qps[$server.$set]} (median $(median "${qps[$server.$set]}")); per CPU second${cpu[$server.$set]} (median $(median "${cpu[$server.$set]}")); core share${share[$server.$set]}"
     echo "  $server $set low rate: p50 ms${p50[$server.$set]}; p99 ms${p99[$server.$set]}; pooled p50/p99/p99.9 ms $(sort -g "$work/lat.$server.$set" | pct)"
   done
@@ -201,7 +243,7 @@ if [[ " $SERVERS " == *" coredns "* ]]; then
   echo "ratios to CoreDNS (medians; p99 pooled over rounds):"
   printf '  %-8s %-5s %10s %8s %12s %8s %9s %9s %8s\n' server set qps ratio "per CPU s" ratio "p50 ms" "p99 ms" "p99 ratio"
   for server in $SERVERS; do
-    for set in mesh nx; do
+    for set in $(sets "$server"); do
       q=$(median "${qps[$server.$set]}") cq=$(median "${qps[coredns.$set]}")
       e=$(median "${cpu[$server.$set]}") ce=$(median "${cpu[coredns.$set]}")
       read -r l50 l99 _ <<<"$(sort -g "$work/lat.$server.$set" | pct)"
@@ -209,7 +251,7 @@ if [[ " $SERVERS " == *" coredns "* ]]; then
       printf '  %-8s %-5s %10s %8s %12s %8s %9s %9s %8s\n' "$server" "$set" "$q" "$(ratio "$q" "$cq")" "$e" "$(ratio "$e" "$ce")" "$l50" "$l99" "$(ratio "$l99" "$c99")"
     done
   done
-  echo "  low rates per round (qps): mesh${lowrates[mesh]}, nx${lowrates[nx]}"
+  echo "  low rates per round (qps):$(for set in $SETS; do printf ' %s%s' "$set" "${lowrates[$set]:-}"; done)"
 fi
 echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc/cpuinfo)), load average now $(cut -d' ' -f1-3 /proc/loadavg)"
 # What sets the low-rate latency of every server here: how an idle core waits (cpuidle driver;

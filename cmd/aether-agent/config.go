@@ -52,6 +52,12 @@ type config struct {
 	StateDir    string // --state-dir: persisted pod attachments
 	CNISocket   string // --cni-socket
 
+	// DNSCacheSize (--dns-cache-size) is how many forwarded answers the resolver caches (0: no
+	// cache); DNSCacheMaxTTL and DNSCacheMaxNegativeTTL (--dns-cache-max-ttl,
+	// --dns-cache-max-negative-ttl) cap how long a positive and a negative answer is kept.
+	DNSCacheSize                           int
+	DNSCacheMaxTTL, DNSCacheMaxNegativeTTL time.Duration
+
 	ClusterDNS []netip.Addr // --cluster-dns: kube-dns ClusterIPs DNAT'ed to the resolver (default: kube-system/kube-dns)
 	ResolvConf string       // --resolv-conf: upstreams for names outside the mesh
 	// ClusterDomain (--cluster-domain, AETHER_CLUSTER_DOMAIN) is the kubelet's clusterDomain:
@@ -105,6 +111,9 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	hostIP := ef.String("host-ip", "HOST_IP", "", "this node's IP: the DNS resolver listens here")
 	hostIPv6 := ef.String("host-ip-v6", "HOST_IP_V6", "", "this node's IPv6 address on a dual-stack node: the resolver listens here too and IPv6 cluster DNS is DNAT'ed to it")
 	fs.IntVar(&c.DNSPort, "dns-port", 18054, "DNS port on the host IP (UDP and TCP)")
+	fs.IntVar(&c.DNSCacheSize, "dns-cache-size", dnsd.DefaultCacheSize, "how many forwarded DNS answers the resolver caches (0: no cache)")
+	fs.DurationVar(&c.DNSCacheMaxTTL, "dns-cache-max-ttl", dnsd.DefaultCacheMaxTTL, "longest time a positive forwarded answer is cached (whole seconds, at least 1s)")
+	fs.DurationVar(&c.DNSCacheMaxNegativeTTL, "dns-cache-max-negative-ttl", dnsd.DefaultCacheMaxNegativeTTL, "longest time a negative forwarded answer (NXDOMAIN, NODATA) is cached (whole seconds, at least 1s)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
 	ef.StringVar(&c.EnvoyBinary, "envoy-binary", "AETHER_ENVOY", "envoy", "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")
@@ -174,6 +183,17 @@ func (c config) validate() error {
 	}
 	if c.DNSPort <= 0 || c.DNSPort > 65535 {
 		errs = append(errs, fmt.Errorf("--dns-port %d: want 1-65535", c.DNSPort))
+	}
+	if c.DNSCacheSize < 0 {
+		errs = append(errs, fmt.Errorf("--dns-cache-size %d: want 0 (no cache) or more", c.DNSCacheSize))
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{{"dns-cache-max-ttl", c.DNSCacheMaxTTL}, {"dns-cache-max-negative-ttl", c.DNSCacheMaxNegativeTTL}} {
+		if err := dnsd.CheckCacheTTL(f.d); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %s: %w", f.name, f.d, err))
+		}
 	}
 	errs = append(errs, c.checkPorts()...)
 	if (c.CACert == "") != (c.CAKey == "") {

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseConfig(t *testing.T) {
@@ -26,6 +27,12 @@ func TestParseConfig(t *testing.T) {
 		{name: "flags override env", args: []string{"--node-name", "n2", "--registry-endpoints", "http://127.0.0.1:2379, http://127.0.0.1:2380"}},
 		{name: "bad host ip", args: []string{"--host-ip", "nope"}, wantErr: `--host-ip "nope"`},
 		{name: "bad dns port", args: []string{"--dns-port", "70000"}, wantErr: "--dns-port 70000"},
+		{name: "dns cache off", args: []string{"--dns-cache-size", "0"}},
+		{name: "dns cache tuned", args: []string{"--dns-cache-size", "500", "--dns-cache-max-ttl", "5m", "--dns-cache-max-negative-ttl", "1s"}},
+		{name: "negative dns cache size", args: []string{"--dns-cache-size", "-1"}, wantErr: "--dns-cache-size -1"},
+		{name: "dns cache max ttl not whole seconds", args: []string{"--dns-cache-max-ttl", "1500ms"}, wantErr: "--dns-cache-max-ttl 1.5s"},
+		{name: "dns cache max ttl zero", args: []string{"--dns-cache-max-ttl", "0s"}, wantErr: "--dns-cache-max-ttl 0s"},
+		{name: "dns cache max negative ttl under a second", args: []string{"--dns-cache-max-negative-ttl", "500ms"}, wantErr: "--dns-cache-max-negative-ttl 500ms"},
 		{name: "ca pair", args: []string{"--ca-key", ""}, wantErr: "--ca-cert and --ca-key go together"},
 		{name: "short svid ttl", args: []string{"--svid-ttl", "30s"}, wantErr: "--svid-ttl 30s"},
 		{name: "cni repair interval under a second", args: []string{"--cni-repair-interval", "0s"}, wantErr: "--cni-repair-interval 0s"},
@@ -76,6 +83,9 @@ func TestParseConfig(t *testing.T) {
 			}
 			if tc.name == "env defaults" && c.EastWestWaypoint {
 				t.Errorf("--east-west-waypoint is on by default, want off")
+			}
+			if tc.name == "env defaults" && (c.DNSCacheSize != 10000 || c.DNSCacheMaxTTL != 30*time.Second || c.DNSCacheMaxNegativeTTL != 5*time.Second) {
+				t.Errorf("DNS cache defaults %d, %s, %s; want NodeLocal DNSCache's 10000, 30s, 5s", c.DNSCacheSize, c.DNSCacheMaxTTL, c.DNSCacheMaxNegativeTTL)
 			}
 			if tc.name == "dual stack" && (c.HostIPv6 != netip.MustParseAddr("fd00::11") || len(c.ClusterDNS) != 2) {
 				t.Errorf("dual stack config = host IPv6 %s, cluster DNS %v", c.HostIPv6, c.ClusterDNS)

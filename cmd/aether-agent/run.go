@@ -107,7 +107,8 @@ func run(ctx context.Context, cfg config) error {
 	}
 	log.Info("cluster domain for search-list expansions of mesh names", "domain", clusterDomain, "from", from)
 	resolver, err := dnsd.NewResolver(fwd, dnsd.ResolverOptions{Registerer: metrics.reg, Logger: log.With("part", "dns"),
-		MeshDomain: cfg.MeshDomain, Index: dnsd.IndexOptions{ClusterDomain: clusterDomain}})
+		MeshDomain: cfg.MeshDomain, Index: dnsd.IndexOptions{ClusterDomain: clusterDomain},
+		Cache: dnsd.CacheOptions{Size: cfg.DNSCacheSize, MaxTTL: cfg.DNSCacheMaxTTL, MaxNegativeTTL: cfg.DNSCacheMaxNegativeTTL}})
 	if err != nil {
 		return err
 	}
