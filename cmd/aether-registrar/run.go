@@ -127,8 +127,9 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 	return reg, id, closeAll, nil
 }
 
-// waitClusterID reads this cluster's ID (clusterid.Get), giving up after timeout (0: when ctx
-// ends) and logging every clusterIDWaitLog while the API server has not given it.
+// waitClusterID reads this cluster's ID (clusterid.Get), giving up after timeout, or with
+// timeout 0 only when ctx ends (retrying also after the API server refused it: 401, 403), and
+// logging every clusterIDWaitLog while the API server has not given it.
 func waitClusterID(ctx context.Context, cs kubernetes.Interface, timeout time.Duration, log *slog.Logger) (string, error) {
 	idCtx, cancel := ctx, context.CancelFunc(func() {})
 	if timeout > 0 {
@@ -151,8 +152,33 @@ func waitClusterID(ctx context.Context, cs kubernetes.Interface, timeout time.Du
 			}
 		}
 	}()
-	return clusterid.Get(idCtx, cs)
+	if timeout > 0 {
+		return clusterid.Get(idCtx, cs)
+	}
+	// No timeout (the embedded registry): an API server that refuses (401, 403: credentials not
+	// valid or not allowed yet) is retried too, as one that does not answer, since exiting
+	// would take every cluster's registry down; the refusal is logged when it changes.
+	var last string
+	for {
+		id, err := clusterid.Get(idCtx, cs)
+		if err == nil || ctx.Err() != nil {
+			return id, err
+		}
+		if err.Error() != last {
+			last = err.Error()
+			log.Error("the API server refused this cluster's ID; retrying every "+clusterIDRetry.String()+", the embedded registry serving meanwhile", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(clusterIDRetry):
+		}
+	}
 }
+
+// clusterIDRetry is how long a registrar with the embedded registry waits before asking again
+// for its cluster ID after the API server refused it.
+const clusterIDRetry = 5 * time.Second
 
 // claimError adds to an error caused by a partition claimed by another cluster what the
 // operator can do about it; other errors pass unchanged. In the single-machine shape the

@@ -1,0 +1,105 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// TestBinaryEmbeddedRegistryWaitsOutForbiddenClusterID: in the single-machine shape the
+// registrar's credentials may not read Namespace kube-system yet (a real kube-apiserver with RBAC
+// answers 403: its ClusterRole not bound yet). The registrar keeps the embedded registry serving
+// and keeps trying, logging the refusal; once the permission is granted it reads its cluster ID
+// and becomes ready, the same process. Before, a 403 (or 401) ended clusterid.Get at once and the
+// registrar exited, taking every cluster's registry down, although it waits as long as it takes
+// for an API server that does not answer.
+func TestBinaryEmbeddedRegistryWaitsOutForbiddenClusterID(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	kubeClient(t, api) // namespaces aether-system and apps
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cs := kubernetes.NewForConfigOrDie(api.Config)
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "aether-system", Name: "host-registrar"}}
+	if _, err := cs.CoreV1().ServiceAccounts(sa.Namespace).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	tok, err := cs.CoreV1().ServiceAccounts(sa.Namespace).CreateToken(ctx, sa.Name, &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q, insecure-skip-tls-verify: true}}]
+users: [{name: u, user: {token: %q}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+`, api.Config.Host, tok.Status.Token), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	listen := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))
+	host := startProc(t, "--cluster", "solo", "--kubeconfig", kubeconfig, "--leader-elect=false",
+		"--registry-data-dir", filepath.Join(dir, "registry"), "--registry-listen", listen,
+		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	registryAnswers := func() error {
+		select {
+		case err := <-host.done:
+			host.done <- err
+			return fmt.Errorf("registrar exited: %v", err)
+		default:
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		defer rcancel()
+		_, err := cli.Get(rctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err
+	}
+	testenv.Eventually(t, 60*time.Second, "embedded registry answers", registryAnswers)
+	testenv.Eventually(t, 60*time.Second, "the refusal logged", func() error {
+		b, err := os.ReadFile(host.log)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(b), "forbidden") {
+			return fmt.Errorf("no 403 in the registrar's log yet")
+		}
+		return nil
+	})
+	if err := registryAnswers(); err != nil {
+		t.Fatalf("after a 403 for the cluster ID: %v", err)
+	}
+
+	if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "host-registrar"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "cluster-admin"},
+		Subjects:   []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: sa.Namespace, Name: sa.Name}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 90*time.Second, "registrar ready once it may read its cluster ID", func() error {
+		if err := registryAnswers(); err != nil {
+			return err
+		}
+		return host.ready()
+	})
+}
