@@ -103,3 +103,61 @@ current-context: c
 		return host.ready()
 	})
 }
+
+// TestBinaryEmbeddedRegistryOutlivesAPIServerOutage: in the single-machine shape (default
+// flags, so leader election as a Deployment would have it) this cluster's API server stops
+// after the registrar is ready. A registrar of another cluster name using that registry as an
+// external one, with the same lease timings, loses its leader lease and exits (its Deployment
+// would restart it). The host registrar does not: its registry goes on serving and, once the API
+// server is back, it is ready again, the same process. Before, the host registrar lost its lease
+// too and exited, taking every cluster's registry down.
+func TestBinaryEmbeddedRegistryOutlivesAPIServerOutage(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	kubeClient(t, api) // namespaces aether-system and apps
+	dir := t.TempDir()
+	lease := []string{"--leader-elect-lease-duration", "4s", "--leader-elect-renew-deadline", "3s", "--leader-elect-retry-period", "1s"}
+	listen := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))
+	host := startProc(t, append([]string{"--cluster", "solo", "--kubeconfig", api.Kubeconfig,
+		"--registry-data-dir", filepath.Join(dir, "registry"), "--registry-listen", listen,
+		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))}, lease...)...)
+	testenv.Eventually(t, 90*time.Second, "host registrar ready", host.ready)
+	other := startProc(t, append([]string{"--cluster", "other", "--kubeconfig", api.Kubeconfig, "--registry-endpoints", listen,
+		"--leader-elect-id", "other-registrar"}, lease...)...)
+	testenv.Eventually(t, 90*time.Second, "other registrar ready", other.ready)
+	pid := host.cmd.Process.Pid
+
+	api.StopAPIServer()
+	select {
+	case <-other.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("the external-registry registrar did not give up its leadership 2 minutes into the API server outage")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := api.RestartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	testenv.Eventually(t, 90*time.Second, "host registrar serving and ready after the outage", func() error {
+		select {
+		case err := <-host.done:
+			host.done <- err
+			return fmt.Errorf("host registrar exited: %v", err)
+		default:
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		defer rcancel()
+		if _, err := cli.Get(rctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+			return err
+		}
+		return host.ready()
+	})
+	if host.cmd.Process.Pid != pid {
+		t.Fatal("host registrar was restarted")
+	}
+}

@@ -40,9 +40,18 @@ func run(ctx context.Context, cfg config) error {
 	// With an external registry, a cluster ID not read within --cluster-id-timeout ends the
 	// registrar (its Deployment restarts it). With the embedded one it waits as long as it
 	// takes: exiting would take the registry of every cluster down with it.
+	embedded := len(cfg.Registry.Endpoints()) == 0
 	idTimeout := cfg.ClusterIDTimeout
-	if len(cfg.Registry.Endpoints()) == 0 {
+	if embedded {
 		idTimeout = 0
+	}
+	// Leader election is off with the embedded registry: that shape is one replica (each
+	// replica would embed a registry of its own), and a leader that cannot renew its Lease while
+	// this cluster's API server is down ends the manager, so the process, and every cluster's
+	// registry with it.
+	leaderElect := cfg.LeaderElect && !embedded
+	if cfg.LeaderElect && embedded {
+		log.Info("leader election off: this registrar hosts the registry (--registry-endpoints empty), a single replica whose process must outlive an API server outage")
 	}
 	reg, id, closeReg, err := openRegistry(ctx, cfg.target, rc, log, claimedBy("aether-registrar"), idTimeout)
 	if err != nil {
@@ -59,8 +68,8 @@ func run(ctx context.Context, cfg config) error {
 			_, err := reg.EnsureClaim(ctx)
 			return claimError(err, cfg.target)
 		},
-		ProbeInterval: cfg.RegistryProbe, KeepRunningOnClaimConflict: len(cfg.Registry.Endpoints()) == 0,
-		LeaderElection: cfg.LeaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
+		ProbeInterval: cfg.RegistryProbe, KeepRunningOnClaimConflict: embedded,
+		LeaderElection: leaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
 		MetricsAddr:     cfg.MetricsAddr, HealthAddr: cfg.HealthAddr, Metrics: ctrlmetrics.Registry,
@@ -69,7 +78,7 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	log.Info("registrar starting", "registry", reg.Client().Endpoints(), "leader_elect", cfg.LeaderElect, "cluster_id", id)
+	log.Info("registrar starting", "registry", reg.Client().Endpoints(), "leader_elect", leaderElect, "cluster_id", id)
 	return r.Start(ctx)
 }
 
