@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/registrar/registry"
 )
 
 // TestBinaryEmbeddedRegistryWaitsOutForbiddenClusterID: in the single-machine shape the
@@ -160,4 +162,76 @@ func TestBinaryEmbeddedRegistryOutlivesAPIServerOutage(t *testing.T) {
 	if host.cmd.Process.Pid != pid {
 		t.Fatal("host registrar was restarted")
 	}
+}
+
+// TestBinaryEmbeddedRegistryWaitsForCRDs: in the single-machine shape one cluster's API server
+// lacks the MCS CRDs (installed late). A registrar of another cluster name using that registry
+// as an external one gives up when its controllers' caches do not sync within
+// controller-runtime's CacheSyncTimeout (2 minutes) and exits (its Deployment would restart it).
+// The host registrar does not: its registry goes on serving, /readyz fails naming the caches,
+// and once the CRDs are installed it exports, the same process. Before, the host registrar
+// exited on the same timeout, taking every cluster's registry down.
+func TestBinaryEmbeddedRegistryWaitsForCRDs(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	c := kubeClient(t, api) // namespaces aether-system and apps
+	dir := t.TempDir()
+	listen := fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t))
+	host := startProc(t, "--cluster", "solo", "--kubeconfig", api.Kubeconfig,
+		"--registry-data-dir", filepath.Join(dir, "registry"), "--registry-listen", listen,
+		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	alive := func() error {
+		select {
+		case err := <-host.done:
+			host.done <- err
+			return fmt.Errorf("host registrar exited: %v", err)
+		default:
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		defer rcancel()
+		_, err := cli.Get(rctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err
+	}
+	testenv.Eventually(t, 60*time.Second, "embedded registry answers", alive)
+	other := startProc(t, "--cluster", "other", "--kubeconfig", api.Kubeconfig, "--registry-endpoints", listen, "--leader-elect=false")
+	select {
+	case <-other.done:
+	case <-time.After(4 * time.Minute):
+		t.Fatal("the external-registry registrar still runs 4 minutes without its CRDs")
+	}
+	if err := alive(); err != nil {
+		t.Fatalf("after the other registrar's cache sync timeout: %v", err)
+	}
+	code, body, err := host.readyz()
+	if err != nil || code == http.StatusOK || !strings.Contains(body, "[-]caches failed") {
+		t.Fatalf("host /readyz without the CRDs: %d, %v:\n%s", code, err, body)
+	}
+
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	if err := exportService(ctx, c, "apps", "web"); err != nil {
+		t.Fatal(err)
+	}
+	solo := registry.Origin{Region: "default", Cluster: "solo"}
+	testenv.Eventually(t, 2*time.Minute, "host registrar ready and exporting once the CRDs exist", func() error {
+		if err := alive(); err != nil {
+			return err
+		}
+		if err := host.ready(); err != nil {
+			return err
+		}
+		resp, err := cli.Get(ctx, solo.ExportKey("apps", "web"))
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) != 1 {
+			return fmt.Errorf("no export mark %s", solo.ExportKey("apps", "web"))
+		}
+		return nil
+	})
 }

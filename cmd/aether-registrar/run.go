@@ -68,7 +68,7 @@ func run(ctx context.Context, cfg config) error {
 			_, err := reg.EnsureClaim(ctx)
 			return claimError(err, cfg.target)
 		},
-		ProbeInterval: cfg.RegistryProbe, KeepRunningOnClaimConflict: embedded,
+		ProbeInterval: cfg.RegistryProbe, KeepRunningOnClaimConflict: embedded, WaitForCaches: embedded,
 		LeaderElection: leaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
