@@ -64,18 +64,7 @@ current-context: c
 		t.Fatal(err)
 	}
 	defer cli.Close()
-	registryAnswers := func() error {
-		select {
-		case err := <-host.done:
-			host.done <- err
-			return fmt.Errorf("registrar exited: %v", err)
-		default:
-		}
-		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
-		defer rcancel()
-		_, err := cli.Get(rctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		return err
-	}
+	registryAnswers := hostServes(ctx, host, cli)
 	testenv.Eventually(t, 60*time.Second, "embedded registry answers", registryAnswers)
 	testenv.Eventually(t, 60*time.Second, "the refusal logged", func() error {
 		b, err := os.ReadFile(host.log)
@@ -131,7 +120,8 @@ func TestBinaryEmbeddedRegistryOutlivesAPIServerOutage(t *testing.T) {
 
 	api.StopAPIServer()
 	select {
-	case <-other.done:
+	case err := <-other.done:
+		other.done <- err
 	case <-time.After(2 * time.Minute):
 		t.Fatal("the external-registry registrar did not give up its leadership 2 minutes into the API server outage")
 	}
@@ -146,15 +136,7 @@ func TestBinaryEmbeddedRegistryOutlivesAPIServerOutage(t *testing.T) {
 	}
 	defer cli.Close()
 	testenv.Eventually(t, 90*time.Second, "host registrar serving and ready after the outage", func() error {
-		select {
-		case err := <-host.done:
-			host.done <- err
-			return fmt.Errorf("host registrar exited: %v", err)
-		default:
-		}
-		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
-		defer rcancel()
-		if _, err := cli.Get(rctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
+		if err := hostServes(ctx, host, cli)(); err != nil {
 			return err
 		}
 		return host.ready()
@@ -186,22 +168,12 @@ func TestBinaryEmbeddedRegistryWaitsForCRDs(t *testing.T) {
 	defer cli.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	alive := func() error {
-		select {
-		case err := <-host.done:
-			host.done <- err
-			return fmt.Errorf("host registrar exited: %v", err)
-		default:
-		}
-		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
-		defer rcancel()
-		_, err := cli.Get(rctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly())
-		return err
-	}
+	alive := hostServes(ctx, host, cli)
 	testenv.Eventually(t, 60*time.Second, "embedded registry answers", alive)
 	other := startProc(t, "--cluster", "other", "--kubeconfig", api.Kubeconfig, "--registry-endpoints", listen, "--leader-elect=false")
 	select {
-	case <-other.done:
+	case err := <-other.done:
+		other.done <- err
 	case <-time.After(4 * time.Minute):
 		t.Fatal("the external-registry registrar still runs 4 minutes without its CRDs")
 	}
@@ -234,4 +206,21 @@ func TestBinaryEmbeddedRegistryWaitsForCRDs(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// hostServes returns a check that the host registrar p still runs and its embedded registry
+// (cli) answers a read.
+func hostServes(ctx context.Context, p *proc, cli *clientv3.Client) func() error {
+	return func() error {
+		select {
+		case err := <-p.done:
+			p.done <- err
+			return fmt.Errorf("host registrar exited: %v", err)
+		default:
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 3*time.Second)
+		defer rcancel()
+		_, err := cli.Get(rctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		return err
+	}
 }
