@@ -17,6 +17,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -47,6 +49,12 @@ type Config struct {
 	// resync, without a restart. For the single-machine shape, whose process hosts every
 	// cluster's registry.
 	KeepRunningOnClaimConflict bool
+	// WaitForCaches makes the controllers wait as long as it takes for their caches (the MCS
+	// CRDs installed, the API server answering) instead of failing the manager, and so Start,
+	// after controller-runtime's CacheSyncTimeout (2 min; controller.Options.CacheSyncTimeout);
+	// readiness check "caches" fails meanwhile, naming what is missing. For the single-machine
+	// shape, whose process hosts every cluster's registry.
+	WaitForCaches bool
 	// ProbeInterval is how often Probe runs (default 2 s); ProbeTimeout bounds one run (default 2 s).
 	ProbeInterval, ProbeTimeout time.Duration
 
@@ -141,6 +149,9 @@ func New(cfg Config) (*Registrar, error) {
 		LeaderElectionNamespace:       cfg.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: cfg.ReleaseOnCancel,
 	}
+	if cfg.WaitForCaches {
+		opts.Controller.CacheSyncTimeout = waitForever
+	}
 	if cfg.LeaseDuration > 0 {
 		opts.LeaseDuration = &cfg.LeaseDuration
 	}
@@ -184,6 +195,12 @@ func New(cfg Config) (*Registrar, error) {
 		mgr.AddReadyzCheck("registry", r.readyCheck),
 		mgr.AddReadyzCheck(PartitionClaimCheck, r.claimCheck),
 	); err != nil {
+		return nil, fmt.Errorf("create registrar: %w", err)
+	}
+	if !cfg.WaitForCaches {
+		return r, nil
+	}
+	if err := mgr.AddReadyzCheck(CachesCheck, r.cachesCheck); err != nil {
 		return nil, fmt.Errorf("create registrar: %w", err)
 	}
 	return r, nil
@@ -310,6 +327,30 @@ func (r *Registrar) probe(ctx context.Context, err error) {
 		r.export.Resync(ctx)
 		r.imp.Resync(ctx)
 	}
+}
+
+// CachesCheck names the readiness check (/readyz) that fails, with Config.WaitForCaches, until
+// the caches of the ServiceExports and ServiceImports the controllers watch have synced (their
+// CRDs installed, the API server answering).
+const CachesCheck = "caches"
+
+// waitForever is the controllers' CacheSyncTimeout with Config.WaitForCaches: long enough never
+// to end, short enough that now plus it is a valid time.
+const waitForever = 100 * 365 * 24 * time.Hour
+
+// cachesCheck fails until the informers of the MCS kinds have synced; it starts none that the
+// controllers have not (the registrar runs them on its only replica).
+func (r *Registrar) cachesCheck(req *http.Request) error {
+	for _, o := range []client.Object{&mcsv1beta1.ServiceExport{}, &mcsv1beta1.ServiceImport{}} {
+		inf, err := r.mgr.GetCache().GetInformer(req.Context(), o, cache.BlockUntilSynced(false))
+		if err != nil {
+			return fmt.Errorf("cache of %T: %w", o, err)
+		}
+		if !inf.HasSynced() {
+			return fmt.Errorf("cache of %T not synced yet", o)
+		}
+	}
+	return nil
 }
 
 // errNotProbed is the registry state before the first probe: not ready.

@@ -240,3 +240,71 @@ func TestAgentClaimWatchIdleReads(t *testing.T) {
 
 // rangeMethod is the gRPC method of an etcd range request (a Get).
 const rangeMethod = "/etcdserverpb.KV/Range"
+
+// TestAgentReregistersAfterReclaim runs the agent's claim watch and endpoint sync loop
+// (watchClaim, syncEndpointsLoop) as run wires them, with one model and nothing else changing,
+// against a real etcd: the node's endpoint is registered; another cluster takes the partition
+// and the endpoint is withdrawn; once the partition is re-claimed for this cluster the endpoint
+// is registered again without a new model. Before, the withdrawal cleared what the sync loop
+// had registered but left the loop idle (its last sync had succeeded), so readiness passed
+// again while the node's endpoints stayed out of the registry until the next model change.
+func TestAgentReregistersAfterReclaim(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	open := func(clusterID string, claimer bool) *registry.Registry {
+		r, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "eu", Cluster: "east", LeaseTTL: 5 * time.Second,
+			Logger: log, ClusterID: clusterID, Claimer: claimer})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	registrar := open("uid-east", true)
+	if _, err := registrar.EnsureClaim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	east := registrar.Origin()
+	epKey := east.EndpointKey("shop", "web", "u1")
+	registered := func(want bool) func() error {
+		return func() error {
+			resp, err := registrar.Client().Get(ctx, epKey, clientv3.WithKeysOnly())
+			if err != nil {
+				return err
+			}
+			if got := len(resp.Kvs) == 1; got != want {
+				return fmt.Errorf("endpoint %s registered: %v, want %v", epKey, got, want)
+			}
+			return nil
+		}
+	}
+
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	m := model.New(1, "east", "", "", model.Node{Name: "n1"},
+		[]*model.Service{{Key: web, Local: true, Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, Protocol: model.ProtocolHTTP}}}}, nil,
+		[]*model.LocalPod{{UID: "u1", Namespace: "shop", Name: "web-1", Ready: true, Protocol: model.ProtocolHTTP,
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Services: []model.ServiceKey{web}}})
+	agentReg := open("uid-east", false)
+	e := newEndpointRegistrar(agentReg, log)
+	ready := newReadiness(partitionClaimPart)
+	go watchClaim(ctx, agentReg, e, ready, time.Hour) // no safety re-read: only the watch sees changes
+	latest := make(chan *model.Mesh, 1)
+	go syncEndpointsLoop(ctx, e, latest, log)
+	latest <- m
+	testenv.Eventually(t, 30*time.Second, "endpoint registered", registered(true))
+	testenv.Eventually(t, 30*time.Second, "ready", ready.state)
+
+	other := open("uid-other", true)
+	if _, _, err := other.Reclaim(ctx, "uid-east"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "endpoint withdrawn from the partition another cluster holds", registered(false))
+
+	if _, _, err := registrar.Reclaim(ctx, "uid-other"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "ready after the re-claim", ready.state)
+	testenv.Eventually(t, 30*time.Second, "endpoint registered again after the re-claim, with no new model", registered(true))
+}

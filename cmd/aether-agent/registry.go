@@ -321,10 +321,22 @@ type endpointRegistrar struct {
 	log  *slog.Logger
 	mu   sync.Mutex
 	have map[string]*registryv1.ServiceEndpoint // ns/svc/podUID -> registered value
+	// resync asks syncEndpointsLoop to sync the last model again (requestResync).
+	resync chan struct{}
 }
 
 func newEndpointRegistrar(reg *registry.Registry, log *slog.Logger) *endpointRegistrar {
-	return &endpointRegistrar{reg: reg, log: log, have: map[string]*registryv1.ServiceEndpoint{}}
+	return &endpointRegistrar{reg: reg, log: log, have: map[string]*registryv1.ServiceEndpoint{}, resync: make(chan struct{}, 1)}
+}
+
+// requestResync makes syncEndpointsLoop sync its last model again without waiting for a new
+// one: watchClaim calls it when the claim lets this cluster write again, after a withdrawal
+// emptied what the loop had registered.
+func (e *endpointRegistrar) requestResync() {
+	select {
+	case e.resync <- struct{}{}:
+	default:
+	}
 }
 
 // desiredEndpoints builds the node's endpoints from a model (pure).
@@ -469,7 +481,7 @@ const claimWithdrawRetry = 5 * time.Second
 // cluster holds the claim, the part fails with the claim and the fix, and the node's endpoints
 // are withdrawn from the partition (again every claimWithdrawRetry while the registry refuses
 // the withdrawal); once the claim is this cluster's again (re-claimed), the part passes and the
-// next sync registers them. A claim key holding no valid claim (registry.ErrClaimUnreadable)
+// endpoint sync loop is asked to register them again (requestResync), with no new model. A claim key holding no valid claim (registry.ErrClaimUnreadable)
 // fails the part too, naming the key, but withdraws nothing. A registry that does not answer
 // changes nothing here (readiness part "registry" reports it).
 func watchClaim(ctx context.Context, reg *registry.Registry, e *endpointRegistrar, ready *readiness, safety time.Duration) {
@@ -495,6 +507,7 @@ func watchClaim(ctx context.Context, reg *registry.Registry, e *endpointRegistra
 			ready.set(partitionClaimPart, err)
 		case err == nil:
 			ready.set(partitionClaimPart, nil)
+			e.requestResync()
 		}
 		select {
 		case <-ctx.Done():

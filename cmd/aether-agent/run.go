@@ -469,7 +469,8 @@ func replaceLatest(ch chan *model.Mesh, m *model.Mesh) {
 }
 
 // syncEndpointsLoop registers the node's endpoints for every new model, retrying a failed sync
-// every 2 s until it succeeds or a newer model arrives.
+// every 2 s until it succeeds or a newer model arrives, and syncs the last model again when
+// asked (endpointRegistrar.requestResync: the partition claim is this cluster's again).
 func syncEndpointsLoop(ctx context.Context, e *endpointRegistrar, latest chan *model.Mesh, log *slog.Logger) {
 	var m *model.Mesh
 	retry := time.NewTimer(time.Hour)
@@ -480,6 +481,7 @@ func syncEndpointsLoop(ctx context.Context, e *endpointRegistrar, latest chan *m
 			return
 		case m = <-latest:
 		case <-retry.C:
+		case <-e.resync:
 		}
 		if m == nil {
 			continue

@@ -114,7 +114,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	c.target.define(ef, fs, getenv)
 	fs.DurationVar(&c.RegistryProbe, "registry-probe-interval", 2*time.Second, "how often readiness probes the registry")
 	fs.DurationVar(&c.ClusterIDTimeout, "cluster-id-timeout", 2*time.Minute, "how long to wait at start for this cluster's ID (the UID of Namespace kube-system) before exiting; with the embedded registry (no --registry-endpoints) the registrar waits as long as it takes, serving the registry meanwhile")
-	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "elect a leader among replicas (only the leader writes)")
+	fs.BoolVar(&c.LeaderElect, "leader-elect", true, "elect a leader among replicas (only the leader writes); off with the embedded registry (--registry-endpoints empty), a single replica")
 	ef.StringVar(&c.LeaderElectNamespace, "leader-elect-namespace", "POD_NAMESPACE", "aether-system", "namespace of the leader election Lease")
 	fs.StringVar(&c.LeaderElectID, "leader-elect-id", "aether-registrar", "name of the leader election Lease")
 	fs.DurationVar(&c.LeaseDuration, "leader-elect-lease-duration", 15*time.Second, "how long a standby waits before taking over a lease that was not renewed")

@@ -40,9 +40,18 @@ func run(ctx context.Context, cfg config) error {
 	// With an external registry, a cluster ID not read within --cluster-id-timeout ends the
 	// registrar (its Deployment restarts it). With the embedded one it waits as long as it
 	// takes: exiting would take the registry of every cluster down with it.
+	embedded := len(cfg.Registry.Endpoints()) == 0
 	idTimeout := cfg.ClusterIDTimeout
-	if len(cfg.Registry.Endpoints()) == 0 {
+	if embedded {
 		idTimeout = 0
+	}
+	// Leader election is off with the embedded registry: that shape is one replica (each
+	// replica would embed a registry of its own), and a leader that cannot renew its Lease while
+	// this cluster's API server is down ends the manager, so the process, and every cluster's
+	// registry with it.
+	leaderElect := cfg.LeaderElect && !embedded
+	if cfg.LeaderElect && embedded {
+		log.Info("leader election off: this registrar hosts the registry (--registry-endpoints empty), a single replica whose process must outlive an API server outage")
 	}
 	reg, id, closeReg, err := openRegistry(ctx, cfg.target, rc, log, claimedBy("aether-registrar"), idTimeout)
 	if err != nil {
@@ -59,8 +68,8 @@ func run(ctx context.Context, cfg config) error {
 			_, err := reg.EnsureClaim(ctx)
 			return claimError(err, cfg.target)
 		},
-		ProbeInterval: cfg.RegistryProbe, KeepRunningOnClaimConflict: len(cfg.Registry.Endpoints()) == 0,
-		LeaderElection: cfg.LeaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
+		ProbeInterval: cfg.RegistryProbe, KeepRunningOnClaimConflict: embedded, WaitForCaches: embedded,
+		LeaderElection: leaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
 		MetricsAddr:     cfg.MetricsAddr, HealthAddr: cfg.HealthAddr, Metrics: ctrlmetrics.Registry,
@@ -69,7 +78,7 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	log.Info("registrar starting", "registry", reg.Client().Endpoints(), "leader_elect", cfg.LeaderElect, "cluster_id", id)
+	log.Info("registrar starting", "registry", reg.Client().Endpoints(), "leader_elect", leaderElect, "cluster_id", id)
 	return r.Start(ctx)
 }
 
@@ -127,8 +136,9 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 	return reg, id, closeAll, nil
 }
 
-// waitClusterID reads this cluster's ID (clusterid.Get), giving up after timeout (0: when ctx
-// ends) and logging every clusterIDWaitLog while the API server has not given it.
+// waitClusterID reads this cluster's ID (clusterid.Get), giving up after timeout, or with
+// timeout 0 only when ctx ends (retrying also after the API server refused it: 401, 403), and
+// logging every clusterIDWaitLog while the API server has not given it.
 func waitClusterID(ctx context.Context, cs kubernetes.Interface, timeout time.Duration, log *slog.Logger) (string, error) {
 	idCtx, cancel := ctx, context.CancelFunc(func() {})
 	if timeout > 0 {
@@ -151,8 +161,33 @@ func waitClusterID(ctx context.Context, cs kubernetes.Interface, timeout time.Du
 			}
 		}
 	}()
-	return clusterid.Get(idCtx, cs)
+	if timeout > 0 {
+		return clusterid.Get(idCtx, cs)
+	}
+	// No timeout (the embedded registry): an API server that refuses (401, 403: credentials not
+	// valid or not allowed yet) is retried too, as one that does not answer, since exiting
+	// would take every cluster's registry down; the refusal is logged when it changes.
+	var last string
+	for {
+		id, err := clusterid.Get(idCtx, cs)
+		if err == nil || ctx.Err() != nil {
+			return id, err
+		}
+		if err.Error() != last {
+			last = err.Error()
+			log.Error("the API server refused this cluster's ID; retrying every "+clusterIDRetry.String()+", the embedded registry serving meanwhile", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", err
+		case <-time.After(clusterIDRetry):
+		}
+	}
 }
+
+// clusterIDRetry is how long a registrar with the embedded registry waits before asking again
+// for its cluster ID after the API server refused it.
+const clusterIDRetry = 5 * time.Second
 
 // claimError adds to an error caused by a partition claimed by another cluster what the
 // operator can do about it; other errors pass unchanged. In the single-machine shape the
