@@ -142,10 +142,17 @@ func (f *Forwarder) Exchange(ctx context.Context, req *dns.Msg, tcp bool) (*dns.
 		return nil, false
 	}
 	// Healthy upstreams first, in order; then the demoted ones, so that with every upstream
-	// demoted the query is still tried everywhere.
+	// demoted the query is still tried everywhere. Each upstream is tried once per query: which
+	// pass it belongs to is decided before the first, so an upstream that fails in the first
+	// pass (and is demoted by it) is not asked again in the second.
+	var small [8]bool
+	demoted := small[:0]
+	for _, u := range f.upstreams {
+		demoted = append(demoted, u.downUntil.Load() > now)
+	}
 	for pass := 0; pass < 2; pass++ {
-		for _, u := range f.upstreams {
-			if (u.downUntil.Load() > now) != (pass == 1) {
+		for i, u := range f.upstreams {
+			if demoted[i] != (pass == 1) {
 				continue
 			}
 			if resp, ok := try(u); ok {

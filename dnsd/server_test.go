@@ -409,6 +409,38 @@ func TestUpstreamFailures(t *testing.T) {
 			t.Errorf("SERVFAIL count = %v, want 2", got)
 		}
 	})
+	t.Run("each upstream is asked once per query", func(t *testing.T) {
+		// A failing upstream is demoted by its failure in the first pass; before, the second
+		// pass (demoted upstreams) asked it again: two queries to the one upstream, and with a
+		// timeout twice the wait before the client's SERVFAIL.
+		bad := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			m := new(dns.Msg)
+			m.SetRcode(r, dns.RcodeServerFailure)
+			_ = w.WriteMsg(m)
+		})
+		other := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			m := new(dns.Msg)
+			m.SetRcode(r, dns.RcodeRefused)
+			_ = w.WriteMsg(m)
+		})
+		for _, ups := range [][]*stub{{bad}, {bad, other}} {
+			var addrs []string
+			before := make([]int64, len(ups))
+			for i, u := range ups {
+				addrs = append(addrs, u.addr)
+				before[i] = u.queries.Load()
+			}
+			r := startResolver(t, addrs, ForwarderOptions{Timeout: timeout})
+			if resp := ask(t, r.addr, "udp", "example.org.", dns.TypeA, nil); resp.Rcode != dns.RcodeServerFailure {
+				t.Errorf("%d upstreams failing: rcode %s, want SERVFAIL", len(ups), dns.RcodeToString[resp.Rcode])
+			}
+			for i, u := range ups {
+				if n := u.queries.Load() - before[i]; n != 1 {
+					t.Errorf("%d upstreams failing: upstream %d asked %d times for one query, want 1", len(ups), i, n)
+				}
+			}
+		}
+	})
 	t.Run("clusterset names without ServiceImport: upstream answer, else NXDOMAIN", func(t *testing.T) {
 		serving := startStub(t, answerA(1))
 		r := startResolver(t, []string{serving.addr}, ForwarderOptions{Timeout: timeout})
