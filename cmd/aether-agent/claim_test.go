@@ -44,13 +44,7 @@ func TestAgentRespectsPartitionClaim(t *testing.T) {
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	open := func(clusterID string, claimer bool) *registry.Registry {
-		r, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "eu", Cluster: "east", LeaseTTL: 5 * time.Second,
-			Logger: log, ClusterID: clusterID, Claimer: claimer})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() })
-		return r
+		return openEast(t, etcd.Endpoints, log, clusterID, claimer)
 	}
 	other := open("uid-other", true)
 	if _, err := other.EnsureClaim(ctx); err != nil {
@@ -254,13 +248,7 @@ func TestAgentReregistersAfterReclaim(t *testing.T) {
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	open := func(clusterID string, claimer bool) *registry.Registry {
-		r, err := registry.New(registry.Config{Endpoints: etcd.Endpoints, Region: "eu", Cluster: "east", LeaseTTL: 5 * time.Second,
-			Logger: log, ClusterID: clusterID, Claimer: claimer})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { r.Close() })
-		return r
+		return openEast(t, etcd.Endpoints, log, clusterID, claimer)
 	}
 	registrar := open("uid-east", true)
 	if _, err := registrar.EnsureClaim(ctx); err != nil {
@@ -307,4 +295,17 @@ func TestAgentReregistersAfterReclaim(t *testing.T) {
 	}
 	testenv.Eventually(t, 30*time.Second, "ready after the re-claim", ready.state)
 	testenv.Eventually(t, 30*time.Second, "endpoint registered again after the re-claim, with no new model", registered(true))
+}
+
+// openEast opens a registry client of partition eu/east on endpoints with clusterID (a claimer
+// when claimer is set, as the registrar is), closed when the test ends.
+func openEast(t *testing.T, endpoints []string, log *slog.Logger, clusterID string, claimer bool) *registry.Registry {
+	t.Helper()
+	r, err := registry.New(registry.Config{Endpoints: endpoints, Region: "eu", Cluster: "east", LeaseTTL: 5 * time.Second,
+		Logger: log, ClusterID: clusterID, Claimer: claimer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
 }

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -249,11 +248,7 @@ func TestBinaryEmbeddedClaimConflictKeepsRegistry(t *testing.T) {
 		"--registry-probe-interval", "500ms", "--leader-elect-namespace", "aether-system")
 	testenv.Eventually(t, 90*time.Second, "registrar A ready", pA.ready)
 	pid := pA.cmd.Process.Pid
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, listen)
 	east := registry.Origin{Region: "eu", Cluster: "east"}
 	hasMark := func(svc string, want bool) func() error { return markPresent(ctx, cli, east, "apps", svc, want) }
 	if err := exportService(ctx, ca, "apps", "web"); err != nil {

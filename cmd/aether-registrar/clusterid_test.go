@@ -11,7 +11,6 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -59,11 +58,7 @@ current-context: c
 	host := startProc(t, "--cluster", "solo", "--kubeconfig", kubeconfig, "--leader-elect=false",
 		"--registry-data-dir", filepath.Join(dir, "registry"), "--registry-listen", listen,
 		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, listen)
 	registryAnswers := hostServes(ctx, host, cli)
 	testenv.Eventually(t, 60*time.Second, "embedded registry answers", registryAnswers)
 	testenv.Eventually(t, 60*time.Second, "the refusal logged", func() error {
@@ -130,11 +125,7 @@ func TestBinaryEmbeddedRegistryOutlivesAPIServerOutage(t *testing.T) {
 	if err := api.RestartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, listen)
 	testenv.Eventually(t, 90*time.Second, "host registrar serving and ready after the outage", func() error {
 		if err := hostServes(ctx, host, cli)(); err != nil {
 			return err
@@ -161,11 +152,7 @@ func TestBinaryEmbeddedRegistryWaitsForCRDs(t *testing.T) {
 	host := startProc(t, "--cluster", "solo", "--kubeconfig", api.Kubeconfig,
 		"--registry-data-dir", filepath.Join(dir, "registry"), "--registry-listen", listen,
 		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, listen)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	alive := hostServes(ctx, host, cli)

@@ -269,11 +269,7 @@ current-context: c
 	host := startProc(t, "--cluster", "solo", "--kubeconfig", kubeconfig, "--cluster-id-timeout", "1s",
 		"--registry-data-dir", filepath.Join(dir, "registry"), "--registry-listen", listen,
 		"--registry-peer-listen", fmt.Sprintf("http://127.0.0.1:%d", testenv.FreePort(t)))
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{listen}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := etcdClient(t, listen)
 	testenv.Eventually(t, 60*time.Second, "embedded registry answers", func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
@@ -307,4 +303,16 @@ current-context: c
 	if _, err := cli.Get(ctx, "/aether/v1/regions/", clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil {
 		t.Errorf("embedded registry after its registrar's --cluster-id-timeout: %v", err)
 	}
+}
+
+// etcdClient is a client of the etcd at url (an embedded registry's --registry-listen), closed
+// when the test ends.
+func etcdClient(t *testing.T, url string) *clientv3.Client {
+	t.Helper()
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{url}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli
 }
