@@ -75,7 +75,7 @@ func newCache(o CacheOptions) (*cache, error) {
 		field string
 		v     time.Duration
 	}{{"MaxTTL", o.MaxTTL}, {"MaxNegativeTTL", o.MaxNegativeTTL}} {
-		if err := checkTTLCap(d.v); err != nil {
+		if err := CheckCacheTTL(d.v); err != nil {
 			return nil, fmt.Errorf("new dns cache: %s %s: %w", d.field, d.v, err)
 		}
 	}
@@ -91,18 +91,15 @@ func newCache(o CacheOptions) (*cache, error) {
 		clock: o.clock}, nil
 }
 
-// checkTTLCap returns an error unless d is a whole number of seconds from 1 s to 2^31-1 s (the
-// largest TTL, RFC 2181 section 8).
-func checkTTLCap(d time.Duration) error {
+// CheckCacheTTL returns an error unless d is a valid cap of the cache's TTLs (CacheOptions
+// MaxTTL, MaxNegativeTTL): a whole number of seconds from 1 s to 2^31-1 s (the largest TTL, RFC
+// 2181 section 8).
+func CheckCacheTTL(d time.Duration) error {
 	if d < time.Second || d%time.Second != 0 || d/time.Second > 1<<31-1 {
 		return errors.New("want a whole number of seconds, at least 1s")
 	}
 	return nil
 }
-
-// CheckCacheTTL returns an error unless d is a valid cap of the cache's TTLs (CacheOptions
-// MaxTTL, MaxNegativeTTL): a whole number of seconds, at least 1 s.
-func CheckCacheTTL(d time.Duration) error { return checkTTLCap(d) }
 
 // The cache key: the question name lower-cased in presentation form, then cacheKeySuffix bytes:
 // QTYPE, QCLASS (big endian) and the flags below.
@@ -161,12 +158,6 @@ func appendCacheKey(buf []byte, req *dns.Msg) ([]byte, bool) {
 	buf = append(buf, make([]byte, cacheKeySuffix)...)
 	putKeySuffix(buf[len(buf)-cacheKeySuffix:], q.Qtype, q.Qclass, flags)
 	return buf, true
-}
-
-// cacheKey is appendCacheKey as a string.
-func cacheKey(req *dns.Msg) (string, bool) {
-	k, ok := appendCacheKey(nil, req)
-	return string(k), ok
 }
 
 // cacheKey completes the cache key of the parsed UDP query q (wq.key) and returns it, without

@@ -543,3 +543,9 @@ func TestCacheHitFastPathDoesNotAllocate(t *testing.T) {
 		t.Errorf("fast path cache hit: %v allocations per query, want 0", n)
 	}
 }
+
+// cacheKey is appendCacheKey as a string.
+func cacheKey(req *dns.Msg) (string, bool) {
+	k, ok := appendCacheKey(nil, req)
+	return string(k), ok
+}

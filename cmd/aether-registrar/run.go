@@ -140,11 +140,11 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 // timeout 0 only when ctx ends (retrying also after the API server refused it: 401, 403), and
 // logging every clusterIDWaitLog while the API server has not given it.
 func waitClusterID(ctx context.Context, cs kubernetes.Interface, timeout time.Duration, log *slog.Logger) (string, error) {
-	idCtx, cancel := ctx, context.CancelFunc(func() {})
 	if timeout > 0 {
-		idCtx, cancel = context.WithTimeout(ctx, timeout)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
 	}
-	defer cancel()
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -162,14 +162,14 @@ func waitClusterID(ctx context.Context, cs kubernetes.Interface, timeout time.Du
 		}
 	}()
 	if timeout > 0 {
-		return clusterid.Get(idCtx, cs)
+		return clusterid.Get(ctx, cs)
 	}
 	// No timeout (the embedded registry): an API server that refuses (401, 403: credentials not
 	// valid or not allowed yet) is retried too, as one that does not answer, since exiting
 	// would take every cluster's registry down; the refusal is logged when it changes.
 	var last string
 	for {
-		id, err := clusterid.Get(idCtx, cs)
+		id, err := clusterid.Get(ctx, cs)
 		if err == nil || ctx.Err() != nil {
 			return id, err
 		}
