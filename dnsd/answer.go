@@ -163,12 +163,15 @@ func inZone(name, apex string) bool {
 }
 
 func (n *nameAnswers) pick(qtype uint16, expansion bool) *prepared {
+	n = n.answers()
 	if expansion {
 		switch qtype {
 		case dns.TypeA:
 			return &n.expA
 		case dns.TypeAAAA:
 			return &n.expAAAA
+		case dns.TypeSRV:
+			return &n.expSRV
 		case dns.TypeANY:
 			return &n.expAny
 		}
@@ -179,6 +182,8 @@ func (n *nameAnswers) pick(qtype uint16, expansion bool) *prepared {
 		return &n.a
 	case dns.TypeAAAA:
 		return &n.aaaa
+	case dns.TypeSRV:
+		return &n.srv
 	case dns.TypeANY:
 		return &n.any
 	case dns.TypeSOA:
@@ -214,7 +219,8 @@ func appendPrepared(buf []byte, req *dns.Msg, q dns.Question, opt *dns.OPT, p *p
 const optLen = 11
 
 // putHeader writes the 12-byte header of prepared answer p to the query with id, RD and CD into
-// b: QR, AA and RA set, opcode QUERY, one question, ARCOUNT 1 when an OPT follows.
+// b: QR, AA and RA set, opcode QUERY, one question, ARCOUNT p's additional records plus 1 when
+// an OPT follows.
 func putHeader(b []byte, id uint16, rd, cd, edns bool, p *prepared) {
 	b[0], b[1] = byte(id>>8), byte(id)
 	flags1 := byte(0x80 | 0x04) // QR, AA; opcode QUERY
@@ -229,10 +235,11 @@ func putHeader(b []byte, id uint16, rd, cd, edns bool, p *prepared) {
 	b[4], b[5] = 0, 1
 	b[6], b[7] = byte(p.an>>8), byte(p.an)
 	b[8], b[9] = byte(p.ns>>8), byte(p.ns)
-	b[10], b[11] = 0, 0
+	ar := p.ar
 	if edns {
-		b[11] = 1
+		ar++
 	}
+	b[10], b[11] = byte(ar>>8), byte(ar)
 }
 
 // putOPT writes the resolver's OPT record (root owner, UDP size ednsUDPSize, extended rcode 0,

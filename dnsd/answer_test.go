@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,13 +20,16 @@ var (
 )
 
 // testMesh is the model the table tests answer from:
-//   - default/web: local, dual-stack VIPs, oldest "web" (owns web.mesh);
+//   - default/web: local, dual-stack VIPs, oldest "web" (owns web.mesh); ports http (80) and
+//     GRPC (9090, a port name in upper case);
 //   - shop/web: local, newer (no short name);
-//   - shop/cart: local and imported (clusterset VIP), IPv4 only;
-//   - remote/pay: imported only (not local: its mesh name answers the clusterset VIP);
+//   - shop/cart: local and imported (clusterset VIP), IPv4 only; one unnamed port 8080;
+//   - remote/pay: imported only (not local: its mesh name answers the clusterset VIP); UDP port
+//     dns (53);
 //   - default/headless: local without VIP and not headless (as an ExternalName Service);
 //   - default/db: headless (clusterIP None), with ready pods db-0, db-1 (dual-stack), db.x (a pod
-//     name with a dot) and db-6 (IPv6 only), an unready db-2 here, and a ready db-3 in cluster c2.
+//     name with a dot) and db-6 (IPv6 only), an unready db-2 here, and a ready db-3 in cluster c2;
+//     port pg (5432), a named targetPort that db-1 serves on 5433 and the others on 5432.
 func testMesh() *model.Mesh {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	ips := func(s ...string) []netip.Addr {
@@ -36,21 +40,28 @@ func testMesh() *model.Mesh {
 		return out
 	}
 	svcs := []*model.Service{
-		{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Local: true, VIPs: ips("10.96.0.20", "fd00::20"), Created: t0},
+		{Key: model.ServiceKey{Namespace: "default", Name: "web"}, Local: true, VIPs: ips("10.96.0.20", "fd00::20"), Created: t0,
+			Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, Protocol: model.ProtocolHTTP}, {Name: "GRPC", Port: 9090, TargetPort: 9090, Protocol: model.ProtocolGRPC}}},
 		{Key: model.ServiceKey{Namespace: "shop", Name: "web"}, Local: true, VIPs: ips("10.96.1.20"), Created: t0.Add(time.Hour)},
-		{Key: model.ServiceKey{Namespace: "shop", Name: "cart"}, Local: true, VIPs: ips("10.96.1.30"), Imported: true, ClustersetVIPs: ips("10.97.0.30"), Created: t0},
-		{Key: model.ServiceKey{Namespace: "remote", Name: "pay"}, Imported: true, ClustersetVIPs: ips("10.97.0.40")},
+		{Key: model.ServiceKey{Namespace: "shop", Name: "cart"}, Local: true, VIPs: ips("10.96.1.30"), Imported: true, ClustersetVIPs: ips("10.97.0.30"), Created: t0,
+			Ports: []model.ServicePort{{Port: 8080, TargetPort: 8080, Protocol: model.ProtocolTCP}}},
+		{Key: model.ServiceKey{Namespace: "remote", Name: "pay"}, Imported: true, ClustersetVIPs: ips("10.97.0.40"),
+			Ports: []model.ServicePort{{Name: "dns", Port: 53, TargetPort: 5353, Protocol: model.ProtocolUDP, FromImport: true}}},
 		{Key: model.ServiceKey{Namespace: "default", Name: "headless"}, Local: true, Created: t0},
-		{Key: model.ServiceKey{Namespace: "default", Name: "db"}, Local: true, Headless: true, Created: t0},
+		{Key: model.ServiceKey{Namespace: "default", Name: "db"}, Local: true, Headless: true, Created: t0,
+			Ports: []model.ServicePort{{Name: "pg", Port: 5432, TargetPort: 5432, TargetPortName: "pg", Protocol: model.ProtocolTCP}}},
+	}
+	pg := func(port uint32) []model.EndpointPort {
+		return []model.EndpointPort{{Name: "pg", Port: port, Protocol: model.ProtocolTCP}}
 	}
 	db := model.ServiceKey{Namespace: "default", Name: "db"}
 	eps := map[model.ServiceKey][]model.Endpoint{db: {
-		{Service: db, Cluster: "c1", PodUID: "d1", PodName: "db-0", IPs: ips("10.244.1.7"), Healthy: true},
-		{Service: db, Cluster: "c1", PodUID: "d2", PodName: "db-1", IPs: ips("10.244.1.5", "fd00:244::5"), Healthy: true},
-		{Service: db, Cluster: "c1", PodUID: "d3", PodName: "db-2", IPs: ips("10.244.1.6"), Healthy: false},
-		{Service: db, Cluster: "c1", PodUID: "d5", PodName: "db.x", IPs: ips("10.244.1.8"), Healthy: true},
-		{Service: db, Cluster: "c1", PodUID: "d6", PodName: "db-6", IPs: ips("fd00:244::6"), Healthy: true},
-		{Service: db, Cluster: "c2", PodUID: "d4", PodName: "db-3", IPs: ips("10.245.0.8"), Healthy: true},
+		{Service: db, Cluster: "c1", PodUID: "d1", PodName: "db-0", IPs: ips("10.244.1.7"), Healthy: true, Ports: pg(5432)},
+		{Service: db, Cluster: "c1", PodUID: "d2", PodName: "db-1", IPs: ips("10.244.1.5", "fd00:244::5"), Healthy: true, Ports: pg(5433)},
+		{Service: db, Cluster: "c1", PodUID: "d3", PodName: "db-2", IPs: ips("10.244.1.6"), Healthy: false, Ports: pg(5432)},
+		{Service: db, Cluster: "c1", PodUID: "d5", PodName: "db.x", IPs: ips("10.244.1.8"), Healthy: true, Ports: pg(5432)},
+		{Service: db, Cluster: "c1", PodUID: "d6", PodName: "db-6", IPs: ips("fd00:244::6"), Healthy: true, Ports: pg(5432)},
+		{Service: db, Cluster: "c2", PodUID: "d4", PodName: "db-3", IPs: ips("10.245.0.8"), Healthy: true, Ports: pg(5432)},
 	}}
 	pods := []*model.LocalPod{
 		{UID: "u1", Namespace: "shop", Name: "client", IPs: []netip.Addr{shopPod}},
@@ -81,6 +92,7 @@ type dnsCase struct {
 	rcode  int
 	answer []string
 	ns     []string
+	extra  []string // the additional section without OPT
 	noAA   bool
 	check  func(t *testing.T, m *dns.Msg)
 }
@@ -139,6 +151,50 @@ func respondCases() []dnsCase {
 			answer: []string{rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7"), rr("db.mesh.", "A", "10.244.1.8")}},
 		{name: "search expansion of a headless name", qname: "db.mesh.default.svc.cluster.local.", qtype: dns.TypeA, src: defaultPod,
 			answer: []string{rr("db.mesh.default.svc.cluster.local.", "CNAME", "db.mesh."), rr("db.mesh.", "A", "10.244.1.5"), rr("db.mesh.", "A", "10.244.1.7"), rr("db.mesh.", "A", "10.244.1.8")}},
+		{name: "SRV of a named port (Kubernetes DNS spec 2.4.1), the target's addresses in additional", qname: "_http._tcp.web.default.mesh.", qtype: dns.TypeSRV,
+			answer: []string{rr("_http._tcp.web.default.mesh.", "SRV", "0 100 80 web.default.mesh.")},
+			extra:  []string{rr("web.default.mesh.", "A", "10.96.0.20"), rr("web.default.mesh.", "AAAA", "fd00::20")}},
+		{name: "SRV owner label is the port name in lower case", qname: "_grpc._tcp.web.default.mesh.", qtype: dns.TypeSRV,
+			answer: []string{rr("_grpc._tcp.web.default.mesh.", "SRV", "0 100 9090 web.default.mesh.")},
+			extra:  []string{rr("web.default.mesh.", "A", "10.96.0.20"), rr("web.default.mesh.", "AAAA", "fd00::20")}},
+		{name: "SRV at the service name: every port, weight shared, each target's addresses once", qname: "web.default.mesh.", qtype: dns.TypeSRV,
+			answer: []string{rr("web.default.mesh.", "SRV", "0 50 80 web.default.mesh."), rr("web.default.mesh.", "SRV", "0 50 9090 web.default.mesh.")},
+			extra:  []string{rr("web.default.mesh.", "A", "10.96.0.20"), rr("web.default.mesh.", "AAAA", "fd00::20")}},
+		{name: "ANY at a service name gives its addresses, not its SRV records", qname: "web.shop.mesh.", qtype: dns.TypeANY,
+			answer: []string{rr("web.shop.mesh.", "A", "10.96.1.20")}},
+		{name: "ANY at a port's SRV name gives the SRV records", qname: "_http._tcp.web.default.mesh.", qtype: dns.TypeANY,
+			answer: []string{rr("_http._tcp.web.default.mesh.", "SRV", "0 100 80 web.default.mesh.")},
+			extra:  []string{rr("web.default.mesh.", "A", "10.96.0.20"), rr("web.default.mesh.", "AAAA", "fd00::20")}},
+		{name: "A at a port's SRV name is NODATA", qname: "_http._tcp.web.default.mesh.", qtype: dns.TypeA, ns: nx},
+		{name: "the protocol label is an empty non-terminal", qname: "_tcp.web.default.mesh.", qtype: dns.TypeSRV, ns: nx},
+		{name: "SRV of a port under the wrong protocol is NXDOMAIN", qname: "_http._udp.web.default.mesh.", qtype: dns.TypeSRV, rcode: dns.RcodeNameError, ns: nx},
+		{name: "SRV of an unknown port is NXDOMAIN", qname: "_nope._tcp.web.default.mesh.", qtype: dns.TypeSRV, rcode: dns.RcodeNameError, ns: nx},
+		{name: "SRV under the short name points at the short name", qname: "_http._tcp.web.mesh.", qtype: dns.TypeSRV,
+			answer: []string{rr("_http._tcp.web.mesh.", "SRV", "0 100 80 web.mesh.")},
+			extra:  []string{rr("web.mesh.", "A", "10.96.0.20"), rr("web.mesh.", "AAAA", "fd00::20")}},
+		{name: "an unnamed port has SRV only at the service name", qname: "cart.shop.mesh.", qtype: dns.TypeSRV,
+			answer: []string{rr("cart.shop.mesh.", "SRV", "0 100 8080 cart.shop.mesh.")},
+			extra:  []string{rr("cart.shop.mesh.", "A", "10.96.1.30")}},
+		{name: "SRV of a UDP port of an imported service", qname: "_dns._udp.pay.remote.mesh.", qtype: dns.TypeSRV,
+			answer: []string{rr("_dns._udp.pay.remote.mesh.", "SRV", "0 100 53 pay.remote.mesh.")},
+			extra:  []string{rr("pay.remote.mesh.", "A", "10.97.0.40")}},
+		{name: "clusterset SRV (MCS DNS specification): the Service port on the clusterset name", qname: "_dns._udp.pay.remote.svc.clusterset.local.", qtype: dns.TypeSRV,
+			answer: []string{rr("_dns._udp.pay.remote.svc.clusterset.local.", "SRV", "0 100 53 pay.remote.svc.clusterset.local.")},
+			extra:  []string{rr("pay.remote.svc.clusterset.local.", "A", "10.97.0.40")}},
+		{name: "clusterset protocol label is an empty non-terminal", qname: "_udp.pay.remote.svc.clusterset.local.", qtype: dns.TypeSRV, ns: []string{csSOA()}},
+		{name: "headless SRV: each named ready pod here on its own target port", qname: "_pg._tcp.db.default.mesh.", qtype: dns.TypeSRV,
+			answer: []string{rr("_pg._tcp.db.default.mesh.", "SRV", "0 33 5432 db-0.db.default.mesh."), rr("_pg._tcp.db.default.mesh.", "SRV", "0 33 5433 db-1.db.default.mesh."),
+				rr("_pg._tcp.db.default.mesh.", "SRV", "0 33 5432 db-6.db.default.mesh.")},
+			extra: []string{rr("db-0.db.default.mesh.", "A", "10.244.1.7"), rr("db-1.db.default.mesh.", "A", "10.244.1.5"), rr("db-6.db.default.mesh.", "AAAA", "fd00:244::6")}},
+		{name: "headless SRV under the short name points at the pods' names", qname: "_pg._tcp.db.mesh.", qtype: dns.TypeSRV,
+			answer: []string{rr("_pg._tcp.db.mesh.", "SRV", "0 33 5432 db-0.db.default.mesh."), rr("_pg._tcp.db.mesh.", "SRV", "0 33 5433 db-1.db.default.mesh."),
+				rr("_pg._tcp.db.mesh.", "SRV", "0 33 5432 db-6.db.default.mesh.")},
+			extra: []string{rr("db-0.db.default.mesh.", "A", "10.244.1.7"), rr("db-1.db.default.mesh.", "A", "10.244.1.5"), rr("db-6.db.default.mesh.", "AAAA", "fd00:244::6")}},
+		{name: "search expansion of an SRV name", qname: "_http._tcp.web.mesh.shop.svc.cluster.local.", qtype: dns.TypeSRV, src: shopPod,
+			answer: []string{rr("_http._tcp.web.mesh.shop.svc.cluster.local.", "CNAME", "_http._tcp.web.mesh."), rr("_http._tcp.web.mesh.", "SRV", "0 100 80 web.mesh.")},
+			extra:  []string{rr("web.mesh.", "A", "10.96.0.20"), rr("web.mesh.", "AAAA", "fd00::20")}},
+		{name: "search expansion of an SRV name asked for A is CNAME and NODATA", qname: "_http._tcp.web.mesh.shop.svc.cluster.local.", qtype: dns.TypeA, src: shopPod,
+			answer: []string{rr("_http._tcp.web.mesh.shop.svc.cluster.local.", "CNAME", "_http._tcp.web.mesh.")}, ns: nx},
 		{name: "imported-only service answers its clusterset VIP", qname: "pay.remote.mesh.", qtype: dns.TypeA,
 			answer: []string{rr("pay.remote.mesh.", "A", "10.97.0.40")}},
 		{name: "imported-only service has no short name", qname: "pay.mesh.", qtype: dns.TypeA, rcode: dns.RcodeNameError, ns: nx},
@@ -283,6 +339,10 @@ func runCase(t *testing.T, idx *Index, tc dnsCase) {
 	if got := rrStrings(m.Ns); !slices.Equal(got, tc.ns) {
 		t.Errorf("authority:\n got %q\nwant %q", got, tc.ns)
 	}
+	extra := slices.DeleteFunc(slices.Clone(m.Extra), func(r dns.RR) bool { return r.Header().Rrtype == dns.TypeOPT })
+	if got := rrStrings(extra); !slices.Equal(got, tc.extra) {
+		t.Errorf("additional:\n got %q\nwant %q", got, tc.extra)
+	}
 	if tc.check != nil {
 		tc.check(t, m)
 	}
@@ -407,5 +467,66 @@ func TestNewIndexSkipsPodNamesTooLong(t *testing.T) {
 	runCase(t, idx, dnsCase{name: "service", qname: svc, qtype: dns.TypeA, answer: []string{rr(svc, "A", "10.244.0.9")}})
 	if n := idx.names[strings.Repeat("p", 40)+"."+svc]; n != nil {
 		t.Errorf("per-pod name of %d bytes is in the index", len(strings.Repeat("p", 40)+"."+svc))
+	}
+}
+
+func TestValidName(t *testing.T) {
+	long := strings.Repeat("a", 63)
+	for _, tc := range []struct {
+		name string
+		want bool
+	}{
+		{"web.mesh.", true},
+		{"_http._tcp.web.mesh.", true},
+		{"a-1.b2.", true},
+		{long + ".mesh.", true},
+		{long + "a.mesh.", false}, // a 64-byte label
+		{strings.Repeat(long+".", 3) + strings.Repeat("a", 61) + ".", true}, // 254 bytes with the root
+		{strings.Repeat(long+".", 3) + strings.Repeat("a", 62) + ".", false},
+		{"web.mesh", false}, // not fully qualified
+		{"web..mesh.", false},
+		{".mesh.", false},
+		{"Web.mesh.", false}, // index names are lower case
+		{"we b.mesh.", false},
+		{"web*.mesh.", false},
+		{".", false},
+	} {
+		if got := validName(tc.name); got != tc.want {
+			t.Errorf("validName(%q) = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestIndexAnswersPreparedOnceUnderConcurrency: a name's answers are prepared when first asked;
+// many lookups racing on a fresh index all get the same, complete answer (run with -race).
+func TestIndexAnswersPreparedOnceUnderConcurrency(t *testing.T) {
+	idx, err := NewIndex(testMesh(), IndexOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := new(dns.Msg)
+	req.SetQuestion("_pg._tcp.db.default.mesh.", dns.TypeSRV)
+	want, _, _ := func() ([]byte, int, Action) {
+		fresh, err := NewIndex(testMesh(), IndexOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fresh.Respond(nil, req, netip.Addr{}, dns.MaxMsgSize)
+	}()
+	const n = 16
+	got := make([][]byte, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { got[i], _, _ = idx.Respond(nil, req, netip.Addr{}, dns.MaxMsgSize) })
+	}
+	wg.Wait()
+	for i, g := range got {
+		if !slices.Equal(g, want) {
+			t.Fatalf("lookup %d got a different answer:\n% x\nwant\n% x", i, g, want)
+		}
+	}
+	m := new(dns.Msg)
+	if err := m.Unpack(want); err != nil || len(m.Answer) != 3 || len(m.Extra) != 3 {
+		t.Fatalf("answer %v (err %v), want 3 SRV records and 3 address records", m, err)
 	}
 }

@@ -123,3 +123,35 @@ func BenchmarkForwardedCache(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkNewIndex measures building the index (the resolver rebuilds it on every model change)
+// for n services, each with a dual-stack VIP, a short name and two named ports (their SRV
+// names), a tenth of them also imported (a clusterset name).
+func BenchmarkNewIndex(b *testing.B) {
+	for _, n := range []int{1000, 10000} {
+		b.Run(fmt.Sprint(n), func(b *testing.B) {
+			var svcs []*model.Service
+			for i := range n {
+				s := &model.Service{
+					Key: model.ServiceKey{Namespace: fmt.Sprintf("ns-%d", i%50), Name: fmt.Sprintf("svc-%d", i)}, Local: true,
+					VIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i / 256), byte(i % 256)}),
+						netip.AddrFrom16([16]byte{0xfd, 0, 15: byte(i)})},
+					Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, Protocol: model.ProtocolHTTP},
+						{Name: "grpc", Port: 9090, TargetPort: 9090, Protocol: model.ProtocolGRPC}},
+				}
+				if i%10 == 0 {
+					s.Imported, s.ClustersetVIPs = true, []netip.Addr{netip.AddrFrom4([4]byte{10, 97, byte(i / 256), byte(i % 256)})}
+				}
+				svcs = append(svcs, s)
+			}
+			m := model.New(1, "c", "", "", model.Node{}, svcs, nil, nil)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for range b.N {
+				if _, err := NewIndex(m, IndexOptions{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -252,6 +252,33 @@ func TestPrivilegedClientsThroughDNAT(t *testing.T) {
 					})
 				}
 			}
+			// SRV lookups with Go's resolver (net.LookupSRV, which walks the search list like
+			// LookupHost): the first expansion is answered (a CNAME to the SRV name, then its
+			// records), so each takes one query.
+			for _, q := range []struct {
+				args string
+				want []string
+			}{
+				{"http tcp web.mesh", []string{"web.mesh. 80"}},
+				{"dns udp pay.remote.svc.clusterset.local", []string{"pay.remote.svc.clusterset.local. 53"}},
+				{"pg tcp db.mesh", []string{"db-0.db.default.mesh. 5432", "db-1.db.default.mesh. 5433", "db-6.db.default.mesh. 5432"}},
+			} {
+				t.Run("go SRV/"+q.args, func(t *testing.T) {
+					before := p.queries(t)
+					cmd := p.pod.Command(self, "-test.run=^$")
+					cmd.Env = append(os.Environ(), "DNSD_GO_SRV="+q.args, "GODEBUG=netdns=go")
+					got := lines(t, cmd)
+					sent := p.queries(t) - before
+					slices.Sort(got)
+					if !slices.Equal(got, q.want) {
+						t.Errorf("LookupSRV %s = %q, want %q", q.args, got, q.want)
+					}
+					if sent != 1 {
+						t.Errorf("LookupSRV %s sent %d queries, want 1 (first expansion answered)", q.args, sent)
+					}
+					report = append(report, fmt.Sprintf("%-20s %-32s %d queries", "go SRV", q.args, sent))
+				})
+			}
 			t.Logf("queries per lookup (pod resolv.conf ndots:5, search shop.svc.%[1]s svc.%[1]s %[1]s):\n%[2]s", domain, strings.Join(report, "\n"))
 			// The cache (30 s, TTL 30) answered every client's A lookup of example.org after
 			// the first, whatever the client and transport.

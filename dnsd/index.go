@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/miekg/dns"
 
@@ -66,19 +67,34 @@ type zone struct {
 
 // nameAnswers are the prepared answers of one existing name, by query type; expansion* answer
 // the same name reached through a search-list expansion (a CNAME to the name, then its records).
+// A name's answers are prepared when it is first asked (answers, from in), not when the index is
+// built: the index is rebuilt on every model change, and most names are not asked between two.
 type nameAnswers struct {
-	a, aaaa, any, soa, other prepared
-	expA, expAAAA, expAny    prepared
-	expOther                 prepared
-	expandable               bool
+	once                          sync.Once
+	in                            nameInput // cleared once prepared
+	a, aaaa, srv, any, soa, other prepared
+	expA, expAAAA, expSRV, expAny prepared
+	expOther                      prepared
+	expandable                    bool
 }
 
-// prepared is an authoritative answer without header and question: the packed answer and
-// authority sections, whose compression pointers refer only to the question name at offset 12.
+// nameInput is what a name's answers are prepared from.
+type nameInput struct {
+	fqdn string
+	z    *zone
+	vips []netip.Addr
+	srvs []srvRecord
+	ttl  uint32
+}
+
+// prepared is an authoritative answer without header and question: the packed answer,
+// authority and additional sections, whose compression pointers refer only to the question name
+// at offset 12. An OPT record, when the query had one, is written after body (ar counts the
+// additional records in body only).
 type prepared struct {
-	rcode  int
-	an, ns uint16
-	body   []byte
+	rcode      int
+	an, ns, ar uint16
+	body       []byte
 }
 
 // NewIndex builds the lookup index for m. It returns an error naming the service when a
@@ -107,7 +123,7 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 		meshZone:     meshZone,
 		csZone:       dns.CanonicalName(model.ClustersetDomain),
 		csuffix:      ".svc." + dns.CanonicalName(o.ClusterDomain),
-		names:        map[string]*nameAnswers{},
+		names:        make(map[string]*nameAnswers, 2*len(m.Services)),
 		ents:         map[string]*zone{},
 		podNamespace: map[netip.Addr]string{},
 	}
@@ -117,7 +133,9 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 	idx.names[idx.meshZone] = apexAnswers(&idx.mesh)
 	idx.names[idx.csZone] = apexAnswers(&idx.cs)
 
-	add := func(name string, z *zone, vips []netip.Addr) error {
+	// add adds name with its address records and SRV records (srvs, owned by the name; each
+	// port's also under _<port>._<proto>.<name>), and marks its ancestors as empty non-terminals.
+	add := func(name string, z *zone, vips []netip.Addr, srvs []srvRecord) error {
 		fqdn := dns.CanonicalName(name)
 		if !validName(fqdn) {
 			return fmt.Errorf("build dns index: name %q is not a domain name", name)
@@ -125,11 +143,19 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 		if _, dup := idx.names[fqdn]; dup {
 			return nil
 		}
-		idx.names[fqdn] = newNameAnswers(fqdn, z, vips, o.TTL)
+		idx.names[fqdn] = newNameAnswers(fqdn, z, vips, srvs, o.TTL)
 		// Every ancestor up to the apex is an empty non-terminal (unless it is a name itself,
 		// which the names map answers first).
 		for p := parent(fqdn); p != "" && p != z.apex && len(p) > len(z.apex); p = parent(p) {
 			idx.ents[p] = z
+		}
+		for _, label := range srvLabels(srvs) {
+			owner := label + fqdn
+			if !validName(owner) {
+				continue // a port name no Kubernetes API server accepts, or a name too long
+			}
+			idx.names[owner] = newNameAnswers(owner, z, nil, srvsOf(srvs, label), o.TTL)
+			idx.ents[parent(owner)] = z
 		}
 		return nil
 	}
@@ -142,7 +168,14 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 			vips = headlessAddrs(m, s.Key)
 		}
 		if s.Local || s.Imported {
-			if err := add(m.FQDN(s.Key), &idx.mesh, vips); err != nil {
+			fqdn := dns.CanonicalName(m.FQDN(s.Key))
+			var srvs []srvRecord
+			if s.Local && s.Headless {
+				srvs = headlessSRV(m, s, fqdn)
+			} else {
+				srvs = vipSRV(s.Ports, fqdn, vips)
+			}
+			if err := add(fqdn, &idx.mesh, vips, srvs); err != nil {
 				return nil, fmt.Errorf("service %s: %w", s.Key, err)
 			}
 			if s.Local && s.Headless {
@@ -150,23 +183,29 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 				// <hostname>.<svc>.<ns>.svc.<zone> for a StatefulSet's pods. A pod name that is
 				// not one DNS label (it may hold dots), or that makes the name too long, gets none.
 				for _, e := range readyHere(m, s.Key) {
-					name := e.PodName + "." + m.FQDN(s.Key)
-					if strings.Contains(e.PodName, ".") || !validName(dns.CanonicalName(name)) {
+					name, ok := podName(e, fqdn)
+					if !ok {
 						continue
 					}
-					if err := add(name, &idx.mesh, meshAddr(e)); err != nil {
+					if err := add(name, &idx.mesh, meshAddr(e), nil); err != nil {
 						return nil, fmt.Errorf("service %s: %w", s.Key, err)
 					}
 				}
 			}
 			if short := m.ShortName(s.Key); short != "" {
-				if err := add(short, &idx.mesh, vips); err != nil {
+				if !s.Headless {
+					// The short name's SRV records point at the short name (the headless ones
+					// at the pods' names, which exist only under the namespaced name).
+					srvs = vipSRV(s.Ports, dns.CanonicalName(short), vips)
+				}
+				if err := add(short, &idx.mesh, vips, srvs); err != nil {
 					return nil, fmt.Errorf("service %s: %w", s.Key, err)
 				}
 			}
 		}
 		if s.Imported {
-			if err := add(model.ClustersetName(s.Key), &idx.cs, s.ClustersetVIPs); err != nil {
+			cs := dns.CanonicalName(model.ClustersetName(s.Key))
+			if err := add(cs, &idx.cs, s.ClustersetVIPs, vipSRV(s.Ports, cs, s.ClustersetVIPs)); err != nil {
 				return nil, fmt.Errorf("service %s: %w", s.Key, err)
 			}
 		}
@@ -177,6 +216,94 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 		}
 	}
 	return idx, nil
+}
+
+// srvRecord is one SRV record of a service name: the port's owner label ("_<port>._<proto>.",
+// empty for an unnamed port, which has no owner of its own), the port, the target FQDN and the
+// target's addresses (the additional section).
+type srvRecord struct {
+	label  string
+	port   uint32
+	target string
+	addrs  []netip.Addr
+}
+
+// srvLabel returns the owner label of a named Service port's SRV records, "_<name>._<proto>."
+// (Kubernetes DNS specification 2.4.1: TCP or UDP; every mesh protocol but UDP runs over TCP),
+// or "" for an unnamed port.
+func srvLabel(sp model.ServicePort) string {
+	if sp.Name == "" {
+		return ""
+	}
+	proto := "_tcp."
+	if sp.Protocol == model.ProtocolUDP {
+		proto = "_udp."
+	}
+	return "_" + strings.ToLower(sp.Name) + "." + proto
+}
+
+// vipSRV returns the SRV records of a service reached through a VIP (local or clusterset): one
+// per port, the Service port on target, the name itself (Kubernetes DNS specification 2.4.1 and
+// the MCS DNS specification for clusterset names).
+func vipSRV(ports []model.ServicePort, target string, vips []netip.Addr) []srvRecord {
+	var out []srvRecord
+	for _, sp := range ports {
+		out = append(out, srvRecord{label: srvLabel(sp), port: sp.Port, target: target, addrs: vips})
+	}
+	return out
+}
+
+// headlessSRV returns the SRV records of a local headless Service (fqdn its namespaced name): per
+// port, one per ready pod of this cluster with a name (podName) that serves the port, on the
+// pod's own target port, pointing at the pod's name (Kubernetes DNS specification 2.4.1, records
+// for a headless Service). Pods are in readyHere's order.
+func headlessSRV(m *model.Mesh, s *model.Service, fqdn string) []srvRecord {
+	var out []srvRecord
+	eps := readyHere(m, s.Key)
+	for _, sp := range s.Ports {
+		for i := range eps {
+			name, ok := podName(eps[i], fqdn)
+			if !ok {
+				continue
+			}
+			if ep, ok := sp.EndpointPort(&eps[i]); ok {
+				out = append(out, srvRecord{label: srvLabel(sp), port: ep.Port, target: name, addrs: meshAddr(eps[i])})
+			}
+		}
+	}
+	return out
+}
+
+// podName returns the name of endpoint e of the headless service named fqdn,
+// "<pod>.<fqdn>", or false when the pod name is not one DNS label or the name is too long.
+func podName(e model.Endpoint, fqdn string) (string, bool) {
+	name := dns.CanonicalName(e.PodName + "." + fqdn)
+	if strings.Contains(e.PodName, ".") || !validName(name) {
+		return "", false
+	}
+	return name, true
+}
+
+// srvLabels returns the distinct non-empty labels of srvs, in order.
+func srvLabels(srvs []srvRecord) []string {
+	var out []string
+	for _, r := range srvs {
+		if r.label != "" && !slices.Contains(out, r.label) {
+			out = append(out, r.label)
+		}
+	}
+	return out
+}
+
+// srvsOf returns the records of srvs with label.
+func srvsOf(srvs []srvRecord, label string) []srvRecord {
+	var out []srvRecord
+	for _, r := range srvs {
+		if r.label == label {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // headlessAddrs returns the addresses a headless Service's mesh name answers: the address the
@@ -222,15 +349,19 @@ func validName(fqdn string) bool {
 	if len(fqdn) < 2 || len(fqdn) > 254 || fqdn[len(fqdn)-1] != '.' {
 		return false
 	}
-	for _, l := range strings.Split(fqdn[:len(fqdn)-1], ".") {
-		if len(l) == 0 || len(l) > 63 {
-			return false
-		}
-		for i := 0; i < len(l); i++ {
-			c := l[i]
-			if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+	label := 0 // length of the current label
+	for i := 0; i < len(fqdn); i++ {
+		c := fqdn[i]
+		switch {
+		case c == '.':
+			if label == 0 || label > 63 {
 				return false
 			}
+			label = 0
+		case c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' || c == '_':
+			label++
+		default:
+			return false
 		}
 	}
 	return true
@@ -265,8 +396,8 @@ func newZone(apex string, serial, negTTL uint32) zone {
 	return zone{
 		apex:     apex,
 		soa:      soa,
-		nodata:   mustPrepare(dns.RcodeSuccess, nil, []dns.RR{soa}),
-		nxdomain: mustPrepare(dns.RcodeNameError, nil, []dns.RR{soa}),
+		nodata:   mustPrepare(dns.RcodeSuccess, nil, []dns.RR{soa}, nil),
+		nxdomain: mustPrepare(dns.RcodeNameError, nil, []dns.RR{soa}, nil),
 	}
 }
 
@@ -275,30 +406,46 @@ func newZone(apex string, serial, negTTL uint32) zone {
 func apexAnswers(z *zone) *nameAnswers {
 	soa := dns.Copy(z.soa)
 	soa.Header().Name = "." // the question name (see mustPrepare)
-	a := &nameAnswers{a: z.nodata, aaaa: z.nodata, any: z.nodata, other: z.nodata}
-	a.soa = mustPrepare(dns.RcodeSuccess, []dns.RR{soa}, nil)
+	a := &nameAnswers{a: z.nodata, aaaa: z.nodata, srv: z.nodata, any: z.nodata, other: z.nodata}
+	a.soa = mustPrepare(dns.RcodeSuccess, []dns.RR{soa}, nil, nil)
 	a.any = a.soa
+	a.once.Do(func() {}) // prepared now
 	return a
 }
 
-// newNameAnswers prepares every answer of an existing name with the given VIPs.
-func newNameAnswers(fqdn string, z *zone, vips []netip.Addr, ttl uint32) *nameAnswers {
-	var a4, a6 []dns.RR
-	for _, ip := range vips {
-		hdr := dns.RR_Header{Name: ".", Class: dns.ClassINET, Ttl: ttl}
-		if ip.Is4() || ip.Is4In6() {
-			hdr.Rrtype = dns.TypeA
-			a4 = append(a4, &dns.A{Hdr: hdr, A: ip.Unmap().AsSlice()})
-		} else {
-			hdr.Rrtype = dns.TypeAAAA
-			a6 = append(a6, &dns.AAAA{Hdr: hdr, AAAA: ip.AsSlice()})
+// newNameAnswers returns the answers of an existing name with the given VIPs and SRV records,
+// prepared when first asked (answers). The slices must not change afterwards.
+func newNameAnswers(fqdn string, z *zone, vips []netip.Addr, srvs []srvRecord, ttl uint32) *nameAnswers {
+	return &nameAnswers{expandable: true, in: nameInput{fqdn: fqdn, z: z, vips: vips, srvs: srvs, ttl: ttl}}
+}
+
+// answers returns n with every answer prepared, preparing them on the first call.
+func (n *nameAnswers) answers() *nameAnswers {
+	n.once.Do(n.prepare)
+	return n
+}
+
+// prepare packs every answer of the name from n.in. SRV records are written as CoreDNS's
+// kubernetes plugin does: priority 0, weight 100 divided among the records, the targets'
+// addresses in the additional section (RFC 2782).
+func (n *nameAnswers) prepare() {
+	fqdn, z, vips, srvs, ttl := n.in.fqdn, n.in.z, n.in.vips, n.in.srvs, n.in.ttl
+	n.in = nameInput{}
+	a4, a6 := addrRRs(".", vips, ttl)
+	var srvRRs, extra []dns.RR
+	for _, r := range srvs {
+		srvRRs = append(srvRRs, &dns.SRV{Hdr: dns.RR_Header{Name: ".", Rrtype: dns.TypeSRV, Class: dns.ClassINET, Ttl: ttl},
+			Priority: 0, Weight: uint16(100 / len(srvs)), Port: uint16(r.port), Target: r.target})
+		if slices.ContainsFunc(srvs[:len(srvRRs)-1], func(o srvRecord) bool { return o.target == r.target }) {
+			continue // the target's addresses are there already
 		}
+		t4, t6 := addrRRs(r.target, r.addrs, ttl)
+		extra = append(append(extra, t4...), t6...)
 	}
-	soa := z.nodata
-	n := &nameAnswers{expandable: true, other: soa, soa: soa}
-	n.a = answerOrNodata(a4, z)
-	n.aaaa = answerOrNodata(a6, z)
-	n.any = answerOrNodata(append(append([]dns.RR(nil), a4...), a6...), z)
+	n.other, n.soa = z.nodata, z.nodata
+	n.a = answerOrNodata(a4, nil, z)
+	n.aaaa = answerOrNodata(a6, nil, z)
+	n.srv = answerOrNodata(srvRRs, extra, z)
 
 	// Search-list expansions: CNAME from the question to the mesh name, then the mesh name's
 	// records (owned by the mesh name itself) or, when it has none of that type, the SOA.
@@ -312,49 +459,89 @@ func newNameAnswers(fqdn string, z *zone, vips []netip.Addr, ttl uint32) *nameAn
 		}
 		return out
 	}
-	soaRRs := []dns.RR{z.soa}
-	expansion := func(rrs []dns.RR) prepared {
+	// Answers with the same records share one prepared body: a name has about ten answers, and
+	// the index is rebuilt on every model change.
+	n.expOther = mustPrepare(dns.RcodeSuccess, own(nil), []dns.RR{z.soa}, nil)
+	expansion := func(rrs, extra []dns.RR) prepared {
 		if len(rrs) == 0 {
-			return mustPrepare(dns.RcodeSuccess, own(nil), soaRRs)
+			return n.expOther
 		}
-		return mustPrepare(dns.RcodeSuccess, own(rrs), nil)
+		return mustPrepare(dns.RcodeSuccess, own(rrs), nil, extra)
 	}
-	n.expA = expansion(a4)
-	n.expAAAA = expansion(a6)
-	n.expAny = expansion(append(append([]dns.RR(nil), a4...), a6...))
-	n.expOther = expansion(nil)
-	return n
+	n.expA = expansion(a4, nil)
+	n.expAAAA = expansion(a6, nil)
+	n.expSRV = expansion(srvRRs, extra)
+	// ANY: the address records, or the SRV records of a name without any (RFC 8482 section 4.2
+	// allows a subset).
+	switch {
+	case len(a4) > 0 && len(a6) > 0:
+		n.any = answerOrNodata(slices.Concat(a4, a6), nil, z)
+		n.expAny = expansion(slices.Concat(a4, a6), nil)
+	case len(a4) > 0:
+		n.any, n.expAny = n.a, n.expA
+	case len(a6) > 0:
+		n.any, n.expAny = n.aaaa, n.expAAAA
+	default:
+		n.any, n.expAny = n.srv, n.expSRV
+	}
 }
 
-func answerOrNodata(rrs []dns.RR, z *zone) prepared {
+// addrRRs returns the A and the AAAA records of owner for addrs.
+func addrRRs(owner string, addrs []netip.Addr, ttl uint32) (a4, a6 []dns.RR) {
+	for _, ip := range addrs {
+		hdr := dns.RR_Header{Name: owner, Class: dns.ClassINET, Ttl: ttl}
+		if ip.Is4() || ip.Is4In6() {
+			hdr.Rrtype = dns.TypeA
+			a4 = append(a4, &dns.A{Hdr: hdr, A: ip.Unmap().AsSlice()})
+		} else {
+			hdr.Rrtype = dns.TypeAAAA
+			a6 = append(a6, &dns.AAAA{Hdr: hdr, AAAA: ip.AsSlice()})
+		}
+	}
+	return a4, a6
+}
+
+func answerOrNodata(rrs, extra []dns.RR, z *zone) prepared {
 	if len(rrs) == 0 {
 		return z.nodata
 	}
-	return mustPrepare(dns.RcodeSuccess, rrs, nil)
+	return mustPrepare(dns.RcodeSuccess, rrs, nil, extra)
 }
 
-// mustPrepare packs answer and authority records. A record whose owner is "." is owned by the
+// mustPrepare packs answer, authority and additional records. A record whose owner is "." is owned by the
 // question name: its owner is written as a compression pointer to offset 12 (RFC 1035 section
 // 4.1.4), so the answer keeps the case the client asked with. Every other name is written in
 // full, so the body does not depend on the question. It panics on a record that does not pack,
 // which only a bug in this package can produce.
-func mustPrepare(rcode int, answer, authority []dns.RR) prepared {
-	p := prepared{rcode: rcode, an: uint16(len(answer)), ns: uint16(len(authority))}
-	buf := make([]byte, 0, 512)
-	for _, rr := range append(append([]dns.RR(nil), answer...), authority...) {
-		tmp := make([]byte, dns.Len(rr)+2)
-		n, err := dns.PackRR(rr, tmp, 0, nil, false)
-		if err != nil {
-			panic(fmt.Sprintf("dnsd: pack %s: %v", rr, err))
-		}
-		tmp = tmp[:n]
-		if rr.Header().Name == "." {
-			buf = append(buf, 0xC0, 12)
-			buf = append(buf, tmp[1:]...)
-		} else {
-			buf = append(buf, tmp...)
+func mustPrepare(rcode int, answer, authority, additional []dns.RR) prepared {
+	p := prepared{rcode: rcode, an: uint16(len(answer)), ns: uint16(len(authority)), ar: uint16(len(additional))}
+	size := 0
+	for _, rrs := range [3][]dns.RR{answer, authority, additional} {
+		for _, rr := range rrs {
+			size += dns.Len(rr) + 1 // a "." owner (1 byte) becomes a 2-byte pointer
 		}
 	}
-	p.body = buf
+	// One allocation per body, packed in place: bodies live as long as the index, and there are
+	// about ten per name.
+	buf := make([]byte, size)
+	off := 0
+	for _, rrs := range [3][]dns.RR{answer, authority, additional} {
+		for _, rr := range rrs {
+			pointer := rr.Header().Name == "."
+			start := off
+			if pointer {
+				start++ // the root owner byte lands on the pointer's second byte, overwritten below
+			}
+			n, err := dns.PackRR(rr, buf, start, nil, false)
+			if err != nil {
+				panic(fmt.Sprintf("dnsd: pack %s: %v", rr, err))
+			}
+			if pointer {
+				buf[off], buf[off+1] = 0xC0, 12
+			}
+			off = n
+		}
+	}
+	p.body = buf[:off:off]
 	return p
 }
