@@ -30,7 +30,8 @@ func (w *waypointTopo) namedPods() map[string]struct {
 // namedPortMeshes returns the models of a, b1 and b2 for web/named: b's TCP Service port 7000
 // whose targetPort is the name "who" (namedPods: 7000 in srv1 on b1 and srv2 on b2, 7002 in srv3
 // and srv4 on b1); exported by b, imported by a as Assemble makes it
-// (model.ServicePort.FromImport, TargetPort 7000: two pods serve 7000, two 7002, and a tie goes to the lowest).
+// (model.ServicePort.FromImport; TargetPort 7000: two pods serve 7000, two 7002, a tie goes to
+// the lowest).
 func (w *waypointTopo) namedPortMeshes() (a, b1, b2 *model.Mesh) {
 	td := w.a.td
 	named := model.ServiceKey{Namespace: "web", Name: "named"}
