@@ -327,19 +327,18 @@ func endpointCounts(s *Service, e *Endpoint, cluster string, exported map[Servic
 // number most endpoints registered, the lowest on a tie, and the protocol likewise the one most
 // registered (the first in Protocol's string order on a tie). Neither depends on the order of
 // eps, which follows the registry's listing and pod churn: a choice that flipped with it would
-// rebuild the port's Envoy clusters (their default SNI) and the service's filter chains for
-// nothing.
+// change the port's Envoy clusters (their default SNI and transport sockets, so Envoy drains
+// their connections) and every endpoint's EDS metadata for nothing.
 func resolvePorts(s *Service, eps []Endpoint) {
-	var ports tally[uint32]
-	var protos tally[Protocol]
+	// Room for the usual few values, on the stack.
+	ports, protos := make(tally[uint32], 0, 4), make(tally[Protocol], 0, 4)
 	for i := range s.Ports {
 		sp := &s.Ports[i]
 		if sp.TargetPort == 0 || sp.Protocol == "" {
 			ports, protos = ports[:0], protos[:0]
 			for j := range eps {
 				if ep, ok := portNamed(&eps[j], sp.Name); ok {
-					ports.add(ep.Port)
-					protos.add(ep.Protocol)
+					ports, protos = ports.add(ep.Port), protos.add(ep.Protocol)
 				}
 			}
 			if sp.TargetPort == 0 {
@@ -370,27 +369,27 @@ func portNamed(e *Endpoint, name string) (EndpointPort, bool) {
 
 // tally counts the values of one port field over a service's endpoints. The distinct values are
 // few (usually one), so a slice searched linearly beats a map at 100k endpoints.
-type tally[K cmp.Ordered] []struct {
+type tally[K cmp.Ordered] []tallied[K]
+
+// tallied is one value of a tally and how many endpoints registered it.
+type tallied[K cmp.Ordered] struct {
 	v K
 	n int
 }
 
-// add counts v once; the zero value (not registered) is not counted.
-func (t *tally[K]) add(v K) {
+// add returns t with v counted once more; the zero value (not registered) is not counted.
+func (t tally[K]) add(v K) tally[K] {
 	var zero K
 	if v == zero {
-		return
+		return t
 	}
-	for i := range *t {
-		if (*t)[i].v == v {
-			(*t)[i].n++
-			return
+	for i := range t {
+		if t[i].v == v {
+			t[i].n++
+			return t
 		}
 	}
-	*t = append(*t, struct {
-		v K
-		n int
-	}{v, 1})
+	return append(t, tallied[K]{v, 1})
 }
 
 // most returns the value counted most often, the lowest on a tie; the zero value when none was.
