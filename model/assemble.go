@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -73,8 +74,10 @@ type Sources struct {
 //     aether.io/capture: "false").
 //
 // Ports: a Service port's target port is its numeric targetPort, or, when named, the container port
-// each endpoint registered for it (per pod: ServicePort.EndpointPort); the protocol is the port's
-// appProtocol, else the registered endpoints' protocol, else HTTP. A local pod that a Service
+// each endpoint registered for it (per pod: ServicePort.EndpointPort); another cluster's endpoint
+// always serves it on the number its own agent registered under the port's name (the exporting
+// clusters' Services agree on the port, not on its targetPort). The protocol is the port's
+// appProtocol, else the one most registered endpoints declare, else HTTP. A local pod that a Service
 // selects but that declares no container port of a named targetPort is not an endpoint of that
 // port and is listed in Mesh.Skipped. A Service with clusterIP None is Headless. Assemble is
 // pure: the same Sources give the same Mesh.
@@ -318,23 +321,31 @@ func endpointCounts(s *Service, e *Endpoint, cluster string, exported map[Servic
 }
 
 // resolvePorts fills a port's unknown target port and protocol from the registered endpoints'
-// port of the same name (the agent registers each Service port with its container port). For a
-// named targetPort, or an imported service's port, the first endpoint's port becomes TargetPort;
-// every endpoint keeps its own (ServicePort.EndpointPort), which may differ from pod to pod.
+// port of the same name (the agent registers each Service port under its name with its container
+// port). For a named targetPort, or a port known only from a ServiceImport, endpoints may serve
+// the port on different numbers (ServicePort.EndpointPort gives each its own): TargetPort is the
+// number most endpoints registered, the lowest on a tie, and the protocol likewise the one most
+// registered (the first in Protocol's string order on a tie). Neither depends on the order of
+// eps, which follows the registry's listing and pod churn: a choice that flipped with it would
+// change the port's Envoy clusters (their default SNI and transport sockets, so Envoy drains
+// their connections) and every endpoint's EDS metadata for nothing.
 func resolvePorts(s *Service, eps []Endpoint) {
+	// Room for the usual few values, on the stack.
+	ports, protos := make(tally[uint32], 0, 4), make(tally[Protocol], 0, 4)
 	for i := range s.Ports {
 		sp := &s.Ports[i]
-		for _, e := range eps {
-			for _, ep := range e.Ports {
-				if ep.Name != sp.Name {
-					continue
+		if sp.TargetPort == 0 || sp.Protocol == "" {
+			ports, protos = ports[:0], protos[:0]
+			for j := range eps {
+				if ep, ok := portNamed(&eps[j], sp.Name); ok {
+					ports, protos = ports.add(ep.Port), protos.add(ep.Protocol)
 				}
-				if sp.TargetPort == 0 {
-					sp.TargetPort = ep.Port
-				}
-				if sp.Protocol == "" {
-					sp.Protocol = ep.Protocol
-				}
+			}
+			if sp.TargetPort == 0 {
+				sp.TargetPort = ports.most()
+			}
+			if sp.Protocol == "" {
+				sp.Protocol = protos.most()
 			}
 		}
 		if sp.Protocol == "" {
@@ -344,6 +355,53 @@ func resolvePorts(s *Service, eps []Endpoint) {
 			sp.TargetPort = sp.Port
 		}
 	}
+}
+
+// portNamed returns e's first port registered under name.
+func portNamed(e *Endpoint, name string) (EndpointPort, bool) {
+	for _, p := range e.Ports {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return EndpointPort{}, false
+}
+
+// tally counts the values of one port field over a service's endpoints. The distinct values are
+// few (usually one), so a slice searched linearly beats a map at 100k endpoints.
+type tally[K cmp.Ordered] []tallied[K]
+
+// tallied is one value of a tally and how many endpoints registered it.
+type tallied[K cmp.Ordered] struct {
+	v K
+	n int
+}
+
+// add returns t with v counted once more; the zero value (not registered) is not counted.
+func (t tally[K]) add(v K) tally[K] {
+	var zero K
+	if v == zero {
+		return t
+	}
+	for i := range t {
+		if t[i].v == v {
+			t[i].n++
+			return t
+		}
+	}
+	return append(t, tallied[K]{v, 1})
+}
+
+// most returns the value counted most often, the lowest on a tie; the zero value when none was.
+func (t tally[K]) most() K {
+	var best K
+	bn := 0
+	for _, c := range t {
+		if c.n > bn || c.n == bn && c.v < best {
+			best, bn = c.v, c.n
+		}
+	}
+	return best
 }
 
 // portProtocol maps a Kubernetes port protocol and appProtocol to a Protocol; "" means "decide

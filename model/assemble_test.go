@@ -1,7 +1,9 @@
 package model
 
 import (
+	"fmt"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -112,7 +114,7 @@ func TestAssembleClusterset(t *testing.T) {
 	// home cluster's agent registered under the port's name.
 	for _, e := range m.Endpoints[pay] {
 		want := map[string]uint32{"p1": 9090, "p3": 9091}[e.PodUID]
-		if got, ok := p.Ports[0].EndpointPort(&e); !ok || got.Port != want {
+		if got, ok := p.Ports[0].EndpointPort(&e, "a"); !ok || got.Port != want {
 			t.Errorf("pay endpoint %s serves grpc on %d %v, want %d", e.PodUID, got.Port, ok, want)
 		}
 	}
@@ -127,6 +129,122 @@ func TestAssembleClusterset(t *testing.T) {
 	}
 	if m.Service(ServiceKey{"shop", "pay-clusterset"}) != nil {
 		t.Error("the <svc>-clusterset Service itself became a mesh service")
+	}
+}
+
+// permutations returns every order of eps.
+func permutations(eps []Endpoint) [][]Endpoint {
+	if len(eps) <= 1 {
+		return [][]Endpoint{slices.Clone(eps)}
+	}
+	var out [][]Endpoint
+	for i := range eps {
+		rest := append(slices.Clone(eps[:i]), eps[i+1:]...)
+		for _, p := range permutations(rest) {
+			out = append(out, append([]Endpoint{eps[i]}, p...))
+		}
+	}
+	return out
+}
+
+// TestAssembleTargetPortIndependentOfOrder: where endpoints serve a port on different numbers (a
+// named targetPort, a port known only from a ServiceImport) or declare different protocols, the
+// port's TargetPort is the number most endpoints registered, the lowest on a tie, and its
+// protocol likewise, in every order of the registry's endpoints. Before, both were the first
+// endpoint's: the order (the registry's listing, pod churn) flipped them, and with them the
+// port's Envoy clusters.
+func TestAssembleTargetPortIndependentOfOrder(t *testing.T) {
+	pay, db := ServiceKey{"shop", "pay"}, ServiceKey{"shop", "db"}
+	ep := func(k ServiceKey, cluster, uid, name string, port uint32, proto Protocol) Endpoint {
+		return Endpoint{Service: k, Cluster: cluster, PodUID: uid, Ports: []EndpointPort{{Name: name, Port: port, Protocol: proto}}}
+	}
+	local := svc("shop", "db", "10.96.0.11", t0, corev1.ServicePort{Name: "sql", Port: 5432, TargetPort: intstr.FromString("pg")})
+	imp := &mcsv1beta1.ServiceImport{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "pay"},
+		Spec: mcsv1beta1.ServiceImportSpec{IPs: []string{"10.96.5.5"}, Ports: []mcsv1beta1.ServicePort{{Name: "grpc", Port: 9000}}}}
+	tests := []struct {
+		name      string
+		key       ServiceKey
+		eps       []Endpoint
+		wantPort  uint32
+		wantProto Protocol
+	}{
+		{"imported: the number most pods serve", pay, []Endpoint{
+			ep(pay, "b", "p1", "grpc", 9091, ProtocolGRPC), ep(pay, "b", "p2", "grpc", 9090, ProtocolGRPC), ep(pay, "c", "p3", "grpc", 9091, ProtocolGRPC)},
+			9091, ProtocolGRPC},
+		{"imported: a tie goes to the lowest", pay, []Endpoint{
+			ep(pay, "b", "p1", "grpc", 9091, ProtocolTCP), ep(pay, "b", "p2", "grpc", 9090, ProtocolTCP), ep(pay, "b", "p4", "other", 9089, ProtocolTCP)},
+			9090, ProtocolTCP},
+		{"imported: the protocol most pods declare", pay, []Endpoint{
+			ep(pay, "b", "p1", "grpc", 9090, ProtocolTCP), ep(pay, "b", "p2", "grpc", 9090, ProtocolHTTP2), ep(pay, "c", "p3", "grpc", 9090, ProtocolTCP)},
+			9090, ProtocolTCP},
+		{"local named targetPort: the number most pods serve", db, []Endpoint{
+			ep(db, "a", "d1", "sql", 6432, ProtocolTCP), ep(db, "a", "d2", "sql", 5432, ProtocolTCP), ep(db, "a", "d3", "sql", 6432, ProtocolTCP)},
+			6432, ProtocolTCP},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			for _, eps := range permutations(tt.eps) {
+				m := Assemble(1, Sources{
+					Cluster: "a", MeshNamespaces: map[string]bool{"shop": true},
+					Services: []*corev1.Service{local}, Imports: []*mcsv1beta1.ServiceImport{imp}, Endpoints: eps,
+					Exports: []ExportMark{{Service: pay, Cluster: "b"}, {Service: pay, Cluster: "c"}},
+				})
+				sp := m.Service(tt.key).Ports[0]
+				if sp.TargetPort != tt.wantPort || sp.Protocol != tt.wantProto {
+					var order []string
+					for _, e := range eps {
+						order = append(order, fmt.Sprintf("%s:%d/%s", e.PodUID, e.Ports[0].Port, e.Ports[0].Protocol))
+					}
+					t.Errorf("endpoints in order %v: TargetPort %d protocol %s, want %d %s", order, sp.TargetPort, sp.Protocol, tt.wantPort, tt.wantProto)
+				}
+			}
+		})
+	}
+}
+
+// TestAssembleLocalAndImportedNumericTargetPort: a local Service whose targetPort is a number
+// (8080) and which is also imported (exported by b, whose pods serve the port on 9090). This
+// cluster's endpoints serve it on 8080, matched by number; b's each on the number its agent
+// registered under the port's name. TargetPort stays the local Service's number, even though
+// most endpoints serve 9090. Before, b's pods on 9090 were dropped from the service.
+func TestAssembleLocalAndImportedNumericTargetPort(t *testing.T) {
+	web := ServiceKey{"shop", "web"}
+	ep := func(cluster, uid string, ports ...EndpointPort) Endpoint {
+		return Endpoint{Service: web, Cluster: cluster, PodUID: uid, Ports: ports}
+	}
+	http := func(port uint32) EndpointPort { return EndpointPort{Name: "http", Port: port, Protocol: ProtocolHTTP} }
+	m := Assemble(1, Sources{
+		Cluster: "a", MeshNamespaces: map[string]bool{"shop": true},
+		Services: []*corev1.Service{svc("shop", "web", "10.96.0.10", t0, corev1.ServicePort{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)})},
+		Imports: []*mcsv1beta1.ServiceImport{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
+			Spec: mcsv1beta1.ServiceImportSpec{IPs: []string{"10.96.5.10"}, Ports: []mcsv1beta1.ServicePort{{Name: "http", Port: 80}}}}},
+		Endpoints: []Endpoint{
+			ep("a", "w1", http(8080)),
+			ep("a", "w2", http(9090)), // registered for another number (a stale registration): not served
+			ep("b", "w3", http(9090)),
+			ep("b", "w4", EndpointPort{Name: "admin", Port: 8080, Protocol: ProtocolHTTP}, http(9091)),
+			ep("b", "w5", http(8080)),
+			ep("b", "w6", http(9090)),
+		},
+		Exports: []ExportMark{{Service: web, Cluster: "b"}},
+	})
+	s := m.Service(web)
+	if s == nil || !s.Local || !s.Imported {
+		t.Fatalf("web = %+v, want local and imported", s)
+	}
+	sp := s.Ports[0]
+	if sp.TargetPort != 8080 || sp.PerEndpoint() {
+		t.Errorf("web port = %+v, want the local Service's targetPort 8080", sp)
+	}
+	got := map[string]uint32{}
+	for _, e := range m.Endpoints[web] {
+		if p, ok := sp.EndpointPort(&e, m.Cluster); ok {
+			got[e.PodUID] = p.Port
+		}
+	}
+	want := map[string]uint32{"w1": 8080, "w3": 9090, "w4": 9091, "w5": 8080, "w6": 9090}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("endpoint ports = %v, want %v", got, want)
 	}
 }
 

@@ -72,8 +72,11 @@ type ServicePort struct {
 	Port uint32
 	// TargetPort is the container port the application listens on. It is also the SNI
 	// ("<port>") that selects the inbound filter chain at the destination pod. For a named
-	// targetPort it is the port the first endpoint registered for it: pods may resolve the name
-	// to different numbers, so each endpoint's own port comes from EndpointPort.
+	// targetPort, or a port of a service known only from its ServiceImport, it is the number
+	// most endpoints registered for the port, the lowest on a tie (Assemble): endpoints may
+	// serve the port on different numbers, so each endpoint's own port comes from EndpointPort,
+	// and the choice does not depend on the order of the endpoints, so that pod churn does not
+	// flip it (which would rebuild the port's clusters).
 	TargetPort uint32
 	// TargetPortName is the Service's named targetPort ("" when numeric); the agent on each pod's
 	// node resolves it against the pod's container ports when it registers the endpoint
@@ -88,13 +91,16 @@ type ServicePort struct {
 	// (not Local). An MCS ServiceImport port has no targetPort: the home cluster's agents
 	// resolved it per pod (a named targetPort may be a different number in each pod) and
 	// registered it under the port's Name, so endpoints serve it on their own numbers, matched by
-	// Name (EndpointPort), and TargetPort is only the first endpoint's.
+	// Name (EndpointPort), and TargetPort is only the number most of them serve.
 	FromImport bool
 }
 
-// PerEndpoint reports whether sp's endpoints may serve it on different target ports: a named
-// targetPort (TargetPortName) or a port of an imported service (FromImport). EndpointPort then
-// matches an endpoint's port by the Service port's Name, not by TargetPort.
+// PerEndpoint reports whether sp's endpoints in the cluster that defines it may serve it on
+// different target ports: a named targetPort (TargetPortName) or a port of an imported service
+// (FromImport). EndpointPort then matches every endpoint's port by the Service port's Name, not
+// by TargetPort. Other clusters' endpoints (of an imported service) are matched by Name in any
+// case, so an imported service's ports may be served on several numbers even when PerEndpoint
+// is false.
 func (sp ServicePort) PerEndpoint() bool { return sp.TargetPortName != "" || sp.FromImport }
 
 // Service is a mesh service as one cluster's model sees it: a local Service (its ClusterIP is the
@@ -138,14 +144,19 @@ func (s *Service) PortByTarget(p uint32) (ServicePort, bool) {
 	return ServicePort{}, false
 }
 
-// EndpointPort returns the port of e that serves sp: when sp.PerEndpoint (a named targetPort, or
-// an imported service's port), e's port registered under sp's name (each pod resolves the name to
-// its own container port, as in an EndpointSlice, whose ports are per slice and whose controller
-// groups pods by resolved port), else e's port numbered sp.TargetPort. It reports false when e
-// does not serve sp: its pod declares no container port of that name, so its agent registered
-// none.
-func (sp ServicePort) EndpointPort(e *Endpoint) (EndpointPort, bool) {
-	byName := sp.PerEndpoint()
+// EndpointPort returns the port of e that serves sp in the model of cluster (Mesh.Cluster).
+// e's port registered under sp's Name when sp.PerEndpoint (a named targetPort: each pod resolves
+// the name to its own container port, as in an EndpointSlice, whose ports are per slice and whose
+// controller groups pods by resolved port; or a port known only from a ServiceImport), and when
+// e is another cluster's endpoint: its home cluster's agent registered the port under Name with
+// the target port of that cluster's Service, which may be another number than this cluster's
+// (MCS: exports agree on a port's name, number and protocol, not on its targetPort). Else, for
+// this cluster's endpoint of a numeric targetPort, e's port numbered sp.TargetPort. It reports
+// false when e does not serve sp: its pod declares no container port of that name (so its agent
+// registered none), or, with a numeric targetPort, this cluster's endpoint was registered for
+// another number.
+func (sp ServicePort) EndpointPort(e *Endpoint, cluster string) (EndpointPort, bool) {
+	byName := sp.PerEndpoint() || e.Cluster != cluster
 	for _, p := range e.Ports {
 		if byName && p.Name == sp.Name || !byName && p.Port == sp.TargetPort {
 			return p, true

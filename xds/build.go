@@ -421,15 +421,17 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort) (*clus
 
 // portMatchKey is the key, in an endpoint's envoy.transport_socket_match metadata, of the target
 // port the endpoint serves when it differs from its service port's TargetPort (a named targetPort
-// that pods resolve to different numbers). The cluster's socket for that port sends SNI
+// that pods resolve to different numbers, or another cluster's pod whose Service gives the port
+// another targetPort: model.ServicePort.EndpointPort). The cluster's socket for that port sends SNI
 // "<port>", so each pod's inbound listener gets its own port's SNI; a waypoint endpoint's
 // ({waypoint: true, port: "<port>"}) sends the waypoint SNI of that port.
 const portMatchKey = "port"
 
 // otherPorts are the target ports, sorted and unique, other than a service port's TargetPort, on
-// which its endpoints serve it (a named targetPort, or an imported service's port, resolved to
-// different numbers by different pods: model.ServicePort.EndpointPort). Each gets a transport
-// socket of its own in the port's cluster.
+// which its endpoints serve it (a named targetPort resolved to different numbers by different
+// pods, or an imported service's port, which other clusters' pods serve on the numbers their
+// home clusters registered: model.ServicePort.EndpointPort). Each gets a transport socket of its
+// own in the port's cluster.
 type otherPorts struct {
 	// direct are those of endpoints dialled at pod_ip:15008 (SNI "<port>").
 	direct []uint32
@@ -444,15 +446,18 @@ func (o otherPorts) equal(p otherPorts) bool {
 
 // otherTargetPorts returns sp's otherPorts; both lists are nil when every endpoint serves
 // TargetPort. Waypoint ones are only those of endpoints the waypoint carries (a known node IP).
+// Only a named targetPort or an imported service's port can have any: a local Service's numeric
+// targetPort is every local endpoint's, and only an imported service has other clusters'
+// endpoints, which serve the port on the numbers their home clusters registered.
 func (b *builder) otherTargetPorts(s *model.Service, sp model.ServicePort) otherPorts {
 	var out otherPorts
-	if !sp.PerEndpoint() {
+	if !sp.PerEndpoint() && !s.Imported {
 		return out
 	}
 	viaWaypoint := b.opts.EastWestWaypoint && b.opts.CertSelection == CertSelector
 	eps := b.m.Endpoints[s.Key]
 	for i := range eps {
-		p, ok := sp.EndpointPort(&eps[i])
+		p, ok := sp.EndpointPort(&eps[i], b.m.Cluster)
 		if !ok || p.Port == sp.TargetPort {
 			continue
 		}
@@ -656,7 +661,7 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 	all := b.m.Endpoints[s.Key]
 	// Each endpoint serves sp on its own port (a named targetPort may differ from pod to pod).
 	serves := func(ep *model.Endpoint) bool {
-		_, ok := sp.EndpointPort(ep)
+		_, ok := sp.EndpointPort(ep, b.m.Cluster)
 		return ok
 	}
 	n := 0
@@ -682,7 +687,7 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		}
 		if viaWaypoint && ep.Cluster != b.m.Cluster {
 			if ep.NodeIP.IsValid() {
-				p, _ := sp.EndpointPort(ep)
+				p, _ := sp.EndpointPort(ep, b.m.Cluster)
 				nk := nodeKey{localityKey{b.priority(*ep), ep.Region, ep.Zone, ep.Cluster}, ep.NodeIP}
 				if waypoints[nk] == nil {
 					waypoints[nk] = map[uint32]waypointPods{}
@@ -711,7 +716,7 @@ func (b *builder) loadAssignment(s *model.Service, sp model.ServicePort) *endpoi
 		eps[j].Address = &addrs[j]
 		hids[j].Endpoint = &eps[j]
 		lbs[j].HostIdentifier, lbs[j].HealthStatus = &hids[j], hs
-		if p, _ := sp.EndpointPort(ep); p.Port != sp.TargetPort {
+		if p, _ := sp.EndpointPort(ep, b.m.Cluster); p.Port != sp.TargetPort {
 			// Selects the cluster's socket with SNI "<port>" (outboundCluster, otherTargetPorts).
 			lbs[j].Metadata = &core.Metadata{FilterMetadata: map[string]*structpb.Struct{
 				"envoy.transport_socket_match": {Fields: map[string]*structpb.Value{portMatchKey: structpb.NewStringValue(strconv.FormatUint(uint64(p.Port), 10))}},
@@ -900,7 +905,7 @@ func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
 		// The address the pod's inbound listener binds (and EDS dials); a dual-stack pod's other
 		// address is passed through as before.
 		ip, hasIP := model.MeshAddr(ep.IPs)
-		if p, ok := sp.EndpointPort(ep); ok && hasIP {
+		if p, ok := sp.EndpointPort(ep, b.m.Cluster); ok && hasIP {
 			ips[p.Port] = append(ips[p.Port], ip)
 		}
 	}

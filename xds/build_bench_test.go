@@ -37,7 +37,7 @@ func benchMesh(services, endpoints, pods int) *model.Mesh {
 		}
 		eps[s.Key] = append(eps[s.Key], model.Endpoint{Service: s.Key, Cluster: cl, Region: "r1", Zone: fmt.Sprintf("z%d", j%4),
 			PodName: fmt.Sprintf("pod%d", j), PodUID: fmt.Sprintf("uid%d", j), IPs: []netip.Addr{ip},
-			Ports:    []model.EndpointPort{{Port: 8080, Protocol: s.Ports[0].Protocol}},
+			Ports:    []model.EndpointPort{{Name: "p", Port: 8080, Protocol: s.Ports[0].Protocol}},
 			SPIFFEID: model.SPIFFEID(td, s.Key.Namespace, "sa"+s.Key.Name), Healthy: true})
 	}
 	lp := make([]*model.LocalPod, 0, pods)

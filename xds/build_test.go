@@ -72,11 +72,11 @@ func goldenMesh() *model.Mesh {
 		},
 		api: {
 			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-1", PodUID: "uid-api-1", IPs: []netip.Addr{ip("10.244.1.7")}, NodeIP: ip("192.168.0.21"),
-				Ports: []model.EndpointPort{{Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: true},
+				Ports: []model.EndpointPort{{Name: "http", Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: true},
 			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-2", PodUID: "uid-api-2", IPs: []netip.Addr{ip("10.244.1.8")}, NodeIP: ip("192.168.0.21"),
-				Ports: []model.EndpointPort{{Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: true},
+				Ports: []model.EndpointPort{{Name: "http", Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: true},
 			{Service: api, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "api-3", PodUID: "uid-api-3", IPs: []netip.Addr{ip("10.244.2.8")}, NodeIP: ip("192.168.0.22"),
-				Ports: []model.EndpointPort{{Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: false},
+				Ports: []model.EndpointPort{{Name: "http", Port: 8000, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(td, "edge", "api"), Healthy: false},
 		},
 	}
 	pods := []*model.LocalPod{

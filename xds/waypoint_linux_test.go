@@ -162,7 +162,7 @@ func (w *waypointTopo) meshes(version uint64, withSrv1, direct bool) (a, b1, b2 
 			{Name: "stream", Port: 9100, TargetPort: 9100, Protocol: model.ProtocolTCP},
 		}
 	}
-	epPorts := []model.EndpointPort{{Port: 8080, Protocol: model.ProtocolHTTP}, {Port: 9000, Protocol: model.ProtocolTCP}, {Port: 9100, Protocol: model.ProtocolTCP}}
+	epPorts := []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}, {Name: "echo", Port: 9000, Protocol: model.ProtocolTCP}, {Name: "stream", Port: 9100, Protocol: model.ProtocolTCP}}
 	ep := func(k model.ServiceKey, cluster string, f *meshFixture, pod, sa string, ports []model.EndpointPort) model.Endpoint {
 		return model.Endpoint{Service: k, Cluster: cluster, PodName: pod, PodUID: "uid-" + pod, IPs: []netip.Addr{f.ips[pod]},
 			NodeName: f.node.Name, NodeIP: w.nodeIP[f], Ports: ports, SPIFFEID: model.SPIFFEID(td, "web", sa), Healthy: true}

@@ -11,7 +11,10 @@ import (
 	"github.com/aethermesh/aether/model"
 )
 
-var vipNamedSet = netip.MustParseAddr("10.96.1.50") // a's clusterset VIP of web/named
+var (
+	vipNamedSet   = netip.MustParseAddr("10.96.1.50") // a's clusterset VIP of web/named
+	vipNamedLocal = netip.MustParseAddr("10.96.1.51") // the VIP of a's own Service web/named (namedPortLocalA)
+)
 
 // namedPods are web/named's pods: node and the number its container port "who" has.
 func (w *waypointTopo) namedPods() map[string]struct {
@@ -27,7 +30,8 @@ func (w *waypointTopo) namedPods() map[string]struct {
 // namedPortMeshes returns the models of a, b1 and b2 for web/named: b's TCP Service port 7000
 // whose targetPort is the name "who" (namedPods: 7000 in srv1 on b1 and srv2 on b2, 7002 in srv3
 // and srv4 on b1); exported by b, imported by a as Assemble makes it
-// (model.ServicePort.FromImport, TargetPort the first endpoint's, 7000).
+// (model.ServicePort.FromImport; TargetPort 7000: two pods serve 7000, two 7002, a tie goes to
+// the lowest).
 func (w *waypointTopo) namedPortMeshes() (a, b1, b2 *model.Mesh) {
 	td := w.a.td
 	named := model.ServiceKey{Namespace: "web", Name: "named"}
@@ -63,6 +67,16 @@ func (w *waypointTopo) namedPortMeshes() (a, b1, b2 *model.Mesh) {
 	return a, b1, b2
 }
 
+// namedPortLocalA returns a's model of web/named (namedPortMeshes) for a cluster a that also has
+// the Service itself, with the number 7000 as targetPort (a ServicePort without TargetPortName or
+// FromImport), its own VIP and no pod: b's pods serve the port on their own numbers.
+func namedPortLocalA(a *model.Mesh) *model.Mesh {
+	s := *a.Services[0]
+	s.Local, s.VIPs = true, []netip.Addr{vipNamedLocal}
+	s.Ports = []model.ServicePort{{Name: "who", Port: 7000, TargetPort: 7000, Protocol: model.ProtocolTCP, AppProtocol: true}}
+	return model.New(a.Version+1, a.Cluster, a.MeshDomain, a.TrustDomain, a.Node, []*model.Service{&s}, maps.Clone(a.Endpoints), slices.Clone(a.Pods))
+}
+
 // TestPrivilegedWaypointNamedTargetPort drives a named targetPort that remote pods resolve to
 // different numbers through the east-west waypoint, with three real Envoys (the topology of
 // TestPrivilegedWaypoint): web/named's TCP port "who" is 7000 in srv1 (on b1) and srv2 (on b2)
@@ -73,7 +87,10 @@ func (w *waypointTopo) namedPortMeshes() (a, b1, b2 *model.Mesh) {
 // through b1's tunnel the SNI of each port reaches only the pods serving it (the certificate a
 // raw TLS client is shown). Before, a sent every connection with the SNI 7000.named.web.mesh
 // and b1's tunnel forwarded it to any of its pods: the connections that reached srv3 or srv4
-// failed the handshake.
+// failed the handshake. Then a gets its own Service web/named, with the number 7000 as
+// targetPort and no pod (namedPortLocalA): b's pods keep their own numbers, and the same
+// entries, weights and answers hold through a's local VIP and its clusterset VIP. Before, srv3
+// and srv4 (on 7002) were left out of a's EDS: only srv1 and srv2 answered.
 func TestPrivilegedWaypointNamedTargetPort(t *testing.T) {
 	w := newWaypointTopo(t, false)
 	for name, p := range w.namedPods() {
@@ -96,7 +113,7 @@ func TestPrivilegedWaypointNamedTargetPort(t *testing.T) {
 		}
 	})
 
-	t.Run("EDS holds one waypoint entry per node, weighted by its pods on the carried port", func(t *testing.T) {
+	wantWeights := func(t *testing.T) {
 		s, err := w.a.admin("/clusters")
 		if err != nil {
 			t.Fatal(err)
@@ -113,23 +130,26 @@ func TestPrivilegedWaypointNamedTargetPort(t *testing.T) {
 		if !maps.Equal(weights, want) {
 			t.Errorf("a's named.web.mesh:7000 host weights %v, want %v", weights, want)
 		}
-	})
-
-	t.Run("every connection through the waypoint is answered", func(t *testing.T) {
+	}
+	wantAnswers := func(t *testing.T, vip netip.Addr) {
 		seen := map[string]int{}
 		for i := 0; i < 30; i++ {
-			line, err := askWho(w.a.pods["client"], vipNamedSet.String()+":7000")
+			line, err := askWho(w.a.pods["client"], vip.String()+":7000")
 			if err != nil {
-				t.Errorf("connection %d: %q %v", i, line, err)
+				t.Errorf("connection %d to %s: %q %v", i, vip, line, err)
 				continue
 			}
 			pod, _, _ := strings.Cut(line, " ")
 			seen[pod]++
 		}
 		if seen["srv2"] == 0 || seen["srv3"] == 0 || seen["srv4"] == 0 || len(seen) != 3 {
-			t.Errorf("answers by %v: want srv2, srv3 and srv4 only (b1's entry carries 7002, srv1's is 7000)", seen)
+			t.Errorf("answers through %s by %v: want srv2, srv3 and srv4 only (b1's entry carries 7002, srv1's is 7000)", vip, seen)
 		}
-	})
+	}
+
+	t.Run("EDS holds one waypoint entry per node, weighted by its pods on the carried port", wantWeights)
+
+	t.Run("every connection through the waypoint is answered", func(t *testing.T) { wantAnswers(t, vipNamedSet) })
 
 	t.Run("through b1's tunnel each port's SNI reaches only its pods", func(t *testing.T) {
 		for _, c := range []struct {
@@ -147,6 +167,15 @@ func TestPrivilegedWaypointNamedTargetPort(t *testing.T) {
 			if got := slices.Sorted(maps.Keys(seen)); !slices.Equal(got, want) {
 				t.Errorf("SNI %s through b1's tunnel: certificates %q, want %q", c.sni, got, want)
 			}
+		}
+	})
+
+	t.Run("a's own Service with a numeric targetPort, also imported: b's pods keep their numbers", func(t *testing.T) {
+		w.a.set(namedPortLocalA(a))
+		w.a.wantNoRejections(t)
+		wantWeights(t)
+		for _, vip := range []netip.Addr{vipNamedLocal, vipNamedSet} {
+			wantAnswers(t, vip)
 		}
 	})
 }
