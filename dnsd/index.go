@@ -266,7 +266,7 @@ func headlessSRV(m *model.Mesh, s *model.Service, fqdn string) []srvRecord {
 			if !ok {
 				continue
 			}
-			if ep, ok := sp.EndpointPort(&eps[i]); ok {
+			if ep, ok := sp.EndpointPort(&eps[i], m.Cluster); ok {
 				out = append(out, srvRecord{label: srvLabel(sp), port: ep.Port, target: name, addrs: meshAddr(eps[i])})
 			}
 		}
