@@ -84,8 +84,9 @@ func (q *fwdQuery) pack(req *dns.Msg) error {
 	return nil
 }
 
-// randomID returns a random query ID from crypto/rand: with a source port reused across queries
-// the ID and the question are what tell an answer from a forged one (RFC 5452 section 9.2).
+// randomID returns a random query ID from crypto/rand. With a source port reused across queries
+// (rather than one drawn per query, RFC 5452 section 9.2) the ID and the question are what tell
+// an answer from a forged one (RFC 5452 section 9.1).
 func randomID() uint16 {
 	var b [2]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand.Read)

@@ -168,8 +168,9 @@ func (f *Forwarder) Close() error {
 // TCP and that answer returned (the caller truncates it to the client's size, RFC 2181 section
 // 9); if the TCP exchange fails, the records of the datagram that fit are returned with TC set.
 // A truncated UDP answer is returned as is (TC set, so the client retries over TCP). A
-// datagram whose ID, QR bit or question is not the query's is dropped and reading goes on until
-// the timeout (a late answer to an earlier query on a reused socket, or a spoofing attempt).
+// datagram with another ID, or without the QR bit, is dropped and reading goes on until the
+// timeout (a late answer to an earlier query on a reused socket, or a forgery); one with the
+// query's ID and another question is a mismatch, and the next upstream is asked.
 //
 // It returns ErrAllUpstreamsFailed (wrapped, with the last cause) when every upstream failed,
 // the context's error, or an error when req does not pack.
