@@ -652,3 +652,43 @@ func TestCutAnswer(t *testing.T) {
 		}
 	}
 }
+
+// FuzzUpstreamAnswer: whatever an upstream sends, checking it against the query (sameQuestion),
+// cutting it to the client's size (cutAnswer) and parsing it never panics, and a cut answer
+// that parses has TC set and fits the size.
+func FuzzUpstreamAnswer(f *testing.F) {
+	req := query("big.example.org.", dns.TypeA, nil)
+	var q fwdQuery
+	if err := q.pack(req); err != nil {
+		f.Fatal(err)
+	}
+	m := req.Copy()
+	m.Response = true
+	for i := range 40 {
+		m.Answer = append(m.Answer, mustRR(fmt.Sprintf("big.example.org. 30 IN A 192.0.2.%d", i)))
+	}
+	for _, c := range []bool{false, true} {
+		m.Compress = c
+		b, err := m.Pack()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add(q.msg())
+	f.Fuzz(func(t *testing.T, b []byte) {
+		u := &upstream{addr: "192.0.2.53:53"}
+		if !sameQuestion(b, q.msg(), q.qend) {
+			return
+		}
+		_, _, _, _ = u.parse(b, &q)
+		size := min(len(b), q.limit)
+		wire := cutAnswer(b[:size], q.qend)
+		if len(wire) > size {
+			t.Fatalf("cut answer of %d bytes from %d", len(wire), size)
+		}
+		if resp, _, _, err := u.parse(wire, &q); err == nil && !resp.Truncated {
+			t.Fatalf("cut answer without TC: %v", resp)
+		}
+	})
+}
