@@ -94,10 +94,10 @@ func randomID() uint16 {
 }
 
 // exchangeWith runs q against one upstream within f's timeout, the overall deadline (zero:
-// none) and ctx: over TCP when tcp is
-// set, else over UDP, then over TCP when the UDP answer was larger than the client's size. It
-// returns the answer with req's ID, or the reason of the failure ("timeout", "network",
-// "mismatch", "malformed", "servfail", "refused") and an error naming the upstream.
+// none) and ctx: over TCP when tcp is set, else over UDP, then over TCP when the UDP answer was
+// larger than the client's size. It returns the answer with req's ID, or the reason of the
+// failure ("timeout", "network", "mismatch", "malformed", "servfail", "refused") and an error
+// naming the upstream.
 func (f *Forwarder) exchangeWith(ctx context.Context, overall time.Time, u *upstream, q *fwdQuery, tcp bool) (*dns.Msg, string, error) {
 	binary.BigEndian.PutUint16(q.frame[2:], f.newID())
 	deadline := time.Now().Add(f.timeout)
@@ -184,8 +184,8 @@ func (u *upstream) exchangeUDP(ctx context.Context, q *fwdQuery, deadline time.T
 
 // exchangeTCP sends q over a TCP connection to u and reads its answer (RFC 1035 section 4.2.2),
 // one query at a time per connection. An idle connection from the pool is used first (RFC 7766
-// section 6.2.1); when the upstream has closed it (EOF, reset or broken pipe before any answer
-// byte), the query is sent once more on a fresh connection. The connection goes back to the
+// section 6.2.1); when the upstream has closed it (EOF where the answer's length should be, a
+// reset or a broken pipe), the query is sent once more on a fresh connection. The connection goes back to the
 // pool after an answer.
 func (u *upstream) exchangeTCP(ctx context.Context, q *fwdQuery, deadline time.Time) (*dns.Msg, string, error) {
 	for fresh := false; ; fresh = true {
