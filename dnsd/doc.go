@@ -8,7 +8,10 @@
 //     wire form, and Index.Respond answers a query or says it must be forwarded. Pure, tested
 //     as data (TestRespond). Index.RespondWire is the same for the common UDP query, straight
 //     from its wire form (TestRespondWireMatchesRespond proves the two give the same bytes).
-//   - Forwarder: the upstreams, a timeout per upstream, failover, demotion of failed upstreams.
+//   - Forwarder: the upstreams, a timeout per upstream, failover, demotion of failed upstreams;
+//     its connections to each upstream (UDP sockets, TCP connections) are reused and expire when
+//     idle (connpool.go), and each exchange reads into a pooled buffer of the client's UDP size
+//     (exchange.go).
 //   - Resolver: the dns.Handler; holds the current Index in an atomic pointer (Update swaps it,
 //     lookups never wait), the Forwarder, the cache and the Prometheus metrics.
 //   - cache (ResolverOptions.Cache): forwarded answers in wire form, LRU-bounded, kept per RFC

@@ -24,6 +24,12 @@ const (
 	// DefaultUpstreamBackoff is how long an upstream that failed is tried only after the
 	// healthy ones.
 	DefaultUpstreamBackoff = 5 * time.Second
+	// DefaultUpstreamIdleTimeout is how long a connection to an upstream is kept for reuse
+	// after its last exchange (CoreDNS forward's "expire" default).
+	DefaultUpstreamIdleTimeout = 10 * time.Second
+	// DefaultUpstreamMaxIdleConns is how many idle connections are kept per upstream and
+	// transport (UDP, TCP); more may be open at once while queries are in flight.
+	DefaultUpstreamMaxIdleConns = 64
 )
 
 // ErrAllUpstreamsFailed is returned by Forwarder.Exchange when no upstream gave a usable answer.
@@ -31,18 +37,28 @@ var ErrAllUpstreamsFailed = errors.New("all upstreams failed")
 
 // Forwarder sends queries to the upstream resolvers (kube-dns, from the agent's resolv.conf) in
 // order, healthy ones first, with a timeout per upstream, and fails over on a timeout, a network
-// error, a mismatched answer, SERVFAIL or REFUSED. It is safe for concurrent use.
+// error, a mismatched or malformed answer, SERVFAIL or REFUSED. Like CoreDNS's forward plugin it
+// reuses its connections to each upstream (UDP sockets and TCP connections, RFC 7766 section
+// 6.2.1), closing them once idle for ForwarderOptions.IdleTimeout; Close closes the idle ones.
+// It is safe for concurrent use.
 type Forwarder struct {
 	upstreams []*upstream
 	log       *slog.Logger
 	backoff   time.Duration
+	timeout   time.Duration
 	onFailure func(upstream, reason string)
+	// newID returns the ID of one upstream query (randomID; tests set their own).
+	newID func() uint16
 }
 
+// upstream is one upstream resolver and its idle connections.
 type upstream struct {
 	addr      string
-	udp, tcp  *dns.Client
+	udpAddr   *net.UDPAddr
+	udp, tcp  connPool
 	downUntil atomic.Int64 // unix nanoseconds; 0 when healthy
+	// m holds the upstream's counters once a Resolver has hooked its metrics (nil before).
+	m atomic.Pointer[upstreamMetrics]
 }
 
 // ForwarderOptions configure NewForwarder.
@@ -52,8 +68,15 @@ type ForwarderOptions struct {
 	// Backoff is how long a failed upstream is demoted behind the healthy ones
 	// (0: DefaultUpstreamBackoff).
 	Backoff time.Duration
+	// IdleTimeout is how long a connection to an upstream is kept for reuse after its last
+	// exchange (0 or less: DefaultUpstreamIdleTimeout).
+	IdleTimeout time.Duration
+	// MaxIdleConns is how many idle connections are kept per upstream and transport
+	// (0: DefaultUpstreamMaxIdleConns; negative: none, every exchange opens and closes its
+	// own socket).
+	MaxIdleConns int
 	// OnFailure, when set, is called for every failed exchange with the upstream's address
-	// and a reason ("timeout", "network", "servfail", "refused", "mismatch").
+	// and a reason ("timeout", "network", "servfail", "refused", "mismatch", "malformed").
 	OnFailure func(upstream, reason string)
 	// Logger receives debug records of failed exchanges (nil: discard).
 	Logger *slog.Logger
@@ -68,22 +91,32 @@ func NewForwarder(upstreams []string, o ForwarderOptions) (*Forwarder, error) {
 	if o.Backoff <= 0 {
 		o.Backoff = DefaultUpstreamBackoff
 	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = DefaultUpstreamIdleTimeout
+	}
+	switch {
+	case o.MaxIdleConns == 0:
+		o.MaxIdleConns = DefaultUpstreamMaxIdleConns
+	case o.MaxIdleConns < 0:
+		o.MaxIdleConns = 0
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
-	f := &Forwarder{log: o.Logger, backoff: o.Backoff, onFailure: o.OnFailure}
+	f := &Forwarder{log: o.Logger, backoff: o.Backoff, timeout: o.Timeout, onFailure: o.OnFailure, newID: randomID}
 	for _, a := range upstreams {
 		addr, err := normalizeUpstream(a)
 		if err != nil {
 			return nil, err
 		}
-		f.upstreams = append(f.upstreams, &upstream{
-			addr: addr,
-			// UDPSize 65535: read whatever the upstream sends; the server truncates to the
-			// client's size itself.
-			udp: &dns.Client{Net: "udp", Timeout: o.Timeout, UDPSize: dns.MaxMsgSize},
-			tcp: &dns.Client{Net: "tcp", Timeout: o.Timeout},
-		})
+		ua, err := net.ResolveUDPAddr("udp", addr) // an IP literal: no lookup
+		if err != nil {
+			return nil, fmt.Errorf("parse upstream %q: %w", a, err)
+		}
+		u := &upstream{addr: addr, udpAddr: ua}
+		u.udp = connPool{max: o.MaxIdleConns, expire: o.IdleTimeout}
+		u.tcp = connPool{max: o.MaxIdleConns, expire: o.IdleTimeout}
+		f.upstreams = append(f.upstreams, u)
 	}
 	return f, nil
 }
@@ -114,25 +147,70 @@ func (f *Forwarder) Upstreams() []string {
 	return out
 }
 
+// Close closes the idle connections to every upstream; a connection in use by an exchange is
+// closed when the exchange ends. Exchange still works after Close, without keeping connections.
+// It returns nil.
+func (f *Forwarder) Close() error {
+	for _, u := range f.upstreams {
+		u.udp.close()
+		u.tcp.close()
+	}
+	return nil
+}
+
 // Exchange forwards req unchanged except for its ID (a fresh random ID per upstream query), so
 // its EDNS0 options (UDP size, DO, cookies, client subnet, ...) reach the upstream, over TCP
-// when tcp is set and over UDP otherwise. A truncated UDP answer is returned as is (TC set, so
-// the client retries over TCP). The answer carries req's ID. It returns ErrAllUpstreamsFailed
-// (wrapped, with the last cause) when every upstream failed, or the context's error.
+// when tcp is set and over UDP otherwise. The answer carries req's ID.
+//
+// Over UDP the answer is read into a buffer of the size req's sender accepts (MaxUDPSize: 512
+// bytes without EDNS, RFC 1035 section 4.2.1; the EDNS UDP payload size otherwise, RFC 6891
+// section 6.2.3). A datagram that does not fit is not an error: the query is asked again over
+// TCP and that answer returned (the caller truncates it to the client's size, RFC 2181 section
+// 9); if the TCP exchange fails, the records of the datagram that fit are returned with TC set.
+// A truncated UDP answer is returned as is (TC set, so the client retries over TCP). A
+// datagram with another ID, or without the QR bit, is dropped and reading goes on until the
+// timeout (a late answer to an earlier query on a reused socket, or a forgery); one with the
+// query's ID and another question is a mismatch, and the next upstream is asked.
+//
+// It returns ErrAllUpstreamsFailed (wrapped, with the last cause) when every upstream failed,
+// the context's error, or an error when req does not pack.
 func (f *Forwarder) Exchange(ctx context.Context, req *dns.Msg, tcp bool) (*dns.Msg, error) {
+	deadline, _ := ctx.Deadline()
+	return f.exchange(ctx, deadline, req, tcp)
+}
+
+// exchange is Exchange with an overall deadline besides ctx's (zero: none). The resolver passes
+// a context that is never cancelled (context.Background) and its forward timeout as deadline:
+// then no goroutine or timer watches the context, the sockets' deadlines do all the work.
+func (f *Forwarder) exchange(ctx context.Context, deadline time.Time, req *dns.Msg, tcp bool) (*dns.Msg, error) {
 	if len(f.upstreams) == 0 {
 		return nil, fmt.Errorf("forward %s: no upstreams: %w", qname(req), ErrAllUpstreamsFailed)
+	}
+	var q fwdQuery
+	if err := q.pack(req); err != nil {
+		return nil, fmt.Errorf("forward %s: %w", qname(req), err)
+	}
+	defer putWireBuf(q.buf)
+	// done returns the error that ends the query early: ctx's, or the deadline's.
+	done := func() error {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return context.DeadlineExceeded
+		}
+		return nil
 	}
 	now := time.Now().UnixNano()
 	var last error
 	try := func(u *upstream) (*dns.Msg, bool) {
-		resp, reason, err := u.exchange(ctx, req, tcp)
+		resp, reason, err := f.exchangeWith(ctx, deadline, u, &q, tcp)
 		if err == nil {
 			u.downUntil.Store(0)
 			return resp, true
 		}
 		last = err
-		if ctx.Err() == nil {
+		if done() == nil {
 			u.downUntil.Store(time.Now().Add(f.backoff).UnixNano())
 		}
 		if f.onFailure != nil {
@@ -158,43 +236,12 @@ func (f *Forwarder) Exchange(ctx context.Context, req *dns.Msg, tcp bool) (*dns.
 			if resp, ok := try(u); ok {
 				return resp, nil
 			}
-			if err := ctx.Err(); err != nil {
+			if err := done(); err != nil {
 				return nil, fmt.Errorf("forward %s: %w", qname(req), err)
 			}
 		}
 	}
 	return nil, fmt.Errorf("forward %s: %w: %w", qname(req), ErrAllUpstreamsFailed, last)
-}
-
-// exchange runs one query against one upstream; reason classifies a failure.
-func (u *upstream) exchange(ctx context.Context, req *dns.Msg, tcp bool) (*dns.Msg, string, error) {
-	q := req.Copy()
-	q.Id = dns.Id()
-	c := u.udp
-	if tcp {
-		c = u.tcp
-	}
-	resp, _, err := c.ExchangeContext(ctx, q, u.addr)
-	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) && ne.Timeout() {
-			return nil, "timeout", fmt.Errorf("exchange with %s: %w", u.addr, err)
-		}
-		return nil, "network", fmt.Errorf("exchange with %s: %w", u.addr, err)
-	}
-	if resp.Id != q.Id || len(resp.Question) != len(q.Question) ||
-		(len(q.Question) == 1 && (!strings.EqualFold(resp.Question[0].Name, q.Question[0].Name) ||
-			resp.Question[0].Qtype != q.Question[0].Qtype)) {
-		return nil, "mismatch", fmt.Errorf("exchange with %s: answer does not match the question", u.addr)
-	}
-	switch resp.Rcode {
-	case dns.RcodeServerFailure:
-		return nil, "servfail", fmt.Errorf("exchange with %s: SERVFAIL", u.addr)
-	case dns.RcodeRefused:
-		return nil, "refused", fmt.Errorf("exchange with %s: REFUSED", u.addr)
-	}
-	resp.Id = req.Id
-	return resp, "", nil
 }
 
 func qname(m *dns.Msg) string {

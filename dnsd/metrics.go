@@ -14,6 +14,16 @@ const (
 	MetricCacheMisses      = "aether_dns_cache_misses_total"
 	MetricCacheEntries     = "aether_dns_cache_entries"
 	MetricCacheEvictions   = "aether_dns_cache_evictions_total"
+	// MetricUpstreamConnections counts the sockets opened to each upstream, by upstream and
+	// transport (udp, tcp); with connection reuse it grows with concurrency and idle expiry,
+	// not with the number of queries.
+	MetricUpstreamConnections = "aether_dns_upstream_connections_opened_total"
+	// MetricUpstreamStrayAnswers counts UDP datagrams from an upstream dropped because they
+	// answer no query in flight on their socket (another ID, QR clear).
+	MetricUpstreamStrayAnswers = "aether_dns_upstream_stray_answers_total"
+	// MetricUpstreamOversized counts UDP answers larger than the client's UDP size, asked
+	// again over TCP.
+	MetricUpstreamOversized = "aether_dns_upstream_oversized_answers_total"
 )
 
 // Answer paths, the "path" label of MetricDuration.
@@ -40,9 +50,11 @@ var metricRcodes = []int{
 type metrics struct {
 	queries          *prometheus.CounterVec
 	upstreamFailures *prometheus.CounterVec
-	duration         *prometheus.HistogramVec
-	local, forward   prometheus.Observer
-	cached           prometheus.Observer
+	// The forwarder's, per upstream (hooked by forwarderMetrics).
+	upstreamConns, upstreamStrays, upstreamOversized *prometheus.CounterVec
+	duration                                         *prometheus.HistogramVec
+	local, forward                                   prometheus.Observer
+	cached                                           prometheus.Observer
 
 	// The cache's: hits and misses of cacheable forwarded queries, entries pushed out to make
 	// room; its entry count is a gauge read at scrape time.
@@ -66,8 +78,20 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}, []string{"type", "rcode"}),
 		upstreamFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricUpstreamFailures,
-			Help: "Failed exchanges with an upstream resolver, by upstream and reason (timeout, network, servfail, refused, mismatch).",
+			Help: "Failed exchanges with an upstream resolver, by upstream and reason (timeout, network, servfail, refused, mismatch, malformed).",
 		}, []string{"upstream", "reason"}),
+		upstreamConns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricUpstreamConnections,
+			Help: "Sockets opened to an upstream resolver, by upstream and transport (udp, tcp); idle ones are reused until they expire.",
+		}, []string{"upstream", "transport"}),
+		upstreamStrays: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricUpstreamStrayAnswers,
+			Help: "UDP datagrams from an upstream resolver dropped because they answer no query in flight on their socket (another ID, or not a response).",
+		}, []string{"upstream"}),
+		upstreamOversized: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricUpstreamOversized,
+			Help: "UDP answers from an upstream resolver larger than the client's UDP size, asked again over TCP.",
+		}, []string{"upstream"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: MetricDuration,
 			Help: "Time from a query's arrival to its answer being written, in seconds, by path (local answer, forward, or cache: a forwarded name answered from the cache).",
@@ -126,7 +150,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.duration,
+		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamOversized, m.duration,
 			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
@@ -145,4 +169,14 @@ func (m *metrics) count(qtype uint16, rcode int) {
 		j = int(m.byRcode[rcode])
 	}
 	m.counter[i][j].Inc()
+}
+
+// forwarderMetrics returns upstream addr's counters.
+func (m *metrics) forwarderMetrics(addr string) *upstreamMetrics {
+	return &upstreamMetrics{
+		openedUDP: m.upstreamConns.WithLabelValues(addr, transportUDP),
+		openedTCP: m.upstreamConns.WithLabelValues(addr, transportTCP),
+		strays:    m.upstreamStrays.WithLabelValues(addr),
+		oversized: m.upstreamOversized.WithLabelValues(addr),
+	}
 }

@@ -51,6 +51,7 @@ type ResolverOptions struct {
 	// Index tunes the index built by Update.
 	Index IndexOptions
 	// Registerer receives the resolver's metrics (MetricQueries, MetricUpstreamFailures,
+	// MetricUpstreamConnections, MetricUpstreamStrayAnswers, MetricUpstreamOversized,
 	// MetricDuration, MetricCache*); nil registers nothing.
 	Registerer prometheus.Registerer
 	// Logger receives debug records of failed writes and forwards (nil: discard).
@@ -67,7 +68,7 @@ type ResolverOptions struct {
 }
 
 // NewResolver returns a resolver forwarding to fwd (nil: no upstreams, every forwarded query
-// answers SERVFAIL); it hooks fwd's failures into its metrics. Until the first Update it
+// answers SERVFAIL); it hooks fwd's failures and connection counts into its metrics. Until the first Update it
 // forwards every query that cannot concern a mesh name, so the node's pods keep resolving
 // cluster and external names while the agent waits for the API server or the registry, and
 // answers SERVFAIL to the rest (names in the mesh domain or in svc.clusterset.local, and search-
@@ -104,10 +105,10 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 			prev(up, reason)
 		}
 	}
-	timeout := time.Duration(len(fwd.upstreams)) * DefaultUpstreamTimeout
-	if len(fwd.upstreams) > 0 {
-		timeout = time.Duration(len(fwd.upstreams)) * fwd.upstreams[0].udp.Timeout
+	for _, u := range fwd.upstreams {
+		u.m.Store(m.forwarderMetrics(u.addr))
 	}
+	timeout := time.Duration(len(fwd.upstreams)) * fwd.timeout
 	if o.MaxForwards <= 0 {
 		o.MaxForwards = DefaultMaxForwards
 	}
@@ -282,9 +283,9 @@ func (r *Resolver) forward(req *dns.Msg, tcp bool) (*dns.Msg, error) {
 	default:
 		return nil, fmt.Errorf("forward %s: %w", qname(req), errForwardLimit)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.forwardTimeout)
-	defer cancel()
-	return r.fwd.Exchange(ctx, req, tcp)
+	// A deadline rather than a context with a timeout: nothing cancels a forwarded query
+	// early, and the sockets' deadlines bound it without a timer per query.
+	return r.fwd.exchange(context.Background(), time.Now().Add(r.forwardTimeout), req, tcp)
 }
 
 // answerWire is ServeDNS's fast path for a UDP query in wire form q from src: it answers from

@@ -115,6 +115,7 @@ func startResolverModel(t *testing.T, upstreams []string, fo ForwarderOptions, s
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { fwd.Close() })
 	reg := prometheus.NewRegistry()
 	ro.Registerer = reg
 	res, err := NewResolver(fwd, ro)

@@ -101,6 +101,9 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return fmt.Errorf("--resolv-conf %s: %w", cfg.ResolvConf, err)
 	}
+	// Deferred before the DNS servers' shutdown, so it runs after it: the idle upstream
+	// connections are closed once no query can use them.
+	defer fwd.Close()
 	clusterDomain, from, err := clusterDomain(cfg)
 	if err != nil {
 		return err
