@@ -24,12 +24,19 @@ func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 // entries on clock clk, and the registry of its metrics.
 func cachingResolver(t testing.TB, upstream string, size int, clk *fakeClock) (*Resolver, *prometheus.Registry) {
 	t.Helper()
+	return cachingResolverWith(t, upstream, CacheOptions{Size: size}, clk)
+}
+
+// cachingResolverWith is cachingResolver with cache options o (its clock set here).
+func cachingResolverWith(t testing.TB, upstream string, o CacheOptions, clk *fakeClock) (*Resolver, *prometheus.Registry) {
+	t.Helper()
 	fwd, err := NewForwarder([]string{upstream}, ForwarderOptions{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, Cache: CacheOptions{Size: size, clock: clk.now}})
+	o.clock = clk.now
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, Cache: o})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,12 +13,13 @@ import (
 // unless CacheOptions.ServeStale and CacheOptions.Prefetch turn them on (the agent's
 // --dns-cache-serve-stale and --dns-cache-prefetch).
 //
-// Neither stores anything the cache would not store without it: an expired entry already stays
-// in the LRU until an answer replaces it or the LRU evicts it, and every lookup already moves
-// its entry to the front; serve-stale only lets such an entry answer, and prefetch only
-// replaces a live entry by a fresh one under the same key. So the entries held, and the share
-// of CacheOptions.Size holding live answers, are the same with both on or off for the same
-// queries (TestServeStaleHoldsTheSameEntries).
+// How stale entries are bounded: serve-stale stores nothing the cache would not store without
+// it. An expired entry already stays in the LRU until an answer replaces it or the LRU evicts
+// it, and every lookup already moves its entry to the front; serve-stale only lets such an
+// entry answer. So for the same queries the cache holds the same entries in the same order with
+// serve-stale on or off (TestServeStaleHoldsTheSameEntries), and the share of
+// CacheOptions.Size holding live answers does not shrink. Prefetch adds no key either: it
+// replaces a live entry by a fresh one under the same key (the refresh counts as a use).
 
 // Serve-stale timers and limits.
 const (
