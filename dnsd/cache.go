@@ -564,7 +564,8 @@ func flightKey(key string, tcp bool) string {
 // when another live entry is found, a flight that ended since stored it, and it is the result
 // without asking upstream. An answer that is not cached replaces old all the same (it is
 // removed: RFC 8767 section 4, a NOERROR or NXDOMAIN answer refreshes the data, so old must not
-// be served stale afterwards). A failed refresh of an expired entry starts its failure recheck
+// be served stale afterwards), unless it is truncated (incomplete: a TCP query may get it
+// whole). A failed refresh of an expired entry starts its failure recheck
 // timer (RFC 8767 section 5, failureRecheck) when the upstreams failed (not when the forward
 // limit was reached).
 func (c *cache) refresh(key string, req *dns.Msg, tcp bool, old *cacheEntry) (*flightResult, error) {
@@ -586,7 +587,7 @@ func (c *cache) refresh(key string, req *dns.Msg, tcp bool, old *cacheEntry) (*f
 		c.add(key, res.entry)
 		return res, nil
 	}
-	if e, ok := c.lru.Peek(key); ok && (e == old || now >= e.expires) {
+	if e, ok := c.lru.Peek(key); ok && !resp.Truncated && (e == old || now >= e.expires) {
 		c.lru.Remove(key)
 	}
 	if res.packed, err = resp.Pack(); err != nil {
