@@ -14,11 +14,6 @@ const (
 	MetricCacheMisses      = "aether_dns_cache_misses_total"
 	MetricCacheEntries     = "aether_dns_cache_entries"
 	MetricCacheEvictions   = "aether_dns_cache_evictions_total"
-	// MetricCacheStaleAnswers counts answers from expired entries (serve-stale, RFC 8767), by
-	// reason: failed, slow, recheck.
-	MetricCacheStaleAnswers = "aether_dns_cache_stale_answers_total"
-	// MetricCachePrefetches counts background refreshes of popular entries started by a hit.
-	MetricCachePrefetches = "aether_dns_cache_prefetches_total"
 )
 
 // Answer paths, the "path" label of MetricDuration.
@@ -27,6 +22,15 @@ const (
 	pathForward = "forward"
 	pathCache   = "cache"
 	pathStale   = "stale"
+)
+
+// Metric names of serve-stale and prefetch (stale.go).
+const (
+	// MetricCacheStaleAnswers counts answers from expired entries (serve-stale, RFC 8767), by
+	// reason: failed, slow, recheck.
+	MetricCacheStaleAnswers = "aether_dns_cache_stale_answers_total"
+	// MetricCachePrefetches counts background refreshes of popular entries started by a hit.
+	MetricCachePrefetches = "aether_dns_cache_prefetches_total"
 )
 
 // metricTypes are the query types counted under their own name; any other is "other".
@@ -48,15 +52,17 @@ type metrics struct {
 	upstreamFailures *prometheus.CounterVec
 	duration         *prometheus.HistogramVec
 	local, forward   prometheus.Observer
-	cached, stale    prometheus.Observer
+	cached           prometheus.Observer
 
 	// The cache's: hits and misses of cacheable forwarded queries, entries pushed out to make
 	// room; its entry count is a gauge read at scrape time.
 	cacheHits, cacheMisses, cacheEvictions prometheus.Counter
 	cacheEntries                           prometheus.GaugeFunc
-	// Serve-stale's answers by reason (staleFailed, ...) and prefetch's refreshes.
+	// Serve-stale's answers by reason (staleFailed, ...) and their duration, prefetch's
+	// refreshes.
 	cacheStaleVec   *prometheus.CounterVec
 	cacheStale      [staleReasons]prometheus.Counter
+	stale           prometheus.Observer
 	cachePrefetches prometheus.Counter
 
 	// byType and byRcode give the counter index of a query type below 256 and of an rcode
@@ -149,7 +155,14 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.duration,
-			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries, m.cacheStaleVec, m.cachePrefetches} {
+			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.cacheStaleVec, m.cachePrefetches} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
