@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/miekg/dns"
 	"github.com/prometheus/client_golang/prometheus"
@@ -77,7 +78,8 @@ func BenchmarkRespondWire(b *testing.B) {
 // question's own answer with TTL 30, or TTL 0 for "miss" so that it is never cached): "miss" is
 // the cache's overhead on top of the upstream exchange ("no cache" is the exchange alone);
 // "hit" is ServeDNS answering from the cache (slow path: unpacked query) and answerWire the UDP
-// fast path (wire query).
+// fast path (wire query); "hit, prefetch on" the same with prefetch and serve-stale on (the
+// clock does not move, so no prefetch starts: the cost of counting hits).
 func BenchmarkForwardedCache(b *testing.B) {
 	up := startStub(b, func(w dns.ResponseWriter, r *dns.Msg) {
 		ttl := 30
@@ -87,6 +89,7 @@ func BenchmarkForwardedCache(b *testing.B) {
 		reply(dns.RcodeSuccess, []string{fmt.Sprintf("%%s %d IN A 192.0.2.1", ttl)}, nil, nil, nil)(w, r)
 	})
 	cached, _ := cachingResolver(b, up.addr, DefaultCacheSize, &fakeClock{})
+	prefetching, _ := cachingResolverWith(b, up.addr, CacheOptions{Size: DefaultCacheSize, ServeStale: 24 * time.Hour, Prefetch: 10}, &fakeClock{})
 	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{})
 	if err != nil {
 		b.Fatal(err)
@@ -111,17 +114,22 @@ func BenchmarkForwardedCache(b *testing.B) {
 	b.Run("no cache/ServeDNS", serveBench(uncached, "www.example.org."))
 	b.Run("miss/ServeDNS", serveBench(cached, "miss.example.org."))
 	b.Run("hit/ServeDNS", serveBench(cached, "www.example.org."))
-	b.Run("hit/answerWire", func(b *testing.B) {
-		q := packedQuery(b, "www.example.org.", dns.TypeA, nil)
-		buf := make([]byte, 0, 1024)
-		if _, ok := cached.answerWire(buf, q, shopPod); !ok {
-			b.Fatal("fast path did not answer the hit")
+	wireBench := func(res *Resolver) func(b *testing.B) {
+		return func(b *testing.B) {
+			q := packedQuery(b, "www.example.org.", dns.TypeA, nil)
+			buf := make([]byte, 0, 1024)
+			if _, ok := res.answerWire(buf, q, shopPod); !ok {
+				b.Fatal("fast path did not answer the hit")
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				res.answerWire(buf, q, shopPod)
+			}
 		}
-		b.ReportAllocs()
-		for b.Loop() {
-			cached.answerWire(buf, q, shopPod)
-		}
-	})
+	}
+	b.Run("hit/answerWire", wireBench(cached))
+	b.Run("hit, prefetch on/ServeDNS", serveBench(prefetching, "www.example.org."))
+	b.Run("hit, prefetch on/answerWire", wireBench(prefetching))
 }
 
 // BenchmarkNewIndex measures building the index (the resolver rebuilds it on every model change)

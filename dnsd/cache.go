@@ -3,6 +3,7 @@ package dnsd
 import (
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -40,9 +41,20 @@ type CacheOptions struct {
 	// MaxNegativeTTL caps how long a negative answer is kept (0: DefaultCacheMaxNegativeTTL);
 	// whole seconds.
 	MaxNegativeTTL time.Duration
+	// ServeStale is the maximum stale age (RFC 8767 section 5, "maximum stale timer"): how long
+	// past its expiry an entry may still answer, with TTL StaleAnswerTTL, when no fresh answer
+	// can be had (serve-stale, stale.go). 0 turns serve-stale off; otherwise whole seconds, from
+	// 1 s to MaxServeStale (CheckServeStale).
+	ServeStale time.Duration
+	// Prefetch is how many hits on an entry make it popular: an entry answered from at least
+	// Prefetch times is refreshed in the background by the hit that finds less than a tenth of
+	// its lifetime left (prefetch, stale.go). 0 turns prefetch off.
+	Prefetch int
 
 	// clock returns monotonic nanoseconds (nil: since the cache's creation); tests set it.
 	clock func() int64
+	// after is the client response timer's timer (nil: time.After); tests set it.
+	after func(time.Duration) <-chan time.Time
 }
 
 // cache holds forwarded answers in wire form, keyed by cacheKey, and coalesces identical
@@ -50,17 +62,33 @@ type CacheOptions struct {
 type cache struct {
 	lru            *lru.Cache[string, *cacheEntry]
 	maxTTL, maxNeg uint32 // seconds
-	clock          func() int64
-	flight         singleflight.Group
-	m              *metrics
+	// maxStale is CacheOptions.ServeStale in nanoseconds (0: no serve-stale); prefetch is
+	// CacheOptions.Prefetch (0: no prefetch).
+	maxStale int64
+	prefetch uint32
+	clock    func() int64
+	after    func(time.Duration) <-chan time.Time
+	flight   singleflight.Group
+	m        *metrics
+	// forward sends a query upstream (Resolver.forward); set by NewResolver.
+	forward func(req *dns.Msg, tcp bool) (*dns.Msg, error)
 }
 
-// newCache returns the cache o describes (its metrics, m, still to set), or nil when o.Size is
-// 0. It returns an error naming the field and value for a negative size or a TTL cap that is
-// not a positive whole number of seconds.
+// newCache returns the cache o describes (its metrics, m, and forward function still to set),
+// or nil when o.Size is 0. It returns an error naming the field and value for a negative size or
+// Prefetch, a TTL cap that is not a positive whole number of seconds, or a ServeStale that
+// CheckServeStale refuses.
 func newCache(o CacheOptions) (*cache, error) {
 	if o.Size < 0 {
 		return nil, fmt.Errorf("new dns cache: Size %d: want 0 (no cache) or more", o.Size)
+	}
+	if o.Prefetch < 0 || int64(o.Prefetch) > 1<<32-1 {
+		return nil, fmt.Errorf("new dns cache: Prefetch %d: want 0 (no prefetch) or a number of hits", o.Prefetch)
+	}
+	if o.ServeStale != 0 {
+		if err := CheckServeStale(o.ServeStale); err != nil {
+			return nil, fmt.Errorf("new dns cache: ServeStale %s: %w", o.ServeStale, err)
+		}
 	}
 	if o.Size == 0 {
 		return nil, nil
@@ -87,8 +115,11 @@ func newCache(o CacheOptions) (*cache, error) {
 		epoch := time.Now()
 		o.clock = func() int64 { return int64(time.Since(epoch)) }
 	}
+	if o.after == nil {
+		o.after = time.After
+	}
 	return &cache{lru: l, maxTTL: uint32(o.MaxTTL / time.Second), maxNeg: uint32(o.MaxNegativeTTL / time.Second),
-		clock: o.clock}, nil
+		maxStale: int64(o.ServeStale), prefetch: uint32(o.Prefetch), clock: o.clock, after: o.after}, nil
 }
 
 // CheckCacheTTL returns an error unless d is a valid cap of the cache's TTLs (CacheOptions
@@ -188,8 +219,20 @@ type cacheEntry struct {
 	// ttls are the offsets of the records' TTL fields in wire and their values when stored.
 	ttls []ttlField
 	// stored and expires are clock readings, in nanoseconds: when the upstream answered, and
-	// when the entry stops being served.
+	// when the entry stops being served fresh.
 	stored, expires int64
+	// negative is whether the answer is NXDOMAIN or NODATA (RFC 2308 section 2).
+	negative bool
+	// prefetchAt is the clock reading from which a hit may prefetch the entry: a tenth of its
+	// lifetime before expires.
+	prefetchAt int64
+	// hits counts the hits answered from the entry, up to the cache's prefetch threshold (only
+	// counted with prefetch on); prefetched is set by the hit that starts its prefetch.
+	hits       atomic.Uint32
+	prefetched atomic.Bool
+	// recheckAt is a clock reading: until then the expired entry answers stale at once, without
+	// a refresh (RFC 8767 section 5, failure recheck timer; set when a refresh failed).
+	recheckAt atomic.Int64
 }
 
 type ttlField struct {
@@ -198,7 +241,7 @@ type ttlField struct {
 }
 
 // lifetime returns how long answer resp to a query of type qtype may be cached, in seconds
-// (0: not at all):
+// (0: not at all), and whether it is negative:
 //   - only NOERROR and NXDOMAIN answers without TC are cached (not SERVFAIL, REFUSED, FORMERR,
 //     ...; a truncated answer is incomplete);
 //   - a positive answer lives the smallest TTL of its answer and authority records, capped by
@@ -209,12 +252,12 @@ type ttlField struct {
 //     section, or less when another of its records' TTL is smaller, capped by maxNeg (RFC 2308
 //     section 5); without an SOA it is not cached (RFC 2308 section 5: "Negative responses
 //     without SOA records SHOULD NOT be cached").
-func lifetime(resp *dns.Msg, qtype uint16, maxTTL, maxNeg uint32) uint32 {
+func lifetime(resp *dns.Msg, qtype uint16, maxTTL, maxNeg uint32) (ttl uint32, negative bool) {
 	if resp.Truncated || (resp.Rcode != dns.RcodeSuccess && resp.Rcode != dns.RcodeNameError) {
-		return 0
+		return 0, false
 	}
-	negative := resp.Rcode == dns.RcodeNameError || !answersType(resp.Answer, qtype)
-	ttl := ^uint32(0)
+	negative = resp.Rcode == dns.RcodeNameError || !answersType(resp.Answer, qtype)
+	ttl = ^uint32(0)
 	var soa *dns.SOA
 	for _, sec := range [][]dns.RR{resp.Answer, resp.Ns} {
 		for _, rr := range sec {
@@ -229,12 +272,12 @@ func lifetime(resp *dns.Msg, qtype uint16, maxTTL, maxNeg uint32) uint32 {
 		}
 	}
 	if !negative {
-		return min(ttl, maxTTL)
+		return min(ttl, maxTTL), false
 	}
 	if soa == nil {
-		return 0
+		return 0, true
 	}
-	return min(ttl, soa.Minttl, maxNeg)
+	return min(ttl, soa.Minttl, maxNeg), true
 }
 
 // answersType reports whether answer holds a record of qtype (any record for ANY; RFC 2308
@@ -254,7 +297,7 @@ func answersType(answer []dns.RR, qtype uint16) bool {
 // records (which sets their RDLENGTH fields): resp must not be in use elsewhere.
 func (c *cache) newCacheEntry(req, resp *dns.Msg, now int64) *cacheEntry {
 	q := req.Question[0]
-	ttl := lifetime(resp, q.Qtype, c.maxTTL, c.maxNeg)
+	ttl, negative := lifetime(resp, q.Qtype, c.maxTTL, c.maxNeg)
 	if ttl == 0 || resp.IsTsig() != nil {
 		return nil
 	}
@@ -280,7 +323,9 @@ func (c *cache) newCacheEntry(req, resp *dns.Msg, now int64) *cacheEntry {
 	if !ok {
 		return nil
 	}
-	return &cacheEntry{wire: wire, qend: qend, ttls: ttls, stored: now, expires: now + int64(ttl)*int64(time.Second)}
+	life := int64(ttl) * int64(time.Second)
+	return &cacheEntry{wire: wire, qend: qend, ttls: ttls, stored: now, expires: now + life, negative: negative,
+		prefetchAt: now + life - life/prefetchPart}
 }
 
 // walkTTLs returns the end of the question of the message in wire (one question) and the
@@ -338,6 +383,13 @@ func (c *cache) get(key string) (*cacheEntry, int64) {
 	return e, now
 }
 
+// lookup returns the entry under key, expired or not (nil: none), and the clock.
+func (c *cache) lookup(key string) (*cacheEntry, int64) {
+	now := c.clock()
+	e, _ := c.lru.Get(key)
+	return e, now
+}
+
 // add stores e under key, counting an eviction when it pushed out the least recently used one.
 func (c *cache) add(key string, e *cacheEntry) {
 	if c.lru.Add(key, e) {
@@ -349,9 +401,10 @@ func (c *cache) add(key string, e *cacheEntry) {
 // byte 2 and 3 (for RD and CD) and question (its wire form, the client's letter case) to buf:
 // the upstream's header flags and rcode with the query's ID, RD and CD, every record's TTL
 // less the entry's age in whole seconds (never below 0, RFC 2308 section 5, RFC 1035 section
-// 7.4), and, when edns, the resolver's OPT with DO as given (RFC 6891 section 7). ok is false
-// when question is not the entry's (another length).
-func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, question []byte, edns, do bool, now int64) (wire []byte, ok bool) {
+// 7.4), or staleTTL when it is not 0 (a stale answer, RFC 8767 section 4), and, when edns, the
+// resolver's OPT with DO as given (RFC 6891 section 7). ok is false when question is not the
+// entry's (another length).
+func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, question []byte, edns, do bool, now int64, staleTTL uint32) (wire []byte, ok bool) {
 	if len(question) != e.qend-12 {
 		return buf, false
 	}
@@ -371,6 +424,9 @@ func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, qu
 	age := uint32((now - e.stored) / int64(time.Second))
 	for _, f := range e.ttls {
 		t := f.ttl - min(f.ttl, age)
+		if staleTTL != 0 {
+			t = staleTTL
+		}
 		b[f.off], b[f.off+1], b[f.off+2], b[f.off+3] = byte(t>>24), byte(t>>16), byte(t>>8), byte(t)
 	}
 	if edns {
@@ -400,18 +456,22 @@ func (c *cache) answerWire(buf, q []byte, wq *wireQuery) (wire []byte, rcode int
 	if need > wq.maxSize {
 		return buf, 0, false
 	}
-	wire, ok = e.appendAnswer(buf, uint16(q[0])<<8|uint16(q[1]), q[2], q[3], q[12:wq.qend], wq.edns, wq.do, now)
+	wire, ok = e.appendAnswer(buf, uint16(q[0])<<8|uint16(q[1]), q[2], q[3], q[12:wq.qend], wq.edns, wq.do, now, 0)
 	if !ok {
 		return buf, 0, false
 	}
 	c.m.cacheHits.Inc()
+	if c.prefetch != 0 && e.wantPrefetch(now, c.prefetch) {
+		c.startPrefetch(wq.cacheKey(q), e)
+	}
 	return wire, e.rcode(), true
 }
 
-// answerMsg answers req from entry e at clock reading now, appending the answer to buf and
-// truncating it to maxSize as Index.Respond does (truncateWire: records dropped, TC set). ok is
-// false when req's question does not pack as the entry's.
-func (e *cacheEntry) answerMsg(buf []byte, req *dns.Msg, maxSize int, now int64) (wire []byte, ok bool) {
+// answerMsg answers req from entry e at clock reading now (every TTL staleTTL when that is not
+// 0, appendAnswer), appending the answer to buf and truncating it to maxSize as Index.Respond
+// does (truncateWire: records dropped, TC set). ok is false when req's question does not pack
+// as the entry's.
+func (e *cacheEntry) answerMsg(buf []byte, req *dns.Msg, maxSize int, now int64, staleTTL uint32) (wire []byte, ok bool) {
 	q := req.Question[0]
 	var qb [maxNameWire + 4]byte
 	off, err := dns.PackDomainName(q.Name, qb[:], 0, nil, false)
@@ -427,7 +487,7 @@ func (e *cacheEntry) answerMsg(buf []byte, req *dns.Msg, maxSize int, now int64)
 		f3 = 0x10
 	}
 	opt := req.IsEdns0()
-	wire, ok = e.appendAnswer(buf, req.Id, f2, f3, qb[:off+4], opt != nil, opt != nil && opt.Do(), now)
+	wire, ok = e.appendAnswer(buf, req.Id, f2, f3, qb[:off+4], opt != nil, opt != nil && opt.Do(), now, staleTTL)
 	if ok && len(wire) > maxSize {
 		wire = truncateWire(wire[:0], wire, maxSize)
 	}
@@ -444,67 +504,116 @@ type flightResult struct {
 	packed []byte
 }
 
+// source says where a forwarded query's answer came from (the "path" of MetricDuration).
+type source int
+
+const (
+	fromUpstream source = iota // sent upstream (or coalesced with a query that was)
+	fromCache                  // a live cache entry: a hit
+	fromStale                  // an expired entry, served stale (RFC 8767)
+)
+
 // exchange answers forwarded query req through the cache: a live entry answers at once (hit);
-// otherwise the query is sent upstream with exchange, once for all identical queries in flight
-// (same key and transport), and a cacheable answer is stored. A query that is not cached
-// (cacheKey) is simply sent upstream. It returns either wire, the complete answer appended to
-// buf (truncated to maxSize), or resp, the answer to write (truncated by the caller); or
-// exchange's error.
-func (c *cache) exchange(buf []byte, req *dns.Msg, tcp bool, maxSize int, exchange func(*dns.Msg, bool) (*dns.Msg, error)) (wire []byte, resp *dns.Msg, hit bool, err error) {
+// otherwise the query is sent upstream (c.forward), once for all identical queries in flight
+// (same key and transport), and a cacheable answer is stored. With serve-stale on, an expired
+// entry within the maximum stale age answers instead when no fresh answer comes (serveStale).
+// A query that is not cached (cacheKey) is simply sent upstream. It returns either wire, the
+// complete answer appended to buf (truncated to maxSize), or resp, the answer to write
+// (truncated by the caller); where the answer came from; or the forwarding error.
+func (c *cache) exchange(buf []byte, req *dns.Msg, tcp bool, maxSize int) (wire []byte, resp *dns.Msg, src source, err error) {
 	var kb [maxNameWire + 32]byte
 	k, ok := appendCacheKey(kb[:0], req)
 	if !ok {
-		resp, err := exchange(req, tcp)
-		return nil, resp, false, err
+		resp, err := c.forward(req, tcp)
+		return nil, resp, fromUpstream, err
 	}
 	// k does not escape on a hit: the LRU keeps no reference to the key it is asked for.
-	if e, now := c.get(unsafe.String(unsafe.SliceData(k), len(k))); e != nil {
-		if wire, ok := e.answerMsg(buf, req, maxSize, now); ok {
+	e, now := c.lookup(unsafe.String(unsafe.SliceData(k), len(k)))
+	if e != nil && now < e.expires {
+		if wire, ok := e.answerMsg(buf, req, maxSize, now, 0); ok {
 			c.m.cacheHits.Inc()
-			return wire, nil, true, nil
+			if c.prefetch != 0 && e.wantPrefetch(now, c.prefetch) {
+				c.startPrefetch(unsafe.String(unsafe.SliceData(k), len(k)), e)
+			}
+			return wire, nil, fromCache, nil
 		}
 	}
 	c.m.cacheMisses.Inc()
 	key := string(k)
-	fk := key + "u"
-	if tcp {
-		fk = key + "t"
+	if c.maxStale != 0 && e != nil && now < e.expires+c.maxStale {
+		return c.serveStale(buf, req, tcp, maxSize, key, e, now)
 	}
-	v, err, _ := c.flight.Do(fk, func() (any, error) {
-		// A flight for the same key may have stored the answer since the miss above.
-		if e, _ := c.get(key); e != nil {
-			return &flightResult{entry: e}, nil
-		}
-		resp, err := exchange(req, tcp)
-		if err != nil {
-			return nil, err
-		}
-		res := &flightResult{leader: req, resp: resp}
-		if res.entry = c.newCacheEntry(req, resp, c.clock()); res.entry != nil {
-			c.add(key, res.entry)
-		} else if res.packed, err = resp.Pack(); err != nil {
-			return nil, fmt.Errorf("pack upstream answer to %s: %w", qname(req), err)
-		}
-		return res, nil
-	})
+	v, err, _ := c.flight.Do(flightKey(key, tcp), func() (any, error) { return c.refresh(key, req, tcp, e) })
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, fromUpstream, err
 	}
-	res := v.(*flightResult)
+	wire, resp, err = c.fromFlight(buf, req, maxSize, v.(*flightResult))
+	return wire, resp, fromUpstream, err
+}
+
+// flightKey is the singleflight key of key's queries over one transport.
+func flightKey(key string, tcp bool) string {
+	if tcp {
+		return key + "t"
+	}
+	return key + "u"
+}
+
+// refresh is the body of a flight: it sends req upstream and stores a cacheable answer under
+// key. old is the entry the flight was started for (expired, or due for prefetch; nil: none):
+// when another live entry is found, a flight that ended since stored it, and it is the result
+// without asking upstream. An answer that is not cached replaces old all the same (it is
+// removed: RFC 8767 section 4, a NOERROR or NXDOMAIN answer refreshes the data, so old must not
+// be served stale afterwards), unless it is truncated (incomplete: a TCP query may get it
+// whole). A failed refresh of an expired entry starts its failure recheck
+// timer (RFC 8767 section 5, failureRecheck) when the upstreams failed (not when the forward
+// limit was reached).
+func (c *cache) refresh(key string, req *dns.Msg, tcp bool, old *cacheEntry) (*flightResult, error) {
+	if e, now := c.lookup(key); e != nil && e != old && now < e.expires {
+		return &flightResult{entry: e}, nil
+	}
+	resp, err := c.forward(req, tcp)
+	now := c.clock()
+	if err != nil {
+		if c.maxStale != 0 && !errors.Is(err, errForwardLimit) {
+			if e, ok := c.lru.Peek(key); ok && now >= e.expires {
+				e.recheckAt.Store(now + int64(failureRecheck))
+			}
+		}
+		return nil, err
+	}
+	res := &flightResult{leader: req, resp: resp}
+	if res.entry = c.newCacheEntry(req, resp, now); res.entry != nil {
+		c.add(key, res.entry)
+		return res, nil
+	}
+	if e, ok := c.lru.Peek(key); ok && !resp.Truncated && (e == old || now >= e.expires) {
+		c.lru.Remove(key)
+	}
+	if res.packed, err = resp.Pack(); err != nil {
+		return nil, fmt.Errorf("pack upstream answer to %s: %w", qname(req), err)
+	}
+	return res, nil
+}
+
+// fromFlight turns a flight's result into req's answer: the upstream's answer as it came for
+// the query that was sent (resp), else the stored entry's answer (wire, truncated to maxSize),
+// else the upstream's answer re-addressed to req (reanswer).
+func (c *cache) fromFlight(buf []byte, req *dns.Msg, maxSize int, res *flightResult) (wire []byte, resp *dns.Msg, err error) {
 	switch {
 	case res.leader == req:
-		return nil, res.resp, false, nil
+		return nil, res.resp, nil
 	case res.entry != nil:
-		if wire, ok := res.entry.answerMsg(buf, req, maxSize, c.clock()); ok {
-			return wire, nil, false, nil
+		if wire, ok := res.entry.answerMsg(buf, req, maxSize, c.clock(), 0); ok {
+			return wire, nil, nil
 		}
-		return nil, nil, false, fmt.Errorf("answer %s from the cache: question does not pack as the entry's", qname(req))
+		return nil, nil, fmt.Errorf("answer %s from the cache: question does not pack as the entry's", qname(req))
 	}
 	m := new(dns.Msg)
 	if err := m.Unpack(res.packed); err != nil {
-		return nil, nil, false, fmt.Errorf("unpack upstream answer to %s: %w", qname(req), err)
+		return nil, nil, fmt.Errorf("unpack upstream answer to %s: %w", qname(req), err)
 	}
-	return nil, reanswer(m, req), false, nil
+	return nil, reanswer(m, req), nil
 }
 
 // reanswer turns m, the upstream's answer to another query with the same key, into the answer to

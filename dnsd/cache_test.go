@@ -24,12 +24,19 @@ func (c *fakeClock) advance(d time.Duration) { c.ns.Add(int64(d)) }
 // entries on clock clk, and the registry of its metrics.
 func cachingResolver(t testing.TB, upstream string, size int, clk *fakeClock) (*Resolver, *prometheus.Registry) {
 	t.Helper()
+	return cachingResolverWith(t, upstream, CacheOptions{Size: size}, clk)
+}
+
+// cachingResolverWith is cachingResolver with cache options o (its clock set here).
+func cachingResolverWith(t testing.TB, upstream string, o CacheOptions, clk *fakeClock) (*Resolver, *prometheus.Registry) {
+	t.Helper()
 	fwd, err := NewForwarder([]string{upstream}, ForwarderOptions{Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, Cache: CacheOptions{Size: size, clock: clk.now}})
+	o.clock = clk.now
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, Cache: o})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -436,6 +443,10 @@ func TestCacheOptions(t *testing.T) {
 		{CacheOptions{Size: -1}, "Size -1"},
 		{CacheOptions{Size: 10, MaxTTL: 1500 * time.Millisecond}, "MaxTTL 1.5s"},
 		{CacheOptions{Size: 10, MaxNegativeTTL: -time.Second}, "MaxNegativeTTL -1s"},
+		{CacheOptions{Size: 10, ServeStale: 1500 * time.Millisecond}, "ServeStale 1.5s"},
+		{CacheOptions{Size: 10, ServeStale: -time.Second}, "ServeStale -1s"},
+		{CacheOptions{Size: 10, ServeStale: MaxServeStale + time.Second}, "ServeStale 168h0m1s"},
+		{CacheOptions{Size: 10, Prefetch: -1}, "Prefetch -1"},
 	} {
 		if _, err := NewResolver(nil, ResolverOptions{Cache: c.o}); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("NewResolver(%+v) error = %v, want one naming %q", c.o, err, c.want)
@@ -529,18 +540,21 @@ func TestCacheThroughSockets(t *testing.T) {
 }
 
 // TestCacheHitFastPathDoesNotAllocate: the UDP fast path answers a cache hit without allocating
-// (the key is built in the parsed query's buffer, the answer in the reader's).
+// (the key is built in the parsed query's buffer, the answer in the reader's), with serve-stale
+// and prefetch on too as long as no prefetch starts (the hits are counted in the entry).
 func TestCacheHitFastPathDoesNotAllocate(t *testing.T) {
 	up := startStub(t, answerA(1))
-	res, _ := cachingResolver(t, up.addr, 100, &fakeClock{})
-	serve(t, res, query("ext.example.", dns.TypeA, nil), false)
-	q := packedQuery(t, "Ext.Example.", dns.TypeA, nil)
-	buf := make([]byte, 0, 1024)
-	if _, ok := res.answerWire(buf, q, shopPod); !ok {
-		t.Fatal("fast path did not answer the hit")
-	}
-	if n := testing.AllocsPerRun(1000, func() { res.answerWire(buf, q, shopPod) }); n != 0 {
-		t.Errorf("fast path cache hit: %v allocations per query, want 0", n)
+	for _, o := range []CacheOptions{{Size: 100}, {Size: 100, ServeStale: time.Hour, Prefetch: 1}, {Size: 100, Prefetch: 1 << 30}} {
+		res, _ := cachingResolverWith(t, up.addr, o, &fakeClock{})
+		serve(t, res, query("ext.example.", dns.TypeA, nil), false)
+		q := packedQuery(t, "Ext.Example.", dns.TypeA, nil)
+		buf := make([]byte, 0, 1024)
+		if _, ok := res.answerWire(buf, q, shopPod); !ok {
+			t.Fatal("fast path did not answer the hit")
+		}
+		if n := testing.AllocsPerRun(1000, func() { res.answerWire(buf, q, shopPod) }); n != 0 {
+			t.Errorf("%+v: fast path cache hit: %v allocations per query, want 0", o, n)
+		}
 	}
 }
 

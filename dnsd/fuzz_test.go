@@ -136,7 +136,7 @@ func FuzzCacheEntry(f *testing.F) {
 			t.Fatalf("entry does not unpack: %v", err)
 		}
 		age := int64(time.Second)
-		wire, ok := e.answerMsg(nil, req, dns.MaxMsgSize, age)
+		wire, ok := e.answerMsg(nil, req, dns.MaxMsgSize, age, 0)
 		if !ok {
 			t.Fatalf("entry does not answer its own question %v", q)
 		}
@@ -166,7 +166,7 @@ func FuzzCacheEntry(f *testing.F) {
 			t.Fatalf("answer OPT %v, query had one: %v", got.IsEdns0(), edns)
 		}
 		// Over UDP: within the client's size, and the fast path gives the same bytes.
-		udp, _ := e.answerMsg(nil, req, MaxUDPSize(req), age)
+		udp, _ := e.answerMsg(nil, req, MaxUDPSize(req), age, 0)
 		if len(udp) > MaxUDPSize(req) {
 			t.Fatalf("UDP answer %d bytes, client accepts %d", len(udp), MaxUDPSize(req))
 		}

@@ -31,6 +31,16 @@ const (
 	pathLocal   = "local"
 	pathForward = "forward"
 	pathCache   = "cache"
+	pathStale   = "stale"
+)
+
+// Metric names of serve-stale and prefetch (stale.go).
+const (
+	// MetricCacheStaleAnswers counts answers from expired entries (serve-stale, RFC 8767), by
+	// reason: failed, slow, recheck.
+	MetricCacheStaleAnswers = "aether_dns_cache_stale_answers_total"
+	// MetricCachePrefetches counts background refreshes of popular entries started by a hit.
+	MetricCachePrefetches = "aether_dns_cache_prefetches_total"
 )
 
 // metricTypes are the query types counted under their own name; any other is "other".
@@ -60,6 +70,12 @@ type metrics struct {
 	// room; its entry count is a gauge read at scrape time.
 	cacheHits, cacheMisses, cacheEvictions prometheus.Counter
 	cacheEntries                           prometheus.GaugeFunc
+	// Serve-stale's answers by reason (staleFailed, ...) and their duration, prefetch's
+	// refreshes.
+	cacheStaleVec   *prometheus.CounterVec
+	cacheStale      [staleReasons]prometheus.Counter
+	stale           prometheus.Observer
+	cachePrefetches prometheus.Counter
 
 	// byType and byRcode give the counter index of a query type below 256 and of an rcode
 	// below 32 (arrays, not maps: count runs for every query); any other is "other".
@@ -94,7 +110,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}, []string{"upstream"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: MetricDuration,
-			Help: "Time from a query's arrival to its answer being written, in seconds, by path (local answer, forward, or cache: a forwarded name answered from the cache).",
+			Help: "Time from a query's arrival to its answer being written, in seconds, by path (local answer, forward, cache: a forwarded name answered from the cache, or stale: from an expired cache entry).",
 			// 25 µs .. ~3.3 s.
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2.5, 14),
 		}, []string{"path"}),
@@ -114,10 +130,22 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 			Name: MetricCacheEntries,
 			Help: "Answers held by the cache, expired ones included until replaced or evicted.",
 		}, entries),
+		cacheStaleVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricCacheStaleAnswers,
+			Help: "Forwarded queries answered from an expired cache entry (serve-stale, RFC 8767), by reason: failed (the refresh failed), slow (no upstream answer within 1.8 s), recheck (a refresh failed less than 30 s before; none tried).",
+		}, []string{"reason"}),
+		cachePrefetches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricCachePrefetches,
+			Help: "Popular cache entries refreshed in the background before they expire (prefetch).",
+		}),
+	}
+	for i, r := range staleReasonNames {
+		m.cacheStale[i] = m.cacheStaleVec.WithLabelValues(r)
 	}
 	m.local = m.duration.WithLabelValues(pathLocal)
 	m.forward = m.duration.WithLabelValues(pathForward)
 	m.cached = m.duration.WithLabelValues(pathCache)
+	m.stale = m.duration.WithLabelValues(pathStale)
 	for i := range m.byType {
 		m.byType[i] = uint8(len(metricTypes))
 	}
@@ -152,6 +180,13 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamOversized, m.duration,
 			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries} {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.cacheStaleVec, m.cachePrefetches} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -119,9 +119,13 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	if clusterDomain == "" {
 		clusterDomain = DefaultClusterDomain
 	}
-	return &Resolver{opts: o.Index, fwd: fwd, metrics: m, cache: c, log: o.Logger, forwardTimeout: timeout,
+	r := &Resolver{opts: o.Index, fwd: fwd, metrics: m, cache: c, log: o.Logger, forwardTimeout: timeout,
 		forwards: make(chan struct{}, o.MaxForwards), meshZone: strings.ToLower(dns.CanonicalName(meshDomain)),
-		csZone: dns.CanonicalName(model.ClustersetDomain), csuffix: ".svc." + strings.ToLower(dns.CanonicalName(clusterDomain))}, nil
+		csZone: dns.CanonicalName(model.ClustersetDomain), csuffix: ".svc." + strings.ToLower(dns.CanonicalName(clusterDomain))}
+	if c != nil {
+		c.forward = r.forward
+	}
+	return r, nil
 }
 
 // Update builds an index from m and swaps it in. Queries in flight finish with the index they
@@ -191,25 +195,29 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 
 // serveForwarded answers a query the upstreams answer: from the cache when it holds a live
 // answer, else from the upstreams (through the cache when there is one, which coalesces
-// identical queries and keeps the answer). When no upstream answers, it answers SERVFAIL, or
+// identical queries and keeps the answer, and with serve-stale on answers from an expired entry
+// when the upstreams fail or are slow). When no upstream answers, it answers SERVFAIL, or
 // for a clusterset name (cs, the index, not nil) cs's NXDOMAIN.
 func (r *Resolver) serveForwarded(w dns.ResponseWriter, req *dns.Msg, tcp bool, maxSize int, qtype uint16, start time.Time, cs *Index) {
 	var (
 		wire []byte
 		resp *dns.Msg
-		hit  bool
+		src  source
 		err  error
 	)
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
 	if r.cache != nil {
-		wire, resp, hit, err = r.cache.exchange((*bp)[:0], req, tcp, maxSize, r.forward)
+		wire, resp, src, err = r.cache.exchange((*bp)[:0], req, tcp, maxSize)
 	} else {
 		resp, err = r.forward(req, tcp)
 	}
 	obs := r.metrics.forward
-	if hit {
+	switch src {
+	case fromCache:
 		obs = r.metrics.cached
+	case fromStale:
+		obs = r.metrics.stale
 	}
 	if wire != nil {
 		r.metrics.count(qtype, int(wire[3]&0x0F))

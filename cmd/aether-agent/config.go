@@ -57,6 +57,13 @@ type config struct {
 	// --dns-cache-max-negative-ttl) cap how long a positive and a negative answer is kept.
 	DNSCacheSize                           int
 	DNSCacheMaxTTL, DNSCacheMaxNegativeTTL time.Duration
+	// DNSCacheServeStale (--dns-cache-serve-stale, AETHER_DNS_CACHE_SERVE_STALE) is the maximum
+	// stale age of serve-stale (RFC 8767): how long past its expiry a cached answer may still
+	// answer when the upstreams fail or are slow (0: off). DNSCachePrefetch
+	// (--dns-cache-prefetch, AETHER_DNS_CACHE_PREFETCH) is the number of hits that makes an entry
+	// prefetched before it expires (0: off).
+	DNSCacheServeStale time.Duration
+	DNSCachePrefetch   int
 
 	ClusterDNS []netip.Addr // --cluster-dns: kube-dns ClusterIPs DNAT'ed to the resolver (default: kube-system/kube-dns)
 	ResolvConf string       // --resolv-conf: upstreams for names outside the mesh
@@ -114,6 +121,8 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.IntVar(&c.DNSCacheSize, "dns-cache-size", dnsd.DefaultCacheSize, "how many forwarded DNS answers the resolver caches (0: no cache)")
 	fs.DurationVar(&c.DNSCacheMaxTTL, "dns-cache-max-ttl", dnsd.DefaultCacheMaxTTL, "longest time a positive forwarded answer is cached (whole seconds, at least 1s)")
 	fs.DurationVar(&c.DNSCacheMaxNegativeTTL, "dns-cache-max-negative-ttl", dnsd.DefaultCacheMaxNegativeTTL, "longest time a negative forwarded answer (NXDOMAIN, NODATA) is cached (whole seconds, at least 1s)")
+	ef.DurationVar(&c.DNSCacheServeStale, "dns-cache-serve-stale", "AETHER_DNS_CACHE_SERVE_STALE", 0, "serve-stale (RFC 8767): how long past its expiry a cached answer may still answer, with TTL 30, when the upstreams fail or take over 1.8s (whole seconds up to 168h; 24h suggested; 0: off)")
+	ef.IntVar(&c.DNSCachePrefetch, "dns-cache-prefetch", "AETHER_DNS_CACHE_PREFETCH", 0, "refresh a cached answer in the background once it has been hit this many times and less than 10% of its TTL is left (0: off)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
 	ef.StringVar(&c.EnvoyBinary, "envoy-binary", "AETHER_ENVOY", "envoy", "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")
@@ -194,6 +203,14 @@ func (c config) validate() error {
 		if err := dnsd.CheckCacheTTL(f.d); err != nil {
 			errs = append(errs, fmt.Errorf("--%s %s: %w", f.name, f.d, err))
 		}
+	}
+	if c.DNSCacheServeStale != 0 {
+		if err := dnsd.CheckServeStale(c.DNSCacheServeStale); err != nil {
+			errs = append(errs, fmt.Errorf("--dns-cache-serve-stale %s: %w", c.DNSCacheServeStale, err))
+		}
+	}
+	if c.DNSCachePrefetch < 0 {
+		errs = append(errs, fmt.Errorf("--dns-cache-prefetch %d: want 0 (no prefetch) or a number of hits", c.DNSCachePrefetch))
 	}
 	errs = append(errs, c.checkPorts()...)
 	if (c.CACert == "") != (c.CAKey == "") {

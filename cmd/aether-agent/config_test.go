@@ -33,6 +33,11 @@ func TestParseConfig(t *testing.T) {
 		{name: "dns cache max ttl not whole seconds", args: []string{"--dns-cache-max-ttl", "1500ms"}, wantErr: "--dns-cache-max-ttl 1.5s"},
 		{name: "dns cache max ttl zero", args: []string{"--dns-cache-max-ttl", "0s"}, wantErr: "--dns-cache-max-ttl 0s"},
 		{name: "dns cache max negative ttl under a second", args: []string{"--dns-cache-max-negative-ttl", "500ms"}, wantErr: "--dns-cache-max-negative-ttl 500ms"},
+		{name: "dns cache serve-stale and prefetch", args: []string{"--dns-cache-serve-stale", "24h", "--dns-cache-prefetch", "5"}},
+		{name: "dns cache serve-stale not whole seconds", args: []string{"--dns-cache-serve-stale", "1500ms"}, wantErr: "--dns-cache-serve-stale 1.5s"},
+		{name: "dns cache serve-stale over a week", args: []string{"--dns-cache-serve-stale", "169h"}, wantErr: "--dns-cache-serve-stale 169h0m0s"},
+		{name: "negative dns cache serve-stale", args: []string{"--dns-cache-serve-stale", "-1s"}, wantErr: "--dns-cache-serve-stale -1s"},
+		{name: "negative dns cache prefetch", args: []string{"--dns-cache-prefetch", "-1"}, wantErr: "--dns-cache-prefetch -1"},
 		{name: "ca pair", args: []string{"--ca-key", ""}, wantErr: "--ca-cert and --ca-key go together"},
 		{name: "short svid ttl", args: []string{"--svid-ttl", "30s"}, wantErr: "--svid-ttl 30s"},
 		{name: "cni repair interval under a second", args: []string{"--cni-repair-interval", "0s"}, wantErr: "--cni-repair-interval 0s"},
@@ -87,6 +92,12 @@ func TestParseConfig(t *testing.T) {
 			if tc.name == "env defaults" && (c.DNSCacheSize != 10000 || c.DNSCacheMaxTTL != 30*time.Second || c.DNSCacheMaxNegativeTTL != 5*time.Second) {
 				t.Errorf("DNS cache defaults %d, %s, %s; want NodeLocal DNSCache's 10000, 30s, 5s", c.DNSCacheSize, c.DNSCacheMaxTTL, c.DNSCacheMaxNegativeTTL)
 			}
+			if tc.name == "env defaults" && (c.DNSCacheServeStale != 0 || c.DNSCachePrefetch != 0) {
+				t.Errorf("DNS cache serve-stale %s, prefetch %d by default; want both off", c.DNSCacheServeStale, c.DNSCachePrefetch)
+			}
+			if tc.name == "dns cache serve-stale and prefetch" && (c.DNSCacheServeStale != 24*time.Hour || c.DNSCachePrefetch != 5) {
+				t.Errorf("DNS cache serve-stale %s, prefetch %d; want 24h and 5", c.DNSCacheServeStale, c.DNSCachePrefetch)
+			}
 			if tc.name == "dual stack" && (c.HostIPv6 != netip.MustParseAddr("fd00::11") || len(c.ClusterDNS) != 2) {
 				t.Errorf("dual stack config = host IPv6 %s, cluster DNS %v", c.HostIPv6, c.ClusterDNS)
 			}
@@ -94,6 +105,27 @@ func TestParseConfig(t *testing.T) {
 				t.Errorf("--east-west-waypoint did not turn the waypoint on")
 			}
 		})
+	}
+	// The ConfigMap's form: serve-stale and prefetch from the environment, a flag winning; a
+	// variable that does not parse names itself.
+	withEnv := func(kv ...string) func(string) string {
+		e := map[string]string{}
+		for k, v := range env {
+			e[k] = v
+		}
+		for i := 0; i < len(kv); i += 2 {
+			e[kv[i]] = kv[i+1]
+		}
+		return func(k string) string { return e[k] }
+	}
+	c, err := parseConfig([]string{"--dns-cache-prefetch", "9"}, withEnv("AETHER_DNS_CACHE_SERVE_STALE", "72h", "AETHER_DNS_CACHE_PREFETCH", "2"))
+	if err != nil || c.DNSCacheServeStale != 72*time.Hour || c.DNSCachePrefetch != 9 {
+		t.Errorf("serve-stale and prefetch from env: %s, %d, %v; want 72h (env) and 9 (flag)", c.DNSCacheServeStale, c.DNSCachePrefetch, err)
+	}
+	for _, kv := range [][2]string{{"AETHER_DNS_CACHE_SERVE_STALE", "a day"}, {"AETHER_DNS_CACHE_PREFETCH", "many"}} {
+		if _, err := parseConfig(nil, withEnv(kv[0], kv[1])); err == nil || !strings.Contains(err.Error(), "env "+kv[0]+` "`+kv[1]+`"`) {
+			t.Errorf("%s=%q: err = %v, want it named", kv[0], kv[1], err)
+		}
 	}
 	if _, err := parseConfig(nil, func(string) string { return "" }); err == nil ||
 		!strings.Contains(err.Error(), "--node-name is required") || !strings.Contains(err.Error(), "--cluster is required") {

@@ -111,7 +111,8 @@ func run(ctx context.Context, cfg config) error {
 	log.Info("cluster domain for search-list expansions of mesh names", "domain", clusterDomain, "from", from)
 	resolver, err := dnsd.NewResolver(fwd, dnsd.ResolverOptions{Registerer: metrics.reg, Logger: log.With("part", "dns"),
 		MeshDomain: cfg.MeshDomain, Index: dnsd.IndexOptions{ClusterDomain: clusterDomain},
-		Cache: dnsd.CacheOptions{Size: cfg.DNSCacheSize, MaxTTL: cfg.DNSCacheMaxTTL, MaxNegativeTTL: cfg.DNSCacheMaxNegativeTTL}})
+		Cache: dnsd.CacheOptions{Size: cfg.DNSCacheSize, MaxTTL: cfg.DNSCacheMaxTTL, MaxNegativeTTL: cfg.DNSCacheMaxNegativeTTL,
+			ServeStale: cfg.DNSCacheServeStale, Prefetch: cfg.DNSCachePrefetch}})
 	if err != nil {
 		return err
 	}
