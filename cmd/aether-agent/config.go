@@ -52,9 +52,10 @@ type config struct {
 	StateDir    string // --state-dir: persisted pod attachments
 	CNISocket   string // --cni-socket
 
-	// DNSCacheSize (--dns-cache-size) is how many forwarded answers the resolver caches (0: no
-	// cache); DNSCacheMaxTTL and DNSCacheMaxNegativeTTL (--dns-cache-max-ttl,
-	// --dns-cache-max-negative-ttl) cap how long a positive and a negative answer is kept.
+	// DNSCacheSize (--dns-cache-size, AETHER_DNS_CACHE_SIZE) is how many forwarded answers the
+	// resolver caches (0: no cache); DNSCacheMaxTTL and DNSCacheMaxNegativeTTL
+	// (--dns-cache-max-ttl, AETHER_DNS_CACHE_MAX_TTL; --dns-cache-max-negative-ttl,
+	// AETHER_DNS_CACHE_MAX_NEGATIVE_TTL) cap how long a positive and a negative answer is kept.
 	DNSCacheSize                           int
 	DNSCacheMaxTTL, DNSCacheMaxNegativeTTL time.Duration
 	// DNSCacheServeStale (--dns-cache-serve-stale, AETHER_DNS_CACHE_SERVE_STALE) is the maximum
@@ -118,9 +119,9 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	hostIP := ef.String("host-ip", "HOST_IP", "", "this node's IP: the DNS resolver listens here")
 	hostIPv6 := ef.String("host-ip-v6", "HOST_IP_V6", "", "this node's IPv6 address on a dual-stack node: the resolver listens here too and IPv6 cluster DNS is DNAT'ed to it")
 	fs.IntVar(&c.DNSPort, "dns-port", 18054, "DNS port on the host IP (UDP and TCP)")
-	fs.IntVar(&c.DNSCacheSize, "dns-cache-size", dnsd.DefaultCacheSize, "how many forwarded DNS answers the resolver caches (0: no cache)")
-	fs.DurationVar(&c.DNSCacheMaxTTL, "dns-cache-max-ttl", dnsd.DefaultCacheMaxTTL, "longest time a positive forwarded answer is cached (whole seconds, at least 1s)")
-	fs.DurationVar(&c.DNSCacheMaxNegativeTTL, "dns-cache-max-negative-ttl", dnsd.DefaultCacheMaxNegativeTTL, "longest time a negative forwarded answer (NXDOMAIN, NODATA) is cached (whole seconds, at least 1s)")
+	ef.IntVar(&c.DNSCacheSize, "dns-cache-size", "AETHER_DNS_CACHE_SIZE", dnsd.DefaultCacheSize, "how many forwarded DNS answers the resolver caches (0: no cache)")
+	ef.DurationVar(&c.DNSCacheMaxTTL, "dns-cache-max-ttl", "AETHER_DNS_CACHE_MAX_TTL", dnsd.DefaultCacheMaxTTL, "longest time a positive forwarded answer is cached (whole seconds, at least 1s)")
+	ef.DurationVar(&c.DNSCacheMaxNegativeTTL, "dns-cache-max-negative-ttl", "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL", dnsd.DefaultCacheMaxNegativeTTL, "longest time a negative forwarded answer (NXDOMAIN, NODATA) is cached (whole seconds, at least 1s)")
 	ef.DurationVar(&c.DNSCacheServeStale, "dns-cache-serve-stale", "AETHER_DNS_CACHE_SERVE_STALE", 0, "serve-stale (RFC 8767): how long past its expiry a cached answer may still answer, with TTL 30, when the upstreams fail or take over 1.8s (whole seconds up to 168h; 24h suggested; 0: off)")
 	ef.IntVar(&c.DNSCachePrefetch, "dns-cache-prefetch", "AETHER_DNS_CACHE_PREFETCH", 0, "refresh a cached answer in the background once it has been hit this many times and less than 10% of its TTL is left (0: off)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")

@@ -106,7 +106,7 @@ func TestParseConfig(t *testing.T) {
 			}
 		})
 	}
-	// The ConfigMap's form: serve-stale and prefetch from the environment, a flag winning; a
+	// The ConfigMap's form: the cache settings from the environment, a flag winning; a
 	// variable that does not parse names itself.
 	withEnv := func(kv ...string) func(string) string {
 		e := map[string]string{}
@@ -122,7 +122,11 @@ func TestParseConfig(t *testing.T) {
 	if err != nil || c.DNSCacheServeStale != 72*time.Hour || c.DNSCachePrefetch != 9 {
 		t.Errorf("serve-stale and prefetch from env: %s, %d, %v; want 72h (env) and 9 (flag)", c.DNSCacheServeStale, c.DNSCachePrefetch, err)
 	}
-	for _, kv := range [][2]string{{"AETHER_DNS_CACHE_SERVE_STALE", "a day"}, {"AETHER_DNS_CACHE_PREFETCH", "many"}} {
+	c, err = parseConfig([]string{"--dns-cache-max-ttl", "10s"}, withEnv("AETHER_DNS_CACHE_SIZE", "0", "AETHER_DNS_CACHE_MAX_TTL", "1m", "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL", "2s"))
+	if err != nil || c.DNSCacheSize != 0 || c.DNSCacheMaxTTL != 10*time.Second || c.DNSCacheMaxNegativeTTL != 2*time.Second {
+		t.Errorf("cache size and TTL caps from env: %d, %s, %s, %v; want 0 (env), 10s (flag), 2s (env)", c.DNSCacheSize, c.DNSCacheMaxTTL, c.DNSCacheMaxNegativeTTL, err)
+	}
+	for _, kv := range [][2]string{{"AETHER_DNS_CACHE_SERVE_STALE", "a day"}, {"AETHER_DNS_CACHE_PREFETCH", "many"}, {"AETHER_DNS_CACHE_SIZE", "big"}, {"AETHER_DNS_CACHE_MAX_TTL", "30"}} {
 		if _, err := parseConfig(nil, withEnv(kv[0], kv[1])); err == nil || !strings.Contains(err.Error(), "env "+kv[0]+` "`+kv[1]+`"`) {
 			t.Errorf("%s=%q: err = %v, want it named", kv[0], kv[1], err)
 		}
