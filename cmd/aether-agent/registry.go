@@ -87,9 +87,8 @@ func newRegistryView(log *slog.Logger, hold time.Duration, onChange func()) *reg
 	return &registryView{log: log, onChange: onChange, hold: hold, synced: make(chan struct{}),
 		kick: make(chan struct{}, 1), readErr: errors.New("registry not read yet"),
 		keepAlive: func(time.Time) registry.KeepAliveStatus { return registry.KeepAliveStatus{} },
-		eps: map[string]model.Endpoint{}, dirty: map[string]struct{}{},
-		exps:    map[string]registry.Record[*registryv1.ExportMark]{},
-		pending: map[string]time.Time{}}
+		eps:       map[string]model.Endpoint{}, dirty: map[string]struct{}{}, pending: map[string]time.Time{},
+		exps: map[string]registry.Record[*registryv1.ExportMark]{}}
 }
 
 // run consumes both watches until ctx ends.
