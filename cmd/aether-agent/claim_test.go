@@ -187,24 +187,11 @@ func (c *rangeCounter) snapshot() map[string]int {
 // AETHER_CLAIM_IDLE (default 10s). Before, the agent read the claim every 5 s: 2 range
 // requests per agent in 10 s, 200 a second for 1000 nodes.
 func TestAgentClaimWatchIdleReads(t *testing.T) {
-	idle := 10 * time.Second
-	if v := os.Getenv("AETHER_CLAIM_IDLE"); v != "" {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			t.Fatalf("AETHER_CLAIM_IDLE: %v", err)
-		}
-		idle = d
-	}
+	idle := idleFromEnv(t, "AETHER_CLAIM_IDLE")
 	etcd := testenv.StartEmbeddedEtcd(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), idle+2*time.Minute)
 	defer cancel()
-	counter := &rangeCounter{n: map[string]int{}}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(counter.intercept)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli, counter := countingClient(t, etcd.Endpoints)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	reg, err := registry.NewWithClient(cli, registry.Config{Region: "eu", Cluster: "east", Logger: log, ClusterID: "uid-east"})
 	if err != nil {
@@ -234,6 +221,35 @@ func TestAgentClaimWatchIdleReads(t *testing.T) {
 
 // rangeMethod is the gRPC method of an etcd range request (a Get).
 const rangeMethod = "/etcdserverpb.KV/Range"
+
+// countingClient returns an etcd client of endpoints whose unary requests the returned counter
+// counts; it is closed when the test ends.
+func countingClient(t *testing.T, endpoints []string) (*clientv3.Client, *rangeCounter) {
+	t.Helper()
+	counter := &rangeCounter{n: map[string]int{}}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithChainUnaryInterceptor(counter.intercept)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cli.Close() })
+	return cli, counter
+}
+
+// idleFromEnv returns the idle time of a request-counting test: the duration in environment
+// variable name, 10 s when it is unset.
+func idleFromEnv(t *testing.T, name string) time.Duration {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return 10 * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil || d <= 0 {
+		t.Fatalf("%s %q: want a positive duration (%v)", name, v, err)
+	}
+	return d
+}
 
 // TestAgentReregistersAfterReclaim runs the agent's claim watch and endpoint sync loop
 // (watchClaim, syncEndpointsLoop) as run wires them, with one model and nothing else changing,

@@ -111,7 +111,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	ef.StringVar(&c.TrustDomain, "trust-domain", "AETHER_TRUST_DOMAIN", "aether.internal", "SPIFFE trust domain")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
 	c.Registry.Define(ef, registryflag.Usage{})
-	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease")
+	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease; its keepalives (every TTL/3) tell the agent the registry answers (without a lease it reads the registry every TTL/3), and endpoint deletions are held 2 x TTL after a failed round trip")
 	ef.StringVar(&c.CACert, "ca-cert", "AETHER_CA_CERT", "", "development CA certificate (PEM) that signs workload SVIDs")
 	ef.StringVar(&c.CAKey, "ca-key", "AETHER_CA_KEY", "", "development CA key (PEM)")
 	fs.DurationVar(&c.SVIDTTL, "svid-ttl", time.Hour, "lifetime of workload SVIDs; each is renewed at half its lifetime")

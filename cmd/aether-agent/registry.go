@@ -30,28 +30,44 @@ import (
 // partition is one-way (it can still read what etcd sends) and, in any case, as soon as its
 // watch resumes, before the writers have re-registered. Applying them would empty every
 // cluster's EDS ("no healthy upstream") although every endpoint still serves. So a deletion is
-// applied only when a registry round trip started after it arrived succeeded (the reader is
-// connected, so the deletion is not an artefact of its own partition) and no round trip failed
-// for the last hold (the writers, cut off with it, had time to come back and re-register; a
-// re-registration cancels the held deletion). A dead node's endpoints therefore leave the model
-// one probe after their lease expired while the registry is healthy, and at most hold after the
-// registry came back when the node died during an outage.
+// applied only when (a) a linearizable registry read started after it arrived succeeded (the
+// reader is connected, so the deletion is not an artefact of its own partition) and (b) no
+// round trip to the registry failed for the last hold (the writers, cut off with it, had time
+// to come back and re-register; a re-registration cancels the held deletion). The round trips
+// of (b) are this node's reads and the keepalives of its own endpoint lease (keepAlive,
+// registry.KeepAliveStatus): a keepalive answered later than a third of the TTL plus 1 s is a
+// failed round trip. A dead node's endpoints therefore leave the model one read after their
+// lease expired while the registry is healthy, and at most hold after the registry came back
+// when the node died during an outage.
+//
+// The node reads the registry only when a read is needed (probeRegistry, readDue): when a
+// deletion is held (at once, at most one read per readTiming.gap, and again when the hold
+// after a failure ends), and, while it holds no lease (no endpoint registered, so no keepalive
+// runs), every readTiming.interval (a third of the lease TTL) to know it is connected. While it
+// holds a lease and nothing is deleted it sends the registry no read: the keepalives, which it
+// sends anyway, are its round trips.
 type registryView struct {
 	log      *slog.Logger
 	onChange func()
 	hold     time.Duration
-	kick     chan struct{} // a deletion is waiting for a probe
+	kick     chan struct{} // a deletion is waiting for a read
+	// keepAlive reports the keepalives of this node's endpoint lease at a given time
+	// (registry.Registry.KeepAliveStatus). Set before run and probeRegistry start; the default
+	// reports no lease, ever.
+	keepAlive func(now time.Time) registry.KeepAliveStatus
 
 	mu sync.Mutex
 	// eps holds each valid endpoint record converted once, when its event arrives: a change
 	// costs the conversion of what changed, not of every endpoint in the clusterset.
-	eps     map[string]model.Endpoint
-	exps    map[string]registry.Record[*registryv1.ExportMark]
-	pending map[string]time.Time // endpoint key -> when its deletion arrived (still in eps)
-	epsRev  int64                // revision of the last endpoint batch
-	probe   error                // result of the last registry probe
-	failed  time.Time            // end of the last failed probe
-	cacheOK bool
+	eps       map[string]model.Endpoint
+	exps      map[string]registry.Record[*registryv1.ExportMark]
+	pending   map[string]time.Time // endpoint key -> when its deletion arrived (still in eps)
+	epsRev    int64                // revision of the last endpoint batch
+	readErr   error                // result of the last registry read
+	readStart time.Time            // start of the last registry read (zero: none yet)
+	readEnd   time.Time            // its end
+	failed    time.Time            // end of the last failed read
+	cacheOK   bool
 	// epsOut is the last endpoint slice handed out, ordered by endpointOrder, and epsKeys the
 	// registry key of each entry; dirty holds the keys changed in eps since. Records merges the
 	// changes into a new slice (earlier slices are never written again), so the model's
@@ -69,10 +85,10 @@ type registryView struct {
 // endpoint deletions for hold after the registry was last unreachable (see registryView).
 func newRegistryView(log *slog.Logger, hold time.Duration, onChange func()) *registryView {
 	return &registryView{log: log, onChange: onChange, hold: hold, synced: make(chan struct{}),
-		kick: make(chan struct{}, 1), probe: errors.New("registry not probed yet"),
-		eps: map[string]model.Endpoint{}, dirty: map[string]struct{}{},
-		exps:    map[string]registry.Record[*registryv1.ExportMark]{},
-		pending: map[string]time.Time{}}
+		kick: make(chan struct{}, 1), readErr: errors.New("registry not read yet"),
+		keepAlive: func(time.Time) registry.KeepAliveStatus { return registry.KeepAliveStatus{} },
+		eps:       map[string]model.Endpoint{}, dirty: map[string]struct{}{}, pending: map[string]time.Time{},
+		exps: map[string]registry.Record[*registryv1.ExportMark]{}}
 }
 
 // run consumes both watches until ctx ends.
@@ -144,52 +160,133 @@ func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoi
 	return held
 }
 
-// probeRegistry runs probe every interval (and at once when a deletion is held), each bounded by
-// timeout, records its result (health) and applies the held deletions it confirms, until ctx
-// ends. probe must need a round trip to the registry's quorum (a linearizable read).
-func (v *registryView) probeRegistry(ctx context.Context, probe func(context.Context) error, interval, timeout time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
+// readTiming says when the agent reads the registry (probeRegistry, readDue).
+type readTiming struct {
+	// interval is the time between two reads while the node holds no lease (no keepalive
+	// tells it whether the registry answers).
+	interval time.Duration
+	// timeout bounds each read.
+	timeout time.Duration
+	// gap is the least time between the starts of two reads for held deletions: a burst of
+	// deletions costs one read per gap, not one per batch.
+	gap time.Duration
+}
+
+// readTimingFor returns the agent's read timing for a lease TTL: every TTL/3 without a lease
+// (as often as a writer's keepalives), reads bounded by 2 s (by TTL/3 when shorter), and at
+// least 1 s between two reads for held deletions.
+func readTimingFor(ttl time.Duration) readTiming {
+	return readTiming{interval: ttl / 3, timeout: min(2*time.Second, ttl/3), gap: time.Second}
+}
+
+// followRegistry keeps view in step with reg until ctx ends: the watches (run) and the reads
+// that confirm held deletions and, while reg holds no lease, tell whether the registry
+// answers (probeRegistry, timed by readTimingFor(ttl), ttl being reg's lease TTL).
+func followRegistry(ctx context.Context, view *registryView, reg *registry.Registry, ttl time.Duration) {
+	view.keepAlive = reg.KeepAliveStatus
+	go view.run(ctx, reg)
+	go view.probeRegistry(ctx, func(ctx context.Context) error { return registryHealthy(ctx, reg) }, readTimingFor(ttl))
+}
+
+// probeRegistry runs read whenever one is due (readDue: a deletion is held, or no lease
+// keepalive tells whether the registry answers), each bounded by t.timeout, records its result
+// and applies the held deletions it confirms, until ctx ends. read must need a round trip to
+// the registry's quorum (a linearizable read). Between reads it re-checks what is due every
+// t.interval, and at once when a deletion arrives (kick); the checks send nothing.
+func (v *registryView) probeRegistry(ctx context.Context, read func(context.Context) error, t readTiming) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
 	for {
-		start := time.Now()
-		pctx, cancel := context.WithTimeout(ctx, timeout)
-		err := probe(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		if v.confirmDeletions(start, time.Now(), err) {
-			v.onChange()
-		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-timer.C:
 		case <-v.kick:
 		}
+		due := v.nextRead(time.Now(), t)
+		if !due.IsZero() && !due.After(time.Now()) {
+			start := time.Now()
+			rctx, cancel := context.WithTimeout(ctx, t.timeout)
+			err := read(rctx)
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			if v.confirmDeletions(start, time.Now(), err) {
+				v.onChange()
+			}
+			due = v.nextRead(time.Now(), t)
+		}
+		wait := t.interval
+		if !due.IsZero() {
+			wait = min(wait, max(time.Until(due), 0))
+		}
+		timer.Reset(wait)
 	}
 }
 
-// confirmDeletions records the result of a probe that ran from start to end and, when it
-// succeeded and none failed for the last hold, deletes the held endpoints whose deletion arrived
-// before start. It reports whether the records changed.
-func (v *registryView) confirmDeletions(start, end time.Time, probeErr error) (changed bool) {
+// nextRead returns when the next registry read is due at now (readDue with the lease's
+// keepalive status at now).
+func (v *registryView) nextRead(now time.Time, t readTiming) time.Time {
+	ka := v.keepAlive(now)
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	wasOK := v.probe == nil
-	v.probe = probeErr
-	if probeErr != nil {
+	return v.readDue(ka, t)
+}
+
+// readDue returns when the next registry read is due (zero: none is), given the lease's
+// keepalive status: while no lease is held, t.interval after the last read started; while a
+// deletion is held, t.gap after the last read started, and not before the hold after the last
+// failed round trip (a failed read or a missed keepalive, now while one is overdue) has
+// passed, since no read could confirm it earlier. Callers hold mu.
+func (v *registryView) readDue(ka registry.KeepAliveStatus, t readTiming) time.Time {
+	var due time.Time
+	if ka.Lease == 0 {
+		due = v.readStart.Add(t.interval)
+	}
+	if len(v.pending) > 0 {
+		d := v.readStart.Add(t.gap)
+		if f := latest(v.failed, ka.Missed); !f.IsZero() {
+			d = latest(d, f.Add(v.hold))
+		}
+		if due.IsZero() || d.Before(due) {
+			due = d
+		}
+	}
+	return due
+}
+
+// latest returns the later of two times.
+func latest(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+// confirmDeletions records the result of a registry read that ran from start to end and, when it
+// succeeded and no round trip failed for the last hold (no read failed, no lease keepalive was
+// missed), deletes the held endpoints whose deletion arrived before start. It reports whether
+// the records changed.
+func (v *registryView) confirmDeletions(start, end time.Time, readErr error) (changed bool) {
+	ka := v.keepAlive(end)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	wasOK := v.readErr == nil
+	v.readErr, v.readStart, v.readEnd = readErr, start, end
+	if readErr != nil {
 		v.failed = end
 		if wasOK {
 			v.log.Warn("registry unreachable: serving the last-known endpoints; their deletions wait until it is back",
-				"held_deletions", len(v.pending), "hold", v.hold, "err", probeErr)
+				"held_deletions", len(v.pending), "hold", v.hold, "err", readErr)
 		}
 		return false
 	}
-	if !wasOK && !v.failed.IsZero() {
-		v.log.Info("registry reachable again: deletions still held for the hold time", "held_deletions", len(v.pending), "hold", v.hold)
-	}
-	if !v.failed.IsZero() && end.Sub(v.failed) < v.hold {
+	if f := latest(v.failed, ka.Missed); !f.IsZero() && end.Sub(f) < v.hold {
+		if len(v.pending) > 0 {
+			v.log.Debug("registry: deletions held for the hold after the last failed round trip",
+				"held_deletions", len(v.pending), "failed", f, "hold", v.hold)
+		}
 		return false
 	}
 	n := 0
@@ -208,11 +305,24 @@ func (v *registryView) confirmDeletions(start, end time.Time, probeErr error) (c
 	return n > 0
 }
 
-// health returns the result of the last registry probe (nil: reachable).
+// health reports whether the registry answers (nil: it does), from the newest evidence: while
+// the node holds a lease, an overdue keepalive fails it, and otherwise the newer of the last
+// keepalive answer and the last read decides; without a lease, the last read.
 func (v *registryView) health(context.Context) error {
+	now := time.Now()
+	ka := v.keepAlive(now)
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	return v.probe
+	if ka.Lease != 0 {
+		if ka.Missing {
+			return fmt.Errorf("registry unreachable: no answer to this node's lease keepalive for %s (expected within %s)",
+				now.Sub(ka.Answered).Round(time.Millisecond), ka.Period)
+		}
+		if v.readErr == nil || v.readEnd.Before(ka.Answered) {
+			return nil
+		}
+	}
+	return v.readErr
 }
 
 func (v *registryView) markSynced() {

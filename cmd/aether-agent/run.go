@@ -192,8 +192,7 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	defer reg.Close()
-	go view.run(ctx, reg)
-	go view.probeRegistry(ctx, func(ctx context.Context) error { return registryHealthy(ctx, reg) }, time.Second, 2*time.Second)
+	followRegistry(ctx, view, reg, cfg.RegistryLeaseTTL)
 	go watchHealth(ctx, "registry", ready, log, view.health)
 	select {
 	case <-view.synced:

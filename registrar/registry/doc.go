@@ -16,6 +16,8 @@
 // (EnsureClaim), every other cluster's writers are refused (ErrPartitionClaimed), and an
 // operator re-claims it explicitly after a rebuild (Reclaim). A writer follows the claim with
 // one etcd watch (WatchClaim, ClaimStatus) rather than periodic reads.
+// KeepAliveStatus reports how etcd answers the writer's lease keepalives, so that a reader of the
+// same Registry learns that it is cut off from etcd without reads of its own.
 // Readers list and watch the whole root and take a record's origin from its key path, never from
 // its value. Malformed keys or values are skipped, logged with their key and counted
 // (aether_registry_bad_records_total); they never stop a reader.

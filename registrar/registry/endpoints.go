@@ -101,6 +101,7 @@ func (r *Registry) RevokeEndpoints(ctx context.Context) error {
 		return fmt.Errorf("revoke endpoints: lease %x: %w", int64(r.lease), err)
 	}
 	r.setLeaseLocked(0)
+	r.noteRevoked()
 	clear(r.desired)
 	return nil
 }
@@ -141,14 +142,16 @@ func (r *Registry) setLeaseLocked(id clientv3.LeaseID) {
 	r.leaseCh = make(chan struct{})
 }
 
-// keep drains the keepalive responses of lease id. clientv3 closes the channel when the lease
+// keep drains the keepalive responses of lease id, recording each answer (KeepAliveStatus).
+// clientv3 closes the channel when the lease
 // expired or was revoked, or when no keepalive succeeded for a whole TTL (cut off, quorum
 // loss). Then, unless the Registry is closing or the lease was replaced meanwhile, it grants a
 // new lease and re-registers every desired endpoint under it, retrying with backoff until it
 // succeeds.
 func (r *Registry) keep(id clientv3.LeaseID, ka <-chan *clientv3.LeaseKeepAliveResponse) {
 	defer r.wg.Done()
-	for range ka {
+	for resp := range ka {
+		r.noteAnswer(resp.ID, time.Now(), resp.TTL)
 	}
 	r.wmu.Lock()
 	replaced := r.lease != id
@@ -233,6 +236,7 @@ func (r *Registry) replaceLocked(ctx context.Context) error {
 		r.revokeQuietly(old)
 	}
 	r.setLeaseLocked(resp.ID)
+	r.noteGrant(resp.ID, time.Now(), resp.TTL, old != 0)
 	r.log.Info("registry: endpoints registered under a new lease", "lease", fmt.Sprintf("%x", int64(resp.ID)),
 		"old_lease", fmt.Sprintf("%x", int64(old)), "endpoints", len(r.desired))
 	r.wg.Add(1)

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -149,5 +150,59 @@ func TestRegisterReplacesVanishedLease(t *testing.T) {
 	}
 	if got := counterValue(t, w.m.leaseLost); got != 1 {
 		t.Fatalf("aether_registry_lease_lost_total = %v, want 1", got)
+	}
+}
+
+// KeepAliveStatus follows the lease's keepalives against a real etcd: no lease before the first
+// registration; answered every third of the TTL while etcd answers; missing while the writer is
+// cut off, and, once it is back, not missing with the missed stretch ending after the cut; no
+// lease again after RevokeEndpoints, with the missed stretch remembered.
+func TestKeepAliveStatus(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx := ctxT(t, converge*3)
+	proxy := testenv.NewCutProxy(t, etcd.Endpoints[0][len("http://"):])
+	w := newTestRegistry(t, []string{proxy.URL()}, "eu", "alpha", func(c *Config) { c.LeaseTTL = 3 * time.Second })
+	status := func() KeepAliveStatus { return w.KeepAliveStatus(time.Now()) }
+	if s := status(); s.Lease != 0 || s.Missing || !s.Missed.IsZero() {
+		t.Fatalf("before the first registration: %+v, want no lease, nothing missed", s)
+	}
+	if err := w.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "p1", "10.0.0.1")); err != nil {
+		t.Fatal(err)
+	}
+	granted := status()
+	if lease, _ := w.Lease(); granted.Lease != lease || granted.Lease == 0 || granted.Answered.IsZero() ||
+		granted.Period != 2*time.Second || granted.Missing || !granted.Missed.IsZero() {
+		t.Fatalf("after the first registration (lease %x): %+v, want the lease answered, period 3s/3+1s, nothing missed", lease, granted)
+	}
+	testenv.Eventually(t, converge, "a keepalive answered", func() error {
+		if s := status(); !s.Answered.After(granted.Answered) || s.Missing {
+			return fmt.Errorf("status %+v", s)
+		}
+		return nil
+	})
+
+	cut := time.Now()
+	proxy.Cut()
+	testenv.Eventually(t, converge, "the keepalive missing while cut off", func() error {
+		if s := status(); !s.Missing || s.Missed.Before(cut) {
+			return fmt.Errorf("status %+v", s)
+		}
+		return nil
+	})
+	restored := time.Now()
+	proxy.Restore()
+	testenv.Eventually(t, converge, "answered again after the cut", func() error {
+		if s := status(); s.Missing || s.Lease == 0 || !s.Answered.After(restored) || s.Missed.Before(restored) {
+			return fmt.Errorf("status %+v, want answered and the missed stretch ended after %v", s, restored)
+		}
+		return nil
+	})
+
+	missed := status().Missed
+	if err := w.RevokeEndpoints(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if s := status(); s.Lease != 0 || s.Missing || !s.Answered.IsZero() || !s.Missed.Equal(missed) {
+		t.Fatalf("after RevokeEndpoints: %+v, want no lease, the last missed stretch (%v) kept", s, missed)
 	}
 }

@@ -107,6 +107,14 @@ type Registry struct {
 	desired map[string][]byte // endpoint key -> value this writer keeps registered
 	leaseCh chan struct{}     // closed and replaced whenever the lease changes (tests, Lease)
 
+	// What etcd answers for the lease (keepalive.go, KeepAliveStatus), under their own mutex
+	// so that a reader never waits for an endpoint write holding wmu.
+	kmu        sync.Mutex
+	kaLease    clientv3.LeaseID
+	kaAnswered time.Time     // last answer for kaLease (grant or keepalive)
+	kaPeriod   time.Duration // longest expected time between two answers
+	kaMissed   time.Time     // end of the last stretch longer than kaPeriod without an answer
+
 	// The partition claim (claim.go).
 	clusterID string
 	claimer   bool
