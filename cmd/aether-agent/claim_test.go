@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -324,4 +325,101 @@ func openEast(t *testing.T, endpoints []string, log *slog.Logger, clusterID stri
 	}
 	t.Cleanup(func() { r.Close() })
 	return r
+}
+
+// TestAgentClaimConflictSyncWaits runs the claim watch and the endpoint sync loop as run wires
+// them, with an etcd client that counts its unary requests, against a partition another cluster
+// holds: once the refusal is known the agent sends the registry nothing for the idle time
+// (AETHER_CLAIM_IDLE, default 10s), and once the partition is re-claimed for its cluster it
+// registers its endpoint with no new model. Before, the sync loop retried the refused sync every
+// 2 s, each retry a write the registry refused and a warning in the log.
+func TestAgentClaimConflictSyncWaits(t *testing.T) {
+	idle := idleFromEnv(t, "AETHER_CLAIM_IDLE")
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), idle+2*time.Minute)
+	defer cancel()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	other := openEast(t, etcd.Endpoints, log, "uid-other", true)
+	if _, err := other.EnsureClaim(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cli, counter := countingClient(t, etcd.Endpoints)
+	agentReg, err := registry.NewWithClient(cli, registry.Config{Region: "eu", Cluster: "east", LeaseTTL: 5 * time.Second,
+		Logger: log, ClusterID: "uid-east"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agentReg.Close()
+	epKey := agentReg.Origin().EndpointKey("shop", "web", "u1")
+
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	m := model.New(1, "east", "", "", model.Node{Name: "n1"},
+		[]*model.Service{{Key: web, Local: true, Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, Protocol: model.ProtocolHTTP}}}}, nil,
+		[]*model.LocalPod{{UID: "u1", Namespace: "shop", Name: "web-1", Ready: true, Protocol: model.ProtocolHTTP,
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")}, Services: []model.ServiceKey{web}}})
+	e := newEndpointRegistrar(agentReg, log)
+	ready := newReadiness(partitionClaimPart)
+	go watchClaim(ctx, agentReg, e, ready, time.Hour) // no safety re-read within the test
+	latest := make(chan *model.Mesh, 1)
+	// The sync loop's log tells when its sync of m was refused.
+	var syncLog lockedBuffer
+	go syncEndpointsLoop(ctx, e, latest, slog.New(slog.NewTextHandler(&syncLog, nil)))
+	latest <- m
+	testenv.Eventually(t, 30*time.Second, "readiness names the claim", func() error {
+		if err := ready.state(); err == nil || !strings.Contains(err.Error(), `"uid-other"`) {
+			return fmt.Errorf("readiness %v", err)
+		}
+		return nil
+	})
+	testenv.Eventually(t, 30*time.Second, "the sync refused", func() error {
+		if !strings.Contains(syncLog.String(), "waits for the partition claim") {
+			return fmt.Errorf("sync loop log %q", syncLog.String())
+		}
+		return nil
+	})
+	start := counter.snapshot()
+	time.Sleep(idle)
+	end := counter.snapshot()
+	unary := 0
+	for method, n := range end {
+		unary += n - start[method]
+	}
+	t.Logf("agent during a claim conflict over %s: %d unary etcd requests (%v before the idle time); the 2 s retry sent about %d writes",
+		idle, unary, start, int(idle/(2*time.Second)))
+	if unary != 0 {
+		t.Fatalf("agent sent %d unary requests in %s of a claim conflict, want 0 (%v -> %v)", unary, idle, start, end)
+	}
+
+	if _, _, err := openEast(t, etcd.Endpoints, log, "uid-east", true).Reclaim(ctx, "uid-other"); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "endpoint registered after the re-claim, with no new model", func() error {
+		resp, err := other.Client().Get(ctx, epKey, clientv3.WithKeysOnly())
+		if err != nil {
+			return err
+		}
+		if len(resp.Kvs) != 1 {
+			return fmt.Errorf("endpoint %s not registered", epKey)
+		}
+		return nil
+	})
+	testenv.Eventually(t, 30*time.Second, "ready after the re-claim", ready.state)
+}
+
+// lockedBuffer is a bytes.Buffer safe for a logger writing while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -473,7 +474,10 @@ func replaceLatest(ch chan *model.Mesh, m *model.Mesh) {
 
 // syncEndpointsLoop registers the node's endpoints for every new model, retrying a failed sync
 // every 2 s until it succeeds or a newer model arrives, and syncs the last model again when
-// asked (endpointRegistrar.requestResync: the partition claim is this cluster's again).
+// asked (endpointRegistrar.requestResync: the partition claim is this cluster's again). A sync
+// refused because the partition is not this cluster's (registry.ErrPartitionClaimed,
+// registry.ErrClaimUnreadable) is not retried on a timer: every retry would be refused, and
+// watchClaim asks for the resync once the claim changes.
 func syncEndpointsLoop(ctx context.Context, e *endpointRegistrar, latest chan *model.Mesh, log *slog.Logger) {
 	var m *model.Mesh
 	retry := time.NewTimer(time.Hour)
@@ -489,7 +493,13 @@ func syncEndpointsLoop(ctx context.Context, e *endpointRegistrar, latest chan *m
 		if m == nil {
 			continue
 		}
-		if err := e.sync(ctx, m); err != nil {
+		err := e.sync(ctx, m)
+		switch {
+		case err == nil:
+		case errors.Is(err, registry.ErrPartitionClaimed) || errors.Is(err, registry.ErrClaimUnreadable):
+			log.Warn("endpoint registration waits for the partition claim", "err", err)
+			retry.Stop()
+		default:
 			log.Warn("endpoint registration incomplete; retrying", "err", err)
 			retry.Reset(2 * time.Second)
 		}
