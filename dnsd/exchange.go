@@ -143,11 +143,13 @@ func (u *upstream) exchangeUDP(ctx context.Context, q *fwdQuery, deadline time.T
 		u.count(func(m *upstreamMetrics) prometheus.Counter { return m.openedUDP })
 	}
 	answered := false
-	stop := watch(ctx, c)
-	defer func() { u.release(&u.udp, c, answered, stop) }()
+	// The deadline before the watch: a cancellation that comes first must not be overwritten.
 	if err := c.SetDeadline(deadline); err != nil {
+		c.Close()
 		return nil, nil, "network", fmt.Errorf("exchange with %s over udp: %w", u.addr, err)
 	}
+	stop := watch(ctx, c)
+	defer func() { u.release(&u.udp, c, answered, stop) }()
 	if _, err := c.Write(q.msg()); err != nil {
 		reason, err := netFailure(u.addr, transportUDP, err)
 		return nil, nil, reason, err
@@ -213,11 +215,13 @@ func (u *upstream) exchangeTCP(ctx context.Context, q *fwdQuery, deadline time.T
 // roundTripTCP writes q's frame on c and reads one answer; answered reports whether c answered
 // q (c then goes back to the pool, else it is closed).
 func (u *upstream) roundTripTCP(ctx context.Context, c net.Conn, q *fwdQuery, deadline time.Time) (resp *dns.Msg, answered bool, reason string, err error) {
-	stop := watch(ctx, c)
-	defer func() { u.release(&u.tcp, c, answered, stop) }()
+	// The deadline before the watch: a cancellation that comes first must not be overwritten.
 	if err := c.SetDeadline(deadline); err != nil {
+		c.Close()
 		return nil, false, "network", fmt.Errorf("exchange with %s over tcp: %w", u.addr, err)
 	}
+	stop := watch(ctx, c)
+	defer func() { u.release(&u.tcp, c, answered, stop) }()
 	if _, err := c.Write(q.frame); err != nil {
 		reason, err := netFailure(u.addr, transportTCP, err)
 		return nil, false, reason, err

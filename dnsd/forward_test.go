@@ -513,6 +513,52 @@ func TestForwarderContextCancelled(t *testing.T) {
 	}
 }
 
+// TestForwarderContextCancelledBeforeExchange: a context cancelled before or just as the
+// exchange starts ends it at once; its cancellation is never lost to the socket's own deadline
+// (the upstream never answers, and the upstream timeout is an hour). Over UDP and TCP, many
+// times, since the cancellation (context.AfterFunc's goroutine) and the exchange race.
+func TestForwarderContextCancelledBeforeExchange(t *testing.T) {
+	up := udpUpstream(t, func(net.PacketConn, net.Addr, *dns.Msg) {})
+	l, err := net.Listen("tcp", up)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() }) // never answers
+		}
+	}()
+	fwd, _ := hookedForwarder(t, []string{up}, ForwarderOptions{Timeout: time.Hour})
+	for _, tcp := range []bool{false, true} {
+		runs := 20000 // the race shows about once in 10,000 runs over UDP
+		if tcp {
+			runs = 100 // the dial fails at once
+		}
+		for i := range runs {
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			done := make(chan error, 1)
+			go func() {
+				_, err := fwd.Exchange(ctx, query("a.example.org.", dns.TypeA, nil), tcp)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				if !errors.Is(err, context.Canceled) {
+					t.Fatalf("tcp %v, run %d: Exchange = %v, want context.Canceled", tcp, i, err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("tcp %v, run %d: Exchange with a cancelled context still waiting after 30s: the cancellation was lost", tcp, i)
+			}
+		}
+	}
+}
+
 // fakeConn is a net.Conn whose Close is counted (connPool's unit tests need nothing else).
 type fakeConn struct {
 	net.Conn
