@@ -3,6 +3,7 @@ package dnsd
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/miekg/dns"
@@ -252,19 +253,33 @@ func putOPT(b []byte, do bool) int {
 	return copy(b, []byte{0, 0, 41, byte(ednsUDPSize >> 8), byte(ednsUDPSize & 0xFF), 0, 0, flags, 0, 0, 0})
 }
 
-// truncateWire re-encodes a too long answer within maxSize using miekg/dns's truncation
-// (records dropped, TC set, OPT kept).
+// truncateWire re-encodes a too long answer within maxSize (truncate).
 func truncateWire(buf, wire []byte, maxSize int) []byte {
 	m := new(dns.Msg)
 	if err := m.Unpack(wire); err != nil {
 		panic(fmt.Sprintf("dnsd: unpack own answer: %v", err))
 	}
-	m.Truncate(maxSize)
+	truncate(m, maxSize)
 	out, err := m.PackBuffer(buf)
 	if err != nil {
 		panic(fmt.Sprintf("dnsd: pack truncated answer: %v", err))
 	}
 	return out
+}
+
+// truncate cuts m to maxSize with miekg/dns's truncation (whole records dropped, OPT kept) and
+// sets TC only when the answer or authority section lost records. When only additional records
+// do not fit, the additional section is dropped whole but for the OPT, so no partial RRset is
+// left, and TC stays clear: RFC 2181 section 9, "The TC bit should not be set merely because
+// some extra information could have been included, for which there was insufficient room. This
+// includes the results of additional section processing." (an SRV answer's target addresses).
+func truncate(m *dns.Msg, maxSize int) {
+	an, ns := len(m.Answer), len(m.Ns)
+	m.Truncate(maxSize)
+	if m.Truncated && len(m.Answer) == an && len(m.Ns) == ns {
+		m.Extra = slices.DeleteFunc(m.Extra, func(rr dns.RR) bool { return rr.Header().Rrtype != dns.TypeOPT })
+		m.Truncated = false
+	}
 }
 
 // errorReply packs an empty answer with rcode (and an OPT when the query had one, which also

@@ -1,6 +1,7 @@
 package dnsd
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -26,7 +27,8 @@ var (
 //   - shop/cart: local and imported (clusterset VIP), IPv4 only; one unnamed port 8080;
 //   - remote/pay: imported only (not local: its mesh name answers the clusterset VIP); UDP port
 //     dns (53);
-//   - default/headless: local without VIP and not headless (as an ExternalName Service);
+//   - default/headless: local without VIP and not headless (as an ExternalName Service), port
+//     http (80);
 //   - default/db: headless (clusterIP None), with ready pods db-0, db-1 (dual-stack), db.x (a pod
 //     name with a dot) and db-6 (IPv6 only), an unready db-2 here, and a ready db-3 in cluster c2;
 //     port pg (5432), a named targetPort that db-1 serves on 5433 and the others on 5432.
@@ -47,7 +49,8 @@ func testMesh() *model.Mesh {
 			Ports: []model.ServicePort{{Port: 8080, TargetPort: 8080, Protocol: model.ProtocolTCP}}},
 		{Key: model.ServiceKey{Namespace: "remote", Name: "pay"}, Imported: true, ClustersetVIPs: ips("10.97.0.40"),
 			Ports: []model.ServicePort{{Name: "dns", Port: 53, TargetPort: 5353, Protocol: model.ProtocolUDP, FromImport: true}}},
-		{Key: model.ServiceKey{Namespace: "default", Name: "headless"}, Local: true, Created: t0},
+		{Key: model.ServiceKey{Namespace: "default", Name: "headless"}, Local: true, Created: t0,
+			Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, Protocol: model.ProtocolHTTP}}},
 		{Key: model.ServiceKey{Namespace: "default", Name: "db"}, Local: true, Headless: true, Created: t0,
 			Ports: []model.ServicePort{{Name: "pg", Port: 5432, TargetPort: 5432, TargetPortName: "pg", Protocol: model.ProtocolTCP}}},
 	}
@@ -175,6 +178,8 @@ func respondCases() []dnsCase {
 		{name: "an unnamed port has SRV only at the service name", qname: "cart.shop.mesh.", qtype: dns.TypeSRV,
 			answer: []string{rr("cart.shop.mesh.", "SRV", "0 100 8080 cart.shop.mesh.")},
 			extra:  []string{rr("cart.shop.mesh.", "A", "10.96.1.30")}},
+		{name: "a service without VIP has no SRV records (RFC 2782: a target has addresses)", qname: "headless.default.mesh.", qtype: dns.TypeSRV, ns: nx},
+		{name: "nor SRV names", qname: "_http._tcp.headless.default.mesh.", qtype: dns.TypeSRV, rcode: dns.RcodeNameError, ns: nx},
 		{name: "SRV of a UDP port of an imported service", qname: "_dns._udp.pay.remote.mesh.", qtype: dns.TypeSRV,
 			answer: []string{rr("_dns._udp.pay.remote.mesh.", "SRV", "0 100 53 pay.remote.mesh.")},
 			extra:  []string{rr("pay.remote.mesh.", "A", "10.97.0.40")}},
@@ -406,6 +411,60 @@ func TestRespondTruncates(t *testing.T) {
 			}
 			if tc.wantTC && len(resp.Answer) >= 60 {
 				t.Errorf("truncated answer has all %d records", len(resp.Answer))
+			}
+			if (tc.edns != 0) != (resp.IsEdns0() != nil) {
+				t.Errorf("OPT presence = %v, want %v", resp.IsEdns0() != nil, tc.edns != 0)
+			}
+		})
+	}
+}
+
+// TestRespondTruncatesAdditional: an SRV answer (28 pods) whose records fit but whose targets' addresses
+// (the additional section) do not is sent without the additional records and without TC (RFC
+// 2181 section 9: TC is not set for additional section processing), so the client does not
+// retry over TCP; when the SRV records themselves do not fit, TC is set.
+func TestRespondTruncatesAdditional(t *testing.T) {
+	db := model.ServiceKey{Namespace: "big", Name: "db"}
+	var eps []model.Endpoint
+	for i := range 28 {
+		eps = append(eps, model.Endpoint{Service: db, Cluster: "c1", PodUID: fmt.Sprint(i), PodName: fmt.Sprintf("db-%d", i), Healthy: true,
+			IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 3, byte(i)})}, Ports: []model.EndpointPort{{Name: "pg", Port: 5432}}})
+	}
+	m := model.New(1, "c1", "", "", model.Node{}, []*model.Service{{Key: db, Local: true, Headless: true,
+		Ports: []model.ServicePort{{Name: "pg", Port: 5432, TargetPort: 5432, Protocol: model.ProtocolTCP}}}},
+		map[model.ServiceKey][]model.Endpoint{db: eps}, nil)
+	idx, err := NewIndex(m, IndexOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name          string
+		edns          uint16
+		maxSize       int
+		wantTC        bool
+		answer, extra int
+	}{
+		{name: "every record fits (TCP)", maxSize: dns.MaxMsgSize, answer: 28, extra: 28},
+		{name: "SRV records fit, addresses do not (EDNS 1232)", edns: 1232, maxSize: 1232, answer: 28},
+		{name: "SRV records do not fit (512)", maxSize: 512, wantTC: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := new(dns.Msg)
+			req.SetQuestion("_pg._tcp.db.big.mesh.", dns.TypeSRV)
+			if tc.edns != 0 {
+				req.SetEdns0(tc.edns, false)
+			}
+			wire, _, _ := idx.Respond(nil, req, netip.Addr{}, tc.maxSize)
+			resp := new(dns.Msg)
+			if err := resp.Unpack(wire); err != nil {
+				t.Fatal(err)
+			}
+			if len(wire) > tc.maxSize {
+				t.Errorf("answer is %d bytes, limit %d", len(wire), tc.maxSize)
+			}
+			extra := slices.DeleteFunc(slices.Clone(resp.Extra), func(r dns.RR) bool { return r.Header().Rrtype == dns.TypeOPT })
+			if resp.Truncated != tc.wantTC || (!tc.wantTC && (len(resp.Answer) != tc.answer || len(extra) != tc.extra)) {
+				t.Errorf("TC %v, %d SRV and %d address records; want TC %v, %d and %d", resp.Truncated, len(resp.Answer), len(extra), tc.wantTC, tc.answer, tc.extra)
 			}
 			if (tc.edns != 0) != (resp.IsEdns0() != nil) {
 				t.Errorf("OPT presence = %v, want %v", resp.IsEdns0() != nil, tc.edns != 0)

@@ -244,8 +244,13 @@ func srvLabel(sp model.ServicePort) string {
 
 // vipSRV returns the SRV records of a service reached through a VIP (local or clusterset): one
 // per port, the Service port on target, the name itself (Kubernetes DNS specification 2.4.1 and
-// the MCS DNS specification for clusterset names).
+// the MCS DNS specification for clusterset names); none while the service has no VIP.
 func vipSRV(ports []model.ServicePort, target string, vips []netip.Addr) []srvRecord {
+	if len(vips) == 0 {
+		// No VIP yet (an import waiting for its clusterset VIP, a Service without ClusterIP):
+		// an SRV target must have addresses (RFC 2782).
+		return nil
+	}
 	var out []srvRecord
 	for _, sp := range ports {
 		out = append(out, srvRecord{label: srvLabel(sp), port: sp.Port, target: target, addrs: vips})
@@ -263,7 +268,7 @@ func headlessSRV(m *model.Mesh, s *model.Service, fqdn string) []srvRecord {
 	for _, sp := range s.Ports {
 		for i := range eps {
 			name, ok := podName(eps[i], fqdn)
-			if !ok {
+			if !ok || len(meshAddr(eps[i])) == 0 {
 				continue
 			}
 			if ep, ok := sp.EndpointPort(&eps[i], m.Cluster); ok {

@@ -329,11 +329,11 @@ func (r *Resolver) answerWire(buf, q []byte, src netip.Addr) (wire []byte, ok bo
 	return wire, true
 }
 
-// write sends m, truncated to maxSize (RFC 2181 section 9; TC set when records were dropped).
+// write sends m, truncated to maxSize (truncate: RFC 2181 section 9).
 func (r *Resolver) write(w dns.ResponseWriter, m *dns.Msg, maxSize int) {
 	m.Compress = true
 	if m.Len() > maxSize {
-		m.Truncate(maxSize)
+		truncate(m, maxSize)
 	}
 	if err := w.WriteMsg(m); err != nil {
 		r.log.Debug("write dns answer", "err", err)
