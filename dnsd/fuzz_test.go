@@ -52,6 +52,9 @@ func FuzzServeDNS(f *testing.F) {
 	seed("nope.mesh.", dns.TypeMX, func(m *dns.Msg) { m.SetEdns0(512, false); m.IsEdns0().SetVersion(3) })
 	seed("mesh.", dns.TypeAXFR, func(m *dns.Msg) { m.Opcode = dns.OpcodeUpdate })
 	seed("example.org.", dns.TypeA, nil)
+	seed("_http._tcp.web.default.mesh.", dns.TypeSRV, nil)
+	seed("_pg._tcp.db.mesh.", dns.TypeSRV, func(m *dns.Msg) { m.SetEdns0(600, false) })
+	seed("_http._tcp.web.mesh.shop.svc.cluster.local.", dns.TypeSRV, nil)
 	f.Add([]byte{0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0})
 	res, err := NewResolver(nil, ResolverOptions{})
 	if err != nil {
