@@ -121,7 +121,8 @@ func (f *Forwarder) exchangeWith(ctx context.Context, overall time.Time, u *upst
 	}
 	f.log.Debug("TCP retry of an oversized UDP answer failed; answering with its records that fit",
 		"upstream", u.addr, "name", qname(q.req), "reason", reason, "err", err)
-	wire := cutAnswer((*cut)[:q.limit], q.qend)
+	opt := q.req.IsEdns0()
+	wire := cutAnswer((*cut)[:q.limit], q.qend, opt != nil, opt != nil && opt.Do())
 	resp, _, reason, err = u.parse(wire, q)
 	return resp, reason, err
 }
@@ -391,15 +392,28 @@ func lowerASCII(b byte) byte {
 // counts changed to match and TC set (RFC 2181 section 9: the records that fit, the client may
 // ask again over TCP). The answer, authority and additional sections are kept in order: once a
 // record is cut, the ones after it are dropped.
-func cutAnswer(b []byte, qend int) []byte {
+//
+// The upstream's OPT record is never kept (an OPT is not forwarded, RFC 6891 section 6.1.1),
+// nor any record after it. When edns is set (the client's query had an OPT) the copy ends with
+// the resolver's own OPT (putOPT, DO as given), records being dropped to make room for it: RFC
+// 6891 section 7 wants an OPT in every answer to an EDNS query, a truncated one included. The
+// copy is never longer than b (without room for even the header, the question and the OPT, it
+// has no OPT).
+func cutAnswer(b []byte, qend int, edns, do bool) []byte {
+	room := len(b)
+	if edns && qend+optLen <= len(b) {
+		room -= optLen
+	} else {
+		edns = false
+	}
 	off := qend
 	var counts [3]uint16
 	cut := false
 	for s := range 3 {
 		n := binary.BigEndian.Uint16(b[6+2*s:])
 		for i := uint16(0); i < n && !cut; i++ {
-			_, next, err := dns.UnpackRR(b, off)
-			if err != nil || next <= off {
+			rr, next, err := dns.UnpackRR(b, off)
+			if err != nil || next <= off || next > room || rr.Header().Rrtype == dns.TypeOPT {
 				cut = true
 				break
 			}
@@ -407,8 +421,14 @@ func cutAnswer(b []byte, qend int) []byte {
 			counts[s]++
 		}
 	}
-	out := append([]byte(nil), b[:off]...)
+	out := make([]byte, off, off+optLen)
+	copy(out, b[:off])
 	out[2] |= 0x02 // TC
+	if edns {
+		out = out[:off+optLen]
+		putOPT(out[off:], do)
+		counts[2]++
+	}
 	for s, n := range counts {
 		binary.BigEndian.PutUint16(out[6+2*s:], n)
 	}

@@ -665,7 +665,9 @@ func TestSameQuestion(t *testing.T) {
 
 // TestCutAnswer: the first bytes of an answer too long for them keep the records they hold
 // whole, with counts to match and TC set; a record cut in the middle is dropped with the ones
-// after it.
+// after it. The upstream's OPT is never kept; for a client that sent an OPT the cut answer ends
+// with the resolver's own (UDP size 1232, the client's DO), records dropped to make room for it
+// (RFC 6891 section 7: an OPT in every answer to an EDNS query, a truncated one too).
 func TestCutAnswer(t *testing.T) {
 	m := query("big.example.org.", dns.TypeA, nil)
 	m.Response = true
@@ -673,28 +675,54 @@ func TestCutAnswer(t *testing.T) {
 		m.Answer = append(m.Answer, mustRR(fmt.Sprintf("big.example.org. 30 IN A 192.0.2.%d", i)))
 	}
 	m.Ns = append(m.Ns, mustRR("example.org. 30 IN NS ns.example.org."))
-	full, err := m.Pack() // uncompressed: 31 bytes per A record (17-byte name, 10, 4)
+	noOPT, err := m.Pack() // uncompressed: 31 bytes per A record (17-byte name, 10, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetEdns0(4096, false) // the upstream's, last in the additional section
+	full, err := m.Pack()
 	if err != nil {
 		t.Fatal(err)
 	}
 	qend, _ := questionEnd(full)
+	l0 := len(noOPT) // where the upstream's OPT starts
 	for _, tc := range []struct {
 		size, answers, ns int
+		edns, do          bool
 	}{
-		{512, (512 - qend) / 31, 0},
-		{qend, 0, 0},
-		{qend + 31, 1, 0},
-		{qend + 30, 0, 0},
-		{len(full) - 1, 60, 0},
-		{len(full), 60, 1},
+		{size: 512, answers: (512 - qend) / 31},
+		{size: 512, answers: (512 - optLen - qend) / 31, edns: true, do: true},
+		{size: 512, answers: (512 - optLen - qend) / 31, edns: true},
+		{size: qend},
+		{size: qend, edns: true}, // no room for an OPT: none
+		{size: qend + optLen, edns: true},
+		{size: qend + 31, answers: 1},
+		{size: qend + 31, edns: true},
+		{size: qend + 31 + optLen, answers: 1, edns: true},
+		{size: qend + 30},
+		{size: l0 - 1, answers: 60},
+		{size: l0, answers: 60, ns: 1},
+		{size: len(full), answers: 60, ns: 1}, // the upstream's OPT dropped: the client sent none
+		{size: len(full), answers: 60, ns: 1, edns: true, do: true},
+		{size: len(full) - 1, answers: 60, edns: true},
 	} {
+		wire := cutAnswer(full[:tc.size], qend, tc.edns, tc.do)
 		got := new(dns.Msg)
-		if err := got.Unpack(cutAnswer(full[:tc.size], qend)); err != nil {
-			t.Errorf("cut at %d: unpack: %v", tc.size, err)
+		if err := got.Unpack(wire); err != nil {
+			t.Errorf("cut at %d (edns %v): unpack: %v", tc.size, tc.edns, err)
 			continue
 		}
-		if !got.Truncated || len(got.Answer) != tc.answers || len(got.Ns) != tc.ns || got.Question[0].Name != "big.example.org." {
-			t.Errorf("cut at %d: TC %v, %d answers, %d NS; want TC, %d, %d", tc.size, got.Truncated, len(got.Answer), len(got.Ns), tc.answers, tc.ns)
+		if len(wire) > tc.size || !got.Truncated || len(got.Answer) != tc.answers || len(got.Ns) != tc.ns || got.Question[0].Name != "big.example.org." {
+			t.Errorf("cut at %d (edns %v): %d bytes, TC %v, %d answers, %d NS; want at most %d bytes, TC, %d, %d",
+				tc.size, tc.edns, len(wire), got.Truncated, len(got.Answer), len(got.Ns), tc.size, tc.answers, tc.ns)
+		}
+		opt := got.IsEdns0()
+		wantOPT := tc.edns && tc.size >= qend+optLen
+		switch {
+		case wantOPT && (opt == nil || opt.UDPSize() != ednsUDPSize || opt.Do() != tc.do || len(got.Extra) != 1):
+			t.Errorf("cut at %d (edns %v, DO %v): additional %v; want only the resolver's OPT (UDP size %d, DO %v)", tc.size, tc.edns, tc.do, got.Extra, ednsUDPSize, tc.do)
+		case !wantOPT && len(got.Extra) != 0:
+			t.Errorf("cut at %d (edns %v): additional %v; want none", tc.size, tc.edns, got.Extra)
 		}
 	}
 }
@@ -729,12 +757,21 @@ func FuzzUpstreamAnswer(f *testing.F) {
 		}
 		_, _, _, _ = u.parse(b, &q)
 		size := min(len(b), q.limit)
-		wire := cutAnswer(b[:size], q.qend)
-		if len(wire) > size {
-			t.Fatalf("cut answer of %d bytes from %d", len(wire), size)
-		}
-		if resp, _, _, err := u.parse(wire, &q); err == nil && !resp.Truncated {
-			t.Fatalf("cut answer without TC: %v", resp)
+		for _, edns := range []bool{false, true} {
+			wire := cutAnswer(b[:size], q.qend, edns, true)
+			if len(wire) > size {
+				t.Fatalf("cut answer of %d bytes from %d", len(wire), size)
+			}
+			resp, _, _, err := u.parse(wire, &q)
+			if err != nil {
+				continue
+			}
+			if !resp.Truncated {
+				t.Fatalf("cut answer without TC: %v", resp)
+			}
+			if opt := resp.IsEdns0(); (opt != nil) != (edns && size >= q.qend+optLen) {
+				t.Fatalf("cut answer (edns %v, %d bytes) with OPT %v", edns, size, opt)
+			}
 		}
 	})
 }
