@@ -269,6 +269,97 @@ func TestForwarderLateAnswers(t *testing.T) {
 	})
 }
 
+// strayUpstream is an upstream on loopback, UDP and TCP on one port, playing a flood of forged
+// answers: to every UDP query it first sends strays datagrams with other IDs (QR set, the
+// question, A 203.0.113.66), then the answer, A 198.51.100.1; over TCP it answers A 192.0.2.1.
+// It counts the TCP queries.
+func strayUpstream(t *testing.T, strays int, tcpQueries *atomic.Int64) string {
+	t.Helper()
+	pc, l, err := listenBoth("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 65535)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			q := new(dns.Msg)
+			if q.Unpack(buf[:n]) != nil {
+				continue
+			}
+			forged := q.Copy()
+			for i := range strays {
+				forged.Id = q.Id + 1 + uint16(i)
+				_, _ = pc.WriteTo(answerWith(t, forged, "203.0.113.66"), from)
+			}
+			_, _ = pc.WriteTo(answerWith(t, q, "198.51.100.1"), from)
+		}
+	}()
+	srv := &dns.Server{Listener: l, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		tcpQueries.Add(1)
+		m := new(dns.Msg)
+		m.SetReply(r)
+		m.Answer = append(m.Answer, mustRR(r.Question[0].Name+" 30 IN A 192.0.2.1"))
+		_ = w.WriteMsg(m)
+	})}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go func() { _ = srv.ActivateAndServe() }()
+	<-started
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+// TestForwarderStrayDatagrams: the guard against forged answers flooding a reused UDP socket
+// (RFC 5452 section 9), through real sockets. An upstream sends N datagrams with wrong IDs before
+// each answer: with N at most 3 (a late or duplicated answer) the UDP answer is taken, but the
+// socket that read them is closed rather than reused (the next query opens another, with
+// another source port); with more, the exchange stops reading after the 4th and asks the same
+// upstream over TCP, and the client gets the TCP answer. No forged record is ever answered.
+func TestForwarderStrayDatagrams(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		strays                    int
+		want                      string  // the answer's address
+		opened, counted, fallback float64 // UDP sockets, stray datagrams and TCP fallbacks for two queries
+	}{
+		{name: "none", strays: 0, want: "198.51.100.1", opened: 1},
+		{name: "a few", strays: 3, want: "198.51.100.1", opened: 2, counted: 6},
+		{name: "a flood", strays: 200, want: "192.0.2.1", opened: 2, counted: 2 * (maxStrays + 1), fallback: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tcpQ atomic.Int64
+			up := strayUpstream(t, tc.strays, &tcpQ)
+			fwd, reg := hookedForwarder(t, []string{up}, ForwarderOptions{Timeout: 10 * time.Second})
+			for i := range 2 {
+				ips, _ := exchangeA(t, fwd, fmt.Sprintf("q%d.example.org.", i), false, nil)
+				if len(ips) != 1 || ips[0] != tc.want {
+					t.Errorf("query %d answered %v, want %s", i, ips, tc.want)
+				}
+			}
+			if got := metricSum(t, reg, MetricUpstreamConnections, map[string]string{"transport": "udp"}); got != tc.opened {
+				t.Errorf("UDP sockets opened = %v, want %v", got, tc.opened)
+			}
+			if got := metricSum(t, reg, MetricUpstreamStrayAnswers, nil); got != tc.counted {
+				t.Errorf("%s = %v, want %v", MetricUpstreamStrayAnswers, got, tc.counted)
+			}
+			if got := metricSum(t, reg, MetricUpstreamStrayFallbacks, nil); got != tc.fallback {
+				t.Errorf("%s = %v, want %v", MetricUpstreamStrayFallbacks, got, tc.fallback)
+			}
+			if got := tcpQ.Load(); float64(got) != tc.fallback {
+				t.Errorf("TCP queries = %d, want %v", got, tc.fallback)
+			}
+			if got := metricSum(t, reg, MetricUpstreamFailures, nil); got != 0 {
+				t.Errorf("%s = %v, want 0 (nothing failed)", MetricUpstreamFailures, got)
+			}
+		})
+	}
+}
+
 // tcpUpstream is a TCP upstream on loopback that answers perConn queries on each connection
 // and then closes it; it counts the connections it accepted. stop closes the listener and every
 // connection.

@@ -21,6 +21,10 @@ const (
 	// MetricUpstreamStrayAnswers counts UDP datagrams from an upstream dropped because they
 	// answer no query in flight on their socket (another ID, QR clear).
 	MetricUpstreamStrayAnswers = "aether_dns_upstream_stray_answers_total"
+	// MetricUpstreamStrayFallbacks counts UDP exchanges with an upstream that read more than
+	// maxStrays (3) stray datagrams and asked the same upstream over TCP instead (a possible
+	// forgery attempt, RFC 5452 section 9).
+	MetricUpstreamStrayFallbacks = "aether_dns_upstream_stray_tcp_fallbacks_total"
 	// MetricUpstreamOversized counts UDP answers larger than the client's UDP size, asked
 	// again over TCP.
 	MetricUpstreamOversized = "aether_dns_upstream_oversized_answers_total"
@@ -61,10 +65,11 @@ type metrics struct {
 	queries          *prometheus.CounterVec
 	upstreamFailures *prometheus.CounterVec
 	// The forwarder's, per upstream (hooked by forwarderMetrics).
-	upstreamConns, upstreamStrays, upstreamOversized *prometheus.CounterVec
-	duration                                         *prometheus.HistogramVec
-	local, forward                                   prometheus.Observer
-	cached                                           prometheus.Observer
+	upstreamConns, upstreamStrays, upstreamStrayFallbacks, upstreamOversized *prometheus.CounterVec
+
+	duration       *prometheus.HistogramVec
+	local, forward prometheus.Observer
+	cached         prometheus.Observer
 
 	// The cache's: hits and misses of cacheable forwarded queries, entries pushed out to make
 	// room; its entry count is a gauge read at scrape time.
@@ -103,6 +108,10 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		upstreamStrays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricUpstreamStrayAnswers,
 			Help: "UDP datagrams from an upstream resolver dropped because they answer no query in flight on their socket (another ID, or not a response).",
+		}, []string{"upstream"}),
+		upstreamStrayFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricUpstreamStrayFallbacks,
+			Help: "UDP exchanges with an upstream resolver that read more than 3 stray datagrams (a possible forgery attempt) and asked the same upstream over TCP instead.",
 		}, []string{"upstream"}),
 		upstreamOversized: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricUpstreamOversized,
@@ -178,7 +187,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamOversized, m.duration,
+		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamStrayFallbacks, m.upstreamOversized, m.duration,
 			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
@@ -209,9 +218,10 @@ func (m *metrics) count(qtype uint16, rcode int) {
 // forwarderMetrics returns upstream addr's counters.
 func (m *metrics) forwarderMetrics(addr string) *upstreamMetrics {
 	return &upstreamMetrics{
-		openedUDP: m.upstreamConns.WithLabelValues(addr, transportUDP),
-		openedTCP: m.upstreamConns.WithLabelValues(addr, transportTCP),
-		strays:    m.upstreamStrays.WithLabelValues(addr),
-		oversized: m.upstreamOversized.WithLabelValues(addr),
+		openedUDP:      m.upstreamConns.WithLabelValues(addr, transportUDP),
+		openedTCP:      m.upstreamConns.WithLabelValues(addr, transportTCP),
+		strays:         m.upstreamStrays.WithLabelValues(addr),
+		strayFallbacks: m.upstreamStrayFallbacks.WithLabelValues(addr),
+		oversized:      m.upstreamOversized.WithLabelValues(addr),
 	}
 }

@@ -51,7 +51,8 @@ type ResolverOptions struct {
 	// Index tunes the index built by Update.
 	Index IndexOptions
 	// Registerer receives the resolver's metrics (MetricQueries, MetricUpstreamFailures,
-	// MetricUpstreamConnections, MetricUpstreamStrayAnswers, MetricUpstreamOversized,
+	// MetricUpstreamConnections, MetricUpstreamStrayAnswers, MetricUpstreamStrayFallbacks,
+	// MetricUpstreamOversized,
 	// MetricDuration, MetricCache*); nil registers nothing.
 	Registerer prometheus.Registerer
 	// Logger receives debug records of failed writes and forwards (nil: discard).
