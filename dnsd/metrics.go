@@ -45,6 +45,9 @@ const (
 	MetricCacheStaleAnswers = "aether_dns_cache_stale_answers_total"
 	// MetricCachePrefetches counts background refreshes of popular entries started by a hit.
 	MetricCachePrefetches = "aether_dns_cache_prefetches_total"
+	// MetricCachePrefetchesSkipped counts prefetches not started because the prefetch budget
+	// (an eighth of the forward limit) was in flight already; their entries expire as usual.
+	MetricCachePrefetchesSkipped = "aether_dns_cache_prefetches_skipped_total"
 )
 
 // metricTypes are the query types counted under their own name; any other is "other".
@@ -81,6 +84,8 @@ type metrics struct {
 	cacheStale      [staleReasons]prometheus.Counter
 	stale           prometheus.Observer
 	cachePrefetches prometheus.Counter
+	// Prefetches skipped for want of a prefetch slot.
+	cachePrefetchesSkipped prometheus.Counter
 
 	// byType and byRcode give the counter index of a query type below 256 and of an rcode
 	// below 32 (arrays, not maps: count runs for every query); any other is "other".
@@ -147,6 +152,10 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 			Name: MetricCachePrefetches,
 			Help: "Popular cache entries refreshed in the background before they expire (prefetch).",
 		}),
+		cachePrefetchesSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricCachePrefetchesSkipped,
+			Help: "Prefetches not started because an eighth of the forward limit was prefetches in flight already; their entries expire as usual.",
+		}),
 	}
 	for i, r := range staleReasonNames {
 		m.cacheStale[i] = m.cacheStaleVec.WithLabelValues(r)
@@ -195,7 +204,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.cacheStaleVec, m.cachePrefetches} {
+		for _, c := range []prometheus.Collector{m.cacheStaleVec, m.cachePrefetches, m.cachePrefetchesSkipped} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
