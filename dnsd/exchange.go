@@ -112,9 +112,8 @@ const reasonStrays = "strays"
 // exchangeWith runs q against one upstream within f's timeout, the overall deadline (zero:
 // none) and ctx: over TCP when tcp is set, else over UDP, then over TCP when the UDP answer was
 // larger than the client's size or the UDP socket read more than maxStrays stray datagrams. It
-// returns the answer with req's ID, or the reason of the
-// failure ("timeout", "network", "mismatch", "malformed", "servfail", "refused") and an error
-// naming the upstream.
+// returns the answer with req's ID, or the reason of the failure ("timeout", "network",
+// "mismatch", "malformed", "servfail", "refused") and an error naming the upstream.
 func (f *Forwarder) exchangeWith(ctx context.Context, overall time.Time, u *upstream, q *fwdQuery, tcp bool) (*dns.Msg, string, error) {
 	binary.BigEndian.PutUint16(q.frame[2:], f.newID())
 	deadline := time.Now().Add(f.timeout)
