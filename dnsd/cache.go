@@ -72,6 +72,9 @@ type cache struct {
 	m        *metrics
 	// forward sends a query upstream (Resolver.forward); set by NewResolver.
 	forward func(req *dns.Msg, tcp bool) (*dns.Msg, error)
+	// prefetchSlots holds one token per prefetch in flight (startPrefetch), at most
+	// MaxForwards/prefetchShare; set by NewResolver.
+	prefetchSlots chan struct{}
 }
 
 // newCache returns the cache o describes (its metrics, m, and forward function still to set),

@@ -25,8 +25,9 @@ const (
 // upstreamMetrics are one upstream's counters (see metrics.go for their names).
 type upstreamMetrics struct {
 	openedUDP, openedTCP prometheus.Counter
-	// strays counts UDP datagrams dropped for not answering the query in flight.
-	strays prometheus.Counter
+	// strays counts UDP datagrams dropped for not answering the query in flight; strayFallbacks
+	// the UDP exchanges abandoned for TCP after more than maxStrays of them.
+	strays, strayFallbacks prometheus.Counter
 	// oversized counts UDP answers larger than the client's size, asked again over TCP.
 	oversized prometheus.Counter
 }
@@ -87,17 +88,32 @@ func (q *fwdQuery) pack(req *dns.Msg) error {
 // randomID returns a random query ID from crypto/rand. With a source port reused across queries
 // (rather than one drawn per query, RFC 5452 section 9.2) the ID and the question are what tell
 // an answer from a forged one (RFC 5452 section 9.1).
+//
+// What stops an attacker from trying many IDs against one fixed port is the stray guard of
+// exchangeUDP: a socket that read a stray datagram is closed after its exchange (the next one
+// gets a new source port), and an exchange that reads more than maxStrays of them asks over TCP
+// instead, as RFC 5452 section 9 suggests on detecting a spoofing attempt.
 func randomID() uint16 {
 	var b [2]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand.Read)
 	return binary.BigEndian.Uint16(b[:])
 }
 
+// maxStrays is how many stray datagrams (another ID, or QR clear) one UDP exchange reads before
+// it gives up on UDP and asks the same upstream over TCP. A late or duplicated answer to an
+// earlier query on a reused socket is one or two; a flood of forged answers guessing the ID is
+// thousands.
+const maxStrays = 3
+
+// reasonStrays is exchangeUDP's reason for giving up after more than maxStrays stray
+// datagrams; exchangeWith then asks over TCP (it is never a failure reason).
+const reasonStrays = "strays"
+
 // exchangeWith runs q against one upstream within f's timeout, the overall deadline (zero:
 // none) and ctx: over TCP when tcp is set, else over UDP, then over TCP when the UDP answer was
-// larger than the client's size. It returns the answer with req's ID, or the reason of the
-// failure ("timeout", "network", "mismatch", "malformed", "servfail", "refused") and an error
-// naming the upstream.
+// larger than the client's size or the UDP socket read more than maxStrays stray datagrams. It
+// returns the answer with req's ID, or the reason of the failure ("timeout", "network",
+// "mismatch", "malformed", "servfail", "refused") and an error naming the upstream.
 func (f *Forwarder) exchangeWith(ctx context.Context, overall time.Time, u *upstream, q *fwdQuery, tcp bool) (*dns.Msg, string, error) {
 	binary.BigEndian.PutUint16(q.frame[2:], f.newID())
 	deadline := time.Now().Add(f.timeout)
@@ -108,6 +124,13 @@ func (f *Forwarder) exchangeWith(ctx context.Context, overall time.Time, u *upst
 		return u.exchangeTCP(ctx, q, deadline)
 	}
 	resp, cut, reason, err := u.exchangeUDP(ctx, q, deadline)
+	if reason == reasonStrays {
+		// A possible forgery attempt on this socket's port (RFC 5452 section 9): TCP, whose
+		// handshake an off-path attacker cannot complete, within what is left of the deadline.
+		u.count(func(m *upstreamMetrics) prometheus.Counter { return m.strayFallbacks })
+		f.log.Debug("stray datagrams on a UDP exchange; asking over TCP", "upstream", u.addr, "name", qname(q.req), "strays", maxStrays+1)
+		return u.exchangeTCP(ctx, q, deadline)
+	}
 	if cut == nil {
 		return resp, reason, err
 	}
@@ -121,7 +144,8 @@ func (f *Forwarder) exchangeWith(ctx context.Context, overall time.Time, u *upst
 	}
 	f.log.Debug("TCP retry of an oversized UDP answer failed; answering with its records that fit",
 		"upstream", u.addr, "name", qname(q.req), "reason", reason, "err", err)
-	wire := cutAnswer((*cut)[:q.limit], q.qend)
+	opt := q.req.IsEdns0()
+	wire := cutAnswer((*cut)[:q.limit], q.qend, opt != nil, opt != nil && opt.Do())
 	resp, _, reason, err = u.parse(wire, q)
 	return resp, reason, err
 }
@@ -129,9 +153,14 @@ func (f *Forwarder) exchangeWith(ctx context.Context, overall time.Time, u *upst
 // exchangeUDP sends q over a UDP socket connected to u (an idle one when the pool holds one)
 // and reads datagrams until the answer or the deadline. It returns the parsed answer, or cut, a
 // pooled buffer holding the first q.limit+1 bytes of an answer longer than q.limit bytes (its
-// ID and question checked), or a failure reason and error. The socket goes back to the pool
-// only after an answer to q; after a timeout, a network error or a malformed answer it is
-// closed, so that nothing sent for this query is ever read by a later one.
+// ID and question checked), or a failure reason and error.
+//
+// A datagram with another ID or without QR (a stray) is dropped and counted; after more than
+// maxStrays of them it gives up and returns reasonStrays (exchangeWith then asks over TCP). The
+// socket goes back to the pool only after an answer to q that no stray came before; after a
+// stray (the port may be under attack: the next exchange gets a new one), a timeout, a network
+// error or a malformed answer it is closed, so that nothing sent for this query is ever read by
+// a later one.
 func (u *upstream) exchangeUDP(ctx context.Context, q *fwdQuery, deadline time.Time) (resp *dns.Msg, cut *[]byte, reason string, err error) {
 	c := u.udp.get(time.Now().UnixNano())
 	if c == nil {
@@ -142,14 +171,14 @@ func (u *upstream) exchangeUDP(ctx context.Context, q *fwdQuery, deadline time.T
 		c = uc
 		u.count(func(m *upstreamMetrics) prometheus.Counter { return m.openedUDP })
 	}
-	answered := false
+	answered, strays := false, 0
 	// The deadline before the watch: a cancellation that comes first must not be overwritten.
 	if err := c.SetDeadline(deadline); err != nil {
 		c.Close()
 		return nil, nil, "network", fmt.Errorf("exchange with %s over udp: %w", u.addr, err)
 	}
 	stop := watch(ctx, c)
-	defer func() { u.release(&u.udp, c, answered, stop) }()
+	defer func() { u.release(&u.udp, c, answered && strays == 0, stop) }()
 	if _, err := c.Write(q.msg()); err != nil {
 		reason, err := netFailure(u.addr, transportUDP, err)
 		return nil, nil, reason, err
@@ -168,6 +197,10 @@ func (u *upstream) exchangeUDP(ctx context.Context, q *fwdQuery, deadline time.T
 		if n < 3 || binary.BigEndian.Uint16(b) != id || b[2]&0x80 == 0 {
 			// Not an answer to this query (QR clear, or another ID): drop it.
 			u.count(func(m *upstreamMetrics) prometheus.Counter { return m.strays })
+			if strays++; strays > maxStrays {
+				putWireBuf(bp)
+				return nil, nil, reasonStrays, fmt.Errorf("exchange with %s over udp: %d datagrams answering no query in flight", u.addr, strays)
+			}
 			continue
 		}
 		if n > q.limit {
@@ -391,15 +424,28 @@ func lowerASCII(b byte) byte {
 // counts changed to match and TC set (RFC 2181 section 9: the records that fit, the client may
 // ask again over TCP). The answer, authority and additional sections are kept in order: once a
 // record is cut, the ones after it are dropped.
-func cutAnswer(b []byte, qend int) []byte {
+//
+// The upstream's OPT record is never kept (an OPT is not forwarded, RFC 6891 section 6.1.1),
+// nor any record after it. When edns is set (the client's query had an OPT) the copy ends with
+// the resolver's own OPT (putOPT, DO as given), records being dropped to make room for it: RFC
+// 6891 section 7 wants an OPT in every answer to an EDNS query, a truncated one included. The
+// copy is never longer than b (without room for even the header, the question and the OPT, it
+// has no OPT).
+func cutAnswer(b []byte, qend int, edns, do bool) []byte {
+	room := len(b)
+	if edns && qend+optLen <= len(b) {
+		room -= optLen
+	} else {
+		edns = false
+	}
 	off := qend
 	var counts [3]uint16
 	cut := false
 	for s := range 3 {
 		n := binary.BigEndian.Uint16(b[6+2*s:])
 		for i := uint16(0); i < n && !cut; i++ {
-			_, next, err := dns.UnpackRR(b, off)
-			if err != nil || next <= off {
+			rr, next, err := dns.UnpackRR(b, off)
+			if err != nil || next <= off || next > room || rr.Header().Rrtype == dns.TypeOPT {
 				cut = true
 				break
 			}
@@ -407,8 +453,14 @@ func cutAnswer(b []byte, qend int) []byte {
 			counts[s]++
 		}
 	}
-	out := append([]byte(nil), b[:off]...)
+	out := make([]byte, off, off+optLen)
+	copy(out, b[:off])
 	out[2] |= 0x02 // TC
+	if edns {
+		out = out[:off+optLen]
+		putOPT(out[off:], do)
+		counts[2]++
+	}
 	for s, n := range counts {
 		binary.BigEndian.PutUint16(out[6+2*s:], n)
 	}

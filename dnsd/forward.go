@@ -166,11 +166,14 @@ func (f *Forwarder) Close() error {
 // bytes without EDNS, RFC 1035 section 4.2.1; the EDNS UDP payload size otherwise, RFC 6891
 // section 6.2.3). A datagram that does not fit is not an error: the query is asked again over
 // TCP and that answer returned (the caller truncates it to the client's size, RFC 2181 section
-// 9); if the TCP exchange fails, the records of the datagram that fit are returned with TC set.
+// 9); if the TCP exchange fails, the records of the datagram that fit are returned with TC set,
+// and with the resolver's OPT when req has one (cutAnswer; RFC 6891 section 7).
 // A truncated UDP answer is returned as is (TC set, so the client retries over TCP). A
-// datagram with another ID, or without the QR bit, is dropped and reading goes on until the
-// timeout (a late answer to an earlier query on a reused socket, or a forgery); one with the
-// query's ID and another question is a mismatch, and the next upstream is asked.
+// datagram with another ID, or without the QR bit, is dropped and reading goes on (a late answer
+// to an earlier query on a reused socket, or a forgery), but the socket is closed after the
+// exchange rather than reused, and after more than 3 such datagrams the query is asked over TCP
+// of the same upstream instead (RFC 5452 section 9: a spoofing attempt met by a switch to TCP).
+// One with the query's ID and another question is a mismatch, and the next upstream is asked.
 //
 // It returns ErrAllUpstreamsFailed (wrapped, with the last cause) when every upstream failed,
 // the context's error, or an error when req does not pack.

@@ -269,6 +269,97 @@ func TestForwarderLateAnswers(t *testing.T) {
 	})
 }
 
+// strayUpstream is an upstream on loopback, UDP and TCP on one port, playing a flood of forged
+// answers: to every UDP query it first sends strays datagrams with other IDs (QR set, the
+// question, A 203.0.113.66), then the answer, A 198.51.100.1; over TCP it answers A 192.0.2.1.
+// It counts the TCP queries.
+func strayUpstream(t *testing.T, strays int, tcpQueries *atomic.Int64) string {
+	t.Helper()
+	pc, l, err := listenBoth("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 65535)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			q := new(dns.Msg)
+			if q.Unpack(buf[:n]) != nil {
+				continue
+			}
+			forged := q.Copy()
+			for i := range strays {
+				forged.Id = q.Id + 1 + uint16(i)
+				_, _ = pc.WriteTo(answerWith(t, forged, "203.0.113.66"), from)
+			}
+			_, _ = pc.WriteTo(answerWith(t, q, "198.51.100.1"), from)
+		}
+	}()
+	srv := &dns.Server{Listener: l, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
+		tcpQueries.Add(1)
+		m := new(dns.Msg)
+		m.SetReply(r)
+		m.Answer = append(m.Answer, mustRR(r.Question[0].Name+" 30 IN A 192.0.2.1"))
+		_ = w.WriteMsg(m)
+	})}
+	started := make(chan struct{})
+	srv.NotifyStartedFunc = func() { close(started) }
+	go func() { _ = srv.ActivateAndServe() }()
+	<-started
+	t.Cleanup(func() { _ = srv.Shutdown() })
+	return pc.LocalAddr().String()
+}
+
+// TestForwarderStrayDatagrams: the guard against forged answers flooding a reused UDP socket
+// (RFC 5452 section 9), through real sockets. An upstream sends N datagrams with wrong IDs before
+// each answer: with N at most 3 (a late or duplicated answer) the UDP answer is taken, but the
+// socket that read them is closed rather than reused (the next query opens another, with
+// another source port); with more, the exchange stops reading after the 4th and asks the same
+// upstream over TCP, and the client gets the TCP answer. No forged record is ever answered.
+func TestForwarderStrayDatagrams(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		strays                    int
+		want                      string  // the answer's address
+		opened, counted, fallback float64 // UDP sockets, stray datagrams and TCP fallbacks for two queries
+	}{
+		{name: "none", strays: 0, want: "198.51.100.1", opened: 1},
+		{name: "a few", strays: 3, want: "198.51.100.1", opened: 2, counted: 6},
+		{name: "a flood", strays: 200, want: "192.0.2.1", opened: 2, counted: 2 * (maxStrays + 1), fallback: 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var tcpQ atomic.Int64
+			up := strayUpstream(t, tc.strays, &tcpQ)
+			fwd, reg := hookedForwarder(t, []string{up}, ForwarderOptions{Timeout: 10 * time.Second})
+			for i := range 2 {
+				ips, _ := exchangeA(t, fwd, fmt.Sprintf("q%d.example.org.", i), false, nil)
+				if len(ips) != 1 || ips[0] != tc.want {
+					t.Errorf("query %d answered %v, want %s", i, ips, tc.want)
+				}
+			}
+			if got := metricSum(t, reg, MetricUpstreamConnections, map[string]string{"transport": "udp"}); got != tc.opened {
+				t.Errorf("UDP sockets opened = %v, want %v", got, tc.opened)
+			}
+			if got := metricSum(t, reg, MetricUpstreamStrayAnswers, nil); got != tc.counted {
+				t.Errorf("%s = %v, want %v", MetricUpstreamStrayAnswers, got, tc.counted)
+			}
+			if got := metricSum(t, reg, MetricUpstreamStrayFallbacks, nil); got != tc.fallback {
+				t.Errorf("%s = %v, want %v", MetricUpstreamStrayFallbacks, got, tc.fallback)
+			}
+			if got := tcpQ.Load(); float64(got) != tc.fallback {
+				t.Errorf("TCP queries = %d, want %v", got, tc.fallback)
+			}
+			if got := metricSum(t, reg, MetricUpstreamFailures, nil); got != 0 {
+				t.Errorf("%s = %v, want 0 (nothing failed)", MetricUpstreamFailures, got)
+			}
+		})
+	}
+}
+
 // tcpUpstream is a TCP upstream on loopback that answers perConn queries on each connection
 // and then closes it; it counts the connections it accepted. stop closes the listener and every
 // connection.
@@ -665,7 +756,9 @@ func TestSameQuestion(t *testing.T) {
 
 // TestCutAnswer: the first bytes of an answer too long for them keep the records they hold
 // whole, with counts to match and TC set; a record cut in the middle is dropped with the ones
-// after it.
+// after it. The upstream's OPT is never kept; for a client that sent an OPT the cut answer ends
+// with the resolver's own (UDP size 1232, the client's DO), records dropped to make room for it
+// (RFC 6891 section 7: an OPT in every answer to an EDNS query, a truncated one too).
 func TestCutAnswer(t *testing.T) {
 	m := query("big.example.org.", dns.TypeA, nil)
 	m.Response = true
@@ -673,28 +766,54 @@ func TestCutAnswer(t *testing.T) {
 		m.Answer = append(m.Answer, mustRR(fmt.Sprintf("big.example.org. 30 IN A 192.0.2.%d", i)))
 	}
 	m.Ns = append(m.Ns, mustRR("example.org. 30 IN NS ns.example.org."))
-	full, err := m.Pack() // uncompressed: 31 bytes per A record (17-byte name, 10, 4)
+	noOPT, err := m.Pack() // uncompressed: 31 bytes per A record (17-byte name, 10, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SetEdns0(4096, false) // the upstream's, last in the additional section
+	full, err := m.Pack()
 	if err != nil {
 		t.Fatal(err)
 	}
 	qend, _ := questionEnd(full)
+	l0 := len(noOPT) // where the upstream's OPT starts
 	for _, tc := range []struct {
 		size, answers, ns int
+		edns, do          bool
 	}{
-		{512, (512 - qend) / 31, 0},
-		{qend, 0, 0},
-		{qend + 31, 1, 0},
-		{qend + 30, 0, 0},
-		{len(full) - 1, 60, 0},
-		{len(full), 60, 1},
+		{size: 512, answers: (512 - qend) / 31},
+		{size: 512, answers: (512 - optLen - qend) / 31, edns: true, do: true},
+		{size: 512, answers: (512 - optLen - qend) / 31, edns: true},
+		{size: qend},
+		{size: qend, edns: true}, // no room for an OPT: none
+		{size: qend + optLen, edns: true},
+		{size: qend + 31, answers: 1},
+		{size: qend + 31, edns: true},
+		{size: qend + 31 + optLen, answers: 1, edns: true},
+		{size: qend + 30},
+		{size: l0 - 1, answers: 60},
+		{size: l0, answers: 60, ns: 1},
+		{size: len(full), answers: 60, ns: 1}, // the upstream's OPT dropped: the client sent none
+		{size: len(full), answers: 60, ns: 1, edns: true, do: true},
+		{size: len(full) - 1, answers: 60, edns: true},
 	} {
+		wire := cutAnswer(full[:tc.size], qend, tc.edns, tc.do)
 		got := new(dns.Msg)
-		if err := got.Unpack(cutAnswer(full[:tc.size], qend)); err != nil {
-			t.Errorf("cut at %d: unpack: %v", tc.size, err)
+		if err := got.Unpack(wire); err != nil {
+			t.Errorf("cut at %d (edns %v): unpack: %v", tc.size, tc.edns, err)
 			continue
 		}
-		if !got.Truncated || len(got.Answer) != tc.answers || len(got.Ns) != tc.ns || got.Question[0].Name != "big.example.org." {
-			t.Errorf("cut at %d: TC %v, %d answers, %d NS; want TC, %d, %d", tc.size, got.Truncated, len(got.Answer), len(got.Ns), tc.answers, tc.ns)
+		if len(wire) > tc.size || !got.Truncated || len(got.Answer) != tc.answers || len(got.Ns) != tc.ns || got.Question[0].Name != "big.example.org." {
+			t.Errorf("cut at %d (edns %v): %d bytes, TC %v, %d answers, %d NS; want at most %d bytes, TC, %d, %d",
+				tc.size, tc.edns, len(wire), got.Truncated, len(got.Answer), len(got.Ns), tc.size, tc.answers, tc.ns)
+		}
+		opt := got.IsEdns0()
+		wantOPT := tc.edns && tc.size >= qend+optLen
+		switch {
+		case wantOPT && (opt == nil || opt.UDPSize() != ednsUDPSize || opt.Do() != tc.do || len(got.Extra) != 1):
+			t.Errorf("cut at %d (edns %v, DO %v): additional %v; want only the resolver's OPT (UDP size %d, DO %v)", tc.size, tc.edns, tc.do, got.Extra, ednsUDPSize, tc.do)
+		case !wantOPT && len(got.Extra) != 0:
+			t.Errorf("cut at %d (edns %v): additional %v; want none", tc.size, tc.edns, got.Extra)
 		}
 	}
 }
@@ -729,12 +848,21 @@ func FuzzUpstreamAnswer(f *testing.F) {
 		}
 		_, _, _, _ = u.parse(b, &q)
 		size := min(len(b), q.limit)
-		wire := cutAnswer(b[:size], q.qend)
-		if len(wire) > size {
-			t.Fatalf("cut answer of %d bytes from %d", len(wire), size)
-		}
-		if resp, _, _, err := u.parse(wire, &q); err == nil && !resp.Truncated {
-			t.Fatalf("cut answer without TC: %v", resp)
+		for _, edns := range []bool{false, true} {
+			wire := cutAnswer(b[:size], q.qend, edns, true)
+			if len(wire) > size {
+				t.Fatalf("cut answer of %d bytes from %d", len(wire), size)
+			}
+			resp, _, _, err := u.parse(wire, &q)
+			if err != nil {
+				continue
+			}
+			if !resp.Truncated {
+				t.Fatalf("cut answer without TC: %v", resp)
+			}
+			if opt := resp.IsEdns0(); (opt != nil) != (edns && size >= q.qend+optLen) {
+				t.Fatalf("cut answer (edns %v, %d bytes) with OPT %v", edns, size, opt)
+			}
 		}
 	})
 }

@@ -281,21 +281,41 @@ func TestHostileUpstreams(t *testing.T) {
 		})
 	}
 	t.Run("oversized", func(t *testing.T) {
+		// An upstream on UDP only that ignores the client's size: the TCP retry fails, and the
+		// client gets the records of the datagram that fit its size, with TC set; an EDNS
+		// client gets an OPT too (RFC 6891 section 7), the upstream's being past the cut.
 		big := rawUpstream(t, edit(func(m *dns.Msg) {
 			for i := range 300 {
 				m.Answer = append(m.Answer, &dns.A{Hdr: dns.RR_Header{Name: m.Question[0].Name, Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30}, A: net.IPv4(198, 51, byte(i>>8), byte(i))})
 			}
+			m.SetEdns0(4096, false)
 		}))
 		addr := startShortTimeoutServer(t, []string{big})
-		m := query("example.org.", dns.TypeA, nil)
-		b, _ := m.Pack()
-		resp := rawUDP(t, addr, b)
-		if resp == nil {
-			t.Fatal("no answer")
-		}
-		resp.Compress = true // as it was sent
-		if !resp.Truncated || resp.Len() > dns.MinMsgSize || len(resp.Answer) == 0 {
-			t.Fatalf("answer of %d bytes, TC %v, %d records; want truncated within %d bytes", resp.Len(), resp.Truncated, len(resp.Answer), dns.MinMsgSize)
+		for _, tc := range []struct {
+			name string
+			edit func(*dns.Msg)
+			size int
+		}{
+			{"no EDNS", nil, dns.MinMsgSize},
+			{"EDNS 1232 DO", func(m *dns.Msg) { m.SetEdns0(1232, true) }, 1232},
+		} {
+			m := query("example.org.", dns.TypeA, tc.edit)
+			b, _ := m.Pack()
+			resp := rawUDP(t, addr, b)
+			if resp == nil {
+				t.Fatalf("%s: no answer", tc.name)
+			}
+			resp.Compress = true // as it was sent
+			if !resp.Truncated || resp.Len() > tc.size || len(resp.Answer) == 0 {
+				t.Errorf("%s: answer of %d bytes, TC %v, %d records; want truncated within %d bytes", tc.name, resp.Len(), resp.Truncated, len(resp.Answer), tc.size)
+			}
+			opt := resp.IsEdns0()
+			if tc.edit == nil && opt != nil {
+				t.Errorf("%s: answer with an OPT %v, want none", tc.name, opt)
+			}
+			if tc.edit != nil && (opt == nil || !opt.Do()) {
+				t.Errorf("%s: answer with OPT %v, want an OPT with DO", tc.name, opt)
+			}
 		}
 	})
 }

@@ -21,6 +21,10 @@ const (
 	// MetricUpstreamStrayAnswers counts UDP datagrams from an upstream dropped because they
 	// answer no query in flight on their socket (another ID, QR clear).
 	MetricUpstreamStrayAnswers = "aether_dns_upstream_stray_answers_total"
+	// MetricUpstreamStrayFallbacks counts UDP exchanges with an upstream that read more than
+	// maxStrays (3) stray datagrams and asked the same upstream over TCP instead (a possible
+	// forgery attempt, RFC 5452 section 9).
+	MetricUpstreamStrayFallbacks = "aether_dns_upstream_stray_tcp_fallbacks_total"
 	// MetricUpstreamOversized counts UDP answers larger than the client's UDP size, asked
 	// again over TCP.
 	MetricUpstreamOversized = "aether_dns_upstream_oversized_answers_total"
@@ -41,6 +45,9 @@ const (
 	MetricCacheStaleAnswers = "aether_dns_cache_stale_answers_total"
 	// MetricCachePrefetches counts background refreshes of popular entries started by a hit.
 	MetricCachePrefetches = "aether_dns_cache_prefetches_total"
+	// MetricCachePrefetchesSkipped counts prefetches not started because the prefetch budget
+	// (an eighth of the forward limit) was in flight already; their entries expire as usual.
+	MetricCachePrefetchesSkipped = "aether_dns_cache_prefetches_skipped_total"
 )
 
 // metricTypes are the query types counted under their own name; any other is "other".
@@ -61,10 +68,11 @@ type metrics struct {
 	queries          *prometheus.CounterVec
 	upstreamFailures *prometheus.CounterVec
 	// The forwarder's, per upstream (hooked by forwarderMetrics).
-	upstreamConns, upstreamStrays, upstreamOversized *prometheus.CounterVec
-	duration                                         *prometheus.HistogramVec
-	local, forward                                   prometheus.Observer
-	cached                                           prometheus.Observer
+	upstreamConns, upstreamStrays, upstreamStrayFallbacks, upstreamOversized *prometheus.CounterVec
+
+	duration       *prometheus.HistogramVec
+	local, forward prometheus.Observer
+	cached         prometheus.Observer
 
 	// The cache's: hits and misses of cacheable forwarded queries, entries pushed out to make
 	// room; its entry count is a gauge read at scrape time.
@@ -76,6 +84,8 @@ type metrics struct {
 	cacheStale      [staleReasons]prometheus.Counter
 	stale           prometheus.Observer
 	cachePrefetches prometheus.Counter
+	// Prefetches skipped for want of a prefetch slot.
+	cachePrefetchesSkipped prometheus.Counter
 
 	// byType and byRcode give the counter index of a query type below 256 and of an rcode
 	// below 32 (arrays, not maps: count runs for every query); any other is "other".
@@ -103,6 +113,10 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		upstreamStrays: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricUpstreamStrayAnswers,
 			Help: "UDP datagrams from an upstream resolver dropped because they answer no query in flight on their socket (another ID, or not a response).",
+		}, []string{"upstream"}),
+		upstreamStrayFallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricUpstreamStrayFallbacks,
+			Help: "UDP exchanges with an upstream resolver that read more than 3 stray datagrams (a possible forgery attempt) and asked the same upstream over TCP instead.",
 		}, []string{"upstream"}),
 		upstreamOversized: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricUpstreamOversized,
@@ -137,6 +151,10 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		cachePrefetches: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: MetricCachePrefetches,
 			Help: "Popular cache entries refreshed in the background before they expire (prefetch).",
+		}),
+		cachePrefetchesSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricCachePrefetchesSkipped,
+			Help: "Prefetches not started because an eighth of the forward limit was prefetches in flight already; their entries expire as usual.",
 		}),
 	}
 	for i, r := range staleReasonNames {
@@ -178,7 +196,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamOversized, m.duration,
+		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamStrayFallbacks, m.upstreamOversized, m.duration,
 			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
@@ -186,7 +204,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.cacheStaleVec, m.cachePrefetches} {
+		for _, c := range []prometheus.Collector{m.cacheStaleVec, m.cachePrefetches, m.cachePrefetchesSkipped} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -209,9 +227,10 @@ func (m *metrics) count(qtype uint16, rcode int) {
 // forwarderMetrics returns upstream addr's counters.
 func (m *metrics) forwarderMetrics(addr string) *upstreamMetrics {
 	return &upstreamMetrics{
-		openedUDP: m.upstreamConns.WithLabelValues(addr, transportUDP),
-		openedTCP: m.upstreamConns.WithLabelValues(addr, transportTCP),
-		strays:    m.upstreamStrays.WithLabelValues(addr),
-		oversized: m.upstreamOversized.WithLabelValues(addr),
+		openedUDP:      m.upstreamConns.WithLabelValues(addr, transportUDP),
+		openedTCP:      m.upstreamConns.WithLabelValues(addr, transportTCP),
+		strays:         m.upstreamStrays.WithLabelValues(addr),
+		strayFallbacks: m.upstreamStrayFallbacks.WithLabelValues(addr),
+		oversized:      m.upstreamOversized.WithLabelValues(addr),
 	}
 }

@@ -51,13 +51,16 @@ type ResolverOptions struct {
 	// Index tunes the index built by Update.
 	Index IndexOptions
 	// Registerer receives the resolver's metrics (MetricQueries, MetricUpstreamFailures,
-	// MetricUpstreamConnections, MetricUpstreamStrayAnswers, MetricUpstreamOversized,
+	// MetricUpstreamConnections, MetricUpstreamStrayAnswers, MetricUpstreamStrayFallbacks,
+	// MetricUpstreamOversized,
 	// MetricDuration, MetricCache*); nil registers nothing.
 	Registerer prometheus.Registerer
 	// Logger receives debug records of failed writes and forwards (nil: discard).
 	Logger *slog.Logger
 	// MaxForwards is how many queries are forwarded at once (0: DefaultMaxForwards); a query
-	// beyond it is answered SERVFAIL at once, without asking an upstream.
+	// beyond it is answered SERVFAIL at once, without asking an upstream. Cache prefetches
+	// count in it but may take at most an eighth of it (at least 1); a prefetch beyond that is
+	// skipped.
 	MaxForwards int
 	// MeshDomain is the mesh domain before the first model gives it ("": model's default,
 	// "mesh"), for telling which names to forward until then.
@@ -124,6 +127,7 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 		csZone: dns.CanonicalName(model.ClustersetDomain), csuffix: ".svc." + strings.ToLower(dns.CanonicalName(clusterDomain))}
 	if c != nil {
 		c.forward = r.forward
+		c.prefetchSlots = make(chan struct{}, max(1, o.MaxForwards/prefetchShare))
 	}
 	return r, nil
 }

@@ -41,6 +41,10 @@ const (
 	// prefetchPart: a popular entry is prefetched by a hit that finds less than 1/prefetchPart
 	// of its lifetime left (CoreDNS cache's prefetch PERCENTAGE, 10%).
 	prefetchPart = 10
+	// prefetchShare: at most 1/prefetchShare of the resolver's forward limit (MaxForwards, at
+	// least one query) is prefetches in flight, so prefetches waiting on upstreams that do not
+	// answer never leave client queries without a forward slot.
+	prefetchShare = 8
 )
 
 // Why a stale answer was served, the "reason" label of MetricCacheStaleAnswers.
@@ -132,11 +136,25 @@ func (e *cacheEntry) wantPrefetch(now int64, n uint32) bool {
 // key's flight, so a client query missing at the same time joins it rather than sending another,
 // and the answer replaces e as a miss's would (refresh). It goes over TCP when e's answer would
 // not fit a UDP answer of ednsUDPSize bytes (a truncated answer is not cached).
+//
+// Prefetches have their own budget within the forward limit (prefetchSlots, MaxForwards /
+// prefetchShare): when that many are in flight, the prefetch is skipped rather than queued
+// (counted in MetricCachePrefetchesSkipped) and e expires as it would without prefetch. With
+// the upstreams down each prefetch holds its slot for the forward timeout (every upstream's
+// timeout in turn), so without the budget a burst of popular entries entering their last tenth
+// together could hold every forward slot and turn client misses into SERVFAIL.
 func (c *cache) startPrefetch(key string, e *cacheEntry) {
+	select {
+	case c.prefetchSlots <- struct{}{}:
+	default:
+		c.m.cachePrefetchesSkipped.Inc()
+		return
+	}
 	k := strings.Clone(key)
 	c.m.cachePrefetches.Inc()
 	tcp := len(e.wire)+optLen > ednsUDPSize
 	go func() {
+		defer func() { <-c.prefetchSlots }()
 		req := prefetchQuery(k)
 		_, _, _ = c.flight.Do(flightKey(k, tcp), func() (any, error) { return c.refresh(k, req, tcp, e) })
 	}()

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // modalUpstream is an upstream stub whose behaviour the test switches: "ok1" and "ok2" answer
@@ -390,6 +391,73 @@ func TestPrefetchOnceInFlight(t *testing.T) {
 	}
 	if got := metricSum(t, reg, MetricCachePrefetches, nil); got != 1 {
 		t.Errorf("%s = %v, want 1", MetricCachePrefetches, got)
+	}
+}
+
+// TestPrefetchBudget: prefetches take at most an eighth of the forward limit (16 here: 2).
+// With the upstream silent for the popular names, 16 entries entering their last tenth together
+// start 2 prefetches, which wait on the upstream, and skip the other 14 (counted); a client
+// query missing the cache meanwhile is still forwarded and answered, not refused by the
+// forward limit.
+func TestPrefetchBudget(t *testing.T) {
+	var hold atomic.Bool
+	var held atomic.Int64
+	release := make(chan struct{})
+	answer := reply(dns.RcodeSuccess, []string{"%s 10 IN A 192.0.2.1"}, nil, nil, nil)
+	up := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		if hold.Load() && strings.HasPrefix(r.Question[0].Name, "pop") {
+			held.Add(1)
+			<-release // silent until the test ends
+			reply(dns.RcodeServerFailure, nil, nil, nil, nil)(w, r)
+			return
+		}
+		answer(w, r)
+	})
+	t.Cleanup(func() { close(release) }) // before the stub's shutdown (cleanups run last first)
+	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Close() })
+	clk := &fakeClock{}
+	reg := prometheus.NewRegistry()
+	const limit, popular = 16, 16
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, MaxForwards: limit,
+		Cache: CacheOptions{Size: 100, Prefetch: 1, clock: clk.now}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Update(testMesh()); err != nil {
+		t.Fatal(err)
+	}
+	name := func(i int) string { return fmt.Sprintf("pop%d.example.", i) }
+	for i := range popular {
+		if m, _ := serve(t, res, query(name(i), dns.TypeA, nil), false); summary(m) != "NOERROR 192.0.2.1/10" {
+			t.Fatalf("%s: %s", name(i), summary(m))
+		}
+	}
+	hold.Store(true)
+	clk.advance(9 * time.Second) // every entry in its last tenth
+	for i := range popular {
+		if m, _ := serve(t, res, query(name(i), dns.TypeA, nil), false); summary(m) != "NOERROR 192.0.2.1/1" {
+			t.Fatalf("%s in its last tenth: %s, want a hit", name(i), summary(m))
+		}
+	}
+	started := metricSum(t, reg, MetricCachePrefetches, nil)
+	waitFor(t, "every prefetch started to wait on the upstream", func() bool { return float64(held.Load()) == started })
+
+	if m, _ := serve(t, res, query("miss.example.", dns.TypeA, nil), false); summary(m) != "NOERROR 192.0.2.1/10" {
+		t.Errorf("client miss with %v prefetches waiting: %s, want the upstream's answer", started, summary(m))
+	}
+	if q := up.lastQuery(); q == nil || q.Question[0].Name != "miss.example." {
+		t.Errorf("last query at the upstream: %v, want the client miss", q.Question)
+	}
+	budget := limit / prefetchShare
+	if started != float64(budget) {
+		t.Errorf("%s = %v, want %d (an eighth of the forward limit)", MetricCachePrefetches, started, budget)
+	}
+	if got := metricSum(t, reg, MetricCachePrefetchesSkipped, nil); got != float64(popular-budget) {
+		t.Errorf("%s = %v, want %d", MetricCachePrefetchesSkipped, got, popular-budget)
 	}
 }
 
