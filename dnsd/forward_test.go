@@ -168,6 +168,18 @@ func udpUpstream(t *testing.T, fn func(pc net.PacketConn, from net.Addr, q *dns.
 	if err != nil {
 		t.Fatal(err)
 	}
+	servePackets(t, pc, func(from net.Addr, b []byte) {
+		q := new(dns.Msg)
+		if q.Unpack(b) == nil {
+			fn(pc, from, q)
+		}
+	})
+	return pc.LocalAddr().String()
+}
+
+// servePackets reads datagrams from pc in one goroutine until pc is closed (when the test ends)
+// and hands each to fn with its sender; b is valid only during the call.
+func servePackets(t *testing.T, pc net.PacketConn, fn func(from net.Addr, b []byte)) {
 	t.Cleanup(func() { pc.Close() })
 	go func() {
 		buf := make([]byte, 65535)
@@ -176,13 +188,9 @@ func udpUpstream(t *testing.T, fn func(pc net.PacketConn, from net.Addr, q *dns.
 			if err != nil {
 				return
 			}
-			q := new(dns.Msg)
-			if q.Unpack(buf[:n]) == nil {
-				fn(pc, from, q)
-			}
+			fn(from, buf[:n])
 		}
 	}()
-	return pc.LocalAddr().String()
 }
 
 // answerWith is the wire answer to q with one A record ip.
@@ -279,26 +287,18 @@ func strayUpstream(t *testing.T, strays int, tcpQueries *atomic.Int64) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 65535)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			q := new(dns.Msg)
-			if q.Unpack(buf[:n]) != nil {
-				continue
-			}
-			forged := q.Copy()
-			for i := range strays {
-				forged.Id = q.Id + 1 + uint16(i)
-				_, _ = pc.WriteTo(answerWith(t, forged, "203.0.113.66"), from)
-			}
-			_, _ = pc.WriteTo(answerWith(t, q, "198.51.100.1"), from)
+	servePackets(t, pc, func(from net.Addr, b []byte) {
+		q := new(dns.Msg)
+		if q.Unpack(b) != nil {
+			return
 		}
-	}()
+		forged := q.Copy()
+		for i := range strays {
+			forged.Id = q.Id + 1 + uint16(i)
+			_, _ = pc.WriteTo(answerWith(t, forged, "203.0.113.66"), from)
+		}
+		_, _ = pc.WriteTo(answerWith(t, q, "198.51.100.1"), from)
+	})
 	srv := &dns.Server{Listener: l, Handler: dns.HandlerFunc(func(w dns.ResponseWriter, r *dns.Msg) {
 		tcpQueries.Add(1)
 		m := new(dns.Msg)

@@ -220,19 +220,11 @@ func rawUpstream(t *testing.T, reply func(q []byte) []byte) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { pc.Close() })
-	go func() {
-		buf := make([]byte, 65535)
-		for {
-			n, from, err := pc.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			if b := reply(append([]byte(nil), buf[:n]...)); b != nil {
-				_, _ = pc.WriteTo(b, from)
-			}
+	servePackets(t, pc, func(from net.Addr, q []byte) {
+		if b := reply(append([]byte(nil), q...)); b != nil {
+			_, _ = pc.WriteTo(b, from)
 		}
-	}()
+	})
 	return pc.LocalAddr().String()
 }
 

@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -46,7 +45,7 @@ func TestPrivilegedForwardsPastBadResolvConfLines(t *testing.T) {
 	}
 	cmd := ns.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), resolvConfServeEnv+"="+conf)
-	stderr := &lockedBuffer{}
+	stderr := &testenv.Buffer{}
 	cmd.Stderr = stderr
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -124,22 +123,4 @@ func TestPrivilegedForwardsPastBadResolvConfLines(t *testing.T) {
 	if strings.Join(warned, ",") != "2 10.0.0.10:53,3 kube-dns" {
 		t.Errorf("warnings about skipped lines %q, want lines 2 and 3 named; log:\n%s", warned, stderr.String())
 	}
-}
-
-// lockedBuffer is an io.Writer a process's output is copied into while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

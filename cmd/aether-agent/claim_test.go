@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -362,7 +361,7 @@ func TestAgentClaimConflictSyncWaits(t *testing.T) {
 	go watchClaim(ctx, agentReg, e, ready, time.Hour) // no safety re-read within the test
 	latest := make(chan *model.Mesh, 1)
 	// The sync loop's log tells when its sync of m was refused.
-	var syncLog lockedBuffer
+	var syncLog testenv.Buffer
 	go syncEndpointsLoop(ctx, e, latest, slog.New(slog.NewTextHandler(&syncLog, nil)))
 	latest <- m
 	testenv.Eventually(t, 30*time.Second, "readiness names the claim", func() error {
@@ -404,22 +403,4 @@ func TestAgentClaimConflictSyncWaits(t *testing.T) {
 		return nil
 	})
 	testenv.Eventually(t, 30*time.Second, "ready after the re-claim", ready.state)
-}
-
-// lockedBuffer is a bytes.Buffer safe for a logger writing while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
