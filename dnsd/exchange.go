@@ -287,6 +287,16 @@ func (u *upstream) roundTripTCP(ctx context.Context, c net.Conn, q *fwdQuery, de
 // is answered but returned as a failure ("servfail", "refused"), for the next upstream to be
 // asked. The answer gets req's ID.
 func (u *upstream) parse(b []byte, q *fwdQuery) (resp *dns.Msg, answered bool, reason string, err error) {
+	if questionlessRefusal(b) {
+		// The upstream's verdict on this very query (its ID matched): passed on as the answer,
+		// with the question restored, and the upstream is not at fault. Its OPT is absent as
+		// the upstream sent it, which tells an EDNS client to ask again without EDNS (RFC 6891
+		// section 7).
+		resp = new(dns.Msg)
+		resp.SetRcode(q.req, int(b[3]&0x0F))
+		resp.RecursionAvailable = b[3]&0x80 != 0
+		return resp, true, "", nil
+	}
 	if !sameQuestion(b, q.msg(), q.qend) {
 		return nil, false, "mismatch", fmt.Errorf("exchange with %s: answer does not match the question", u.addr)
 	}
@@ -377,6 +387,19 @@ func questionEnd(m []byte) (end int, ok bool) {
 		}
 	}
 	return off, true
+}
+
+// questionlessRefusal reports whether answer b is a FORMERR or NOTIMP without a question section
+// (QDCOUNT 0) nor records: RFC 1035 section 4.1.1 leaves the question out of such errors to the
+// server, and BIND and miekg/dns's SetRcodeFormatError (CoreDNS, kube-dns) leave it out. Such an
+// answer cannot be matched by its question; its ID must match, as for any answer.
+func questionlessRefusal(b []byte) bool {
+	if len(b) < 12 || b[2]&0x80 == 0 {
+		return false
+	}
+	rcode := b[3] & 0x0F
+	return (rcode == dns.RcodeFormatError || rcode == dns.RcodeNotImplemented) &&
+		binary.BigEndian.Uint16(b[4:]) == 0 && binary.BigEndian.Uint16(b[6:]) == 0 && binary.BigEndian.Uint16(b[8:]) == 0
 }
 
 // sameQuestion reports whether answer a holds the question section of query q, which ends at

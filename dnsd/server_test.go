@@ -368,6 +368,32 @@ func TestUpstreamFailures(t *testing.T) {
 			t.Fatalf("answer = %v", resp)
 		}
 	})
+	t.Run("FORMERR without a question is the answer, not a failure", func(t *testing.T) {
+		// miekg/dns's SetRcodeFormatError, as CoreDNS and kube-dns write a FORMERR: no
+		// question section.
+		formerr := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+			m := new(dns.Msg)
+			m.SetRcodeFormatError(r)
+			_ = w.WriteMsg(m)
+		})
+		g := good(t)
+		r := startResolver(t, []string{formerr.addr, g.addr}, ForwarderOptions{Timeout: timeout, Backoff: time.Hour})
+		for i, netw := range []string{"udp", "tcp", "udp"} {
+			resp := ask(t, r.addr, netw, "formerr.example.org.", dns.TypeA, nil)
+			if resp.Rcode != dns.RcodeFormatError || len(resp.Question) != 1 || resp.Question[0].Name != "formerr.example.org." {
+				t.Fatalf("query %d over %s: answer = %v, want FORMERR with the question", i, netw, resp)
+			}
+		}
+		if n := formerr.queries.Load(); n != 3 {
+			t.Errorf("upstream giving FORMERR got %d queries, want 3 (never demoted)", n)
+		}
+		if n := g.queries.Load(); n != 0 {
+			t.Errorf("second upstream got %d queries, want 0", n)
+		}
+		if got := metricSum(t, r.reg, MetricUpstreamFailures, nil); got != 0 {
+			t.Errorf("upstream failures = %v, want 0", got)
+		}
+	})
 	t.Run("flapping upstream: every query answered", func(t *testing.T) {
 		var n atomic.Int64
 		flap := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
