@@ -273,10 +273,12 @@ func truncateWire(buf, wire []byte, maxSize int) []byte {
 // left, and TC stays clear: RFC 2181 section 9, "The TC bit should not be set merely because
 // some extra information could have been included, for which there was insufficient room. This
 // includes the results of additional section processing." (an SRV answer's target addresses).
+// A TC bit m already carries (an upstream's truncated answer, forwarded as is) stays set: that
+// answer is incomplete whatever this cut drops.
 func truncate(m *dns.Msg, maxSize int) {
-	an, ns := len(m.Answer), len(m.Ns)
+	an, ns, tc := len(m.Answer), len(m.Ns), m.Truncated
 	m.Truncate(maxSize)
-	if m.Truncated && len(m.Answer) == an && len(m.Ns) == ns {
+	if m.Truncated && !tc && len(m.Answer) == an && len(m.Ns) == ns {
 		m.Extra = slices.DeleteFunc(m.Extra, func(rr dns.RR) bool { return rr.Header().Rrtype != dns.TypeOPT })
 		m.Truncated = false
 	}

@@ -589,3 +589,44 @@ func TestIndexAnswersPreparedOnceUnderConcurrency(t *testing.T) {
 		t.Fatalf("answer %v (err %v), want 3 SRV records and 3 address records", m, err)
 	}
 }
+
+// TestTruncateKeepsUpstreamTC: truncate clears TC only when it set it itself for additional
+// records that did not fit (RFC 2181 section 9); a TC bit the message already carried (an
+// upstream's truncated answer, passed on as is) stays set, whatever truncate drops.
+func TestTruncateKeepsUpstreamTC(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		preset  bool
+		wantTC  bool
+		wantAdd int
+	}{
+		{name: "additional dropped, no TC before", preset: false, wantTC: false},
+		// The additional records that fit stay (miekg/dns's cut): the client retries over
+		// TCP anyway.
+		{name: "additional cut, TC from the upstream", preset: true, wantTC: true, wantAdd: 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m := new(dns.Msg)
+			m.SetQuestion("_pg._tcp.db.example.", dns.TypeSRV)
+			m.Response, m.Truncated = true, tc.preset
+			for i := range 20 {
+				target := fmt.Sprintf("db-%02d.db.example.", i)
+				m.Answer = append(m.Answer, &dns.SRV{Hdr: dns.RR_Header{Name: "_pg._tcp.db.example.", Rrtype: dns.TypeSRV, Class: dns.ClassINET, Ttl: 5},
+					Priority: 0, Weight: 100, Port: 5432, Target: target})
+				m.Extra = append(m.Extra, &dns.AAAA{Hdr: dns.RR_Header{Name: target, Rrtype: dns.TypeAAAA, Class: dns.ClassINET, Ttl: 5},
+					AAAA: netip.AddrFrom16([16]byte{0xfd, 15: byte(i)}).AsSlice()})
+			}
+			m.Compress = true
+			truncate(m, 1232)
+			if m.Len() > 1232 {
+				t.Fatalf("truncated message is %d bytes, limit 1232", m.Len())
+			}
+			if len(m.Answer) != 20 {
+				t.Fatalf("%d answer records, want all 20 (they fit)", len(m.Answer))
+			}
+			if m.Truncated != tc.wantTC || len(m.Extra) != tc.wantAdd {
+				t.Errorf("TC %v with %d additional records; want TC %v with %d", m.Truncated, len(m.Extra), tc.wantTC, tc.wantAdd)
+			}
+		})
+	}
+}
