@@ -228,8 +228,8 @@ func TestAgentDaemonSetShape(t *testing.T) {
 			fields[e.Name] = e.ValueFrom.FieldRef.FieldPath
 		}
 	}
-	if fields["NODE_NAME"] != "spec.nodeName" || fields["HOST_IP"] != "status.hostIP" {
-		t.Errorf("downward API env %v; want NODE_NAME=spec.nodeName, HOST_IP=status.hostIP", fields)
+	if fields["NODE_NAME"] != "spec.nodeName" || fields["HOST_IP"] != "status.hostIP" || fields["HOST_IPS"] != "status.hostIPs" {
+		t.Errorf("downward API env %v; want NODE_NAME=spec.nodeName, HOST_IP=status.hostIP, HOST_IPS=status.hostIPs", fields)
 	}
 	if agent.ReadinessProbe == nil || agent.ReadinessProbe.HTTPGet == nil || agent.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("agent readiness probe %+v, want GET /readyz", agent.ReadinessProbe)

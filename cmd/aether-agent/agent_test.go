@@ -609,6 +609,7 @@ func TestHelpAndBadFlags(t *testing.T) {
 		t.Fatalf("aether-agent --help: %v\n%s", err, out)
 	}
 	for _, want := range []string{"-node-name", "(env NODE_NAME)", "-region", "(env AETHER_REGION)", "-capture-backend", "(env AETHER_CAPTURE_BACKEND)",
+		"-host-ips string", "(env HOST_IPS)",
 		"-dns-cache-size int", "(env AETHER_DNS_CACHE_SIZE)", "-dns-cache-max-ttl duration", "(env AETHER_DNS_CACHE_MAX_TTL)",
 		"-dns-cache-max-negative-ttl duration", "(env AETHER_DNS_CACHE_MAX_NEGATIVE_TTL)",
 		"-dns-cache-serve-stale duration", "(env AETHER_DNS_CACHE_SERVE_STALE)", "-dns-cache-prefetch int", "(env AETHER_DNS_CACHE_PREFETCH)",

@@ -40,7 +40,8 @@ type config struct {
 	CNIRepairInterval time.Duration
 
 	HostIP netip.Addr // --host-ip, HOST_IP: the node IP (DNS listens here; capture DNATs here)
-	// HostIPv6 (--host-ip-v6, HOST_IP_V6) is the node's IPv6 address on dual-stack nodes: the
+	// HostIPv6 (--host-ip-v6, HOST_IP_V6; else the IPv6 address of --host-ips, HOST_IPS, the
+	// downward API's status.hostIPs) is the node's IPv6 address on dual-stack nodes: the
 	// resolver listens there too and pods' IPv6 cluster DNS is DNAT'ed to it. Unset: IPv6
 	// cluster DNS addresses are left alone.
 	HostIPv6    netip.Addr
@@ -118,6 +119,7 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	fs.DurationVar(&c.CNIRepairInterval, "cni-repair-interval", time.Minute, "how often every pod attachment is checked and repaired (a rejected Envoy configuration also starts a check at once)")
 	hostIP := ef.String("host-ip", "HOST_IP", "", "this node's IP: the DNS resolver listens here")
 	hostIPv6 := ef.String("host-ip-v6", "HOST_IP_V6", "", "this node's IPv6 address on a dual-stack node: the resolver listens here too and IPv6 cluster DNS is DNAT'ed to it")
+	hostIPs := ef.String("host-ips", "HOST_IPS", "", "this node's IPs, comma-separated (the downward API's status.hostIPs, which the DaemonSet sets): when --host-ip-v6 is unset, its IPv6 address is taken from here")
 	fs.IntVar(&c.DNSPort, "dns-port", 18054, "DNS port on the host IP (UDP and TCP)")
 	ef.IntVar(&c.DNSCacheSize, "dns-cache-size", "AETHER_DNS_CACHE_SIZE", dnsd.DefaultCacheSize, "how many forwarded DNS answers the resolver caches (0: no cache)")
 	ef.DurationVar(&c.DNSCacheMaxTTL, "dns-cache-max-ttl", "AETHER_DNS_CACHE_MAX_TTL", dnsd.DefaultCacheMaxTTL, "longest time a positive forwarded answer is cached (whole seconds, at least 1s)")
@@ -157,6 +159,18 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 			return c, fmt.Errorf("--host-ip %q: not an IP address", *hostIP)
 		}
 		c.HostIP = ip
+	}
+	if *hostIPv6 == "" {
+		for _, a := range envflag.List(*hostIPs) {
+			ip, err := netip.ParseAddr(a)
+			if err != nil {
+				return c, fmt.Errorf("--host-ips %q: %q is not an IP address", *hostIPs, a)
+			}
+			if ip.Is6() && !ip.Is4In6() {
+				c.HostIPv6 = ip
+				break
+			}
+		}
 	}
 	if *hostIPv6 != "" {
 		ip, err := netip.ParseAddr(*hostIPv6)

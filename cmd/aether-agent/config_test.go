@@ -23,6 +23,10 @@ func TestParseConfig(t *testing.T) {
 		{name: "waypoint on", args: []string{"--east-west-waypoint"}},
 		{name: "dual stack", args: []string{"--host-ip-v6", "fd00::11", "--cluster-dns", "10.96.0.10,fd00:96::a"}},
 		{name: "host ip v6 not v6", args: []string{"--host-ip-v6", "172.30.0.11"}, wantErr: `--host-ip-v6 "172.30.0.11"`},
+		{name: "host ips of a dual-stack node", args: []string{"--host-ips", "172.30.0.11, fd00::11"}},
+		{name: "host ips of a single-stack node", args: []string{"--host-ips", "172.30.0.11"}},
+		{name: "host ip v6 wins over host ips", args: []string{"--host-ips", "172.30.0.11,fd00::11", "--host-ip-v6", "fd00::12"}},
+		{name: "bad host ips", args: []string{"--host-ips", "172.30.0.11,nope"}, wantErr: `--host-ips "172.30.0.11,nope": "nope" is not an IP address`},
 		{name: "ipv6 cluster dns without host ip v6", args: []string{"--cluster-dns", "fd00:96::a"}, wantErr: "--cluster-dns fd00:96::a is IPv6: set --host-ip-v6"},
 		{name: "flags override env", args: []string{"--node-name", "n2", "--registry-endpoints", "http://127.0.0.1:2379, http://127.0.0.1:2380"}},
 		{name: "bad host ip", args: []string{"--host-ip", "nope"}, wantErr: `--host-ip "nope"`},
@@ -97,6 +101,10 @@ func TestParseConfig(t *testing.T) {
 			}
 			if tc.name == "dns cache serve-stale and prefetch" && (c.DNSCacheServeStale != 24*time.Hour || c.DNSCachePrefetch != 5) {
 				t.Errorf("DNS cache serve-stale %s, prefetch %d; want 24h and 5", c.DNSCacheServeStale, c.DNSCachePrefetch)
+			}
+			if wantV6, ok := map[string]string{"host ips of a dual-stack node": "fd00::11", "host ips of a single-stack node": "invalid IP",
+				"host ip v6 wins over host ips": "fd00::12", "env defaults": "invalid IP"}[tc.name]; ok && c.HostIPv6.String() != wantV6 {
+				t.Errorf("host IPv6 %s, want %s", c.HostIPv6, wantV6)
 			}
 			if tc.name == "dual stack" && (c.HostIPv6 != netip.MustParseAddr("fd00::11") || len(c.ClusterDNS) != 2) {
 				t.Errorf("dual stack config = host IPv6 %s, cluster DNS %v", c.HostIPv6, c.ClusterDNS)

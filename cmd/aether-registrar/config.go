@@ -110,6 +110,14 @@ func (c target) validate() []error {
 func parseConfig(args []string, getenv func(string) string) (config, error) {
 	var c config
 	fs := flag.NewFlagSet("aether-registrar", flag.ContinueOnError)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage:\n"+
+			"  aether-registrar [flags]                      run the MCS export and import controllers\n"+
+			"  aether-registrar %s [flags]  turn etcd authentication on, a user and role per cluster\n"+
+			"  aether-registrar %s [flags]    re-claim this cluster's registry partition after a rebuild\n"+
+			"(each subcommand's --help lists its flags; docs/registrar.md)\n\nFlags:\n", setupAuthCommand, reclaimCommand)
+		fs.PrintDefaults()
+	}
 	ef := &envflag.Set{FS: fs, Getenv: getenv}
 	c.target.define(ef, fs, getenv)
 	fs.DurationVar(&c.RegistryProbe, "registry-probe-interval", 2*time.Second, "how often readiness probes the registry")

@@ -213,7 +213,7 @@ func TestHelpAndBadFlags(t *testing.T) {
 			"-registry-key string\n    \tclient key for the registry (env AETHER_REGISTRY_KEY)\n",
 		}
 	}
-	for _, want := range append([]string{"-cluster", "(env AETHER_CLUSTER)"},
+	for _, want := range append([]string{"-cluster", "(env AETHER_CLUSTER)", "aether-registrar " + setupAuthCommand + " [flags]", "aether-registrar " + reclaimCommand + " [flags]"},
 		registryFlags("comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd", "client certificate for the registry")...) {
 		if !strings.Contains(out, want) {
 			t.Errorf("aether-registrar --help lacks %q:\n%s", want, out)
