@@ -609,11 +609,13 @@ func TestForwarderContextCancelled(t *testing.T) {
 // (the upstream never answers, and the upstream timeout is an hour). Over UDP and TCP, many
 // times, since the cancellation (context.AfterFunc's goroutine) and the exchange race.
 func TestForwarderContextCancelledBeforeExchange(t *testing.T) {
-	up := udpUpstream(t, func(net.PacketConn, net.Addr, *dns.Msg) {})
-	l, err := net.Listen("tcp", up)
+	// UDP and TCP on one port (listenBoth retries when the TCP port is taken); neither answers.
+	pc, l, err := listenBoth("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	servePackets(t, pc, func(net.Addr, []byte) {})
+	up := pc.LocalAddr().String()
 	t.Cleanup(func() { l.Close() })
 	go func() {
 		for {

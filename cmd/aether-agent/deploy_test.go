@@ -54,11 +54,12 @@ func loadDeployedAgent(t *testing.T) deployedAgent {
 }
 
 // parseDeployed parses container c's args and environment (configMap data as aether-config, the
-// downward API values of a node with IP 10.0.0.1) with the agent's own flag parser.
+// downward API values of a dual-stack node with IPs 10.0.0.1 and fd00::1) with the agent's own
+// flag parser.
 func parseDeployed(t *testing.T, c corev1.Container, data map[string]string) config {
 	t.Helper()
 	env, err := deploy.Env(c, map[string]map[string]string{"aether-config": data},
-		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1"})
+		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,8 +114,8 @@ func TestDeployAgentArgs(t *testing.T) {
 			t.Errorf("agent reads %s, which no Secret of type kubernetes.io/tls supplies (volume %s, key %q, %v)", p, v.Name, key, err)
 		}
 	}
-	if cfg.NodeName != "node-1" || cfg.HostIP != netip.MustParseAddr("10.0.0.1") || cfg.Cluster != "east" {
-		t.Errorf("node %q, host IP %s, cluster %q: want the downward API's node-1, 10.0.0.1 and the ConfigMap's east", cfg.NodeName, cfg.HostIP, cfg.Cluster)
+	if cfg.NodeName != "node-1" || cfg.HostIP != netip.MustParseAddr("10.0.0.1") || cfg.HostIPv6 != netip.MustParseAddr("fd00::1") || cfg.Cluster != "east" {
+		t.Errorf("node %q, host IPs %s and %s, cluster %q: want the downward API's node-1, 10.0.0.1 and fd00::1 and the ConfigMap's east", cfg.NodeName, cfg.HostIP, cfg.HostIPv6, cfg.Cluster)
 	}
 	if cfg.EnvoyBinary != "" {
 		t.Errorf("--envoy-binary %q: Envoy runs in its own container; the agent must not start a second one", cfg.EnvoyBinary)

@@ -357,7 +357,7 @@ func fieldRef(pod *corev1.Pod, sb *PodSandbox, n *Node, path string) (string, er
 		return pod.Spec.ServiceAccountName, nil
 	case "status.podIP":
 		return sb.IP.String(), nil
-	case "status.hostIP":
+	case "status.hostIP", "status.hostIPs": // the substrate's nodes are single-stack
 		return n.Plan.IP.String(), nil
 	}
 	if k, ok := strings.CutPrefix(path, "metadata.labels['"); ok {
