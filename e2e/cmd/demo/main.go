@@ -238,8 +238,17 @@ func lookFurther(m *mesh.Mesh, beta string) string {
   nsenter --net=%s dig @%s hello.%s.svc.clusterset.local        # the agent's DNS
   logs: %s/logs/<node>/aether-agent.log, %s/logs/<cluster>/aether-registrar.log
   everything above is in /run/aether-demo/demo.env
-==> stop and clean up: make demo-down
 `, a.Kubeconfig, bc.Kubeconfig, n.Netns.Path, bn.Netns.Path, bn.Netns.Path, n.Netns.Path, n.Netns.Path, n.Plan.IP.String()+" -p 18054", ns,
 		m.Substrate.Dir, m.Substrate.Dir)
+	if sb, _, ok := a.Sandbox(ns, "client"); ok && sb.Netns != nil {
+		// The client pod's own namespace: its DNS to kube-dns is DNAT'ed to its node's agent,
+		// and its connections are captured by the node's Envoy, as for the demo's requests.
+		name := "hello." + ns + ".svc.clusterset.local"
+		fmt.Fprintf(&b, `  from alpha's client pod (its DNS goes to the agent, its connections through the mesh):
+    nsenter --net=%[1]s dig +short @%[2]s %[3]s
+    nsenter --net=%[1]s %[4]s -timeout 3s http "http://$(nsenter --net=%[1]s dig +short @%[2]s %[3]s)/"
+`, sb.Netns.Path, a.Plan.DNSIP, name, m.Bins["client"])
+	}
+	b.WriteString("==> stop and clean up: make demo-down\n")
 	return b.String()
 }
