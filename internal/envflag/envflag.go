@@ -53,15 +53,7 @@ func (s *Set) String(name, env, def, text string) *string {
 // false, 1, 0, ...) or false when env is unset. A value that does not parse is reported by Err,
 // naming the variable and the value.
 func (s *Set) BoolVar(p *bool, name, env, text string) {
-	def := false
-	if v := s.Getenv(env); v != "" {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			s.errs = append(s.errs, fmt.Errorf("env %s %q: want true or false", env, v))
-		}
-		def = b
-	}
-	s.FS.BoolVar(p, name, def, usage(text, env))
+	s.FS.BoolVar(p, name, envDefault(s, env, false, strconv.ParseBool, "true or false"), usage(text, env))
 }
 
 // Err returns the errors of environment values that could not be read as their flag's type, or
