@@ -183,11 +183,7 @@ func appendCacheKey(buf []byte, req *dns.Msg) ([]byte, bool) {
 	q := req.Question[0]
 	// Lower-case ASCII: presentation form escapes every other byte (\DDD).
 	for i := 0; i < len(q.Name); i++ {
-		c := q.Name[i]
-		if c >= 'A' && c <= 'Z' {
-			c += 'a' - 'A'
-		}
-		buf = append(buf, c)
+		buf = append(buf, lowerASCII(q.Name[i]))
 	}
 	buf = append(buf, make([]byte, cacheKeySuffix)...)
 	putKeySuffix(buf[len(buf)-cacheKeySuffix:], q.Qtype, q.Qclass, flags)
@@ -338,6 +334,10 @@ func walkTTLs(wire []byte) (qend int, ttls []ttlField, ok bool) {
 	if len(wire) < 12 || wire[4] != 0 || wire[5] != 1 {
 		return 0, nil, false
 	}
+	// The question's name comes first in the message, so it is never compressed.
+	if qend, ok = questionEnd(wire); !ok {
+		return 0, nil, false
+	}
 	skipName := func(off int) int {
 		for off < len(wire) {
 			l := int(wire[off])
@@ -353,12 +353,7 @@ func walkTTLs(wire []byte) (qend int, ttls []ttlField, ok bool) {
 		}
 		return -1
 	}
-	off := skipName(12)
-	if off < 0 || off+4 > len(wire) {
-		return 0, nil, false
-	}
-	qend = off + 4
-	off = qend
+	off := qend
 	n := (int(wire[6])<<8 | int(wire[7])) + (int(wire[8])<<8 | int(wire[9])) + (int(wire[10])<<8 | int(wire[11]))
 	ttls = make([]ttlField, 0, n)
 	for range n {
@@ -472,7 +467,7 @@ func (c *cache) answerWire(buf, q []byte, wq *wireQuery) (wire []byte, rcode int
 
 // answerMsg answers req from entry e at clock reading now (every TTL staleTTL when that is not
 // 0, appendAnswer), appending the answer to buf and truncating it to maxSize as Index.Respond
-// does (truncateWire: records dropped, TC set). ok is false when req's question does not pack
+// does (truncateWire, RFC 2181 section 9). ok is false when req's question does not pack
 // as the entry's.
 func (e *cacheEntry) answerMsg(buf []byte, req *dns.Msg, maxSize int, now int64, staleTTL uint32) (wire []byte, ok bool) {
 	q := req.Question[0]

@@ -197,14 +197,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamStrayFallbacks, m.upstreamOversized, m.duration,
-			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.cacheStaleVec, m.cachePrefetches, m.cachePrefetchesSkipped} {
+			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries, m.cacheStaleVec, m.cachePrefetches, m.cachePrefetchesSkipped} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
