@@ -161,17 +161,19 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 	}
 	for _, s := range m.Services {
 		vips := s.VIPs
+		var ready []model.Endpoint // a local headless Service's ready endpoints here
 		switch {
 		case !s.Local:
 			vips = s.ClustersetVIPs
 		case s.Headless:
-			vips = headlessAddrs(m, s.Key)
+			ready = readyHere(m, s.Key)
+			vips = headlessAddrs(ready)
 		}
 		if s.Local || s.Imported {
 			fqdn := dns.CanonicalName(m.FQDN(s.Key))
 			var srvs []srvRecord
 			if s.Local && s.Headless {
-				srvs = headlessSRV(m, s, fqdn)
+				srvs = headlessSRV(s, ready, m.Cluster, fqdn)
 			} else {
 				srvs = vipSRV(s.Ports, fqdn, vips)
 			}
@@ -182,7 +184,7 @@ func NewIndex(m *model.Mesh, o IndexOptions) (*Index, error) {
 				// <pod>.<svc>.<ns>.<meshDomain>: each ready pod's own addresses, as kube-dns's
 				// <hostname>.<svc>.<ns>.svc.<zone> for a StatefulSet's pods. A pod name that is
 				// not one DNS label (it may hold dots), or that makes the name too long, gets none.
-				for _, e := range readyHere(m, s.Key) {
+				for _, e := range ready {
 					name, ok := podName(e, fqdn)
 					if !ok {
 						continue
@@ -258,21 +260,20 @@ func vipSRV(ports []model.ServicePort, target string, vips []netip.Addr) []srvRe
 	return out
 }
 
-// headlessSRV returns the SRV records of a local headless Service (fqdn its namespaced name): per
-// port, one per ready pod of this cluster with a name (podName) that serves the port, on the
-// pod's own target port, pointing at the pod's name (Kubernetes DNS specification 2.4.1, records
-// for a headless Service). Pods are in readyHere's order.
-func headlessSRV(m *model.Mesh, s *model.Service, fqdn string) []srvRecord {
+// headlessSRV returns the SRV records of a local headless Service s (fqdn its namespaced name)
+// whose ready endpoints in cluster are ready (readyHere): per port, one per pod with a name
+// (podName) that serves the port, on the pod's own target port, pointing at the pod's name
+// (Kubernetes DNS specification 2.4.1, records for a headless Service), in ready's order.
+func headlessSRV(s *model.Service, ready []model.Endpoint, cluster, fqdn string) []srvRecord {
 	var out []srvRecord
-	eps := readyHere(m, s.Key)
 	for _, sp := range s.Ports {
-		for i := range eps {
-			name, ok := podName(eps[i], fqdn)
-			if !ok || len(meshAddr(eps[i])) == 0 {
+		for i := range ready {
+			name, ok := podName(ready[i], fqdn)
+			if !ok || len(meshAddr(ready[i])) == 0 {
 				continue
 			}
-			if ep, ok := sp.EndpointPort(&eps[i], m.Cluster); ok {
-				out = append(out, srvRecord{label: srvLabel(sp), port: ep.Port, target: name, addrs: meshAddr(eps[i])})
+			if ep, ok := sp.EndpointPort(&ready[i], cluster); ok {
+				out = append(out, srvRecord{label: srvLabel(sp), port: ep.Port, target: name, addrs: meshAddr(ready[i])})
 			}
 		}
 	}
@@ -312,12 +313,12 @@ func srvsOf(srvs []srvRecord, label string) []srvRecord {
 }
 
 // headlessAddrs returns the addresses a headless Service's mesh name answers: the address the
-// mesh carries (meshAddr) of each of its ready endpoints in this cluster (readyHere), sorted,
-// each once. This is what kube-dns answers
-// for a headless Service (Kubernetes DNS specification 2.4.1, ready endpoints only).
-func headlessAddrs(m *model.Mesh, k model.ServiceKey) []netip.Addr {
+// mesh carries (meshAddr) of each of its ready endpoints in this cluster (ready, from
+// readyHere), sorted, each once. This is what kube-dns answers for a headless Service
+// (Kubernetes DNS specification 2.4.1, ready endpoints only).
+func headlessAddrs(ready []model.Endpoint) []netip.Addr {
 	var out []netip.Addr
-	for _, e := range readyHere(m, k) {
+	for _, e := range ready {
 		out = append(out, meshAddr(e)...)
 	}
 	slices.SortFunc(out, netip.Addr.Compare)

@@ -156,9 +156,11 @@ func (s *Service) PortByTarget(p uint32) (ServicePort, bool) {
 // registered none), or, with a numeric targetPort, this cluster's endpoint was registered for
 // another number.
 func (sp ServicePort) EndpointPort(e *Endpoint, cluster string) (EndpointPort, bool) {
-	byName := sp.PerEndpoint() || e.Cluster != cluster
+	if sp.PerEndpoint() || e.Cluster != cluster {
+		return portNamed(e, sp.Name)
+	}
 	for _, p := range e.Ports {
-		if byName && p.Name == sp.Name || !byName && p.Port == sp.TargetPort {
+		if p.Port == sp.TargetPort {
 			return p, true
 		}
 	}
