@@ -36,6 +36,12 @@
 # machine hits both. Server and dnsperf run at nice NICE (default -19, root only) so that other
 # work on a shared machine perturbs them less (CFS still gives that work a share; no real-time
 # priority). Only loopback is used; ports are random high ports.
+# HALT_POLL_NS (default unset: the machine's setting stays) sets the guest's cpuidle halt polling
+# (/sys/module/haltpoll/parameters/guest_halt_poll_ns, haltpoll driver only) for the run and puts
+# the old value back on exit, as pyperf's "system tune" sets the CPU governor for a benchmark.
+# With 0 (what this VM's kernel command line sets) an idle vCPU halts at once, so every low-rate
+# query pays two vCPU wake-ups (server, then dnsperf) that no server can avoid; 200000 is the
+# kernel's default. It applies to every server alike; the last line prints the value in force.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -51,6 +57,8 @@ ROUNDS=${ROUNDS:-1}
 SERVERS=${SERVERS:-coredns dnsd bare floor}
 SETS=${SETS:-mesh nx}
 NICE=${NICE:--19}
+HALT_POLL_NS=${HALT_POLL_NS:-}
+haltpoll=/sys/module/haltpoll/parameters/guest_halt_poll_ns
 
 eval "$("$root/hack/tools.sh" --print)"
 [ -x "$AETHER_COREDNS" ] || "$root/hack/tools.sh"
@@ -58,11 +66,19 @@ command -v dnsperf >/dev/null || { echo "run.sh: dnsperf missing (hack/tools.sh 
 
 work=$(mktemp -d)
 pid=""
+oldpoll=""
 cleanup() {
   [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+  [ -n "$oldpoll" ] && echo "$oldpoll" >"$haltpoll"
   rm -rf "$work"
 }
 trap cleanup EXIT
+if [ -n "$HALT_POLL_NS" ]; then
+  [[ $HALT_POLL_NS =~ ^[0-9]+$ ]] || { echo "run.sh: HALT_POLL_NS=$HALT_POLL_NS: want nanoseconds, a whole number" >&2; exit 1; }
+  [ -w "$haltpoll" ] || { echo "run.sh: HALT_POLL_NS=$HALT_POLL_NS: $haltpoll is not writable (haltpoll cpuidle driver and root needed)" >&2; exit 1; }
+  oldpoll=$(cat "$haltpoll")
+  echo "$HALT_POLL_NS" >"$haltpoll"
+fi
 
 (cd "$root" && go build -o "$work/dnsd-server" ./bench/dns/server && go build -o "$work/bare-server" ./bench/dns/bare)
 if [[ " $SERVERS " == *" floor "* ]]; then
@@ -258,6 +274,6 @@ echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc
 # with haltpoll, guest_halt_poll_ns 0 means no polling before HLT, so each query wakes a halted
 # vCPU), the timer rate, and DAMON (kdamond) running beside the servers.
 idle=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
-[ -r /sys/module/haltpoll/parameters/guest_halt_poll_ns ] && idle="$idle, guest_halt_poll_ns $(cat /sys/module/haltpoll/parameters/guest_halt_poll_ns)"
+[ -r "$haltpoll" ] && idle="$idle, guest_halt_poll_ns $(cat "$haltpoll")${oldpoll:+ for this run (HALT_POLL_NS; $oldpoll before and after)}"
 damon=$(cat /sys/kernel/mm/damon/admin/kdamonds/*/state 2>/dev/null | sort | uniq -c | awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2}')
 echo "kernel: $(uname -r), cpuidle $idle, HZ $( (zcat /proc/config.gz 2>/dev/null || cat "/boot/config-$(uname -r)" 2>/dev/null) | awk -F= '$1 == "CONFIG_HZ" {print $2}'), kdamonds: ${damon:-none}"
