@@ -400,8 +400,9 @@ func (c *cache) add(key string, e *cacheEntry) {
 // the upstream's header flags and rcode with the query's ID, RD and CD, every record's TTL
 // less the entry's age in whole seconds (never below 0, RFC 2308 section 5, RFC 1035 section
 // 7.4), or staleTTL when it is not 0 (a stale answer, RFC 8767 section 4), and, when edns, the
-// resolver's OPT with DO as given (RFC 6891 section 7). ok is false when question is not the
-// entry's (another length).
+// resolver's OPT with DO as given (RFC 6891 section 7), which for a stale answer carries the
+// Extended DNS Error staleEDE (RFC 8914 sections 4.4 and 4.20). ok is false when question is not
+// the entry's (another length).
 func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, question []byte, edns, do bool, now int64, staleTTL uint32) (wire []byte, ok bool) {
 	if len(question) != e.qend-12 {
 		return buf, false
@@ -409,6 +410,9 @@ func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, qu
 	need := len(e.wire)
 	if edns {
 		need += optLen
+		if staleTTL != 0 {
+			need += edeLen
+		}
 	}
 	if cap(buf) < need {
 		buf = make([]byte, 0, need)
@@ -429,10 +433,23 @@ func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, qu
 	}
 	if edns {
 		putOPT(b[len(e.wire):], do)
+		if staleTTL != 0 {
+			putEDE(b[len(e.wire):], e.staleEDE())
+		}
 		ar := (int(b[10])<<8 | int(b[11])) + 1
 		b[10], b[11] = byte(ar>>8), byte(ar)
 	}
 	return b, true
+}
+
+// staleEDE returns the Extended DNS Error INFO-CODE of a stale answer from e: 19, "Stale NXDOMAIN
+// Answer", for an NXDOMAIN (RFC 8914 section 4.20); else 3, "Stale Answer" (section 4.4: a NODATA
+// answer's rcode is NOERROR).
+func (e *cacheEntry) staleEDE() uint16 {
+	if e.rcode() == dns.RcodeNameError {
+		return dns.ExtendedErrorCodeStaleNXDOMAINAnswer
+	}
+	return dns.ExtendedErrorCodeStaleAnswer
 }
 
 // rcode returns the entry's response code (the header's 4 bits; only NOERROR and NXDOMAIN
