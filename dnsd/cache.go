@@ -628,13 +628,23 @@ func (c *cache) fromFlight(buf []byte, req *dns.Msg, maxSize int, res *flightRes
 	if err := m.Unpack(res.packed); err != nil {
 		return nil, nil, fmt.Errorf("unpack upstream answer to %s: %w", qname(req), err)
 	}
-	return nil, reanswer(m, req), nil
+	return nil, reanswer(m, req, noEDNS(res.leader, m)), nil
+}
+
+// noEDNS reports whether m, the upstream's answer to the query leader, says that the upstream
+// refused leader's EDNS: a FORMERR or NOTIMP without an OPT although leader had one (RFC 6891
+// section 7: the requester then asks again without EDNS). leader's client gets that answer as it
+// came, without an OPT (upstream.parse); the other queries of its flight must get it the same way.
+func noEDNS(leader, m *dns.Msg) bool {
+	return (m.Rcode == dns.RcodeFormatError || m.Rcode == dns.RcodeNotImplemented) &&
+		m.IsEdns0() == nil && leader.IsEdns0() != nil
 }
 
 // reanswer turns m, the upstream's answer to another query with the same key, into the answer to
 // req: req's ID, question (letter case), RD, and an OPT per req's (RFC 6891 section 7; the
-// upstream's options, such as a cookie, were for the other query).
-func reanswer(m, req *dns.Msg) *dns.Msg {
+// upstream's options, such as a cookie, were for the other query), unless noOPT (noEDNS: the
+// upstream refused the other query's EDNS, and req's answer says so as the other's did).
+func reanswer(m, req *dns.Msg, noOPT bool) *dns.Msg {
 	m.Id = req.Id
 	m.Question = req.Question
 	m.RecursionDesired = req.RecursionDesired
@@ -645,7 +655,7 @@ func reanswer(m, req *dns.Msg) *dns.Msg {
 		}
 	}
 	m.Extra = extra
-	if opt := req.IsEdns0(); opt != nil {
+	if opt := req.IsEdns0(); opt != nil && !noOPT {
 		m.SetEdns0(ednsUDPSize, opt.Do())
 	}
 	return m
