@@ -77,8 +77,12 @@ func CheckServeStale(d time.Duration) error {
 //     at most ClientResponseTimer: an answer in time is the answer; when the timer fires first,
 //     e answers ("slow") and the refresh goes on and refills the cache when it succeeds;
 //   - when the refresh fails (every upstream failed, timed out or answered SERVFAIL or REFUSED,
-//     RFC 8767 section 4; or the forward limit was reached), e answers ("failed"), unless the
-//     wait took it past the maximum stale age: then the error is returned.
+//     RFC 8767 section 4; or the forward limit was reached), e answers ("failed").
+//
+// e never answers past the maximum stale age: the age is checked against the clock read when
+// the stale answer is made, after any wait (a query that came just within the age waits up to
+// ClientResponseTimer, or the forward timeout). Past it, a failed refresh returns its error, and
+// a query whose client response timer fires goes on waiting for the refresh, as a miss does.
 //
 // A stale answer carries every record with StaleAnswerTTL (a negative one at most the cache's
 // MaxNegativeTTL) and is counted in MetricCacheStaleAnswers.
@@ -91,7 +95,12 @@ func (c *cache) serveStale(buf []byte, req *dns.Msg, tcp bool, maxSize int, key 
 	select {
 	case r = <-ch:
 	case <-c.after(ClientResponseTimer):
-		return c.staleAnswer(buf, req, maxSize, e, c.clock(), staleSlow)
+		if now = c.clock(); now < e.expires+c.maxStale {
+			return c.staleAnswer(buf, req, maxSize, e, now, staleSlow)
+		}
+		// e passed the maximum stale age while the query waited: it may no longer answer, so
+		// the query waits for the refresh as a miss does.
+		r = <-ch
 	}
 	if r.Err != nil {
 		if now = c.clock(); now >= e.expires+c.maxStale {

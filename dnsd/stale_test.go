@@ -82,17 +82,22 @@ func summary(m *dns.Msg) string {
 }
 
 // fakeTimer is the client response timer in tests: it records the durations asked for and
-// fires at once while fire is set, never otherwise.
+// fires at once while fire is set, never otherwise; or, when manual is set, when the test sends
+// on manual (an unbuffered send returns once the waiting query has taken it).
 type fakeTimer struct {
-	mu    sync.Mutex
-	asked []time.Duration
-	fire  atomic.Bool
+	mu     sync.Mutex
+	asked  []time.Duration
+	fire   atomic.Bool
+	manual chan time.Time
 }
 
 func (f *fakeTimer) after(d time.Duration) <-chan time.Time {
 	f.mu.Lock()
 	f.asked = append(f.asked, d)
 	f.mu.Unlock()
+	if f.manual != nil {
+		return f.manual
+	}
 	if !f.fire.Load() {
 		return nil
 	}
@@ -292,6 +297,59 @@ func serveStaleSteps(t *testing.T, name string, off, edns bool, steps []serveSta
 	}
 	if off != (len(timer.asked) == 0) {
 		t.Errorf("client response timer started %d times; want none with serve-stale off, some with it on", len(timer.asked))
+	}
+}
+
+// TestServeStaleNotPastMaxAge: an entry is never answered stale past the maximum stale age (60
+// s; TTL 10 s, so until 70 s), even when the query came within it and waited for the client
+// response timer: the age is checked when the stale answer would be sent. With the upstream slow,
+// a query at 68 s whose timer fires 1.8 s later (69.8 s) gets the stale answer; one at 69 s whose
+// timer fires at 70.8 s waits for the upstream and gets its answer.
+func TestServeStaleNotPastMaxAge(t *testing.T) {
+	for _, tc := range []struct {
+		at    time.Duration
+		want  string
+		stale float64 // answers counted as "slow"
+	}{
+		{at: 68 * time.Second, want: "NOERROR 192.0.2.1/30", stale: 1},
+		{at: 69 * time.Second, want: "NOERROR 192.0.2.2/10"},
+	} {
+		t.Run(tc.at.String(), func(t *testing.T) {
+			up := startModalUpstream(t)
+			clk, timer := &fakeClock{}, &fakeTimer{manual: make(chan time.Time)}
+			res, reg := cachingResolverWith(t, up.addr, CacheOptions{Size: 100, ServeStale: 60 * time.Second, after: timer.after}, clk)
+			const name = "www.example."
+			if m, _ := serve(t, res, query(name, dns.TypeA, nil), false); summary(m) != "NOERROR 192.0.2.1/10" {
+				t.Fatalf("first answer %s", summary(m))
+			}
+			up.mode.Store("slow")
+			clk.advance(tc.at)
+			done := make(chan *dns.Msg, 1)
+			go func() {
+				w := &captureWriter{}
+				res.ServeDNS(w, query(name, dns.TypeA, nil))
+				m := new(dns.Msg)
+				_ = m.Unpack(w.out)
+				done <- m
+			}()
+			waitFor(t, "the refresh to reach the upstream", func() bool { return up.queries.Load() == 2 })
+			clk.advance(ClientResponseTimer)
+			timer.manual <- time.Time{} // the client response timer fires, the upstream still silent
+			if tc.stale != 0 {
+				if m := <-done; summary(m) != tc.want {
+					t.Errorf("answer at the timer: %s, want %s", summary(m), tc.want)
+				}
+				up.unblock()
+			} else {
+				up.unblock()
+				if m := <-done; summary(m) != tc.want {
+					t.Errorf("answer: %s, want the upstream's %s (not the entry past its maximum stale age)", summary(m), tc.want)
+				}
+			}
+			if got := metricSum(t, reg, MetricCacheStaleAnswers, nil); got != tc.stale {
+				t.Errorf("%s = %v, want %v", MetricCacheStaleAnswers, got, tc.stale)
+			}
+		})
 	}
 }
 
