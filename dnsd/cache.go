@@ -226,7 +226,8 @@ type cacheEntry struct {
 	// lifetime before expires.
 	prefetchAt int64
 	// hits counts the hits answered from the entry, up to the cache's prefetch threshold (only
-	// counted with prefetch on); prefetched is set by the hit that starts its prefetch.
+	// counted with prefetch on); prefetched is set by the hit that starts its prefetch (and
+	// cleared again when the prefetch budget made it skip).
 	hits       atomic.Uint32
 	prefetched atomic.Bool
 	// recheckAt is a clock reading: until then the expired entry answers stale at once, without

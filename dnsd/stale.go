@@ -130,8 +130,9 @@ func (c *cache) staleAnswer(buf []byte, req *dns.Msg, maxSize int, e *cacheEntry
 // wantPrefetch counts a hit on e at clock reading now and reports whether it is the one that
 // starts e's prefetch: e has been hit at least n times (this hit included), less than a tenth of
 // its lifetime is left, and no hit started one before (one prefetch per entry; the refresh
-// stores a new entry, which counts its own hits). It does not allocate; once n is reached the
-// counter is only read.
+// stores a new entry, which counts its own hits), or the one that did found the prefetch budget
+// taken (startPrefetch gives the turn back). It does not allocate; once n is reached the counter
+// is only read.
 func (e *cacheEntry) wantPrefetch(now int64, n uint32) bool {
 	h := e.hits.Load()
 	if h < n {
@@ -148,7 +149,9 @@ func (e *cacheEntry) wantPrefetch(now int64, n uint32) bool {
 //
 // Prefetches have their own budget within the forward limit (prefetchSlots, MaxForwards /
 // prefetchShare): when that many are in flight, the prefetch is skipped rather than queued
-// (counted in MetricCachePrefetchesSkipped) and e expires as it would without prefetch. With
+// (counted in MetricCachePrefetchesSkipped) and the next hit on e that qualifies tries again
+// (wantPrefetch), so e expires as it would without prefetch only when the budget stays taken
+// until then. Each try is one non-blocking channel send, without allocation. With
 // the upstreams down each prefetch holds its slot for the forward timeout (every upstream's
 // timeout in turn), so without the budget a burst of popular entries entering their last tenth
 // together could hold every forward slot and turn client misses into SERVFAIL.
@@ -157,6 +160,7 @@ func (c *cache) startPrefetch(key string, e *cacheEntry) {
 	case c.prefetchSlots <- struct{}{}:
 	default:
 		c.m.cachePrefetchesSkipped.Inc()
+		e.prefetched.Store(false) // nothing in flight for e: a later hit may try again
 		return
 	}
 	k := strings.Clone(key)

@@ -578,6 +578,106 @@ func TestPrefetchBudget(t *testing.T) {
 	}
 }
 
+// TestPrefetchRetriesAfterBudget: a prefetch skipped because the budget (an eighth of a forward
+// limit of 16: 2) was taken is tried again by a later hit that qualifies. With the upstream silent
+// for the popular names, 16 entries in their last tenth start 2 prefetches and skip 14; once
+// those 2 are answered, hits on the 14 start 2 more (still within the budget) and skip the other
+// 12; hits on an entry whose prefetch is in flight start none (one per key); and at the entries'
+// expiry the 4 prefetched ones are hits while the others miss.
+func TestPrefetchRetriesAfterBudget(t *testing.T) {
+	var hold atomic.Bool
+	var held atomic.Int64
+	var release atomic.Pointer[chan struct{}]
+	newRelease := func() chan struct{} { ch := make(chan struct{}); release.Store(&ch); return ch }
+	first := newRelease()
+	up := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		if hold.Load() && strings.HasPrefix(r.Question[0].Name, "pop") {
+			held.Add(1)
+			<-*release.Load()
+			reply(dns.RcodeSuccess, []string{"%s 10 IN A 192.0.2.2"}, nil, nil, nil)(w, r)
+			return
+		}
+		reply(dns.RcodeSuccess, []string{"%s 10 IN A 192.0.2.1"}, nil, nil, nil)(w, r)
+	})
+	t.Cleanup(func() { close(*release.Load()) }) // before the stub's shutdown
+	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Close() })
+	clk := &fakeClock{}
+	reg := prometheus.NewRegistry()
+	const limit, popular = 16, 16
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, MaxForwards: limit,
+		Cache: CacheOptions{Size: 100, Prefetch: 1, clock: clk.now}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Update(testMesh()); err != nil {
+		t.Fatal(err)
+	}
+	budget := limit / prefetchShare
+	name := func(i int) string { return fmt.Sprintf("pop%d.example.", i) }
+	hitAll := func(when string) {
+		t.Helper()
+		for i := range popular {
+			m, _ := serve(t, res, query(name(i), dns.TypeA, nil), false)
+			if m.Rcode != dns.RcodeSuccess || len(m.Answer) != 1 {
+				t.Fatalf("%s: %s: %s, want a hit", when, name(i), summary(m))
+			}
+		}
+	}
+	// counts checks the prefetches started and skipped so far, and waits for every started one
+	// to be held by the upstream.
+	counts := func(when string, started, skipped int) {
+		t.Helper()
+		if got := metricSum(t, reg, MetricCachePrefetches, nil); got != float64(started) {
+			t.Errorf("%s: %s = %v, want %d", when, MetricCachePrefetches, got, started)
+		}
+		if got := metricSum(t, reg, MetricCachePrefetchesSkipped, nil); got != float64(skipped) {
+			t.Errorf("%s: %s = %v, want %d", when, MetricCachePrefetchesSkipped, got, skipped)
+		}
+		waitFor(t, when+": the prefetches to wait on the upstream", func() bool {
+			return held.Load() == int64(metricSum(t, reg, MetricCachePrefetches, nil))
+		})
+	}
+	for i := range popular {
+		serve(t, res, query(name(i), dns.TypeA, nil), false)
+	}
+	hold.Store(true)
+	clk.advance(9 * time.Second) // every entry in its last tenth
+	hitAll("last tenth")
+	counts("first hits", budget, popular-budget)
+
+	// Hits while the budget is taken: each skips again; none starts a second prefetch of an
+	// entry whose prefetch is in flight.
+	hitAll("budget taken")
+	counts("budget taken", budget, 2*(popular-budget))
+
+	// The first prefetches are answered: the budget is free, and the skipped entries try again.
+	newRelease()
+	close(first)
+	waitFor(t, "the first prefetches to end", func() bool { return len(res.cache.prefetchSlots) == 0 })
+	hitAll("budget free")
+	started := 2 * budget
+	skipped := 2*(popular-budget) + (popular - 2*budget)
+	counts("budget free", started, skipped)
+	if n := up.queries.Load(); n != int64(popular+started) {
+		t.Errorf("upstream got %d queries, want %d (the first answers and the prefetches)", n, popular+started)
+	}
+
+	close(*release.Load())
+	newRelease()
+	waitFor(t, "the second prefetches to end", func() bool { return len(res.cache.prefetchSlots) == 0 })
+	hold.Store(false)
+	clk.advance(time.Second) // the first entries' expiry
+	hits := metricSum(t, reg, MetricCacheHits, nil)
+	hitAll("expiry")
+	if got := metricSum(t, reg, MetricCacheHits, nil) - hits; got != float64(started) {
+		t.Errorf("at the first entries' expiry: %v hits, want %d (the prefetched entries)", got, started)
+	}
+}
+
 // TestPrefetchQuery: the query a prefetch sends carries the key's name, type, class and DO, CD
 // and AD bits, with RD and an OPT.
 func TestPrefetchQuery(t *testing.T) {
