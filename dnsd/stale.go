@@ -90,7 +90,14 @@ func (c *cache) serveStale(buf []byte, req *dns.Msg, tcp bool, maxSize int, key 
 	if now < e.recheckAt.Load() {
 		return c.staleAnswer(buf, req, maxSize, e, now, staleRecheck)
 	}
-	ch := c.flight.DoChan(flightKey(key, tcp), func() (any, error) { return c.refresh(key, req, tcp, e) })
+	// The refresh sends a copy of req, made in the flight's goroutine: packing a query writes
+	// to its OPT (miekg/dns sets the extended rcode), and req may be read meanwhile by the
+	// stale answer at the timer. sent is read only once the flight has ended.
+	var sent *dns.Msg
+	ch := c.flight.DoChan(flightKey(key, tcp), func() (any, error) {
+		sent = req.Copy()
+		return c.refresh(key, sent, tcp, e)
+	})
 	var r singleflight.Result
 	select {
 	case r = <-ch:
@@ -108,7 +115,12 @@ func (c *cache) serveStale(buf []byte, req *dns.Msg, tcp bool, maxSize int, key 
 		}
 		return c.staleAnswer(buf, req, maxSize, e, now, staleFailed)
 	}
-	wire, resp, err = c.fromFlight(buf, req, maxSize, r.Val.(*flightResult))
+	res := r.Val.(*flightResult)
+	if sent != nil && res.leader == sent {
+		// req's own refresh: the upstream's answer as it came, as a miss gets it (fromFlight).
+		return nil, res.resp, fromUpstream, nil
+	}
+	wire, resp, err = c.fromFlight(buf, req, maxSize, res)
 	return wire, resp, fromUpstream, err
 }
 
