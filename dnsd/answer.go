@@ -253,6 +253,20 @@ func putOPT(b []byte, do bool) int {
 	return copy(b, []byte{0, 0, 41, byte(ednsUDPSize >> 8), byte(ednsUDPSize & 0xFF), 0, 0, flags, 0, 0, 0})
 }
 
+// edeLen is the length of an Extended DNS Error option without EXTRA-TEXT, in bytes (RFC 8914
+// section 2: OPTION-CODE, OPTION-LENGTH, INFO-CODE).
+const edeLen = 6
+
+// putEDE adds an Extended DNS Error option with code (RFC 8914 section 2; no EXTRA-TEXT, which
+// is optional) to the OPT record putOPT wrote at the start of opt, which must hold optLen+edeLen
+// bytes: it sets the OPT's RDLENGTH and writes the option after it.
+func putEDE(opt []byte, code uint16) {
+	opt[9], opt[10] = 0, edeLen
+	opt[11], opt[12] = byte(dns.EDNS0EDE>>8), byte(dns.EDNS0EDE&0xFF)
+	opt[13], opt[14] = 0, 2
+	opt[15], opt[16] = byte(code>>8), byte(code)
+}
+
 // truncateWire re-encodes a too long answer within maxSize (truncate).
 func truncateWire(buf, wire []byte, maxSize int) []byte {
 	m := new(dns.Msg)

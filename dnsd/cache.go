@@ -226,7 +226,8 @@ type cacheEntry struct {
 	// lifetime before expires.
 	prefetchAt int64
 	// hits counts the hits answered from the entry, up to the cache's prefetch threshold (only
-	// counted with prefetch on); prefetched is set by the hit that starts its prefetch.
+	// counted with prefetch on); prefetched is set by the hit that starts its prefetch (and
+	// cleared again when the prefetch budget made it skip).
 	hits       atomic.Uint32
 	prefetched atomic.Bool
 	// recheckAt is a clock reading: until then the expired entry answers stale at once, without
@@ -400,8 +401,9 @@ func (c *cache) add(key string, e *cacheEntry) {
 // the upstream's header flags and rcode with the query's ID, RD and CD, every record's TTL
 // less the entry's age in whole seconds (never below 0, RFC 2308 section 5, RFC 1035 section
 // 7.4), or staleTTL when it is not 0 (a stale answer, RFC 8767 section 4), and, when edns, the
-// resolver's OPT with DO as given (RFC 6891 section 7). ok is false when question is not the
-// entry's (another length).
+// resolver's OPT with DO as given (RFC 6891 section 7), which for a stale answer carries the
+// Extended DNS Error staleEDE (RFC 8914 sections 4.4 and 4.20). ok is false when question is not
+// the entry's (another length).
 func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, question []byte, edns, do bool, now int64, staleTTL uint32) (wire []byte, ok bool) {
 	if len(question) != e.qend-12 {
 		return buf, false
@@ -409,6 +411,9 @@ func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, qu
 	need := len(e.wire)
 	if edns {
 		need += optLen
+		if staleTTL != 0 {
+			need += edeLen
+		}
 	}
 	if cap(buf) < need {
 		buf = make([]byte, 0, need)
@@ -429,10 +434,23 @@ func (e *cacheEntry) appendAnswer(buf []byte, id uint16, flags2, flags3 byte, qu
 	}
 	if edns {
 		putOPT(b[len(e.wire):], do)
+		if staleTTL != 0 {
+			putEDE(b[len(e.wire):], e.staleEDE())
+		}
 		ar := (int(b[10])<<8 | int(b[11])) + 1
 		b[10], b[11] = byte(ar>>8), byte(ar)
 	}
 	return b, true
+}
+
+// staleEDE returns the Extended DNS Error INFO-CODE of a stale answer from e: 19, "Stale NXDOMAIN
+// Answer", for an NXDOMAIN (RFC 8914 section 4.20); else 3, "Stale Answer" (section 4.4: a NODATA
+// answer's rcode is NOERROR).
+func (e *cacheEntry) staleEDE() uint16 {
+	if e.rcode() == dns.RcodeNameError {
+		return dns.ExtendedErrorCodeStaleNXDOMAINAnswer
+	}
+	return dns.ExtendedErrorCodeStaleAnswer
 }
 
 // rcode returns the entry's response code (the header's 4 bits; only NOERROR and NXDOMAIN
@@ -611,13 +629,23 @@ func (c *cache) fromFlight(buf []byte, req *dns.Msg, maxSize int, res *flightRes
 	if err := m.Unpack(res.packed); err != nil {
 		return nil, nil, fmt.Errorf("unpack upstream answer to %s: %w", qname(req), err)
 	}
-	return nil, reanswer(m, req), nil
+	return nil, reanswer(m, req, noEDNS(res.leader, m)), nil
+}
+
+// noEDNS reports whether m, the upstream's answer to the query leader, says that the upstream
+// refused leader's EDNS: a FORMERR or NOTIMP without an OPT although leader had one (RFC 6891
+// section 7: the requester then asks again without EDNS). leader's client gets that answer as it
+// came, without an OPT (upstream.parse); the other queries of its flight must get it the same way.
+func noEDNS(leader, m *dns.Msg) bool {
+	return (m.Rcode == dns.RcodeFormatError || m.Rcode == dns.RcodeNotImplemented) &&
+		m.IsEdns0() == nil && leader.IsEdns0() != nil
 }
 
 // reanswer turns m, the upstream's answer to another query with the same key, into the answer to
 // req: req's ID, question (letter case), RD, and an OPT per req's (RFC 6891 section 7; the
-// upstream's options, such as a cookie, were for the other query).
-func reanswer(m, req *dns.Msg) *dns.Msg {
+// upstream's options, such as a cookie, were for the other query), unless noOPT (noEDNS: the
+// upstream refused the other query's EDNS, and req's answer says so as the other's did).
+func reanswer(m, req *dns.Msg, noOPT bool) *dns.Msg {
 	m.Id = req.Id
 	m.Question = req.Question
 	m.RecursionDesired = req.RecursionDesired
@@ -628,7 +656,7 @@ func reanswer(m, req *dns.Msg) *dns.Msg {
 		}
 	}
 	m.Extra = extra
-	if opt := req.IsEdns0(); opt != nil {
+	if opt := req.IsEdns0(); opt != nil && !noOPT {
 		m.SetEdns0(ednsUDPSize, opt.Do())
 	}
 	return m

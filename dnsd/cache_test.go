@@ -410,6 +410,63 @@ func TestCacheCoalesces(t *testing.T) {
 	}
 }
 
+// TestCacheCoalescesQuestionlessRefusal: identical EDNS queries in flight at once, coalesced on
+// one upstream query that a real upstream socket answers with a FORMERR or NOTIMP without a
+// question (miekg/dns's SetRcodeFormatError, as CoreDNS and kube-dns write it). Every client gets
+// the rcode with its own ID and question, and an OPT exactly when the upstream sent one: the
+// client whose query went upstream and those that joined it alike, so that each EDNS client
+// asks again without EDNS when the upstream refused it (RFC 6891 section 7).
+func TestCacheCoalescesQuestionlessRefusal(t *testing.T) {
+	for _, rcode := range []int{dns.RcodeFormatError, dns.RcodeNotImplemented} {
+		for _, upstreamOPT := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s, upstream OPT %v", dns.RcodeToString[rcode], upstreamOPT), func(t *testing.T) {
+				release := make(chan struct{})
+				up := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+					<-release
+					m := new(dns.Msg)
+					m.SetRcodeFormatError(r) // no question
+					m.Rcode = rcode
+					if upstreamOPT {
+						m.SetEdns0(4096, false)
+					}
+					_ = w.WriteMsg(m)
+				})
+				res, reg := cachingResolver(t, up.addr, 100, &fakeClock{})
+				const n = 4
+				var wg sync.WaitGroup
+				got := make([]*dns.Msg, n)
+				for i := range n {
+					wg.Go(func() {
+						got[i], _ = serve(t, res, query("refused.example.", dns.TypeA, func(m *dns.Msg) { m.Id = uint16(100 + i); m.SetEdns0(1232, false) }), false)
+					})
+				}
+				// Every query has missed the cache and the first is upstream; give the others
+				// time to join it.
+				waitFor(t, "every query to miss and one to reach the upstream", func() bool {
+					return metricSum(t, reg, MetricCacheMisses, nil) == n && up.queries.Load() >= 1
+				})
+				time.Sleep(200 * time.Millisecond)
+				close(release)
+				wg.Wait()
+				if q := up.queries.Load(); q >= n {
+					t.Fatalf("upstream got %d queries for %d identical queries in flight: none coalesced", q, n)
+				}
+				for i, m := range got {
+					if m.Id != uint16(100+i) || m.Rcode != rcode || len(m.Question) != 1 || m.Question[0].Name != "refused.example." {
+						t.Errorf("answer %d = %v, want %s with its ID and question", i, m, dns.RcodeToString[rcode])
+					}
+					if (m.IsEdns0() != nil) != upstreamOPT {
+						t.Errorf("answer %d has an OPT: %v; want one only when the upstream sent one (%v)", i, m.IsEdns0() != nil, upstreamOPT)
+					}
+				}
+				if got := metricSum(t, reg, MetricUpstreamFailures, nil); got != 0 {
+					t.Errorf("upstream failures = %v, want 0", got)
+				}
+			})
+		}
+	}
+}
+
 // TestCacheEvictsAndCounts: a full cache evicts its least recently used entry; the metrics count
 // hits, misses, entries and evictions.
 func TestCacheEvictsAndCounts(t *testing.T) {

@@ -17,7 +17,8 @@
 //   - cache (ResolverOptions.Cache): forwarded answers in wire form, LRU-bounded, kept per RFC
 //     2308 and capped like NodeLocal DNSCache; identical queries in flight go upstream once.
 //     Optionally (stale.go) expired answers answer when the upstreams fail or are slow
-//     (serve-stale, RFC 8767) and popular ones are refreshed before they expire (prefetch).
+//     (serve-stale, RFC 8767, marked by an RFC 8914 Extended DNS Error) and popular ones are
+//     refreshed before they expire (prefetch).
 //     Mesh answers are never cached (the index is authoritative).
 //   - Server: two miekg/dns servers (UDP, TCP), each with its own ServeMux, explicit timeouts,
 //     readiness through NotifyStartedFunc, ShutdownContext to stop. The UDP server's reader

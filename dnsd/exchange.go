@@ -289,12 +289,20 @@ func (u *upstream) roundTripTCP(ctx context.Context, c net.Conn, q *fwdQuery, de
 func (u *upstream) parse(b []byte, q *fwdQuery) (resp *dns.Msg, answered bool, reason string, err error) {
 	if questionlessRefusal(b) {
 		// The upstream's verdict on this very query (its ID matched): passed on as the answer,
-		// with the question restored, and the upstream is not at fault. Its OPT is absent as
-		// the upstream sent it, which tells an EDNS client to ask again without EDNS (RFC 6891
-		// section 7).
+		// with the question restored, and the upstream is not at fault. Its OPT is passed on
+		// or left out as the upstream sent it: an answer without one tells an EDNS client to
+		// ask again without EDNS (RFC 6891 section 7).
 		resp = new(dns.Msg)
 		resp.SetRcode(q.req, int(b[3]&0x0F))
 		resp.RecursionAvailable = b[3]&0x80 != 0
+		if b[10]|b[11] != 0 {
+			var m dns.Msg
+			if m.Unpack(b) == nil {
+				if opt := m.IsEdns0(); opt != nil && opt.ExtendedRcode() == 0 {
+					resp.Extra = append(resp.Extra, opt)
+				}
+			}
+		}
 		return resp, true, "", nil
 	}
 	if !sameQuestion(b, q.msg(), q.qend) {

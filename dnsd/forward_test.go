@@ -822,7 +822,9 @@ func TestCutAnswer(t *testing.T) {
 
 // FuzzUpstreamAnswer: whatever an upstream sends, checking it against the query (sameQuestion),
 // cutting it to the client's size (cutAnswer) and parsing it never panics, and a cut answer
-// that parses has TC set and fits the size.
+// that parses has TC set and fits the size. A FORMERR or NOTIMP without a question parses as
+// the answer with the query's question, packs again (the cache packs it for coalesced
+// queries), and has the upstream's OPT when it had one (with extended rcode 0), else none.
 func FuzzUpstreamAnswer(f *testing.F) {
 	req := query("big.example.org.", dns.TypeA, nil)
 	var q fwdQuery
@@ -843,8 +845,37 @@ func FuzzUpstreamAnswer(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add(q.msg())
+	for _, opt := range []bool{false, true} {
+		r := new(dns.Msg)
+		r.SetRcodeFormatError(req)
+		r.Id = q.id()
+		if opt {
+			r.SetEdns0(4096, false)
+			r.IsEdns0().Option = append(r.IsEdns0().Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeOther, ExtraText: "x"})
+		}
+		b, err := r.Pack()
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		u := &upstream{addr: "192.0.2.53:53"}
+		if questionlessRefusal(b) {
+			resp, _, _, err := u.parse(b, &q)
+			if err != nil || len(resp.Question) != 1 || resp.Question[0] != req.Question[0] {
+				t.Fatalf("question-less refusal parsed as %v, %v; want the answer with the query's question", resp, err)
+			}
+			if _, err := resp.Pack(); err != nil {
+				t.Fatalf("question-less refusal parsed as %v, which does not pack: %v", resp, err)
+			}
+			var up dns.Msg
+			upOPT := up.Unpack(b) == nil && up.IsEdns0() != nil && up.IsEdns0().ExtendedRcode() == 0
+			if (resp.IsEdns0() != nil) != upOPT {
+				t.Fatalf("question-less refusal parsed with OPT %v; the upstream's (extended rcode 0): %v", resp.IsEdns0(), upOPT)
+			}
+			return
+		}
 		if !sameQuestion(b, q.msg(), q.qend) {
 			return
 		}

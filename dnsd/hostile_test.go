@@ -374,7 +374,8 @@ func TestTCPConnectionLimit(t *testing.T) {
 // TestForwardLimit: with MaxForwards queries waiting on an upstream that never answers, one
 // more forwarded query (a plain name, and a clusterset name, which must not get a cacheable
 // NXDOMAIN) is answered SERVFAIL at once, without a goroutine and a socket of its own held for
-// the forward timeout; mesh names are still answered.
+// the forward timeout, with an OPT for an EDNS query but no Extended DNS Error (no upstream
+// was asked, so "No Reachable Authority" would be wrong); mesh names are still answered.
 func TestForwardLimit(t *testing.T) {
 	release := make(chan struct{})
 	silent := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
@@ -424,13 +425,14 @@ func TestForwardLimit(t *testing.T) {
 		// The client gives up long before the forward timeout (a minute): only an answer
 		// given at once arrives.
 		c := &dns.Client{Net: "udp", Timeout: 10 * time.Second}
-		resp, _, err := c.Exchange(query(name, dns.TypeA, nil), addr)
+		resp, _, err := c.Exchange(query(name, dns.TypeA, func(m *dns.Msg) { m.SetEdns0(1232, false) }), addr)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		if resp.Rcode != dns.RcodeServerFailure {
 			t.Errorf("%s over the forward limit: %s, want SERVFAIL", name, dns.RcodeToString[resp.Rcode])
 		}
+		checkEDE(t, name+" over the forward limit", resp, true)
 	}
 	if n := silent.queries.Load(); n != limit {
 		t.Errorf("the upstream got %d queries, want %d", n, limit)

@@ -46,7 +46,8 @@ const (
 	// MetricCachePrefetches counts background refreshes of popular entries started by a hit.
 	MetricCachePrefetches = "aether_dns_cache_prefetches_total"
 	// MetricCachePrefetchesSkipped counts prefetches not started because the prefetch budget
-	// (an eighth of the forward limit) was in flight already; their entries expire as usual.
+	// (an eighth of the forward limit) was in flight already; a later hit on the same entry
+	// tries again (and is counted again when skipped again).
 	MetricCachePrefetchesSkipped = "aether_dns_cache_prefetches_skipped_total"
 )
 
@@ -154,7 +155,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}),
 		cachePrefetchesSkipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: MetricCachePrefetchesSkipped,
-			Help: "Prefetches not started because an eighth of the forward limit was prefetches in flight already; their entries expire as usual.",
+			Help: "Prefetches not started because an eighth of the forward limit was prefetches in flight already; a later hit on the same entry tries again.",
 		}),
 	}
 	for i, r := range staleReasonNames {

@@ -239,7 +239,7 @@ func (r *Resolver) serveForwarded(w dns.ResponseWriter, req *dns.Msg, tcp bool, 
 			resp = cs.ClustersetNXDOMAIN(req)
 		} else {
 			r.log.Debug("forward failed", "err", err)
-			resp = servfail(req)
+			resp = servfail(req, noUpstreamAnswered(err))
 		}
 	}
 	r.metrics.count(qtype, resp.Rcode)
@@ -247,16 +247,32 @@ func (r *Resolver) serveForwarded(w dns.ResponseWriter, req *dns.Msg, tcp bool, 
 	r.write(w, resp, maxSize)
 }
 
-// servfail is the SERVFAIL answer to a forwarded query no upstream answered (RA set; an OPT
-// when the query had one).
-func servfail(req *dns.Msg) *dns.Msg {
+// servfail is the SERVFAIL answer to a forwarded query that got no answer (RA set; an OPT when
+// the query had one). When noUpstream is set (every upstream failed, noUpstreamAnswered) that
+// OPT carries the Extended DNS Error 22, "No Reachable Authority" (RFC 8914 section 4.23: "The
+// resolver could not reach any of the authoritative name servers (or they potentially refused
+// to reply)"; the upstreams are this resolver's authorities), as Unbound and BIND add it when
+// their servers time out.
+func servfail(req *dns.Msg, noUpstream bool) *dns.Msg {
 	resp := new(dns.Msg)
 	resp.SetRcode(req, dns.RcodeServerFailure)
 	resp.RecursionAvailable = true
 	if opt := req.IsEdns0(); opt != nil {
 		resp.SetEdns0(ednsUDPSize, opt.Do())
+		if noUpstream {
+			o := resp.IsEdns0()
+			o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNoReachableAuthority})
+		}
 	}
 	return resp
+}
+
+// noUpstreamAnswered reports whether err, from forwarding a query, says that no upstream gave
+// a usable answer: each failed (ErrAllUpstreamsFailed: timeout, network error, SERVFAIL,
+// REFUSED, a mismatched or malformed answer) or the forward timeout ran out. The forward limit
+// (errForwardLimit) is not: no upstream was asked.
+func noUpstreamAnswered(err error) bool {
+	return errors.Is(err, ErrAllUpstreamsFailed) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // preModelForward reports whether a query may be forwarded before the first index: one IN

@@ -421,19 +421,29 @@ func TestUpstreamFailures(t *testing.T) {
 		defer close(release)
 		slow := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) { <-release })
 		r := startResolver(t, []string{deadAddr(t), slow.addr}, ForwarderOptions{Timeout: timeout})
-		for _, netw := range []string{"udp", "tcp"} {
-			resp := ask(t, r.addr, netw, "example.org.", dns.TypeA, func(m *dns.Msg) { m.SetEdns0(1232, false) })
-			if resp.Rcode != dns.RcodeServerFailure || resp.IsEdns0() == nil {
-				t.Errorf("%s answer rcode=%s opt=%v, want SERVFAIL with OPT", netw, dns.RcodeToString[resp.Rcode], resp.IsEdns0())
+		// With EDNS the SERVFAIL says why: Extended DNS Error 22, "No Reachable Authority"
+		// (RFC 8914 section 4.23); without, it has no OPT (RFC 6891 section 7).
+		for _, c := range []struct {
+			netw string
+			edns bool
+		}{{"udp", true}, {"tcp", true}, {"udp", false}} {
+			var edit func(*dns.Msg)
+			if c.edns {
+				edit = func(m *dns.Msg) { m.SetEdns0(1232, false) }
 			}
+			resp := ask(t, r.addr, c.netw, "example.org.", dns.TypeA, edit)
+			if resp.Rcode != dns.RcodeServerFailure {
+				t.Errorf("%s answer rcode=%s, want SERVFAIL", c.netw, dns.RcodeToString[resp.Rcode])
+			}
+			checkEDE(t, fmt.Sprintf("%s, EDNS %v", c.netw, c.edns), resp, c.edns, dns.ExtendedErrorCodeNoReachableAuthority)
 		}
 		// Mesh names never depend on the upstreams.
 		resp := ask(t, r.addr, "udp", "web.mesh.", dns.TypeA, nil)
 		if resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
 			t.Errorf("web.mesh with upstreams down = %v", resp)
 		}
-		if got := metricSum(t, r.reg, MetricQueries, map[string]string{"rcode": "SERVFAIL"}); got != 2 {
-			t.Errorf("SERVFAIL count = %v, want 2", got)
+		if got := metricSum(t, r.reg, MetricQueries, map[string]string{"rcode": "SERVFAIL"}); got != 3 {
+			t.Errorf("SERVFAIL count = %v, want 3", got)
 		}
 	})
 	t.Run("each upstream is asked once per query", func(t *testing.T) {

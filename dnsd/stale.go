@@ -77,8 +77,12 @@ func CheckServeStale(d time.Duration) error {
 //     at most ClientResponseTimer: an answer in time is the answer; when the timer fires first,
 //     e answers ("slow") and the refresh goes on and refills the cache when it succeeds;
 //   - when the refresh fails (every upstream failed, timed out or answered SERVFAIL or REFUSED,
-//     RFC 8767 section 4; or the forward limit was reached), e answers ("failed"), unless the
-//     wait took it past the maximum stale age: then the error is returned.
+//     RFC 8767 section 4; or the forward limit was reached), e answers ("failed").
+//
+// e never answers past the maximum stale age: the age is checked against the clock read when
+// the stale answer is made, after any wait (a query that came just within the age waits up to
+// ClientResponseTimer, or the forward timeout). Past it, a failed refresh returns its error, and
+// a query whose client response timer fires goes on waiting for the refresh, as a miss does.
 //
 // A stale answer carries every record with StaleAnswerTTL (a negative one at most the cache's
 // MaxNegativeTTL) and is counted in MetricCacheStaleAnswers.
@@ -86,12 +90,24 @@ func (c *cache) serveStale(buf []byte, req *dns.Msg, tcp bool, maxSize int, key 
 	if now < e.recheckAt.Load() {
 		return c.staleAnswer(buf, req, maxSize, e, now, staleRecheck)
 	}
-	ch := c.flight.DoChan(flightKey(key, tcp), func() (any, error) { return c.refresh(key, req, tcp, e) })
+	// The refresh sends a copy of req, made in the flight's goroutine: packing a query writes
+	// to its OPT (miekg/dns sets the extended rcode), and req may be read meanwhile by the
+	// stale answer at the timer. sent is read only once the flight has ended.
+	var sent *dns.Msg
+	ch := c.flight.DoChan(flightKey(key, tcp), func() (any, error) {
+		sent = req.Copy()
+		return c.refresh(key, sent, tcp, e)
+	})
 	var r singleflight.Result
 	select {
 	case r = <-ch:
 	case <-c.after(ClientResponseTimer):
-		return c.staleAnswer(buf, req, maxSize, e, c.clock(), staleSlow)
+		if now = c.clock(); now < e.expires+c.maxStale {
+			return c.staleAnswer(buf, req, maxSize, e, now, staleSlow)
+		}
+		// e passed the maximum stale age while the query waited: it may no longer answer, so
+		// the query waits for the refresh as a miss does.
+		r = <-ch
 	}
 	if r.Err != nil {
 		if now = c.clock(); now >= e.expires+c.maxStale {
@@ -99,7 +115,12 @@ func (c *cache) serveStale(buf []byte, req *dns.Msg, tcp bool, maxSize int, key 
 		}
 		return c.staleAnswer(buf, req, maxSize, e, now, staleFailed)
 	}
-	wire, resp, err = c.fromFlight(buf, req, maxSize, r.Val.(*flightResult))
+	res := r.Val.(*flightResult)
+	if sent != nil && res.leader == sent {
+		// req's own refresh: the upstream's answer as it came, as a miss gets it (fromFlight).
+		return nil, res.resp, fromUpstream, nil
+	}
+	wire, resp, err = c.fromFlight(buf, req, maxSize, res)
 	return wire, resp, fromUpstream, err
 }
 
@@ -121,8 +142,9 @@ func (c *cache) staleAnswer(buf []byte, req *dns.Msg, maxSize int, e *cacheEntry
 // wantPrefetch counts a hit on e at clock reading now and reports whether it is the one that
 // starts e's prefetch: e has been hit at least n times (this hit included), less than a tenth of
 // its lifetime is left, and no hit started one before (one prefetch per entry; the refresh
-// stores a new entry, which counts its own hits). It does not allocate; once n is reached the
-// counter is only read.
+// stores a new entry, which counts its own hits), or the one that did found the prefetch budget
+// taken (startPrefetch gives the turn back). It does not allocate; once n is reached the counter
+// is only read.
 func (e *cacheEntry) wantPrefetch(now int64, n uint32) bool {
 	h := e.hits.Load()
 	if h < n {
@@ -139,7 +161,9 @@ func (e *cacheEntry) wantPrefetch(now int64, n uint32) bool {
 //
 // Prefetches have their own budget within the forward limit (prefetchSlots, MaxForwards /
 // prefetchShare): when that many are in flight, the prefetch is skipped rather than queued
-// (counted in MetricCachePrefetchesSkipped) and e expires as it would without prefetch. With
+// (counted in MetricCachePrefetchesSkipped) and the next hit on e that qualifies tries again
+// (wantPrefetch), so e expires as it would without prefetch only when the budget stays taken
+// until then. Each try is one non-blocking channel send, without allocation. With
 // the upstreams down each prefetch holds its slot for the forward timeout (every upstream's
 // timeout in turn), so without the budget a burst of popular entries entering their last tenth
 // together could hold every forward slot and turn client misses into SERVFAIL.
@@ -148,6 +172,7 @@ func (c *cache) startPrefetch(key string, e *cacheEntry) {
 	case c.prefetchSlots <- struct{}{}:
 	default:
 		c.m.cachePrefetchesSkipped.Inc()
+		e.prefetched.Store(false) // nothing in flight for e: a later hit may try again
 		return
 	}
 	k := strings.Clone(key)

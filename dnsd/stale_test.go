@@ -82,17 +82,22 @@ func summary(m *dns.Msg) string {
 }
 
 // fakeTimer is the client response timer in tests: it records the durations asked for and
-// fires at once while fire is set, never otherwise.
+// fires at once while fire is set, never otherwise; or, when manual is set, when the test sends
+// on manual (an unbuffered send returns once the waiting query has taken it).
 type fakeTimer struct {
-	mu    sync.Mutex
-	asked []time.Duration
-	fire  atomic.Bool
+	mu     sync.Mutex
+	asked  []time.Duration
+	fire   atomic.Bool
+	manual chan time.Time
 }
 
 func (f *fakeTimer) after(d time.Duration) <-chan time.Time {
 	f.mu.Lock()
 	f.asked = append(f.asked, d)
 	f.mu.Unlock()
+	if f.manual != nil {
+		return f.manual
+	}
 	if !f.fire.Load() {
 		return nil
 	}
@@ -113,18 +118,47 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
+// edeCodes returns the INFO-CODEs of the Extended DNS Error options (RFC 8914) in m's OPT, and
+// whether m has an OPT at all.
+func edeCodes(m *dns.Msg) (codes []uint16, hasOPT bool) {
+	opt := m.IsEdns0()
+	if opt == nil {
+		return nil, false
+	}
+	for _, o := range opt.Option {
+		if e, ok := o.(*dns.EDNS0_EDE); ok {
+			codes = append(codes, e.InfoCode)
+		}
+	}
+	return codes, true
+}
+
+// checkEDE checks the OPT of m, the answer to a query with an OPT (edns) or without: with one,
+// an OPT whose Extended DNS Errors are want (none when want is nil); without, no OPT at all
+// (RFC 6891 section 7: an OPT only in answer to one).
+func checkEDE(t *testing.T, what string, m *dns.Msg, edns bool, want ...uint16) {
+	t.Helper()
+	codes, hasOPT := edeCodes(m)
+	switch {
+	case !edns && hasOPT:
+		t.Errorf("%s: answer to a query without EDNS has an OPT: %v", what, m.IsEdns0())
+	case edns && !hasOPT:
+		t.Errorf("%s: answer to an EDNS query has no OPT", what)
+	case edns && !slices.Equal(codes, want):
+		t.Errorf("%s: Extended DNS Errors %v, want %v", what, codes, want)
+	}
+}
+
 // TestServeStaleRules: serve-stale (RFC 8767) step by step on a fake clock, with the maximum
 // stale age 60 s. Each step moves the clock, sets the upstream's behaviour, asks (UDP, through
 // ServeDNS) and checks the answer, whether the query reached the upstream, and which stale
 // reason was counted. Answers are "rcode address/TTL ..." (summary); the upstream's TTL is 10 s.
+// Every case runs with queries without EDNS and with an OPT: a stale answer to the latter
+// carries the Extended DNS Error "Stale Answer" (3), or "Stale NXDOMAIN Answer" (19) for an
+// NXDOMAIN (RFC 8914 sections 4.4, 4.20), a SERVFAIL because the upstream failed "No Reachable
+// Authority" (22, section 4.23), any other answer none; an answer to the former has no OPT.
 func TestServeStaleRules(t *testing.T) {
-	type step struct {
-		advance time.Duration
-		mode    string // the upstream's (modalUpstream)
-		want    string
-		sent    bool   // the query reached the upstream
-		stale   string // the stale reason counted ("": no stale answer)
-	}
+	type step = serveStaleStep
 	for _, tc := range []struct {
 		name  string
 		qname string
@@ -171,66 +205,149 @@ func TestServeStaleRules(t *testing.T) {
 			{mode: "servfail", want: "SERVFAIL", sent: true},
 		}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
+		for _, edns := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/EDNS %v", tc.name, edns), func(t *testing.T) {
+				serveStaleSteps(t, tc.qname, tc.off, edns, tc.steps)
+			})
+		}
+	}
+}
+
+// serveStaleStep is one step of TestServeStaleRules.
+type serveStaleStep struct {
+	advance time.Duration
+	mode    string // the upstream's (modalUpstream)
+	want    string
+	sent    bool   // the query reached the upstream
+	stale   string // the stale reason counted ("": no stale answer)
+}
+
+// serveStaleSteps runs the steps of a TestServeStaleRules case for name (default www.example.),
+// serve-stale off or on (60 s), with queries with an OPT (edns) or without.
+func serveStaleSteps(t *testing.T, name string, off, edns bool, steps []serveStaleStep) {
+	up := startModalUpstream(t)
+	clk, timer := &fakeClock{}, &fakeTimer{}
+	o := CacheOptions{Size: 100, ServeStale: 60 * time.Second, after: timer.after}
+	if off {
+		o = CacheOptions{Size: 100}
+	}
+	res, reg := cachingResolverWith(t, up.addr, o, clk)
+	if name == "" {
+		name = "www.example."
+	}
+	var edit func(*dns.Msg)
+	if edns {
+		edit = func(m *dns.Msg) { m.SetEdns0(1232, false) }
+	}
+	for i, s := range steps {
+		clk.advance(s.advance)
+		up.mode.Store(s.mode)
+		timer.fire.Store(s.mode == "slow")
+		before := up.queries.Load()
+		stale := map[string]float64{}
+		for _, r := range staleReasonNames {
+			stale[r] = metricSum(t, reg, MetricCacheStaleAnswers, map[string]string{"reason": r})
+		}
+		m, _ := serve(t, res, query(name, dns.TypeA, edit), false)
+		if got := summary(m); got != s.want {
+			t.Errorf("step %d: answer %q, want %q", i, got, s.want)
+		}
+		var ede []uint16
+		switch {
+		case s.stale != "" && m.Rcode == dns.RcodeNameError:
+			ede = []uint16{dns.ExtendedErrorCodeStaleNXDOMAINAnswer}
+		case s.stale != "":
+			ede = []uint16{dns.ExtendedErrorCodeStaleAnswer}
+		case m.Rcode == dns.RcodeServerFailure:
+			ede = []uint16{dns.ExtendedErrorCodeNoReachableAuthority}
+		}
+		checkEDE(t, fmt.Sprintf("step %d", i), m, edns, ede...)
+		if s.mode == "slow" {
+			// The stale answer may come before the refresh reaches the upstream.
+			waitFor(t, "the refresh to reach the upstream", func() bool { return up.queries.Load() > before })
+		}
+		if sent := up.queries.Load() > before; sent != s.sent {
+			t.Errorf("step %d: sent upstream %v, want %v", i, sent, s.sent)
+		}
+		for _, r := range staleReasonNames {
+			want := stale[r]
+			if r == s.stale {
+				want++
+			}
+			if got := metricSum(t, reg, MetricCacheStaleAnswers, map[string]string{"reason": r}); got != want {
+				t.Errorf("step %d: %s{reason=%s} = %v, want %v", i, MetricCacheStaleAnswers, r, got, want)
+			}
+		}
+		if s.mode == "slow" {
+			// The client has its stale answer; the refresh goes on and refills the cache.
+			up.unblock()
+			waitFor(t, "the refresh to refill the cache", func() bool {
+				k, _ := cacheKey(query(name, dns.TypeA, nil))
+				e, _ := res.cache.get(k)
+				return e != nil
+			})
+		}
+	}
+	timer.mu.Lock()
+	defer timer.mu.Unlock()
+	for _, d := range timer.asked {
+		if d != 1800*time.Millisecond {
+			t.Errorf("client response timer of %s, want 1.8s (RFC 8767 section 5)", d)
+		}
+	}
+	if off != (len(timer.asked) == 0) {
+		t.Errorf("client response timer started %d times; want none with serve-stale off, some with it on", len(timer.asked))
+	}
+}
+
+// TestServeStaleNotPastMaxAge: an entry is never answered stale past the maximum stale age (60
+// s; TTL 10 s, so until 70 s), even when the query came within it and waited for the client
+// response timer: the age is checked when the stale answer would be sent. With the upstream slow,
+// a query at 68 s whose timer fires 1.8 s later (69.8 s) gets the stale answer; one at 69 s whose
+// timer fires at 70.8 s waits for the upstream and gets its answer.
+func TestServeStaleNotPastMaxAge(t *testing.T) {
+	for _, tc := range []struct {
+		at    time.Duration
+		want  string
+		stale float64 // answers counted as "slow"
+	}{
+		{at: 68 * time.Second, want: "NOERROR 192.0.2.1/30", stale: 1},
+		{at: 69 * time.Second, want: "NOERROR 192.0.2.2/10"},
+	} {
+		t.Run(tc.at.String(), func(t *testing.T) {
 			up := startModalUpstream(t)
-			clk, timer := &fakeClock{}, &fakeTimer{}
-			o := CacheOptions{Size: 100, ServeStale: 60 * time.Second, after: timer.after}
-			if tc.off {
-				o = CacheOptions{Size: 100}
+			clk, timer := &fakeClock{}, &fakeTimer{manual: make(chan time.Time)}
+			res, reg := cachingResolverWith(t, up.addr, CacheOptions{Size: 100, ServeStale: 60 * time.Second, after: timer.after}, clk)
+			const name = "www.example."
+			if m, _ := serve(t, res, query(name, dns.TypeA, nil), false); summary(m) != "NOERROR 192.0.2.1/10" {
+				t.Fatalf("first answer %s", summary(m))
 			}
-			res, reg := cachingResolverWith(t, up.addr, o, clk)
-			name := tc.qname
-			if name == "" {
-				name = "www.example."
-			}
-			for i, s := range tc.steps {
-				clk.advance(s.advance)
-				up.mode.Store(s.mode)
-				timer.fire.Store(s.mode == "slow")
-				before := up.queries.Load()
-				stale := map[string]float64{}
-				for _, r := range staleReasonNames {
-					stale[r] = metricSum(t, reg, MetricCacheStaleAnswers, map[string]string{"reason": r})
+			up.mode.Store("slow")
+			clk.advance(tc.at)
+			done := make(chan *dns.Msg, 1)
+			go func() {
+				w := &captureWriter{}
+				res.ServeDNS(w, query(name, dns.TypeA, nil))
+				m := new(dns.Msg)
+				_ = m.Unpack(w.out)
+				done <- m
+			}()
+			waitFor(t, "the refresh to reach the upstream", func() bool { return up.queries.Load() == 2 })
+			clk.advance(ClientResponseTimer)
+			timer.manual <- time.Time{} // the client response timer fires, the upstream still silent
+			if tc.stale != 0 {
+				if m := <-done; summary(m) != tc.want {
+					t.Errorf("answer at the timer: %s, want %s", summary(m), tc.want)
 				}
-				m, _ := serve(t, res, query(name, dns.TypeA, nil), false)
-				if got := summary(m); got != s.want {
-					t.Errorf("step %d: answer %q, want %q", i, got, s.want)
-				}
-				if s.mode == "slow" {
-					// The stale answer may come before the refresh reaches the upstream.
-					waitFor(t, "the refresh to reach the upstream", func() bool { return up.queries.Load() > before })
-				}
-				if sent := up.queries.Load() > before; sent != s.sent {
-					t.Errorf("step %d: sent upstream %v, want %v", i, sent, s.sent)
-				}
-				for _, r := range staleReasonNames {
-					want := stale[r]
-					if r == s.stale {
-						want++
-					}
-					if got := metricSum(t, reg, MetricCacheStaleAnswers, map[string]string{"reason": r}); got != want {
-						t.Errorf("step %d: %s{reason=%s} = %v, want %v", i, MetricCacheStaleAnswers, r, got, want)
-					}
-				}
-				if s.mode == "slow" {
-					// The client has its stale answer; the refresh goes on and refills the cache.
-					up.unblock()
-					waitFor(t, "the refresh to refill the cache", func() bool {
-						k, _ := cacheKey(query(name, dns.TypeA, nil))
-						e, _ := res.cache.get(k)
-						return e != nil
-					})
+				up.unblock()
+			} else {
+				up.unblock()
+				if m := <-done; summary(m) != tc.want {
+					t.Errorf("answer: %s, want the upstream's %s (not the entry past its maximum stale age)", summary(m), tc.want)
 				}
 			}
-			timer.mu.Lock()
-			defer timer.mu.Unlock()
-			for _, d := range timer.asked {
-				if d != 1800*time.Millisecond {
-					t.Errorf("client response timer of %s, want 1.8s (RFC 8767 section 5)", d)
-				}
-			}
-			if tc.off != (len(timer.asked) == 0) {
-				t.Errorf("client response timer started %d times; want none with serve-stale off, some with it on", len(timer.asked))
+			if got := metricSum(t, reg, MetricCacheStaleAnswers, nil); got != tc.stale {
+				t.Errorf("%s = %v, want %v", MetricCacheStaleAnswers, got, tc.stale)
 			}
 		})
 	}
@@ -461,6 +578,106 @@ func TestPrefetchBudget(t *testing.T) {
 	}
 }
 
+// TestPrefetchRetriesAfterBudget: a prefetch skipped because the budget (an eighth of a forward
+// limit of 16: 2) was taken is tried again by a later hit that qualifies. With the upstream silent
+// for the popular names, 16 entries in their last tenth start 2 prefetches and skip 14; once
+// those 2 are answered, hits on the 14 start 2 more (still within the budget) and skip the other
+// 12; hits on an entry whose prefetch is in flight start none (one per key); and at the entries'
+// expiry the 4 prefetched ones are hits while the others miss.
+func TestPrefetchRetriesAfterBudget(t *testing.T) {
+	var hold atomic.Bool
+	var held atomic.Int64
+	var release atomic.Pointer[chan struct{}]
+	newRelease := func() chan struct{} { ch := make(chan struct{}); release.Store(&ch); return ch }
+	first := newRelease()
+	up := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+		if hold.Load() && strings.HasPrefix(r.Question[0].Name, "pop") {
+			held.Add(1)
+			<-*release.Load()
+			reply(dns.RcodeSuccess, []string{"%s 10 IN A 192.0.2.2"}, nil, nil, nil)(w, r)
+			return
+		}
+		reply(dns.RcodeSuccess, []string{"%s 10 IN A 192.0.2.1"}, nil, nil, nil)(w, r)
+	})
+	t.Cleanup(func() { close(*release.Load()) }) // before the stub's shutdown
+	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{Timeout: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Close() })
+	clk := &fakeClock{}
+	reg := prometheus.NewRegistry()
+	const limit, popular = 16, 16
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, MaxForwards: limit,
+		Cache: CacheOptions{Size: 100, Prefetch: 1, clock: clk.now}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Update(testMesh()); err != nil {
+		t.Fatal(err)
+	}
+	budget := limit / prefetchShare
+	name := func(i int) string { return fmt.Sprintf("pop%d.example.", i) }
+	hitAll := func(when string) {
+		t.Helper()
+		for i := range popular {
+			m, _ := serve(t, res, query(name(i), dns.TypeA, nil), false)
+			if m.Rcode != dns.RcodeSuccess || len(m.Answer) != 1 {
+				t.Fatalf("%s: %s: %s, want a hit", when, name(i), summary(m))
+			}
+		}
+	}
+	// counts checks the prefetches started and skipped so far, and waits for every started one
+	// to be held by the upstream.
+	counts := func(when string, started, skipped int) {
+		t.Helper()
+		if got := metricSum(t, reg, MetricCachePrefetches, nil); got != float64(started) {
+			t.Errorf("%s: %s = %v, want %d", when, MetricCachePrefetches, got, started)
+		}
+		if got := metricSum(t, reg, MetricCachePrefetchesSkipped, nil); got != float64(skipped) {
+			t.Errorf("%s: %s = %v, want %d", when, MetricCachePrefetchesSkipped, got, skipped)
+		}
+		waitFor(t, when+": the prefetches to wait on the upstream", func() bool {
+			return held.Load() == int64(metricSum(t, reg, MetricCachePrefetches, nil))
+		})
+	}
+	for i := range popular {
+		serve(t, res, query(name(i), dns.TypeA, nil), false)
+	}
+	hold.Store(true)
+	clk.advance(9 * time.Second) // every entry in its last tenth
+	hitAll("last tenth")
+	counts("first hits", budget, popular-budget)
+
+	// Hits while the budget is taken: each skips again; none starts a second prefetch of an
+	// entry whose prefetch is in flight.
+	hitAll("budget taken")
+	counts("budget taken", budget, 2*(popular-budget))
+
+	// The first prefetches are answered: the budget is free, and the skipped entries try again.
+	newRelease()
+	close(first)
+	waitFor(t, "the first prefetches to end", func() bool { return len(res.cache.prefetchSlots) == 0 })
+	hitAll("budget free")
+	started := 2 * budget
+	skipped := 2*(popular-budget) + (popular - 2*budget)
+	counts("budget free", started, skipped)
+	if n := up.queries.Load(); n != int64(popular+started) {
+		t.Errorf("upstream got %d queries, want %d (the first answers and the prefetches)", n, popular+started)
+	}
+
+	close(*release.Load())
+	newRelease()
+	waitFor(t, "the second prefetches to end", func() bool { return len(res.cache.prefetchSlots) == 0 })
+	hold.Store(false)
+	clk.advance(time.Second) // the first entries' expiry
+	hits := metricSum(t, reg, MetricCacheHits, nil)
+	hitAll("expiry")
+	if got := metricSum(t, reg, MetricCacheHits, nil) - hits; got != float64(started) {
+		t.Errorf("at the first entries' expiry: %v hits, want %d (the prefetched entries)", got, started)
+	}
+}
+
 // TestPrefetchQuery: the query a prefetch sends carries the key's name, type, class and DO, CD
 // and AD bits, with RD and an OPT.
 func TestPrefetchQuery(t *testing.T) {
@@ -486,7 +703,10 @@ func TestPrefetchQuery(t *testing.T) {
 // loopback, with serve-stale on (1 h): an expired name whose upstream is slow is answered at the
 // client response timer from the stale entry (TTL 30) and the refresh then refills the cache
 // with the upstream's new answer; once the upstream is stopped, an expired name is answered
-// from the stale entry (TTL 30) instead of SERVFAIL.
+// from the stale entry (TTL 30) instead of SERVFAIL. A stale answer to a query with an OPT
+// carries the Extended DNS Error "Stale Answer" (3), or "Stale NXDOMAIN Answer" (19) for an
+// NXDOMAIN, and one to a query without has no OPT; a name never cached gets SERVFAIL with "No
+// Reachable Authority" (22) (RFC 8914 sections 4.4, 4.20, 4.23).
 func TestServeStaleThroughSockets(t *testing.T) {
 	var addr atomic.Value
 	addr.Store("192.0.2.1")
@@ -502,6 +722,10 @@ func TestServeStaleThroughSockets(t *testing.T) {
 		queries.Add(1)
 		if slow.Load() {
 			<-release
+		}
+		if strings.HasPrefix(r.Question[0].Name, "nx.") {
+			reply(dns.RcodeNameError, nil, []string{soa(60, 60)}, nil, nil)(w, r)
+			return
 		}
 		reply(dns.RcodeSuccess, []string{"%s 10 IN A " + addr.Load().(string)}, nil, nil, nil)(w, r)
 	})
@@ -524,9 +748,13 @@ func TestServeStaleThroughSockets(t *testing.T) {
 		ResolverOptions{Cache: CacheOptions{Size: 100, ServeStale: time.Hour, clock: clk.now}}, testMesh())
 	nets := []string{"udp", "tcp"}
 	name := func(netw string) string { return "www." + netw + ".example." }
+	edns := func(m *dns.Msg) { m.SetEdns0(1232, false) }
 	for _, netw := range nets {
 		if m := ask(t, r.addr, netw, name(netw), dns.TypeA, nil); summary(m) != "NOERROR 192.0.2.1/10" {
 			t.Fatalf("%s: first answer %s", netw, summary(m))
+		}
+		if m := ask(t, r.addr, netw, "nx."+name(netw), dns.TypeA, edns); summary(m) != "NXDOMAIN SOA/60" {
+			t.Fatalf("%s: first answer for nx.: %s", netw, summary(m))
 		}
 	}
 
@@ -536,9 +764,11 @@ func TestServeStaleThroughSockets(t *testing.T) {
 	clk.advance(10 * time.Second)
 	for _, netw := range nets {
 		before := queries.Load()
-		if m := ask(t, r.addr, netw, name(netw), dns.TypeA, nil); summary(m) != "NOERROR 192.0.2.1/30" {
+		m := ask(t, r.addr, netw, name(netw), dns.TypeA, nil)
+		if summary(m) != "NOERROR 192.0.2.1/30" {
 			t.Errorf("%s, slow upstream: %s, want the stale 192.0.2.1 with TTL 30", netw, summary(m))
 		}
+		checkEDE(t, netw+", slow upstream", m, false)
 		if queries.Load() == before {
 			t.Errorf("%s, slow upstream: no refresh sent", netw)
 		}
@@ -561,19 +791,37 @@ func TestServeStaleThroughSockets(t *testing.T) {
 	stop()
 	clk.advance(10 * time.Second)
 	for _, netw := range nets {
-		if m := ask(t, r.addr, netw, name(netw), dns.TypeA, nil); summary(m) != "NOERROR 192.0.2.2/30" {
+		// The refresh fails ("failed"); the same name asked again with an OPT within the
+		// failure recheck timer is answered stale at once ("recheck").
+		m := ask(t, r.addr, netw, name(netw), dns.TypeA, nil)
+		if summary(m) != "NOERROR 192.0.2.2/30" {
 			t.Errorf("%s, upstream stopped: %s, want the stale 192.0.2.2 with TTL 30", netw, summary(m))
 		}
-		if m := ask(t, r.addr, netw, "never."+netw+".example.", dns.TypeA, nil); m.Rcode != dns.RcodeServerFailure {
-			t.Errorf("%s, upstream stopped, name never cached: %s, want SERVFAIL", netw, summary(m))
+		checkEDE(t, netw+", upstream stopped", m, false)
+		m = ask(t, r.addr, netw, name(netw), dns.TypeA, edns)
+		if summary(m) != "NOERROR 192.0.2.2/30" {
+			t.Errorf("%s, upstream stopped, EDNS: %s, want the stale 192.0.2.2 with TTL 30", netw, summary(m))
+		}
+		checkEDE(t, netw+", upstream stopped, EDNS", m, true, dns.ExtendedErrorCodeStaleAnswer)
+		m = ask(t, r.addr, netw, "nx."+name(netw), dns.TypeA, edns)
+		if summary(m) != "NXDOMAIN SOA/5" {
+			t.Errorf("%s, upstream stopped, nx.: %s, want the stale NXDOMAIN with TTL 5", netw, summary(m))
+		}
+		checkEDE(t, netw+", upstream stopped, nx.", m, true, dns.ExtendedErrorCodeStaleNXDOMAINAnswer)
+		for _, edit := range []func(*dns.Msg){nil, edns} {
+			m = ask(t, r.addr, netw, "never."+netw+".example.", dns.TypeA, edit)
+			if m.Rcode != dns.RcodeServerFailure {
+				t.Errorf("%s, upstream stopped, name never cached: %s, want SERVFAIL", netw, summary(m))
+			}
+			checkEDE(t, netw+", upstream stopped, name never cached", m, edit != nil, dns.ExtendedErrorCodeNoReachableAuthority)
 		}
 	}
-	for reason, want := range map[string]float64{"slow": 2, "failed": 2} {
+	for reason, want := range map[string]float64{"slow": 2, "failed": 4, "recheck": 2} {
 		if got := metricSum(t, r.reg, MetricCacheStaleAnswers, map[string]string{"reason": reason}); got != want {
 			t.Errorf("%s{reason=%s} = %v, want %v", MetricCacheStaleAnswers, reason, got, want)
 		}
 	}
-	if got := metricSum(t, r.reg, MetricDuration, map[string]string{"path": "stale"}); got != 4 {
-		t.Errorf("%s{path=stale} = %v, want 4", MetricDuration, got)
+	if got := metricSum(t, r.reg, MetricDuration, map[string]string{"path": "stale"}); got != 8 {
+		t.Errorf("%s{path=stale} = %v, want 8", MetricDuration, got)
 	}
 }
