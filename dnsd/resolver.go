@@ -171,8 +171,7 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		return
 	}
 	if idx == nil {
-		m := new(dns.Msg)
-		m.SetRcode(req, dns.RcodeServerFailure)
+		m := notReady(req)
 		r.metrics.count(qtype, dns.RcodeServerFailure)
 		r.metrics.local.Observe(time.Since(start).Seconds())
 		r.write(w, m, maxSize)
@@ -263,6 +262,22 @@ func servfail(req *dns.Msg, noUpstream bool) *dns.Msg {
 			o := resp.IsEdns0()
 			o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNoReachableAuthority})
 		}
+	}
+	return resp
+}
+
+// notReady is the SERVFAIL answer to a query for a name the first model will answer (a mesh
+// name, a clusterset name, a search-list expansion of one) before that model: with an OPT when
+// the query had one (RFC 6891 section 7), carrying the Extended DNS Error 14, "Not Ready" (RFC
+// 8914 section 4.15: "The server is unable to answer the query, as it was not fully functional
+// when the query was received"), so that a client can tell it from a failed upstream.
+func notReady(req *dns.Msg) *dns.Msg {
+	resp := new(dns.Msg)
+	resp.SetRcode(req, dns.RcodeServerFailure)
+	if opt := req.IsEdns0(); opt != nil {
+		resp.SetEdns0(ednsUDPSize, opt.Do())
+		o := resp.IsEdns0()
+		o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNotReady})
 	}
 	return resp
 }

@@ -735,6 +735,16 @@ func TestForwardsBeforeFirstModel(t *testing.T) {
 			if sent := up.queries.Load() > before; sent != c.sent {
 				t.Errorf("%s %s before the first model: forwarded %v, want %v", network, c.name, sent, c.sent)
 			}
+			if c.sent {
+				continue
+			}
+			// The resolver's own SERVFAIL says why (RFC 8914 section 4.15), to EDNS clients only.
+			checkEDE(t, network+" "+c.name+" before the first model", m, false)
+			m = ask(t, r.addr, network, c.name, dns.TypeA, func(q *dns.Msg) { q.SetEdns0(1232, true) })
+			if m.Rcode != dns.RcodeServerFailure || m.IsEdns0() == nil || !m.IsEdns0().Do() {
+				t.Errorf("%s %s before the first model with EDNS (DO): rcode %s, OPT %v; want SERVFAIL and an OPT with DO", network, c.name, dns.RcodeToString[m.Rcode], m.IsEdns0())
+			}
+			checkEDE(t, network+" "+c.name+" before the first model", m, true, dns.ExtendedErrorCodeNotReady)
 		}
 	}
 	mesh := testMesh()
