@@ -19,8 +19,8 @@ import (
 // addresses nothing dials), the headless service web/peers (TCP 7000 "raft", HTTP 80 to 8080
 // "web") whose endpoints are the local pods h0, h1, h2 and, with member, h3, and every pod of
 // pods as a local pod (h0..h3 serving 7000 and 8080). With vipEndpoint, svc0 has a third
-// endpoint.
-func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []string, member, vipEndpoint bool) *model.Mesh {
+// endpoint; with h0Unready, h0's endpoint of peers is not healthy (not ready).
+func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []string, member, vipEndpoint, h0Unready bool) *model.Mesh {
 	td := f.td
 	svcs := make([]*model.Service, 0, services+1)
 	eps := map[model.ServiceKey][]model.Endpoint{}
@@ -53,7 +53,7 @@ func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []stri
 	}
 	for _, h := range members {
 		eps[peers] = append(eps[peers], model.Endpoint{Service: peers, Cluster: "c1", PodName: h, PodUID: "uid-" + h, IPs: []netip.Addr{f.ips[h]},
-			NodeName: "node-1", SPIFFEID: model.SPIFFEID(td, "web", "server"), Healthy: true, Ports: []model.EndpointPort{
+			NodeName: "node-1", SPIFFEID: model.SPIFFEID(td, "web", "server"), Healthy: h != "h0" || !h0Unready, Ports: []model.EndpointPort{
 				{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}, {Name: "raft", Port: 7000, Protocol: model.ProtocolTCP}}})
 	}
 	var local []*model.LocalPod
@@ -69,14 +69,15 @@ func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []stri
 	return model.New(version, "c1", "mesh", td, model.Node{Name: "node-1", IP: netip.MustParseAddr("10.44.0.1")}, svcs, eps, local)
 }
 
-// BenchmarkHeadlessChange measures one endpoint change of a headless Service (its fourth member
-// h3 joins or leaves, alternately) against one endpoint change of a VIP service (svc0 gains or
-// loses a third endpoint), with P local pods (each with its own capture listener) and N VIP
+// BenchmarkHeadlessChange measures one endpoint change of a headless Service (headless: its
+// fourth member h3 joins or leaves, alternately; headless-ready: its member h0 becomes not ready
+// or ready) against one endpoint change of a VIP service (vip: svc0 gains or loses a third
+// endpoint), with P local pods (each with its own capture listener) and N VIP
 // services, real Envoy 1.40 over delta ADS (--concurrency 1). Per change: SetMesh alone
 // (setmesh-ms); until Envoy ACKed it (ack-ms: listeners and clusters for the headless change,
-// the EDS response for the VIP change); until it is live (live-ms: for the headless change a
+// the EDS response for the other two); until it is live (live-ms: for the headless change a
 // connection from the client pod through capture to h3:7000 goes over mTLS to h3's inbound
-// listener when h3 is a member and is passed through when it is not; for the VIP change the EDS
+// listener when h3 is a member and is passed through when it is not; for the others the EDS
 // ACK); Envoy's CPU time from SetMesh to live (envoy-cpu-ms, 10 ms ticks); and what the change
 // sent over xDS: listeners (lds-res), clusters (cds-res), EDS resources (eds-res), route tables
 // (rds-res) and all bytes (xds-KB, aether_xds_bytes_sent_total).
@@ -87,15 +88,16 @@ func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []stri
 func BenchmarkHeadlessChange(b *testing.B) {
 	services := benchEnv(b, "AETHER_BENCH_SERVICES", 1000)
 	for _, pods := range []int{10, 50} {
-		for _, kind := range []string{"headless", "vip"} {
+		for _, kind := range []string{"headless", "headless-ready", "vip"} {
 			b.Run(fmt.Sprintf("pods=%d/services=%d/%s", pods, services, kind), func(b *testing.B) {
-				benchHeadlessChange(b, services, pods, kind == "headless")
+				benchHeadlessChange(b, services, pods, kind)
 			})
 		}
 	}
 }
 
-func benchHeadlessChange(b *testing.B, services, npods int, headless bool) {
+func benchHeadlessChange(b *testing.B, services, npods int, kind string) {
+	headless := kind == "headless"
 	f := newMeshFixture(b, time.Hour, true, Options{})
 	alpha, _ := f.addPod("alpha", true)
 	names := []string{"alpha"}
@@ -111,8 +113,8 @@ func benchHeadlessChange(b *testing.B, services, npods int, headless bool) {
 		names = append(names, name)
 	}
 	version := uint64(2)
-	member, vipEndpoint := false, false
-	f.set(headlessBenchMesh(f, version, services, names, member, vipEndpoint))
+	member, vipEndpoint, unready := false, false, false
+	f.set(headlessBenchMesh(f, version, services, names, member, vipEndpoint, unready))
 	read := func(url string) (res, bytes float64) {
 		var m dto.Metric
 		if err := f.srv.sent.WithLabelValues(url).Write(&m); err != nil {
@@ -140,12 +142,15 @@ func benchHeadlessChange(b *testing.B, services, npods int, headless bool) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		version++
-		if headless {
+		switch kind {
+		case "headless":
 			member = !member
-		} else {
+		case "headless-ready":
+			unready = !unready
+		default:
 			vipEndpoint = !vipEndpoint
 		}
-		m := headlessBenchMesh(f, version, services, names, member, vipEndpoint)
+		m := headlessBenchMesh(f, version, services, names, member, vipEndpoint, unready)
 		u0, s0 := envoyCPUSeconds(f.sup.PID())
 		start := time.Now()
 		v, err := f.srv.SetMesh(context.Background(), m)
