@@ -13,6 +13,8 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/tunnel"
@@ -137,7 +139,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 
 	// Services: keep the entries whose service and endpoints are unchanged, rebuild the others.
 	entries := make([]*svcEntry, len(m.Services))
-	var todo []int
+	var todo, headless []int
 	routingChanged := rt == nil
 	kept := 0
 	for i, s := range m.Services {
@@ -153,9 +155,13 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			entries[i] = e
 			continue
 		}
-		if !sameSvc || s.Headless {
-			// A headless service's endpoints are in the capture matcher and route (directEntries).
+		switch {
+		case !sameSvc:
 			routingChanged = true
+		case s.Headless:
+			// A headless service's endpoints are in the capture matcher and route
+			// (directEntries): compared once rebuilt. A change of health alone keeps them.
+			headless = append(headless, i)
 		}
 		todo = append(todo, i)
 	}
@@ -173,6 +179,11 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	})
 	if err != nil {
 		return nil, err
+	}
+	for _, i := range headless {
+		if !routingEqual(oldSvcs[m.Services[i].Key], entries[i]) {
+			routingChanged = true
+		}
 	}
 	if routingChanged {
 		rt = assembleRouting(entries, b.captureHCM)
@@ -367,6 +378,20 @@ func serviceEqual(a, b *model.Service) bool {
 	return a.Key == b.Key && a.Local == b.Local && a.Headless == b.Headless && a.Imported == b.Imported && a.Exported == b.Exported &&
 		a.Created.Equal(b.Created) && slices.Equal(a.VIPs, b.VIPs) && slices.Equal(a.ClustersetVIPs, b.ClustersetVIPs) &&
 		slices.Equal(a.Ports, b.Ports)
+}
+
+// routingEqual reports whether two entries of a service contribute the same to the shared
+// routing (assembleRouting): the same floor chains, capture matcher entries, capture routes and
+// lane virtual hosts, in the same order. A headless service's entries follow its endpoints'
+// addresses and ports, not their health, so a readiness change keeps the routing, and with it
+// every pod's capture listener, unchanged.
+func routingEqual(a, b *svcEntry) bool {
+	return slices.EqualFunc(a.floors, b.floors, func(x, y floorChain) bool { return x.name == y.name && proto.Equal(x.tcp, y.tcp) }) &&
+		slices.EqualFunc(a.chains, b.chains, func(x, y vipChain) bool {
+			return x.vip == y.vip && x.port == y.port && proto.Equal(x.action, y.action)
+		}) &&
+		slices.EqualFunc(a.routes, b.routes, func(x, y vipRoute) bool { return x.dst == y.dst && proto.Equal(x.action, y.action) }) &&
+		slices.EqualFunc(a.lane, b.lane, func(x, y *routev3.VirtualHost) bool { return proto.Equal(x, y) })
 }
 
 // endpointsEqual reports whether two endpoint lists are the same, in the same order.

@@ -66,6 +66,12 @@ func builderSteps() []struct {
 			e[peersKey][1].Ports[0].Port = 8082
 			return s, p
 		}, model.Node{})},
+		{"a headless endpoint's readiness flips after it moved", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			e[peersKey][1].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
+			e[peersKey][1].Ports[0].Port = 8082
+			e[peersKey][0].Healthy = !e[peersKey][0].Healthy
+			return s, p
+		}, model.Node{})},
 		{"named target port on one number in every pod", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
 			e[peersKey][1].Ports[0].Port = 8080
 			return s, p
@@ -217,6 +223,63 @@ func TestBuilderReusesUnchanged(t *testing.T) {
 	}
 	if r1.Routes[0] != r0.Routes[0] || r1.Routes[1] != r0.Routes[1] {
 		t.Error("route tables rebuilt, want the previous values (no routing changed)")
+	}
+}
+
+// TestBuilderHeadlessReadiness: a headless Service's endpoint that turns not ready (or ready)
+// changes that service's EDS resources only: every listener and route table is the previous value
+// (its capture matcher entries follow the endpoints' addresses, not their health), so delta xDS
+// sends no listener. An endpoint that moves to another address rebuilds the capture listeners.
+func TestBuilderHeadlessReadiness(t *testing.T) {
+	bl := NewBuilder(Options{})
+	build := func(m *model.Mesh) *Resources {
+		t.Helper()
+		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ValidateAll(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	type svcs = []*model.Service
+	type eps = map[model.ServiceKey][]model.Endpoint
+	type pods = []*model.LocalPod
+	r0 := build(goldenVariant(nil, model.Node{}))
+	r1 := build(goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+		e[peersKey][0].Healthy = !e[peersKey][0].Healthy
+		return s, p
+	}, model.Node{}))
+	for i, l := range r1.Listeners {
+		if l != r0.Listeners[i] {
+			t.Errorf("readiness flip: listener %s rebuilt, want the previous value", l.GetName())
+		}
+	}
+	for i, rt := range r1.Routes {
+		if rt != r0.Routes[i] {
+			t.Errorf("readiness flip: route table %s rebuilt, want the previous value", rt.GetName())
+		}
+	}
+	for i, e := range r1.Endpoints {
+		changed := strings.HasPrefix(e.GetClusterName(), "peers.shop.mesh:")
+		if same := e == r0.Endpoints[i]; same == changed {
+			t.Errorf("readiness flip: EDS %s reused=%v, want reused only when unchanged", e.GetClusterName(), same)
+		}
+	}
+	r2 := build(goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+		e[peersKey][0].Healthy = !e[peersKey][0].Healthy
+		e[peersKey][1].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
+		return s, p
+	}, model.Node{}))
+	rebuilt := 0
+	for i, l := range r2.Listeners {
+		if strings.HasPrefix(l.GetName(), "capture|") && l != r1.Listeners[i] {
+			rebuilt++
+		}
+	}
+	if rebuilt == 0 {
+		t.Error("headless endpoint moved: no capture listener rebuilt, want all (the matcher changed)")
 	}
 }
 
