@@ -1,0 +1,124 @@
+package xds
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// celCaptureListener is a capture-like listener on 127.0.0.1:15001 in netns: original_dst, then
+// the set_filter_state listener filter writing aether.direct from the CEL expression expr (over
+// the restored destination), then a filter_chain_matcher on that filter state: "member" -> the
+// chain answering "member", anything else (or unset) -> the default chain answering "other".
+func celCaptureListener(netns, expr string) string {
+	chain := func(name string) string {
+		return fmt.Sprintf(`
+      name: %[1]s
+      filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: %[1]s
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: { prefix: "/" }
+                direct_response: { status: 200, body: { inline_string: "%[1]s" } }
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router`, name)
+	}
+	return fmt.Sprintf(`
+  - name: capture
+    address:
+      socket_address: { address: 127.0.0.1, port_value: 15001, network_namespace_filepath: %[1]q }
+    listener_filters:
+    - name: envoy.filters.listener.original_dst
+      typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst }
+    - name: envoy.filters.listener.set_filter_state
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.listener.set_filter_state.v3.Config
+        on_accept:
+        - object_key: aether.direct
+          factory_key: envoy.string
+          skip_if_empty: true
+          format_string:
+            text_format_source: { inline_string: %[2]q }
+            formatters:
+            - name: envoy.formatter.cel
+              typed_config: { "@type": type.googleapis.com/envoy.extensions.formatter.cel.v3.Cel }
+    filter_chain_matcher:
+      matcher_tree:
+        input:
+          name: direct
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.matching.common_inputs.network.v3.FilterStateInput
+            key: aether.direct
+        exact_match_map:
+          map:
+            member:
+              action:
+                name: member
+                typed_config: { "@type": type.googleapis.com/google.protobuf.StringValue, value: member }
+    filter_chains:
+    - %[3]s
+    default_filter_chain:
+      %[4]s
+`, netns, expr, chain("member"), chain("other"))
+}
+
+// TestPrivilegedEnvoyFactCELFilterStateMatch checks, with Envoy 1.40, what a capture listener
+// without per-endpoint matcher entries would need (docs/node-proxy.md, "Headless Services": the
+// proposed fix): a set_filter_state listener filter computing a value from the destination
+// restored by original_dst with a CEL map lookup (envoy.formatter.cel, destination.address), and
+// a filter_chain_matcher on that filter state (FilterStateInput). Destinations in the map select
+// the "member" chain; others (the lookup fails, skip_if_empty leaves the key unset) fall to the
+// default chain.
+func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
+	testenv.RequireRoot(t)
+	pod := testenv.NewNetns(t)
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "d0", "type", "veth", "peer", "name", "d1"},
+		{"link", "set", "d1", "up"},
+		{"addr", "add", "10.9.0.2/24", "dev", "d0"},
+		{"link", "set", "d0", "up"},
+		{"route", "add", "default", "dev", "d0"},
+	} {
+		if out, err := pod.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	cmd := pod.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader("table ip t { chain out { type nat hook output priority -100; policy accept; ip daddr 127.0.0.0/8 return; meta l4proto tcp redirect to :15001\n}\n}\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	expr := `%CEL({'10.1.2.3:7000': 'member', '10.1.2.5:7000': 'member'}[destination.address])%`
+	startFactsEnvoy(t, factsAdmin+"static_resources:\n  listeners:"+celCaptureListener(pod.Path, expr))
+	for _, c := range []struct{ dst, want string }{
+		{"10.1.2.3:7000", "member"},
+		{"10.1.2.5:7000", "member"},
+		{"10.1.2.4:7000", "other"},
+		{"10.1.2.3:7001", "other"},
+	} {
+		var body string
+		testenv.Eventually(t, time.Minute, "GET "+c.dst, func() error {
+			code, b, _, err := getBody(pod.HTTPClient(false), "http://"+c.dst+"/", nil)
+			if err != nil || code != 200 {
+				return fmt.Errorf("%d %q %v", code, b, err)
+			}
+			body = b
+			return nil
+		})
+		if body != c.want {
+			t.Errorf("GET %s: %q, want chain %s", c.dst, body, c.want)
+		}
+	}
+}
