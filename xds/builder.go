@@ -99,6 +99,7 @@ type svcEntry struct {
 	clas     []*endpointv3.ClusterLoadAssignment
 	floors   []floorChain
 	chains   []vipChain
+	direct   []directEntry
 	routes   []vipRoute
 	lane     []*routev3.VirtualHost
 	// valid is set once a build that used this entry passed ValidateAll; clustersValid when its
@@ -130,7 +131,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		bl.shared = sh
 		bl.passthrough = sh.passthroughCluster()
 	}
-	b := &builder{m: m, opts: bl.opts, selector: bl.shared.selector, captureHCM: bl.shared.captureHCM, passthrough: bl.shared.passthrough}
+	b := &builder{m: m, opts: bl.opts, selector: bl.shared.selector, captureHCM: bl.shared.captureHCM, passthrough: bl.shared.passthrough, headlessRef: bl.shared.headlessRef}
 	g := globalsOf(m, bl.opts)
 	oldSvcs, oldPods, rt := bl.svcs, bl.pods, bl.routing
 	if !g.equal(bl.globals) {
@@ -235,6 +236,10 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	}
 	if rt.captureMatcher != nil {
 		known(rt.valid, rt.captureMatcher, chainsKey(rt.captureChains))
+	}
+	if len(m.Pods) > 0 {
+		r.Extensions = append(r.Extensions, rt.headlessFilter)
+		known(rt.valid, rt.headlessFilter)
 	}
 
 	// Pods: this cluster's endpoints of the local pods, for their inbound listeners.
@@ -390,6 +395,7 @@ func routingEqual(a, b *svcEntry) bool {
 		slices.EqualFunc(a.chains, b.chains, func(x, y vipChain) bool {
 			return x.vip == y.vip && x.port == y.port && proto.Equal(x.action, y.action)
 		}) &&
+		slices.Equal(a.direct, b.direct) &&
 		slices.EqualFunc(a.routes, b.routes, func(x, y vipRoute) bool { return x.dst == y.dst && proto.Equal(x.action, y.action) }) &&
 		slices.EqualFunc(a.lane, b.lane, func(x, y *routev3.VirtualHost) bool { return proto.Equal(x, y) })
 }

@@ -9,11 +9,11 @@ import (
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
-// celCaptureListener is a capture-like listener on 127.0.0.1:15001 in netns: original_dst, then
+// celCaptureListener is a capture-like listener on 127.0.0.1:port in netns: original_dst, then
 // the set_filter_state listener filter writing aether.direct from the CEL expression expr (over
 // the restored destination), then a filter_chain_matcher on that filter state: "member" -> the
 // chain answering "member", anything else (or unset) -> the default chain answering "other".
-func celCaptureListener(netns, expr string) string {
+func celCaptureListener(name, netns string, port int, expr string) string {
 	chain := func(name string) string {
 		return fmt.Sprintf(`
       name: %[1]s
@@ -35,9 +35,9 @@ func celCaptureListener(netns, expr string) string {
               "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router`, name)
 	}
 	return fmt.Sprintf(`
-  - name: capture
+  - name: %[5]s
     address:
-      socket_address: { address: 127.0.0.1, port_value: 15001, network_namespace_filepath: %[1]q }
+      socket_address: { address: 127.0.0.1, port_value: %[6]d, network_namespace_filepath: %[1]q }
     listener_filters:
     - name: envoy.filters.listener.original_dst
       typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst }
@@ -70,16 +70,17 @@ func celCaptureListener(netns, expr string) string {
     - %[3]s
     default_filter_chain:
       %[4]s
-`, netns, expr, chain("member"), chain("other"))
+`, netns, expr, chain("member"), chain("other"), name, port)
 }
 
-// TestPrivilegedEnvoyFactCELFilterStateMatch checks, with Envoy 1.40, what a capture listener
-// without per-endpoint matcher entries would need (docs/node-proxy.md, "Headless Services": the
-// proposed fix): a set_filter_state listener filter computing a value from the destination
-// restored by original_dst with a CEL map lookup (envoy.formatter.cel, destination.address), and
-// a filter_chain_matcher on that filter state (FilterStateInput). Destinations in the map select
-// the "member" chain; others (the lookup fails, skip_if_empty leaves the key unset) fall to the
-// default chain.
+// TestPrivilegedEnvoyFactCELFilterStateMatch checks, with Envoy 1.40, what the capture listener
+// relies on to keep headless endpoints out of its matcher (headlessFilter, docs/node-proxy.md,
+// "Headless Services"): a set_filter_state listener filter computing a value from the destination
+// restored by original_dst with the CEL expression headlessExpr writes (envoy.formatter.cel: a
+// list lookup of destination.port guarding a map lookup of destination.address), and a
+// filter_chain_matcher on that filter state (FilterStateInput). Destinations in the map on a
+// listed port select the "member" chain; others (the port is not listed, the lookup fails, or the
+// expression without entries) leave the key unset and fall to the default chain.
 func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 	testenv.RequireRoot(t)
 	pod := testenv.NewNetns(t)
@@ -100,13 +101,20 @@ func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("nft: %v: %s", err, out)
 	}
-	expr := `%CEL({'10.1.2.3:7000': 'member', '10.1.2.5:7000': 'member'}[destination.address])%`
-	startFactsEnvoy(t, factsAdmin+"static_resources:\n  listeners:"+celCaptureListener(pod.Path, expr))
+	// The expressions headlessFilter writes: a map guarded by the ports (10.1.2.3:7001 is in the
+	// map but its port is not in the list), and the one without entries.
+	member := headlessExpr(map[string]string{"10.1.2.3:7000": "member", "10.1.2.5:7000": "member", "10.1.2.3:7001": "member"}, []uint32{7000, 7002})
+	var b strings.Builder
+	b.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, member))
+	b.WriteString(celCaptureListener("empty", pod.Path, 15002, headlessExpr(nil, nil)))
+	startFactsEnvoy(t, b.String())
 	for _, c := range []struct{ dst, want string }{
 		{"10.1.2.3:7000", "member"},
 		{"10.1.2.5:7000", "member"},
 		{"10.1.2.4:7000", "other"},
 		{"10.1.2.3:7001", "other"},
+		{"10.1.2.3:7002", "other"},
+		{"127.0.0.1:15002", "other"}, // the listener without entries, reached directly
 	} {
 		var body string
 		testenv.Eventually(t, time.Minute, "GET "+c.dst, func() error {

@@ -74,13 +74,14 @@ func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []stri
 // or ready) against one endpoint change of a VIP service (vip: svc0 gains or loses a third
 // endpoint), with P local pods (each with its own capture listener) and N VIP
 // services, real Envoy 1.40 over delta ADS (--concurrency 1). Per change: SetMesh alone
-// (setmesh-ms); until Envoy ACKed it (ack-ms: listeners and clusters for the headless change,
-// the EDS response for the other two); until it is live (live-ms: for the headless change a
+// (setmesh-ms); until Envoy ACKed it (ack-ms: listeners, clusters and the ECDS resource for the
+// headless change, the EDS response for the other two); until it is live (live-ms: for the headless change a
 // connection from the client pod through capture to h3:7000 goes over mTLS to h3's inbound
 // listener when h3 is a member and is passed through when it is not; for the others the EDS
 // ACK); Envoy's CPU time from SetMesh to live (envoy-cpu-ms, 10 ms ticks); and what the change
 // sent over xDS: listeners (lds-res), clusters (cds-res), EDS resources (eds-res), route tables
-// (rds-res) and all bytes (xds-KB, aether_xds_bytes_sent_total).
+// (rds-res), ECDS resources (ecds-res: the headless filter) and all bytes (xds-KB,
+// aether_xds_bytes_sent_total).
 //
 //	go test ./xds/ -run '^$' -bench BenchmarkHeadlessChange -benchtime 10x -timeout 30m
 //
@@ -126,7 +127,7 @@ func benchHeadlessChange(b *testing.B, services, npods int, kind string) {
 		}
 		return res, m.GetCounter().GetValue()
 	}
-	types := []string{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType}
+	types := []string{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType, resource.ExtensionConfigType}
 	snapshot := func() (res map[string]float64, bytes float64) {
 		res = map[string]float64{}
 		for _, u := range types {
@@ -160,7 +161,11 @@ func benchHeadlessChange(b *testing.B, services, npods int, kind string) {
 		setT = append(setT, time.Since(start))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 		if headless {
-			err = f.srv.WaitForAck(ctx, v)
+			// The capture listeners' ECDS filter carries the membership; a joining member's
+			// inbound listener comes over LDS.
+			if err = f.srv.WaitForAck(ctx, v); err == nil {
+				err = waitTypeAck(ctx, f.srv, resource.ExtensionConfigType, v)
+			}
 		} else {
 			err = waitTypeAck(ctx, f.srv, resource.EndpointType, v)
 		}
@@ -215,6 +220,7 @@ func benchHeadlessChange(b *testing.B, services, npods int, kind string) {
 	b.ReportMetric((res1[resource.ClusterType]-res0[resource.ClusterType])/n, "cds-res")
 	b.ReportMetric((res1[resource.EndpointType]-res0[resource.EndpointType])/n, "eds-res")
 	b.ReportMetric((res1[resource.RouteType]-res0[resource.RouteType])/n, "rds-res")
+	b.ReportMetric((res1[resource.ExtensionConfigType]-res0[resource.ExtensionConfigType])/n, "ecds-res")
 	b.ReportMetric((bytes1-bytes0)/n/1000, "xds-KB")
 }
 

@@ -361,12 +361,33 @@ func (r *Resources) ValidateAll() error {
 	for _, x := range r.Secrets {
 		check("secret", x.GetName(), x.ValidateAll())
 	}
+	for _, x := range r.Extensions {
+		if !r.isKnown(x) {
+			check("extension config", x.GetName(), validateExtension(x))
+		}
+	}
 	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName, r.isKnown)...)
 	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName, r.isKnown)...)
 	if len(errs) == 0 && r.validated != nil {
 		r.validated()
 	}
 	return errors.Join(errs...)
+}
+
+// validateExtension validates an ECDS resource and the typed config it carries (the
+// TypedExtensionConfig's own rules stop at the Any).
+func validateExtension(x *core.TypedExtensionConfig) error {
+	if err := x.ValidateAll(); err != nil {
+		return err
+	}
+	cfg, err := x.GetTypedConfig().UnmarshalNew()
+	if err != nil {
+		return fmt.Errorf("unmarshal typed config: %w", err)
+	}
+	if v, ok := cfg.(interface{ ValidateAll() error }); ok {
+		return v.ValidateAll()
+	}
+	return nil
 }
 
 // parallelValidate runs ValidateAll on the xs that skip does not name, in GOMAXPROCS goroutines,
@@ -415,11 +436,14 @@ func (r *Resources) typed() map[resource.Type][]types.Resource {
 	for _, x := range r.Secrets {
 		add(resource.SecretType, x)
 	}
+	for _, x := range r.Extensions {
+		add(resource.ExtensionConfigType, x)
+	}
 	return out
 }
 
 // snapshotTypes are the resource types every snapshot carries.
-var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType}
+var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType, resource.ExtensionConfigType}
 
 // sameResources reports whether two snapshots hold the same resources of type t. Resources the
 // Builder reused are the same values, so most comparisons end at the pointer.
