@@ -1033,8 +1033,9 @@ type routing struct {
 	laneRoute     *routev3.RouteConfiguration
 	// headlessFilter is the ECDS resource HeadlessFilterName.
 	headlessFilter *core.TypedExtensionConfig
-	// valid is set once a build that used this routing passed ValidateAll.
-	valid bool
+	// valid is set once a build that used this routing passed ValidateAll; sharedValid when its
+	// matcher, chains and lane route came from a routing that had (withDirect).
+	valid, sharedValid bool
 }
 
 // assembleRouting builds the capture filter-chain matcher (a hash map on destination port, then
@@ -1058,9 +1059,6 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 	rt := &routing{}
 	var floors []floorChain
 	byPort := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
-	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
-	direct := map[string]string{}
-	directChains := map[uint32]map[string]bool{}
 	lane := &routev3.RouteConfiguration{Name: LaneRouteName}
 	for _, e := range entries {
 		floors = append(floors, e.floors...)
@@ -1070,22 +1068,11 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 			}
 			byPort[c.port][c.vip] = c.action
 		}
-		for _, d := range e.direct {
-			direct[d.dst] = d.chain
-			if directChains[d.port] == nil {
-				directChains[d.port] = map[string]bool{}
-			}
-			directChains[d.port][d.chain] = true
-		}
-		for _, r := range e.routes {
-			routes[r.dst] = r.action
-		}
 		lane.VirtualHosts = append(lane.VirtualHosts, e.lane...)
 	}
-	rt.captureRoute = captureRoute(routes)
 	rt.laneRoute = lane
-	rt.headlessFilter = headlessFilter(direct, slices.Sorted(maps.Keys(directChains)))
-	if len(byPort) == 0 && len(direct) == 0 {
+	directChains := rt.assembleDirect(entries)
+	if len(byPort) == 0 && len(directChains) == 0 {
 		return rt
 	}
 	portInput, _ := anypb.New(&netinputsv3.DestinationPortInput{})
@@ -1118,6 +1105,40 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 		rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{fc.tcp}})
 	}
 	return rt
+}
+
+// assembleDirect sets rt's capture route and headless filter from the entries' routes and direct
+// entries (a later service wins a clash) and returns, per headless target port, the chains its
+// entries use (the matcher's part for them, directMatcher).
+func (rt *routing) assembleDirect(entries []*svcEntry) map[uint32]map[string]bool {
+	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
+	direct := map[string]string{}
+	directChains := map[uint32]map[string]bool{}
+	for _, e := range entries {
+		for _, d := range e.direct {
+			direct[d.dst] = d.chain
+			if directChains[d.port] == nil {
+				directChains[d.port] = map[string]bool{}
+			}
+			directChains[d.port][d.chain] = true
+		}
+		for _, r := range e.routes {
+			routes[r.dst] = r.action
+		}
+	}
+	rt.captureRoute = captureRoute(routes)
+	rt.headlessFilter = headlessFilter(direct, slices.Sorted(maps.Keys(directChains)))
+	return directChains
+}
+
+// withDirect is rt with the capture route and the headless filter assembled again from entries,
+// for a build in which headless Services' endpoint addresses changed and nothing else of the
+// routing (sharedRoutingEqual): the matcher, the chains and the lane route are rt's values, known
+// valid when rt's were, so the pods' capture listeners stay the same values too.
+func (rt *routing) withDirect(entries []*svcEntry) *routing {
+	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute, sharedValid: rt.valid || rt.sharedValid}
+	n.assembleDirect(entries)
+	return n
 }
 
 // chainAction is the filter-chain matcher action selecting the chain named name.

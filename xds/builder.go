@@ -181,13 +181,21 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	if err != nil {
 		return nil, err
 	}
+	directChanged := false
 	for _, i := range headless {
-		if !routingEqual(oldSvcs[m.Services[i].Key], entries[i]) {
+		old, e := oldSvcs[m.Services[i].Key], entries[i]
+		switch {
+		case !sharedRoutingEqual(old, e):
 			routingChanged = true
+		case !directEqual(old, e):
+			directChanged = true
 		}
 	}
-	if routingChanged {
+	switch {
+	case routingChanged:
 		rt = assembleRouting(entries, b.captureHCM)
+	case directChanged:
+		rt = rt.withDirect(entries)
 	}
 	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
 
@@ -228,14 +236,14 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	// service has a VIP). A snapshot serving a route no listener names is not Consistent().
 	if len(m.Pods) > 0 {
 		r.Routes = append(r.Routes, rt.laneRoute)
-		known(rt.valid, rt.laneRoute)
+		known(rt.valid || rt.sharedValid, rt.laneRoute)
 		if rt.captureMatcher != nil {
 			r.Routes = append(r.Routes, rt.captureRoute)
 			known(rt.valid, rt.captureRoute)
 		}
 	}
 	if rt.captureMatcher != nil {
-		known(rt.valid, rt.captureMatcher, chainsKey(rt.captureChains))
+		known(rt.valid || rt.sharedValid, rt.captureMatcher, chainsKey(rt.captureChains))
 	}
 	if len(m.Pods) > 0 {
 		r.Extensions = append(r.Extensions, rt.headlessFilter)
@@ -385,19 +393,35 @@ func serviceEqual(a, b *model.Service) bool {
 		slices.Equal(a.Ports, b.Ports)
 }
 
-// routingEqual reports whether two entries of a service contribute the same to the shared
-// routing (assembleRouting): the same floor chains, capture matcher entries, capture routes and
-// lane virtual hosts, in the same order. A headless service's entries follow its endpoints'
-// addresses and ports, not their health, so a readiness change keeps the routing, and with it
-// every pod's capture listener, unchanged.
-func routingEqual(a, b *svcEntry) bool {
+// sharedRoutingEqual reports whether two entries of a service contribute the same to the
+// routing every pod's capture listener holds (assembleRouting): the same floor chains, capture
+// matcher entries, lane virtual hosts, and headless chains per target port. A headless
+// service's endpoints change none of these unless a target port comes or goes: a joining or
+// leaving endpoint changes only its direct entries and capture routes (directEqual), and a
+// readiness change nothing.
+func sharedRoutingEqual(a, b *svcEntry) bool {
 	return slices.EqualFunc(a.floors, b.floors, func(x, y floorChain) bool { return x.name == y.name && proto.Equal(x.tcp, y.tcp) }) &&
 		slices.EqualFunc(a.chains, b.chains, func(x, y vipChain) bool {
 			return x.vip == y.vip && x.port == y.port && proto.Equal(x.action, y.action)
 		}) &&
-		slices.Equal(a.direct, b.direct) &&
-		slices.EqualFunc(a.routes, b.routes, func(x, y vipRoute) bool { return x.dst == y.dst && proto.Equal(x.action, y.action) }) &&
-		slices.EqualFunc(a.lane, b.lane, func(x, y *routev3.VirtualHost) bool { return proto.Equal(x, y) })
+		slices.EqualFunc(a.lane, b.lane, func(x, y *routev3.VirtualHost) bool { return proto.Equal(x, y) }) &&
+		maps.Equal(directChainSet(a.direct), directChainSet(b.direct))
+}
+
+// directChainSet is the set of target port and chain pairs of direct entries.
+func directChainSet(ds []directEntry) map[directEntry]bool {
+	out := make(map[directEntry]bool, len(ds))
+	for _, d := range ds {
+		out[directEntry{port: d.port, chain: d.chain}] = true
+	}
+	return out
+}
+
+// directEqual reports whether two entries of a service have the same direct entries and capture
+// routes, in the same order.
+func directEqual(a, b *svcEntry) bool {
+	return slices.Equal(a.direct, b.direct) &&
+		slices.EqualFunc(a.routes, b.routes, func(x, y vipRoute) bool { return x.dst == y.dst && proto.Equal(x.action, y.action) })
 }
 
 // endpointsEqual reports whether two endpoint lists are the same, in the same order.

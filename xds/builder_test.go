@@ -228,8 +228,9 @@ func TestBuilderReusesUnchanged(t *testing.T) {
 
 // TestBuilderHeadlessReadiness: a headless Service's endpoint that turns not ready (or ready)
 // changes that service's EDS resources only: every listener and route table is the previous value
-// (its capture matcher entries follow the endpoints' addresses, not their health), so delta xDS
-// sends no listener. An endpoint that moves to another address rebuilds the capture listeners.
+// (its entries follow the endpoints' addresses, not their health), so delta xDS sends no
+// listener. An endpoint that moves to another address changes the ECDS filter HeadlessFilterName
+// and the capture route table, and no capture listener.
 func TestBuilderHeadlessReadiness(t *testing.T) {
 	bl := NewBuilder(Options{})
 	build := func(m *model.Mesh) *Resources {
@@ -272,14 +273,18 @@ func TestBuilderHeadlessReadiness(t *testing.T) {
 		e[peersKey][1].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
 		return s, p
 	}, model.Node{}))
-	rebuilt := 0
 	for i, l := range r2.Listeners {
-		if strings.HasPrefix(l.GetName(), "capture|") && l != r1.Listeners[i] {
-			rebuilt++
+		if strings.HasPrefix(l.GetName(), "capture|") && !proto.Equal(l, r1.Listeners[i]) {
+			t.Errorf("headless endpoint moved: capture listener %s changed, want the same (the map is in the ECDS filter)", l.GetName())
 		}
 	}
-	if rebuilt == 0 {
-		t.Error("headless endpoint moved: no capture listener rebuilt, want all (the matcher changed)")
+	if len(r2.Extensions) != 1 || proto.Equal(r2.Extensions[0], r1.Extensions[0]) {
+		t.Errorf("headless endpoint moved: extension configs %v, want %s changed", r2.Extensions, HeadlessFilterName)
+	}
+	for i, rt := range r2.Routes {
+		if changed := rt.GetName() == CaptureRouteName; changed == (rt == r1.Routes[i]) {
+			t.Errorf("headless endpoint moved: route table %s reused=%v, want only the capture route rebuilt", rt.GetName(), rt == r1.Routes[i])
+		}
 	}
 }
 
