@@ -123,7 +123,8 @@ type Resources struct {
 	Endpoints []*endpointv3.ClusterLoadAssignment
 	Routes    []*routev3.RouteConfiguration
 	Secrets   []*tlsv3.Secret
-	// Extensions are the ECDS resources: HeadlessFilterName while the capture listeners use it.
+	// Extensions are the ECDS resources: HeadlessFilterName, which every capture listener uses
+	// (none without local pods).
 	Extensions []*core.TypedExtensionConfig
 
 	// known holds resources (and shared capture matchers) a Builder carried over unchanged from
@@ -1031,8 +1032,10 @@ type routing struct {
 	captureChains []*listenerv3.FilterChain
 	captureRoute  *routev3.RouteConfiguration
 	laneRoute     *routev3.RouteConfiguration
-	// headlessFilter is the ECDS resource HeadlessFilterName.
-	headlessFilter *core.TypedExtensionConfig
+	// headlessFilter is the ECDS resource HeadlessFilterName; its map is empty when
+	// directInMatcher (more than maxHeadlessMap entries: they are in the matcher instead).
+	headlessFilter  *core.TypedExtensionConfig
+	directInMatcher bool
 	// valid is set once a build that used this routing passed ValidateAll; sharedValid when its
 	// matcher, chains and lane route came from a routing that had (withDirect).
 	valid, sharedValid bool
@@ -1051,10 +1054,11 @@ type routing struct {
 // DirectFilterStateKey, mapping the names of that port's headless chains to the chains, and
 // anything else to the default chain (passthrough). The filter state is set by the ECDS listener
 // filter HeadlessFilterName (headlessFilter), which every capture listener runs and which holds
-// the "<pod_ip>:<port>" -> chain map (read only for the headless target ports). So an endpoint change of a headless Service
-// changes that one ECDS resource (and the capture route for HTTP ports), not every pod's capture
-// listener: Envoy rebuilt each whole capture listener before (at 10k services and 50 pods, 4.7 s
-// of its CPU per change; docs/node-proxy.md, "Headless Services").
+// the "<pod_ip>:<port>" -> chain map (read only for the headless target ports). So an endpoint
+// change of a headless Service changes that one ECDS resource (and the capture route for HTTP
+// ports), not every pod's capture listener: Envoy rebuilt each whole capture listener before (at
+// 10k services and 50 pods, 4.7 s of its CPU per change; docs/node-proxy.md, "Headless
+// Services").
 func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routing {
 	rt := &routing{}
 	var floors []floorChain
@@ -1072,6 +1076,21 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 	}
 	rt.laneRoute = lane
 	directChains := rt.assembleDirect(entries)
+	if rt.directInMatcher {
+		// Too many for the ECDS filter's map: the endpoints' addresses are matcher entries, as
+		// VIPs are (a later service wins a clash).
+		for _, e := range entries {
+			for _, d := range e.direct {
+				ap := netip.MustParseAddrPort(d.dst)
+				port := strconv.FormatUint(uint64(d.port), 10)
+				if byPort[port] == nil {
+					byPort[port] = map[string]*xdsmatcher.Matcher_OnMatch{}
+				}
+				byPort[port][ap.Addr().String()] = chainAction(d.chain)
+			}
+		}
+		directChains = nil
+	}
 	if len(byPort) == 0 && len(directChains) == 0 {
 		return rt
 	}
@@ -1127,17 +1146,36 @@ func (rt *routing) assembleDirect(entries []*svcEntry) map[uint32]map[string]boo
 		}
 	}
 	rt.captureRoute = captureRoute(routes)
+	if rt.directInMatcher = len(direct) > maxHeadlessMap; rt.directInMatcher {
+		direct = nil
+	}
 	rt.headlessFilter = headlessFilter(direct, slices.Sorted(maps.Keys(directChains)))
 	return directChains
 }
 
+// maxHeadlessMap is the most entries headlessFilter's CEL map holds. Envoy 1.40 parses the
+// expression once per capture listener on every ECDS update and evaluates the map literal per
+// connection on the headless target ports, both in time growing with its size (with 2008
+// entries: 20 ms per listener and 60 us per connection; with 6000 Envoy did not become ready
+// within a minute; docs/node-proxy.md, "Headless Services"). Above it, the endpoints' addresses
+// are entries of the capture matcher, as before the ECDS filter (every endpoint change then
+// updates every pod's capture listener, in place).
+const maxHeadlessMap = 1000
+
 // withDirect is rt with the capture route and the headless filter assembled again from entries,
 // for a build in which headless Services' endpoint addresses changed and nothing else of the
 // routing (sharedRoutingEqual): the matcher, the chains and the lane route are rt's values, known
-// valid when rt's were, so the pods' capture listeners stay the same values too.
+// valid when rt's were, so the pods' capture listeners stay the same values too. It returns nil
+// when the addresses are or become matcher entries (directInMatcher): the matcher changes, and
+// the caller assembles the routing whole.
 func (rt *routing) withDirect(entries []*svcEntry) *routing {
+	if rt.directInMatcher {
+		return nil
+	}
 	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute, sharedValid: rt.valid || rt.sharedValid}
-	n.assembleDirect(entries)
+	if n.assembleDirect(entries); n.directInMatcher {
+		return nil
+	}
 	return n
 }
 

@@ -191,11 +191,15 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			directChanged = true
 		}
 	}
-	switch {
-	case routingChanged:
+	if !routingChanged && directChanged {
+		if n := rt.withDirect(entries); n != nil {
+			rt = n
+		} else {
+			routingChanged = true
+		}
+	}
+	if routingChanged {
 		rt = assembleRouting(entries, b.captureHCM)
-	case directChanged:
-		rt = rt.withDirect(entries)
 	}
 	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
 

@@ -2,6 +2,7 @@ package xds
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	sfslistenerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/set_filter_state/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -70,6 +72,15 @@ func builderSteps() []struct {
 			e[peersKey][1].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
 			e[peersKey][1].Ports[0].Port = 8082
 			e[peersKey][0].Healthy = !e[peersKey][0].Healthy
+			return s, p
+		}, model.Node{})},
+		{"a headless Service with more endpoints than the ECDS map holds", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			manyPeers(e)
+			return s, p
+		}, model.Node{})},
+		{"and one of them moves", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			manyPeers(e)
+			e[peersKey][3].IPs = []netip.Addr{netip.MustParseAddr("10.250.9.9")}
 			return s, p
 		}, model.Node{})},
 		{"named target port on one number in every pod", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
@@ -284,6 +295,55 @@ func TestBuilderHeadlessReadiness(t *testing.T) {
 	for i, rt := range r2.Routes {
 		if changed := rt.GetName() == CaptureRouteName; changed == (rt == r1.Routes[i]) {
 			t.Errorf("headless endpoint moved: route table %s reused=%v, want only the capture route rebuilt", rt.GetName(), rt == r1.Routes[i])
+		}
+	}
+}
+
+// manyPeers gives peers maxHeadlessMap/2+1 more endpoints in this cluster (each serving both of
+// its ports): more entries than headlessFilter's map holds.
+func manyPeers(e map[model.ServiceKey][]model.Endpoint) {
+	for i := 0; i <= maxHeadlessMap/2; i++ {
+		ep := e[peersKey][1]
+		ep.PodName, ep.PodUID = fmt.Sprintf("many-%d", i), fmt.Sprintf("uid-many-%d", i)
+		ep.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)})}
+		e[peersKey] = append(e[peersKey], ep)
+	}
+}
+
+// TestHeadlessMapLimit: with more headless entries than maxHeadlessMap, the ECDS filter's map is
+// empty and the endpoints' addresses are entries of the capture matcher (as before the filter);
+// with fewer, the reverse.
+func TestHeadlessMapLimit(t *testing.T) {
+	for _, many := range []bool{false, true} {
+		m := goldenVariant(func(s []*model.Service, e map[model.ServiceKey][]model.Endpoint, p []*model.LocalPod) ([]*model.Service, []*model.LocalPod) {
+			if many {
+				manyPeers(e)
+			}
+			return s, p
+		}, model.Node{})
+		r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ValidateAll(); err != nil {
+			t.Fatal(err)
+		}
+		var capture *listenerv3.Listener
+		for _, l := range r.Listeners {
+			if strings.HasPrefix(l.GetName(), "capture|") {
+				capture = l
+			}
+		}
+		raft := capture.GetFilterChainMatcher().GetMatcherTree().GetExactMatchMap().GetMap()["7000"].GetMatcher()
+		inMatcher := raft.GetMatcherTree().GetExactMatchMap().GetMap()["10.244.2.9"] != nil
+		cfg, err := r.Extensions[0].GetTypedConfig().UnmarshalNew()
+		if err != nil {
+			t.Fatal(err)
+		}
+		expr := cfg.(*sfslistenerv3.Config).GetOnAccept()[0].GetFormatString().GetTextFormatSource().GetInlineString()
+		inMap := strings.Contains(expr, "'10.244.2.9:7000'")
+		if inMatcher != many || inMap == many {
+			t.Errorf("many=%v: 10.244.2.9:7000 in the matcher %v, in the ECDS map %v (%.80s...)", many, inMatcher, inMap, expr)
 		}
 	}
 }

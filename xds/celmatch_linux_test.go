@@ -130,3 +130,65 @@ func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkEnvoyCELHeadlessLookup measures what headlessFilter's CEL map costs a connection: a
+// new connection and one HTTP request through a capture-like listener (celCaptureListener, real
+// Envoy 1.40, --concurrency 1) whose expression maps K headless endpoints, to a listed endpoint
+// (member), and to a port the expression does not list (guarded: one list lookup), against a
+// listener without entries (empty). K is AETHER_BENCH_ENDPOINTS (default 10000).
+//
+//	go test ./xds/ -run '^$' -bench BenchmarkEnvoyCELHeadlessLookup -benchtime 2000x
+func BenchmarkEnvoyCELHeadlessLookup(b *testing.B) {
+	testenv.RequireRoot(b)
+	k := benchEnv(b, "AETHER_BENCH_ENDPOINTS", 10000)
+	pod := testenv.NewNetns(b)
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "d0", "type", "veth", "peer", "name", "d1"},
+		{"link", "set", "d1", "up"},
+		{"addr", "add", "10.9.0.2/24", "dev", "d0"},
+		{"link", "set", "d0", "up"},
+		{"route", "add", "default", "dev", "d0"},
+	} {
+		if out, err := pod.Command("ip", args...).CombinedOutput(); err != nil {
+			b.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	cmd := pod.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader("table ip t { chain out { type nat hook output priority -100; policy accept; ip daddr 127.0.0.0/8 return; meta l4proto tcp redirect to :15001\n}\n}\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		b.Fatalf("nft: %v: %s", err, out)
+	}
+	direct := map[string]string{}
+	for i := 0; i < k; i++ {
+		direct[fmt.Sprintf("10.%d.%d.%d:7000", 100+i>>16, (i>>8)&255, i&255)] = "member"
+	}
+	var boot strings.Builder
+	boot.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, headlessExpr(direct, []uint32{7000})))
+	boot.WriteString(celCaptureListener("empty", pod.Path, 15002, headlessExpr(nil, nil)))
+	ev := testenv.StartEnvoy(b, boot.String(), testenv.EnvoyOptions{ExtraArgs: []string{"--disable-hot-restart"}})
+	_ = ev
+	last := fmt.Sprintf("10.%d.%d.%d:7000", 100+(k-1)>>16, ((k-1)>>8)&255, (k-1)&255)
+	for _, c := range []struct{ name, url, want string }{
+		{"member", "http://" + last + "/", "member"},
+		{"guarded", "http://10.100.0.0:7001/", "other"},
+		{"empty", "http://127.0.0.1:15002/", "other"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			client := pod.HTTPClient(false) // a new connection per request
+			testenv.Eventually(b, time.Minute, "GET "+c.url, func() error {
+				code, body, _, err := getBody(client, c.url, nil)
+				if err != nil || code != 200 || body != c.want {
+					return fmt.Errorf("%d %q %v, want %q", code, body, err, c.want)
+				}
+				return nil
+			})
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if _, _, _, err := getBody(client, c.url, map[string]string{"Connection": "close"}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
 	"testing"
 	"time"
@@ -19,8 +20,9 @@ import (
 // addresses nothing dials), the headless service web/peers (TCP 7000 "raft", HTTP 80 to 8080
 // "web") whose endpoints are the local pods h0, h1, h2 and, with member, h3, and every pod of
 // pods as a local pod (h0..h3 serving 7000 and 8080). With vipEndpoint, svc0 has a third
-// endpoint; with h0Unready, h0's endpoint of peers is not healthy (not ready).
-func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []string, member, vipEndpoint, h0Unready bool) *model.Mesh {
+// endpoint; with h0Unready, h0's endpoint of peers is not healthy (not ready). peers has
+// headlessExtra more endpoints in this cluster on other nodes (10.120.0.0/16).
+func headlessBenchMesh(f *meshFixture, version uint64, services, headlessExtra int, pods []string, member, vipEndpoint, h0Unready bool) *model.Mesh {
 	td := f.td
 	svcs := make([]*model.Service, 0, services+1)
 	eps := map[model.ServiceKey][]model.Endpoint{}
@@ -50,6 +52,11 @@ func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []stri
 	members := []string{"h0", "h1", "h2"}
 	if member {
 		members = append(members, "h3")
+	}
+	for i := 0; i < headlessExtra; i++ {
+		eps[peers] = append(eps[peers], model.Endpoint{Service: peers, Cluster: "c1", PodName: fmt.Sprintf("x%d", i), PodUID: fmt.Sprintf("ux%d", i),
+			IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 120, byte(i >> 8), byte(i)})}, NodeName: "node-2", SPIFFEID: model.SPIFFEID(td, "web", "server"), Healthy: true,
+			Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}, {Name: "raft", Port: 7000, Protocol: model.ProtocolTCP}}})
 	}
 	for _, h := range members {
 		eps[peers] = append(eps[peers], model.Endpoint{Service: peers, Cluster: "c1", PodName: h, PodUID: "uid-" + h, IPs: []netip.Addr{f.ips[h]},
@@ -85,19 +92,25 @@ func headlessBenchMesh(f *meshFixture, version uint64, services int, pods []stri
 //
 //	go test ./xds/ -run '^$' -bench BenchmarkHeadlessChange -benchtime 10x -timeout 30m
 //
-// AETHER_BENCH_SERVICES sets N (default 1000).
+// AETHER_BENCH_SERVICES sets N (default 1000); AETHER_BENCH_HEADLESS_EXTRA gives the headless
+// Service that many more endpoints on other nodes (default 0; each is two entries of the
+// headless map, one per port).
 func BenchmarkHeadlessChange(b *testing.B) {
 	services := benchEnv(b, "AETHER_BENCH_SERVICES", 1000)
+	extra := 0
+	if os.Getenv("AETHER_BENCH_HEADLESS_EXTRA") != "" {
+		extra = benchEnv(b, "AETHER_BENCH_HEADLESS_EXTRA", 0)
+	}
 	for _, pods := range []int{10, 50} {
 		for _, kind := range []string{"headless", "headless-ready", "vip"} {
-			b.Run(fmt.Sprintf("pods=%d/services=%d/%s", pods, services, kind), func(b *testing.B) {
-				benchHeadlessChange(b, services, pods, kind)
+			b.Run(fmt.Sprintf("pods=%d/services=%d/headless-endpoints=%d/%s", pods, services, 4+extra, kind), func(b *testing.B) {
+				benchHeadlessChange(b, services, extra, pods, kind)
 			})
 		}
 	}
 }
 
-func benchHeadlessChange(b *testing.B, services, npods int, kind string) {
+func benchHeadlessChange(b *testing.B, services, extra, npods int, kind string) {
 	headless := kind == "headless"
 	f := newMeshFixture(b, time.Hour, true, Options{})
 	alpha, _ := f.addPod("alpha", true)
@@ -115,7 +128,7 @@ func benchHeadlessChange(b *testing.B, services, npods int, kind string) {
 	}
 	version := uint64(2)
 	member, vipEndpoint, unready := false, false, false
-	f.set(headlessBenchMesh(f, version, services, names, member, vipEndpoint, unready))
+	f.set(headlessBenchMesh(f, version, services, extra, names, member, vipEndpoint, unready))
 	read := func(url string) (res, bytes float64) {
 		var m dto.Metric
 		if err := f.srv.sent.WithLabelValues(url).Write(&m); err != nil {
@@ -151,7 +164,7 @@ func benchHeadlessChange(b *testing.B, services, npods int, kind string) {
 		default:
 			vipEndpoint = !vipEndpoint
 		}
-		m := headlessBenchMesh(f, version, services, names, member, vipEndpoint, unready)
+		m := headlessBenchMesh(f, version, services, extra, names, member, vipEndpoint, unready)
 		u0, s0 := envoyCPUSeconds(f.sup.PID())
 		start := time.Now()
 		v, err := f.srv.SetMesh(context.Background(), m)
