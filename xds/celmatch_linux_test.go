@@ -73,6 +73,32 @@ func celCaptureListener(name, netns string, port int, expr string) string {
 `, netns, expr, chain("member"), chain("other"), name, port)
 }
 
+// celPod is a pod netns with a default route (through a veth pair of its own: any destination is
+// routable) whose outbound TCP, but to loopback, is redirected to 127.0.0.1:15001, as the capture
+// rules do.
+func celPod(tb testing.TB) *testenv.Netns {
+	tb.Helper()
+	pod := testenv.NewNetns(tb)
+	for _, args := range [][]string{
+		{"link", "set", "lo", "up"},
+		{"link", "add", "d0", "type", "veth", "peer", "name", "d1"},
+		{"link", "set", "d1", "up"},
+		{"addr", "add", "10.9.0.2/24", "dev", "d0"},
+		{"link", "set", "d0", "up"},
+		{"route", "add", "default", "dev", "d0"},
+	} {
+		if out, err := pod.Command("ip", args...).CombinedOutput(); err != nil {
+			tb.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	cmd := pod.Command("nft", "-f", "-")
+	cmd.Stdin = strings.NewReader("table ip t { chain out { type nat hook output priority -100; policy accept; ip daddr 127.0.0.0/8 return; meta l4proto tcp redirect to :15001\n}\n}\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("nft: %v: %s", err, out)
+	}
+	return pod
+}
+
 // TestPrivilegedEnvoyFactCELFilterStateMatch checks, with Envoy 1.40, what the capture listener
 // relies on to keep headless endpoints out of its matcher (headlessFilter, docs/node-proxy.md,
 // "Headless Services"): a set_filter_state listener filter computing a value from the destination
@@ -83,24 +109,7 @@ func celCaptureListener(name, netns string, port int, expr string) string {
 // expression without entries) leave the key unset and fall to the default chain.
 func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 	testenv.RequireRoot(t)
-	pod := testenv.NewNetns(t)
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "d0", "type", "veth", "peer", "name", "d1"},
-		{"link", "set", "d1", "up"},
-		{"addr", "add", "10.9.0.2/24", "dev", "d0"},
-		{"link", "set", "d0", "up"},
-		{"route", "add", "default", "dev", "d0"},
-	} {
-		if out, err := pod.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	cmd := pod.Command("nft", "-f", "-")
-	cmd.Stdin = strings.NewReader("table ip t { chain out { type nat hook output priority -100; policy accept; ip daddr 127.0.0.0/8 return; meta l4proto tcp redirect to :15001\n}\n}\n")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("nft: %v: %s", err, out)
-	}
+	pod := celPod(t)
 	// The expressions headlessFilter writes: a map guarded by the ports (10.1.2.3:7001 is in the
 	// map but its port is not in the list), and the one without entries.
 	member := headlessExpr(map[string]string{"10.1.2.3:7000": "member", "10.1.2.5:7000": "member", "10.1.2.3:7001": "member"}, []uint32{7000, 7002})
@@ -135,30 +144,14 @@ func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 // new connection and one HTTP request through a capture-like listener (celCaptureListener, real
 // Envoy 1.40, --concurrency 1) whose expression maps K headless endpoints, to a listed endpoint
 // (member), and to a port the expression does not list (guarded: one list lookup), against a
-// listener without entries (empty). K is AETHER_BENCH_ENDPOINTS (default 10000).
+// listener without entries (empty). K is AETHER_BENCH_ENDPOINTS (default 1000, maxHeadlessMap;
+// with 6000 Envoy did not become ready within a minute).
 //
 //	go test ./xds/ -run '^$' -bench BenchmarkEnvoyCELHeadlessLookup -benchtime 2000x
 func BenchmarkEnvoyCELHeadlessLookup(b *testing.B) {
 	testenv.RequireRoot(b)
-	k := benchEnv(b, "AETHER_BENCH_ENDPOINTS", 10000)
-	pod := testenv.NewNetns(b)
-	for _, args := range [][]string{
-		{"link", "set", "lo", "up"},
-		{"link", "add", "d0", "type", "veth", "peer", "name", "d1"},
-		{"link", "set", "d1", "up"},
-		{"addr", "add", "10.9.0.2/24", "dev", "d0"},
-		{"link", "set", "d0", "up"},
-		{"route", "add", "default", "dev", "d0"},
-	} {
-		if out, err := pod.Command("ip", args...).CombinedOutput(); err != nil {
-			b.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	cmd := pod.Command("nft", "-f", "-")
-	cmd.Stdin = strings.NewReader("table ip t { chain out { type nat hook output priority -100; policy accept; ip daddr 127.0.0.0/8 return; meta l4proto tcp redirect to :15001\n}\n}\n")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("nft: %v: %s", err, out)
-	}
+	k := benchEnv(b, "AETHER_BENCH_ENDPOINTS", maxHeadlessMap)
+	pod := celPod(b)
 	direct := map[string]string{}
 	for i := 0; i < k; i++ {
 		direct[fmt.Sprintf("10.%d.%d.%d:7000", 100+i>>16, (i>>8)&255, i&255)] = "member"
@@ -166,8 +159,7 @@ func BenchmarkEnvoyCELHeadlessLookup(b *testing.B) {
 	var boot strings.Builder
 	boot.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, headlessExpr(direct, []uint32{7000})))
 	boot.WriteString(celCaptureListener("empty", pod.Path, 15002, headlessExpr(nil, nil)))
-	ev := testenv.StartEnvoy(b, boot.String(), testenv.EnvoyOptions{ExtraArgs: []string{"--disable-hot-restart"}})
-	_ = ev
+	testenv.StartEnvoy(b, boot.String(), testenv.EnvoyOptions{ExtraArgs: []string{"--disable-hot-restart"}})
 	last := fmt.Sprintf("10.%d.%d.%d:7000", 100+(k-1)>>16, ((k-1)>>8)&255, (k-1)&255)
 	for _, c := range []struct{ name, url, want string }{
 		{"member", "http://" + last + "/", "member"},
