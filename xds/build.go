@@ -3,9 +3,11 @@ package xds
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	xdscore "github.com/cncf/xds/go/xds/core/v3"
@@ -24,6 +26,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	sfsnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	celv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/formatter/cel/v3"
 	earlymutv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/http/early_header_mutation/header_mutation/v3"
 	netinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
 	tsinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/transport_socket/v3"
@@ -120,6 +123,9 @@ type Resources struct {
 	Endpoints []*endpointv3.ClusterLoadAssignment
 	Routes    []*routev3.RouteConfiguration
 	Secrets   []*tlsv3.Secret
+	// Extensions are the ECDS resources: HeadlessFilterName, which every capture listener uses
+	// (none without local pods).
+	Extensions []*core.TypedExtensionConfig
 
 	// known holds resources (and shared capture matchers) a Builder carried over unchanged from
 	// an earlier build whose ValidateAll passed: ValidateAll skips them.
@@ -166,6 +172,8 @@ type builder struct {
 	// floor chain per TCP service port).
 	captureMatcher *xdsmatcher.Matcher
 	captureChains  []*listenerv3.FilterChain
+	// headlessRef is the capture listeners' reference to the ECDS filter HeadlessFilterName.
+	headlessRef *listenerv3.ListenerFilter
 	// selector is the on-demand certificate selector every outbound cluster shares.
 	selector *core.TypedExtensionConfig
 	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
@@ -209,6 +217,7 @@ func (b *builder) prepareShared() error {
 	if err != nil {
 		return err
 	}
+	b.headlessRef = headlessRef()
 	b.passthrough, err = tcpProxy("passthrough", PassthroughCluster)
 	return err
 }
@@ -888,9 +897,10 @@ func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIP
 // directEntries adds what one port of a headless service contributes for connections made
 // straight to its pods (clients resolve a headless Service to pod IPs and dial one): for each
 // target port its endpoints in this cluster serve, an ORIGINAL_DST cluster (directCluster), and
-// for each of those endpoints' address (model.MeshAddr: the one its inbound listener binds) an
-// entry in the capture filter-chain matcher (and for HTTP the capture route "<pod_ip>:<port>")
-// that sends the connection to it. So a connection to a
+// for each of those endpoints' address (model.MeshAddr: the one its inbound listener binds) a
+// directEntry "<pod_ip>:<port>" -> chain (an entry of the ECDS filter HeadlessFilterName, not of
+// the capture filter-chain matcher: see assembleRouting) and for HTTP the capture route
+// "<pod_ip>:<port>", which send the connection to it. So a connection to a
 // meshed pod's IP and target port goes over mTLS to that same pod's :15008 with SNI "<port>";
 // a pod that is not an endpoint (not meshed) is still passed through. Other clusters' endpoints
 // are left out: their pod IPs are not this cluster's (and may be equal to local ones).
@@ -925,18 +935,12 @@ func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
 			}
 			e.floors = append(e.floors, floorChain{name: chain, tcp: tp})
 		}
-		a, err := toAny(wrapperspb.String(chain))
-		if err != nil {
-			return err
-		}
 		route, err := toAny(routeTo(cn))
 		if err != nil {
 			return err
 		}
-		port := strconv.FormatUint(uint64(target), 10)
 		for _, ip := range ips[target] {
-			e.chains = append(e.chains, vipChain{vip: ip.String(), port: port, action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
-				Action: &xdscore.TypedExtensionConfig{Name: chain, TypedConfig: a}}}})
+			e.direct = append(e.direct, directEntry{dst: netip.AddrPortFrom(ip, uint16(target)).String(), port: target, chain: chain})
 			if sp.Protocol.IsHTTP() {
 				e.routes = append(e.routes, vipRoute{dst: netip.AddrPortFrom(ip, uint16(target)).String(), action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
 					Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}})
@@ -1004,6 +1008,14 @@ type vipChain struct {
 	action    *xdsmatcher.Matcher_OnMatch
 }
 
+// directEntry is one headless endpoint's address and target port, "<pod_ip>:<port>", and the
+// capture chain a connection to it takes (directEntries).
+type directEntry struct {
+	dst   string
+	port  uint32
+	chain string
+}
+
 // vipRoute is one entry of the capture route table: "VIP:port" to a route.
 type vipRoute struct {
 	dst    string
@@ -1020,8 +1032,13 @@ type routing struct {
 	captureChains []*listenerv3.FilterChain
 	captureRoute  *routev3.RouteConfiguration
 	laneRoute     *routev3.RouteConfiguration
-	// valid is set once a build that used this routing passed ValidateAll.
-	valid bool
+	// headlessFilter is the ECDS resource HeadlessFilterName; its map is empty when
+	// directInMatcher (more than maxHeadlessMap entries: they are in the matcher instead).
+	headlessFilter  *core.TypedExtensionConfig
+	directInMatcher bool
+	// valid is set once a build that used this routing passed ValidateAll; sharedValid when its
+	// matcher, chains and lane route came from a routing that had (withDirect).
+	valid, sharedValid bool
 }
 
 // assembleRouting builds the capture filter-chain matcher (a hash map on destination port, then
@@ -1031,11 +1048,21 @@ type routing struct {
 // the matcher holds one nested IP map per distinct port rather than one nested port map per VIP
 // (at 10k services on port 80, 0.9 MB instead of 2.1 MB in every pod's capture listener, which
 // Envoy parses and builds per pod).
+//
+// Headless Services' endpoints are not in the matcher: on a target port a headless Service's
+// endpoints serve, a destination IP that is no VIP falls to a nested matcher on the filter state
+// DirectFilterStateKey, mapping the names of that port's headless chains to the chains, and
+// anything else to the default chain (passthrough). The filter state is set by the ECDS listener
+// filter HeadlessFilterName (headlessFilter), which every capture listener runs and which holds
+// the "<pod_ip>:<port>" -> chain map (read only for the headless target ports). So an endpoint
+// change of a headless Service changes that one ECDS resource (and the capture route for HTTP
+// ports), not every pod's capture listener: Envoy rebuilt each whole capture listener before (at
+// 10k services and 50 pods, 4.7 s of its CPU per change; docs/node-proxy.md, "Headless
+// Services").
 func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routing {
 	rt := &routing{}
 	var floors []floorChain
 	byPort := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
-	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
 	lane := &routev3.RouteConfiguration{Name: LaneRouteName}
 	for _, e := range entries {
 		floors = append(floors, e.floors...)
@@ -1045,19 +1072,31 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 			}
 			byPort[c.port][c.vip] = c.action
 		}
-		for _, r := range e.routes {
-			routes[r.dst] = r.action
-		}
 		lane.VirtualHosts = append(lane.VirtualHosts, e.lane...)
 	}
-	rt.captureRoute = captureRoute(routes)
 	rt.laneRoute = lane
-	if len(byPort) == 0 {
+	directChains := rt.assembleDirect(entries)
+	if rt.directInMatcher {
+		// Too many for the ECDS filter's map: the endpoints' addresses are matcher entries, as
+		// VIPs are (a later service wins a clash).
+		for _, e := range entries {
+			for _, d := range e.direct {
+				ap := netip.MustParseAddrPort(d.dst)
+				port := strconv.FormatUint(uint64(d.port), 10)
+				if byPort[port] == nil {
+					byPort[port] = map[string]*xdsmatcher.Matcher_OnMatch{}
+				}
+				byPort[port][ap.Addr().String()] = chainAction(d.chain)
+			}
+		}
+		directChains = nil
+	}
+	if len(byPort) == 0 && len(directChains) == 0 {
 		return rt
 	}
 	portInput, _ := anypb.New(&netinputsv3.DestinationPortInput{})
 	ipInput, _ := anypb.New(&netinputsv3.DestinationIPInput{})
-	portMap := make(map[string]*xdsmatcher.Matcher_OnMatch, len(byPort))
+	portMap := make(map[string]*xdsmatcher.Matcher_OnMatch, len(byPort)+len(directChains))
 	for port, vips := range byPort {
 		portMap[port] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: &xdsmatcher.Matcher{
 			MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
@@ -1065,6 +1104,15 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 				TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: vips}},
 			}},
 		}}}
+	}
+	for port, chains := range directChains {
+		key := strconv.FormatUint(uint64(port), 10)
+		m := directMatcher(chains)
+		if ip := portMap[key]; ip != nil {
+			ip.GetMatcher().OnNoMatch = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: m}}
+		} else {
+			portMap[key] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: m}}
+		}
 	}
 	rt.captureMatcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
 		Input:    &xdscore.TypedExtensionConfig{Name: "port", TypedConfig: portInput},
@@ -1076,6 +1124,146 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 		rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{fc.tcp}})
 	}
 	return rt
+}
+
+// assembleDirect sets rt's capture route and headless filter from the entries' routes and direct
+// entries (a later service wins a clash) and returns, per headless target port, the chains its
+// entries use (the matcher's part for them, directMatcher).
+func (rt *routing) assembleDirect(entries []*svcEntry) map[uint32]map[string]bool {
+	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
+	direct := map[string]string{}
+	directChains := map[uint32]map[string]bool{}
+	for _, e := range entries {
+		for _, d := range e.direct {
+			direct[d.dst] = d.chain
+			if directChains[d.port] == nil {
+				directChains[d.port] = map[string]bool{}
+			}
+			directChains[d.port][d.chain] = true
+		}
+		for _, r := range e.routes {
+			routes[r.dst] = r.action
+		}
+	}
+	rt.captureRoute = captureRoute(routes)
+	if rt.directInMatcher = len(direct) > maxHeadlessMap; rt.directInMatcher {
+		direct = nil
+	}
+	rt.headlessFilter = headlessFilter(direct, slices.Sorted(maps.Keys(directChains)))
+	return directChains
+}
+
+// maxHeadlessMap is the most entries headlessFilter's CEL map holds. Envoy 1.40 parses the
+// expression once per capture listener on every ECDS update and evaluates the map literal per
+// connection on the headless target ports, both in time growing with its size (with 2008
+// entries: 20 ms per listener and 60 us per connection; with 6000 Envoy did not become ready
+// within a minute; docs/node-proxy.md, "Headless Services"). Above it, the endpoints' addresses
+// are entries of the capture matcher, as before the ECDS filter (every endpoint change then
+// updates every pod's capture listener, in place).
+const maxHeadlessMap = 1000
+
+// withDirect is rt with the capture route and the headless filter assembled again from entries,
+// for a build in which headless Services' endpoint addresses changed and nothing else of the
+// routing (sharedRoutingEqual): the matcher, the chains and the lane route are rt's values, known
+// valid when rt's were, so the pods' capture listeners stay the same values too. It returns nil
+// when the addresses are or become matcher entries (directInMatcher): the matcher changes, and
+// the caller assembles the routing whole.
+func (rt *routing) withDirect(entries []*svcEntry) *routing {
+	if rt.directInMatcher {
+		return nil
+	}
+	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute, sharedValid: rt.valid || rt.sharedValid}
+	if n.assembleDirect(entries); n.directInMatcher {
+		return nil
+	}
+	return n
+}
+
+// chainAction is the filter-chain matcher action selecting the chain named name.
+func chainAction(name string) *xdsmatcher.Matcher_OnMatch {
+	a, _ := anypb.New(wrapperspb.String(name))
+	return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+		Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}
+}
+
+// directMatcher is the capture matcher's part for one target port of headless Services, below the
+// VIPs: the filter state DirectFilterStateKey (set by HeadlessFilterName) names the chain, one of
+// chains; no match (not a headless endpoint) leaves the default chain.
+func directMatcher(chains map[string]bool) *xdsmatcher.Matcher {
+	fs, _ := anypb.New(&netinputsv3.FilterStateInput{Key: DirectFilterStateKey})
+	m := make(map[string]*xdsmatcher.Matcher_OnMatch, len(chains))
+	for c := range chains {
+		m[c] = chainAction(c)
+	}
+	return &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+		Input:    &xdscore.TypedExtensionConfig{Name: "direct", TypedConfig: fs},
+		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: m}},
+	}}}
+}
+
+// headlessFilter is the ECDS resource HeadlessFilterName: a set_filter_state listener filter
+// that sets DirectFilterStateKey (envoy.string) to the chain of the restored destination
+// "<ip>:<port>" (CEL's destination.address: IPv6 in brackets, as netip.AddrPort writes it),
+// looked up in a CEL map literal of the headless endpoints (sorted, so equal maps give equal
+// resources). The map is only built and read for a destination port in ports (the headless
+// target ports; CEL evaluates only the chosen branch of a conditional), so a connection to
+// another port costs one list lookup. A destination not in the map fails the lookup, an empty
+// value is skipped (skip_if_empty): either way the key stays unset and the capture matcher
+// picks no headless chain. Without entries the value is always empty.
+// TestPrivilegedEnvoyFactCELFilterStateMatch checks this with Envoy 1.40. Addresses and chain
+// names hold no quote, so they are written as CEL strings as they are.
+func headlessFilter(direct map[string]string, ports []uint32) *core.TypedExtensionConfig {
+	cel, _ := anypb.New(&celv3.Cel{})
+	cfg, _ := anypb.New(&sfslistenerv3.Config{OnAccept: []*sfsv3.FilterStateValue{{
+		Key:         &sfsv3.FilterStateValue_ObjectKey{ObjectKey: DirectFilterStateKey},
+		FactoryKey:  "envoy.string",
+		SkipIfEmpty: true,
+		Value: &sfsv3.FilterStateValue_FormatString{FormatString: &core.SubstitutionFormatString{
+			Format:     &core.SubstitutionFormatString_TextFormatSource{TextFormatSource: &core.DataSource{Specifier: &core.DataSource_InlineString{InlineString: headlessExpr(direct, ports)}}},
+			Formatters: []*core.TypedExtensionConfig{{Name: "envoy.formatter.cel", TypedConfig: cel}},
+		}},
+	}}})
+	return &core.TypedExtensionConfig{Name: HeadlessFilterName, TypedConfig: cfg}
+}
+
+// headlessExpr is headlessFilter's format string: "%CEL(...)%" over destination.port and
+// destination.address.
+func headlessExpr(direct map[string]string, ports []uint32) string {
+	var expr strings.Builder
+	if len(direct) == 0 {
+		expr.WriteString("%CEL('')%")
+	} else {
+		expr.WriteString("%CEL(destination.port in [")
+		for i, p := range ports {
+			if i > 0 {
+				expr.WriteString(", ")
+			}
+			expr.WriteString(strconv.FormatUint(uint64(p), 10))
+		}
+		expr.WriteString("] ? {")
+		for i, dst := range slices.Sorted(maps.Keys(direct)) {
+			if i > 0 {
+				expr.WriteString(", ")
+			}
+			fmt.Fprintf(&expr, "'%s': '%s'", dst, direct[dst])
+		}
+		expr.WriteString("}[destination.address] : '')%")
+	}
+	return expr.String()
+}
+
+// headlessRef is the capture listeners' ECDS reference (ListenerFilter.config_discovery over
+// ADS) to HeadlessFilterName. It is the same in every build: a listener whose listener filters
+// change is replaced and its connections drained, while one whose filter chains or matcher
+// alone change is updated in place (ListenerMessageUtil::filterChainOnlyChange).
+func headlessRef() *listenerv3.ListenerFilter {
+	return &listenerv3.ListenerFilter{
+		Name: HeadlessFilterName,
+		ConfigType: &listenerv3.ListenerFilter_ConfigDiscovery{ConfigDiscovery: &core.ExtensionConfigSource{
+			ConfigSource: adsSource(),
+			TypeUrls:     []string{"type.googleapis.com/envoy.extensions.filters.listener.set_filter_state.v3.Config"},
+		}},
+	}
 }
 
 // captureRoute is the route configuration of every pod's capture HTTP chain: one virtual host
@@ -1279,7 +1467,7 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		Name:               captureListenerName(p),
 		Address:            socketAddress("127.0.0.1", CapturePort, p.NetnsPath),
 		Freebind:           podFreebind(),
-		ListenerFilters:    []*listenerv3.ListenerFilter{od, idf},
+		ListenerFilters:    []*listenerv3.ListenerFilter{od, idf, b.headlessRef},
 		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{b.passthrough}},
 	}
 	if b.captureMatcher == nil {

@@ -196,6 +196,7 @@ func TestBuildGolden(t *testing.T) {
 				{"endpoints", asMessages(r.Endpoints), asMessages(again.Endpoints)},
 				{"routes", asMessages(r.Routes), asMessages(again.Routes)},
 				{"secrets", asMessages(r.Secrets), asMessages(again.Secrets)},
+				{"extensions", asMessages(r.Extensions), asMessages(again.Extensions)},
 			} {
 				got := stableJSON(t, kind.a)
 				if !bytes.Equal(got, stableJSON(t, kind.b)) {

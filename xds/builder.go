@@ -13,6 +13,8 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/tunnel"
@@ -97,6 +99,7 @@ type svcEntry struct {
 	clas     []*endpointv3.ClusterLoadAssignment
 	floors   []floorChain
 	chains   []vipChain
+	direct   []directEntry
 	routes   []vipRoute
 	lane     []*routev3.VirtualHost
 	// valid is set once a build that used this entry passed ValidateAll; clustersValid when its
@@ -128,7 +131,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		bl.shared = sh
 		bl.passthrough = sh.passthroughCluster()
 	}
-	b := &builder{m: m, opts: bl.opts, selector: bl.shared.selector, captureHCM: bl.shared.captureHCM, passthrough: bl.shared.passthrough}
+	b := &builder{m: m, opts: bl.opts, selector: bl.shared.selector, captureHCM: bl.shared.captureHCM, passthrough: bl.shared.passthrough, headlessRef: bl.shared.headlessRef}
 	g := globalsOf(m, bl.opts)
 	oldSvcs, oldPods, rt := bl.svcs, bl.pods, bl.routing
 	if !g.equal(bl.globals) {
@@ -137,7 +140,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 
 	// Services: keep the entries whose service and endpoints are unchanged, rebuild the others.
 	entries := make([]*svcEntry, len(m.Services))
-	var todo []int
+	var todo, headless []int
 	routingChanged := rt == nil
 	kept := 0
 	for i, s := range m.Services {
@@ -153,9 +156,13 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			entries[i] = e
 			continue
 		}
-		if !sameSvc || s.Headless {
-			// A headless service's endpoints are in the capture matcher and route (directEntries).
+		switch {
+		case !sameSvc:
 			routingChanged = true
+		case s.Headless:
+			// A headless service's endpoints are in the capture matcher and route
+			// (directEntries): compared once rebuilt. A change of health alone keeps them.
+			headless = append(headless, i)
 		}
 		todo = append(todo, i)
 	}
@@ -173,6 +180,23 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	})
 	if err != nil {
 		return nil, err
+	}
+	directChanged := false
+	for _, i := range headless {
+		old, e := oldSvcs[m.Services[i].Key], entries[i]
+		switch {
+		case !sharedRoutingEqual(old, e):
+			routingChanged = true
+		case !directEqual(old, e):
+			directChanged = true
+		}
+	}
+	if !routingChanged && directChanged {
+		if n := rt.withDirect(entries); n != nil {
+			rt = n
+		} else {
+			routingChanged = true
+		}
 	}
 	if routingChanged {
 		rt = assembleRouting(entries, b.captureHCM)
@@ -216,14 +240,18 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	// service has a VIP). A snapshot serving a route no listener names is not Consistent().
 	if len(m.Pods) > 0 {
 		r.Routes = append(r.Routes, rt.laneRoute)
-		known(rt.valid, rt.laneRoute)
+		known(rt.valid || rt.sharedValid, rt.laneRoute)
 		if rt.captureMatcher != nil {
 			r.Routes = append(r.Routes, rt.captureRoute)
 			known(rt.valid, rt.captureRoute)
 		}
 	}
 	if rt.captureMatcher != nil {
-		known(rt.valid, rt.captureMatcher, chainsKey(rt.captureChains))
+		known(rt.valid || rt.sharedValid, rt.captureMatcher, chainsKey(rt.captureChains))
+	}
+	if len(m.Pods) > 0 {
+		r.Extensions = append(r.Extensions, rt.headlessFilter)
+		known(rt.valid, rt.headlessFilter)
 	}
 
 	// Pods: this cluster's endpoints of the local pods, for their inbound listeners.
@@ -367,6 +395,37 @@ func serviceEqual(a, b *model.Service) bool {
 	return a.Key == b.Key && a.Local == b.Local && a.Headless == b.Headless && a.Imported == b.Imported && a.Exported == b.Exported &&
 		a.Created.Equal(b.Created) && slices.Equal(a.VIPs, b.VIPs) && slices.Equal(a.ClustersetVIPs, b.ClustersetVIPs) &&
 		slices.Equal(a.Ports, b.Ports)
+}
+
+// sharedRoutingEqual reports whether two entries of a service contribute the same to the
+// routing every pod's capture listener holds (assembleRouting): the same floor chains, capture
+// matcher entries, lane virtual hosts, and headless chains per target port. A headless
+// service's endpoints change none of these unless a target port comes or goes: a joining or
+// leaving endpoint changes only its direct entries and capture routes (directEqual), and a
+// readiness change nothing.
+func sharedRoutingEqual(a, b *svcEntry) bool {
+	return slices.EqualFunc(a.floors, b.floors, func(x, y floorChain) bool { return x.name == y.name && proto.Equal(x.tcp, y.tcp) }) &&
+		slices.EqualFunc(a.chains, b.chains, func(x, y vipChain) bool {
+			return x.vip == y.vip && x.port == y.port && proto.Equal(x.action, y.action)
+		}) &&
+		slices.EqualFunc(a.lane, b.lane, func(x, y *routev3.VirtualHost) bool { return proto.Equal(x, y) }) &&
+		maps.Equal(directChainSet(a.direct), directChainSet(b.direct))
+}
+
+// directChainSet is the set of target port and chain pairs of direct entries.
+func directChainSet(ds []directEntry) map[directEntry]bool {
+	out := make(map[directEntry]bool, len(ds))
+	for _, d := range ds {
+		out[directEntry{port: d.port, chain: d.chain}] = true
+	}
+	return out
+}
+
+// directEqual reports whether two entries of a service have the same direct entries and capture
+// routes, in the same order.
+func directEqual(a, b *svcEntry) bool {
+	return slices.Equal(a.direct, b.direct) &&
+		slices.EqualFunc(a.routes, b.routes, func(x, y vipRoute) bool { return x.dst == y.dst && proto.Equal(x.action, y.action) })
 }
 
 // endpointsEqual reports whether two endpoint lists are the same, in the same order.

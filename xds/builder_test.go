@@ -2,6 +2,7 @@ package xds
 
 import (
 	"bytes"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
@@ -9,6 +10,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	sfslistenerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/set_filter_state/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -64,6 +66,21 @@ func builderSteps() []struct {
 		{"headless endpoint moves to another IP and port", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
 			e[peersKey][1].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
 			e[peersKey][1].Ports[0].Port = 8082
+			return s, p
+		}, model.Node{})},
+		{"a headless endpoint's readiness flips after it moved", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			e[peersKey][1].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
+			e[peersKey][1].Ports[0].Port = 8082
+			e[peersKey][0].Healthy = !e[peersKey][0].Healthy
+			return s, p
+		}, model.Node{})},
+		{"a headless Service with more endpoints than the ECDS map holds", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			manyPeers(e)
+			return s, p
+		}, model.Node{})},
+		{"and one of them moves", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			manyPeers(e)
+			e[peersKey][3].IPs = []netip.Addr{netip.MustParseAddr("10.250.9.9")}
 			return s, p
 		}, model.Node{})},
 		{"named target port on one number in every pod", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
@@ -217,6 +234,117 @@ func TestBuilderReusesUnchanged(t *testing.T) {
 	}
 	if r1.Routes[0] != r0.Routes[0] || r1.Routes[1] != r0.Routes[1] {
 		t.Error("route tables rebuilt, want the previous values (no routing changed)")
+	}
+}
+
+// TestBuilderHeadlessReadiness: a headless Service's endpoint that turns not ready (or ready)
+// changes that service's EDS resources only: every listener and route table is the previous value
+// (its entries follow the endpoints' addresses, not their health), so delta xDS sends no
+// listener. An endpoint that moves to another address changes the ECDS filter HeadlessFilterName
+// and the capture route table, and no capture listener.
+func TestBuilderHeadlessReadiness(t *testing.T) {
+	bl := NewBuilder(Options{})
+	build := func(m *model.Mesh) *Resources {
+		t.Helper()
+		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ValidateAll(); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	type svcs = []*model.Service
+	type eps = map[model.ServiceKey][]model.Endpoint
+	type pods = []*model.LocalPod
+	r0 := build(goldenVariant(nil, model.Node{}))
+	r1 := build(goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+		e[peersKey][0].Healthy = !e[peersKey][0].Healthy
+		return s, p
+	}, model.Node{}))
+	for i, l := range r1.Listeners {
+		if l != r0.Listeners[i] {
+			t.Errorf("readiness flip: listener %s rebuilt, want the previous value", l.GetName())
+		}
+	}
+	for i, rt := range r1.Routes {
+		if rt != r0.Routes[i] {
+			t.Errorf("readiness flip: route table %s rebuilt, want the previous value", rt.GetName())
+		}
+	}
+	for i, e := range r1.Endpoints {
+		changed := strings.HasPrefix(e.GetClusterName(), "peers.shop.mesh:")
+		if same := e == r0.Endpoints[i]; same == changed {
+			t.Errorf("readiness flip: EDS %s reused=%v, want reused only when unchanged", e.GetClusterName(), same)
+		}
+	}
+	r2 := build(goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+		e[peersKey][0].Healthy = !e[peersKey][0].Healthy
+		e[peersKey][1].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
+		return s, p
+	}, model.Node{}))
+	for i, l := range r2.Listeners {
+		if strings.HasPrefix(l.GetName(), "capture|") && !proto.Equal(l, r1.Listeners[i]) {
+			t.Errorf("headless endpoint moved: capture listener %s changed, want the same (the map is in the ECDS filter)", l.GetName())
+		}
+	}
+	if len(r2.Extensions) != 1 || proto.Equal(r2.Extensions[0], r1.Extensions[0]) {
+		t.Errorf("headless endpoint moved: extension configs %v, want %s changed", r2.Extensions, HeadlessFilterName)
+	}
+	for i, rt := range r2.Routes {
+		if changed := rt.GetName() == CaptureRouteName; changed == (rt == r1.Routes[i]) {
+			t.Errorf("headless endpoint moved: route table %s reused=%v, want only the capture route rebuilt", rt.GetName(), rt == r1.Routes[i])
+		}
+	}
+}
+
+// manyPeers gives peers maxHeadlessMap/2+1 more endpoints in this cluster (each serving both of
+// its ports): more entries than headlessFilter's map holds.
+func manyPeers(e map[model.ServiceKey][]model.Endpoint) {
+	for i := 0; i <= maxHeadlessMap/2; i++ {
+		ep := e[peersKey][1]
+		ep.PodName, ep.PodUID = fmt.Sprintf("many-%d", i), fmt.Sprintf("uid-many-%d", i)
+		ep.IPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 250, byte(i >> 8), byte(i)})}
+		e[peersKey] = append(e[peersKey], ep)
+	}
+}
+
+// TestHeadlessMapLimit: with more headless entries than maxHeadlessMap, the ECDS filter's map is
+// empty and the endpoints' addresses are entries of the capture matcher (as before the filter);
+// with fewer, the reverse.
+func TestHeadlessMapLimit(t *testing.T) {
+	for _, many := range []bool{false, true} {
+		m := goldenVariant(func(s []*model.Service, e map[model.ServiceKey][]model.Endpoint, p []*model.LocalPod) ([]*model.Service, []*model.LocalPod) {
+			if many {
+				manyPeers(e)
+			}
+			return s, p
+		}, model.Node{})
+		r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := r.ValidateAll(); err != nil {
+			t.Fatal(err)
+		}
+		var capture *listenerv3.Listener
+		for _, l := range r.Listeners {
+			if strings.HasPrefix(l.GetName(), "capture|") {
+				capture = l
+			}
+		}
+		raft := capture.GetFilterChainMatcher().GetMatcherTree().GetExactMatchMap().GetMap()["7000"].GetMatcher()
+		inMatcher := raft.GetMatcherTree().GetExactMatchMap().GetMap()["10.244.2.9"] != nil
+		cfg, err := r.Extensions[0].GetTypedConfig().UnmarshalNew()
+		if err != nil {
+			t.Fatal(err)
+		}
+		expr := cfg.(*sfslistenerv3.Config).GetOnAccept()[0].GetFormatString().GetTextFormatSource().GetInlineString()
+		inMap := strings.Contains(expr, "'10.244.2.9:7000'")
+		if inMatcher != many || inMap == many {
+			t.Errorf("many=%v: 10.244.2.9:7000 in the matcher %v, in the ECDS map %v (%.80s...)", many, inMatcher, inMap, expr)
+		}
 	}
 }
 

@@ -46,9 +46,12 @@ type meshFixture struct {
 	podNet byte
 	// stopAgent stops the xDS server and the supervisor (not Envoy), as an agent crash would.
 	stopAgent func()
+	// envoyArgs are extra Envoy command-line arguments (e.g. a short --drain-time-s).
+	envoyArgs []string
 }
 
-func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build Options) *meshFixture {
+// newMeshFixture starts the fixture; envoyArgs are appended to Envoy's command line.
+func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build Options, envoyArgs ...string) *meshFixture {
 	t.Helper()
 	testenv.RequireRoot(t)
 	testenv.RequireTools(t, testenv.ToolEnvoy)
@@ -81,7 +84,7 @@ func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build 
 	f.xdsSock = filepath.Join(f.dir, "xds.sock")
 	f.adminSock = filepath.Join(f.dir, "admin.sock")
 	f.log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	f.delta, f.build = delta, build
+	f.delta, f.build, f.envoyArgs = delta, build, envoyArgs
 	f.startAgent()
 	t.Cleanup(func() {
 		f.stopAgent()
@@ -105,7 +108,7 @@ func (f *meshFixture) supConfig() SupervisorConfig {
 		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, StateOfTheWorld: !f.delta},
 		StateDir:  filepath.Join(f.dir, "envoy"),
 		Prefix:    f.prefix(),
-		ExtraArgs: []string{"--concurrency", "1", "--log-level", "info"},
+		ExtraArgs: append([]string{"--concurrency", "1", "--log-level", "info"}, f.envoyArgs...),
 		Logger:    f.log,
 	}
 }

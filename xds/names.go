@@ -40,6 +40,13 @@ const (
 	// (envoy.tls.upstream_certificate_mappers.filter_state_override) reads the client
 	// certificate's secret name from; each pod listener sets it to the pod's SPIFFE ID.
 	CertMapperFilterStateKey = "envoy.tls.certificate_mappers.on_demand_secret"
+	// HeadlessFilterName is the ECDS resource (a set_filter_state listener filter) every capture
+	// listener runs on the target ports of headless Services: it maps the restored destination
+	// "<pod_ip>:<port>" of a headless endpoint in this cluster to its capture chain's name, in the
+	// filter state DirectFilterStateKey, which the capture filter-chain matcher reads.
+	HeadlessFilterName = "aether-headless"
+	// DirectFilterStateKey is the filter-state key HeadlessFilterName sets.
+	DirectFilterStateKey = "aether.direct"
 )
 
 // ClusterName returns the outbound EDS cluster name of a service port:

@@ -64,6 +64,7 @@ type Server struct {
 	buildFailures prometheus.Counter
 	nacks         *prometheus.CounterVec
 	sent          *prometheus.CounterVec
+	bytesSent     *prometheus.CounterVec
 	snapVersion   prometheus.Gauge
 
 	mu       sync.Mutex
@@ -126,6 +127,8 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			Name: "aether_xds_nacks_total", Help: "xDS responses Envoy rejected (NACK), by type URL."}, []string{"type_url"}),
 		sent: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "aether_xds_resources_sent_total", Help: "Resources sent to Envoy in xDS responses, by type URL (delta sends only changed ones)."}, []string{"type_url"}),
+		bytesSent: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "aether_xds_bytes_sent_total", Help: "Encoded size of the xDS responses sent to Envoy, by type URL."}, []string{"type_url"}),
 		snapVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aether_xds_snapshot_sequence", Help: "Sequence number of the snapshot being served."}),
 		need:     map[uint64][2]uint64{},
@@ -140,7 +143,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		kick:     make(chan struct{}, 1),
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.snapVersion} {
+		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.bytesSent, s.snapVersion} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("new xds server: register metrics: %w", err)
 			}
@@ -358,12 +361,33 @@ func (r *Resources) ValidateAll() error {
 	for _, x := range r.Secrets {
 		check("secret", x.GetName(), x.ValidateAll())
 	}
+	for _, x := range r.Extensions {
+		if !r.isKnown(x) {
+			check("extension config", x.GetName(), validateExtension(x))
+		}
+	}
 	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName, r.isKnown)...)
 	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName, r.isKnown)...)
 	if len(errs) == 0 && r.validated != nil {
 		r.validated()
 	}
 	return errors.Join(errs...)
+}
+
+// validateExtension validates an ECDS resource and the typed config it carries (the
+// TypedExtensionConfig's own rules stop at the Any).
+func validateExtension(x *core.TypedExtensionConfig) error {
+	if err := x.ValidateAll(); err != nil {
+		return err
+	}
+	cfg, err := x.GetTypedConfig().UnmarshalNew()
+	if err != nil {
+		return fmt.Errorf("unmarshal typed config: %w", err)
+	}
+	if v, ok := cfg.(interface{ ValidateAll() error }); ok {
+		return v.ValidateAll()
+	}
+	return nil
 }
 
 // parallelValidate runs ValidateAll on the xs that skip does not name, in GOMAXPROCS goroutines,
@@ -412,11 +436,14 @@ func (r *Resources) typed() map[resource.Type][]types.Resource {
 	for _, x := range r.Secrets {
 		add(resource.SecretType, x)
 	}
+	for _, x := range r.Extensions {
+		add(resource.ExtensionConfigType, x)
+	}
 	return out
 }
 
 // snapshotTypes are the resource types every snapshot carries.
-var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType}
+var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType, resource.ExtensionConfigType}
 
 // sameResources reports whether two snapshots hold the same resources of type t. Resources the
 // Builder reused are the same values, so most comparisons end at the pointer.
@@ -643,6 +670,14 @@ func (s *Server) rollback(good *snapshot, nacked uint64) {
 	s.log.Warn("served the last ACKed snapshot again after a NACK", "version", version)
 }
 
+// countSent counts a response of n resources of type url (aether_xds_resources_sent_total) and
+// its encoded size (aether_xds_bytes_sent_total). The resources in a response are already
+// encoded (Any), so proto.Size adds their lengths without walking them.
+func (s *Server) countSent(url string, n int, resp proto.Message) {
+	s.sent.WithLabelValues(url).Add(float64(n))
+	s.bytesSent.WithLabelValues(url).Add(float64(proto.Size(resp)))
+}
+
 func (s *Server) callbacks() server.Callbacks {
 	// When Envoy's ADS stream ends (Envoy restarted or lost), what it ACKed no longer tells what
 	// a new Envoy holds: forget it, so WaitForAck waits for the new stream's ACKs.
@@ -655,7 +690,7 @@ func (s *Server) callbacks() server.Callbacks {
 		StreamClosedFunc:      closed,
 		DeltaStreamClosedFunc: closed,
 		StreamResponseFunc: func(_ context.Context, _ int64, _ *discoverygrpc.DiscoveryRequest, resp *discoverygrpc.DiscoveryResponse) {
-			s.sent.WithLabelValues(resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
+			s.countSent(resp.GetTypeUrl(), len(resp.GetResources()), resp)
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if v, ok := s.parseVersion(resp.GetVersionInfo()); ok {
@@ -668,7 +703,7 @@ func (s *Server) callbacks() server.Callbacks {
 			return nil
 		},
 		StreamDeltaResponseFunc: func(_ int64, _ *discoverygrpc.DeltaDiscoveryRequest, resp *discoverygrpc.DeltaDiscoveryResponse) {
-			s.sent.WithLabelValues(resp.GetTypeUrl()).Add(float64(len(resp.GetResources())))
+			s.countSent(resp.GetTypeUrl(), len(resp.GetResources()), resp)
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			if v, ok := s.parseVersion(resp.GetSystemVersionInfo()); ok {
