@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -417,5 +418,55 @@ func TestHandshakeTimeout(t *testing.T) {
 				t.Errorf("%d listeners inspect TLS, want 3", inspecting)
 			}
 		})
+	}
+}
+
+// TestWaitForAckOlderThanWindow: a version older than the tracked window (64 versions) is
+// satisfied once Envoy ACKed each type's last change, even when a type has not changed since
+// before that version, so that no ACK of it will ever come (endpoint-only changes send no
+// listeners or clusters).
+func TestWaitForAckOlderThanWindow(t *testing.T) {
+	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	m := goldenMesh()
+	v1, err := s.SetMesh(ctx, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v2 string
+	for i := range 70 {
+		// Only an endpoint's health changes: EDS, no listener or cluster.
+		next := goldenMesh()
+		for key, eps := range next.Endpoints {
+			eps = slices.Clone(eps)
+			eps[0].Healthy = i%2 == 0
+			next.Endpoints[key] = eps
+			break
+		}
+		if v2, err = s.SetMesh(ctx, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.mu.Lock()
+	lastL, lastC := s.lastL, s.lastC
+	v2n, _ := s.parseVersion(v2)
+	s.mu.Unlock()
+	if lastL >= v2n-64 || lastC >= v2n-64 {
+		t.Fatalf("listeners changed at %d and clusters at %d, want both before the window of %d", lastL, lastC, v2n)
+	}
+	v1n, _ := s.parseVersion(v1)
+	old := s.epoch + "." + strconv.FormatUint(v1n+1, 10) // inside the run of endpoint changes, out of the window
+	s.mu.Lock()
+	s.ack(waitTypes[0], lastL, true, "")
+	s.ack(waitTypes[1], lastC, true, "")
+	s.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := s.WaitForAck(wctx, old); err != nil {
+		t.Errorf("WaitForAck(%s) with listeners ACKed at %d and clusters at %d: %v", old, lastL, lastC, err)
 	}
 }

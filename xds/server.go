@@ -100,7 +100,11 @@ type nackKey struct {
 }
 
 // Type URLs whose ACK WaitForAck waits for: the listeners hold the pods, the clusters are what
-// they route to.
+// they route to. Not the extension config HeadlessFilterName (ECDS): Envoy asks for it by name,
+// and a reconnecting Envoy that already holds its version (delta's initial_resource_versions, as
+// after an agent restart) is sent nothing, so no ACK would come (a first try hung
+// TestPrivilegedEnvoySupervision). A CNI ADD therefore does not wait for its pod to become
+// reachable as a headless endpoint; the pod is not ready yet then.
 var waitTypes = [2]string{resource.ListenerType, resource.ClusterType}
 
 // NewServer returns a Server with an empty configuration.
@@ -491,8 +495,10 @@ func (s *Server) WaitForAck(ctx context.Context, version string) error {
 		}
 		need, known := s.need[v]
 		if !known {
-			// Older than the tracked window: satisfied once a later version is fully ACKed.
-			need = [2]uint64{v, v}
+			// Older than the tracked window: each type's need at v was at most v and at most
+			// the version of its last change since, which Envoy ACKs in the end (v itself may
+			// never be ACKed for a type that has not changed since).
+			need = [2]uint64{min(v, s.lastL), min(v, s.lastC)}
 		}
 		done := s.acked[waitTypes[0]] >= need[0] && s.acked[waitTypes[1]] >= need[1]
 		ch := s.changed
