@@ -1032,7 +1032,7 @@ type routing struct {
 	captureChains []*listenerv3.FilterChain
 	captureRoute  *routev3.RouteConfiguration
 	laneRoute     *routev3.RouteConfiguration
-	// headlessFilter is the ECDS resource HeadlessFilterName; its map is empty when
+	// headlessFilter is the ECDS resource HeadlessFilterName; it sets nothing when
 	// directInMatcher (more than maxHeadlessMap entries: they are in the matcher instead).
 	headlessFilter  *core.TypedExtensionConfig
 	directInMatcher bool
@@ -1209,10 +1209,16 @@ func directMatcher(chains map[string]bool) *xdsmatcher.Matcher {
 // target ports; CEL evaluates only the chosen branch of a conditional), so a connection to
 // another port costs one list lookup. A destination not in the map fails the lookup, an empty
 // value is skipped (skip_if_empty): either way the key stays unset and the capture matcher
-// picks no headless chain. Without entries the value is always empty.
-// TestPrivilegedEnvoyFactCELFilterStateMatch checks this with Envoy 1.40. Addresses and chain
-// names hold no quote, so they are written as CEL strings as they are.
+// picks no headless chain. Without entries the filter sets nothing (no on_accept value), so a
+// node without headless endpoints evaluates no CEL per connection; the listeners' reference to
+// the filter stays (headlessRef). TestPrivilegedEnvoyFactCELFilterStateMatch checks both forms
+// with Envoy 1.40. Addresses and chain names hold no quote, so they are written as CEL strings
+// as they are.
 func headlessFilter(direct map[string]string, ports []uint32) *core.TypedExtensionConfig {
+	if len(direct) == 0 {
+		cfg, _ := anypb.New(&sfslistenerv3.Config{})
+		return &core.TypedExtensionConfig{Name: HeadlessFilterName, TypedConfig: cfg}
+	}
 	cel, _ := anypb.New(&celv3.Cel{})
 	cfg, _ := anypb.New(&sfslistenerv3.Config{OnAccept: []*sfsv3.FilterStateValue{{
 		Key:         &sfsv3.FilterStateValue_ObjectKey{ObjectKey: DirectFilterStateKey},
@@ -1226,29 +1232,25 @@ func headlessFilter(direct map[string]string, ports []uint32) *core.TypedExtensi
 	return &core.TypedExtensionConfig{Name: HeadlessFilterName, TypedConfig: cfg}
 }
 
-// headlessExpr is headlessFilter's format string: "%CEL(...)%" over destination.port and
-// destination.address.
+// headlessExpr is headlessFilter's format string for a non-empty direct: "%CEL(...)%" over
+// destination.port and destination.address.
 func headlessExpr(direct map[string]string, ports []uint32) string {
 	var expr strings.Builder
-	if len(direct) == 0 {
-		expr.WriteString("%CEL('')%")
-	} else {
-		expr.WriteString("%CEL(destination.port in [")
-		for i, p := range ports {
-			if i > 0 {
-				expr.WriteString(", ")
-			}
-			expr.WriteString(strconv.FormatUint(uint64(p), 10))
+	expr.WriteString("%CEL(destination.port in [")
+	for i, p := range ports {
+		if i > 0 {
+			expr.WriteString(", ")
 		}
-		expr.WriteString("] ? {")
-		for i, dst := range slices.Sorted(maps.Keys(direct)) {
-			if i > 0 {
-				expr.WriteString(", ")
-			}
-			fmt.Fprintf(&expr, "'%s': '%s'", dst, direct[dst])
-		}
-		expr.WriteString("}[destination.address] : '')%")
+		expr.WriteString(strconv.FormatUint(uint64(p), 10))
 	}
+	expr.WriteString("] ? {")
+	for i, dst := range slices.Sorted(maps.Keys(direct)) {
+		if i > 0 {
+			expr.WriteString(", ")
+		}
+		fmt.Fprintf(&expr, "'%s': '%s'", dst, direct[dst])
+	}
+	expr.WriteString("}[destination.address] : '')%")
 	return expr.String()
 }
 
