@@ -30,13 +30,22 @@ func cachingResolver(t testing.TB, upstream string, size int, clk *fakeClock) (*
 // cachingResolverWith is cachingResolver with cache options o (its clock set here).
 func cachingResolverWith(t testing.TB, upstream string, o CacheOptions, clk *fakeClock) (*Resolver, *prometheus.Registry) {
 	t.Helper()
-	fwd, err := NewForwarder([]string{upstream}, ForwarderOptions{Timeout: 5 * time.Second})
+	return resolverWith(t, upstream, ForwarderOptions{Timeout: 5 * time.Second}, ResolverOptions{Cache: o}, clk)
+}
+
+// resolverWith is a resolver with the mesh of testMesh forwarding to upstream with fo, built with
+// ro (its Registerer a new registry, returned; its cache on clk), closed at the test's end.
+func resolverWith(t testing.TB, upstream string, fo ForwarderOptions, ro ResolverOptions, clk *fakeClock) (*Resolver, *prometheus.Registry) {
+	t.Helper()
+	fwd, err := NewForwarder([]string{upstream}, fo)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { fwd.Close() })
 	reg := prometheus.NewRegistry()
-	o.clock = clk.now
-	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, Cache: o})
+	ro.Registerer = reg
+	ro.Cache.clock = clk.now
+	res, err := NewResolver(fwd, ro)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // modalUpstream is an upstream stub whose behaviour the test switches: "ok1" and "ok2" answer
@@ -531,22 +530,10 @@ func TestPrefetchBudget(t *testing.T) {
 		answer(w, r)
 	})
 	t.Cleanup(func() { close(release) }) // before the stub's shutdown (cleanups run last first)
-	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fwd.Close() })
 	clk := &fakeClock{}
-	reg := prometheus.NewRegistry()
 	const limit, popular = 16, 16
-	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, MaxForwards: limit,
-		Cache: CacheOptions{Size: 100, Prefetch: 1, clock: clk.now}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.Update(testMesh()); err != nil {
-		t.Fatal(err)
-	}
+	res, reg := resolverWith(t, up.addr, ForwarderOptions{Timeout: time.Minute}, ResolverOptions{MaxForwards: limit,
+		Cache: CacheOptions{Size: 100, Prefetch: 1}}, clk)
 	name := func(i int) string { return fmt.Sprintf("pop%d.example.", i) }
 	for i := range popular {
 		if m, _ := serve(t, res, query(name(i), dns.TypeA, nil), false); summary(m) != "NOERROR 192.0.2.1/10" {
@@ -600,22 +587,10 @@ func TestPrefetchRetriesAfterBudget(t *testing.T) {
 		reply(dns.RcodeSuccess, []string{"%s 10 IN A 192.0.2.1"}, nil, nil, nil)(w, r)
 	})
 	t.Cleanup(func() { close(*release.Load()) }) // before the stub's shutdown
-	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{Timeout: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { fwd.Close() })
 	clk := &fakeClock{}
-	reg := prometheus.NewRegistry()
 	const limit, popular = 16, 16
-	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg, MaxForwards: limit,
-		Cache: CacheOptions{Size: 100, Prefetch: 1, clock: clk.now}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := res.Update(testMesh()); err != nil {
-		t.Fatal(err)
-	}
+	res, reg := resolverWith(t, up.addr, ForwarderOptions{Timeout: time.Minute}, ResolverOptions{MaxForwards: limit,
+		Cache: CacheOptions{Size: 100, Prefetch: 1}}, clk)
 	budget := limit / prefetchShare
 	name := func(i int) string { return fmt.Sprintf("pop%d.example.", i) }
 	hitAll := func(when string) {
