@@ -1078,15 +1078,27 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 	directChains := rt.assembleDirect(entries)
 	if rt.directInMatcher {
 		// Too many for the ECDS filter's map: the endpoints' addresses are matcher entries, as
-		// VIPs are (a later service wins a clash).
+		// VIPs are. A later service wins a clash between endpoints; a VIP keeps its entry, as it
+		// does below the limit (the VIPs are matched before the filter state).
+		direct := map[string]map[string]string{}
 		for _, e := range entries {
 			for _, d := range e.direct {
 				ap := netip.MustParseAddrPort(d.dst)
 				port := strconv.FormatUint(uint64(d.port), 10)
-				if byPort[port] == nil {
-					byPort[port] = map[string]*xdsmatcher.Matcher_OnMatch{}
+				if direct[port] == nil {
+					direct[port] = map[string]string{}
 				}
-				byPort[port][ap.Addr().String()] = chainAction(d.chain)
+				direct[port][ap.Addr().String()] = d.chain
+			}
+		}
+		for port, ips := range direct {
+			if byPort[port] == nil {
+				byPort[port] = map[string]*xdsmatcher.Matcher_OnMatch{}
+			}
+			for ip, chain := range ips {
+				if byPort[port][ip] == nil {
+					byPort[port][ip] = chainAction(chain)
+				}
 			}
 		}
 		directChains = nil
@@ -1146,7 +1158,7 @@ func (rt *routing) assembleDirect(entries []*svcEntry) map[uint32]map[string]boo
 		}
 	}
 	rt.captureRoute = captureRoute(routes)
-	if rt.directInMatcher = len(direct) > maxHeadlessMap; rt.directInMatcher {
+	if rt.directInMatcher = len(direct) > maxHeadlessMap || headlessExprLen(direct) > maxHeadlessExpr; rt.directInMatcher {
 		direct = nil
 	}
 	rt.headlessFilter = headlessFilter(direct, slices.Sorted(maps.Keys(directChains)))
@@ -1161,6 +1173,24 @@ func (rt *routing) assembleDirect(entries []*svcEntry) map[uint32]map[string]boo
 // are entries of the capture matcher, as before the ECDS filter (every endpoint change then
 // updates every pod's capture listener, in place).
 const maxHeadlessMap = 1000
+
+// maxHeadlessExpr is the longest headlessFilter expression, in bytes, below the CEL parser's
+// default limit of 100,000 code points (cel-cpp parser/options.h, expression_size_codepoint_limit;
+// Envoy's CEL formatter parses with the default options): each entry repeats its chain's name,
+// which holds the Service's mesh name, so 1000 entries of long Service and namespace names need
+// about 180,000 bytes, and Envoy would reject the filter for the whole node. Above it, as above
+// maxHeadlessMap, the addresses are matcher entries.
+const maxHeadlessExpr = 90_000
+
+// headlessExprLen is an upper bound of the length of headlessExpr(direct, ports) without its
+// port list: each entry's quoted key and value and separators, escaped (celQuote).
+func headlessExprLen(direct map[string]string) int {
+	n := 0
+	for dst, chain := range direct {
+		n += 2*len(dst) + 2*len(chain) + 8
+	}
+	return n
+}
 
 // withDirect is rt with the capture route and the headless filter assembled again from entries,
 // for a build in which headless Services' endpoint addresses changed and nothing else of the
@@ -1227,6 +1257,9 @@ func headlessFilter(direct map[string]string, ports []uint32) *core.TypedExtensi
 		Value: &sfsv3.FilterStateValue_FormatString{FormatString: &core.SubstitutionFormatString{
 			Format:     &core.SubstitutionFormatString_TextFormatSource{TextFormatSource: &core.DataSource{Specifier: &core.DataSource_InlineString{InlineString: headlessExpr(direct, ports)}}},
 			Formatters: []*core.TypedExtensionConfig{{Name: "envoy.formatter.cel", TypedConfig: cel}},
+			// A failed lookup is an evaluation error, which the formatter writes as "-" unless
+			// empty values are omitted; omitted, it is empty, and skip_if_empty sets nothing.
+			OmitEmptyValues: true,
 		}},
 	}}})
 	return &core.TypedExtensionConfig{Name: HeadlessFilterName, TypedConfig: cfg}
@@ -1248,11 +1281,18 @@ func headlessExpr(direct map[string]string, ports []uint32) string {
 		if i > 0 {
 			expr.WriteString(", ")
 		}
-		fmt.Fprintf(&expr, "'%s': '%s'", dst, direct[dst])
+		fmt.Fprintf(&expr, "'%s': '%s'", celQuote.Replace(dst), celQuote.Replace(direct[dst]))
 	}
 	expr.WriteString("}[destination.address] : '')%")
 	return expr.String()
 }
+
+// celQuote escapes a string for a single-quoted CEL string literal (CEL language definition,
+// "String and Bytes Values"): a backslash and a quote are escaped. Addresses and chain names
+// (DNS names, checked where they enter the model) hold neither; this keeps a name that slipped
+// through from ending the literal, which would change the expression or make Envoy reject the
+// filter on every capture listener.
+var celQuote = strings.NewReplacer(`\`, `\\`, `'`, `\'`)
 
 // headlessRef is the capture listeners' ECDS reference (ListenerFilter.config_discovery over
 // ADS) to HeadlessFilterName. It is the same in every build: a listener whose listener filters

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -468,5 +469,12 @@ func TestWaitForAckOlderThanWindow(t *testing.T) {
 	defer cancel()
 	if err := s.WaitForAck(wctx, old); err != nil {
 		t.Errorf("WaitForAck(%s) with listeners ACKed at %d and clusters at %d: %v", old, lastL, lastC, err)
+	}
+	// A version not served yet is not ACKed by what came before it.
+	next := s.epoch + "." + strconv.FormatUint(v2n+1, 10)
+	sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	if err := s.WaitForAck(sctx, next); !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("WaitForAck(%s), not served yet: %v, want a deadline error", next, err)
 	}
 }

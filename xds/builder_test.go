@@ -614,3 +614,42 @@ func differingKinds(t *testing.T, a, b *Resources) []string {
 	}
 	return out
 }
+
+// TestHeadlessExprLimit: the ECDS filter's expression stays under the CEL parser's length limit:
+// fewer than maxHeadlessMap entries whose chain names are long (63-character Service and
+// namespace names) go to the matcher instead, and the length bound holds for what headlessExpr
+// writes, quotes escaped.
+func TestHeadlessExprLimit(t *testing.T) {
+	long := strings.Repeat("s", 63) + "." + strings.Repeat("n", 63) + ".mesh"
+	chain := "tcp|direct|" + long + ":9042|9042"
+	var e svcEntry
+	for i := 0; i < 600; i++ {
+		dst := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), 9042)
+		e.direct = append(e.direct, directEntry{dst: dst.String(), port: 9042, chain: chain})
+	}
+	rt := &routing{}
+	rt.assembleDirect([]*svcEntry{&e})
+	if !rt.directInMatcher {
+		t.Errorf("600 entries of %d-byte chain names (about %d bytes of expression): not in the matcher", len(chain), headlessExprLen(map[string]string{"x": chain})*600)
+	}
+	cfg, err := rt.headlessFilter.GetTypedConfig().UnmarshalNew()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(cfg.(*sfslistenerv3.Config).GetOnAccept()); n != 0 {
+		t.Errorf("filter over the length limit has %d values, want none", n)
+	}
+	rt = &routing{}
+	rt.assembleDirect([]*svcEntry{{direct: e.direct[:100]}})
+	if rt.directInMatcher {
+		t.Error("100 entries: in the matcher, want the filter's map")
+	}
+	direct := map[string]string{"10.0.0.1:80": `a'b\c`, "10.0.0.2:80": chain}
+	expr := headlessExpr(direct, []uint32{80})
+	if !strings.Contains(expr, `'10.0.0.1:80': 'a\'b\\c'`) {
+		t.Errorf("quote and backslash not escaped: %s", expr)
+	}
+	if body := expr[strings.Index(expr, "{"):]; len(body) > headlessExprLen(direct) {
+		t.Errorf("map literal %d bytes, over headlessExprLen's bound %d", len(body), headlessExprLen(direct))
+	}
+}

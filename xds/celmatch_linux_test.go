@@ -21,6 +21,7 @@ func celCaptureListener(name, netns string, port int, expr string) string {
           skip_if_empty: true
           format_string:
             text_format_source: { inline_string: %q }
+            omit_empty_values: true
             formatters:
             - name: envoy.formatter.cel
               typed_config: { "@type": type.googleapis.com/envoy.extensions.formatter.cel.v3.Cel }`, expr)

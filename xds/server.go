@@ -494,7 +494,11 @@ func (s *Server) WaitForAck(ctx context.Context, version string) error {
 			return fmt.Errorf("wait for ack of version %s: %w: %s", version, ErrRejected, detail)
 		}
 		need, known := s.need[v]
-		if !known {
+		switch {
+		case v > s.seq:
+			// Not served yet (or its number was given back by a failed SetMesh): wait for it.
+			need = [2]uint64{v, v}
+		case !known:
 			// Older than the tracked window: each type's need at v was at most v and at most
 			// the version of its last change since, which Envoy ACKs in the end (v itself may
 			// never be ACKed for a type that has not changed since).
