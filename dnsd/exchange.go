@@ -295,7 +295,9 @@ func (u *upstream) parse(b []byte, q *fwdQuery) (resp *dns.Msg, answered bool, r
 		resp = new(dns.Msg)
 		resp.SetRcode(q.req, int(b[3]&0x0F))
 		resp.RecursionAvailable = b[3]&0x80 != 0
-		if b[10]|b[11] != 0 {
+		if b[10]|b[11] != 0 && q.req.IsEdns0() != nil {
+			// Never an OPT to a client that sent none (RFC 6891 section 7), whatever the
+			// upstream wrote.
 			var m dns.Msg
 			if m.Unpack(b) == nil {
 				if opt := m.IsEdns0(); opt != nil && opt.ExtendedRcode() == 0 {

@@ -824,11 +824,15 @@ func TestCutAnswer(t *testing.T) {
 // cutting it to the client's size (cutAnswer) and parsing it never panics, and a cut answer
 // that parses has TC set and fits the size. A FORMERR or NOTIMP without a question parses as
 // the answer with the query's question, packs again (the cache packs it for coalesced
-// queries), and has the upstream's OPT when it had one (with extended rcode 0), else none.
+// queries), and has the upstream's OPT when it had one (with extended rcode 0) and the query
+// had one, else none (RFC 6891 section 7).
 func FuzzUpstreamAnswer(f *testing.F) {
 	req := query("big.example.org.", dns.TypeA, nil)
-	var q fwdQuery
+	var q, qe fwdQuery
 	if err := q.pack(req); err != nil {
+		f.Fatal(err)
+	}
+	if err := qe.pack(query("big.example.org.", dns.TypeA, func(m *dns.Msg) { m.SetEdns0(1232, false) })); err != nil {
 		f.Fatal(err)
 	}
 	m := req.Copy()
@@ -862,17 +866,20 @@ func FuzzUpstreamAnswer(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		u := &upstream{addr: "192.0.2.53:53"}
 		if questionlessRefusal(b) {
-			resp, _, _, err := u.parse(b, &q)
-			if err != nil || len(resp.Question) != 1 || resp.Question[0] != req.Question[0] {
-				t.Fatalf("question-less refusal parsed as %v, %v; want the answer with the query's question", resp, err)
-			}
-			if _, err := resp.Pack(); err != nil {
-				t.Fatalf("question-less refusal parsed as %v, which does not pack: %v", resp, err)
-			}
 			var up dns.Msg
 			upOPT := up.Unpack(b) == nil && up.IsEdns0() != nil && up.IsEdns0().ExtendedRcode() == 0
-			if (resp.IsEdns0() != nil) != upOPT {
-				t.Fatalf("question-less refusal parsed with OPT %v; the upstream's (extended rcode 0): %v", resp.IsEdns0(), upOPT)
+			for _, fq := range []*fwdQuery{&q, &qe} {
+				edns := fq.req.IsEdns0() != nil
+				resp, _, _, err := u.parse(b, fq)
+				if err != nil || len(resp.Question) != 1 || resp.Question[0] != req.Question[0] {
+					t.Fatalf("question-less refusal parsed as %v, %v; want the answer with the query's question", resp, err)
+				}
+				if _, err := resp.Pack(); err != nil {
+					t.Fatalf("question-less refusal parsed as %v, which does not pack: %v", resp, err)
+				}
+				if (resp.IsEdns0() != nil) != (upOPT && edns) {
+					t.Fatalf("question-less refusal to a query with EDNS %v parsed with OPT %v; the upstream's (extended rcode 0): %v", edns, resp.IsEdns0(), upOPT)
+				}
 			}
 			return
 		}

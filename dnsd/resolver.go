@@ -266,14 +266,17 @@ func servfail(req *dns.Msg, noUpstream bool) *dns.Msg {
 	return resp
 }
 
-// notReady is the SERVFAIL answer to a query for a name the first model will answer (a mesh
-// name, a clusterset name, a search-list expansion of one) before that model: with an OPT when
-// the query had one (RFC 6891 section 7), carrying the Extended DNS Error 14, "Not Ready" (RFC
-// 8914 section 4.15: "The server is unable to answer the query, as it was not fully functional
-// when the query was received"), so that a client can tell it from a failed upstream.
+// notReady is the SERVFAIL answer to a query the resolver does not forward before its first
+// model (preModelForward: a mesh name, a clusterset name, a search-list expansion of one, or a
+// query that is not one IN question): RA set, as on the resolver's other SERVFAILs, and an OPT
+// when the query had one (RFC 6891 section 7) carrying the Extended DNS Error 14, "Not Ready"
+// (RFC 8914 section 4.15: "The server is unable to answer the query, as it was not fully
+// functional when the query was received"), so that a client can tell it from a failed
+// upstream.
 func notReady(req *dns.Msg) *dns.Msg {
 	resp := new(dns.Msg)
 	resp.SetRcode(req, dns.RcodeServerFailure)
+	resp.RecursionAvailable = true
 	if opt := req.IsEdns0(); opt != nil {
 		resp.SetEdns0(ednsUDPSize, opt.Do())
 		o := resp.IsEdns0()

@@ -370,10 +370,11 @@ func TestUpstreamFailures(t *testing.T) {
 	})
 	t.Run("FORMERR without a question is the answer, not a failure", func(t *testing.T) {
 		// miekg/dns's SetRcodeFormatError, as CoreDNS and kube-dns write a FORMERR: no
-		// question section.
+		// question section. This upstream adds an OPT even to a query without one.
 		formerr := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
 			m := new(dns.Msg)
 			m.SetRcodeFormatError(r)
+			m.SetEdns0(1232, false)
 			_ = w.WriteMsg(m)
 		})
 		g := good(t)
@@ -383,9 +384,16 @@ func TestUpstreamFailures(t *testing.T) {
 			if resp.Rcode != dns.RcodeFormatError || len(resp.Question) != 1 || resp.Question[0].Name != "formerr.example.org." {
 				t.Fatalf("query %d over %s: answer = %v, want FORMERR with the question", i, netw, resp)
 			}
+			// RFC 6891 section 7: no OPT in answer to a query without one.
+			if resp.IsEdns0() != nil {
+				t.Errorf("query %d over %s without EDNS: answer has an OPT: %v", i, netw, resp)
+			}
 		}
-		if n := formerr.queries.Load(); n != 3 {
-			t.Errorf("upstream giving FORMERR got %d queries, want 3 (never demoted)", n)
+		if resp := ask(t, r.addr, "udp", "formerr.example.org.", dns.TypeA, func(q *dns.Msg) { q.SetEdns0(1232, false) }); resp.Rcode != dns.RcodeFormatError || resp.IsEdns0() == nil {
+			t.Errorf("EDNS query: answer = %v, want FORMERR with the upstream's OPT", resp)
+		}
+		if n := formerr.queries.Load(); n != 4 {
+			t.Errorf("upstream giving FORMERR got %d queries, want 4 (never demoted)", n)
 		}
 		if n := g.queries.Load(); n != 0 {
 			t.Errorf("second upstream got %d queries, want 0", n)
@@ -741,8 +749,8 @@ func TestForwardsBeforeFirstModel(t *testing.T) {
 			// The resolver's own SERVFAIL says why (RFC 8914 section 4.15), to EDNS clients only.
 			checkEDE(t, network+" "+c.name+" before the first model", m, false)
 			m = ask(t, r.addr, network, c.name, dns.TypeA, func(q *dns.Msg) { q.SetEdns0(1232, true) })
-			if m.Rcode != dns.RcodeServerFailure || m.IsEdns0() == nil || !m.IsEdns0().Do() {
-				t.Errorf("%s %s before the first model with EDNS (DO): rcode %s, OPT %v; want SERVFAIL and an OPT with DO", network, c.name, dns.RcodeToString[m.Rcode], m.IsEdns0())
+			if m.Rcode != dns.RcodeServerFailure || !m.RecursionAvailable || m.IsEdns0() == nil || !m.IsEdns0().Do() {
+				t.Errorf("%s %s before the first model with EDNS (DO): rcode %s, RA %v, OPT %v; want SERVFAIL, RA and an OPT with DO", network, c.name, dns.RcodeToString[m.Rcode], m.RecursionAvailable, m.IsEdns0())
 			}
 			checkEDE(t, network+" "+c.name+" before the first model", m, true, dns.ExtendedErrorCodeNotReady)
 		}
