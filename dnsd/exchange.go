@@ -150,6 +150,31 @@ func (f *Forwarder) exchangeWith(ctx context.Context, overall time.Time, u *upst
 	return resp, reason, err
 }
 
+// refusalError is an upstream's SERVFAIL or REFUSED answer, with the Extended DNS Errors it
+// carried (RFC 8914), which the resolver passes on when no upstream answers.
+type refusalError struct {
+	upstream string
+	rcode    int
+	ede      []*dns.EDNS0_EDE
+}
+
+func (e *refusalError) Error() string {
+	return fmt.Sprintf("exchange with %s: %s", e.upstream, dns.RcodeToString[e.rcode])
+}
+
+// answerEDE returns the Extended DNS Error options of m's OPT (RFC 8914 section 2), or nil.
+func answerEDE(m *dns.Msg) []*dns.EDNS0_EDE {
+	var out []*dns.EDNS0_EDE
+	if opt := m.IsEdns0(); opt != nil {
+		for _, o := range opt.Option {
+			if e, ok := o.(*dns.EDNS0_EDE); ok {
+				out = append(out, e)
+			}
+		}
+	}
+	return out
+}
+
 // exchangeUDP sends q over a UDP socket connected to u (an idle one when the pool holds one)
 // and reads datagrams until the answer or the deadline. It returns the parsed answer, or cut, a
 // pooled buffer holding the first q.limit+1 bytes of an answer longer than q.limit bytes (its
@@ -316,9 +341,9 @@ func (u *upstream) parse(b []byte, q *fwdQuery) (resp *dns.Msg, answered bool, r
 	}
 	switch resp.Rcode {
 	case dns.RcodeServerFailure:
-		return nil, true, "servfail", fmt.Errorf("exchange with %s: SERVFAIL", u.addr)
+		return nil, true, "servfail", &refusalError{upstream: u.addr, rcode: resp.Rcode, ede: answerEDE(resp)}
 	case dns.RcodeRefused:
-		return nil, true, "refused", fmt.Errorf("exchange with %s: REFUSED", u.addr)
+		return nil, true, "refused", &refusalError{upstream: u.addr, rcode: resp.Rcode, ede: answerEDE(resp)}
 	}
 	resp.Id = q.req.Id
 	return resp, true, "", nil

@@ -206,6 +206,7 @@ func (f *Forwarder) exchange(ctx context.Context, deadline time.Time, req *dns.M
 	}
 	now := time.Now().UnixNano()
 	var last error
+	var ede []*dns.EDNS0_EDE
 	try := func(u *upstream) (*dns.Msg, bool) {
 		resp, reason, err := f.exchangeWith(ctx, deadline, u, &q, tcp)
 		if err == nil {
@@ -213,6 +214,9 @@ func (f *Forwarder) exchange(ctx context.Context, deadline time.Time, req *dns.M
 			return resp, true
 		}
 		last = err
+		if r := (*refusalError)(nil); errors.As(err, &r) {
+			ede = append(ede, r.ede...)
+		}
 		if done() == nil {
 			u.downUntil.Store(time.Now().Add(f.backoff).UnixNano())
 		}
@@ -244,7 +248,32 @@ func (f *Forwarder) exchange(ctx context.Context, deadline time.Time, req *dns.M
 			}
 		}
 	}
-	return nil, fmt.Errorf("forward %s: %w: %w", qname(req), ErrAllUpstreamsFailed, last)
+	return nil, &allFailedError{name: qname(req), last: last, ede: ede}
+}
+
+// allFailedError is Exchange's error when no upstream gave a usable answer: it is
+// ErrAllUpstreamsFailed and wraps the last upstream's error, and holds the Extended DNS Errors
+// of the upstreams' SERVFAIL and REFUSED answers (RFC 8914), in the order they came.
+type allFailedError struct {
+	name string
+	last error
+	ede  []*dns.EDNS0_EDE
+}
+
+func (e *allFailedError) Error() string {
+	return fmt.Sprintf("forward %s: %v: %v", e.name, ErrAllUpstreamsFailed, e.last)
+}
+
+func (e *allFailedError) Unwrap() []error { return []error{ErrAllUpstreamsFailed, e.last} }
+
+// upstreamEDE returns the Extended DNS Errors the upstreams' refusals carried, when err is
+// Exchange's error because every upstream failed, else nil.
+func upstreamEDE(err error) []*dns.EDNS0_EDE {
+	var all *allFailedError
+	if errors.As(err, &all) {
+		return all.ede
+	}
+	return nil
 }
 
 func qname(m *dns.Msg) string {

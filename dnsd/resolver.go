@@ -238,7 +238,7 @@ func (r *Resolver) serveForwarded(w dns.ResponseWriter, req *dns.Msg, tcp bool, 
 			resp = cs.ClustersetNXDOMAIN(req)
 		} else {
 			r.log.Debug("forward failed", "err", err)
-			resp = servfail(req, noUpstreamAnswered(err))
+			resp = servfail(req, err)
 		}
 	}
 	r.metrics.count(qtype, resp.Rcode)
@@ -246,21 +246,32 @@ func (r *Resolver) serveForwarded(w dns.ResponseWriter, req *dns.Msg, tcp bool, 
 	r.write(w, resp, maxSize)
 }
 
-// servfail is the SERVFAIL answer to a forwarded query that got no answer (RA set; an OPT when
-// the query had one). When noUpstream is set (every upstream failed, noUpstreamAnswered) that
-// OPT carries the Extended DNS Error 22, "No Reachable Authority" (RFC 8914 section 4.23: "The
-// resolver could not reach any of the authoritative name servers (or they potentially refused
-// to reply)"; the upstreams are this resolver's authorities), as Unbound and BIND add it when
-// their servers time out.
-func servfail(req *dns.Msg, noUpstream bool) *dns.Msg {
+// servfail is the SERVFAIL answer to a forwarded query that got no answer, err being why (RA
+// set; an OPT when the query had one). When every upstream failed (noUpstreamAnswered) that OPT
+// carries Extended DNS Errors (RFC 8914): those of the upstreams' own SERVFAIL or REFUSED
+// answers, passed on, each code once (a validating upstream's "DNSSEC Bogus", 6, tells the
+// client more than anything this resolver knows); when they carried none, 22, "No Reachable
+// Authority" (section 4.23: "The resolver could not reach any of the authoritative name servers
+// (or they potentially refused to reply)"; the upstreams are this resolver's authorities), as
+// Unbound and BIND add it when their servers time out.
+func servfail(req *dns.Msg, err error) *dns.Msg {
 	resp := new(dns.Msg)
 	resp.SetRcode(req, dns.RcodeServerFailure)
 	resp.RecursionAvailable = true
 	if opt := req.IsEdns0(); opt != nil {
 		resp.SetEdns0(ednsUDPSize, opt.Do())
-		if noUpstream {
+		if noUpstreamAnswered(err) {
 			o := resp.IsEdns0()
-			o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNoReachableAuthority})
+			seen := map[uint16]bool{}
+			for _, e := range upstreamEDE(err) {
+				if !seen[e.InfoCode] {
+					seen[e.InfoCode] = true
+					o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: e.InfoCode, ExtraText: e.ExtraText})
+				}
+			}
+			if len(o.Option) == 0 {
+				o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNoReachableAuthority})
+			}
 		}
 	}
 	return resp

@@ -402,6 +402,37 @@ func TestUpstreamFailures(t *testing.T) {
 			t.Errorf("upstream failures = %v, want 0", got)
 		}
 	})
+	t.Run("upstream refusals pass on their Extended DNS Errors", func(t *testing.T) {
+		// Validating upstreams that answer SERVFAIL with a reason (RFC 8914): the client gets
+		// their codes, each once, instead of 22; a query without EDNS still gets no OPT.
+		refuse := func(rcode int, codes ...uint16) *stub {
+			return startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
+				m := new(dns.Msg)
+				m.SetRcode(r, rcode)
+				m.SetEdns0(1232, false)
+				for _, c := range codes {
+					m.IsEdns0().Option = append(m.IsEdns0().Option, &dns.EDNS0_EDE{InfoCode: c, ExtraText: "from upstream"})
+				}
+				_ = w.WriteMsg(m)
+			})
+		}
+		a := refuse(dns.RcodeServerFailure, dns.ExtendedErrorCodeDNSBogus)
+		b := refuse(dns.RcodeRefused, dns.ExtendedErrorCodeDNSBogus, dns.ExtendedErrorCodeDNSKEYMissing)
+		r := startResolver(t, []string{a.addr, b.addr}, ForwarderOptions{Timeout: timeout})
+		for _, netw := range []string{"udp", "tcp"} {
+			m := ask(t, r.addr, netw, "bogus.example.org.", dns.TypeA, func(q *dns.Msg) { q.SetEdns0(1232, true) })
+			if m.Rcode != dns.RcodeServerFailure {
+				t.Errorf("%s: rcode %s, want SERVFAIL", netw, dns.RcodeToString[m.Rcode])
+			}
+			checkEDE(t, netw+" refused with reasons", m, true, dns.ExtendedErrorCodeDNSBogus, dns.ExtendedErrorCodeDNSKEYMissing)
+			checkEDE(t, netw+" refused with reasons, no EDNS", ask(t, r.addr, netw, "bogus.example.org.", dns.TypeA, nil), false)
+		}
+		// Refusals without a reason: 22, as when nothing answered.
+		c := refuse(dns.RcodeServerFailure)
+		r = startResolver(t, []string{c.addr}, ForwarderOptions{Timeout: timeout})
+		m := ask(t, r.addr, "udp", "bogus.example.org.", dns.TypeA, func(q *dns.Msg) { q.SetEdns0(1232, false) })
+		checkEDE(t, "refused without a reason", m, true, dns.ExtendedErrorCodeNoReachableAuthority)
+	})
 	t.Run("flapping upstream: every query answered", func(t *testing.T) {
 		var n atomic.Int64
 		flap := startStub(t, func(w dns.ResponseWriter, r *dns.Msg) {
