@@ -1161,7 +1161,7 @@ func (rt *routing) assembleDirect(entries []*svcEntry) map[uint32]map[string]boo
 	if rt.directInMatcher = len(direct) > maxHeadlessMap || headlessExprLen(direct) > maxHeadlessExpr; rt.directInMatcher {
 		direct = nil
 	}
-	rt.headlessFilter = headlessFilter(direct, slices.Sorted(maps.Keys(directChains)))
+	rt.headlessFilter = headlessFilter(direct)
 	return directChains
 }
 
@@ -1182,8 +1182,8 @@ const maxHeadlessMap = 1000
 // maxHeadlessMap, the addresses are matcher entries.
 const maxHeadlessExpr = 90_000
 
-// headlessExprLen is an upper bound of the length of headlessExpr(direct, ports) without its
-// port list: each entry's quoted key and value and separators, escaped (celQuote).
+// headlessExprLen is an upper bound of the length of headlessExpr(direct)'s maps, without the
+// port conditions: each entry's quoted key and value and separators, escaped (celQuote).
 func headlessExprLen(direct map[string]string) int {
 	n := 0
 	for dst, chain := range direct {
@@ -1234,17 +1234,16 @@ func directMatcher(chains map[string]bool) *xdsmatcher.Matcher {
 // headlessFilter is the ECDS resource HeadlessFilterName: a set_filter_state listener filter
 // that sets DirectFilterStateKey (envoy.string) to the chain of the restored destination
 // "<ip>:<port>" (CEL's destination.address: IPv6 in brackets, as netip.AddrPort writes it),
-// looked up in a CEL map literal of the headless endpoints (sorted, so equal maps give equal
-// resources). The map is only built and read for a destination port in ports (the headless
-// target ports; CEL evaluates only the chosen branch of a conditional), so a connection to
-// another port costs one list lookup. A destination not in the map fails the lookup, an empty
-// value is skipped (skip_if_empty): either way the key stays unset and the capture matcher
-// picks no headless chain. Without entries the filter sets nothing (no on_accept value), so a
-// node without headless endpoints evaluates no CEL per connection; the listeners' reference to
-// the filter stays (headlessRef). TestPrivilegedEnvoyFactCELFilterStateMatch checks both forms
-// with Envoy 1.40. Addresses and chain names hold no quote, so they are written as CEL strings
-// as they are.
-func headlessFilter(direct map[string]string, ports []uint32) *core.TypedExtensionConfig {
+// looked up in a CEL map literal of the headless endpoints on the destination's port (one map
+// per target port, each behind a test of destination.port; CEL evaluates only the chosen branch
+// of a conditional, so a connection builds only its own port's map, and one to another port
+// costs a comparison per headless target port; sorted, so equal maps give equal resources). A
+// destination not in the map fails the lookup, which with omit_empty_values is empty, and
+// skip_if_empty sets nothing: the capture matcher then picks no headless chain. Without entries
+// the filter sets nothing (no on_accept value), so a node without headless endpoints evaluates
+// no CEL per connection; the listeners' reference to the filter stays (headlessRef).
+// TestPrivilegedEnvoyFactCELFilterStateMatch checks both forms with Envoy 1.40.
+func headlessFilter(direct map[string]string) *core.TypedExtensionConfig {
 	if len(direct) == 0 {
 		cfg, _ := anypb.New(&sfslistenerv3.Config{})
 		return &core.TypedExtensionConfig{Name: HeadlessFilterName, TypedConfig: cfg}
@@ -1255,7 +1254,7 @@ func headlessFilter(direct map[string]string, ports []uint32) *core.TypedExtensi
 		FactoryKey:  "envoy.string",
 		SkipIfEmpty: true,
 		Value: &sfsv3.FilterStateValue_FormatString{FormatString: &core.SubstitutionFormatString{
-			Format:     &core.SubstitutionFormatString_TextFormatSource{TextFormatSource: &core.DataSource{Specifier: &core.DataSource_InlineString{InlineString: headlessExpr(direct, ports)}}},
+			Format:     &core.SubstitutionFormatString_TextFormatSource{TextFormatSource: &core.DataSource{Specifier: &core.DataSource_InlineString{InlineString: headlessExpr(direct)}}},
 			Formatters: []*core.TypedExtensionConfig{{Name: "envoy.formatter.cel", TypedConfig: cel}},
 			// A failed lookup is an evaluation error, which the formatter writes as "-" unless
 			// empty values are omitted; omitted, it is empty, and skip_if_empty sets nothing.
@@ -1265,25 +1264,28 @@ func headlessFilter(direct map[string]string, ports []uint32) *core.TypedExtensi
 	return &core.TypedExtensionConfig{Name: HeadlessFilterName, TypedConfig: cfg}
 }
 
-// headlessExpr is headlessFilter's format string for a non-empty direct: "%CEL(...)%" over
-// destination.port and destination.address.
-func headlessExpr(direct map[string]string, ports []uint32) string {
+// headlessExpr is headlessFilter's format string for a non-empty direct ("<ip>:<port>" ->
+// chain): "%CEL(destination.port == P1 ? {...}[destination.address] : destination.port == P2 ?
+// ... : ”)%", one map per port, ports ascending, entries sorted, strings escaped (celQuote).
+func headlessExpr(direct map[string]string) string {
+	byPort := map[uint16][]string{}
+	for dst := range direct {
+		ap := netip.MustParseAddrPort(dst)
+		byPort[ap.Port()] = append(byPort[ap.Port()], dst)
+	}
 	var expr strings.Builder
-	expr.WriteString("%CEL(destination.port in [")
-	for i, p := range ports {
-		if i > 0 {
-			expr.WriteString(", ")
+	expr.WriteString("%CEL(")
+	for _, port := range slices.Sorted(maps.Keys(byPort)) {
+		fmt.Fprintf(&expr, "destination.port == %d ? {", port)
+		for i, dst := range slices.Sorted(slices.Values(byPort[port])) {
+			if i > 0 {
+				expr.WriteString(", ")
+			}
+			fmt.Fprintf(&expr, "'%s': '%s'", celQuote.Replace(dst), celQuote.Replace(direct[dst]))
 		}
-		expr.WriteString(strconv.FormatUint(uint64(p), 10))
+		expr.WriteString("}[destination.address] : ")
 	}
-	expr.WriteString("] ? {")
-	for i, dst := range slices.Sorted(maps.Keys(direct)) {
-		if i > 0 {
-			expr.WriteString(", ")
-		}
-		fmt.Fprintf(&expr, "'%s': '%s'", celQuote.Replace(dst), celQuote.Replace(direct[dst]))
-	}
-	expr.WriteString("}[destination.address] : '')%")
+	expr.WriteString("'')%")
 	return expr.String()
 }
 

@@ -645,7 +645,7 @@ func TestHeadlessExprLimit(t *testing.T) {
 		t.Error("100 entries: in the matcher, want the filter's map")
 	}
 	direct := map[string]string{"10.0.0.1:80": `a'b\c`, "10.0.0.2:80": chain}
-	expr := headlessExpr(direct, []uint32{80})
+	expr := headlessExpr(direct)
 	if !strings.Contains(expr, `'10.0.0.1:80': 'a\'b\\c'`) {
 		t.Errorf("quote and backslash not escaped: %s", expr)
 	}

@@ -109,16 +109,16 @@ func celPod(tb testing.TB) *testenv.Netns {
 // relies on to keep headless endpoints out of its matcher (headlessFilter, docs/node-proxy.md,
 // "Headless Services"): a set_filter_state listener filter computing a value from the destination
 // restored by original_dst with the CEL expression headlessExpr writes (envoy.formatter.cel: a
-// list lookup of destination.port guarding a map lookup of destination.address), and a
-// filter_chain_matcher on that filter state (FilterStateInput). Destinations in the map on a
-// listed port select the "member" chain; others (the port is not listed, the lookup fails, or the
-// filter without entries) leave the key unset and fall to the default chain.
+// map lookup of destination.address per destination.port), and a filter_chain_matcher on that
+// filter state (FilterStateInput). Destinations in their port's map select the "member" chain;
+// others (no map for the port, not in it, or the filter without entries) leave the key unset and
+// fall to the default chain.
 func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 	testenv.RequireRoot(t)
 	pod := celPod(t)
-	// The expressions headlessFilter writes: a map guarded by the ports (10.1.2.3:7001 is in the
-	// map but its port is not in the list), and the filter without entries (no value at all).
-	member := headlessExpr(map[string]string{"10.1.2.3:7000": "member", "10.1.2.5:7000": "member", "10.1.2.3:7001": "member"}, []uint32{7000, 7002})
+	// The expressions headlessFilter writes: one map per port (7000 and 7001; 10.1.2.3 serves
+	// both), and the filter without entries (no value at all).
+	member := headlessExpr(map[string]string{"10.1.2.3:7000": "member", "10.1.2.5:7000": "member", "10.1.2.3:7001": "member"})
 	var b strings.Builder
 	b.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, member))
 	b.WriteString(celCaptureListener("empty", pod.Path, 15002, ""))
@@ -127,8 +127,9 @@ func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 		{"10.1.2.3:7000", "member"},
 		{"10.1.2.5:7000", "member"},
 		{"10.1.2.4:7000", "other"},
-		{"10.1.2.3:7001", "other"},
-		{"10.1.2.3:7002", "other"},
+		{"10.1.2.3:7001", "member"},
+		{"10.1.2.5:7001", "other"},   // a member on another port
+		{"10.1.2.3:7002", "other"},   // a port without a map
 		{"127.0.0.1:15002", "other"}, // the listener without entries, reached directly
 	} {
 		var body string
@@ -149,7 +150,8 @@ func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 // BenchmarkEnvoyCELHeadlessLookup measures what headlessFilter's CEL map costs a connection: a
 // new connection and one HTTP request through a capture-like listener (celCaptureListener, real
 // Envoy 1.40, --concurrency 1) whose expression maps K headless endpoints, to a listed endpoint
-// (member), and to a port the expression does not list (guarded: one list lookup), against a
+// (member), to another address on that port (nonmember: the map is built all the same), and to
+// a port without a map (guarded: one port comparison), against a
 // listener whose filter has no entries and so sets nothing (empty, headlessFilter's form for a
 // node without headless endpoints). K is AETHER_BENCH_ENDPOINTS (default 1000, maxHeadlessMap;
 // with 6000 Envoy did not become ready within a minute).
@@ -164,12 +166,13 @@ func BenchmarkEnvoyCELHeadlessLookup(b *testing.B) {
 		direct[fmt.Sprintf("10.%d.%d.%d:7000", 100+i>>16, (i>>8)&255, i&255)] = "member"
 	}
 	var boot strings.Builder
-	boot.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, headlessExpr(direct, []uint32{7000})))
+	boot.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, headlessExpr(direct)))
 	boot.WriteString(celCaptureListener("empty", pod.Path, 15002, ""))
 	testenv.StartEnvoy(b, boot.String(), testenv.EnvoyOptions{ExtraArgs: []string{"--disable-hot-restart"}})
 	last := fmt.Sprintf("10.%d.%d.%d:7000", 100+(k-1)>>16, ((k-1)>>8)&255, (k-1)&255)
 	for _, c := range []struct{ name, url, want string }{
 		{"member", "http://" + last + "/", "member"},
+		{"nonmember", "http://10.99.0.1:7000/", "other"},
 		{"guarded", "http://10.100.0.0:7001/", "other"},
 		{"empty", "http://127.0.0.1:15002/", "other"},
 	} {
