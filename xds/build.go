@@ -940,7 +940,7 @@ func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
 			return err
 		}
 		for _, ip := range ips[target] {
-			e.direct = append(e.direct, directEntry{dst: netip.AddrPortFrom(ip, uint16(target)).String(), port: target, chain: chain})
+			e.direct = append(e.direct, directEntry{dst: netip.AddrPortFrom(ip, uint16(target)), chain: chain})
 			if sp.Protocol.IsHTTP() {
 				e.routes = append(e.routes, vipRoute{dst: netip.AddrPortFrom(ip, uint16(target)).String(), action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
 					Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}})
@@ -1011,8 +1011,7 @@ type vipChain struct {
 // directEntry is one headless endpoint's address and target port, "<pod_ip>:<port>", and the
 // capture chain a connection to it takes (directEntries).
 type directEntry struct {
-	dst   string
-	port  uint32
+	dst   netip.AddrPort
 	chain string
 }
 
@@ -1075,30 +1074,18 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 		lane.VirtualHosts = append(lane.VirtualHosts, e.lane...)
 	}
 	rt.laneRoute = lane
-	directChains := rt.assembleDirect(entries)
+	direct, directChains := rt.assembleDirect(entries)
 	if rt.directInMatcher {
 		// Too many for the ECDS filter's map: the endpoints' addresses are matcher entries, as
-		// VIPs are. A later service wins a clash between endpoints; a VIP keeps its entry, as it
-		// does below the limit (the VIPs are matched before the filter state).
-		direct := map[string]map[string]string{}
-		for _, e := range entries {
-			for _, d := range e.direct {
-				ap := netip.MustParseAddrPort(d.dst)
-				port := strconv.FormatUint(uint64(d.port), 10)
-				if direct[port] == nil {
-					direct[port] = map[string]string{}
-				}
-				direct[port][ap.Addr().String()] = d.chain
-			}
-		}
-		for port, ips := range direct {
+		// VIPs are. A VIP keeps its entry, as it does below the limit (the VIPs are matched
+		// before the filter state).
+		for dst, chain := range direct {
+			port, ip := strconv.FormatUint(uint64(dst.Port()), 10), dst.Addr().String()
 			if byPort[port] == nil {
 				byPort[port] = map[string]*xdsmatcher.Matcher_OnMatch{}
 			}
-			for ip, chain := range ips {
-				if byPort[port][ip] == nil {
-					byPort[port][ip] = chainAction(chain)
-				}
+			if byPort[port][ip] == nil {
+				byPort[port][ip] = chainAction(chain)
 			}
 		}
 		directChains = nil
@@ -1139,30 +1126,35 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 }
 
 // assembleDirect sets rt's capture route and headless filter from the entries' routes and direct
-// entries (a later service wins a clash) and returns, per headless target port, the chains its
-// entries use (the matcher's part for them, directMatcher).
-func (rt *routing) assembleDirect(entries []*svcEntry) map[uint32]map[string]bool {
+// entries, and returns the direct entries as one map (a later service wins a clash) and, per
+// headless target port, the chains its entries use (the matcher's part for them,
+// directMatcher). When they are too many for the filter (directInMatcher), the filter is empty
+// and the caller puts the returned map into the matcher.
+func (rt *routing) assembleDirect(entries []*svcEntry) (map[netip.AddrPort]string, map[uint16]map[string]bool) {
 	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
-	direct := map[string]string{}
-	directChains := map[uint32]map[string]bool{}
+	direct := map[netip.AddrPort]string{}
+	directChains := map[uint16]map[string]bool{}
 	for _, e := range entries {
 		for _, d := range e.direct {
 			direct[d.dst] = d.chain
-			if directChains[d.port] == nil {
-				directChains[d.port] = map[string]bool{}
+			port := d.dst.Port()
+			if directChains[port] == nil {
+				directChains[port] = map[string]bool{}
 			}
-			directChains[d.port][d.chain] = true
+			directChains[port][d.chain] = true
 		}
 		for _, r := range e.routes {
 			routes[r.dst] = r.action
 		}
 	}
 	rt.captureRoute = captureRoute(routes)
-	if rt.directInMatcher = len(direct) > maxHeadlessMap || headlessExprLen(direct) > maxHeadlessExpr; rt.directInMatcher {
-		direct = nil
+	rt.directInMatcher = len(direct) > maxHeadlessMap || headlessExprLen(direct) > maxHeadlessExpr
+	if rt.directInMatcher {
+		rt.headlessFilter = headlessFilter(nil)
+	} else {
+		rt.headlessFilter = headlessFilter(direct)
 	}
-	rt.headlessFilter = headlessFilter(direct)
-	return directChains
+	return direct, directChains
 }
 
 // maxHeadlessMap is the most entries headlessFilter's CEL map holds. Envoy 1.40 parses the
@@ -1184,10 +1176,10 @@ const maxHeadlessExpr = 90_000
 
 // headlessExprLen is an upper bound of the length of headlessExpr(direct)'s maps, without the
 // port conditions: each entry's quoted key and value and separators, escaped (celQuote).
-func headlessExprLen(direct map[string]string) int {
+func headlessExprLen(direct map[netip.AddrPort]string) int {
 	n := 0
 	for dst, chain := range direct {
-		n += 2*len(dst) + 2*len(chain) + 8
+		n += 2*len(dst.String()) + 2*len(chain) + 8
 	}
 	return n
 }
@@ -1243,7 +1235,7 @@ func directMatcher(chains map[string]bool) *xdsmatcher.Matcher {
 // the filter sets nothing (no on_accept value), so a node without headless endpoints evaluates
 // no CEL per connection; the listeners' reference to the filter stays (headlessRef).
 // TestPrivilegedEnvoyFactCELFilterStateMatch checks both forms with Envoy 1.40.
-func headlessFilter(direct map[string]string) *core.TypedExtensionConfig {
+func headlessFilter(direct map[netip.AddrPort]string) *core.TypedExtensionConfig {
 	if len(direct) == 0 {
 		cfg, _ := anypb.New(&sfslistenerv3.Config{})
 		return &core.TypedExtensionConfig{Name: HeadlessFilterName, TypedConfig: cfg}
@@ -1264,24 +1256,26 @@ func headlessFilter(direct map[string]string) *core.TypedExtensionConfig {
 	return &core.TypedExtensionConfig{Name: HeadlessFilterName, TypedConfig: cfg}
 }
 
-// headlessExpr is headlessFilter's format string for a non-empty direct ("<ip>:<port>" ->
-// chain): "%CEL(destination.port == P1 ? {...}[destination.address] : destination.port == P2 ?
-// ... : ”)%", one map per port, ports ascending, entries sorted, strings escaped (celQuote).
-func headlessExpr(direct map[string]string) string {
-	byPort := map[uint16][]string{}
+// headlessExpr is headlessFilter's format string for a non-empty direct (address and port to
+// chain): "%CEL(destination.port == P1 ? {'<ip>:<P1>': '<chain>', ...}[destination.address] :
+// destination.port == P2 ? ... : <the empty string>)%", one map per port, ports ascending,
+// entries in address order, strings escaped (celQuote).
+func headlessExpr(direct map[netip.AddrPort]string) string {
+	byPort := map[uint16][]netip.AddrPort{}
 	for dst := range direct {
-		ap := netip.MustParseAddrPort(dst)
-		byPort[ap.Port()] = append(byPort[ap.Port()], dst)
+		byPort[dst.Port()] = append(byPort[dst.Port()], dst)
 	}
 	var expr strings.Builder
 	expr.WriteString("%CEL(")
 	for _, port := range slices.Sorted(maps.Keys(byPort)) {
+		dsts := byPort[port]
+		slices.SortFunc(dsts, netip.AddrPort.Compare)
 		fmt.Fprintf(&expr, "destination.port == %d ? {", port)
-		for i, dst := range slices.Sorted(slices.Values(byPort[port])) {
+		for i, dst := range dsts {
 			if i > 0 {
 				expr.WriteString(", ")
 			}
-			fmt.Fprintf(&expr, "'%s': '%s'", celQuote.Replace(dst), celQuote.Replace(direct[dst]))
+			fmt.Fprintf(&expr, "'%s': '%s'", celQuote.Replace(dst.String()), celQuote.Replace(direct[dst]))
 		}
 		expr.WriteString("}[destination.address] : ")
 	}

@@ -160,8 +160,9 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		case !sameSvc:
 			routingChanged = true
 		case s.Headless:
-			// A headless service's endpoints are in the capture matcher and route
-			// (directEntries): compared once rebuilt. A change of health alone keeps them.
+			// A headless service's endpoints are in the headless filter and the capture route,
+			// and their target ports in the matcher (directEntries): compared once rebuilt. A
+			// change of health alone keeps them.
 			headless = append(headless, i)
 		}
 		todo = append(todo, i)
@@ -413,12 +414,18 @@ func sharedRoutingEqual(a, b *svcEntry) bool {
 }
 
 // directChainSet is the set of target port and chain pairs of direct entries.
-func directChainSet(ds []directEntry) map[directEntry]bool {
-	out := make(map[directEntry]bool, len(ds))
+func directChainSet(ds []directEntry) map[portChain]bool {
+	out := make(map[portChain]bool, len(ds))
 	for _, d := range ds {
-		out[directEntry{port: d.port, chain: d.chain}] = true
+		out[portChain{d.dst.Port(), d.chain}] = true
 	}
 	return out
+}
+
+// portChain is a headless target port and the capture chain its endpoints take.
+type portChain struct {
+	port  uint16
+	chain string
 }
 
 // directEqual reports whether two entries of a service have the same direct entries and capture

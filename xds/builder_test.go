@@ -625,12 +625,12 @@ func TestHeadlessExprLimit(t *testing.T) {
 	var e svcEntry
 	for i := 0; i < 600; i++ {
 		dst := netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), 9042)
-		e.direct = append(e.direct, directEntry{dst: dst.String(), port: 9042, chain: chain})
+		e.direct = append(e.direct, directEntry{dst: dst, chain: chain})
 	}
 	rt := &routing{}
 	rt.assembleDirect([]*svcEntry{&e})
 	if !rt.directInMatcher {
-		t.Errorf("600 entries of %d-byte chain names (about %d bytes of expression): not in the matcher", len(chain), headlessExprLen(map[string]string{"x": chain})*600)
+		t.Errorf("600 entries of %d-byte chain names (about %d bytes of expression): not in the matcher", len(chain), headlessExprLen(map[netip.AddrPort]string{e.direct[0].dst: chain})*600)
 	}
 	cfg, err := rt.headlessFilter.GetTypedConfig().UnmarshalNew()
 	if err != nil {
@@ -644,7 +644,7 @@ func TestHeadlessExprLimit(t *testing.T) {
 	if rt.directInMatcher {
 		t.Error("100 entries: in the matcher, want the filter's map")
 	}
-	direct := map[string]string{"10.0.0.1:80": `a'b\c`, "10.0.0.2:80": chain}
+	direct := addrPorts(map[string]string{"10.0.0.1:80": `a'b\c`, "10.0.0.2:80": chain})
 	expr := headlessExpr(direct)
 	if !strings.Contains(expr, `'10.0.0.1:80': 'a\'b\\c'`) {
 		t.Errorf("quote and backslash not escaped: %s", expr)
@@ -652,4 +652,13 @@ func TestHeadlessExprLimit(t *testing.T) {
 	if body := expr[strings.Index(expr, "{"):]; len(body) > headlessExprLen(direct) {
 		t.Errorf("map literal %d bytes, over headlessExprLen's bound %d", len(body), headlessExprLen(direct))
 	}
+}
+
+// addrPorts is m ("<ip>:<port>" -> chain) keyed by the parsed addresses, as headlessExpr takes it.
+func addrPorts(m map[string]string) map[netip.AddrPort]string {
+	out := make(map[netip.AddrPort]string, len(m))
+	for dst, chain := range m {
+		out[netip.MustParseAddrPort(dst)] = chain
+	}
+	return out
 }

@@ -118,7 +118,7 @@ func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 	pod := celPod(t)
 	// The expressions headlessFilter writes: one map per port (7000 and 7001; 10.1.2.3 serves
 	// both), and the filter without entries (no value at all).
-	member := headlessExpr(map[string]string{"10.1.2.3:7000": "member", "10.1.2.5:7000": "member", "10.1.2.3:7001": "member"})
+	member := headlessExpr(addrPorts(map[string]string{"10.1.2.3:7000": "member", "10.1.2.5:7000": "member", "10.1.2.3:7001": "member"}))
 	var b strings.Builder
 	b.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, member))
 	b.WriteString(celCaptureListener("empty", pod.Path, 15002, ""))
@@ -166,7 +166,7 @@ func BenchmarkEnvoyCELHeadlessLookup(b *testing.B) {
 		direct[fmt.Sprintf("10.%d.%d.%d:7000", 100+i>>16, (i>>8)&255, i&255)] = "member"
 	}
 	var boot strings.Builder
-	boot.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, headlessExpr(direct)))
+	boot.WriteString(factsAdmin + "static_resources:\n  listeners:" + celCaptureListener("capture", pod.Path, 15001, headlessExpr(addrPorts(direct))))
 	boot.WriteString(celCaptureListener("empty", pod.Path, 15002, ""))
 	testenv.StartEnvoy(b, boot.String(), testenv.EnvoyOptions{ExtraArgs: []string{"--disable-hot-restart"}})
 	last := fmt.Sprintf("10.%d.%d.%d:7000", 100+(k-1)>>16, ((k-1)>>8)&255, (k-1)&255)
