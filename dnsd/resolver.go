@@ -255,43 +255,45 @@ func (r *Resolver) serveForwarded(w dns.ResponseWriter, req *dns.Msg, tcp bool, 
 // (or they potentially refused to reply)"; the upstreams are this resolver's authorities), as
 // Unbound and BIND add it when their servers time out.
 func servfail(req *dns.Msg, err error) *dns.Msg {
-	resp := new(dns.Msg)
-	resp.SetRcode(req, dns.RcodeServerFailure)
-	resp.RecursionAvailable = true
-	if opt := req.IsEdns0(); opt != nil {
-		resp.SetEdns0(ednsUDPSize, opt.Do())
-		if noUpstreamAnswered(err) {
-			o := resp.IsEdns0()
-			seen := map[uint16]bool{}
-			for _, e := range upstreamEDE(err) {
-				if !seen[e.InfoCode] {
-					seen[e.InfoCode] = true
-					o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: e.InfoCode, ExtraText: e.ExtraText})
-				}
-			}
-			if len(o.Option) == 0 {
-				o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNoReachableAuthority})
-			}
+	if !noUpstreamAnswered(err) {
+		return servfailEDE(req)
+	}
+	var ede []*dns.EDNS0_EDE
+	seen := map[uint16]bool{}
+	for _, e := range upstreamEDE(err) {
+		if !seen[e.InfoCode] {
+			seen[e.InfoCode] = true
+			ede = append(ede, &dns.EDNS0_EDE{InfoCode: e.InfoCode, ExtraText: e.ExtraText})
 		}
 	}
-	return resp
+	if len(ede) == 0 {
+		ede = append(ede, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNoReachableAuthority})
+	}
+	return servfailEDE(req, ede...)
 }
 
 // notReady is the SERVFAIL answer to a query the resolver does not forward before its first
 // model (preModelForward: a mesh name, a clusterset name, a search-list expansion of one, or a
-// query that is not one IN question): RA set, as on the resolver's other SERVFAILs, and an OPT
-// when the query had one (RFC 6891 section 7) carrying the Extended DNS Error 14, "Not Ready"
-// (RFC 8914 section 4.15: "The server is unable to answer the query, as it was not fully
-// functional when the query was received"), so that a client can tell it from a failed
-// upstream.
+// query that is not one IN question), carrying the Extended DNS Error 14, "Not Ready" (RFC 8914
+// section 4.15: "The server is unable to answer the query, as it was not fully functional when
+// the query was received"), so that a client can tell it from a failed upstream.
 func notReady(req *dns.Msg) *dns.Msg {
+	return servfailEDE(req, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNotReady})
+}
+
+// servfailEDE is the resolver's own SERVFAIL answer to req: RA set and, when req had an OPT,
+// the resolver's OPT with req's DO bit carrying the Extended DNS Error options ede (RFC 8914
+// section 2); without one, no OPT and no error codes (RFC 6891 section 7).
+func servfailEDE(req *dns.Msg, ede ...*dns.EDNS0_EDE) *dns.Msg {
 	resp := new(dns.Msg)
 	resp.SetRcode(req, dns.RcodeServerFailure)
 	resp.RecursionAvailable = true
 	if opt := req.IsEdns0(); opt != nil {
 		resp.SetEdns0(ednsUDPSize, opt.Do())
 		o := resp.IsEdns0()
-		o.Option = append(o.Option, &dns.EDNS0_EDE{InfoCode: dns.ExtendedErrorCodeNotReady})
+		for _, e := range ede {
+			o.Option = append(o.Option, e)
+		}
 	}
 	return resp
 }
