@@ -55,6 +55,20 @@ func resolverWith(t testing.TB, upstream string, fo ForwarderOptions, ro Resolve
 	return res, reg
 }
 
+// serveAsync runs req through ServeDNS (UDP) in a goroutine and delivers the answer, unpacked
+// (empty when it does not unpack), on the returned channel.
+func serveAsync(res *Resolver, req *dns.Msg) <-chan *dns.Msg {
+	done := make(chan *dns.Msg, 1)
+	go func() {
+		w := &captureWriter{}
+		res.ServeDNS(w, req)
+		m := new(dns.Msg)
+		_ = m.Unpack(w.out)
+		done <- m
+	}()
+	return done
+}
+
 // serve runs req through ServeDNS (UDP, or TCP) and returns the answer unpacked and in wire
 // form.
 func serve(t testing.TB, res *Resolver, req *dns.Msg, tcp bool) (*dns.Msg, []byte) {

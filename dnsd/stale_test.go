@@ -323,14 +323,7 @@ func TestServeStaleNotPastMaxAge(t *testing.T) {
 			}
 			up.mode.Store("slow")
 			clk.advance(tc.at)
-			done := make(chan *dns.Msg, 1)
-			go func() {
-				w := &captureWriter{}
-				res.ServeDNS(w, query(name, dns.TypeA, nil))
-				m := new(dns.Msg)
-				_ = m.Unpack(w.out)
-				done <- m
-			}()
+			done := serveAsync(res, query(name, dns.TypeA, nil))
 			waitFor(t, "the refresh to reach the upstream", func() bool { return up.queries.Load() == 2 })
 			clk.advance(ClientResponseTimer)
 			timer.manual <- time.Time{} // the client response timer fires, the upstream still silent
@@ -488,14 +481,7 @@ func TestPrefetchOnceInFlight(t *testing.T) {
 	}
 	waitFor(t, "the prefetch to reach the upstream", func() bool { return up.queries.Load() == 2 })
 	clk.advance(time.Second)
-	done := make(chan *dns.Msg)
-	go func() {
-		w := &captureWriter{}
-		res.ServeDNS(w, query(name, dns.TypeA, nil))
-		m := new(dns.Msg)
-		_ = m.Unpack(w.out)
-		done <- m
-	}()
+	done := serveAsync(res, query(name, dns.TypeA, nil))
 	waitFor(t, "the expired query's miss", func() bool { return metricSum(t, reg, MetricCacheMisses, nil) == 2 })
 	time.Sleep(100 * time.Millisecond) // let it join the flight
 	up.unblock()
