@@ -427,11 +427,7 @@ func TestHandshakeTimeout(t *testing.T) {
 // before that version, so that no ACK of it will ever come (endpoint-only changes send no
 // listeners or clusters).
 func TestWaitForAckOlderThanWindow(t *testing.T) {
-	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestServer(t)
 	ctx := context.Background()
 	m := goldenMesh()
 	v1, err := s.SetMesh(ctx, m)

@@ -4,13 +4,11 @@ import (
 	"context"
 	"net/netip"
 	"testing"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
-	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -20,11 +18,7 @@ import (
 // Mesh.Skipped, and the node's snapshot is still built with the other pod. Before, Build failed
 // for the whole node ("inbound listener: pod has no IP"), so no later change reached Envoy.
 func TestSetMeshWithUnusableAttachments(t *testing.T) {
-	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestServer(t)
 	pod := func(name string) *corev1.Pod {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, UID: k8stypes.UID("uid-" + name)},
 			Spec: corev1.PodSpec{Containers: []corev1.Container{{Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}}}}

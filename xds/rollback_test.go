@@ -18,11 +18,7 @@ import (
 // version was never ACKed (seen with a restarted Envoy rejecting a gone pod netns: the agent's
 // next model, without the pod, was replaced by the rejected configuration again).
 func TestRollbackYieldsToNewerSnapshot(t *testing.T) {
-	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestServer(t)
 	ctx := context.Background()
 	m := goldenMesh()
 	mesh := func(v uint64) *model.Mesh {
@@ -80,11 +76,7 @@ func TestRollbackYieldsToNewerSnapshot(t *testing.T) {
 // Before, it grew by an entry per rejected type and version for the life of the agent: an Envoy
 // rejecting every configuration of a busy node (a model change a second) kept adding to it.
 func TestNACKBookkeepingBounded(t *testing.T) {
-	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := newTestServer(t)
 	ctx := context.Background()
 	m := goldenMesh()
 	for v := uint64(1); v <= 300; v++ {
@@ -106,4 +98,16 @@ func TestNACKBookkeepingBounded(t *testing.T) {
 	if n > 2*66 {
 		t.Errorf("%d NACK records kept after 300 rejected versions, want at most %d (the last 64 or so versions)", n, 2*66)
 	}
+}
+
+// newTestServer is a Server for node "n" issuing SVIDs from a test CA (an hour), without
+// metrics.
+func newTestServer(t *testing.T) *Server {
+	t.Helper()
+	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
