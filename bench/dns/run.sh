@@ -42,6 +42,11 @@
 # With 0 (what this VM's kernel command line sets) an idle vCPU halts at once, so every low-rate
 # query pays two vCPU wake-ups (server, then dnsperf) that no server can avoid; 200000 is the
 # kernel's default. It applies to every server alike; the last line prints the value in force.
+# PAUSE_DAMON=1 turns every running DAMON context (/sys/kernel/mm/damon/admin/kdamonds/*/state)
+# off for the run and back on at exit. This VM runs one (kdamond, page-out of cold memory to
+# return it to the host) that wakes every 512 ms and holds a core for up to ~4 ms, so each 30 s
+# low-rate run's p99 counts how many of its passes hit the server's core. Like HALT_POLL_NS it
+# is the same for every server; the last line prints the kdamonds' states.
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -58,6 +63,7 @@ SERVERS=${SERVERS:-coredns dnsd bare floor}
 SETS=${SETS:-mesh nx}
 NICE=${NICE:--19}
 HALT_POLL_NS=${HALT_POLL_NS:-}
+PAUSE_DAMON=${PAUSE_DAMON:-}
 haltpoll=/sys/module/haltpoll/parameters/guest_halt_poll_ns
 
 eval "$("$root/hack/tools.sh" --print)"
@@ -67,9 +73,11 @@ command -v dnsperf >/dev/null || { echo "run.sh: dnsperf missing (hack/tools.sh 
 work=$(mktemp -d)
 pid=""
 oldpoll=""
+paused=() # DAMON state files this run turned off
 cleanup() {
   [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
   [ -n "$oldpoll" ] && echo "$oldpoll" >"$haltpoll"
+  for f in "${paused[@]}"; do echo on >"$f" || echo "run.sh: could not turn $f back on" >&2; done
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -79,6 +87,19 @@ if [ -n "$HALT_POLL_NS" ]; then
   oldpoll=$(cat "$haltpoll")
   echo "$HALT_POLL_NS" >"$haltpoll"
 fi
+case $PAUSE_DAMON in
+  "" | 0) ;;
+  1)
+    for f in /sys/kernel/mm/damon/admin/kdamonds/*/state; do
+      if [ -e "$f" ] && [ "$(cat "$f")" = on ]; then
+        [ -w "$f" ] || { echo "run.sh: PAUSE_DAMON=1: $f is not writable (root needed)" >&2; exit 1; }
+        paused+=("$f")
+        echo off >"$f"
+      fi
+    done
+    ;;
+  *) echo "run.sh: PAUSE_DAMON=$PAUSE_DAMON: want 1 (pause DAMON for the run) or 0" >&2; exit 1 ;;
+esac
 
 (cd "$root" && go build -o "$work/dnsd-server" ./bench/dns/server && go build -o "$work/bare-server" ./bench/dns/bare)
 if [[ " $SERVERS " == *" floor "* ]]; then
@@ -276,4 +297,4 @@ echo "machine: $(nproc) CPUs ($(awk -F': ' '/model name/ {print $2; exit}' /proc
 idle=$(cat /sys/devices/system/cpu/cpuidle/current_driver 2>/dev/null || echo none)
 [ -r "$haltpoll" ] && idle="$idle, guest_halt_poll_ns $(cat "$haltpoll")${oldpoll:+ for this run (HALT_POLL_NS; $oldpoll before and after)}"
 damon=$(cat /sys/kernel/mm/damon/admin/kdamonds/*/state 2>/dev/null | sort | uniq -c | awk '{printf "%s%s %s", (NR > 1 ? ", " : ""), $1, $2}')
-echo "kernel: $(uname -r), cpuidle $idle, HZ $( (zcat /proc/config.gz 2>/dev/null || cat "/boot/config-$(uname -r)" 2>/dev/null) | awk -F= '$1 == "CONFIG_HZ" {print $2}'), kdamonds: ${damon:-none}"
+echo "kernel: $(uname -r), cpuidle $idle, HZ $( (zcat /proc/config.gz 2>/dev/null || cat "/boot/config-$(uname -r)" 2>/dev/null) | awk -F= '$1 == "CONFIG_HZ" {print $2}'), kdamonds: ${damon:-none}${paused[*]:+ for this run (PAUSE_DAMON; ${#paused[@]} on before and after)}"
