@@ -130,6 +130,16 @@ func BenchmarkForwardedCache(b *testing.B) {
 	b.Run("hit/answerWire", wireBench(cached))
 	b.Run("hit, prefetch on/ServeDNS", serveBench(prefetching, "www.example.org."))
 	b.Run("hit, prefetch on/answerWire", wireBench(prefetching))
+	// A hot entry in its last tenth while the prefetch budget is taken (upstreams slow): every
+	// hit qualifies for a prefetch that cannot start.
+	clk := &fakeClock{}
+	starved, _ := cachingResolverWith(b, up.addr, CacheOptions{Size: DefaultCacheSize, Prefetch: 1}, clk)
+	starved.ServeDNS(&captureWriter{}, query("www.example.org.", dns.TypeA, nil))
+	clk.advance(28 * time.Second)
+	for len(starved.cache.prefetchSlots) < cap(starved.cache.prefetchSlots) {
+		starved.cache.prefetchSlots <- struct{}{}
+	}
+	b.Run("hit, prefetch budget taken/answerWire", wireBench(starved))
 }
 
 // BenchmarkNewIndex measures building the index (the resolver rebuilds it on every model change)

@@ -227,9 +227,11 @@ type cacheEntry struct {
 	prefetchAt int64
 	// hits counts the hits answered from the entry, up to the cache's prefetch threshold (only
 	// counted with prefetch on); prefetched is set by the hit that starts its prefetch (and
-	// cleared again when the prefetch budget made it skip).
+	// cleared again when the prefetch budget made it skip, retryAt then being the clock reading
+	// from which a hit may try again).
 	hits       atomic.Uint32
 	prefetched atomic.Bool
+	retryAt    atomic.Int64
 	// recheckAt is a clock reading: until then the expired entry answers stale at once, without
 	// a refresh (RFC 8767 section 5, failure recheck timer; set when a refresh failed).
 	recheckAt atomic.Int64
@@ -478,7 +480,7 @@ func (c *cache) answerWire(buf, q []byte, wq *wireQuery) (wire []byte, rcode int
 	}
 	c.m.cacheHits.Inc()
 	if c.prefetch != 0 && e.wantPrefetch(now, c.prefetch) {
-		c.startPrefetch(wq.cacheKey(q), e)
+		c.startPrefetch(wq.cacheKey(q), e, now)
 	}
 	return wire, e.rcode(), true
 }
@@ -549,7 +551,7 @@ func (c *cache) exchange(buf []byte, req *dns.Msg, tcp bool, maxSize int) (wire 
 		if wire, ok := e.answerMsg(buf, req, maxSize, now, 0); ok {
 			c.m.cacheHits.Inc()
 			if c.prefetch != 0 && e.wantPrefetch(now, c.prefetch) {
-				c.startPrefetch(unsafe.String(unsafe.SliceData(k), len(k)), e)
+				c.startPrefetch(unsafe.String(unsafe.SliceData(k), len(k)), e, now)
 			}
 			return wire, nil, fromCache, nil
 		}

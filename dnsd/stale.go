@@ -45,6 +45,11 @@ const (
 	// least one query) is prefetches in flight, so prefetches waiting on upstreams that do not
 	// answer never leave client queries without a forward slot.
 	prefetchShare = 8
+	// prefetchRetry is how long after a prefetch skipped for the budget (startPrefetch) the
+	// entry's hits do not try again: a hot entry's hits meanwhile cost one atomic load more
+	// than a hit outside the last tenth, not a compare-and-swap, a channel send and a counter
+	// each. Several tries fit in the last tenth of any TTL of a second or more.
+	prefetchRetry = 100 * time.Millisecond
 )
 
 // Why a stale answer was served, the "reason" label of MetricCacheStaleAnswers.
@@ -143,14 +148,15 @@ func (c *cache) staleAnswer(buf []byte, req *dns.Msg, maxSize int, e *cacheEntry
 // starts e's prefetch: e has been hit at least n times (this hit included), less than a tenth of
 // its lifetime is left, and no hit started one before (one prefetch per entry; the refresh
 // stores a new entry, which counts its own hits), or the one that did found the prefetch budget
-// taken (startPrefetch gives the turn back). It does not allocate; once n is reached the counter
-// is only read.
+// taken at least prefetchRetry ago (startPrefetch gives the turn back). It does not allocate;
+// once n is reached the counter is only read.
 func (e *cacheEntry) wantPrefetch(now int64, n uint32) bool {
 	h := e.hits.Load()
 	if h < n {
 		h = e.hits.Add(1)
 	}
-	return h >= n && now >= e.prefetchAt && !e.prefetched.Load() && e.prefetched.CompareAndSwap(false, true)
+	return h >= n && now >= e.prefetchAt && !e.prefetched.Load() && now >= e.retryAt.Load() &&
+		e.prefetched.CompareAndSwap(false, true)
 }
 
 // startPrefetch refreshes e, the entry under key (copied: the caller's may point into a
@@ -161,18 +167,20 @@ func (e *cacheEntry) wantPrefetch(now int64, n uint32) bool {
 //
 // Prefetches have their own budget within the forward limit (prefetchSlots, MaxForwards /
 // prefetchShare): when that many are in flight, the prefetch is skipped rather than queued
-// (counted in MetricCachePrefetchesSkipped) and the next hit on e that qualifies tries again
-// (wantPrefetch), so e expires as it would without prefetch only when the budget stays taken
-// until then. Each try is one non-blocking channel send, without allocation. With
+// (counted in MetricCachePrefetchesSkipped) and the first hit on e that qualifies prefetchRetry
+// or more later (clock reading now is this hit's) tries again (wantPrefetch), so e expires as it
+// would without prefetch only when the budget stays taken until then. Each try is one
+// non-blocking channel send, without allocation. With
 // the upstreams down each prefetch holds its slot for the forward timeout (every upstream's
 // timeout in turn), so without the budget a burst of popular entries entering their last tenth
 // together could hold every forward slot and turn client misses into SERVFAIL.
-func (c *cache) startPrefetch(key string, e *cacheEntry) {
+func (c *cache) startPrefetch(key string, e *cacheEntry, now int64) {
 	select {
 	case c.prefetchSlots <- struct{}{}:
 	default:
 		c.m.cachePrefetchesSkipped.Inc()
-		e.prefetched.Store(false) // nothing in flight for e: a later hit may try again
+		e.retryAt.Store(now + int64(prefetchRetry))
+		e.prefetched.Store(false) // nothing in flight for e: a hit from retryAt on may try again
 		return
 	}
 	k := strings.Clone(key)

@@ -610,15 +610,25 @@ func TestPrefetchRetriesAfterBudget(t *testing.T) {
 	hitAll("last tenth")
 	counts("first hits", budget, popular-budget)
 
-	// Hits while the budget is taken: each skips again; none starts a second prefetch of an
-	// entry whose prefetch is in flight.
+	// Hits while the budget is taken, within prefetchRetry of the skips: nothing is tried.
+	clk.advance(prefetchRetry - time.Millisecond)
+	hitAll("within the retry time")
+	counts("within the retry time", budget, popular-budget)
+
+	// Hits while the budget is taken, prefetchRetry after the skips: each skips again; none
+	// starts a second prefetch of an entry whose prefetch is in flight.
+	clk.advance(time.Millisecond)
 	hitAll("budget taken")
 	counts("budget taken", budget, 2*(popular-budget))
 
-	// The first prefetches are answered: the budget is free, and the skipped entries try again.
+	// The first prefetches are answered: the budget is free, and the skipped entries try again
+	// once prefetchRetry has passed since their last skip.
 	newRelease()
 	close(first)
 	waitFor(t, "the first prefetches to end", func() bool { return len(res.cache.prefetchSlots) == 0 })
+	hitAll("budget free, within the retry time")
+	counts("budget free, within the retry time", budget, 2*(popular-budget))
+	clk.advance(prefetchRetry)
 	hitAll("budget free")
 	started := 2 * budget
 	skipped := 2*(popular-budget) + (popular - 2*budget)
