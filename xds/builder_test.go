@@ -486,6 +486,12 @@ func TestHeadlessMapLimit(t *testing.T) {
 		if inMatcher != many || inMap == many || many && expr != "" {
 			t.Errorf("many=%v: 10.244.2.9:7000 in the matcher %v, in the ECDS map %v (%.80s...)", many, inMatcher, inMap, expr)
 		}
+		// A headless HTTP endpoint's entry, in the matcher or the map, names the headless chain.
+		httpEntry := capture.GetFilterChainMatcher().GetMatcherTree().GetExactMatchMap().GetMap()["8081"].GetMatcher().
+			GetMatcherTree().GetExactMatchMap().GetMap()["10.244.2.9"].GetAction().GetName()
+		if many && httpEntry != captureHeadlessChain || !many && !strings.Contains(expr, "'10.244.2.9:8081': '"+captureHeadlessChain+"'") {
+			t.Errorf("many=%v: 10.244.2.9:8081 takes chain %q in the matcher (%.200s...), want %s", many, httpEntry, expr, captureHeadlessChain)
+		}
 	}
 }
 

@@ -242,12 +242,18 @@ func benchHeadlessChange(b *testing.B, services, extra, npods int, kind string) 
 // headlessFilterVersion is the delta version of the ECDS filter HeadlessFilterName in the
 // snapshot s serves.
 func headlessFilterVersion(s *Server) string {
+	return servedVersion(s, resource.ExtensionConfigType, HeadlessFilterName)
+}
+
+// servedVersion is the delta version of the resource of type url named name in the snapshot s
+// serves ("" when it has none).
+func servedVersion(s *Server, url, name string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.last == nil {
 		return ""
 	}
-	return s.last.GetVersionMap(resource.ExtensionConfigType)[HeadlessFilterName]
+	return s.last.GetVersionMap(url)[name]
 }
 
 // waitTypeAck waits until Envoy ACKed a response of type url at version v or later.
