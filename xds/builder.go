@@ -163,9 +163,9 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		case !sameSvc:
 			routingChanged = true
 		case s.Headless:
-			// A headless service's endpoints are in the headless filter and the capture route,
-			// and their target ports in the matcher (directEntries): compared once rebuilt. A
-			// change of health alone keeps them.
+			// A headless service's endpoints are in the headless filter and the headless route
+			// table, and their target ports in the matcher (directEntries): compared once
+			// rebuilt. A change of health alone keeps them.
 			headless = append(headless, i)
 		}
 		todo = append(todo, i)
