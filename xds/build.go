@@ -178,12 +178,14 @@ type builder struct {
 	selector *core.TypedExtensionConfig
 	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
 	localEndpoints map[string][]model.Endpoint
-	captureHCM     *listenerv3.Filter
-	passthrough    *listenerv3.Filter
+	// captureHCM and headlessHCM are the HTTP connection managers of the capture HTTP chains
+	// captureHTTPChain (RDS CaptureRouteName) and captureHeadlessChain (CaptureHeadlessRouteName).
+	captureHCM, headlessHCM *listenerv3.Filter
+	passthrough             *listenerv3.Filter
 }
 
 // prepareShared builds the typed configs every build of one Builder shares (they depend on the
-// options only): the certificate selector, the capture HTTP connection manager and the
+// options only): the certificate selector, the capture HTTP connection managers and the
 // passthrough tcp_proxy.
 func (b *builder) prepareShared() error {
 	mapper, err := toAny(&fsmapperv3.Config{DefaultValue: "none"})
@@ -207,14 +209,20 @@ func (b *builder) prepareShared() error {
 	if err != nil {
 		return err
 	}
-	b.captureHCM, err = hcmFilter(&hcmv3.HttpConnectionManager{
-		StatPrefix: "outbound_http",
-		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
-			ConfigSource: adsSource(), RouteConfigName: CaptureRouteName,
-		}},
-		EarlyHeaderMutationExtensions: []*core.TypedExtensionConfig{{Name: "aether.original-destination", TypedConfig: early}},
-	})
-	if err != nil {
+	// The two capture HTTP chains' connection managers differ only in their route configuration.
+	captureHCM := func(route string) (*listenerv3.Filter, error) {
+		return hcmFilter(&hcmv3.HttpConnectionManager{
+			StatPrefix: "outbound_http",
+			RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+				ConfigSource: adsSource(), RouteConfigName: route,
+			}},
+			EarlyHeaderMutationExtensions: []*core.TypedExtensionConfig{{Name: "aether.original-destination", TypedConfig: early}},
+		})
+	}
+	if b.captureHCM, err = captureHCM(CaptureRouteName); err != nil {
+		return err
+	}
+	if b.headlessHCM, err = captureHCM(CaptureHeadlessRouteName); err != nil {
 		return err
 	}
 	b.headlessRef = headlessRef()
@@ -899,8 +907,9 @@ func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIP
 // target port its endpoints in this cluster serve, an ORIGINAL_DST cluster (directCluster), and
 // for each of those endpoints' address (model.MeshAddr: the one its inbound listener binds) a
 // directEntry "<pod_ip>:<port>" -> chain (an entry of the ECDS filter HeadlessFilterName, not of
-// the capture filter-chain matcher: see assembleRouting) and for HTTP the capture route
-// "<pod_ip>:<port>", which send the connection to it. So a connection to a
+// the capture filter-chain matcher: see assembleRouting; for HTTP the chain captureHeadlessChain)
+// and for HTTP the route "<pod_ip>:<port>" of CaptureHeadlessRouteName, which send the connection
+// to it. So a connection to a
 // meshed pod's IP and target port goes over mTLS to that same pod's :15008 with SNI "<port>";
 // a pod that is not an endpoint (not meshed) is still passed through. Other clusters' endpoints
 // are left out: their pod IPs are not this cluster's (and may be equal to local ones).
@@ -926,7 +935,7 @@ func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
 			return err
 		}
 		e.clusters = append(e.clusters, c)
-		chain := captureHTTPChain
+		chain := captureHeadlessChain
 		if !sp.Protocol.IsHTTP() {
 			chain = "tcp|" + cn
 			tp, err := tcpProxy("outbound_tcp", cn)
@@ -942,7 +951,7 @@ func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
 		for _, ip := range ips[target] {
 			e.direct = append(e.direct, directEntry{dst: netip.AddrPortFrom(ip, uint16(target)), chain: chain})
 			if sp.Protocol.IsHTTP() {
-				e.routes = append(e.routes, vipRoute{dst: netip.AddrPortFrom(ip, uint16(target)).String(), action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+				e.directRoutes = append(e.directRoutes, vipRoute{dst: netip.AddrPortFrom(ip, uint16(target)).String(), action: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
 					Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}})
 			}
 		}
@@ -1015,7 +1024,8 @@ type directEntry struct {
 	chain string
 }
 
-// vipRoute is one entry of the capture route table: "VIP:port" to a route.
+// vipRoute is one entry of a capture route table: "VIP:port" (CaptureRouteName) or
+// "<pod_ip>:<port>" (CaptureHeadlessRouteName) to a route.
 type vipRoute struct {
 	dst    string
 	action *xdsmatcher.Matcher_OnMatch
@@ -1026,39 +1036,56 @@ type vipRoute struct {
 type routing struct {
 	// captureMatcher is nil when no service has a VIP.
 	captureMatcher *xdsmatcher.Matcher
-	// captureChains are the capture listener's filter chains: the HTTP chain, then the floor
-	// chains; nil with captureMatcher.
+	// captureChains are the capture listener's filter chains: the HTTP chain, the headless HTTP
+	// chain when headlessRoute is set, then the floor chains; nil with captureMatcher.
 	captureChains []*listenerv3.FilterChain
-	captureRoute  *routev3.RouteConfiguration
+	// captureRoute (CaptureRouteName) holds the VIP routes.
+	captureRoute *routev3.RouteConfiguration
+	// headlessRoute (CaptureHeadlessRouteName) holds the headless Services' routes
+	// "<pod_ip>:<port>"; nil when no headless HTTP port has an endpoint in this cluster.
+	headlessRoute *routev3.RouteConfiguration
 	laneRoute     *routev3.RouteConfiguration
 	// headlessFilter is the ECDS resource HeadlessFilterName; it sets nothing when
 	// directInMatcher (more than maxHeadlessMap entries: they are in the matcher instead).
 	headlessFilter  *core.TypedExtensionConfig
 	directInMatcher bool
-	// valid is set once a build that used this routing passed ValidateAll; sharedValid when its
-	// matcher, chains and lane route came from a routing that had (withDirect).
-	valid, sharedValid bool
+	// valid is set once a build that used this routing passed ValidateAll. The other flags say
+	// that a part is the value of an earlier routing that had: sharedValid the matcher, chains
+	// and lane route (withDirect), vipRouteValid captureRoute, directValid headlessRoute and
+	// headlessFilter.
+	valid, sharedValid, vipRouteValid, directValid bool
+}
+
+// reuse says which parts of the previous routing assembleRouting may keep: the capture route
+// when no service's VIP routes changed (sameVIPRoutes), the headless route table and the
+// headless filter when no service's direct entries or headless routes changed (sameDirect).
+type reuse struct {
+	old                       *routing
+	sameVIPRoutes, sameDirect bool
 }
 
 // assembleRouting builds the capture filter-chain matcher (a hash map on destination port, then
 // destination IP, built once and shared by every pod's capture listener), the capture filter
-// chains (shared too: the pod's identity is set by a listener filter) and both shared route
-// tables from the services' entries. Port first: services share few ports, so
-// the matcher holds one nested IP map per distinct port rather than one nested port map per VIP
-// (at 10k services on port 80, 0.9 MB instead of 2.1 MB in every pod's capture listener, which
-// Envoy parses and builds per pod).
+// chains (shared too: the pod's identity is set by a listener filter) and the shared route
+// tables from the services' entries, keeping the parts of keep.old that keep says are unchanged
+// (the same values: not sent again, not validated again). Port first: services share few ports,
+// so the matcher holds one nested IP map per distinct port rather than one nested port map per
+// VIP (at 10k services on port 80, 0.9 MB instead of 2.1 MB in every pod's capture listener,
+// which Envoy parses and builds per pod).
 //
 // Headless Services' endpoints are not in the matcher: on a target port a headless Service's
 // endpoints serve, a destination IP that is no VIP falls to a nested matcher on the filter state
 // DirectFilterStateKey, mapping the names of that port's headless chains to the chains, and
 // anything else to the default chain (passthrough). The filter state is set by the ECDS listener
 // filter HeadlessFilterName (headlessFilter), which every capture listener runs and which holds
-// the "<pod_ip>:<port>" -> chain map (read only for the headless target ports). So an endpoint
-// change of a headless Service changes that one ECDS resource (and the capture route for HTTP
-// ports), not every pod's capture listener: Envoy rebuilt each whole capture listener before (at
-// 10k services and 50 pods, 4.7 s of its CPU per change; docs/node-proxy.md, "Headless
-// Services").
-func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routing {
+// the "<pod_ip>:<port>" -> chain map (read only for the headless target ports). An HTTP port's
+// endpoints take the chain captureHeadlessChain, whose route table CaptureHeadlessRouteName holds
+// only their routes. So an endpoint change of a headless Service changes that one ECDS resource
+// (and for HTTP ports the headless route table), not every pod's capture listener, nor the VIP
+// route table: Envoy rebuilt each whole capture listener before (at 10k services and 50 pods,
+// 4.7 s of its CPU per change), and then the VIP route table (900 KB at 10k services) per change
+// on an HTTP port (docs/node-proxy.md, "Headless Services").
+func (b *builder) assembleRouting(entries []*svcEntry, keep reuse) *routing {
 	rt := &routing{}
 	var floors []floorChain
 	byPort := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
@@ -1074,7 +1101,26 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 		lane.VirtualHosts = append(lane.VirtualHosts, e.lane...)
 	}
 	rt.laneRoute = lane
-	direct, directChains := rt.assembleDirect(entries)
+	if o := keep.old; o != nil && keep.sameVIPRoutes {
+		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
+	} else {
+		routes := map[string]*xdsmatcher.Matcher_OnMatch{}
+		for _, e := range entries {
+			for _, r := range e.routes {
+				routes[r.dst] = r.action
+			}
+		}
+		rt.captureRoute = captureRoute(CaptureRouteName, routes)
+	}
+	var direct map[netip.AddrPort]string
+	var directChains map[uint16]map[string]bool
+	if o := keep.old; o != nil && keep.sameDirect {
+		rt.headlessRoute, rt.headlessFilter, rt.directInMatcher = o.headlessRoute, o.headlessFilter, o.directInMatcher
+		rt.directValid = o.valid || o.directValid
+		direct, directChains = directMaps(entries)
+	} else {
+		direct, directChains = rt.assembleDirect(entries)
+	}
 	if rt.directInMatcher {
 		// Too many for the ECDS filter's map: the endpoints' addresses are matcher entries, as
 		// VIPs are. A VIP keeps its entry, as it does below the limit (the VIPs are matched
@@ -1117,21 +1163,23 @@ func assembleRouting(entries []*svcEntry, captureHCM *listenerv3.Filter) *routin
 		Input:    &xdscore.TypedExtensionConfig{Name: "port", TypedConfig: portInput},
 		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: portMap}},
 	}}}
-	rt.captureChains = make([]*listenerv3.FilterChain, 0, 1+len(floors))
-	rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{captureHCM}})
+	rt.captureChains = make([]*listenerv3.FilterChain, 0, 2+len(floors))
+	rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{b.captureHCM}})
+	if rt.headlessRoute != nil {
+		// Only while a headless HTTP port has endpoints: the chain comes and goes with that
+		// port's entry in the matcher (directChainSet), so it adds no listener update of its own.
+		rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: captureHeadlessChain, Filters: []*listenerv3.Filter{b.headlessHCM}})
+	}
 	for _, fc := range floors {
 		rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{fc.tcp}})
 	}
 	return rt
 }
 
-// assembleDirect sets rt's capture route and headless filter from the entries' routes and direct
-// entries, and returns the direct entries as one map (a later service wins a clash) and, per
-// headless target port, the chains its entries use (the matcher's part for them,
-// directMatcher). When they are too many for the filter (directInMatcher), the filter is empty
-// and the caller puts the returned map into the matcher.
-func (rt *routing) assembleDirect(entries []*svcEntry) (map[netip.AddrPort]string, map[uint16]map[string]bool) {
-	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
+// directMaps returns the entries' direct entries as one map (a later service wins a clash) and,
+// per headless target port, the chains its entries use (the matcher's part for them,
+// directMatcher).
+func directMaps(entries []*svcEntry) (map[netip.AddrPort]string, map[uint16]map[string]bool) {
 	direct := map[netip.AddrPort]string{}
 	directChains := map[uint16]map[string]bool{}
 	for _, e := range entries {
@@ -1143,11 +1191,30 @@ func (rt *routing) assembleDirect(entries []*svcEntry) (map[netip.AddrPort]strin
 			}
 			directChains[port][d.chain] = true
 		}
-		for _, r := range e.routes {
-			routes[r.dst] = r.action
+	}
+	return direct, directChains
+}
+
+// assembleDirect sets rt's headless route table and headless filter from the entries' headless
+// routes and direct entries, and returns directMaps(entries). The route table is nil unless some
+// direct entry takes the chain captureHeadlessChain (each such entry has a route). When the
+// direct entries are too many for the filter (directInMatcher), the filter is empty and the
+// caller puts the returned map into the matcher.
+func (rt *routing) assembleDirect(entries []*svcEntry) (map[netip.AddrPort]string, map[uint16]map[string]bool) {
+	direct, directChains := directMaps(entries)
+	rt.headlessRoute = nil
+	for _, chains := range directChains {
+		if chains[captureHeadlessChain] {
+			routes := map[string]*xdsmatcher.Matcher_OnMatch{}
+			for _, e := range entries {
+				for _, r := range e.directRoutes {
+					routes[r.dst] = r.action
+				}
+			}
+			rt.headlessRoute = captureRoute(CaptureHeadlessRouteName, routes)
+			break
 		}
 	}
-	rt.captureRoute = captureRoute(routes)
 	rt.directInMatcher = len(direct) > maxHeadlessMap || headlessExprLen(direct) > maxHeadlessExpr
 	if rt.directInMatcher {
 		rt.headlessFilter = headlessFilter(nil)
@@ -1184,17 +1251,20 @@ func headlessExprLen(direct map[netip.AddrPort]string) int {
 	return n
 }
 
-// withDirect is rt with the capture route and the headless filter assembled again from entries,
-// for a build in which headless Services' endpoint addresses changed and nothing else of the
-// routing (sharedRoutingEqual): the matcher, the chains and the lane route are rt's values, known
-// valid when rt's were, so the pods' capture listeners stay the same values too. It returns nil
-// when the addresses are or become matcher entries (directInMatcher): the matcher changes, and
-// the caller assembles the routing whole.
+// withDirect is rt with the headless route table and the headless filter assembled again from
+// entries, for a build in which headless Services' endpoint addresses changed and nothing else of
+// the routing (sharedRoutingEqual): the matcher, the chains, the capture route and the lane
+// route are rt's values, known valid when rt's were, so the pods' capture listeners and the VIP
+// route table stay the same values too (nothing of them is sent). The headless route table is
+// present in both or in neither (sharedRoutingEqual compares the chains of the target ports). It
+// returns nil when the addresses are or become matcher entries (directInMatcher): the matcher
+// changes, and the caller assembles the routing whole.
 func (rt *routing) withDirect(entries []*svcEntry) *routing {
 	if rt.directInMatcher {
 		return nil
 	}
-	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute, sharedValid: rt.valid || rt.sharedValid}
+	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, captureRoute: rt.captureRoute, laneRoute: rt.laneRoute,
+		sharedValid: rt.valid || rt.sharedValid, vipRouteValid: rt.valid || rt.vipRouteValid}
 	if n.assembleDirect(entries); n.directInMatcher {
 		return nil
 	}
@@ -1304,14 +1374,15 @@ func headlessRef() *listenerv3.ListenerFilter {
 	}
 }
 
-// captureRoute is the route configuration of every pod's capture HTTP chain: one virtual host
-// whose matcher maps the original destination "VIP:port" (the DstHeader the capture HTTP
-// connection manager writes before routing, from %DOWNSTREAM_LOCAL_ADDRESS%) to the service
-// port's cluster, whatever Host the client used. The lookup is a hash map, so the route table's
-// cost per request does not grow with the number of services. The header is removed before the
-// request leaves.
-func captureRoute(m map[string]*xdsmatcher.Matcher_OnMatch) *routev3.RouteConfiguration {
-	vh := &routev3.VirtualHost{Name: CaptureRouteName, Domains: []string{"*"}}
+// captureRoute is a route configuration of every pod's capture HTTP chains, named name
+// (CaptureRouteName for the VIPs, CaptureHeadlessRouteName for headless Services' pods): one
+// virtual host whose matcher maps the original destination "ip:port" (the DstHeader the capture
+// HTTP connection manager writes before routing, from %DOWNSTREAM_LOCAL_ADDRESS%) to the
+// service port's cluster, whatever Host the client used; without routes, a 404 for every request.
+// The lookup is a hash map, so the route table's cost per request does not grow with the number
+// of services. The header is removed before the request leaves.
+func captureRoute(name string, m map[string]*xdsmatcher.Matcher_OnMatch) *routev3.RouteConfiguration {
+	vh := &routev3.VirtualHost{Name: name, Domains: []string{"*"}}
 	if len(m) > 0 {
 		input, _ := anypb.New(&matcherv3.HttpRequestHeaderMatchInput{HeaderName: DstHeader})
 		vh.Matcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
@@ -1325,7 +1396,7 @@ func captureRoute(m map[string]*xdsmatcher.Matcher_OnMatch) *routev3.RouteConfig
 		}}
 	}
 	return &routev3.RouteConfiguration{
-		Name:                   CaptureRouteName,
+		Name:                   name,
 		VirtualHosts:           []*routev3.VirtualHost{vh},
 		RequestHeadersToRemove: []string{DstHeader},
 	}

@@ -100,8 +100,10 @@ type svcEntry struct {
 	floors   []floorChain
 	chains   []vipChain
 	direct   []directEntry
-	routes   []vipRoute
-	lane     []*routev3.VirtualHost
+	// routes are the service's VIP routes (CaptureRouteName), directRoutes its headless routes
+	// (CaptureHeadlessRouteName).
+	routes, directRoutes []vipRoute
+	lane                 []*routev3.VirtualHost
 	// valid is set once a build that used this entry passed ValidateAll; clustersValid when its
 	// clusters were carried over from an entry that had.
 	valid, clustersValid bool
@@ -131,7 +133,8 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		bl.shared = sh
 		bl.passthrough = sh.passthroughCluster()
 	}
-	b := &builder{m: m, opts: bl.opts, selector: bl.shared.selector, captureHCM: bl.shared.captureHCM, passthrough: bl.shared.passthrough, headlessRef: bl.shared.headlessRef}
+	b := &builder{m: m, opts: bl.opts, selector: bl.shared.selector, captureHCM: bl.shared.captureHCM, headlessHCM: bl.shared.headlessHCM,
+		passthrough: bl.shared.passthrough, headlessRef: bl.shared.headlessRef}
 	g := globalsOf(m, bl.opts)
 	oldSvcs, oldPods, rt := bl.svcs, bl.pods, bl.routing
 	if !g.equal(bl.globals) {
@@ -160,15 +163,28 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		case !sameSvc:
 			routingChanged = true
 		case s.Headless:
-			// A headless service's endpoints are in the headless filter and the capture route,
-			// and their target ports in the matcher (directEntries): compared once rebuilt. A
-			// change of health alone keeps them.
+			// A headless service's endpoints are in the headless filter and the headless route
+			// table, and their target ports in the matcher (directEntries): compared once
+			// rebuilt. A change of health alone keeps them.
 			headless = append(headless, i)
 		}
 		todo = append(todo, i)
 	}
+	// Which shared route tables the change touches: a new or removed service's routes, or a
+	// rebuilt service's that differ.
+	vipRoutesChanged, directChanged := rt == nil, rt == nil
 	if kept != len(oldSvcs) {
 		routingChanged = true // a service went away
+		present := make(map[model.ServiceKey]bool, len(m.Services))
+		for _, s := range m.Services {
+			present[s.Key] = true
+		}
+		for k, e := range oldSvcs {
+			if !present[k] {
+				vipRoutesChanged = vipRoutesChanged || len(e.routes) > 0
+				directChanged = directChanged || len(e.direct)+len(e.directRoutes) > 0
+			}
+		}
 	}
 	err := parallel(len(todo), func(j int) error {
 		s := m.Services[todo[j]]
@@ -182,14 +198,19 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	if err != nil {
 		return nil, err
 	}
-	directChanged := false
-	for _, i := range headless {
+	for _, i := range todo {
 		old, e := oldSvcs[m.Services[i].Key], entries[i]
-		switch {
-		case !sharedRoutingEqual(old, e):
+		if old == nil {
+			vipRoutesChanged = vipRoutesChanged || len(e.routes) > 0
+			directChanged = directChanged || len(e.direct)+len(e.directRoutes) > 0
+			continue
+		}
+		vipRoutesChanged = vipRoutesChanged || !routesEqual(old.routes, e.routes)
+		directChanged = directChanged || !directEqual(old, e)
+	}
+	for _, i := range headless {
+		if !sharedRoutingEqual(oldSvcs[m.Services[i].Key], entries[i]) {
 			routingChanged = true
-		case !directEqual(old, e):
-			directChanged = true
 		}
 	}
 	if !routingChanged && directChanged {
@@ -200,7 +221,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		}
 	}
 	if routingChanged {
-		rt = assembleRouting(entries, b.captureHCM)
+		rt = b.assembleRouting(entries, reuse{old: rt, sameVIPRoutes: !vipRoutesChanged, sameDirect: !directChanged})
 	}
 	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
 
@@ -237,14 +258,19 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	r.Clusters = append(r.Clusters, bl.passthrough)
 	known(bl.passthroughValid, bl.passthrough)
 	// The shared routes are referenced only by pod listeners: a node without meshed pods serves
-	// none, and the capture route only while the capture listeners carry their HTTP chain (some
-	// service has a VIP). A snapshot serving a route no listener names is not Consistent().
+	// none, the capture route only while the capture listeners carry their HTTP chain (some
+	// service has a VIP), and the headless route only while they carry the headless HTTP chain.
+	// A snapshot serving a route no listener names is not Consistent().
 	if len(m.Pods) > 0 {
 		r.Routes = append(r.Routes, rt.laneRoute)
 		known(rt.valid || rt.sharedValid, rt.laneRoute)
 		if rt.captureMatcher != nil {
 			r.Routes = append(r.Routes, rt.captureRoute)
-			known(rt.valid, rt.captureRoute)
+			known(rt.valid || rt.vipRouteValid, rt.captureRoute)
+			if rt.headlessRoute != nil {
+				r.Routes = append(r.Routes, rt.headlessRoute)
+				known(rt.valid || rt.directValid, rt.headlessRoute)
+			}
 		}
 	}
 	if rt.captureMatcher != nil {
@@ -252,7 +278,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	}
 	if len(m.Pods) > 0 {
 		r.Extensions = append(r.Extensions, rt.headlessFilter)
-		known(rt.valid, rt.headlessFilter)
+		known(rt.valid || rt.directValid, rt.headlessFilter)
 	}
 
 	// Pods: this cluster's endpoints of the local pods, for their inbound listeners.
@@ -400,15 +426,16 @@ func serviceEqual(a, b *model.Service) bool {
 
 // sharedRoutingEqual reports whether two entries of a service contribute the same to the
 // routing every pod's capture listener holds (assembleRouting): the same floor chains, capture
-// matcher entries, lane virtual hosts, and headless chains per target port. A headless
-// service's endpoints change none of these unless a target port comes or goes: a joining or
-// leaving endpoint changes only its direct entries and capture routes (directEqual), and a
-// readiness change nothing.
+// matcher entries, VIP routes, lane virtual hosts, and headless chains per target port. A
+// headless service's endpoints change none of these unless a target port comes or goes: a
+// joining or leaving endpoint changes only its direct entries and headless routes (directEqual),
+// and a readiness change nothing.
 func sharedRoutingEqual(a, b *svcEntry) bool {
 	return slices.EqualFunc(a.floors, b.floors, func(x, y floorChain) bool { return x.name == y.name && proto.Equal(x.tcp, y.tcp) }) &&
 		slices.EqualFunc(a.chains, b.chains, func(x, y vipChain) bool {
 			return x.vip == y.vip && x.port == y.port && proto.Equal(x.action, y.action)
 		}) &&
+		routesEqual(a.routes, b.routes) &&
 		slices.EqualFunc(a.lane, b.lane, func(x, y *routev3.VirtualHost) bool { return proto.Equal(x, y) }) &&
 		maps.Equal(directChainSet(a.direct), directChainSet(b.direct))
 }
@@ -428,11 +455,21 @@ type portChain struct {
 	chain string
 }
 
-// directEqual reports whether two entries of a service have the same direct entries and capture
+// directEqual reports whether two entries of a service have the same direct entries and headless
 // routes, in the same order.
 func directEqual(a, b *svcEntry) bool {
-	return slices.Equal(a.direct, b.direct) &&
-		slices.EqualFunc(a.routes, b.routes, func(x, y vipRoute) bool { return x.dst == y.dst && proto.Equal(x.action, y.action) })
+	return slices.Equal(a.direct, b.direct) && routesEqual(a.directRoutes, b.directRoutes)
+}
+
+// routesEqual reports whether two lists of capture routes are the same, in the same order.
+func routesEqual(a, b []vipRoute) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	if len(a) == 0 || &a[0] == &b[0] {
+		return true // the same list, carried over (serviceEntry)
+	}
+	return slices.EqualFunc(a, b, func(x, y vipRoute) bool { return x.dst == y.dst && proto.Equal(x.action, y.action) })
 }
 
 // endpointsEqual reports whether two endpoint lists are the same, in the same order.

@@ -10,6 +10,7 @@ import (
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	sfslistenerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/set_filter_state/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -74,6 +75,10 @@ func builderSteps() []struct {
 			e[peersKey][0].Healthy = !e[peersKey][0].Healthy
 			return s, p
 		}, model.Node{})},
+		{"the headless Service's HTTP port loses its endpoints", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			noPeersHTTP(e)
+			return s, p
+		}, model.Node{})},
 		{"a headless Service with more endpoints than the ECDS map holds", goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
 			manyPeers(e)
 			return s, p
@@ -128,6 +133,14 @@ func builderSteps() []struct {
 		}, model.Node{})},
 		{"node moved to another zone", goldenVariant(nil, model.Node{Name: "n1", Region: "r1", Zone: "z2"})},
 		{"back to the first model", goldenVariant(nil, model.Node{})},
+	}
+}
+
+// noPeersHTTP leaves peers' endpoints serving only its TCP port: no headless HTTP route, so no
+// headless capture chain and route table.
+func noPeersHTTP(e map[model.ServiceKey][]model.Endpoint) {
+	for i := range e[peersKey] {
+		e[peersKey][i].Ports = slices.DeleteFunc(e[peersKey][i].Ports, func(p model.EndpointPort) bool { return p.Protocol == model.ProtocolHTTP })
 	}
 }
 
@@ -241,7 +254,7 @@ func TestBuilderReusesUnchanged(t *testing.T) {
 // changes that service's EDS resources only: every listener and route table is the previous value
 // (its entries follow the endpoints' addresses, not their health), so delta xDS sends no
 // listener. An endpoint that moves to another address changes the ECDS filter HeadlessFilterName
-// and the capture route table, and no capture listener.
+// and the headless route table, and no capture listener and no other route table.
 func TestBuilderHeadlessReadiness(t *testing.T) {
 	bl := NewBuilder(Options{})
 	build := func(m *model.Mesh) *Resources {
@@ -293,9 +306,134 @@ func TestBuilderHeadlessReadiness(t *testing.T) {
 		t.Errorf("headless endpoint moved: extension configs %v, want %s changed", r2.Extensions, HeadlessFilterName)
 	}
 	for i, rt := range r2.Routes {
-		if changed := rt.GetName() == CaptureRouteName; changed == (rt == r1.Routes[i]) {
-			t.Errorf("headless endpoint moved: route table %s reused=%v, want only the capture route rebuilt", rt.GetName(), rt == r1.Routes[i])
+		if changed := rt.GetName() == CaptureHeadlessRouteName; changed == (rt == r1.Routes[i]) {
+			t.Errorf("headless endpoint moved: route table %s reused=%v, want only the headless route rebuilt", rt.GetName(), rt == r1.Routes[i])
 		}
+	}
+}
+
+// TestBuilderHeadlessRoutesApart: the headless Services' HTTP routes have a route table of their
+// own (CaptureHeadlessRouteName, on the capture chain captureHeadlessChain), so a headless
+// endpoint change leaves the VIP route table CaptureRouteName the previous value, known valid
+// and with the same delta version (not sent again), also when it changes the capture listeners
+// (a new target port); a VIP change leaves the headless route table and filter likewise; and the
+// headless table and chain are there only while a headless HTTP port has an endpoint.
+func TestBuilderHeadlessRoutesApart(t *testing.T) {
+	type svcs = []*model.Service
+	type eps = map[model.ServiceKey][]model.Endpoint
+	type pods = []*model.LocalPod
+	variant := func(change func(s svcs, e eps)) *model.Mesh {
+		return goldenVariant(func(s svcs, e eps, p pods) (svcs, pods) {
+			change(s, e)
+			return s, p
+		}, model.Node{})
+	}
+	gainVIP := func(k model.ServiceKey, vip string) func(s svcs, e eps) {
+		return func(s svcs, e eps) {
+			for _, x := range s {
+				if x.Key == k {
+					x.VIPs = append(x.VIPs, netip.MustParseAddr(vip))
+				}
+			}
+		}
+	}
+	cases := []struct {
+		name string
+		mesh *model.Mesh
+		// captureSame and headlessSame: the route table is the previous value; headlessGone:
+		// there is none (nor its chain); capturesSame: the capture listeners are the previous values.
+		captureSame, headlessSame, headlessGone, capturesSame bool
+	}{
+		// peers' endpoint 0 is peer-2's, a pod on another node (endpoint 1 is the local pod
+		// web-1's, whose own listeners follow its endpoints).
+		{name: "headless endpoint moves", mesh: variant(func(s svcs, e eps) {
+			e[peersKey][0].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
+		}), captureSame: true, capturesSame: true},
+		{name: "headless endpoint moves to a new target port", mesh: variant(func(s svcs, e eps) {
+			e[peersKey][0].IPs = []netip.Addr{netip.MustParseAddr("10.244.2.10")}
+			e[peersKey][0].Ports[0].Port = 8082
+		}), captureSame: true},
+		{name: "headless HTTP port loses its endpoints", mesh: variant(func(s svcs, e eps) { noPeersHTTP(e) }),
+			captureSame: true, headlessGone: true},
+		{name: "HTTP service gains a VIP", mesh: variant(gainVIP(webKey, "10.96.0.11")), headlessSame: true},
+		{name: "TCP service gains a VIP", mesh: variant(gainVIP(dbKey, "10.96.0.12")), captureSame: true, headlessSame: true},
+	}
+	build := func(bl *Builder, m *model.Mesh, memo *hashMemo) (*Resources, *snapshot) {
+		t.Helper()
+		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := newSnapshot("1", r.typed(), memo)
+		if err != nil {
+			t.Fatal(err) // a route table without its chain, or the reverse, is not Consistent()
+		}
+		if err := s.ConstructVersionMap(); err != nil {
+			t.Fatal(err)
+		}
+		return r, s
+	}
+	named := func(r *Resources, name string) *routev3.RouteConfiguration {
+		for _, rt := range r.Routes {
+			if rt.GetName() == name {
+				return rt
+			}
+		}
+		return nil
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			bl, memo := NewBuilder(Options{}), &hashMemo{}
+			r0, s0 := build(bl, goldenMesh(), memo)
+			if err := r0.ValidateAll(); err != nil {
+				t.Fatal(err)
+			}
+			r1, s1 := build(bl, c.mesh, memo)
+			check := func(name string, same, gone bool) {
+				t.Helper()
+				before, after := named(r0, name), named(r1, name)
+				v0, v1 := s0.GetVersionMap(resource.RouteType)[name], s1.GetVersionMap(resource.RouteType)[name]
+				switch {
+				case gone:
+					if after != nil {
+						t.Errorf("%s still served, want none", name)
+					}
+				case after == nil:
+					t.Errorf("%s not served", name)
+				case same && (after != before || !r1.isKnown(after) || v1 != v0):
+					t.Errorf("%s: same value %v, known valid %v, version %s -> %s; want the previous value, known valid, same version", name, after == before, r1.isKnown(after), v0, v1)
+				case !same && (after == before || v1 == v0):
+					t.Errorf("%s: same value %v, version %s -> %s; want a new table", name, after == before, v0, v1)
+				}
+			}
+			check(CaptureRouteName, c.captureSame, false)
+			check(CaptureHeadlessRouteName, c.headlessSame, c.headlessGone)
+			if same := r1.Extensions[0] == r0.Extensions[0]; same != c.headlessSame {
+				t.Errorf("headless filter: previous value %v, want %v", same, c.headlessSame)
+			}
+			for i, l := range r1.Listeners {
+				if !strings.HasPrefix(l.GetName(), "capture|") {
+					continue
+				}
+				if same := l == r0.Listeners[i]; same != c.capturesSame {
+					t.Errorf("%s: previous value %v, want %v", l.GetName(), same, c.capturesSame)
+				}
+				hasChain := slices.ContainsFunc(l.GetFilterChains(), func(fc *listenerv3.FilterChain) bool { return fc.GetName() == captureHeadlessChain })
+				if hasChain == c.headlessGone {
+					t.Errorf("%s: chain %s present %v, want %v", l.GetName(), captureHeadlessChain, hasChain, !c.headlessGone)
+				}
+			}
+			if err := r1.ValidateAll(); err != nil {
+				t.Fatal(err)
+			}
+			want, err := Build(c.mesh, fakeSVIDs(c.mesh), []byte("BUNDLE"), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, kind := range differingKinds(t, r1, want) {
+				t.Errorf("%s differ from a fresh Build", kind)
+			}
+		})
 	}
 }
 
@@ -347,6 +485,12 @@ func TestHeadlessMapLimit(t *testing.T) {
 		inMap := strings.Contains(expr, "'10.244.2.9:7000'")
 		if inMatcher != many || inMap == many || many && expr != "" {
 			t.Errorf("many=%v: 10.244.2.9:7000 in the matcher %v, in the ECDS map %v (%.80s...)", many, inMatcher, inMap, expr)
+		}
+		// A headless HTTP endpoint's entry, in the matcher or the map, names the headless chain.
+		httpEntry := capture.GetFilterChainMatcher().GetMatcherTree().GetExactMatchMap().GetMap()["8081"].GetMatcher().
+			GetMatcherTree().GetExactMatchMap().GetMap()["10.244.2.9"].GetAction().GetName()
+		if many && httpEntry != captureHeadlessChain || !many && !strings.Contains(expr, "'10.244.2.9:8081': '"+captureHeadlessChain+"'") {
+			t.Errorf("many=%v: 10.244.2.9:8081 takes chain %q in the matcher (%.200s...), want %s", many, httpEntry, expr, captureHeadlessChain)
 		}
 	}
 }
@@ -607,6 +751,7 @@ func differingKinds(t *testing.T, a, b *Resources) []string {
 		{"endpoints", asMessages(a.Endpoints), asMessages(b.Endpoints)},
 		{"routes", asMessages(a.Routes), asMessages(b.Routes)},
 		{"secrets", asMessages(a.Secrets), asMessages(b.Secrets)},
+		{"extensions", asMessages(a.Extensions), asMessages(b.Extensions)},
 	} {
 		if !bytes.Equal(stableJSON(t, kind.a), stableJSON(t, kind.b)) {
 			out = append(out, kind.name)

@@ -3,9 +3,11 @@ package xds
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"os"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,8 +86,10 @@ func headlessBenchMesh(f *meshFixture, version uint64, services, headlessExtra i
 // (setmesh-ms); until Envoy ACKed it (ack-ms: listeners, clusters and the ECDS resource for the
 // headless change, the EDS response for the other two); until it is live (live-ms: for the headless change a
 // connection from the client pod through capture to h3:7000 goes over mTLS to h3's inbound
-// listener when h3 is a member and is passed through when it is not; for the others the EDS
-// ACK); Envoy's CPU time from SetMesh to live (envoy-cpu-ms, 10 ms ticks); and what the change
+// listener when h3 is a member and is passed through when it is not, and so does an HTTP request
+// on a new connection to h3:8080, which h3's server sees with an XFCC header only through the
+// mesh: the TCP port's membership is in the ECDS filter, the HTTP port's in it and in the headless
+// route table; for the others the EDS ACK); Envoy's CPU time from SetMesh to live (envoy-cpu-ms, 10 ms ticks); and what the change
 // sent over xDS: listeners (lds-res), clusters (cds-res), EDS resources (eds-res), route tables
 // (rds-res), ECDS resources (ecds-res: the headless filter) and all bytes (xds-KB,
 // aether_xds_bytes_sent_total).
@@ -119,6 +123,9 @@ func benchHeadlessChange(b *testing.B, services, extra, npods int, kind string) 
 		name := fmt.Sprintf("h%d", i)
 		ns, _ := f.addPod(name, false)
 		serveWho(ns.Listen(b, "0.0.0.0:7000"), name)
+		ns.ServeHTTP(b, "0.0.0.0:8080", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "pod=%s xfcc=%s", name, r.Header.Get("X-Forwarded-Client-Cert"))
+		}))
 		names = append(names, name)
 	}
 	for i := len(names); i < npods; i++ {
@@ -151,6 +158,8 @@ func benchHeadlessChange(b *testing.B, services, extra, npods int, kind string) 
 		return res, bytes
 	}
 	h3 := f.ips["h3"].String() + ":7000"
+	h3HTTP := "http://" + f.ips["h3"].String() + ":8080/"
+	client := alpha.HTTPClient(false) // a new connection per request: each takes the current chain
 	var setT, ackT, liveT, cpuT []time.Duration
 	res0, bytes0 := snapshot()
 	b.ResetTimer()
@@ -203,6 +212,15 @@ func benchHeadlessChange(b *testing.B, services, extra, npods int, kind string) 
 					b.Fatalf("h3 member=%v: %q %v, want %q", member, got, err, want)
 				}
 			}
+			for deadline := time.Now().Add(5 * time.Minute); ; time.Sleep(time.Millisecond) {
+				code, body, _, err := getBody(client, h3HTTP, nil)
+				if err == nil && code == 200 && strings.HasPrefix(body, "pod=h3 ") && (xfccURI(body) != "") == member {
+					break
+				}
+				if time.Now().After(deadline) {
+					b.Fatalf("GET %s member=%v: %d %q %v, want 200 from h3 with an XFCC header only through the mesh", h3HTTP, member, code, body, err)
+				}
+			}
 		}
 		liveT = append(liveT, time.Since(start))
 		u1, s1 := envoyCPUSeconds(f.sup.PID())
@@ -242,12 +260,18 @@ func benchHeadlessChange(b *testing.B, services, extra, npods int, kind string) 
 // headlessFilterVersion is the delta version of the ECDS filter HeadlessFilterName in the
 // snapshot s serves.
 func headlessFilterVersion(s *Server) string {
+	return servedVersion(s, resource.ExtensionConfigType, HeadlessFilterName)
+}
+
+// servedVersion is the delta version of the resource of type url named name in the snapshot s
+// serves ("" when it has none).
+func servedVersion(s *Server, url, name string) string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.last == nil {
 		return ""
 	}
-	return s.last.GetVersionMap(resource.ExtensionConfigType)[HeadlessFilterName]
+	return s.last.GetVersionMap(url)[name]
 }
 
 // waitTypeAck waits until Envoy ACKed a response of type url at version v or later.

@@ -177,15 +177,18 @@ var churnStats = []string{
 // VIP services (TCP and HTTP) keep working, without a drain, through every kind of change:
 //
 //   - a member joins on target ports the headless Service already had (srv4): only the ECDS
-//     resource HeadlessFilterName (and the capture route) change, no capture listener is sent;
+//     resource HeadlessFilterName and the headless route table CaptureHeadlessRouteName change,
+//     no capture listener and not the VIP route table CaptureRouteName are sent;
 //   - a member joins with a new target port (srv3): its floor chain joins the capture listeners'
 //     chains and matcher, which Envoy 1.40 applies in place (filter_chains and
 //     filter_chain_matcher are among the fields ListenerMessageUtil::filterChainOnlyChange
 //     ignores) and every unchanged chain keeps its connections;
 //   - another member leaves (srv2), and an unrelated VIP service is added: in place likewise.
 //
-// New connections reach the new members over mTLS and the new service, and the removed member
-// is passed through. A connection to the removed member's own target port (its floor chain left
+// Every membership change sends the headless route table and not the VIP one (its version stays,
+// so delta xDS does not send it), a TCP VIP service neither. New connections reach the new
+// members over mTLS (HTTP over the capture chain captureHeadlessChain) and the new service, and
+// the removed member is passed through. A connection to the removed member's own target port (its floor chain left
 // the listeners) is drained and closed, which shows the test sees drains.
 func TestPrivilegedHeadlessChurnKeepsConnections(t *testing.T) {
 	f := newMeshFixture(t, time.Hour, true, Options{}, "--drain-strategy", "immediate")
@@ -220,25 +223,43 @@ func TestPrivilegedHeadlessChurnKeepsConnections(t *testing.T) {
 	if err := gone.exchange(""); err != nil {
 		t.Fatal(err)
 	}
-	listenersSent := func() float64 {
+	sentOf := func(url string) float64 {
 		var mf dto.Metric
-		if err := f.srv.sent.WithLabelValues(resource.ListenerType).Write(&mf); err != nil {
+		if err := f.srv.sent.WithLabelValues(url).Write(&mf); err != nil {
 			t.Fatal(err)
 		}
 		return mf.GetCounter().GetValue()
 	}
+	listenersSent := func() float64 { return sentOf(resource.ListenerType) }
 
 	captures := 5 // alpha, srv1, srv2, srv3, srv4
 	// change serves m and checks the held connections; captureUpdates says whether the change
-	// updates every capture listener (in place) or none.
-	change := func(t *testing.T, what string, m *model.Mesh, captureUpdates bool) {
+	// updates every capture listener (in place) or none, headlessRoutes whether it changes the
+	// headless route table (then the one route table sent) or no route table.
+	change := func(t *testing.T, what string, m *model.Mesh, captureUpdates, headlessRoutes bool) {
 		t.Helper()
 		before, err := envoyStats(f, churnStats...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		sent := listenersSent()
+		sent, routesSent := listenersSent(), sentOf(resource.RouteType)
+		vipRoute, headlessRoute := servedVersion(f.srv, resource.RouteType, CaptureRouteName), servedVersion(f.srv, resource.RouteType, CaptureHeadlessRouteName)
 		f.set(m)
+		if headlessRoutes {
+			// WaitForAck covers listeners and clusters; the route table may follow them.
+			testenv.Eventually(t, time.Minute, "headless route table sent", func() error {
+				if n := sentOf(resource.RouteType) - routesSent; n == 0 {
+					return fmt.Errorf("no route table sent yet")
+				}
+				return nil
+			})
+		}
+		if v := servedVersion(f.srv, resource.RouteType, CaptureRouteName); v != vipRoute || v == "" {
+			t.Errorf("%s: %s version %q -> %q, want the same (not sent again)", what, CaptureRouteName, vipRoute, v)
+		}
+		if v := servedVersion(f.srv, resource.RouteType, CaptureHeadlessRouteName); (v != headlessRoute) != headlessRoutes || v == "" {
+			t.Errorf("%s: %s version %q -> %q, want changed %v", what, CaptureHeadlessRouteName, headlessRoute, v, headlessRoutes)
+		}
 		// A drained chain's connections close after the drain time (5 s): wait until no chain
 		// drains any more before checking the held connections.
 		testenv.Eventually(t, time.Minute, "no filter chain draining", func() error {
@@ -256,8 +277,11 @@ func TestPrivilegedHeadlessChurnKeepsConnections(t *testing.T) {
 		for _, n := range churnStats {
 			d = append(d, fmt.Sprintf("%s %+d (now %d)", strings.TrimPrefix(n, "listener_manager."), after[n]-before[n], after[n]))
 		}
-		sent = listenersSent() - sent
-		t.Logf("%s: listeners sent %v, %s", what, sent, strings.Join(d, ", "))
+		sent, routesSent = listenersSent()-sent, sentOf(resource.RouteType)-routesSent
+		t.Logf("%s: listeners sent %v, route tables sent %v, %s", what, sent, routesSent, strings.Join(d, ", "))
+		if want := map[bool]float64{false: 0, true: 1}[headlessRoutes]; routesSent != want {
+			t.Errorf("%s: %v route tables sent, want %v (the headless one only when it changed)", what, routesSent, want)
+		}
 		inPlace := after["listener_manager.listener_in_place_updated"] - before["listener_manager.listener_in_place_updated"]
 		modified := after["listener_manager.listener_modified"] - before["listener_manager.listener_modified"]
 		if modified != inPlace {
@@ -280,7 +304,7 @@ func TestPrivilegedHeadlessChurnKeepsConnections(t *testing.T) {
 	}
 
 	t.Run("headless member added on existing ports", func(t *testing.T) {
-		change(t, "srv4 joins peers", churnMesh(f, 3, []string{"srv1", "srv2", "srv4"}, false), false)
+		change(t, "srv4 joins peers", churnMesh(f, 3, []string{"srv1", "srv2", "srv4"}, false), false, true)
 		if got, err := askWho(alpha, srv("srv4", 7000)); err != nil || got != "srv4 127.0.0.1" {
 			t.Errorf("new connection to srv4:7000: %q %v, want through its inbound listener", got, err)
 		}
@@ -291,7 +315,7 @@ func TestPrivilegedHeadlessChurnKeepsConnections(t *testing.T) {
 	})
 
 	t.Run("headless member added with a new target port", func(t *testing.T) {
-		change(t, "srv3 joins peers", churnMesh(f, 4, []string{"srv1", "srv2", "srv3", "srv4"}, false), true)
+		change(t, "srv3 joins peers", churnMesh(f, 4, []string{"srv1", "srv2", "srv3", "srv4"}, false), true, true)
 		if got, err := askWho(alpha, srv("srv3", 7002)); err != nil || got != "srv3 127.0.0.1" {
 			t.Errorf("new connection to srv3:7002: %q %v, want through its inbound listener", got, err)
 		}
@@ -305,7 +329,7 @@ func TestPrivilegedHeadlessChurnKeepsConnections(t *testing.T) {
 	})
 
 	t.Run("another headless member removed", func(t *testing.T) {
-		change(t, "srv2 leaves peers", churnMesh(f, 5, []string{"srv1", "srv3", "srv4"}, false), true)
+		change(t, "srv2 leaves peers", churnMesh(f, 5, []string{"srv1", "srv3", "srv4"}, false), true, true)
 		if got, err := askWho(alpha, srv("srv2", 7001)); err != nil || got != "srv2 10.44.0.1" {
 			t.Errorf("new connection to srv2:7001: %q %v, want passed through (from the node)", got, err)
 		}
@@ -318,14 +342,14 @@ func TestPrivilegedHeadlessChurnKeepsConnections(t *testing.T) {
 	})
 
 	t.Run("headless member on existing ports removed", func(t *testing.T) {
-		change(t, "srv4 leaves peers", churnMesh(f, 6, []string{"srv1", "srv3"}, false), false)
+		change(t, "srv4 leaves peers", churnMesh(f, 6, []string{"srv1", "srv3"}, false), false, true)
 		if got, err := askWho(alpha, srv("srv4", 7000)); err != nil || got != "srv4 10.44.0.1" {
 			t.Errorf("new connection to srv4:7000: %q %v, want passed through (from the node)", got, err)
 		}
 	})
 
 	t.Run("unrelated VIP service added", func(t *testing.T) {
-		change(t, "extra VIP service added", churnMesh(f, 7, []string{"srv1", "srv3"}, true), true)
+		change(t, "extra VIP service added", churnMesh(f, 7, []string{"srv1", "srv3"}, true), true, false)
 		if got, err := askWho(alpha, vipChurnExtra.String()+":6379"); err != nil || got != "srv3 127.0.0.1" {
 			t.Errorf("new connection to extra's VIP: %q %v", got, err)
 		}

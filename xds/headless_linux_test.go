@@ -44,8 +44,9 @@ func askWho(ns *testenv.Netns, addr string) (string, error) {
 // headlessMesh is the model of TestPrivilegedHeadlessAndPerPodPorts: pods srv1 and srv2 back
 // web (VIP, HTTP port 80 to the named targetPort "web") and the headless peers (HTTP 80 to "web",
 // TCP 7000 to "raft"); the name "web" is 8080 in srv1 and 8081 in srv2, "raft" 7000 and 7001.
-// ext is a local service with neither a VIP nor clusterIP None (an ExternalName Service).
-func headlessMesh(f *meshFixture) *model.Mesh {
+// ext is a local service with neither a VIP nor clusterIP None (an ExternalName Service). peers
+// has extra more endpoints in this cluster on another node (10.120.0.0/16, on 8080 and 7000).
+func headlessMesh(f *meshFixture, extra int) *model.Mesh {
 	k := func(name string) model.ServiceKey { return model.ServiceKey{Namespace: "web", Name: name} }
 	web, peers, ext := k("web"), k("peers"), k("ext")
 	httpPort := model.ServicePort{Name: "http", Port: 80, TargetPort: 8080, TargetPortName: "web", Protocol: model.ProtocolHTTP}
@@ -69,6 +70,11 @@ func headlessMesh(f *meshFixture) *model.Mesh {
 		web:   {ep(web, "srv1", h(8080)), ep(web, "srv2", h(8081))},
 		peers: {ep(peers, "srv1", h(8080), r(7000)), ep(peers, "srv2", h(8081), r(7001))},
 	}
+	for i := 0; i < extra; i++ {
+		x := ep(peers, fmt.Sprintf("x%d", i), h(8080), r(7000))
+		x.IPs, x.NodeName = []netip.Addr{netip.AddrFrom4([4]byte{10, 120, byte(i >> 8), byte(i)})}, "node-2"
+		eps[peers] = append(eps[peers], x)
+	}
 	pod := func(name, ns, sa string, ports ...model.PodPort) *model.LocalPod {
 		return &model.LocalPod{UID: "uid-" + name, Namespace: ns, Name: name, ServiceAccount: sa,
 			NetnsPath: f.pods[name].Path, IPs: []netip.Addr{f.ips[name]}, Ready: true, Ports: ports}
@@ -89,6 +95,11 @@ func headlessMesh(f *meshFixture) *model.Mesh {
 // through, the explicit lane balances a headless Service's name over its pods, a VIP-less
 // service that is not headless has no lane virtual host (404, not 503), and requests to the VIP
 // of a service whose named targetPort is 8080 in one pod and 8081 in the other reach both pods.
+// The headless HTTP requests take the capture chain captureHeadlessChain, whose route table
+// CaptureHeadlessRouteName Envoy loaded (the VIP route table holds no pod address: a request
+// routed by it would get 404). With more headless endpoints than the ECDS filter's map holds
+// (maxHeadlessMap), whose addresses are then capture matcher entries naming the same chains, the
+// headless pods are reached the same way.
 func TestPrivilegedHeadlessAndPerPodPorts(t *testing.T) { runProtocols(t, testHeadlessAndPerPodPorts) }
 
 func testHeadlessAndPerPodPorts(t *testing.T, delta bool, build Options) {
@@ -103,12 +114,9 @@ func testHeadlessAndPerPodPorts(t *testing.T, delta bool, build Options) {
 	}
 	plain, _ := f.addPod("plain", false) // not meshed: no endpoint anywhere
 	serveWho(plain.Listen(t, "0.0.0.0:7000"), "plain")
-	f.set(headlessMesh(f))
+	f.set(headlessMesh(f, 0))
 	alphaID := model.SPIFFEID(f.td, "shop", "alpha")
-
-	t.Run("no NACK", f.wantNoRejections)
-
-	t.Run("headless pod IP, HTTP, reaches that pod over mTLS", func(t *testing.T) {
+	headlessHTTP := func(t *testing.T) {
 		for i, name := range []string{"srv1", "srv2"} {
 			url := fmt.Sprintf("http://%s:%d/", f.ips[name], 8080+i)
 			code, body, _, err := getBody(alpha.HTTPClient(false), url, nil)
@@ -116,16 +124,24 @@ func testHeadlessAndPerPodPorts(t *testing.T, delta bool, build Options) {
 				t.Errorf("GET %s: %d %q %v, want 200 from %s with XFCC URI %s", url, code, body, err, name, alphaID)
 			}
 		}
-	})
-
-	t.Run("headless pod IP, TCP, reaches that pod over mTLS", func(t *testing.T) {
+		reload := "http.outbound_http.rds." + CaptureHeadlessRouteName + ".config_reload"
+		if s, err := envoyStats(f, reload); err != nil || s[reload] < 1 {
+			t.Errorf("%s = %v %v, want Envoy to have loaded the headless route table", reload, s[reload], err)
+		}
+	}
+	headlessTCP := func(t *testing.T) {
 		for i, name := range []string{"srv1", "srv2"} {
 			addr := fmt.Sprintf("%s:%d", f.ips[name], 7000+i)
 			if got, err := askWho(alpha, addr); err != nil || got != name+" 127.0.0.1" {
 				t.Errorf("dial %s: %q %v, want %q (through the pod's inbound listener)", addr, got, err, name+" 127.0.0.1")
 			}
 		}
-	})
+	}
+
+	t.Run("no NACK", f.wantNoRejections)
+
+	t.Run("headless pod IP, HTTP, reaches that pod over mTLS", headlessHTTP)
+	t.Run("headless pod IP, TCP, reaches that pod over mTLS", headlessTCP)
 
 	t.Run("non-meshed pod IP passes through", func(t *testing.T) {
 		// Passed through, the connection leaves from the node (Envoy's netns): the bridge address.
@@ -166,4 +182,10 @@ func testHeadlessAndPerPodPorts(t *testing.T, delta bool, build Options) {
 			t.Errorf("requests to the VIP reached %v, want both pods, each on its own port", seen)
 		}
 	})
+
+	// 2 x 501 more entries than the map holds: the addresses are capture matcher entries.
+	f.set(headlessMesh(f, maxHeadlessMap/2+1))
+	t.Run("over the map limit: no NACK", f.wantNoRejections)
+	t.Run("over the map limit: headless pod IP, HTTP, reaches that pod over mTLS", headlessHTTP)
+	t.Run("over the map limit: headless pod IP, TCP, reaches that pod over mTLS", headlessTCP)
 }

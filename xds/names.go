@@ -27,13 +27,24 @@ const (
 	PassthroughCluster = "passthrough"
 	// LaneRouteName is the route configuration of every pod's explicit HTTP lane.
 	LaneRouteName = "lane"
-	// CaptureRouteName is the route configuration of every pod's capture HTTP chain.
+	// CaptureRouteName is the route configuration of every pod's capture HTTP chain: the
+	// routes of the HTTP service ports' VIPs, "VIP:port".
 	CaptureRouteName = "capture-http"
+	// CaptureHeadlessRouteName is the route configuration of every pod's capture HTTP chain for
+	// headless Services' pods: the routes "<pod_ip>:<port>" of the HTTP ports' endpoints in this
+	// cluster. Served only while there are any (the chain exists only then), and kept apart from
+	// CaptureRouteName so that a headless Service's endpoint change resends this table, not the
+	// VIP routes of every service.
+	CaptureHeadlessRouteName = "capture-http-headless"
 	// DstHeader carries the original destination "VIP:port" from the capture HTTP connection
 	// manager's early header mutation to route selection; it is removed before forwarding.
 	DstHeader = "x-aether-original-dst"
-	// captureHTTPChain names the capture listener's HTTP filter chain.
+	// captureHTTPChain names the capture listener's HTTP filter chain for VIPs (CaptureRouteName).
 	captureHTTPChain = "http"
+	// captureHeadlessChain names the capture listener's HTTP filter chain for headless Services'
+	// pods (CaptureHeadlessRouteName); the listener has it only while some headless HTTP port has
+	// an endpoint in this cluster.
+	captureHeadlessChain = "http-headless"
 	// TrustBundleSecret is the SDS validation context holding the trust domain's CA bundle.
 	TrustBundleSecret = "trust-bundle"
 	// CertMapperFilterStateKey is the filter-state key the upstream certificate mapper
