@@ -376,7 +376,12 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		for _, pe := range pods {
 			pe.valid = true
 		}
-		rt.valid = true
+		// Only when every shared part was served (and so validated): the route tables, the
+		// matcher and the chains are left out without pods or without a capture matcher, and a
+		// later build may serve them as they are.
+		if len(m.Pods) > 0 && rt.captureMatcher != nil {
+			rt.valid = true
+		}
 		bl.passthroughValid = true
 	}
 	return r, nil

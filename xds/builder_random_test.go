@@ -1,0 +1,373 @@
+package xds
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// randEp is one endpoint of randSvc: pod index (IP and UID), and whether it serves the HTTP port.
+type randEp struct {
+	pod           int
+	http, healthy bool
+	remote        bool
+	moved         int
+	altPort       bool
+}
+
+type randSvc struct {
+	present, headless, vip, httpIsTCP, many bool
+	named, clusterset                       bool
+	eps                                     []randEp
+}
+
+type randState struct {
+	svcs [4]randSvc
+	pods [4]bool
+	zone string
+}
+
+func (st *randState) mesh() *model.Mesh {
+	td := model.DefaultTrustDomain
+	var services []*model.Service
+	eps := map[model.ServiceKey][]model.Endpoint{}
+	for i, s := range st.svcs {
+		if !s.present {
+			continue
+		}
+		k := model.ServiceKey{Namespace: "ns", Name: fmt.Sprintf("s%d", i)}
+		proto := model.ProtocolHTTP
+		if s.httpIsTCP {
+			proto = model.ProtocolTCP
+		}
+		svc := &model.Service{Key: k, Local: true, Headless: s.headless, Ports: []model.ServicePort{
+			{Name: "http", Port: 80, TargetPort: 8080, Protocol: proto},
+			{Name: "raft", Port: 7000, TargetPort: 7000, Protocol: model.ProtocolTCP},
+		}}
+		if s.vip && !s.headless {
+			svc.VIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(10 + i)})}
+		}
+		if s.clusterset {
+			svc.Imported = true
+			svc.ClustersetVIPs = []netip.Addr{netip.AddrFrom4([4]byte{10, 97, 0, byte(10 + i)})}
+		}
+		if s.named {
+			svc.Ports[0].TargetPortName = "web"
+		}
+		services = append(services, svc)
+		seen := map[int]bool{}
+		var list []model.Endpoint
+		add := func(ep model.Endpoint) {
+			list = append(list, ep)
+		}
+		for _, e := range s.eps {
+			if seen[e.pod] {
+				continue
+			}
+			seen[e.pod] = true
+			cluster := "c1"
+			if e.remote {
+				cluster = "c2"
+			}
+			ports := []model.EndpointPort{{Port: 7000, Protocol: model.ProtocolTCP}}
+			if e.http {
+				tp := uint32(8080)
+				if e.altPort {
+					tp = 8081
+				}
+				ports = append(ports, model.EndpointPort{Name: "web", Port: tp, Protocol: proto})
+			}
+			add(model.Endpoint{Service: k, Cluster: cluster, Region: "r1", Zone: "z1", PodName: fmt.Sprintf("p%d", e.pod), PodUID: fmt.Sprintf("uid-p%d", e.pod),
+				IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, byte(1 + e.moved), byte(10 + e.pod)})}, Ports: ports,
+				SPIFFEID: model.SPIFFEID(td, "ns", fmt.Sprintf("sa%d", e.pod)), Healthy: e.healthy})
+		}
+		if s.many {
+			for j := 0; j <= maxHeadlessMap/2+1; j++ {
+				add(model.Endpoint{Service: k, Cluster: "c1", Region: "r1", Zone: "z1", PodName: fmt.Sprintf("many-%d", j), PodUID: fmt.Sprintf("uid-many-%d-%d", i, j),
+					IPs:   []netip.Addr{netip.AddrFrom4([4]byte{10, byte(200 + i), byte(j >> 8), byte(j)})},
+					Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: proto}, {Port: 7000, Protocol: model.ProtocolTCP}}, SPIFFEID: model.SPIFFEID(td, "ns", "many"), Healthy: true})
+			}
+		}
+		eps[k] = list
+	}
+	var pods []*model.LocalPod
+	for p, on := range st.pods {
+		if on {
+			pods = append(pods, &model.LocalPod{UID: fmt.Sprintf("uid-p%d", p), Namespace: "ns", Name: fmt.Sprintf("p%d", p), ServiceAccount: fmt.Sprintf("sa%d", p),
+				NetnsPath: fmt.Sprintf("/var/run/netns/cni-p%d", p), IPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 244, 1, byte(10 + p)})}, Ready: true,
+				Ports: []model.PodPort{{Port: 8080, Protocol: model.ProtocolHTTP}}})
+		}
+	}
+	zone := st.zone
+	if zone == "" {
+		zone = "z1"
+	}
+	return model.New(1, "c1", "mesh", td, model.Node{Name: "n1", Region: "r1", Zone: zone}, services, eps, pods)
+}
+
+func (st *randState) mutate(r *rand.Rand, keepPod bool) string {
+	i := r.IntN(len(st.svcs))
+	s := &st.svcs[i]
+	switch r.IntN(17) {
+	case 14:
+		s.named = !s.named
+		return fmt.Sprintf("s%d named=%v", i, s.named)
+	case 15:
+		s.clusterset = !s.clusterset
+		return fmt.Sprintf("s%d clusterset=%v", i, s.clusterset)
+	case 16:
+		if len(s.eps) > 0 {
+			j := r.IntN(len(s.eps))
+			s.eps[j].altPort = !s.eps[j].altPort
+			return fmt.Sprintf("s%d endpoint %d altPort=%v", i, j, s.eps[j].altPort)
+		}
+	case 0:
+		s.present = !s.present
+		return fmt.Sprintf("s%d present=%v", i, s.present)
+	case 1:
+		s.headless = !s.headless
+		return fmt.Sprintf("s%d headless=%v", i, s.headless)
+	case 2:
+		s.vip = !s.vip
+		return fmt.Sprintf("s%d vip=%v", i, s.vip)
+	case 3:
+		s.httpIsTCP = !s.httpIsTCP
+		return fmt.Sprintf("s%d httpIsTCP=%v", i, s.httpIsTCP)
+	case 4:
+		if r.IntN(6) == 0 {
+			s.many = !s.many
+			return fmt.Sprintf("s%d many=%v", i, s.many)
+		}
+		return "nothing"
+	case 5, 6:
+		s.eps = append(s.eps, randEp{pod: r.IntN(5), http: r.IntN(3) > 0, healthy: r.IntN(2) == 0, remote: r.IntN(5) == 0})
+		return fmt.Sprintf("s%d endpoint added", i)
+	case 7:
+		if len(s.eps) > 0 {
+			j := r.IntN(len(s.eps))
+			s.eps = append(s.eps[:j:j], s.eps[j+1:]...)
+			return fmt.Sprintf("s%d endpoint %d removed", i, j)
+		}
+	case 8:
+		if len(s.eps) > 0 {
+			j := r.IntN(len(s.eps))
+			s.eps[j].http = !s.eps[j].http
+			return fmt.Sprintf("s%d endpoint %d http=%v", i, j, s.eps[j].http)
+		}
+	case 9:
+		if len(s.eps) > 0 {
+			j := r.IntN(len(s.eps))
+			s.eps[j].healthy = !s.eps[j].healthy
+			return fmt.Sprintf("s%d endpoint %d healthy=%v", i, j, s.eps[j].healthy)
+		}
+	case 10:
+		if len(s.eps) > 0 {
+			j := r.IntN(len(s.eps))
+			s.eps[j].moved = (s.eps[j].moved + 1) % 3
+			return fmt.Sprintf("s%d endpoint %d moved %d", i, j, s.eps[j].moved)
+		}
+	case 11:
+		p := r.IntN(len(st.pods))
+		if keepPod && p == 0 {
+			p = 1
+		}
+		st.pods[p] = !st.pods[p]
+		return fmt.Sprintf("pod %d present=%v", p, st.pods[p])
+	case 12:
+		if r.IntN(4) == 0 {
+			if st.zone == "z2" {
+				st.zone = "z1"
+			} else {
+				st.zone = "z2"
+			}
+			return "zone " + st.zone
+		}
+	case 13:
+		s.eps = nil
+		return fmt.Sprintf("s%d endpoints cleared", i)
+	}
+	return "nothing"
+}
+
+// TestBuilderRandomSequences: random sequences of small model changes; at every step the
+// Builder's output equals a fresh Build, the snapshot is consistent, and every resource (and
+// shared capture part) the Builder marks known valid was part of an earlier build that passed
+// ValidateAll.
+func TestBuilderRandomSequences(t *testing.T) {
+	for _, o := range []Options{{}, {CertSelection: CertMatcher}, {EastWestWaypoint: true}} {
+		t.Run(fmt.Sprintf("pods come and go %+v", o), func(t *testing.T) { builderRandom(t, false, o) })
+		t.Run(fmt.Sprintf("a pod always %+v", o), func(t *testing.T) { builderRandom(t, true, o) })
+	}
+}
+
+func builderRandom(t *testing.T, keepPod bool, opts Options) {
+	for seed := uint64(1); seed <= 15; seed++ {
+		r := rand.New(rand.NewPCG(seed, 7))
+		st := &randState{}
+		st.pods[0] = keepPod
+		bl := NewBuilder(opts)
+		validated := map[any]bool{}
+		var log []string
+		for step := 0; step < 40; step++ {
+			n := 1 + r.IntN(3)
+			for k := 0; k < n; k++ {
+				log = append(log, fmt.Sprintf("step %d: %s", step, st.mutate(r, keepPod)))
+			}
+			m := st.mesh()
+			if len(m.Pods) > 0 && r.IntN(8) == 0 {
+				// A build that fails (a pod without its SVID) must leave the Builder as it was.
+				svids := fakeSVIDs(m)
+				delete(svids, m.Pods[r.IntN(len(m.Pods))].SPIFFEID(m.TrustDomain))
+				if _, err := bl.Build(m, svids, []byte("BUNDLE")); err == nil {
+					t.Fatal("build without an SVID succeeded")
+				}
+				log = append(log, fmt.Sprintf("step %d: failed build, then %s", step, st.mutate(r, keepPod)))
+				m = st.mesh()
+			}
+			got, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+			if err != nil {
+				t.Fatalf("seed %d: %v", seed, err)
+			}
+			fail := func(format string, args ...any) {
+				t.Helper()
+				t.Fatalf("seed %d step %d: %s\n%s", seed, step, fmt.Sprintf(format, args...), joinLines(log))
+			}
+			want, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := differingKinds(t, got, want); len(d) > 0 {
+				fail("%v differ from a fresh Build", d)
+			}
+			if _, err := newSnapshot("1", got.typed(), nil); err != nil {
+				fail("snapshot: %v", err)
+			}
+			var parts []any
+			for _, x := range got.Listeners {
+				parts = append(parts, x)
+				if x.FilterChainMatcher != nil {
+					parts = append(parts, x.FilterChainMatcher)
+				}
+				if k := chainsKey(x.FilterChains); k != nil {
+					parts = append(parts, k)
+				}
+			}
+			for _, x := range got.Routes {
+				parts = append(parts, x)
+			}
+			for _, x := range got.Extensions {
+				parts = append(parts, x)
+			}
+			for _, x := range got.Clusters {
+				parts = append(parts, x)
+			}
+			for _, x := range got.Endpoints {
+				parts = append(parts, x)
+			}
+			for _, x := range parts {
+				if got.isKnown(x) && !validated[x] {
+					fail("%T %v known valid but never served in a build that passed ValidateAll", x, name(x))
+				}
+			}
+			if r.IntN(5) == 0 {
+				continue // not validated: nothing of it may be known valid later on its account
+			}
+			if err := got.ValidateAll(); err != nil {
+				fail("ValidateAll: %v", err)
+			}
+			for _, x := range parts {
+				validated[x] = true
+			}
+		}
+	}
+}
+
+func name(x any) string {
+	if n, ok := x.(interface{ GetName() string }); ok {
+		return n.GetName()
+	}
+	if n, ok := x.(interface{ GetClusterName() string }); ok {
+		return n.GetClusterName()
+	}
+	return "(shared part)"
+}
+
+func joinLines(ls []string) string {
+	out := ""
+	for _, l := range ls {
+		out += l + "\n"
+	}
+	return out
+}
+
+// TestBuilderKnownOnlyWhenServed: a shared part the Builder marks known valid was served in a
+// build that passed ValidateAll. The route tables, the headless filter and the capture matcher
+// and chains are served only with pods (the route tables and matcher also only with a capture
+// matcher), yet ValidateAll of a build without them marked the routing valid.
+func TestBuilderKnownOnlyWhenServed(t *testing.T) {
+	cases := []struct {
+		name         string
+		first, after func(st *randState)
+	}{
+		// New with the headless route table: the capture route is kept when no VIP route changed,
+		// also from a routing without a capture matcher (the table not served).
+		{"TCP service gains the first VIP", func(st *randState) {
+			st.pods[0] = true
+			st.svcs[0] = randSvc{present: true, httpIsTCP: true}
+		}, func(st *randState) { st.svcs[0].vip = true }},
+		// Older: the routing does not change when the first pod arrives.
+		{"first pod arrives", func(st *randState) {
+			st.svcs[0] = randSvc{present: true, vip: true}
+			st.svcs[1] = randSvc{present: true, headless: true, eps: []randEp{{pod: 1, http: true, healthy: true}}}
+		}, func(st *randState) { st.pods[0] = true }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			st := &randState{}
+			c.first(st)
+			bl := NewBuilder(Options{})
+			m := st.mesh()
+			r1, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r1.ValidateAll(); err != nil {
+				t.Fatal(err)
+			}
+			served := map[any]bool{}
+			for _, x := range r1.Routes {
+				served[x] = true
+			}
+			for _, x := range r1.Extensions {
+				served[x] = true
+			}
+			for _, l := range r1.Listeners {
+				served[l.FilterChainMatcher] = true
+			}
+			c.after(st)
+			m = st.mesh()
+			r2, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, x := range r2.Routes {
+				if r2.isKnown(x) && !served[x] {
+					t.Errorf("route table %s known valid, never validated", x.GetName())
+				}
+			}
+			for _, x := range r2.Extensions {
+				if r2.isKnown(x) && !served[x] {
+					t.Errorf("extension config %s known valid, never validated", x.GetName())
+				}
+			}
+			for _, l := range r2.Listeners {
+				if fcm := l.FilterChainMatcher; fcm != nil && r2.isKnown(fcm) && !served[fcm] {
+					t.Errorf("%s: capture matcher known valid, never validated", l.GetName())
+				}
+			}
+		})
+	}
+}
