@@ -48,7 +48,8 @@ const (
 	// prefetchRetry is how long after a prefetch skipped for the budget (startPrefetch) the
 	// entry's hits do not try again: a hot entry's hits meanwhile cost one atomic load more
 	// than a hit outside the last tenth, not a compare-and-swap, a channel send and a counter
-	// each. Several tries fit in the last tenth of any TTL of a second or more.
+	// each. A TTL of 2 s or more leaves room for a try after a skip in its last tenth (at 1 s,
+	// the retry time is the expiry).
 	prefetchRetry = 100 * time.Millisecond
 )
 
