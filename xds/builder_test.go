@@ -358,21 +358,6 @@ func TestBuilderHeadlessRoutesApart(t *testing.T) {
 		{name: "HTTP service gains a VIP", mesh: variant(gainVIP(webKey, "10.96.0.11")), headlessSame: true},
 		{name: "TCP service gains a VIP", mesh: variant(gainVIP(dbKey, "10.96.0.12")), captureSame: true, headlessSame: true},
 	}
-	build := func(bl *Builder, m *model.Mesh, memo *hashMemo) (*Resources, *snapshot) {
-		t.Helper()
-		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := newSnapshot("1", r.typed(), memo)
-		if err != nil {
-			t.Fatal(err) // a route table without its chain, or the reverse, is not Consistent()
-		}
-		if err := s.ConstructVersionMap(); err != nil {
-			t.Fatal(err)
-		}
-		return r, s
-	}
 	named := func(r *Resources, name string) *routev3.RouteConfiguration {
 		for _, rt := range r.Routes {
 			if rt.GetName() == name {
@@ -384,11 +369,11 @@ func TestBuilderHeadlessRoutesApart(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			bl, memo := NewBuilder(Options{}), &hashMemo{}
-			r0, s0 := build(bl, goldenMesh(), memo)
+			r0, s0 := buildSnapshot(t, bl, goldenMesh(), memo)
 			if err := r0.ValidateAll(); err != nil {
 				t.Fatal(err)
 			}
-			r1, s1 := build(bl, c.mesh, memo)
+			r1, s1 := buildSnapshot(t, bl, c.mesh, memo) // a route table without its chain, or the reverse, fails
 			check := func(name string, same, gone bool) {
 				t.Helper()
 				before, after := named(r0, name), named(r1, name)
@@ -596,17 +581,7 @@ func TestVersionMapStable(t *testing.T) {
 	steps := builderSteps()
 	versions := func(bl *Builder, m *model.Mesh, memo *hashMemo) map[string]map[string]string {
 		t.Helper()
-		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := newSnapshot("1", r.typed(), memo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.ConstructVersionMap(); err != nil {
-			t.Fatal(err)
-		}
+		_, s := buildSnapshot(t, bl, m, memo)
 		for _, typ := range snapshotTypes {
 			for name, x := range s.GetResources(typ) {
 				b, _ := cache.MarshalResource(x)
@@ -806,4 +781,23 @@ func addrPorts(m map[string]string) map[netip.AddrPort]string {
 		out[netip.MustParseAddrPort(dst)] = chain
 	}
 	return out
+}
+
+// buildSnapshot builds m with bl (fake SVIDs) and makes the snapshot the server would serve
+// (version "1", delta versions from memo); it fails t when either fails, a snapshot that is not
+// Consistent() included.
+func buildSnapshot(t *testing.T, bl *Builder, m *model.Mesh, memo *hashMemo) (*Resources, *snapshot) {
+	t.Helper()
+	r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSnapshot("1", r.typed(), memo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ConstructVersionMap(); err != nil {
+		t.Fatal(err)
+	}
+	return r, s
 }
