@@ -107,6 +107,8 @@ func TestValidateNamesField(t *testing.T) {
 		{"empty node ip ok", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "" }, ""},
 		{"unspecified address", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"10.0.0.1", "0.0.0.0"} }, "addresses[1]"},
 		{"multicast address", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"ff02::1"} }, "addresses[0]"},
+		{"ipv4-mapped address", func(e *registryv1.ServiceEndpoint) { e.Addresses = []string{"fd00::1", "::ffff:10.0.0.1"} }, "addresses[1]"},
+		{"ipv4-mapped node ip", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "::ffff:192.0.2.1" }, "kubernetes.node_ip"},
 		{"unspecified node ip", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "::" }, "kubernetes.node_ip"},
 		{"node ip with zone", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "fe80::1%eth0" }, "kubernetes.node_ip"},
 		{"loopback node ip ok", func(e *registryv1.ServiceEndpoint) { e.Kubernetes.NodeIp = "127.0.0.1" }, ""},

@@ -138,11 +138,12 @@ func tooMany(field string, n, limit int) *ValidationError {
 
 // ValidateEndpoint checks a ServiceEndpoint before it is written and after it is read. It returns
 // a *ValidationError naming the first bad field: service, addresses (1 to MaxEndpointAddresses,
-// each a unicast IP address without a zone, no duplicates), ports (1 to MaxEndpointPorts,
+// each a unicast IP address without a zone, an IPv4 address in its own form rather than
+// IPv4-mapped IPv6 (::ffff:a.b.c.d, which would name the same pod twice over), no duplicates), ports (1 to MaxEndpointPorts,
 // 1-65535, a defined protocol,
 // unique names; a number repeats only under different names), spiffe_id (spiffe://...), health
 // (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and node name required; node_ip empty or a
-// unicast address without a zone), zone (at most 63 characters, no '/').
+// unicast address without a zone, not IPv4-mapped), zone (at most 63 characters, no '/').
 func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if ep == nil {
 		return fieldErr("endpoint", "", "required")
@@ -162,7 +163,7 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	// Address and port lists are short: quadratic duplicate checks allocate nothing.
 	for i, a := range ep.GetAddresses() {
 		if !hostAddr(a) {
-			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want a unicast IPv4 or IPv6 address without a zone")
+			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want a unicast IPv4 or IPv6 address without a zone (IPv4 as a.b.c.d, not ::ffff:a.b.c.d)")
 		}
 		ip, _ := netip.ParseAddr(a)
 		for _, b := range ep.GetAddresses()[:i] {
@@ -217,17 +218,19 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 		return fieldErr("kubernetes.node_name", "", "required")
 	}
 	if k.GetNodeIp() != "" && !hostAddr(k.GetNodeIp()) {
-		return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want a unicast IPv4 or IPv6 address without a zone, or empty")
+		return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want a unicast IPv4 or IPv6 address without a zone (IPv4 as a.b.c.d, not ::ffff:a.b.c.d), or empty")
 	}
 	return nil
 }
 
 // hostAddr reports whether s is an address a pod or node can have and another node can dial: an
 // IP address, not unspecified (0.0.0.0, ::: Envoy would dial itself) or multicast, without an
-// IPv6 zone (which names an interface of the writer's node).
+// IPv6 zone (which names an interface of the writer's node), and an IPv4 address not written as
+// IPv4-mapped IPv6 (RFC 4291 section 2.5.5.2): the node proxy keys a pod's connections by the
+// address Envoy reports, which is a.b.c.d, so ::ffff:a.b.c.d would never match.
 func hostAddr(s string) bool {
 	ip, err := netip.ParseAddr(s)
-	return err == nil && ip.Zone() == "" && !ip.IsUnspecified() && !ip.IsMulticast()
+	return err == nil && ip.Zone() == "" && !ip.IsUnspecified() && !ip.IsMulticast() && !ip.Is4In6()
 }
 
 // ValidateExport checks an ExportMark: service, ports (1 to MaxExportPorts; port 1-65535, target_port
