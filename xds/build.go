@@ -1104,13 +1104,7 @@ func (b *builder) assembleRouting(entries []*svcEntry, keep reuse) *routing {
 	if o := keep.old; o != nil && keep.sameVIPRoutes {
 		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
 	} else {
-		routes := map[string]*xdsmatcher.Matcher_OnMatch{}
-		for _, e := range entries {
-			for _, r := range e.routes {
-				routes[r.dst] = r.action
-			}
-		}
-		rt.captureRoute = captureRoute(CaptureRouteName, routes)
+		rt.captureRoute = captureRoute(CaptureRouteName, routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes }))
 	}
 	var direct map[netip.AddrPort]string
 	var directChains map[uint16]map[string]bool
@@ -1195,25 +1189,29 @@ func directMaps(entries []*svcEntry) (map[netip.AddrPort]string, map[uint16]map[
 	return direct, directChains
 }
 
+// routeMap is the capture route table's matcher map of the routes pick gives for each entry
+// (a later service wins a clash).
+func routeMap(entries []*svcEntry, pick func(*svcEntry) []vipRoute) map[string]*xdsmatcher.Matcher_OnMatch {
+	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
+	for _, e := range entries {
+		for _, r := range pick(e) {
+			routes[r.dst] = r.action
+		}
+	}
+	return routes
+}
+
 // assembleDirect sets rt's headless route table and headless filter from the entries' headless
-// routes and direct entries, and returns directMaps(entries). The route table is nil unless some
-// direct entry takes the chain captureHeadlessChain (each such entry has a route). When the
-// direct entries are too many for the filter (directInMatcher), the filter is empty and the
-// caller puts the returned map into the matcher.
+// routes and direct entries, and returns directMaps(entries). The route table is nil without
+// headless routes, that is unless some direct entry takes the chain captureHeadlessChain
+// (directEntries gives each such entry its route). When the direct entries are too many for the
+// filter (directInMatcher), the filter is empty and the caller puts the returned map into the
+// matcher.
 func (rt *routing) assembleDirect(entries []*svcEntry) (map[netip.AddrPort]string, map[uint16]map[string]bool) {
 	direct, directChains := directMaps(entries)
 	rt.headlessRoute = nil
-	for _, chains := range directChains {
-		if chains[captureHeadlessChain] {
-			routes := map[string]*xdsmatcher.Matcher_OnMatch{}
-			for _, e := range entries {
-				for _, r := range e.directRoutes {
-					routes[r.dst] = r.action
-				}
-			}
-			rt.headlessRoute = captureRoute(CaptureHeadlessRouteName, routes)
-			break
-		}
+	if routes := routeMap(entries, func(e *svcEntry) []vipRoute { return e.directRoutes }); len(routes) > 0 {
+		rt.headlessRoute = captureRoute(CaptureHeadlessRouteName, routes)
 	}
 	rt.directInMatcher = len(direct) > maxHeadlessMap || headlessExprLen(direct) > maxHeadlessExpr
 	if rt.directInMatcher {
