@@ -46,8 +46,8 @@ const (
 	// MetricCachePrefetches counts background refreshes of popular entries started by a hit.
 	MetricCachePrefetches = "aether_dns_cache_prefetches_total"
 	// MetricCachePrefetchesSkipped counts prefetches not started because the prefetch budget
-	// (an eighth of the forward limit) was in flight already; a later hit on the same entry
-	// tries again (and is counted again when skipped again).
+	// (an eighth of the forward limit) was in flight already; a hit on the same entry 100 ms
+	// (prefetchRetry) or more later tries again (and is counted again when skipped again).
 	MetricCachePrefetchesSkipped = "aether_dns_cache_prefetches_skipped_total"
 )
 
@@ -155,7 +155,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}),
 		cachePrefetchesSkipped: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: MetricCachePrefetchesSkipped,
-			Help: "Prefetches not started because an eighth of the forward limit was prefetches in flight already; a later hit on the same entry tries again.",
+			Help: "Prefetches not started because an eighth of the forward limit was prefetches in flight already; a hit on the same entry 100 ms or more later tries again.",
 		}),
 	}
 	for i, r := range staleReasonNames {
