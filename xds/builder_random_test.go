@@ -113,37 +113,37 @@ func (st *randState) mesh() *model.Mesh {
 func (st *randState) mutate(r *rand.Rand, keepPod bool) string {
 	i := r.IntN(len(st.svcs))
 	s := &st.svcs[i]
-	switch r.IntN(17) {
-	case 14:
-		s.named = !s.named
-		return fmt.Sprintf("s%d named=%v", i, s.named)
-	case 15:
-		s.clusterset = !s.clusterset
-		return fmt.Sprintf("s%d clusterset=%v", i, s.clusterset)
-	case 16:
-		if len(s.eps) > 0 {
-			j := r.IntN(len(s.eps))
-			s.eps[j].altPort = !s.eps[j].altPort
-			return fmt.Sprintf("s%d endpoint %d altPort=%v", i, j, s.eps[j].altPort)
+	// The changes that flip one flag of the service, or of one of its endpoints, by draw.
+	svcFlags := map[int]struct {
+		name string
+		f    *bool
+	}{0: {"present", &s.present}, 1: {"headless", &s.headless}, 2: {"vip", &s.vip}, 3: {"httpIsTCP", &s.httpIsTCP},
+		14: {"named", &s.named}, 15: {"clusterset", &s.clusterset}}
+	epFlags := map[int]struct {
+		name string
+		f    func(*randEp) *bool
+	}{8: {"http", func(e *randEp) *bool { return &e.http }}, 9: {"healthy", func(e *randEp) *bool { return &e.healthy }},
+		16: {"altPort", func(e *randEp) *bool { return &e.altPort }}}
+	c := r.IntN(17)
+	if fl, ok := svcFlags[c]; ok {
+		*fl.f = !*fl.f
+		return fmt.Sprintf("s%d %s=%v", i, fl.name, *fl.f)
+	}
+	if fl, ok := epFlags[c]; ok {
+		if len(s.eps) == 0 {
+			return "nothing"
 		}
-	case 0:
-		s.present = !s.present
-		return fmt.Sprintf("s%d present=%v", i, s.present)
-	case 1:
-		s.headless = !s.headless
-		return fmt.Sprintf("s%d headless=%v", i, s.headless)
-	case 2:
-		s.vip = !s.vip
-		return fmt.Sprintf("s%d vip=%v", i, s.vip)
-	case 3:
-		s.httpIsTCP = !s.httpIsTCP
-		return fmt.Sprintf("s%d httpIsTCP=%v", i, s.httpIsTCP)
+		j := r.IntN(len(s.eps))
+		f := fl.f(&s.eps[j])
+		*f = !*f
+		return fmt.Sprintf("s%d endpoint %d %s=%v", i, j, fl.name, *f)
+	}
+	switch c {
 	case 4:
 		if r.IntN(6) == 0 {
 			s.many = !s.many
 			return fmt.Sprintf("s%d many=%v", i, s.many)
 		}
-		return "nothing"
 	case 5, 6:
 		s.eps = append(s.eps, randEp{pod: r.IntN(5), http: r.IntN(3) > 0, healthy: r.IntN(2) == 0, remote: r.IntN(5) == 0})
 		return fmt.Sprintf("s%d endpoint added", i)
@@ -152,18 +152,6 @@ func (st *randState) mutate(r *rand.Rand, keepPod bool) string {
 			j := r.IntN(len(s.eps))
 			s.eps = append(s.eps[:j:j], s.eps[j+1:]...)
 			return fmt.Sprintf("s%d endpoint %d removed", i, j)
-		}
-	case 8:
-		if len(s.eps) > 0 {
-			j := r.IntN(len(s.eps))
-			s.eps[j].http = !s.eps[j].http
-			return fmt.Sprintf("s%d endpoint %d http=%v", i, j, s.eps[j].http)
-		}
-	case 9:
-		if len(s.eps) > 0 {
-			j := r.IntN(len(s.eps))
-			s.eps[j].healthy = !s.eps[j].healthy
-			return fmt.Sprintf("s%d endpoint %d healthy=%v", i, j, s.eps[j].healthy)
 		}
 	case 10:
 		if len(s.eps) > 0 {
