@@ -12,5 +12,5 @@
 // It is the only aether component that writes Kubernetes objects from registry state, and it
 // never touches objects aether did not create (label aether.io/managed-by: aether); it writes
 // only ServiceExport status. It must not write endpoints or another cluster's registry partition
-// (package registrar/registry owns the key layout and refuses such writes).
+// (package registry owns the key layout and refuses such writes).
 package registrar

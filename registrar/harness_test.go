@@ -29,7 +29,8 @@ import (
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/registry/embedded"
 )
 
 // converge is the generous deadline for anything the tests wait on: several times the expected
@@ -320,8 +321,8 @@ func (in *instance) gauge(t testing.TB, name string) float64 {
 // on the same ports and data.
 type registryServer struct {
 	t         testing.TB
-	cfg       registry.EmbeddedConfig
-	emb       *registry.Embedded
+	cfg       embedded.Config
+	emb       *embedded.Server
 	Endpoints []string
 }
 
@@ -331,7 +332,7 @@ func startRegistryServer(t testing.TB) *registryServer {
 	u := func() string {
 		return (&url.URL{Scheme: "http", Host: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))}).String()
 	}
-	s := &registryServer{t: t, cfg: registry.EmbeddedConfig{
+	s := &registryServer{t: t, cfg: embedded.Config{
 		DataDir: dir, ClientURL: u(), PeerURL: u(), LogFile: filepath.Join(dir, "etcd.log"), Logger: testLogger(t, "etcd"),
 	}}
 	s.start()
@@ -342,7 +343,7 @@ func startRegistryServer(t testing.TB) *registryServer {
 func (s *registryServer) start() {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	emb, err := registry.StartEmbedded(ctx, s.cfg)
+	emb, err := embedded.Start(ctx, s.cfg)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ import (
 
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // flapWatch is how long the conflict outcome is watched for changes. It runs concurrently with

@@ -26,7 +26,7 @@ import (
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/aethermesh/aether/registrar/mcs"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Config configures one registrar instance (one replica of aether-registrar).

@@ -28,7 +28,7 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // TestPrivilegedAgentPodLifecycle sends a pod's CNI ADD and DEL to the real agent binary and

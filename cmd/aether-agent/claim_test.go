@@ -22,7 +22,7 @@ import (
 	"github.com/aethermesh/aether/internal/clusterid"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // TestAgentRespectsPartitionClaim: an agent's endpoint registration (the agent's own

@@ -20,7 +20,7 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 func TestDesiredEndpoints(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 	"github.com/aethermesh/aether/internal/clusterid"
 	"github.com/aethermesh/aether/internal/kubeconfig"
 	"github.com/aethermesh/aether/model"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/xds"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"

@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/aethermesh/aether/internal/testenv"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // TestBinaryEmbeddedRegistryWaitsOutForbiddenClusterID: in the single-machine shape the

@@ -12,7 +12,7 @@ import (
 
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/kubeconfig"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // reclaimCommand is the subcommand that re-claims this cluster's registry partition after the

@@ -16,7 +16,8 @@ import (
 	"github.com/aethermesh/aether/internal/clusterid"
 	"github.com/aethermesh/aether/internal/kubeconfig"
 	"github.com/aethermesh/aether/registrar"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/registry/embedded"
 )
 
 // clusterIDWaitLog is how often a registrar still waiting for its cluster ID says so.
@@ -101,7 +102,7 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 	}
 	endpoints := t.Registry.Endpoints()
 	if len(endpoints) == 0 {
-		emb, err := registry.StartEmbedded(ctx, registry.EmbeddedConfig{
+		emb, err := embedded.Start(ctx, embedded.Config{
 			DataDir: t.RegistryDataDir, ClientURL: t.RegistryListen, PeerURL: t.RegistryPeer,
 			LogFile: filepath.Join(t.RegistryDataDir, "etcd.log"), Logger: log,
 		})

@@ -13,7 +13,7 @@ import (
 
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/registryflag"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // setupAuthCommand is the subcommand that makes origins unforgeable on a shared etcd.

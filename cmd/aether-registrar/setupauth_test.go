@@ -14,7 +14,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 
 	"github.com/aethermesh/aether/internal/testenv"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // runSetupAuth runs `aether-registrar setup-registry-auth args...` as a child process with env

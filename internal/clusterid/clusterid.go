@@ -1,5 +1,5 @@
 // Package clusterid reads the identity of a real Kubernetes cluster, the UID of its kube-system
-// Namespace, which the registry's partition claim (registrar/registry, EnsureClaim) records. It
+// Namespace, which the registry's partition claim (registry, EnsureClaim) records. It
 // owns only that read; it writes nothing to the API server or the registry.
 package clusterid
 

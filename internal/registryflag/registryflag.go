@@ -12,7 +12,7 @@ import (
 	"os"
 
 	"github.com/aethermesh/aether/internal/envflag"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Default help texts; Usage overrides them per binary.

@@ -15,7 +15,7 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/model"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Mark is one export mark of the clusterset-wide export view with its origin (from the registry

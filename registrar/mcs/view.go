@@ -8,7 +8,7 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/model"
-	"github.com/aethermesh/aether/registrar/registry"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Exports is the registry capability the MCS controllers use; *registry.Registry implements it.

@@ -1,4 +1,9 @@
-package registry
+// Package embedded runs the registry's single-member etcd server in process
+// (go.etcd.io/etcd/server/v3/embed): the registrar's single-machine, single-replica default, and
+// tests that need a real etcd. It owns only the server's lifecycle; the key layout, records and
+// clients are package registry's. The node agent never imports it, so the agent binary links no
+// etcd server code.
+package embedded
 
 import (
 	"context"
@@ -13,20 +18,20 @@ import (
 
 // Defaults of the embedded etcd (the single-machine, single-replica deployment).
 const (
-	DefaultEmbeddedClientURL = "http://127.0.0.1:2379"
-	DefaultEmbeddedPeerURL   = "http://127.0.0.1:2380"
+	DefaultClientURL = "http://127.0.0.1:2379"
+	DefaultPeerURL   = "http://127.0.0.1:2380"
 )
 
-// EmbeddedConfig configures the registrar's embedded etcd, used when no etcd endpoints are
+// Config configures the registrar's embedded etcd, used when no etcd endpoints are
 // given.
-type EmbeddedConfig struct {
+type Config struct {
 	// DataDir is etcd's data directory (created with mode 0700 when missing). Required. The
 	// registry survives restarts as long as this directory does.
 	DataDir string
 	// ClientURL is the URL clients (agents on this machine) connect to; default
-	// DefaultEmbeddedClientURL. Plain http: the embedded etcd is meant for loopback use.
+	// DefaultClientURL. Plain http: the embedded etcd is meant for loopback use.
 	ClientURL string
-	// PeerURL is the (unused, single-member) peer URL; default DefaultEmbeddedPeerURL.
+	// PeerURL is the (unused, single-member) peer URL; default DefaultPeerURL.
 	PeerURL string
 	// Name is the member name (default "aether-registry").
 	Name string
@@ -39,25 +44,25 @@ type EmbeddedConfig struct {
 	Logger *slog.Logger
 }
 
-// Embedded is a running embedded etcd server.
-type Embedded struct {
+// Server is a running embedded etcd server.
+type Server struct {
 	etcd *embed.Etcd
-	// Endpoints are the client URLs to give Config.Endpoints.
+	// Endpoints are the client URLs to give registry.Config.Endpoints.
 	Endpoints []string
 }
 
-// StartEmbedded starts a single-member etcd (go.etcd.io/etcd/server/v3/embed) with its data in
+// Start starts a single-member etcd (go.etcd.io/etcd/server/v3/embed) with its data in
 // cfg.DataDir and waits until it serves or ctx ends. It returns an error naming the setting that
 // is wrong, or etcd's error when the server does not start. Call Close to stop it.
-func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if cfg.DataDir == "" {
 		return nil, fmt.Errorf("start embedded etcd: DataDir: required")
 	}
 	if cfg.ClientURL == "" {
-		cfg.ClientURL = DefaultEmbeddedClientURL
+		cfg.ClientURL = DefaultClientURL
 	}
 	if cfg.PeerURL == "" {
-		cfg.PeerURL = DefaultEmbeddedPeerURL
+		cfg.PeerURL = DefaultPeerURL
 	}
 	if cfg.Name == "" {
 		cfg.Name = "aether-registry"
@@ -107,7 +112,7 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 		e.Close()
 		return nil, fmt.Errorf("start embedded etcd: not ready: %w", ctx.Err())
 	}
-	out := &Embedded{etcd: e}
+	out := &Server{etcd: e}
 	for _, u := range ec.AdvertiseClientUrls {
 		out.Endpoints = append(out.Endpoints, u.String())
 	}
@@ -116,35 +121,7 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 }
 
 // Err returns a channel that receives the server's fatal errors.
-func (e *Embedded) Err() <-chan error { return e.etcd.Err() }
+func (e *Server) Err() <-chan error { return e.etcd.Err() }
 
 // Close stops the server gracefully.
-func (e *Embedded) Close() { e.etcd.Close() }
-
-// Open returns a Registry for cfg. When cfg.Endpoints is empty it first starts an embedded etcd
-// with emb (the registrar's single-machine, single-replica default: --etcd-endpoints empty,
-// data in emb.DataDir) and points cfg at it. The returned close function closes the Registry,
-// then the embedded server if one was started. It returns the error of whichever step failed.
-func Open(ctx context.Context, cfg Config, emb EmbeddedConfig) (*Registry, func(), error) {
-	var e *Embedded
-	if len(cfg.Endpoints) == 0 {
-		var err error
-		if e, err = StartEmbedded(ctx, emb); err != nil {
-			return nil, nil, fmt.Errorf("open registry: %w", err)
-		}
-		cfg.Endpoints = e.Endpoints
-	}
-	r, err := New(cfg)
-	if err != nil {
-		if e != nil {
-			e.Close()
-		}
-		return nil, nil, fmt.Errorf("open registry: %w", err)
-	}
-	return r, func() {
-		_ = r.Close()
-		if e != nil {
-			e.Close()
-		}
-	}, nil
-}
+func (e *Server) Close() { e.etcd.Close() }

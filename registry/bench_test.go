@@ -26,7 +26,7 @@ import (
 // waits until every watcher has seen it; p50 and p99 are over all watcher deliveries. All
 // watchers share one client connection (one gRPC watch stream), as in one process.
 //
-//	go test -run '^$' -bench PutToWatchEvent -benchtime 200x ./registrar/registry/
+//	go test -run '^$' -bench PutToWatchEvent -benchtime 200x ./registry/
 func BenchmarkPutToWatchEvent(b *testing.B) {
 	for _, n := range []int{1, 100, 1000} {
 		for _, mode := range []string{"bare", "registry"} {
@@ -127,7 +127,7 @@ func benchPutToWatch(b *testing.B, watchers int, mode string) {
 // stamp, validate); "bare" is the same paged range read without decoding. B/op is the memory
 // allocated per list; retained-MB the heap still held by the returned records.
 //
-//	go test -run '^$' -bench ListEndpoints100k -benchtime 5x -benchmem ./registrar/registry/
+//	go test -run '^$' -bench ListEndpoints100k -benchtime 5x -benchmem ./registry/
 func BenchmarkListEndpoints100k(b *testing.B) {
 	etcd := testenv.StartEmbeddedEtcd(b, func(c *embed.Config) { c.QuotaBackendBytes = 4 << 30 })
 	r := newTestRegistry(b, etcd.Endpoints, "eu", "reader", nil)

@@ -22,8 +22,9 @@
 // its value. Malformed keys or values are skipped, logged with their key and counted
 // (aether_registry_bad_records_total); they never stop a reader.
 //
-// The package owns the etcd key layout, record validation, leases and watches, the embedded etcd
-// of the single-machine deployment and the etcd users and roles that make origins unforgeable. It
+// The package owns the etcd key layout, record validation, leases and watches, and the etcd users
+// and roles that make origins unforgeable; the embedded etcd server of the single-machine
+// deployment is package registry/embedded, so that clients (the agent) link no server code. It
 // does not touch Kubernetes objects (that is registrar) or Envoy resources (xds); it converts an
 // endpoint to a model.Endpoint, and model never imports it.
 package registry
