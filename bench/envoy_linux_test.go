@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
@@ -58,7 +59,7 @@ func startRig(b *testing.B, build xds.Options, m *model.Mesh) *envoyRig {
 	b.Cleanup(func() { cancel(); <-done })
 	rig := &envoyRig{srv: srv}
 	rig.set(b, m) // served before Envoy starts, so Envoy's initial fetch finds it
-	boot, err := xds.Bootstrap(xds.BootstrapConfig{NodeID: "bench", XDSAddress: "unix://" + sock, AdminAddress: "127.0.0.1:0",
+	boot, err := envoy.Bootstrap(envoy.BootstrapConfig{NodeID: "bench", XDSAddress: "unix://" + sock, AdminAddress: "127.0.0.1:0",
 		StateOfTheWorld: os.Getenv("AETHER_BENCH_SOTW") != ""})
 	if err != nil {
 		b.Fatal(err)

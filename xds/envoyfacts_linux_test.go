@@ -516,7 +516,7 @@ func startFactsEnvoy(t *testing.T, boot string) *testenv.Envoy {
 	t.Cleanup(func() {
 		if t.Failed() {
 			l, err := ev.Admin(context.Background(), "/listeners")
-			t.Logf("envoy pid %d alive=%v, /listeners at failure: %q %v", ev.Cmd.Process.Pid, alive(ev.Cmd.Process.Pid), l, err)
+			t.Logf("envoy pid %d alive=%v, /listeners at failure: %q %v", ev.Cmd.Process.Pid, testenv.ProcessRunning(ev.Cmd.Process.Pid), l, err)
 		}
 	})
 	return ev

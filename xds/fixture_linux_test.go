@@ -17,6 +17,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
@@ -34,7 +35,7 @@ type meshFixture struct {
 	ca                 *identity.DevCA
 	rot                *identity.Rotator
 	srv                *Server
-	sup                *Supervisor
+	sup                *envoy.Supervisor
 	dir                string
 	xdsSock, adminSock string
 	nextIP             byte
@@ -83,29 +84,29 @@ func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build 
 	t.Cleanup(func() { os.RemoveAll(f.dir) })
 	f.xdsSock = filepath.Join(f.dir, "xds.sock")
 	f.adminSock = filepath.Join(f.dir, "admin.sock")
-	f.log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	f.log = slog.New(slog.NewTextHandler(testenv.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	f.delta, f.build, f.envoyArgs = delta, build, envoyArgs
 	f.startAgent()
 	t.Cleanup(func() {
 		f.stopAgent()
 		// Envoy outlives the agent by design; the test ends it through its pid file.
-		if sup, err := NewSupervisor(f.supConfig()); err == nil {
+		if sup, err := envoy.NewSupervisor(f.supConfig()); err == nil {
 			_ = sup.Stop()
 		}
 		if t.Failed() {
 			b, _ := os.ReadFile(filepath.Join(f.dir, "envoy", "envoy.log"))
 			o, _ := os.ReadFile(filepath.Join(f.dir, "envoy", "envoy.out"))
-			t.Logf("envoy output:\n%s\nenvoy log (tail):\n%s", tail(string(o), 3000), tail(string(b), 6000))
+			t.Logf("envoy output:\n%s\nenvoy log (tail):\n%s", testenv.Tail(string(o), 3000), testenv.Tail(string(b), 6000))
 		}
 	})
 	return f
 }
 
-func (f *meshFixture) supConfig() SupervisorConfig {
+func (f *meshFixture) supConfig() envoy.SupervisorConfig {
 	tools := testenv.RequireTools(f.t, testenv.ToolEnvoy)
-	return SupervisorConfig{
+	return envoy.SupervisorConfig{
 		EnvoyPath: tools.Envoy,
-		Bootstrap: BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, StateOfTheWorld: !f.delta},
+		Bootstrap: envoy.BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, StateOfTheWorld: !f.delta},
 		StateDir:  filepath.Join(f.dir, "envoy"),
 		Prefix:    f.prefix(),
 		ExtraArgs: append([]string{"--concurrency", "1", "--log-level", "info"}, f.envoyArgs...),
@@ -135,7 +136,7 @@ func (f *meshFixture) startAgent() {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{}, 2)
 	go func() { _ = f.srv.Serve(ctx, l); done <- struct{}{} }()
-	f.sup, err = NewSupervisor(f.supConfig())
+	f.sup, err = envoy.NewSupervisor(f.supConfig())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,20 +149,6 @@ func (f *meshFixture) startAgent() {
 			cancel = nil
 		}
 	}
-}
-
-type testWriter struct{ t testing.TB }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimSpace(string(p)))
-	return len(p), nil
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "..." + s[len(s)-n:]
 }
 
 // addPod creates a pod netns attached to the node bridge and returns it with its IP. capture
@@ -295,7 +282,7 @@ func (f *meshFixture) wantNoRejections(t *testing.T) {
 
 // admin GETs an Envoy admin path.
 func (f *meshFixture) admin(path string) (string, error) {
-	c, base := AdminClient("unix://" + f.adminSock)
+	c, base := envoy.AdminClient("unix://" + f.adminSock)
 	resp, err := c.Get(base + path)
 	if err != nil {
 		return "", err

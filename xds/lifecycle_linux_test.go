@@ -5,7 +5,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net/netip"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -90,35 +89,7 @@ func TestPrivilegedCertRotation(t *testing.T) {
 }
 
 // envoyPIDs lists the running Envoy processes started from this fixture's state dir.
-func envoyPIDs(t *testing.T, f *meshFixture) []int { return envoysIn(t, f.dir) }
-
-// envoysIn lists the running Envoy processes whose command line names a path under dir.
-func envoysIn(t *testing.T, dir string) []int {
-	return procsWhere(t, "cmdline", func(pid int, b []byte) bool {
-		args := strings.Split(string(b), "\x00")
-		return len(args) > 0 && strings.HasSuffix(args[0], "envoy") && strings.Contains(string(b), dir) && alive(pid)
-	})
-}
-
-// procsWhere returns the pids whose /proc/<pid>/<file> content match accepts.
-func procsWhere(t *testing.T, file string, match func(pid int, content []byte) bool) []int {
-	t.Helper()
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []int
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		if b, err := os.ReadFile("/proc/" + e.Name() + "/" + file); err == nil && match(pid, b) {
-			out = append(out, pid)
-		}
-	}
-	return out
-}
+func envoyPIDs(t *testing.T, f *meshFixture) []int { return testenv.EnvoysIn(t, f.dir) }
 
 // TestPrivilegedEnvoySupervision: a killed Envoy is restarted and traffic resumes; an agent
 // that dies and comes back (new xDS server, new supervisor) adopts the running Envoy, starts no

@@ -88,3 +88,9 @@ func inboundListenerName(p *model.LocalPod) string { return "inbound|" + p.Names
 func inboundClusterName(p *model.LocalPod, port uint32) string {
 	return "inbound|" + p.Namespace + "/" + p.Name + ":" + strconv.FormatUint(uint64(port), 10)
 }
+
+// PodListenerNames returns the names of the listeners the Builder may make for pod p: capture,
+// explicit lane and inbound.
+func PodListenerNames(p *model.LocalPod) []string {
+	return []string{captureListenerName(p), laneListenerName(p), inboundListenerName(p)}
+}

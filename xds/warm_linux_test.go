@@ -17,13 +17,14 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
 
 // TestWaitListenersWarm feeds a real Envoy over ADS a pod's lane listener whose route (RDS) is
-// not served: Envoy ACKs the listener but keeps it warming, and WaitListenersWarm waits. Once
-// the route is served the listener turns active and WaitListenersWarm returns.
+// not served: Envoy ACKs the listener but keeps it warming, and envoy.WaitListenersWarm waits. Once
+// the route is served the listener turns active and envoy.WaitListenersWarm returns.
 func TestWaitListenersWarm(t *testing.T) {
 	pod := &model.LocalPod{Namespace: "shop", Name: "web-1"}
 	names := PodListenerNames(pod)
@@ -64,20 +65,20 @@ func TestWaitListenersWarm(t *testing.T) {
 		return nil
 	})
 	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	err = WaitListenersWarm(short, ev.AdminAddr, names)
+	err = envoy.WaitListenersWarm(short, ev.AdminAddr, names)
 	cancel()
 	if err == nil || !strings.Contains(err.Error(), "still warming: "+lane.Name) {
-		t.Fatalf("WaitListenersWarm while the route is missing = %v, want an error naming %s as warming", err, lane.Name)
+		t.Fatalf("envoy.WaitListenersWarm while the route is missing = %v, want an error naming %s as warming", err, lane.Name)
 	}
 
 	serve("3", map[resource.Type][]types.Resource{resource.ListenerType: {lane}, resource.RouteType: {&routev3.RouteConfiguration{Name: "lane-shop-web-1"}}})
 	long, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := WaitListenersWarm(long, ev.AdminAddr, names); err != nil {
-		t.Fatalf("WaitListenersWarm once the route is served: %v", err)
+	if err := envoy.WaitListenersWarm(long, ev.AdminAddr, names); err != nil {
+		t.Fatalf("envoy.WaitListenersWarm once the route is served: %v", err)
 	}
 	if l, err := ev.Admin(ctx, "/listeners"); err != nil || !strings.Contains(l, lane.Name) {
-		t.Fatalf("after WaitListenersWarm, /listeners = %q (%v), want %s active", l, err, lane.Name)
+		t.Fatalf("after envoy.WaitListenersWarm, /listeners = %q (%v), want %s active", l, err, lane.Name)
 	}
 
 	// A listener Envoy cannot bind (its port is taken) is in error_state: an error at once.
@@ -93,9 +94,9 @@ func TestWaitListenersWarm(t *testing.T) {
 	// (Called here before Envoy took the update it returns nil: the agent calls it after the
 	// LDS ACK, which Envoy refuses in this case.)
 	testenv.Eventually(t, time.Minute, "the unbindable listener reported", func() error {
-		err := WaitListenersWarm(long, ev.AdminAddr, names)
+		err := envoy.WaitListenersWarm(long, ev.AdminAddr, names)
 		if err == nil || !strings.Contains(err.Error(), "envoy failed listener "+inbound.Name+": ") {
-			return fmt.Errorf("WaitListenersWarm = %v, want an error naming %s", err, inbound.Name)
+			return fmt.Errorf("envoy.WaitListenersWarm = %v, want an error naming %s", err, inbound.Name)
 		}
 		t.Logf("unbindable listener: %v", err)
 		return nil

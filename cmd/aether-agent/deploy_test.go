@@ -25,9 +25,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/aethermesh/aether/deploy"
+	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
-	"github.com/aethermesh/aether/xds"
 )
 
 // deployedAgent is the agent DaemonSet of deploy/ with its containers.
@@ -201,7 +201,7 @@ func TestDeployEnvoyContainerArgs(t *testing.T) {
 	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
 	d := loadDeployedAgent(t)
 	cfg := parseDeployed(t, d.agent, configured(t))
-	b, err := xds.Bootstrap(xds.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket,
+	b, err := envoy.Bootstrap(envoy.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket,
 		AdminAddress: fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))})
 	if err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni"
 	"github.com/aethermesh/aether/dnsd"
+	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/internal/clusterid"
 	"github.com/aethermesh/aether/internal/kubeconfig"
@@ -245,7 +246,7 @@ func run(ctx context.Context, cfg config) error {
 	asm.Subscribe(push.offer)
 	dp.acked = push.waitAcked
 	dp.warm = func(ctx context.Context, names []string) error {
-		return xds.WaitListenersWarm(ctx, cfg.EnvoyAdmin, names)
+		return envoy.WaitListenersWarm(ctx, cfg.EnvoyAdmin, names)
 	}
 	if err := startEnvoy(ctx, cfg, ready, log.With("part", "envoy")); err != nil {
 		return err
@@ -359,10 +360,10 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 // starting a second); with an empty --envoy-binary Envoy runs in its own container from the
 // bootstrap written here. Readiness "envoy" follows Envoy's admin API either way.
 func startEnvoy(ctx context.Context, cfg config, ready *readiness, log *slog.Logger) error {
-	boot := xds.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin}
+	boot := envoy.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin}
 	dir := filepath.Join(cfg.StateDir, "envoy")
 	if cfg.EnvoyBinary == "" {
-		b, err := xds.Bootstrap(boot)
+		b, err := envoy.Bootstrap(boot)
 		if err != nil {
 			return err
 		}
@@ -376,7 +377,7 @@ func startEnvoy(ctx context.Context, cfg config, ready *readiness, log *slog.Log
 			return err
 		}
 	}
-	sup, err := xds.NewSupervisor(xds.SupervisorConfig{EnvoyPath: firstNonEmpty(cfg.EnvoyBinary, "-"), Bootstrap: boot, StateDir: dir, Logger: log})
+	sup, err := envoy.NewSupervisor(envoy.SupervisorConfig{EnvoyPath: firstNonEmpty(cfg.EnvoyBinary, "-"), Bootstrap: boot, StateDir: dir, Logger: log})
 	if err != nil {
 		return err
 	}

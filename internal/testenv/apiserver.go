@@ -193,7 +193,7 @@ func StartTestKubeAPIServer(t testing.TB, opts KubeAPIServerOptions) *KubeAPISer
 		s.Stop()
 		if t.Failed() {
 			b, _ := os.ReadFile(filepath.Join(opts.Dir, "kube-apiserver.log"))
-			t.Logf("kube-apiserver log (tail):\n%s", tail(string(b), 6000))
+			t.Logf("kube-apiserver log (tail):\n%s", Tail(string(b), 6000))
 		}
 	})
 	return s

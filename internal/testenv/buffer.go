@@ -1,8 +1,10 @@
 package testenv
 
 import (
+	"io"
 	"strings"
 	"sync"
+	"testing"
 )
 
 // Buffer is an io.Writer safe for concurrent use: a process's output or a logger writes into it
@@ -24,4 +26,15 @@ func (l *Buffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// LogWriter returns an io.Writer that sends each write to t.Log (surrounding white space
+// trimmed), for a slog handler or a process's output in a test.
+func LogWriter(t testing.TB) io.Writer { return logWriter{t} }
+
+type logWriter struct{ t testing.TB }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }

@@ -86,7 +86,7 @@ func StartEnvoy(t testing.TB, bootstrap string, opts EnvoyOptions) *Envoy {
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			s, _ := os.ReadFile(out.Name())
-			t.Logf("envoy output:\n%s\nenvoy log (tail):\n%s", s, tail(string(b), 8000))
+			t.Logf("envoy output:\n%s\nenvoy log (tail):\n%s", s, Tail(string(b), 8000))
 		}
 	})
 	deadline := time.Now().Add(60 * time.Second)
@@ -161,7 +161,9 @@ func (e *Envoy) WaitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-func tail(s string, n int) string {
+// Tail returns the last n bytes of s, prefixed with "..." when it cut anything: for logging a
+// process's output on failure.
+func Tail(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

@@ -1,4 +1,4 @@
-package xds
+package envoy
 
 import (
 	"encoding/json"

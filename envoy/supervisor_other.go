@@ -1,6 +1,6 @@
 //go:build !linux
 
-package xds
+package envoy
 
 import (
 	"context"

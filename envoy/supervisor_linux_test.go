@@ -1,4 +1,4 @@
-package xds
+package envoy
 
 import (
 	"context"
@@ -137,7 +137,7 @@ func TestEnvoyRestartBackoff(t *testing.T) {
 		MaxBackoff:    maxB,
 		StableAfter:   stable,
 		CheckInterval: 100 * time.Millisecond,
-		Logger:        slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelInfo})),
+		Logger:        slog.New(slog.NewTextHandler(testenv.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo})),
 	}
 	sup, err := NewSupervisor(cfg)
 	if err != nil {
@@ -149,7 +149,7 @@ func TestEnvoyRestartBackoff(t *testing.T) {
 		_ = sup.Stop()
 		if t.Failed() {
 			o, _ := os.ReadFile(filepath.Join(cfg.StateDir, "envoy.out"))
-			t.Logf("envoy output (tail):\n%s", tail(string(o), 3000))
+			t.Logf("envoy output (tail):\n%s", testenv.Tail(string(o), 3000))
 		}
 	})
 
@@ -170,7 +170,7 @@ func TestEnvoyRestartBackoff(t *testing.T) {
 			t.Fatal(err)
 		}
 		if n := strings.Count(string(o), "crash_loop_bogus_field"); n < len(crashLoop) {
-			t.Errorf("envoy.out names the bogus bootstrap field %d times, want at least %d:\n%s", n, len(crashLoop), tail(string(o), 2000))
+			t.Errorf("envoy.out names the bogus bootstrap field %d times, want at least %d:\n%s", n, len(crashLoop), testenv.Tail(string(o), 2000))
 		}
 	})
 

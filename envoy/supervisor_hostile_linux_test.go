@@ -1,4 +1,4 @@
-package xds
+package envoy
 
 import (
 	"bytes"
@@ -49,7 +49,7 @@ func TestSupervisorStalePIDFile(t *testing.T) {
 		StateDir:      filepath.Join(dir, "envoy"),
 		ExtraArgs:     []string{"--concurrency", "1"},
 		CheckInterval: 100 * time.Millisecond,
-		Logger:        slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Logger:        slog.New(slog.NewTextHandler(testenv.LogWriter(t), nil)),
 	}
 	if err := os.MkdirAll(cfg.StateDir, 0o755); err != nil {
 		t.Fatal(err)
@@ -244,7 +244,7 @@ func TestSupervisorBadPaths(t *testing.T) {
 
 // zombieChildren returns the pids of this process's children that exited and were not reaped.
 func zombieChildren(t *testing.T) []int {
-	return procsWhere(t, "stat", func(_ int, b []byte) bool {
+	return testenv.ProcsWhere(t, "stat", func(_ int, b []byte) bool {
 		i := bytes.LastIndexByte(b, ')')
 		f := strings.Fields(string(b[i+1:])) // state, ppid, ...
 		return len(f) > 1 && f[0] == "Z" && f[1] == strconv.Itoa(os.Getpid())
@@ -312,7 +312,7 @@ func TestSupervisorAdoptedAdminChangesHands(t *testing.T) {
 		Bootstrap:     BootstrapConfig{NodeID: "handover-node", XDSAddress: "unix://" + filepath.Join(dir, "xds.sock"), AdminAddress: l.Addr().String()},
 		MinBackoff:    10 * time.Millisecond,
 		CheckInterval: 20 * time.Millisecond,
-		Logger:        slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Logger:        slog.New(slog.NewTextHandler(testenv.LogWriter(t), nil)),
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package xds
+package envoy
 
 import (
 	"context"
@@ -41,7 +41,7 @@ func lockTestConfig(t *testing.T, dir, node string) SupervisorConfig {
 		MinBackoff:    20 * time.Millisecond,
 		MaxBackoff:    100 * time.Millisecond,
 		CheckInterval: 50 * time.Millisecond,
-		Logger:        slog.New(slog.NewTextHandler(testWriter{t}, nil)),
+		Logger:        slog.New(slog.NewTextHandler(testenv.LogWriter(t), nil)),
 	}
 }
 
@@ -70,12 +70,12 @@ func stopEnvoyAtEnd(t *testing.T, dir string, cfg SupervisorConfig) {
 		if sup, err := NewSupervisor(cfg); err == nil {
 			_ = sup.Stop()
 		}
-		for _, pid := range envoysIn(t, dir) {
+		for _, pid := range testenv.EnvoysIn(t, dir) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		if t.Failed() {
 			o, _ := os.ReadFile(filepath.Join(cfg.StateDir, "envoy.out"))
-			t.Logf("envoy output (tail):\n%s", tail(string(o), 3000))
+			t.Logf("envoy output (tail):\n%s", testenv.Tail(string(o), 3000))
 		}
 	})
 }
@@ -145,7 +145,7 @@ func TestSupervisorAdoptsEnvoyMidStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	adminAnswers(t, second)
-	if got := envoysIn(t, dir); !slices.Equal(got, []int{pid}) {
+	if got := testenv.EnvoysIn(t, dir); !slices.Equal(got, []int{pid}) {
 		t.Errorf("Envoy processes %v, want the first supervisor's %d alone", got, pid)
 	}
 }
@@ -168,7 +168,7 @@ func TestSupervisorOursRightAfterStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	sup, err := NewSupervisor(SupervisorConfig{EnvoyPath: standIn, StateDir: filepath.Join(dir, "state"),
-		Bootstrap: unixBootstrap(dir, "stand-in-node"), Logger: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		Bootstrap: unixBootstrap(dir, "stand-in-node"), Logger: slog.New(slog.NewTextHandler(testenv.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestSupervisorsShareStateDir(t *testing.T) {
 			t.Errorf("adopted: a %v, b %v: want one adopter", a.Adopted(), b.Adopted())
 		}
 		adminAnswers(t, a)
-		if got := envoysIn(t, dir); !slices.Equal(got, []int{pid}) {
+		if got := testenv.EnvoysIn(t, dir); !slices.Equal(got, []int{pid}) {
 			t.Errorf("Envoy processes %v, want [%d]", got, pid)
 		}
 	})
@@ -284,7 +284,7 @@ func TestSupervisorsShareStateDir(t *testing.T) {
 			t.Errorf("%d starts in all, want 2", n)
 		}
 		adminAnswers(t, a)
-		if got := envoysIn(t, dir); !slices.Equal(got, []int{pid}) {
+		if got := testenv.EnvoysIn(t, dir); !slices.Equal(got, []int{pid}) {
 			t.Errorf("Envoy processes %v, want [%d]", got, pid)
 		}
 	})
@@ -308,7 +308,7 @@ func TestSupervisorsShareStateDir(t *testing.T) {
 		if n := c.Starts(); n != 0 {
 			t.Errorf("restarted supervisor started %d Envoys", n)
 		}
-		if got := envoysIn(t, dir); !slices.Equal(got, []int{pid}) {
+		if got := testenv.EnvoysIn(t, dir); !slices.Equal(got, []int{pid}) {
 			t.Errorf("Envoy processes %v, want [%d]", got, pid)
 		}
 	})
@@ -350,7 +350,7 @@ func TestSupervisorAdoptsEnvoyWithoutLock(t *testing.T) {
 			if n := sup.Starts(); n != 0 {
 				t.Errorf("started %d Envoys beside the running one", n)
 			}
-			if got := envoysIn(t, dir); !slices.Equal(got, []int{old}) {
+			if got := testenv.EnvoysIn(t, dir); !slices.Equal(got, []int{old}) {
 				t.Errorf("Envoy processes %v, want [%d]", got, old)
 			}
 
@@ -365,7 +365,7 @@ func TestSupervisorAdoptsEnvoyWithoutLock(t *testing.T) {
 				t.Errorf("the Envoy started after the old one, pid %d, does not hold %s", pid, sup.lockPath)
 			}
 			adminAnswers(t, sup)
-			if got := envoysIn(t, dir); !slices.Equal(got, []int{pid}) {
+			if got := testenv.EnvoysIn(t, dir); !slices.Equal(got, []int{pid}) {
 				t.Errorf("Envoy processes %v, want [%d]", got, pid)
 			}
 		})
@@ -420,7 +420,7 @@ func TestSupervisorForkingPrefix(t *testing.T) {
 	envoy := func() int {
 		var pid int
 		testenv.Eventually(t, time.Minute, "one Envoy process", func() error {
-			got := envoysIn(t, dir)
+			got := testenv.EnvoysIn(t, dir)
 			if len(got) != 1 {
 				return fmt.Errorf("Envoy processes %v", got)
 			}
@@ -441,7 +441,7 @@ func TestSupervisorForkingPrefix(t *testing.T) {
 	if n := sup.Starts(); n != 1 {
 		t.Errorf("%d starts, want 1", n)
 	}
-	if got := envoysIn(t, dir); !slices.Equal(got, []int{first}) {
+	if got := testenv.EnvoysIn(t, dir); !slices.Equal(got, []int{first}) {
 		t.Errorf("Envoy processes %v, want [%d]", got, first)
 	}
 
@@ -468,7 +468,7 @@ func TestSupervisorForkingPrefix(t *testing.T) {
 	if n := sup.Starts(); n != 2 {
 		t.Errorf("%d starts, want 2", n)
 	}
-	if got := envoysIn(t, dir); !slices.Equal(got, []int{second}) {
+	if got := testenv.EnvoysIn(t, dir); !slices.Equal(got, []int{second}) {
 		t.Errorf("Envoy processes %v, want [%d]", got, second)
 	}
 }
@@ -548,7 +548,7 @@ func TestSupervisorStopForkedEnvoy(t *testing.T) {
 	rec, _, stop := runRecorded(sup)
 	var envoy int
 	testenv.Eventually(t, time.Minute, "one Envoy process", func() error {
-		got := envoysIn(t, dir)
+		got := testenv.EnvoysIn(t, dir)
 		if len(got) != 1 {
 			return fmt.Errorf("Envoy processes %v", got)
 		}

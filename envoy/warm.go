@@ -1,4 +1,4 @@
-package xds
+package envoy
 
 import (
 	"context"
@@ -10,15 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"time"
-
-	"github.com/aethermesh/aether/model"
 )
-
-// PodListenerNames returns the names of the listeners the Builder may make for pod p: capture,
-// explicit lane and inbound.
-func PodListenerNames(p *model.LocalPod) []string {
-	return []string{captureListenerName(p), laneListenerName(p), inboundListenerName(p)}
-}
 
 // WaitListenersWarm polls Envoy's admin API at adminAddress (host:port or unix://path) every
 // 5 ms until none of the named dynamic listeners is warming and Envoy is LIVE (/ready), and
