@@ -59,6 +59,8 @@ type Assembler struct {
 
 	mu   sync.Mutex
 	subs []func(*Mesh)
+	// next is closed and replaced when a new Mesh is published (Wait).
+	next chan struct{}
 }
 
 // NewAssembler returns an Assembler over the given sources; any source may be nil (it then
@@ -73,7 +75,7 @@ func NewAssembler(cfg AssemblerConfig, kube KubeFiller, reg RegistryView, att At
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	a := &Assembler{cfg: cfg, kube: kube, reg: reg, att: att}
+	a := &Assembler{cfg: cfg, kube: kube, reg: reg, att: att, next: make(chan struct{})}
 	a.co = NewCoalescer(cfg.Quiet, cfg.MaxDelay, func() { a.Rebuild() })
 	return a
 }
@@ -94,6 +96,24 @@ func (a *Assembler) Run(ctx context.Context) { a.co.Run(ctx) }
 
 // Current returns the last assembled Mesh, or nil before the first build.
 func (a *Assembler) Current() *Mesh { return a.cur.Load() }
+
+// Wait returns the first Mesh, the current one or a later one, for which ok returns true, or
+// ctx's cause when ctx ends first. It wakes on every new Mesh; it never polls.
+func (a *Assembler) Wait(ctx context.Context, ok func(*Mesh) bool) (*Mesh, error) {
+	for {
+		a.mu.Lock()
+		next := a.next
+		a.mu.Unlock()
+		if m := a.cur.Load(); m != nil && ok(m) {
+			return m, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, context.Cause(ctx)
+		case <-next:
+		}
+	}
+}
 
 // Rebuilds returns how many Mesh values have been built.
 func (a *Assembler) Rebuilds() uint64 { return a.built.Load() }
@@ -130,6 +150,8 @@ func (a *Assembler) Rebuild() error {
 	a.built.Add(1)
 	a.mu.Lock()
 	subs := append([]func(*Mesh){}, a.subs...)
+	close(a.next)
+	a.next = make(chan struct{})
 	a.mu.Unlock()
 	for _, fn := range subs {
 		fn(m)

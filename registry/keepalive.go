@@ -14,7 +14,7 @@ const keepAliveSlack = time.Second
 
 // KeepAliveStatus says how etcd answers the keepalives of this writer's endpoint lease: a reader
 // of the same Registry can use them as its round trips to the registry instead of reads of its
-// own (cmd/aether-agent registryView). In etcd 3.6 a keepalive is answered by the leader
+// own (agent registryView). In etcd 3.6 a keepalive is answered by the leader
 // (a follower forwards it), which first checks that it is still the leader
 // (EtcdServer.LeaseRenew, ensureLeadership): with a linearizable read when its raft loop has
 // not ticked for three heartbeat ticks, else from its own state. A leader cut off from the

@@ -154,7 +154,7 @@ func New(cfg Config) (*Registry, error) {
 		// gRPC's default reconnect backoff grows to 120 s: after a long partition a client
 		// would stay away that long after the registry is back (its lease and watch with it).
 		// Capped at reconnectMaxDelay, a writer re-registers within seconds of the registry's
-		// return, inside the readers' deletion hold (cmd/aether-agent registryView).
+		// return, inside the readers' deletion hold (agent registryView).
 		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 200 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: reconnectMaxDelay},
 			MinConnectTimeout: reconnectMaxDelay,

@@ -1,6 +1,6 @@
-// Command aether-agent is aether's node agent (a DaemonSet on the host network): it assembles the
-// mesh model from its cluster's API server and the registry and runs the node's parts with it.
-// See README.md and docs/agent.md for its flags.
+// Command aether-agent is aether's node agent (a DaemonSet on the host network): it parses its
+// configuration (flags, with environment defaults) and runs package agent with it. See README.md
+// and docs/agent.md for its flags.
 package main
 
 import (
@@ -11,12 +11,14 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/aethermesh/aether/agent"
 )
 
 func main() {
-	cfg, err := parseFlags(os.Args[1:], os.Getenv)
+	cfg, err := agent.ParseFlags(os.Args[1:], os.Getenv)
 	if err == nil && !cfg.UninstallCNI {
-		err = cfg.validate()
+		err = cfg.Validate()
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return // -h/--help: the flag set printed the usage
@@ -26,7 +28,7 @@ func main() {
 		os.Exit(2)
 	}
 	if cfg.UninstallCNI {
-		if err := uninstallCNI(cfg); err != nil {
+		if err := agent.UninstallCNI(cfg); err != nil {
 			fmt.Fprintln(os.Stderr, "aether-agent:", err)
 			os.Exit(1)
 		}
@@ -34,7 +36,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, cfg); err != nil {
+	if err := agent.Run(ctx, cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "aether-agent:", err)
 		os.Exit(1)
 	}

@@ -516,7 +516,7 @@ func (w *world) agentRestart(t *testing.T) {
 // registryCut: with every node cut off the registry for longer than the endpoint lease, the
 // last-known endpoints keep serving, intra- and cross-cluster, through the whole cut and through
 // the re-registrations after it. (The registry expires every node's lease during the cut; the
-// agents hold those deletions, see cmd/aether-agent registryView.) Every request must answer.
+// agents hold those deletions, see agent registryView.) Every request must answer.
 func (w *world) registryCut(t *testing.T) {
 	ctx := context.Background()
 	if err := w.p.CutRegistry(ctx); err != nil {

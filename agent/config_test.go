@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"net/netip"
@@ -74,7 +74,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := parseConfig(tc.args, getenv)
+			c, err := ParseConfig(tc.args, getenv)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want it to name %q", err, tc.wantErr)
@@ -126,20 +126,20 @@ func TestParseConfig(t *testing.T) {
 		}
 		return func(k string) string { return e[k] }
 	}
-	c, err := parseConfig([]string{"--dns-cache-prefetch", "9"}, withEnv("AETHER_DNS_CACHE_SERVE_STALE", "72h", "AETHER_DNS_CACHE_PREFETCH", "2"))
+	c, err := ParseConfig([]string{"--dns-cache-prefetch", "9"}, withEnv("AETHER_DNS_CACHE_SERVE_STALE", "72h", "AETHER_DNS_CACHE_PREFETCH", "2"))
 	if err != nil || c.DNSCacheServeStale != 72*time.Hour || c.DNSCachePrefetch != 9 {
 		t.Errorf("serve-stale and prefetch from env: %s, %d, %v; want 72h (env) and 9 (flag)", c.DNSCacheServeStale, c.DNSCachePrefetch, err)
 	}
-	c, err = parseConfig([]string{"--dns-cache-max-ttl", "10s"}, withEnv("AETHER_DNS_CACHE_SIZE", "0", "AETHER_DNS_CACHE_MAX_TTL", "1m", "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL", "2s"))
+	c, err = ParseConfig([]string{"--dns-cache-max-ttl", "10s"}, withEnv("AETHER_DNS_CACHE_SIZE", "0", "AETHER_DNS_CACHE_MAX_TTL", "1m", "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL", "2s"))
 	if err != nil || c.DNSCacheSize != 0 || c.DNSCacheMaxTTL != 10*time.Second || c.DNSCacheMaxNegativeTTL != 2*time.Second {
 		t.Errorf("cache size and TTL caps from env: %d, %s, %s, %v; want 0 (env), 10s (flag), 2s (env)", c.DNSCacheSize, c.DNSCacheMaxTTL, c.DNSCacheMaxNegativeTTL, err)
 	}
 	for _, kv := range [][2]string{{"AETHER_DNS_CACHE_SERVE_STALE", "a day"}, {"AETHER_DNS_CACHE_PREFETCH", "many"}, {"AETHER_DNS_CACHE_SIZE", "big"}, {"AETHER_DNS_CACHE_MAX_TTL", "30"}} {
-		if _, err := parseConfig(nil, withEnv(kv[0], kv[1])); err == nil || !strings.Contains(err.Error(), "env "+kv[0]+` "`+kv[1]+`"`) {
+		if _, err := ParseConfig(nil, withEnv(kv[0], kv[1])); err == nil || !strings.Contains(err.Error(), "env "+kv[0]+` "`+kv[1]+`"`) {
 			t.Errorf("%s=%q: err = %v, want it named", kv[0], kv[1], err)
 		}
 	}
-	if _, err := parseConfig(nil, func(string) string { return "" }); err == nil ||
+	if _, err := ParseConfig(nil, func(string) string { return "" }); err == nil ||
 		!strings.Contains(err.Error(), "--node-name is required") || !strings.Contains(err.Error(), "--cluster is required") {
 		t.Errorf("empty config error = %v, want every required flag named", err)
 	}
@@ -187,14 +187,14 @@ func TestClusterDomain(t *testing.T) {
 		{name: "node resolv.conf", resolv: node, want: "cluster.local", from: "default"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, from, err := clusterDomain(config{ClusterDomain: tc.flag, ResolvConf: tc.resolv})
+			got, from, err := clusterDomain(Config{ClusterDomain: tc.flag, ResolvConf: tc.resolv})
 			if err != nil || got != tc.want || from != tc.from {
 				t.Errorf("clusterDomain = %q, %q, %v; want %q, %q", got, from, err, tc.want, tc.from)
 			}
 		})
 	}
 	missing := filepath.Join(dir, "missing")
-	if _, _, err := clusterDomain(config{ResolvConf: missing}); err == nil || !strings.Contains(err.Error(), "--resolv-conf") || !strings.Contains(err.Error(), missing) {
+	if _, _, err := clusterDomain(Config{ResolvConf: missing}); err == nil || !strings.Contains(err.Error(), "--resolv-conf") || !strings.Contains(err.Error(), missing) {
 		t.Errorf("unreadable resolv.conf: err = %v, want it to name --resolv-conf and %s", err, missing)
 	}
 }

@@ -1,6 +1,6 @@
 //go:build !race
 
-package main
+package agent
 
 // raceEnabled: benchmarks (run without -race) measure an agent built without the detector.
 const raceEnabled = false

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -252,7 +252,7 @@ func idleFromEnv(t *testing.T, name string) time.Duration {
 }
 
 // TestAgentReregistersAfterReclaim runs the agent's claim watch and endpoint sync loop
-// (watchClaim, syncEndpointsLoop) as run wires them, with one model and nothing else changing,
+// (watchClaim, syncEndpointsLoop) as Run wires them, with one model and nothing else changing,
 // against a real etcd: the node's endpoint is registered; another cluster takes the partition
 // and the endpoint is withdrawn; once the partition is re-claimed for this cluster the endpoint
 // is registered again without a new model. Before, the withdrawal cleared what the sync loop
@@ -326,7 +326,7 @@ func openEast(t *testing.T, endpoints []string, log *slog.Logger, clusterID stri
 	return r
 }
 
-// TestAgentClaimConflictSyncWaits runs the claim watch and the endpoint sync loop as run wires
+// TestAgentClaimConflictSyncWaits runs the claim watch and the endpoint sync loop as Run wires
 // them, with an etcd client that counts its unary requests, against a partition another cluster
 // holds: once the refusal is known the agent sends the registry nothing for the idle time
 // (AETHER_CLAIM_IDLE, default 10s), and once the partition is re-claimed for its cluster it

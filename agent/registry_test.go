@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"cmp"
@@ -620,7 +620,7 @@ func TestSeenSet(t *testing.T) {
 }
 
 // TestAgentRegistryIdleReads counts the etcd range requests of one agent's registry view, wired
-// as run wires it (followRegistry, the default --registry-lease-ttl and its hold), through a
+// as Run wires it (followRegistry, the default --registry-lease-ttl and its hold), through a
 // counting interceptor on its etcd client: first over an idle time (AETHER_REGISTRY_IDLE,
 // default 10s), then while another cluster deregisters an endpoint three times. Holding a lease
 // (an endpoint of its own registered), the agent sends no read while idle, and one at most per

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -26,7 +26,7 @@ import (
 // to the endpoint being present in the node's Envoy (admin API: the cluster's host count), with 100 and
 // 10k other endpoints in the model. It reports p50 and p99 in milliseconds.
 //
-//	go test ./cmd/aether-agent/ -run '^$' -bench EndpointPutToEnvoy -benchtime 100x
+//	go test ./agent/ -run '^$' -bench EndpointPutToEnvoy -benchtime 100x
 func BenchmarkEndpointPutToEnvoy(b *testing.B) {
 	for _, n := range []int{100, 10000} {
 		b.Run(fmt.Sprintf("endpoints=%d", n), func(b *testing.B) { benchPutToEnvoy(b, n) })

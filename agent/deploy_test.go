@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -56,14 +56,14 @@ func loadDeployedAgent(t *testing.T) deployedAgent {
 // parseDeployed parses container c's args and environment (configMap data as aether-config, the
 // downward API values of a dual-stack node with IPs 10.0.0.1 and fd00::1) with the agent's own
 // flag parser.
-func parseDeployed(t *testing.T, c corev1.Container, data map[string]string) config {
+func parseDeployed(t *testing.T, c corev1.Container, data map[string]string) Config {
 	t.Helper()
 	env, err := deploy.Env(c, map[string]map[string]string{"aether-config": data},
 		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := parseFlags(deploy.Args(c, env), func(k string) string { return env[k] })
+	cfg, err := ParseFlags(deploy.Args(c, env), func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatalf("container %s: the agent does not accept its args %q: %v", c.Name, c.Args, err)
 	}
@@ -96,7 +96,7 @@ func TestDeployAgentArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = parseDeployed(t, d.agent, shipped).validate()
+	err = parseDeployed(t, d.agent, shipped).Validate()
 	for _, want := range []string{"--cluster is required", "--registry-endpoints is required"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("unconfigured deploy/config.yaml: validate() = %v, want it to say %q", err, want)
@@ -104,7 +104,7 @@ func TestDeployAgentArgs(t *testing.T) {
 	}
 
 	cfg := parseDeployed(t, d.agent, configured(t))
-	missing, err := deploy.MissingFiles(cfg.validate())
+	missing, err := deploy.MissingFiles(cfg.Validate())
 	if err != nil {
 		t.Fatalf("configured agent: validate: %v", err)
 	}

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"errors"
@@ -17,9 +17,10 @@ import (
 	"github.com/aethermesh/aether/xds"
 )
 
-// config is the agent's whole configuration: every field has a flag and an environment variable
-// (the flag wins). validate checks it at start and names the flag of the first bad field.
-type config struct {
+// Config is the agent's whole configuration: every field has a flag and an environment variable
+// (the flag wins; ParseFlags reads both). Validate checks it at start and names the flag of the
+// first bad field.
+type Config struct {
 	NodeName    string // --node-name, NODE_NAME
 	Cluster     string // --cluster, AETHER_CLUSTER
 	Region      string // --region, AETHER_REGION (default: the Node's topology.kubernetes.io/region)
@@ -87,21 +88,21 @@ type config struct {
 	LogLevel slog.Level // --log-level: debug, info, warn, error
 }
 
-// parseConfig reads flags (args without the program name) with environment defaults from getenv,
+// ParseConfig reads flags (args without the program name) with environment defaults from getenv,
 // then validates the result.
-func parseConfig(args []string, getenv func(string) string) (config, error) {
-	c, err := parseFlags(args, getenv)
+func ParseConfig(args []string, getenv func(string) string) (Config, error) {
+	c, err := ParseFlags(args, getenv)
 	if err != nil {
 		return c, err
 	}
-	return c, c.validate()
+	return c, c.Validate()
 }
 
-// parseFlags reads flags and environment without checking the values against each other or the
+// ParseFlags reads flags and environment without checking the values against each other or the
 // filesystem: an unknown flag or a value of the wrong form is an error. The deploy manifests'
 // tests parse the DaemonSet's args with it, so a renamed flag fails them.
-func parseFlags(args []string, getenv func(string) string) (config, error) {
-	var c config
+func ParseFlags(args []string, getenv func(string) string) (Config, error) {
+	var c Config
 	fs := flag.NewFlagSet("aether-agent", flag.ContinueOnError)
 	ef := &envflag.Set{FS: fs, Getenv: getenv}
 	ef.StringVar(&c.NodeName, "node-name", "NODE_NAME", "", "this node's name")
@@ -185,7 +186,9 @@ func parseFlags(args []string, getenv func(string) string) (config, error) {
 	return c, nil
 }
 
-func (c config) validate() error {
+// Validate checks c before Run: required fields, addresses, ports that must not collide and the
+// CA files; it returns the first problem found, naming the flag and its value.
+func (c Config) Validate() error {
 	var errs []error
 	req := func(flagName, v string) {
 		if v == "" {
@@ -273,7 +276,7 @@ func (c config) validate() error {
 // (dnsd.ClusterDomainFromResolvConf: a hostNetwork agent with dnsPolicy ClusterFirstWithHostNet,
 // as deploy/agent/daemonset.yaml runs it, gets the kubelet's list), else dnsd.DefaultClusterDomain.
 // It returns an error naming the file when --resolv-conf cannot be read.
-func clusterDomain(c config) (domain, from string, err error) {
+func clusterDomain(c Config) (domain, from string, err error) {
 	if c.ClusterDomain != "" {
 		return strings.ToLower(strings.TrimSuffix(c.ClusterDomain, ".")), "--cluster-domain", nil
 	}
@@ -327,7 +330,7 @@ var fixedPorts = []nodePort{
 // Port 0 (a port the kernel picks) and a unix socket (--envoy-admin unix:///path; xDS is always
 // one) take no number. Each error names both ports and the number; an address that does not
 // parse is an error naming its flag.
-func (c config) checkPorts() []error {
+func (c Config) checkPorts() []error {
 	var errs []error
 	ports := []nodePort{{"--dns-port", c.DNSPort}}
 	for _, f := range []struct{ name, addr string }{{"--envoy-admin", c.EnvoyAdmin}, {"--health-addr", c.HealthAddr}} {

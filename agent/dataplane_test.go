@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -35,10 +35,10 @@ func (k podKube) Fill(s *model.Sources) error {
 func TestPodDataplaneStaleAttachmentRemoval(t *testing.T) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1", UID: "u1"},
 		Spec: corev1.PodSpec{NodeName: "n1", ServiceAccountName: "web"}}
-	dp := newPodDataplane()
+	att := newAttachments(nil)
 	asm := model.NewAssembler(model.AssemblerConfig{Cluster: "a", MeshDomain: "mesh", TrustDomain: "td",
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, podKube{pod}, nil, dp)
-	dp.asm = asm
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, podKube{pod}, nil, att)
+	dp := &podDataplane{att: att, asm: asm}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	go asm.Run(ctx)
@@ -57,7 +57,7 @@ func TestPodDataplaneStaleAttachmentRemoval(t *testing.T) {
 	if err := dp.PodRemoved(ctx, stale); err != nil {
 		t.Fatal(err)
 	}
-	if got := dp.Attachments()["u1"]; got.ContainerID != "c-new" {
+	if got := att.Attachments()["u1"]; got.ContainerID != "c-new" {
 		t.Fatalf("after releasing the stale attachment the dataplane holds %+v, want the live container c-new", got)
 	}
 	asm.Trigger()

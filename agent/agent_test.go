@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -46,7 +46,8 @@ func startSources(t testing.TB) (*testenv.KubeAPIServer, *testenv.EmbeddedEtcd, 
 	return api, testenv.StartEmbeddedEtcd(t, nil), kubernetes.NewForConfigOrDie(api.Config)
 }
 
-// buildAgent builds this package's binary once per test run.
+// buildAgent builds the aether-agent binary (cmd/aether-agent, which runs this package) once per
+// test run.
 func buildAgent(t testing.TB) string {
 	t.Helper()
 	agentOnce.Do(func() {
@@ -60,7 +61,12 @@ func buildAgent(t testing.TB) string {
 		if raceEnabled {
 			args = append(args, "-race")
 		}
-		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+		root, err := testenv.RepoRoot()
+		if err != nil {
+			agentErr = err
+			return
+		}
+		out, err := exec.Command("go", append(args, filepath.Join(root, "cmd", "aether-agent"))...).CombinedOutput()
 		if err != nil {
 			agentErr = fmt.Errorf("go build aether-agent: %v\n%s", err, out)
 		}

@@ -1,6 +1,6 @@
 //go:build race
 
-package main
+package agent
 
 // raceEnabled: the tests run under -race, so the agent binary they start is built with it too.
 const raceEnabled = true

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"sync/atomic"
 	"time"
 
 	"github.com/aethermesh/aether/capture"
@@ -27,9 +26,10 @@ import (
 	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 )
 
-// run starts the agent's parts in an order that never exposes a half-ready node and blocks until
-// ctx ends. Envoy is its own process and keeps serving its last configuration after run returns.
-func run(ctx context.Context, cfg config) error {
+// Run starts the agent's parts in an order that never exposes a half-ready node and blocks until
+// ctx ends; it returns nil then, or the error of the part that could not start or stopped.
+// Envoy is its own process and keeps serving its last configuration after Run returns.
+func Run(ctx context.Context, cfg Config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	log = log.With("node", cfg.NodeName, "cluster", cfg.Cluster)
 	ready := newReadiness("kubernetes", "registry", partitionClaimPart, "model", "dns", "xds", "envoy", "cni")
@@ -53,27 +53,24 @@ func run(ctx context.Context, cfg config) error {
 		return fmt.Errorf("MCS client: %w", err)
 	}
 
-	// The sources trigger the assembler once it exists; its first build reads every source, so
-	// events before it (the informers' initial sync) are not needed.
-	var asmRef atomic.Pointer[model.Assembler]
-	trigger := func(source string) func() {
+	// The sources report changes on one channel, created before the assembler that consumes it
+	// (below, once the sources it reads exist); each change is counted by source.
+	changed := make(chan struct{}, 1)
+	notify := func(source string) func() {
 		return func() {
 			metrics.events.WithLabelValues(source).Inc()
-			if a := asmRef.Load(); a != nil {
-				a.Trigger()
-			}
+			signal(changed)
 		}
 	}
-	kube, err := model.NewKubeSource(cs, mcs, cfg.NodeName, 0, trigger("kubernetes"))
+	kube, err := model.NewKubeSource(cs, mcs, cfg.NodeName, 0, notify("kubernetes"))
 	if err != nil {
 		return err
 	}
 	// Endpoint deletions wait two lease TTLs after the registry was last unreachable: long
 	// enough for writers cut off with this node to reconnect and re-register (registryView).
-	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, trigger("registry"))
+	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, notify("registry"))
 	// Pods captured before a restart are known from the persisted attachments before the first
 	// model is built, so repair finds them already served.
-	dp := newPodDataplane()
 	store := cni.Store{Dir: cfg.StateDir}
 	recs, err := store.List()
 	if err != nil {
@@ -83,12 +80,13 @@ func run(ctx context.Context, cfg config) error {
 	}
 	// A pod whose sandbox was recreated may have a stale record beside the live one (its DEL
 	// never arrived): serve the newest; repair releases the stale one without touching it.
-	added := map[string]time.Time{}
+	persisted, added := map[string]model.PodAttachment{}, map[string]time.Time{}
 	for _, r := range recs {
 		if r.Captured && (added[r.Attachment.PodUID].IsZero() || r.Added.After(added[r.Attachment.PodUID])) {
-			dp.pods[r.Attachment.PodUID], added[r.Attachment.PodUID] = r.Attachment, r.Added
+			persisted[r.Attachment.PodUID], added[r.Attachment.PodUID] = r.Attachment, r.Added
 		}
 	}
+	att := newAttachments(persisted)
 
 	// DNS first, before anything that waits for the API server or the registry: every pod's
 	// DNS on this node is DNAT'ed here, so an agent restarted while either is unreachable must
@@ -151,9 +149,8 @@ func run(ctx context.Context, cfg config) error {
 		Cluster: cfg.Cluster, MeshDomain: cfg.MeshDomain, TrustDomain: cfg.TrustDomain, Logger: log,
 		Region: region, Zone: cfg.Zone,
 		Observe: func(took time.Duration) { metrics.buildSeconds.Observe(took.Seconds()) },
-	}, kube, view, dp)
-	asmRef.Store(asm)
-	dp.asm = asm
+	}, kube, view, att)
+	go forward(ctx, changed, asm.Trigger)
 	// Clashes and skipped fields are logged when they first appear, not on every rebuild (an
 	// endpoint change rebuilds the model); the metric always has the current count.
 	var clashSeen, skipSeen seenSet
@@ -216,14 +213,11 @@ func run(ctx context.Context, cfg config) error {
 	// A rejected configuration starts a CNI repair pass at once: after an Envoy restart, the
 	// listeners of a pod whose netns is gone (its DEL never came) are rejected until repair
 	// releases the pod, which would otherwise wait for --cni-repair-interval.
-	var repairer atomic.Pointer[cni.Server]
+	// The CNI server, started last, takes the requests from nacked.
+	nacked := make(chan struct{}, 1)
 	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca),
 		Logger: log.With("part", "xds"), Registerer: metrics.reg,
-		OnNACK: func(string, string) {
-			if s := repairer.Load(); s != nil {
-				s.RequestRepair()
-			}
-		},
+		OnNACK: func(string, string) { signal(nacked) },
 		// --east-west-waypoint: remote endpoints through their nodes' waypoints, and this node's
 		// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known).
 		Build: xds.Options{EastWestWaypoint: cfg.EastWestWaypoint}})
@@ -244,10 +238,6 @@ func run(ctx context.Context, cfg config) error {
 	push.served = metrics.lastPush.SetToCurrentTime
 	go push.run(ctx)
 	asm.Subscribe(push.offer)
-	dp.acked = push.waitAcked
-	dp.warm = func(ctx context.Context, names []string) error {
-		return envoy.WaitListenersWarm(ctx, cfg.EnvoyAdmin, names)
-	}
 	if err := startEnvoy(ctx, cfg, ready, log.With("part", "envoy")); err != nil {
 		return err
 	}
@@ -285,6 +275,9 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return fmt.Errorf("--capture-backend: %w", err)
 	}
+	// A CNI ADD returns once Envoy ACKed a model holding the pod and its listeners are warm.
+	dp := &podDataplane{att: att, asm: asm, acked: push.waitAcked,
+		warm: func(ctx context.Context, names []string) error { return envoy.WaitListenersWarm(ctx, cfg.EnvoyAdmin, names) }}
 	cniSrv := &cni.Server{
 		Config: cni.ServerConfig{
 			Socket: cfg.CNISocket, StateDir: cfg.StateDir, HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6, ClusterDNS: clusterDNS,
@@ -294,7 +287,7 @@ func run(ctx context.Context, cfg config) error {
 		Lookup: &cni.KubePods{Client: cs}, NodePods: &cni.KubePods{Client: cs},
 		Dataplane: dp, Backend: backend, Log: log.With("part", "cni"),
 	}
-	repairer.Store(cniSrv)
+	go forward(ctx, nacked, cniSrv.RequestRepair)
 	cniErr := make(chan error, 1)
 	go func() { cniErr <- cniSrv.Serve(ctx) }()
 	// aether-cni goes into the node's conflist only once the server answers: from then on a pod
@@ -359,7 +352,7 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 // socket. With --envoy-binary the agent supervises Envoy itself (adopting a running one, never
 // starting a second); with an empty --envoy-binary Envoy runs in its own container from the
 // bootstrap written here. Readiness "envoy" follows Envoy's admin API either way.
-func startEnvoy(ctx context.Context, cfg config, ready *readiness, log *slog.Logger) error {
+func startEnvoy(ctx context.Context, cfg Config, ready *readiness, log *slog.Logger) error {
 	boot := envoy.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin}
 	dir := filepath.Join(cfg.StateDir, "envoy")
 	if cfg.EnvoyBinary == "" {
@@ -397,7 +390,7 @@ func startEnvoy(ctx context.Context, cfg config, ready *readiness, log *slog.Log
 }
 
 // installer is the aether-cni installer for cfg's CNI directories and plugin settings.
-func installer(cfg config, log *slog.Logger) *cni.Installer {
+func installer(cfg Config, log *slog.Logger) *cni.Installer {
 	return &cni.Installer{
 		ConfDir: cfg.CNIConfDir, BinDir: cfg.CNIBinDir, Binary: cfg.CNIPlugin,
 		Plugin: map[string]any{"agentSocket": cfg.CNISocket, "inboundMode": cfg.InboundMode},
@@ -405,8 +398,9 @@ func installer(cfg config, log *slog.Logger) *cni.Installer {
 	}
 }
 
-// uninstallCNI removes aether-cni from the node (conflist entry and binary).
-func uninstallCNI(cfg config) error {
+// UninstallCNI removes aether-cni from the node (its conflist entry and binary in
+// cfg.CNIConfDir and cfg.CNIBinDir) and returns the first error naming --uninstall-cni.
+func UninstallCNI(cfg Config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err := installer(cfg, log).Uninstall(); err != nil {
 		return fmt.Errorf("--uninstall-cni: %w", err)
@@ -456,6 +450,27 @@ func registryHealthy(ctx context.Context, reg *registry.Registry) error {
 		return fmt.Errorf("registry unreachable: %w", err)
 	}
 	return nil
+}
+
+// signal records an event on a one-slot channel without blocking; events that arrive while one
+// is pending are merged into it.
+func signal(ch chan<- struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// forward calls fn for every event signalled on ch until ctx ends.
+func forward(ctx context.Context, ch <-chan struct{}, fn func()) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+			fn()
+		}
+	}
 }
 
 // replaceLatest puts m into a one-slot channel, dropping an older value not yet taken.

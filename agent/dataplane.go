@@ -1,0 +1,100 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/xds"
+)
+
+// attachments is the node's set of captured pods' CNI attachments, by pod UID: the assembler's
+// model.AttachmentView. It starts from the attachments persisted before a restart.
+type attachments struct {
+	mu   sync.Mutex
+	pods map[string]model.PodAttachment
+}
+
+func newAttachments(initial map[string]model.PodAttachment) *attachments {
+	a := &attachments{pods: make(map[string]model.PodAttachment, len(initial))}
+	for k, v := range initial {
+		a.pods[k] = v
+	}
+	return a
+}
+
+// Attachments implements model.AttachmentView.
+func (a *attachments) Attachments() map[string]model.PodAttachment {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]model.PodAttachment, len(a.pods))
+	for k, v := range a.pods {
+		out[k] = v
+	}
+	return out
+}
+
+// podDataplane is the agent's cni.Dataplane: it records a pod's attachment, has the assembler
+// rebuild, and returns once the node proxy serves a model holding the pod: acked reports when
+// Envoy has ACKed a model (pusher.waitAcked); warm, when the named listeners have left warming,
+// so they accept connections (envoy.WaitListenersWarm).
+type podDataplane struct {
+	att   *attachments
+	asm   *model.Assembler
+	acked func(ctx context.Context, m *model.Mesh) error
+	warm  func(ctx context.Context, listeners []string) error
+}
+
+// PodAdded implements cni.Dataplane: it records the pod, triggers a rebuild and waits until a
+// model holding the pod has been built and ACKed by Envoy and the pod's listeners have left
+// warming (their routes and secrets arrived), or ctx ends.
+func (d *podDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
+	d.att.mu.Lock()
+	d.att.pods[p.UID] = model.PodAttachment{ContainerID: p.ContainerID, PodUID: p.UID, Namespace: p.Namespace,
+		Name: p.Name, NetnsPath: p.NetnsPath, IPs: p.IPs, Interface: "eth0"}
+	d.att.mu.Unlock()
+	d.asm.Trigger()
+	return d.waitModel(ctx, p.UID, true)
+}
+
+// PodRemoved implements cni.Dataplane; it returns once a model without the pod is acknowledged.
+// It removes the pod only while p's container is the one the pod is served with (or p names no
+// container): the release of a stale attachment of a pod whose sandbox was recreated (repair,
+// GC, a late DEL) must not take the live sandbox's listeners.
+func (d *podDataplane) PodRemoved(ctx context.Context, p model.LocalPod) error {
+	d.att.mu.Lock()
+	cur, had := d.att.pods[p.UID]
+	stale := had && p.ContainerID != "" && cur.ContainerID != p.ContainerID
+	if had && !stale {
+		delete(d.att.pods, p.UID)
+	}
+	d.att.mu.Unlock()
+	if !had || stale {
+		return nil
+	}
+	d.asm.Trigger()
+	return d.waitModel(ctx, p.UID, false)
+}
+
+// waitModel waits for a model in which pod uid is present (or absent), then for Envoy's ACK of
+// it and, for a present pod, for its listeners to leave warming.
+func (d *podDataplane) waitModel(ctx context.Context, uid string, present bool) error {
+	m, err := d.asm.Wait(ctx, func(m *model.Mesh) bool { return (m.Pod(uid) != nil) == present })
+	if err != nil {
+		verb := "appear in"
+		if !present {
+			verb = "leave"
+		}
+		return fmt.Errorf("pod %s did not %s the mesh model: %w", uid, verb, err)
+	}
+	if d.acked != nil {
+		if err := d.acked(ctx, m); err != nil {
+			return err
+		}
+	}
+	if present && d.warm != nil {
+		return d.warm(ctx, xds.PodListenerNames(m.Pod(uid)))
+	}
+	return nil
+}
