@@ -1,5 +1,9 @@
-// Package registrar is the per-cluster, leader-elected controller set behind aether-registrar:
-// New builds a controller-runtime manager (leader election, /healthz, /readyz, metrics) running
+// Package registrar is the per-cluster, leader-elected controller set behind aether-registrar.
+// Run (with RunConfig from ParseRunConfig) is the whole process: it opens the registry, or starts
+// the embedded one (registry/embedded) when no endpoints are given, claims this cluster's
+// partition and runs the registrar; SetupAuth and Reclaim are its two subcommands
+// (setup-registry-auth, reclaim-partition). cmd/aether-registrar only parses flags and calls
+// them. New builds a controller-runtime manager (leader election, /healthz, /readyz, metrics) running
 // the Multi-Cluster Services controllers of package registrar/mcs — the ExportView, the
 // ExportController (ServiceExport to an export mark in this cluster's registry partition, with
 // Valid, Ready and Conflict conditions) and the ImportGenerator (ServiceImport and the

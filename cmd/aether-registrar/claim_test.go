@@ -20,6 +20,7 @@ import (
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -51,7 +52,7 @@ func kubeSystemUID(t testing.TB, c client.Client) string {
 // code.
 func runReclaim(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	return runSubcommand(t, reclaimCommand, nil, args...)
+	return runSubcommand(t, registrar.ReclaimCommand, nil, args...)
 }
 
 // waitExit waits for the process to exit by itself and returns its exit code and log.
@@ -141,7 +142,7 @@ func TestBinaryPartitionClaim(t *testing.T) {
 	if i := strings.LastIndex(log, "aether-registrar: "); i >= 0 {
 		t.Logf("registrar B's error:\n%s", log[i:])
 	}
-	for _, want := range []string{`cluster name \"east\"`, idA, idB, "--cluster (AETHER_CLUSTER", reclaimCommand + " --cluster east --region eu --previous-cluster-id " + idA} {
+	for _, want := range []string{`cluster name \"east\"`, idA, idB, "--cluster (AETHER_CLUSTER", registrar.ReclaimCommand + " --cluster east --region eu --previous-cluster-id " + idA} {
 		if !strings.Contains(log, want) && !strings.Contains(strings.ReplaceAll(log, `\"`, `"`), strings.ReplaceAll(want, `\"`, `"`)) {
 			t.Errorf("registrar B's output lacks %q:\n%s", want, log)
 		}
@@ -326,7 +327,7 @@ func TestBinaryEmbeddedClaimConflictKeepsRegistry(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := strings.ReplaceAll(string(b), `\"`, `"`)
-	for _, want := range []string{"export and import stopped", idA, idB, reclaimCommand + " --cluster east --region eu --registry-endpoints " + listen + " --previous-cluster-id " + idB} {
+	for _, want := range []string{"export and import stopped", idA, idB, registrar.ReclaimCommand + " --cluster east --region eu --registry-endpoints " + listen + " --previous-cluster-id " + idB} {
 		if !strings.Contains(log, want) {
 			t.Errorf("registrar A's log lacks %q:\n%s", want, log)
 		}

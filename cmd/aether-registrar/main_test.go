@@ -26,6 +26,7 @@ import (
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/registrar"
 )
 
 // TestMain runs the command itself when AETHER_REGISTRAR_MAIN=1, so tests start the real
@@ -213,28 +214,28 @@ func TestHelpAndBadFlags(t *testing.T) {
 			"-registry-key string\n    \tclient key for the registry (env AETHER_REGISTRY_KEY)\n",
 		}
 	}
-	for _, want := range append([]string{"-cluster", "(env AETHER_CLUSTER)", "aether-registrar " + setupAuthCommand + " [flags]", "aether-registrar " + reclaimCommand + " [flags]"},
+	for _, want := range append([]string{"-cluster", "(env AETHER_CLUSTER)", "aether-registrar " + registrar.SetupAuthCommand + " [flags]", "aether-registrar " + registrar.ReclaimCommand + " [flags]"},
 		registryFlags("comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd", "client certificate for the registry")...) {
 		if !strings.Contains(out, want) {
 			t.Errorf("aether-registrar --help lacks %q:\n%s", want, out)
 		}
 	}
-	out, err = run(setupAuthCommand, "--help")
+	out, err = run(registrar.SetupAuthCommand, "--help")
 	if err != nil {
-		t.Fatalf("aether-registrar %s --help: %v\n%s", setupAuthCommand, err, out)
+		t.Fatalf("aether-registrar %s --help: %v\n%s", registrar.SetupAuthCommand, err, out)
 	}
 	for _, want := range registryFlags("comma-separated etcd client URLs of the registry", "client certificate for the registry (with --client-cert-auth, CN root)") {
 		if !strings.Contains(out, want) {
-			t.Errorf("aether-registrar %s --help lacks %q:\n%s", setupAuthCommand, want, out)
+			t.Errorf("aether-registrar %s --help lacks %q:\n%s", registrar.SetupAuthCommand, want, out)
 		}
 	}
-	out, err = run(reclaimCommand, "--help")
+	out, err = run(registrar.ReclaimCommand, "--help")
 	if err != nil {
-		t.Fatalf("aether-registrar %s --help: %v\n%s", reclaimCommand, err, out)
+		t.Fatalf("aether-registrar %s --help: %v\n%s", registrar.ReclaimCommand, err, out)
 	}
 	for _, want := range []string{"-previous-cluster-id string", "-cluster string", "(env AETHER_CLUSTER)", "-registry-user string", "-timeout duration"} {
 		if !strings.Contains(out, want) {
-			t.Errorf("aether-registrar %s --help lacks %q:\n%s", reclaimCommand, want, out)
+			t.Errorf("aether-registrar %s --help lacks %q:\n%s", registrar.ReclaimCommand, want, out)
 		}
 	}
 	out, err = run("--no-such-flag")

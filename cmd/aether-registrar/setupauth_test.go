@@ -14,6 +14,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -21,7 +22,7 @@ import (
 // added, and returns its output and exit code.
 func runSetupAuth(t *testing.T, env []string, args ...string) (string, int) {
 	t.Helper()
-	return runSubcommand(t, setupAuthCommand, env, args...)
+	return runSubcommand(t, registrar.SetupAuthCommand, env, args...)
 }
 
 // runSubcommand runs `aether-registrar <sub> args...` (this test binary as the registrar) with

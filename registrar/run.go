@@ -1,4 +1,4 @@
-package main
+package registrar
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/aethermesh/aether/internal/clusterid"
 	"github.com/aethermesh/aether/internal/kubeconfig"
-	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/registry/embedded"
 )
@@ -23,15 +22,15 @@ import (
 // clusterIDWaitLog is how often a registrar still waiting for its cluster ID says so.
 const clusterIDWaitLog = 30 * time.Second
 
-// run connects to (or embeds) the registry and runs the registrar until ctx ends or it loses
+// Run connects to (or embeds) the registry and runs the registrar until ctx ends or it loses
 // its leader lease. Its registry partition is claimed for this cluster (the UID of its
 // kube-system Namespace): when another cluster holds the claim it writes nothing and returns an
 // error that says how to fix it (claimError). In the single-machine shape (the registry
 // embedded, so this process serves every cluster's registry) it does not return then: it keeps
 // the registry serving, stops its export and import controllers, logs that error and fails
 // readiness check partition-claim, and resumes once the claim is this cluster's again
-// (registrar.Config.KeepRunningOnClaimConflict).
-func run(ctx context.Context, cfg config) error {
+// (Config.KeepRunningOnClaimConflict).
+func Run(ctx context.Context, cfg RunConfig) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel})).With("cluster", cfg.Cluster, "region", cfg.Region)
 	rc, err := kubeconfig.RESTConfig(cfg.Kubeconfig)
 	if err != nil {
@@ -60,7 +59,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	defer closeReg()
 
-	r, err := registrar.New(registrar.Config{
+	r, err := New(Config{
 		Kube: rc, Exports: reg,
 		// The claim check is a linearizable read (or the claiming transaction), so it probes the
 		// registry's quorum too; a claim of another cluster stops the registrar, or, when it
@@ -208,5 +207,5 @@ Nothing was written into the registry partition of cluster name %q (region %q): 
 - If this is another cluster (for example its configuration was copied from that one), give it a cluster name of its own: --cluster (AETHER_CLUSTER in the aether-config ConfigMap), the same for its registrar and agents.
 - If the cluster that made the claim no longer exists and this one replaces it (rebuilt), re-claim the partition once, with this cluster's kubeconfig and the registrar's registry flags:
     aether-registrar %s --cluster %s --region %s%s --previous-cluster-id %s`,
-		err, t.Cluster, t.Region, ce.Claim.GetClusterId(), ce.ClusterID, reclaimCommand, t.Cluster, t.Region, reach, ce.Claim.GetClusterId())
+		err, t.Cluster, t.Region, ce.Claim.GetClusterId(), ce.ClusterID, ReclaimCommand, t.Cluster, t.Region, reach, ce.Claim.GetClusterId())
 }

@@ -1,4 +1,4 @@
-package main
+package registrar
 
 import (
 	"context"
@@ -16,29 +16,29 @@ import (
 	"github.com/aethermesh/aether/registry"
 )
 
-// setupAuthCommand is the subcommand that makes origins unforgeable on a shared etcd.
-const setupAuthCommand = "setup-registry-auth"
+// SetupAuthCommand is the subcommand that makes origins unforgeable on a shared etcd.
+const SetupAuthCommand = "setup-registry-auth"
 
-// authConfig is the configuration of `aether-registrar setup-registry-auth`.
-type authConfig struct {
+// AuthConfig is the configuration of `aether-registrar setup-registry-auth`.
+type AuthConfig struct {
 	Registry     registryflag.Flags     // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
 	RootPassword string                 // AETHER_REGISTRY_ROOT_PASSWORD only (never a flag: it would show in ps)
 	Users        []registry.ClusterUser // --clusters, passwords from clusterPasswordVar
 	Timeout      time.Duration          // --timeout
 }
 
-// clusterPasswordVar is the environment variable holding a cluster user's password:
+// ClusterPasswordVar is the environment variable holding a cluster user's password:
 // AETHER_REGISTRY_PASSWORD_<REGION>_<CLUSTER>, upper case, '-' as '_'. Unset means no password
 // (the cluster authenticates with a TLS client certificate whose CN is the user name).
-func clusterPasswordVar(o registry.Origin) string {
+func ClusterPasswordVar(o registry.Origin) string {
 	return "AETHER_REGISTRY_PASSWORD_" + strings.ToUpper(strings.ReplaceAll(o.Region+"_"+o.Cluster, "-", "_"))
 }
 
-// parseAuthConfig reads the subcommand's flags (args after its name) with environment defaults
+// ParseAuthConfig reads the subcommand's flags (args after its name) with environment defaults
 // from getenv. Each error names the flag or variable and its value.
-func parseAuthConfig(args []string, getenv func(string) string) (authConfig, error) {
-	var c authConfig
-	fs := flag.NewFlagSet("aether-registrar "+setupAuthCommand, flag.ContinueOnError)
+func ParseAuthConfig(args []string, getenv func(string) string) (AuthConfig, error) {
+	var c AuthConfig
+	fs := flag.NewFlagSet("aether-registrar "+SetupAuthCommand, flag.ContinueOnError)
 	ef := &envflag.Set{FS: fs, Getenv: getenv}
 	c.Registry.Define(ef, registryflag.Usage{Cert: "client certificate for the registry (with --client-cert-auth, CN root)"})
 	clusters := fs.String("clusters", "", "comma-separated <region>/<cluster> origins to create a user and role for; a user's password comes from AETHER_REGISTRY_PASSWORD_<REGION>_<CLUSTER> (upper case, - as _), none when unset (TLS client certificate with CN aether.<region>.<cluster>)")
@@ -65,7 +65,7 @@ func parseAuthConfig(args []string, getenv func(string) string) (authConfig, err
 			errs = append(errs, fmt.Errorf("--clusters %q: %w", s, err))
 			continue
 		}
-		c.Users = append(c.Users, registry.ClusterUser{Origin: o, Password: getenv(clusterPasswordVar(o))})
+		c.Users = append(c.Users, registry.ClusterUser{Origin: o, Password: getenv(ClusterPasswordVar(o))})
 	}
 	if len(c.Users) == 0 && *clusters == "" {
 		errs = append(errs, errors.New("--clusters is required"))
@@ -77,9 +77,9 @@ func parseAuthConfig(args []string, getenv func(string) string) (authConfig, err
 	return c, errors.Join(errs...)
 }
 
-// setupAuth runs registry.SetupAuth as the etcd root user (which also works before auth is on:
+// SetupAuth runs registry.SetupAuth as the etcd root user (which also works before auth is on:
 // etcd then ignores the credentials), so it can be run again to add clusters.
-func setupAuth(ctx context.Context, c authConfig) error {
+func SetupAuth(ctx context.Context, c AuthConfig) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	tlsCfg, err := c.Registry.TLS()

@@ -1,4 +1,4 @@
-package main
+package registrar
 
 import (
 	"context"
@@ -15,23 +15,23 @@ import (
 	"github.com/aethermesh/aether/registry"
 )
 
-// reclaimCommand is the subcommand that re-claims this cluster's registry partition after the
+// ReclaimCommand is the subcommand that re-claims this cluster's registry partition after the
 // cluster that claimed it was rebuilt.
-const reclaimCommand = "reclaim-partition"
+const ReclaimCommand = "reclaim-partition"
 
-// reclaimConfig is the configuration of `aether-registrar reclaim-partition`: the registrar's
+// ReclaimConfig is the configuration of `aether-registrar reclaim-partition`: the registrar's
 // cluster and registry flags, and the cluster ID to replace.
-type reclaimConfig struct {
+type ReclaimConfig struct {
 	target
 	PreviousClusterID string        // --previous-cluster-id: the cluster ID the claim names now
 	Timeout           time.Duration // --timeout
 }
 
-// parseReclaimConfig reads the subcommand's flags (args after its name) with environment
+// ParseReclaimConfig reads the subcommand's flags (args after its name) with environment
 // defaults from getenv. Each error names the flag and its value.
-func parseReclaimConfig(args []string, getenv func(string) string) (reclaimConfig, error) {
-	var c reclaimConfig
-	fs := flag.NewFlagSet("aether-registrar "+reclaimCommand, flag.ContinueOnError)
+func ParseReclaimConfig(args []string, getenv func(string) string) (ReclaimConfig, error) {
+	var c ReclaimConfig
+	fs := flag.NewFlagSet("aether-registrar "+ReclaimCommand, flag.ContinueOnError)
 	ef := &envflag.Set{FS: fs, Getenv: getenv}
 	c.target.define(ef, fs, getenv)
 	fs.StringVar(&c.PreviousClusterID, "previous-cluster-id", "", "the cluster ID the partition's claim names now: the kube-system Namespace UID of the cluster this one replaces, as the refusing registrar printed it (required)")
@@ -51,12 +51,12 @@ func parseReclaimConfig(args []string, getenv func(string) string) (reclaimConfi
 	return c, errors.Join(errs...)
 }
 
-// reclaim gives this cluster (the one --kubeconfig reaches) the registry partition of its
+// Reclaim gives this cluster (the one --kubeconfig reaches) the registry partition of its
 // cluster name, replacing the claim of --previous-cluster-id, and prints the outcome to out. It
 // is idempotent: when this cluster already holds the claim it changes nothing. It returns an
 // error when the claim names another cluster ID than --previous-cluster-id (nothing changed)
 // or when the API server or etcd fails.
-func reclaim(ctx context.Context, c reclaimConfig, out io.Writer) error {
+func Reclaim(ctx context.Context, c ReclaimConfig, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
@@ -64,7 +64,7 @@ func reclaim(ctx context.Context, c reclaimConfig, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	reg, id, closeReg, err := openRegistry(ctx, c.target, rc, log, claimedBy("aether-registrar "+reclaimCommand), 0)
+	reg, id, closeReg, err := openRegistry(ctx, c.target, rc, log, claimedBy("aether-registrar "+ReclaimCommand), 0)
 	if err != nil {
 		return err
 	}

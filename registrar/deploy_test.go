@@ -1,4 +1,4 @@
-package main
+package registrar
 
 import (
 	"maps"
@@ -34,13 +34,13 @@ func TestDeployRegistrarArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	parse := func(data map[string]string) (config, error) {
+	parse := func(data map[string]string) (RunConfig, error) {
 		t.Helper()
 		env, err := deploy.Env(c, map[string]map[string]string{"aether-config": data}, map[string]string{"metadata.namespace": "aether-system"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return parseConfig(deploy.Args(c, env), func(k string) string { return env[k] })
+		return ParseRunConfig(deploy.Args(c, env), func(k string) string { return env[k] })
 	}
 	if _, err := parse(shipped); err == nil || !strings.Contains(err.Error(), "--cluster is required") {
 		t.Errorf("unconfigured deploy/config.yaml: %v, want --cluster is required", err)

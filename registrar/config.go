@@ -1,4 +1,4 @@
-package main
+package registrar
 
 import (
 	"errors"
@@ -16,9 +16,10 @@ import (
 	"github.com/aethermesh/aether/internal/registryflag"
 )
 
-// config is the registrar's whole configuration: every field has a flag, most an environment
-// variable too (the flag wins). validate names the flag of every bad field.
-type config struct {
+// RunConfig is the registrar process's whole configuration: every field has a flag, most an
+// environment variable too (the flag wins). ParseRunConfig validates it, naming the flag of
+// every bad field.
+type RunConfig struct {
 	target
 	// RegistryProbe is --registry-probe-interval: how often the registry (and the partition
 	// claim) is checked for readiness.
@@ -106,16 +107,16 @@ func (c target) validate() []error {
 	return append(errs, c.Registry.CheckTLS()...)
 }
 
-// parseConfig reads flags (args without the program name) with environment defaults from getenv.
-func parseConfig(args []string, getenv func(string) string) (config, error) {
-	var c config
+// ParseRunConfig reads flags (args without the program name) with environment defaults from getenv.
+func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error) {
+	var c RunConfig
 	fs := flag.NewFlagSet("aether-registrar", flag.ContinueOnError)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage:\n"+
 			"  aether-registrar [flags]                      run the MCS export and import controllers\n"+
 			"  aether-registrar %s [flags]  turn etcd authentication on, a user and role per cluster\n"+
 			"  aether-registrar %s [flags]    re-claim this cluster's registry partition after a rebuild\n"+
-			"(each subcommand's --help lists its flags; docs/registrar.md)\n\nFlags:\n", setupAuthCommand, reclaimCommand)
+			"(each subcommand's --help lists its flags; docs/registrar.md)\n\nFlags:\n", SetupAuthCommand, ReclaimCommand)
 		fs.PrintDefaults()
 	}
 	ef := &envflag.Set{FS: fs, Getenv: getenv}
@@ -144,7 +145,7 @@ func parseConfig(args []string, getenv func(string) string) (config, error) {
 	return c, c.validate()
 }
 
-func (c config) validate() error {
+func (c RunConfig) validate() error {
 	errs := c.target.validate()
 	if c.RegistryProbe <= 0 {
 		errs = append(errs, fmt.Errorf("--registry-probe-interval %s: want a positive duration", c.RegistryProbe))

@@ -1,4 +1,4 @@
-package main
+package registrar
 
 import (
 	"strings"
@@ -13,13 +13,13 @@ func TestParseConfig(t *testing.T) {
 		name    string
 		args    []string
 		wantErr string
-		check   func(config) bool
+		check   func(RunConfig) bool
 	}{
-		{name: "env defaults: embedded registry", check: func(c config) bool {
+		{name: "env defaults: embedded registry", check: func(c RunConfig) bool {
 			return c.Cluster == "east" && c.Region == "default" && len(c.Registry.Endpoints()) == 0 && c.RegistryDataDir != "" &&
 				c.LeaderElect && c.LeaderElectNamespace == "mesh-system" && c.LeaseDuration == 15*time.Second
 		}},
-		{name: "external registry", args: []string{"--registry-endpoints", "https://10.0.0.1:2379, https://10.0.0.2:2379", "--registry-data-dir", ""}, check: func(c config) bool {
+		{name: "external registry", args: []string{"--registry-endpoints", "https://10.0.0.1:2379, https://10.0.0.2:2379", "--registry-data-dir", ""}, check: func(c RunConfig) bool {
 			return len(c.Registry.Endpoints()) == 2 && c.Registry.Endpoints()[1] == "https://10.0.0.2:2379"
 		}},
 		{name: "no data dir without endpoints", args: []string{"--registry-data-dir", ""}, wantErr: "--registry-endpoints (AETHER_REGISTRY_ENDPOINTS) is empty and there is no --registry-data-dir"},
@@ -30,14 +30,14 @@ func TestParseConfig(t *testing.T) {
 		{name: "cert without key", args: []string{"--registry-cert", "/etc/hostname"}, wantErr: "--registry-cert and --registry-key go together"},
 		{name: "missing file", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
 		{name: "lease timings", args: []string{"--leader-elect-renew-deadline", "20s"}, wantErr: "--leader-elect-lease-duration 15s"},
-		{name: "no leader election needs no namespace", args: []string{"--leader-elect=false", "--leader-elect-namespace", ""}, check: func(c config) bool { return !c.LeaderElect }},
+		{name: "no leader election needs no namespace", args: []string{"--leader-elect=false", "--leader-elect-namespace", ""}, check: func(c RunConfig) bool { return !c.LeaderElect }},
 		{name: "workers", args: []string{"--workers", "0"}, wantErr: "--workers 0"},
 		{name: "cluster id timeout", args: []string{"--cluster-id-timeout", "0s"}, wantErr: "--cluster-id-timeout 0s"},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := parseConfig(tc.args, getenv)
+			c, err := ParseRunConfig(tc.args, getenv)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err = %v, want it to name %q", err, tc.wantErr)
@@ -52,7 +52,7 @@ func TestParseConfig(t *testing.T) {
 			}
 		})
 	}
-	if _, err := parseConfig(nil, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "--cluster is required") {
+	if _, err := ParseRunConfig(nil, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "--cluster is required") {
 		t.Errorf("empty config error = %v, want --cluster named", err)
 	}
 }
