@@ -5,6 +5,7 @@
 // arguments the way the kubelet does.
 //
 // It owns the YAML under deploy/ and nothing else: the flags the manifests pass are defined and
-// parsed by packages agent and registrar (cmd/aether-agent, cmd/aether-registrar), whose tests parse these manifests' args
-// with the binaries' own flag parsers; the images they name are built from images/.
+// parsed by packages agent and registrar (run by cmd/aether-agent and cmd/aether-registrar),
+// whose tests parse these manifests' args with the binaries' own flag parsers; the images they
+// name are built from images/.
 package deploy
