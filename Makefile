@@ -13,11 +13,11 @@ build:
 tools:
 	hack/tools.sh
 
-## test: tools, gofmt, go vet, staticcheck, every Go test (privileged ones need root)
+## test: tools, gofmt, go mod tidy -diff, go vet, staticcheck, every Go test (privileged ones need root)
 test:
 	hack/test.sh
 
-## lint: gofmt, go vet and staticcheck only
+## lint: gofmt, go mod tidy -diff, go vet and staticcheck only
 lint: tools
 	hack/test.sh --lint-only
 

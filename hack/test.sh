@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # test.sh: what `make test` runs. Installs the tools it needs (hack/tools.sh), then checks
-# formatting, vets, lints and runs every Go test. Privileged tests need root; run as root (CI
-# does, with CI=true, where a privileged test that cannot run fails instead of skipping).
+# formatting and that go.mod is tidy, vets, lints and runs every Go test. Privileged tests need
+# root; run as root (CI does, with CI=true, where a privileged test that cannot run fails
+# instead of skipping).
 #
 #   hack/test.sh              everything
-#   hack/test.sh --lint-only  gofmt, go vet and staticcheck only
+#   hack/test.sh --lint-only  gofmt, go mod tidy -diff, go vet and staticcheck only
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 t0=$(date +%s)
@@ -20,6 +21,14 @@ unformatted=$(gofmt -l "${gofiles[@]}")
 if [ -n "$unformatted" ]; then
   echo "gofmt would change these files (run gofmt -w):" >&2
   echo "$unformatted" >&2
+  exit 1
+fi
+
+stamp "go mod tidy"
+# go.mod says what is used: direct requirements not marked indirect, no unused module.
+if ! tidy=$(go mod tidy -diff 2>&1); then
+  echo "go.mod or go.sum is not tidy (run go mod tidy):" >&2
+  echo "$tidy" >&2
   exit 1
 fi
 
