@@ -62,7 +62,7 @@ func Run(ctx context.Context, cfg Config) error {
 			signal(changed)
 		}
 	}
-	kube, err := model.NewKubeSource(cs, mcs, cfg.NodeName, 0, notify("kubernetes"))
+	kube, err := NewKubeSource(cs, mcs, cfg.NodeName, 0, notify("kubernetes"))
 	if err != nil {
 		return err
 	}
@@ -277,7 +277,9 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// A CNI ADD returns once Envoy ACKed a model holding the pod and its listeners are warm.
 	dp := &podDataplane{att: att, asm: asm, acked: push.waitAcked,
-		warm: func(ctx context.Context, names []string) error { return envoy.WaitListenersWarm(ctx, cfg.EnvoyAdmin, names) }}
+		warm: func(ctx context.Context, names []string) error {
+			return envoy.WaitListenersWarm(ctx, cfg.EnvoyAdmin, names)
+		}}
 	cniSrv := &cni.Server{
 		Config: cni.ServerConfig{
 			Socket: cfg.CNISocket, StateDir: cfg.StateDir, HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6, ClusterDNS: clusterDNS,

@@ -29,6 +29,12 @@ const (
 	ClustersetServiceSuffix = "-clusterset"
 )
 
+// Node labels read for locality (the well-known topology labels).
+const (
+	LabelRegion = "topology.kubernetes.io/region"
+	LabelZone   = "topology.kubernetes.io/zone"
+)
+
 // ExportMark records that a cluster exports a service (an MCS ServiceExport turned into a registry
 // record by that cluster's registrar). Cluster and Region come from the registry key path.
 type ExportMark struct {

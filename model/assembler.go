@@ -8,7 +8,8 @@ import (
 	"time"
 )
 
-// KubeFiller fills the Kubernetes half of Sources (KubeSource implements it).
+// KubeFiller fills the Kubernetes half of Sources (the agent's informer-backed KubeSource
+// implements it).
 type KubeFiller interface {
 	Fill(*Sources) error
 }

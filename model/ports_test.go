@@ -1,20 +1,7 @@
 package model
 
 import (
-	"context"
-	"fmt"
-	"maps"
-	"net/netip"
-	"slices"
-	"strings"
 	"testing"
-	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
-
-	"github.com/aethermesh/aether/internal/testenv"
 )
 
 // ServicePort.EndpointPort resolves a named targetPort and an imported service's port per
@@ -83,116 +70,5 @@ func TestLocalPodTargetPort(t *testing.T) {
 				t.Errorf("TargetPort = %d %v, want %d", got, ok, tt.want)
 			}
 		})
-	}
-}
-
-// TestNamedTargetPortPerPodRealAPIServer: a Service whose named targetPort is 5432 in one pod and
-// 6432 in another (the API server accepts it), plus a pod that declares no port of that name
-// and a headless Service. The model resolves each pod's own port, lists the pod without the
-// name in Mesh.Skipped, keeps each registered endpoint's own port, and marks the headless
-// Service Headless with no VIP.
-func TestNamedTargetPortPerPodRealAPIServer(t *testing.T) {
-	cs, mcs := startAPI(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	must := fatalOnError(t)
-	must(cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{LabelMeshNamespace: MeshNamespaceEnabled}}}, metav1.CreateOptions{}))
-	must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
-	sel := map[string]string{"app": "db"}
-	must(cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "db"},
-		Spec:       corev1.ServiceSpec{Selector: sel, Ports: []corev1.ServicePort{{Name: "sql", Port: 5432, TargetPort: intstr.FromString("pg")}}},
-	}, metav1.CreateOptions{}))
-	must(cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "db-peers"},
-		Spec:       corev1.ServiceSpec{ClusterIP: corev1.ClusterIPNone, Selector: sel, Ports: []corev1.ServicePort{{Name: "sql", Port: 5432, TargetPort: intstr.FromString("pg")}}},
-	}, metav1.CreateOptions{}))
-	pods := map[string][]corev1.ContainerPort{
-		"db-1": {{Name: "pg", ContainerPort: 5432}},
-		"db-2": {{Name: "pg", ContainerPort: 6432}},
-		"db-3": {{Name: "metrics", ContainerPort: 9187}},
-	}
-	att := map[string]PodAttachment{}
-	ips := map[string]netip.Addr{}
-	for i, name := range slices.Sorted(maps.Keys(pods)) {
-		p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: sel},
-			Spec: corev1.PodSpec{NodeName: "node-1", AutomountServiceAccountToken: new(bool),
-				Containers: []corev1.Container{{Name: "app", Image: "db", Ports: pods[name]}}},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ips[name] = netip.AddrFrom4([4]byte{10, 244, 0, byte(10 + i)})
-		att[string(p.UID)] = PodAttachment{PodUID: string(p.UID), NetnsPath: "/var/run/netns/" + name, IPs: []netip.Addr{ips[name]}}
-	}
-	src, err := NewKubeSource(cs, mcs, "node-1", 0, func() {})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := src.Start(ctx, time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	build := func(eps []Endpoint) *Mesh {
-		s := Sources{Cluster: "a", Attachments: att, Endpoints: eps}
-		if err := src.Fill(&s); err != nil {
-			t.Fatal(err)
-		}
-		return Assemble(1, s)
-	}
-	testenv.Eventually(t, 30*time.Second, "model with both services and three pods", func() error {
-		if m := build(nil); len(m.Services) != 2 || len(m.Pods) != 3 {
-			return fmt.Errorf("%d services and %d pods, want 2 and 3", len(m.Services), len(m.Pods))
-		}
-		return nil
-	})
-	m := build(nil)
-	dbKey, peersKey := ServiceKey{"shop", "db"}, ServiceKey{"shop", "db-peers"}
-	if p := m.Service(peersKey); !p.Headless || len(p.VIPs) != 0 {
-		t.Errorf("db-peers: Headless %v VIPs %v, want headless without VIP", p.Headless, p.VIPs)
-	}
-	if db := m.Service(dbKey); db.Headless || len(db.VIPs) != 1 {
-		t.Errorf("db: Headless %v VIPs %v, want a VIP", db.Headless, db.VIPs)
-	}
-
-	// Each pod resolves the name to its own port; the agent registers that (desiredEndpoints).
-	sp := m.Service(dbKey).Ports[0]
-	wantPort := map[string]uint32{"db-1": 5432, "db-2": 6432}
-	var eps []Endpoint
-	for _, p := range m.Pods {
-		got, ok := p.TargetPort(sp)
-		if ok != (wantPort[p.Name] != 0) || got != wantPort[p.Name] {
-			t.Errorf("%s: TargetPort = %d %v, want %d", p.Name, got, ok, wantPort[p.Name])
-		}
-		if !ok {
-			continue
-		}
-		for _, k := range []ServiceKey{dbKey, peersKey} {
-			eps = append(eps, Endpoint{Service: k, Cluster: "a", PodName: p.Name, PodUID: p.UID, IPs: p.IPs,
-				Ports: []EndpointPort{{Name: sp.Name, Port: got, Protocol: ProtocolTCP}}})
-		}
-	}
-	var skipped []string
-	for _, s := range m.Skipped() {
-		skipped = append(skipped, s.String())
-	}
-	if len(skipped) != 2 || !strings.Contains(skipped[0], "Pod shop/db-3") || !strings.Contains(skipped[0], `"pg"`) ||
-		!strings.Contains(skipped[0], "shop/db port 5432") || !strings.Contains(skipped[1], "shop/db-peers port 5432") {
-		t.Errorf("Skipped = %q, want db-3's missing port pg for shop/db and shop/db-peers", skipped)
-	}
-
-	// With the endpoints registered, every endpoint serves the port on its own number.
-	m = build(eps)
-	for _, k := range []ServiceKey{dbKey, peersKey} {
-		sp := m.Service(k).Ports[0]
-		got := map[string]uint32{}
-		for _, e := range m.Endpoints[k] {
-			if p, ok := sp.EndpointPort(&e, "a"); ok {
-				got[e.PodName] = p.Port
-			}
-		}
-		if fmt.Sprint(got) != fmt.Sprint(wantPort) {
-			t.Errorf("%s: endpoint ports = %v, want %v", k, got, wantPort)
-		}
 	}
 }

@@ -1,4 +1,4 @@
-package model
+package agent
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"github.com/aethermesh/aether/model"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -19,12 +21,6 @@ import (
 	mcslisters "sigs.k8s.io/mcs-api/pkg/client/listers/apis/v1beta1"
 
 	corelisters "k8s.io/client-go/listers/core/v1"
-)
-
-// Node labels read for locality (the well-known topology labels).
-const (
-	LabelRegion = "topology.kubernetes.io/region"
-	LabelZone   = "topology.kubernetes.io/zone"
 )
 
 // KubeSource holds informers on one cluster's API server for what an agent's model needs:
@@ -128,8 +124,8 @@ func (k *KubeSource) Healthy(ctx context.Context, timeout time.Duration) error {
 // Fill copies the informers' current state into s: meshed namespaces, their Services and
 // ServiceImports, this node's Pods, and this Node's InternalIP and region/zone labels (s.Node.Name
 // is always the configured node name). Listers return shared objects: callers must not change them.
-func (k *KubeSource) Fill(s *Sources) error {
-	nss, err := k.namespaces.List(labels.SelectorFromSet(labels.Set{LabelMeshNamespace: MeshNamespaceEnabled}))
+func (k *KubeSource) Fill(s *model.Sources) error {
+	nss, err := k.namespaces.List(labels.SelectorFromSet(labels.Set{model.LabelMeshNamespace: model.MeshNamespaceEnabled}))
 	if err != nil {
 		return fmt.Errorf("list namespaces: %w", err)
 	}
@@ -150,7 +146,7 @@ func (k *KubeSource) Fill(s *Sources) error {
 	}
 	s.Node.Name = k.nodeName
 	if n, err := k.nodes.Get(k.nodeName); err == nil {
-		s.Node.Region, s.Node.Zone = n.Labels[LabelRegion], n.Labels[LabelZone]
+		s.Node.Region, s.Node.Zone = n.Labels[model.LabelRegion], n.Labels[model.LabelZone]
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP {
 				if ip, err := netip.ParseAddr(a.Address); err == nil {

@@ -1,4 +1,4 @@
-package model
+package agent
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/aethermesh/aether/model"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -31,7 +33,7 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 	must := fatalOnError(t)
 	for _, ns := range []string{"shop", "other"} {
 		must(cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
-			Labels: map[string]string{LabelMeshNamespace: MeshNamespaceEnabled}}}, metav1.CreateOptions{}))
+			Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}, metav1.CreateOptions{}))
 	}
 	port := func(name string, n int32, p corev1.Protocol) corev1.ServicePort {
 		return corev1.ServicePort{Name: name, Port: n, Protocol: p}
@@ -45,10 +47,10 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 			Ports: []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}}},
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "ext"}, Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "db.example.com"}},
 		{ObjectMeta: metav1.ObjectMeta{Namespace: "other", Name: "web"}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "steal-clusterset", Labels: map[string]string{LabelManagedBy: ManagedByAether},
-			Annotations: map[string]string{AnnotationMeshService: "other/web"}}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}}},
-		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "odd-clusterset", Labels: map[string]string{LabelManagedBy: ManagedByAether},
-			Annotations: map[string]string{AnnotationMeshService: "shop/a/b"}}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "steal-clusterset", Labels: map[string]string{model.LabelManagedBy: model.ManagedByAether},
+			Annotations: map[string]string{model.AnnotationMeshService: "other/web"}}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "odd-clusterset", Labels: map[string]string{model.LabelManagedBy: model.ManagedByAether},
+			Annotations: map[string]string{model.AnnotationMeshService: "shop/a/b"}}, Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{port("http", 80, corev1.ProtocolTCP)}}},
 	} {
 		must(cs.CoreV1().Services(s.Namespace).Create(ctx, s, metav1.CreateOptions{}))
 	}
@@ -65,7 +67,7 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 	// There is no controller manager: the ServiceAccount admission plugin needs the account.
 	must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}))
 	pod, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "quic", Annotations: map[string]string{AnnotationPortProtocol: "quic"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "quic", Annotations: map[string]string{model.AnnotationPortProtocol: "quic"}},
 		Spec:       corev1.PodSpec{NodeName: "node-1", AutomountServiceAccountToken: new(bool), Containers: []corev1.Container{{Name: "app", Image: "echo"}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -84,21 +86,21 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 	if err := src.Start(ctx, time.Minute); err != nil {
 		t.Fatal(err)
 	}
-	var m *Mesh
+	var m *model.Mesh
 	testenv.Eventually(t, time.Minute, "every object in the informers", func() error {
-		s := Sources{Cluster: "c1", Attachments: map[string]PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}}
+		s := model.Sources{Cluster: "c1", Attachments: map[string]model.PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}}
 		if err := src.Fill(&s); err != nil {
 			return err
 		}
 		if len(s.Services) != 9 || len(s.Imports) != 2 || len(s.MeshNamespaces) != 2 || len(s.Pods) != 1 {
 			return fmt.Errorf("%d services, %d imports, %d namespaces, %d pods", len(s.Services), len(s.Imports), len(s.MeshNamespaces), len(s.Pods))
 		}
-		m = Assemble(1, s)
+		m = model.Assemble(1, s)
 		return nil
 	})
 
 	ports := func(ns, name string) string {
-		s := m.Service(ServiceKey{Namespace: ns, Name: name})
+		s := m.Service(model.ServiceKey{Namespace: ns, Name: name})
 		if s == nil {
 			return "absent"
 		}
@@ -121,16 +123,16 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 			t.Errorf("%s/%s ports = %s, want %s", c.ns, c.name, got, c.want)
 		}
 	}
-	if s := m.Service(ServiceKey{Namespace: "shop", Name: "api"}); s == nil || !slices.Equal(s.ClustersetVIPs, []netip.Addr{netip.MustParseAddr("10.96.9.9")}) {
+	if s := m.Service(model.ServiceKey{Namespace: "shop", Name: "api"}); s == nil || !slices.Equal(s.ClustersetVIPs, []netip.Addr{netip.MustParseAddr("10.96.9.9")}) {
 		t.Errorf("shop/api = %+v, want clusterset VIP 10.96.9.9 only", s)
 	}
-	if s := m.Service(ServiceKey{Namespace: "other", Name: "web"}); s == nil || s.Imported || len(s.ClustersetVIPs) > 0 {
+	if s := m.Service(model.ServiceKey{Namespace: "other", Name: "web"}); s == nil || s.Imported || len(s.ClustersetVIPs) > 0 {
 		t.Errorf("other/web = %+v: a clusterset Service in another namespace made it imported", s)
 	}
-	if m.Service(ServiceKey{Namespace: "shop", Name: long}) != nil {
+	if m.Service(model.ServiceKey{Namespace: "shop", Name: long}) != nil {
 		t.Errorf("the ServiceImport named %q is in the model", long)
 	}
-	if s := m.Service(ServiceKey{Namespace: "shop", Name: "headless"}); s == nil || len(s.VIPs) > 0 {
+	if s := m.Service(model.ServiceKey{Namespace: "shop", Name: "headless"}); s == nil || len(s.VIPs) > 0 {
 		t.Errorf("shop/headless = %+v, want no VIP", s)
 	}
 	var got []string
