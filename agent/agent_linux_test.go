@@ -18,6 +18,8 @@ import (
 	"testing"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -181,7 +183,7 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 		ip netip.Prefix
 	}{"web": {webNS, webIP}, "client": {clientNS, clientIP}} {
 		p := pods[name]
-		if _, err := cl.Add(ctx, plugin.Request{Network: "test", Attachment: plugin.PodAttachment{
+		if _, err := cl.Add(ctx, cniv1.Request{Network: "test", Attachment: cniv1.PodAttachment{
 			ContainerID: "ctr-" + name, PodUID: string(p.UID), Namespace: "shop", Name: p.Name,
 			NetnsPath: att.ns.Path, IPs: []netip.Addr{att.ip.Addr()}, Interface: "eth0"}}); err != nil {
 			t.Fatalf("CNI ADD %s: %v", p.Name, err)
@@ -371,7 +373,7 @@ func createReadyPod(t testing.TB, ctx context.Context, cs kubernetes.Interface, 
 
 // podAttachment makes pod's network namespace with ip on its loopback (Envoy binds the inbound
 // listener to it) and returns it with the CNI request that attaches it as container cid.
-func podAttachment(t testing.TB, pod *corev1.Pod, cid string, ip netip.Addr) (*testenv.Netns, plugin.Request) {
+func podAttachment(t testing.TB, pod *corev1.Pod, cid string, ip netip.Addr) (*testenv.Netns, cniv1.Request) {
 	t.Helper()
 	ns := testenv.NewNetns(t)
 	h, err := ns.Netlink()
@@ -384,7 +386,7 @@ func podAttachment(t testing.TB, pod *corev1.Pod, cid string, ip netip.Addr) (*t
 	if err := h.AddrAdd(lo, addr); err != nil {
 		t.Fatal(err)
 	}
-	return ns, plugin.Request{Network: "test", Attachment: plugin.PodAttachment{
+	return ns, cniv1.Request{Network: "test", Attachment: cniv1.PodAttachment{
 		ContainerID: cid, PodUID: string(pod.UID), Namespace: pod.Namespace, Name: pod.Name,
 		NetnsPath: ns.Path, IPs: []netip.Addr{ip}, Interface: "eth0"}}
 }
@@ -413,9 +415,9 @@ func TestPrivilegedAgentRepairsWhenEnvoyRejects(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = exec.Command("ip", "netns", "delete", goneNS).Run() })
 	goneReq := liveReq
-	goneReq.Attachment = plugin.PodAttachment{ContainerID: "ctr-gone", PodUID: string(gone.UID), Namespace: gone.Namespace,
+	goneReq.Attachment = cniv1.PodAttachment{ContainerID: "ctr-gone", PodUID: string(gone.UID), Namespace: gone.Namespace,
 		Name: gone.Name, NetnsPath: "/var/run/netns/" + goneNS, IPs: []netip.Addr{netip.MustParseAddr("10.250.0.7")}, Interface: "eth0"}
-	for _, req := range []plugin.Request{liveReq, goneReq} {
+	for _, req := range []cniv1.Request{liveReq, goneReq} {
 		if _, err := plugin.NewClient(a.cniSocket).Add(ctx, req); err != nil {
 			t.Fatalf("CNI ADD %s: %v", req.Attachment.Name, err)
 		}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"sync"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/xds"
 )
@@ -13,11 +15,11 @@ import (
 // model.AttachmentView. It starts from the attachments persisted before a restart.
 type attachments struct {
 	mu   sync.Mutex
-	pods map[string]model.PodAttachment
+	pods map[string]cniv1.PodAttachment
 }
 
-func newAttachments(initial map[string]model.PodAttachment) *attachments {
-	a := &attachments{pods: make(map[string]model.PodAttachment, len(initial))}
+func newAttachments(initial map[string]cniv1.PodAttachment) *attachments {
+	a := &attachments{pods: make(map[string]cniv1.PodAttachment, len(initial))}
 	for k, v := range initial {
 		a.pods[k] = v
 	}
@@ -25,10 +27,10 @@ func newAttachments(initial map[string]model.PodAttachment) *attachments {
 }
 
 // Attachments implements model.AttachmentView.
-func (a *attachments) Attachments() map[string]model.PodAttachment {
+func (a *attachments) Attachments() map[string]cniv1.PodAttachment {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	out := make(map[string]model.PodAttachment, len(a.pods))
+	out := make(map[string]cniv1.PodAttachment, len(a.pods))
 	for k, v := range a.pods {
 		out[k] = v
 	}
@@ -51,7 +53,7 @@ type podDataplane struct {
 // warming (their routes and secrets arrived), or ctx ends.
 func (d *podDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
 	d.att.mu.Lock()
-	d.att.pods[p.UID] = model.PodAttachment{ContainerID: p.ContainerID, PodUID: p.UID, Namespace: p.Namespace,
+	d.att.pods[p.UID] = cniv1.PodAttachment{ContainerID: p.ContainerID, PodUID: p.UID, Namespace: p.Namespace,
 		Name: p.Name, NetnsPath: p.NetnsPath, IPs: p.IPs, Interface: "eth0"}
 	d.att.mu.Unlock()
 	d.asm.Trigger()

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/aethermesh/aether/model"
 
 	corev1 "k8s.io/api/core/v1"
@@ -88,7 +90,7 @@ func TestAssembleSkipsHostileParts(t *testing.T) {
 	}
 	var m *model.Mesh
 	testenv.Eventually(t, time.Minute, "every object in the informers", func() error {
-		s := model.Sources{Cluster: "c1", Attachments: map[string]model.PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}}
+		s := model.Sources{Cluster: "c1", Attachments: map[string]cniv1.PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}}
 		if err := src.Fill(&s); err != nil {
 			return err
 		}

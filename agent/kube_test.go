@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/aethermesh/aether/model"
 
 	corev1 "k8s.io/api/core/v1"
@@ -85,7 +87,7 @@ func TestKubeSourceRealAPIServer(t *testing.T) {
 	mustCreate(err)
 
 	build := func() *model.Mesh {
-		s := model.Sources{Cluster: "a", Attachments: map[string]model.PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}}
+		s := model.Sources{Cluster: "a", Attachments: map[string]cniv1.PodAttachment{string(pod.UID): {PodUID: string(pod.UID), NetnsPath: "/var/run/netns/x", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}}
 		if err := src.Fill(&s); err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +171,7 @@ func TestNamedTargetPortPerPodRealAPIServer(t *testing.T) {
 		"db-2": {{Name: "pg", ContainerPort: 6432}},
 		"db-3": {{Name: "metrics", ContainerPort: 9187}},
 	}
-	att := map[string]model.PodAttachment{}
+	att := map[string]cniv1.PodAttachment{}
 	ips := map[string]netip.Addr{}
 	for i, name := range slices.Sorted(maps.Keys(pods)) {
 		p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
@@ -181,7 +183,7 @@ func TestNamedTargetPortPerPodRealAPIServer(t *testing.T) {
 			t.Fatal(err)
 		}
 		ips[name] = netip.AddrFrom4([4]byte{10, 244, 0, byte(10 + i)})
-		att[string(p.UID)] = model.PodAttachment{PodUID: string(p.UID), NetnsPath: "/var/run/netns/" + name, IPs: []netip.Addr{ips[name]}}
+		att[string(p.UID)] = cniv1.PodAttachment{PodUID: string(p.UID), NetnsPath: "/var/run/netns/" + name, IPs: []netip.Addr{ips[name]}}
 	}
 	src, err := NewKubeSource(cs, mcs, "node-1", 0, func() {})
 	if err != nil {

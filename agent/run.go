@@ -10,6 +10,13 @@ import (
 	"path/filepath"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
+
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni"
 	"github.com/aethermesh/aether/dnsd"
@@ -20,10 +27,6 @@ import (
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/xds"
-	clientv3 "go.etcd.io/etcd/client/v3"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 )
 
 // Run starts the agent's parts in an order that never exposes a half-ready node and blocks until
@@ -80,7 +83,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// A pod whose sandbox was recreated may have a stale record beside the live one (its DEL
 	// never arrived): serve the newest; repair releases the stale one without touching it.
-	persisted, added := map[string]model.PodAttachment{}, map[string]time.Time{}
+	persisted, added := map[string]cniv1.PodAttachment{}, map[string]time.Time{}
 	for _, r := range recs {
 		if r.Captured && (added[r.Attachment.PodUID].IsZero() || r.Added.After(added[r.Attachment.PodUID])) {
 			persisted[r.Attachment.PodUID], added[r.Attachment.PodUID] = r.Attachment, r.Added

@@ -13,11 +13,12 @@ import (
 	"testing"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/containernetworking/cni/libcni"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/aethermesh/aether/cni/plugin"
-	"github.com/aethermesh/aether/model"
 
 	"github.com/aethermesh/aether/internal/testenv"
 )
@@ -37,7 +38,7 @@ func BenchmarkADD(b *testing.B) {
 	testenv.RequireRoot(b)
 	pod := testenv.NewNetns(b)
 	conf := func(sock string) map[string]any {
-		return map[string]any{"cniVersion": "1.0.0", "name": "bench", "type": PluginName, "agentSocket": sock,
+		return map[string]any{"cniVersion": "1.0.0", "name": "bench", "type": plugin.PluginName, "agentSocket": sock,
 			"prevResult": map[string]any{"cniVersion": "1.0.0", "interfaces": []any{map[string]any{"name": "eth0", "sandbox": pod.Path}},
 				"ips": []any{map[string]any{"address": "10.250.0.2/16", "gateway": "10.250.0.1", "interface": 0}}}}
 	}
@@ -70,8 +71,8 @@ func BenchmarkADD(b *testing.B) {
 	b.Run("agent-static", func(b *testing.B) {
 		sock := filepath.Join(sockDir(b), "cni.sock")
 		startAgent(b, sock, b.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{})
-		c := NewClient(sock)
-		req := Request{Network: "bench", Attachment: plugin.PodAttachment(attachment(pod, "mesh", "web"))}
+		c := plugin.NewClient(sock)
+		req := cniv1.Request{Network: "bench", Attachment: cniv1.PodAttachment(attachment(pod, "mesh", "web"))}
 		runADD(b, func() error { _, err := c.Add(context.Background(), req); return err },
 			func() error { return c.Del(context.Background(), req) })
 	})
@@ -100,8 +101,8 @@ func BenchmarkADD(b *testing.B) {
 	})
 }
 
-func attachment(ns *testenv.Netns, podNS, name string) model.PodAttachment {
-	return model.PodAttachment{ContainerID: "ctr-bench", Namespace: podNS, Name: name, NetnsPath: ns.Path,
+func attachment(ns *testenv.Netns, podNS, name string) cniv1.PodAttachment {
+	return cniv1.PodAttachment{ContainerID: "ctr-bench", Namespace: podNS, Name: name, NetnsPath: ns.Path,
 		Interface: "eth0", IPs: []netip.Addr{netip.MustParseAddr("10.250.0.2")}}
 }
 

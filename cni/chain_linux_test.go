@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aethermesh/aether/cni/plugin"
+
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/invoke"
 	"github.com/containernetworking/cni/pkg/types"
@@ -57,7 +59,7 @@ func newNode(t *testing.T, version, subnet, socket string, extra map[string]any)
 	}
 	dir := t.TempDir()
 	n.ipamDir = filepath.Join(dir, "ipam")
-	aether := map[string]any{"type": PluginName, "agentSocket": socket, "timeoutSeconds": 20}
+	aether := map[string]any{"type": plugin.PluginName, "agentSocket": socket, "timeoutSeconds": 20}
 	for k, v := range extra {
 		aether[k] = v
 	}
@@ -139,7 +141,7 @@ func execPluginState(t testing.TB, command string, conf map[string]any, rt *libc
 	for _, kv := range rt.Args {
 		args = append(args, kv[0]+"="+kv[1])
 	}
-	cmd := exec.Command(filepath.Join(pluginBinary(t), PluginName))
+	cmd := exec.Command(filepath.Join(pluginBinary(t), plugin.PluginName))
 	cmd.Env = append(os.Environ(), "CNI_COMMAND="+command, "CNI_CONTAINERID="+rt.ContainerID, "CNI_NETNS="+rt.NetNS,
 		"CNI_IFNAME="+rt.IfName, "CNI_PATH=/nonexistent", "CNI_ARGS="+strings.Join(args, ";"))
 	cmd.Stdin = bytes.NewReader(stdin)
@@ -215,7 +217,7 @@ func TestPrivilegedCNIChain(t *testing.T) {
 			// with this conflist's cniVersion on stdin, which the answer must echo.
 			var info cniversion.PluginInfo
 			if err := n.do(func(ctx context.Context) (err error) {
-				info, err = n.cni.GetVersionInfo(ctx, PluginName)
+				info, err = n.cni.GetVersionInfo(ctx, plugin.PluginName)
 				return err
 			}); err != nil {
 				t.Fatalf("VERSION via libcni: %v", err)

@@ -3,8 +3,8 @@
 // (package capture) and the pod's Envoy listeners (the Dataplane interface, implemented by the
 // xDS part); repair of all of it when the agent starts; the client-go pod lookup (KubePods); and
 // the Installer that puts aether-cni into the node's conflist and keeps it there. The plugin
-// binary's own logic and the wire protocol are in cni/plugin, which must stay free of model and
-// client-go.
+// binary's own logic is in cni/plugin, which must stay free of model and client-go; the wire
+// protocol both sides speak is api/aether/cni/v1.
 //
 // It must never leave a pod half-captured (a failed ADD undoes rules, listeners and record),
 // never change the parts of the conflist that are not aether-cni's, and never touch rules that

@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
@@ -91,7 +93,7 @@ func TestPrivilegedCNIFailClosed(t *testing.T) {
 		dp.mu.Unlock()
 		notNetns := filepath.Join(t.TempDir(), "not-a-netns")
 		_ = os.WriteFile(notNetns, nil, 0o600)
-		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+		_, err := plugin.NewClient(sock).Add(context.Background(), cniv1.Request{Network: "aethertest", Attachment: cniv1.PodAttachment{
 			ContainerID: "ctr-bad", Namespace: "mesh", Name: "bad", NetnsPath: notNetns, Interface: "eth0",
 			IPs: []netip.Addr{netip.MustParseAddr("10.244.30.9")}}})
 		if err == nil || !strings.Contains(err.Error(), "install capture rules") {
@@ -165,7 +167,7 @@ func TestPrivilegedCNIAddWaitsForRepair(t *testing.T) {
 	sock := filepath.Join(sockDir(t), "cni.sock")
 	state := t.TempDir()
 	add := func(ns *testenv.Netns, cid, ip string) error {
-		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+		_, err := plugin.NewClient(sock).Add(context.Background(), cniv1.Request{Network: "aethertest", Attachment: cniv1.PodAttachment{
 			ContainerID: cid, Namespace: "mesh", Name: cid, NetnsPath: ns.Path, Interface: "eth0",
 			IPs: []netip.Addr{netip.MustParseAddr(ip)}}})
 		return err
@@ -200,7 +202,7 @@ func TestPrivilegedCNIAddWaitsForRepair(t *testing.T) {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if err := NewClient(sock).Status(context.Background()); err == nil {
+	if err := plugin.NewClient(sock).Status(context.Background()); err == nil {
 		t.Error("STATUS during the repair: ready, want not ready")
 	}
 	done := make(chan error, 1)
@@ -218,7 +220,7 @@ func TestPrivilegedCNIAddWaitsForRepair(t *testing.T) {
 	if got := events(); !slices.Equal(got, want) {
 		t.Fatalf("dataplane calls = %q, want %q (the new pod only after the repair)", got, want)
 	}
-	if err := NewClient(sock).Status(context.Background()); err != nil {
+	if err := plugin.NewClient(sock).Status(context.Background()); err != nil {
 		t.Errorf("STATUS after the repair: %v", err)
 	}
 }
@@ -355,7 +357,7 @@ func TestPrivilegedInstalledConflistRuns(t *testing.T) {
 	waitInstalled := func() {
 		t.Helper()
 		for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if b, _ := os.ReadFile(path); strings.Contains(string(b), PluginName) {
+			if b, _ := os.ReadFile(path); strings.Contains(string(b), plugin.PluginName) {
 				return
 			}
 			if time.Now().After(deadline) {
@@ -373,7 +375,7 @@ func TestPrivilegedInstalledConflistRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("libcni cannot load the installed conflist: %v", err)
 	}
-	if len(list.Plugins) != 2 || list.Plugins[1].Network.Type != PluginName {
+	if len(list.Plugins) != 2 || list.Plugins[1].Network.Type != plugin.PluginName {
 		t.Fatalf("installed conflist plugins = %d", len(list.Plugins))
 	}
 	n.list = list
@@ -401,7 +403,7 @@ func TestPrivilegedCNIRepairAnnouncesNewestSandbox(t *testing.T) {
 	state := t.TempDir()
 	add := func(ns *testenv.Netns, cid, ip string) {
 		t.Helper()
-		if _, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+		if _, err := plugin.NewClient(sock).Add(context.Background(), cniv1.Request{Network: "aethertest", Attachment: cniv1.PodAttachment{
 			ContainerID: cid, PodUID: "uid-web", Namespace: "mesh", Name: "web", NetnsPath: ns.Path, Interface: "eth0",
 			IPs: []netip.Addr{netip.MustParseAddr(ip)}}}); err != nil {
 			t.Fatal(err)
@@ -442,7 +444,7 @@ func TestPrivilegedCNIHeldAddDoesNotBlockOtherPods(t *testing.T) {
 	dp := &recordingDataplane{hold: map[string]chan struct{}{"ctr-held": gate}}
 	a := startAgent(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, dp)
 	add := func(ctx context.Context, ns *testenv.Netns, cid, ip string) error {
-		_, err := NewClient(sock).Add(ctx, Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+		_, err := plugin.NewClient(sock).Add(ctx, cniv1.Request{Network: "aethertest", Attachment: cniv1.PodAttachment{
 			ContainerID: cid, Namespace: "mesh", Name: cid, NetnsPath: ns.Path, Interface: "eth0",
 			IPs: []netip.Addr{netip.MustParseAddr(ip)}}})
 		return err
@@ -487,7 +489,7 @@ func TestPrivilegedCNISocketSurvivesOldAgentShutdown(t *testing.T) {
 	old.stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := NewClient(sock).Status(ctx); err != nil {
+	if err := plugin.NewClient(sock).Status(ctx); err != nil {
 		t.Fatalf("STATUS of the new agent after the old one stopped: %v", err)
 	}
 }
@@ -509,7 +511,7 @@ func TestPrivilegedCNIGCKeepsAttachmentAddedMeanwhile(t *testing.T) {
 	pod := testenv.NewNetns(t)
 	added := make(chan error, 1)
 	go func() {
-		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+		_, err := plugin.NewClient(sock).Add(context.Background(), cniv1.Request{Network: "aethertest", Attachment: cniv1.PodAttachment{
 			ContainerID: "ctr-new", Namespace: "mesh", Name: "new", NetnsPath: pod.Path, Interface: "eth0",
 			IPs: []netip.Addr{netip.MustParseAddr("10.244.35.2")}}})
 		added <- err
@@ -530,7 +532,7 @@ func TestPrivilegedCNIGCKeepsAttachmentAddedMeanwhile(t *testing.T) {
 	})
 	gcDone := make(chan error, 1)
 	go func() {
-		gcDone <- NewClient(sock).GC(context.Background(), Request{Network: "aethertest", ValidAttachments: []Attachment{}})
+		gcDone <- plugin.NewClient(sock).GC(context.Background(), cniv1.Request{Network: "aethertest", ValidAttachments: []cniv1.Attachment{}})
 	}()
 	testenv.Eventually(t, 30*time.Second, "the GC waits for the ADD's lock", func() error {
 		if waiters() != 2 {
@@ -549,7 +551,7 @@ func TestPrivilegedCNIGCKeepsAttachmentAddedMeanwhile(t *testing.T) {
 		t.Fatalf("after the GC: %d records, rules %v, %d pods in the dataplane; want the ADDed pod kept", len(recs), tableIn(t, pod), dp.liveCount())
 	}
 	// A later GC without it releases it.
-	if err := NewClient(sock).GC(context.Background(), Request{Network: "aethertest", ValidAttachments: []Attachment{}}); err != nil {
+	if err := plugin.NewClient(sock).GC(context.Background(), cniv1.Request{Network: "aethertest", ValidAttachments: []cniv1.Attachment{}}); err != nil {
 		t.Fatal(err)
 	}
 	if recs := records(t, state); len(recs) != 0 || tableIn(t, pod) {
@@ -570,7 +572,7 @@ func TestPrivilegedCNISecondInterfaceRefused(t *testing.T) {
 	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, dp)
 	pod := testenv.NewNetns(t)
 	add := func(ifname, ip string) error {
-		_, err := NewClient(sock).Add(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+		_, err := plugin.NewClient(sock).Add(context.Background(), cniv1.Request{Network: "aethertest", Attachment: cniv1.PodAttachment{
 			ContainerID: "ctr-multi", PodUID: "uid-multi", Namespace: "mesh", Name: "multi", NetnsPath: pod.Path, Interface: ifname,
 			IPs: []netip.Addr{netip.MustParseAddr(ip)}}})
 		return err
@@ -597,7 +599,7 @@ func TestPrivilegedCNISecondInterfaceRefused(t *testing.T) {
 		t.Fatalf("after the refused ADD: records %d, dataplane pod %+v; want eth0's only", len(recs), live)
 	}
 	// DEL of the refused attachment (the runtime cleans up a failed ADD) leaves eth0's alone.
-	if err := NewClient(sock).Del(context.Background(), Request{Network: "aethertest", Attachment: plugin.PodAttachment{
+	if err := plugin.NewClient(sock).Del(context.Background(), cniv1.Request{Network: "aethertest", Attachment: cniv1.PodAttachment{
 		ContainerID: "ctr-multi", NetnsPath: pod.Path, Interface: "net1"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -16,10 +16,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aethermesh/aether/cni/plugin"
+
+	"golang.org/x/sys/unix"
+
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
-	"golang.org/x/sys/unix"
 )
 
 var (
@@ -43,7 +46,7 @@ func pluginBinary(t testing.TB) string {
 			buildErr = err
 			return
 		}
-		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, PluginName), "./cmd/aether-cni")
+		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, plugin.PluginName), "./cmd/aether-cni")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build aether-cni: %v\n%s", err, out)

@@ -56,7 +56,7 @@ func (in *Installer) InstallBinary() error {
 	if err := os.MkdirAll(in.BinDir, 0o755); err != nil {
 		return fmt.Errorf("install plugin binary: %w", err)
 	}
-	if err := writeAtomic(filepath.Join(in.BinDir, PluginName), b, 0o755); err != nil {
+	if err := writeAtomic(filepath.Join(in.BinDir, plugin.PluginName), b, 0o755); err != nil {
 		return fmt.Errorf("install plugin binary: %w", err)
 	}
 	return nil
@@ -110,7 +110,7 @@ func (in *Installer) toConflist(path string) (string, error) {
 		return "", fmt.Errorf("convert %s to a conflist: type: missing; a .conf or .json network config is one plugin with a type", path)
 	}
 	if !slices.Contains(plugin.SupportedVersions, ver) {
-		return "", fmt.Errorf("convert %s to a conflist: cniVersion %q: %s supports %s", path, ver, PluginName, strings.Join(plugin.SupportedVersions, ", "))
+		return "", fmt.Errorf("convert %s to a conflist: cniVersion %q: %s supports %s", path, ver, plugin.PluginName, strings.Join(plugin.SupportedVersions, ", "))
 	}
 	// A conflist must have a name (libcni's NetworkConfFromBytes refuses one without); a .conf
 	// without one is valid and its list gets the name "" (libcni's ConfListFromConf).
@@ -139,7 +139,7 @@ func (in *Installer) entry() map[string]any {
 	for k, v := range in.Plugin {
 		e[k] = v
 	}
-	e["type"] = PluginName
+	e["type"] = plugin.PluginName
 	return e
 }
 
@@ -171,14 +171,14 @@ func (in *Installer) Ensure() (path string, changed bool, err error) {
 	var ver string
 	_ = json.Unmarshal(top["cniVersion"], &ver)
 	if !slices.Contains(plugin.SupportedVersions, ver) {
-		return path, false, fmt.Errorf("ensure conflist %s: cniVersion %q: %s supports %s", path, ver, PluginName, strings.Join(plugin.SupportedVersions, ", "))
+		return path, false, fmt.Errorf("ensure conflist %s: cniVersion %q: %s supports %s", path, ver, plugin.PluginName, strings.Join(plugin.SupportedVersions, ", "))
 	}
 	want := in.entry()
 	var kept []json.RawMessage
 	ok, primary := false, false
 	for i, p := range plugins {
 		var v map[string]any
-		if json.Unmarshal(p, &v) != nil || v["type"] != PluginName {
+		if json.Unmarshal(p, &v) != nil || v["type"] != plugin.PluginName {
 			kept = append(kept, p)
 			primary = true
 			continue
@@ -191,7 +191,7 @@ func (in *Installer) Ensure() (path string, changed bool, err error) {
 	if !primary {
 		// The runtime refuses such a conflist (the node stays NetworkNotReady); aether-cni alone
 		// would make it valid with every ADD failing for want of a prevResult.
-		return path, false, fmt.Errorf("ensure conflist %s: plugins: no plugin for %s to chain after (the primary CNI has not written its plugins yet?)", path, PluginName)
+		return path, false, fmt.Errorf("ensure conflist %s: plugins: no plugin for %s to chain after (the primary CNI has not written its plugins yet?)", path, plugin.PluginName)
 	}
 	if ok && len(kept) == len(plugins) {
 		return path, converted, nil
@@ -230,7 +230,7 @@ func (in *Installer) Uninstall() error {
 			var v struct {
 				Type string `json:"type"`
 			}
-			return json.Unmarshal(p, &v) == nil && v.Type == PluginName
+			return json.Unmarshal(p, &v) == nil && v.Type == plugin.PluginName
 		})
 		if len(kept) == len(plugins) {
 			continue
@@ -240,7 +240,7 @@ func (in *Installer) Uninstall() error {
 		}
 	}
 	if in.BinDir != "" {
-		if err := os.Remove(filepath.Join(in.BinDir, PluginName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		if err := os.Remove(filepath.Join(in.BinDir, plugin.PluginName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("uninstall: %w", err)
 		}
 	}

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/aethermesh/aether/cni/plugin"
+
 	"github.com/containernetworking/cni/libcni"
 )
 
@@ -80,7 +82,7 @@ func TestInstallerEnsureIdempotentAndUninstall(t *testing.T) {
 	if err != nil || got != path || !changed {
 		t.Fatalf("Ensure = %s, %v, %v", got, changed, err)
 	}
-	if tp := pluginTypes(t, path); !reflect.DeepEqual(tp, []string{"flannel", "portmap", PluginName}) {
+	if tp := pluginTypes(t, path); !reflect.DeepEqual(tp, []string{"flannel", "portmap", plugin.PluginName}) {
 		t.Fatalf("plugins = %v", tp)
 	}
 	st, _ := os.Stat(path)
@@ -100,7 +102,7 @@ func TestInstallerEnsureIdempotentAndUninstall(t *testing.T) {
 	if _, changed, err := in.Ensure(); err != nil || !changed {
 		t.Fatalf("Ensure after config change = %v, %v", changed, err)
 	}
-	if tp := pluginTypes(t, path); len(tp) != 3 || tp[2] != PluginName {
+	if tp := pluginTypes(t, path); len(tp) != 3 || tp[2] != plugin.PluginName {
 		t.Fatalf("plugins = %v", tp)
 	}
 	if tp := pluginTypes(t, other); !reflect.DeepEqual(tp, []string{"bridge"}) {
@@ -129,14 +131,14 @@ func TestInstallerBinary(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := os.Stat(filepath.Join(in.BinDir, PluginName))
+	st, err := os.Stat(filepath.Join(in.BinDir, plugin.PluginName))
 	if err != nil || st.Mode().Perm() != 0o755 {
 		t.Fatalf("installed binary: %v, %v", st, err)
 	}
 	if err := in.Uninstall(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(in.BinDir, PluginName)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(in.BinDir, plugin.PluginName)); !os.IsNotExist(err) {
 		t.Fatalf("binary still there after uninstall: %v", err)
 	}
 }
@@ -165,7 +167,7 @@ func TestInstallerConvertsSinglePluginConf(t *testing.T) {
 		if err != nil {
 			t.Fatalf("round %d: libcni cannot load the conflist: %v", round, err)
 		}
-		if list.Name != "mynet" || list.CNIVersion != "0.3.1" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "bridge" || list.Plugins[1].Network.Type != PluginName {
+		if list.Name != "mynet" || list.CNIVersion != "0.3.1" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "bridge" || list.Plugins[1].Network.Type != plugin.PluginName {
 			t.Errorf("round %d: conflist %s %s with %d plugins %+v; want mynet 0.3.1 [bridge aether-cni]", round, list.Name, list.CNIVersion, len(list.Plugins), list.Plugins)
 		}
 		var bridge map[string]any
@@ -204,7 +206,7 @@ func TestInstallerConvertsNamelessConf(t *testing.T) {
 	if err != nil {
 		t.Fatalf("libcni cannot load the converted conflist: %v", err)
 	}
-	if list.Name != "" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "bridge" || list.Plugins[1].Network.Type != PluginName {
+	if list.Name != "" || len(list.Plugins) != 2 || list.Plugins[0].Network.Type != "bridge" || list.Plugins[1].Network.Type != plugin.PluginName {
 		t.Errorf("conflist %q with plugins %+v; want \"\" [bridge aether-cni]", list.Name, list.Plugins)
 	}
 }
@@ -247,7 +249,7 @@ func TestInstallerWatchRepairsRewrite(t *testing.T) {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			tp := pluginTypes(t, path)
-			if len(tp) == 3 && tp[2] == PluginName {
+			if len(tp) == 3 && tp[2] == plugin.PluginName {
 				return
 			}
 			if time.Now().After(deadline) {

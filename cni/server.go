@@ -17,6 +17,9 @@ import (
 	"sync/atomic"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+	"github.com/aethermesh/aether/cni/plugin"
+
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/aethermesh/aether/capture"
@@ -148,7 +151,7 @@ func (s *Server) defaults() { s.once.Do(s.setDefaults) }
 func (s *Server) setDefaults() {
 	c := &s.Config
 	if c.Socket == "" {
-		c.Socket = DefaultAgentSocket
+		c.Socket = cniv1.DefaultAgentSocket
 	}
 	if c.LookupTimeout == 0 {
 		c.LookupTimeout = 5 * time.Second
@@ -271,7 +274,7 @@ func (s *Server) Ready() bool { return s.ready.Load() }
 func (s *Server) Handler() http.Handler {
 	s.defaults()
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+PathAdd, s.handle(func(ctx context.Context, r Request) (any, error) {
+	mux.HandleFunc("POST "+cniv1.PathAdd, s.handle(func(ctx context.Context, r cniv1.Request) (any, error) {
 		if s.repaired != nil {
 			select {
 			case <-s.repaired:
@@ -281,10 +284,10 @@ func (s *Server) Handler() http.Handler {
 		}
 		return s.Add(ctx, r)
 	}))
-	mux.HandleFunc("POST "+PathDel, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.Del(ctx, r) }))
-	mux.HandleFunc("POST "+PathCheck, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.Check(ctx, r) }))
-	mux.HandleFunc("POST "+PathGC, s.handle(func(ctx context.Context, r Request) (any, error) { return nil, s.GC(ctx, r) }))
-	mux.HandleFunc("GET "+PathStatus, func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("POST "+cniv1.PathDel, s.handle(func(ctx context.Context, r cniv1.Request) (any, error) { return nil, s.Del(ctx, r) }))
+	mux.HandleFunc("POST "+cniv1.PathCheck, s.handle(func(ctx context.Context, r cniv1.Request) (any, error) { return nil, s.Check(ctx, r) }))
+	mux.HandleFunc("POST "+cniv1.PathGC, s.handle(func(ctx context.Context, r cniv1.Request) (any, error) { return nil, s.GC(ctx, r) }))
+	mux.HandleFunc("GET "+cniv1.PathStatus, func(w http.ResponseWriter, _ *http.Request) {
 		if !s.Ready() {
 			writeError(w, types.NewError(types.ErrPluginNotAvailable, "aether agent not ready", "repair in progress"))
 			return
@@ -294,9 +297,9 @@ func (s *Server) Handler() http.Handler {
 	return mux
 }
 
-func (s *Server) handle(fn func(context.Context, Request) (any, error)) http.HandlerFunc {
+func (s *Server) handle(fn func(context.Context, cniv1.Request) (any, error)) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		var req Request
+		var req cniv1.Request
 		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<20)).Decode(&req); err != nil {
 			writeError(w, types.NewError(types.ErrDecodingFailure, "decode request", err.Error()))
 			return
@@ -315,10 +318,10 @@ func (s *Server) handle(fn func(context.Context, Request) (any, error)) http.Han
 }
 
 func writeError(w http.ResponseWriter, err error) {
-	e := ErrorResponse{Code: types.ErrInternal, Message: err.Error()}
+	e := cniv1.ErrorResponse{Code: types.ErrInternal, Message: err.Error()}
 	var te *types.Error
 	if errors.As(err, &te) {
-		e = ErrorResponse{Code: te.Code, Message: te.Msg, Details: te.Details}
+		e = cniv1.ErrorResponse{Code: te.Code, Message: te.Msg, Details: te.Details}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(http.StatusInternalServerError)
@@ -365,7 +368,7 @@ func (k *keyedLocks) lock(key string) func() {
 	}
 }
 
-func validateRequest(r Request, needNetns bool) error {
+func validateRequest(r cniv1.Request, needNetns bool) error {
 	a := r.Attachment
 	if err := validKeyPart("containerID", a.ContainerID); err != nil {
 		return types.NewError(types.ErrInvalidEnvironmentVariables, "validate request: "+err.Error(), "")
@@ -409,15 +412,15 @@ func (s *Server) rules(r *Record) (capture.RuleSet, error) {
 // installs capture in the pod netns and waits (bounded) for the dataplane; any failure undoes
 // all of it and returns an error naming the cause. A pod that is not meshed is recorded as such
 // and left alone. Repeating an ADD re-applies idempotently.
-func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
+func (s *Server) Add(ctx context.Context, req cniv1.Request) (cniv1.Response, error) {
 	s.defaults()
 	if err := validateRequest(req, true); err != nil {
-		return Response{}, err
+		return cniv1.Response{}, err
 	}
 	if len(req.Attachment.IPs) == 0 {
-		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, "validate request: ips: empty", "")
+		return cniv1.Response{}, types.NewError(types.ErrInvalidNetworkConfig, "validate request: ips: empty", "")
 	}
-	a := model.PodAttachment(req.Attachment)
+	a := req.Attachment
 	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
 	log := s.Log.With("pod", a.Namespace+"/"+a.Name, "containerID", a.ContainerID)
 
@@ -425,10 +428,10 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 	info, err := s.Lookup.LookupPod(lctx, a.Namespace, a.Name)
 	cancel()
 	if err != nil {
-		return Response{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("look up pod %s/%s", a.Namespace, a.Name), err.Error())
+		return cniv1.Response{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("look up pod %s/%s", a.Namespace, a.Name), err.Error())
 	}
 	if a.PodUID != "" && info.UID != "" && a.PodUID != info.UID {
-		return Response{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("look up pod %s/%s: UID %s, want %s (pod replaced)", a.Namespace, a.Name, info.UID, a.PodUID), "")
+		return cniv1.Response{}, types.NewError(types.ErrTryAgainLater, fmt.Sprintf("look up pod %s/%s: UID %s, want %s (pod replaced)", a.Namespace, a.Name, info.UID, a.PodUID), "")
 	}
 	if a.PodUID == "" {
 		a.PodUID = info.UID
@@ -439,31 +442,31 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 	if !meshed {
 		rec.Reason = reason
 		if err := s.store.Save(rec); err != nil {
-			return Response{}, types.NewError(types.ErrIOFailure, "record attachment", err.Error())
+			return cniv1.Response{}, types.NewError(types.ErrIOFailure, "record attachment", err.Error())
 		}
 		log.Info("pod not meshed: left alone", "reason", reason)
-		return Response{Captured: false, Reason: reason}, nil
+		return cniv1.Response{Captured: false, Reason: reason}, nil
 	}
 	// One captured attachment per container: the dataplane serves one per pod and capture is
 	// one rule table per netns, so a second interface's ADD (aether-cni in a second network's
 	// conflist too) would rebuild both for its addresses and take the pod's mesh traffic off
 	// the first.
 	if other, err := s.capturedSibling(a.ContainerID, a.Interface); err != nil {
-		return Response{}, types.NewError(types.ErrIOFailure, "load attachments", err.Error())
+		return cniv1.Response{}, types.NewError(types.ErrIOFailure, "load attachments", err.Error())
 	} else if other != "" {
-		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(
+		return cniv1.Response{}, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf(
 			"validate request: interface %q: container %s is already captured through interface %q; %s captures one interface per pod (is it in a second network's conflist?)",
-			a.Interface, a.ContainerID, other, PluginName), "")
+			a.Interface, a.ContainerID, other, plugin.PluginName), "")
 	}
 	rec.Captured = true
 	rs, err := s.rules(rec)
 	if err != nil {
-		return Response{}, types.NewError(types.ErrInvalidNetworkConfig, "build capture rules", err.Error())
+		return cniv1.Response{}, types.NewError(types.ErrInvalidNetworkConfig, "build capture rules", err.Error())
 	}
 	// Persist first: if the agent dies half-way, repair finds the record and completes or
 	// removes the attachment.
 	if err := s.store.Save(rec); err != nil {
-		return Response{}, types.NewError(types.ErrIOFailure, "record attachment", err.Error())
+		return cniv1.Response{}, types.NewError(types.ErrIOFailure, "record attachment", err.Error())
 	}
 	undo := func(cause error) error {
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.Config.DataplaneTimeout)
@@ -483,7 +486,7 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 	if _, err := s.Backend.Apply(a.NetnsPath, rs); err != nil {
 		err = undo(err)
 		log.Error("install capture failed; undone", "err", err)
-		return Response{}, types.NewError(types.ErrInternal, "install capture rules", err.Error())
+		return cniv1.Response{}, types.NewError(types.ErrInternal, "install capture rules", err.Error())
 	}
 	dctx, cancel := context.WithTimeout(ctx, s.Config.DataplaneTimeout)
 	err = s.Dataplane.PodAdded(dctx, rec.LocalPod())
@@ -491,11 +494,11 @@ func (s *Server) Add(ctx context.Context, req Request) (Response, error) {
 	if err != nil {
 		err = undo(err)
 		log.Error("dataplane did not accept the pod; undone", "err", err)
-		return Response{}, types.NewError(types.ErrTryAgainLater, "program pod listeners", err.Error())
+		return cniv1.Response{}, types.NewError(types.ErrTryAgainLater, "program pod listeners", err.Error())
 	}
 	s.setAddedAt(a.ContainerID, a.Interface, time.Now())
 	log.Info("pod captured")
-	return Response{Captured: true}, nil
+	return cniv1.Response{Captured: true}, nil
 }
 
 // capturedSibling returns the interface of another captured attachment of containerID than
@@ -543,18 +546,18 @@ func (s *Server) addedSince(key string, t time.Time) bool {
 
 // Del handles CNI DEL: it removes the capture rules (if the netns still exists), the pod's
 // listeners and the record. Missing pieces are success (idempotent).
-func (s *Server) Del(ctx context.Context, req Request) error {
+func (s *Server) Del(ctx context.Context, req cniv1.Request) error {
 	s.defaults()
 	if err := validateRequest(req, false); err != nil {
 		return err
 	}
-	a := model.PodAttachment(req.Attachment)
+	a := req.Attachment
 	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
 	return s.release(ctx, a)
 }
 
 // release undoes an attachment; the caller holds its lock.
-func (s *Server) release(ctx context.Context, a model.PodAttachment) error {
+func (s *Server) release(ctx context.Context, a cniv1.PodAttachment) error {
 	rec, err := s.store.Load(a.ContainerID, a.Interface)
 	if err != nil {
 		return types.NewError(types.ErrIOFailure, "load attachment", err.Error())
@@ -590,7 +593,7 @@ func (s *Server) release(ctx context.Context, a model.PodAttachment) error {
 }
 
 // Check handles CNI CHECK: the attachment must be recorded and, when captured, its rules intact.
-func (s *Server) Check(_ context.Context, req Request) error {
+func (s *Server) Check(_ context.Context, req cniv1.Request) error {
 	s.defaults()
 	if err := validateRequest(req, true); err != nil {
 		return err
@@ -621,7 +624,7 @@ func (s *Server) Check(_ context.Context, req Request) error {
 // released, except one whose ADD succeeded after the GC began (an ADD in flight while the
 // runtime built its list of valid attachments cannot be on it; releasing it would leave a pod
 // that its runtime saw added running uncaptured).
-func (s *Server) GC(ctx context.Context, req Request) error {
+func (s *Server) GC(ctx context.Context, req cniv1.Request) error {
 	s.defaults()
 	start := time.Now()
 	recs, err := s.store.List()
@@ -630,7 +633,7 @@ func (s *Server) GC(ctx context.Context, req Request) error {
 	}
 	var errs []error
 	for _, r := range recs {
-		if r.Network != req.Network || slices.Contains(req.ValidAttachments, Attachment{ContainerID: r.Attachment.ContainerID, IfName: r.Attachment.Interface}) {
+		if r.Network != req.Network || slices.Contains(req.ValidAttachments, cniv1.Attachment{ContainerID: r.Attachment.ContainerID, IfName: r.Attachment.Interface}) {
 			continue
 		}
 		unlock := s.lock(r.Key())

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/aethermesh/aether/model"
 )
 
@@ -17,10 +19,10 @@ import (
 // PodAttachment (so repair after an agent restart knows the netns path) plus what the agent needs
 // to rebuild the pod's capture rules.
 type Record struct {
-	Network    string              `json:"network"`
-	Attachment model.PodAttachment `json:"attachment"`
-	Gateways   []netip.Addr        `json:"gateways,omitempty"`
-	Capture    CaptureOptions      `json:"capture"`
+	Network    string               `json:"network"`
+	Attachment cniv1.PodAttachment  `json:"attachment"`
+	Gateways   []netip.Addr         `json:"gateways,omitempty"`
+	Capture    cniv1.CaptureOptions `json:"capture"`
 	// Captured is false for a pod the agent left alone (not meshed); Reason says why.
 	Captured bool   `json:"captured"`
 	Reason   string `json:"reason,omitempty"`

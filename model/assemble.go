@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -62,7 +64,7 @@ type Sources struct {
 	// Pods are the Pods bound to this node.
 	Pods []*corev1.Pod
 	// Attachments are the persisted CNI attachments of this node, by pod UID.
-	Attachments map[string]PodAttachment
+	Attachments map[string]cniv1.PodAttachment
 	// Endpoints and Exports are the registry's records from every cluster.
 	Endpoints []Endpoint
 	Exports   []ExportMark

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -302,7 +304,7 @@ func TestAssemblePods(t *testing.T) {
 			pod("u3", "optout", true, map[string]string{AnnotationCapture: "false"}),
 			pod("u4", "noattach", true, nil),
 		},
-		Attachments: map[string]PodAttachment{
+		Attachments: map[string]cniv1.PodAttachment{
 			"u1": {PodUID: "u1", NetnsPath: "/var/run/netns/u1", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5")}, ContainerID: "c1"},
 			"u2": {PodUID: "u2", NetnsPath: "/var/run/netns/u2", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.6")}},
 			"u3": {PodUID: "u3", NetnsPath: "/var/run/netns/u3"},

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
 )
 
 // KubeFiller fills the Kubernetes half of Sources (the agent's informer-backed KubeSource
@@ -23,7 +25,7 @@ type RegistryView interface {
 
 // AttachmentView returns the node's persisted CNI attachments by pod UID.
 type AttachmentView interface {
-	Attachments() map[string]PodAttachment
+	Attachments() map[string]cniv1.PodAttachment
 }
 
 // AssemblerConfig configures an Assembler.

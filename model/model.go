@@ -252,25 +252,6 @@ func SPIFFEID(trustDomain, namespace, serviceAccount string) string {
 	return "spiffe://" + trustDomain + "/ns/" + namespace + "/sa/" + serviceAccount
 }
 
-// PodAttachment is what a CNI ADD tells the agent about a pod (DESIGN.md, pod attachment
-// contract). The agent persists it in its node-local state directory so that repair after an
-// agent restart knows every pod's netns path; the model joins it with the pod's Kubernetes
-// metadata into a LocalPod.
-type PodAttachment struct {
-	// ContainerID is CNI_CONTAINERID (the pod sandbox's infra container).
-	ContainerID string `json:"containerID"`
-	// PodUID, Namespace and Name come from CNI_ARGS K8S_POD_UID, K8S_POD_NAMESPACE, K8S_POD_NAME.
-	PodUID    string `json:"podUID"`
-	Namespace string `json:"namespace"`
-	Name      string `json:"name"`
-	// NetnsPath is CNI_NETNS.
-	NetnsPath string `json:"netnsPath"`
-	// IPs are the pod's addresses from the prevResult.
-	IPs []netip.Addr `json:"ips"`
-	// Interface is CNI_IFNAME (usually eth0).
-	Interface string `json:"interface"`
-}
-
 // MeshAddr picks, of a pod's addresses (LocalPod.IPs, Endpoint.IPs), the one the mesh carries:
 // the node proxy binds the pod's inbound mTLS listener to it and dials the endpoint at it, and
 // the resolver answers a headless Service's names with it. It is the first IPv4 address, else

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -39,7 +41,7 @@ func TestPrivilegedHostileServicesAcked(t *testing.T) {
 			Spec: mcsv1beta1.ServiceImportSpec{IPs: []string{"10.97.0.5"}, Ports: []mcsv1beta1.ServicePort{
 				{Name: "a", Port: 80}, {Name: "b", Port: 80}, {Name: "zero", Port: 0}, {Name: "big", Port: 70000}, {Name: "neg", Port: -1}}}}},
 		Pods: []*corev1.Pod{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "client", UID: "uid-client"}}},
-		Attachments: map[string]model.PodAttachment{"uid-client": {PodUID: "uid-client", Namespace: "shop", Name: "client",
+		Attachments: map[string]cniv1.PodAttachment{"uid-client": {PodUID: "uid-client", Namespace: "shop", Name: "client",
 			NetnsPath: f.pods["client"].Path, IPs: []netip.Addr{ip}}},
 	}
 	f.set(model.Assemble(2, in))
@@ -74,7 +76,7 @@ func TestPrivilegedLongImportNameAcked(t *testing.T) {
 		Imports: []*mcsv1beta1.ServiceImport{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: long},
 			Spec: mcsv1beta1.ServiceImportSpec{IPs: []string{"10.97.0.5"}, Ports: []mcsv1beta1.ServicePort{{Name: "http", Port: 80}}}}},
 		Pods: []*corev1.Pod{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "client", UID: "uid-client"}}},
-		Attachments: map[string]model.PodAttachment{"uid-client": {PodUID: "uid-client", Namespace: "shop", Name: "client",
+		Attachments: map[string]cniv1.PodAttachment{"uid-client": {PodUID: "uid-client", Namespace: "shop", Name: "client",
 			NetnsPath: f.pods["client"].Path, IPs: []netip.Addr{ip}}},
 	}
 	m := model.Assemble(2, in)

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"testing"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -26,7 +28,7 @@ func TestSetMeshWithUnusableAttachments(t *testing.T) {
 	ok := netip.MustParseAddr("10.244.1.5")
 	in := model.Sources{Cluster: "c1", MeshNamespaces: map[string]bool{"shop": true},
 		Pods: []*corev1.Pod{pod("good"), pod("noip"), pod("zeroip"), pod("nonetns")},
-		Attachments: map[string]model.PodAttachment{
+		Attachments: map[string]cniv1.PodAttachment{
 			"uid-good":    {PodUID: "uid-good", NetnsPath: "/var/run/netns/good", IPs: []netip.Addr{ok}},
 			"uid-noip":    {PodUID: "uid-noip", NetnsPath: "/var/run/netns/noip"},
 			"uid-zeroip":  {PodUID: "uid-zeroip", NetnsPath: "/var/run/netns/zeroip", IPs: []netip.Addr{{}}},

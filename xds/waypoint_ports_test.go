@@ -6,6 +6,8 @@ import (
 	"slices"
 	"testing"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -187,7 +189,7 @@ func churnSources(eps []model.Endpoint) model.Sources {
 		Imports: []*mcsv1beta1.ServiceImport{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "pay"},
 			Spec: mcsv1beta1.ServiceImportSpec{IPs: []string{"10.96.5.5"}, Ports: []mcsv1beta1.ServicePort{{Name: "grpc", Port: 9000}}}}},
 		Pods: []*corev1.Pod{client},
-		Attachments: map[string]model.PodAttachment{"uid-client": {PodUID: "uid-client", Namespace: "shop", Name: "client",
+		Attachments: map[string]cniv1.PodAttachment{"uid-client": {PodUID: "uid-client", Namespace: "shop", Name: "client",
 			NetnsPath: "/var/run/netns/cni-client", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.5")}}},
 		Endpoints: eps,
 		Exports:   []model.ExportMark{{Service: pay, Cluster: "b"}, {Service: pay, Cluster: "c"}},

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/containernetworking/cni/pkg/types"
 )
 
@@ -40,30 +42,30 @@ var ErrAgentUnavailable = errors.New("aether agent unavailable")
 // Add asks the agent to capture the pod (PathAdd). It returns once the agent has installed
 // capture and Envoy has accepted the pod's listeners, or an error (a *types.Error carrying the
 // agent's CNI error code, or one wrapping ErrAgentUnavailable).
-func (c *Client) Add(ctx context.Context, req Request) (Response, error) {
-	var resp Response
-	err := c.call(ctx, http.MethodPost, PathAdd, req, &resp)
+func (c *Client) Add(ctx context.Context, req cniv1.Request) (cniv1.Response, error) {
+	var resp cniv1.Response
+	err := c.call(ctx, http.MethodPost, cniv1.PathAdd, req, &resp)
 	return resp, err
 }
 
 // Del asks the agent to undo everything it did for the attachment (PathDel); idempotent.
-func (c *Client) Del(ctx context.Context, req Request) error {
-	return c.call(ctx, http.MethodPost, PathDel, req, nil)
+func (c *Client) Del(ctx context.Context, req cniv1.Request) error {
+	return c.call(ctx, http.MethodPost, cniv1.PathDel, req, nil)
 }
 
 // Check asks the agent whether the attachment's capture is intact (PathCheck).
-func (c *Client) Check(ctx context.Context, req Request) error {
-	return c.call(ctx, http.MethodPost, PathCheck, req, nil)
+func (c *Client) Check(ctx context.Context, req cniv1.Request) error {
+	return c.call(ctx, http.MethodPost, cniv1.PathCheck, req, nil)
 }
 
 // GC asks the agent to remove every attachment of req.Network not in req.ValidAttachments.
-func (c *Client) GC(ctx context.Context, req Request) error {
-	return c.call(ctx, http.MethodPost, PathGC, req, nil)
+func (c *Client) GC(ctx context.Context, req cniv1.Request) error {
+	return c.call(ctx, http.MethodPost, cniv1.PathGC, req, nil)
 }
 
 // Status asks whether the agent is ready to capture pods (PathStatus).
 func (c *Client) Status(ctx context.Context) error {
-	return c.call(ctx, http.MethodGet, PathStatus, nil, nil)
+	return c.call(ctx, http.MethodGet, cniv1.PathStatus, nil, nil)
 }
 
 func (c *Client) call(ctx context.Context, method, path string, in, out any) error {
@@ -90,7 +92,7 @@ func (c *Client) call(ctx context.Context, method, path string, in, out any) err
 		return fmt.Errorf("read agent answer: %w: %w", ErrAgentUnavailable, err)
 	}
 	if resp.StatusCode/100 != 2 {
-		var e ErrorResponse
+		var e cniv1.ErrorResponse
 		if json.Unmarshal(b, &e) != nil || e.Message == "" {
 			return types.NewError(types.ErrInternal, fmt.Sprintf("agent answered %s", resp.Status), string(b))
 		}

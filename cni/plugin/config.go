@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
@@ -55,7 +57,7 @@ type PluginConf struct {
 	// one (an explicit empty list or null is one; an absent key is not).
 	valid    []types.GCAttachment
 	validSet bool
-	capture  CaptureOptions
+	capture  cniv1.CaptureOptions
 	timeout  time.Duration
 	excluded []string
 	prev     *current.Result
@@ -95,7 +97,7 @@ func parseConfig(stdin []byte, needPrev bool) (*PluginConf, error) {
 		return nil, fmt.Errorf("parse config: prevResult: missing; %s must run chained after the primary CNI plugin", PluginName)
 	}
 	if conf.AgentSocket == "" {
-		conf.AgentSocket = DefaultAgentSocket
+		conf.AgentSocket = cniv1.DefaultAgentSocket
 	}
 	if !strings.HasPrefix(conf.AgentSocket, "/") {
 		return nil, fmt.Errorf("parse config: agentSocket %q: want an absolute path", conf.AgentSocket)

@@ -3,6 +3,8 @@ package plugin
 import (
 	"strings"
 	"testing"
+
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
 )
 
 const prev031 = `"prevResult": {"cniVersion": "0.3.1", "interfaces": [{"name": "eth0", "sandbox": "/var/run/netns/x"}],
@@ -18,7 +20,7 @@ func TestParseConfig(t *testing.T) {
 	}{
 		{name: "defaults", conf: `{"cniVersion":"0.3.1","name":"cbr0","type":"aether-cni",` + prev031 + `}`, needPrev: true,
 			check: func(t *testing.T, c *PluginConf) {
-				if c.AgentSocket != DefaultAgentSocket || c.timeout.Seconds() != 30 || len(c.excluded) != 1 || c.excluded[0] != "kube-system" {
+				if c.AgentSocket != cniv1.DefaultAgentSocket || c.timeout.Seconds() != 30 || len(c.excluded) != 1 || c.excluded[0] != "kube-system" {
 					t.Fatalf("defaults: %+v", c)
 				}
 				if c.prev == nil || len(c.prev.IPs) != 1 || c.prev.IPs[0].Address.String() != "10.244.1.5/24" {

@@ -1,5 +1,6 @@
 // Package plugin is the aether-cni binary's logic (CNI spec 1.1: ADD, DEL, CHECK, GC, STATUS,
-// VERSION) and the wire protocol it speaks with the agent over the agent's unix socket.
+// VERSION) and its client of the agent's unix socket; the wire protocol itself is
+// api/aether/cni/v1, which the agent imports too.
 //
 // It must stay small: the plugin runs once per pod start inside the kubelet's CNI chain, so it
 // imports neither package model nor client-go (their package init costs milliseconds per exec).

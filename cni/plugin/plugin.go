@@ -10,16 +10,18 @@ import (
 	"os"
 	"slices"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 )
 
 // Agent is what the plugin needs from the agent; *Client implements it. Tests inject their own.
 type Agent interface {
-	Add(ctx context.Context, req Request) (Response, error)
-	Del(ctx context.Context, req Request) error
-	Check(ctx context.Context, req Request) error
-	GC(ctx context.Context, req Request) error
+	Add(ctx context.Context, req cniv1.Request) (cniv1.Response, error)
+	Del(ctx context.Context, req cniv1.Request) error
+	Check(ctx context.Context, req cniv1.Request) error
+	GC(ctx context.Context, req cniv1.Request) error
 	Status(ctx context.Context) error
 }
 
@@ -79,10 +81,10 @@ func (p *Plugin) logger(conf *PluginConf, args *skel.CmdArgs, cmd string) (*slog
 }
 
 // request builds the agent request for a command from the parsed config and CNI_ARGS.
-func request(conf *PluginConf, args *skel.CmdArgs, k K8sArgs) Request {
-	req := Request{
+func request(conf *PluginConf, args *skel.CmdArgs, k K8sArgs) cniv1.Request {
+	req := cniv1.Request{
 		Network: conf.Name,
-		Attachment: PodAttachment{
+		Attachment: cniv1.PodAttachment{
 			ContainerID: args.ContainerID, PodUID: string(k.K8S_POD_UID), Namespace: string(k.K8S_POD_NAMESPACE),
 			Name: string(k.K8S_POD_NAME), NetnsPath: args.Netns, Interface: args.IfName,
 		},
@@ -229,9 +231,9 @@ func (p *Plugin) cmdGC(args *skel.CmdArgs) error {
 		log.Error("GC refused", "err", msg)
 		return types.NewError(types.ErrInvalidNetworkConfig, msg, "")
 	}
-	req := Request{Network: conf.Name, ValidAttachments: []Attachment{}}
+	req := cniv1.Request{Network: conf.Name, ValidAttachments: []cniv1.Attachment{}}
 	for _, a := range conf.valid {
-		req.ValidAttachments = append(req.ValidAttachments, Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
+		req.ValidAttachments = append(req.ValidAttachments, cniv1.Attachment{ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), conf.timeout)
 	defer cancel()

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -18,21 +20,27 @@ import (
 // fakeAgent records requests and answers with err (a fake at the plugin's boundary; the real
 // agent is exercised by package cni's privileged tests).
 type fakeAgent struct {
-	reqs []Request
+	reqs []cniv1.Request
 	err  error
 }
 
-func (f *fakeAgent) Add(_ context.Context, r Request) (Response, error) {
+func (f *fakeAgent) Add(_ context.Context, r cniv1.Request) (cniv1.Response, error) {
 	f.reqs = append(f.reqs, r)
-	return Response{Captured: true}, f.err
+	return cniv1.Response{Captured: true}, f.err
 }
-func (f *fakeAgent) Del(_ context.Context, r Request) error { f.reqs = append(f.reqs, r); return f.err }
-func (f *fakeAgent) Check(_ context.Context, r Request) error {
+func (f *fakeAgent) Del(_ context.Context, r cniv1.Request) error {
 	f.reqs = append(f.reqs, r)
 	return f.err
 }
-func (f *fakeAgent) GC(_ context.Context, r Request) error { f.reqs = append(f.reqs, r); return f.err }
-func (f *fakeAgent) Status(context.Context) error          { return f.err }
+func (f *fakeAgent) Check(_ context.Context, r cniv1.Request) error {
+	f.reqs = append(f.reqs, r)
+	return f.err
+}
+func (f *fakeAgent) GC(_ context.Context, r cniv1.Request) error {
+	f.reqs = append(f.reqs, r)
+	return f.err
+}
+func (f *fakeAgent) Status(context.Context) error { return f.err }
 
 func newArgs(t *testing.T, ns string, extra string) (*skel.CmdArgs, string) {
 	logFile := filepath.Join(t.TempDir(), "cni.log")
@@ -133,7 +141,7 @@ func TestPluginGC(t *testing.T) {
 	if err := p.cmdGC(args); err != nil {
 		t.Fatal(err)
 	}
-	if len(agent.reqs) != 1 || len(agent.reqs[0].ValidAttachments) != 1 || agent.reqs[0].ValidAttachments[0] != (Attachment{ContainerID: "c1", IfName: "eth0"}) {
+	if len(agent.reqs) != 1 || len(agent.reqs[0].ValidAttachments) != 1 || agent.reqs[0].ValidAttachments[0] != (cniv1.Attachment{ContainerID: "c1", IfName: "eth0"}) {
 		t.Fatalf("GC request = %+v", agent.reqs)
 	}
 }
@@ -144,7 +152,7 @@ func TestPluginGC(t *testing.T) {
 // every attachment of the network: capture and listeners gone from every pod on the node. The
 // spec's first spelling, cni.dev/attachments, and an explicit empty list or null are honoured.
 func TestPluginGCWithoutValidAttachments(t *testing.T) {
-	gc := func(extra string) ([]Request, error) {
+	gc := func(extra string) ([]cniv1.Request, error) {
 		agent := &fakeAgent{}
 		p := &Plugin{Stderr: &bytes.Buffer{}, NewAgent: func(string) Agent { return agent }}
 		err := p.cmdGC(&skel.CmdArgs{StdinData: []byte(`{"cniVersion":"1.1.0","name":"n","type":"aether-cni"` + extra + `}`)})

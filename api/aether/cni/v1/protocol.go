@@ -1,4 +1,4 @@
-package plugin
+package cniv1
 
 import (
 	"net/netip"
@@ -18,18 +18,23 @@ const (
 // DefaultAgentSocket is the agent's CNI socket when the plugin config names none.
 const DefaultAgentSocket = "/var/run/aether/cni.sock"
 
-// PodAttachment is model.PodAttachment on the wire. It is a copy, not the model type, so that the
-// plugin binary does not link package model (and through it client-go, whose package init alone
-// costs the plugin several milliseconds per ADD); the agent converts it with
-// model.PodAttachment(a), which stops compiling the day the two differ.
+// PodAttachment is what a CNI ADD tells the agent about a pod (DESIGN.md, pod attachment
+// contract). The agent persists it in its node-local state directory so that repair after an
+// agent restart knows every pod's netns path; the model joins it with the pod's Kubernetes
+// metadata into a model.LocalPod.
 type PodAttachment struct {
-	ContainerID string       `json:"containerID"`
-	PodUID      string       `json:"podUID"`
-	Namespace   string       `json:"namespace"`
-	Name        string       `json:"name"`
-	NetnsPath   string       `json:"netnsPath"`
-	IPs         []netip.Addr `json:"ips"`
-	Interface   string       `json:"interface"`
+	// ContainerID is CNI_CONTAINERID (the pod sandbox's infra container).
+	ContainerID string `json:"containerID"`
+	// PodUID, Namespace and Name come from CNI_ARGS K8S_POD_UID, K8S_POD_NAMESPACE, K8S_POD_NAME.
+	PodUID    string `json:"podUID"`
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	// NetnsPath is CNI_NETNS.
+	NetnsPath string `json:"netnsPath"`
+	// IPs are the pod's addresses from the prevResult.
+	IPs []netip.Addr `json:"ips"`
+	// Interface is CNI_IFNAME (usually eth0).
+	Interface string `json:"interface"`
 }
 
 // Request is what aether-cni sends the agent for ADD, DEL, CHECK and GC.
