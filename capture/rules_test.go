@@ -2,10 +2,10 @@ package capture
 
 import (
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/aethermesh/aether/internal/testenv"
 )
 
 // goldenConfigs are the configurations whose rule sets are pinned in testdata/ (nftables and
@@ -62,32 +62,14 @@ func TestBuildGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			golden(t, tc.name+".nft", rs.NFTText())
-			golden(t, tc.name+".iptables", "# iptables-restore --noflush\n"+rs.IPTablesRestore(FamilyIPv4)+
-				"# ip6tables-restore --noflush\n"+rs.IPTablesRestore(FamilyIPv6))
+			testenv.Golden(t, tc.name+".nft", []byte(rs.NFTText()))
+			testenv.Golden(t, tc.name+".iptables", []byte("# iptables-restore --noflush\n"+rs.IPTablesRestore(FamilyIPv4)+
+				"# ip6tables-restore --noflush\n"+rs.IPTablesRestore(FamilyIPv6)))
 			again, _ := Build(tc.cfg)
 			if again.NFTText() != rs.NFTText() {
 				t.Fatal("Build is not deterministic")
 			}
 		})
-	}
-}
-
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if os.Getenv("REFRESH_GOLDEN") != "" {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden %s (refresh with REFRESH_GOLDEN=1): %v", path, err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs from golden (refresh with REFRESH_GOLDEN=1):\n--- got\n%s\n--- want\n%s", name, got, want)
 	}
 }
 

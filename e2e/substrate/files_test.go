@@ -3,32 +3,14 @@ package substrate
 import (
 	"encoding/json"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-)
 
-// golden compares got with testdata/<name>, rewriting it when REFRESH_GOLDEN=1.
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	p := filepath.Join("testdata", name)
-	if os.Getenv("REFRESH_GOLDEN") == "1" {
-		if err := os.WriteFile(p, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("read golden %s (refresh with REFRESH_GOLDEN=1): %v", p, err)
-	}
-	if string(got) != string(want) {
-		t.Errorf("%s differs from golden (refresh with REFRESH_GOLDEN=1):\ngot:\n%s\nwant:\n%s", name, got, want)
-	}
-}
+	"github.com/aethermesh/aether/internal/testenv"
+)
 
 func TestNewPlan(t *testing.T) {
 	p, err := NewPlan(DefaultClusters("10.244.0.0/16", "10.244.0.0/16"), "")
@@ -39,7 +21,7 @@ func TestNewPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "plan-identical.json", append(b, '\n'))
+	testenv.Golden(t, "plan-identical.json", append(b, '\n'))
 	if p.Clusters[0].Nodes[1].PodSubnet != p.Clusters[1].Nodes[1].PodSubnet {
 		t.Errorf("identical pod CIDRs must give identical node subnets")
 	}
@@ -88,7 +70,7 @@ func TestNodeConflist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "conflist-beta-node2.json", b)
+	testenv.Golden(t, "conflist-beta-node2.json", b)
 	for _, bad := range []string{`{"socket":"x"}`, `[1]`} {
 		if _, err := NodeConflist(c.Nodes[0], c, []json.RawMessage{json.RawMessage(bad)}); err == nil {
 			t.Errorf("extra plugin %s: no error", bad)
