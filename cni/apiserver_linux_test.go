@@ -16,6 +16,7 @@ import (
 
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/model"
 )
 
 // withUID returns rt with K8S_POD_UID set to uid.
@@ -40,7 +41,7 @@ func TestPrivilegedCNIWithAPIServer(t *testing.T) {
 	}
 	createNamespaces(t, cs)
 	web := createPod(t, cs, "mesh", "web", nil, false)
-	optout := createPod(t, cs, "mesh", "optout", map[string]string{AnnotationCapture: "false"}, false)
+	optout := createPod(t, cs, "mesh", "optout", map[string]string{model.AnnotationCapture: "false"}, false)
 	early := createPod(t, cs, "mesh", "early", nil, true) // started before the agent was ready
 
 	sock := filepath.Join(sockDir(t), "cni.sock")

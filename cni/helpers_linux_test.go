@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/aethermesh/aether/cni/plugin"
 
 	"golang.org/x/sys/unix"
@@ -83,8 +86,10 @@ func (l *staticLookup) LookupPod(_ context.Context, ns, name string) (PodInfo, e
 	if l.failWith != nil {
 		return PodInfo{}, l.failWith
 	}
-	return PodInfo{UID: "", ServiceAccount: "sa-" + name, NamespaceMeshEnabled: !l.notMesh[ns+"/"+name],
-		Ports: []model.PodPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}}}, nil
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	info := PodInfo{UID: "", ServiceAccount: "sa-" + name, Ports: []model.PodPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}}}
+	info.InMesh, info.NotMeshedReason = model.PodMeshed(pod, !l.notMesh[ns+"/"+name])
+	return info, nil
 }
 
 // recordingDataplane records the pods the server announces (a fake at the xDS boundary).

@@ -14,10 +14,6 @@ import (
 	"github.com/aethermesh/aether/model"
 )
 
-// AnnotationProtocol on a pod declares the protocol of all its container ports (DESIGN.md,
-// service model: endpoint.aether.io/protocol); HTTP by default, UDP ports stay UDP.
-const AnnotationProtocol = "endpoint.aether.io/protocol"
-
 // KubePods implements PodLookup and NodePods with client-go against the API server. Every call
 // honours its context's deadline (the Server bounds them with ServerConfig.LookupTimeout).
 type KubePods struct {
@@ -39,18 +35,13 @@ func (k *KubePods) LookupPod(ctx context.Context, namespace, name string) (PodIn
 }
 
 func podInfo(pod *corev1.Pod, ns *corev1.Namespace) (PodInfo, error) {
-	info := PodInfo{
-		UID:                  string(pod.UID),
-		ServiceAccount:       pod.Spec.ServiceAccountName,
-		CaptureDisabled:      pod.Annotations[AnnotationCapture] == "false",
-		NamespaceMeshEnabled: ns.Labels[LabelMesh] == "enabled",
-		HostNetwork:          pod.Spec.HostNetwork,
-	}
+	info := PodInfo{UID: string(pod.UID), ServiceAccount: pod.Spec.ServiceAccountName}
+	info.InMesh, info.NotMeshedReason = model.PodMeshed(pod, model.NamespaceMeshed(ns.Labels))
 	proto := model.ProtocolHTTP
-	if v, ok := pod.Annotations[AnnotationProtocol]; ok {
+	if v, ok := pod.Annotations[model.AnnotationPortProtocol]; ok {
 		p, err := model.ParseProtocol(v)
 		if err != nil {
-			return PodInfo{}, fmt.Errorf("pod %s/%s: annotation %s: %w", pod.Namespace, pod.Name, AnnotationProtocol, err)
+			return PodInfo{}, fmt.Errorf("pod %s/%s: annotation %s: %w", pod.Namespace, pod.Name, model.AnnotationPortProtocol, err)
 		}
 		proto = p
 	}

@@ -32,8 +32,8 @@ func TestKubePods(t *testing.T) {
 	defer cancel()
 	createNamespaces(t, cs)
 	mkPod := func(ns, name string, ann map[string]string) *corev1.Pod { return createPod(t, cs, ns, name, ann, true) }
-	web := mkPod("mesh", "web", map[string]string{AnnotationProtocol: "tcp"})
-	mkPod("mesh", "optout", map[string]string{AnnotationCapture: "false"})
+	web := mkPod("mesh", "web", map[string]string{model.AnnotationPortProtocol: "tcp"})
+	mkPod("mesh", "optout", map[string]string{model.AnnotationCapture: "false"})
 	mkPod("plain", "other", nil)
 
 	k := &KubePods{Client: cs}
@@ -45,7 +45,7 @@ func TestKubePods(t *testing.T) {
 		info.Ports[0] != (model.PodPort{Name: "http", Port: 8080, Protocol: model.ProtocolTCP}) || info.Ports[1].Protocol != model.ProtocolUDP {
 		t.Fatalf("LookupPod(mesh/web) = %+v", info)
 	}
-	for _, tc := range []struct{ ns, name, reason string }{{"mesh", "optout", AnnotationCapture}, {"plain", "other", LabelMesh}} {
+	for _, tc := range []struct{ ns, name, reason string }{{"mesh", "optout", model.AnnotationCapture}, {"plain", "other", model.LabelMeshNamespace}} {
 		info, err := k.LookupPod(ctx, tc.ns, tc.name)
 		if err != nil {
 			t.Fatal(err)
@@ -96,7 +96,7 @@ func TestKubePods(t *testing.T) {
 func createNamespaces(t testing.TB, cs kubernetes.Interface) {
 	t.Helper()
 	ctx := context.Background()
-	for name, labels := range map[string]map[string]string{"mesh": {LabelMesh: "enabled"}, "plain": nil} {
+	for name, labels := range map[string]map[string]string{"mesh": {model.LabelMeshNamespace: model.MeshNamespaceEnabled}, "plain": nil} {
 		if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}

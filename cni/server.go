@@ -26,39 +26,19 @@ import (
 	"github.com/aethermesh/aether/model"
 )
 
-// Annotation and label keys the agent reads (DESIGN.md, service model: keys).
-const (
-	// AnnotationCapture set to "false" on a pod opts it out of capture.
-	AnnotationCapture = "aether.io/capture"
-	// LabelMesh set to "enabled" on a namespace opts its pods in.
-	LabelMesh = "aether.io/mesh"
-)
-
 // PodInfo is what the agent needs to know about a pod from the API server.
 type PodInfo struct {
 	UID            string
 	ServiceAccount string
 	Ports          []model.PodPort
-	// CaptureDisabled is true when the pod carries aether.io/capture: "false".
-	CaptureDisabled bool
-	// NamespaceMeshEnabled is true when the pod's namespace carries aether.io/mesh: enabled.
-	NamespaceMeshEnabled bool
-	// HostNetwork pods share the node's netns and are never captured.
-	HostNetwork bool
+	// InMesh is model.PodMeshed's verdict on the pod and its namespace; NotMeshedReason says
+	// why not when it is false.
+	InMesh          bool
+	NotMeshedReason string
 }
 
-// Meshed reports whether the pod must be captured, and if not, why.
-func (p PodInfo) Meshed() (bool, string) {
-	switch {
-	case p.HostNetwork:
-		return false, "host network pod"
-	case !p.NamespaceMeshEnabled:
-		return false, "namespace not labelled " + LabelMesh + "=enabled"
-	case p.CaptureDisabled:
-		return false, "pod annotated " + AnnotationCapture + `="false"`
-	}
-	return true, ""
-}
+// Meshed reports whether the pod must be captured, and if not, why (model.PodMeshed).
+func (p PodInfo) Meshed() (bool, string) { return p.InMesh, p.NotMeshedReason }
 
 // PodLookup reads a pod and its namespace from the API server. Implementations honour ctx's
 // deadline (the server bounds every lookup with ServerConfig.LookupTimeout).

@@ -31,6 +31,29 @@ const (
 	ClustersetServiceSuffix = "-clusterset"
 )
 
+// NamespaceMeshed reports whether a namespace's labels opt its pods into the mesh
+// (LabelMeshNamespace: MeshNamespaceEnabled).
+func NamespaceMeshed(labels map[string]string) bool {
+	return labels[LabelMeshNamespace] == MeshNamespaceEnabled
+}
+
+// PodMeshed is the one rule for whether pod p is in the mesh, used by the CNI server (capture
+// at ADD, repair) and the assembly alike. p is meshed when its namespace is opted in
+// (namespaceMeshed, see NamespaceMeshed), it is not on the host network (it shares the node's
+// netns: there is nothing to capture) and it does not opt out (AnnotationCapture "false"). When
+// it is not, reason says why, naming the field.
+func PodMeshed(p *corev1.Pod, namespaceMeshed bool) (meshed bool, reason string) {
+	switch {
+	case p.Spec.HostNetwork:
+		return false, "host network pod"
+	case !namespaceMeshed:
+		return false, "namespace not labelled " + LabelMeshNamespace + "=" + MeshNamespaceEnabled
+	case p.Annotations[AnnotationCapture] == "false":
+		return false, "pod annotated " + AnnotationCapture + `="false"`
+	}
+	return true, ""
+}
+
 // Node labels read for locality (the well-known topology labels).
 const (
 	LabelRegion = "topology.kubernetes.io/region"
@@ -240,7 +263,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 	var pods []*LocalPod
 	for _, p := range in.Pods {
 		att, ok := in.Attachments[string(p.UID)]
-		if !ok || p.Annotations[AnnotationCapture] == "false" || !in.MeshNamespaces[p.Namespace] {
+		if meshed, _ := PodMeshed(p, in.MeshNamespaces[p.Namespace]); !ok || !meshed {
 			continue
 		}
 		// The CNI server refuses an ADD without these, but a record in the state directory may be

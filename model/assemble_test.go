@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -344,5 +345,44 @@ func TestParseProtocol(t *testing.T) {
 	}
 	if _, err := ParseProtocol("sctp"); err == nil {
 		t.Error(`ParseProtocol("sctp") succeeded, want an error naming the value`)
+	}
+}
+
+// TestPodMeshed: the one rule for a pod's membership, and the assembly follows it: a pod with a
+// CNI attachment is left out of the model when any condition fails (a host-network pod with an
+// attachment record, which only an old or edited record can give, was served before the rule
+// was shared with the CNI server).
+func TestPodMeshed(t *testing.T) {
+	pod := func(hostNet bool, ann map[string]string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1", UID: "u1", Annotations: ann},
+			Spec: corev1.PodSpec{NodeName: "n1", HostNetwork: hostNet}}
+	}
+	for _, c := range []struct {
+		name   string
+		p      *corev1.Pod
+		nsMesh bool
+		reason string // "" when meshed
+	}{
+		{"meshed", pod(false, nil), true, ""},
+		{"capture annotation other than false", pod(false, map[string]string{AnnotationCapture: "true"}), true, ""},
+		{"namespace not opted in", pod(false, nil), false, LabelMeshNamespace + "=" + MeshNamespaceEnabled},
+		{"opted out", pod(false, map[string]string{AnnotationCapture: "false"}), true, AnnotationCapture},
+		{"host network", pod(true, nil), true, "host network"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			meshed, reason := PodMeshed(c.p, c.nsMesh)
+			if meshed != (c.reason == "") || (c.reason != "" && !strings.Contains(reason, c.reason)) {
+				t.Fatalf("PodMeshed = %v, %q; want meshed=%v, reason naming %q", meshed, reason, c.reason == "", c.reason)
+			}
+			m := Assemble(1, Sources{Cluster: "a", MeshNamespaces: map[string]bool{"shop": c.nsMesh}, Pods: []*corev1.Pod{c.p},
+				Attachments: map[string]cniv1.PodAttachment{"u1": {PodUID: "u1", NetnsPath: "/run/netns/x",
+					IPs: []netip.Addr{netip.MustParseAddr("10.244.0.9")}}}})
+			if got := m.Pod("u1") != nil; got != meshed {
+				t.Fatalf("pod in the model = %v, want %v", got, meshed)
+			}
+		})
+	}
+	if !NamespaceMeshed(map[string]string{LabelMeshNamespace: MeshNamespaceEnabled}) || NamespaceMeshed(map[string]string{LabelMeshNamespace: "true"}) || NamespaceMeshed(nil) {
+		t.Fatal("NamespaceMeshed accepts only aether.io/mesh=enabled")
 	}
 }
