@@ -17,6 +17,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Netns is a named network namespace (/var/run/netns/<Name>) created for one test.
@@ -46,6 +47,9 @@ func NewNetns(t testing.TB) *Netns {
 	t.Helper()
 	RequireRoot(t)
 	sweepOnce.Do(func() {
+		if err := shareNetnsDir(); err != nil {
+			t.Logf("testenv: %v", err)
+		}
 		if err := SweepNetns(); err != nil {
 			t.Logf("testenv: %v", err)
 		}
@@ -75,6 +79,29 @@ func NewNetns(t testing.TB) *Netns {
 		}
 	})
 	return n
+}
+
+// shareNetnsDir makes netnsDir a shared mount point, as iproute2's `ip netns add` does the first
+// time it runs on a machine (netns_add: make it shared, and when it is no mount point yet, bind
+// it onto itself first). Done before the first namespace: one bind-mounted into the plain
+// directory would otherwise end up beneath the bind mount the first `ip netns add` makes (a test
+// or the substrate may run one), where no unmount of its path reaches it and its deletion fails
+// with EBUSY.
+func shareNetnsDir() error {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return fmt.Errorf("share %s: %w", netnsDir, err)
+	}
+	err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	if errors.Is(err, unix.EINVAL) { // not a mount point yet
+		if err := unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind-mount %s onto itself: %w", netnsDir, err)
+		}
+		err = unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	}
+	if err != nil {
+		return fmt.Errorf("make %s a shared mount: %w", netnsDir, err)
+	}
+	return nil
 }
 
 // SweepNetns deletes the namespaces NewNetns made in test processes that no longer run (names
