@@ -239,8 +239,8 @@ func Assemble(version uint64, in Sources) *Mesh {
 			services = append(services, s)
 		}
 	}
-	// Endpoints are copied once, straight into slices of their final size: at 10k endpoints per
-	// change a second copy and slice growth cost more than the rest of Assemble.
+	// Endpoints are copied once, straight into slices of their final size: with many endpoints a
+	// second copy and slice growth would cost more than the rest of Assemble.
 	counts := map[ServiceKey]int{}
 	for i := range in.Endpoints {
 		if e := &in.Endpoints[i]; endpointCounts(byKey[e.Service], e, in.Cluster, exported) {

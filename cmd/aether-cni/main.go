@@ -1,7 +1,8 @@
 // Command aether-cni is aether's chained CNI plugin (CNI spec 1.1). It runs after the node's
 // primary plugin (Flannel), passes its prevResult through unchanged and asks the aether agent,
 // over the agent's unix socket, to capture the pod; it fails closed when the agent cannot. The
-// logic lives in package cni; stdout carries only the CNI result.
+// logic lives in package cni/plugin (the agent side is package cni); stdout carries only the
+// CNI result.
 package main
 
 import (
