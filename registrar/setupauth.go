@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -78,8 +79,10 @@ func ParseAuthConfig(args []string, getenv func(string) string) (AuthConfig, err
 }
 
 // SetupAuth runs registry.SetupAuth as the etcd root user (which also works before auth is on:
-// etcd then ignores the credentials), so it can be run again to add clusters.
-func SetupAuth(ctx context.Context, c AuthConfig) error {
+// etcd then ignores the credentials), so it can be run again to add clusters. On success it
+// prints each cluster user, what it may write and how it authenticates, to out. It returns the
+// error of the connection or of etcd.
+func SetupAuth(ctx context.Context, c AuthConfig, out io.Writer) error {
 	ctx, cancel := context.WithTimeout(ctx, c.Timeout)
 	defer cancel()
 	tlsCfg, err := c.Registry.TLS()
@@ -98,5 +101,16 @@ func SetupAuth(ctx context.Context, c AuthConfig) error {
 		return fmt.Errorf("connect to the registry's etcd %v: %w", c.Registry.Endpoints(), err)
 	}
 	defer cli.Close()
-	return registry.SetupAuth(ctx, cli, c.RootPassword, c.Users)
+	if err := registry.SetupAuth(ctx, cli, c.RootPassword, c.Users); err != nil {
+		return err
+	}
+	for _, u := range c.Users {
+		how := "TLS client certificate (CN " + registry.UserName(u.Origin) + ")"
+		if u.Password != "" {
+			how = "password from " + ClusterPasswordVar(u.Origin)
+		}
+		fmt.Fprintf(out, "user %s: read the registry, write %s; authenticates by %s\n", registry.UserName(u.Origin), u.Origin.Prefix(), how)
+	}
+	fmt.Fprintln(out, "etcd authentication is on")
+	return nil
 }

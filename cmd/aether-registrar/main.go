@@ -15,22 +15,24 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/aethermesh/aether/registrar"
-	"github.com/aethermesh/aether/registry"
 )
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == registrar.SetupAuthCommand {
-		mainSetupAuth(os.Args[2:])
-		return
-	}
-	if len(os.Args) > 1 && os.Args[1] == registrar.ReclaimCommand {
-		mainReclaim(os.Args[2:])
-		return
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case registrar.SetupAuthCommand:
+			subcommand(registrar.SetupAuthCommand, os.Args[2:], registrar.ParseAuthConfig, registrar.SetupAuth)
+			return
+		case registrar.ReclaimCommand:
+			subcommand(registrar.ReclaimCommand, os.Args[2:], registrar.ParseReclaimConfig, registrar.Reclaim)
+			return
+		}
 	}
 	cfg, err := registrar.ParseRunConfig(os.Args[1:], os.Getenv)
 	if errors.Is(err, flag.ErrHelp) {
@@ -48,45 +50,23 @@ func main() {
 	}
 }
 
-// mainSetupAuth runs `aether-registrar setup-registry-auth`: exit 0 when etcd auth is on with
-// every user and role, 2 on bad input, 1 when etcd refused.
-func mainSetupAuth(args []string) {
-	c, err := registrar.ParseAuthConfig(args, os.Getenv)
+// subcommand runs `aether-registrar <name> args...`: parse reads its flags (with environment
+// defaults), run does the work and prints its outcome to stdout. It exits 2 on bad input
+// (nothing is changed) and 1 when run fails: setup-registry-auth when etcd refused,
+// reclaim-partition when the claim names another cluster ID than --previous-cluster-id or the
+// API server or etcd failed.
+func subcommand[C any](name string, args []string, parse func([]string, func(string) string) (C, error),
+	run func(context.Context, C, io.Writer) error) {
+	c, err := parse(args, os.Getenv)
 	if errors.Is(err, flag.ErrHelp) {
 		return
 	}
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "aether-registrar %s: invalid configuration: %v\n", registrar.SetupAuthCommand, err)
+		fmt.Fprintf(os.Stderr, "aether-registrar %s: invalid configuration: %v\n", name, err)
 		os.Exit(2)
 	}
-	if err := registrar.SetupAuth(context.Background(), c); err != nil {
-		fmt.Fprintf(os.Stderr, "aether-registrar %s: %v\n", registrar.SetupAuthCommand, err)
-		os.Exit(1)
-	}
-	for _, u := range c.Users {
-		how := "TLS client certificate (CN " + registry.UserName(u.Origin) + ")"
-		if u.Password != "" {
-			how = "password from " + registrar.ClusterPasswordVar(u.Origin)
-		}
-		fmt.Printf("user %s: read the registry, write %s; authenticates by %s\n", registry.UserName(u.Origin), u.Origin.Prefix(), how)
-	}
-	fmt.Println("etcd authentication is on")
-}
-
-// mainReclaim runs `aether-registrar reclaim-partition`: exit 0 when this cluster holds its
-// partition's claim (re-claimed or already), 2 on bad input (nothing is changed), 1 when the
-// claim names another cluster ID than --previous-cluster-id or the API server or etcd failed.
-func mainReclaim(args []string) {
-	c, err := registrar.ParseReclaimConfig(args, os.Getenv)
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "aether-registrar %s: invalid configuration: %v\n", registrar.ReclaimCommand, err)
-		os.Exit(2)
-	}
-	if err := registrar.Reclaim(context.Background(), c, os.Stdout); err != nil {
-		fmt.Fprintf(os.Stderr, "aether-registrar %s: %v\n", registrar.ReclaimCommand, err)
+	if err := run(context.Background(), c, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "aether-registrar %s: %v\n", name, err)
 		os.Exit(1)
 	}
 }
