@@ -25,20 +25,13 @@ import (
 )
 
 // outboundCluster is the EDS cluster of one service port, ClusterName, over mTLS to its
-// endpoints: SNI "<targetPort>", the peer pinned to peers (the service's endpoints' SPIFFE IDs),
-// with one more transport socket for each of others (otherTargetPorts) and with
-// EastWestWaypoint for the waypoint (selectorSockets); with CertMatcher, one socket per local
-// identity (addSocketMatcher).
+// endpoints (upstreamSockets): SNI "<targetPort>", the peer pinned to peers (the service's
+// endpoints' SPIFFE IDs), one more transport socket for each of others (otherTargetPorts) and,
+// with EastWestWaypoint, the waypoint's.
 func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort, peers []string, others otherPorts) (*clusterv3.Cluster, error) {
 	name := ClusterName(b.m, s.Key, sp.Port)
 	c := xdsproto.EDSCluster(name, b.opts.ConnectTimeout, b.opts.UpstreamNetns)
-	var err error
-	if b.opts.CertSelection == CertMatcher {
-		err = addSocketMatcher(c, localIDs(b.m), strconv.FormatUint(uint64(sp.TargetPort), 10), peers, others.direct)
-	} else {
-		err = b.selectorSockets(c, s.Key, sp.TargetPort, upstreamPin(peers, b.m.TrustDomain, s.Key.Namespace), others)
-	}
-	if err != nil {
+	if err := b.upstreamSockets(c, s.Key, sp.TargetPort, peers, others, b.opts.EastWestWaypoint); err != nil {
 		return nil, fmt.Errorf("build cluster %s: %w", name, err)
 	}
 	if err := setUpstreamProtocol(c, sp.Protocol); err != nil {
@@ -47,18 +40,26 @@ func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort, peers 
 	return c, nil
 }
 
-// selectorSockets gives c, an outbound cluster with CertSelector, its transport socket (SNI
-// "<target>") and, in transport_socket_matches, with EastWestWaypoint one socket per waypoint
-// port of others (SNI WaypointSNI of that port, match {waypoint: true, port: "<port>"}) and the
-// waypoint socket (WaypointSNI of target, match {waypoint: true}), then one socket per direct
-// port of others (SNI "<port>", match {port: "<port>"}); every socket pinned to pin.
-func (b *builder) selectorSockets(c *clusterv3.Cluster, k model.ServiceKey, target uint32, pin []*tlsv3.SubjectAltNameMatcher, others otherPorts) error {
+// upstreamSockets gives c, a cluster to service k's endpoints on target port target, its
+// transport sockets, each pinning the peer to the endpoints' SPIFFE IDs peers. With CertMatcher,
+// those of addSocketMatcher (one per local identity, and per direct port of others). With
+// CertSelector, the selector's socket (SNI "<target>") and, in transport_socket_matches, with
+// waypoint one socket per waypoint port of others (SNI WaypointSNI of that port, match
+// {waypoint: true, port: "<port>"}) and the waypoint socket (WaypointSNI of target, match
+// {waypoint: true}), then one socket per direct port of others (SNI "<port>", match
+// {port: "<port>"}).
+func (b *builder) upstreamSockets(c *clusterv3.Cluster, k model.ServiceKey, target uint32, peers []string, others otherPorts, waypoint bool) error {
+	sni := strconv.FormatUint(uint64(target), 10)
+	if b.opts.CertSelection == CertMatcher {
+		return addSocketMatcher(c, localIDs(b.m), sni, peers, others.direct)
+	}
+	pin := upstreamPin(peers, b.m.TrustDomain, k.Namespace)
 	var err error
-	if c.TransportSocket, err = upstreamTLS(strconv.FormatUint(uint64(target), 10), b.selector, pin); err != nil {
+	if c.TransportSocket, err = upstreamTLS(sni, b.selector, pin); err != nil {
 		return err
 	}
-	add := func(name, sni string, match map[string]*structpb.Value) error {
-		ts, err := upstreamTLS(sni, b.selector, pin)
+	add := func(name, socketSNI string, match map[string]*structpb.Value) error {
+		ts, err := upstreamTLS(socketSNI, b.selector, pin)
 		if err != nil {
 			return err
 		}
@@ -67,7 +68,7 @@ func (b *builder) selectorSockets(c *clusterv3.Cluster, k model.ServiceKey, targ
 		})
 		return nil
 	}
-	if b.opts.EastWestWaypoint {
+	if waypoint {
 		// Envoy picks the first transport_socket_matches entry whose match is a subset of the
 		// endpoint's envoy.transport_socket_match metadata: a waypoint endpoint of another
 		// target port carries {waypoint: true, port: "<port>"}, so its entry comes before the
@@ -173,10 +174,9 @@ func socketAction(name string) (*xdsmatcher.Matcher_OnMatch, error) {
 // directCluster is the ORIGINAL_DST cluster of directEntries: the upstream host is the address
 // the client dialled (restored by original_dst), its port replaced by InboundPort
 // (Cluster.original_dst_lb_config.upstream_port_override), with the same upstream mTLS as the
-// service's EDS clusters (pinned to peers) and SNI "<target>".
+// service's EDS clusters (upstreamSockets: pinned to peers, no waypoint) and SNI "<target>".
 func (b *builder) directCluster(s *model.Service, sp model.ServicePort, target uint32, peers []string) (*clusterv3.Cluster, error) {
 	name := DirectClusterName(b.m, s.Key, sp.Port, target)
-	sni := strconv.FormatUint(uint64(target), 10)
 	c := &clusterv3.Cluster{
 		Name:                 name,
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
@@ -187,13 +187,7 @@ func (b *builder) directCluster(s *model.Service, sp model.ServicePort, target u
 		ConnectTimeout:     b.opts.connectTimeout(),
 		UpstreamBindConfig: xdsproto.UpstreamBind(b.opts.UpstreamNetns),
 	}
-	var err error
-	if b.opts.CertSelection == CertMatcher {
-		err = addSocketMatcher(c, localIDs(b.m), sni, peers, nil)
-	} else {
-		c.TransportSocket, err = upstreamTLS(sni, b.selector, upstreamPin(peers, b.m.TrustDomain, s.Key.Namespace))
-	}
-	if err != nil {
+	if err := b.upstreamSockets(c, s.Key, target, peers, otherPorts{}, false); err != nil {
 		return nil, fmt.Errorf("build cluster %s: %w", name, err)
 	}
 	if err := setUpstreamProtocol(c, sp.Protocol); err != nil {

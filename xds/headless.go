@@ -62,12 +62,11 @@ func (b *builder) directEntries(e *svcEntry, sp model.ServicePort) error {
 		e.clusters = append(e.clusters, c)
 		chain := captureHeadlessChain
 		if !sp.Protocol.IsHTTP() {
-			chain = "tcp|" + cn
-			tp, err := xdsproto.TCPProxy("outbound_tcp", cn)
+			fc, err := newFloorChain(cn)
 			if err != nil {
 				return err
 			}
-			e.floors = append(e.floors, floorChain{name: chain, tcp: tp})
+			e.floors, chain = append(e.floors, fc), fc.name
 		}
 		route, err := xdsproto.ToAny(routeTo(cn))
 		if err != nil {

@@ -152,33 +152,26 @@ func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, n
 	return errs
 }
 
-// typed returns the resources by type for cache.NewSnapshot. Every type is present, empty or
-// not: cache.NewSnapshot versions only the types it is given, and a delta response removing a
-// type's last resource would otherwise carry no system version, so its ACK could not be told
-// apart (a pod's DEL waited for it in vain).
+// typed returns the resources by type for cache.NewSnapshot. Every type of snapshotTypes is
+// present, empty or not: cache.NewSnapshot versions only the types it is given, and a delta
+// response removing a type's last resource would otherwise carry no system version, so its ACK
+// could not be told apart (a pod's DEL waited for it in vain).
 func (r *Resources) typed() map[resource.Type][]types.Resource {
-	out := map[resource.Type][]types.Resource{}
-	for _, t := range snapshotTypes {
-		out[t] = []types.Resource{}
+	return map[resource.Type][]types.Resource{
+		resource.ListenerType:        asResources(r.Listeners),
+		resource.ClusterType:         asResources(r.Clusters),
+		resource.EndpointType:        asResources(r.Endpoints),
+		resource.RouteType:           asResources(r.Routes),
+		resource.SecretType:          asResources(r.Secrets),
+		resource.ExtensionConfigType: asResources(r.Extensions),
 	}
-	add := func(t resource.Type, x types.Resource) { out[t] = append(out[t], x) }
-	for _, x := range r.Listeners {
-		add(resource.ListenerType, x)
-	}
-	for _, x := range r.Clusters {
-		add(resource.ClusterType, x)
-	}
-	for _, x := range r.Endpoints {
-		add(resource.EndpointType, x)
-	}
-	for _, x := range r.Routes {
-		add(resource.RouteType, x)
-	}
-	for _, x := range r.Secrets {
-		add(resource.SecretType, x)
-	}
-	for _, x := range r.Extensions {
-		add(resource.ExtensionConfigType, x)
+}
+
+// asResources returns xs as a list of types.Resource, empty (not nil) when xs is.
+func asResources[T types.Resource](xs []T) []types.Resource {
+	out := make([]types.Resource, len(xs))
+	for i, x := range xs {
+		out[i] = x
 	}
 	return out
 }

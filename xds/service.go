@@ -62,12 +62,11 @@ func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, erro
 		// Capture: the chain this port's VIPs select (floor chains exist even without a VIP).
 		chain := captureHTTPChain
 		if !sp.Protocol.IsHTTP() {
-			chain = "tcp|" + cn
-			tp, err := xdsproto.TCPProxy("outbound_tcp", cn)
+			fc, err := newFloorChain(cn)
 			if err != nil {
 				return nil, err
 			}
-			e.floors = append(e.floors, floorChain{name: chain, tcp: tp})
+			e.floors, chain = append(e.floors, fc), fc.name
 		}
 		port := strconv.FormatUint(uint64(sp.Port), 10)
 		for _, vip := range vips {
@@ -114,6 +113,13 @@ func (b *builder) outboundClusters(e *svcEntry) error {
 type floorChain struct {
 	name string
 	tcp  *listenerv3.Filter
+}
+
+// newFloorChain is the floor chain "tcp|<cn>" that passes connections to the cluster cn
+// (tcp_proxy, stat prefix outbound_tcp).
+func newFloorChain(cn string) (floorChain, error) {
+	tp, err := xdsproto.TCPProxy("outbound_tcp", cn)
+	return floorChain{name: "tcp|" + cn, tcp: tp}, err
 }
 
 // vipChain is one entry of the capture filter-chain matcher: port and VIP to a chain.
