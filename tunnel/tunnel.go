@@ -9,20 +9,16 @@ import (
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
-	tlsinspv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/tls_inspector/v3"
 	echov3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/echo/v3"
 	rbacnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
-	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/aethermesh/aether/internal/xdsproto"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -148,22 +144,21 @@ func Build(m *model.Mesh, opts Options) (*Resources, error) {
 	for _, p := range m.Pods {
 		local[p.UID] = true
 	}
-	ti, err := toAny(&tlsinspv3.TlsInspector{})
+	ti, err := xdsproto.TLSInspector()
 	if err != nil {
 		return nil, err
 	}
 	l := &listenerv3.Listener{
 		Name:       ListenerName,
 		StatPrefix: StatPrefix,
-		Address:    socketAddress(m.Node.IP.String(), Port, opts.Netns),
+		Address:    xdsproto.SocketAddress(m.Node.IP.String(), Port, opts.Netns),
 		// IP_FREEBIND: the node IP comes from the Node's InternalIP, which may not (yet) be an
 		// address of the host (a wrong --node-ip, an address configured late). Without it Envoy
 		// cannot bind and rejects the whole LDS update, and every later one, since each snapshot
 		// holds this listener: no pod listener on the node would change again. With it the
 		// listener is accepted and serves once the address is there.
-		Freebind: wrapperspb.Bool(true),
-		ListenerFilters: []*listenerv3.ListenerFilter{{Name: "envoy.filters.listener.tls_inspector",
-			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: ti}}},
+		Freebind:               wrapperspb.Bool(true),
+		ListenerFilters:        []*listenerv3.ListenerFilter{ti},
 		ListenerFiltersTimeout: durationpb.New(opts.handshakeTimeout()),
 	}
 	r := &Resources{Listener: l}
@@ -178,7 +173,7 @@ func Build(m *model.Mesh, opts Options) (*Resources, error) {
 			return nil, err
 		}
 		l.FilterChains = append(l.FilterChains, fc)
-		r.Clusters = append(r.Clusters, cluster(cn, opts))
+		r.Clusters = append(r.Clusters, xdsproto.EDSCluster(cn, opts.ConnectTimeout, opts.Netns))
 		r.Endpoints = append(r.Endpoints, loadAssignment(cn, pods, 0))
 		for _, port := range splitPorts(pods) {
 			pcn := PortClusterName(s.Key, port)
@@ -187,7 +182,7 @@ func Build(m *model.Mesh, opts Options) (*Resources, error) {
 				return nil, err
 			}
 			l.FilterChains = append(l.FilterChains, fc)
-			r.Clusters = append(r.Clusters, cluster(pcn, opts))
+			r.Clusters = append(r.Clusters, xdsproto.EDSCluster(pcn, opts.ConnectTimeout, opts.Netns))
 			r.Endpoints = append(r.Endpoints, loadAssignment(pcn, pods, port))
 		}
 	}
@@ -205,15 +200,14 @@ func Build(m *model.Mesh, opts Options) (*Resources, error) {
 // serverName and passes their raw bytes to cluster cn, counted under the service's stat prefix
 // (ServiceStatPrefix: a service's port chains add to the same counters).
 func serviceChain(k model.ServiceKey, name, serverName, cn string) (*listenerv3.FilterChain, error) {
-	tp, err := toAny(&tcpv3.TcpProxy{StatPrefix: ServiceStatPrefix(k), ClusterSpecifier: &tcpv3.TcpProxy_Cluster{Cluster: cn}})
+	tp, err := xdsproto.TCPProxy(ServiceStatPrefix(k), cn)
 	if err != nil {
 		return nil, fmt.Errorf("build waypoint chain %s: %w", name, err)
 	}
 	return &listenerv3.FilterChain{
 		Name:             name,
 		FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: []string{serverName}, TransportProtocol: "tls"},
-		Filters: []*listenerv3.Filter{{Name: "envoy.filters.network.tcp_proxy",
-			ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: tp}}},
+		Filters:          []*listenerv3.Filter{tp},
 	}, nil
 }
 
@@ -300,11 +294,10 @@ func refusalChains() ([]*listenerv3.FilterChain, error) {
 	// in one that does nothing when the connection opens: echo (a direct_response would close the
 	// connection on accept, before RBAC saw the ClientHello and counted it). The last RBAC filter
 	// denies everything, so echo never receives a byte.
-	ec, err := toAny(&echov3.Echo{})
+	end, err := xdsproto.NetworkFilter("envoy.filters.network.echo", &echov3.Echo{})
 	if err != nil {
 		return nil, err
 	}
-	end := &listenerv3.Filter{Name: "envoy.filters.network.echo", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: ec}}
 	return []*listenerv3.FilterChain{
 		{Name: "refuse-tls", FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "tls"}, Filters: []*listenerv3.Filter{hasSNI, noSNI, end}},
 		{Name: "refuse-raw", FilterChainMatch: &listenerv3.FilterChainMatch{TransportProtocol: "raw_buffer"}, Filters: []*listenerv3.Filter{notTLS, end}},
@@ -314,36 +307,14 @@ func refusalChains() ([]*listenerv3.FilterChain, error) {
 // denyFilter is an RBAC network filter (envoy.filters.network.rbac) that closes connections
 // matching policy, counted in <RefusedStatPrefix>.<reason>.rbac.denied.
 func denyFilter(reason string, policy *rbacv3.Policy) (*listenerv3.Filter, error) {
-	a, err := toAny(&rbacnetv3.RBAC{
+	f, err := xdsproto.NetworkFilter("envoy.filters.network.rbac", &rbacnetv3.RBAC{
 		StatPrefix: RefusedStatPrefix + "." + reason + ".",
 		Rules:      &rbacv3.RBAC{Action: rbacv3.RBAC_DENY, Policies: map[string]*rbacv3.Policy{reason: policy}},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("build waypoint refusal %s: %w", reason, err)
 	}
-	return &listenerv3.Filter{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: a}}, nil
-}
-
-func cluster(name string, opts Options) *clusterv3.Cluster {
-	ct := opts.ConnectTimeout
-	if ct <= 0 {
-		ct = 5 * time.Second
-	}
-	c := &clusterv3.Cluster{
-		Name:                 name,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
-		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: &core.ConfigSource{
-			ResourceApiVersion:    core.ApiVersion_V3,
-			ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}},
-		}},
-		ConnectTimeout: durationpb.New(ct),
-	}
-	if opts.Netns != "" {
-		c.UpstreamBindConfig = &core.BindConfig{SourceAddress: &core.SocketAddress{
-			Address: "0.0.0.0", PortSpecifier: &core.SocketAddress_PortValue{PortValue: 0}, NetworkNamespaceFilepath: opts.Netns,
-		}}
-	}
-	return c
+	return f, nil
 }
 
 // loadAssignment lists pods at pod_ip:15008, those serving port only when port is not 0,
@@ -354,13 +325,9 @@ func loadAssignment(name string, pods []localPod, port uint32) *endpointv3.Clust
 		if port != 0 && !slices.Contains(p.ports, port) {
 			continue
 		}
-		hs := core.HealthStatus_HEALTHY
-		if !p.healthy {
-			hs = core.HealthStatus_UNHEALTHY
-		}
 		lbs = append(lbs, &endpointv3.LbEndpoint{
-			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: socketAddress(p.ip.String(), InboundPort, "")}},
-			HealthStatus:   hs,
+			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: xdsproto.SocketAddress(p.ip.String(), InboundPort, "")}},
+			HealthStatus:   xdsproto.HealthStatus(p.healthy),
 		})
 	}
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
@@ -368,20 +335,4 @@ func loadAssignment(name string, pods []localPod, port uint32) *endpointv3.Clust
 		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{LbEndpoints: lbs}}
 	}
 	return cla
-}
-
-func socketAddress(ip string, port uint32, netns string) *core.Address {
-	return &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
-		Address:                  ip,
-		PortSpecifier:            &core.SocketAddress_PortValue{PortValue: port},
-		NetworkNamespaceFilepath: netns,
-	}}}
-}
-
-func toAny(m proto.Message) (*anypb.Any, error) {
-	a, err := anypb.New(m)
-	if err != nil {
-		return nil, fmt.Errorf("marshal %T: %w", m, err)
-	}
-	return a, nil
 }

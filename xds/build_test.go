@@ -334,7 +334,6 @@ func TestInboundPortProtocolFromEndpoints(t *testing.T) {
 // (3-5), and within each tier the node's zone, then its region, then other regions.
 func TestEndpointPriority(t *testing.T) {
 	m := model.New(1, "c1", "mesh", model.DefaultTrustDomain, model.Node{Name: "n1", Region: "r1", Zone: "z1"}, nil, nil, nil)
-	b := &builder{m: m}
 	for _, c := range []struct {
 		cluster, region, zone string
 		want                  uint32
@@ -342,7 +341,7 @@ func TestEndpointPriority(t *testing.T) {
 		{"c1", "r1", "z1", 0}, {"c1", "r1", "z2", 1}, {"c1", "r2", "z1", 2}, {"c1", "", "", 2},
 		{"c2", "r1", "z1", 3}, {"c2", "r1", "z2", 4}, {"c2", "r2", "z9", 5},
 	} {
-		if got := b.priority(model.Endpoint{Cluster: c.cluster, Region: c.region, Zone: c.zone}); got != c.want {
+		if got := priority(m, &model.Endpoint{Cluster: c.cluster, Region: c.region, Zone: c.zone}); got != c.want {
 			t.Errorf("priority of an endpoint in cluster %s, region %q, zone %q = %d, want %d", c.cluster, c.region, c.zone, got, c.want)
 		}
 	}

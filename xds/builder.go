@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"runtime"
@@ -37,8 +38,8 @@ import (
 // use, and the resources it returns are shared with later builds: they must not be modified.
 type Builder struct {
 	opts Options
-	// shared is the builder holding the typed configs that depend on the options only.
-	shared *builder
+	// shared holds the typed configs every build shares (newSharedConfigs).
+	shared *sharedConfigs
 	// passthrough is the ORIGINAL_DST cluster (options only); passthroughValid once validated.
 	passthrough      *clusterv3.Cluster
 	passthroughValid bool
@@ -64,11 +65,7 @@ type meshGlobals struct {
 func globalsOf(m *model.Mesh, opts Options) *meshGlobals {
 	g := &meshGlobals{cluster: m.Cluster, meshDomain: m.MeshDomain, trustDomain: m.TrustDomain, region: m.Node.Region, zone: m.Node.Zone}
 	if opts.CertSelection == CertMatcher {
-		seen := map[string]bool{}
-		for _, p := range m.Pods {
-			seen[p.SPIFFEID(m.TrustDomain)] = true
-		}
-		g.ids = slices.Sorted(mapKeys(seen))
+		g.ids = localIDs(m)
 	}
 	return g
 }
@@ -126,15 +123,14 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		return nil, fmt.Errorf("build: %w", err)
 	}
 	if bl.shared == nil {
-		sh := &builder{opts: bl.opts}
-		if err := sh.prepareShared(); err != nil {
+		sh, err := newSharedConfigs()
+		if err != nil {
 			return nil, err
 		}
 		bl.shared = sh
-		bl.passthrough = sh.passthroughCluster()
+		bl.passthrough = passthroughCluster(bl.opts.ConnectTimeout, bl.opts.UpstreamNetns)
 	}
-	b := &builder{m: m, opts: bl.opts, selector: bl.shared.selector, captureHCM: bl.shared.captureHCM, headlessHCM: bl.shared.headlessHCM,
-		passthrough: bl.shared.passthrough, headlessRef: bl.shared.headlessRef}
+	b := &builder{m: m, opts: bl.opts, sharedConfigs: bl.shared}
 	g := globalsOf(m, bl.opts)
 	oldSvcs, oldPods, rt := bl.svcs, bl.pods, bl.routing
 	if !g.equal(bl.globals) {
@@ -221,7 +217,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		}
 	}
 	if routingChanged {
-		rt = b.assembleRouting(entries, reuse{old: rt, sameVIPRoutes: !vipRoutesChanged, sameDirect: !directChanged})
+		rt = assembleRouting(entries, reuse{old: rt, sameVIPRoutes: !vipRoutesChanged, sameDirect: !directChanged}, b.captureHCM, b.headlessHCM)
 	}
 	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
 
@@ -346,7 +342,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			r.Endpoints = append(r.Endpoints, w.Endpoints...)
 		}
 	}
-	for _, id := range slices.Sorted(mapKeys(ids)) {
+	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
 	}
 	r.Secrets = append(r.Secrets, bundleSecret(bundlePEM))
@@ -417,6 +413,11 @@ func parallel(n int, fn func(i int) error) error {
 		}
 	}
 	return nil
+}
+
+// sortByName sorts resources by the name name gives (deterministic output).
+func sortByName[T any](s []T, name func(T) string) {
+	slices.SortFunc(s, func(a, b T) int { return cmp.Compare(name(a), name(b)) })
 }
 
 // serviceEqual reports whether two services are the same in every field.

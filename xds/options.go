@@ -3,6 +3,67 @@ package xds
 import (
 	"fmt"
 	"strconv"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/aethermesh/aether/internal/xdsproto"
+	"github.com/aethermesh/aether/tunnel"
+)
+
+// Options tune the builders. The zero value is usable.
+type Options struct {
+	// ConnectTimeout is the upstream connect timeout of every cluster (default 5 s).
+	ConnectTimeout time.Duration
+	// UpstreamNetns, when set, is a netns path in which Envoy opens its outbound upstream sockets
+	// (Cluster.upstream_bind_config.source_address.network_namespace_filepath). Production leaves
+	// it empty (Envoy runs in the host netns); the local substrate and tests, where a "node" is a
+	// namespace of its own, set it to the node's netns.
+	UpstreamNetns string
+	// CertSelection picks how an outbound cluster presents the source pod's certificate
+	// (default CertSelector).
+	CertSelection CertSelection
+	// EastWestWaypoint sends traffic to endpoints of other clusters through their node's
+	// east-west waypoint (DESIGN.md, data flow 8): one EDS entry per remote node at
+	// node_ip:15443, weighted by that node's healthy endpoints, with endpoint metadata
+	// envoy.transport_socket_match {waypoint: true}, which selects a TLS socket whose SNI is
+	// "<port>.<svc>.<ns>.<meshDomain>" (same client certificate, same SAN pin). Where a named
+	// targetPort (or an imported port) is a different number in the node's pods, the entry
+	// carries one of them (waypointPort) and the metadata {waypoint: true, port: "<port>"}
+	// selects that port's SNI; the node's pods on other numbers get no traffic through it.
+	// Remote endpoints without a node IP are left out. Only with CertSelector: Build and
+	// NewServer refuse it with CertMatcher.
+	EastWestWaypoint bool
+	// HandshakeTimeout bounds how long a downstream connection to a listener that terminates or
+	// inspects TLS may take first to send its whole ClientHello (Listener.listener_filters_timeout,
+	// which tls_inspector waits under; Envoy's default is 15 s) and then to complete the TLS
+	// handshake (FilterChain.transport_socket_connect_timeout; Envoy's default is none): the
+	// pods' inbound listeners (pod_ip:15008) and, with EastWestWaypoint, the tunnel listener
+	// (node_ip:15443, tunnel.Options.HandshakeTimeout; it forwards the handshake to a pod's
+	// inbound listener, whose timeout then closes both legs). A connection still short of either
+	// is closed and counted (listener.<addr>.downstream_pre_cx_timeout,
+	// downstream_cx_transport_socket_connect_timeout). Zero or less means
+	// DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+}
+
+// DefaultHandshakeTimeout is Options.HandshakeTimeout's default, 10 s (docs/node-proxy.md says
+// why).
+const DefaultHandshakeTimeout = tunnel.DefaultHandshakeTimeout
+
+// CertSelection is the mechanism that picks the source pod's client certificate per upstream
+// connection (docs/node-proxy.md compares them).
+type CertSelection int
+
+const (
+	// CertSelector is one TLS context per cluster whose certificate the on-demand certificate
+	// selector (envoy.tls.certificate_selectors.on_demand_secret) fetches over SDS, named by the
+	// downstream filter state CertMapperFilterStateKey (Envoy 1.40, #42477).
+	CertSelector CertSelection = iota
+	// CertMatcher is Cluster.transport_socket_matcher on the same filter state, choosing among
+	// one TLS transport socket per local identity in every cluster (#41151): identities x
+	// clusters TLS contexts.
+	CertMatcher
 )
 
 // String names the mechanism as its Go constant ("CertSelector", "CertMatcher"), or
@@ -35,3 +96,23 @@ func (o Options) check() error {
 	}
 	return nil
 }
+
+// handshakeTimeout is HandshakeTimeout as a proto duration, DefaultHandshakeTimeout when it is zero
+// or less.
+func (o Options) handshakeTimeout() *durationpb.Duration {
+	if o.HandshakeTimeout <= 0 {
+		return durationpb.New(DefaultHandshakeTimeout)
+	}
+	return durationpb.New(o.HandshakeTimeout)
+}
+
+// connectTimeout is Cluster.connect_timeout of every cluster: ConnectTimeout, or 5 s when it is
+// zero or less (xdsproto.ConnectTimeout).
+func (o Options) connectTimeout() *durationpb.Duration {
+	return xdsproto.ConnectTimeout(o.ConnectTimeout)
+}
+
+// viaWaypoint reports whether other clusters' endpoints are reached through their node's east-west
+// waypoint: EastWestWaypoint, which only CertSelector implements (check refuses it with
+// CertMatcher).
+func (o Options) viaWaypoint() bool { return o.EastWestWaypoint && o.CertSelection == CertSelector }

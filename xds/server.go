@@ -11,9 +11,7 @@ import (
 	"sync"
 	"time"
 
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -316,138 +314,6 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]
 	}
 	return r.typed(), nil
 }
-
-// ValidateAll runs the PGV validation (ValidateAll) of every resource and returns every
-// violation, naming the resource. Clusters and endpoint sets are validated in parallel (one
-// goroutine per CPU); listeners first and alone, since the capture listeners share one
-// filter-chain matcher (one entry per VIP and port) and one list of filter chains (one per TCP
-// service port), each validated once, then each listener without them. Resources a Builder reused from an earlier build that passed ValidateAll are not
-// validated again.
-func (r *Resources) ValidateAll() error {
-	var errs []error
-	check := func(kind, name string, err error) {
-		if err != nil {
-			errs = append(errs, fmt.Errorf("validate %s %q: %w", kind, name, err))
-		}
-	}
-	// The capture listeners share their matcher and filter chains: each shared part is validated
-	// with the first listener that holds it (or not at all when a Builder knows it valid), and
-	// the other listeners are validated without it.
-	validated := map[any]bool{}
-	for _, x := range r.Listeners {
-		if r.isKnown(x) {
-			continue
-		}
-		fcm, fcs := x.FilterChainMatcher, x.FilterChains
-		mk, ck := any(fcm), chainsKey(fcs)
-		skipM := fcm != nil && (validated[mk] || r.isKnown(mk))
-		skipC := ck != nil && (validated[ck] || r.isKnown(ck))
-		if skipM {
-			x.FilterChainMatcher = nil
-		}
-		if skipC {
-			x.FilterChains = nil
-		}
-		check("listener", x.GetName(), x.ValidateAll())
-		x.FilterChainMatcher, x.FilterChains = fcm, fcs
-		if fcm != nil {
-			validated[mk] = true
-		}
-		if ck != nil {
-			validated[ck] = true
-		}
-	}
-	for _, x := range r.Routes {
-		if !r.isKnown(x) {
-			check("route", x.GetName(), x.ValidateAll())
-		}
-	}
-	for _, x := range r.Secrets {
-		check("secret", x.GetName(), x.ValidateAll())
-	}
-	for _, x := range r.Extensions {
-		if !r.isKnown(x) {
-			check("extension config", x.GetName(), validateExtension(x))
-		}
-	}
-	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName, r.isKnown)...)
-	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName, r.isKnown)...)
-	if len(errs) == 0 && r.validated != nil {
-		r.validated()
-	}
-	return errors.Join(errs...)
-}
-
-// validateExtension validates an ECDS resource and the typed config it carries (the
-// TypedExtensionConfig's own rules stop at the Any).
-func validateExtension(x *core.TypedExtensionConfig) error {
-	if err := x.ValidateAll(); err != nil {
-		return err
-	}
-	cfg, err := x.GetTypedConfig().UnmarshalNew()
-	if err != nil {
-		return fmt.Errorf("unmarshal typed config: %w", err)
-	}
-	if v, ok := cfg.(interface{ ValidateAll() error }); ok {
-		return v.ValidateAll()
-	}
-	return nil
-}
-
-// parallelValidate runs ValidateAll on the xs that skip does not name, in GOMAXPROCS goroutines,
-// and returns the violations in input order.
-func parallelValidate[T interface{ ValidateAll() error }](kind string, xs []T, name func(T) string, skip func(any) bool) []error {
-	out := make([]error, len(xs))
-	_ = parallel(len(xs), func(i int) error {
-		if skip(xs[i]) {
-			return nil
-		}
-		if err := xs[i].ValidateAll(); err != nil {
-			out[i] = fmt.Errorf("validate %s %q: %w", kind, name(xs[i]), err)
-		}
-		return nil
-	})
-	var errs []error
-	for _, err := range out {
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errs
-}
-
-// typed returns the resources by type for cache.NewSnapshot. Every type is present, empty or not: cache.NewSnapshot versions only the types it is given, and a
-// delta response removing a type's last resource would otherwise carry no system version, so its
-// ACK could not be told apart (a pod's DEL waited for it in vain).
-func (r *Resources) typed() map[resource.Type][]types.Resource {
-	out := map[resource.Type][]types.Resource{}
-	for _, t := range snapshotTypes {
-		out[t] = []types.Resource{}
-	}
-	add := func(t resource.Type, x types.Resource) { out[t] = append(out[t], x) }
-	for _, x := range r.Listeners {
-		add(resource.ListenerType, x)
-	}
-	for _, x := range r.Clusters {
-		add(resource.ClusterType, x)
-	}
-	for _, x := range r.Endpoints {
-		add(resource.EndpointType, x)
-	}
-	for _, x := range r.Routes {
-		add(resource.RouteType, x)
-	}
-	for _, x := range r.Secrets {
-		add(resource.SecretType, x)
-	}
-	for _, x := range r.Extensions {
-		add(resource.ExtensionConfigType, x)
-	}
-	return out
-}
-
-// snapshotTypes are the resource types every snapshot carries.
-var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType, resource.ExtensionConfigType}
 
 // sameResources reports whether two snapshots hold the same resources of type t. Resources the
 // Builder reused are the same values, so most comparisons end at the pointer.

@@ -1,0 +1,305 @@
+package xds
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	sfsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	origdstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
+	sfslistenerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/set_filter_state/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	sfsnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/aethermesh/aether/internal/xdsproto"
+	"github.com/aethermesh/aether/model"
+)
+
+// podListeners builds the three listeners of one local pod (capture, explicit lane, inbound) and
+// the inbound clusters that reach its application ports.
+func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*clusterv3.Cluster, error) {
+	id := p.SPIFFEID(b.m.TrustDomain)
+	capture, err := b.captureListener(p, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	lane, err := laneListener(p, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	ls := []*listenerv3.Listener{capture, lane}
+	inbound, cs, err := b.inboundListener(p, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	if inbound != nil {
+		ls = append(ls, inbound)
+	}
+	return ls, cs, nil
+}
+
+// captureListener is the pod's capture listener on 127.0.0.1:15001 inside its netns (the capture
+// redirect's target). original_dst restores the VIP and port the application dialled, and the
+// listener's filter_chain_matcher (a hash map on destination port, then IP) picks the chain:
+// an HTTP service port goes to the one HTTP chain (an HTTP connection manager whose codec AUTO
+// tells HTTP/1.1 from HTTP/2, routing on the original destination, see captureRoute), a TCP
+// service port to its floor chain (tcp_proxy over mTLS to the port's cluster), anything else to
+// the default chain that passes it through to the original destination. No listener filter waits
+// for client bytes, so a server-first protocol never stalls (docs/node-proxy.md explains the
+// layout).
+func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Listener, error) {
+	od, err := xdsproto.ListenerFilter("envoy.filters.listener.original_dst", &origdstv3.OriginalDst{})
+	if err != nil {
+		return nil, err
+	}
+	idf, err := identityListenerFilter(id)
+	if err != nil {
+		return nil, err
+	}
+	l := &listenerv3.Listener{
+		Name:               captureListenerName(p),
+		Address:            xdsproto.SocketAddress("127.0.0.1", CapturePort, p.NetnsPath),
+		Freebind:           podFreebind(),
+		ListenerFilters:    []*listenerv3.ListenerFilter{od, idf, b.headlessRef},
+		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{b.passthrough}},
+	}
+	if b.captureMatcher == nil {
+		return l, nil
+	}
+	l.FilterChainMatcher, l.FilterChains = b.captureMatcher, b.captureChains
+	return l, nil
+}
+
+// laneListener is the explicit HTTP lane on 127.0.0.1:18081 inside the pod's netns: the Host
+// header picks the service (LaneRouteName). id is the pod's SPIFFE ID (identityFilter).
+func laneListener(p *model.LocalPod, id string) (*listenerv3.Listener, error) {
+	idf, err := identityFilter(id)
+	if err != nil {
+		return nil, err
+	}
+	h, err := rdsHCM("lane_http", LaneRouteName)
+	if err != nil {
+		return nil, err
+	}
+	return &listenerv3.Listener{
+		Name:         laneListenerName(p),
+		Address:      xdsproto.SocketAddress("127.0.0.1", LanePort, p.NetnsPath),
+		Freebind:     podFreebind(),
+		FilterChains: []*listenerv3.FilterChain{{Name: "lane", Filters: []*listenerv3.Filter{idf, h}}},
+	}, nil
+}
+
+// inboundListener is the pod's mTLS listener on pod_ip:15008 inside its netns: TLS with the pod's
+// SVID, a client certificate from the trust domain required, one filter chain per served port
+// selected by SNI "<port>" (and the exact waypoint SNIs), then HTTP (the caller's identity
+// forwarded as XFCC, SANITIZE_SET with the URI) or raw TCP to the application. A connection gets
+// Options.HandshakeTimeout to send its ClientHello and as long again to finish the handshake. It
+// returns nil when the pod serves no port.
+func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Listener, []*clusterv3.Cluster, error) {
+	ports := inboundPorts(b.m, p, b.localEndpoints[p.UID])
+	if len(ports) == 0 {
+		return nil, nil, nil
+	}
+	ip, ok := model.MeshAddr(p.IPs)
+	if !ok {
+		return nil, nil, fmt.Errorf("inbound listener: pod has no IP")
+	}
+	ti, err := xdsproto.TLSInspector()
+	if err != nil {
+		return nil, nil, err
+	}
+	ts, err := tlsSocket(&tlsv3.DownstreamTlsContext{
+		RequireClientCertificate: wrapperspb.Bool(true),
+		CommonTlsContext: &tlsv3.CommonTlsContext{
+			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsRef(InboundSecretName(id))},
+			ValidationContextType: peerValidation([]*tlsv3.SubjectAltNameMatcher{{
+				SanType: tlsv3.SubjectAltNameMatcher_URI,
+				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + b.m.TrustDomain + "/"}},
+			}}),
+		},
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	// Bounds tls_inspector's wait for the ClientHello, then each chain's handshake.
+	handshake := b.opts.handshakeTimeout()
+	l := &listenerv3.Listener{
+		Name:                   inboundListenerName(p),
+		Address:                xdsproto.SocketAddress(ip.String(), InboundPort, p.NetnsPath),
+		Freebind:               podFreebind(),
+		ListenerFilters:        []*listenerv3.ListenerFilter{ti},
+		ListenerFiltersTimeout: handshake,
+	}
+	var clusters []*clusterv3.Cluster
+	for _, ipt := range ports {
+		cn := inboundClusterName(p, ipt.port)
+		var f *listenerv3.Filter
+		if ipt.protocol.IsHTTP() {
+			f, err = hcmFilter(&hcmv3.HttpConnectionManager{
+				StatPrefix:                  "inbound_http",
+				ForwardClientCertDetails:    hcmv3.HttpConnectionManager_SANITIZE_SET,
+				SetCurrentClientCertDetails: &hcmv3.HttpConnectionManager_SetCurrentClientCertDetails{Uri: true},
+				RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
+					Name:         cn,
+					VirtualHosts: []*routev3.VirtualHost{{Name: cn, Domains: []string{"*"}, Routes: []*routev3.Route{routeTo(cn)}}},
+					// An inline route table is checked against the known clusters by default
+					// (RouteConfiguration.validate_clusters). The inbound cluster arrives in the same
+					// snapshot but over CDS, which the non-ADS-ordered cache may deliver after LDS:
+					// Envoy would NACK the listener. Unknown clusters answer 503 for those
+					// milliseconds instead.
+					ValidateClusters: wrapperspb.Bool(false),
+				}},
+			})
+		} else {
+			f, err = xdsproto.TCPProxy("inbound_tcp", cn)
+		}
+		if err != nil {
+			return nil, nil, err
+		}
+		sni := append([]string{strconv.FormatUint(uint64(ipt.port), 10)}, ipt.waypointSNIs...)
+		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
+			Name:                          strconv.FormatUint(uint64(ipt.port), 10),
+			FilterChainMatch:              &listenerv3.FilterChainMatch{ServerNames: sni, TransportProtocol: "tls"},
+			TransportSocket:               ts,
+			TransportSocketConnectTimeout: handshake,
+			Filters:                       []*listenerv3.Filter{f},
+		})
+		c, err := inboundCluster(p, ipt, b.opts.ConnectTimeout)
+		if err != nil {
+			return nil, nil, err
+		}
+		clusters = append(clusters, c)
+	}
+	return l, clusters, nil
+}
+
+// inboundPort is one application port a local pod serves through 15008.
+type inboundPort struct {
+	port     uint32
+	protocol model.Protocol
+	// waypoint SNIs "<port>.<svc>.<ns>.<meshDomain>" of the services the pod backs on this port.
+	waypointSNIs []string
+}
+
+// inboundPorts lists the target ports the pod p of m serves: its registered endpoint ports in
+// this cluster (local, its endpoints) and its declared container ports, sorted by port.
+func inboundPorts(m *model.Mesh, p *model.LocalPod, local []model.Endpoint) []inboundPort {
+	byPort := map[uint32]*inboundPort{}
+	add := func(port uint32, proto model.Protocol) *inboundPort {
+		ip := byPort[port]
+		if ip == nil {
+			if proto == "" {
+				proto = model.ProtocolHTTP
+			}
+			ip = &inboundPort{port: port, protocol: proto}
+			byPort[port] = ip
+		}
+		return ip
+	}
+	// The registered endpoints first: their port protocols already apply the service model's
+	// precedence (the Service's appProtocol, then the pod annotation, then HTTP), which the pod's
+	// own ports (annotation or HTTP) do not know.
+	for _, ep := range local {
+		for _, epp := range ep.Ports {
+			if epp.Protocol == model.ProtocolUDP {
+				continue
+			}
+			ip := add(epp.Port, epp.Protocol)
+			ip.waypointSNIs = append(ip.waypointSNIs, WaypointSNI(m, ep.Service, epp.Port))
+		}
+	}
+	for _, pp := range p.Ports {
+		if pp.Protocol != model.ProtocolUDP {
+			add(pp.Port, pp.Protocol)
+		}
+	}
+	out := make([]inboundPort, 0, len(byPort))
+	for _, port := range slices.Sorted(maps.Keys(byPort)) {
+		ip := byPort[port]
+		slices.Sort(ip.waypointSNIs)
+		ip.waypointSNIs = slices.Compact(ip.waypointSNIs)
+		out = append(out, *ip)
+	}
+	return out
+}
+
+// podFreebind is Listener.freebind of every per-pod listener: Envoy binds them with IP_FREEBIND
+// (IPV6_FREEBIND for IPv6), so an address that is not (or no longer) on an interface of the pod's
+// netns does not fail the bind. Without it one such pod made Envoy reject the LDS update with
+// "cannot bind ... Cannot assign requested address", and every later update too, since each
+// snapshot holds that pod's listeners: no pod listener on the node changed again and every CNI
+// ADD on the node failed waiting for the ACK. A pod with NET_ADMIN can remove its own address
+// (then any Envoy restart rebinds), an IPv6 address is unbindable while DAD is tentative, and a
+// chained plugin's prevResult may name an address it never configured. A listener bound with
+// freebind serves as soon as the address appears (TestPrivilegedPodAddressAbsent); until then
+// it receives nothing, as the pod would not either.
+func podFreebind() *wrapperspb.BoolValue { return wrapperspb.Bool(true) }
+
+// identityValue is the filter-state value every pod listener sets first: it names the pod's SVID
+// secret for the upstream certificate selector. The value is an envoy.hashable_string shared with
+// upstream, so pooled upstream connections are partitioned per source identity (a plain
+// envoy.string is not hashed into the pool key: pods would share connections, see
+// TestPrivilegedEnvoyFactDynamicUpstreamCertSelector and docs/node-proxy.md).
+func identityValue(spiffeID string) []*sfsv3.FilterStateValue {
+	return []*sfsv3.FilterStateValue{{
+		Key:                &sfsv3.FilterStateValue_ObjectKey{ObjectKey: CertMapperFilterStateKey},
+		FactoryKey:         "envoy.hashable_string",
+		Value:              &sfsv3.FilterStateValue_FormatString{FormatString: &core.SubstitutionFormatString{Format: &core.SubstitutionFormatString_TextFormatSource{TextFormatSource: &core.DataSource{Specifier: &core.DataSource_InlineString{InlineString: spiffeID}}}}},
+		SharedWithUpstream: sfsv3.FilterStateValue_ONCE,
+	}}
+}
+
+// identityFilter is the set_filter_state network filter that starts the lane listener's chain
+// (identityValue).
+func identityFilter(spiffeID string) (*listenerv3.Filter, error) {
+	return xdsproto.NetworkFilter("envoy.filters.network.set_filter_state", &sfsnetv3.Config{OnNewConnection: identityValue(spiffeID)})
+}
+
+// identityListenerFilter is the set_filter_state listener filter (on accept, before the filter
+// chain is chosen) of the capture listener (identityValue). As a network filter it would be
+// repeated in every chain: with one floor chain per TCP service port that doubled the filters
+// Envoy builds per pod (docs/node-proxy.md, "Measurements").
+func identityListenerFilter(spiffeID string) (*listenerv3.ListenerFilter, error) {
+	return xdsproto.ListenerFilter("envoy.filters.listener.set_filter_state", &sfslistenerv3.Config{OnAccept: identityValue(spiffeID)})
+}
+
+// hcmFilter is the network filter of the HTTP connection manager h, completed with codec AUTO
+// (HTTP/1.1 or HTTP/2 by the first bytes) and the router as its only HTTP filter.
+func hcmFilter(h *hcmv3.HttpConnectionManager) (*listenerv3.Filter, error) {
+	rf, err := routerFilter()
+	if err != nil {
+		return nil, err
+	}
+	h.CodecType = hcmv3.HttpConnectionManager_AUTO
+	h.HttpFilters = []*hcmv3.HttpFilter{rf}
+	return xdsproto.NetworkFilter("envoy.filters.network.http_connection_manager", h)
+}
+
+// routerFilter is the HTTP filter envoy.filters.http.router, the last of every connection manager.
+func routerFilter() (*hcmv3.HttpFilter, error) {
+	r, err := xdsproto.ToAny(&routerv3.Router{})
+	if err != nil {
+		return nil, err
+	}
+	return &hcmv3.HttpFilter{Name: "envoy.filters.http.router", ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: r}}, nil
+}
+
+// rdsHCM is the network filter of an HTTP connection manager with stat prefix stat whose routes are
+// the route configuration route, over RDS (ADS).
+func rdsHCM(stat, route string) (*listenerv3.Filter, error) {
+	return hcmFilter(&hcmv3.HttpConnectionManager{
+		StatPrefix: stat,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource: xdsproto.ADS(), RouteConfigName: route,
+		}},
+	})
+}

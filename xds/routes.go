@@ -1,0 +1,260 @@
+package xds
+
+import (
+	"net/netip"
+	"strconv"
+
+	xdscore "github.com/cncf/xds/go/xds/core/v3"
+	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	netinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// routing holds what every pod's listeners share and what the shared route tables hold, assembled
+// from every service's entry in model order (a later service wins a VIP and port clash).
+type routing struct {
+	// captureMatcher is nil when no service has a VIP.
+	captureMatcher *xdsmatcher.Matcher
+	// captureChains are the capture listener's filter chains: the HTTP chain, the headless HTTP
+	// chain when headlessRoute is set, then the floor chains; nil with captureMatcher.
+	captureChains []*listenerv3.FilterChain
+	// captureRoute (CaptureRouteName) holds the VIP routes.
+	captureRoute *routev3.RouteConfiguration
+	// headlessRoute (CaptureHeadlessRouteName) holds the headless Services' routes
+	// "<pod_ip>:<port>"; nil when no headless HTTP port has an endpoint in this cluster.
+	headlessRoute *routev3.RouteConfiguration
+	laneRoute     *routev3.RouteConfiguration
+	// headlessFilter is the ECDS resource HeadlessFilterName; it sets nothing when
+	// directInMatcher (more than maxHeadlessMap entries: they are in the matcher instead).
+	headlessFilter  *core.TypedExtensionConfig
+	directInMatcher bool
+	// valid is set once a build that used this routing passed ValidateAll. The other flags say
+	// that a part is the value of an earlier routing that had: sharedValid the matcher, chains
+	// and lane route (withDirect), vipRouteValid captureRoute, directValid headlessRoute and
+	// headlessFilter.
+	valid, sharedValid, vipRouteValid, directValid bool
+}
+
+// reuse says which parts of the previous routing assembleRouting may keep: the capture route
+// when no service's VIP routes changed (sameVIPRoutes), the headless route table and the
+// headless filter when no service's direct entries or headless routes changed (sameDirect).
+type reuse struct {
+	old                       *routing
+	sameVIPRoutes, sameDirect bool
+}
+
+// assembleRouting builds the capture filter-chain matcher (a hash map on destination port, then
+// destination IP, built once and shared by every pod's capture listener), the capture filter
+// chains (shared too: the pod's identity is set by a listener filter) and the shared route
+// tables from the services' entries, keeping the parts of keep.old that keep says are unchanged
+// (the same values: not sent again, not validated again); the chains' connection managers are
+// captureHCM and headlessHCM (sharedConfigs). Port first: services share few ports, so the
+// matcher holds one nested IP map per distinct port rather than one nested port map per VIP,
+// which makes every pod's capture listener, parsed and built by Envoy per pod, smaller.
+//
+// Headless Services' endpoints are not in the matcher: on a target port a headless Service's
+// endpoints serve, a destination IP that is no VIP falls to a nested matcher on the filter state
+// DirectFilterStateKey, mapping the names of that port's headless chains to the chains, and
+// anything else to the default chain (passthrough). The filter state is set by the ECDS listener
+// filter HeadlessFilterName (headlessFilter), which every capture listener runs and which holds
+// the "<pod_ip>:<port>" -> chain map (read only for the headless target ports). An HTTP port's
+// endpoints take the chain captureHeadlessChain, whose route table CaptureHeadlessRouteName holds
+// only their routes. So an endpoint change of a headless Service changes that one ECDS resource
+// (and for HTTP ports the headless route table), not every pod's capture listener, nor the VIP
+// route table, which Envoy would otherwise rebuild on every such change (docs/node-proxy.md,
+// "Headless Services").
+func assembleRouting(entries []*svcEntry, keep reuse, captureHCM, headlessHCM *listenerv3.Filter) *routing {
+	rt := &routing{}
+	var floors []floorChain
+	byPort := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
+	lane := &routev3.RouteConfiguration{Name: LaneRouteName}
+	for _, e := range entries {
+		floors = append(floors, e.floors...)
+		for _, c := range e.chains {
+			if byPort[c.port] == nil {
+				byPort[c.port] = map[string]*xdsmatcher.Matcher_OnMatch{}
+			}
+			byPort[c.port][c.vip] = c.action
+		}
+		lane.VirtualHosts = append(lane.VirtualHosts, e.lane...)
+	}
+	rt.laneRoute = lane
+	if o := keep.old; o != nil && keep.sameVIPRoutes {
+		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
+	} else {
+		rt.captureRoute = captureRoute(CaptureRouteName, routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes }))
+	}
+	var direct map[netip.AddrPort]string
+	var directChains map[uint16]map[string]bool
+	if o := keep.old; o != nil && keep.sameDirect {
+		rt.headlessRoute, rt.headlessFilter, rt.directInMatcher = o.headlessRoute, o.headlessFilter, o.directInMatcher
+		rt.directValid = o.valid || o.directValid
+		direct, directChains = directMaps(entries)
+	} else {
+		direct, directChains = rt.assembleDirect(entries)
+	}
+	if rt.directInMatcher {
+		// Too many for the ECDS filter's map: the endpoints' addresses are matcher entries, as
+		// VIPs are. A VIP keeps its entry, as it does below the limit (the VIPs are matched
+		// before the filter state).
+		for dst, chain := range direct {
+			port, ip := strconv.FormatUint(uint64(dst.Port()), 10), dst.Addr().String()
+			if byPort[port] == nil {
+				byPort[port] = map[string]*xdsmatcher.Matcher_OnMatch{}
+			}
+			if byPort[port][ip] == nil {
+				byPort[port][ip] = chainAction(chain)
+			}
+		}
+		directChains = nil
+	}
+	if len(byPort) == 0 && len(directChains) == 0 {
+		return rt
+	}
+	portInput, _ := anypb.New(&netinputsv3.DestinationPortInput{})
+	ipInput, _ := anypb.New(&netinputsv3.DestinationIPInput{})
+	portMap := make(map[string]*xdsmatcher.Matcher_OnMatch, len(byPort)+len(directChains))
+	for port, vips := range byPort {
+		portMap[port] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: &xdsmatcher.Matcher{
+			MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+				Input:    &xdscore.TypedExtensionConfig{Name: "ip", TypedConfig: ipInput},
+				TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: vips}},
+			}},
+		}}}
+	}
+	for port, chains := range directChains {
+		key := strconv.FormatUint(uint64(port), 10)
+		m := directMatcher(chains)
+		if ip := portMap[key]; ip != nil {
+			ip.GetMatcher().OnNoMatch = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: m}}
+		} else {
+			portMap[key] = &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Matcher{Matcher: m}}
+		}
+	}
+	rt.captureMatcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+		Input:    &xdscore.TypedExtensionConfig{Name: "port", TypedConfig: portInput},
+		TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: portMap}},
+	}}}
+	rt.captureChains = make([]*listenerv3.FilterChain, 0, 2+len(floors))
+	rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{captureHCM}})
+	if rt.headlessRoute != nil {
+		// Only while a headless HTTP port has endpoints: the chain comes and goes with that
+		// port's entry in the matcher (directChainSet), so it adds no listener update of its own.
+		rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: captureHeadlessChain, Filters: []*listenerv3.Filter{headlessHCM}})
+	}
+	for _, fc := range floors {
+		rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{fc.tcp}})
+	}
+	return rt
+}
+
+// routeMap is the capture route table's matcher map of the routes pick gives for each entry
+// (a later service wins a clash).
+func routeMap(entries []*svcEntry, pick func(*svcEntry) []vipRoute) map[string]*xdsmatcher.Matcher_OnMatch {
+	routes := map[string]*xdsmatcher.Matcher_OnMatch{}
+	for _, e := range entries {
+		for _, r := range pick(e) {
+			routes[r.dst] = r.action
+		}
+	}
+	return routes
+}
+
+// chainAction is the filter-chain matcher action selecting the chain named name.
+func chainAction(name string) *xdsmatcher.Matcher_OnMatch {
+	a, _ := anypb.New(wrapperspb.String(name))
+	return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+		Action: &xdscore.TypedExtensionConfig{Name: name, TypedConfig: a}}}
+}
+
+// captureRoute is a route configuration of every pod's capture HTTP chains, named name
+// (CaptureRouteName for the VIPs, CaptureHeadlessRouteName for headless Services' pods): one
+// virtual host whose matcher maps the original destination "ip:port" (the DstHeader the capture
+// HTTP connection manager writes before routing, from %DOWNSTREAM_LOCAL_ADDRESS%) to the
+// service port's cluster, whatever Host the client used; without routes, a 404 for every request.
+// The lookup is a hash map, so the route table's cost per request does not grow with the number
+// of services. The header is removed before the request leaves.
+func captureRoute(name string, m map[string]*xdsmatcher.Matcher_OnMatch) *routev3.RouteConfiguration {
+	vh := &routev3.VirtualHost{Name: name, Domains: []string{"*"}}
+	if len(m) > 0 {
+		input, _ := anypb.New(&matcherv3.HttpRequestHeaderMatchInput{HeaderName: DstHeader})
+		vh.Matcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+			Input:    &xdscore.TypedExtensionConfig{Name: "original-destination", TypedConfig: input},
+			TreeType: &xdsmatcher.Matcher_MatcherTree_ExactMatchMap{ExactMatchMap: &xdsmatcher.Matcher_MatcherTree_MatchMap{Map: m}},
+		}}}
+	} else {
+		vh.Routes = []*routev3.Route{{
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 404}},
+		}}
+	}
+	return &routev3.RouteConfiguration{
+		Name:                   name,
+		VirtualHosts:           []*routev3.VirtualHost{vh},
+		RequestHeadersToRemove: []string{DstHeader},
+	}
+}
+
+// laneVirtualHosts are one service's (of m) virtual hosts in the explicit HTTP lane's route
+// configuration (LaneRouteName): one per HTTP port, answering the service's mesh names
+// (<svc>.<ns>.<meshDomain>, the short <svc>.<meshDomain> when the service owns it, given as
+// short, <svc>.<ns>.svc.clusterset.local when imported), each also with ":<port>"; a name without
+// a port goes to the service's first HTTP port.
+func laneVirtualHosts(m *model.Mesh, s *model.Service, short string) []*routev3.VirtualHost {
+	if !hasClusters(s) {
+		return nil // no cluster to route to (hasClusters)
+	}
+	var vhs []*routev3.VirtualHost
+	names := []string{m.FQDN(s.Key)}
+	if short != "" {
+		names = append(names, short)
+	}
+	if s.Imported {
+		names = append(names, model.ClustersetName(s.Key))
+	}
+	first := true
+	for _, sp := range s.Ports {
+		if !sp.Protocol.IsHTTP() {
+			continue
+		}
+		var domains []string
+		for _, n := range names {
+			if first {
+				domains = append(domains, n)
+			}
+			domains = append(domains, n+":"+strconv.FormatUint(uint64(sp.Port), 10))
+		}
+		first = false
+		cn := ClusterName(m, s.Key, sp.Port)
+		vhs = append(vhs, &routev3.VirtualHost{Name: cn, Domains: domains, Routes: []*routev3.Route{routeTo(cn)}})
+	}
+	return vhs
+}
+
+// routeTo is the route of every path prefix to the cluster named cluster, without a
+// per-request timeout.
+func routeTo(cluster string) *routev3.Route {
+	return &routev3.Route{
+		Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+		Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+			ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: cluster},
+			// No per-request timeout: streams and long polls are the application's business.
+			Timeout: durationpb.New(0),
+		}},
+	}
+}
+
+// routeAction is the capture route tables' matcher action that takes the route route (routeTo,
+// marshalled).
+func routeAction(route *anypb.Any) *xdsmatcher.Matcher_OnMatch {
+	return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
+		Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}
+}

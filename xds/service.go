@@ -1,0 +1,136 @@
+package xds
+
+import (
+	"net/netip"
+	"slices"
+	"strconv"
+
+	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/aethermesh/aether/internal/xdsproto"
+	"github.com/aethermesh/aether/model"
+)
+
+// serviceEntry builds everything one service contributes to a snapshot: its outbound clusters
+// and EDS resources (one per non-UDP port, when the service has a VIP), its floor chains, its
+// entries in the capture filter-chain matcher and in the capture route table, and its virtual
+// hosts in the lane route table. It reads only the service, its endpoints and mesh-wide values
+// (svcEntry lists them), so it may run for many services at once. When old (the service's entry
+// in the previous build, or nil) was built from the same service and short name, only the EDS
+// resources are built again, and the clusters too unless the endpoints' SPIFFE IDs or their
+// other target ports (otherTargetPorts) changed.
+func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, error) {
+	eps := b.m.Endpoints[s.Key]
+	e := &svcEntry{svc: s, eps: eps, short: b.m.ShortName(s.Key), peers: peerIDs(eps)}
+	for _, sp := range s.Ports {
+		e.otherPorts = append(e.otherPorts, otherTargetPorts(b.m, s, sp, b.opts.viaWaypoint()))
+	}
+	// A headless service's capture entries and direct clusters follow its endpoints: rebuilt whole.
+	if old != nil && !s.Headless && old.short == e.short && serviceEqual(old.svc, s) {
+		e.floors, e.chains, e.routes, e.lane = old.floors, old.chains, old.routes, old.lane
+		if slices.Equal(old.peers, e.peers) && slices.EqualFunc(old.otherPorts, e.otherPorts, otherPorts.equal) {
+			e.clusters, e.clustersValid = old.clusters, old.valid || old.clustersValid
+		} else if err := b.outboundClusters(e); err != nil {
+			return nil, err
+		}
+		for _, sp := range s.Ports {
+			if sp.Protocol != model.ProtocolUDP && hasClusters(s) {
+				e.clas = append(e.clas, loadAssignment(b.m, s, sp, b.opts.viaWaypoint()))
+			}
+		}
+		return e, nil
+	}
+	if err := b.outboundClusters(e); err != nil {
+		return nil, err
+	}
+	vips := s.AllVIPs()
+	for _, sp := range s.Ports {
+		if sp.Protocol == model.ProtocolUDP {
+			continue
+		}
+		cn := ClusterName(b.m, s.Key, sp.Port)
+		if hasClusters(s) {
+			e.clas = append(e.clas, loadAssignment(b.m, s, sp, b.opts.viaWaypoint()))
+		}
+		if s.Headless {
+			if err := b.directEntries(e, sp); err != nil {
+				return nil, err
+			}
+		}
+		// Capture: the chain this port's VIPs select (floor chains exist even without a VIP).
+		chain := captureHTTPChain
+		if !sp.Protocol.IsHTTP() {
+			fc, err := newFloorChain(cn)
+			if err != nil {
+				return nil, err
+			}
+			e.floors, chain = append(e.floors, fc), fc.name
+		}
+		port := strconv.FormatUint(uint64(sp.Port), 10)
+		for _, vip := range vips {
+			e.chains = append(e.chains, vipChain{vip: vip.String(), port: port, action: chainAction(chain)})
+		}
+		if sp.Protocol.IsHTTP() {
+			route, _ := anypb.New(routeTo(cn))
+			for _, vip := range vips {
+				e.routes = append(e.routes, vipRoute{dst: netip.AddrPortFrom(vip, uint16(sp.Port)).String(), action: routeAction(route)})
+			}
+		}
+	}
+	e.lane = laneVirtualHosts(b.m, s, e.short)
+	return e, nil
+}
+
+// hasClusters reports whether a service gets outbound EDS clusters (and lane virtual hosts): when
+// it has a local or clusterset VIP, or is headless (its lane virtual hosts balance over its
+// pods). Any other service without a VIP (a Service of type ExternalName, an import whose VIP is
+// not known yet) has no cluster and no virtual host: a lane request for its name gets 404, not a
+// route to a missing cluster.
+func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIPs) > 0 || s.Headless }
+
+// outboundClusters builds e's outbound EDS clusters: one per non-UDP port when hasClusters, pinned
+// to e.peers, with the sockets of e.otherPorts.
+func (b *builder) outboundClusters(e *svcEntry) error {
+	if !hasClusters(e.svc) {
+		return nil
+	}
+	for i, sp := range e.svc.Ports {
+		if sp.Protocol == model.ProtocolUDP {
+			continue
+		}
+		c, err := b.outboundCluster(e.svc, sp, e.peers, e.otherPorts[i])
+		if err != nil {
+			return err
+		}
+		e.clusters = append(e.clusters, c)
+	}
+	return nil
+}
+
+// floorChain is the tcp_proxy filter of one TCP service port.
+type floorChain struct {
+	name string
+	tcp  *listenerv3.Filter
+}
+
+// newFloorChain is the floor chain "tcp|<cn>" that passes connections to the cluster cn
+// (tcp_proxy, stat prefix outbound_tcp).
+func newFloorChain(cn string) (floorChain, error) {
+	tp, err := xdsproto.TCPProxy("outbound_tcp", cn)
+	return floorChain{name: "tcp|" + cn, tcp: tp}, err
+}
+
+// vipChain is one entry of the capture filter-chain matcher: port and VIP to a chain.
+type vipChain struct {
+	vip, port string
+	action    *xdsmatcher.Matcher_OnMatch
+}
+
+// vipRoute is one entry of a capture route table: "VIP:port" (CaptureRouteName) or
+// "<pod_ip>:<port>" (CaptureHeadlessRouteName) to a route.
+type vipRoute struct {
+	dst    string
+	action *xdsmatcher.Matcher_OnMatch
+}
