@@ -17,7 +17,8 @@ import (
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
-	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/aethermesh/aether/internal/xdsproto"
 )
 
 // Default addresses (DESIGN.md, ports).
@@ -76,8 +77,7 @@ func parseAddress(field, s string) (*core.Address, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s %q: port: %w", field, s, err)
 	}
-	return &core.Address{Address: &core.Address_SocketAddress{SocketAddress: &core.SocketAddress{
-		Address: host, PortSpecifier: &core.SocketAddress_PortValue{PortValue: uint32(n)}}}}, nil
+	return xdsproto.SocketAddress(host, uint32(n), ""), nil
 }
 
 // Bootstrap returns the Envoy bootstrap (JSON) for cfg: node id and cluster, the admin API, one
@@ -106,8 +106,6 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 	if cfg.StateOfTheWorld {
 		apiType = core.ApiConfigSource_GRPC
 	}
-	ads := &core.ConfigSource{ResourceApiVersion: core.ApiVersion_V3,
-		ConfigSourceSpecifier: &core.ConfigSource_Ads{Ads: &core.AggregatedConfigSource{}}}
 	b := &bootstrapv3.Bootstrap{
 		Node:  &core.Node{Id: cfg.NodeID, Cluster: cfg.Cluster},
 		Admin: &bootstrapv3.Admin{Address: admin},
@@ -119,13 +117,13 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 					EnvoyGrpc: &core.GrpcService_EnvoyGrpc{ClusterName: adsClusterName}}}},
 				SetNodeOnFirstMessageOnly: true,
 			},
-			LdsConfig: ads,
-			CdsConfig: ads,
+			LdsConfig: xdsproto.ADS(),
+			CdsConfig: xdsproto.ADS(),
 		},
 		StaticResources: &bootstrapv3.Bootstrap_StaticResources{Clusters: []*clusterv3.Cluster{{
 			Name:                          adsClusterName,
 			ClusterDiscoveryType:          &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-			ConnectTimeout:                durationpb.New(5 * time.Second),
+			ConnectTimeout:                xdsproto.ConnectTimeout(0),
 			TypedExtensionProtocolOptions: map[string]*anypb.Any{"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": po},
 			LoadAssignment: &endpointv3.ClusterLoadAssignment{ClusterName: adsClusterName, Endpoints: []*endpointv3.LocalityLbEndpoints{{
 				LbEndpoints: []*endpointv3.LbEndpoint{{HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: xdsAddr}}}},

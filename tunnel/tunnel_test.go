@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -20,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/tunnel"
 	"github.com/aethermesh/aether/xds"
@@ -100,14 +99,7 @@ func TestBuildGolden(t *testing.T) {
 		out.WriteString("\n")
 	}
 	got := out.Bytes()
-	path := filepath.Join("testdata", "tunnel.golden.json")
-	if os.Getenv("REFRESH_GOLDEN") != "" {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	} else if want, err := os.ReadFile(path); err != nil || !bytes.Equal(got, want) {
-		t.Errorf("%s differs (%v); review and refresh with REFRESH_GOLDEN=1 go test ./tunnel/", path, err)
-	}
+	testenv.Golden(t, "tunnel.golden.json", got)
 
 	l := r.Listener
 	if addr := l.Address.GetSocketAddress(); addr.Address != "192.168.0.9" || addr.GetPortValue() != tunnel.Port {

@@ -104,12 +104,3 @@ func newSharedConfigs() (*sharedConfigs, error) {
 	}
 	return sh, nil
 }
-
-// socketAddress and adsSource are xdsproto.SocketAddress and xdsproto.ADS under the names that
-// bootstrap.go and warm_linux_test.go call (they are moving to package envoy, which can call
-// xdsproto itself).
-func socketAddress(ip string, port uint32, netns string) *core.Address {
-	return xdsproto.SocketAddress(ip, port, netns)
-}
-
-func adsSource() *core.ConfigSource { return xdsproto.ADS() }

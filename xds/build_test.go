@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -129,27 +128,6 @@ func stableJSON(t *testing.T, msgs []proto.Message) []byte {
 	return out.Bytes()
 }
 
-func checkGolden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if os.Getenv("REFRESH_GOLDEN") != "" {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("read golden %s (refresh with REFRESH_GOLDEN=1): %v", path, err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file; review and refresh with REFRESH_GOLDEN=1 go test ./xds/ -run TestBuildGolden", path)
-	}
-}
-
 func asMessages[T proto.Message](xs []T) []proto.Message {
 	out := make([]proto.Message, len(xs))
 	for i, x := range xs {
@@ -204,7 +182,7 @@ func TestBuildGolden(t *testing.T) {
 				if !bytes.Equal(got, stableJSON(t, kind.b)) {
 					t.Errorf("%s: two builds of the same model differ", kind.name)
 				}
-				checkGolden(t, c.name+"."+kind.name+".json", got)
+				testenv.Golden(t, c.name+"."+kind.name+".json", got)
 			}
 		})
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/internal/xdsproto"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -34,7 +35,7 @@ func TestWaitListenersWarm(t *testing.T) {
 	}
 	lane := &listenerv3.Listener{
 		Name:         laneListenerName(pod),
-		Address:      socketAddress("127.0.0.1", 0, ""),
+		Address:      xdsproto.SocketAddress("127.0.0.1", 0, ""),
 		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{hcm}}},
 	}
 	// Envoy starts with no listener (a listener warming while Envoy initialises would hold /ready
@@ -89,7 +90,7 @@ func TestWaitListenersWarm(t *testing.T) {
 	defer taken.Close()
 	inbound := proto.Clone(lane).(*listenerv3.Listener)
 	inbound.Name = inboundListenerName(pod)
-	inbound.Address = socketAddress("127.0.0.1", uint32(taken.Addr().(*net.TCPAddr).Port), "")
+	inbound.Address = xdsproto.SocketAddress("127.0.0.1", uint32(taken.Addr().(*net.TCPAddr).Port), "")
 	serve("4", map[resource.Type][]types.Resource{resource.ListenerType: {lane, inbound}, resource.RouteType: {&routev3.RouteConfiguration{Name: "lane-shop-web-1"}}})
 	// (Called here before Envoy took the update it returns nil: the agent calls it after the
 	// LDS ACK, which Envoy refuses in this case.)
