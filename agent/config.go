@@ -18,8 +18,8 @@ import (
 )
 
 // Config is the agent's whole configuration: every field has a flag and an environment variable
-// (the flag wins; ParseFlags reads both). Validate checks it at start and names the flag of the
-// first bad field.
+// (the flag wins; ParseFlags reads both). Validate checks it at start and names the flag of
+// every bad field.
 type Config struct {
 	NodeName    string // --node-name, NODE_NAME
 	Cluster     string // --cluster, AETHER_CLUSTER
@@ -187,7 +187,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 }
 
 // Validate checks c before Run: required fields, addresses, ports that must not collide and the
-// CA files; it returns the first problem found, naming the flag and its value.
+// CA files; it returns every problem found, joined, each naming the flag and its value.
 func (c Config) Validate() error {
 	var errs []error
 	req := func(flagName, v string) {

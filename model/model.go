@@ -201,7 +201,7 @@ type PodPort struct {
 	Protocol Protocol
 }
 
-// LocalPod is a meshed pod on this node: its PodAttachment (from CNI ADD) joined with its
+// LocalPod is a meshed pod on this node: its cniv1.PodAttachment (from CNI ADD) joined with its
 // Kubernetes metadata.
 type LocalPod struct {
 	UID            string

@@ -16,7 +16,7 @@ import (
 
 // The embedded etcd (the registrar's single-machine default) serves the registry and keeps it
 // across restarts in its data directory.
-func TestStartEmbeddedKeepsDataAcrossRestarts(t *testing.T) {
+func TestStartKeepsDataAcrossRestarts(t *testing.T) {
 	dir := t.TempDir()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cfg := Config{
