@@ -57,7 +57,7 @@ func (d *podDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
 		Name: p.Name, NetnsPath: p.NetnsPath, IPs: p.IPs, Interface: "eth0"}
 	d.att.mu.Unlock()
 	d.asm.Trigger()
-	return d.waitModel(ctx, p.UID, true)
+	return d.waitModel(ctx, p.UID, p.ContainerID, true)
 }
 
 // PodRemoved implements cni.Dataplane; it returns once a model without the pod is acknowledged.
@@ -76,13 +76,21 @@ func (d *podDataplane) PodRemoved(ctx context.Context, p model.LocalPod) error {
 		return nil
 	}
 	d.asm.Trigger()
-	return d.waitModel(ctx, p.UID, false)
+	return d.waitModel(ctx, p.UID, "", false)
 }
 
-// waitModel waits for a model in which pod uid is present (or absent), then for Envoy's ACK of
-// it and, for a present pod, for its listeners to leave warming.
-func (d *podDataplane) waitModel(ctx context.Context, uid string, present bool) error {
-	m, err := d.asm.Wait(ctx, func(m *model.Mesh) bool { return (m.Pod(uid) != nil) == present })
+// waitModel waits for a model in which pod uid is present with container containerID (or
+// absent), then for Envoy's ACK of it and, for a present pod, for its listeners to leave
+// warming. The container matters when a pod's sandbox is recreated: the model already holds
+// the pod with the old sandbox's netns until it is rebuilt.
+func (d *podDataplane) waitModel(ctx context.Context, uid, containerID string, present bool) error {
+	m, err := d.asm.Wait(ctx, func(m *model.Mesh) bool {
+		p := m.Pod(uid)
+		if !present {
+			return p == nil
+		}
+		return p != nil && p.ContainerID == containerID
+	})
 	if err != nil {
 		verb := "appear in"
 		if !present {

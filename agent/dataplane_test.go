@@ -54,6 +54,11 @@ func TestPodDataplaneStaleAttachmentRemoval(t *testing.T) {
 	if err := dp.PodAdded(ctx, live); err != nil {
 		t.Fatal(err)
 	}
+	// The recreated sandbox's ADD returns only once the model serves its container, not the
+	// old sandbox's (the pod UID was in the model already).
+	if p := asm.Current().Pod("u1"); p == nil || p.ContainerID != "c-new" {
+		t.Fatalf("PodAdded(live) returned while the model serves %+v, want container c-new", p)
+	}
 	if err := dp.PodRemoved(ctx, stale); err != nil {
 		t.Fatal(err)
 	}

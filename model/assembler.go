@@ -60,8 +60,11 @@ type Assembler struct {
 	ver   atomic.Uint64
 	built atomic.Uint64
 
-	mu   sync.Mutex
-	subs []func(*Mesh)
+	// build serialises Rebuild (Run's coalescer and direct calls), so versions, Current and the
+	// subscribers never go backwards.
+	build sync.Mutex
+	mu    sync.Mutex
+	subs  []func(*Mesh)
 	// next is closed and replaced when a new Mesh is published (Wait).
 	next chan struct{}
 }
@@ -124,6 +127,8 @@ func (a *Assembler) Rebuilds() uint64 { return a.built.Load() }
 // Rebuild assembles a Mesh now and publishes it. When the Kubernetes source cannot be read the
 // current Mesh is kept and the error returned.
 func (a *Assembler) Rebuild() error {
+	a.build.Lock()
+	defer a.build.Unlock()
 	start := time.Now()
 	s := Sources{Cluster: a.cfg.Cluster, MeshDomain: a.cfg.MeshDomain, TrustDomain: a.cfg.TrustDomain}
 	if a.kube != nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -91,7 +92,17 @@ func shareNetnsDir() error {
 	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
 		return fmt.Errorf("share %s: %w", netnsDir, err)
 	}
-	err := unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+	// Test binaries run in parallel: one lock, so that two first calls never both find the
+	// directory unmounted and stack two bind mounts.
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "aether-testenv-netns.lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return fmt.Errorf("share %s: %w", netnsDir, err)
+	}
+	defer lock.Close()
+	if err := unix.Flock(int(lock.Fd()), unix.LOCK_EX); err != nil {
+		return fmt.Errorf("share %s: lock: %w", netnsDir, err)
+	}
+	err = unix.Mount("", netnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
 	if errors.Is(err, unix.EINVAL) { // not a mount point yet
 		if err := unix.Mount(netnsDir, netnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
 			return fmt.Errorf("bind-mount %s onto itself: %w", netnsDir, err)
