@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -409,12 +408,12 @@ func startAPIServerPinned(ctx context.Context, opts testenv.KubeAPIServerOptions
 func (s *Substrate) startRegistry(ctx context.Context, etcdBin string) error {
 	var ports [2]int
 	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		// Held for the process's life: the registry lives as long as the substrate.
+		p, _, err := testenv.ReservePort()
 		if err != nil {
 			return fmt.Errorf("start registry etcd: %w", err)
 		}
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-		l.Close()
+		ports[i] = p
 	}
 	s.RegistryEndpoint = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])

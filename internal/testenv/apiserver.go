@@ -282,21 +282,14 @@ func waitHTTP(ctx context.Context, hc *http.Client, url string) error {
 	}
 }
 
+// freePorts3 reserves three ports (ReservePort) for the rest of the process: the API server and
+// its etcd live as long as the test binary.
 func freePorts3() (a, b, c int, err error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
 	var ports [3]int
 	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		if ports[i], _, err = ReservePort(); err != nil {
 			return 0, 0, 0, err
 		}
-		ls = append(ls, l)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
 	return ports[0], ports[1], ports[2], nil
 }

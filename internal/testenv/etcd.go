@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"fmt"
-	"net"
 	"net/url"
 	"path/filepath"
 	"testing"
@@ -10,18 +9,6 @@ import (
 
 	"go.etcd.io/etcd/server/v3/embed"
 )
-
-// FreePort returns a TCP port on 127.0.0.1 that was free a moment ago. Callers bind it soon; a
-// clash with another process is possible but rare.
-func FreePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("testenv: free port: %v", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // EmbeddedEtcd is a single-member etcd server running inside the test process.
 type EmbeddedEtcd struct {
