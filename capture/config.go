@@ -26,6 +26,12 @@ const (
 	DefaultDNSPort     = 18054
 	// DNSPort is the port of the cluster DNS service that is DNAT'ed to the agent's resolver.
 	DNSPort = 53
+	// DefaultBypassMark is the SO_MARK the node Envoy puts on the upstream sockets it opens
+	// inside a pod's netns for the pod's passthrough (xds.Options.BypassMark), and that the
+	// pod's outbound capture lets through (Config.BypassMark): 0x4145, "AE". Setting SO_MARK
+	// needs CAP_NET_ADMIN, which a pod that has it could use to flush its rules anyway
+	// (docs/capture.md, the bypass matrix).
+	DefaultBypassMark = 0x4145
 )
 
 // Config is everything the capture rules of one pod depend on. It is plain data: the agent fills
@@ -64,8 +70,9 @@ type Config struct {
 	// apart from other pods' plaintext; see docs/capture.md for why not a socket mark.
 	NodeSources []netip.Prefix
 	// BypassMark, when non-zero, exempts sockets carrying this SO_MARK in the pod netns from
-	// outbound capture (meta mark == BypassMark return). Envoy sets it on sockets it opens inside
-	// the pod netns, so they never loop back into the capture listener.
+	// outbound capture (meta mark == BypassMark return). Envoy sets it (DefaultBypassMark) on
+	// the passthrough sockets it opens inside the pod netns, so they never loop back into the
+	// capture listener.
 	BypassMark uint32
 }
 

@@ -87,7 +87,9 @@ type ServerConfig struct {
 	DNSPort uint16
 	// Mode is the default inbound mode (default strict); the plugin config may override it.
 	Mode capture.Mode
-	// BypassMark exempts sockets with this mark in a pod netns from capture (0: none).
+	// BypassMark exempts sockets with this mark in a pod netns from capture (default
+	// capture.DefaultBypassMark, the mark the node Envoy's per-pod passthrough sockets carry:
+	// xds.Options.BypassMark must be the same).
 	BypassMark uint32
 	// LookupTimeout bounds each API server read (default 5 s).
 	LookupTimeout time.Duration
@@ -141,6 +143,9 @@ func (s *Server) setDefaults() {
 	}
 	if c.Mode == "" {
 		c.Mode = capture.ModeStrict
+	}
+	if c.BypassMark == 0 {
+		c.BypassMark = capture.DefaultBypassMark
 	}
 	if s.Log == nil {
 		s.Log = slog.New(slog.NewTextHandler(io.Discard, nil))

@@ -49,14 +49,12 @@ type sharedConfigs struct {
 	// captureHCM and headlessHCM are the HTTP connection managers of the capture HTTP chains
 	// captureHTTPChain (RDS CaptureRouteName) and captureHeadlessChain (CaptureHeadlessRouteName).
 	captureHCM, headlessHCM *listenerv3.Filter
-	// passthrough is the tcp_proxy of the capture listeners' default chain (PassthroughCluster).
-	passthrough *listenerv3.Filter
 	// headlessRef is the capture listeners' reference to the ECDS filter HeadlessFilterName.
 	headlessRef *listenerv3.ListenerFilter
 }
 
 // newSharedConfigs builds the sharedConfigs: the certificate selector, the capture HTTP connection
-// managers, the passthrough tcp_proxy and the reference to the headless filter. Its only errors
+// managers and the reference to the headless filter. Its only errors
 // are from marshalling typed configs.
 func newSharedConfigs() (*sharedConfigs, error) {
 	mapper, err := xdsproto.ToAny(&fsmapperv3.Config{DefaultValue: "none"})
@@ -97,9 +95,6 @@ func newSharedConfigs() (*sharedConfigs, error) {
 		return nil, err
 	}
 	if sh.headlessHCM, err = captureHCM(CaptureHeadlessRouteName); err != nil {
-		return nil, err
-	}
-	if sh.passthrough, err = xdsproto.TCPProxy("passthrough", PassthroughCluster); err != nil {
 		return nil, err
 	}
 	return sh, nil

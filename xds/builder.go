@@ -40,9 +40,6 @@ type Builder struct {
 	opts Options
 	// shared holds the typed configs every build shares (newSharedConfigs).
 	shared *sharedConfigs
-	// passthrough is the ORIGINAL_DST cluster (options only); passthroughValid once validated.
-	passthrough      *clusterv3.Cluster
-	passthroughValid bool
 
 	globals *meshGlobals
 	svcs    map[model.ServiceKey]*svcEntry
@@ -128,7 +125,6 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			return nil, err
 		}
 		bl.shared = sh
-		bl.passthrough = passthroughCluster(bl.opts.ConnectTimeout, bl.opts.UpstreamNetns)
 	}
 	b := &builder{m: m, opts: bl.opts, sharedConfigs: bl.shared}
 	g := globalsOf(m, bl.opts)
@@ -251,8 +247,6 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			}
 		}
 	}
-	r.Clusters = append(r.Clusters, bl.passthrough)
-	known(bl.passthroughValid, bl.passthrough)
 	// The shared routes are referenced only by pod listeners: a node without meshed pods serves
 	// none, the capture route only while the capture listeners carry their HTTP chain (some
 	// service has a VIP), and the headless route only while they carry the headless HTTP chain.
@@ -378,7 +372,6 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		if len(m.Pods) > 0 && rt.captureMatcher != nil {
 			rt.valid = true
 		}
-		bl.passthroughValid = true
 	}
 	return r, nil
 }

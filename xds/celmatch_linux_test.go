@@ -98,7 +98,7 @@ func celPod(tb testing.TB) *testenv.Netns {
 		}
 	}
 	cmd := pod.Command("nft", "-f", "-")
-	cmd.Stdin = strings.NewReader("table ip t { chain out { type nat hook output priority -100; policy accept; ip daddr 127.0.0.0/8 return; meta l4proto tcp redirect to :15001\n}\n}\n")
+	cmd.Stdin = strings.NewReader("table ip t { chain out { type nat hook output priority -100; policy accept; ip daddr 127.0.0.0/8 return; meta mark 0x4145 return; meta l4proto tcp redirect to :15001\n}\n}\n")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		tb.Fatalf("nft: %v: %s", err, out)
 	}

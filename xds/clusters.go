@@ -196,16 +196,49 @@ func (b *builder) directCluster(s *model.Service, sp model.ServicePort, target u
 	return c, nil
 }
 
-// passthroughCluster is the ORIGINAL_DST cluster PassthroughCluster that the capture listeners'
-// default chain sends traffic to destinations outside the mesh to: the upstream is the address the
-// application dialled. Its upstream sockets are opened in netns ("" for Envoy's own).
-func passthroughCluster(connectTimeout time.Duration, netns string) *clusterv3.Cluster {
+// Linux's SOL_SOCKET and SO_MARK (asm-generic/socket.h): the option is Envoy's, which runs on
+// Linux, whatever the agent's build target.
+const (
+	linuxSOLSocket = 1
+	linuxSOMark    = 36
+)
+
+// passthroughCluster is pod p's ORIGINAL_DST cluster PassthroughClusterName(p), where its capture
+// listener's default chain sends connections to destinations outside the mesh: the upstream is
+// the address the application dialled, and the socket is opened inside the pod's netns
+// (Cluster.upstream_bind_config: source_address 0.0.0.0:0 or [::]:0 with
+// network_namespace_filepath, the other family in extra_source_addresses when the pod has both)
+// with SO_MARK mark (STATE_PREBIND), which the pod's capture lets through. So the peer sees the
+// pod's own address, as without a mesh, and the node's addresses, which strict mode trusts for
+// the kubelet's probes, never carry a pod's passthrough (docs/security.md). The netns is opened
+// per connection, so a vanished netns fails that connection, not the configuration.
+func passthroughCluster(p *model.LocalPod, connectTimeout time.Duration, mark uint32) *clusterv3.Cluster {
+	var v4, v6 bool
+	for _, ip := range p.IPs {
+		v4, v6 = v4 || ip.Is4(), v6 || ip.Is6()
+	}
+	wildcard := func(addr string) *core.SocketAddress {
+		return &core.SocketAddress{Address: addr, PortSpecifier: &core.SocketAddress_PortValue{PortValue: 0}, NetworkNamespaceFilepath: p.NetnsPath}
+	}
+	bind := &core.BindConfig{SocketOptions: []*core.SocketOption{{
+		Description: "aether bypass mark", Level: linuxSOLSocket, Name: linuxSOMark,
+		Value: &core.SocketOption_IntValue{IntValue: int64(mark)}, State: core.SocketOption_STATE_PREBIND,
+	}}}
+	switch {
+	case v6 && !v4:
+		bind.SourceAddress = wildcard("::")
+	default:
+		bind.SourceAddress = wildcard("0.0.0.0")
+		if v6 {
+			bind.ExtraSourceAddresses = []*core.ExtraSourceAddress{{Address: wildcard("::")}}
+		}
+	}
 	return &clusterv3.Cluster{
-		Name:                 PassthroughCluster,
+		Name:                 PassthroughClusterName(p),
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
 		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
 		ConnectTimeout:       xdsproto.ConnectTimeout(connectTimeout),
-		UpstreamBindConfig:   xdsproto.UpstreamBind(netns),
+		UpstreamBindConfig:   bind,
 	}
 }
 

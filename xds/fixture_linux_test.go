@@ -153,7 +153,8 @@ func (f *meshFixture) startAgent() {
 
 // addPod creates a pod netns attached to the node bridge and returns it with its IP. capture
 // installs the test's stand-in for the capture rules: every outbound TCP connection not to
-// loopback is redirected to 127.0.0.1:15001.
+// loopback and not carrying the bypass mark (capture.DefaultBypassMark, Envoy's passthrough
+// sockets) is redirected to 127.0.0.1:15001.
 func (f *meshFixture) addPod(name string, capture bool) (*testenv.Netns, netip.Addr) {
 	t := f.t
 	t.Helper()
@@ -213,6 +214,7 @@ func (f *meshFixture) addPod(name string, capture bool) (*testenv.Netns, netip.A
   chain out {
     type nat hook output priority -100; policy accept;
     ip daddr 127.0.0.0/8 return
+    meta mark 0x4145 return
     meta l4proto tcp redirect to :15001
   }
 }

@@ -25,13 +25,15 @@ import (
 )
 
 // podListeners builds the three listeners of one local pod (capture, explicit lane, inbound) and
-// the inbound clusters that reach its application ports.
+// the pod's clusters: its passthrough cluster and the inbound clusters that reach its
+// application ports.
 func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*clusterv3.Cluster, error) {
 	id := p.SPIFFEID(b.m.TrustDomain)
 	capture, err := b.captureListener(p, id)
 	if err != nil {
 		return nil, nil, err
 	}
+	pass := passthroughCluster(p, b.opts.ConnectTimeout, b.opts.bypassMark())
 	lane, err := laneListener(p, id)
 	if err != nil {
 		return nil, nil, err
@@ -44,7 +46,7 @@ func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*cl
 	if inbound != nil {
 		ls = append(ls, inbound)
 	}
-	return ls, cs, nil
+	return ls, append([]*clusterv3.Cluster{pass}, cs...), nil
 }
 
 // captureListener is the pod's capture listener on 127.0.0.1:15001 inside its netns (the capture
@@ -65,12 +67,16 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 	if err != nil {
 		return nil, err
 	}
+	pass, err := xdsproto.TCPProxy("passthrough", PassthroughClusterName(p))
+	if err != nil {
+		return nil, err
+	}
 	l := &listenerv3.Listener{
 		Name:               captureListenerName(p),
 		Address:            xdsproto.SocketAddress("127.0.0.1", CapturePort, p.NetnsPath),
 		Freebind:           podFreebind(),
 		ListenerFilters:    []*listenerv3.ListenerFilter{od, idf, b.headlessRef},
-		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{b.passthrough}},
+		DefaultFilterChain: &listenerv3.FilterChain{Name: "passthrough", Filters: []*listenerv3.Filter{pass}},
 	}
 	if b.captureMatcher == nil {
 		return l, nil

@@ -23,8 +23,6 @@ const (
 // Resource names. Clusters and their EDS resources are named "<svc>.<ns>.<meshDomain>:<port>"
 // (the service port).
 const (
-	// PassthroughCluster is the ORIGINAL_DST cluster for traffic to non-mesh destinations.
-	PassthroughCluster = "passthrough"
 	// LaneRouteName is the route configuration of every pod's explicit HTTP lane.
 	LaneRouteName = "lane"
 	// CaptureRouteName is the route configuration of every pod's capture HTTP chain: the
@@ -82,6 +80,12 @@ func WaypointSNI(m *model.Mesh, k model.ServiceKey, targetPort uint32) string {
 func captureListenerName(p *model.LocalPod) string { return "capture|" + p.Namespace + "/" + p.Name }
 func laneListenerName(p *model.LocalPod) string    { return "lane|" + p.Namespace + "/" + p.Name }
 func inboundListenerName(p *model.LocalPod) string { return "inbound|" + p.Namespace + "/" + p.Name }
+
+// PassthroughClusterName returns the ORIGINAL_DST cluster that carries pod p's connections to
+// destinations outside the mesh from inside p's netns: "passthrough|<ns>/<name>".
+func PassthroughClusterName(p *model.LocalPod) string {
+	return "passthrough|" + p.Namespace + "/" + p.Name
+}
 
 // inboundClusterName names the cluster that carries inbound traffic for one target port of one
 // local pod to the application, from inside the pod's netns.

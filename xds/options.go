@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/internal/xdsproto"
 	"github.com/aethermesh/aether/tunnel"
 )
@@ -45,6 +46,18 @@ type Options struct {
 	// downstream_cx_transport_socket_connect_timeout). Zero or less means
 	// DefaultHandshakeTimeout.
 	HandshakeTimeout time.Duration
+	// BypassMark is the SO_MARK (SocketOption SOL_SOCKET/SO_MARK, STATE_PREBIND) of the
+	// upstream sockets each pod's passthrough cluster opens inside the pod's netns; the pod's
+	// capture rules must let it through (capture.Config.BypassMark), or a passthrough connection
+	// loops back into the capture listener. Zero means capture.DefaultBypassMark.
+	BypassMark uint32
+}
+
+func (o Options) bypassMark() uint32 {
+	if o.BypassMark == 0 {
+		return capture.DefaultBypassMark
+	}
+	return o.BypassMark
 }
 
 // DefaultHandshakeTimeout is Options.HandshakeTimeout's default, 10 s (docs/node-proxy.md says

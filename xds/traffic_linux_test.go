@@ -89,6 +89,7 @@ func startTrafficFixtureAt(t testing.TB, appHost string, svidLifetime time.Durat
 	serveBanner(srvNS.Listen(t, appHost+":2525"), bannerText)
 	serveEcho(outside.Listen(t, "0.0.0.0:7000"))
 	serveBanner(outside.Listen(t, "0.0.0.0:2222"), bannerText)
+	outside.ServePeerAddr(t, "0.0.0.0:2223")
 	f.set(trafficMesh(f, 1))
 	return f
 }
@@ -189,6 +190,15 @@ func testMeshTraffic(t *testing.T, delta bool, build Options) {
 		defer b.Close()
 		if err := readBanner(b, bannerText); err != nil {
 			t.Fatalf("server-first passthrough: %v", err)
+		}
+		// The passthrough leaves from alpha's own netns: the peer sees alpha's address, not
+		// the node's (the bridge address, which strict mode trusts).
+		saw, err := alpha.PeerAddr(f.ips["outside"].String() + ":2223")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if saw != f.ips["alpha"] {
+			t.Fatalf("non-mesh peer saw the passthrough from %v, want alpha's address %v", saw, f.ips["alpha"])
 		}
 	})
 

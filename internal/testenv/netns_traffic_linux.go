@@ -3,6 +3,7 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -300,4 +301,44 @@ func (n *Netns) AskUDP(addr, msg string, timeout time.Duration) (string, error) 
 		return err
 	})
 	return got, err
+}
+
+// ServePeerAddr answers every TCP connection to addr inside the namespace with the address the
+// connection came from, as seen here ("10.250.1.2\n", no port), and closes it, until the test
+// ends: what a peer of the mesh sees as the source of a connection.
+func (n *Netns) ServePeerAddr(t testing.TB, addr string) {
+	t.Helper()
+	l := n.Listen(t, addr)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+			_, _ = io.WriteString(c, host+"\n")
+			c.Close()
+		}
+	}()
+}
+
+// PeerAddr dials addr (a ServePeerAddr server, directly or through the mesh) from inside the
+// namespace and returns the source address the server saw. A connection refused, reset or
+// closed without an answer is an error.
+func (n *Netns) PeerAddr(addr string) (netip.Addr, error) {
+	c, err := n.Dial(addr)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("peer address from %s via netns %s: %w", addr, n.Name, err)
+	}
+	a, err := netip.ParseAddr(string(bytes.TrimSpace(b)))
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("peer address from %s via netns %s: answer %q: %w", addr, n.Name, b, err)
+	}
+	return a, nil
 }
