@@ -324,7 +324,7 @@ func captureTraffic(t *testing.T, b Backend) {
 	tp := newTopo(t)
 	cfg := Config{
 		PodIPs: addrs(topoPodIP), HostIP: netip.MustParseAddr(topoHostIP), ClusterDNS: addrs("10.96.0.10"),
-		NodeSources: prefixes(topoGateway + "/32"), ExcludeOutboundPorts: []uint16{7070},
+		NodeSources: prefixes(topoGateway + "/32"), ProbePorts: []uint16{8081}, ExcludeOutboundPorts: []uint16{7070},
 		ExcludeOutboundCIDRs: prefixes(topoExcludedCIDR),
 	}
 	rs, err := Build(cfg)
@@ -420,17 +420,36 @@ func captureTraffic(t *testing.T, b Backend) {
 	default:
 	}
 
-	// Inbound, strict: plaintext from another source is refused, the node and 15008 are let in.
+	// Inbound, strict: plaintext from another source is refused, 15008 is let in, and the node
+	// only to the probe port.
 	acceptOn(t, tp.pod, topoPodIP+":8080")
+	acceptOn(t, tp.pod, topoPodIP+":8081")
 	acceptOn(t, tp.pod, topoPodIP+":15008")
 	if err := dialFrom(tp.node, topoOther, topoPodIP+":8080"); !isRefused(err) {
 		t.Fatalf("strict: plaintext from %s to :8080 = %v, want connection refused", topoOther, err)
 	}
+	if err := dialFrom(tp.node, topoOther, topoPodIP+":8081"); !isRefused(err) {
+		t.Fatalf("strict: plaintext from %s to the probe port :8081 = %v, want connection refused", topoOther, err)
+	}
 	if err := dialFrom(tp.node, topoOther, topoPodIP+":15008"); err != nil {
 		t.Fatalf("strict: %s to :15008: %v", topoOther, err)
 	}
+	if err := dialFrom(tp.node, topoGateway, topoPodIP+":8081"); err != nil {
+		t.Fatalf("strict: node (%s) to the probe port :8081: %v", topoGateway, err)
+	}
+	if err := dialFrom(tp.node, topoGateway, topoPodIP+":8080"); !isRefused(err) {
+		t.Fatalf("strict: node (%s) to :8080, not a probe port = %v, want connection refused", topoGateway, err)
+	}
+	// An attachment recorded before probe ports were (NodeAllPorts) trusts the node everywhere.
+	legacy := cfg
+	legacy.ProbePorts, legacy.NodeAllPorts = nil, true
+	if rs, err := Build(legacy); err != nil {
+		t.Fatal(err)
+	} else if _, err := b.Apply(tp.pod.Path, rs); err != nil {
+		t.Fatal(err)
+	}
 	if err := dialFrom(tp.node, topoGateway, topoPodIP+":8080"); err != nil {
-		t.Fatalf("strict: node (%s) to :8080: %v", topoGateway, err)
+		t.Fatalf("strict, NodeAllPorts: node (%s) to :8080: %v", topoGateway, err)
 	}
 	// A socket inside the pod netns (the app itself, or an Envoy upstream socket opened in the
 	// pod netns) reaches the application over lo, uncaptured and accepted.
@@ -620,7 +639,7 @@ func captureIPv6(t *testing.T, b Backend) {
 	cfg := Config{
 		PodIPs: addrs(topoPodIP, topoPodIPv6), HostIP: netip.MustParseAddr(topoHostIP),
 		HostIPv6: netip.MustParseAddr(topoHostIPv6), ClusterDNS: addrs("10.96.0.10", topoClusterDNSv6),
-		NodeSources:          prefixes(topoGateway+"/32", topoGatewayV6+"/128"),
+		NodeSources:          prefixes(topoGateway+"/32", topoGatewayV6+"/128"), ProbePorts: []uint16{8080},
 		ExcludeOutboundPorts: []uint16{7070}, ExcludeOutboundCIDRs: prefixes(topoExcludedV6),
 	}
 	rs, err := Build(cfg)
@@ -684,7 +703,7 @@ func captureIPv6(t *testing.T, b Backend) {
 		t.Fatalf("strict: %s to :15008: %v", topoOtherV6, err)
 	}
 	if err := dialFrom(tp.node, topoGatewayV6, app); err != nil {
-		t.Fatalf("strict: node (%s) to :8080: %v", topoGatewayV6, err)
+		t.Fatalf("strict: node (%s) to the probe port :8080: %v", topoGatewayV6, err)
 	}
 
 	// Permissive: the same IPv6 plaintext connection is accepted.

@@ -12,8 +12,8 @@ type Mode string
 // The inbound modes.
 const (
 	// ModeStrict (the default) accepts new inbound TCP only on the inbound mTLS port (15008), from
-	// the pod's own loopback, from the node (NodeSources) and on ExcludeInboundPorts; any other
-	// new inbound TCP connection is refused with a TCP reset.
+	// the pod's own loopback, from the node (NodeSources) to the probe ports (ProbePorts) and on
+	// ExcludeInboundPorts; any other new inbound TCP connection is refused with a TCP reset.
 	ModeStrict Mode = "strict"
 	// ModePermissive also accepts plaintext TCP from anywhere, for migration.
 	ModePermissive Mode = "permissive"
@@ -66,9 +66,19 @@ type Config struct {
 	ExcludeOutboundCIDRs []netip.Prefix
 	// NodeSources are the source prefixes of the node's own connections into the pod: the pod's
 	// gateway address(es) on the node side of its link and HostIP. In strict mode they are how
-	// the node Envoy's connections to application ports (and the kubelet's probes) are told
-	// apart from other pods' plaintext; see docs/capture.md for why not a socket mark.
+	// the kubelet's probes are told apart from other pods' plaintext: new TCP from them is
+	// accepted on ProbePorts only (every port with NodeAllPorts); see docs/capture.md for why
+	// not a socket mark.
 	NodeSources []netip.Prefix
+	// ProbePorts are the TCP ports of the pod's kubelet probes (httpGet, tcpSocket and grpc
+	// ports of every liveness, readiness and startup probe), the only ports strict mode opens to
+	// NodeSources. The node Envoy never needs more: its inbound leg reaches the application
+	// over the pod's loopback, and its passthrough leaves from the pod's netns.
+	ProbePorts []uint16
+	// NodeAllPorts accepts NodeSources on every TCP port in strict mode, as before ProbePorts
+	// existed: only for an attachment recorded without its probe ports (an older agent's record)
+	// whose pod cannot be read to learn them.
+	NodeAllPorts bool
 	// BypassMark, when non-zero, exempts sockets carrying this SO_MARK in the pod netns from
 	// outbound capture (meta mark == BypassMark return). Envoy sets it (DefaultBypassMark) on
 	// the passthrough sockets it opens inside the pod netns, so they never loop back into the
@@ -89,6 +99,7 @@ func (c Config) withDefaults() Config {
 	c.ExcludeInboundPorts = sortedPorts(c.ExcludeInboundPorts)
 	c.ExcludeOutboundCIDRs = sortedPrefixes(c.ExcludeOutboundCIDRs)
 	c.NodeSources = sortedPrefixes(c.NodeSources)
+	c.ProbePorts = sortedPorts(c.ProbePorts)
 	return c
 }
 
@@ -148,6 +159,11 @@ func (c Config) Validate() error {
 	for _, p := range c.ExcludeInboundPorts {
 		if p == 0 {
 			return fmt.Errorf("validate capture config: excludeInboundPorts: port 0")
+		}
+	}
+	for _, p := range c.ProbePorts {
+		if p == 0 {
+			return fmt.Errorf("validate capture config: probePorts: port 0")
 		}
 	}
 	return nil

@@ -118,8 +118,9 @@ const (
 // packet is dropped in both directions.
 //
 // Inbound (filter input): established/related and loopback accepted; in ModeStrict only
-// InboundPort, NodeSources and ExcludeInboundPorts accept new TCP, any other new TCP connection
-// gets a reset. UDP and ICMP are not meshed and pass.
+// InboundPort, NodeSources on ProbePorts (on every port with NodeAllPorts) and
+// ExcludeInboundPorts accept new TCP, any other new TCP connection gets a reset. UDP and ICMP
+// are not meshed and pass.
 func Build(cfg Config) (RuleSet, error) {
 	if err := cfg.Validate(); err != nil {
 		return RuleSet{}, fmt.Errorf("build capture rules: %w", err)
@@ -188,7 +189,12 @@ func Build(cfg Config) (RuleSet, error) {
 			if p.Addr().Is6() {
 				fam = FamilyIPv6
 			}
-			in.Rules = append(in.Rules, Rule{ID: "in-node-" + p.String(), Family: fam, L4: protoTCP, Src: p, Verdict: Verdict{Kind: VerdictAccept}})
+			switch {
+			case c.NodeAllPorts:
+				in.Rules = append(in.Rules, Rule{ID: "in-node-" + p.String(), Family: fam, L4: protoTCP, Src: p, Verdict: Verdict{Kind: VerdictAccept}})
+			case len(c.ProbePorts) > 0:
+				in.Rules = append(in.Rules, Rule{ID: "in-probe-" + p.String(), Family: fam, L4: protoTCP, Src: p, DstPorts: c.ProbePorts, Verdict: Verdict{Kind: VerdictAccept}})
+			}
 		}
 		if len(c.ExcludeInboundPorts) > 0 {
 			in.Rules = append(in.Rules, Rule{ID: "in-exclude-ports", L4: protoTCP, DstPorts: c.ExcludeInboundPorts, Verdict: Verdict{Kind: VerdictAccept}})

@@ -16,7 +16,11 @@ var goldenConfigs = []struct {
 }{
 	{"strict-ipv4", Config{
 		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
-		NodeSources: prefixes("10.244.1.1/32", "192.168.0.10/32"),
+		NodeSources: prefixes("10.244.1.1/32", "192.168.0.10/32"), ProbePorts: []uint16{8081, 8080, 8081},
+	}},
+	{"strict-node-all-ports", Config{
+		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources: prefixes("10.244.1.1/32", "192.168.0.10/32"), NodeAllPorts: true,
 	}},
 	{"permissive-ipv4", Config{
 		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
@@ -31,7 +35,7 @@ var goldenConfigs = []struct {
 	{"dual-stack", Config{
 		PodIPs: addrs("10.244.1.5", "fd00:10:244:1::5"), HostIP: netip.MustParseAddr("192.168.0.10"),
 		HostIPv6: netip.MustParseAddr("fd00::10"), ClusterDNS: addrs("10.96.0.10", "fd00:96::a"),
-		NodeSources:          prefixes("10.244.1.1/32", "fd00:10:244:1::1/128"),
+		NodeSources:          prefixes("10.244.1.1/32", "fd00:10:244:1::1/128"), ProbePorts: []uint16{9000},
 		ExcludeOutboundCIDRs: prefixes("fd00:dead::/32"),
 	}},
 	{"no-dns-custom-ports", Config{
@@ -132,6 +136,7 @@ func TestValidate(t *testing.T) {
 		{"v6 dns without host ipv6", func(c *Config) { c.ClusterDNS = addrs("fd00::a") }, "clusterDNS"},
 		{"port zero", func(c *Config) { c.ExcludeOutboundPorts = []uint16{0} }, "excludeOutboundPorts"},
 		{"inbound port zero", func(c *Config) { c.ExcludeInboundPorts = []uint16{0} }, "excludeInboundPorts"},
+		{"probe port zero", func(c *Config) { c.ProbePorts = []uint16{8080, 0} }, "probePorts: port 0"},
 		// An IPv4-mapped prefix shorter than /96 has no IPv4 form; unmapped, it matched all IPv4.
 		{"mapped exclude cidr shorter than /96", func(c *Config) { c.ExcludeOutboundCIDRs = prefixes("::ffff:10.0.0.0/90") }, "excludeOutboundCIDRs: ::ffff:10.0.0.0/90"},
 		{"mapped node source shorter than /96", func(c *Config) { c.NodeSources = prefixes("::ffff:0.0.0.0/80") }, "nodeSources: ::ffff:0.0.0.0/80"},
@@ -188,7 +193,7 @@ func TestBuildUnmapsIPv4MappedInput(t *testing.T) {
 	for _, want := range []string{
 		"ip daddr 10.96.0.10 meta l4proto udp udp dport 53 dnat ip to 192.168.0.10:18054",
 		"ip daddr 10.0.0.0/8 return",
-		"ip saddr 10.244.1.1 meta l4proto tcp accept",
+		"ip saddr 10.244.1.1 meta l4proto tcp tcp dport { 8080, 8081 } accept",
 	} {
 		if !strings.Contains(txt, want) {
 			t.Errorf("rule set lacks %q:\n%s", want, txt)

@@ -336,9 +336,18 @@ func TestPrivilegedCNIChain(t *testing.T) {
 			if err := dialIn(podB, "", ipA+":15008"); err != nil {
 				t.Fatalf("pod B -> A:15008: %v", err)
 			}
-			// The node's own connections (source: the gateway address on the bridge) pass.
-			if err := dialIn(n.host, gw, ipA+":8080"); err != nil {
-				t.Fatalf("node -> A:8080: %v", err)
+			// The node's connections (source: the gateway address on the bridge) pass to the
+			// kubelet's probe port only (strict).
+			listenIn(t, podA, ipA+":8081")
+			if err := dialIn(n.host, gw, ipA+":8081"); err != nil {
+				t.Fatalf("node -> A:8081 (probe port): %v", err)
+			}
+			err = dialIn(n.host, gw, ipA+":8080")
+			if tc.mode == "strict" && !errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("strict: node -> A:8080 (not a probe port) = %v, want refused", err)
+			}
+			if tc.mode == "permissive" && err != nil {
+				t.Fatalf("permissive: node -> A:8080: %v", err)
 			}
 
 			// CHECK notices rules deleted by hand.

@@ -607,3 +607,59 @@ func TestPrivilegedCNISecondInterfaceRefused(t *testing.T) {
 		t.Fatalf("DEL of net1 touched eth0's attachment: records %d, rules %v, dataplane %d", len(recs), tableIn(t, pod), dp.liveCount())
 	}
 }
+
+// TestPrivilegedCNIRepairLearnsProbePorts: a record an older agent wrote has no probe ports, so
+// its pod's strict capture keeps trusting the node on every port (the rules that agent
+// installed) while the pod cannot be read; once a repair can read the pod, the record gets the
+// pod's probe ports and the node is let in to those only.
+func TestPrivilegedCNIRepairLearnsProbePorts(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	n := newNode(t, "1.0.0", "10.244.33.0/24", sock, nil)
+	first := startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	pod := testenv.NewNetns(t)
+	if _, err := n.add(t, podRT(pod, "ctr-old", "mesh", "old")); err != nil {
+		t.Fatal(err)
+	}
+	first.stop()
+	ruleset := func() string {
+		out, err := pod.Command("nft", "list", "table", "inet", capture.TableName).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+	if rs := ruleset(); !strings.Contains(rs, "aether:in-probe-") || strings.Contains(rs, "aether:in-node-") {
+		t.Fatalf("a new record's rules: want the node let in to probe ports only:\n%s", rs)
+	}
+	// What an older agent left: the record without probe ports.
+	recs := records(t, state)
+	if len(recs) != 1 || !recs[0].ProbesRecorded || !slices.Equal(recs[0].ProbePorts, []uint16{8081}) {
+		t.Fatalf("records = %+v, want one with probe ports [8081]", recs)
+	}
+	old := recs[0]
+	old.ProbePorts, old.ProbesRecorded = nil, false
+	if err := (&Store{Dir: state}).Save(old); err != nil {
+		t.Fatal(err)
+	}
+
+	lookup := &staticLookup{}
+	lookup.set(nil, errors.New("API server unreachable"))
+	second := startAgent(t, sock, state, ServerConfig{LookupTimeout: time.Second}, lookup, &recordingDataplane{})
+	if rs := ruleset(); !strings.Contains(rs, "aether:in-node-") || strings.Contains(rs, "aether:in-probe-") {
+		t.Fatalf("older record, pod unreadable: want the node trusted on every port, as before:\n%s", rs)
+	}
+	if recs := records(t, state); recs[0].ProbesRecorded {
+		t.Fatalf("record marked with probe ports although the pod could not be read: %+v", recs[0])
+	}
+	second.stop()
+
+	startAgent(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{})
+	if rs := ruleset(); !strings.Contains(rs, "aether:in-probe-") || strings.Contains(rs, "aether:in-node-") {
+		t.Fatalf("older record, pod read on repair: want the node let in to probe ports only:\n%s", rs)
+	}
+	if recs := records(t, state); !recs[0].ProbesRecorded || !slices.Equal(recs[0].ProbePorts, []uint16{8081}) {
+		t.Fatalf("record after repair = %+v, want probe ports [8081]", recs[0])
+	}
+}

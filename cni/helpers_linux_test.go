@@ -87,7 +87,9 @@ func (l *staticLookup) LookupPod(_ context.Context, ns, name string) (PodInfo, e
 		return PodInfo{}, l.failWith
 	}
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
-	info := PodInfo{UID: "", ServiceAccount: "sa-" + name, Ports: []model.PodPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}}}
+	// Every pod serves 8080 and is probed by the kubelet on 8081.
+	info := PodInfo{UID: "", ServiceAccount: "sa-" + name, Ports: []model.PodPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}},
+		ProbePorts: []uint16{8081}}
 	info.InMesh, info.NotMeshedReason = model.PodMeshed(pod, !l.notMesh[ns+"/"+name])
 	return info, nil
 }

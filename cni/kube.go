@@ -3,12 +3,14 @@ package cni
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	k8stypes "k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/aethermesh/aether/model"
@@ -54,7 +56,53 @@ func podInfo(pod *corev1.Pod, ns *corev1.Namespace) (PodInfo, error) {
 			info.Ports = append(info.Ports, pp)
 		}
 	}
+	info.ProbePorts = ProbePorts(pod)
 	return info, nil
+}
+
+// ProbePorts returns the TCP ports the kubelet probes pod on, sorted and without duplicates: the
+// httpGet, tcpSocket and grpc port of every liveness, readiness and startup probe of its
+// containers and of its restartable init containers (sidecars, KEP-753), a named port resolved
+// against its own container's ports as the kubelet does (a name the container does not declare
+// is left out: the kubelet's probe fails on it too). Strict inbound capture opens these ports,
+// and only these, to the node's addresses (capture.Config.ProbePorts).
+func ProbePorts(pod *corev1.Pod) []uint16 {
+	var out []uint16
+	add := func(c *corev1.Container, port intstr.IntOrString) {
+		if port.Type == intstr.String {
+			for _, p := range c.Ports {
+				if p.Name == port.StrVal && p.Protocol != corev1.ProtocolUDP && p.Protocol != corev1.ProtocolSCTP {
+					out = append(out, uint16(p.ContainerPort))
+				}
+			}
+			return
+		}
+		if port.IntVal > 0 && port.IntVal < 1<<16 {
+			out = append(out, uint16(port.IntVal))
+		}
+	}
+	containers := slices.Clone(pod.Spec.Containers)
+	for _, c := range pod.Spec.InitContainers {
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			containers = append(containers, c)
+		}
+	}
+	for i := range containers {
+		c := &containers[i]
+		for _, pr := range []*corev1.Probe{c.LivenessProbe, c.ReadinessProbe, c.StartupProbe} {
+			switch {
+			case pr == nil:
+			case pr.HTTPGet != nil:
+				add(c, pr.HTTPGet.Port)
+			case pr.TCPSocket != nil:
+				add(c, pr.TCPSocket.Port)
+			case pr.GRPC != nil:
+				add(c, intstr.FromInt32(pr.GRPC.Port))
+			}
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
 }
 
 // MeshedPodsOnNode lists the pods bound to node (field selector spec.nodeName) that are running

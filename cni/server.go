@@ -31,6 +31,8 @@ type PodInfo struct {
 	UID            string
 	ServiceAccount string
 	Ports          []model.PodPort
+	// ProbePorts are the pod's kubelet probe ports (ProbePorts).
+	ProbePorts []uint16
 	// InMesh is model.PodMeshed's verdict on the pod and its namespace; NotMeshedReason says
 	// why not when it is false.
 	InMesh          bool
@@ -388,6 +390,7 @@ func (s *Server) rules(r *Record) (capture.RuleSet, error) {
 	return capture.Build(capture.Config{
 		PodIPs: r.Attachment.IPs, HostIP: s.Config.HostIP, HostIPv6: s.Config.HostIPv6, ClusterDNS: s.Config.ClusterDNS,
 		Mode: mode, DNSPort: s.Config.DNSPort, BypassMark: s.Config.BypassMark, NodeSources: nodes,
+		ProbePorts: r.ProbePorts, NodeAllPorts: !r.ProbesRecorded,
 		ExcludeOutboundPorts: r.Capture.ExcludeOutboundPorts, ExcludeInboundPorts: r.Capture.ExcludeInboundPorts,
 		ExcludeOutboundCIDRs: r.Capture.ExcludeOutboundCIDRs,
 	})
@@ -422,7 +425,8 @@ func (s *Server) Add(ctx context.Context, req cniv1.Request) (cniv1.Response, er
 		a.PodUID = info.UID
 	}
 	rec := &Record{Network: req.Network, Attachment: a, Gateways: req.Gateways, Capture: req.Capture,
-		ServiceAccount: info.ServiceAccount, Ports: info.Ports, Added: time.Now().UTC()}
+		ServiceAccount: info.ServiceAccount, Ports: info.Ports, ProbePorts: info.ProbePorts, ProbesRecorded: true,
+		Added: time.Now().UTC()}
 	meshed, reason := info.Meshed()
 	if !meshed {
 		rec.Reason = reason
@@ -687,6 +691,29 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 	return errors.Join(errs...)
 }
 
+// learnProbePorts reads the pod of a record an older agent wrote without its probe ports and, when
+// the read succeeds and it is the same pod, records them, so its strict capture stops trusting
+// the node on every port. A failed read leaves the record as it was (logged; the next repair
+// tries again).
+func (s *Server) learnProbePorts(ctx context.Context, r *Record) {
+	if s.Lookup == nil {
+		return
+	}
+	a := r.Attachment
+	lctx, cancel := context.WithTimeout(ctx, s.Config.LookupTimeout)
+	info, err := s.Lookup.LookupPod(lctx, a.Namespace, a.Name)
+	cancel()
+	if err != nil || (a.PodUID != "" && info.UID != "" && info.UID != a.PodUID) {
+		s.Log.Warn("repair: cannot learn the probe ports of an older record; the node stays trusted on every port",
+			"pod", a.Namespace+"/"+a.Name, "err", err, "uid", info.UID)
+		return
+	}
+	r.ProbePorts, r.ProbesRecorded = info.ProbePorts, true
+	if err := s.store.Save(r); err != nil {
+		s.Log.Warn("repair: record probe ports", "pod", a.Namespace+"/"+a.Name, "err", err)
+	}
+}
+
 // newestByPod returns, per pod UID, its captured record added last (ties: the greater key). A
 // pod has several when its sandbox was recreated and the old one's DEL never arrived.
 func newestByPod(recs []*Record) map[string]*Record {
@@ -716,6 +743,9 @@ func (s *Server) repairOne(ctx context.Context, r *Record, announce bool) error 
 	}
 	if !cur.Captured {
 		return nil
+	}
+	if !cur.ProbesRecorded {
+		s.learnProbePorts(ctx, cur)
 	}
 	rs, err := s.rules(cur)
 	if err != nil {

@@ -29,7 +29,13 @@ type Record struct {
 	// ServiceAccount and Ports are the pod's metadata at ADD time (from the API server).
 	ServiceAccount string          `json:"serviceAccount,omitempty"`
 	Ports          []model.PodPort `json:"ports,omitempty"`
-	Added          time.Time       `json:"added"`
+	// ProbePorts are the pod's kubelet probe ports at ADD time (pod probes are immutable), the
+	// only ports strict capture opens to the node. ProbesRecorded is false in a record an older
+	// agent wrote: its pod is read again on repair to learn them, and until that succeeds its
+	// capture trusts the node on every port, as that agent's did (capture.Config.NodeAllPorts).
+	ProbePorts     []uint16  `json:"probePorts,omitempty"`
+	ProbesRecorded bool      `json:"probesRecorded,omitempty"`
+	Added          time.Time `json:"added"`
 }
 
 // Key returns the record's file name stem: "<containerID>_<ifname>" (CNI identifies an
