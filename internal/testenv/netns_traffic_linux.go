@@ -324,7 +324,7 @@ func (n *Netns) ServePeerAddr(t testing.TB, addr string) {
 
 // PeerAddr dials addr (a ServePeerAddr server, directly or through the mesh) from inside the
 // namespace and returns the source address the server saw. A connection refused, reset or
-// closed without an answer is an error.
+// closed without an answer (wrapping io.EOF) is an error.
 func (n *Netns) PeerAddr(addr string) (netip.Addr, error) {
 	c, err := n.Dial(addr)
 	if err != nil {
@@ -335,6 +335,10 @@ func (n *Netns) PeerAddr(addr string) (netip.Addr, error) {
 	b, err := io.ReadAll(c)
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("peer address from %s via netns %s: %w", addr, n.Name, err)
+	}
+	if len(b) == 0 {
+		// What a proxy that accepted the connection but could not reach the server gives.
+		return netip.Addr{}, fmt.Errorf("peer address from %s via netns %s: closed without an answer: %w", addr, n.Name, io.EOF)
 	}
 	a, err := netip.ParseAddr(string(bytes.TrimSpace(b)))
 	if err != nil {

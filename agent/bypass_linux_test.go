@@ -1,0 +1,283 @@
+//go:build linux
+
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/cni/plugin"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// forgedXFCC is what an attacker sends as its identity: the header strict mode must never let an
+// application see unless the mesh set it.
+const forgedXFCC = "By=spiffe://aether.internal/ns/shop/sa/web;URI=spiffe://aether.internal/ns/shop/sa/admin"
+
+// TestPrivilegedCaptureBypassMatrix is the same-node capture-bypass matrix (docs/security.md has
+// the table and the reasons): the real agent binary with its real Envoy and capture rules on a
+// node namespace, a meshed client and a meshed web pod (strict inbound, a readiness probe on
+// 8081), a pod outside the mesh, and a host outside the mesh. Every cell's expected result is
+// written before it is tried; the test asserts what the peer saw (source address, identity) and
+// that strict mode refused what it must.
+func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
+	testenv.RequireRoot(t)
+	api, etcd, cs := startSources(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	createNodeAndMeshNamespace(t, ctx, cs, "web", "client")
+	web, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := createReadyPod(t, ctx, cs, "client-1", "client")
+	webPod := createProbedPod(t, ctx, cs, "web-1", "web", 8081)
+
+	node := testenv.NewNetns(t)
+	clientNS, webNS, plainNS, outsideNS := testenv.NewNetns(t), testenv.NewNetns(t), testenv.NewNetns(t), testenv.NewNetns(t)
+	gw := map[string]netip.Addr{}
+	ips := map[string]netip.Addr{}
+	for i, p := range []struct {
+		name string
+		ns   *testenv.Netns
+	}{{"client", clientNS}, {"web", webNS}, {"plain", plainNS}, {"outside", outsideNS}} {
+		gw[p.name] = netip.AddrFrom4([4]byte{10, 250, byte(i + 1), 1})
+		ips[p.name] = netip.AddrFrom4([4]byte{10, 250, byte(i + 1), 2})
+		testenv.Veth(t, node, "v"+p.name, netip.PrefixFrom(gw[p.name], 24), p.ns, "eth0", netip.PrefixFrom(ips[p.name], 24))
+		p.ns.DefaultRoute(t, gw[p.name])
+	}
+	// The node routes between its pods, as a node does.
+	if out, err := node.Command("sysctl", "-qw", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+		t.Fatalf("ip_forward in the node namespace: %v %s", err, out)
+	}
+	apiAddr := strings.TrimPrefix(api.Config.Host, "https://")
+	node.Forward(t, apiAddr, apiAddr)
+	etcdAddr := strings.TrimPrefix(etcd.Endpoints[0], "http://")
+	node.Forward(t, etcdAddr, etcdAddr)
+	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false)},
+		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
+	a.waitReady(t, 60*time.Second, "agent ready")
+
+	// The web pod's applications: HTTP on 8080 answering with the XFCC it got and the peer's
+	// address, the probe port 8081 and a loopback-only port 9000 answering with the peer's
+	// address, a UDP echo on 5353. The outside host answers with the peer's address on 7000.
+	webNS.ServeHTTP(t, "0.0.0.0:8080", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host, _, _ := net.SplitHostPort(r.RemoteAddr)
+		fmt.Fprintf(w, "from=%s xfcc=%s", host, r.Header.Get("X-Forwarded-Client-Cert"))
+	}))
+	webNS.ServePeerAddr(t, "0.0.0.0:8081")
+	webNS.ServePeerAddr(t, "127.0.0.1:9000")
+	webNS.ServeUDPEcho(t, "0.0.0.0:5353", "web:")
+	outsideNS.ServePeerAddr(t, "0.0.0.0:7000")
+
+	cl := plugin.NewClient(a.cniSocket)
+	for _, p := range []struct {
+		pod *corev1.Pod
+		ns  *testenv.Netns
+		key string
+	}{{webPod, webNS, "web"}, {client, clientNS, "client"}} {
+		// Gateways as a bridge plugin's prevResult gives them: the node's side of the pod's link.
+		if _, err := cl.Add(ctx, cniv1.Request{Network: "test", Gateways: []netip.Addr{gw[p.key]}, Attachment: cniv1.PodAttachment{
+			ContainerID: "ctr-" + p.key, PodUID: string(p.pod.UID), Namespace: "shop", Name: p.pod.Name,
+			NetnsPath: p.ns.Path, IPs: []netip.Addr{ips[p.key]}, Interface: "eth0"}}); err != nil {
+			t.Fatalf("CNI ADD %s: %v", p.pod.Name, err)
+		}
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := webNS.Command("nft", "list", "ruleset").CombinedOutput()
+			t.Logf("web pod rules:\n%s", out)
+		}
+	})
+
+	vip := web.Spec.ClusterIP + ":80"
+	webIP := func(port int) string { return fmt.Sprintf("%s:%d", ips["web"], port) }
+	clientID := "spiffe://aether.internal/ns/shop/sa/client"
+	get := func(ns *testenv.Netns, addr string) (string, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/", nil)
+		req.Header.Set("X-Forwarded-Client-Cert", forgedXFCC)
+		resp, err := ns.HTTPClient(false).Do(req)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			return string(b), fmt.Errorf("GET %s: %s %q", addr, resp.Status, b)
+		}
+		return string(b), err
+	}
+	// The web endpoint reaches EDS through the registry: wait for the mesh path first.
+	testenv.Eventually(t, 60*time.Second, "client reaches web's VIP through the mesh", func() error {
+		_, err := get(clientNS, vip)
+		return err
+	})
+
+	refused := func(t *testing.T, err error, what string) {
+		t.Helper()
+		if !errors.Is(err, syscall.ECONNREFUSED) && !errors.Is(err, syscall.ECONNRESET) && !errors.Is(err, io.EOF) &&
+			!strings.Contains(err.Error(), "EOF") && !strings.Contains(err.Error(), "connection reset") {
+			t.Fatalf("%s: %v, want the connection refused or reset", what, err)
+		}
+	}
+	sees := func(t *testing.T, got netip.Addr, err error, want netip.Addr, what string) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got != want {
+			t.Fatalf("%s: the peer saw %v, want %v", what, got, want)
+		}
+	}
+
+	t.Run("meshed to neighbour by VIP: mTLS, the caller's own identity only", func(t *testing.T) {
+		body, err := get(clientNS, vip)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(body, "URI="+clientID) || strings.Contains(body, "sa/admin") || !strings.Contains(body, "from=127.0.0.1") {
+			t.Fatalf("web saw %q: want the inbound leg over its loopback with the caller's SPIFFE ID %s and no forged identity", body, clientID)
+		}
+	})
+	t.Run("meshed to neighbour by pod IP, forged XFCC: refused", func(t *testing.T) {
+		body, err := get(clientNS, webIP(8080))
+		if err == nil {
+			t.Fatalf("plaintext from a same-node meshed pod to web's pod IP answered: %q", body)
+		}
+		refused(t, err, "client to web's pod IP")
+	})
+	t.Run("meshed to neighbour's probe port by pod IP: refused", func(t *testing.T) {
+		_, err := clientNS.PeerAddr(webIP(8081))
+		if err == nil {
+			t.Fatal("a pod reached web's probe port in plaintext")
+		}
+		refused(t, err, "client to web's probe port")
+	})
+	t.Run("meshed to neighbour's loopback-only port: refused", func(t *testing.T) {
+		_, err := clientNS.PeerAddr(webIP(9000))
+		if err == nil {
+			t.Fatal("a pod reached web's loopback-only port")
+		}
+		refused(t, err, "client to web's loopback-only port")
+	})
+	t.Run("meshed to a non-mesh host: passthrough with the pod's own address", func(t *testing.T) {
+		got, err := clientNS.PeerAddr(fmt.Sprintf("%s:7000", ips["outside"]))
+		sees(t, got, err, ips["client"], "client to the outside host")
+	})
+	t.Run("meshed app forging the bypass mark: still its own address, still refused by strict", func(t *testing.T) {
+		// Setting SO_MARK needs CAP_NET_ADMIN (the test has it; a pod normally does not). The
+		// mark skips capture, so the connection leaves uncaptured, from the pod's own address.
+		dial := func(addr string) (net.Conn, error) {
+			var c net.Conn
+			err := clientNS.Do(func() (err error) {
+				d := net.Dialer{Timeout: 5 * time.Second, Control: func(_, _ string, rc syscall.RawConn) error {
+					var serr error
+					if err := rc.Control(func(fd uintptr) {
+						serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_MARK, capture.DefaultBypassMark)
+					}); err != nil {
+						return err
+					}
+					return serr
+				}}
+				c, err = d.Dial("tcp", addr)
+				return err
+			})
+			return c, err
+		}
+		c, err := dial(webIP(8080))
+		if err == nil {
+			fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: web\r\nX-Forwarded-Client-Cert: %s\r\n\r\n", forgedXFCC)
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			b, rerr := io.ReadAll(c)
+			c.Close()
+			if len(b) > 0 {
+				t.Fatalf("marked plaintext to web's pod IP answered: %q", b)
+			}
+			err = rerr
+			if err == nil {
+				err = io.EOF
+			}
+		}
+		refused(t, err, "marked connection to web's pod IP")
+		c, err = dial(fmt.Sprintf("%s:7000", ips["outside"]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(c)
+		c.Close()
+		got, perr := netip.ParseAddr(strings.TrimSpace(string(b)))
+		sees(t, got, perr, ips["client"], "marked connection to the outside host")
+	})
+	t.Run("non-meshed pod to web's pod IP: refused", func(t *testing.T) {
+		body, err := get(plainNS, webIP(8080))
+		if err == nil {
+			t.Fatalf("plaintext from a pod outside the mesh answered: %q", body)
+		}
+		refused(t, err, "plain pod to web")
+	})
+	t.Run("non-meshed pod to web's inbound port without a certificate: no application", func(t *testing.T) {
+		body, err := get(plainNS, webIP(15008))
+		if err == nil {
+			t.Fatalf("plaintext HTTP to the inbound mTLS port answered: %q", body)
+		}
+	})
+	t.Run("host to web's probe port: let in with the node's address", func(t *testing.T) {
+		got, err := node.PeerAddr(webIP(8081))
+		sees(t, got, err, gw["web"], "node to web's probe port")
+	})
+	t.Run("host to web's application port: refused", func(t *testing.T) {
+		body, err := get(node, webIP(8080))
+		if err == nil {
+			t.Fatalf("plaintext from the node to a non-probe port answered: %q", body)
+		}
+		refused(t, err, "node to web's application port")
+	})
+	t.Run("UDP between pods: not meshed, passes", func(t *testing.T) {
+		// The mesh carries TCP; UDP (other than DNS to the cluster DNS address) passes as
+		// without a mesh (docs/security.md says why).
+		got, err := clientNS.AskUDP(webIP(5353), "hi", 5*time.Second)
+		if err != nil || got != "web:hi" {
+			t.Fatalf("UDP to web = %q, %v; want the echo", got, err)
+		}
+	})
+}
+
+// createProbedPod is createReadyPod with an HTTP readiness probe on probePort besides the
+// application port 8080.
+func createProbedPod(t testing.TB, ctx context.Context, cs kubernetes.Interface, name, app string, probePort int32) *corev1.Pod {
+	t.Helper()
+	p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}},
+		Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: app, AutomountServiceAccountToken: new(bool),
+			Containers: []corev1.Container{{Name: "app", Image: app,
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "health", ContainerPort: probePort}},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+					Path: "/ready", Port: intstr.FromString("health")}}}}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	if p, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
