@@ -10,4 +10,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export AETHER_BENCH_ENVOY_CPUS="${AETHER_BENCH_ENVOY_CPUS-0}" AETHER_BENCH_LOAD_CPUS="${AETHER_BENCH_LOAD_CPUS-1}"
-exec go test ./xds/ -run '^$' -bench '^BenchmarkMeshLatency$' -benchtime 1x -timeout 30m "$@"
+# `bench/latency.sh passthrough` runs xds.BenchmarkPassthroughLatency instead: new connections to a
+# host outside the mesh, the passthrough from the node's netns (before) and from the pod's (after)
+# against a direct path, in one run (docs/security.md).
+bench=BenchmarkMeshLatency
+if [ "${1:-}" = passthrough ]; then
+  bench=BenchmarkPassthroughLatency
+  shift
+fi
+exec go test ./xds/ -run '^$' -bench "^$bench\$" -benchtime 1x -timeout 30m "$@"

@@ -247,6 +247,9 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			}
 		}
 	}
+	if bl.opts.passthroughFromNode {
+		r.Clusters = append(r.Clusters, sharedPassthroughCluster(bl.opts))
+	}
 	// The shared routes are referenced only by pod listeners: a node without meshed pods serves
 	// none, the capture route only while the capture listeners carry their HTTP chain (some
 	// service has a VIP), and the headless route only while they carry the headless HTTP chain.

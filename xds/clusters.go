@@ -196,6 +196,22 @@ func (b *builder) directCluster(s *model.Service, sp model.ServicePort, target u
 	return c, nil
 }
 
+// sharedPassthroughName and sharedPassthroughCluster are the passthrough as it was before it
+// moved into the pods' netns: one ORIGINAL_DST cluster for every pod, its sockets opened in
+// UpstreamNetns (the node's netns). Only with Options.passthroughFromNode, which only
+// BenchmarkPassthroughLatency and BenchmarkPassthroughClusterCost set, for their "before" side.
+const sharedPassthroughName = "passthrough"
+
+func sharedPassthroughCluster(opts Options) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 sharedPassthroughName,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
+		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
+		ConnectTimeout:       xdsproto.ConnectTimeout(opts.ConnectTimeout),
+		UpstreamBindConfig:   xdsproto.UpstreamBind(opts.UpstreamNetns),
+	}
+}
+
 // Linux's SOL_SOCKET and SO_MARK (asm-generic/socket.h): the option is Envoy's, which runs on
 // Linux, whatever the agent's build target.
 const (
@@ -212,7 +228,7 @@ const (
 // pod's own address, as without a mesh, and the node's addresses, which strict mode trusts for
 // the kubelet's probes, never carry a pod's passthrough (docs/security.md). The netns is opened
 // per connection, so a vanished netns fails that connection, not the configuration.
-func passthroughCluster(p *model.LocalPod, connectTimeout time.Duration, mark uint32) *clusterv3.Cluster {
+func passthroughCluster(p *model.LocalPod, opts Options) *clusterv3.Cluster {
 	var v4, v6 bool
 	for _, ip := range p.IPs {
 		v4, v6 = v4 || ip.Is4(), v6 || ip.Is6()
@@ -222,7 +238,7 @@ func passthroughCluster(p *model.LocalPod, connectTimeout time.Duration, mark ui
 	}
 	bind := &core.BindConfig{SocketOptions: []*core.SocketOption{{
 		Description: "aether bypass mark", Level: linuxSOLSocket, Name: linuxSOMark,
-		Value: &core.SocketOption_IntValue{IntValue: int64(mark)}, State: core.SocketOption_STATE_PREBIND,
+		Value: &core.SocketOption_IntValue{IntValue: int64(opts.bypassMark())}, State: core.SocketOption_STATE_PREBIND,
 	}}}
 	switch {
 	case v6 && !v4:
@@ -237,7 +253,7 @@ func passthroughCluster(p *model.LocalPod, connectTimeout time.Duration, mark ui
 		Name:                 PassthroughClusterName(p),
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_ORIGINAL_DST},
 		LbPolicy:             clusterv3.Cluster_CLUSTER_PROVIDED,
-		ConnectTimeout:       xdsproto.ConnectTimeout(connectTimeout),
+		ConnectTimeout:       xdsproto.ConnectTimeout(opts.ConnectTimeout),
 		UpstreamBindConfig:   bind,
 	}
 }

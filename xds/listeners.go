@@ -33,7 +33,10 @@ func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*cl
 	if err != nil {
 		return nil, nil, err
 	}
-	pass := passthroughCluster(p, b.opts.ConnectTimeout, b.opts.bypassMark())
+	var own []*clusterv3.Cluster
+	if !b.opts.passthroughFromNode {
+		own = []*clusterv3.Cluster{passthroughCluster(p, b.opts)}
+	}
 	lane, err := laneListener(p, id)
 	if err != nil {
 		return nil, nil, err
@@ -46,7 +49,7 @@ func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*cl
 	if inbound != nil {
 		ls = append(ls, inbound)
 	}
-	return ls, append([]*clusterv3.Cluster{pass}, cs...), nil
+	return ls, append(own, cs...), nil
 }
 
 // captureListener is the pod's capture listener on 127.0.0.1:15001 inside its netns (the capture
@@ -67,7 +70,11 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 	if err != nil {
 		return nil, err
 	}
-	pass, err := xdsproto.TCPProxy("passthrough", PassthroughClusterName(p))
+	passName := PassthroughClusterName(p)
+	if b.opts.passthroughFromNode {
+		passName = sharedPassthroughName
+	}
+	pass, err := xdsproto.TCPProxy("passthrough", passName)
 	if err != nil {
 		return nil, err
 	}

@@ -51,6 +51,11 @@ type Options struct {
 	// capture rules must let it through (capture.Config.BypassMark), or a passthrough connection
 	// loops back into the capture listener. Zero means capture.DefaultBypassMark.
 	BypassMark uint32
+
+	// passthroughFromNode builds the passthrough the way it was before it moved into the pods'
+	// netns (sharedPassthroughCluster): only the passthrough benchmarks set it, for their
+	// "before" side.
+	passthroughFromNode bool
 }
 
 func (o Options) bypassMark() uint32 {
