@@ -639,7 +639,7 @@ func captureIPv6(t *testing.T, b Backend) {
 	cfg := Config{
 		PodIPs: addrs(topoPodIP, topoPodIPv6), HostIP: netip.MustParseAddr(topoHostIP),
 		HostIPv6: netip.MustParseAddr(topoHostIPv6), ClusterDNS: addrs("10.96.0.10", topoClusterDNSv6),
-		NodeSources:          prefixes(topoGateway+"/32", topoGatewayV6+"/128"), ProbePorts: []uint16{8080},
+		NodeSources: prefixes(topoGateway+"/32", topoGatewayV6+"/128"), ProbePorts: []uint16{8080},
 		ExcludeOutboundPorts: []uint16{7070}, ExcludeOutboundCIDRs: prefixes(topoExcludedV6),
 	}
 	rs, err := Build(cfg)

@@ -35,7 +35,7 @@ var goldenConfigs = []struct {
 	{"dual-stack", Config{
 		PodIPs: addrs("10.244.1.5", "fd00:10:244:1::5"), HostIP: netip.MustParseAddr("192.168.0.10"),
 		HostIPv6: netip.MustParseAddr("fd00::10"), ClusterDNS: addrs("10.96.0.10", "fd00:96::a"),
-		NodeSources:          prefixes("10.244.1.1/32", "fd00:10:244:1::1/128"), ProbePorts: []uint16{9000},
+		NodeSources: prefixes("10.244.1.1/32", "fd00:10:244:1::1/128"), ProbePorts: []uint16{9000},
 		ExcludeOutboundCIDRs: prefixes("fd00:dead::/32"),
 	}},
 	{"no-dns-custom-ports", Config{

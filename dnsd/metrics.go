@@ -28,6 +28,10 @@ const (
 	// MetricUpstreamOversized counts UDP answers larger than the client's UDP size, asked
 	// again over TCP.
 	MetricUpstreamOversized = "aether_dns_upstream_oversized_answers_total"
+	// MetricHandlerPanics counts panics recovered while answering a query, by path ("serve":
+	// the resolver's ServeDNS, "fast": the UDP read loop's fast path); each is logged with its
+	// stack, the query gets SERVFAIL and the server keeps serving.
+	MetricHandlerPanics = "aether_dns_handler_panics_total"
 )
 
 // Answer paths, the "path" label of MetricDuration.
@@ -87,6 +91,9 @@ type metrics struct {
 	cachePrefetches prometheus.Counter
 	// Prefetches skipped for want of a prefetch slot.
 	cachePrefetchesSkipped prometheus.Counter
+	// panics are the recovered handler panics by path (MetricHandlerPanics).
+	panicsVec               *prometheus.CounterVec
+	panicsServe, panicsFast prometheus.Counter
 
 	// byType and byRcode give the counter index of a query type below 256 and of an rcode
 	// below 32 (arrays, not maps: count runs for every query); any other is "other".
@@ -157,7 +164,12 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 			Name: MetricCachePrefetchesSkipped,
 			Help: "Prefetches not started because an eighth of the forward limit was prefetches in flight already; a hit on the same entry 100 ms or more later tries again.",
 		}),
+		panicsVec: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricHandlerPanics,
+			Help: "Panics recovered while answering a query, by path (serve, fast); the query got SERVFAIL and the server kept serving.",
+		}, []string{"path"}),
 	}
+	m.panicsServe, m.panicsFast = m.panicsVec.WithLabelValues("serve"), m.panicsVec.WithLabelValues("fast")
 	for i, r := range staleReasonNames {
 		m.cacheStale[i] = m.cacheStaleVec.WithLabelValues(r)
 	}
@@ -198,7 +210,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamStrayFallbacks, m.upstreamOversized, m.duration,
-			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries, m.cacheStaleVec, m.cachePrefetches, m.cachePrefetchesSkipped} {
+			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries, m.cacheStaleVec, m.cachePrefetches, m.cachePrefetchesSkipped, m.panicsVec} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"runtime/debug"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,6 +37,9 @@ type Resolver struct {
 	// meshZone, csZone and csuffix ("mesh.", "svc.clusterset.local.", ".svc.cluster.local.")
 	// tell, before the first index, which names could be mesh names (preModelForward).
 	meshZone, csZone, csuffix string
+	// testHook, when set (tests only), runs first for every query ServeDNS or answerWire sees,
+	// so a test can make a handler panic.
+	testHook func(q []byte)
 }
 
 // DefaultMaxForwards is how many queries a Resolver forwards at once. Each holds a goroutine
@@ -155,6 +159,11 @@ var bufPool = sync.Pool{New: func() any { b := make([]byte, 0, 1024); return &b 
 // written, so MetricDuration is the time from the query's arrival to the answer being handed to
 // the socket, and a client that has its answer sees the query counted.
 func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
+	defer r.recoverServe(w, req)
+	if r.testHook != nil {
+		b, _ := req.Pack()
+		r.testHook(b)
+	}
 	start := time.Now()
 	tcp := isTCP(w.LocalAddr())
 	maxSize := dns.MaxMsgSize
@@ -194,6 +203,35 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		idx = nil
 	}
 	r.serveForwarded(w, req, tcp, maxSize, qtype, start, idx)
+}
+
+// recoverServe is ServeDNS's deferred guard: a panic while answering req is counted
+// (MetricHandlerPanics, path "serve"), logged with its stack and answered SERVFAIL, and the
+// server goes on serving (miekg/dns runs ServeDNS without a recover, so a panic would end the
+// agent). A panic after the answer was written gets a second, harmless write.
+func (r *Resolver) recoverServe(w dns.ResponseWriter, req *dns.Msg) {
+	v := recover()
+	if v == nil {
+		return
+	}
+	r.metrics.panicsServe.Inc()
+	r.log.Error("dns: panic answering a query (recovered, answered SERVFAIL)", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+	m := new(dns.Msg)
+	m.SetRcode(req, dns.RcodeServerFailure)
+	_ = w.WriteMsg(m)
+}
+
+// answerWireGuarded is answerWire with a panic recovered, counted (MetricHandlerPanics, path
+// "fast") and logged: the query then takes the slow path (ok false), the UDP read loop goes on.
+func (r *Resolver) answerWireGuarded(buf, q []byte, src netip.Addr) (wire []byte, ok bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.metrics.panicsFast.Inc()
+			r.log.Error("dns: panic in the fast path (recovered, query sent to the slow path)", "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			wire, ok = buf, false
+		}
+	}()
+	return r.answerWire(buf, q, src)
 }
 
 // serveForwarded answers a query the upstreams answer: from the cache when it holds a live
@@ -354,6 +392,9 @@ func (r *Resolver) forward(req *dns.Msg, tcp bool) (*dns.Msg, error) {
 // (unpacking and ServeDNS): no index yet, a query RespondWire does not take, an answer to
 // truncate, or a forwarded name the cache does not hold (a miss, counted by ServeDNS).
 func (r *Resolver) answerWire(buf, q []byte, src netip.Addr) (wire []byte, ok bool) {
+	if r.testHook != nil {
+		r.testHook(q)
+	}
 	start := time.Now()
 	idx := r.index.Load()
 	if idx == nil {

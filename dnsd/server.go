@@ -253,7 +253,7 @@ func (f *fastUDPReader) ReadPacketConn(conn net.PacketConn, timeout time.Duratio
 		if err != nil {
 			return nil, nil, err
 		}
-		if wire, ok := f.res.answerWire(f.out[:0], f.in[:n], from.Addr().Unmap()); ok {
+		if wire, ok := f.res.answerWireGuarded(f.out[:0], f.in[:n], from.Addr().Unmap()); ok {
 			f.out = wire
 			if _, err := c.WriteToUDPAddrPort(wire, from); err != nil {
 				f.res.log.Debug("write dns answer", "err", err)
@@ -279,7 +279,7 @@ func (f *fastUDPReader) readBatches() ([]byte, net.Addr, error) {
 		for i := range n {
 			q, from := b.packet(i)
 			if from.IsValid() {
-				if wire, ok := f.res.answerWire(b.wire[i][:0], q, from.Addr()); ok {
+				if wire, ok := f.res.answerWireGuarded(b.wire[i][:0], q, from.Addr()); ok {
 					b.wire[i], idx[k], answers[k] = wire, i, wire
 					k++
 					continue

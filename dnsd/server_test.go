@@ -794,3 +794,49 @@ func TestForwardsBeforeFirstModel(t *testing.T) {
 		t.Errorf("web.default.corp. after the first model: %v", m)
 	}
 }
+
+// TestHandlerPanicRecovered: a query whose handling panics, on the UDP fast path, in ServeDNS
+// over UDP and over TCP, gets SERVFAIL; each panic is counted by path, and the server goes on
+// answering other queries on both transports.
+func TestHandlerPanicRecovered(t *testing.T) {
+	up := startStub(t, answerA(1))
+	fwd, err := NewForwarder([]string{up.addr}, ForwarderOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fwd.Close() })
+	reg := prometheus.NewRegistry()
+	res, err := NewResolver(fwd, ResolverOptions{Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := res.Update(testMesh()); err != nil {
+		t.Fatal(err)
+	}
+	res.testHook = func(q []byte) {
+		if bytes.Contains(q, []byte("\x04boom")) {
+			panic("planted panic")
+		}
+	}
+	srv := NewServer(res, ServerConfig{Addr: "127.0.0.1:0"})
+	if err := srv.Start(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Shutdown(context.Background()) })
+	addr := srv.udp.PacketConn.LocalAddr().String()
+	for _, netw := range []string{"udp", "tcp"} {
+		if resp := ask(t, addr, netw, "boom.mesh.", dns.TypeA, nil); resp.Rcode != dns.RcodeServerFailure {
+			t.Fatalf("%s boom.mesh. = %s, want SERVFAIL", netw, dns.RcodeToString[resp.Rcode])
+		}
+		if resp := ask(t, addr, netw, "web.mesh.", dns.TypeA, nil); resp.Rcode != dns.RcodeSuccess || len(resp.Answer) != 1 {
+			t.Fatalf("%s web.mesh. after a panic = %v, want the answer", netw, resp)
+		}
+	}
+	// UDP: the fast path panicked and passed the query on, ServeDNS panicked; TCP: ServeDNS.
+	if got := metricSum(t, reg, MetricHandlerPanics, map[string]string{"path": "fast"}); got != 1 {
+		t.Errorf("%s{path=fast} = %v, want 1", MetricHandlerPanics, got)
+	}
+	if got := metricSum(t, reg, MetricHandlerPanics, map[string]string{"path": "serve"}); got != 2 {
+		t.Errorf("%s{path=serve} = %v, want 2", MetricHandlerPanics, got)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,6 +20,8 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/aethermesh/aether/identity"
@@ -64,6 +67,9 @@ type Server struct {
 	sent          *prometheus.CounterVec
 	bytesSent     *prometheus.CounterVec
 	snapVersion   prometheus.Gauge
+	panics        prometheus.Counter
+	// testHook, when set (tests only), runs first for every request Envoy sends on a stream.
+	testHook func(typeURL string)
 
 	mu       sync.Mutex
 	mesh     *model.Mesh
@@ -133,6 +139,8 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			Name: "aether_xds_bytes_sent_total", Help: "Encoded size of the xDS responses sent to Envoy, by type URL."}, []string{"type_url"}),
 		snapVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aether_xds_snapshot_sequence", Help: "Sequence number of the snapshot being served."}),
+		panics: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "aether_xds_stream_panics_total", Help: "Panics recovered in an xDS stream's handler; that stream ended with an Internal error (Envoy reconnects) and the server kept serving."}),
 		need:     map[uint64][2]uint64{},
 		acked:    map[string]uint64{},
 		nonces:   map[string]uint64{},
@@ -145,7 +153,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		kick:     make(chan struct{}, 1),
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.bytesSent, s.snapVersion} {
+		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.bytesSent, s.snapVersion, s.panics} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("new xds server: register metrics: %w", err)
 			}
@@ -162,7 +170,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 // Serve serves ADS (SotW and delta) on l until ctx ends, and rotates SVIDs at their half-life,
 // pushing a new snapshot each time. It returns nil when ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	g := grpc.NewServer()
+	g := grpc.NewServer(grpc.ChainStreamInterceptor(s.recoverStream))
 	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, server.NewServer(ctx, s.cache, s.callbacks()))
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(l) }()
@@ -175,6 +183,22 @@ func (s *Server) Serve(ctx context.Context, l net.Listener) error {
 	case err := <-errc:
 		return fmt.Errorf("serve xds: %w", err)
 	}
+}
+
+// recoverStream is the ADS server's stream interceptor: a panic in a stream's handler (the
+// go-control-plane server and this server's callbacks, which run on the stream's goroutine) is
+// counted (aether_xds_stream_panics_total), logged with its stack and ends that stream with
+// codes.Internal; Envoy reconnects and gets the current snapshot, and every other stream and
+// the process go on (grpc-go does not recover handler panics: one would end the agent).
+func (s *Server) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.panics.Inc()
+			s.log.Error("xds: panic in a stream handler (recovered, stream ended)", "method", info.FullMethod, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			err = status.Errorf(codes.Internal, "xds: internal error in %s", info.FullMethod)
+		}
+	}()
+	return handler(srv, ss)
 }
 
 // rotate rebuilds the snapshot when the earliest SVID reaches its half-life.
@@ -575,6 +599,9 @@ func (s *Server) callbacks() server.Callbacks {
 			s.clustersSent(resp.GetTypeUrl(), resp.GetVersionInfo())
 		},
 		StreamRequestFunc: func(_ int64, req *discoverygrpc.DiscoveryRequest) error {
+			if s.testHook != nil {
+				s.testHook(req.GetTypeUrl())
+			}
 			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
@@ -588,6 +615,9 @@ func (s *Server) callbacks() server.Callbacks {
 			s.clustersSent(resp.GetTypeUrl(), resp.GetSystemVersionInfo())
 		},
 		StreamDeltaRequestFunc: func(_ int64, req *discoverygrpc.DeltaDiscoveryRequest) error {
+			if s.testHook != nil {
+				s.testHook(req.GetTypeUrl())
+			}
 			s.onRequest(req.GetTypeUrl(), req.GetResponseNonce(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil)
 			return nil
 		},
