@@ -51,26 +51,32 @@ func BenchmarkServeDNS(b *testing.B) {
 }
 
 // BenchmarkRespondWire measures the UDP fast path (Resolver.answerWire: index lookup, wire
-// answer, metrics) for the same names, on the query's wire form.
+// answer, metrics) for the same names, on the query's wire form, bare and as the read loop calls
+// it (answerWireGuarded, with its deferred recover).
 func BenchmarkRespondWire(b *testing.B) {
 	res := benchResolver(b)
 	for _, name := range []string{"svc-500.bench.mesh.", "nx-500.bench.mesh."} {
-		b.Run(name, func(b *testing.B) {
-			req := new(dns.Msg)
-			req.SetQuestion(name, dns.TypeA)
-			q, err := req.Pack()
-			if err != nil {
-				b.Fatal(err)
-			}
-			buf := make([]byte, 0, 1024)
-			src := netip.MustParseAddr("127.0.0.1")
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, ok := res.answerWire(buf, q, src); !ok {
-					b.Fatal("fast path did not answer")
+		for _, fn := range []struct {
+			name   string
+			answer func(buf, q []byte, src netip.Addr) ([]byte, bool)
+		}{{"", res.answerWire}, {"/guarded", res.answerWireGuarded}} {
+			b.Run(name+fn.name, func(b *testing.B) {
+				req := new(dns.Msg)
+				req.SetQuestion(name, dns.TypeA)
+				q, err := req.Pack()
+				if err != nil {
+					b.Fatal(err)
 				}
-			}
-		})
+				buf := make([]byte, 0, 1024)
+				src := netip.MustParseAddr("127.0.0.1")
+				b.ReportAllocs()
+				for b.Loop() {
+					if _, ok := fn.answer(buf, q, src); !ok {
+						b.Fatal("fast path did not answer")
+					}
+				}
+			})
+		}
 	}
 }
 
