@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
+
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 )
 
@@ -138,10 +140,10 @@ func tooMany(field string, n, limit int) *ValidationError {
 
 // ValidateEndpoint checks a ServiceEndpoint before it is written and after it is read. It returns
 // a *ValidationError naming the first bad field: service, addresses (1 to MaxEndpointAddresses,
-// each a unicast IP address without a zone, an IPv4 address in its own form rather than
+// each a unicast IP address without a zone (hostAddr: not loopback, link-local or unspecified), an IPv4 address in its own form rather than
 // IPv4-mapped IPv6 (::ffff:a.b.c.d, which would name the same pod twice over), no duplicates), ports (1 to MaxEndpointPorts,
 // 1-65535, a defined protocol,
-// unique names; a number repeats only under different names), spiffe_id (spiffe://...), health
+// unique names; a number repeats only under different names), spiffe_id (validEndpointID), health
 // (HEALTHY or UNHEALTHY), kubernetes (pod UID, pod and node name required; node_ip empty or a
 // unicast address without a zone, not IPv4-mapped), zone (at most 63 characters, no '/').
 func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
@@ -163,7 +165,7 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	// Address and port lists are short: quadratic duplicate checks allocate nothing.
 	for i, a := range ep.GetAddresses() {
 		if !hostAddr(a) {
-			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want a unicast IPv4 or IPv6 address without a zone (IPv4 as a.b.c.d, not ::ffff:a.b.c.d)")
+			return fieldErr(fmt.Sprintf("addresses[%d]", i), a, "want a unicast IPv4 or IPv6 address without a zone, not loopback or link-local (IPv4 as a.b.c.d, not ::ffff:a.b.c.d)")
 		}
 		ip, _ := netip.ParseAddr(a)
 		for _, b := range ep.GetAddresses()[:i] {
@@ -196,8 +198,8 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 			return validProtocol(p.GetProtocol(), fmt.Sprintf("ports[%d].protocol", i))
 		}
 	}
-	if !strings.HasPrefix(ep.GetSpiffeId(), "spiffe://") || len(ep.GetSpiffeId()) == len("spiffe://") {
-		return fieldErr("spiffe_id", ep.GetSpiffeId(), "want spiffe://<trust domain>/...")
+	if err := validEndpointID(ep.GetSpiffeId(), ep.GetService().GetNamespace()); err != nil {
+		return err
 	}
 	if h := ep.GetHealth(); h != registryv1.Health_HEALTH_HEALTHY && h != registryv1.Health_HEALTH_UNHEALTHY {
 		return fieldErr("health", h.String(), "want HEALTHY or UNHEALTHY")
@@ -217,20 +219,49 @@ func ValidateEndpoint(ep *registryv1.ServiceEndpoint) error {
 	if k.GetNodeName() == "" {
 		return fieldErr("kubernetes.node_name", "", "required")
 	}
-	if k.GetNodeIp() != "" && !hostAddr(k.GetNodeIp()) {
-		return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want a unicast IPv4 or IPv6 address without a zone (IPv4 as a.b.c.d, not ::ffff:a.b.c.d), or empty")
+	if k.GetNodeIp() != "" && !nodeAddr(k.GetNodeIp()) {
+		return fieldErr("kubernetes.node_ip", k.GetNodeIp(), "want a unicast IPv4 or IPv6 address without a zone, not link-local (IPv4 as a.b.c.d, not ::ffff:a.b.c.d), or empty")
+	}
+	return nil
+}
+
+// validEndpointID checks an endpoint's spiffe_id: a SPIFFE ID (go-spiffe's spiffeid.FromString:
+// the trust domain and path characters of the SPIFFE ID standard, section 2) of the form
+// spiffe://<trust domain>/ns/<namespace>/sa/<service account> whose namespace is the endpoint's
+// service's. A record that names another namespace's identity would make the node proxies pin
+// that identity for this service's endpoints, so a writer could have its pods accepted as another
+// namespace's (the SAN pin of docs/node-proxy.md).
+func validEndpointID(id, namespace string) error {
+	const want = "want spiffe://<trust domain>/ns/<namespace>/sa/<service account>"
+	sid, err := spiffeid.FromString(id)
+	if err != nil {
+		return fieldErr("spiffe_id", id, want+": "+err.Error())
+	}
+	rest, ok := strings.CutPrefix(sid.Path(), "/ns/"+namespace+"/sa/")
+	if !ok || rest == "" || strings.Contains(rest, "/") {
+		return fieldErr("spiffe_id", id, want+" with the service's namespace "+strconv.Quote(namespace))
 	}
 	return nil
 }
 
 // hostAddr reports whether s is an address a pod or node can have and another node can dial: an
-// IP address, not unspecified (0.0.0.0, ::: Envoy would dial itself) or multicast, without an
-// IPv6 zone (which names an interface of the writer's node), and an IPv4 address not written as
-// IPv4-mapped IPv6 (RFC 4291 section 2.5.5.2): the node proxy keys a pod's connections by the
-// address Envoy reports, which is a.b.c.d, so ::ffff:a.b.c.d would never match.
+// IP address, not unspecified (0.0.0.0, ::: Envoy would dial itself), loopback (127.0.0.0/8,
+// ::1: the reader's own host), link-local (169.254.0.0/16, fe80::/10: the reader's own link, and
+// 169.254.169.254 the cloud metadata service) or multicast, without an IPv6 zone (which names an
+// interface of the writer's node), and an IPv4 address not written as IPv4-mapped IPv6 (RFC 4291
+// section 2.5.5.2): the node proxy keys a pod's connections by the address Envoy reports, which
+// is a.b.c.d, so ::ffff:a.b.c.d would never match.
 func hostAddr(s string) bool {
 	ip, err := netip.ParseAddr(s)
-	return err == nil && ip.Zone() == "" && !ip.IsUnspecified() && !ip.IsMulticast() && !ip.Is4In6()
+	return err == nil && nodeAddr(s) && !ip.IsLoopback()
+}
+
+// nodeAddr is hostAddr for a node IP, where loopback is allowed: a cluster on one machine (the
+// agent's own tests, a single-node development cluster) has its node at 127.0.0.1, and a reader
+// that dials it reaches only its own host's waypoint port.
+func nodeAddr(s string) bool {
+	ip, err := netip.ParseAddr(s)
+	return err == nil && ip.Zone() == "" && !ip.IsUnspecified() && !ip.IsMulticast() && !ip.Is4In6() && !ip.IsLinkLocalUnicast()
 }
 
 // ValidateExport checks an ExportMark: service, ports (1 to MaxExportPorts; port 1-65535, target_port
