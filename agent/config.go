@@ -76,6 +76,9 @@ type Config struct {
 	// clusterDomain), else cluster.local.
 	ClusterDomain string
 	InboundMode   string // --inbound-mode: strict or permissive
+	// AllowCloudMetadata (--allow-cloud-metadata) lets meshed pods reach the cloud metadata
+	// service (capture.MetadataAddrs); off by default (capture.Config.AllowCloudMetadata says why).
+	AllowCloudMetadata bool
 
 	CaptureBackend string // --capture-backend: nftables, iptables, iptables-nft, iptables-legacy
 	CNIConfDir     string // --cni-conf-dir: where the primary CNI's conflist lives
@@ -137,6 +140,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.ResolvConf, "resolv-conf", "/etc/resolv.conf", "resolv.conf whose nameservers get every name outside the mesh")
 	ef.StringVar(&c.ClusterDomain, "cluster-domain", "AETHER_CLUSTER_DOMAIN", "", "the cluster's DNS domain (the kubelet's clusterDomain), whose search-list expansions of mesh names the resolver answers (default: the svc.<domain> entry of --resolv-conf's search list, else cluster.local)")
 	ef.StringVar(&c.InboundMode, "inbound-mode", "AETHER_INBOUND_MODE", "strict", "inbound policy for meshed pods: strict (mTLS only) or permissive (plaintext too)")
+	ef.BoolVar(&c.AllowCloudMetadata, "allow-cloud-metadata", "AETHER_ALLOW_CLOUD_METADATA", "let meshed pods reach the cloud metadata service (169.254.169.254, fd00:ec2::254), blocked by default: it hands out the node's credentials")
 	ef.StringVar(&c.CaptureBackend, "capture-backend", "AETHER_CAPTURE_BACKEND", "nftables", "capture rules backend: nftables, iptables (the node's mode), iptables-nft or iptables-legacy")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI config directory holding the primary CNI's conflist")
 	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory aether-cni is installed into")

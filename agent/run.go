@@ -287,7 +287,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Config: cni.ServerConfig{
 			Socket: cfg.CNISocket, StateDir: cfg.StateDir, HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6, ClusterDNS: clusterDNS,
 			DNSPort: uint16(cfg.DNSPort), Mode: capture.Mode(cfg.InboundMode), NodeName: cfg.NodeName,
-			RepairInterval: cfg.CNIRepairInterval,
+			RepairInterval: cfg.CNIRepairInterval, AllowCloudMetadata: cfg.AllowCloudMetadata,
 		},
 		Lookup: &cni.KubePods{Client: cs}, NodePods: &cni.KubePods{Client: cs},
 		Dataplane: dp, Backend: backend, Log: log.With("part", "cni"),

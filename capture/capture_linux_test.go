@@ -341,6 +341,34 @@ func captureTraffic(t *testing.T, b Backend) {
 		t.Fatalf("dial 203.0.113.9:80 from pod: %v", err)
 	}
 	expectCaptured(t, captured, nil, "203.0.113.9:80")
+	// The cloud metadata address is refused, TCP with a reset, UDP dropped; allowed
+	// (AllowCloudMetadata), it is captured like any other destination.
+	addAddrs(t, tp.node, "lo", "169.254.169.254/32")
+	_, metadata := acceptOn(t, tp.node, "169.254.169.254:80")
+	if err := dialFrom(tp.pod, "", "169.254.169.254:80"); !isRefused(err) {
+		t.Fatalf("dial the metadata service from the pod = %v, want connection refused", err)
+	}
+	tp.node.ServeUDPEcho(t, "169.254.169.254:53", "md:")
+	if got, err := tp.pod.AskUDP("169.254.169.254:53", "q", time.Second); err == nil {
+		t.Fatalf("UDP to the metadata address answered %q, want it dropped", got)
+	}
+	allowed := cfg
+	allowed.AllowCloudMetadata = true
+	if rs, err := Build(allowed); err != nil {
+		t.Fatal(err)
+	} else if _, err := b.Apply(tp.pod.Path, rs); err != nil {
+		t.Fatal(err)
+	}
+	if err := dialFrom(tp.pod, "", "169.254.169.254:80"); err != nil {
+		t.Fatalf("dial the metadata service, allowed: %v", err)
+	}
+	expectCaptured(t, captured, metadata, "169.254.169.254:80")
+	if got, err := tp.pod.AskUDP("169.254.169.254:53", "q", 5*time.Second); err != nil || got != "md:q" {
+		t.Fatalf("UDP to the metadata address, allowed = %q, %v", got, err)
+	}
+	if _, err := b.Apply(tp.pod.Path, rs); err != nil {
+		t.Fatal(err)
+	}
 	// The explicit HTTP lane (127.0.0.1:18081 in the pod netns) is loopback: reached directly.
 	_, lane := acceptOn(t, tp.pod, "127.0.0.1:18081")
 	if err := dialFrom(tp.pod, "", "127.0.0.1:18081"); err != nil {

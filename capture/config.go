@@ -34,6 +34,11 @@ const (
 	DefaultBypassMark = 0x4145
 )
 
+// MetadataAddrs are the cloud metadata service addresses blocked for meshed pods unless
+// Config.AllowCloudMetadata: 169.254.169.254 (AWS, GCP, Azure, OpenStack and most others) and
+// fd00:ec2::254 (AWS's IPv6 endpoint).
+var MetadataAddrs = []netip.Addr{netip.MustParseAddr("169.254.169.254"), netip.MustParseAddr("fd00:ec2::254")}
+
 // Config is everything the capture rules of one pod depend on. It is plain data: the agent fills
 // it from its own flags, the CNI request (prevResult, plugin config) and the pod.
 type Config struct {
@@ -79,6 +84,13 @@ type Config struct {
 	// existed: only for an attachment recorded without its probe ports (an older agent's record)
 	// whose pod cannot be read to learn them.
 	NodeAllPorts bool
+	// AllowCloudMetadata lets the pod reach the cloud metadata service (MetadataAddrs) as any
+	// other destination outside the mesh. By default it is blocked: TCP gets a reset, anything
+	// else is dropped, whatever socket mark the pod sets. A cloud's metadata service hands out
+	// the node's credentials to whoever asks from the node's network, and meshed workloads have
+	// an identity of their own (their SVID); Istio, Cilium and GKE's workload identity keep pods
+	// off it the same way.
+	AllowCloudMetadata bool
 	// BypassMark, when non-zero, exempts sockets carrying this SO_MARK in the pod netns from
 	// outbound capture (meta mark == BypassMark return). Envoy sets it (DefaultBypassMark) on
 	// the passthrough sockets it opens inside the pod netns, so they never loop back into the

@@ -108,6 +108,14 @@ const (
 	protoUDP = 17
 )
 
+// familyOf is the Family of an address.
+func familyOf(a netip.Addr) Family {
+	if a.Is6() {
+		return FamilyIPv6
+	}
+	return FamilyIPv4
+}
+
 // Build returns the capture rule set for cfg (pure; DESIGN.md data flow 2). It returns the error
 // of cfg.Validate.
 //
@@ -115,7 +123,9 @@ const (
 // ClusterDNS address is DNAT'ed to HostIP:DNSPort; ExcludeOutboundCIDRs and
 // ExcludeOutboundPorts return; every other TCP connection is redirected to CapturePort. IPv6 is
 // handled the same way when the pod has an IPv6 address; otherwise every non-loopback IPv6
-// packet is dropped in both directions.
+// packet is dropped in both directions. Unless AllowCloudMetadata, the cloud metadata addresses
+// (MetadataAddrs) are left uncaptured and refused in filter output: TCP with a reset, the rest
+// dropped.
 //
 // Inbound (filter input): established/related and loopback accepted; in ModeStrict only
 // InboundPort, NodeSources on ProbePorts (on every port with NodeAllPorts) and
@@ -136,6 +146,19 @@ func Build(cfg Config) (RuleSet, error) {
 	out.Rules = append(out.Rules, Rule{ID: "out-loopback", OIFLoopback: true, Verdict: Verdict{Kind: VerdictReturn}})
 	if c.BypassMark != 0 {
 		out.Rules = append(out.Rules, Rule{ID: "out-bypass-mark", Mark: c.BypassMark, Verdict: Verdict{Kind: VerdictReturn}})
+	}
+	// The metadata addresses are never captured (a passthrough would reach them) and are
+	// refused in the filter output chain below.
+	var metadata []netip.Addr
+	if !c.AllowCloudMetadata {
+		for _, a := range MetadataAddrs {
+			if a.Is4() || v6 {
+				metadata = append(metadata, a)
+			}
+		}
+	}
+	for _, a := range metadata {
+		out.Rules = append(out.Rules, Rule{ID: "out-metadata-" + a.String(), Family: familyOf(a), Dst: netip.PrefixFrom(a, a.BitLen()), Verdict: Verdict{Kind: VerdictReturn}})
 	}
 	for _, d := range c.ClusterDNS {
 		fam, host := FamilyIPv4, c.HostIP
@@ -167,11 +190,20 @@ func Build(cfg Config) (RuleSet, error) {
 
 	rs := RuleSet{Chains: []Chain{out}}
 
+	outF := Chain{Name: "output_filter", Hook: HookOutputFilter}
+	for _, a := range metadata {
+		dst := netip.PrefixFrom(a, a.BitLen())
+		outF.Rules = append(outF.Rules,
+			Rule{ID: "out-metadata-tcp-" + a.String(), Family: familyOf(a), L4: protoTCP, Dst: dst, Verdict: Verdict{Kind: VerdictReject}},
+			Rule{ID: "out-metadata-drop-" + a.String(), Family: familyOf(a), Dst: dst, Verdict: Verdict{Kind: VerdictDrop}})
+	}
 	if !v6 {
-		rs.Chains = append(rs.Chains, Chain{Name: "output_filter", Hook: HookOutputFilter, Rules: []Rule{
-			{ID: "out6-loopback", OIFLoopback: true, Verdict: Verdict{Kind: VerdictAccept}},
-			{ID: "out6-drop", Family: FamilyIPv6, Verdict: Verdict{Kind: VerdictDrop}},
-		}})
+		outF.Rules = append(outF.Rules,
+			Rule{ID: "out6-loopback", OIFLoopback: true, Verdict: Verdict{Kind: VerdictAccept}},
+			Rule{ID: "out6-drop", Family: FamilyIPv6, Verdict: Verdict{Kind: VerdictDrop}})
+	}
+	if len(outF.Rules) > 0 {
+		rs.Chains = append(rs.Chains, outF)
 	}
 
 	in := Chain{Name: "input_filter", Hook: HookInputFilter}

@@ -94,8 +94,31 @@ func TestBuildProperties(t *testing.T) {
 	perm := base
 	perm.Mode = ModePermissive
 	p, _ := Build(perm)
-	if strings.Contains(p.NFTText(), "reject") {
+	if strings.Contains(p.NFTText(), "in-strict-reject") || strings.Contains(p.NFTText(), "aether:in-mtls") {
 		t.Errorf("permissive rule set refuses inbound:\n%s", p.NFTText())
+	}
+	// The metadata service is refused unless allowed, for a dual-stack pod on both addresses.
+	var ds Config
+	for _, g := range goldenConfigs {
+		if g.name == "dual-stack" {
+			ds = g.cfg
+		}
+	}
+	for _, allow := range []bool{false, true} {
+		ds.AllowCloudMetadata = allow
+		rs, err := Build(ds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		txt := rs.NFTText()
+		for _, want := range []string{
+			"ip daddr 169.254.169.254 return", "ip daddr 169.254.169.254 meta l4proto tcp reject with tcp reset", "ip daddr 169.254.169.254 drop",
+			"ip6 daddr fd00:ec2::254 return", "ip6 daddr fd00:ec2::254 meta l4proto tcp reject with tcp reset", "ip6 daddr fd00:ec2::254 drop",
+		} {
+			if strings.Contains(txt, want) == allow {
+				t.Errorf("AllowCloudMetadata %v: rule %q present = %v:\n%s", allow, want, !allow, txt)
+			}
+		}
 	}
 	for _, r := range allRules(v4) {
 		if !strings.HasPrefix(r.Comment(), Tag+":") {

@@ -89,6 +89,9 @@ type ServerConfig struct {
 	DNSPort uint16
 	// Mode is the default inbound mode (default strict); the plugin config may override it.
 	Mode capture.Mode
+	// AllowCloudMetadata lets meshed pods reach the cloud metadata service
+	// (capture.Config.AllowCloudMetadata; blocked by default).
+	AllowCloudMetadata bool
 	// BypassMark exempts sockets with this mark in a pod netns from capture (default
 	// capture.DefaultBypassMark, the mark the node Envoy's per-pod passthrough sockets carry:
 	// xds.Options.BypassMark must be the same).
@@ -390,7 +393,7 @@ func (s *Server) rules(r *Record) (capture.RuleSet, error) {
 	return capture.Build(capture.Config{
 		PodIPs: r.Attachment.IPs, HostIP: s.Config.HostIP, HostIPv6: s.Config.HostIPv6, ClusterDNS: s.Config.ClusterDNS,
 		Mode: mode, DNSPort: s.Config.DNSPort, BypassMark: s.Config.BypassMark, NodeSources: nodes,
-		ProbePorts: r.ProbePorts, NodeAllPorts: !r.ProbesRecorded,
+		ProbePorts: r.ProbePorts, NodeAllPorts: !r.ProbesRecorded, AllowCloudMetadata: s.Config.AllowCloudMetadata,
 		ExcludeOutboundPorts: r.Capture.ExcludeOutboundPorts, ExcludeInboundPorts: r.Capture.ExcludeInboundPorts,
 		ExcludeOutboundCIDRs: r.Capture.ExcludeOutboundCIDRs,
 	})
