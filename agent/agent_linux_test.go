@@ -147,12 +147,7 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	createNodeAndMeshNamespace(t, ctx, cs, "web", "client")
-	web, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	web := createWebService(t, ctx, cs)
 	pods := map[string]*corev1.Pod{}
 	for _, name := range []string{"web", "client"} {
 		pods[name] = createReadyPod(t, ctx, cs, name+"-1", name)
@@ -257,6 +252,19 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	traffic("after the registry returned")
 }
 
+// createWebService creates the Service shop/web: port 80 (http) to target port 8080 of the pods
+// labelled app=web.
+func createWebService(t testing.TB, ctx context.Context, cs kubernetes.Interface) *corev1.Service {
+	t.Helper()
+	web, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"},
+			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return web
+}
+
 // grepLines returns the lines of s that contain sub.
 func grepLines(s, sub string) string {
 	var out []string
@@ -354,13 +362,17 @@ func mustReadFile(t testing.TB, path string) string {
 
 // createReadyPod creates Pod shop/<name> on node-1 (label app=<app>, service account <app>, one
 // container port 8080) and marks it Ready.
-func createReadyPod(t testing.TB, ctx context.Context, cs kubernetes.Interface, name, app string) *corev1.Pod {
+func createReadyPod(t testing.TB, ctx context.Context, cs kubernetes.Interface, name, app string, edit ...func(*corev1.Pod)) *corev1.Pod {
 	t.Helper()
-	p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}},
 		Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: app, AutomountServiceAccountToken: new(bool),
 			Containers: []corev1.Container{{Name: "app", Image: app, Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
-	}, metav1.CreateOptions{})
+	}
+	for _, e := range edit {
+		e(pod)
+	}
+	p, err := cs.CoreV1().Pods("shop").Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

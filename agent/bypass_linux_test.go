@@ -16,9 +16,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 
 	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
 	"github.com/aethermesh/aether/capture"
@@ -42,14 +40,14 @@ func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	createNodeAndMeshNamespace(t, ctx, cs, "web", "client")
-	web, err := cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
-		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"},
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(8080)}}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	web := createWebService(t, ctx, cs)
 	client := createReadyPod(t, ctx, cs, "client-1", "client")
-	webPod := createProbedPod(t, ctx, cs, "web-1", "web", 8081)
+	// web-1's kubelet probe: HTTP readiness on its port "health", 8081.
+	webPod := createReadyPod(t, ctx, cs, "web-1", "web", func(p *corev1.Pod) {
+		c := &p.Spec.Containers[0]
+		c.Ports = append(c.Ports, corev1.ContainerPort{Name: "health", ContainerPort: 8081})
+		c.ReadinessProbe = &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/ready", Port: intstr.FromString("health")}}}
+	})
 
 	node := testenv.NewNetns(t)
 	clientNS, webNS, plainNS, outsideNS := testenv.NewNetns(t), testenv.NewNetns(t), testenv.NewNetns(t), testenv.NewNetns(t)
@@ -258,26 +256,4 @@ func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
 			t.Fatalf("UDP to web = %q, %v; want the echo", got, err)
 		}
 	})
-}
-
-// createProbedPod is createReadyPod with an HTTP readiness probe on probePort besides the
-// application port 8080.
-func createProbedPod(t testing.TB, ctx context.Context, cs kubernetes.Interface, name, app string, probePort int32) *corev1.Pod {
-	t.Helper()
-	p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}},
-		Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: app, AutomountServiceAccountToken: new(bool),
-			Containers: []corev1.Container{{Name: "app", Image: app,
-				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "health", ContainerPort: probePort}},
-				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-					Path: "/ready", Port: intstr.FromString("health")}}}}}},
-	}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-	if p, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }
