@@ -165,6 +165,9 @@ func deploy(t *testing.T, p ClusterPair) *world {
 		mkEcho(w.b, fmt.Sprintf("remote-%d", i+1), "remote", n)
 	}
 	mkEcho(w.b, "hidden-1", "hidden", w.nodesB[0])
+	// A meshed pod beside the client, in no Service: plaintext-to-app-port-refused dials it by
+	// pod IP on the same node's bridge (the same-node bypass of docs/security.md).
+	mkEcho(w.a, "neighbour-1", "neighbour", w.clientNode)
 	client := substrate.ClientPod(ns, "client", w.clientNode, w.a, clientCmd)
 	client.Spec.Containers[0].Image = clientImg
 	pods = append(pods, podSpec{w.a, client})
@@ -452,19 +455,23 @@ func (w *world) unexported(t *testing.T) {
 	}
 }
 
-// plaintextRefused: a plaintext connection from the client straight to echo-2's application
-// port (bypassing the mesh) gets no answer (strict inbound).
+// plaintextRefused: a plaintext connection from the client straight to the application port
+// of a meshed pod (bypassing the mesh) gets no answer (strict inbound): echo-2 on the other node,
+// and neighbour-1 on the client's own node, whose plaintext reached the application from the
+// bridge address before the passthrough left from the pod's own netns.
 func (w *world) plaintextRefused(t *testing.T) {
 	ctx := context.Background()
-	pod, err := w.p.Kube(w.a).CoreV1().Pods(ns).Get(ctx, "echo-2", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r, err := w.get(ctx, fmt.Sprintf("http://%s:%d/", pod.Status.PodIP, substrate.EchoHTTPPort)); err == nil {
-		t.Errorf("plaintext HTTP to %s:%d answered: %+v", pod.Status.PodIP, substrate.EchoHTTPPort, r)
-	}
-	if r, err := w.tcp(ctx, fmt.Sprintf("%s:%d", pod.Status.PodIP, substrate.EchoTCPPort), "hello"); err == nil {
-		t.Errorf("plaintext TCP to %s:%d answered: %+v", pod.Status.PodIP, substrate.EchoTCPPort, r)
+	for _, name := range []string{"echo-2", "neighbour-1"} {
+		pod, err := w.p.Kube(w.a).CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := w.get(ctx, fmt.Sprintf("http://%s:%d/", pod.Status.PodIP, substrate.EchoHTTPPort)); err == nil {
+			t.Errorf("plaintext HTTP to %s (%s:%d) answered: %+v", name, pod.Status.PodIP, substrate.EchoHTTPPort, r)
+		}
+		if r, err := w.tcp(ctx, fmt.Sprintf("%s:%d", pod.Status.PodIP, substrate.EchoTCPPort), "hello"); err == nil {
+			t.Errorf("plaintext TCP to %s (%s:%d) answered: %+v", name, pod.Status.PodIP, substrate.EchoTCPPort, r)
+		}
 	}
 	// The same service through the mesh still answers.
 	w.wantHTTP(t, "http://echo."+ns+".mesh/", w.a)
