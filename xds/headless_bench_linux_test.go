@@ -199,7 +199,7 @@ func benchHeadlessChange(b *testing.B, services, extra, npods int, kind string) 
 		}
 		ackT = append(ackT, time.Since(start))
 		if headless {
-			want := "h3 10.44.0.1" // passed through
+			want := "h3 " + f.ips["alpha"].String() // passed through, from alpha's own address
 			if member {
 				want = "h3 127.0.0.1" // through h3's inbound listener
 			}

@@ -144,8 +144,8 @@ func testHeadlessAndPerPodPorts(t *testing.T, delta bool, build Options) {
 	t.Run("headless pod IP, TCP, reaches that pod over mTLS", headlessTCP)
 
 	t.Run("non-meshed pod IP passes through", func(t *testing.T) {
-		// Passed through, the connection leaves from the node (Envoy's netns): the bridge address.
-		addr, want := f.ips["plain"].String()+":7000", "plain 10.44.0.1"
+		// Passed through, the connection leaves from alpha's own netns: alpha's address.
+		addr, want := f.ips["plain"].String()+":7000", "plain "+f.ips["alpha"].String()
 		if got, err := askWho(alpha, addr); err != nil || got != want {
 			t.Errorf("dial %s: %q %v, want %q", addr, got, err, want)
 		}
