@@ -79,7 +79,7 @@ func configured(t *testing.T) map[string]string {
 	}
 	data = maps.Clone(data)
 	data["AETHER_CLUSTER"] = "east"
-	data["AETHER_REGISTRY_ENDPOINTS"] = "http://10.0.0.2:2379"
+	data["AETHER_REGISTRY_ENDPOINTS"] = "https://10.0.0.2:2379"
 	return data
 }
 

@@ -189,6 +189,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if rcfg.TLS, err = cfg.Registry.TLS(); err != nil {
 		return err
 	}
+	cfg.Registry.WarnInsecure(log)
 	reg, err := registry.New(rcfg)
 	if err != nil {
 		return err

@@ -127,6 +127,7 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 		closeAll()
 		return nil, "", nil, err
 	}
+	t.Registry.WarnInsecure(log)
 	reg, err := registry.New(rcfg)
 	if err != nil {
 		closeAll()

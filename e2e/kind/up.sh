@@ -112,6 +112,9 @@ install_aether() {
   cat >"$env" <<CONF
 AETHER_CLUSTER=$c
 AETHER_REGISTRY_ENDPOINTS=$(registry_endpoint)
+# The kind registry is a plaintext etcd container on the docker network (no certificates set up
+# for it), so plaintext off loopback is allowed explicitly; a real install uses https://.
+AETHER_REGISTRY_INSECURE=true
 AETHER_REGION=default
 AETHER_MESH_DOMAIN=mesh
 AETHER_TRUST_DOMAIN=aether.internal

@@ -9,6 +9,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
 	"os"
 
 	"github.com/aethermesh/aether/internal/envflag"
@@ -30,6 +34,10 @@ type Flags struct {
 	// Cert and Key are --registry-cert and --registry-key (AETHER_REGISTRY_CERT, _KEY): the
 	// client certificate and key (PEM files), both or neither.
 	Cert, Key string
+	// Insecure is --registry-insecure (AETHER_REGISTRY_INSECURE): allow plaintext (http://)
+	// endpoints that are not on loopback. Off by default, since every cluster's endpoints, its
+	// etcd credentials and the partition claims cross that connection.
+	Insecure bool
 }
 
 // Usage replaces a flag's help text for one binary; an empty field keeps the default.
@@ -54,16 +62,23 @@ func (f *Flags) Define(ef *envflag.Set, u Usage) {
 	ef.StringVar(&f.CA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
 	ef.StringVar(&f.Cert, "registry-cert", "AETHER_REGISTRY_CERT", "", u.Cert)
 	ef.StringVar(&f.Key, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
+	ef.BoolVar(&f.Insecure, "registry-insecure", "AETHER_REGISTRY_INSECURE", "allow plaintext http:// registry endpoints off loopback (they carry every cluster's endpoints and the etcd credentials; use https:// with --registry-ca instead)")
 }
 
 // Endpoints returns --registry-endpoints split at commas, trimmed, empty items dropped (nil for
 // none).
 func (f Flags) Endpoints() []string { return envflag.List(f.endpoints) }
 
-// CheckTLS checks the TLS flags: --registry-cert and --registry-key go together, and every file
-// given exists. Each error names the flag and its value; nil when all is well.
+// CheckTLS checks the TLS flags: --registry-cert and --registry-key go together, every file
+// given exists, and no endpoint is plaintext (http://) off loopback unless --registry-insecure
+// (PlaintextEndpoints). Each error names the flag and its value; nil when all is well.
 func (f Flags) CheckTLS() []error {
 	var errs []error
+	if !f.Insecure {
+		for _, e := range f.PlaintextEndpoints() {
+			errs = append(errs, fmt.Errorf("--registry-endpoints %q: plaintext to a registry off loopback: use https:// with --registry-ca (and --registry-cert/--registry-key where etcd wants client certificates), or set --registry-insecure", e))
+		}
+	}
 	if (f.Cert == "") != (f.Key == "") {
 		errs = append(errs, errors.New("--registry-cert and --registry-key go together"))
 	}
@@ -76,6 +91,38 @@ func (f Flags) CheckTLS() []error {
 		}
 	}
 	return errs
+}
+
+// PlaintextEndpoints returns the endpoints that are plaintext (http://, or no scheme, which the
+// etcd client dials in plaintext) and whose host is not a loopback address or "localhost": the
+// endpoints --registry-insecure is needed for. A caller that runs with them logs a warning.
+func (f Flags) PlaintextEndpoints() []string {
+	var out []string
+	for _, e := range f.Endpoints() {
+		host := e
+		if u, err := url.Parse(e); err == nil && u.Host != "" {
+			if u.Scheme == "https" {
+				continue
+			}
+			host = u.Hostname()
+		} else if h, _, err := net.SplitHostPort(e); err == nil {
+			host = h
+		}
+		if ip, err := netip.ParseAddr(host); (err == nil && ip.IsLoopback()) || host == "localhost" {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// WarnInsecure logs, at warning level on log, the plaintext endpoints off loopback that
+// --registry-insecure lets through; it logs nothing when there are none.
+func (f Flags) WarnInsecure(log *slog.Logger) {
+	if ep := f.PlaintextEndpoints(); f.Insecure && len(ep) > 0 {
+		log.Warn("registry: PLAINTEXT connection to a registry off loopback (--registry-insecure): every cluster's endpoints, the partition claims and the etcd credentials cross it unencrypted",
+			"endpoints", ep)
+	}
 }
 
 // TLS returns the etcd client TLS configuration of the flags (registry.TLSFiles): nil, nil

@@ -49,6 +49,7 @@ func TestDefineUsage(t *testing.T) {
 			want := line("registry-ca", "CA bundle for the registry's TLS (env AETHER_REGISTRY_CA)") +
 				line("registry-cert", tc.cert+" (env AETHER_REGISTRY_CERT)") +
 				line("registry-endpoints", tc.endpoint+" (env AETHER_REGISTRY_ENDPOINTS)") +
+				"  -registry-insecure\n    \tallow plaintext http:// registry endpoints off loopback (they carry every cluster's endpoints and the etcd credentials; use https:// with --registry-ca instead) (env AETHER_REGISTRY_INSECURE)\n" +
 				line("registry-key", "client key for the registry (env AETHER_REGISTRY_KEY)")
 			if got != want {
 				t.Errorf("usage:\n%s\nwant:\n%s", got, want)
@@ -111,5 +112,41 @@ func TestCheckTLS(t *testing.T) {
 	}
 	if _, err := (Flags{Cert: file, Key: file}).TLS(); err == nil || !strings.Contains(err.Error(), file) {
 		t.Errorf("TLS() with a certificate that is not PEM = %v, want an error naming %s", err, file)
+	}
+}
+
+// TestPlaintextOffLoopbackRefused: a plaintext endpoint off loopback is refused by CheckTLS,
+// naming the flag, the endpoint and the way out, unless --registry-insecure (or its variable);
+// https:// and loopback endpoints pass.
+func TestPlaintextOffLoopbackRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		args    []string
+		refused []string
+	}{
+		{"loopback plaintext", nil, []string{"--registry-endpoints", "http://127.0.0.1:2379,http://localhost:2379,http://[::1]:2379"}, nil},
+		{"tls off loopback", nil, []string{"--registry-endpoints", "https://10.0.0.5:2379"}, nil},
+		{"plaintext off loopback", nil, []string{"--registry-endpoints", "http://10.0.0.5:2379, https://10.0.0.6:2379,registry.example:2379"},
+			[]string{"http://10.0.0.5:2379", "registry.example:2379"}},
+		{"insecure flag", nil, []string{"--registry-endpoints", "http://10.0.0.5:2379", "--registry-insecure"}, nil},
+		{"insecure variable", map[string]string{"AETHER_REGISTRY_INSECURE": "true"}, []string{"--registry-endpoints", "http://10.0.0.5:2379"}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f, _ := parse(t, Usage{}, tc.env, tc.args...)
+			errs := f.CheckTLS()
+			if len(errs) != len(tc.refused) {
+				t.Fatalf("CheckTLS = %v, want %d refusals (%v)", errs, len(tc.refused), tc.refused)
+			}
+			for i, e := range tc.refused {
+				msg := errs[i].Error()
+				if !strings.Contains(msg, "--registry-endpoints") || !strings.Contains(msg, e) || !strings.Contains(msg, "--registry-insecure") {
+					t.Errorf("refusal %q: want the flag, %q and --registry-insecure named", msg, e)
+				}
+			}
+			if f.Insecure && len(f.PlaintextEndpoints()) != 1 {
+				t.Errorf("PlaintextEndpoints = %v, want the one to warn about", f.PlaintextEndpoints())
+			}
+		})
 	}
 }
