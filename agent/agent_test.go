@@ -339,10 +339,11 @@ func TestAgentModelFollowsSources(t *testing.T) {
 		t.Fatal(err)
 	}
 	began := time.Now()
-	// The Node's region label is eu, but the agent registers under region "default" (as
-	// deploy/config.yaml sets it) and in zone eu-1 (no zone label).
+	// The Node's region label is eu, but with no --region the agent registers under region
+	// "default", the registrar's default, inside the partition the registrar claims (not under
+	// regions/eu/...), and in zone eu-1 (no zone label).
 	a := startAgent(t, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL(), "--host-ip-v6", "::1",
-		"--region", "default", "--zone", "eu-1")
+		"--zone", "eu-1")
 	a.waitReady(t, 60*time.Second, "agent ready")
 
 	// A local mesh Service: its name answers with its ClusterIP.

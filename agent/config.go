@@ -23,7 +23,7 @@ import (
 type Config struct {
 	NodeName    string // --node-name, NODE_NAME
 	Cluster     string // --cluster, AETHER_CLUSTER
-	Region      string // --region, AETHER_REGION (default: the Node's topology.kubernetes.io/region)
+	Region      string // --region, AETHER_REGION (default: registry.DefaultRegion, as the registrar's)
 	Zone        string // --zone, AETHER_ZONE
 	MeshDomain  string // --mesh-domain, AETHER_MESH_DOMAIN
 	TrustDomain string // --trust-domain, AETHER_TRUST_DOMAIN
@@ -110,7 +110,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef := &envflag.Set{FS: fs, Getenv: getenv}
 	ef.StringVar(&c.NodeName, "node-name", "NODE_NAME", "", "this node's name")
 	ef.StringVar(&c.Cluster, "cluster", "AETHER_CLUSTER", "", "this cluster's name in the registry")
-	ef.StringVar(&c.Region, "region", "AETHER_REGION", "", "region of this node's registry origin and locality (default: the Node's topology.kubernetes.io/region label, else default)")
+	ef.StringVar(&c.Region, "region", "AETHER_REGION", "", "this cluster's region: the registry partition the agent writes in and the node's locality region, as the registrar's --region (default: default; the Node's topology.kubernetes.io/region label is not used)")
 	ef.StringVar(&c.Zone, "zone", "AETHER_ZONE", "", "zone of this node's endpoints and locality (default: the Node's topology.kubernetes.io/zone label)")
 	ef.StringVar(&c.MeshDomain, "mesh-domain", "AETHER_MESH_DOMAIN", "mesh", "DNS domain of mesh names")
 	ef.StringVar(&c.TrustDomain, "trust-domain", "AETHER_TRUST_DOMAIN", "aether.internal", "SPIFFE trust domain")

@@ -140,14 +140,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })
 
-	// This node's locality: the region is the flag, else the Node's label, else "default", and
-	// is the registry origin's, so this cluster's endpoints and the node compare alike in the
-	// xDS priority tiers; the zone is the flag, else the Node's label.
-	var node model.Sources
-	if err := kube.Fill(&node); err != nil {
-		return err
-	}
-	region := firstNonEmpty(cfg.Region, node.Node.Region, "default")
+	// This node's locality: the region is the cluster's, --region (AETHER_REGION), else
+	// "default", exactly as the registrar derives it, so the agents write inside the partition
+	// regions/<region>/clusters/<cluster> the registrar claimed, and this cluster's endpoints
+	// and the node compare alike in the xDS priority tiers. The Node's region label is not used:
+	// it would put a node's endpoints outside the claimed partition. The zone is the flag, else
+	// the Node's label.
+	region := firstNonEmpty(cfg.Region, registry.DefaultRegion)
 	asm := model.NewAssembler(model.AssemblerConfig{
 		Cluster: cfg.Cluster, MeshDomain: cfg.MeshDomain, TrustDomain: cfg.TrustDomain, Logger: log,
 		Region: region, Zone: cfg.Zone,

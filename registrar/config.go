@@ -14,6 +14,7 @@ import (
 
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/registryflag"
+	"github.com/aethermesh/aether/registry"
 )
 
 // RunConfig is the registrar process's whole configuration: every field has a flag, most an
@@ -64,7 +65,7 @@ type target struct {
 // define registers the target's flags (with their environment variables) on ef and fs.
 func (c *target) define(ef *envflag.Set, fs *flag.FlagSet, getenv func(string) string) {
 	ef.StringVar(&c.Cluster, "cluster", "AETHER_CLUSTER", "", "this cluster's name: its registry partition and MCS cluster name")
-	ef.StringVar(&c.Region, "region", "AETHER_REGION", "default", "this cluster's region in the registry key layout")
+	ef.StringVar(&c.Region, "region", "AETHER_REGION", registry.DefaultRegion, "this cluster's region in the registry key layout (the agents' --region must be the same)")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
 	c.Registry.Define(ef, registryflag.Usage{Endpoints: "comma-separated etcd client URLs of the registry; empty: run an embedded single-member etcd"})
 	ef.StringVar(&c.RegistryUser, "registry-user", "AETHER_REGISTRY_USER", "", "etcd user (password from env AETHER_REGISTRY_PASSWORD)")

@@ -137,3 +137,8 @@ func ParseKey(key string) (Key, error) {
 	}
 	return k, nil
 }
+
+// DefaultRegion is the region of a cluster's partition when none is configured (--region,
+// AETHER_REGION): the agent and the registrar both use it, so both name the one partition
+// regions/default/clusters/<cluster> the registrar claims.
+const DefaultRegion = "default"
