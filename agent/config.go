@@ -17,6 +17,11 @@ import (
 	"github.com/aethermesh/aether/xds"
 )
 
+// DefaultDNSRateLimit is --dns-rate-limit's default: 10,000 queries per second from one source
+// address. A busy application does tens to hundreds; a resolver loop or a flood does far more. The
+// DNS benchmark, which drives about 200,000 per second from one source, sets 0.
+const DefaultDNSRateLimit = 10000
+
 // Config is the agent's whole configuration: every field has a flag and an environment variable
 // (the flag wins; ParseFlags reads both). Validate checks it at start and names the flag of
 // every bad field.
@@ -67,6 +72,12 @@ type Config struct {
 	// prefetched before it expires (0: off).
 	DNSCacheServeStale time.Duration
 	DNSCachePrefetch   int
+	// DNSRateLimit (--dns-rate-limit, AETHER_DNS_RATE_LIMIT) is the queries per second the
+	// resolver answers one source (0: no limit); DNSAllowSources (--dns-allow-sources,
+	// AETHER_DNS_ALLOW_SOURCES) are sources answered besides the node's own addresses and its
+	// meshed pods (dnsd.SourcePolicy).
+	DNSRateLimit    int
+	DNSAllowSources []netip.Prefix
 
 	ClusterDNS []netip.Addr // --cluster-dns: kube-dns ClusterIPs DNAT'ed to the resolver (default: kube-system/kube-dns)
 	ResolvConf string       // --resolv-conf: upstreams for names outside the mesh
@@ -129,6 +140,8 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.DurationVar(&c.DNSCacheMaxTTL, "dns-cache-max-ttl", "AETHER_DNS_CACHE_MAX_TTL", dnsd.DefaultCacheMaxTTL, "longest time a positive forwarded answer is cached (whole seconds, at least 1s)")
 	ef.DurationVar(&c.DNSCacheMaxNegativeTTL, "dns-cache-max-negative-ttl", "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL", dnsd.DefaultCacheMaxNegativeTTL, "longest time a negative forwarded answer (NXDOMAIN, NODATA) is cached (whole seconds, at least 1s)")
 	ef.DurationVar(&c.DNSCacheServeStale, "dns-cache-serve-stale", "AETHER_DNS_CACHE_SERVE_STALE", 0, "serve-stale (RFC 8767): how long past its expiry a cached answer may still answer, with TTL 30, when the upstreams fail or take over 1.8s (whole seconds up to 168h; 24h suggested; 0: off)")
+	ef.IntVar(&c.DNSRateLimit, "dns-rate-limit", "AETHER_DNS_RATE_LIMIT", DefaultDNSRateLimit, "DNS queries per second answered to one source address; more get REFUSED (0: no limit)")
+	dnsAllow := ef.String("dns-allow-sources", "AETHER_DNS_ALLOW_SOURCES", "", "comma-separated addresses or CIDRs answered by the DNS resolver besides the node's own addresses and its meshed pods (e.g. a cluster DNS server forwarding clusterset.local here); anything else gets REFUSED")
 	ef.IntVar(&c.DNSCachePrefetch, "dns-cache-prefetch", "AETHER_DNS_CACHE_PREFETCH", 0, "refresh a cached answer in the background once it has been hit this many times and less than 10% of its TTL is left (0: off)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
@@ -157,6 +170,17 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 			return c, fmt.Errorf("--cluster-dns %q: not an IP address", s)
 		}
 		c.ClusterDNS = append(c.ClusterDNS, ip)
+	}
+	for _, s := range envflag.List(*dnsAllow) {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			ip, ierr := netip.ParseAddr(s)
+			if ierr != nil || ip.Zone() != "" {
+				return c, fmt.Errorf("--dns-allow-sources %q: not an IP address or CIDR", s)
+			}
+			p = netip.PrefixFrom(ip, ip.BitLen())
+		}
+		c.DNSAllowSources = append(c.DNSAllowSources, p.Masked())
 	}
 	if *hostIP != "" {
 		ip, err := netip.ParseAddr(*hostIP)
@@ -230,6 +254,9 @@ func (c Config) Validate() error {
 		if err := dnsd.CheckServeStale(c.DNSCacheServeStale); err != nil {
 			errs = append(errs, fmt.Errorf("--dns-cache-serve-stale %s: %w", c.DNSCacheServeStale, err))
 		}
+	}
+	if c.DNSRateLimit < 0 {
+		errs = append(errs, fmt.Errorf("--dns-rate-limit %d: want 0 (no limit) or queries per second", c.DNSRateLimit))
 	}
 	if c.DNSCachePrefetch < 0 {
 		errs = append(errs, fmt.Errorf("--dns-cache-prefetch %d: want 0 (no prefetch) or a number of hits", c.DNSCachePrefetch))

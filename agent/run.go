@@ -115,7 +115,8 @@ func Run(ctx context.Context, cfg Config) error {
 	resolver, err := dnsd.NewResolver(fwd, dnsd.ResolverOptions{Registerer: metrics.reg, Logger: log.With("part", "dns"),
 		MeshDomain: cfg.MeshDomain, Index: dnsd.IndexOptions{ClusterDomain: clusterDomain},
 		Cache: dnsd.CacheOptions{Size: cfg.DNSCacheSize, MaxTTL: cfg.DNSCacheMaxTTL, MaxNegativeTTL: cfg.DNSCacheMaxNegativeTTL,
-			ServeStale: cfg.DNSCacheServeStale, Prefetch: cfg.DNSCachePrefetch}})
+			ServeStale: cfg.DNSCacheServeStale, Prefetch: cfg.DNSCachePrefetch},
+		Sources: dnsd.SourcePolicy{Restrict: true, Allow: dnsAllowed(cfg), RateLimit: cfg.DNSRateLimit}})
 	if err != nil {
 		return err
 	}
@@ -237,6 +238,13 @@ func Run(ctx context.Context, cfg Config) error {
 			ready.set("xds", err)
 		}
 	}()
+	// The DNS index first: it admits a new pod's queries (dnsd.SourcePolicy), so it must hold
+	// the pod before Envoy's ACK lets the pod's CNI ADD return.
+	asm.Subscribe(func(m *model.Mesh) {
+		if err := resolver.Update(m); err != nil {
+			log.Error("DNS index not updated; answering from the previous one", "err", err)
+		}
+	})
 	push := newPusher(xsrv, log.With("part", "xds"))
 	push.served = metrics.lastPush.SetToCurrentTime
 	go push.run(ctx)
@@ -244,12 +252,6 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := startEnvoy(ctx, cfg, ready, log.With("part", "envoy")); err != nil {
 		return err
 	}
-
-	asm.Subscribe(func(m *model.Mesh) {
-		if err := resolver.Update(m); err != nil {
-			log.Error("DNS index not updated; answering from the previous one", "err", err)
-		}
-	})
 
 	if err := asm.Rebuild(); err != nil {
 		return err
@@ -556,4 +558,17 @@ func (s *seenSet) update(n int, key func(int) string) []int {
 	}
 	*s = next
 	return fresh
+}
+
+// dnsAllowed is the DNS source policy's Allow list: the node's own addresses (--host-ip,
+// --host-ip-v6), where host processes and hostNetwork pods query from, and --dns-allow-sources.
+// The meshed pods are admitted by the model itself.
+func dnsAllowed(cfg Config) []netip.Prefix {
+	var out []netip.Prefix
+	for _, ip := range []netip.Addr{cfg.HostIP, cfg.HostIPv6} {
+		if ip.IsValid() {
+			out = append(out, netip.PrefixFrom(ip, ip.BitLen()))
+		}
+	}
+	return append(out, cfg.DNSAllowSources...)
 }

@@ -14,7 +14,10 @@ import (
 )
 
 // benchResolver serves 1000 services svc-<i>.bench.mesh, as bench/dns/run.sh does.
-func benchResolver(b *testing.B) *Resolver {
+func benchResolver(b *testing.B) *Resolver { return benchResolverWith(b, ResolverOptions{}) }
+
+// benchResolverWith is benchResolver with options o (its Registerer is set here).
+func benchResolverWith(b *testing.B, o ResolverOptions) *Resolver {
 	b.Helper()
 	var svcs []*model.Service
 	for i := range 1000 {
@@ -23,7 +26,8 @@ func benchResolver(b *testing.B) *Resolver {
 			VIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i / 256), byte(i % 256)})},
 		})
 	}
-	res, err := NewResolver(nil, ResolverOptions{Registerer: prometheus.NewRegistry()})
+	o.Registerer = prometheus.NewRegistry()
+	res, err := NewResolver(nil, o)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -51,15 +55,21 @@ func BenchmarkServeDNS(b *testing.B) {
 }
 
 // BenchmarkRespondWire measures the UDP fast path (Resolver.answerWire: index lookup, wire
-// answer, metrics) for the same names, on the query's wire form, bare and as the read loop calls
-// it (answerWireGuarded, with its deferred recover).
+// answer, metrics) for the same names, on the query's wire form, bare, as the read loop calls
+// it (answerWireGuarded, with its deferred recover), and "gated": guarded with the agent's source
+// policy (Restrict, an allowed prefix, a per-source rate limit too high to refuse) for a
+// non-loopback source.
 func BenchmarkRespondWire(b *testing.B) {
 	res := benchResolver(b)
+	gated := benchResolverWith(b, ResolverOptions{Sources: SourcePolicy{Restrict: true,
+		Allow: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, RateLimit: 1 << 30}})
+	lo, pod := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("10.1.2.3")
 	for _, name := range []string{"svc-500.bench.mesh.", "nx-500.bench.mesh."} {
 		for _, fn := range []struct {
 			name   string
 			answer func(buf, q []byte, src netip.Addr) ([]byte, bool)
-		}{{"", res.answerWire}, {"/guarded", res.answerWireGuarded}} {
+			src    netip.Addr
+		}{{"", res.answerWire, lo}, {"/guarded", res.answerWireGuarded, lo}, {"/gated", gated.answerWireGuarded, pod}} {
 			b.Run(name+fn.name, func(b *testing.B) {
 				req := new(dns.Msg)
 				req.SetQuestion(name, dns.TypeA)
@@ -68,10 +78,9 @@ func BenchmarkRespondWire(b *testing.B) {
 					b.Fatal(err)
 				}
 				buf := make([]byte, 0, 1024)
-				src := netip.MustParseAddr("127.0.0.1")
 				b.ReportAllocs()
 				for b.Loop() {
-					if _, ok := fn.answer(buf, q, src); !ok {
+					if wire, ok := fn.answer(buf, q, fn.src); !ok || wire[3]&0x0F == dns.RcodeRefused {
 						b.Fatal("fast path did not answer")
 					}
 				}

@@ -14,6 +14,8 @@ import (
 type captureWriter struct {
 	out []byte
 	tcp bool
+	// from is the client's address (zero: shopPod).
+	from netip.Addr
 }
 
 func (w *captureWriter) LocalAddr() net.Addr {
@@ -23,6 +25,9 @@ func (w *captureWriter) LocalAddr() net.Addr {
 	return &net.UDPAddr{IP: net.IPv4(10, 0, 0, 1), Port: DefaultPort}
 }
 func (w *captureWriter) RemoteAddr() net.Addr {
+	if w.from.IsValid() {
+		return &net.UDPAddr{IP: w.from.AsSlice(), Port: 40000}
+	}
 	return &net.UDPAddr{IP: shopPod.AsSlice(), Port: 40000}
 }
 func (w *captureWriter) WriteMsg(m *dns.Msg) error {

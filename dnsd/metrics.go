@@ -32,6 +32,10 @@ const (
 	// the resolver's ServeDNS, "fast": the UDP read loop's fast path); each is logged with its
 	// stack, the query gets SERVFAIL and the server keeps serving.
 	MetricHandlerPanics = "aether_dns_handler_panics_total"
+	// MetricRefused counts queries answered REFUSED by the source policy
+	// (ResolverOptions.Sources), by reason: "source" (not a local pod, the node or an allowed
+	// prefix) or "rate" (over the per-source rate limit).
+	MetricRefused = "aether_dns_refused_total"
 )
 
 // Answer paths, the "path" label of MetricDuration.
@@ -94,6 +98,9 @@ type metrics struct {
 	// panics are the recovered handler panics by path (MetricHandlerPanics).
 	panicsVec               *prometheus.CounterVec
 	panicsServe, panicsFast prometheus.Counter
+	// refused are the source policy's refusals, indexed by refusedSource and refusedRate.
+	refusedVec *prometheus.CounterVec
+	refused    [2]prometheus.Counter
 
 	// byType and byRcode give the counter index of a query type below 256 and of an rcode
 	// below 32 (arrays, not maps: count runs for every query); any other is "other".
@@ -170,6 +177,11 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 		}, []string{"path"}),
 	}
 	m.panicsServe, m.panicsFast = m.panicsVec.WithLabelValues("serve"), m.panicsVec.WithLabelValues("fast")
+	m.refusedVec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: MetricRefused,
+		Help: "Queries answered REFUSED by the source policy, by reason: source (not a local pod, the node or an allowed prefix), rate (over the per-source limit).",
+	}, []string{"reason"})
+	m.refused[refusedSource], m.refused[refusedRate] = m.refusedVec.WithLabelValues("source"), m.refusedVec.WithLabelValues("rate")
 	for i, r := range staleReasonNames {
 		m.cacheStale[i] = m.cacheStaleVec.WithLabelValues(r)
 	}
@@ -210,7 +222,7 @@ func newMetrics(reg prometheus.Registerer, entries func() float64) (*metrics, er
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.queries, m.upstreamFailures, m.upstreamConns, m.upstreamStrays, m.upstreamStrayFallbacks, m.upstreamOversized, m.duration,
-			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries, m.cacheStaleVec, m.cachePrefetches, m.cachePrefetchesSkipped, m.panicsVec} {
+			m.cacheHits, m.cacheMisses, m.cacheEvictions, m.cacheEntries, m.cacheStaleVec, m.cachePrefetches, m.cachePrefetchesSkipped, m.panicsVec, m.refusedVec} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}

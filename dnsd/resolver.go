@@ -37,6 +37,8 @@ type Resolver struct {
 	// meshZone, csZone and csuffix ("mesh.", "svc.clusterset.local.", ".svc.cluster.local.")
 	// tell, before the first index, which names could be mesh names (preModelForward).
 	meshZone, csZone, csuffix string
+	// gate enforces ResolverOptions.Sources (nil: everyone admitted).
+	gate *sourceGate
 	// testHook, when set (tests only), runs first for every query ServeDNS or answerWire sees,
 	// so a test can make a handler panic.
 	testHook func(q []byte)
@@ -72,6 +74,8 @@ type ResolverOptions struct {
 	// Cache configures the cache of forwarded answers (zero value: no cache; the agent's
 	// default is Size DefaultCacheSize).
 	Cache CacheOptions
+	// Sources says who may query and how often (zero value: anyone, no limit).
+	Sources SourcePolicy
 }
 
 // NewResolver returns a resolver forwarding to fwd (nil: no upstreams, every forwarded query
@@ -128,7 +132,8 @@ func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	}
 	r := &Resolver{opts: o.Index, fwd: fwd, metrics: m, cache: c, log: o.Logger, forwardTimeout: timeout,
 		forwards: make(chan struct{}, o.MaxForwards), meshZone: strings.ToLower(dns.CanonicalName(meshDomain)),
-		csZone: dns.CanonicalName(model.ClustersetDomain), csuffix: ".svc." + strings.ToLower(dns.CanonicalName(clusterDomain))}
+		csZone: dns.CanonicalName(model.ClustersetDomain), csuffix: ".svc." + strings.ToLower(dns.CanonicalName(clusterDomain)),
+		gate: newSourceGate(o.Sources)}
 	if c != nil {
 		c.forward = r.forward
 		c.prefetchSlots = make(chan struct{}, max(1, o.MaxForwards/prefetchShare))
@@ -175,6 +180,16 @@ func (r *Resolver) ServeDNS(w dns.ResponseWriter, req *dns.Msg) {
 		qtype = req.Question[0].Qtype
 	}
 	idx := r.index.Load()
+	if r.gate != nil {
+		if why := r.gate.admit(addrOf(w.RemoteAddr()), idx, start); why != admitted {
+			r.metrics.refused[why].Inc()
+			r.metrics.count(qtype, dns.RcodeRefused)
+			m := new(dns.Msg)
+			m.SetRcode(req, dns.RcodeRefused)
+			r.write(w, m, maxSize)
+			return
+		}
+	}
 	if idx == nil && r.preModelForward(req) {
 		r.serveForwarded(w, req, tcp, maxSize, qtype, start, nil)
 		return
@@ -403,6 +418,18 @@ func (r *Resolver) answerWire(buf, q []byte, src netip.Addr) (wire []byte, ok bo
 	var wq wireQuery
 	if !wq.parse(q) {
 		return buf, false
+	}
+	if r.gate != nil {
+		if why := r.gate.admit(src, idx, start); why != admitted {
+			r.metrics.refused[why].Inc()
+			r.metrics.count(wq.qtype, dns.RcodeRefused)
+			// REFUSED (RFC 1035 section 4.1.1): the query's header and question, QR set, RD
+			// kept, no records (the OPT dropped).
+			out := append(buf, q[:wq.qend]...)
+			out[2], out[3] = 0x80|q[2]&0x01, dns.RcodeRefused
+			out[10], out[11] = 0, 0
+			return out, true
+		}
 	}
 	wire, rcode, act, ok := idx.respondWire(buf, q, &wq, src)
 	if ok {
