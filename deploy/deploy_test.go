@@ -221,7 +221,7 @@ func TestAgentDaemonSetShape(t *testing.T) {
 		}
 	}
 	caps("agent", "NET_ADMIN", "SYS_ADMIN")
-	caps("envoy", "SYS_ADMIN")
+	caps("envoy", "SYS_ADMIN", "NET_ADMIN") // NET_ADMIN: SO_MARK on the pods' passthrough sockets
 	fields := map[string]string{}
 	for _, e := range agent.Env {
 		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {

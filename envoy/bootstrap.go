@@ -14,9 +14,13 @@ import (
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	overloadv3 "github.com/envoyproxy/go-control-plane/envoy/config/overload/v3"
+	downstreamv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/downstream_connections/v3"
+	fixedheapv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/resource_monitors/fixed_heap/v3"
 	httpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/aethermesh/aether/internal/xdsproto"
 )
@@ -45,9 +49,34 @@ type BootstrapConfig struct {
 	// incremental one (DELTA_GRPC). Delta sends only what changed, which at thousands of
 	// clusters makes a pod's ADD many times faster (docs/node-proxy.md has the numbers).
 	StateOfTheWorld bool
+	// MaxConnections caps the downstream connections of all of Envoy's listeners together
+	// (overload manager resource monitor envoy.resource_monitors.global_downstream_max_connections,
+	// max_active_downstream_connections): a connection beyond it is closed at accept and counted
+	// (listener.<addr>.downstream_global_cx_overflow). 0 means DefaultMaxConnections; the admin
+	// listener does not count.
+	MaxConnections uint64
+	// MaxHeapBytes is the heap size the overload manager watches (envoy.resource_monitors.fixed_heap):
+	// at 90% Envoy returns free memory to the system (envoy.overload_actions.shrink_heap), at 95%
+	// it answers new HTTP requests 503 (envoy.overload_actions.stop_accepting_requests), so a
+	// flood degrades service instead of getting Envoy OOM-killed. 0 means DefaultMaxHeapBytes.
+	MaxHeapBytes uint64
 }
 
+// Overload defaults (docs/node-proxy.md, "Overload"): a node's pods, a thousand connections each,
+// stay far below DefaultMaxConnections; DefaultMaxHeapBytes sits under the DaemonSet's memory
+// limit for the Envoy container (deploy/agent/daemonset.yaml).
+const (
+	DefaultMaxConnections = 100_000
+	DefaultMaxHeapBytes   = 1 << 30
+)
+
 func (c BootstrapConfig) withDefaults() BootstrapConfig {
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxHeapBytes == 0 {
+		c.MaxHeapBytes = DefaultMaxHeapBytes
+	}
 	if c.Cluster == "" {
 		c.Cluster = "aether"
 	}
@@ -130,6 +159,9 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 			}}},
 		}}},
 	}
+	if b.OverloadManager, err = overloadManager(cfg); err != nil {
+		return nil, fmt.Errorf("bootstrap: %w", err)
+	}
 	if err := b.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)
 	}
@@ -138,6 +170,36 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 		return nil, fmt.Errorf("bootstrap: marshal: %w", err)
 	}
 	return out, nil
+}
+
+// overloadManager is the bootstrap's overload_manager (BootstrapConfig.MaxConnections and
+// MaxHeapBytes): the two resource monitors, refreshed every 250 ms, and the heap's actions.
+func overloadManager(cfg BootstrapConfig) (*overloadv3.OverloadManager, error) {
+	conns, err := anypb.New(&downstreamv3.DownstreamConnectionsConfig{MaxActiveDownstreamConnections: int64(cfg.MaxConnections)})
+	if err != nil {
+		return nil, err
+	}
+	heap, err := anypb.New(&fixedheapv3.FixedHeapConfig{MaxHeapSizeBytes: cfg.MaxHeapBytes})
+	if err != nil {
+		return nil, err
+	}
+	const heapMonitor = "envoy.resource_monitors.fixed_heap"
+	at := func(action string, v float64) *overloadv3.OverloadAction {
+		return &overloadv3.OverloadAction{Name: action, Triggers: []*overloadv3.Trigger{{
+			Name: heapMonitor, TriggerOneof: &overloadv3.Trigger_Threshold{Threshold: &overloadv3.ThresholdTrigger{Value: v}},
+		}}}
+	}
+	return &overloadv3.OverloadManager{
+		RefreshInterval: durationpb.New(250 * time.Millisecond),
+		ResourceMonitors: []*overloadv3.ResourceMonitor{
+			{Name: "envoy.resource_monitors.global_downstream_max_connections", ConfigType: &overloadv3.ResourceMonitor_TypedConfig{TypedConfig: conns}},
+			{Name: heapMonitor, ConfigType: &overloadv3.ResourceMonitor_TypedConfig{TypedConfig: heap}},
+		},
+		Actions: []*overloadv3.OverloadAction{
+			at("envoy.overload_actions.shrink_heap", 0.90),
+			at("envoy.overload_actions.stop_accepting_requests", 0.95),
+		},
+	}, nil
 }
 
 // AdminClient returns an HTTP client and base URL for an Envoy admin address ("host:port" or
