@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/dnsd"
+	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/registryflag"
 	"github.com/aethermesh/aether/xds"
@@ -50,14 +51,18 @@ type Config struct {
 	// downward API's status.hostIPs) is the node's IPv6 address on dual-stack nodes: the
 	// resolver listens there too and pods' IPv6 cluster DNS is DNAT'ed to it. Unset: IPv6
 	// cluster DNS addresses are left alone.
-	HostIPv6    netip.Addr
-	DNSPort     int    // --dns-port: 18054
-	XDSSocket   string // --xds-socket: unix socket of the ADS server
-	EnvoyAdmin  string // --envoy-admin: 127.0.0.1:15000
-	EnvoyBinary string // --envoy-binary
-	HealthAddr  string // --health-addr: /healthz, /readyz, /metrics
-	StateDir    string // --state-dir: persisted pod attachments
-	CNISocket   string // --cni-socket
+	HostIPv6   netip.Addr
+	DNSPort    int    // --dns-port: 18054
+	XDSSocket  string // --xds-socket: unix socket of the ADS server
+	EnvoyAdmin string // --envoy-admin: 127.0.0.1:15000
+	// EnvoyMaxConnections (--envoy-max-connections) and EnvoyMaxHeapBytes (--envoy-max-heap,
+	// bytes) tune Envoy's overload manager (envoy.BootstrapConfig).
+	EnvoyMaxConnections uint64
+	EnvoyMaxHeapBytes   uint64
+	EnvoyBinary         string // --envoy-binary
+	HealthAddr          string // --health-addr: /healthz, /readyz, /metrics
+	StateDir            string // --state-dir: persisted pod attachments
+	CNISocket           string // --cni-socket
 
 	// DNSCacheSize (--dns-cache-size, AETHER_DNS_CACHE_SIZE) is how many forwarded answers the
 	// resolver caches (0: no cache); DNSCacheMaxTTL and DNSCacheMaxNegativeTTL
@@ -145,6 +150,8 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.IntVar(&c.DNSCachePrefetch, "dns-cache-prefetch", "AETHER_DNS_CACHE_PREFETCH", 0, "refresh a cached answer in the background once it has been hit this many times and less than 10% of its TTL is left (0: off)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
+	ef.Uint64Var(&c.EnvoyMaxConnections, "envoy-max-connections", "AETHER_ENVOY_MAX_CONNECTIONS", envoy.DefaultMaxConnections, "downstream connections Envoy serves at once over all its listeners; more are closed at accept")
+	ef.Uint64Var(&c.EnvoyMaxHeapBytes, "envoy-max-heap", "AETHER_ENVOY_MAX_HEAP", envoy.DefaultMaxHeapBytes, "Envoy heap size in bytes its overload manager watches: at 90% it frees memory, at 95% new HTTP requests get 503 (keep it under the Envoy container's memory limit)")
 	ef.StringVar(&c.EnvoyBinary, "envoy-binary", "AETHER_ENVOY", "envoy", "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")
 	fs.StringVar(&c.HealthAddr, "health-addr", "127.0.0.1:15021", "address of /healthz, /readyz and /metrics")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/aether", "node-local state (pod attachments)")

@@ -360,7 +360,8 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 // starting a second); with an empty --envoy-binary Envoy runs in its own container from the
 // bootstrap written here. Readiness "envoy" follows Envoy's admin API either way.
 func startEnvoy(ctx context.Context, cfg Config, ready *readiness, log *slog.Logger) error {
-	boot := envoy.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin}
+	boot := envoy.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin,
+		MaxConnections: cfg.EnvoyMaxConnections, MaxHeapBytes: cfg.EnvoyMaxHeapBytes}
 	dir := filepath.Join(cfg.StateDir, "envoy")
 	if cfg.EnvoyBinary == "" {
 		b, err := envoy.Bootstrap(boot)

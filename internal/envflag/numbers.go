@@ -34,3 +34,11 @@ func envDefault[T any](s *Set, env string, def T, parse func(string) (T, error),
 	}
 	return x
 }
+
+// Uint64Var defines an unsigned integer flag stored in p, default env's value (a decimal
+// integer) or def when env is unset. A value that does not parse is reported by Err, naming the
+// variable and the value.
+func (s *Set) Uint64Var(p *uint64, name, env string, def uint64, text string) {
+	parse := func(v string) (uint64, error) { return strconv.ParseUint(v, 10, 64) }
+	s.FS.Uint64Var(p, name, envDefault(s, env, def, parse, "a non-negative integer"), usage(text, env))
+}
