@@ -23,6 +23,11 @@ import (
 // DNS benchmark, which drives about 200,000 per second from one source, sets 0.
 const DefaultDNSRateLimit = 10000
 
+// DefaultWaypointMaxConnections is --waypoint-max-connections' default: 20,000 connections on the
+// east-west waypoint listener, a fifth of Envoy's global cap (envoy.DefaultMaxConnections), so
+// other clusters cannot take all of this node's connections.
+const DefaultWaypointMaxConnections = 20000
+
 // Config is the agent's whole configuration: every field has a flag and an environment variable
 // (the flag wins; ParseFlags reads both). Validate checks it at start and names the flag of
 // every bad field.
@@ -59,10 +64,13 @@ type Config struct {
 	// bytes) tune Envoy's overload manager (envoy.BootstrapConfig).
 	EnvoyMaxConnections uint64
 	EnvoyMaxHeapBytes   uint64
-	EnvoyBinary         string // --envoy-binary
-	HealthAddr          string // --health-addr: /healthz, /readyz, /metrics
-	StateDir            string // --state-dir: persisted pod attachments
-	CNISocket           string // --cni-socket
+	// WaypointMaxConnections (--waypoint-max-connections) caps the connections of the
+	// east-west waypoint listener alone, which other clusters reach (with --east-west-waypoint).
+	WaypointMaxConnections uint64
+	EnvoyBinary            string // --envoy-binary
+	HealthAddr             string // --health-addr: /healthz, /readyz, /metrics
+	StateDir               string // --state-dir: persisted pod attachments
+	CNISocket              string // --cni-socket
 
 	// DNSCacheSize (--dns-cache-size, AETHER_DNS_CACHE_SIZE) is how many forwarded answers the
 	// resolver caches (0: no cache); DNSCacheMaxTTL and DNSCacheMaxNegativeTTL
@@ -151,6 +159,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
 	ef.Uint64Var(&c.EnvoyMaxConnections, "envoy-max-connections", "AETHER_ENVOY_MAX_CONNECTIONS", envoy.DefaultMaxConnections, "downstream connections Envoy serves at once over all its listeners; more are closed at accept")
+	ef.Uint64Var(&c.WaypointMaxConnections, "waypoint-max-connections", "AETHER_WAYPOINT_MAX_CONNECTIONS", DefaultWaypointMaxConnections, "connections the east-west waypoint listener (reached from other clusters) serves at once; more are closed at accept")
 	ef.Uint64Var(&c.EnvoyMaxHeapBytes, "envoy-max-heap", "AETHER_ENVOY_MAX_HEAP", envoy.DefaultMaxHeapBytes, "Envoy heap size in bytes its overload manager watches: at 90% it frees memory, at 95% new HTTP requests get 503 (keep it under the Envoy container's memory limit)")
 	ef.StringVar(&c.EnvoyBinary, "envoy-binary", "AETHER_ENVOY", "envoy", "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")
 	fs.StringVar(&c.HealthAddr, "health-addr", "127.0.0.1:15021", "address of /healthz, /readyz and /metrics")
@@ -261,6 +270,12 @@ func (c Config) Validate() error {
 		if err := dnsd.CheckServeStale(c.DNSCacheServeStale); err != nil {
 			errs = append(errs, fmt.Errorf("--dns-cache-serve-stale %s: %w", c.DNSCacheServeStale, err))
 		}
+	}
+	if c.WaypointMaxConnections == 0 {
+		errs = append(errs, errors.New("--waypoint-max-connections 0: want a number of connections above 0"))
+	}
+	if c.EnvoyMaxConnections == 0 {
+		errs = append(errs, errors.New("--envoy-max-connections 0: want a number of connections above 0"))
 	}
 	if c.DNSRateLimit < 0 {
 		errs = append(errs, fmt.Errorf("--dns-rate-limit %d: want 0 (no limit) or queries per second", c.DNSRateLimit))

@@ -26,6 +26,7 @@ import (
 	"github.com/aethermesh/aether/internal/kubeconfig"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registry"
+	"github.com/aethermesh/aether/tunnel"
 	"github.com/aethermesh/aether/xds"
 )
 
@@ -362,6 +363,9 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 func startEnvoy(ctx context.Context, cfg Config, ready *readiness, log *slog.Logger) error {
 	boot := envoy.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin,
 		MaxConnections: cfg.EnvoyMaxConnections, MaxHeapBytes: cfg.EnvoyMaxHeapBytes}
+	if cfg.EastWestWaypoint {
+		boot.ListenerConnectionLimits = map[string]uint64{tunnel.ListenerName: cfg.WaypointMaxConnections}
+	}
 	dir := filepath.Join(cfg.StateDir, "envoy")
 	if cfg.EnvoyBinary == "" {
 		b, err := envoy.Bootstrap(boot)

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/aethermesh/aether/internal/xdsproto"
 )
@@ -60,6 +61,12 @@ type BootstrapConfig struct {
 	// it answers new HTTP requests 503 (envoy.overload_actions.stop_accepting_requests), so a
 	// flood degrades service instead of getting Envoy OOM-killed. 0 means DefaultMaxHeapBytes.
 	MaxHeapBytes uint64
+	// ListenerConnectionLimits caps the connections of single listeners by name (runtime key
+	// envoy.resource_limits.listener.<name>.connection_limit in a static runtime layer): a
+	// connection beyond a listener's limit is closed at accept and counted
+	// (listener.<addr>.downstream_cx_overflow). The agent limits the east-west waypoint listener,
+	// which other clusters reach, this way (--waypoint-max-connections).
+	ListenerConnectionLimits map[string]uint64
 }
 
 // Overload defaults (docs/node-proxy.md, "Overload"): a node's pods, a thousand connections each,
@@ -161,6 +168,24 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 	}
 	if b.OverloadManager, err = overloadManager(cfg); err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)
+	}
+	if len(cfg.ListenerConnectionLimits) > 0 {
+		fields := map[string]any{}
+		for name, n := range cfg.ListenerConnectionLimits {
+			if name == "" || n == 0 {
+				return nil, fmt.Errorf("bootstrap: ListenerConnectionLimits[%q] = %d: want a listener name and a limit above 0", name, n)
+			}
+			fields["envoy.resource_limits.listener."+name+".connection_limit"] = float64(n)
+		}
+		layer, err := structpb.NewStruct(fields)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap: %w", err)
+		}
+		// The admin layer after the static one, as Envoy's default runtime has it.
+		b.LayeredRuntime = &bootstrapv3.LayeredRuntime{Layers: []*bootstrapv3.RuntimeLayer{
+			{Name: "aether-limits", LayerSpecifier: &bootstrapv3.RuntimeLayer_StaticLayer{StaticLayer: layer}},
+			{Name: "admin", LayerSpecifier: &bootstrapv3.RuntimeLayer_AdminLayer_{AdminLayer: &bootstrapv3.RuntimeLayer_AdminLayer{}}},
+		}}
 	}
 	if err := b.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)

@@ -20,13 +20,16 @@ import (
 )
 
 // TestOverloadManagerCapsConnections runs the real Envoy on the agent's bootstrap with
-// MaxConnections 3 and MaxHeapBytes 512 MiB (an echo listener added, the ADS config removed so
-// nothing waits for an xDS server): Envoy accepts the bootstrap with its overload manager,
+// MaxConnections 3, MaxHeapBytes 512 MiB and a listener "limited" to one connection (two echo
+// listeners added, the ADS config removed so nothing waits for an xDS server): Envoy accepts the
+// bootstrap with its overload manager and runtime layer; the limited listener serves one
+// connection and closes a second, counted (downstream_cx_overflow); over all listeners it
 // serves three connections at once, closes a fourth at accept and counts it
 // (downstream_global_cx_overflow), and serves again once one closes.
 func TestOverloadManagerCapsConnections(t *testing.T) {
 	testenv.RequireTools(t, testenv.ToolEnvoy)
-	raw, err := Bootstrap(BootstrapConfig{NodeID: "n1", AdminAddress: "127.0.0.1:0", MaxConnections: 3, MaxHeapBytes: 512 << 20})
+	raw, err := Bootstrap(BootstrapConfig{NodeID: "n1", AdminAddress: "127.0.0.1:0", MaxConnections: 3, MaxHeapBytes: 512 << 20,
+		ListenerConnectionLimits: map[string]uint64{"limited": 1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,9 +45,12 @@ func TestOverloadManagerCapsConnections(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := testenv.FreePort(t)
+	port, limitedPort := testenv.FreePort(t), testenv.FreePort(t)
 	b.StaticResources = &bootstrapv3.Bootstrap_StaticResources{Listeners: []*listenerv3.Listener{{
 		Name: "echo", Address: xdsproto.SocketAddress("127.0.0.1", uint32(port), ""),
+		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{echo}}},
+	}, {
+		Name: "limited", Address: xdsproto.SocketAddress("127.0.0.1", uint32(limitedPort), ""),
 		FilterChains: []*listenerv3.FilterChain{{Filters: []*listenerv3.Filter{echo}}},
 	}}}
 	out, err := protojson.Marshal(&b)
@@ -67,6 +73,36 @@ func TestOverloadManagerCapsConnections(t *testing.T) {
 		}
 		return nil
 	}
+	// The listener limited to one connection: a second is closed and counted on that listener.
+	lim := fmt.Sprintf("127.0.0.1:%d", limitedPort)
+	first, err := net.Dial("tcp", lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := echoOnce(first); err != nil {
+		t.Fatalf("first connection to the limited listener: %v", err)
+	}
+	second, err := net.Dial("tcp", lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := echoOnce(second); err == nil {
+		t.Fatal("a second connection to a listener limited to one was served")
+	}
+	second.Close()
+	if s := adminStats(t, e.AdminAddr, "downstream_cx_overflow"); !strings.Contains(s, fmt.Sprintf("listener.127.0.0.1_%d.downstream_cx_overflow: 1", limitedPort)) {
+		t.Errorf("listener overflow not counted:\n%s", s)
+	}
+	first.Close()
+	testenv.Eventually(t, 30*time.Second, "the limited listener's connections closed", func() error {
+		want := fmt.Sprintf("listener.127.0.0.1_%d.downstream_cx_active: 0", limitedPort)
+		if s := adminStats(t, e.AdminAddr, "downstream_cx_active"); !strings.Contains(s, want) {
+			return fmt.Errorf("%s", s)
+		}
+		return nil
+	})
+
+	// The global cap of 3 over all listeners.
 	var held []net.Conn
 	for i := 0; i < 3; i++ {
 		c, err := net.Dial("tcp", addr)
