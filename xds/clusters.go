@@ -224,10 +224,10 @@ const (
 // the address the application dialled, and the socket is opened inside the pod's netns
 // (Cluster.upstream_bind_config: source_address 0.0.0.0:0 or [::]:0 with
 // network_namespace_filepath, the other family in extra_source_addresses when the pod has both)
-// with SO_MARK mark (STATE_PREBIND), which the pod's capture lets through. So the peer sees the
-// pod's own address, as without a mesh, and the node's addresses, which strict mode trusts for
-// the kubelet's probes, never carry a pod's passthrough (docs/security.md). The netns is opened
-// per connection, so a vanished netns fails that connection, not the configuration.
+// with SO_MARK Options.BypassMark (STATE_PREBIND), which the pod's capture lets through. So the
+// peer sees the pod's own address, as without a mesh, and the node's addresses, which strict mode
+// trusts for the kubelet's probes, never carry a pod's passthrough (docs/security.md). The netns
+// is opened per connection, so a vanished netns fails that connection, not the configuration.
 func passthroughCluster(p *model.LocalPod, opts Options) *clusterv3.Cluster {
 	var v4, v6 bool
 	for _, ip := range p.IPs {
