@@ -161,20 +161,20 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	for _, c := range s.Clusters {
 		if _, err := c.Start("aether-registrar", []string{m.Bins["aether-registrar"],
 			"--cluster", c.Name, "--kubeconfig", c.Kubeconfig, "--registry-endpoints", s.RegistryEndpoint,
-			"--leader-elect=false", "--metrics-addr", "0", "--health-addr", "127.0.0.1:0"}, nil); err != nil {
+			"--registry-ca", s.RegistryCAFile, "--leader-elect=false", "--metrics-addr", "0", "--health-addr", "127.0.0.1:0"}, nil); err != nil {
 			return nil, fmt.Errorf("start mesh: %w", err)
 		}
 	}
 	return m, nil
 }
 
-// agentArgs is the aether-agent command line for node n. The substrate's registry etcd is
-// plaintext and the nodes reach it at their gateway address, off loopback, so the agents run with
-// --registry-insecure (TLS for the substrate's registry is still to come, docs/security.md).
+// agentArgs is the aether-agent command line for node n: the substrate's registry over TLS at
+// the node's gateway, as a user's would be (docs/security.md).
 func (m *Mesh) agentArgs(n *substrate.Node) []string {
 	return []string{m.Bins["aether-agent"],
 		"--node-name", n.Name, "--cluster", n.Cluster.Name, "--host-ip", n.Plan.IP.String(),
-		"--kubeconfig", n.Cluster.NodeKubeconfig, "--registry-endpoints", n.Cluster.NodeRegistryEndpoint, "--registry-insecure",
+		"--kubeconfig", n.Cluster.NodeKubeconfig, "--registry-endpoints", n.Cluster.NodeRegistryEndpoint,
+		"--registry-ca", n.Cluster.RegistryCAFile,
 		"--registry-lease-ttl", m.opts.LeaseTTL.String(), "--cluster-domain", n.Cluster.Domain(),
 		"--ca-cert", m.CACert, "--ca-key", m.CAKey, "--envoy-binary", m.envoy,
 		"--cni-plugin-binary", m.Bins["aether-cni"], "--east-west-waypoint", "--log-level", "debug"}

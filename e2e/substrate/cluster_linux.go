@@ -41,10 +41,11 @@ func (s *Substrate) setupCluster(ctx, bgctx context.Context, c *Cluster, cniBinD
 	if err := s.fwd.Listen(s.Underlay, net.JoinHostPort(gw, strconv.Itoa(APIServerPort)), apiAddr); err != nil {
 		return err
 	}
-	if err := s.fwd.Listen(s.Underlay, net.JoinHostPort(gw, strconv.Itoa(RegistryPort)), strings.TrimPrefix(s.RegistryEndpoint, "http://")); err != nil {
+	if err := s.fwd.Listen(s.Underlay, net.JoinHostPort(gw, strconv.Itoa(RegistryPort)), strings.TrimPrefix(s.RegistryEndpoint, "https://")); err != nil {
 		return err
 	}
-	c.NodeRegistryEndpoint = "http://" + net.JoinHostPort(gw, strconv.Itoa(RegistryPort))
+	c.NodeRegistryEndpoint = "https://" + net.JoinHostPort(gw, strconv.Itoa(RegistryPort))
+	c.RegistryCAFile = s.RegistryCAFile
 	c.NodeKubeconfig = filepath.Join(s.Dir, c.Name, "node-kubeconfig")
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters[c.Name] = &clientcmdapi.Cluster{

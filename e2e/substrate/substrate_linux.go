@@ -4,9 +4,12 @@ package substrate
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -72,8 +75,11 @@ type Substrate struct {
 	CA                    *testenv.CA
 	CACertFile, CAKeyFile string
 	// RegistryEndpoint is the shared registry etcd's client URL on the root namespace's
-	// loopback (for processes started by Cluster hooks and for tests).
+	// loopback (for processes started by Cluster hooks and for tests): https://, its serving
+	// certificate signed by the CA in RegistryCAFile (a CA of its own, not the mesh's), valid
+	// for 127.0.0.1 and every cluster's gateway, where the nodes reach it.
 	RegistryEndpoint string
+	RegistryCAFile   string
 	Clusters         []*Cluster
 	// Underlay is the router namespace between the clusters' node segments.
 	Underlay *testenv.Netns
@@ -105,8 +111,10 @@ type Cluster struct {
 	// NodeKubeconfig is the admin kubeconfig for processes in node namespaces: server
 	// https://<gateway>:6443 (forwarded to the API server), TLS server name "localhost".
 	NodeKubeconfig string
-	// NodeRegistryEndpoint is the registry etcd as node processes reach it (http://<gateway>:2379).
+	// NodeRegistryEndpoint is the registry etcd as node processes reach it (https://<gateway>:2379);
+	// RegistryCAFile holds the CA that signed its certificate (Substrate.RegistryCAFile).
 	NodeRegistryEndpoint string
+	RegistryCAFile       string
 	Nodes                []*Node
 
 	s       *Substrate
@@ -415,10 +423,29 @@ func (s *Substrate) startRegistry(ctx context.Context, etcdBin string) error {
 		}
 		ports[i] = p
 	}
-	s.RegistryEndpoint = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	ca, err := testenv.NewCA("aether-substrate-registry-ca")
+	if err != nil {
+		return fmt.Errorf("start registry etcd: %w", err)
+	}
+	ips := []net.IP{net.IPv4(127, 0, 0, 1)}
+	for _, c := range s.Clusters {
+		ips = append(ips, c.Plan.Gateway.AsSlice())
+	}
+	certPEM, keyPEM, err := ca.Issue("aether-registry", nil, []string{"localhost"}, ips)
+	if err != nil {
+		return fmt.Errorf("start registry etcd: %w", err)
+	}
+	tlsDir := filepath.Join(s.Dir, "registry-tls")
+	s.RegistryCAFile = filepath.Join(tlsDir, "ca.crt")
+	certFile, keyFile := filepath.Join(tlsDir, "server.crt"), filepath.Join(tlsDir, "server.key")
+	if err := writeFiles(map[string][]byte{s.RegistryCAFile: ca.CertPEM, certFile: certPEM, keyFile: keyPEM}); err != nil {
+		return fmt.Errorf("start registry etcd: %w", err)
+	}
+	s.RegistryEndpoint = fmt.Sprintf("https://127.0.0.1:%d", ports[0])
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	argv := []string{etcdBin, "--name", "registry", "--data-dir", filepath.Join(s.Dir, "registry-etcd"),
 		"--listen-client-urls", s.RegistryEndpoint, "--advertise-client-urls", s.RegistryEndpoint,
+		"--cert-file", certFile, "--key-file", keyFile,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "registry=" + peer, "--log-level", "warn"}
 	log := filepath.Join(s.Dir, "logs", "registry-etcd.log")
@@ -426,8 +453,11 @@ func (s *Substrate) startRegistry(ctx context.Context, etcdBin string) error {
 	if err != nil {
 		return err
 	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(ca.CertPEM)
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	for {
-		resp, err := http.Get(s.RegistryEndpoint + "/health")
+		resp, err := hc.Get(s.RegistryEndpoint + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
