@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -70,8 +71,11 @@ func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
 	node.Forward(t, apiAddr, apiAddr)
 	etcdAddr := strings.TrimPrefix(etcd.Endpoints[0], "http://")
 	node.Forward(t, etcdAddr, etcdAddr)
+	// HOST_IP is the node's address on the client's link, so the pods' DNS (DNAT'ed from the
+	// cluster DNS address to HOST_IP) reaches the agent's resolver; a later flag wins over
+	// startAgentWith's 127.0.0.1.
 	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false)},
-		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
+		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0], "--host-ip", gw["client"].String())
 	a.waitReady(t, 60*time.Second, "agent ready")
 
 	// The web pod's applications: HTTP on 8080 answering with the XFCC it got and the peer's
@@ -247,6 +251,33 @@ func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
 			t.Fatalf("plaintext from the node to a non-probe port answered: %q", body)
 		}
 		refused(t, err, "node to web's application port")
+	})
+	t.Run("DNS: a meshed pod resolves through the agent, a non-meshed pod is refused", func(t *testing.T) {
+		_, dnsPort, _ := net.SplitHostPort(a.dnsAddr)
+		ask := func(ns *testenv.Netns, server string) (*dns.Msg, error) {
+			var r *dns.Msg
+			err := ns.Do(func() (err error) {
+				m := new(dns.Msg)
+				m.SetQuestion("web.shop.mesh.", dns.TypeA)
+				r, _, err = (&dns.Client{Timeout: 5 * time.Second}).Exchange(m, server)
+				return err
+			})
+			return r, err
+		}
+		// The client's query to the cluster DNS address is DNAT'ed to HOST_IP:<dns port> from
+		// the client's own address, a pod of the model.
+		r, err := ask(clientNS, "10.96.0.10:53")
+		if err != nil || r.Rcode != dns.RcodeSuccess || len(r.Answer) != 1 || r.Answer[0].(*dns.A).A.String() != web.Spec.ClusterIP {
+			t.Fatalf("meshed client: web.shop.mesh = %v, %v; want %s", r, err, web.Spec.ClusterIP)
+		}
+		// The pod outside the mesh asks the resolver directly: not a source it serves.
+		r, err = ask(plainNS, net.JoinHostPort(gw["client"].String(), dnsPort))
+		if err != nil || r.Rcode != dns.RcodeRefused || len(r.Answer) != 0 {
+			t.Fatalf("non-meshed pod asking the agent's resolver directly: %v, %v; want REFUSED", r, err)
+		}
+		if n := a.metric(`aether_dns_refused_total{reason="source"}`); n < 1 {
+			t.Errorf("aether_dns_refused_total{reason=\"source\"} = %v, want the refusal counted", n)
+		}
 	})
 	t.Run("UDP between pods: not meshed, passes", func(t *testing.T) {
 		// The mesh carries TCP; UDP (other than DNS to the cluster DNS address) passes as
