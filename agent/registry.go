@@ -55,6 +55,11 @@ type registryView struct {
 	// (registry.Registry.KeepAliveStatus). Set before run and probeRegistry start; the default
 	// reports no lease, ever.
 	keepAlive func(now time.Time) registry.KeepAliveStatus
+	// trustDomain, when set, is the mesh's trust domain: an endpoint record whose spiffe_id is
+	// not of it is left out (logged), since its identity could never pass the inbound
+	// listeners' trust-domain check and a writer must not make this node pin a foreign
+	// identity. Set before run starts.
+	trustDomain string
 
 	mu sync.Mutex
 	// eps holds each valid endpoint record converted once, when its event arrives: a change
@@ -141,6 +146,9 @@ func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoi
 			delete(v.pending, e.Key)
 			v.dirty[e.Key] = struct{}{}
 			m, err := registry.ToModelEndpoint(e.Record)
+			if err == nil && v.trustDomain != "" && !strings.HasPrefix(m.SPIFFEID, "spiffe://"+v.trustDomain+"/") {
+				err = fmt.Errorf("spiffe_id %q: not of the mesh's trust domain %q", m.SPIFFEID, v.trustDomain)
+			}
 			if err != nil {
 				v.log.Warn("skip registry endpoint", "key", e.Key, "err", err)
 				delete(v.eps, e.Key)

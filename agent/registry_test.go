@@ -105,7 +105,7 @@ func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
 	rec := func(key, addr string) registry.Record[*registryv1.ServiceEndpoint] {
 		return registry.Record[*registryv1.ServiceEndpoint]{Key: key, Origin: registry.Origin{Region: "eu", Cluster: "b"},
 			Value: &registryv1.ServiceEndpoint{Service: &registryv1.ServiceRef{Namespace: "shop", Name: "web"}, Addresses: []string{addr},
-				Kubernetes: &registryv1.KubernetesMetadata{PodUid: key}}}
+				SpiffeId: "spiffe://aether.internal/ns/shop/sa/web", Kubernetes: &registryv1.KubernetesMetadata{PodUid: key}}}
 	}
 	ev := func(typ registry.EventType, key, addr string) registry.Event[*registryv1.ServiceEndpoint] {
 		return registry.Event[*registryv1.ServiceEndpoint]{Type: typ, Record: rec(key, addr)}
@@ -124,9 +124,12 @@ func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
 		v.cacheOK = false
 		v.mu.Unlock()
 	}
-	apply(ev(registry.Added, "p1", "10.0.0.1"), ev(registry.Added, "p2", "10.0.0.2"), ev(registry.Added, "bad", "not-an-ip"))
+	v.trustDomain = "aether.internal"
+	foreign := ev(registry.Added, "foreign", "10.0.0.3")
+	foreign.Record.Value.SpiffeId = "spiffe://other.example/ns/shop/sa/web"
+	apply(ev(registry.Added, "p1", "10.0.0.1"), ev(registry.Added, "p2", "10.0.0.2"), ev(registry.Added, "bad", "not-an-ip"), foreign)
 	if got := addrs(); len(got) != 2 || got["p1"] != "10.0.0.1" || got["p2"] != "10.0.0.2" {
-		t.Fatalf("after snapshot: %v, want p1 and p2 (the bad record skipped)", got)
+		t.Fatalf("after snapshot: %v, want p1 and p2 (the bad record and the other trust domain's skipped)", got)
 	}
 	// An update converts only the changed record; a valid record turning bad leaves the view.
 	apply(ev(registry.Updated, "p1", "10.0.0.9"), ev(registry.Updated, "p2", "999.1.1.1"))

@@ -73,6 +73,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// Endpoint deletions wait two lease TTLs after the registry was last unreachable: long
 	// enough for writers cut off with this node to reconnect and re-register (registryView).
 	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, notify("registry"))
+	view.trustDomain = cfg.TrustDomain
 	// Pods captured before a restart are known from the persisted attachments before the first
 	// model is built, so repair finds them already served.
 	store := cni.Store{Dir: cfg.StateDir}
