@@ -196,6 +196,9 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 			}
 			p = netip.PrefixFrom(ip, ip.BitLen())
 		}
+		if p.Addr().Is4In6() {
+			return c, fmt.Errorf("--dns-allow-sources %q: IPv4-mapped; give IPv4 as a.b.c.d or a.b.c.d/n", s)
+		}
 		c.DNSAllowSources = append(c.DNSAllowSources, p.Masked())
 	}
 	if *hostIP != "" {

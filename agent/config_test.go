@@ -43,6 +43,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "negative dns cache serve-stale", args: []string{"--dns-cache-serve-stale", "-1s"}, wantErr: "--dns-cache-serve-stale -1s"},
 		{name: "dns rate limit and allowed sources", args: []string{"--dns-rate-limit", "0", "--dns-allow-sources", "10.96.0.10, 10.244.0.0/16,fd00::/64"}},
 		{name: "negative dns rate limit", args: []string{"--dns-rate-limit", "-5"}, wantErr: "--dns-rate-limit -5"},
+		{name: "ipv4-mapped dns allowed source", args: []string{"--dns-allow-sources", "::ffff:10.0.0.0/104"}, wantErr: `--dns-allow-sources "::ffff:10.0.0.0/104": IPv4-mapped`},
 		{name: "bad dns allowed source", args: []string{"--dns-allow-sources", "10.0.0.0/8,kube-dns"}, wantErr: `--dns-allow-sources "kube-dns": not an IP address or CIDR`},
 		{name: "envoy overload limits", args: []string{"--envoy-max-connections", "5000", "--envoy-max-heap", "536870912"}},
 		{name: "bad envoy max connections", args: []string{"--envoy-max-connections", "-1"}, wantErr: "envoy-max-connections"},

@@ -177,11 +177,7 @@ func Build(cfg Config) (RuleSet, error) {
 		}
 	}
 	for _, p := range c.ExcludeOutboundCIDRs {
-		fam := FamilyIPv4
-		if p.Addr().Is6() {
-			fam = FamilyIPv6
-		}
-		out.Rules = append(out.Rules, Rule{ID: "out-exclude-" + p.String(), Family: fam, Dst: p, Verdict: Verdict{Kind: VerdictReturn}})
+		out.Rules = append(out.Rules, Rule{ID: "out-exclude-" + p.String(), Family: familyOf(p.Addr()), Dst: p, Verdict: Verdict{Kind: VerdictReturn}})
 	}
 	if len(c.ExcludeOutboundPorts) > 0 {
 		out.Rules = append(out.Rules, Rule{ID: "out-exclude-ports", L4: protoTCP, DstPorts: c.ExcludeOutboundPorts, Verdict: Verdict{Kind: VerdictReturn}})
@@ -217,10 +213,7 @@ func Build(cfg Config) (RuleSet, error) {
 	if c.Mode == ModeStrict {
 		in.Rules = append(in.Rules, Rule{ID: "in-mtls", L4: protoTCP, DstPorts: []uint16{c.InboundPort}, Verdict: Verdict{Kind: VerdictAccept}})
 		for _, p := range c.NodeSources {
-			fam := FamilyIPv4
-			if p.Addr().Is6() {
-				fam = FamilyIPv6
-			}
+			fam := familyOf(p.Addr())
 			switch {
 			case c.NodeAllPorts:
 				in.Rules = append(in.Rules, Rule{ID: "in-node-" + p.String(), Family: fam, L4: protoTCP, Src: p, Verdict: Verdict{Kind: VerdictAccept}})

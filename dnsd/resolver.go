@@ -84,11 +84,15 @@ type ResolverOptions struct {
 // cluster and external names while the agent waits for the API server or the registry, and
 // answers SERVFAIL to the rest (names in the mesh domain or in svc.clusterset.local, and search-
 // list expansions holding one): it cannot answer those yet, and a negative answer would be
-// cached by clients. It returns an error when the cache options are invalid (newCache) or the
-// metrics cannot be registered.
+// cached by clients. It returns an error when the cache options are invalid (newCache), an
+// Allow prefix of the source policy is invalid or IPv4-mapped (naming it), or the metrics cannot
+// be registered.
 func NewResolver(fwd *Forwarder, o ResolverOptions) (*Resolver, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := o.Sources.check(); err != nil {
+		return nil, fmt.Errorf("new dns resolver: %w", err)
 	}
 	c, err := newCache(o.Cache)
 	if err != nil {

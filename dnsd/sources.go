@@ -1,6 +1,7 @@
 package dnsd
 
 import (
+	"fmt"
 	"net/netip"
 	"sync/atomic"
 	"time"
@@ -15,7 +16,9 @@ type SourcePolicy struct {
 	// admitted.
 	Restrict bool
 	// Allow are further sources admitted under Restrict: the node's own addresses, and e.g. a
-	// cluster DNS server that forwards clusterset.local here.
+	// cluster DNS server that forwards clusterset.local here. IPv4 prefixes in their IPv4 form
+	// (sources are compared unmapped); NewResolver refuses an IPv4-mapped one, which would match
+	// nothing.
 	Allow []netip.Prefix
 	// RateLimit is the queries per second one source address may send (0: no limit); a query
 	// over it gets REFUSED, counted (MetricRefused, reason "rate"). Sources share a table of
@@ -44,17 +47,19 @@ func newSourceGate(p SourcePolicy) *sourceGate {
 	}
 	g := &sourceGate{restrict: p.Restrict, limit: uint64(max(p.RateLimit, 0))}
 	for _, a := range p.Allow {
-		g.allow = append(g.allow, netip.PrefixFrom(a.Addr().Unmap(), a.Bits()-unmapBits(a)).Masked())
+		g.allow = append(g.allow, a.Masked())
 	}
 	return g
 }
 
-// unmapBits is 96 for an IPv4-mapped prefix (its IPv4 form has 96 bits fewer), else 0.
-func unmapBits(p netip.Prefix) int {
-	if p.Addr().Is4In6() && p.Bits() >= 96 {
-		return 96
+// check returns an error naming the first Allow prefix that is invalid or IPv4-mapped.
+func (p SourcePolicy) check() error {
+	for i, a := range p.Allow {
+		if !a.IsValid() || a.Addr().Is4In6() {
+			return fmt.Errorf("sources.allow[%d]: %v: want a prefix, IPv4 as a.b.c.d/n", i, a)
+		}
 	}
-	return 0
+	return nil
 }
 
 // Refusal reasons (the "reason" label of MetricRefused).

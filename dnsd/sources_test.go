@@ -2,6 +2,7 @@ package dnsd
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,6 +71,10 @@ func TestSourcePolicyRestrict(t *testing.T) {
 	}
 	if got := metricSum(t, reg, MetricRefused, map[string]string{"reason": "source"}); got != 4 {
 		t.Errorf("%s{reason=source} = %v, want 4 (two sources, two paths)", MetricRefused, got)
+	}
+	if _, err := NewResolver(nil, ResolverOptions{Sources: SourcePolicy{Allow: []netip.Prefix{netip.MustParsePrefix("::ffff:10.0.0.0/104")}}}); err == nil ||
+		!strings.Contains(err.Error(), "sources.allow[0]") {
+		t.Errorf("NewResolver with an IPv4-mapped Allow prefix: %v, want an error naming sources.allow[0]", err)
 	}
 	open, _ := sourceResolver(t, SourcePolicy{})
 	if fast, slow := rcodeFrom(t, open, netip.MustParseAddr("198.51.100.1")); fast != dns.RcodeSuccess || slow != dns.RcodeSuccess {
