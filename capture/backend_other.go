@@ -2,7 +2,10 @@
 
 package capture
 
-import "errors"
+import (
+	"errors"
+	"net/netip"
+)
 
 // errUnsupported is what every backend returns off Linux: network namespaces, nftables and
 // iptables exist only there.
@@ -37,3 +40,15 @@ func (IPTables) Teardown(string) error { return errUnsupported }
 
 // NewBackend fails off Linux.
 func NewBackend(string) (Backend, error) { return nil, errUnsupported }
+
+// NFTGuard is the node source guard; off Linux every method fails.
+type NFTGuard struct{ NetnsPath string }
+
+// Apply fails off Linux.
+func (NFTGuard) Apply([]netip.Addr) (bool, error) { return false, errUnsupported }
+
+// Check fails off Linux.
+func (NFTGuard) Check([]netip.Addr) error { return errUnsupported }
+
+// Teardown fails off Linux.
+func (NFTGuard) Teardown() error { return errUnsupported }
