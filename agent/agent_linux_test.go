@@ -28,6 +28,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/registry"
@@ -465,5 +466,28 @@ func TestPrivilegedAgentRepairsWhenEnvoyRejects(t *testing.T) {
 	log := mustReadFile(t, a.logPath)
 	if !strings.Contains(log, "envoy rejected xds response (NACK)") {
 		t.Errorf("the agent log records no rejection: the new Envoy was expected to reject web-2's listeners")
+	}
+}
+
+// TestPrivilegedUninstallRemovesGuard runs the agent binary's --uninstall-cni in a node netns that
+// holds the node source guard: the guard goes with aether-cni.
+func TestPrivilegedUninstallRemovesGuard(t *testing.T) {
+	testenv.RequireRoot(t)
+	node := testenv.NewNetns(t)
+	g := capture.NFTGuard{NetnsPath: node.Path}
+	addrs := []netip.Addr{netip.MustParseAddr("10.244.0.1")}
+	if _, err := g.Apply(addrs); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	out, err := node.Command(buildAgent(t), "--uninstall-cni", "--cni-conf-dir", dir, "--cni-bin-dir", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("--uninstall-cni: %v\n%s", err, out)
+	}
+	if err := g.Check(addrs); err == nil {
+		t.Fatalf("the guard is still there after --uninstall-cni:\n%s", out)
+	}
+	if !strings.Contains(string(out), "node source guard removed") {
+		t.Fatalf("--uninstall-cni did not say it removed the guard:\n%s", out)
 	}
 }

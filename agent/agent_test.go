@@ -129,7 +129,10 @@ func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
 	a := &agentProc{done: make(chan struct{}), health: fmt.Sprintf("127.0.0.1:%d", healthPort),
 		dnsAddr: fmt.Sprintf("127.0.0.1:%d", dnsPort), logPath: filepath.Join(dir, "agent.log")}
+	// The node source guard is a node netns table: only an agent in its own netns (o.wrap) may
+	// write one; the others share the machine's.
 	all := append([]string{
+		"--node-source-guard=" + strconv.FormatBool(len(o.wrap) > 0),
 		"--node-name", "node-1", "--cluster", "a", "--host-ip", "127.0.0.1",
 		"--dns-port", strconv.Itoa(dnsPort), "--health-addr", a.health,
 		"--state-dir", filepath.Join(dir, "state"), "--cni-socket", filepath.Join(dir, "cni.sock"),

@@ -103,6 +103,10 @@ func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
 			t.Fatalf("CNI ADD %s: %v", p.pod.Name, err)
 		}
 	}
+	// The node source guard (on by default) holds HOST_IP and both pods' gateways.
+	if err := (capture.NFTGuard{NetnsPath: node.Path}).Check([]netip.Addr{gw["client"], gw["web"]}); err != nil {
+		t.Fatalf("node source guard after the ADDs: %v", err)
+	}
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, _ := webNS.Command("nft", "list", "ruleset").CombinedOutput()

@@ -103,6 +103,10 @@ type Config struct {
 	// AllowCloudMetadata (--allow-cloud-metadata) lets meshed pods reach the cloud metadata
 	// service (capture.MetadataAddrs); off by default (capture.Config.AllowCloudMetadata says why).
 	AllowCloudMetadata bool
+	// NodeSourceGuard (--node-source-guard, on by default) keeps pods from sending with the
+	// node's addresses across the pod bridge (capture.NodeGuard); off only for kernels without
+	// nf_tables for the bridge family.
+	NodeSourceGuard bool
 
 	CaptureBackend string // --capture-backend: nftables, iptables, iptables-nft, iptables-legacy
 	CNIConfDir     string // --cni-conf-dir: where the primary CNI's conflist lives
@@ -170,6 +174,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.StringVar(&c.ClusterDomain, "cluster-domain", "AETHER_CLUSTER_DOMAIN", "", "the cluster's DNS domain (the kubelet's clusterDomain), whose search-list expansions of mesh names the resolver answers (default: the svc.<domain> entry of --resolv-conf's search list, else cluster.local)")
 	ef.StringVar(&c.InboundMode, "inbound-mode", "AETHER_INBOUND_MODE", "strict", "inbound policy for meshed pods: strict (mTLS only) or permissive (plaintext too)")
 	ef.BoolVar(&c.AllowCloudMetadata, "allow-cloud-metadata", "AETHER_ALLOW_CLOUD_METADATA", "let meshed pods reach the cloud metadata service (169.254.169.254, fd00:ec2::254), blocked by default: it hands out the node's credentials")
+	ef.BoolVarDefault(&c.NodeSourceGuard, "node-source-guard", "AETHER_NODE_SOURCE_GUARD", true, "drop frames that enter the pod bridge with one of the node's addresses (gateways, HOST_IP) as IPv4/IPv6 source, ARP sender or neighbour-advertisement target, as table bridge aether; false only where the kernel lacks nf_tables for the bridge family")
 	ef.StringVar(&c.CaptureBackend, "capture-backend", "AETHER_CAPTURE_BACKEND", "nftables", "capture rules backend: nftables, iptables (the node's mode), iptables-nft or iptables-legacy")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI config directory holding the primary CNI's conflist")
 	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory aether-cni is installed into")

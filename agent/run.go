@@ -296,6 +296,11 @@ func Run(ctx context.Context, cfg Config) error {
 		Lookup: &cni.KubePods{Client: cs}, NodePods: &cni.KubePods{Client: cs},
 		Dataplane: dp, Backend: backend, Log: log.With("part", "cni"),
 	}
+	if cfg.NodeSourceGuard {
+		cniSrv.Guard = flagGuard{capture.NFTGuard{NetnsPath: "/proc/self/ns/net"}}
+	} else {
+		log.Warn("--node-source-guard=false: pods on this node can send with the node's addresses across the pod bridge")
+	}
 	go forward(ctx, nacked, cniSrv.RequestRepair)
 	cniErr := make(chan error, 1)
 	go func() { cniErr <- cniSrv.Serve(ctx) }()
@@ -412,13 +417,20 @@ func installer(cfg Config, log *slog.Logger) *cni.Installer {
 }
 
 // UninstallCNI removes aether-cni from the node (its conflist entry and binary in
-// cfg.CNIConfDir and cfg.CNIBinDir) and returns the first error naming --uninstall-cni.
+// cfg.CNIConfDir and cfg.CNIBinDir) and the node source guard (unless --node-source-guard=false),
+// and returns the first error naming --uninstall-cni.
 func UninstallCNI(cfg Config) error {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	if err := installer(cfg, log).Uninstall(); err != nil {
 		return fmt.Errorf("--uninstall-cni: %w", err)
 	}
 	log.Info("aether-cni removed", "conf_dir", cfg.CNIConfDir, "bin_dir", cfg.CNIBinDir)
+	if cfg.NodeSourceGuard {
+		if err := (capture.NFTGuard{NetnsPath: "/proc/self/ns/net"}).Teardown(); err != nil {
+			return fmt.Errorf("--uninstall-cni: %w (--node-source-guard=false leaves the guard)", err)
+		}
+		log.Info("node source guard removed", "table", "bridge "+capture.GuardTable)
+	}
 	return nil
 }
 
@@ -577,4 +589,15 @@ func dnsAllowed(cfg Config) []netip.Prefix {
 		}
 	}
 	return append(out, cfg.DNSAllowSources...)
+}
+
+// flagGuard is the agent's node source guard: its errors name the flag that turns it off.
+type flagGuard struct{ capture.NodeGuard }
+
+func (g flagGuard) Apply(addrs []netip.Addr) (bool, error) {
+	changed, err := g.NodeGuard.Apply(addrs)
+	if err != nil {
+		err = fmt.Errorf("%w (--node-source-guard=false turns the guard off)", err)
+	}
+	return changed, err
 }

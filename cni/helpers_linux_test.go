@@ -172,13 +172,19 @@ func sockDir(t testing.TB) string {
 // startAgent runs a Server on socket with its state in stateDir and waits until it is ready.
 func startAgent(t testing.TB, socket, stateDir string, cfg ServerConfig, lookup *staticLookup, dp *recordingDataplane) *agent {
 	t.Helper()
+	return startAgentGuarded(t, socket, stateDir, cfg, lookup, dp, nil)
+}
+
+// startAgentGuarded is startAgent with a node source guard.
+func startAgentGuarded(t testing.TB, socket, stateDir string, cfg ServerConfig, lookup *staticLookup, dp *recordingDataplane, guard NodeGuard) *agent {
+	t.Helper()
 	cfg.Socket, cfg.StateDir = socket, stateDir
 	if !cfg.HostIP.IsValid() {
 		cfg.HostIP = netip.MustParseAddr(hostIP)
 		cfg.ClusterDNS = []netip.Addr{netip.MustParseAddr(clusterDNS)}
 	}
 	a := &agent{socket: socket, state: stateDir, lookup: lookup, dp: dp, done: make(chan error, 1)}
-	a.srv = &Server{Config: cfg, Lookup: lookup, Dataplane: dp, Backend: capture.NFTables{},
+	a.srv = &Server{Config: cfg, Lookup: lookup, Dataplane: dp, Backend: capture.NFTables{}, Guard: guard,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel

@@ -116,7 +116,12 @@ type Server struct {
 	Backend   capture.Backend
 	// NodePods is optional; without it repair does not look for unattached pods.
 	NodePods NodePods
-	Log      *slog.Logger
+	// Guard is optional: the node source guard (capture.NodeGuard) that keeps pods from sending
+	// with the addresses strict capture trusts as the node's (every record's gateways, HostIP,
+	// HostIPv6). With it, an ADD whose gateways the guard does not cover yet fails unless the
+	// guard takes them, and each repair re-applies it (which repairs drift).
+	Guard NodeGuard
+	Log   *slog.Logger
 
 	once  sync.Once
 	store Store
@@ -126,6 +131,9 @@ type Server struct {
 	addedMu sync.Mutex
 	addedAt map[string]time.Time
 	ready   atomic.Bool
+	// guardMu serializes guard writes; guarded is what the guard last took.
+	guardMu sync.Mutex
+	guarded []netip.Addr
 	// repaired, set by Serve, is closed when the first repair has finished; ADDs served
 	// before then wait for it.
 	repaired chan struct{}
@@ -414,6 +422,11 @@ func (s *Server) Add(ctx context.Context, req cniv1.Request) (cniv1.Response, er
 	a := req.Attachment
 	defer s.lock(attachmentKey(a.ContainerID, a.Interface))()
 	log := s.Log.With("pod", a.Namespace+"/"+a.Name, "containerID", a.ContainerID)
+	// Every pod, meshed or not, could forge the node's addresses: the guard covers its
+	// gateways before the pod gets a network.
+	if err := s.ensureGuard(req.Gateways); err != nil {
+		return cniv1.Response{}, types.NewError(types.ErrInternal, "install node source guard", err.Error())
+	}
 
 	lctx, cancel := context.WithTimeout(ctx, s.Config.LookupTimeout)
 	info, err := s.Lookup.LookupPod(lctx, a.Namespace, a.Name)
@@ -662,6 +675,9 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	if err := s.applyGuard(recs); err != nil {
+		errs = append(errs, err)
+	}
 	attached := map[string]bool{}
 	newest := newestByPod(recs)
 	for _, r := range recs {
@@ -692,6 +708,67 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// NodeGuard is the part of capture.NodeGuard the server uses.
+type NodeGuard interface {
+	Apply(addrs []netip.Addr) (changed bool, err error)
+}
+
+// nodeAddrs returns the node's own addresses that strict capture trusts: HostIP, HostIPv6 and
+// the given gateways (deduplicated, sorted).
+func (s *Server) nodeAddrs(gateways []netip.Addr) []netip.Addr {
+	out := slices.Clone(gateways)
+	for _, h := range []netip.Addr{s.Config.HostIP, s.Config.HostIPv6} {
+		if h.IsValid() {
+			out = append(out, h)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
+}
+
+// applyGuard makes the guard cover exactly the node addresses of recs (no-op without a guard;
+// Apply itself checks the live table first and repairs drift).
+func (s *Server) applyGuard(recs []*Record) error {
+	if s.Guard == nil {
+		return nil
+	}
+	var gws []netip.Addr
+	for _, r := range recs {
+		gws = append(gws, r.Gateways...)
+	}
+	want := s.nodeAddrs(gws)
+	s.guardMu.Lock()
+	defer s.guardMu.Unlock()
+	changed, err := s.Guard.Apply(want)
+	if err != nil {
+		return fmt.Errorf("node source guard: %w", err)
+	}
+	if changed && s.guarded != nil {
+		s.Log.Warn("repair: node source guard was missing or had drifted; re-applied", "addrs", want)
+	}
+	s.guarded = want
+	return nil
+}
+
+// ensureGuard makes sure the guard covers gateways (and the host addresses), adding them to what
+// it already covers; it writes nothing when they are all covered.
+func (s *Server) ensureGuard(gateways []netip.Addr) error {
+	if s.Guard == nil {
+		return nil
+	}
+	s.guardMu.Lock()
+	defer s.guardMu.Unlock()
+	want := s.nodeAddrs(append(slices.Clone(s.guarded), gateways...))
+	if slices.Equal(want, s.guarded) {
+		return nil
+	}
+	if _, err := s.Guard.Apply(want); err != nil {
+		return err
+	}
+	s.guarded = want
+	return nil
 }
 
 // learnProbePorts reads the pod of a record an older agent wrote without its probe ports and, when

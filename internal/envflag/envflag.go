@@ -52,8 +52,12 @@ func (s *Set) String(name, env, def, text string) *string {
 // BoolVar defines a boolean flag stored in p, default env's value (strconv.ParseBool: true,
 // false, 1, 0, ...) or false when env is unset. A value that does not parse is reported by Err,
 // naming the variable and the value.
-func (s *Set) BoolVar(p *bool, name, env, text string) {
-	s.FS.BoolVar(p, name, envDefault(s, env, false, strconv.ParseBool, "true or false"), usage(text, env))
+func (s *Set) BoolVar(p *bool, name, env, text string) { s.BoolVarDefault(p, name, env, false, text) }
+
+// BoolVarDefault is BoolVar with def when env is unset: a setting that is on by default, turned
+// off with --name=false.
+func (s *Set) BoolVarDefault(p *bool, name, env string, def bool, text string) {
+	s.FS.BoolVar(p, name, envDefault(s, env, def, strconv.ParseBool, "true or false"), usage(text, env))
 }
 
 // Err returns the errors of environment values that could not be read as their flag's type, or
