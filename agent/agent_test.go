@@ -26,6 +26,7 @@ import (
 	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registry"
@@ -79,11 +80,14 @@ func buildAgent(t testing.TB) string {
 
 // agentProc is a running aether-agent binary.
 type agentProc struct {
-	cmd     *exec.Cmd
-	done    chan struct{}
-	health  string
-	dnsAddr string
-	logPath string
+	cmd    *exec.Cmd
+	done   chan struct{}
+	health string
+	// metrics is --metrics-addr; debugSocket is --debug-socket.
+	metrics     string
+	debugSocket string
+	dnsAddr     string
+	logPath     string
 	// argv is the agent's command line (run starts it).
 	argv []string
 	// envoyAdmin is the admin address of the Envoy the agent supervises; stateDir holds its pid.
@@ -110,7 +114,7 @@ type agentOpts struct {
 func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 	t.Helper()
 	dir := t.TempDir()
-	healthPort, dnsPort := testenv.FreePort(t), testenv.FreePort(t)
+	healthPort, dnsPort, metricsPort := testenv.FreePort(t), testenv.FreePort(t), testenv.FreePort(t)
 	resolv := filepath.Join(dir, "resolv.conf")
 	// An upstream that does not answer: these tests only ask mesh names.
 	if err := os.WriteFile(resolv, []byte("nameserver 127.0.0.1\n"), 0o644); err != nil {
@@ -128,13 +132,15 @@ func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 	}
 	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
 	a := &agentProc{done: make(chan struct{}), health: fmt.Sprintf("127.0.0.1:%d", healthPort),
+		metrics: fmt.Sprintf("127.0.0.1:%d", metricsPort), debugSocket: filepath.Join(dir, "debug.sock"),
 		dnsAddr: fmt.Sprintf("127.0.0.1:%d", dnsPort), logPath: filepath.Join(dir, "agent.log")}
 	// The node source guard is a node netns table: only an agent in its own netns (o.wrap) may
 	// write one; the others share the machine's.
 	all := append([]string{
 		"--node-source-guard=" + strconv.FormatBool(len(o.wrap) > 0),
 		"--node-name", "node-1", "--cluster", "a", "--host-ip", "127.0.0.1",
-		"--dns-port", strconv.Itoa(dnsPort), "--health-addr", a.health,
+		"--dns-port", strconv.Itoa(dnsPort), "--health-addr", a.health, "--metrics-addr", a.metrics,
+		"--debug-socket", a.debugSocket, "--envoy-stats-addr", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)),
 		"--state-dir", filepath.Join(dir, "state"), "--cni-socket", filepath.Join(dir, "cni.sock"),
 		"--xds-socket", filepath.Join(dir, "xds.sock"), "--cluster-dns", "10.96.0.10",
 		"--resolv-conf", resolv, "--registry-lease-ttl", "5s", "--log-level", "debug",
@@ -259,8 +265,27 @@ func (a *agentProc) waitDegraded(t testing.TB, source string) {
 }
 
 // get returns the status and body of a health endpoint.
-func (a *agentProc) get(path string) (int, string) {
-	resp, err := a.client.Get("http://" + a.health + path)
+func (a *agentProc) get(path string) (int, string) { return a.getAt(a.health, path) }
+
+// getMetrics returns the status and body of the metrics endpoint's /metrics.
+func (a *agentProc) getMetrics() (int, string) { return a.getAt(a.metrics, "/metrics") }
+
+// debug returns the status and body of a --debug-socket path (over the unix socket).
+func (a *agentProc) debug(path string) (int, string) {
+	c, base := envoy.AdminClient("unix://" + a.debugSocket)
+	c.Timeout = time.Minute
+	resp, err := c.Get(base + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// getAt returns the status and body of GET http://addr/path.
+func (a *agentProc) getAt(addr, path string) (int, string) {
+	resp, err := a.client.Get("http://" + addr + path)
 	if err != nil {
 		return 0, err.Error()
 	}
@@ -271,7 +296,7 @@ func (a *agentProc) get(path string) (int, string) {
 
 // metric returns the value of an unlabelled metric from /metrics.
 func (a *agentProc) metric(name string) float64 {
-	_, body := a.get("/metrics")
+	_, body := a.getMetrics()
 	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` ([0-9.e+]+)$`).FindStringSubmatch(body)
 	if m == nil {
 		return -1
@@ -449,8 +474,28 @@ func TestAgentModelFollowsSources(t *testing.T) {
 			t.Errorf("%s = %v, want at least %v", name, got, want)
 		}
 	}
-	if _, body := a.get("/metrics"); !regexp.MustCompile(`aether_agent_build_info\{commit_time="[^"]*",go_version="go[^"]+",revision="[^"]*",started="[^"]+"\} 1`).MatchString(body) {
+	if _, body := a.getMetrics(); !regexp.MustCompile(`aether_agent_build_info\{commit_time="[^"]*",go_version="go[^"]+",revision="[^"]*",started="[^"]+"\} 1`).MatchString(body) {
 		t.Errorf("no aether_agent_build_info with the build's labels in /metrics")
+	}
+	// Each endpoint carries only its own: the metrics port nothing but /metrics, the health port
+	// no metrics and no profiles, the profiles only on the 0600 debug socket (docs/agent.md).
+	if code, _ := a.getAt(a.metrics, "/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("--metrics-addr /debug/pprof/: %d, want 404", code)
+	}
+	if code, _ := a.getAt(a.metrics, "/readyz"); code != http.StatusNotFound {
+		t.Errorf("--metrics-addr /readyz: %d, want 404", code)
+	}
+	if code, _ := a.get("/metrics"); code != http.StatusNotFound {
+		t.Errorf("--health-addr /metrics: %d, want 404", code)
+	}
+	if code, _ := a.get("/debug/pprof/"); code != http.StatusNotFound {
+		t.Errorf("--health-addr /debug/pprof/: %d, want 404", code)
+	}
+	if code, body := a.debug("/debug/pprof/"); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Errorf("--debug-socket /debug/pprof/: %d %.100q", code, body)
+	}
+	if fi, err := os.Stat(a.debugSocket); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("--debug-socket mode: %v %v, want 0600", fi, err)
 	}
 
 	// Cluster b exports pay and registers an endpoint; cluster a imports it.
@@ -668,7 +713,7 @@ func TestAgentDNSBeforeRegistry(t *testing.T) {
 	// The upstream (127.0.0.1:53 from the test's resolv.conf) refuses: a forwarded query is
 	// counted as a network failure of that upstream, a query answered locally is not.
 	forwarded := func() float64 {
-		_, body := a.get("/metrics")
+		_, body := a.getMetrics()
 		var n float64
 		for _, m := range regexp.MustCompile(`(?m)^aether_dns_upstream_failures_total\{[^}]*upstream="127\.0\.0\.1:53"[^}]*\} ([0-9.e+]+)$`).FindAllStringSubmatch(body, -1) {
 			v, _ := strconv.ParseFloat(m[1], 64)

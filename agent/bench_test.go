@@ -115,7 +115,7 @@ func benchPutToEnvoy(b *testing.B, endpoints int) {
 	// AETHER_BENCH_PPROF=<file>: a 5 s CPU profile of the agent while the puts run.
 	if out := os.Getenv("AETHER_BENCH_PPROF"); out != "" {
 		go func() {
-			_, prof := a.get("/debug/pprof/profile?seconds=5")
+			_, prof := a.debug("/debug/pprof/profile?seconds=5")
 			if err := os.WriteFile(fmt.Sprintf("%s.%d", out, endpoints), []byte(prof), 0o644); err != nil {
 				b.Error(err)
 			}

@@ -28,6 +28,17 @@ const DefaultDNSRateLimit = 10000
 // other clusters cannot take all of this node's connections.
 const DefaultWaypointMaxConnections = 20000
 
+// The node's operator endpoints (docs/agent.md, "Endpoints"): what only root on the node may
+// reach is on 0600 unix sockets (Envoy's admin API, which can reconfigure or stop Envoy, and the
+// Go profiles); what Prometheus scrapes is on ports that carry nothing else, as Istio's 15020
+// and 15090.
+const (
+	DefaultEnvoyAdmin     = "unix:///var/run/aether/envoy-admin.sock"
+	DefaultEnvoyStatsAddr = "0.0.0.0:15090"
+	DefaultMetricsAddr    = "0.0.0.0:15020"
+	DefaultDebugSocket    = "/var/run/aether/debug.sock"
+)
+
 // Config is the agent's whole configuration: every field has a flag and an environment variable
 // (the flag wins; ParseFlags reads both). Validate checks it at start and names the flag of
 // every bad field.
@@ -56,10 +67,15 @@ type Config struct {
 	// downward API's status.hostIPs) is the node's IPv6 address on dual-stack nodes: the
 	// resolver listens there too and pods' IPv6 cluster DNS is DNAT'ed to it. Unset: IPv6
 	// cluster DNS addresses are left alone.
-	HostIPv6   netip.Addr
-	DNSPort    int    // --dns-port: 18054
-	XDSSocket  string // --xds-socket: unix socket of the ADS server
-	EnvoyAdmin string // --envoy-admin: 127.0.0.1:15000
+	HostIPv6  netip.Addr
+	DNSPort   int    // --dns-port: 18054
+	XDSSocket string // --xds-socket: unix socket of the ADS server
+	// EnvoyAdmin (--envoy-admin) is Envoy's admin API: a 0600 unix socket by default
+	// (DefaultEnvoyAdmin), or host:port.
+	EnvoyAdmin string
+	// EnvoyStatsAddr (--envoy-stats-addr) is Envoy's metrics-only listener (envoy.StatsPaths:
+	// Prometheus exposition and readiness), "" for none.
+	EnvoyStatsAddr string
 	// EnvoyMaxConnections (--envoy-max-connections) and EnvoyMaxHeapBytes (--envoy-max-heap,
 	// bytes) tune Envoy's overload manager (envoy.BootstrapConfig).
 	EnvoyMaxConnections uint64
@@ -68,7 +84,9 @@ type Config struct {
 	// east-west waypoint listener alone, which other clusters reach (with --east-west-waypoint).
 	WaypointMaxConnections uint64
 	EnvoyBinary            string // --envoy-binary
-	HealthAddr             string // --health-addr: /healthz, /readyz, /metrics
+	HealthAddr             string // --health-addr: /healthz, /readyz
+	MetricsAddr            string // --metrics-addr: /metrics only ("" for none)
+	DebugSocket            string // --debug-socket: /debug/pprof/ on a 0600 unix socket ("" for none)
 	StateDir               string // --state-dir: persisted pod attachments
 	CNISocket              string // --cni-socket
 
@@ -161,12 +179,15 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	dnsAllow := ef.String("dns-allow-sources", "AETHER_DNS_ALLOW_SOURCES", "", "comma-separated addresses or CIDRs answered by the DNS resolver besides the node's own addresses and its meshed pods (e.g. a cluster DNS server forwarding clusterset.local here); anything else gets REFUSED")
 	ef.IntVar(&c.DNSCachePrefetch, "dns-cache-prefetch", "AETHER_DNS_CACHE_PREFETCH", 0, "refresh a cached answer in the background once it has been hit this many times and less than 10% of its TTL is left (0: off)")
 	fs.StringVar(&c.XDSSocket, "xds-socket", "/var/run/aether/xds.sock", "unix socket of the ADS server")
-	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", "127.0.0.1:15000", "Envoy admin address")
+	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", DefaultEnvoyAdmin, "Envoy admin API: unix:///path (created 0600) or host:port")
+	fs.StringVar(&c.EnvoyStatsAddr, "envoy-stats-addr", DefaultEnvoyStatsAddr, "Envoy's metrics-only listener (GET /stats/prometheus and /ready, nothing else), host:port; empty for none")
 	ef.Uint64Var(&c.EnvoyMaxConnections, "envoy-max-connections", "AETHER_ENVOY_MAX_CONNECTIONS", envoy.DefaultMaxConnections, "downstream connections Envoy serves at once over all its listeners; more are closed at accept")
 	ef.Uint64Var(&c.WaypointMaxConnections, "waypoint-max-connections", "AETHER_WAYPOINT_MAX_CONNECTIONS", DefaultWaypointMaxConnections, "connections the east-west waypoint listener (reached from other clusters) serves at once; more are closed at accept")
 	ef.Uint64Var(&c.EnvoyMaxHeapBytes, "envoy-max-heap", "AETHER_ENVOY_MAX_HEAP", envoy.DefaultMaxHeapBytes, "Envoy heap size in bytes its overload manager watches: at 90% it frees memory, at 95% new HTTP requests get 503 (keep it under the Envoy container's memory limit)")
 	ef.StringVar(&c.EnvoyBinary, "envoy-binary", "AETHER_ENVOY", "envoy", "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")
-	fs.StringVar(&c.HealthAddr, "health-addr", "127.0.0.1:15021", "address of /healthz, /readyz and /metrics")
+	fs.StringVar(&c.HealthAddr, "health-addr", "127.0.0.1:15021", "address of /healthz and /readyz")
+	fs.StringVar(&c.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "address of /metrics (Prometheus), serving nothing else; empty for none")
+	fs.StringVar(&c.DebugSocket, "debug-socket", DefaultDebugSocket, "unix socket (created 0600) serving /debug/pprof/; empty for none")
 	fs.StringVar(&c.StateDir, "state-dir", "/var/lib/aether", "node-local state (pod attachments)")
 	fs.StringVar(&c.CNISocket, "cni-socket", "/var/run/aether/cni.sock", "unix socket aether-cni calls")
 	clusterDNS := ef.String("cluster-dns", "AETHER_CLUSTER_DNS", "", "comma-separated cluster DNS service IPs whose port 53 is DNAT'ed to the agent (default: the ClusterIPs of kube-system/kube-dns)")
@@ -386,7 +407,8 @@ var fixedPorts = []nodePort{
 }
 
 // checkPorts refuses two ports of the node's plan with the same number: --dns-port,
-// --envoy-admin's and --health-addr's ports and the fixed ones. Each port is one role, whatever
+// --envoy-admin's, --health-addr's, --metrics-addr's and --envoy-stats-addr's ports and the fixed
+// ones. Each port is one role, whatever
 // address it is bound on, so that a rule or probe matching a port number means one listener.
 // Port 0 (a port the kernel picks) and a unix socket (--envoy-admin unix:///path; xDS is always
 // one) take no number. Each error names both ports and the number; an address that does not
@@ -394,8 +416,9 @@ var fixedPorts = []nodePort{
 func (c Config) checkPorts() []error {
 	var errs []error
 	ports := []nodePort{{"--dns-port", c.DNSPort}}
-	for _, f := range []struct{ name, addr string }{{"--envoy-admin", c.EnvoyAdmin}, {"--health-addr", c.HealthAddr}} {
-		if strings.HasPrefix(f.addr, "unix://") {
+	for _, f := range []struct{ name, addr string }{{"--envoy-admin", c.EnvoyAdmin}, {"--health-addr", c.HealthAddr},
+		{"--metrics-addr", c.MetricsAddr}, {"--envoy-stats-addr", c.EnvoyStatsAddr}} {
+		if strings.HasPrefix(f.addr, "unix://") || f.addr == "" && f.name != "--health-addr" && f.name != "--envoy-admin" {
 			continue
 		}
 		_, p, err := net.SplitHostPort(f.addr)

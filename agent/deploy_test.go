@@ -162,7 +162,23 @@ func TestDeployAgentArgs(t *testing.T) {
 		}
 	}
 	probe(d.agent, cfg.HealthAddr)
-	probe(d.envoy, cfg.EnvoyAdmin)
+	// Envoy's readiness goes through its stats listener: the admin API is a unix socket, which
+	// both containers reach at the same node path.
+	_, statsPort, err := net.SplitHostPort(cfg.EnvoyStatsAddr)
+	if err != nil {
+		t.Fatalf("--envoy-stats-addr %q: %v", cfg.EnvoyStatsAddr, err)
+	}
+	probe(d.envoy, net.JoinHostPort("127.0.0.1", statsPort))
+	admin, ok := strings.CutPrefix(cfg.EnvoyAdmin, "unix://")
+	if !ok {
+		t.Errorf("--envoy-admin %q: want a unix socket (docs/security.md)", cfg.EnvoyAdmin)
+	} else {
+		sameOnNode(d.agent, admin, admin)
+		sameOnNode(d.envoy, admin, admin)
+	}
+	if cfg.DebugSocket == "" || cfg.MetricsAddr == "" {
+		t.Errorf("--debug-socket %q, --metrics-addr %q: want both", cfg.DebugSocket, cfg.MetricsAddr)
+	}
 
 	// The Envoy container reads the bootstrap where the agent writes it (startEnvoy).
 	boot := filepath.Join(cfg.StateDir, "envoy", "bootstrap.json")

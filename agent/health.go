@@ -7,6 +7,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"sort"
@@ -107,8 +109,8 @@ func buildLabels() prometheus.Labels {
 	return l
 }
 
-// serveHealth serves /healthz (the process runs), /readyz (every part ready; 503 with the reasons
-// otherwise), /metrics and /debug/pprof/ on addr until ctx ends. It returns once the listener is bound.
+// serveHealth serves /healthz (the process runs) and /readyz (every part ready; 503 with the
+// reasons otherwise) on addr until ctx ends. It returns once the listener is bound.
 func serveHealth(ctx context.Context, addr string, r *readiness, m *agentMetrics) (net.Addr, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -121,19 +123,51 @@ func serveHealth(ctx context.Context, addr string, r *readiness, m *agentMetrics
 		m.ready.Set(1)
 		fmt.Fprintln(w, "ok")
 	})
+	return serve(ctx, "tcp", addr, "--health-addr", mux)
+}
+
+// serveMetrics serves /metrics (the Prometheus exposition) and nothing else on addr until ctx
+// ends; it reaches the cluster's Prometheus, so it carries no other endpoint.
+func serveMetrics(ctx context.Context, addr string, m *agentMetrics) (net.Addr, error) {
+	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
-	// Go runtime profiles (net/http/pprof), as istiod and linkerd's proxy-injector serve them:
-	// --health-addr is loopback by default, so only the node's operator can reach them.
+	return serve(ctx, "tcp", addr, "--metrics-addr", mux)
+}
+
+// serveDebug serves Go's runtime profiles (net/http/pprof, /debug/pprof/) on a unix socket at
+// path, created 0600 (a stale file there is replaced), until ctx ends: a profile can stall the
+// agent and a trace shows its data, so only root on the node reaches it.
+func serveDebug(ctx context.Context, path string) (net.Addr, error) {
+	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen on --health-addr %s: %w", addr, err)
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("--debug-socket %s: %w", path, err)
 	}
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	_ = os.Remove(path)
+	a, err := serve(ctx, "unix", path, "--debug-socket", mux)
+	if err != nil {
+		return nil, err
+	}
+	// As the CNI socket: hostNetwork pods share the node's network, not its files, and the
+	// directory is root's.
+	if err := os.Chmod(path, 0o600); err != nil {
+		return nil, fmt.Errorf("--debug-socket %s: %w", path, err)
+	}
+	return a, nil
+}
+
+// serve serves h on a listener of network at addr until ctx ends; flag names the setting in the
+// listen error.
+func serve(ctx context.Context, network, addr, flag string, h http.Handler) (net.Addr, error) {
+	l, err := net.Listen(network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s %s: %w", flag, addr, err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(l) }()
 	go func() {
 		<-ctx.Done()

@@ -43,6 +43,18 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	log.Info("health endpoints up", "addr", haddr.String())
+	if cfg.MetricsAddr != "" {
+		maddr, err := serveMetrics(ctx, cfg.MetricsAddr, metrics)
+		if err != nil {
+			return err
+		}
+		log.Info("metrics endpoint up", "addr", maddr.String())
+	}
+	if cfg.DebugSocket != "" {
+		if _, err := serveDebug(ctx, cfg.DebugSocket); err != nil {
+			return err
+		}
+	}
 
 	rc, err := kubeconfig.RESTConfig(cfg.Kubeconfig)
 	if err != nil {
@@ -368,7 +380,7 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 // bootstrap written here. Readiness "envoy" follows Envoy's admin API either way.
 func startEnvoy(ctx context.Context, cfg Config, ready *readiness, log *slog.Logger) error {
 	boot := envoy.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin,
-		MaxConnections: cfg.EnvoyMaxConnections, MaxHeapBytes: cfg.EnvoyMaxHeapBytes}
+		StatsAddress: cfg.EnvoyStatsAddr, MaxConnections: cfg.EnvoyMaxConnections, MaxHeapBytes: cfg.EnvoyMaxHeapBytes}
 	if cfg.EastWestWaypoint {
 		boot.ListenerConnectionLimits = map[string]uint64{tunnel.ListenerName: cfg.WaypointMaxConnections}
 	}

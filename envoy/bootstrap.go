@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"strconv"
@@ -44,8 +45,14 @@ type BootstrapConfig struct {
 	// (default DefaultXDSAddress).
 	XDSAddress string
 	// AdminAddress is Envoy's admin API: "host:port" or "unix:///path" (default
-	// DefaultAdminAddress). The supervisor adopts a running Envoy through it.
+	// DefaultAdminAddress). A unix socket is created with mode 0600 (admin.address.pipe.mode),
+	// so only root on the node (and the agent) reaches it. The supervisor adopts a running
+	// Envoy through it.
 	AdminAddress string
+	// StatsAddress is the metrics-only listener (StatsListenerName), "host:port"; "" means none.
+	// It serves GET StatsPaths from the admin API and 404 for anything else, takes at most
+	// StatsMaxConnections connections and is exempt from MaxConnections.
+	StatsAddress string
 	// StateOfTheWorld selects the state-of-the-world ADS protocol (GRPC) instead of the default
 	// incremental one (DELTA_GRPC). Delta sends only what changed, which at thousands of
 	// clusters makes a pod's ADD many times faster (docs/node-proxy.md has the numbers).
@@ -103,7 +110,7 @@ func parseAddress(field, s string) (*core.Address, error) {
 		if p == "" {
 			return nil, fmt.Errorf("%s %q: empty unix socket path", field, s)
 		}
-		return &core.Address{Address: &core.Address_Pipe{Pipe: &core.Pipe{Path: p}}}, nil
+		return &core.Address{Address: &core.Address_Pipe{Pipe: &core.Pipe{Path: p, Mode: 0o600}}}, nil
 	}
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
@@ -169,9 +176,25 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 	if b.OverloadManager, err = overloadManager(cfg); err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)
 	}
-	if len(cfg.ListenerConnectionLimits) > 0 {
+	limits := cfg.ListenerConnectionLimits
+	if cfg.StatsAddress != "" {
+		l, c, err := statsResources(cfg.StatsAddress, admin)
+		if err != nil {
+			return nil, fmt.Errorf("bootstrap: %w", err)
+		}
+		b.StaticResources.Listeners = append(b.StaticResources.Listeners, l)
+		b.StaticResources.Clusters = append(b.StaticResources.Clusters, c)
+		if _, set := limits[StatsListenerName]; !set {
+			limits = maps.Clone(limits)
+			if limits == nil {
+				limits = map[string]uint64{}
+			}
+			limits[StatsListenerName] = StatsMaxConnections
+		}
+	}
+	if len(limits) > 0 {
 		fields := map[string]any{}
-		for name, n := range cfg.ListenerConnectionLimits {
+		for name, n := range limits {
 			if name == "" || n == 0 {
 				return nil, fmt.Errorf("bootstrap: ListenerConnectionLimits[%q] = %d: want a listener name and a limit above 0", name, n)
 			}

@@ -158,6 +158,16 @@ func (n *Node) Binds() [][2]string {
 
 func (n *Node) hostPath(p string) string { return filepath.Join(n.Root, p) }
 
+// HostPath is where a node path under one of the node's own directories (nodeDirs: /run/aether,
+// /var/lib/aether, ...) is seen from the root mount namespace, e.g. a node agent's
+// /var/run/aether/envoy-admin.sock.
+func (n *Node) HostPath(p string) string {
+	if rest, ok := strings.CutPrefix(p, "/var/run/"); ok {
+		p = "/run/" + rest
+	}
+	return n.hostPath(p)
+}
+
 // Start runs argv as a node process: in the node's network namespace with the node's files at
 // their real paths, logging to <Dir>/logs/<node>/<name>.log; env nil means the substrate's
 // environment. It is stopped at teardown.

@@ -231,14 +231,14 @@ func lookFurther(m *mesh.Mesh, beta string) string {
 ==> the demo runs; look further (as root):
   kubectl --kubeconfig %s get pods,svc,serviceimports -A      # cluster alpha (the client, the imported hello-clusterset VIP)
   kubectl --kubeconfig %s get pods,svc,serviceexports -A      # cluster beta (hello, exported)
-  nsenter --net=%s curl -s 127.0.0.1:15000/clusters | grep hello   # alpha-node1's Envoy: beta's node IPs at :15443 (waypoint)
-  nsenter --net=%s curl -s 127.0.0.1:15000/listeners           # beta-node1's Envoy: the east-west tunnel listener on :15443
-  nsenter --net=%s curl -s '127.0.0.1:15000/stats?filter=^tcp\.waypoint\.'   # beta-node1's waypoint counters per service
-  nsenter --net=%s curl -s 127.0.0.1:15021/readyz              # alpha-node1's agent (also /metrics)
+  curl -s --unix-socket %s http://envoy/clusters | grep hello   # alpha-node1's Envoy admin (0600 socket): beta's node IPs at :15443 (waypoint)
+  curl -s --unix-socket %s http://envoy/listeners           # beta-node1's Envoy: the east-west tunnel listener on :15443
+  curl -s --unix-socket %s 'http://envoy/stats?filter=^tcp\.waypoint\.'   # beta-node1's waypoint counters per service
+  nsenter --net=%s curl -s 127.0.0.1:15021/readyz              # alpha-node1's agent (metrics on :15020, Envoy's on :15090)
   nsenter --net=%s dig @%s hello.%s.svc.clusterset.local        # the agent's DNS
   logs: %s/logs/<node>/aether-agent.log, %s/logs/<cluster>/aether-registrar.log
   everything above is in /run/aether-demo/demo.env
-`, a.Kubeconfig, bc.Kubeconfig, n.Netns.Path, bn.Netns.Path, bn.Netns.Path, n.Netns.Path, n.Netns.Path, n.Plan.IP.String()+" -p 18054", ns,
+`, a.Kubeconfig, bc.Kubeconfig, n.HostPath(envoyAdmin), bn.HostPath(envoyAdmin), bn.HostPath(envoyAdmin), n.Netns.Path, n.Netns.Path, n.Plan.IP.String()+" -p 18054", ns,
 		m.Substrate.Dir, m.Substrate.Dir)
 	if sb, _, ok := a.Sandbox(ns, "client"); ok && sb.Netns != nil {
 		// The client pod's own namespace: its DNS to kube-dns is DNAT'ed to its node's agent,

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/aethermesh/aether/e2e/substrate"
+	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/tunnel"
 )
@@ -23,9 +24,9 @@ import (
 // per-service tcp_proxy counters ("tcp." + tunnel.ServiceStatPrefix, docs/waypoint.md).
 const (
 	helloCluster = "hello." + ns + ".mesh:80"
-	// envoyAdmin is each node Envoy's admin address inside the node's network namespace (the
-	// agent's --envoy-admin default).
-	envoyAdmin = "127.0.0.1:15000"
+	// envoyAdmin is each node Envoy's admin socket in the node's files (the agent's
+	// --envoy-admin default, agent.DefaultEnvoyAdmin).
+	envoyAdmin = "/var/run/aether/envoy-admin.sock"
 )
 
 // helloWaypointStat returns the name of one of the tunnel listener's counters for demo/hello:
@@ -40,10 +41,11 @@ type tunnelCounters struct {
 	conns, rxBytes int
 }
 
-// envoyGet GETs path from node n's Envoy admin API (from inside the node's network namespace)
-// and returns the body.
+// envoyGet GETs path from node n's Envoy admin API (its unix socket in the node's files) and
+// returns the body.
 func envoyGet(n *substrate.Node, path string) (string, error) {
-	resp, err := n.Netns.HTTPClient(false).Get("http://" + envoyAdmin + path)
+	c, base := envoy.AdminClient("unix://" + n.HostPath(envoyAdmin))
+	resp, err := c.Get(base + path)
 	if err != nil {
 		return "", fmt.Errorf("get %s's Envoy admin %s: %w", n.Name, path, err)
 	}
