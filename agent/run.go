@@ -199,6 +199,7 @@ func Run(ctx context.Context, cfg Config) error {
 	rcfg := registry.Config{
 		Endpoints: cfg.Registry.Endpoints(), Region: region, Cluster: cfg.Cluster,
 		LeaseTTL: cfg.RegistryLeaseTTL, Logger: log, Metrics: metrics.reg, ClusterID: clusterID,
+		AllowForeignUser: cfg.Registry.Insecure,
 	}
 	if rcfg.TLS, err = cfg.Registry.TLS(); err != nil {
 		return err

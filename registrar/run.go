@@ -121,7 +121,7 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 	rcfg := registry.Config{
 		Endpoints: endpoints, Username: t.RegistryUser, Password: t.RegistryPassword,
 		Region: t.Region, Cluster: t.Cluster, Logger: log, Metrics: ctrlmetrics.Registry,
-		ClusterID: id, Claimer: true, ClaimedBy: claimedBy,
+		ClusterID: id, Claimer: true, ClaimedBy: claimedBy, AllowForeignUser: t.Registry.Insecure,
 	}
 	if rcfg.TLS, err = t.Registry.TLS(); err != nil {
 		closeAll()

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -180,6 +181,18 @@ func TestTLSClientCertificates(t *testing.T) {
 		t.Fatalf("put into beta with alpha's certificate: %v, want permission denied", err)
 	}
 
+	// beta's certificate for alpha's partition: its CN is the user, not alpha's.
+	betaCert, betaKey := issue("aether.eu.beta")
+	betaTLS, err := TLSFiles(betaCert, betaKey, caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", func(c *Config) { c.TLS = betaTLS; c.ClusterID = "cid-eu-alpha" })
+	var ue *UserError
+	if err := wrong.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "p9", "10.0.0.9")); !errors.As(err, &ue) || ue.User != UserName(beta) {
+		t.Fatalf("alpha's partition with beta's certificate: %v, want a UserError for user %s", err, UserName(beta))
+	}
+
 	// Without a client certificate the TLS handshake is refused.
 	noCert, err := TLSFiles("", "", caFile)
 	if err != nil {
@@ -194,5 +207,64 @@ func TestTLSClientCertificates(t *testing.T) {
 	defer cancel()
 	if _, err := anon.Get(actx, Root); err == nil {
 		t.Fatal("a client without a certificate could read")
+	}
+}
+
+// With etcd authentication on, a writer writes only as its cluster's own user: with another
+// cluster's credentials, root's, or none, its first write fails with a UserError naming both
+// users, ClaimStatus reports it and nothing reaches etcd; AllowForeignUser lets root write (the
+// --registry-insecure escape); the cluster's own user writes. A client certificate's CN counts
+// as the user (TestTLSClientCertificates covers that path's writes).
+func TestAuthRefusesForeignUser(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, func(c *embed.Config) { c.BcryptCost = 4 })
+	ctx := ctxT(t, converge)
+	admin, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	alpha, beta := Origin{"eu", "alpha"}, Origin{"eu", "beta"}
+	if err := SetupAuth(ctx, admin, "pw-root", []ClusterUser{{Origin: alpha, Password: "pw-alpha"}, {Origin: beta, Password: "pw-beta"}}); err != nil {
+		t.Fatal(err)
+	}
+	root, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints, Username: "root", Password: "pw-root"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	key := alpha.EndpointKey("shop", "cart", "p1")
+	for _, c := range []struct {
+		name, user, password string
+	}{{"beta's user", UserName(beta), "pw-beta"}, {"root", "root", "pw-root"}} {
+		r := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", func(cfg *Config) { cfg.Username, cfg.Password = c.user, c.password })
+		err := r.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "p1", "10.0.0.1"))
+		var ue *UserError
+		if !errors.As(err, &ue) || !strings.Contains(err.Error(), `"`+c.user+`"`) || !strings.Contains(err.Error(), `"`+UserName(alpha)+`"`) {
+			t.Fatalf("%s writes alpha's partition: %v, want a UserError naming %q and %q", c.name, err, c.user, UserName(alpha))
+		}
+		if _, err := r.ClaimStatus(); !errors.As(err, &ue) {
+			t.Fatalf("%s: ClaimStatus %v, want the UserError", c.name, err)
+		}
+		if resp, err := root.Get(ctx, alpha.Prefix(), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
+			t.Fatalf("%s: alpha's partition holds %d keys (%v), want none", c.name, resp.Count, err)
+		}
+	}
+	noUser := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", nil)
+	if _, err := noUser.EnsureClaim(ctx); err == nil || !strings.Contains(err.Error(), "no etcd user") {
+		t.Fatalf("a writer without credentials: %v, want a UserError saying it has no etcd user", err)
+	}
+
+	allowed := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", func(cfg *Config) {
+		cfg.Username, cfg.Password, cfg.AllowForeignUser = "root", "pw-root", true
+	})
+	if err := allowed.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "p1", "10.0.0.1")); err != nil {
+		t.Fatalf("root with AllowForeignUser: %v", err)
+	}
+	own := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", func(cfg *Config) { cfg.Username, cfg.Password = UserName(alpha), "pw-alpha" })
+	if err := own.RegisterEndpoint(ctx, testEndpoint("shop", "cart", "p2", "10.0.0.2")); err != nil {
+		t.Fatalf("alpha's own user: %v", err)
+	}
+	if resp, err := root.Get(ctx, key); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("the allowed write is not in etcd: %v %v", resp, err)
 	}
 }

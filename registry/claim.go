@@ -86,6 +86,17 @@ func (r *Registry) ensureClaim(ctx context.Context) (*registryv1.PartitionClaim,
 // EnsureClaim returns.
 func (r *Registry) checkClaim(ctx context.Context) (claim *registryv1.PartitionClaim, rev int64, record func(), err error) {
 	key := r.origin.ClaimKey()
+	if err := r.checkUser(ctx); err != nil {
+		var ue *UserError
+		if !errors.As(err, &ue) {
+			return nil, 0, nil, err // etcd did not answer: nothing to record
+		}
+		// Recorded (ClaimStatus reports it) at the newest recorded revision, so no write goes.
+		r.cmu.Lock()
+		rev := r.checkedRev
+		r.cmu.Unlock()
+		return nil, rev, func() { r.guard = nil }, err
+	}
 	// A linearizable read first: a claim that exists (every check but the first) costs no raft
 	// proposal, which the create-if-absent transaction would (it holds a put).
 	resp, err := r.cli.Get(ctx, key)

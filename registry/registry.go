@@ -40,7 +40,12 @@ type Config struct {
 	TLS *tls.Config
 	// Username and Password authenticate to etcd when its auth is on (see SetupAuth). With TLS
 	// client-certificate authentication etcd takes the user from the certificate's CN instead.
+	// With auth on, a writer with a ClusterID writes only as its cluster's own user
+	// (UserName(origin)); anything else is a UserError (checked with the partition claim).
 	Username, Password string
+	// AllowForeignUser lets a writer whose etcd user is not its cluster's own write anyway, with
+	// a warning (--registry-insecure).
+	AllowForeignUser bool
 	// DialTimeout bounds the first connection (default 5 s).
 	DialTimeout time.Duration
 	// Region and Cluster are this writer's origin: every write goes under
@@ -130,6 +135,13 @@ type Registry struct {
 	claimCh  chan struct{}
 	// afterClaimRead, when set (tests), runs in EnsureClaim after the claim was read.
 	afterClaimRead func()
+
+	// The writer's etcd identity (identity.go): checked once, with the claim.
+	user             string
+	allowForeignUser bool
+	umu              sync.Mutex
+	userChecked      bool
+	userErr          error
 }
 
 // New connects to etcd and returns a Registry for cfg's origin. It returns an error when the
@@ -217,6 +229,7 @@ func NewWithClient(cli *clientv3.Client, cfg Config) (*Registry, error) {
 		desired: map[string][]byte{}, leaseCh: make(chan struct{}),
 		clusterID: cfg.ClusterID, claimer: cfg.Claimer, claimedBy: claimedBy,
 		claimErr: ErrClaimNotChecked, claimCh: make(chan struct{}),
+		user: presentedUser(cfg.Username, cfg.TLS), allowForeignUser: cfg.AllowForeignUser,
 	}, nil
 }
 

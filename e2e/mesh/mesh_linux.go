@@ -3,6 +3,8 @@ package mesh
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"os"
@@ -18,6 +20,7 @@ import (
 
 	"github.com/aethermesh/aether/e2e/substrate"
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/registry"
 )
 
 // Binaries built by Build besides the workloads (substrate.Workloads).
@@ -57,7 +60,9 @@ type Mesh struct {
 	mu       sync.Mutex
 	agents   map[string]*substrate.Process // by node name
 	restarts map[string]int
-	keepDir  bool
+	// registryRootPassword is the etcd root user's password setupRegistryAuth set.
+	registryRootPassword string
+	keepDir              bool
 }
 
 // Build builds the aether binaries (Binaries) and the test workloads into dir with the go tool
@@ -147,6 +152,9 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 		BaseDir:  opts.BaseDir, KeepDir: opts.KeepDir, Logger: opts.Logger,
 		Hooks: substrate.Hooks{
 			Cluster: func(ctx context.Context, c *substrate.Cluster) error {
+				if err := m.setupRegistryAuth(ctx, c); err != nil {
+					return err
+				}
 				return testenv.CreateCRDs(ctx, c.Config, "deploy/crds")
 			},
 			Node: func(ctx context.Context, n *substrate.Node) error {
@@ -161,7 +169,8 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	for _, c := range s.Clusters {
 		if _, err := c.Start("aether-registrar", []string{m.Bins["aether-registrar"],
 			"--cluster", c.Name, "--kubeconfig", c.Kubeconfig, "--registry-endpoints", s.RegistryEndpoint,
-			"--registry-ca", s.RegistryCAFile, "--leader-elect=false", "--metrics-addr", "0", "--health-addr", "127.0.0.1:0"}, nil); err != nil {
+			"--registry-ca", s.RegistryCAFile, "--registry-cert", c.RegistryCertFile, "--registry-key", c.RegistryKeyFile,
+			"--leader-elect=false", "--metrics-addr", "0", "--health-addr", "127.0.0.1:0"}, nil); err != nil {
 			return nil, fmt.Errorf("start mesh: %w", err)
 		}
 	}
@@ -169,15 +178,45 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 }
 
 // agentArgs is the aether-agent command line for node n: the substrate's registry over TLS at
-// the node's gateway, as a user's would be (docs/security.md).
+// the node's gateway, as its cluster's own etcd user (the client certificate's CN), as a user's
+// would be (docs/security.md).
 func (m *Mesh) agentArgs(n *substrate.Node) []string {
 	return []string{m.Bins["aether-agent"],
 		"--node-name", n.Name, "--cluster", n.Cluster.Name, "--host-ip", n.Plan.IP.String(),
 		"--kubeconfig", n.Cluster.NodeKubeconfig, "--registry-endpoints", n.Cluster.NodeRegistryEndpoint,
-		"--registry-ca", n.Cluster.RegistryCAFile,
+		"--registry-ca", n.Cluster.RegistryCAFile, "--registry-cert", n.Cluster.RegistryCertFile, "--registry-key", n.Cluster.RegistryKeyFile,
 		"--registry-lease-ttl", m.opts.LeaseTTL.String(), "--cluster-domain", n.Cluster.Domain(),
 		"--ca-cert", m.CACert, "--ca-key", m.CAKey, "--envoy-binary", m.envoy,
 		"--cni-plugin-binary", m.Bins["aether-cni"], "--east-west-waypoint", "--log-level", "debug"}
+}
+
+// setupRegistryAuth creates cluster c's etcd user and role on the registry and turns etcd
+// authentication on, with `aether-registrar setup-registry-auth` as root (the substrate's root
+// client certificate and a root password of this mesh), as an operator does before a cluster's
+// aether writes to a shared registry (docs/registrar.md). Run again for the next cluster, it
+// adds that cluster's user.
+func (m *Mesh) setupRegistryAuth(ctx context.Context, c *substrate.Cluster) error {
+	s := c.Substrate()
+	m.mu.Lock()
+	if m.registryRootPassword == "" {
+		b := make([]byte, 16)
+		if _, err := rand.Read(b); err != nil {
+			m.mu.Unlock()
+			return err
+		}
+		m.registryRootPassword = hex.EncodeToString(b)
+	}
+	pw := m.registryRootPassword
+	m.mu.Unlock()
+	cmd := exec.CommandContext(ctx, m.Bins["aether-registrar"], "setup-registry-auth",
+		"--registry-endpoints", s.RegistryEndpoint, "--registry-ca", s.RegistryCAFile,
+		"--registry-cert", s.RegistryRootCertFile, "--registry-key", s.RegistryRootKeyFile,
+		"--clusters", registry.DefaultRegion+"/"+c.Name)
+	cmd.Env = append(os.Environ(), "AETHER_REGISTRY_ROOT_PASSWORD="+pw)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("set up registry auth for %s: %w\n%s", c.Name, err, out)
+	}
+	return nil
 }
 
 // startAgent starts node n's agent and waits until it has appended aether-cni to the node's

@@ -69,6 +69,7 @@ func startLocal(t *testing.T, identical bool) ClusterPair {
 		}
 		m.Stop()
 	})
+	checkRegistryAuth(t, m)
 	return &localPair{m: m}
 }
 

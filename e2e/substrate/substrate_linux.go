@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/registry"
 	"github.com/miekg/dns"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
@@ -80,7 +81,14 @@ type Substrate struct {
 	// for 127.0.0.1 and every cluster's gateway, where the nodes reach it.
 	RegistryEndpoint string
 	RegistryCAFile   string
-	Clusters         []*Cluster
+	// The registry etcd requires a client certificate signed by its CA (--client-cert-auth);
+	// with etcd authentication on it takes the user from the certificate's CN.
+	// RegistryRootCertFile and RegistryRootKeyFile are CN root's, for setting up
+	// authentication (`aether-registrar setup-registry-auth`) and for operators; each cluster
+	// has its own user's (Cluster.RegistryCertFile). The substrate leaves authentication off:
+	// turning it on is aether's deployment's job, as on a user's etcd.
+	RegistryRootCertFile, RegistryRootKeyFile string
+	Clusters                                  []*Cluster
 	// Underlay is the router namespace between the clusters' node segments.
 	Underlay *testenv.Netns
 	// StartupTime is how long Start took.
@@ -115,7 +123,11 @@ type Cluster struct {
 	// RegistryCAFile holds the CA that signed its certificate (Substrate.RegistryCAFile).
 	NodeRegistryEndpoint string
 	RegistryCAFile       string
-	Nodes                []*Node
+	// RegistryCertFile and RegistryKeyFile are this cluster's registry client certificate: CN
+	// registry.UserName of (default region, this cluster), its etcd user once authentication is
+	// on.
+	RegistryCertFile, RegistryKeyFile string
+	Nodes                             []*Node
 
 	s       *Substrate
 	stopAPI func()
@@ -157,6 +169,10 @@ func (n *Node) Binds() [][2]string {
 }
 
 func (n *Node) hostPath(p string) string { return filepath.Join(n.Root, p) }
+
+// Substrate returns the substrate the cluster is part of (for hooks, which run before Start
+// returns it).
+func (c *Cluster) Substrate() *Substrate { return c.s }
 
 // HostPath is where a node path under one of the node's own directories (nodeDirs: /run/aether,
 // /var/lib/aether, ...) is seen from the root mount namespace, e.g. a node agent's
@@ -448,14 +464,34 @@ func (s *Substrate) startRegistry(ctx context.Context, etcdBin string) error {
 	tlsDir := filepath.Join(s.Dir, "registry-tls")
 	s.RegistryCAFile = filepath.Join(tlsDir, "ca.crt")
 	certFile, keyFile := filepath.Join(tlsDir, "server.crt"), filepath.Join(tlsDir, "server.key")
-	if err := writeFiles(map[string][]byte{s.RegistryCAFile: ca.CertPEM, certFile: certPEM, keyFile: keyPEM}); err != nil {
+	files := map[string][]byte{s.RegistryCAFile: ca.CertPEM, certFile: certPEM, keyFile: keyPEM}
+	// Client certificates: root's, and one per cluster whose CN is the cluster's etcd user
+	// (registry.UserName: the agents and the registrar run in the default region).
+	issueClient := func(cn string) (string, string, error) {
+		c, k, err := ca.Issue(cn, nil, nil, nil)
+		if err != nil {
+			return "", "", err
+		}
+		cf, kf := filepath.Join(tlsDir, cn+".crt"), filepath.Join(tlsDir, cn+".key")
+		files[cf], files[kf] = c, k
+		return cf, kf, nil
+	}
+	if s.RegistryRootCertFile, s.RegistryRootKeyFile, err = issueClient("root"); err != nil {
+		return fmt.Errorf("start registry etcd: %w", err)
+	}
+	for _, c := range s.Clusters {
+		if c.RegistryCertFile, c.RegistryKeyFile, err = issueClient(registry.UserName(registry.Origin{Region: registry.DefaultRegion, Cluster: c.Name})); err != nil {
+			return fmt.Errorf("start registry etcd: %w", err)
+		}
+	}
+	if err := writeFiles(files); err != nil {
 		return fmt.Errorf("start registry etcd: %w", err)
 	}
 	s.RegistryEndpoint = fmt.Sprintf("https://127.0.0.1:%d", ports[0])
 	peer := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	argv := []string{etcdBin, "--name", "registry", "--data-dir", filepath.Join(s.Dir, "registry-etcd"),
 		"--listen-client-urls", s.RegistryEndpoint, "--advertise-client-urls", s.RegistryEndpoint,
-		"--cert-file", certFile, "--key-file", keyFile,
+		"--cert-file", certFile, "--key-file", keyFile, "--client-cert-auth", "--trusted-ca-file", s.RegistryCAFile,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 		"--initial-cluster", "registry=" + peer, "--log-level", "warn"}
 	log := filepath.Join(s.Dir, "logs", "registry-etcd.log")
@@ -465,7 +501,11 @@ func (s *Substrate) startRegistry(ctx context.Context, etcdBin string) error {
 	}
 	roots := x509.NewCertPool()
 	roots.AppendCertsFromPEM(ca.CertPEM)
-	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	rootCert, err := tls.X509KeyPair(files[s.RegistryRootCertFile], files[s.RegistryRootKeyFile])
+	if err != nil {
+		return fmt.Errorf("start registry etcd: %w", err)
+	}
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{rootCert}}}}
 	for {
 		resp, err := hc.Get(s.RegistryEndpoint + "/health")
 		if err == nil {

@@ -35,8 +35,10 @@ type Flags struct {
 	// client certificate and key (PEM files), both or neither.
 	Cert, Key string
 	// Insecure is --registry-insecure (AETHER_REGISTRY_INSECURE): allow plaintext (http://)
-	// endpoints that are not on loopback. Off by default, since every cluster's endpoints, its
-	// etcd credentials and the partition claims cross that connection.
+	// endpoints that are not on loopback, and an etcd user other than the cluster's own
+	// (registry.Config.AllowForeignUser). Off by default, since every cluster's endpoints, its
+	// etcd credentials and the partition claims cross that connection, and a shared user could
+	// write every partition.
 	Insecure bool
 }
 
@@ -62,7 +64,7 @@ func (f *Flags) Define(ef *envflag.Set, u Usage) {
 	ef.StringVar(&f.CA, "registry-ca", "AETHER_REGISTRY_CA", "", "CA bundle for the registry's TLS")
 	ef.StringVar(&f.Cert, "registry-cert", "AETHER_REGISTRY_CERT", "", u.Cert)
 	ef.StringVar(&f.Key, "registry-key", "AETHER_REGISTRY_KEY", "", "client key for the registry")
-	ef.BoolVar(&f.Insecure, "registry-insecure", "AETHER_REGISTRY_INSECURE", "allow plaintext http:// registry endpoints off loopback (they carry every cluster's endpoints and the etcd credentials; use https:// with --registry-ca instead)")
+	ef.BoolVar(&f.Insecure, "registry-insecure", "AETHER_REGISTRY_INSECURE", "allow plaintext http:// registry endpoints off loopback (they carry every cluster's endpoints and the etcd credentials; use https:// with --registry-ca instead), and, with etcd authentication on, an etcd user that is not this cluster's own (registry.UserName)")
 }
 
 // Endpoints returns --registry-endpoints split at commas, trimmed, empty items dropped (nil for

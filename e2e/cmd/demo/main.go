@@ -210,7 +210,8 @@ func deploySample(ctx context.Context, m *mesh.Mesh) error {
 // describe renders where everything is as shell variable assignments (demo.env).
 func describe(m *mesh.Mesh) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "AEDEMO_RUN_DIR=%s\nAEDEMO_REGISTRY=%s\nAEDEMO_REGISTRY_CA=%s\nAEDEMO_BIN_DIR=%s\n", m.Substrate.Dir, m.RegistryEndpoint, m.Substrate.RegistryCAFile, filepath.Dir(m.Bins["client"]))
+	fmt.Fprintf(&b, "AEDEMO_RUN_DIR=%s\nAEDEMO_REGISTRY=%s\nAEDEMO_REGISTRY_CA=%s\nAEDEMO_REGISTRY_CERT=%s\nAEDEMO_REGISTRY_KEY=%s\nAEDEMO_BIN_DIR=%s\n",
+		m.Substrate.Dir, m.RegistryEndpoint, m.Substrate.RegistryCAFile, m.Substrate.RegistryRootCertFile, m.Substrate.RegistryRootKeyFile, filepath.Dir(m.Bins["client"]))
 	for _, c := range m.Clusters {
 		up := strings.ToUpper(c.Name)
 		fmt.Fprintf(&b, "AEDEMO_%s_KUBECONFIG=%s\n", up, c.Kubeconfig)

@@ -107,7 +107,8 @@ func up(ctx context.Context, cfg config, log *slog.Logger) error {
 // describe renders where everything is as shell variable assignments.
 func describe(s *substrate.Substrate, bins map[string]string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "AESUB_DIR=%s\nAESUB_CA_CERT=%s\nAESUB_REGISTRY=%s\nAESUB_REGISTRY_CA=%s\nAESUB_UNDERLAY_NETNS=%s\n", s.Dir, s.CACertFile, s.RegistryEndpoint, s.RegistryCAFile, s.Underlay.Path)
+	fmt.Fprintf(&b, "AESUB_DIR=%s\nAESUB_CA_CERT=%s\nAESUB_REGISTRY=%s\nAESUB_REGISTRY_CA=%s\nAESUB_REGISTRY_CERT=%s\nAESUB_REGISTRY_KEY=%s\nAESUB_UNDERLAY_NETNS=%s\n",
+		s.Dir, s.CACertFile, s.RegistryEndpoint, s.RegistryCAFile, s.RegistryRootCertFile, s.RegistryRootKeyFile, s.Underlay.Path)
 	for _, c := range s.Clusters {
 		up := strings.ToUpper(c.Name)
 		fmt.Fprintf(&b, "AESUB_%s_KUBECONFIG=%s\nAESUB_%s_POD_CIDR=%s\nAESUB_%s_NODE_KUBECONFIG=%s\n", up, c.Kubeconfig, up, c.Plan.PodCIDR, up, c.NodeKubeconfig)
