@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 	"time"
 
@@ -59,7 +61,12 @@ type target struct {
 	RegistryPassword string             // AETHER_REGISTRY_PASSWORD only (never a flag: it would show in ps)
 	RegistryDataDir  string             // --registry-data-dir, AETHER_REGISTRY_DATA_DIR: embedded etcd's data (no endpoints)
 	RegistryListen   string             // --registry-listen: embedded etcd's client URL
-	RegistryPeer     string             // --registry-peer-listen: embedded etcd's peer URL
+	// RegistryServeCert, RegistryServeKey and RegistryServeClientCA are the embedded etcd's TLS
+	// (--registry-serve-cert, --registry-serve-key, --registry-serve-client-ca): its serving
+	// certificate for an https --registry-listen, and the CA its clients' certificates must be
+	// signed by (client certificates required when set).
+	RegistryServeCert, RegistryServeKey, RegistryServeClientCA string
+	RegistryPeer                                               string // --registry-peer-listen: embedded etcd's peer URL
 }
 
 // define registers the target's flags (with their environment variables) on ef and fs.
@@ -71,7 +78,10 @@ func (c *target) define(ef *envflag.Set, fs *flag.FlagSet, getenv func(string) s
 	ef.StringVar(&c.RegistryUser, "registry-user", "AETHER_REGISTRY_USER", "", "etcd user (password from env AETHER_REGISTRY_PASSWORD)")
 	c.RegistryPassword = getenv("AETHER_REGISTRY_PASSWORD")
 	ef.StringVar(&c.RegistryDataDir, "registry-data-dir", "AETHER_REGISTRY_DATA_DIR", "/var/lib/aether/registry", "embedded etcd's data directory (used when --registry-endpoints is empty)")
-	fs.StringVar(&c.RegistryListen, "registry-listen", "http://127.0.0.1:2379", "embedded etcd's client URL (used when --registry-endpoints is empty)")
+	fs.StringVar(&c.RegistryListen, "registry-listen", "http://127.0.0.1:2379", "embedded etcd's client URL (used when --registry-endpoints is empty); https:// with --registry-serve-cert/--registry-serve-key, plaintext http:// only on loopback unless --registry-insecure")
+	ef.StringVar(&c.RegistryServeCert, "registry-serve-cert", "AETHER_REGISTRY_SERVE_CERT", "", "embedded etcd's serving certificate (PEM) for an https --registry-listen")
+	ef.StringVar(&c.RegistryServeKey, "registry-serve-key", "AETHER_REGISTRY_SERVE_KEY", "", "embedded etcd's serving key (PEM)")
+	ef.StringVar(&c.RegistryServeClientCA, "registry-serve-client-ca", "AETHER_REGISTRY_SERVE_CLIENT_CA", "", "CA bundle (PEM) the embedded etcd requires its clients' certificates to be signed by (with etcd authentication on, a client's user is its certificate's CN)")
 	fs.StringVar(&c.RegistryPeer, "registry-peer-listen", "http://127.0.0.1:2380", "embedded etcd's peer URL (used when --registry-endpoints is empty)")
 }
 
@@ -98,14 +108,59 @@ func (c target) validate() []error {
 		}
 		for _, f := range []struct{ name, v string }{{"registry-listen", c.RegistryListen}, {"registry-peer-listen", c.RegistryPeer}} {
 			u, err := url.Parse(f.v)
-			if err != nil || u.Scheme != "http" {
-				errs = append(errs, fmt.Errorf("--%s %q: want an http:// URL", f.name, f.v))
+			if err != nil || (u.Scheme != "http" && !(u.Scheme == "https" && f.name == "registry-listen")) {
+				want := "an http:// URL"
+				if f.name == "registry-listen" {
+					want = "an http:// or https:// URL"
+				}
+				errs = append(errs, fmt.Errorf("--%s %q: want %s", f.name, f.v, want))
 			} else if _, _, err := net.SplitHostPort(u.Host); err != nil {
 				errs = append(errs, fmt.Errorf("--%s %q: want host:port", f.name, f.v))
 			}
 		}
+		errs = append(errs, c.embeddedTLS()...)
 	}
 	return append(errs, c.Registry.CheckTLS()...)
+}
+
+// embeddedTLS checks the embedded etcd's TLS settings: an https --registry-listen needs a serving
+// certificate and key, and the registrar's own client to it needs --registry-ca (and its own
+// --registry-cert/--registry-key when clients must present one); the serving flags need https;
+// a plaintext --registry-listen off loopback needs --registry-insecure, as a plaintext endpoint
+// does (registryflag.CheckTLS). Each error names the flags.
+func (c target) embeddedTLS() []error {
+	u, err := url.Parse(c.RegistryListen)
+	if err != nil {
+		return nil // reported with the URL's other checks
+	}
+	var errs []error
+	if u.Scheme == "https" {
+		if c.RegistryServeCert == "" || c.RegistryServeKey == "" {
+			errs = append(errs, fmt.Errorf("--registry-listen %q: https needs --registry-serve-cert and --registry-serve-key", c.RegistryListen))
+		}
+		if c.Registry.CA == "" {
+			errs = append(errs, fmt.Errorf("--registry-listen %q: the registrar connects to its own etcd over https and needs --registry-ca (the CA of --registry-serve-cert)", c.RegistryListen))
+		}
+		if c.RegistryServeClientCA != "" && (c.Registry.Cert == "" || c.Registry.Key == "") {
+			errs = append(errs, errors.New("--registry-serve-client-ca requires client certificates, so the registrar needs its own: --registry-cert and --registry-key"))
+		}
+	} else {
+		if c.RegistryServeCert != "" || c.RegistryServeKey != "" || c.RegistryServeClientCA != "" {
+			errs = append(errs, fmt.Errorf("--registry-serve-cert, --registry-serve-key and --registry-serve-client-ca need an https:// --registry-listen, not %q", c.RegistryListen))
+		}
+		if ip, err := netip.ParseAddr(u.Hostname()); (err != nil || !ip.IsLoopback()) && u.Hostname() != "localhost" && !c.Registry.Insecure {
+			errs = append(errs, fmt.Errorf("--registry-listen %q: plaintext off loopback: serve https:// with --registry-serve-cert/--registry-serve-key, or set --registry-insecure", c.RegistryListen))
+		}
+	}
+	for _, f := range []struct{ name, path string }{{"registry-serve-cert", c.RegistryServeCert}, {"registry-serve-key", c.RegistryServeKey}, {"registry-serve-client-ca", c.RegistryServeClientCA}} {
+		if f.path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.path); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q: %w", f.name, f.path, err))
+		}
+	}
+	return errs
 }
 
 // ParseRunConfig reads flags (args without the program name) with environment defaults from getenv.

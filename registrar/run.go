@@ -103,6 +103,7 @@ func openRegistry(ctx context.Context, t target, rc *rest.Config, log *slog.Logg
 	if len(endpoints) == 0 {
 		emb, err := embedded.Start(ctx, embedded.Config{
 			DataDir: t.RegistryDataDir, ClientURL: t.RegistryListen, PeerURL: t.RegistryPeer,
+			CertFile: t.RegistryServeCert, KeyFile: t.RegistryServeKey, ClientCAFile: t.RegistryServeClientCA,
 			LogFile: filepath.Join(t.RegistryDataDir, "etcd.log"), Logger: log,
 		})
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	"go.etcd.io/etcd/server/v3/embed"
 )
 
@@ -23,9 +24,17 @@ type Config struct {
 	// DataDir is etcd's data directory (created with mode 0700 when missing). Required. The
 	// registry survives restarts as long as this directory does.
 	DataDir string
-	// ClientURL is the URL clients (agents on this machine) connect to; default
-	// DefaultClientURL. Plain http: the embedded etcd is meant for loopback use.
+	// ClientURL is the URL clients (the agents, other clusters' components) connect to;
+	// default DefaultClientURL. https:// needs CertFile and KeyFile; http:// is plaintext, for
+	// loopback (the registrar refuses it elsewhere without --registry-insecure).
 	ClientURL string
+	// CertFile and KeyFile are the PEM serving certificate and key of an https ClientURL
+	// (etcd --cert-file, --key-file); both or neither, and only with https.
+	CertFile, KeyFile string
+	// ClientCAFile, when set, makes the server require client certificates signed by this PEM
+	// CA bundle (etcd --client-cert-auth, --trusted-ca-file); with etcd authentication on, a
+	// client's user is its certificate's CN (registry.UserName). Only with https.
+	ClientCAFile string
 	// PeerURL is the (unused, single-member) peer URL; default DefaultPeerURL.
 	PeerURL string
 	// Name is the member name (default "aether-registry").
@@ -77,6 +86,15 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("start embedded etcd: PeerURL %q: %w", cfg.PeerURL, err)
 	}
+	tlsOn := cu.Scheme == "https"
+	switch {
+	case cu.Scheme != "http" && !tlsOn:
+		return nil, fmt.Errorf("start embedded etcd: ClientURL %q: want http:// or https://", cfg.ClientURL)
+	case tlsOn && (cfg.CertFile == "" || cfg.KeyFile == ""):
+		return nil, fmt.Errorf("start embedded etcd: ClientURL %q: https needs CertFile and KeyFile", cfg.ClientURL)
+	case !tlsOn && (cfg.CertFile != "" || cfg.KeyFile != "" || cfg.ClientCAFile != ""):
+		return nil, fmt.Errorf("start embedded etcd: ClientURL %q: a certificate or client CA needs an https:// URL", cfg.ClientURL)
+	}
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("start embedded etcd: %w", err)
 	}
@@ -90,6 +108,10 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 		ec.LogOutputs = []string{"stderr"}
 	}
 	ec.ListenClientUrls, ec.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
+	if tlsOn {
+		ec.ClientTLSInfo = transport.TLSInfo{CertFile: cfg.CertFile, KeyFile: cfg.KeyFile,
+			TrustedCAFile: cfg.ClientCAFile, ClientCertAuth: cfg.ClientCAFile != ""}
+	}
 	ec.ListenPeerUrls, ec.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
 	ec.AutoCompactionMode = "periodic"
@@ -111,7 +133,8 @@ func Start(ctx context.Context, cfg Config) (*Server, error) {
 	for _, u := range ec.AdvertiseClientUrls {
 		out.Endpoints = append(out.Endpoints, u.String())
 	}
-	log.Info("registry: embedded etcd serving", "endpoints", out.Endpoints, "data_dir", cfg.DataDir)
+	log.Info("registry: embedded etcd serving", "endpoints", out.Endpoints, "data_dir", cfg.DataDir,
+		"tls", tlsOn, "client_certificates", cfg.ClientCAFile != "")
 	return out, nil
 }
 
