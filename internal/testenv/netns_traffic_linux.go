@@ -17,6 +17,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // Dial opens a TCP connection to addr ("host:port") from inside the namespace, with a 5 s
@@ -345,4 +346,25 @@ func (n *Netns) PeerAddr(addr string) (netip.Addr, error) {
 		return netip.Addr{}, fmt.Errorf("peer address from %s via netns %s: answer %q: %w", addr, n.Name, b, err)
 	}
 	return a, nil
+}
+
+// AddAddrs adds addrs to link inside the namespace; IPv6 addresses skip duplicate address
+// detection (IFA_F_NODAD), so they are usable at once.
+func (n *Netns) AddAddrs(t testing.TB, link string, addrs ...netip.Prefix) {
+	t.Helper()
+	h, err := n.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l := mustLink(t, h, link)
+	for _, a := range addrs {
+		na := &netlink.Addr{IPNet: prefixNet(a)}
+		if a.Addr().Is6() {
+			na.Flags = unix.IFA_F_NODAD
+		}
+		if err := h.AddrAdd(l, na); err != nil {
+			t.Fatalf("testenv: add %s to %s in %s: %v", a, link, n.Name, err)
+		}
+	}
 }
