@@ -3,25 +3,30 @@ package agent
 import (
 	"context"
 	"fmt"
+	"io"
 	"maps"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authnv1 "k8s.io/api/authentication/v1"
 	authv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/aethermesh/aether/deploy"
@@ -87,8 +92,10 @@ func configured(t *testing.T) map[string]string {
 // ConfigMap) with the agent's own flag parser, so a renamed or removed flag fails, and checks
 // that the parsed configuration fits the pod around it: paths the agent shares with the node
 // and with the Envoy container are the same volumes at the same paths, the files it reads come
-// from the Secrets mounted there, the probes hit its health and Envoy's admin addresses, and
-// the agent starts no Envoy of its own.
+// from the Secrets mounted there, every path either process writes is on a writable volume
+// (their root filesystems are read-only), the ServiceAccount files come from the projected
+// volume, the probes hit its health and Envoy's admin addresses, and the agent starts no Envoy
+// of its own.
 func TestDeployAgentArgs(t *testing.T) {
 	d := loadDeployedAgent(t)
 
@@ -178,6 +185,53 @@ func TestDeployAgentArgs(t *testing.T) {
 	}
 	if cfg.DebugSocket == "" || cfg.MetricsAddr == "" {
 		t.Errorf("--debug-socket %q, --metrics-addr %q: want both", cfg.DebugSocket, cfg.MetricsAddr)
+	}
+
+	// Both root filesystems are read-only (TestWorkloadSecurity in deploy/): every path the agent
+	// writes, and Envoy's admin socket, is on a volume mounted writable.
+	writable := func(c corev1.Container, path string) {
+		t.Helper()
+		v, m, _, err := deploy.MountedFrom(d.spec, c, path)
+		if err != nil || m.ReadOnly || (v.HostPath == nil && v.EmptyDir == nil) {
+			t.Errorf("%s writes %s, which is on no writable hostPath or emptyDir volume (%s, read-only %v, %v)", c.Name, path, v.Name, m.ReadOnly, err)
+		}
+	}
+	for _, p := range []string{cfg.StateDir, filepath.Dir(cfg.CNISocket), filepath.Dir(cfg.XDSSocket), filepath.Dir(cfg.DebugSocket), cfg.CNIConfDir, cfg.CNIBinDir} {
+		writable(d.agent, p)
+	}
+	lock := ""
+	for _, e := range d.agent.Env {
+		if e.Name == "XTABLES_LOCKFILE" {
+			lock = e.Value
+		}
+	}
+	if lock == "" {
+		t.Error("agent: no XTABLES_LOCKFILE: iptables-legacy would lock /run/xtables.lock on the read-only root")
+	} else {
+		writable(d.agent, filepath.Dir(lock))
+	}
+	if admin, ok := strings.CutPrefix(cfg.EnvoyAdmin, "unix://"); ok {
+		writable(d.envoy, filepath.Dir(admin))
+	}
+	// The agent's in-cluster client reads the ServiceAccount files at the standard path: the
+	// projected volume that replaces automounting supplies each.
+	for _, f := range []string{"token", "ca.crt", "namespace"} {
+		v, _, key, err := deploy.MountedFrom(d.spec, d.agent, "/var/run/secrets/kubernetes.io/serviceaccount/"+f)
+		if err != nil || v.Projected == nil || !slices.ContainsFunc(v.Projected.Sources, func(s corev1.VolumeProjection) bool {
+			switch {
+			case s.ServiceAccountToken != nil:
+				return s.ServiceAccountToken.Path == key && s.ServiceAccountToken.Audience == ""
+			case s.ConfigMap != nil:
+				return s.ConfigMap.Name == "kube-root-ca.crt" && slices.ContainsFunc(s.ConfigMap.Items, func(k corev1.KeyToPath) bool { return k.Path == key })
+			case s.DownwardAPI != nil:
+				return slices.ContainsFunc(s.DownwardAPI.Items, func(i corev1.DownwardAPIVolumeFile) bool {
+					return i.Path == key && i.FieldRef != nil && i.FieldRef.FieldPath == "metadata.namespace"
+				})
+			}
+			return false
+		}) {
+			t.Errorf("agent: %s of the ServiceAccount is not supplied by a projected volume (%s, %v)", f, v.Name, err)
+		}
 	}
 
 	// The Envoy container reads the bootstrap where the agent writes it (startEnvoy).
@@ -283,14 +337,17 @@ func TestDeployUninstallArgs(t *testing.T) {
 	}
 }
 
-// TestPrivilegedDeployedAgentRunsAsItsServiceAccount installs deploy/'s namespace and agent
-// RBAC in a real kube-apiserver and runs the real agent binary as the aether-agent
-// ServiceAccount (impersonated) with the DaemonSet's Envoy arrangement: the agent starts no
-// Envoy (--envoy-binary=), the Envoy image's entrypoint starts the real Envoy with the
-// DaemonSet's args once the agent has written the bootstrap. The agent must become ready (its
-// informers list and watch Nodes, Pods, Services, Namespaces and ServiceImports; it reads
-// kube-system/kube-dns), evict a meshed pod that runs without capture (pods/eviction), and the
-// ServiceAccount must be refused what the agent never does.
+// TestPrivilegedDeployedAgentRunsAsItsServiceAccount installs deploy/'s namespace, agent RBAC
+// and the agent's admission policy in a real kube-apiserver and runs the real agent binary with a
+// token of the aether-agent ServiceAccount bound to a pod on node-1 (as the kubelet mints it, so
+// it carries the node-name claim the policy checks), in the DaemonSet's Envoy arrangement: the
+// agent starts no Envoy (--envoy-binary=), the Envoy image's entrypoint starts the real Envoy
+// with the DaemonSet's args once the agent has written the bootstrap. Each process is confined
+// as its container's securityContext says (confined): a read-only root with only its
+// container's writable volumes writable, and only its container's capabilities. The agent must
+// become ready (its informers list and watch Nodes, Pods, Services, Namespaces and
+// ServiceImports; it reads kube-system/kube-dns), delete a meshed pod of its node that runs
+// without capture, and the ServiceAccount must be refused what the agent never does.
 func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 	testenv.RequireRoot(t)
 	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
@@ -303,7 +360,7 @@ func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"namespace.yaml", "agent/rbac.yaml"} {
+	for _, f := range []string{"namespace.yaml", "agent/rbac.yaml", "agent/policy.yaml"} {
 		objs, err := deploy.Objects(f)
 		if err != nil {
 			t.Fatal(err)
@@ -315,18 +372,6 @@ func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 		}
 	}
 	const sa = "system:serviceaccount:aether-system:aether-agent"
-	kc, err := clientcmd.LoadFromFile(api.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, ai := range kc.AuthInfos {
-		ai.Impersonate = sa
-	}
-	asAgent := filepath.Join(t.TempDir(), "kubeconfig-agent")
-	if err := clientcmd.WriteToFile(*kc, asAgent); err != nil {
-		t.Fatal(err)
-	}
-
 	cs := kubernetes.NewForConfigOrDie(api.Config)
 	must := mustCreate(t)
 	must(cs.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"},
@@ -349,16 +394,51 @@ func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// The agent as the DaemonSet runs it: no Envoy of its own, kube-dns from the API.
-	a := startAgent(t, "--kubeconfig", asAgent, "--registry-endpoints", etcd.Endpoints[0], "--cluster-dns=", "--envoy-binary=")
+	// The DaemonSet's agent pod on node-1 and the token the kubelet would mount into it.
+	agentPod, err := cs.CoreV1().Pods("aether-system").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "aether-agent-node1"},
+		Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: "aether-agent", AutomountServiceAccountToken: new(false),
+			Containers: []corev1.Container{{Name: "agent", Image: "aether-agent:dev"}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := cs.CoreV1().ServiceAccounts("aether-system").CreateToken(ctx, "aether-agent", &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{
+		ExpirationSeconds: new(int64(3600)),
+		BoundObjectRef:    &authnv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: agentPod.Name, UID: agentPod.UID}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc, err := clientcmd.LoadFromFile(api.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ai := range kc.AuthInfos {
+		*ai = clientcmdapi.AuthInfo{Token: tr.Status.Token}
+	}
+	asAgent := filepath.Join(t.TempDir(), "kubeconfig-agent")
+	if err := clientcmd.WriteToFile(*kc, asAgent); err != nil {
+		t.Fatal(err)
+	}
+
+	// The agent as the DaemonSet runs it: no Envoy of its own, kube-dns from the API, its
+	// sockets and state where the DaemonSet's run and state volumes are (stand-ins here), and
+	// confined as its container.
 	d := loadDeployedAgent(t)
-	boot := filepath.Join(a.stateDir, "envoy", "bootstrap.json")
+	node := t.TempDir()
+	run, state := filepath.Join(node, "run"), filepath.Join(node, "state")
+	standIns := map[string]string{"/var/run/aether": run, "/var/lib/aether": state}
+	admin := filepath.Join(run, "envoy-admin.sock")
+	a := startAgentWith(t, agentOpts{wrap: confined(t, d.agent, standIns)}, "--kubeconfig", asAgent,
+		"--registry-endpoints", etcd.Endpoints[0], "--cluster-dns=", "--envoy-binary=", "--node-source-guard=false",
+		"--state-dir", state, "--xds-socket", filepath.Join(run, "xds.sock"), "--cni-socket", filepath.Join(run, "cni.sock"),
+		"--debug-socket", filepath.Join(run, "debug.sock"), "--envoy-admin", "unix://"+admin)
+	boot := filepath.Join(state, "envoy", "bootstrap.json")
 	envoyLog := filepath.Join(t.TempDir(), "envoy.log")
 	logf, err := os.Create(envoyLog)
 	if err != nil {
 		t.Fatal(err)
 	}
-	envoy := exec.Command("sh", append([]string{envoyEntrypoint(t)}, envoyContainerArgs(t, d, boot)...)...)
+	argv := slices.Concat(confined(t, d.envoy, standIns), []string{"sh", envoyEntrypoint(t)}, envoyContainerArgs(t, d, boot))
+	envoy := exec.Command(argv[0], argv[1:]...)
 	envoy.Env = append(os.Environ(), "AETHER_ENVOY_BIN="+tools.Envoy)
 	envoy.Stdout, envoy.Stderr = logf, logf
 	if err := testenv.StartCmd(envoy); err != nil {
@@ -375,10 +455,21 @@ func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 	})
 
 	a.waitReady(t, 90*time.Second, "agent ready as its ServiceAccount, with Envoy from its own 'container'")
-	if !strings.Contains(a.envoy("/server_info"), `"state": "LIVE"`) {
-		t.Errorf("Envoy started from the agent's bootstrap is not LIVE: %s", tailString(a.envoy("/server_info"), 500))
+	adminc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", admin)
+	}}}
+	info := "(no answer)"
+	if resp, err := adminc.Get("http://envoy/server_info"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		info = string(b)
 	}
-	testenv.Eventually(t, 60*time.Second, "the uncaptured meshed pod evicted", func() error {
+	if !strings.Contains(info, `"state": "LIVE"`) {
+		t.Errorf("Envoy started from the agent's bootstrap is not LIVE: %s", tailString(info, 500))
+	}
+	checkConfined(t, d.agent, a.cmd.Process.Pid)
+	checkConfined(t, d.envoy, envoy.Process.Pid)
+	testenv.Eventually(t, 60*time.Second, "the uncaptured meshed pod deleted", func() error {
 		p, err := cs.CoreV1().Pods("shop").Get(ctx, "stray", metav1.GetOptions{})
 		if apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil) {
 			return nil
@@ -393,12 +484,15 @@ func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 	}{
 		{"", "nodes", "", "watch", "", true},
 		{"", "pods", "", "get", "shop", true},
-		{"", "pods", "eviction", "create", "shop", true},
+		{"", "pods", "", "delete", "shop", true}, // on its own node only: deploy/agent/policy.yaml
 		{"", "services", "", "list", "", true},
 		{"", "namespaces", "", "get", "", true},
 		{"multicluster.x-k8s.io", "serviceimports", "", "watch", "", true},
 		{"", "events", "", "create", "shop", true},
-		{"", "pods", "", "delete", "shop", false},
+		{"", "pods", "eviction", "create", "shop", false},
+		{"", "pods", "", "deletecollection", "shop", false},
+		{"", "services", "", "update", "shop", false},
+		{"", "services", "", "delete", "shop", false},
 		{"", "services", "", "create", "shop", false},
 		{"", "secrets", "", "get", "aether-system", false},
 		{"", "configmaps", "", "list", "", false},
@@ -414,6 +508,99 @@ func TestPrivilegedDeployedAgentRunsAsItsServiceAccount(t *testing.T) {
 		}
 		if r.Status.Allowed != c.allowed {
 			t.Errorf("aether-agent %s %s/%s (group %q, namespace %q): allowed %v, want %v", c.verb, c.resource, c.sub, c.group, c.ns, r.Status.Allowed, c.allowed)
+		}
+	}
+}
+
+// confineScript starts a program the way a container's securityContext would confine it, in
+// the mount namespace of its own that unshare --mount --propagation private gives it: the root
+// filesystem read-only except the directories in $2 (colon-separated; the stand-ins of the
+// container's writable volumes), only the capabilities in $1 (setpriv's list, e.g.
+// ",+net_admin,+sys_admin"; uid 0 keeps exactly its bounding set across exec), and no_new_privs
+// when $3 is "nnp".
+const confineScript = `set -eu
+caps=$1 rw=$2 nnp=$3
+shift 3
+IFS=:
+for d in $rw; do
+  mkdir -p "$d"
+  mount --bind "$d" "$d"
+done
+unset IFS
+mount -o remount,bind,ro /
+if [ "$nnp" = nnp ]; then
+  set -- --no-new-privs "$@"
+fi
+exec setpriv --bounding-set="-all$caps" --inh-caps=-all "$@"`
+
+// capBits are the capability numbers (linux/capability.h) of the capabilities deploy/ adds.
+var capBits = map[string]uint{"NET_ADMIN": 12, "NET_RAW": 13, "SYS_ADMIN": 21}
+
+// confined returns the command prefix that runs a program confined as container c of the
+// DaemonSet (confineScript): its capabilities, read-only root (c must have one) with c's
+// writable volume mounts writable at their stand-ins (standIns maps a mountPath to the test's
+// directory; mounts without one are left out), and no_new_privs when c sets
+// allowPrivilegeEscalation false. It needs unshare, setpriv and mount (util-linux).
+func confined(t *testing.T, c corev1.Container, standIns map[string]string) []string {
+	t.Helper()
+	for _, tool := range []string{"unshare", "setpriv", "mount"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("confine container %s: %s not found (util-linux)", c.Name, tool)
+		}
+	}
+	sc := c.SecurityContext
+	if sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem || sc.Capabilities == nil ||
+		!slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) {
+		t.Fatalf("confine container %s: securityContext %+v, want a read-only root and capabilities drop [ALL]", c.Name, sc)
+	}
+	var caps string
+	for _, a := range sc.Capabilities.Add {
+		caps += ",+" + strings.ToLower(strings.TrimPrefix(string(a), "CAP_"))
+	}
+	var rw []string
+	for _, m := range c.VolumeMounts {
+		if dir, ok := standIns[m.MountPath]; ok && !m.ReadOnly {
+			rw = append(rw, dir)
+		}
+	}
+	nnp := "-"
+	if sc.AllowPrivilegeEscalation != nil && !*sc.AllowPrivilegeEscalation {
+		nnp = "nnp"
+	}
+	return []string{"unshare", "--mount", "--propagation", "private", "sh", "-c", confineScript, "confine", caps, strings.Join(rw, ":"), nnp}
+}
+
+// checkConfined checks that process pid runs with exactly container c's capabilities and a
+// read-only root filesystem, so a test that passes did pass confined.
+func checkConfined(t *testing.T, c corev1.Container, pid int) {
+	t.Helper()
+	var want uint64
+	for _, a := range c.SecurityContext.Capabilities.Add {
+		bit, ok := capBits[strings.TrimPrefix(string(a), "CAP_")]
+		if !ok {
+			t.Fatalf("container %s: capability %s has no number in capBits", c.Name, a)
+		}
+		want |= 1 << bit
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			if got, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err != nil || got != want {
+				t.Errorf("container %s (pid %d): effective capabilities %s, want %#x", c.Name, pid, strings.TrimSpace(v), want)
+			}
+		}
+	}
+	mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(mi), "\n") {
+		// "id parent major:minor root mountpoint options ...": the root mount's options.
+		if f := strings.Fields(l); len(f) > 5 && f[4] == "/" && !slices.Contains(strings.Split(f[5], ","), "ro") {
+			t.Errorf("container %s (pid %d): root filesystem mounted %s, want ro", c.Name, pid, f[5])
 		}
 	}
 }

@@ -6,7 +6,7 @@ import (
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	k8stypes "k8s.io/apimachinery/pkg/types"
@@ -138,16 +138,23 @@ func (k *KubePods) MeshedPodsOnNode(ctx context.Context, node string) ([]PodRef,
 	return out, nil
 }
 
-// EvictPod evicts the pod through the policy/v1 Eviction subresource (honouring
-// PodDisruptionBudgets), preconditioned on its UID so a replacement pod is never evicted.
+// EvictPod removes the pod with a DELETE preconditioned on its UID (so a replacement pod of the
+// same name is never removed), with the pod's own grace period; its controller recreates it
+// through the CNI chain. It deletes rather than using the policy/v1 Eviction subresource because
+// only a delete can be limited to the agent's own node: the admission policy
+// deploy/agent/policy.yaml compares the deleted pod's spec.nodeName with the node-name claim of
+// the agent's token, and an Eviction request shows admission neither the pod nor its node. So
+// PodDisruptionBudgets are not consulted (a budget would otherwise keep an uncaptured pod
+// running). A pod already gone is not an error; any other refusal (such as the policy's) is
+// returned wrapped, naming the pod.
 func (k *KubePods) EvictPod(ctx context.Context, pod PodRef) error {
-	ev := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name}}
+	opts := metav1.DeleteOptions{}
 	if pod.UID != "" {
 		uid := k8stypes.UID(pod.UID)
-		ev.DeleteOptions = &metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}
+		opts.Preconditions = &metav1.Preconditions{UID: &uid}
 	}
-	if err := k.Client.CoreV1().Pods(pod.Namespace).EvictV1(ctx, ev); err != nil {
-		return fmt.Errorf("evict pod %s/%s: %w", pod.Namespace, pod.Name, err)
+	if err := k.Client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, opts); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete pod %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return nil
 }

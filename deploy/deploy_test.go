@@ -9,6 +9,7 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -128,7 +129,8 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 		}
 	}
 	t.Logf("dry-run applied: %v", kinds)
-	for _, k := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Deployment", "ConfigMap"} {
+	for _, k := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Deployment", "ConfigMap",
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s among the manifests", k)
 		}
@@ -233,5 +235,134 @@ func TestAgentDaemonSetShape(t *testing.T) {
 	}
 	if agent.ReadinessProbe == nil || agent.ReadinessProbe.HTTPGet == nil || agent.ReadinessProbe.HTTPGet.Path != "/readyz" {
 		t.Errorf("agent readiness probe %+v, want GET /readyz", agent.ReadinessProbe)
+	}
+}
+
+// TestWorkloadSecurity checks every container of deploy/'s workloads against the hardening
+// docs/deploy.md describes, which a dry run accepts either way: seccomp RuntimeDefault, a
+// read-only root filesystem, all capabilities dropped but exactly the ones the container needs,
+// no privileged mode, no_new_privs (allowPrivilegeEscalation: false) wherever CAP_SYS_ADMIN does
+// not make it meaningless, an explicit user, and the ServiceAccount token only where a process
+// calls the API (not in Envoy's container, nor in the uninstall DaemonSet).
+func TestWorkloadSecurity(t *testing.T) {
+	type want struct {
+		caps  []string
+		uid   int64
+		token bool
+	}
+	for _, w := range []struct {
+		file, kind string
+		containers map[string]want
+	}{
+		{"agent/daemonset.yaml", "DaemonSet", map[string]want{
+			"agent": {caps: []string{"NET_ADMIN", "SYS_ADMIN", "NET_RAW"}, uid: 0, token: true},
+			"envoy": {caps: []string{"SYS_ADMIN", "NET_ADMIN"}, uid: 0},
+		}},
+		{"registrar/deployment.yaml", "Deployment", map[string]want{
+			"registrar": {uid: 65532, token: true},
+		}},
+		{"uninstall/cni-uninstall.yaml", "DaemonSet", map[string]want{
+			"uninstall-cni": {caps: []string{"NET_ADMIN"}, uid: 0},
+			"done":          {uid: 65534},
+		}},
+	} {
+		var spec corev1.PodSpec
+		switch w.kind {
+		case "DaemonSet":
+			var ds appsv1.DaemonSet
+			if err := Decode(w.file, w.kind, &ds); err != nil {
+				t.Fatal(err)
+			}
+			spec = ds.Spec.Template.Spec
+		case "Deployment":
+			var d appsv1.Deployment
+			if err := Decode(w.file, w.kind, &d); err != nil {
+				t.Fatal(err)
+			}
+			spec = d.Spec.Template.Spec
+		}
+		psc := spec.SecurityContext
+		if psc == nil {
+			psc = &corev1.PodSecurityContext{}
+		}
+		if spec.HostPID || spec.HostIPC {
+			t.Errorf("%s: hostPID %v, hostIPC %v; want neither", w.file, spec.HostPID, spec.HostIPC)
+		}
+		automount := spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken
+		if n := len(spec.InitContainers) + len(spec.Containers); n != len(w.containers) {
+			t.Errorf("%s: %d containers, the test knows %d: add the new one here", w.file, n, len(w.containers))
+		}
+		for name, want := range w.containers {
+			c, err := Container(spec, name)
+			if err != nil {
+				t.Errorf("%s: %v", w.file, err)
+				continue
+			}
+			where := w.file + ": container " + name
+			sc := c.SecurityContext
+			if sc == nil {
+				t.Errorf("%s: no securityContext", where)
+				continue
+			}
+			seccomp := psc.SeccompProfile
+			if sc.SeccompProfile != nil {
+				seccomp = sc.SeccompProfile
+			}
+			if seccomp == nil || seccomp.Type != corev1.SeccompProfileTypeRuntimeDefault {
+				t.Errorf("%s: seccomp profile %v, want RuntimeDefault", where, seccomp)
+			}
+			if sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {
+				t.Errorf("%s: root filesystem not read-only", where)
+			}
+			if sc.Privileged != nil && *sc.Privileged {
+				t.Errorf("%s: privileged", where)
+			}
+			var drop, add []string
+			if sc.Capabilities != nil {
+				for _, d := range sc.Capabilities.Drop {
+					drop = append(drop, string(d))
+				}
+				for _, a := range sc.Capabilities.Add {
+					add = append(add, strings.TrimPrefix(string(a), "CAP_"))
+				}
+			}
+			if !slices.Equal(drop, []string{"ALL"}) {
+				t.Errorf("%s: capabilities drop %v, want [ALL]", where, drop)
+			}
+			slices.Sort(add)
+			wantAdd := slices.Sorted(slices.Values(want.caps))
+			if !slices.Equal(add, wantAdd) {
+				t.Errorf("%s: capabilities add %v, want exactly %v", where, add, wantAdd)
+			}
+			ape := sc.AllowPrivilegeEscalation
+			if slices.Contains(want.caps, "SYS_ADMIN") {
+				// no_new_privs is no boundary for CAP_SYS_ADMIN, and the API refuses the pair
+				// when the capability is spelled CAP_SYS_ADMIN: setting it would only look safer.
+				if ape != nil && !*ape {
+					t.Errorf("%s: allowPrivilegeEscalation false with SYS_ADMIN (docs/deploy.md#hardening)", where)
+				}
+			} else if ape == nil || *ape {
+				t.Errorf("%s: allowPrivilegeEscalation %v, want false", where, ape)
+			}
+			uid := psc.RunAsUser
+			if sc.RunAsUser != nil {
+				uid = sc.RunAsUser
+			}
+			if uid == nil || *uid != want.uid {
+				t.Errorf("%s: runAsUser %v, want %d set explicitly", where, uid, want.uid)
+			}
+			nonRoot := psc.RunAsNonRoot
+			if sc.RunAsNonRoot != nil {
+				nonRoot = sc.RunAsNonRoot
+			}
+			if want.uid != 0 && (nonRoot == nil || !*nonRoot) {
+				t.Errorf("%s: runAsNonRoot %v, want true", where, nonRoot)
+			}
+			v, _, _, err := MountedFrom(spec, c, "/var/run/secrets/kubernetes.io/serviceaccount/token")
+			token := err == nil && v.Projected != nil && slices.ContainsFunc(v.Projected.Sources, func(s corev1.VolumeProjection) bool { return s.ServiceAccountToken != nil })
+			if got := token || automount; got != want.token {
+				t.Errorf("%s: ServiceAccount token mounted %v (automount %v), want %v", where, got, automount, want.token)
+			}
+		}
 	}
 }
