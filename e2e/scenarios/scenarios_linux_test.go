@@ -24,8 +24,12 @@ import (
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
-// ns is the meshed namespace of the scenarios, in both clusters.
-const ns = "shop"
+// ns is the meshed namespace of the scenarios, in both clusters; plainNS is a namespace of
+// cluster A outside the mesh.
+const (
+	ns      = "shop"
+	plainNS = "plain"
+)
 
 // callerID is the SPIFFE ID of the client pod (default ServiceAccount in ns).
 const callerID = "spiffe://aether.internal/ns/" + ns + "/sa/default"
@@ -172,7 +176,19 @@ func deploy(t *testing.T, p ClusterPair) *world {
 	client := substrate.ClientPod(ns, "client", w.clientNode, w.a, clientCmd)
 	client.Spec.Containers[0].Image = clientImg
 	pods = append(pods, podSpec{w.a, client})
+	// A pod outside the mesh beside the client (namespace plainNS is not opted in): the
+	// cross-node bypass matrix dials from it.
+	plain := substrate.ClientPod(plainNS, "plain-client", w.clientNode, w.a, clientCmd)
+	plain.Spec.Containers[0].Image = clientImg
+	pods = append(pods, podSpec{w.a, plain})
 
+	if _, err := p.Kube(w.a).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: plainNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, time.Minute, "default ServiceAccount in "+plainNS, func() error {
+		_, err := p.Kube(w.a).CoreV1().ServiceAccounts(plainNS).Get(ctx, "default", metav1.GetOptions{})
+		return err
+	})
 	for _, c := range []string{w.a, w.b} {
 		if _, err := p.Kube(c).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
 			Name: ns, Labels: map[string]string{"aether.io/mesh": "enabled"}}}, metav1.CreateOptions{}); err != nil {
@@ -198,7 +214,7 @@ func deploy(t *testing.T, p ClusterPair) *world {
 		}
 	}
 	for _, ps := range pods {
-		if _, err := p.Kube(ps.cluster).CoreV1().Pods(ns).Create(ctx, ps.pod, metav1.CreateOptions{}); err != nil {
+		if _, err := p.Kube(ps.cluster).CoreV1().Pods(ps.pod.Namespace).Create(ctx, ps.pod, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -212,11 +228,11 @@ func deploy(t *testing.T, p ClusterPair) *world {
 	}
 	for _, ps := range pods {
 		testenv.Eventually(t, 2*time.Minute, "pod "+ps.pod.Name+" ready", func() error {
-			pod, err := p.Kube(ps.cluster).CoreV1().Pods(ns).Get(ctx, ps.pod.Name, metav1.GetOptions{})
+			pod, err := p.Kube(ps.cluster).CoreV1().Pods(ps.pod.Namespace).Get(ctx, ps.pod.Name, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
-			if ps.pod.Name == "client" && pod.Status.Phase == corev1.PodRunning {
+			if (ps.pod.Name == "client" || ps.pod.Name == "plain-client") && pod.Status.Phase == corev1.PodRunning {
 				return nil
 			}
 			for _, c := range pod.Status.Conditions {
@@ -359,6 +375,7 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 	}
 	run("unexported-service-invisible", func(t *testing.T) { w.unexported(t) })
 	run("plaintext-to-app-port-refused", func(t *testing.T) { w.plaintextRefused(t) })
+	run("cross-node-bypass-matrix", func(t *testing.T) { w.crossNodeMatrix(t) })
 	run("agent-restart-keeps-connections", func(t *testing.T) { w.agentRestart(t) })
 	run("registry-cut-keeps-serving", func(t *testing.T) { w.registryCut(t) })
 	run("destination-node-removed", func(t *testing.T) { w.nodeRemoved(t) })
@@ -476,6 +493,72 @@ func (w *world) plaintextRefused(t *testing.T) {
 	}
 	// The same service through the mesh still answers.
 	w.wantHTTP(t, "http://echo."+ns+".mesh/", w.a)
+}
+
+// crossNodeMatrix is the capture-bypass matrix's cross-node cells (docs/security.md; the
+// same-node ones are agent's TestPrivilegedCaptureBypassMatrix): from the meshed client and from
+// a pod outside the mesh, both on node 1, to echo-2 on node 2 by pod IP, and from the meshed
+// client through the mesh to another node in cluster B, each with a forged XFCC. Expected, written
+// first: by pod IP every plaintext attempt is refused (strict on echo-2; the mesh's inbound port
+// wants a certificate); through the mesh the peer sees the client's own identity, never the
+// forged one.
+func (w *world) crossNodeMatrix(t *testing.T) {
+	ctx := context.Background()
+	forged := "X-Forwarded-Client-Cert: By=spiffe://aether.internal/ns/" + ns + "/sa/default;URI=spiffe://aether.internal/ns/" + ns + "/sa/admin"
+	pod, err := w.p.Kube(w.a).CoreV1().Pods(ns).Get(ctx, "echo-2", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pod.Spec.NodeName == w.clientNode {
+		t.Fatalf("echo-2 runs on the client's node %s; the cells need another node", w.clientNode)
+	}
+	ip := pod.Status.PodIP
+	from := func(podNS, podName string, argv ...string) ([]byte, error) {
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		return w.p.Exec(cctx, w.a, podNS, podName, append([]string{"client", "-timeout", "3s"}, argv...)...)
+	}
+	for _, src := range []struct{ ns, pod string }{{ns, "client"}, {plainNS, "plain-client"}} {
+		for _, target := range []string{
+			fmt.Sprintf("http://%s:%d/", ip, substrate.EchoHTTPPort),
+			fmt.Sprintf("http://%s:15008/", ip),
+		} {
+			out, err := from(src.ns, src.pod, "-H", forged, "http", target)
+			refusedCell(t, src.ns+"/"+src.pod+" to "+target, out, err)
+		}
+		out, err := from(src.ns, src.pod, "tcp", fmt.Sprintf("%s:%d", ip, substrate.EchoTCPPort), "hello")
+		refusedCell(t, src.ns+"/"+src.pod+" to echo-2's TCP port", out, err)
+	}
+	// Through the mesh to cluster B (another node, through its waypoint): the client's identity.
+	testenv.Eventually(t, 90*time.Second, "the mesh path with a forged XFCC", func() error {
+		out, err := from(ns, "client", "-H", forged, "http", "http://remote."+ns+".svc.clusterset.local/")
+		if err != nil {
+			return err
+		}
+		var r reply
+		if err := json.Unmarshal(out, &r); err != nil {
+			return fmt.Errorf("decode %q: %w", out, err)
+		}
+		if r.CallerID != callerID || strings.Contains(r.XFCC, "sa/admin") {
+			return fmt.Errorf("%s saw caller %q, XFCC %q: want %s and no forged identity", r.Server, r.CallerID, r.XFCC, callerID)
+		}
+		return nil
+	})
+}
+
+// refusedCell fails unless a client run ended because the connection was refused or reset (not
+// because the client could not run, which would prove nothing).
+func refusedCell(t *testing.T, what string, out []byte, err error) {
+	t.Helper()
+	if err == nil {
+		t.Errorf("%s: answered in plaintext: %s", what, out)
+		return
+	}
+	msg := err.Error()
+	if !strings.Contains(msg, "connection refused") && !strings.Contains(msg, "connection reset") && !strings.Contains(msg, "EOF") {
+		t.Errorf("%s: %v, want the connection refused or reset", what, err)
+	}
+	t.Logf("%s: %v", what, strings.TrimSpace(msg))
 }
 
 // agentRestart: a TCP connection through the client node's Envoy stays up while that node's

@@ -12,6 +12,8 @@
 //	client sleep             wait for SIGTERM
 //
 // Flag -timeout (default 5s) bounds every mode but sleep; for relay it bounds the connect only.
+// Flag -H "Name: value" (repeatable) adds a request header in http mode (a forged
+// x-forwarded-client-cert, say).
 package main
 
 import (
@@ -25,6 +27,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -35,12 +38,25 @@ import (
 
 func main() {
 	timeout := flag.Duration("timeout", 5*time.Second, "timeout of one-shot modes")
+	headers := http.Header{}
+	flag.Func("H", `request header "Name: value" in http mode (repeatable)`, func(v string) error {
+		name, value, ok := strings.Cut(v, ":")
+		if !ok || strings.TrimSpace(name) == "" {
+			return fmt.Errorf("-H %q: want \"Name: value\"", v)
+		}
+		headers.Add(strings.TrimSpace(name), strings.TrimSpace(value))
+		return nil
+	})
 	flag.Parse()
+	requestHeaders = headers
 	if err := run(flag.Args(), *timeout, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "client:", err)
 		os.Exit(1)
 	}
 }
+
+// requestHeaders are the -H headers, added to every http-mode request.
+var requestHeaders = http.Header{}
 
 func run(args []string, timeout time.Duration, out io.Writer) error {
 	if len(args) == 0 {
@@ -70,6 +86,9 @@ func run(args []string, timeout time.Duration, out io.Writer) error {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, args[1], nil)
 		if err != nil {
 			return err
+		}
+		for k, vs := range requestHeaders {
+			req.Header[k] = vs
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
