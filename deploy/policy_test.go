@@ -10,6 +10,7 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -80,7 +81,8 @@ func wantDenied(t *testing.T, what string, err error, policy string, want ...str
 // mints it, so it carries the node-name claim: it may delete a pod on node-1 (through
 // cni.KubePods, the code the agent runs), and is refused, with the policy's message, for a pod
 // on node-2, for an unscheduled pod, and for any pod with a token that names no node; evictions
-// are not in its RBAC. The registrar may create, update and delete Services and ServiceImports
+// are not in its RBAC, and must not be: once granted, an eviction of a pod on node-2 passes (the
+// policy cannot see an eviction's pod). The registrar may create, update and delete Services and ServiceImports
 // labelled aether.io/managed-by=aether and is refused, naming the rule, for unlabelled ones
 // (create, update, delete, status) and for removing the label; an admin is not affected.
 func TestAdmissionPolicies(t *testing.T) {
@@ -174,9 +176,33 @@ func TestAdmissionPolicies(t *testing.T) {
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "pods/eviction") {
 			t.Errorf("the agent evicts a pod: %v, want Forbidden by RBAC (pods/eviction)", err)
 		}
+		// Why evictions are not granted: the policy cannot see an eviction's pod, and the delete an
+		// eviction performs is not admitted again. With pods/eviction granted for a moment, the
+		// agent on node-1 evicts the pod on node-2 it may not delete.
+		grant := &rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "test-agent-evictions"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods/eviction"}, Verbs: []string{"create"}}}}
+		binding := &rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "test-agent-evictions"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: grant.Name},
+			Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Namespace: "aether-system", Name: "aether-agent"}}}
+		if _, err := cs.RbacV1().ClusterRoles().Create(ctx, grant, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cs.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, 30*time.Second, "the agent evicts a pod on node-2 once RBAC allows it", func() error {
+			return asAgent.CoreV1().Pods("shop").EvictV1(ctx, &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: remote.Name}})
+		})
+		if err := cs.RbacV1().ClusterRoleBindings().Delete(ctx, binding.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := cs.CoreV1().Pods("shop").Get(ctx, remote.Name, metav1.GetOptions{}); err == nil && got.DeletionTimestamp == nil {
+			t.Errorf("pod shop/%s still running after its eviction", remote.Name)
+		}
+
 		// The policy binds the agent's ServiceAccount only.
-		if err := cs.CoreV1().Pods("shop").Delete(ctx, remote.Name, metav1.DeleteOptions{}); err != nil {
-			t.Errorf("an admin deletes a pod on node-2: %v", err)
+		if err := cs.CoreV1().Pods("shop").Delete(ctx, pending.Name, metav1.DeleteOptions{}); err != nil {
+			t.Errorf("an admin deletes an unscheduled pod: %v", err)
 		}
 	})
 
