@@ -89,7 +89,7 @@ func TestAdmissionPolicies(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, mcsv1beta1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, mcsv1beta1.Install} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
