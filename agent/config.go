@@ -28,6 +28,12 @@ const DefaultDNSRateLimit = 10000
 // other clusters cannot take all of this node's connections.
 const DefaultWaypointMaxConnections = 20000
 
+// DefaultPodMaxConnections is --pod-max-connections' default: 10,000 connections on each of a
+// pod's listeners (capture, lane, inbound), a tenth of Envoy's global cap, so no one pod (or
+// the clients of one pod's inbound port) can take the node's connections from the others; a busy
+// application holds hundreds.
+const DefaultPodMaxConnections = 10000
+
 // The node's operator endpoints (docs/agent.md, "Endpoints"): what only root on the node may
 // reach is on 0600 unix sockets (Envoy's admin API, which can reconfigure or stop Envoy, and the
 // Go profiles); what Prometheus scrapes is on ports that carry nothing else, as Istio's 15020
@@ -83,6 +89,9 @@ type Config struct {
 	// WaypointMaxConnections (--waypoint-max-connections) caps the connections of the
 	// east-west waypoint listener alone, which other clusters reach (with --east-west-waypoint).
 	WaypointMaxConnections uint64
+	// PodMaxConnections (--pod-max-connections) caps the connections of each of a pod's
+	// listeners (xds.Options.PodMaxConnections, served over RTDS); 0 turns the caps off.
+	PodMaxConnections uint64
 	EnvoyBinary            string // --envoy-binary
 	HealthAddr             string // --health-addr: /healthz, /readyz
 	MetricsAddr            string // --metrics-addr: /metrics only ("" for none)
@@ -182,6 +191,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	fs.StringVar(&c.EnvoyAdmin, "envoy-admin", DefaultEnvoyAdmin, "Envoy admin API: unix:///path (created 0600) or host:port")
 	fs.StringVar(&c.EnvoyStatsAddr, "envoy-stats-addr", DefaultEnvoyStatsAddr, "Envoy's metrics-only listener (GET /stats/prometheus and /ready, nothing else), host:port; empty for none")
 	ef.Uint64Var(&c.EnvoyMaxConnections, "envoy-max-connections", "AETHER_ENVOY_MAX_CONNECTIONS", envoy.DefaultMaxConnections, "downstream connections Envoy serves at once over all its listeners; more are closed at accept")
+	ef.Uint64Var(&c.PodMaxConnections, "pod-max-connections", "AETHER_POD_MAX_CONNECTIONS", DefaultPodMaxConnections, "connections each of a pod's listeners (capture, lane, inbound mTLS) serves at once; more are closed at accept (0: no per-pod cap)")
 	ef.Uint64Var(&c.WaypointMaxConnections, "waypoint-max-connections", "AETHER_WAYPOINT_MAX_CONNECTIONS", DefaultWaypointMaxConnections, "connections the east-west waypoint listener (reached from other clusters) serves at once; more are closed at accept")
 	ef.Uint64Var(&c.EnvoyMaxHeapBytes, "envoy-max-heap", "AETHER_ENVOY_MAX_HEAP", envoy.DefaultMaxHeapBytes, "Envoy heap size in bytes its overload manager watches: at 90% it frees memory, at 95% new HTTP requests get 503 (keep it under the Envoy container's memory limit)")
 	ef.StringVar(&c.EnvoyBinary, "envoy-binary", "AETHER_ENVOY", "envoy", "Envoy binary the agent starts when none runs (empty: Envoy runs in its own container from the bootstrap the agent writes to <state-dir>/envoy/bootstrap.json)")

@@ -239,7 +239,7 @@ func Run(ctx context.Context, cfg Config) error {
 		OnNACK: func(string, string) { signal(nacked) },
 		// --east-west-waypoint: remote endpoints through their nodes' waypoints, and this node's
 		// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known).
-		Build: xds.Options{EastWestWaypoint: cfg.EastWestWaypoint}})
+		Build: xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PodMaxConnections: cfg.PodMaxConnections}})
 	if err != nil {
 		return err
 	}
@@ -382,6 +382,9 @@ func watchHealth(ctx context.Context, part string, ready *readiness, log *slog.L
 func startEnvoy(ctx context.Context, cfg Config, ready *readiness, log *slog.Logger) error {
 	boot := envoy.BootstrapConfig{NodeID: cfg.NodeName, XDSAddress: "unix://" + cfg.XDSSocket, AdminAddress: cfg.EnvoyAdmin,
 		StatsAddress: cfg.EnvoyStatsAddr, MaxConnections: cfg.EnvoyMaxConnections, MaxHeapBytes: cfg.EnvoyMaxHeapBytes}
+	if cfg.PodMaxConnections > 0 {
+		boot.RuntimeLayer = xds.RuntimeLayerName
+	}
 	if cfg.EastWestWaypoint {
 		boot.ListenerConnectionLimits = map[string]uint64{tunnel.ListenerName: cfg.WaypointMaxConnections}
 	}

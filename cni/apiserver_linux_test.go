@@ -31,7 +31,7 @@ func withUID(rt *libcni.RuntimeConf, uid string) *libcni.RuntimeConf {
 
 // TestPrivilegedCNIWithAPIServer runs the agent's server with the client-go lookup against a
 // real kube-apiserver: a meshed pod is captured through the real chain, an opted-out pod is not,
-// and repair at start evicts a meshed pod that runs on the node without an attachment.
+// and repair at start deletes a meshed pod that runs on the node without an attachment.
 func TestPrivilegedCNIWithAPIServer(t *testing.T) {
 	testenv.RequireRoot(t)
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
@@ -61,7 +61,7 @@ func TestPrivilegedCNIWithAPIServer(t *testing.T) {
 	}
 	p, err := cs.CoreV1().Pods("mesh").Get(context.Background(), "early", metav1.GetOptions{})
 	if err == nil && p.DeletionTimestamp == nil {
-		t.Fatalf("meshed pod %s without attachment was not evicted", early.Name)
+		t.Fatalf("meshed pod %s without attachment was not deleted", early.Name)
 	}
 
 	n := newNode(t, "1.0.0", "10.244.40.0/24", sock, nil)

@@ -138,7 +138,7 @@ func (k *KubePods) MeshedPodsOnNode(ctx context.Context, node string) ([]PodRef,
 	return out, nil
 }
 
-// EvictPod removes the pod with a DELETE preconditioned on its UID (so a replacement pod of the
+// DeletePod removes the pod with a DELETE preconditioned on its UID (so a replacement pod of the
 // same name is never removed), with the pod's own grace period; its controller recreates it
 // through the CNI chain. It deletes rather than using the policy/v1 Eviction subresource because
 // only a delete can be limited to the agent's own node: the admission policy
@@ -147,7 +147,7 @@ func (k *KubePods) MeshedPodsOnNode(ctx context.Context, node string) ([]PodRef,
 // PodDisruptionBudgets are not consulted (a budget would otherwise keep an uncaptured pod
 // running). A pod already gone is not an error; any other refusal (such as the policy's) is
 // returned wrapped, naming the pod.
-func (k *KubePods) EvictPod(ctx context.Context, pod PodRef) error {
+func (k *KubePods) DeletePod(ctx context.Context, pod PodRef) error {
 	opts := metav1.DeleteOptions{}
 	if pod.UID != "" {
 		uid := k8stypes.UID(pod.UID)

@@ -21,7 +21,7 @@ import (
 // TestKubePods runs the client-go pod lookup against a real kube-apiserver: service account,
 // container ports, the opt-out annotation and the namespace opt-in label; a bounded lookup of an
 // unreachable API server fails within its deadline; meshed pods on a node are listed and one is
-// removed by EvictPod (a delete with a UID precondition: a stale UID leaves the pod alone, and a
+// removed by DeletePod (a delete with a UID precondition: a stale UID leaves the pod alone, and a
 // pod already gone is no error).
 func TestKubePods(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
@@ -85,21 +85,21 @@ func TestKubePods(t *testing.T) {
 	}
 	stale := pods[0]
 	stale.UID = "00000000-0000-0000-0000-000000000000" // an earlier pod of the same name
-	if err := k.EvictPod(ctx, stale); !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "mesh/web") {
-		t.Fatalf("EvictPod with a stale UID = %v, want a precondition conflict naming mesh/web", err)
+	if err := k.DeletePod(ctx, stale); !apierrors.IsConflict(err) || !strings.Contains(err.Error(), "mesh/web") {
+		t.Fatalf("DeletePod with a stale UID = %v, want a precondition conflict naming mesh/web", err)
 	}
 	if p, err := cs.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
-		t.Fatalf("EvictPod with a stale UID removed the pod (%v)", err)
+		t.Fatalf("DeletePod with a stale UID removed the pod (%v)", err)
 	}
-	if err := k.EvictPod(ctx, pods[0]); err != nil {
+	if err := k.DeletePod(ctx, pods[0]); err != nil {
 		t.Fatal(err)
 	}
 	p, err := cs.CoreV1().Pods("mesh").Get(ctx, "web", metav1.GetOptions{})
 	if err == nil && p.DeletionTimestamp == nil {
 		t.Fatal("removed pod is neither gone nor terminating")
 	}
-	if err := k.EvictPod(ctx, PodRef{Namespace: "mesh", Name: "gone"}); err != nil {
-		t.Fatalf("EvictPod of a pod already gone = %v, want nil", err)
+	if err := k.DeletePod(ctx, PodRef{Namespace: "mesh", Name: "gone"}); err != nil {
+		t.Fatalf("DeletePod of a pod already gone = %v, want nil", err)
 	}
 }
 

@@ -53,15 +53,15 @@ type PodRef struct {
 	Namespace, Name, UID string
 }
 
-// NodePods lists the meshed pods running on a node and evicts one; repair uses it to find meshed
+// NodePods lists the meshed pods running on a node and deletes one; repair uses it to find meshed
 // pods that started without an attachment (before the agent was ready).
 type NodePods interface {
 	// MeshedPodsOnNode returns the running, non-host-network pods on node whose namespace is
 	// opted in and that are not opted out.
 	MeshedPodsOnNode(ctx context.Context, node string) ([]PodRef, error)
-	// EvictPod asks the API server to evict the pod (policy/v1 Eviction), so its controller
-	// recreates it through the CNI chain.
-	EvictPod(ctx context.Context, pod PodRef) error
+	// DeletePod deletes the pod (preconditioned on its UID), so its controller recreates it
+	// through the CNI chain (KubePods.DeletePod says why a delete and not an eviction).
+	DeletePod(ctx context.Context, pod PodRef) error
 }
 
 // Dataplane is the node proxy side of an attachment (implemented by the xDS part).
@@ -663,7 +663,7 @@ func (s *Server) GC(ctx context.Context, req cniv1.Request) error {
 // captured pod's rules are re-applied where they drifted and the pod is announced to the
 // dataplane (PodAdded, so a restarted agent serves Envoy every pod again; of several records of
 // one pod UID, only the newest is announced). With NodePods set,
-// meshed pods on the node that have no attachment are reported and evicted. It returns the
+// meshed pods on the node that have no attachment are reported and deleted. It returns the
 // joined errors of the pods it could not repair. Serve runs it at start; the periodic repairs
 // (RepairInterval) do the same without announcing pods the dataplane already has.
 func (s *Server) Repair(ctx context.Context) error { return s.repair(ctx, true) }
@@ -699,10 +699,10 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 			if attached[p.Namespace+"/"+p.Name] {
 				continue
 			}
-			s.Log.Warn("meshed pod runs without capture: evicting", "pod", p.Namespace+"/"+p.Name)
+			s.Log.Warn("meshed pod runs without capture: deleting it (its controller recreates it through the CNI chain)", "pod", p.Namespace+"/"+p.Name)
 			ectx, cancel := context.WithTimeout(ctx, s.Config.LookupTimeout)
-			if err := s.NodePods.EvictPod(ectx, p); err != nil {
-				errs = append(errs, fmt.Errorf("evict %s/%s: %w", p.Namespace, p.Name, err))
+			if err := s.NodePods.DeletePod(ectx, p); err != nil {
+				errs = append(errs, fmt.Errorf("delete uncaptured pod %s/%s: %w", p.Namespace, p.Name, err))
 			}
 			cancel()
 		}

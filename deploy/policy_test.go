@@ -164,7 +164,7 @@ func TestAdmissionPolicies(t *testing.T) {
 		}
 
 		// The agent's own code path on its own node: a delete with the pod's UID.
-		if err := (&cni.KubePods{Client: asAgent}).EvictPod(ctx, cni.PodRef{Namespace: "shop", Name: local.Name, UID: string(local.UID)}); err != nil {
+		if err := (&cni.KubePods{Client: asAgent}).DeletePod(ctx, cni.PodRef{Namespace: "shop", Name: local.Name, UID: string(local.UID)}); err != nil {
 			t.Fatalf("the agent on node-1 removes pod shop/%s on node-1: %v", local.Name, err)
 		}
 		if got, err := cs.CoreV1().Pods("shop").Get(ctx, local.Name, metav1.GetOptions{}); err == nil && got.DeletionTimestamp == nil {

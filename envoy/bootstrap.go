@@ -49,6 +49,11 @@ type BootstrapConfig struct {
 	// so only root on the node (and the agent) reaches it. The supervisor adopts a running
 	// Envoy through it.
 	AdminAddress string
+	// RuntimeLayer, when set, adds an RTDS runtime layer of that name over ADS (layered_runtime
+	// rtds_layer), after the static layer and before the admin one: the agent serves the pods'
+	// per-listener connection caps there (xds.RuntimeLayerName, xds.Options.PodMaxConnections).
+	// Envoy waits for it at start like for its other initial resources.
+	RuntimeLayer string
 	// StatsAddress is the metrics-only listener (StatsListenerName), "host:port"; "" means none.
 	// It serves GET StatsPaths from the admin API and 404 for anything else, takes at most
 	// StatsMaxConnections connections and is exempt from MaxConnections.
@@ -192,6 +197,7 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 			limits[StatsListenerName] = StatsMaxConnections
 		}
 	}
+	var layers []*bootstrapv3.RuntimeLayer
 	if len(limits) > 0 {
 		fields := map[string]any{}
 		for name, n := range limits {
@@ -204,11 +210,16 @@ func Bootstrap(cfg BootstrapConfig) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("bootstrap: %w", err)
 		}
-		// The admin layer after the static one, as Envoy's default runtime has it.
-		b.LayeredRuntime = &bootstrapv3.LayeredRuntime{Layers: []*bootstrapv3.RuntimeLayer{
-			{Name: "aether-limits", LayerSpecifier: &bootstrapv3.RuntimeLayer_StaticLayer{StaticLayer: layer}},
-			{Name: "admin", LayerSpecifier: &bootstrapv3.RuntimeLayer_AdminLayer_{AdminLayer: &bootstrapv3.RuntimeLayer_AdminLayer{}}},
-		}}
+		layers = append(layers, &bootstrapv3.RuntimeLayer{Name: "aether-limits", LayerSpecifier: &bootstrapv3.RuntimeLayer_StaticLayer{StaticLayer: layer}})
+	}
+	if cfg.RuntimeLayer != "" {
+		layers = append(layers, &bootstrapv3.RuntimeLayer{Name: cfg.RuntimeLayer, LayerSpecifier: &bootstrapv3.RuntimeLayer_RtdsLayer_{
+			RtdsLayer: &bootstrapv3.RuntimeLayer_RtdsLayer{Name: cfg.RuntimeLayer, RtdsConfig: xdsproto.ADS()}}})
+	}
+	if len(layers) > 0 {
+		// The admin layer last, as Envoy's default runtime has it.
+		b.LayeredRuntime = &bootstrapv3.LayeredRuntime{Layers: append(layers,
+			&bootstrapv3.RuntimeLayer{Name: "admin", LayerSpecifier: &bootstrapv3.RuntimeLayer_AdminLayer_{AdminLayer: &bootstrapv3.RuntimeLayer_AdminLayer{}}})}
 	}
 	if err := b.ValidateAll(); err != nil {
 		return nil, fmt.Errorf("bootstrap: %w", err)

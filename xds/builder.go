@@ -13,8 +13,10 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	runtimev3 "github.com/envoyproxy/go-control-plane/envoy/service/runtime/v3"
 
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
@@ -327,6 +329,9 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			known(pe.valid, c)
 		}
 	}
+	if bl.opts.PodMaxConnections > 0 {
+		r.Runtimes = []*runtimev3.Runtime{listenerLimits(r.Listeners, bl.opts.PodMaxConnections)}
+	}
 	if bl.opts.EastWestWaypoint {
 		// The node's tunnel listener (package tunnel); nil while the node IP is unknown.
 		w, err := tunnel.Build(m, tunnel.Options{ConnectTimeout: bl.opts.ConnectTimeout, Netns: bl.opts.UpstreamNetns, HandshakeTimeout: bl.opts.HandshakeTimeout})
@@ -501,4 +506,15 @@ func podEqual(a, b *model.LocalPod) bool {
 	return a.UID == b.UID && a.Namespace == b.Namespace && a.Name == b.Name && a.ServiceAccount == b.ServiceAccount &&
 		a.ContainerID == b.ContainerID && a.NetnsPath == b.NetnsPath && a.Ready == b.Ready && a.Protocol == b.Protocol &&
 		slices.Equal(a.IPs, b.IPs) && slices.Equal(a.Ports, b.Ports) && slices.Equal(a.Services, b.Services)
+}
+
+// listenerLimits is the RTDS layer RuntimeLayerName capping each of the pods' listeners (ls, before
+// the waypoint's is added: its cap is the bootstrap's static layer) at limit connections:
+// envoy.resource_limits.listener.<name>.connection_limit for every listener name.
+func listenerLimits(ls []*listenerv3.Listener, limit uint64) *runtimev3.Runtime {
+	fields := make(map[string]*structpb.Value, len(ls))
+	for _, l := range ls {
+		fields["envoy.resource_limits.listener."+l.GetName()+".connection_limit"] = structpb.NewNumberValue(float64(limit))
+	}
+	return &runtimev3.Runtime{Name: RuntimeLayerName, Layer: &structpb.Struct{Fields: fields}}
 }

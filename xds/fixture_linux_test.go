@@ -106,12 +106,21 @@ func (f *meshFixture) supConfig() envoy.SupervisorConfig {
 	tools := testenv.RequireTools(f.t, testenv.ToolEnvoy)
 	return envoy.SupervisorConfig{
 		EnvoyPath: tools.Envoy,
-		Bootstrap: envoy.BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, StateOfTheWorld: !f.delta},
+		Bootstrap: envoy.BootstrapConfig{NodeID: "node-1", XDSAddress: "unix://" + f.xdsSock, AdminAddress: "unix://" + f.adminSock, StateOfTheWorld: !f.delta,
+			RuntimeLayer: f.runtimeLayer()},
 		StateDir:  filepath.Join(f.dir, "envoy"),
 		Prefix:    f.prefix(),
 		ExtraArgs: append([]string{"--concurrency", "1", "--log-level", "info"}, f.envoyArgs...),
 		Logger:    f.log,
 	}
+}
+
+// runtimeLayer is the bootstrap's RTDS layer: RuntimeLayerName when the build serves it.
+func (f *meshFixture) runtimeLayer() string {
+	if f.build.PodMaxConnections > 0 {
+		return RuntimeLayerName
+	}
+	return ""
 }
 
 func (f *meshFixture) prefix() []string {

@@ -18,6 +18,9 @@ const (
 	LanePort = 18081
 	// WaypointPort is the east-west tunnel listener's port on a node IP.
 	WaypointPort = 15443
+	// RuntimeLayerName is the RTDS resource holding the pods' per-listener connection caps
+	// (Options.PodMaxConnections).
+	RuntimeLayerName = "aether-listener-limits"
 )
 
 // Resource names. Clusters and their EDS resources are named "<svc>.<ns>.<meshDomain>:<port>"

@@ -51,6 +51,14 @@ type Options struct {
 	// capture rules must let it through (capture.Config.BypassMark), or a passthrough connection
 	// loops back into the capture listener. Zero means capture.DefaultBypassMark.
 	BypassMark uint32
+	// PodMaxConnections caps the downstream connections of each of a pod's listeners (its
+	// capture, lane and inbound listeners), so one pod cannot take the node Envoy's share of
+	// others: a connection beyond the cap is closed at accept and counted
+	// (listener.<addr>.downstream_cx_overflow). Envoy reads per-listener caps from its runtime
+	// (envoy.resource_limits.listener.<name>.connection_limit), and pods' listeners come and go,
+	// so the builder serves them as the RTDS layer RuntimeLayerName, which the bootstrap must
+	// name (envoy.BootstrapConfig.RuntimeLayer). Zero means no per-pod cap (and no layer).
+	PodMaxConnections uint64
 
 	// passthroughFromNode builds the passthrough the way it was before it moved into the pods'
 	// netns (sharedPassthroughCluster): only the passthrough benchmarks set it, for their

@@ -10,6 +10,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	runtimev3 "github.com/envoyproxy/go-control-plane/envoy/service/runtime/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 )
@@ -25,6 +26,9 @@ type Resources struct {
 	// Extensions are the ECDS resources: HeadlessFilterName, which every capture listener uses
 	// (none without local pods).
 	Extensions []*core.TypedExtensionConfig
+	// Runtimes are the RTDS layers: RuntimeLayerName with Options.PodMaxConnections (none
+	// without it).
+	Runtimes []*runtimev3.Runtime
 
 	// known holds resources (and shared capture matchers) a Builder carried over unchanged from
 	// an earlier build whose ValidateAll passed: ValidateAll skips them.
@@ -106,6 +110,9 @@ func (r *Resources) ValidateAll() error {
 			check("extension config", x.GetName(), validateExtension(x))
 		}
 	}
+	for _, x := range r.Runtimes {
+		check("runtime", x.GetName(), x.ValidateAll())
+	}
 	errs = append(errs, parallelValidate("cluster", r.Clusters, (*clusterv3.Cluster).GetName, r.isKnown)...)
 	errs = append(errs, parallelValidate("endpoints", r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName, r.isKnown)...)
 	if len(errs) == 0 && r.validated != nil {
@@ -164,6 +171,7 @@ func (r *Resources) typed() map[resource.Type][]types.Resource {
 		resource.RouteType:           asResources(r.Routes),
 		resource.SecretType:          asResources(r.Secrets),
 		resource.ExtensionConfigType: asResources(r.Extensions),
+		resource.RuntimeType:         asResources(r.Runtimes),
 	}
 }
 
@@ -177,4 +185,4 @@ func asResources[T types.Resource](xs []T) []types.Resource {
 }
 
 // snapshotTypes are the resource types every snapshot carries.
-var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType, resource.ExtensionConfigType}
+var snapshotTypes = []resource.Type{resource.ListenerType, resource.ClusterType, resource.EndpointType, resource.RouteType, resource.SecretType, resource.ExtensionConfigType, resource.RuntimeType}
