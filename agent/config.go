@@ -92,12 +92,12 @@ type Config struct {
 	// PodMaxConnections (--pod-max-connections) caps the connections of each of a pod's
 	// listeners (xds.Options.PodMaxConnections, served over RTDS); 0 turns the caps off.
 	PodMaxConnections uint64
-	EnvoyBinary            string // --envoy-binary
-	HealthAddr             string // --health-addr: /healthz, /readyz
-	MetricsAddr            string // --metrics-addr: /metrics only ("" for none)
-	DebugSocket            string // --debug-socket: /debug/pprof/ on a 0600 unix socket ("" for none)
-	StateDir               string // --state-dir: persisted pod attachments
-	CNISocket              string // --cni-socket
+	EnvoyBinary       string // --envoy-binary
+	HealthAddr        string // --health-addr: /healthz, /readyz
+	MetricsAddr       string // --metrics-addr: /metrics only ("" for none)
+	DebugSocket       string // --debug-socket: /debug/pprof/ on a 0600 unix socket ("" for none)
+	StateDir          string // --state-dir: persisted pod attachments
+	CNISocket         string // --cni-socket
 
 	// DNSCacheSize (--dns-cache-size, AETHER_DNS_CACHE_SIZE) is how many forwarded answers the
 	// resolver caches (0: no cache); DNSCacheMaxTTL and DNSCacheMaxNegativeTTL
