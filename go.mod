@@ -33,6 +33,7 @@ require (
 	k8s.io/client-go v0.37.2
 	k8s.io/streaming v0.37.2
 	sigs.k8s.io/controller-runtime v0.25.2
+	sigs.k8s.io/gateway-api v1.6.3
 	sigs.k8s.io/mcs-api v0.5.2
 	sigs.k8s.io/yaml v1.6.0
 )

@@ -31,6 +31,11 @@ const (
 	ClustersetServiceSuffix = "-clusterset"
 )
 
+// GatewayControllerName is aether's Gateway API controller name (GatewayClass
+// spec.controllerName, and the controllerName of the route status aether writes for mesh routes;
+// Gateway API v1.6.3, GEP-1294). docs/routing.md.
+const GatewayControllerName = "aether.io/gateway-controller"
+
 // NamespaceMeshed reports whether a namespace's labels opt its pods into the mesh
 // (LabelMeshNamespace: MeshNamespaceEnabled).
 func NamespaceMeshed(labels map[string]string) bool {

@@ -47,6 +47,8 @@ func CreateCRDs(ctx context.Context, cfg *rest.Config, dir string) error {
 	if err != nil {
 		return fmt.Errorf("create CRDs: %w", err)
 	}
+	// All are created first, then waited for: the API server establishes them concurrently.
+	var names []string
 	for _, f := range files {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -63,9 +65,12 @@ func CreateCRDs(ctx context.Context, cfg *rest.Config, dir string) error {
 			if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
 				return fmt.Errorf("create CRD %s: %w", crd.Name, err)
 			}
-			if err := waitEstablished(ctx, cs, crd.Name); err != nil {
-				return fmt.Errorf("create CRDs: %w", err)
-			}
+			names = append(names, crd.Name)
+		}
+	}
+	for _, n := range names {
+		if err := waitEstablished(ctx, cs, n); err != nil {
+			return fmt.Errorf("create CRDs: %w", err)
 		}
 	}
 	return nil
