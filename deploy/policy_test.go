@@ -19,7 +19,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
-	"github.com/aethermesh/aether/cni"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
@@ -78,8 +77,8 @@ func wantDenied(t *testing.T, what string, err error, policy string, want ...str
 // TestAdmissionPolicies installs deploy/'s namespace, RBAC and admission policies on a real
 // kube-apiserver and acts as the agent and the registrar with tokens of their ServiceAccounts
 // from the TokenRequest API. The agent's token is bound to its pod on node-1, as the kubelet
-// mints it, so it carries the node-name claim: it may delete a pod on node-1 (through
-// cni.KubePods, the code the agent runs), and is refused, with the policy's message, for a pod
+// mints it, so it carries the node-name claim: it may delete a pod on node-1 (with a UID
+// precondition, as cni.KubePods.DeletePod does), and is refused, with the policy's message, for a pod
 // on node-2, for an unscheduled pod, and for any pod with a token that names no node; evictions
 // are not in its RBAC, and must not be: once granted, an eviction of a pod on node-2 passes (the
 // policy cannot see an eviction's pod). The registrar may create, update and delete Services and ServiceImports
@@ -163,8 +162,11 @@ func TestAdmissionPolicies(t *testing.T) {
 			}
 		}
 
-		// The agent's own code path on its own node: a delete with the pod's UID.
-		if err := (&cni.KubePods{Client: asAgent}).DeletePod(ctx, cni.PodRef{Namespace: "shop", Name: local.Name, UID: string(local.UID)}); err != nil {
+		// The delete the agent makes on its own node (cni.KubePods.DeletePod: a UID precondition;
+		// deploy sits below cni, so the request is spelled out here, and TestKubePods checks that
+		// DeletePod sends exactly this).
+		uid := local.UID
+		if err := asAgent.CoreV1().Pods("shop").Delete(ctx, local.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &uid}}); err != nil {
 			t.Fatalf("the agent on node-1 removes pod shop/%s on node-1: %v", local.Name, err)
 		}
 		if got, err := cs.CoreV1().Pods("shop").Get(ctx, local.Name, metav1.GetOptions{}); err == nil && got.DeletionTimestamp == nil {
