@@ -113,50 +113,6 @@ func listenUDP(t *testing.T, ns *testenv.Netns, addr string) <-chan netip.Addr {
 	return ch
 }
 
-// neighMAC returns the MAC ns's eth0 holds for ip, or nil.
-func neighMAC(t *testing.T, ns *testenv.Netns, ip string) net.HardwareAddr {
-	t.Helper()
-	h, err := ns.Netlink()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth0, _ := h.LinkByName("eth0")
-	fam := netlink.FAMILY_V4
-	if netip.MustParseAddr(ip).Is6() {
-		fam = netlink.FAMILY_V6
-	}
-	ns2, err := h.NeighList(eth0.Attrs().Index, fam)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range ns2 {
-		if n.IP.Equal(net.ParseIP(ip)) {
-			return n.HardwareAddr
-		}
-	}
-	return nil
-}
-
-// setNeigh makes ns's eth0 hold a reachable (not permanent) entry ip -> mac, as resolution would.
-func setNeigh(t *testing.T, ns *testenv.Netns, ip string, mac net.HardwareAddr) {
-	t.Helper()
-	h, err := ns.Netlink()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	eth0, _ := h.LinkByName("eth0")
-	fam := netlink.FAMILY_V4
-	if netip.MustParseAddr(ip).Is6() {
-		fam = netlink.FAMILY_V6
-	}
-	if err := h.NeighSet(&netlink.Neigh{LinkIndex: eth0.Attrs().Index, Family: fam, State: netlink.NUD_STALE,
-		IP: net.ParseIP(ip), HardwareAddr: mac}); err != nil {
-		t.Fatal(err)
-	}
-}
-
 // TestPrivilegedNodeGuard checks the node source guard on a real bridge: a pod that writes the
 // gateway's address as its source (IPv4, IPv6), or claims it in ARP or a neighbour advertisement,
 // reaches its neighbour without the guard (so the test can fail) and not with it, while the pod's
@@ -173,8 +129,8 @@ func TestPrivilegedNodeGuard(t *testing.T) {
 
 	// spoofs sends every forgery once and reports which reached b.
 	spoofs := func() (udp4, udp6, arp, nd bool) {
-		setNeigh(t, tp.b, guardGateway, tp.bridgeMAC)
-		setNeigh(t, tp.b, guardGateway6, tp.bridgeMAC)
+		tp.b.SetNeigh(t, "eth0", gw, tp.bridgeMAC)
+		tp.b.SetNeigh(t, "eth0", gw6, tp.bridgeMAC)
 		testenv.SendFrame(t, tp.a, testenv.UDPFrame(tp.bMAC, tp.aMAC, gw, podB, 9999))
 		testenv.SendFrame(t, tp.a, testenv.UDPFrame(tp.bMAC, tp.aMAC, gw6, podB6, 9998))
 		testenv.SendFrame(t, tp.a, testenv.ARPRequest(tp.aMAC, gw, podB))
@@ -187,8 +143,8 @@ func TestPrivilegedNodeGuard(t *testing.T) {
 			case src := <-got6:
 				udp6 = udp6 || src == gw6
 			case <-deadline:
-				arp = neighMAC(t, tp.b, guardGateway).String() == tp.aMAC.String()
-				nd = neighMAC(t, tp.b, guardGateway6).String() == tp.aMAC.String()
+				arp = tp.b.NeighMAC(t, "eth0", gw).String() == tp.aMAC.String()
+				nd = tp.b.NeighMAC(t, "eth0", gw6).String() == tp.aMAC.String()
 				return
 			}
 		}

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
-
 	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/internal/testenv"
@@ -26,42 +24,6 @@ type failingGuard struct{}
 
 func (failingGuard) Apply([]netip.Addr) (bool, error) {
 	return false, errors.New("operation not supported")
-}
-
-// eth0 returns the MAC and the first IPv4 address of eth0 in ns.
-func eth0(t *testing.T, ns *testenv.Netns) net.HardwareAddr {
-	t.Helper()
-	h, err := ns.Netlink()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, err := h.LinkByName("eth0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return l.Attrs().HardwareAddr
-}
-
-// gatewayNeigh returns the MAC that eth0 in ns holds for ip ("" without an entry).
-func gatewayNeigh(t *testing.T, ns *testenv.Netns, ip string) string {
-	t.Helper()
-	h, err := ns.Netlink()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer h.Close()
-	l, _ := h.LinkByName("eth0")
-	ns4, err := h.NeighList(l.Attrs().Index, netlink.FAMILY_V4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, n := range ns4 {
-		if n.IP.Equal(net.ParseIP(ip)) {
-			return n.HardwareAddr.String()
-		}
-	}
-	return ""
 }
 
 // TestPrivilegedCNIGuardsNodeAddresses runs the real chain (bridge, host-local, aether-cni) with
@@ -103,16 +65,8 @@ func TestPrivilegedCNIGuardsNodeAddresses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer got.Close()
-	macA, macB := eth0(t, podA), eth0(t, podB)
-	bridge := func() string {
-		h, _ := n.host.Netlink()
-		defer h.Close()
-		l, err := h.LinkByName("cni0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l.Attrs().HardwareAddr.String()
-	}()
+	macA, macB := podA.LinkMAC(t, "eth0"), podB.LinkMAC(t, "eth0")
+	bridge := n.host.LinkMAC(t, "cni0").String()
 	// a resolves the gateway first (a datagram to it), so it has an entry the claim would move.
 	_ = podA.Do(func() error {
 		c, err := net.Dial("udp", gw.String()+":9")
@@ -123,7 +77,7 @@ func TestPrivilegedCNIGuardsNodeAddresses(t *testing.T) {
 		return err
 	})
 	testenv.Eventually(t, 10*time.Second, "a's neighbour entry for the gateway", func() error {
-		if got := gatewayNeigh(t, podA, gw.String()); got != bridge {
+		if got := podA.NeighMAC(t, "eth0", gw).String(); got != bridge {
 			return errors.New("entry " + got + ", want the bridge's " + bridge)
 		}
 		return nil
@@ -144,7 +98,7 @@ func TestPrivilegedCNIGuardsNodeAddresses(t *testing.T) {
 	if _, from, err := got.ReadFrom(buf); err == nil {
 		t.Fatalf("a received a second datagram, from %s: the forged one passed", from)
 	}
-	if got := gatewayNeigh(t, podA, gw.String()); got != bridge {
+	if got := podA.NeighMAC(t, "eth0", gw).String(); got != bridge {
 		t.Fatalf("a's entry for the gateway is %s after b's claim, want the bridge's %s", got, bridge)
 	}
 

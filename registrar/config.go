@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -152,15 +151,8 @@ func (c target) embeddedTLS() []error {
 			errs = append(errs, fmt.Errorf("--registry-listen %q: plaintext off loopback: serve https:// with --registry-serve-cert/--registry-serve-key, or set --registry-insecure", c.RegistryListen))
 		}
 	}
-	for _, f := range []struct{ name, path string }{{"registry-serve-cert", c.RegistryServeCert}, {"registry-serve-key", c.RegistryServeKey}, {"registry-serve-client-ca", c.RegistryServeClientCA}} {
-		if f.path == "" {
-			continue
-		}
-		if _, err := os.Stat(f.path); err != nil {
-			errs = append(errs, fmt.Errorf("--%s %q: %w", f.name, f.path, err))
-		}
-	}
-	return errs
+	return append(errs, envflag.CheckFiles(envflag.File{Flag: "registry-serve-cert", Path: c.RegistryServeCert},
+		envflag.File{Flag: "registry-serve-key", Path: c.RegistryServeKey}, envflag.File{Flag: "registry-serve-client-ca", Path: c.RegistryServeClientCA})...)
 }
 
 // ParseRunConfig reads flags (args without the program name) with environment defaults from getenv.

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 )
@@ -88,4 +89,22 @@ func List(v string) []string {
 		}
 	}
 	return out
+}
+
+// File is a flag whose value names a file: the flag's name (without dashes) and its value.
+type File struct{ Flag, Path string }
+
+// CheckFiles returns, for each file with a non-empty Path that cannot be stat'ed, an error naming
+// the flag and the path ("--registry-ca \"/x\": ..."), in the order given; nil when all exist.
+func CheckFiles(files ...File) []error {
+	var errs []error
+	for _, f := range files {
+		if f.Path == "" {
+			continue
+		}
+		if _, err := os.Stat(f.Path); err != nil {
+			errs = append(errs, fmt.Errorf("--%s %q: %w", f.Flag, f.Path, err))
+		}
+	}
+	return errs
 }

@@ -13,7 +13,6 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
-	"os"
 
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/registry"
@@ -84,15 +83,8 @@ func (f Flags) CheckTLS() []error {
 	if (f.Cert == "") != (f.Key == "") {
 		errs = append(errs, errors.New("--registry-cert and --registry-key go together"))
 	}
-	for _, fl := range []struct{ name, path string }{{"registry-ca", f.CA}, {"registry-cert", f.Cert}, {"registry-key", f.Key}} {
-		if fl.path == "" {
-			continue
-		}
-		if _, err := os.Stat(fl.path); err != nil {
-			errs = append(errs, fmt.Errorf("--%s %q: %w", fl.name, fl.path, err))
-		}
-	}
-	return errs
+	return append(errs, envflag.CheckFiles(envflag.File{Flag: "registry-ca", Path: f.CA},
+		envflag.File{Flag: "registry-cert", Path: f.Cert}, envflag.File{Flag: "registry-key", Path: f.Key})...)
 }
 
 // PlaintextEndpoints returns the endpoints that are plaintext (http://, or no scheme, which the

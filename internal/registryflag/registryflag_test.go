@@ -49,7 +49,7 @@ func TestDefineUsage(t *testing.T) {
 			want := line("registry-ca", "CA bundle for the registry's TLS (env AETHER_REGISTRY_CA)") +
 				line("registry-cert", tc.cert+" (env AETHER_REGISTRY_CERT)") +
 				line("registry-endpoints", tc.endpoint+" (env AETHER_REGISTRY_ENDPOINTS)") +
-				"  -registry-insecure\n    \tallow plaintext http:// registry endpoints off loopback (they carry every cluster's endpoints and the etcd credentials; use https:// with --registry-ca instead) (env AETHER_REGISTRY_INSECURE)\n" +
+				"  -registry-insecure\n    \tallow plaintext http:// registry endpoints off loopback (they carry every cluster's endpoints and the etcd credentials; use https:// with --registry-ca instead), and, with etcd authentication on, an etcd user that is not this cluster's own (registry.UserName) (env AETHER_REGISTRY_INSECURE)\n" +
 				line("registry-key", "client key for the registry (env AETHER_REGISTRY_KEY)")
 			if got != want {
 				t.Errorf("usage:\n%s\nwant:\n%s", got, want)

@@ -368,3 +368,58 @@ func (n *Netns) AddAddrs(t testing.TB, link string, addrs ...netip.Prefix) {
 		}
 	}
 }
+
+// LinkMAC returns the hardware address of link inside the namespace.
+func (n *Netns) LinkMAC(t testing.TB, link string) net.HardwareAddr {
+	t.Helper()
+	h, err := n.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	return mustLink(t, h, link).Attrs().HardwareAddr
+}
+
+// NeighMAC returns the hardware address link's neighbour table inside the namespace holds for ip,
+// or nil without an entry.
+func (n *Netns) NeighMAC(t testing.TB, link string, ip netip.Addr) net.HardwareAddr {
+	t.Helper()
+	h, err := n.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	fam := netlink.FAMILY_V4
+	if ip.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	list, err := h.NeighList(mustLink(t, h, link).Attrs().Index, fam)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list {
+		if a, ok := netip.AddrFromSlice(e.IP); ok && a.Unmap() == ip {
+			return e.HardwareAddr
+		}
+	}
+	return nil
+}
+
+// SetNeigh makes link's neighbour table inside the namespace hold a stale (not permanent) entry
+// ip -> mac, as address resolution would leave it.
+func (n *Netns) SetNeigh(t testing.TB, link string, ip netip.Addr, mac net.HardwareAddr) {
+	t.Helper()
+	h, err := n.Netlink()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	fam := netlink.FAMILY_V4
+	if ip.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: mustLink(t, h, link).Attrs().Index, Family: fam, State: netlink.NUD_STALE,
+		IP: ip.AsSlice(), HardwareAddr: mac}); err != nil {
+		t.Fatalf("testenv: neighbour %s -> %s on %s in %s: %v", ip, mac, link, n.Name, err)
+	}
+}
