@@ -555,7 +555,8 @@ func refusedCell(t *testing.T, what string, out []byte, err error) {
 		return
 	}
 	msg := err.Error()
-	if !strings.Contains(msg, "connection refused") && !strings.Contains(msg, "connection reset") && !strings.Contains(msg, "EOF") {
+	if !strings.Contains(msg, "connection refused") && !strings.Contains(msg, "connection reset") && !strings.Contains(msg, "EOF") &&
+		!strings.Contains(msg, "server closed idle connection") {
 		t.Errorf("%s: %v, want the connection refused or reset", what, err)
 	}
 	t.Logf("%s: %v", what, strings.TrimSpace(msg))
