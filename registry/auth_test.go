@@ -216,17 +216,9 @@ func TestTLSClientCertificates(t *testing.T) {
 // --registry-insecure escape); the cluster's own user writes. A client certificate's CN counts
 // as the user (TestTLSClientCertificates covers that path's writes).
 func TestAuthRefusesForeignUser(t *testing.T) {
-	etcd := testenv.StartEmbeddedEtcd(t, func(c *embed.Config) { c.BcryptCost = 4 })
-	ctx := ctxT(t, converge)
-	admin, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
 	alpha, beta := Origin{"eu", "alpha"}, Origin{"eu", "beta"}
-	if err := SetupAuth(ctx, admin, "pw-root", []ClusterUser{{Origin: alpha, Password: "pw-alpha"}, {Origin: beta, Password: "pw-beta"}}); err != nil {
-		t.Fatal(err)
-	}
+	etcd := startAuthEtcd(t, ClusterUser{Origin: alpha, Password: "pw-alpha"}, ClusterUser{Origin: beta, Password: "pw-beta"})
+	ctx := ctxT(t, converge)
 	root, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints, Username: "root", Password: "pw-root"})
 	if err != nil {
 		t.Fatal(err)

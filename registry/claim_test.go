@@ -9,7 +9,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.etcd.io/etcd/server/v3/embed"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/aethermesh/aether/internal/testenv"
@@ -276,17 +275,9 @@ func TestClusterIDValidated(t *testing.T) {
 // With etcd auth on, a cluster's own user (SetupAuth) claims, re-claims and writes its
 // partition: the claim key is inside its prefix.
 func TestPartitionClaimWithClusterUser(t *testing.T) {
-	etcd := testenv.StartEmbeddedEtcd(t, func(c *embed.Config) { c.BcryptCost = 4 })
-	ctx := ctxT(t, converge)
-	admin, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close()
 	east := Origin{"eu", "east"}
-	if err := SetupAuth(ctx, admin, "pw-root", []ClusterUser{{Origin: east, Password: "pw-east"}}); err != nil {
-		t.Fatal(err)
-	}
+	etcd := startAuthEtcd(t, ClusterUser{Origin: east, Password: "pw-east"})
+	ctx := ctxT(t, converge)
 	user := func(id string) func(*Config) {
 		return func(c *Config) { c.ClusterID, c.Username, c.Password = id, UserName(east), "pw-east" }
 	}

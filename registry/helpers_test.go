@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/server/v3/embed"
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
@@ -145,4 +147,21 @@ func counterValue(t testing.TB, c prometheus.Collector) float64 {
 		sum += d.GetCounter().GetValue()
 	}
 	return sum
+}
+
+// startAuthEtcd starts an embedded etcd (the lowest bcrypt cost, 4, keeps password checks cheap
+// under the race detector) and turns authentication on with root password "pw-root" and users,
+// as `aether-registrar setup-registry-auth` does.
+func startAuthEtcd(t *testing.T, users ...ClusterUser) *testenv.EmbeddedEtcd {
+	t.Helper()
+	etcd := testenv.StartEmbeddedEtcd(t, func(c *embed.Config) { c.BcryptCost = 4 })
+	admin, err := clientv3.New(clientv3.Config{Endpoints: etcd.Endpoints})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := SetupAuth(ctxT(t, converge), admin, "pw-root", users); err != nil {
+		t.Fatal(err)
+	}
+	return etcd
 }
