@@ -174,7 +174,10 @@ func (g NFTGuard) Teardown() error {
 	}
 	defer closeNS()
 	if _, err := conn.ListTableOfFamily(GuardTable, nftables.TableFamilyBridge); err != nil {
-		return nil
+		if errors.Is(err, unix.ENOENT) {
+			return nil // no table: nothing to remove
+		}
+		return fmt.Errorf("remove node source guard in %s: %w", g.NetnsPath, err)
 	}
 	conn.DelTable(&nftables.Table{Family: nftables.TableFamilyBridge, Name: GuardTable})
 	if err := conn.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {

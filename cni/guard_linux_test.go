@@ -31,7 +31,8 @@ func (failingGuard) Apply([]netip.Addr) (bool, error) {
 // the pod runs (a pod outside the mesh too), and then a non-meshed pod that forges the gateway
 // (as an ARP claim and as a datagram's source) toward a meshed neighbour is dropped while its
 // own datagram passes; a flushed guard is put back by repair; an ADD whose guard cannot be
-// written fails, naming the guard, and records nothing.
+// written fails, naming the guard, and records nothing; a server whose guard cannot be written at
+// all stops with its error instead of reporting ready.
 func TestPrivilegedCNIGuardsNodeAddresses(t *testing.T) {
 	testenv.RequireRoot(t)
 	sock := filepath.Join(sockDir(t), "cni.sock")
@@ -129,5 +130,19 @@ func TestPrivilegedCNIGuardsNodeAddresses(t *testing.T) {
 	}
 	if tableIn(t, podC) {
 		t.Fatal("a failed ADD left capture rules in the pod")
+	}
+
+	// A server whose guard cannot be written at all does not come up ready (it would fail every
+	// ADD): Serve returns the guard's error.
+	failing := &Server{Config: ServerConfig{Socket: filepath.Join(sockDir(t), "cni.sock"), StateDir: t.TempDir(), HostIP: host},
+		Lookup: lookup, Dataplane: &recordingDataplane{}, Backend: capture.NFTables{}, Guard: failingGuard{},
+		Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := failing.Serve(ctx); err == nil || !strings.Contains(err.Error(), "node source guard") || !strings.Contains(err.Error(), "operation not supported") {
+		t.Fatalf("Serve with a guard that cannot be written: %v, want the guard's error", err)
+	}
+	if failing.Ready() {
+		t.Fatal("a server without its guard reported ready")
 	}
 }

@@ -131,9 +131,12 @@ type Server struct {
 	addedMu sync.Mutex
 	addedAt map[string]time.Time
 	ready   atomic.Bool
-	// guardMu serializes guard writes; guarded is what the guard last took.
-	guardMu sync.Mutex
-	guarded []netip.Addr
+	// guardMu serializes guard writes; guarded is what the guard last took, guardApplied whether
+	// it ever took anything in this process, guardErr the last failure.
+	guardMu      sync.Mutex
+	guarded      []netip.Addr
+	guardApplied bool
+	guardErr     error
 	// repaired, set by Serve, is closed when the first repair has finished; ADDs served
 	// before then wait for it.
 	repaired chan struct{}
@@ -220,6 +223,13 @@ func (s *Server) Serve(ctx context.Context) error {
 
 	if err := s.Repair(ctx); err != nil {
 		s.Log.Error("repair attachments", "err", err)
+	}
+	// Without its guard the node would fail every ADD (ensureGuard) while reporting ready: a
+	// guard that could not be written at all is fatal, its error naming the cause.
+	if err := s.guardFailure(); err != nil {
+		_ = hs.Close()
+		removeIfOurs()
+		return fmt.Errorf("serve CNI: %w", err)
 	}
 	s.ready.Store(true)
 	close(s.repaired)
@@ -728,8 +738,12 @@ func (s *Server) nodeAddrs(gateways []netip.Addr) []netip.Addr {
 	return slices.Compact(out)
 }
 
-// applyGuard makes the guard cover exactly the node addresses of recs (no-op without a guard;
-// Apply itself checks the live table first and repairs drift).
+// applyGuard makes the guard cover the node addresses of recs and every address it covered
+// before in this process (no-op without a guard; Apply itself checks the live table first and
+// repairs drift). It never drops an address it took: an ADD that has passed ensureGuard may not
+// have saved its record yet, and a record list cut short by a read error must not open a
+// gateway (a stale node address costs nothing: no frame carries it once its bridge is gone). An
+// agent restart starts again from the records.
 func (s *Server) applyGuard(recs []*Record) error {
 	if s.Guard == nil {
 		return nil
@@ -738,18 +752,33 @@ func (s *Server) applyGuard(recs []*Record) error {
 	for _, r := range recs {
 		gws = append(gws, r.Gateways...)
 	}
-	want := s.nodeAddrs(gws)
 	s.guardMu.Lock()
 	defer s.guardMu.Unlock()
+	want := s.nodeAddrs(append(gws, s.guarded...))
 	changed, err := s.Guard.Apply(want)
 	if err != nil {
-		return fmt.Errorf("node source guard: %w", err)
+		s.guardErr = fmt.Errorf("node source guard: %w", err)
+		return s.guardErr
 	}
-	if changed && s.guarded != nil {
+	if changed && s.guardApplied && slices.Equal(want, s.guarded) {
 		s.Log.Warn("repair: node source guard was missing or had drifted; re-applied", "addrs", want)
 	}
-	s.guarded = want
+	s.guarded, s.guardApplied = want, true
 	return nil
+}
+
+// guardFailure returns the guard's last error when a guard is set and has never been applied in
+// this process, else nil.
+func (s *Server) guardFailure() error {
+	s.guardMu.Lock()
+	defer s.guardMu.Unlock()
+	if s.Guard == nil || s.guardApplied {
+		return nil
+	}
+	if s.guardErr == nil {
+		return errors.New("node source guard: not applied")
+	}
+	return s.guardErr
 }
 
 // ensureGuard makes sure the guard covers gateways (and the host addresses), adding them to what
@@ -767,7 +796,7 @@ func (s *Server) ensureGuard(gateways []netip.Addr) error {
 	if _, err := s.Guard.Apply(want); err != nil {
 		return err
 	}
-	s.guarded = want
+	s.guarded, s.guardApplied = want, true
 	return nil
 }
 

@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"fmt"
+	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -11,6 +12,7 @@ import (
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/aethermesh/aether/internal/xdsproto"
@@ -24,7 +26,13 @@ const (
 	adminClusterName = "aether-admin"
 	// StatsMaxConnections caps the stats listener's connections (a scraper and a probe need a
 	// few): it is exempt from the global limit, so that an overloaded Envoy can still be seen.
-	StatsMaxConnections = 64
+	StatsMaxConnections = 256
+	// statsIdleTimeout closes a stats connection without a request for this long (a silent one
+	// from its accept), and statsHeadersTimeout one whose request headers, once begun, take
+	// longer, so connections opened and left silent cannot hold the listener's slots (Envoy's
+	// defaults are an hour and none); a scraper reconnects.
+	statsIdleTimeout    = 10 * time.Second
+	statsHeadersTimeout = 5 * time.Second
 )
 
 // StatsPaths are the only admin paths the stats listener serves (GET, exact path after
@@ -62,6 +70,8 @@ func statsResources(addr string, admin *core.Address) (*listenerv3.Listener, *cl
 	}
 	hcm, err := xdsproto.NetworkFilter("envoy.filters.network.http_connection_manager", &hcmv3.HttpConnectionManager{
 		StatPrefix:                   "aether_stats",
+		CommonHttpProtocolOptions:    &core.HttpProtocolOptions{IdleTimeout: durationpb.New(statsIdleTimeout)},
+		RequestHeadersTimeout:        durationpb.New(statsHeadersTimeout),
 		NormalizePath:                wrapperspb.Bool(true),
 		MergeSlashes:                 true,
 		PathWithEscapedSlashesAction: hcmv3.HttpConnectionManager_UNESCAPE_AND_REDIRECT,

@@ -4,8 +4,10 @@ package envoy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -107,6 +109,19 @@ func TestAdminSocketAndStatsListener(t *testing.T) {
 			t.Errorf("%s %s through the stats listener: %d %.200q, want 404", r.method, r.path, code, body)
 		}
 	}
+	// A connection that sends nothing is closed after the idle timeout, so silent connections
+	// cannot hold the listener's slots.
+	silent, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	_ = silent.SetReadDeadline(time.Now().Add(3 * statsIdleTimeout))
+	start := time.Now()
+	if _, err := silent.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("a silent connection to the stats listener was not closed within %s: %v", 3*statsIdleTimeout, err)
+	}
+	t.Logf("silent connection closed after %s", time.Since(start).Round(100*time.Millisecond))
 	if e.Cmd.ProcessState != nil {
 		t.Fatal("Envoy exited")
 	}

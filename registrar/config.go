@@ -147,12 +147,22 @@ func (c target) embeddedTLS() []error {
 		if c.RegistryServeCert != "" || c.RegistryServeKey != "" || c.RegistryServeClientCA != "" {
 			errs = append(errs, fmt.Errorf("--registry-serve-cert, --registry-serve-key and --registry-serve-client-ca need an https:// --registry-listen, not %q", c.RegistryListen))
 		}
-		if ip, err := netip.ParseAddr(u.Hostname()); (err != nil || !ip.IsLoopback()) && u.Hostname() != "localhost" && !c.Registry.Insecure {
+		if !isLoopbackHost(u.Hostname()) && !c.Registry.Insecure {
 			errs = append(errs, fmt.Errorf("--registry-listen %q: plaintext off loopback: serve https:// with --registry-serve-cert/--registry-serve-key, or set --registry-insecure", c.RegistryListen))
 		}
 	}
+	// The peer URL of the single member takes no TLS here: it stays on loopback (nothing joins).
+	if pu, err := url.Parse(c.RegistryPeer); err == nil && !isLoopbackHost(pu.Hostname()) && !c.Registry.Insecure {
+		errs = append(errs, fmt.Errorf("--registry-peer-listen %q: the embedded etcd's peer port is plaintext and has no peers: keep it on loopback, or set --registry-insecure", c.RegistryPeer))
+	}
 	return append(errs, envflag.CheckFiles(envflag.File{Flag: "registry-serve-cert", Path: c.RegistryServeCert},
 		envflag.File{Flag: "registry-serve-key", Path: c.RegistryServeKey}, envflag.File{Flag: "registry-serve-client-ca", Path: c.RegistryServeClientCA})...)
+}
+
+// isLoopbackHost reports whether host is a loopback address or "localhost".
+func isLoopbackHost(host string) bool {
+	ip, err := netip.ParseAddr(host)
+	return (err == nil && ip.IsLoopback()) || host == "localhost"
 }
 
 // ParseRunConfig reads flags (args without the program name) with environment defaults from getenv.

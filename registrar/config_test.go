@@ -36,6 +36,7 @@ func TestParseConfig(t *testing.T) {
 			check: func(c RunConfig) bool { return c.RegistryServeClientCA == "/etc/hostname" }},
 		{name: "serving certificate on http", args: []string{"--registry-serve-cert", "/etc/hostname", "--registry-serve-key", "/etc/hostname"}, wantErr: "need an https:// --registry-listen"},
 		{name: "plaintext listen off loopback", args: []string{"--registry-listen", "http://0.0.0.0:2379"}, wantErr: `--registry-listen "http://0.0.0.0:2379": plaintext off loopback`},
+		{name: "peer listen off loopback", args: []string{"--registry-peer-listen", "http://0.0.0.0:2380"}, wantErr: `--registry-peer-listen "http://0.0.0.0:2380": the embedded etcd's peer port is plaintext`},
 		{name: "plaintext listen off loopback, insecure", args: []string{"--registry-listen", "http://0.0.0.0:2379", "--registry-insecure"}, check: func(c RunConfig) bool { return c.Registry.Insecure }},
 		{name: "missing serving certificate", args: []string{"--registry-listen", "https://0.0.0.0:2379", "--registry-serve-cert", "/nonexistent.crt", "--registry-serve-key", "/etc/hostname", "--registry-ca", "/etc/hostname"}, wantErr: `--registry-serve-cert "/nonexistent.crt"`},
 		{name: "cert without key", args: []string{"--registry-cert", "/etc/hostname"}, wantErr: "--registry-cert and --registry-key go together"},

@@ -64,10 +64,11 @@ func presentedUser(username string, cfg *tls.Config) string {
 	return leaf.Subject.CommonName
 }
 
-// checkUser checks, once per Registry, that with etcd authentication on this writer is its
-// cluster's own user (UserError otherwise). An etcd error is returned and not remembered (the
-// next check asks again); a finding is remembered. With authentication off it logs, once, that
-// any client of the registry can write every partition.
+// checkUser checks, with each claim check until authentication is found on, that with etcd
+// authentication on this writer is its cluster's own user (UserError otherwise). An etcd error is
+// returned and not remembered (the next check asks again); a finding with authentication on is
+// remembered. With authentication off it logs, once, that any client of the registry can write
+// every partition, and asks again at the next check.
 func (r *Registry) checkUser(ctx context.Context) error {
 	r.umu.Lock()
 	defer r.umu.Unlock()
@@ -85,10 +86,15 @@ func (r *Registry) checkUser(ctx context.Context) error {
 	default:
 		return fmt.Errorf("check registry identity: %w", err)
 	}
-	r.userChecked = true
 	switch {
 	case !authOn:
-		r.log.Warn("registry: etcd authentication is off: any client of the registry can write every cluster's partition (`aether-registrar setup-registry-auth` turns it on)")
+		// Not remembered: authentication may be turned on later (setup-registry-auth), and the
+		// next check must then judge the user.
+		if !r.warnedAuthOff {
+			r.warnedAuthOff = true
+			r.log.Warn("registry: etcd authentication is off: any client of the registry can write every cluster's partition (`aether-registrar setup-registry-auth` turns it on)")
+		}
+		return nil
 	case r.user == UserName(r.origin):
 	case r.allowForeignUser:
 		r.log.Warn("registry: writing as an etcd user that is not this cluster's own (allowed by --registry-insecure)", "user", r.user, "want", UserName(r.origin))
@@ -96,5 +102,6 @@ func (r *Registry) checkUser(ctx context.Context) error {
 		r.userErr = &UserError{Origin: r.origin, User: r.user}
 		r.log.Error("registry: writing nothing", "err", r.userErr)
 	}
+	r.userChecked = true
 	return r.userErr
 }

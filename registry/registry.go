@@ -142,6 +142,7 @@ type Registry struct {
 	umu              sync.Mutex
 	userChecked      bool
 	userErr          error
+	warnedAuthOff    bool
 }
 
 // New connects to etcd and returns a Registry for cfg's origin. It returns an error when the
