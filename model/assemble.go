@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
 
@@ -96,6 +97,10 @@ type Sources struct {
 	// Endpoints and Exports are the registry's records from every cluster.
 	Endpoints []Endpoint
 	Exports   []ExportMark
+	// HTTPRoutes and GRPCRoutes are the cluster's Gateway API routes (every namespace: a
+	// consumer route lives in its callers' namespace).
+	HTTPRoutes []*gwv1.HTTPRoute
+	GRPCRoutes []*gwv1.GRPCRoute
 }
 
 // Assemble joins Sources into a Mesh of the given version, following DESIGN.md's service model:
@@ -319,8 +324,16 @@ func Assemble(version uint64, in Sources) *Mesh {
 		}
 		pods = append(pods, lp)
 	}
+	routes := make([]Route, 0, len(in.HTTPRoutes)+len(in.GRPCRoutes))
+	for _, r := range in.GRPCRoutes {
+		routes = append(routes, GRPCRouteModel(r))
+	}
+	for _, r := range in.HTTPRoutes {
+		routes = append(routes, HTTPRouteModel(r))
+	}
 	m := New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
 	m.skipped = skipped
+	m.Routing, m.routeStatuses = ResolveRoutes(m.byKey, routes)
 	return m
 }
 

@@ -41,12 +41,16 @@ type Mesh struct {
 	Endpoints map[ServiceKey][]Endpoint
 	// Pods are the meshed pods on this node, sorted by namespace, then name.
 	Pods []*LocalPod
+	// Routing is the GAMMA routes bound to the services (ResolveRoutes); nil or empty when there
+	// are none.
+	Routing *Routing
 
-	byKey      map[ServiceKey]*Service
-	byVIP      map[netip.Addr]*Service
-	shortOwner map[string]ServiceKey
-	clashes    []ShortNameClash
-	skipped    []Skipped
+	routeStatuses []RouteStatus
+	byKey         map[ServiceKey]*Service
+	byVIP         map[netip.Addr]*Service
+	shortOwner    map[string]ServiceKey
+	clashes       []ShortNameClash
+	skipped       []Skipped
 }
 
 // Skipped is a part of a Kubernetes object that Assemble left out of the model because the model
@@ -161,6 +165,10 @@ func (m *Mesh) ShortNameOwner(name string) (ServiceKey, bool) {
 
 // ShortNameClashes lists the service names used in more than one namespace, sorted by name.
 func (m *Mesh) ShortNameClashes() []ShortNameClash { return m.clashes }
+
+// RouteStatuses returns the status ResolveRoutes computed for each route of the model's sources
+// (GRPCRoutes first, each kind in the order given); nil for a Mesh made with New.
+func (m *Mesh) RouteStatuses() []RouteStatus { return m.routeStatuses }
 
 // Skipped lists what Assemble left out of this model, in the order of its sources (nil for a
 // Mesh made with New).

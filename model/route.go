@@ -1,0 +1,272 @@
+package model
+
+import (
+	"time"
+)
+
+// RouteKind is the kind of a Gateway API route object the mesh serves.
+type RouteKind string
+
+// The route kinds GAMMA routing serves (docs/routing.md).
+const (
+	KindHTTPRoute RouteKind = "HTTPRoute"
+	KindGRPCRoute RouteKind = "GRPCRoute"
+)
+
+// RouteRef names a route object.
+type RouteRef struct {
+	Kind      RouteKind
+	Namespace string
+	Name      string
+}
+
+// String returns "<kind> <namespace>/<name>".
+func (r RouteRef) String() string { return string(r.Kind) + " " + r.Namespace + "/" + r.Name }
+
+// Route is one HTTPRoute or GRPCRoute as the mesh uses it (Gateway API v1.6.3), with its defaults
+// applied: a plain value with no Kubernetes types, which the xDS builder consumes and the
+// registry's ServiceConfigProjection carries (api/aether/registry/v1 Route). HTTPRouteModel and
+// GRPCRouteModel make one from the Kubernetes object; ResolveRoutes binds routes to services.
+type Route struct {
+	RouteRef
+	// Generation is metadata.generation, the observedGeneration of the status written for it.
+	Generation int64
+	// Created is metadata.creationTimestamp: the older route wins a precedence tie.
+	Created time.Time
+	// Parents are the route's mesh parentRefs (kind Service or ServiceImport); a parentRef of any
+	// other kind (a Gateway) is not the mesh's and is not listed.
+	Parents []ParentRef
+	Rules   []RouteRule
+}
+
+// ParentKind is the kind of a mesh parentRef.
+type ParentKind string
+
+// The mesh parent kinds (GEP-1294: Service, core group; GEP-1748: ServiceImport, group
+// multicluster.x-k8s.io).
+const (
+	ParentService       ParentKind = "Service"
+	ParentServiceImport ParentKind = "ServiceImport"
+)
+
+// ParentRef is one mesh parentRef of a route.
+type ParentRef struct {
+	// Index is the parentRef's index in spec.parentRefs (its status entry echoes that entry).
+	Index int
+	Kind  ParentKind
+	// Service is the parent (its namespace defaults to the route's).
+	Service ServiceKey
+	// Port is parentRef.port, 0 when unset (every port of the Service).
+	Port uint32
+	// SectionName is parentRef.sectionName, a Service port name ("" when unset).
+	SectionName string
+}
+
+// MatchType is how a match compares a value: Gateway API PathMatchType, HeaderMatchType,
+// QueryParamMatchType and GRPCMethodMatchType values.
+type MatchType string
+
+// Match types.
+const (
+	MatchExact      MatchType = "Exact"
+	MatchPathPrefix MatchType = "PathPrefix"
+	MatchRegex      MatchType = "RegularExpression"
+)
+
+// RouteRule is one entry of spec.rules.
+type RouteRule struct {
+	// Name is the rule's name ("" when unset).
+	Name string
+	// Matches are the rule's matches, any of which selects the rule; never empty (a rule without
+	// matches gets the default one: PathPrefix "/" for HTTPRoute, every request for GRPCRoute).
+	Matches []RouteMatch
+	// Filters are the rule's filters in order.
+	Filters []RouteFilter
+	// Backends are the rule's backendRefs (may be empty: a redirect needs none).
+	Backends []BackendRef
+	Timeouts RouteTimeouts
+	// Retry is HTTPRouteRetry; nil when unset.
+	Retry *RouteRetry
+	// Unsupported lists what the rule asks for that aether does not do, one "<field>: <reason>"
+	// each; a rule with any is not served and the route reports it (PartiallyInvalid, or
+	// Accepted=False when no rule is left).
+	Unsupported []string
+}
+
+// RouteMatch is one HTTPRouteMatch or GRPCRouteMatch; every condition set must hold.
+type RouteMatch struct {
+	// Path is the HTTPRoute path match (PathPrefix "/" by default); zero for a GRPCRoute.
+	Path PathMatch
+	// Headers are header matches, names in lower case, the first of each name only (the spec
+	// ignores later entries of an equivalent name).
+	Headers []StringMatch
+	// Query are query parameter matches (names compared exactly), the first of each name only.
+	Query []StringMatch
+	// Method is the HTTP method, "" for any.
+	Method string
+	// GRPC is the GRPCRoute method match; nil matches every method.
+	GRPC *GRPCMethodMatch
+}
+
+// PathMatch is HTTPPathMatch: Exact, PathPrefix (path elements; a trailing "/" is ignored) or
+// RegularExpression (RE2).
+type PathMatch struct {
+	Type  MatchType
+	Value string
+}
+
+// StringMatch is a header or query parameter match.
+type StringMatch struct {
+	Type  MatchType
+	Name  string
+	Value string
+}
+
+// GRPCMethodMatch is GRPCMethodMatch: Service and/or Method ("" for any), Exact or
+// RegularExpression.
+type GRPCMethodMatch struct {
+	Type    MatchType
+	Service string
+	Method  string
+}
+
+// FilterType is a Gateway API HTTPRouteFilterType or GRPCRouteFilterType value.
+type FilterType string
+
+// Filter types aether serves.
+const (
+	FilterRequestHeaderModifier  FilterType = "RequestHeaderModifier"
+	FilterResponseHeaderModifier FilterType = "ResponseHeaderModifier"
+	FilterRequestRedirect        FilterType = "RequestRedirect"
+	FilterURLRewrite             FilterType = "URLRewrite"
+	FilterRequestMirror          FilterType = "RequestMirror"
+	FilterCORS                   FilterType = "CORS"
+)
+
+// RouteFilter is one HTTPRouteFilter or GRPCRouteFilter: Type and the one field it uses.
+type RouteFilter struct {
+	Type FilterType
+	// Headers is the RequestHeaderModifier or ResponseHeaderModifier.
+	Headers  *HeaderModifier
+	Redirect *Redirect
+	Rewrite  *Rewrite
+	Mirror   *Mirror
+	CORS     *CORS
+}
+
+// HeaderModifier is HTTPHeaderFilter: header names in lower case.
+type HeaderModifier struct {
+	Set    []Header
+	Add    []Header
+	Remove []string
+}
+
+// Header is a header name and value.
+type Header struct {
+	Name  string
+	Value string
+}
+
+// Path modifier types (HTTPPathModifierType).
+const (
+	ReplaceFullPath    = "ReplaceFullPath"
+	ReplacePrefixMatch = "ReplacePrefixMatch"
+)
+
+// PathModifier is HTTPPathModifier.
+type PathModifier struct {
+	// Type is ReplaceFullPath or ReplacePrefixMatch.
+	Type  string
+	Value string
+}
+
+// Redirect is HTTPRequestRedirectFilter.
+type Redirect struct {
+	// Scheme is "http", "https" or "" (the request's).
+	Scheme string
+	// Hostname replaces the Host ("" keeps it).
+	Hostname string
+	Path     *PathModifier
+	// Port is the redirect's port, 0 when unset.
+	Port uint32
+	// StatusCode is 301, 302, 303, 307 or 308 (default 302).
+	StatusCode int
+}
+
+// Rewrite is HTTPURLRewriteFilter.
+type Rewrite struct {
+	// Hostname replaces the Host header ("" keeps it).
+	Hostname string
+	Path     *PathModifier
+}
+
+// Mirror is HTTPRequestMirrorFilter: the share of requests mirrored is Numerator/Denominator
+// (from percent or fraction; 100/100 when neither is set).
+type Mirror struct {
+	Backend     BackendRef
+	Numerator   int32
+	Denominator int32
+}
+
+// CORS is HTTPCORSFilter (GEP-1767).
+type CORS struct {
+	AllowOrigins     []string
+	AllowCredentials bool
+	AllowMethods     []string
+	AllowHeaders     []string
+	ExposeHeaders    []string
+	// MaxAge is how long a preflight answer may be cached, in seconds (default 5).
+	MaxAge int32
+}
+
+// BackendKind is the kind of a backendRef.
+type BackendKind string
+
+// Backend kinds: a Service (its endpoints in this cluster) or a ServiceImport (its endpoints in
+// every exporting cluster), GEP-1748.
+const (
+	BackendService       BackendKind = "Service"
+	BackendServiceImport BackendKind = "ServiceImport"
+)
+
+// BackendRef is one HTTPBackendRef or GRPCBackendRef (or a mirror's backendRef).
+type BackendRef struct {
+	// Kind is Service or ServiceImport; anything else is in Invalid.
+	Kind BackendKind
+	// Service is the backend (its namespace defaults to the route's).
+	Service ServiceKey
+	// Port is the backend Service port (0 when unset: a ServiceImport's only port).
+	Port uint32
+	// Weight is the relative share of the rule's traffic (default 1; 0 sends none).
+	Weight int32
+	// Filters are the backendRef's own filters (header modifiers).
+	Filters []RouteFilter
+	// Invalid says why the backend cannot be used ("" when it can): its reason (a Gateway API
+	// ResolvedRefs reason, Reason) and a message. Requests its weight would get receive 500.
+	Invalid *Condition
+}
+
+// RouteTimeouts is HTTPRouteTimeouts; nil fields are unset (no timeout), a zero duration
+// disables the timeout.
+type RouteTimeouts struct {
+	Request        *time.Duration
+	BackendRequest *time.Duration
+}
+
+// RouteRetry is HTTPRouteRetry.
+type RouteRetry struct {
+	// Attempts is the number of retries; nil when unset (Envoy's default, 1).
+	Attempts *int
+	// Codes are the HTTP status codes retried.
+	Codes []int
+	// Backoff is the base interval between attempts; nil when unset (Envoy's 25 ms).
+	Backoff *time.Duration
+}
+
+// Condition is one status condition ResolveRoutes computes for a route parent: Reason and
+// Message as the Gateway API defines them.
+type Condition struct {
+	Status  bool
+	Reason  string
+	Message string
+}
