@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"reflect"
 	"runtime"
 	"slices"
 	"sync"
@@ -214,10 +215,23 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			routingChanged = true
 		}
 	}
-	if routingChanged {
-		rt = assembleRouting(entries, reuse{old: rt, sameVIPRoutes: !vipRoutesChanged, sameDirect: !directChanged}, b.captureHCM, b.headlessHCM)
+	// GAMMA routes change the capture route tables only, and the capture chains of the pods in a
+	// namespace whose consumer routes come or go.
+	gammaChanged := rt == nil || !reflect.DeepEqual(rt.gamma, m.Routing) || !slices.Equal(rt.consumerNamespaces(), consumerNamespaces(m))
+	var oldConsumers map[string][]*listenerv3.FilterChain
+	if rt != nil {
+		oldConsumers = rt.consumerChains
 	}
-	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
+	switch {
+	case routingChanged:
+		rt, err = assembleRouting(b, entries, reuse{old: rt, sameVIPRoutes: !vipRoutesChanged && !gammaChanged, sameDirect: !directChanged})
+	case gammaChanged:
+		rt, err = rt.withGamma(b, entries)
+	}
+	if err != nil {
+		return nil, err
+	}
+	b.captureMatcher, b.captureChains, b.consumerChains = rt.captureMatcher, rt.captureChains, rt.consumerChains
 
 	r := &Resources{}
 	known := func(valid bool, xs ...any) {
@@ -262,6 +276,9 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		if rt.captureMatcher != nil {
 			r.Routes = append(r.Routes, rt.captureRoute)
 			known(rt.valid || rt.vipRouteValid, rt.captureRoute)
+			for _, ns := range slices.Sorted(maps.Keys(rt.consumerRoutes)) {
+				r.Routes = append(r.Routes, rt.consumerRoutes[ns])
+			}
 			if rt.headlessRoute != nil {
 				r.Routes = append(r.Routes, rt.headlessRoute)
 				known(rt.valid || rt.directValid, rt.headlessRoute)
@@ -312,7 +329,8 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		ids[id] = true
 		local := b.localEndpoints[p.UID]
 		pe := oldPods[p.UID]
-		if routingChanged || pe == nil || !podEqual(pe.pod, p) || !endpointsEqual(pe.local, local) {
+		consumerChanged := !slices.Equal(oldConsumers[p.Namespace], rt.consumerChains[p.Namespace])
+		if routingChanged || consumerChanged || pe == nil || !podEqual(pe.pod, p) || !endpointsEqual(pe.local, local) {
 			ls, cs, err := b.podListeners(p)
 			if err != nil {
 				return nil, fmt.Errorf("build pod %s/%s: %w", p.Namespace, p.Name, err)

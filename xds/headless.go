@@ -135,7 +135,8 @@ func (rt *routing) withDirect(entries []*svcEntry) *routing {
 		return nil
 	}
 	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, captureRoute: rt.captureRoute, laneRoute: rt.laneRoute,
-		sharedValid: rt.valid || rt.sharedValid, vipRouteValid: rt.valid || rt.vipRouteValid}
+		sharedValid: rt.valid || rt.sharedValid, vipRouteValid: rt.valid || rt.vipRouteValid,
+		gamma: rt.gamma, consumerRoutes: rt.consumerRoutes, consumerChains: rt.consumerChains}
 	if n.assembleDirect(entries); n.directInMatcher {
 		return nil
 	}

@@ -1,7 +1,9 @@
 package xds
 
 import (
+	"maps"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	xdscore "github.com/cncf/xds/go/xds/core/v3"
@@ -36,6 +38,14 @@ type routing struct {
 	// directInMatcher (more than maxHeadlessMap entries: they are in the matcher instead).
 	headlessFilter  *core.TypedExtensionConfig
 	directInMatcher bool
+	// gamma is the model's GAMMA routing these tables were built from.
+	gamma *model.Routing
+	// consumerRoutes are the capture route tables of the namespaces with GAMMA consumer routes
+	// and pods on this node (consumerRouteName): the VIP routes with that namespace's routes
+	// where it has them; consumerChains the capture filter chains of its pods, whose HTTP chain
+	// uses that table.
+	consumerRoutes map[string]*routev3.RouteConfiguration
+	consumerChains map[string][]*listenerv3.FilterChain
 	// valid is set once a build that used this routing passed ValidateAll. The other flags say
 	// that a part is the value of an earlier routing that had: sharedValid the matcher, chains
 	// and lane route (withDirect), vipRouteValid captureRoute, directValid headlessRoute and
@@ -71,8 +81,9 @@ type reuse struct {
 // (and for HTTP ports the headless route table), not every pod's capture listener, nor the VIP
 // route table, which Envoy would otherwise rebuild on every such change (docs/node-proxy.md,
 // "Headless Services").
-func assembleRouting(entries []*svcEntry, keep reuse, captureHCM, headlessHCM *listenerv3.Filter) *routing {
-	rt := &routing{}
+func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, error) {
+	captureHCM, headlessHCM := b.captureHCM, b.headlessHCM
+	rt := &routing{gamma: b.m.Routing}
 	var floors []floorChain
 	byPort := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
 	lane := &routev3.RouteConfiguration{Name: LaneRouteName}
@@ -89,8 +100,9 @@ func assembleRouting(entries []*svcEntry, keep reuse, captureHCM, headlessHCM *l
 	rt.laneRoute = lane
 	if o := keep.old; o != nil && keep.sameVIPRoutes {
 		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
+		rt.consumerRoutes = o.consumerRoutes
 	} else {
-		rt.captureRoute = captureRoute(CaptureRouteName, routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes }))
+		rt.gammaRoutes(b.m, entries)
 	}
 	var direct map[netip.AddrPort]string
 	var directChains map[uint16]map[string]bool
@@ -117,7 +129,7 @@ func assembleRouting(entries []*svcEntry, keep reuse, captureHCM, headlessHCM *l
 		directChains = nil
 	}
 	if len(byPort) == 0 && len(directChains) == 0 {
-		return rt
+		return rt, nil
 	}
 	portInput, _ := anypb.New(&netinputsv3.DestinationPortInput{})
 	ipInput, _ := anypb.New(&netinputsv3.DestinationIPInput{})
@@ -153,7 +165,113 @@ func assembleRouting(entries []*svcEntry, keep reuse, captureHCM, headlessHCM *l
 	for _, fc := range floors {
 		rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{fc.tcp}})
 	}
-	return rt
+	return rt, rt.gammaChains(b, nil)
+}
+
+// consumerRouteName names the capture route table of the pods in namespace ns, which has GAMMA
+// consumer routes: "capture-http/<ns>".
+func consumerRouteName(ns string) string { return CaptureRouteName + "/" + ns }
+
+// gammaRoutes builds the capture route table (CaptureRouteName) from the services' VIP routes with
+// the producer GAMMA routes in place of the default route of the frontends that have any, and
+// one table per namespace with consumer routes and pods on this node (consumerRouteName), with
+// the routes its callers get (model.Routing.For).
+func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry) {
+	base := routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes })
+	gm := m.Routing
+	if gm == nil || len(gm.Ports) == 0 {
+		rt.captureRoute, rt.consumerRoutes = captureRoute(CaptureRouteName, base), nil
+		return
+	}
+	// The entries of one frontend for one group are one slice: the same slice for callers in
+	// every namespace without consumer routes, so each is built once.
+	built := map[*model.RouteEntry]*xdsmatcher.Matcher_OnMatch{}
+	override := func(dst map[string]*xdsmatcher.Matcher_OnMatch, ns string) {
+		for fe := range gm.Ports {
+			es := gm.For(fe, ns)
+			s := m.Service(fe.Service)
+			if len(es) == 0 || s == nil {
+				continue
+			}
+			act := built[&es[0]]
+			if act == nil {
+				a, _ := anypb.New(gammaRouteList(m, es))
+				act = routeAction(a)
+				built[&es[0]] = act
+			}
+			vips := s.VIPs
+			if fe.Import {
+				vips = s.ClustersetVIPs
+			}
+			for _, vip := range vips {
+				dst[netip.AddrPortFrom(vip, uint16(fe.Port)).String()] = act
+			}
+		}
+	}
+	producer := maps.Clone(base)
+	override(producer, "")
+	rt.captureRoute = captureRoute(CaptureRouteName, producer)
+	rt.consumerRoutes = nil
+	for _, ns := range consumerNamespaces(m) {
+		t := maps.Clone(base)
+		override(t, ns)
+		if rt.consumerRoutes == nil {
+			rt.consumerRoutes = map[string]*routev3.RouteConfiguration{}
+		}
+		rt.consumerRoutes[ns] = captureRoute(consumerRouteName(ns), t)
+	}
+}
+
+// consumerNamespaces are the namespaces with GAMMA consumer routes that have pods on this node.
+func consumerNamespaces(m *model.Mesh) []string {
+	if m.Routing == nil {
+		return nil
+	}
+	var out []string
+	for _, ns := range m.Routing.ConsumerNamespaces {
+		if slices.ContainsFunc(m.Pods, func(p *model.LocalPod) bool { return p.Namespace == ns }) {
+			out = append(out, ns)
+		}
+	}
+	return out
+}
+
+// gammaChains sets the capture filter chains of the consumer namespaces' pods: the shared chains
+// with the HTTP chain's connection manager on the namespace's table. A namespace's chains in old
+// (a routing with the same capture chains) are kept, so its pods' listeners stay the same values.
+func (rt *routing) gammaChains(b *builder, old *routing) error {
+	rt.consumerChains = nil
+	if len(rt.captureChains) == 0 {
+		return nil
+	}
+	for ns := range rt.consumerRoutes {
+		if rt.consumerChains == nil {
+			rt.consumerChains = map[string][]*listenerv3.FilterChain{}
+		}
+		if old != nil && old.consumerChains[ns] != nil {
+			rt.consumerChains[ns] = old.consumerChains[ns]
+			continue
+		}
+		hcm, err := b.hcmFor(consumerRouteName(ns))
+		if err != nil {
+			return err
+		}
+		cc := slices.Clone(rt.captureChains)
+		cc[0] = &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{hcm}}
+		rt.consumerChains[ns] = cc
+	}
+	return nil
+}
+
+// withGamma is rt with the capture route tables rebuilt for the model's GAMMA routing, for a
+// build in which nothing else of the routing changed; the consumer namespaces' chains are kept
+// where they exist.
+func (rt *routing) withGamma(b *builder, entries []*svcEntry) (*routing, error) {
+	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute,
+		headlessRoute: rt.headlessRoute, headlessFilter: rt.headlessFilter, directInMatcher: rt.directInMatcher,
+		sharedValid: rt.valid || rt.sharedValid, directValid: rt.valid || rt.directValid, gamma: b.m.Routing}
+	n.gammaRoutes(b.m, entries)
+	return n, n.gammaChains(b, rt)
 }
 
 // routeMap is the capture route table's matcher map of the routes pick gives for each entry
@@ -257,4 +375,9 @@ func routeTo(cluster string) *routev3.Route {
 func routeAction(route *anypb.Any) *xdsmatcher.Matcher_OnMatch {
 	return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
 		Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}
+}
+
+// consumerNamespaces are the namespaces rt has consumer route tables for, sorted.
+func (rt *routing) consumerNamespaces() []string {
+	return slices.Sorted(maps.Keys(rt.consumerRoutes))
 }

@@ -1,0 +1,270 @@
+package xds
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/aethermesh/aether/model"
+)
+
+// invalidClusterPrefix names the clusters a route sends an invalid backend's share to: no such
+// cluster exists, and the route's cluster_not_found_response_code answers 500, as
+// HTTPRouteRule.backendRefs asks for requests that would have gone to an invalid backend.
+const invalidClusterPrefix = "invalid|"
+
+// gammaRouteList is the Envoy routes of a frontend's GAMMA route entries, in their order (the
+// capture route tables' matcher action for the frontend's "VIP:port" keys): Envoy takes the first
+// route that matches, and answers 404 when none does, as HTTPRouteRule.matches requires.
+func gammaRouteList(m *model.Mesh, entries []model.RouteEntry) *routev3.RouteList {
+	rl := &routev3.RouteList{Routes: make([]*routev3.Route, 0, len(entries))}
+	for _, e := range entries {
+		rl.Routes = append(rl.Routes, gammaRoute(m, e))
+	}
+	return rl
+}
+
+// gammaRoute is the Envoy route of one entry: its match, then the rule's filters and backends.
+// The route is named "<kind> <ns>/<name> rule <i> match <j>".
+func gammaRoute(m *model.Mesh, e model.RouteEntry) *routev3.Route {
+	r := &routev3.Route{
+		Name:  fmt.Sprintf("%s rule %d match %d", e.Route, e.RuleIndex, e.MatchIndex),
+		Match: routeMatch(e.Match),
+	}
+	rule := e.Rule
+	var rewrite *model.Rewrite
+	var mirrors []*model.Mirror
+	for _, f := range rule.Filters {
+		switch f.Type {
+		case model.FilterRequestHeaderModifier:
+			r.RequestHeadersToAdd = append(r.RequestHeadersToAdd, headerOptions(f.Headers)...)
+			r.RequestHeadersToRemove = append(r.RequestHeadersToRemove, f.Headers.Remove...)
+		case model.FilterResponseHeaderModifier:
+			r.ResponseHeadersToAdd = append(r.ResponseHeadersToAdd, headerOptions(f.Headers)...)
+			r.ResponseHeadersToRemove = append(r.ResponseHeadersToRemove, f.Headers.Remove...)
+		case model.FilterRequestRedirect:
+			r.Action = &routev3.Route_Redirect{Redirect: redirectAction(e.Match.Path, f.Redirect)}
+			return r
+		case model.FilterURLRewrite:
+			rewrite = f.Rewrite
+		case model.FilterRequestMirror:
+			mirrors = append(mirrors, f.Mirror)
+		}
+	}
+	ra := &routev3.RouteAction{
+		// No per-request timeout unless the rule sets one: streams and long polls are the
+		// application's business (as for the default route, routeTo).
+		Timeout:                     durationpb.New(0),
+		ClusterNotFoundResponseCode: routev3.RouteAction_INTERNAL_SERVER_ERROR,
+	}
+	var wcs []*routev3.WeightedCluster_ClusterWeight
+	for _, b := range rule.Backends {
+		if b.Weight <= 0 {
+			continue
+		}
+		cw := &routev3.WeightedCluster_ClusterWeight{Name: backendCluster(m, b), Weight: wrapperspb.UInt32(uint32(b.Weight))}
+		for _, f := range b.Filters {
+			switch f.Type {
+			case model.FilterRequestHeaderModifier:
+				cw.RequestHeadersToAdd = append(cw.RequestHeadersToAdd, headerOptions(f.Headers)...)
+				cw.RequestHeadersToRemove = append(cw.RequestHeadersToRemove, f.Headers.Remove...)
+			case model.FilterResponseHeaderModifier:
+				cw.ResponseHeadersToAdd = append(cw.ResponseHeadersToAdd, headerOptions(f.Headers)...)
+				cw.ResponseHeadersToRemove = append(cw.ResponseHeadersToRemove, f.Headers.Remove...)
+			}
+		}
+		wcs = append(wcs, cw)
+	}
+	switch {
+	case len(wcs) == 0:
+		// No backend, or none with weight: nowhere to send the request (HTTPRouteRule.backendRefs).
+		r.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}}
+		return r
+	case len(wcs) == 1 && len(wcs[0].RequestHeadersToAdd)+len(wcs[0].RequestHeadersToRemove)+len(wcs[0].ResponseHeadersToAdd)+len(wcs[0].ResponseHeadersToRemove) == 0:
+		ra.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: wcs[0].Name}
+	default:
+		ra.ClusterSpecifier = &routev3.RouteAction_WeightedClusters{WeightedClusters: &routev3.WeightedCluster{Clusters: wcs}}
+	}
+	if rewrite != nil {
+		if rewrite.Hostname != "" {
+			ra.HostRewriteSpecifier = &routev3.RouteAction_HostRewriteLiteral{HostRewriteLiteral: rewrite.Hostname}
+		}
+		if rewrite.Path != nil {
+			ra.RegexRewrite = pathRewrite(e.Match.Path, rewrite.Path)
+		}
+	}
+	for _, mi := range mirrors {
+		if mi.Backend.Invalid != nil {
+			continue // reported in ResolvedRefs; nothing to mirror to
+		}
+		ra.RequestMirrorPolicies = append(ra.RequestMirrorPolicies, &routev3.RouteAction_RequestMirrorPolicy{
+			Cluster: backendCluster(m, mi.Backend),
+			RuntimeFraction: &core.RuntimeFractionalPercent{DefaultValue: &typev3.FractionalPercent{
+				Numerator:   uint32(int64(mi.Numerator) * 1_000_000 / int64(mi.Denominator)),
+				Denominator: typev3.FractionalPercent_MILLION,
+			}},
+		})
+	}
+	t := rule.Timeouts
+	if t.Request != nil {
+		ra.Timeout = durationpb.New(*t.Request)
+	}
+	if rt := rule.Retry; rt != nil {
+		rp := &routev3.RetryPolicy{RetryOn: "connect-failure,refused-stream,reset"}
+		if len(rt.Codes) > 0 {
+			rp.RetryOn += ",retriable-status-codes"
+			for _, c := range rt.Codes {
+				rp.RetriableStatusCodes = append(rp.RetriableStatusCodes, uint32(c))
+			}
+		}
+		if rt.Attempts != nil {
+			rp.NumRetries = wrapperspb.UInt32(uint32(*rt.Attempts))
+		}
+		if rt.Backoff != nil {
+			rp.RetryBackOff = &routev3.RetryPolicy_RetryBackOff{BaseInterval: durationpb.New(*rt.Backoff)}
+		}
+		if t.BackendRequest != nil {
+			rp.PerTryTimeout = durationpb.New(*t.BackendRequest)
+		}
+		ra.RetryPolicy = rp
+	} else if t.BackendRequest != nil && *t.BackendRequest > 0 && (t.Request == nil || *t.Request == 0 || *t.BackendRequest < *t.Request) {
+		// Without retries there is one backend request: its timeout bounds the whole request.
+		ra.Timeout = durationpb.New(*t.BackendRequest)
+	}
+	r.Action = &routev3.Route_Route{Route: ra}
+	return r
+}
+
+// backendCluster is the cluster a backend's traffic goes to: the service port's EDS cluster, or
+// for an invalid backend a cluster that does not exist (invalidClusterPrefix).
+func backendCluster(m *model.Mesh, b model.BackendRef) string {
+	if b.Invalid != nil {
+		return invalidClusterPrefix + string(b.Kind) + "/" + b.Service.String()
+	}
+	return ClusterName(m, b.Service, b.Port)
+}
+
+// routeMatch is the Envoy match of one route match: the path (PathPrefix as
+// path_separated_prefix, so "/abc" matches "/abc" and "/abc/d" but not "/abcd"), or a GRPCRoute's
+// method as the path "/<service>/<method>", then headers, :method and query parameters.
+func routeMatch(mm model.RouteMatch) *routev3.RouteMatch {
+	rm := &routev3.RouteMatch{}
+	switch {
+	case mm.GRPC != nil:
+		g := mm.GRPC
+		switch {
+		case g.Type == model.MatchExact && g.Service != "" && g.Method != "":
+			rm.PathSpecifier = &routev3.RouteMatch_Path{Path: "/" + g.Service + "/" + g.Method}
+		case g.Type == model.MatchExact && g.Method == "":
+			rm.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: "/" + g.Service + "/"}
+		default:
+			svc, method := g.Service, g.Method
+			if g.Type == model.MatchExact {
+				svc, method = regexp.QuoteMeta(svc), regexp.QuoteMeta(method)
+			}
+			if svc == "" {
+				svc = "[^/]+"
+			}
+			if method == "" {
+				method = "[^/]+"
+			}
+			rm.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "/(" + svc + ")/(" + method + ")"}}
+		}
+	case mm.Path.Type == model.MatchExact:
+		rm.PathSpecifier = &routev3.RouteMatch_Path{Path: mm.Path.Value}
+	case mm.Path.Type == model.MatchRegex:
+		rm.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: mm.Path.Value}}
+	default:
+		if p := strings.TrimRight(mm.Path.Value, "/"); p != "" {
+			rm.PathSpecifier = &routev3.RouteMatch_PathSeparatedPrefix{PathSeparatedPrefix: p}
+		} else {
+			rm.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: "/"}
+		}
+	}
+	for _, h := range mm.Headers {
+		rm.Headers = append(rm.Headers, &routev3.HeaderMatcher{Name: h.Name,
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: stringMatcher(h)}})
+	}
+	if mm.Method != "" {
+		rm.Headers = append(rm.Headers, &routev3.HeaderMatcher{Name: ":method",
+			HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+				MatchPattern: &matcherv3.StringMatcher_Exact{Exact: mm.Method}}}})
+	}
+	for _, q := range mm.Query {
+		rm.QueryParameters = append(rm.QueryParameters, &routev3.QueryParameterMatcher{Name: q.Name,
+			QueryParameterMatchSpecifier: &routev3.QueryParameterMatcher_StringMatch{StringMatch: stringMatcher(q)}})
+	}
+	return rm
+}
+
+func stringMatcher(s model.StringMatch) *matcherv3.StringMatcher {
+	if s.Type == model.MatchRegex {
+		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: s.Value}}}
+	}
+	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s.Value}}
+}
+
+// headerOptions are a header modifier's set (overwrite) and add (append) entries.
+func headerOptions(h *model.HeaderModifier) []*core.HeaderValueOption {
+	var out []*core.HeaderValueOption
+	for _, s := range h.Set {
+		out = append(out, &core.HeaderValueOption{Header: &core.HeaderValue{Key: s.Name, Value: s.Value},
+			AppendAction: core.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
+	}
+	for _, a := range h.Add {
+		out = append(out, &core.HeaderValueOption{Header: &core.HeaderValue{Key: a.Name, Value: a.Value},
+			AppendAction: core.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD})
+	}
+	return out
+}
+
+// pathRewrite is the regex rewrite of an HTTPPathModifier under path match p: ReplaceFullPath
+// replaces the whole path; ReplacePrefixMatch replaces the matched prefix, element-wise as the
+// HTTPPathModifier docs show ("/foo" replaced by "/" turns "/foo/bar" into "/bar", not "//bar").
+func pathRewrite(p model.PathMatch, pm *model.PathModifier) *matcherv3.RegexMatchAndSubstitute {
+	if pm.Type == model.ReplaceFullPath {
+		return &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: "^.*$"}, Substitution: pm.Value}
+	}
+	prefix := strings.TrimRight(p.Value, "/")
+	repl := strings.TrimRight(pm.Value, "/")
+	switch {
+	case prefix == "":
+		// Prefix "/": every path; the replacement goes in front of it.
+		return &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: "^/"}, Substitution: repl + "/"}
+	case repl == "":
+		return &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: "^" + regexp.QuoteMeta(prefix) + "/?"}, Substitution: "/"}
+	}
+	return &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: "^" + regexp.QuoteMeta(prefix)}, Substitution: repl}
+}
+
+// redirectCodes maps HTTPRequestRedirectFilter.statusCode to Envoy's response codes.
+var redirectCodes = map[int]routev3.RedirectAction_RedirectResponseCode{
+	301: routev3.RedirectAction_MOVED_PERMANENTLY,
+	302: routev3.RedirectAction_FOUND,
+	303: routev3.RedirectAction_SEE_OTHER,
+	307: routev3.RedirectAction_TEMPORARY_REDIRECT,
+	308: routev3.RedirectAction_PERMANENT_REDIRECT,
+}
+
+// redirectAction is the Envoy redirect of an HTTPRequestRedirectFilter under path match p.
+func redirectAction(p model.PathMatch, d *model.Redirect) *routev3.RedirectAction {
+	ra := &routev3.RedirectAction{ResponseCode: redirectCodes[d.StatusCode], HostRedirect: d.Hostname, PortRedirect: d.Port}
+	if d.Scheme != "" {
+		ra.SchemeRewriteSpecifier = &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: d.Scheme}
+	}
+	if d.Path != nil {
+		if d.Path.Type == model.ReplaceFullPath {
+			ra.PathRewriteSpecifier = &routev3.RedirectAction_PathRedirect{PathRedirect: d.Path.Value}
+		} else {
+			ra.PathRewriteSpecifier = &routev3.RedirectAction_RegexRewrite{RegexRewrite: pathRewrite(p, d.Path)}
+		}
+	}
+	return ra
+}

@@ -1,0 +1,241 @@
+package xds
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/model"
+)
+
+// gammaRoutes are routes over goldenMesh's services using every match type and filter: a
+// producer HTTPRoute on shop/web port 80, a producer GRPCRoute on its port 9090, and a consumer
+// route in shop for the ServiceImport edge/api.
+func gammaRoutes() []model.Route {
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	api := model.ServiceKey{Namespace: "edge", Name: "api"}
+	d := func(v time.Duration) *time.Duration { return &v }
+	n := func(v int) *int { return &v }
+	hm := &model.HeaderModifier{Set: []model.Header{{Name: "x-set", Value: "1"}}, Add: []model.Header{{Name: "x-add", Value: "2"}}, Remove: []string{"x-gone"}}
+	return []model.Route{{
+		RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "web"},
+		Parents:  []model.ParentRef{{Kind: model.ParentService, Service: web, Port: 80}},
+		Rules: []model.RouteRule{{
+			Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchExact, Value: "/exact"}, Method: "POST",
+				Headers: []model.StringMatch{{Type: model.MatchExact, Name: "x-a", Value: "1"}, {Type: model.MatchRegex, Name: "x-b", Value: "v[0-9]+"}},
+				Query:   []model.StringMatch{{Type: model.MatchExact, Name: "q", Value: "1"}, {Type: model.MatchRegex, Name: "r", Value: "a.*"}}}},
+			Filters: []model.RouteFilter{
+				{Type: model.FilterRequestHeaderModifier, Headers: hm},
+				{Type: model.FilterResponseHeaderModifier, Headers: hm},
+				{Type: model.FilterRequestMirror, Mirror: &model.Mirror{Backend: model.BackendRef{Kind: model.BackendService, Service: web, Port: 80}, Numerator: 25, Denominator: 100}},
+				{Type: model.FilterRequestMirror, Mirror: &model.Mirror{Backend: model.BackendRef{Kind: model.BackendServiceImport, Service: api, Port: 80}, Numerator: 1, Denominator: 3}},
+			},
+			Backends: []model.BackendRef{
+				{Kind: model.BackendService, Service: web, Port: 80, Weight: 90},
+				{Kind: model.BackendServiceImport, Service: api, Port: 80, Weight: 10, Filters: []model.RouteFilter{{Type: model.FilterRequestHeaderModifier, Headers: hm}}},
+				{Kind: model.BackendService, Service: web, Port: 80, Weight: 0},
+				{Kind: model.BackendService, Service: model.ServiceKey{Namespace: "shop", Name: "gone"}, Port: 80, Weight: 5},
+			},
+			Timeouts: model.RouteTimeouts{Request: d(2 * time.Second), BackendRequest: d(500 * time.Millisecond)},
+			Retry:    &model.RouteRetry{Attempts: n(3), Codes: []int{502, 503}, Backoff: d(100 * time.Millisecond)},
+		}, {
+			Matches:  []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchRegex, Value: "/v[0-9]/.*"}}},
+			Filters:  []model.RouteFilter{{Type: model.FilterRequestHeaderModifier, Headers: hm}},
+			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
+		}, {
+			Matches:  []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/api/"}}, {Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/v1"}}},
+			Filters:  []model.RouteFilter{{Type: model.FilterURLRewrite, Rewrite: &model.Rewrite{Hostname: "internal", Path: &model.PathModifier{Type: model.ReplacePrefixMatch, Value: "/"}}}},
+			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
+			Timeouts: model.RouteTimeouts{BackendRequest: d(time.Second)},
+		}, {
+			Matches:  []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/full"}}},
+			Filters:  []model.RouteFilter{{Type: model.FilterURLRewrite, Rewrite: &model.Rewrite{Path: &model.PathModifier{Type: model.ReplaceFullPath, Value: "/replaced"}}}},
+			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
+		}, {
+			Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/old"}}},
+			Filters: []model.RouteFilter{{Type: model.FilterRequestRedirect, Redirect: &model.Redirect{Scheme: "https", Hostname: "new.example", Port: 8443, StatusCode: 308,
+				Path: &model.PathModifier{Type: model.ReplacePrefixMatch, Value: "/new"}}}},
+		}, {
+			Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/see-other"}}},
+			Filters: []model.RouteFilter{{Type: model.FilterRequestRedirect, Redirect: &model.Redirect{StatusCode: 303, Path: &model.PathModifier{Type: model.ReplaceFullPath, Value: "/other"}}}},
+		}, {
+			Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/nowhere"}}},
+		}},
+	}, {
+		RouteRef: model.RouteRef{Kind: model.KindGRPCRoute, Namespace: "shop", Name: "rpc"},
+		Parents:  []model.ParentRef{{Kind: model.ParentService, Service: web, Port: 9090}},
+		Rules: []model.RouteRule{{
+			Matches: []model.RouteMatch{
+				{GRPC: &model.GRPCMethodMatch{Type: model.MatchExact, Service: "pkg.Echo", Method: "Say"}},
+				{GRPC: &model.GRPCMethodMatch{Type: model.MatchExact, Service: "pkg.Echo"}},
+				{GRPC: &model.GRPCMethodMatch{Type: model.MatchExact, Method: "Ping"}},
+				{GRPC: &model.GRPCMethodMatch{Type: model.MatchRegex, Service: `pkg\..*`}, Headers: []model.StringMatch{{Type: model.MatchExact, Name: "x-v", Value: "2"}}},
+				{},
+			},
+			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 9090, Weight: 1}},
+		}},
+	}, {
+		RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "to-api"},
+		Parents:  []model.ParentRef{{Kind: model.ParentServiceImport, Service: api}},
+		Rules: []model.RouteRule{{
+			Matches:  []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}},
+			Filters:  []model.RouteFilter{{Type: model.FilterRequestHeaderModifier, Headers: &model.HeaderModifier{Set: []model.Header{{Name: "x-consumer", Value: "shop"}}}}},
+			Backends: []model.BackendRef{{Kind: model.BackendServiceImport, Service: api, Port: 80, Weight: 1}},
+		}},
+	}}
+}
+
+// gammaMesh is goldenMesh with gammaRoutes resolved and a pod in namespace edge (which has no
+// consumer routes, so it uses the shared capture route table).
+func gammaMesh(t *testing.T, routes []model.Route) *model.Mesh {
+	g := goldenMesh()
+	pods := append(g.Pods, &model.LocalPod{UID: "uid-edge", Namespace: "edge", Name: "edge-client", ServiceAccount: "edge",
+		NetnsPath: "/var/run/netns/cni-edge", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.6")}, Ready: true})
+	m := model.New(g.Version, g.Cluster, g.MeshDomain, g.TrustDomain, g.Node, g.Services, g.Endpoints, pods)
+	byKey := map[model.ServiceKey]*model.Service{}
+	for _, s := range m.Services {
+		byKey[s.Key] = s
+	}
+	var st []model.RouteStatus
+	m.Routing, st = model.ResolveRoutes(byKey, routes)
+	for _, s := range st {
+		for _, p := range s.Parents {
+			if !p.Accepted.Status {
+				t.Fatalf("%s not accepted: %+v", s.Route, p.Accepted)
+			}
+		}
+	}
+	return m
+}
+
+// TestBuildGAMMAGolden builds goldenMesh with routes using every match type and filter and
+// compares the route tables with their golden file; they pass ValidateAll and the snapshot is
+// Consistent (the consumer namespace's table is named by its pods' capture listeners).
+func TestBuildGAMMAGolden(t *testing.T) {
+	m := gammaMesh(t, gammaRoutes())
+	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ValidateAll(); err != nil {
+		t.Fatalf("ValidateAll: %v", err)
+	}
+	snap, err := cache.NewSnapshot("1", r.typed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snap.Consistent(); err != nil {
+		t.Fatalf("snapshot not Consistent: %v", err)
+	}
+	testenv.Golden(t, "gamma.routes.json", stableJSON(t, asMessages(r.Routes)))
+
+	var names []string
+	for _, rc := range r.Routes {
+		names = append(names, rc.Name)
+	}
+	if got := strings.Join(names, " "); got != "capture-http capture-http-headless capture-http/shop lane" {
+		t.Errorf("route tables = %s, want the consumer namespace shop's table too", got)
+	}
+	for _, l := range r.Listeners {
+		if strings.HasPrefix(l.Name, "capture|shop/") {
+			if got := rdsName(t, l.FilterChains[0]); got != "capture-http/shop" {
+				t.Errorf("%s: HTTP chain uses %q, want capture-http/shop", l.Name, got)
+			}
+		}
+	}
+}
+
+// TestBuilderGAMMAChanges checks that a route change rebuilds only the capture route tables, and
+// that consumer routes coming and going switch the namespace's capture chains.
+func TestBuilderGAMMAChanges(t *testing.T) {
+	bl := NewBuilder(Options{})
+	plain := gammaMesh(t, nil)
+	r1, err := bl.Build(plain, fakeSVIDs(plain), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	routed := gammaMesh(t, gammaRoutes())
+	r2, err := bl.Build(routed, fakeSVIDs(routed), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r2.ValidateAll(); err != nil {
+		t.Fatal(err)
+	}
+	// same reports whether b kept a's outbound clusters (the same values, not rebuilt) and its
+	// shared capture route table.
+	same := func(a, b *Resources) (clusters, routes bool) {
+		outbound := map[string]any{}
+		for _, c := range a.Clusters {
+			outbound[c.Name] = c
+		}
+		clusters = true
+		for _, c := range b.Clusters {
+			if strings.Contains(c.Name, ".mesh:") {
+				clusters = clusters && outbound[c.Name] == any(c)
+			}
+		}
+		return clusters, routeNamed(a, CaptureRouteName) == routeNamed(b, CaptureRouteName)
+	}
+	if c, rts := same(r1, r2); !c || rts {
+		t.Errorf("adding routes: clusters kept %t (want true), capture route kept %t (want false)", c, rts)
+	}
+	full, err := Build(routed, fakeSVIDs(routed), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stableJSON(t, asMessages(r2.Routes)), stableJSON(t, asMessages(full.Routes)); string(got) != string(want) {
+		t.Errorf("incremental route tables differ from a full build")
+	}
+	if got, want := stableJSON(t, asMessages(r2.Listeners)), stableJSON(t, asMessages(full.Listeners)); string(got) != string(want) {
+		t.Errorf("incremental listeners differ from a full build")
+	}
+	again := gammaMesh(t, gammaRoutes())
+	r3, err := bl.Build(again, fakeSVIDs(again), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if routeNamed(r3, CaptureRouteName) != routeNamed(r2, CaptureRouteName) || routeNamed(r3, "capture-http/shop") != routeNamed(r2, "capture-http/shop") {
+		t.Errorf("the same routes again rebuilt the route tables")
+	}
+	r4, err := bl.Build(gammaMesh(t, nil), fakeSVIDs(plain), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, rc := range r4.Routes {
+		if strings.HasPrefix(rc.Name, "capture-http/") {
+			t.Errorf("routes removed: %s still served", rc.Name)
+		}
+	}
+	for _, l := range r4.Listeners {
+		if strings.HasPrefix(l.Name, "capture|shop/") && rdsName(t, l.FilterChains[0]) != CaptureRouteName {
+			t.Errorf("%s: still on the consumer table after the routes went", l.Name)
+		}
+	}
+}
+
+// rdsName is the route configuration the HTTP connection manager of chain fc names.
+func rdsName(t *testing.T, fc *listenerv3.FilterChain) string {
+	t.Helper()
+	h := &hcmv3.HttpConnectionManager{}
+	if err := fc.GetFilters()[0].GetTypedConfig().UnmarshalTo(h); err != nil {
+		t.Fatalf("chain %s: %v", fc.GetName(), err)
+	}
+	return h.GetRds().GetRouteConfigName()
+}
+
+func routeNamed(r *Resources, name string) *routev3.RouteConfiguration {
+	for _, rc := range r.Routes {
+		if rc.Name == name {
+			return rc
+		}
+	}
+	return nil
+}
