@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
 	"github.com/aethermesh/aether/capture"
@@ -68,6 +69,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("MCS client: %w", err)
 	}
+	gw, err := gwclient.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("Gateway API client: %w", err)
+	}
 
 	// The sources report changes on one channel, created before the assembler that consumes it
 	// (below, once the sources it reads exist); each change is counted by source.
@@ -82,6 +87,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	routes := NewRouteSource(log, gw, cs.Discovery(), notify("routes"))
 	// Endpoint deletions wait two lease TTLs after the registry was last unreachable: long
 	// enough for writers cut off with this node to reconnect and re-register (registryView).
 	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, notify("registry"))
@@ -153,6 +159,9 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := kube.Start(ctx, 2*time.Minute); err != nil {
 		return err
 	}
+	if err := routes.Start(ctx, 2*time.Minute); err != nil {
+		return err
+	}
 	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })
 
 	// This node's locality: the region is the cluster's, --region (AETHER_REGION), else
@@ -166,7 +175,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Cluster: cfg.Cluster, MeshDomain: cfg.MeshDomain, TrustDomain: cfg.TrustDomain, Logger: log,
 		Region: region, Zone: cfg.Zone,
 		Observe: func(took time.Duration) { metrics.buildSeconds.Observe(took.Seconds()) },
-	}, kube, view, att)
+	}, fillers{kube, routes}, view, att)
 	go forward(ctx, changed, asm.Trigger)
 	// Clashes and skipped fields are logged when they first appear, not on every rebuild (an
 	// endpoint change rebuilds the model); the metric always has the current count.
