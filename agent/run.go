@@ -71,7 +71,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	gw, err := gwclient.NewForConfig(rc)
 	if err != nil {
-		return fmt.Errorf("Gateway API client: %w", err)
+		return fmt.Errorf("gateway API client: %w", err)
 	}
 
 	// The sources report changes on one channel, created before the assembler that consumes it
