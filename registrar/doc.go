@@ -7,14 +7,18 @@
 // the Multi-Cluster Services controllers of package registrar/mcs — the ExportView, the
 // ExportController (ServiceExport to an export mark in this cluster's registry partition, with
 // Valid, Ready and Conflict conditions) and the ImportGenerator (ServiceImport and the
-// <svc>-clusterset VIP Service from the clusterset-wide export view) — and a registry probe that
+// <svc>-clusterset VIP Service from the clusterset-wide export view) —, the route status
+// controller of package registrar/routestatus (aether's status.parents entries of GAMMA
+// HTTPRoutes and GRPCRoutes, once their CRDs are installed), and a registry probe that
 // makes the registrar not ready while the registry does not answer (and, when the registry
 // partition is claimed by another cluster, stops the registrar or, with
 // Config.KeepRunningOnClaimConflict, pauses the controllers). docs/registrar.md is the
 // operator's guide.
 //
 // It is the only aether component that writes Kubernetes objects from registry state, and it
-// never touches objects aether did not create (label aether.io/managed-by: aether); it writes
-// only ServiceExport status. It must not write endpoints or another cluster's registry partition
-// (package registry owns the key layout and refuses such writes).
+// never touches objects aether did not create (label aether.io/managed-by: aether); of other
+// objects it writes only status: ServiceExport status, and its own (controllerName
+// aether.io/gateway-controller) entries of HTTPRoute and GRPCRoute status.parents. It must not
+// write endpoints or another cluster's registry partition (package registry owns the key layout
+// and refuses such writes).
 package registrar

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/discovery"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
@@ -23,9 +24,11 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/aethermesh/aether/registrar/mcs"
+	"github.com/aethermesh/aether/registrar/routestatus"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -81,18 +84,23 @@ type Config struct {
 	MaxRetryDelay time.Duration
 	// SkipNameValidation allows several registrars in one process (tests).
 	SkipNameValidation bool
+	// RouteCRDRecheck is how often the route status controller looks again for a Gateway API
+	// route CRD (HTTPRoute, GRPCRoute) that is not installed (default 30 s).
+	RouteCRDRecheck time.Duration
 	// Logger receives the registrar's logs. Required.
 	Logger *slog.Logger
 }
 
 // Registrar is a configured, not yet started registrar: a controller-runtime manager with the
-// ExportView, the ExportController, the ImportGenerator and the registry probe.
+// ExportView, the ExportController, the ImportGenerator, the route status controller and the
+// registry probe.
 type Registrar struct {
 	mgr    manager.Manager
 	cfg    Config
 	log    *slog.Logger
 	export *mcs.ExportController
 	imp    *mcs.ImportGenerator
+	routes *routestatus.Controller
 
 	mu       sync.Mutex
 	probeErr error
@@ -186,10 +194,30 @@ func New(cfg Config) (*Registrar, error) {
 		Client: mgr.GetClient(), View: view, Recorder: mgr.GetEventRecorder("aether-registrar"), Log: log, Metrics: met,
 		ControllerTuning: tuning(),
 	}
+	// The route status controller is not paused with the MCS controllers: it writes only this
+	// cluster's route status, from this cluster's objects, and never the registry.
+	gw, err := gwclient.NewForConfig(cfg.Kube)
+	if err != nil {
+		return nil, fmt.Errorf("create registrar: Gateway API client: %w", err)
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg.Kube)
+	if err != nil {
+		return nil, fmt.Errorf("create registrar: discovery client: %w", err)
+	}
+	rmet, err := routestatus.NewMetrics(cfg.Metrics)
+	if err != nil {
+		return nil, fmt.Errorf("create registrar: %w", err)
+	}
+	r.routes = &routestatus.Controller{
+		Client: mgr.GetClient(), Gateway: gw, Discovery: disc, Log: log, Metrics: rmet, CRDRecheck: cfg.RouteCRDRecheck,
+		RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
+		SkipNameValidation: cfg.SkipNameValidation,
+	}
 	if err := errors.Join(
 		mgr.Add(view),
 		r.export.SetupWithManager(mgr),
 		r.imp.SetupWithManager(mgr),
+		r.routes.SetupWithManager(mgr),
 		mgr.Add(everyReplica(r.probeLoop)),
 		mgr.AddHealthzCheck("ping", healthz.Ping),
 		mgr.AddReadyzCheck("registry", r.readyCheck),
