@@ -69,8 +69,15 @@ type cluster struct {
 
 func newCluster(t testing.TB, name string) *cluster {
 	t.Helper()
+	return newClusterWithCRDs(t, name, "deploy/crds")
+}
+
+// newClusterWithCRDs is newCluster with the CRDs of crdDir (testenv.InstallCRDs) instead of
+// every CRD aether ships.
+func newClusterWithCRDs(t testing.TB, name, crdDir string) *cluster {
+	t.Helper()
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	testenv.InstallCRDs(t, api.Config, crdDir)
 	c, err := client.New(api.Config, client.Options{Scheme: newScheme(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -257,9 +264,10 @@ type instance struct {
 }
 
 // startRegistrar runs a registrar for cl against the registry at endpoints, as the registrar's
-// ServiceAccount, with short leader election timings. Stopping it (stop) does not release the
-// lease: a standby takes over only after the lease expires, as after a crash.
-func startRegistrar(t testing.TB, cl *cluster, endpoints []string, name string) *instance {
+// ServiceAccount, with short leader election timings; each tune, when given, changes its Config
+// first. Stopping it (stop) does not release the lease: a standby takes over only after the lease
+// expires, as after a crash.
+func startRegistrar(t testing.TB, cl *cluster, endpoints []string, name string, tune ...func(*registrar.Config)) *instance {
 	t.Helper()
 	log := testLogger(t, name)
 	met := prometheus.NewRegistry()
@@ -267,13 +275,17 @@ func startRegistrar(t testing.TB, cl *cluster, endpoints []string, name string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := registrar.New(registrar.Config{
+	cfg := registrar.Config{
 		Kube: cl.registrarConfig(), Exports: reg, Probe: registrar.EtcdProbe(reg.Client()),
 		ProbeInterval: 300 * time.Millisecond, ProbeTimeout: time.Second,
 		LeaderElection: true, LeaderElectionID: "aether-registrar", LeaderElectionNamespace: systemNS,
 		LeaseDuration: 5 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond,
 		Metrics: met, SkipNameValidation: true, MaxRetryDelay: 5 * time.Second, Logger: log,
-	})
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	r, err := registrar.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,14 +1,18 @@
 package routestatus
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	k8stesting "k8s.io/client-go/testing"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -244,6 +248,64 @@ func TestRouteCRDInstalled(t *testing.T) {
 				if (err != nil) != c.wantErr || got != k.want {
 					t.Errorf("%s: installed %v, err %v; want %v, error %v", k.res, got, err, k.want, c.wantErr)
 				}
+			}
+		})
+	}
+}
+
+// TestWrite checks write's effects at the client boundary (get and update recorded): nothing
+// written when the status is already right, a conflict answered by reading the route again and
+// merging into its fresh status, and a route whose generation moved on left to the next pass.
+func TestWrite(t *testing.T) {
+	st := model.RouteStatus{Route: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "web"}, Generation: 1,
+		Parents: []model.ParentStatus{{Index: 0, Accepted: accepted("bound"), ResolvedRefs: resolved}}}
+	route := func(gen int64, parents ...gwv1.RouteParentStatus) *gwv1.HTTPRoute {
+		r := &gwv1.HTTPRoute{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", Generation: gen, ResourceVersion: "1"}}
+		r.Spec.ParentRefs = []gwv1.ParentReference{svcRef}
+		r.Status.Parents = parents
+		return r
+	}
+	done := ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0))
+	for _, c := range []struct {
+		name      string
+		cached    *gwv1.HTTPRoute
+		conflicts int
+		fresh     *gwv1.HTTPRoute
+		// want is the last status written, nil for no write.
+		want    []gwv1.RouteParentStatus
+		updates int
+	}{
+		{name: "already right", cached: route(1, done)},
+		{name: "written", cached: route(1), updates: 1, want: []gwv1.RouteParentStatus{
+			ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
+		{name: "conflict: merged into the fresh status", cached: route(1), conflicts: 1, fresh: route(1, foreign), updates: 2,
+			want: []gwv1.RouteParentStatus{foreign,
+				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
+		{name: "conflict: the fresh status is right", cached: route(1), conflicts: 1, fresh: route(1, done), updates: 1},
+		{name: "conflict: the spec moved on", cached: route(1), conflicts: 1, fresh: route(2), updates: 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var updates int
+			var last []gwv1.RouteParentStatus
+			k := httpKind(nil)
+			k.get = func(context.Context, string, string) (*gwv1.HTTPRoute, error) { return c.fresh.DeepCopy(), nil }
+			k.update = func(_ context.Context, r *gwv1.HTTPRoute) error {
+				updates++
+				if updates <= c.conflicts {
+					return apierrors.NewConflict(schema.GroupResource{Group: gwv1.GroupName, Resource: "httproutes"}, r.Name, errors.New("stale"))
+				}
+				last = r.Status.Parents
+				return nil
+			}
+			cached := c.cached.DeepCopy()
+			if err := write(context.Background(), slog.New(slog.DiscardHandler), nil, k, cached, st, t1); err != nil {
+				t.Fatal(err)
+			}
+			if updates != c.updates || !equality.Semantic.DeepEqual(last, c.want) {
+				t.Errorf("%d updates, last %+v; want %d, %+v", updates, last, c.updates, c.want)
+			}
+			if !equality.Semantic.DeepEqual(cached, c.cached) {
+				t.Error("the cached route was changed")
 			}
 		})
 	}
