@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -19,26 +17,6 @@ import (
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
-
-// crdDir copies the named CRD files of deploy/crds into a directory of their own.
-func crdDir(t *testing.T, names ...string) string {
-	t.Helper()
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	for _, n := range names {
-		b, err := os.ReadFile(filepath.Join(root, "deploy/crds", n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, n), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
 
 // TestRouteSourceFollowsCRDs runs a RouteSource against a real kube-apiserver that has no Gateway
 // API CRDs at first: it starts without routes, watches HTTPRoutes once their CRD is installed and
@@ -70,7 +48,7 @@ func TestRouteSourceFollowsCRDs(t *testing.T) {
 		t.Fatalf("routes without CRDs: %v %v", s.HTTPRoutes, s.GRPCRoutes)
 	}
 
-	testenv.InstallCRDs(t, api.Config, crdDir(t, "gateway.networking.k8s.io_httproutes.yaml"))
+	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, "gateway.networking.k8s.io_httproutes.yaml"))
 	if _, err := gw.GatewayV1().HTTPRoutes("shop").Create(ctx, &gwv1.HTTPRoute{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "canary"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +62,7 @@ func TestRouteSourceFollowsCRDs(t *testing.T) {
 		t.Errorf("GRPCRoutes without their CRD: %v", s.GRPCRoutes)
 	}
 
-	testenv.InstallCRDs(t, api.Config, crdDir(t, "gateway.networking.k8s.io_grpcroutes.yaml"))
+	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, "gateway.networking.k8s.io_grpcroutes.yaml"))
 	if _, err := gw.GatewayV1().GRPCRoutes("shop").Create(ctx, &gwv1.GRPCRoute{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "rpc"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -42,19 +42,7 @@ func HTTPRouteModel(r *gwv1.HTTPRoute) Route {
 			mr.Filters = append(mr.Filters, mf)
 		}
 		for j, b := range rule.BackendRefs {
-			mb := backendRef(r.Namespace, b.BackendRef)
-			for k, fl := range b.Filters {
-				mf, bad := httpFilter(r.Namespace, fl)
-				if bad == "" && mf.Type != FilterRequestHeaderModifier && mf.Type != FilterResponseHeaderModifier {
-					bad = fmt.Sprintf("type %q: a backendRef takes only RequestHeaderModifier and ResponseHeaderModifier", fl.Type)
-				}
-				if bad != "" {
-					mr.Unsupported = append(mr.Unsupported, fmt.Sprintf("%s.backendRefs[%d].filters[%d]: %s", f, j, k, bad))
-					continue
-				}
-				mb.Filters = append(mb.Filters, mf)
-			}
-			mr.Backends = append(mr.Backends, mb)
+			mr.Backends = append(mr.Backends, backendWithFilters(r.Namespace, fmt.Sprintf("%s.backendRefs[%d]", f, j), b.BackendRef, b.Filters, &mr))
 		}
 		if t := rule.Timeouts; t != nil {
 			var bad string
@@ -121,10 +109,7 @@ func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 			mr.Matches = []RouteMatch{{}}
 		}
 		for j, fl := range rule.Filters {
-			mf, bad := httpFilter(r.Namespace, gwv1.HTTPRouteFilter{
-				Type: gwv1.HTTPRouteFilterType(fl.Type), RequestHeaderModifier: fl.RequestHeaderModifier,
-				ResponseHeaderModifier: fl.ResponseHeaderModifier, RequestMirror: fl.RequestMirror, ExtensionRef: fl.ExtensionRef,
-			})
+			mf, bad := httpFilter(r.Namespace, grpcFilter(fl))
 			if bad != "" {
 				mr.Unsupported = append(mr.Unsupported, fmt.Sprintf("%s.filters[%d]: %s", f, j, bad))
 				continue
@@ -132,18 +117,11 @@ func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 			mr.Filters = append(mr.Filters, mf)
 		}
 		for j, b := range rule.BackendRefs {
-			mb := backendRef(r.Namespace, b.BackendRef)
+			fs := make([]gwv1.HTTPRouteFilter, len(b.Filters))
 			for k, fl := range b.Filters {
-				switch fl.Type {
-				case gwv1.GRPCRouteFilterRequestHeaderModifier, gwv1.GRPCRouteFilterResponseHeaderModifier:
-					mf, _ := httpFilter(r.Namespace, gwv1.HTTPRouteFilter{Type: gwv1.HTTPRouteFilterType(fl.Type),
-						RequestHeaderModifier: fl.RequestHeaderModifier, ResponseHeaderModifier: fl.ResponseHeaderModifier})
-					mb.Filters = append(mb.Filters, mf)
-				default:
-					mr.Unsupported = append(mr.Unsupported, fmt.Sprintf("%s.backendRefs[%d].filters[%d]: type %q: a backendRef takes only RequestHeaderModifier and ResponseHeaderModifier", f, j, k, fl.Type))
-				}
+				fs[k] = grpcFilter(fl)
 			}
-			mr.Backends = append(mr.Backends, mb)
+			mr.Backends = append(mr.Backends, backendWithFilters(r.Namespace, fmt.Sprintf("%s.backendRefs[%d]", f, j), b.BackendRef, fs, &mr))
 		}
 		if rule.SessionPersistence != nil {
 			mr.Unsupported = append(mr.Unsupported, f+".sessionPersistence: not supported")
@@ -152,6 +130,31 @@ func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 		out.Rules = append(out.Rules, mr)
 	}
 	return out
+}
+
+// grpcFilter is a GRPCRouteFilter as the HTTPRouteFilter with the same type and fields (the
+// GRPCRoute filter types are a subset of HTTPRoute's, with the same names).
+func grpcFilter(f gwv1.GRPCRouteFilter) gwv1.HTTPRouteFilter {
+	return gwv1.HTTPRouteFilter{Type: gwv1.HTTPRouteFilterType(f.Type), RequestHeaderModifier: f.RequestHeaderModifier,
+		ResponseHeaderModifier: f.ResponseHeaderModifier, RequestMirror: f.RequestMirror, ExtensionRef: f.ExtensionRef}
+}
+
+// backendWithFilters converts backendRef b (the field f) with its filters fs; a filter other than
+// the header modifiers is added to mr.Unsupported.
+func backendWithFilters(ns, f string, b gwv1.BackendRef, fs []gwv1.HTTPRouteFilter, mr *RouteRule) BackendRef {
+	mb := backendRef(ns, b)
+	for k, fl := range fs {
+		mf, bad := httpFilter(ns, fl)
+		if bad == "" && mf.Type != FilterRequestHeaderModifier && mf.Type != FilterResponseHeaderModifier {
+			bad = fmt.Sprintf("type %q: a backendRef takes only RequestHeaderModifier and ResponseHeaderModifier", fl.Type)
+		}
+		if bad != "" {
+			mr.Unsupported = append(mr.Unsupported, fmt.Sprintf("%s.filters[%d]: %s", f, k, bad))
+			continue
+		}
+		mb.Filters = append(mb.Filters, mf)
+	}
+	return mb
 }
 
 func sectionName(s *gwv1.SectionName) string {

@@ -3,8 +3,6 @@ package registrar_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -387,7 +385,7 @@ func TestRouteStatus(t *testing.T) {
 // GRPCRoute on the same port).
 func TestRouteStatusFollowsCRDs(t *testing.T) {
 	regSrv := startRegistryServer(t)
-	cl := newClusterWithCRDs(t, "east", crdDir(t, "multicluster.x-k8s.io_serviceexports.yaml", "multicluster.x-k8s.io_serviceimports.yaml"))
+	cl := newClusterWithCRDs(t, "east", testenv.CRDSubset(t, "multicluster.x-k8s.io_serviceexports.yaml", "multicluster.x-k8s.io_serviceimports.yaml"))
 	in := startRegistrar(t, cl, regSrv.Endpoints, "east", func(c *registrar.Config) { c.RouteCRDRecheck = 200 * time.Millisecond })
 	in.waitElected(t)
 	gw := gwclient.NewForConfigOrDie(cl.api.Config)
@@ -407,7 +405,7 @@ func TestRouteStatusFollowsCRDs(t *testing.T) {
 		t.Errorf("%v route status passes without route CRDs", p)
 	}
 
-	testenv.InstallCRDs(t, cl.api.Config, crdDir(t, "gateway.networking.k8s.io_httproutes.yaml"))
+	testenv.InstallCRDs(t, cl.api.Config, testenv.CRDSubset(t, "gateway.networking.k8s.io_httproutes.yaml"))
 	hr := gw.GatewayV1().HTTPRoutes(ns)
 	if _, err := hr.Create(ctx, httpRoute(ns, "web", []gwv1.ParentReference{svcParent("cart", 9090)}, backend("cart", 9090)), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -422,7 +420,7 @@ func TestRouteStatusFollowsCRDs(t *testing.T) {
 	})
 	t.Logf("HTTPRoute CRD installed -> status: %s", took)
 
-	testenv.InstallCRDs(t, cl.api.Config, crdDir(t, "gateway.networking.k8s.io_grpcroutes.yaml"))
+	testenv.InstallCRDs(t, cl.api.Config, testenv.CRDSubset(t, "gateway.networking.k8s.io_grpcroutes.yaml"))
 	gr := gw.GatewayV1().GRPCRoutes(ns)
 	if _, err := gr.Create(ctx, grpcRoute(ns, "rpc", []gwv1.ParentReference{svcParent("cart", 9090)}, backend("cart", 9090)), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -443,24 +441,4 @@ func TestRouteStatusFollowsCRDs(t *testing.T) {
 			wantCond{gwv1.RouteConditionAccepted, metav1.ConditionFalse, model.ReasonConflicted}, resolvedTrue)
 		return err
 	})
-}
-
-// crdDir copies the named CRD files of deploy/crds into a directory of their own.
-func crdDir(t *testing.T, names ...string) string {
-	t.Helper()
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	for _, n := range names {
-		b, err := os.ReadFile(filepath.Join(root, "deploy/crds", n))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, n), b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
 }

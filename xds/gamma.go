@@ -43,12 +43,9 @@ func gammaRoute(m *model.Mesh, e model.RouteEntry) *routev3.Route {
 	var mirrors []*model.Mirror
 	for _, f := range rule.Filters {
 		switch f.Type {
-		case model.FilterRequestHeaderModifier:
-			r.RequestHeadersToAdd = append(r.RequestHeadersToAdd, headerOptions(f.Headers)...)
-			r.RequestHeadersToRemove = append(r.RequestHeadersToRemove, f.Headers.Remove...)
-		case model.FilterResponseHeaderModifier:
-			r.ResponseHeadersToAdd = append(r.ResponseHeadersToAdd, headerOptions(f.Headers)...)
-			r.ResponseHeadersToRemove = append(r.ResponseHeadersToRemove, f.Headers.Remove...)
+		case model.FilterRequestHeaderModifier, model.FilterResponseHeaderModifier:
+			h := headerMods{&r.RequestHeadersToAdd, &r.RequestHeadersToRemove, &r.ResponseHeadersToAdd, &r.ResponseHeadersToRemove}
+			h.apply(f)
 		case model.FilterRequestRedirect:
 			r.Action = &routev3.Route_Redirect{Redirect: redirectAction(e.Match.Path, f.Redirect)}
 			return r
@@ -70,15 +67,9 @@ func gammaRoute(m *model.Mesh, e model.RouteEntry) *routev3.Route {
 			continue
 		}
 		cw := &routev3.WeightedCluster_ClusterWeight{Name: backendCluster(m, b), Weight: wrapperspb.UInt32(uint32(b.Weight))}
+		h := headerMods{&cw.RequestHeadersToAdd, &cw.RequestHeadersToRemove, &cw.ResponseHeadersToAdd, &cw.ResponseHeadersToRemove}
 		for _, f := range b.Filters {
-			switch f.Type {
-			case model.FilterRequestHeaderModifier:
-				cw.RequestHeadersToAdd = append(cw.RequestHeadersToAdd, headerOptions(f.Headers)...)
-				cw.RequestHeadersToRemove = append(cw.RequestHeadersToRemove, f.Headers.Remove...)
-			case model.FilterResponseHeaderModifier:
-				cw.ResponseHeadersToAdd = append(cw.ResponseHeadersToAdd, headerOptions(f.Headers)...)
-				cw.ResponseHeadersToRemove = append(cw.ResponseHeadersToRemove, f.Headers.Remove...)
-			}
+			h.apply(f)
 		}
 		wcs = append(wcs, cw)
 	}
@@ -209,6 +200,28 @@ func stringMatcher(s model.StringMatch) *matcherv3.StringMatcher {
 		return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: s.Value}}}
 	}
 	return &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: s.Value}}
+}
+
+// headerMods are the header fields of an Envoy route or weighted cluster a header modifier
+// filter adds to.
+type headerMods struct {
+	reqAdd    *[]*core.HeaderValueOption
+	reqRemove *[]string
+	resAdd    *[]*core.HeaderValueOption
+	resRemove *[]string
+}
+
+// apply adds a RequestHeaderModifier or ResponseHeaderModifier filter f; other filters are
+// ignored.
+func (h headerMods) apply(f model.RouteFilter) {
+	switch f.Type {
+	case model.FilterRequestHeaderModifier:
+		*h.reqAdd = append(*h.reqAdd, headerOptions(f.Headers)...)
+		*h.reqRemove = append(*h.reqRemove, f.Headers.Remove...)
+	case model.FilterResponseHeaderModifier:
+		*h.resAdd = append(*h.resAdd, headerOptions(f.Headers)...)
+		*h.resRemove = append(*h.resRemove, f.Headers.Remove...)
+	}
 }
 
 // headerOptions are a header modifier's set (overwrite) and add (append) entries.

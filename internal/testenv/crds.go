@@ -93,3 +93,26 @@ func waitEstablished(ctx context.Context, cs apiextclient.Interface, name string
 		}
 	}
 }
+
+// CRDSubset copies the named CRD files of deploy/crds (e.g.
+// "gateway.networking.k8s.io_httproutes.yaml") into a temporary directory of t and returns it,
+// for InstallCRDs of some CRDs only (a test of a CRD installed after start). A missing file fails
+// t.
+func CRDSubset(t testing.TB, names ...string) string {
+	t.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, n := range names {
+		b, err := os.ReadFile(filepath.Join(root, "deploy/crds", n))
+		if err != nil {
+			t.Fatalf("testenv: %v", err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o644); err != nil {
+			t.Fatalf("testenv: %v", err)
+		}
+	}
+	return dir
+}
