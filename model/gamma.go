@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"regexp"
 	"strings"
 	"time"
 
@@ -321,20 +322,31 @@ func httpFilter(ns string, f gwv1.HTTPRouteFilter) (RouteFilter, string) {
 			return out, "type CORS: cors is not set"
 		}
 		mc := &CORS{MaxAge: 5}
-		for _, o := range c.AllowOrigins {
+		for i, o := range c.AllowOrigins {
+			if !corsOrigin.MatchString(string(o)) {
+				return out, fmt.Sprintf("cors.allowOrigins[%d]: %q: want \"*\" or <scheme>://<host>[:<port>] with scheme http or https and a host that may start with \"*.\" or be \"*\"", i, o)
+			}
 			mc.AllowOrigins = append(mc.AllowOrigins, string(o))
 		}
 		if c.AllowCredentials != nil {
 			mc.AllowCredentials = *c.AllowCredentials
 		}
-		for _, m := range c.AllowMethods {
-			mc.AllowMethods = append(mc.AllowMethods, string(m))
+		lists := []struct {
+			field string
+			in    []string
+			out   *[]string
+		}{
+			{"allowMethods", stringsOf(c.AllowMethods), &mc.AllowMethods},
+			{"allowHeaders", stringsOf(c.AllowHeaders), &mc.AllowHeaders},
+			{"exposeHeaders", stringsOf(c.ExposeHeaders), &mc.ExposeHeaders},
 		}
-		for _, h := range c.AllowHeaders {
-			mc.AllowHeaders = append(mc.AllowHeaders, string(h))
-		}
-		for _, h := range c.ExposeHeaders {
-			mc.ExposeHeaders = append(mc.ExposeHeaders, string(h))
+		for _, l := range lists {
+			for i, v := range l.in {
+				if !httpToken.MatchString(v) {
+					return out, fmt.Sprintf("cors.%s[%d]: %q: want \"*\" or an HTTP token (RFC 9110, section 5.6.2)", l.field, i, v)
+				}
+			}
+			*l.out = l.in
 		}
 		if c.MaxAge != 0 {
 			mc.MaxAge = c.MaxAge
@@ -344,6 +356,22 @@ func httpFilter(ns string, f gwv1.HTTPRouteFilter) (RouteFilter, string) {
 		return out, fmt.Sprintf("type %q: not supported (supported: RequestHeaderModifier, ResponseHeaderModifier, RequestRedirect, URLRewrite, RequestMirror, CORS)", f.Type)
 	}
 	return out, ""
+}
+
+// corsOrigin is the shape of a CORSOrigin (Gateway API v1.6.3 shared_types.go): "*", or
+// http(s)://<host>[:<port>] whose host is a DNS name that may start with "*." or is "*".
+var corsOrigin = regexp.MustCompile(`^(\*|https?://((\*\.)?([a-zA-Z0-9-]+\.)*[a-zA-Z0-9-]+|\*)(:[0-9]{1,5})?)$`)
+
+// httpToken is an RFC 9110 token (a method or header name; "*" is one too).
+var httpToken = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+
+// stringsOf converts a slice of a string type to []string.
+func stringsOf[S ~string](in []S) []string {
+	var out []string
+	for _, v := range in {
+		out = append(out, string(v))
+	}
+	return out
 }
 
 func headerModifier(h *gwv1.HTTPHeaderFilter) *HeaderModifier {

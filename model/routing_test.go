@@ -258,6 +258,15 @@ func TestResolveRoutesRefusals(t *testing.T) {
 		name: "bad mirror fraction", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: RequestMirror, requestMirror: {backendRef: {name: web-v2, port: 80}, fraction: {numerator: 3, denominator: 2}}}]\n"),
 		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: "fraction 3/2",
 	}, {
+		name: "CORS origin with a path", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: CORS, cors: {allowOrigins: [\"https://a.example/x\"]}}]\n"),
+		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: `cors.allowOrigins[0]: "https://a.example/x"`,
+	}, {
+		name: "CORS origin wildcard inside the host", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: CORS, cors: {allowOrigins: [\"https://a.*.example\"]}}]\n"),
+		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: `cors.allowOrigins[0]: "https://a.*.example"`,
+	}, {
+		name: "CORS header name with a space", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: CORS, cors: {allowHeaders: [\"x-a, x-b\"]}}]\n"),
+		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: `cors.allowHeaders[0]: "x-a, x-b"`,
+	}, {
 		name: "mirror to a missing backend", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: RequestMirror, requestMirror: {backendRef: {name: gone, port: 80}}}]\n"),
 		accepted: "true Accepted", resolved: "false BackendNotFound", message: "shop/gone",
 	}} {

@@ -87,7 +87,11 @@ func newSharedConfigs() (*sharedConfigs, error) {
 	if err != nil {
 		return nil, err
 	}
-	// The two capture HTTP chains' connection managers differ only in their route configuration.
+	cors, err := corsFilter()
+	if err != nil {
+		return nil, err
+	}
+	// The capture HTTP chains' connection managers differ only in their route configuration.
 	captureHCM := func(route string) (*listenerv3.Filter, error) {
 		return hcmFilter(&hcmv3.HttpConnectionManager{
 			StatPrefix: "outbound_http",
@@ -95,7 +99,7 @@ func newSharedConfigs() (*sharedConfigs, error) {
 				ConfigSource: xdsproto.ADS(), RouteConfigName: route,
 			}},
 			EarlyHeaderMutationExtensions: []*core.TypedExtensionConfig{{Name: "aether.original-destination", TypedConfig: early}},
-		})
+		}, cors)
 	}
 	sh.hcmFor = captureHCM
 	if sh.captureHCM, err = captureHCM(CaptureRouteName); err != nil {

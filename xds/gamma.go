@@ -3,12 +3,16 @@ package xds
 import (
 	"fmt"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -43,6 +47,10 @@ func gammaRoute(m *model.Mesh, e model.RouteEntry) *routev3.Route {
 	var mirrors []*model.Mirror
 	for _, f := range rule.Filters {
 		switch f.Type {
+		case model.FilterCORS:
+			// As for the route lists (gammaRoutes): marshalling a message built here cannot fail.
+			p, _ := anypb.New(corsPolicy(f.CORS))
+			r.TypedPerFilterConfig = map[string]*anypb.Any{CORSFilterName: p}
 		case model.FilterRequestHeaderModifier, model.FilterResponseHeaderModifier:
 			h := headerMods{&r.RequestHeadersToAdd, &r.RequestHeadersToRemove, &r.ResponseHeadersToAdd, &r.ResponseHeadersToRemove}
 			h.apply(f)
@@ -280,4 +288,76 @@ func redirectAction(p model.PathMatch, d *model.Redirect) *routev3.RedirectActio
 		}
 	}
 	return ra
+}
+
+// corsPolicy is the Envoy CorsPolicy (the per-route config of CORSFilterName) of an
+// HTTPCORSFilter (GEP-1767, Gateway API v1.6.3):
+//   - allowOrigins: one matcher per origin (corsOriginRegex); "*" alone allows every origin.
+//     Envoy answers with the request's Origin in Access-Control-Allow-Origin, never "*", which
+//     the spec requires with allowCredentials and allows without.
+//   - allowMethods, allowHeaders: joined with ", "; for "*" Envoy echoes the preflight's
+//     Access-Control-Request-Method / -Headers (the spec's "must" with allowCredentials).
+//   - exposeHeaders: joined; "*" with allowCredentials is left out (the spec forbids sending it,
+//     and a browser reads it as a header literally named "*" then), so only the CORS-safelisted
+//     response headers are exposed.
+//   - allowCredentials: Access-Control-Allow-Credentials: true only when set.
+//   - maxAge: Access-Control-Max-Age in seconds (default 5, applied by the model).
+//
+// A preflight from an origin not allowed is answered by Envoy (200, without
+// Access-Control-Allow-Origin) rather than forwarded to the backend
+// (forward_not_matching_preflights false), as HTTPCORSFilter.allowOrigins describes.
+func corsPolicy(c *model.CORS) *corsv3.CorsPolicy {
+	p := &corsv3.CorsPolicy{
+		AllowMethods:                 strings.Join(c.AllowMethods, ", "),
+		AllowHeaders:                 strings.Join(c.AllowHeaders, ", "),
+		MaxAge:                       strconv.Itoa(int(c.MaxAge)),
+		ForwardNotMatchingPreflights: wrapperspb.Bool(false),
+	}
+	if !(c.AllowCredentials && slices.Contains(c.ExposeHeaders, "*")) {
+		p.ExposeHeaders = strings.Join(c.ExposeHeaders, ", ")
+	}
+	if c.AllowCredentials {
+		p.AllowCredentials = wrapperspb.Bool(true)
+	}
+	for _, o := range c.AllowOrigins {
+		if o == "*" {
+			p.AllowOriginStringMatch = append(p.AllowOriginStringMatch, &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: "*"}})
+			continue
+		}
+		p.AllowOriginStringMatch = append(p.AllowOriginStringMatch, &matcherv3.StringMatcher{
+			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: corsOriginRegex(o)}}})
+	}
+	return p
+}
+
+// corsOriginRegex is the RE2 regex (matched whole by Envoy) of the Origin header values an
+// allowOrigins entry "<scheme>://<host>[:<port>]" (model-validated) allows, as
+// HTTPCORSFilter.allowOrigins defines them: scheme and host compared without case; a host "*"
+// matches every host and a leading "*." one or more DNS labels (so "https://*.bar.com" allows
+// https://www.bar.com and https://a.www.bar.com, not https://bar.com); without a port, the
+// scheme's default port (80 for http, 443 for https) is assumed, so the Origin may carry it or
+// leave it out.
+func corsOriginRegex(origin string) string {
+	scheme, hostport, _ := strings.Cut(origin, "://")
+	host, port := hostport, ""
+	if i := strings.LastIndexByte(hostport, ':'); i >= 0 {
+		host, port = hostport[:i], hostport[i+1:]
+	}
+	var h string
+	switch {
+	case host == "*":
+		h = `[a-z0-9.-]+`
+	case strings.HasPrefix(host, "*."):
+		h = `([a-z0-9-]+\.)+` + regexp.QuoteMeta(host[2:])
+	default:
+		h = regexp.QuoteMeta(host)
+	}
+	p := ":" + port
+	if port == "" {
+		p = "(:80)?"
+		if strings.EqualFold(scheme, "https") {
+			p = "(:443)?"
+		}
+	}
+	return "(?i)" + regexp.QuoteMeta(scheme) + "://" + h + p
 }

@@ -2,6 +2,7 @@ package xds
 
 import (
 	"net/netip"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -51,12 +52,16 @@ func gammaRoutes() []model.Route {
 			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
 		}, {
 			Matches:  []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/api/"}}, {Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/v1"}}},
-			Filters:  []model.RouteFilter{{Type: model.FilterURLRewrite, Rewrite: &model.Rewrite{Hostname: "internal", Path: &model.PathModifier{Type: model.ReplacePrefixMatch, Value: "/"}}}},
+			Filters: []model.RouteFilter{{Type: model.FilterURLRewrite, Rewrite: &model.Rewrite{Hostname: "internal", Path: &model.PathModifier{Type: model.ReplacePrefixMatch, Value: "/"}}},
+				{Type: model.FilterCORS, CORS: &model.CORS{AllowOrigins: []string{"https://www.foo.com", "https://*.bar.com", "http://local:8080"},
+					AllowCredentials: true, AllowMethods: []string{"*"}, AllowHeaders: []string{"*"}, ExposeHeaders: []string{"*"}, MaxAge: 5}}},
 			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
 			Timeouts: model.RouteTimeouts{BackendRequest: d(time.Second)},
 		}, {
 			Matches:  []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/full"}}},
-			Filters:  []model.RouteFilter{{Type: model.FilterURLRewrite, Rewrite: &model.Rewrite{Path: &model.PathModifier{Type: model.ReplaceFullPath, Value: "/replaced"}}}},
+			Filters: []model.RouteFilter{{Type: model.FilterURLRewrite, Rewrite: &model.Rewrite{Path: &model.PathModifier{Type: model.ReplaceFullPath, Value: "/replaced"}}},
+				{Type: model.FilterCORS, CORS: &model.CORS{AllowOrigins: []string{"*"}, AllowMethods: []string{"GET", "POST"}, AllowHeaders: []string{"x-a"},
+					ExposeHeaders: []string{"x-b", "x-c"}, MaxAge: 60}}},
 			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
 		}, {
 			Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/old"}}},
@@ -238,4 +243,54 @@ func routeNamed(r *Resources, name string) *routev3.RouteConfiguration {
 		}
 	}
 	return nil
+}
+
+// TestCORSOriginRegex checks the Origin values each allowOrigins form admits
+// (HTTPCORSFilter.allowOrigins): exact, "*." wildcards over one or more labels, a host "*",
+// default ports, explicit ports, case.
+func TestCORSOriginRegex(t *testing.T) {
+	for _, tc := range []struct {
+		origin   string
+		allow    []string
+		disallow []string
+	}{
+		{"https://www.foo.com", []string{"https://www.foo.com", "https://www.foo.com:443", "HTTPS://WWW.FOO.COM"},
+			[]string{"http://www.foo.com", "https://www.foo.com:8443", "https://a.www.foo.com", "https://www.foo.com.evil", "https://wwwxfoo.com", "https://www.foo.com/"}},
+		{"http://local:8080", []string{"http://local:8080"}, []string{"http://local", "http://local:80", "http://local:80800"}},
+		{"https://*.bar.com", []string{"https://www.bar.com", "https://xpto.www.bar.com", "https://www.bar.com:443"},
+			[]string{"https://bar.com", "https://www.bar.com:8443", "http://www.bar.com", "https://evil.com/.bar.com", "https://www.barxcom", "https://a.bar.com.evil"}},
+		{"http://*", []string{"http://a", "http://a.b.c", "http://a:80"}, []string{"https://a", "http://a:8080", "http://"}},
+		{"https://*:8443", []string{"https://a.b:8443"}, []string{"https://a.b", "https://a.b:443"}},
+	} {
+		re := regexp.MustCompile("^(?:" + corsOriginRegex(tc.origin) + ")$")
+		for _, o := range tc.allow {
+			if !re.MatchString(o) {
+				t.Errorf("allowOrigins %q (%s) does not allow Origin %q", tc.origin, re, o)
+			}
+		}
+		for _, o := range tc.disallow {
+			if re.MatchString(o) {
+				t.Errorf("allowOrigins %q (%s) allows Origin %q", tc.origin, re, o)
+			}
+		}
+	}
+}
+
+// TestCORSPolicy checks the policy's header values: joined lists, "*" kept for methods and
+// headers (Envoy echoes the request's), exposeHeaders "*" left out with credentials, credentials
+// only when set, and preflights from other origins answered, not forwarded.
+func TestCORSPolicy(t *testing.T) {
+	p := corsPolicy(&model.CORS{AllowOrigins: []string{"*", "https://a.example"}, AllowMethods: []string{"GET", "OPTIONS"},
+		AllowHeaders: []string{"x-1", "x-2"}, ExposeHeaders: []string{"x-3", "x-4"}, MaxAge: 3600})
+	if p.AllowMethods != "GET, OPTIONS" || p.AllowHeaders != "x-1, x-2" || p.ExposeHeaders != "x-3, x-4" || p.MaxAge != "3600" ||
+		p.AllowCredentials != nil || p.ForwardNotMatchingPreflights.GetValue() || p.AllowOriginStringMatch[0].GetExact() != "*" {
+		t.Errorf("policy = %v", p)
+	}
+	p = corsPolicy(&model.CORS{AllowOrigins: []string{"*"}, AllowCredentials: true, AllowMethods: []string{"*"}, AllowHeaders: []string{"*"}, ExposeHeaders: []string{"*"}, MaxAge: 5})
+	if p.AllowMethods != "*" || p.AllowHeaders != "*" || p.ExposeHeaders != "" || !p.AllowCredentials.GetValue() || p.MaxAge != "5" {
+		t.Errorf("wildcard policy with credentials = %v", p)
+	}
+	if err := p.ValidateAll(); err != nil {
+		t.Error(err)
+	}
 }

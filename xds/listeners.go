@@ -11,6 +11,7 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	sfsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/common/set_filter_state/v3"
+	corsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/cors/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	origdstv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/original_dst/v3"
 	sfslistenerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/listener/set_filter_state/v3"
@@ -289,15 +290,32 @@ func identityListenerFilter(spiffeID string) (*listenerv3.ListenerFilter, error)
 }
 
 // hcmFilter is the network filter of the HTTP connection manager h, completed with codec AUTO
-// (HTTP/1.1 or HTTP/2 by the first bytes) and the router as its only HTTP filter.
-func hcmFilter(h *hcmv3.HttpConnectionManager) (*listenerv3.Filter, error) {
+// (HTTP/1.1 or HTTP/2 by the first bytes) and the HTTP filters pre followed by the router.
+func hcmFilter(h *hcmv3.HttpConnectionManager, pre ...*hcmv3.HttpFilter) (*listenerv3.Filter, error) {
 	rf, err := routerFilter()
 	if err != nil {
 		return nil, err
 	}
 	h.CodecType = hcmv3.HttpConnectionManager_AUTO
-	h.HttpFilters = []*hcmv3.HttpFilter{rf}
+	h.HttpFilters = append(slices.Clone(pre), rf)
 	return xdsproto.NetworkFilter("envoy.filters.network.http_connection_manager", h)
+}
+
+// CORSFilterName is the HTTP filter of the capture connection managers that answers CORS
+// preflights and sets the CORS response headers of a GAMMA rule's CORS filter (GEP-1767): the
+// rule's route carries its policy as typed_per_filter_config under this name (corsPolicy); on
+// a route without one the filter does nothing.
+const CORSFilterName = "envoy.filters.http.cors"
+
+// corsFilter is the HTTP filter CORSFilterName. It is in every capture connection manager
+// whether or not a route uses CORS, so that the first CORS route changes a route table only,
+// never the listeners (a listener change drains the pods' connections).
+func corsFilter() (*hcmv3.HttpFilter, error) {
+	c, err := xdsproto.ToAny(&corsv3.Cors{})
+	if err != nil {
+		return nil, err
+	}
+	return &hcmv3.HttpFilter{Name: CORSFilterName, ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: c}}, nil
 }
 
 // routerFilter is the HTTP filter envoy.filters.http.router, the last of every connection manager.
