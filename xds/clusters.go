@@ -24,12 +24,11 @@ import (
 	"github.com/aethermesh/aether/model"
 )
 
-// outboundCluster is the EDS cluster of one service port, ClusterName, over mTLS to its
-// endpoints (upstreamSockets): SNI "<targetPort>", the peer pinned to peers (the service's
-// endpoints' SPIFFE IDs), one more transport socket for each of others (otherTargetPorts) and,
-// with EastWestWaypoint, the waypoint's.
-func (b *builder) outboundCluster(s *model.Service, sp model.ServicePort, peers []string, others otherPorts) (*clusterv3.Cluster, error) {
-	name := ClusterName(b.m, s.Key, sp.Port)
+// outboundCluster is the EDS cluster name (ClusterName or LocalClusterName) of one service port,
+// over mTLS to its endpoints (upstreamSockets): SNI "<targetPort>", the peer pinned to peers (the
+// service's endpoints' SPIFFE IDs), one more transport socket for each of others
+// (otherTargetPorts) and, with EastWestWaypoint, the waypoint's.
+func (b *builder) outboundCluster(name string, s *model.Service, sp model.ServicePort, peers []string, others otherPorts) (*clusterv3.Cluster, error) {
 	c := xdsproto.EDSCluster(name, b.opts.ConnectTimeout, b.opts.UpstreamNetns)
 	if err := b.upstreamSockets(c, s.Key, sp.TargetPort, peers, others, b.opts.EastWestWaypoint); err != nil {
 		return nil, fmt.Errorf("build cluster %s: %w", name, err)

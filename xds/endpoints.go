@@ -53,8 +53,9 @@ type localityKey struct {
 // cluster), unhealthy ones marked so; with viaWaypoint, other clusters' endpoints as one entry
 // per remote node at node_ip:15443 instead. The groups are few (a linear search finds them) and
 // the endpoints' messages are allocated in one block per kind, since a large mesh's EDS
-// resources are most of a cold build.
-func loadAssignment(m *model.Mesh, s *model.Service, sp model.ServicePort, viaWaypoint bool) *endpointv3.ClusterLoadAssignment {
+// resources are most of a cold build. With local, the resource of LocalClusterName: this
+// cluster's endpoints only.
+func loadAssignment(m *model.Mesh, s *model.Service, sp model.ServicePort, viaWaypoint, local bool) *endpointv3.ClusterLoadAssignment {
 	type group struct {
 		key localityKey
 		lbs []*endpointv3.LbEndpoint
@@ -77,6 +78,9 @@ func loadAssignment(m *model.Mesh, s *model.Service, sp model.ServicePort, viaWa
 	all := m.Endpoints[s.Key]
 	// Each endpoint serves sp on its own port (a named targetPort may differ from pod to pod).
 	serves := func(ep *model.Endpoint) bool {
+		if local && ep.Cluster != m.Cluster {
+			return false
+		}
 		_, ok := sp.EndpointPort(ep, m.Cluster)
 		return ok
 	}
@@ -165,6 +169,9 @@ func loadAssignment(m *model.Mesh, s *model.Service, sp model.ServicePort, viaWa
 		return cmp.Or(cmp.Compare(a.key.prio, c.key.prio), cmp.Compare(a.key.cluster, c.key.cluster), cmp.Compare(a.key.region, c.key.region), cmp.Compare(a.key.zone, c.key.zone))
 	})
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: ClusterName(m, s.Key, sp.Port)}
+	if local {
+		cla.ClusterName = LocalClusterName(m, s.Key, sp.Port)
+	}
 	if len(groups) > 0 {
 		cla.Endpoints = make([]*endpointv3.LocalityLbEndpoints, 0, len(groups))
 	}

@@ -141,11 +141,19 @@ func gammaRoute(m *model.Mesh, e model.RouteEntry) *routev3.Route {
 	return r
 }
 
-// backendCluster is the cluster a backend's traffic goes to: the service port's EDS cluster, or
-// for an invalid backend a cluster that does not exist (invalidClusterPrefix).
+// backendCluster is the cluster a backend's traffic goes to: for a ServiceImport the service
+// port's EDS cluster (every exporting cluster's endpoints), for a Service its endpoints in this
+// cluster (GEP-1748: LocalClusterName where the service is imported too, else the EDS cluster,
+// which then holds only this cluster's), or for an invalid backend a cluster that does not exist
+// (invalidClusterPrefix).
 func backendCluster(m *model.Mesh, b model.BackendRef) string {
 	if b.Invalid != nil {
 		return invalidClusterPrefix + string(b.Kind) + "/" + b.Service.String()
+	}
+	if s := m.Service(b.Service); b.Kind == model.BackendService && s != nil {
+		if i := slices.IndexFunc(s.Ports, func(sp model.ServicePort) bool { return sp.Port == b.Port }); i >= 0 && hasLocalCluster(s, s.Ports[i]) {
+			return LocalClusterName(m, b.Service, b.Port)
+		}
 	}
 	return ClusterName(m, b.Service, b.Port)
 }

@@ -1,8 +1,10 @@
 package xds
 
 import (
+	"maps"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -51,14 +53,14 @@ func gammaRoutes() []model.Route {
 			Filters:  []model.RouteFilter{{Type: model.FilterRequestHeaderModifier, Headers: hm}},
 			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
 		}, {
-			Matches:  []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/api/"}}, {Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/v1"}}},
+			Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/api/"}}, {Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/v1"}}},
 			Filters: []model.RouteFilter{{Type: model.FilterURLRewrite, Rewrite: &model.Rewrite{Hostname: "internal", Path: &model.PathModifier{Type: model.ReplacePrefixMatch, Value: "/"}}},
 				{Type: model.FilterCORS, CORS: &model.CORS{AllowOrigins: []string{"https://www.foo.com", "https://*.bar.com", "http://local:8080"},
 					AllowCredentials: true, AllowMethods: []string{"*"}, AllowHeaders: []string{"*"}, ExposeHeaders: []string{"*"}, MaxAge: 5}}},
 			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
 			Timeouts: model.RouteTimeouts{BackendRequest: d(time.Second)},
 		}, {
-			Matches:  []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/full"}}},
+			Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/full"}}},
 			Filters: []model.RouteFilter{{Type: model.FilterURLRewrite, Rewrite: &model.Rewrite{Path: &model.PathModifier{Type: model.ReplaceFullPath, Value: "/replaced"}}},
 				{Type: model.FilterCORS, CORS: &model.CORS{AllowOrigins: []string{"*"}, AllowMethods: []string{"GET", "POST"}, AllowHeaders: []string{"x-a"},
 					ExposeHeaders: []string{"x-b", "x-c"}, MaxAge: 60}}},
@@ -292,5 +294,96 @@ func TestCORSPolicy(t *testing.T) {
 	}
 	if err := p.ValidateAll(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestBuildGAMMALocalBackend: web is local and imported (an endpoint in cluster c2 too). A
+// Service backendRef of web goes to its local cluster, which holds c1's endpoints only, a
+// ServiceImport backendRef to the cluster of every exporting cluster's endpoints (GEP-1748); only
+// the HTTP ports of a service that is local and imported have a local cluster.
+func TestBuildGAMMALocalBackend(t *testing.T) {
+	g := goldenMesh()
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	var services []*model.Service
+	for _, s := range g.Services {
+		if s.Key == web {
+			c := *s
+			c.Imported, c.ClustersetVIPs = true, []netip.Addr{netip.MustParseAddr("10.97.0.9")}
+			s = &c
+		}
+		services = append(services, s)
+	}
+	eps := maps.Clone(g.Endpoints)
+	eps[web] = append(slices.Clone(eps[web]), model.Endpoint{Service: web, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "web-far", PodUID: "uid-web-far",
+		IPs: []netip.Addr{netip.MustParseAddr("10.244.9.9")}, Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}},
+		SPIFFEID: model.SPIFFEID(g.TrustDomain, "shop", "web"), Healthy: true})
+	m := model.New(g.Version, g.Cluster, g.MeshDomain, g.TrustDomain, g.Node, services, eps, g.Pods)
+	byKey := map[model.ServiceKey]*model.Service{}
+	for _, s := range m.Services {
+		byKey[s.Key] = s
+	}
+	m.Routing, _ = model.ResolveRoutes(byKey, []model.Route{{
+		RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "split"},
+		Parents:  []model.ParentRef{{Kind: model.ParentService, Service: web, Port: 80}},
+		Rules: []model.RouteRule{{
+			Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}},
+			Filters: []model.RouteFilter{{Type: model.FilterRequestMirror, Mirror: &model.Mirror{Backend: model.BackendRef{Kind: model.BackendService, Service: web, Port: 80}, Numerator: 1, Denominator: 1}}},
+			Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1},
+				{Kind: model.BackendServiceImport, Service: web, Port: 80, Weight: 1}},
+		}},
+	}})
+	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ValidateAll(); err != nil {
+		t.Fatalf("ValidateAll: %v", err)
+	}
+	snap, err := cache.NewSnapshot("1", r.typed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snap.Consistent(); err != nil {
+		t.Fatalf("snapshot not Consistent: %v", err)
+	}
+	local, all := "local|web.shop.mesh:80", "web.shop.mesh:80"
+	pods := func(name string) []string {
+		for _, cla := range r.Endpoints {
+			if cla.ClusterName == name {
+				var out []string
+				for _, l := range cla.Endpoints {
+					for _, e := range l.LbEndpoints {
+						out = append(out, e.GetEndpoint().GetAddress().GetSocketAddress().GetAddress())
+					}
+				}
+				slices.Sort(out)
+				return out
+			}
+		}
+		t.Fatalf("no EDS resource %s", name)
+		return nil
+	}
+	if got := strings.Join(pods(local), " "); got != "10.244.1.7 10.244.2.7" {
+		t.Errorf("%s endpoints = %s, want c1's only", local, got)
+	}
+	if got := strings.Join(pods(all), " "); got != "10.244.1.7 10.244.2.7 10.244.9.9" {
+		t.Errorf("%s endpoints = %s, want every cluster's", all, got)
+	}
+	for _, c := range r.Clusters {
+		if strings.HasPrefix(c.Name, "local|") && c.Name != local && c.Name != "local|web.shop.mesh:9090" {
+			t.Errorf("cluster %s: only web's HTTP and gRPC ports (local and imported) get a local cluster", c.Name)
+		}
+	}
+	rl := &routev3.RouteList{}
+	if err := routeNamed(r, CaptureRouteName).GetVirtualHosts()[0].GetMatcher().GetMatcherTree().GetExactMatchMap().GetMap()["10.96.0.10:80"].GetAction().GetTypedConfig().UnmarshalTo(rl); err != nil {
+		t.Fatalf("route list of web's VIP: %v", err)
+	}
+	ra := rl.Routes[0].GetRoute()
+	var got []string
+	for _, w := range ra.GetWeightedClusters().GetClusters() {
+		got = append(got, w.Name)
+	}
+	if strings.Join(got, " ") != local+" "+all || ra.RequestMirrorPolicies[0].Cluster != local {
+		t.Errorf("backends %v, mirror %s; want the Service backend and mirror on %s, the ServiceImport on %s", got, ra.RequestMirrorPolicies[0].Cluster, local, all)
 	}
 }

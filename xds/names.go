@@ -67,6 +67,14 @@ func ClusterName(m *model.Mesh, k model.ServiceKey, port uint32) string {
 	return m.FQDN(k) + ":" + strconv.FormatUint(uint64(port), 10)
 }
 
+// LocalClusterName returns the EDS cluster of a service port that holds this cluster's endpoints
+// only: "local|<svc>.<ns>.<meshDomain>:<port>". Only a service that is local and imported has one
+// (hasLocalCluster): a GAMMA backendRef of kind Service means the Service's endpoints in this
+// cluster (GEP-1748), while ClusterName holds every exporting cluster's, local ones first.
+func LocalClusterName(m *model.Mesh, k model.ServiceKey, port uint32) string {
+	return "local|" + ClusterName(m, k, port)
+}
+
 // DirectClusterName returns the ORIGINAL_DST cluster that carries connections made straight to
 // the pods of a headless service's port (model.Service.Headless) on target port target:
 // "direct|<svc>.<ns>.<meshDomain>:<port>|<target>".

@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -35,25 +36,19 @@ func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, erro
 		} else if err := b.outboundClusters(e); err != nil {
 			return nil, err
 		}
-		for _, sp := range s.Ports {
-			if sp.Protocol != model.ProtocolUDP && hasClusters(s) {
-				e.clas = append(e.clas, loadAssignment(b.m, s, sp, b.opts.viaWaypoint()))
-			}
-		}
+		e.clas = b.loadAssignments(s)
 		return e, nil
 	}
 	if err := b.outboundClusters(e); err != nil {
 		return nil, err
 	}
+	e.clas = b.loadAssignments(s)
 	vips := s.AllVIPs()
 	for _, sp := range s.Ports {
 		if sp.Protocol == model.ProtocolUDP {
 			continue
 		}
 		cn := ClusterName(b.m, s.Key, sp.Port)
-		if hasClusters(s) {
-			e.clas = append(e.clas, loadAssignment(b.m, s, sp, b.opts.viaWaypoint()))
-		}
 		if s.Headless {
 			if err := b.directEntries(e, sp); err != nil {
 				return nil, err
@@ -90,8 +85,16 @@ func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, erro
 // route to a missing cluster.
 func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIPs) > 0 || s.Headless }
 
+// hasLocalCluster reports whether service port sp of s gets a LocalClusterName cluster beside its
+// ClusterName one: an HTTP port (what a GAMMA backendRef can name) of a service that is local
+// and imported, so that its EDS cluster may hold other clusters' endpoints.
+func hasLocalCluster(s *model.Service, sp model.ServicePort) bool {
+	return s.Local && s.Imported && sp.Protocol.IsHTTP() && hasClusters(s)
+}
+
 // outboundClusters builds e's outbound EDS clusters: one per non-UDP port when hasClusters, pinned
-// to e.peers, with the sockets of e.otherPorts.
+// to e.peers, with the sockets of e.otherPorts, and the port's local cluster where
+// hasLocalCluster (the same cluster under another name, for its own EDS resource).
 func (b *builder) outboundClusters(e *svcEntry) error {
 	if !hasClusters(e.svc) {
 		return nil
@@ -100,13 +103,38 @@ func (b *builder) outboundClusters(e *svcEntry) error {
 		if sp.Protocol == model.ProtocolUDP {
 			continue
 		}
-		c, err := b.outboundCluster(e.svc, sp, e.peers, e.otherPorts[i])
-		if err != nil {
-			return err
+		names := []string{ClusterName(b.m, e.svc.Key, sp.Port)}
+		if hasLocalCluster(e.svc, sp) {
+			names = append(names, LocalClusterName(b.m, e.svc.Key, sp.Port))
 		}
-		e.clusters = append(e.clusters, c)
+		for _, name := range names {
+			c, err := b.outboundCluster(name, e.svc, sp, e.peers, e.otherPorts[i])
+			if err != nil {
+				return err
+			}
+			e.clusters = append(e.clusters, c)
+		}
 	}
 	return nil
+}
+
+// loadAssignments are the EDS resources of s's outbound clusters (outboundClusters), in their
+// order.
+func (b *builder) loadAssignments(s *model.Service) []*endpointv3.ClusterLoadAssignment {
+	if !hasClusters(s) {
+		return nil
+	}
+	var out []*endpointv3.ClusterLoadAssignment
+	for _, sp := range s.Ports {
+		if sp.Protocol == model.ProtocolUDP {
+			continue
+		}
+		out = append(out, loadAssignment(b.m, s, sp, b.opts.viaWaypoint(), false))
+		if hasLocalCluster(s, sp) {
+			out = append(out, loadAssignment(b.m, s, sp, false, true))
+		}
+	}
+	return out
 }
 
 // floorChain is the tcp_proxy filter of one TCP service port.
