@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"fmt"
 	"maps"
 	"net/netip"
 	"regexp"
@@ -385,5 +386,65 @@ func TestBuildGAMMALocalBackend(t *testing.T) {
 	}
 	if strings.Join(got, " ") != local+" "+all || ra.RequestMirrorPolicies[0].Cluster != local {
 		t.Errorf("backends %v, mirror %s; want the Service backend and mirror on %s, the ServiceImport on %s", got, ra.RequestMirrorPolicies[0].Cluster, local, all)
+	}
+}
+
+// TestGAMMAWeights checks the Envoy action of backend weights at their edges
+// (HTTPBackendRef.weight, 0 to 1,000,000, at most 16 backendRefs): every weight 0 or no backend
+// answers 500; a single backend with weight is a plain cluster; a zero weight is left out; the
+// largest weights over 16 backends pass validation with their sum; an invalid backend keeps its
+// share, sent to a cluster that does not exist (500).
+func TestGAMMAWeights(t *testing.T) {
+	m := goldenMesh()
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	b := func(w int32) model.BackendRef { return model.BackendRef{Kind: model.BackendService, Service: web, Port: 80, Weight: w} }
+	invalid := model.BackendRef{Kind: model.BackendService, Service: model.ServiceKey{Namespace: "shop", Name: "gone"}, Port: 80, Weight: 3,
+		Invalid: &model.Condition{Reason: "BackendNotFound"}}
+	max16 := make([]model.BackendRef, 16)
+	for i := range max16 {
+		max16[i] = b(1_000_000)
+	}
+	for _, tc := range []struct {
+		name     string
+		backends []model.BackendRef
+		// want is "500" for a direct 500, "cluster <name>", or the weighted clusters "<name>=<w> ...".
+		want string
+	}{
+		{"no backend", nil, "500"},
+		{"every weight 0", []model.BackendRef{b(0), b(0)}, "500"},
+		{"one backend", []model.BackendRef{b(1)}, "cluster web.shop.mesh:80"},
+		{"zero weight left out", []model.BackendRef{b(0), b(7)}, "cluster web.shop.mesh:80"},
+		{"1 and 1000000", []model.BackendRef{b(1), b(1_000_000)}, "web.shop.mesh:80=1 web.shop.mesh:80=1000000"},
+		{"16 backends of 1000000", max16, strings.TrimSpace(strings.Repeat("web.shop.mesh:80=1000000 ", 16))},
+		{"invalid backend keeps its share", []model.BackendRef{b(1), invalid}, "web.shop.mesh:80=1 invalid|Service/shop/gone=3"},
+		{"only an invalid backend", []model.BackendRef{invalid}, "cluster invalid|Service/shop/gone"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rule := &model.RouteRule{Backends: tc.backends}
+			r := gammaRoute(m, model.RouteEntry{Route: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "w"}, Rule: rule,
+				Match: model.RouteMatch{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}})
+			if err := r.ValidateAll(); err != nil {
+				t.Fatalf("ValidateAll: %v", err)
+			}
+			var got string
+			switch {
+			case r.GetDirectResponse() != nil:
+				got = fmt.Sprint(r.GetDirectResponse().Status)
+			case r.GetRoute().GetCluster() != "":
+				got = "cluster " + r.GetRoute().GetCluster()
+				if r.GetRoute().ClusterNotFoundResponseCode != routev3.RouteAction_INTERNAL_SERVER_ERROR {
+					t.Errorf("cluster_not_found_response_code = %v, want 500", r.GetRoute().ClusterNotFoundResponseCode)
+				}
+			default:
+				var ws []string
+				for _, w := range r.GetRoute().GetWeightedClusters().GetClusters() {
+					ws = append(ws, fmt.Sprintf("%s=%d", w.Name, w.Weight.GetValue()))
+				}
+				got = strings.Join(ws, " ")
+			}
+			if got != tc.want {
+				t.Errorf("action = %s, want %s", got, tc.want)
+			}
+		})
 	}
 }
