@@ -397,7 +397,9 @@ func TestBuildGAMMALocalBackend(t *testing.T) {
 func TestGAMMAWeights(t *testing.T) {
 	m := goldenMesh()
 	web := model.ServiceKey{Namespace: "shop", Name: "web"}
-	b := func(w int32) model.BackendRef { return model.BackendRef{Kind: model.BackendService, Service: web, Port: 80, Weight: w} }
+	b := func(w int32) model.BackendRef {
+		return model.BackendRef{Kind: model.BackendService, Service: web, Port: 80, Weight: w}
+	}
 	invalid := model.BackendRef{Kind: model.BackendService, Service: model.ServiceKey{Namespace: "shop", Name: "gone"}, Port: 80, Weight: 3,
 		Invalid: &model.Condition{Reason: "BackendNotFound"}}
 	max16 := make([]model.BackendRef, 16)
