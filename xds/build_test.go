@@ -152,20 +152,7 @@ func TestBuildGolden(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := Build(c.mesh, fakeSVIDs(c.mesh), []byte("BUNDLE"), c.opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := r.ValidateAll(); err != nil {
-				t.Fatalf("ValidateAll: %v", err)
-			}
-			snap, err := cache.NewSnapshot("1", r.typed())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := snap.Consistent(); err != nil {
-				t.Fatalf("snapshot not Consistent: %v", err)
-			}
+			r := buildValid(t, c.mesh, c.opts)
 			again, _ := Build(c.mesh, fakeSVIDs(c.mesh), []byte("BUNDLE"), c.opts)
 			for _, kind := range []struct {
 				name string
@@ -450,4 +437,25 @@ func TestWaitForAckOlderThanWindow(t *testing.T) {
 	if err := s.WaitForAck(sctx, next); !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("WaitForAck(%s), not served yet: %v, want a deadline error", next, err)
 	}
+}
+
+// buildValid builds m with fake SVIDs and fails t unless every resource passes ValidateAll and
+// the snapshot is Consistent (every referenced cluster, route and secret is served).
+func buildValid(t *testing.T, m *model.Mesh, opts Options) *Resources {
+	t.Helper()
+	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ValidateAll(); err != nil {
+		t.Fatalf("ValidateAll: %v", err)
+	}
+	snap, err := cache.NewSnapshot("1", r.typed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snap.Consistent(); err != nil {
+		t.Fatalf("snapshot not Consistent: %v", err)
+	}
+	return r
 }

@@ -13,7 +13,6 @@ import (
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
@@ -128,20 +127,7 @@ func gammaMesh(t *testing.T, routes []model.Route) *model.Mesh {
 // Consistent (the consumer namespace's table is named by its pods' capture listeners).
 func TestBuildGAMMAGolden(t *testing.T) {
 	m := gammaMesh(t, gammaRoutes())
-	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.ValidateAll(); err != nil {
-		t.Fatalf("ValidateAll: %v", err)
-	}
-	snap, err := cache.NewSnapshot("1", r.typed())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := snap.Consistent(); err != nil {
-		t.Fatalf("snapshot not Consistent: %v", err)
-	}
+	r := buildValid(t, m, Options{})
 	testenv.Golden(t, "gamma.routes.json", stableJSON(t, asMessages(r.Routes)))
 
 	var names []string
@@ -333,20 +319,7 @@ func TestBuildGAMMALocalBackend(t *testing.T) {
 				{Kind: model.BackendServiceImport, Service: web, Port: 80, Weight: 1}},
 		}},
 	}})
-	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.ValidateAll(); err != nil {
-		t.Fatalf("ValidateAll: %v", err)
-	}
-	snap, err := cache.NewSnapshot("1", r.typed())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := snap.Consistent(); err != nil {
-		t.Fatalf("snapshot not Consistent: %v", err)
-	}
+	r := buildValid(t, m, Options{})
 	local, all := "local|web.shop.mesh:80", "web.shop.mesh:80"
 	pods := func(name string) []string {
 		for _, cla := range r.Endpoints {
