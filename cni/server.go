@@ -722,6 +722,8 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 
 // NodeGuard is the part of capture.NodeGuard the server uses.
 type NodeGuard interface {
+	// Apply makes the guard drop frames from pods that carry any of addrs as their source
+	// (capture.NodeGuard.Apply: idempotent, reports whether it changed the node's rules).
 	Apply(addrs []netip.Addr) (changed bool, err error)
 }
 

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -125,13 +123,7 @@ func TestTLSClientCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name string, b []byte) string { return testenv.WriteFile(t, dir, name, b) }
 	caFile := write("ca.pem", ca.CertPEM)
 	issue := func(cn string) (string, string) {
 		c, k, err := ca.Issue(cn, nil, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})

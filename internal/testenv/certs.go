@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"os"
+	"path/filepath"
+	"testing"
 	"time"
 )
 
@@ -92,4 +95,15 @@ func pemBlock(typ string, der []byte) []byte {
 func serial() *big.Int {
 	n, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
 	return n
+}
+
+// WriteFile writes b to dir/name with mode 0600 (a certificate or key, say) and returns the
+// path; an error fails t.
+func WriteFile(t testing.TB, dir, name string, b []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

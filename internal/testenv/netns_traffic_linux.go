@@ -389,11 +389,7 @@ func (n *Netns) NeighMAC(t testing.TB, link string, ip netip.Addr) net.HardwareA
 		t.Fatal(err)
 	}
 	defer h.Close()
-	fam := netlink.FAMILY_V4
-	if ip.Is6() {
-		fam = netlink.FAMILY_V6
-	}
-	list, err := h.NeighList(mustLink(t, h, link).Attrs().Index, fam)
+	list, err := h.NeighList(mustLink(t, h, link).Attrs().Index, netlinkFamily(ip))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,12 +410,16 @@ func (n *Netns) SetNeigh(t testing.TB, link string, ip netip.Addr, mac net.Hardw
 		t.Fatal(err)
 	}
 	defer h.Close()
-	fam := netlink.FAMILY_V4
-	if ip.Is6() {
-		fam = netlink.FAMILY_V6
-	}
-	if err := h.NeighSet(&netlink.Neigh{LinkIndex: mustLink(t, h, link).Attrs().Index, Family: fam, State: netlink.NUD_STALE,
+	if err := h.NeighSet(&netlink.Neigh{LinkIndex: mustLink(t, h, link).Attrs().Index, Family: netlinkFamily(ip), State: netlink.NUD_STALE,
 		IP: ip.AsSlice(), HardwareAddr: mac}); err != nil {
 		t.Fatalf("testenv: neighbour %s -> %s on %s in %s: %v", ip, mac, link, n.Name, err)
 	}
+}
+
+// netlinkFamily is the netlink address family of ip (FAMILY_V4 or FAMILY_V6).
+func netlinkFamily(ip netip.Addr) int {
+	if ip.Is6() {
+		return netlink.FAMILY_V6
+	}
+	return netlink.FAMILY_V4
 }

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -82,13 +81,7 @@ func TestStartServesTLS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	write := func(name string, b []byte) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
+	write := func(name string, b []byte) string { return testenv.WriteFile(t, dir, name, b) }
 	caFile := write("ca.crt", ca.CertPEM)
 	sc, sk, err := ca.Issue("aether-registry", nil, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")})
 	if err != nil {
