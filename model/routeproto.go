@@ -121,10 +121,10 @@ var (
 //   - Created travels as RFC 3339 with nanoseconds in UTC ("" for the zero time);
 //   - durations travel in milliseconds, a fraction of a millisecond rounded up (Gateway API
 //     durations have millisecond resolution, GEP-2257), nil ones as absent;
-//   - a backend's Invalid travels only on a backend of another kind (KIND_OTHER, found when the
-//     Kubernetes object was converted); on a Service or ServiceImport backend it is ResolveRoutes'
-//     verdict against one cluster's services, which every reader reaches for itself, so route r
-//     should be the converted route, not ResolveRoutes' resolved copy.
+//   - a backend's Invalid travels only when conversion found it (reason InvalidKind: another kind,
+//     or Service / ServiceImport of another group), as KIND_OTHER; any other Invalid is
+//     ResolveRoutes' verdict against one cluster's services, which every reader reaches for
+//     itself, so route r should be the converted route, not ResolveRoutes' resolved copy.
 //
 // RouteToProto does not validate: a value outside what conversion makes (an unknown kind, a
 // negative duration, an int out of the field's range) is carried as a value RouteFromProto
@@ -275,19 +275,22 @@ func pathModifierToProto(m *PathModifier) *registryv1.PathModifier {
 	return &registryv1.PathModifier{Type: pathModifierTypes[m.Type], Value: m.Value}
 }
 
+// backendToProto converts b. A backend the conversion found unusable (Invalid with reason
+// InvalidKind: another kind, or Service / ServiceImport of another group) becomes KIND_OTHER with
+// its kind as written and that verdict; any other Invalid is ResolveRoutes' and is left out.
 func backendToProto(b BackendRef) *registryv1.BackendRef {
 	p := &registryv1.BackendRef{Service: serviceRefToProto(b.Service), Port: b.Port, Weight: b.Weight}
-	switch b.Kind {
-	case BackendService:
-		p.Kind = registryv1.BackendRef_KIND_SERVICE
-	case BackendServiceImport:
-		p.Kind = registryv1.BackendRef_KIND_SERVICE_IMPORT
-	case "":
-	default:
+	switch {
+	case b.Invalid != nil && b.Invalid.Reason == reasonInvalidKind,
+		b.Kind != "" && b.Kind != BackendService && b.Kind != BackendServiceImport:
 		p.Kind, p.OtherKind = registryv1.BackendRef_KIND_OTHER, string(b.Kind)
 		if b.Invalid != nil {
 			p.Invalid = &registryv1.BackendInvalid{Reason: b.Invalid.Reason, Message: b.Invalid.Message}
 		}
+	case b.Kind == BackendService:
+		p.Kind = registryv1.BackendRef_KIND_SERVICE
+	case b.Kind == BackendServiceImport:
+		p.Kind = registryv1.BackendRef_KIND_SERVICE_IMPORT
 	}
 	for _, f := range b.Filters {
 		p.Filters = append(p.Filters, filterToProto(f))
@@ -300,7 +303,7 @@ func backendToProto(b BackendRef) *registryv1.BackendRef {
 // an RFC 1123 label, name a subdomain; parent and backend names 1-253 characters without '/',
 // spaces or control characters), ports 0-65535, weights 0-1000000, redirect codes 301, 302, 303,
 // 307 and 308, mirror fractions 0 <= numerator <= denominator with denominator > 0, paths,
-// regular expressions (RE2), header names (lower case where the model lower-cases them) and
+// regular expressions (RE2), path modifiers (no spaces or control characters), header names (lower case where the model lower-cases them) and
 // values, CORS lists, durations >= 0 (backend_request_ms <= request_ms unless that is 0), retry
 // attempts >= 1 and codes 400-599, the Gateway API's list lengths, what each route kind allows (no
 // path, query or method on a GRPCRoute, no gRPC method on an HTTPRoute, only header modifiers
@@ -822,9 +825,10 @@ func pathModifierFromProto(p *registryv1.PathModifier, f string) (*PathModifier,
 	if !ok {
 		return nil, routeFieldErr(f+".type", p.GetType().String(), "want TYPE_REPLACE_FULL_PATH or TYPE_REPLACE_PREFIX_MATCH")
 	}
+	// The CRD bounds only the length; spaces and control characters have no place in a path.
 	v := p.GetValue()
-	if len(v) > maxPathLen || (v != "" && !strings.HasPrefix(v, "/")) || strings.ContainsFunc(v, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
-		return nil, routeFieldErr(f+".value", v, "want empty or an absolute path (at most 1024 bytes, no spaces or control characters)")
+	if len(v) > maxPathLen || strings.ContainsFunc(v, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
+		return nil, routeFieldErr(f+".value", v, "want at most 1024 bytes without spaces or control characters")
 	}
 	return &PathModifier{Type: t, Value: v}, nil
 }
@@ -920,9 +924,8 @@ func backendFromProto(p *registryv1.BackendRef, f string, withFilters bool) (Bac
 	case registryv1.BackendRef_KIND_SERVICE_IMPORT:
 		b.Kind = BackendServiceImport
 	case registryv1.BackendRef_KIND_OTHER:
-		if !kindName.MatchString(p.GetOtherKind()) || len(p.GetOtherKind()) > 63 ||
-			p.GetOtherKind() == string(BackendService) || p.GetOtherKind() == string(BackendServiceImport) {
-			return BackendRef{}, routeFieldErr(f+".other_kind", p.GetOtherKind(), "want a Kubernetes kind other than Service and ServiceImport")
+		if !kindName.MatchString(p.GetOtherKind()) || len(p.GetOtherKind()) > 63 {
+			return BackendRef{}, routeFieldErr(f+".other_kind", p.GetOtherKind(), "want a Kubernetes kind name (Gateway API Kind)")
 		}
 		b.Kind = BackendKind(p.GetOtherKind())
 	default:

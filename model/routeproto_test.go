@@ -216,8 +216,8 @@ func TestRouteProtoRoundTrip(t *testing.T) {
 		{"CORS with defaults only", withRule(func(r *RouteRule) {
 			r.Filters = []RouteFilter{{Type: FilterCORS, CORS: &CORS{MaxAge: 5, AllowOrigins: []string{"*"}, AllowMethods: []string{"*"}}}}
 		}), nil},
-		{"path modifiers with empty values", withRule(func(r *RouteRule) {
-			r.Filters = []RouteFilter{{Type: FilterURLRewrite, Rewrite: &Rewrite{Path: &PathModifier{Type: ReplacePrefixMatch}}},
+		{"path modifiers with empty and relative values", withRule(func(r *RouteRule) {
+			r.Filters = []RouteFilter{{Type: FilterURLRewrite, Rewrite: &Rewrite{Path: &PathModifier{Type: ReplacePrefixMatch, Value: "v2"}}},
 				{Type: FilterRequestRedirect, Redirect: &Redirect{StatusCode: 302, Path: &PathModifier{Type: ReplaceFullPath}}}}
 			r.Unsupported = []string{"spec.rules[0].filters: URLRewrite and RequestRedirect cannot be combined (HTTPRouteRule.filters)"}
 		}), nil},
@@ -262,7 +262,7 @@ func TestRouteProtoFromKubernetes(t *testing.T) {
     retry: {backoff: 0s}
 `),
 		route("HTTPRoute", "shop", "unsupported", 0, parent+`  rules:
-  - backendRefs: [{group: example.com, kind: Bucket, name: b}]
+  - backendRefs: [{group: example.com, kind: Bucket, name: b}, {group: example.com, kind: Service, name: s, port: 80}, {kind: ServiceImport, name: i}]
   - filters: [{type: ExtensionRef, extensionRef: {group: x.io, kind: F, name: f}}]
   - sessionPersistence: {sessionName: s}
   - filters: [{type: URLRewrite, urlRewrite: {hostname: h}}, {type: RequestRedirect, requestRedirect: {hostname: h}}]
@@ -292,8 +292,16 @@ func TestRouteProtoFromKubernetes(t *testing.T) {
 			sameRoute(t, r, got)
 		})
 	}
-	if u := routes[1]; len(u.Rules) != 8 || u.Rules[0].Backends[0].Invalid == nil || len(u.Rules[1].Unsupported) == 0 || len(u.Rules[7].Unsupported) == 0 {
+	if u := routes[1]; len(u.Rules) != 8 || len(u.Rules[1].Unsupported) == 0 || len(u.Rules[7].Unsupported) == 0 {
 		t.Errorf("fixture %s lost its point: %+v", u.Name, u.Rules)
+	}
+	// A Service of another group (and a ServiceImport of the core group) is InvalidKind: it must
+	// stay invalid in the record, not become a usable Service backend.
+	for i, b := range routes[1].Rules[0].Backends {
+		got, _ := roundTrip(t, routes[1])
+		if b.Invalid == nil || got.Rules[0].Backends[i].Invalid == nil || got.Rules[0].Backends[i].Invalid.Reason != "InvalidKind" {
+			t.Errorf("backend %d (%s) = %+v after the round trip, want it InvalidKind", i, b.Kind, got.Rules[0].Backends[i])
+		}
 	}
 }
 
@@ -347,12 +355,15 @@ func randomRoute(rng *rand.Rand) Route {
 	}
 	backend := func(filters bool) BackendRef {
 		b := BackendRef{Kind: BackendService, Service: svc(), Port: uint32(rng.IntN(65536)), Weight: int32(rng.IntN(maxWeight + 1))}
-		switch rng.IntN(4) {
+		switch rng.IntN(5) {
 		case 0:
 			b.Kind = BackendServiceImport
 		case 1:
 			b.Kind = BackendKind(pick("Bucket", "Gateway", "X"))
 			b.Invalid = &Condition{Reason: "InvalidKind", Message: fmt.Sprintf("backendRef %s %q: want a Service", b.Kind, b.Service.Name)}
+		case 2: // a Service or ServiceImport of another group
+			b.Kind = BackendKind(pick(string(BackendService), string(BackendServiceImport)))
+			b.Invalid = &Condition{Reason: "InvalidKind", Message: fmt.Sprintf("backendRef %s %q (group \"x.io\"): want ...", b.Kind, b.Service.Name)}
 		}
 		for i := 0; filters && i < rng.IntN(3); i++ {
 			b.Filters = append(b.Filters, RouteFilter{Type: FilterType(pick(string(FilterRequestHeaderModifier), string(FilterResponseHeaderModifier))), Headers: headerMod()})
@@ -575,9 +586,9 @@ func TestRouteFromProtoRefusals(t *testing.T) {
 		{"path modifier type", false, func(p *registryv1.Route) {
 			p.Rules[1].Filters[0].GetRequestRedirect().Path.Type = 0
 		}, "rules[1].filters[0].request_redirect.path.type", "TYPE_UNSPECIFIED"},
-		{"rewrite path", false, func(p *registryv1.Route) {
-			p.Rules[0].Filters[2].GetUrlRewrite().Path.Value = "v2"
-		}, "rules[0].filters[2].url_rewrite.path.value", "v2"},
+		{"rewrite path with a space", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[2].GetUrlRewrite().Path.Value = "/v 2"
+		}, "rules[0].filters[2].url_rewrite.path.value", "/v 2"},
 		{"mirror denominator 0", false, func(p *registryv1.Route) {
 			p.Rules[0].Filters[3].GetRequestMirror().Denominator = 0
 		}, "rules[0].filters[3].request_mirror.denominator", "0"},
@@ -613,7 +624,8 @@ func TestRouteFromProtoRefusals(t *testing.T) {
 			p.Rules[0].Backends[0].Invalid = &registryv1.BackendInvalid{Reason: "BackendNotFound", Message: "gone"}
 		}, "rules[0].backends[0].invalid", "BackendNotFound"},
 		{"other kind without invalid", false, func(p *registryv1.Route) { p.Rules[0].Backends[3].Invalid = nil }, "rules[0].backends[3].invalid", ""},
-		{"other kind named Service", false, func(p *registryv1.Route) { p.Rules[0].Backends[3].OtherKind = "Service" }, "rules[0].backends[3].other_kind", "Service"},
+		{"other kind empty", false, func(p *registryv1.Route) { p.Rules[0].Backends[3].OtherKind = "" }, "rules[0].backends[3].other_kind", ""},
+		{"other kind not a kind name", false, func(p *registryv1.Route) { p.Rules[0].Backends[3].OtherKind = "a/b" }, "rules[0].backends[3].other_kind", "a/b"},
 		{"other kind on a Service", false, func(p *registryv1.Route) { p.Rules[0].Backends[0].OtherKind = "Bucket" }, "rules[0].backends[0].other_kind", "Bucket"},
 		{"invalid reason", false, func(p *registryv1.Route) { p.Rules[0].Backends[3].Invalid.Reason = "BackendNotFound" }, "rules[0].backends[3].invalid.reason", "BackendNotFound"},
 		{"backend filter type", false, func(p *registryv1.Route) {

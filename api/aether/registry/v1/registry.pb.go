@@ -422,7 +422,8 @@ const (
 	// KIND_SERVICE_IMPORT is a ServiceImport (group multicluster.x-k8s.io): its endpoints in
 	// every exporting cluster (GEP-1748).
 	BackendRef_KIND_SERVICE_IMPORT BackendRef_Kind = 2
-	// KIND_OTHER is any other kind: never usable; other_kind and invalid say what and why.
+	// KIND_OTHER is any other kind, or Service / ServiceImport of another group: never usable;
+	// other_kind and invalid say what and why.
 	BackendRef_KIND_OTHER BackendRef_Kind = 3
 )
 
@@ -1997,7 +1998,8 @@ type PathModifier struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// type is REPLACE_FULL_PATH or REPLACE_PREFIX_MATCH.
 	Type PathModifier_Type `protobuf:"varint,1,opt,name=type,proto3,enum=aether.registry.v1.PathModifier_Type" json:"type,omitempty"`
-	// value is replaceFullPath or replacePrefixMatch: empty or an absolute path, at most 1024 bytes.
+	// value is replaceFullPath or replacePrefixMatch, at most 1024 bytes, no spaces or control
+	// characters.
 	Value         string `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2349,8 +2351,8 @@ func (x *CORS) GetMaxAgeSeconds() int32 {
 // Whether a backend can be used where the route is read (the Service exists, has the port, speaks
 // HTTP: model.BackendRef.Invalid with BackendNotFound or UnsupportedProtocol) is each reader's own
 // resolution against its services and is not carried. What the origin found when it converted the
-// object is carried: a backendRef of another kind (KIND_OTHER) with the InvalidKind reason, so
-// that every reader answers its share of requests with 500 as the origin does.
+// object is carried: a backendRef of another kind or group (KIND_OTHER) with the InvalidKind
+// reason, so that every reader answers its share of requests with 500 as the origin does.
 type BackendRef struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// kind is SERVICE, SERVICE_IMPORT or OTHER.
@@ -2365,7 +2367,8 @@ type BackendRef struct {
 	Weight int32 `protobuf:"varint,4,opt,name=weight,proto3" json:"weight,omitempty"`
 	// filters are the backendRef's own filters: header modifiers only (at most 16).
 	Filters []*RouteFilter `protobuf:"bytes,5,rep,name=filters,proto3" json:"filters,omitempty"`
-	// other_kind is the backendRef's kind as written when kind is OTHER ("Bucket"); empty otherwise.
+	// other_kind is the backendRef's kind as written when kind is OTHER ("Bucket", or "Service" of
+	// another group); empty otherwise.
 	OtherKind string `protobuf:"bytes,6,opt,name=other_kind,json=otherKind,proto3" json:"other_kind,omitempty"`
 	// invalid is set exactly when kind is OTHER: the reason and message the origin found.
 	Invalid       *BackendInvalid `protobuf:"bytes,7,opt,name=invalid,proto3" json:"invalid,omitempty"`
