@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -727,4 +728,57 @@ func FuzzRouteProto(f *testing.F) {
 			t.Fatalf("an accepted route changed in its own round trip (-first +second):\n%s", d)
 		}
 	})
+}
+
+// routeProtoFields are the fields of Route and every model type under it that RouteToProto and
+// RouteFromProto carry (Condition.Status is always false on a backend's Invalid).
+var routeProtoFields = []string{
+	"BackendRef.Filters", "BackendRef.Invalid", "BackendRef.Kind", "BackendRef.Port", "BackendRef.Service", "BackendRef.Weight",
+	"CORS.AllowCredentials", "CORS.AllowHeaders", "CORS.AllowMethods", "CORS.AllowOrigins", "CORS.ExposeHeaders", "CORS.MaxAge",
+	"Condition.Message", "Condition.Reason", "Condition.Status",
+	"GRPCMethodMatch.Method", "GRPCMethodMatch.Service", "GRPCMethodMatch.Type",
+	"Header.Name", "Header.Value",
+	"HeaderModifier.Add", "HeaderModifier.Remove", "HeaderModifier.Set",
+	"Mirror.Backend", "Mirror.Denominator", "Mirror.Numerator",
+	"ParentRef.Index", "ParentRef.Kind", "ParentRef.Port", "ParentRef.SectionName", "ParentRef.Service",
+	"PathMatch.Type", "PathMatch.Value",
+	"PathModifier.Type", "PathModifier.Value",
+	"Redirect.Hostname", "Redirect.Path", "Redirect.Port", "Redirect.Scheme", "Redirect.StatusCode",
+	"Rewrite.Hostname", "Rewrite.Path",
+	"Route.Created", "Route.Generation", "Route.Parents", "Route.RouteRef", "Route.Rules",
+	"RouteFilter.CORS", "RouteFilter.Headers", "RouteFilter.Mirror", "RouteFilter.Redirect", "RouteFilter.Rewrite", "RouteFilter.Type",
+	"RouteMatch.GRPC", "RouteMatch.Headers", "RouteMatch.Method", "RouteMatch.Path", "RouteMatch.Query",
+	"RouteRef.Kind", "RouteRef.Name", "RouteRef.Namespace",
+	"RouteRetry.Attempts", "RouteRetry.Backoff", "RouteRetry.Codes",
+	"RouteRule.Backends", "RouteRule.Filters", "RouteRule.Matches", "RouteRule.Name", "RouteRule.Retry", "RouteRule.Timeouts", "RouteRule.Unsupported",
+	"RouteTimeouts.BackendRequest", "RouteTimeouts.Request",
+	"ServiceKey.Name", "ServiceKey.Namespace",
+	"StringMatch.Name", "StringMatch.Type", "StringMatch.Value",
+}
+
+// TestRouteProtoCoversEveryField: a field added to Route or a type under it fails here until the
+// record (registry.proto), the conversion, the round-trip fixtures and routeProtoFields carry it.
+func TestRouteProtoCoversEveryField(t *testing.T) {
+	seen := map[reflect.Type]bool{}
+	var have []string
+	var walk func(reflect.Type)
+	walk = func(ty reflect.Type) {
+		for ty.Kind() == reflect.Pointer || ty.Kind() == reflect.Slice {
+			ty = ty.Elem()
+		}
+		if ty.Kind() != reflect.Struct || ty.PkgPath() != reflect.TypeFor[Route]().PkgPath() || seen[ty] {
+			return
+		}
+		seen[ty] = true
+		for f := range ty.Fields() {
+			have = append(have, ty.Name()+"."+f.Name)
+			walk(f.Type)
+		}
+	}
+	walk(reflect.TypeFor[Route]())
+	slices.Sort(have)
+	want := slices.Sorted(slices.Values(routeProtoFields))
+	if d := cmp.Diff(want, have); d != "" {
+		t.Errorf("model route fields differ from those the registry record carries (-carried +model):\n%s", d)
+	}
 }
