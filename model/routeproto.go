@@ -66,16 +66,16 @@ const (
 var (
 	// kindName is Gateway API Kind.
 	kindName = regexp.MustCompile(`^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$`)
-	// headerName is Gateway API HeaderName (header and query parameter names).
-	headerName = regexp.MustCompile("^[A-Za-z0-9!#$%&'*+\\-.^_`|~]{1,256}$")
 	// pathChars are the characters of an Exact or PathPrefix HTTPPathMatch value.
 	pathChars = regexp.MustCompile(`^(?:[-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$`)
-	// corsOrigin is Gateway API CORSOrigin.
-	corsOrigin = regexp.MustCompile(`(^\*$)|(^(http(s)?):\/\/(((\*\.)?([a-zA-Z0-9\-]+\.)*[a-zA-Z0-9-]+|\*)(:([0-9]{1,5}))?)$)`)
 	// grpcService and grpcMethod are what an Exact GRPCMethodMatch may hold.
 	grpcService = regexp.MustCompile(`^(?i)\.?[a-z_][a-z_0-9]*(\.[a-z_][a-z_0-9]*)*$`)
 	grpcMethod  = regexp.MustCompile(`^[A-Za-z_][A-Za-z_0-9]*$`)
 )
+
+// validHeaderName reports whether s is a Gateway API HeaderName (header and query parameter
+// names): an HTTP token (httpToken) of at most 256 bytes.
+func validHeaderName(s string) bool { return len(s) <= 256 && httpToken.MatchString(s) }
 
 // httpMethods are Gateway API HTTPMethod values.
 var httpMethods = []string{"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
@@ -648,7 +648,7 @@ func validHeaderValue(f, v string) error {
 
 // validLowerHeaderName checks a header name the model keeps in lower case.
 func validLowerHeaderName(f, n string) error {
-	if !headerName.MatchString(n) || strings.ToLower(n) != n {
+	if !validHeaderName(n) || strings.ToLower(n) != n {
 		return routeFieldErr(f, n, "want an HTTP header name in lower case")
 	}
 	return nil
@@ -663,7 +663,7 @@ func stringMatchFromProto(t registryv1.StringMatchType, name, value, f string, l
 		if err := validLowerHeaderName(f+".name", name); err != nil {
 			return StringMatch{}, err
 		}
-	} else if !headerName.MatchString(name) {
+	} else if !validHeaderName(name) {
 		return StringMatch{}, routeFieldErr(f+".name", name, "want a query parameter name (Gateway API HeaderName)")
 	}
 	if mt == MatchRegex {
@@ -893,8 +893,8 @@ func corsFromProto(p *registryv1.CORS, f string) (*CORS, error) {
 	}{
 		{"allow_origins", p.GetAllowOrigins(), maxCORSList, func(s string) bool { return len(s) <= 253 && corsOrigin.MatchString(s) }, &c.AllowOrigins},
 		{"allow_methods", p.GetAllowMethods(), maxCORSMethods, func(s string) bool { return s == "*" || slices.Contains(httpMethods, s) }, &c.AllowMethods},
-		{"allow_headers", p.GetAllowHeaders(), maxCORSList, func(s string) bool { return s == "*" || headerName.MatchString(s) }, &c.AllowHeaders},
-		{"expose_headers", p.GetExposeHeaders(), maxCORSList, func(s string) bool { return s == "*" || headerName.MatchString(s) }, &c.ExposeHeaders},
+		{"allow_headers", p.GetAllowHeaders(), maxCORSList, validHeaderName, &c.AllowHeaders},
+		{"expose_headers", p.GetExposeHeaders(), maxCORSList, validHeaderName, &c.ExposeHeaders},
 	} {
 		if len(l.vs) > l.max {
 			return nil, routeTooMany(f+"."+l.name, len(l.vs), l.max)
