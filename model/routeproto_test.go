@@ -495,9 +495,9 @@ func randomRoute(rng *rand.Rand) Route {
 	return r
 }
 
-// TestRouteProtoRandom: RouteFromProto(RouteToProto(r)) == r for 3000 seeded random routes.
+// TestRouteProtoRandom: RouteFromProto(RouteToProto(r)) == r for 1000 seeded random routes.
 func TestRouteProtoRandom(t *testing.T) {
-	for seed := range uint64(3000) {
+	for seed := range uint64(1000) {
 		r := randomRoute(rand.New(rand.NewPCG(seed, 23)))
 		got, _ := roundTrip(t, r)
 		if d := cmp.Diff(r, got, cmpopts.EquateEmpty()); d != "" {
