@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/protobuf/proto"
+
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 )
 
@@ -231,22 +233,24 @@ func TestValidateExport(t *testing.T) {
 	}
 }
 
-// testConfig is a projection using every part of the route model: an HTTPRoute with path,
-// header, query and method matches, header filters, a redirect, a rewrite, a mirror, weighted
-// backends, timeouts and retries, and a GRPCRoute with a method match.
+// testConfig is a projection using every part of the route record: an HTTPRoute with parentRefs,
+// path, header, query and method matches, header filters, a rewrite, a mirror, CORS, weighted
+// backends, timeouts and retries and a redirect rule, and a GRPCRoute with a method match.
 func testConfig() *registryv1.ServiceConfigProjection {
 	cart := &registryv1.ServiceRef{Namespace: "shop", Name: "cart"}
 	cartV2 := &registryv1.ServiceRef{Namespace: "shop", Name: "cart-v2"}
+	exact := registryv1.StringMatchType_STRING_MATCH_TYPE_EXACT
 	return &registryv1.ServiceConfigProjection{
 		Service: cart,
 		Version: "2026-11-29T09:00:00.000000001Z",
 		Routes: []*registryv1.Route{{
-			Kind: registryv1.Route_KIND_HTTP, Name: "shop/cart-canary", Hostnames: []string{"cart.shop.mesh"},
+			Kind: registryv1.Route_KIND_HTTP, Namespace: "shop", Name: "cart-canary", Generation: 2, CreateTime: "2026-11-29T08:00:00Z",
+			ParentRefs: []*registryv1.ParentRef{{Kind: registryv1.ParentRef_KIND_SERVICE, Service: cart, Port: 80}},
 			Rules: []*registryv1.RouteRule{{
 				Matches: []*registryv1.RouteMatch{{
 					Path:        &registryv1.PathMatch{Type: registryv1.PathMatch_TYPE_PATH_PREFIX, Value: "/api"},
 					Headers:     []*registryv1.HeaderMatch{{Name: "x-canary", Value: "^(yes|true)$", Type: registryv1.StringMatchType_STRING_MATCH_TYPE_REGULAR_EXPRESSION}},
-					QueryParams: []*registryv1.QueryParamMatch{{Name: "debug", Value: "1"}},
+					QueryParams: []*registryv1.QueryParamMatch{{Name: "debug", Value: "1", Type: exact}},
 					Method:      "GET",
 				}},
 				Filters: []*registryv1.RouteFilter{
@@ -255,24 +259,26 @@ func testConfig() *registryv1.ServiceConfigProjection {
 					{Filter: &registryv1.RouteFilter_UrlRewrite{UrlRewrite: &registryv1.URLRewrite{
 						Path: &registryv1.PathModifier{Type: registryv1.PathModifier_TYPE_REPLACE_PREFIX_MATCH, Value: "/v2"}}}},
 					{Filter: &registryv1.RouteFilter_RequestMirror{RequestMirror: &registryv1.RequestMirror{
-						Backend: &registryv1.BackendRef{Service: cartV2, Port: 80}, Percent: 10}}},
+						Backend: &registryv1.BackendRef{Kind: registryv1.BackendRef_KIND_SERVICE, Service: cartV2, Port: 80, Weight: 1}, Numerator: 10, Denominator: 100}}},
+					{Filter: &registryv1.RouteFilter_Cors{Cors: &registryv1.CORS{AllowOrigins: []string{"https://shop.example"}, AllowMethods: []string{"GET"}, MaxAgeSeconds: 5}}},
 				},
 				Backends: []*registryv1.BackendRef{
 					{Kind: registryv1.BackendRef_KIND_SERVICE, Service: cart, Port: 80, Weight: 90},
 					{Kind: registryv1.BackendRef_KIND_SERVICE_IMPORT, Service: cartV2, Port: 80, Weight: 10},
 				},
-				Timeouts: &registryv1.RouteTimeouts{RequestMs: 5000, BackendRequestMs: 2000},
-				Retry:    &registryv1.RetryPolicy{Attempts: 3, Codes: []uint32{502, 503}, BackoffMs: 100},
+				Timeouts: &registryv1.RouteTimeouts{RequestMs: proto.Int64(5000), BackendRequestMs: proto.Int64(2000)},
+				Retry:    &registryv1.RetryPolicy{Attempts: proto.Int64(3), Codes: []uint32{502, 503}, BackoffMs: proto.Int64(100)},
 			}, {
 				Matches: []*registryv1.RouteMatch{{Path: &registryv1.PathMatch{Type: registryv1.PathMatch_TYPE_EXACT, Value: "/old"}}},
 				Filters: []*registryv1.RouteFilter{{Filter: &registryv1.RouteFilter_RequestRedirect{RequestRedirect: &registryv1.RequestRedirect{
 					Scheme: "https", StatusCode: 301, Path: &registryv1.PathModifier{Type: registryv1.PathModifier_TYPE_REPLACE_FULL_PATH, Value: "/new"}}}}},
 			}},
 		}, {
-			Kind: registryv1.Route_KIND_GRPC, Name: "shop/cart-grpc",
+			Kind: registryv1.Route_KIND_GRPC, Namespace: "shop", Name: "cart-grpc",
+			ParentRefs: []*registryv1.ParentRef{{Kind: registryv1.ParentRef_KIND_SERVICE, Service: cart}},
 			Rules: []*registryv1.RouteRule{{
-				Matches:  []*registryv1.RouteMatch{{GrpcMethod: &registryv1.GRPCMethodMatch{Service: "shop.Cart", Method: "Checkout"}}},
-				Backends: []*registryv1.BackendRef{{Service: cart, Port: 9090, Weight: 1}},
+				Matches:  []*registryv1.RouteMatch{{GrpcMethod: &registryv1.GRPCMethodMatch{Type: exact, Service: "shop.Cart", Method: "Checkout"}}},
+				Backends: []*registryv1.BackendRef{{Kind: registryv1.BackendRef_KIND_SERVICE, Service: cart, Port: 9090, Weight: 1}},
 			}},
 		}},
 	}
@@ -309,15 +315,17 @@ func TestValidateConfig(t *testing.T) {
 		{"bad header name", func(c *registryv1.ServiceConfigProjection) {
 			c.Routes[0].Rules[0].Filters[0].GetRequestHeaderModifier().Set[0].Name = "x route"
 		}, "routes[0].rules[0].filters[0].request_header_modifier.set[0].name"},
-		{"mirror percent", func(c *registryv1.ServiceConfigProjection) {
-			c.Routes[0].Rules[0].Filters[2].GetRequestMirror().Percent = 101
-		}, "routes[0].rules[0].filters[2].request_mirror.percent"},
+		{"mirror fraction", func(c *registryv1.ServiceConfigProjection) {
+			c.Routes[0].Rules[0].Filters[2].GetRequestMirror().Numerator = 101
+		}, "routes[0].rules[0].filters[2].request_mirror.numerator"},
 		{"redirect code", func(c *registryv1.ServiceConfigProjection) {
-			c.Routes[0].Rules[1].Filters[0].GetRequestRedirect().StatusCode = 307
+			c.Routes[0].Rules[1].Filters[0].GetRequestRedirect().StatusCode = 305
 		}, "routes[0].rules[1].filters[0].request_redirect.status_code"},
 		{"backend port", func(c *registryv1.ServiceConfigProjection) {
-			c.Routes[0].Rules[0].Backends[1].Port = 0
+			c.Routes[0].Rules[0].Backends[1].Port = 65536
 		}, "routes[0].rules[0].backends[1].port"},
+		{"nil route", func(c *registryv1.ServiceConfigProjection) { c.Routes[1] = nil }, "routes[1]"},
+		{"parent kind", func(c *registryv1.ServiceConfigProjection) { c.Routes[0].ParentRefs[0].Kind = 0 }, "routes[0].parent_refs[0].kind"},
 		{"backend service", func(c *registryv1.ServiceConfigProjection) {
 			c.Routes[1].Rules[0].Backends[0].Service = nil
 		}, "routes[1].rules[0].backends[0].service"},
@@ -325,7 +333,7 @@ func TestValidateConfig(t *testing.T) {
 			c.Routes[0].Rules[0].Retry.Codes = []uint32{200}
 		}, "routes[0].rules[0].retry.codes[0]"},
 		{"backend timeout above request timeout", func(c *registryv1.ServiceConfigProjection) {
-			c.Routes[0].Rules[0].Timeouts.BackendRequestMs = 6000
+			c.Routes[0].Rules[0].Timeouts.BackendRequestMs = proto.Int64(6000)
 		}, "routes[0].rules[0].timeouts.backend_request_ms"},
 	}
 	for _, tt := range tests {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
+	"github.com/aethermesh/aether/model"
 )
 
 // ValidationError is an invalid record field: Field is its path in the record
@@ -316,11 +316,10 @@ func ValidateExport(m *registryv1.ExportMark) error {
 	return validTime(m.GetCreateTime(), "create_time")
 }
 
-var httpMethod = regexp.MustCompile(`^[A-Z]{1,16}$`)
-
 // ValidateConfig checks a ServiceConfigProjection: service, version (RFC 3339 with nanoseconds)
-// and every route (kind HTTP or GRPC, a name, hostnames, rules with valid matches, filters,
-// backends, timeouts and retries; see validRoute).
+// and every route, as model.RouteFromProto checks it (kinds, names, parentRefs, matches, filters,
+// backends, timeouts, retries, the Gateway API's limits). A refused route field is reported with
+// its path under routes[i] ("routes[0].rules[1].filters[0].request_redirect.status_code").
 func ValidateConfig(c *registryv1.ServiceConfigProjection) error {
 	if c == nil {
 		return fieldErr("config", "", "required")
@@ -332,215 +331,16 @@ func ValidateConfig(c *registryv1.ServiceConfigProjection) error {
 		return err
 	}
 	for i, r := range c.GetRoutes() {
-		if err := validRoute(r, fmt.Sprintf("routes[%d]", i)); err != nil {
-			return err
+		f := fmt.Sprintf("routes[%d]", i)
+		if r == nil {
+			return fieldErr(f, "", "required")
 		}
-	}
-	return nil
-}
-
-func validRoute(r *registryv1.Route, f string) error {
-	grpc := r.GetKind() == registryv1.Route_KIND_GRPC
-	if r.GetKind() != registryv1.Route_KIND_HTTP && !grpc {
-		return fieldErr(f+".kind", r.GetKind().String(), "want HTTP or GRPC")
-	}
-	if r.GetName() == "" {
-		return fieldErr(f+".name", "", "required (<namespace>/<name> of the route)")
-	}
-	for i, h := range r.GetHostnames() {
-		if h == "" || len(h) > 253 || strings.ContainsAny(h, "/: ") {
-			return fieldErr(fmt.Sprintf("%s.hostnames[%d]", f, i), h, "want a DNS name, optionally *.-prefixed")
-		}
-	}
-	for i, rule := range r.GetRules() {
-		rf := fmt.Sprintf("%s.rules[%d]", f, i)
-		for j, m := range rule.GetMatches() {
-			if err := validMatch(m, fmt.Sprintf("%s.matches[%d]", rf, j), grpc); err != nil {
-				return err
+		if _, err := model.RouteFromProto(r); err != nil {
+			var fe *model.RouteFieldError
+			if errors.As(err, &fe) {
+				return fieldErr(f+"."+fe.Field, fe.Value, fe.Reason)
 			}
-		}
-		for j, flt := range rule.GetFilters() {
-			if err := validFilter(flt, fmt.Sprintf("%s.filters[%d]", rf, j)); err != nil {
-				return err
-			}
-		}
-		for j, b := range rule.GetBackends() {
-			if err := validBackend(b, fmt.Sprintf("%s.backends[%d]", rf, j)); err != nil {
-				return err
-			}
-		}
-		if rt := rule.GetRetry(); rt != nil {
-			for j, c := range rt.GetCodes() {
-				if c < 400 || c > 599 {
-					return fieldErr(fmt.Sprintf("%s.retry.codes[%d]", rf, j), strconv.Itoa(int(c)), "want 400-599")
-				}
-			}
-		}
-		if t := rule.GetTimeouts(); t != nil && t.GetRequestMs() != 0 && t.GetBackendRequestMs() > t.GetRequestMs() {
-			return fieldErr(rf+".timeouts.backend_request_ms", strconv.FormatUint(t.GetBackendRequestMs(), 10),
-				"must not exceed request_ms (Gateway API HTTPRouteTimeouts)")
-		}
-	}
-	return nil
-}
-
-func validStringMatch(t registryv1.StringMatchType, v, f string) error {
-	switch t {
-	case registryv1.StringMatchType_STRING_MATCH_TYPE_UNSPECIFIED, registryv1.StringMatchType_STRING_MATCH_TYPE_EXACT:
-		return nil
-	case registryv1.StringMatchType_STRING_MATCH_TYPE_REGULAR_EXPRESSION:
-		if _, err := regexp.Compile(v); err != nil {
-			return fieldErr(f, v, "want an RE2 regular expression")
-		}
-		return nil
-	}
-	return fieldErr(f+".type", t.String(), "want EXACT or REGULAR_EXPRESSION")
-}
-
-func validMatch(m *registryv1.RouteMatch, f string, grpc bool) error {
-	if p := m.GetPath(); p != nil {
-		if grpc {
-			return fieldErr(f+".path", p.GetValue(), "GRPC routes match grpc_method, not path")
-		}
-		switch p.GetType() {
-		case registryv1.PathMatch_TYPE_UNSPECIFIED, registryv1.PathMatch_TYPE_EXACT, registryv1.PathMatch_TYPE_PATH_PREFIX:
-			if !strings.HasPrefix(p.GetValue(), "/") {
-				return fieldErr(f+".path.value", p.GetValue(), "want an absolute path starting with /")
-			}
-		case registryv1.PathMatch_TYPE_REGULAR_EXPRESSION:
-			if _, err := regexp.Compile(p.GetValue()); err != nil {
-				return fieldErr(f+".path.value", p.GetValue(), "want an RE2 regular expression")
-			}
-		default:
-			return fieldErr(f+".path.type", p.GetType().String(), "want EXACT, PATH_PREFIX or REGULAR_EXPRESSION")
-		}
-	}
-	for i, h := range m.GetHeaders() {
-		hf := fmt.Sprintf("%s.headers[%d]", f, i)
-		if h.GetName() == "" {
-			return fieldErr(hf+".name", "", "required")
-		}
-		if err := validStringMatch(h.GetType(), h.GetValue(), hf+".value"); err != nil {
-			return err
-		}
-	}
-	for i, q := range m.GetQueryParams() {
-		qf := fmt.Sprintf("%s.query_params[%d]", f, i)
-		if grpc {
-			return fieldErr(qf, q.GetName(), "GRPC routes have no query parameter matches")
-		}
-		if q.GetName() == "" {
-			return fieldErr(qf+".name", "", "required")
-		}
-		if err := validStringMatch(q.GetType(), q.GetValue(), qf+".value"); err != nil {
-			return err
-		}
-	}
-	if m.GetMethod() != "" && (grpc || !httpMethod.MatchString(m.GetMethod())) {
-		return fieldErr(f+".method", m.GetMethod(), "want an upper-case HTTP method on an HTTP route")
-	}
-	if g := m.GetGrpcMethod(); g != nil {
-		if !grpc {
-			return fieldErr(f+".grpc_method", g.GetService()+"/"+g.GetMethod(), "only GRPC routes match grpc_method")
-		}
-		if g.GetService() == "" && g.GetMethod() == "" {
-			return fieldErr(f+".grpc_method", "", "want service and/or method")
-		}
-		if err := validStringMatch(g.GetType(), g.GetService(), f+".grpc_method.service"); err != nil {
-			return err
-		}
-		if err := validStringMatch(g.GetType(), g.GetMethod(), f+".grpc_method.method"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func validHeaders(hs []*registryv1.Header, f string) error {
-	for i, h := range hs {
-		if h.GetName() == "" || strings.ContainsAny(h.GetName(), " :\r\n") {
-			return fieldErr(fmt.Sprintf("%s[%d].name", f, i), h.GetName(), "want an HTTP header name")
-		}
-	}
-	return nil
-}
-
-func validHeaderModifier(m *registryv1.HeaderModifier, f string) error {
-	if err := validHeaders(m.GetSet(), f+".set"); err != nil {
-		return err
-	}
-	if err := validHeaders(m.GetAdd(), f+".add"); err != nil {
-		return err
-	}
-	for i, n := range m.GetRemove() {
-		if n == "" {
-			return fieldErr(fmt.Sprintf("%s.remove[%d]", f, i), n, "want an HTTP header name")
-		}
-	}
-	return nil
-}
-
-func validPathModifier(p *registryv1.PathModifier, f string) error {
-	if p == nil {
-		return nil
-	}
-	if p.GetType() != registryv1.PathModifier_TYPE_REPLACE_FULL_PATH && p.GetType() != registryv1.PathModifier_TYPE_REPLACE_PREFIX_MATCH {
-		return fieldErr(f+".type", p.GetType().String(), "want REPLACE_FULL_PATH or REPLACE_PREFIX_MATCH")
-	}
-	if !strings.HasPrefix(p.GetValue(), "/") {
-		return fieldErr(f+".value", p.GetValue(), "want an absolute path starting with /")
-	}
-	return nil
-}
-
-func validFilter(flt *registryv1.RouteFilter, f string) error {
-	switch x := flt.GetFilter().(type) {
-	case *registryv1.RouteFilter_RequestHeaderModifier:
-		return validHeaderModifier(x.RequestHeaderModifier, f+".request_header_modifier")
-	case *registryv1.RouteFilter_ResponseHeaderModifier:
-		return validHeaderModifier(x.ResponseHeaderModifier, f+".response_header_modifier")
-	case *registryv1.RouteFilter_RequestRedirect:
-		r := x.RequestRedirect
-		if s := r.GetScheme(); s != "" && s != "http" && s != "https" {
-			return fieldErr(f+".request_redirect.scheme", s, "want http, https or empty")
-		}
-		if c := r.GetStatusCode(); c != 0 && c != 301 && c != 302 {
-			return fieldErr(f+".request_redirect.status_code", strconv.Itoa(int(c)), "want 301 or 302")
-		}
-		if err := validPort(r.GetPort(), f+".request_redirect.port", true); err != nil {
-			return err
-		}
-		return validPathModifier(r.GetPath(), f+".request_redirect.path")
-	case *registryv1.RouteFilter_UrlRewrite:
-		return validPathModifier(x.UrlRewrite.GetPath(), f+".url_rewrite.path")
-	case *registryv1.RouteFilter_RequestMirror:
-		if x.RequestMirror.GetPercent() > 100 {
-			return fieldErr(f+".request_mirror.percent", strconv.Itoa(int(x.RequestMirror.GetPercent())), "want 0-100")
-		}
-		return validBackend(x.RequestMirror.GetBackend(), f+".request_mirror.backend")
-	}
-	return fieldErr(f, "", "want exactly one filter")
-}
-
-func validBackend(b *registryv1.BackendRef, f string) error {
-	if b == nil {
-		return fieldErr(f, "", "required")
-	}
-	if b.GetKind() > registryv1.BackendRef_KIND_SERVICE_IMPORT || b.GetKind() < 0 {
-		return fieldErr(f+".kind", b.GetKind().String(), "want SERVICE or SERVICE_IMPORT")
-	}
-	if err := validRef(b.GetService(), f+".service"); err != nil {
-		return err
-	}
-	if err := validPort(b.GetPort(), f+".port", false); err != nil {
-		return err
-	}
-	if b.GetWeight() > 1000000 {
-		return fieldErr(f+".weight", strconv.Itoa(int(b.GetWeight())), "want 0-1000000 (Gateway API)")
-	}
-	for i, flt := range b.GetFilters() {
-		if err := validFilter(flt, fmt.Sprintf("%s.filters[%d]", f, i)); err != nil {
-			return err
+			return fieldErr(f, "", err.Error())
 		}
 	}
 	return nil
