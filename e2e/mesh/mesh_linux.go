@@ -6,7 +6,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -323,6 +326,41 @@ func (m *Mesh) StopNode(ctx context.Context, node string) error {
 		return fmt.Errorf("stop node: delete Node %s: %w", node, err)
 	}
 	return nil
+}
+
+// envoyAdminSocket is each node Envoy's admin API in the node's files: the agent's --envoy-admin
+// default (agentArgs leaves it so), a 0600 unix socket.
+const envoyAdminSocket = "/var/run/aether/envoy-admin.sock"
+
+// EnvoyAdmin GETs path (with its query) from node's Envoy admin API over its unix socket and
+// returns the body. A status other than 200 is an error holding the body.
+func (m *Mesh) EnvoyAdmin(ctx context.Context, node, path string) (string, error) {
+	n, err := m.node(node)
+	if err != nil {
+		return "", fmt.Errorf("get Envoy admin %s: %w", path, err)
+	}
+	sock := n.HostPath(envoyAdminSocket)
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://envoy"+path, nil)
+	if err != nil {
+		return "", fmt.Errorf("get %s's Envoy admin %s: %w", node, path, err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("get %s's Envoy admin %s: %w", node, path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("get %s's Envoy admin %s: %w", node, path, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("get %s's Envoy admin %s: %s: %s", node, path, resp.Status, bytes.TrimSpace(b))
+	}
+	return string(b), nil
 }
 
 // cutTable is the nftables table CutRegistry adds in the underlay namespace.

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/streaming/pkg/httpstream"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 )
 
 // Names the kind pair relies on: what e2e/kind/up.sh installs (deploy/) and builds
@@ -40,6 +41,9 @@ const (
 	defaultLeaseTTL = 15 * time.Second
 	// cutComment tags the iptables rules CutRegistry inserts on every node.
 	cutComment = "aether-e2e-registry-cut"
+	// envoyAdminSocket is the node Envoy's admin API, a unix socket in the hostPath directory
+	// /var/run/aether the agent DaemonSet shares with the node (the agent's --envoy-admin).
+	envoyAdminSocket = "/var/run/aether/envoy-admin.sock"
 	// controlPlaneLabel marks kind's control-plane node (not a worker: Nodes leaves it out).
 	controlPlaneLabel = "node-role.kubernetes.io/control-plane"
 )
@@ -62,6 +66,7 @@ type kindCluster struct {
 	config     *rest.Config
 	kube       kubernetes.Interface
 	dyn        dynamic.Interface
+	gw         gwclient.Interface
 	workers    []string // worker node names (kind node containers), sorted
 	all        []string // every node, control plane included, sorted
 }
@@ -137,6 +142,9 @@ func openKindCluster(ctx context.Context, kubeconfig string) (*kindCluster, erro
 	}
 	if c.dyn, err = dynamic.NewForConfig(cfg); err != nil {
 		return nil, fmt.Errorf("dynamic client of %s: %w", kubeconfig, err)
+	}
+	if c.gw, err = gwclient.NewForConfig(cfg); err != nil {
+		return nil, fmt.Errorf("gateway API client of %s: %w", kubeconfig, err)
 	}
 	cm, err := c.kube.CoreV1().ConfigMaps(aetherNamespace).Get(ctx, configMap, metav1.GetOptions{})
 	if err != nil {
@@ -226,6 +234,8 @@ func (p *kindPair) Clusters() (string, string) { return p.a.name, p.b.name }
 func (p *kindPair) Kube(cluster string) kubernetes.Interface { return p.cluster(cluster).kube }
 
 func (p *kindPair) Dynamic(cluster string) dynamic.Interface { return p.cluster(cluster).dyn }
+
+func (p *kindPair) Gateway(cluster string) gwclient.Interface { return p.cluster(cluster).gw }
 
 func (p *kindPair) Nodes(cluster string) []string { return slices.Clone(p.cluster(cluster).workers) }
 
@@ -409,6 +419,19 @@ func (p *kindPair) RestoreRegistry(ctx context.Context) error {
 		return fmt.Errorf("restore registry: %w", err)
 	}
 	return nil
+}
+
+// EnvoyAdmin runs curl in the node's kind container (the kind node image has it) against the
+// Envoy admin socket the agent DaemonSet puts in the node's /var/run/aether; --fail makes a
+// status other than 200 an error.
+func (p *kindPair) EnvoyAdmin(ctx context.Context, cluster, node, path string) (string, error) {
+	p.cluster(cluster) // panics on a cluster that is not in the pair, as every method does
+	out, err := p.run(ctx, "docker", "exec", node, "curl", "-sS", "--fail", "--max-time", "10",
+		"--unix-socket", envoyAdminSocket, "http://envoy"+path)
+	if err != nil {
+		return "", fmt.Errorf("get %s's Envoy admin %s: %w", node, path, err)
+	}
+	return string(out), nil
 }
 
 func (p *kindPair) LeaseTTL() int { return int((p.leaseTTL + time.Second - 1) / time.Second) }

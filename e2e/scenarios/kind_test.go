@@ -64,7 +64,8 @@ func TestKindRegistryHost(t *testing.T) {
 
 // TestKindDisruptions checks the node-level commands of the kind pair with a recorded docker:
 // the registry cut inserts one OUTPUT rule per node of both clusters and the restore deletes
-// the same rules; StopNode kills the node's container and deletes its Node.
+// the same rules; StopNode kills the node's container and deletes its Node; EnvoyAdmin curls the
+// admin socket inside the node's container.
 func TestKindDisruptions(t *testing.T) {
 	var calls []string
 	kubeB := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "b-worker2"}})
@@ -87,6 +88,9 @@ func TestKindDisruptions(t *testing.T) {
 	if err := p.StopNode(ctx, "b", "b-worker2"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := p.EnvoyAdmin(ctx, "b", "b-worker", "/stats?filter=%5Etcp"); err != nil {
+		t.Fatal(err)
+	}
 	rule := "-p tcp -d 172.18.0.9 --dport 2379 -m comment --comment aether-e2e-registry-cut -j DROP"
 	var want []string
 	for _, op := range []string{"-I", "-D"} {
@@ -94,7 +98,8 @@ func TestKindDisruptions(t *testing.T) {
 			want = append(want, "docker exec "+n+" iptables "+op+" OUTPUT "+rule)
 		}
 	}
-	want = append(want, "docker kill b-worker2")
+	want = append(want, "docker kill b-worker2",
+		"docker exec b-worker curl -sS --fail --max-time 10 --unix-socket /var/run/aether/envoy-admin.sock http://envoy/stats?filter=%5Etcp")
 	if !slices.Equal(calls, want) {
 		t.Errorf("commands:\n%s\nwant:\n%s", strings.Join(calls, "\n"), strings.Join(want, "\n"))
 	}

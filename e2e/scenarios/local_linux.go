@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
 	"github.com/aethermesh/aether/e2e/mesh"
 )
@@ -22,6 +23,10 @@ func (p *localPair) Kube(cluster string) kubernetes.Interface { return p.m.Clust
 
 func (p *localPair) Dynamic(cluster string) dynamic.Interface {
 	return dynamic.NewForConfigOrDie(p.m.Cluster(cluster).Config)
+}
+
+func (p *localPair) Gateway(cluster string) gwclient.Interface {
+	return gwclient.NewForConfigOrDie(p.m.Cluster(cluster).Config)
 }
 
 func (p *localPair) Nodes(cluster string) []string {
@@ -74,6 +79,10 @@ func (p *localPair) StopNode(ctx context.Context, _, node string) error {
 func (p *localPair) CutRegistry(context.Context) error { return p.m.CutRegistry() }
 
 func (p *localPair) RestoreRegistry(context.Context) error { return p.m.RestoreRegistry() }
+
+func (p *localPair) EnvoyAdmin(ctx context.Context, _, node, path string) (string, error) {
+	return p.m.EnvoyAdmin(ctx, node, path)
+}
 
 func (p *localPair) LeaseTTL() int { return 5 }
 

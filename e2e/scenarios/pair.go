@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 )
 
 // Flags of the suite (go test ./e2e/scenarios/ -args -pair=kind -kubeconfig-a=A -kubeconfig-b=B).
@@ -26,6 +27,9 @@ type ClusterPair interface {
 	Kube(cluster string) kubernetes.Interface
 	// Dynamic returns a dynamic client of cluster's API server (for the MCS resources).
 	Dynamic(cluster string) dynamic.Interface
+	// Gateway returns a Gateway API client (sigs.k8s.io/gateway-api, the version go.mod pins)
+	// of cluster's API server: the GAMMA scenarios' HTTPRoutes and their status.
+	Gateway(cluster string) gwclient.Interface
 	// Nodes returns the names of cluster's worker nodes, sorted.
 	Nodes(cluster string) []string
 	// Command returns the command (and the image, for real clusters) that runs the test
@@ -44,6 +48,9 @@ type ClusterPair interface {
 	// CutRegistry cuts every node off the registry; RestoreRegistry undoes it.
 	CutRegistry(ctx context.Context) error
 	RestoreRegistry(ctx context.Context) error
+	// EnvoyAdmin GETs path (with its query, e.g. "/stats?filter=^tcp.waypoint") from the Envoy
+	// admin API of node in cluster and returns the body; a status other than 200 is an error.
+	EnvoyAdmin(ctx context.Context, cluster, node, path string) (string, error)
 	// LeaseTTL is how long a dead node's endpoints stay in the registry.
 	LeaseTTL() (seconds int)
 	// Debug returns text that helps explain a failure (log paths, log tails).

@@ -25,10 +25,12 @@ import (
 )
 
 // ns is the meshed namespace of the scenarios, in both clusters; plainNS is a namespace of
-// cluster A outside the mesh.
+// cluster A outside the mesh; frontNS is a second meshed namespace of cluster A (the GAMMA
+// consumer-route scenarios' callers).
 const (
 	ns      = "shop"
 	plainNS = "plain"
+	frontNS = "front"
 )
 
 // callerID is the SPIFFE ID of the client pod (default ServiceAccount in ns).
@@ -108,13 +110,14 @@ func TestMain(m *testing.M) {
 
 // reply is the echo workload's answer (e2e/workloads/echo).
 type reply struct {
-	Server   string `json:"server"`
-	Cluster  string `json:"cluster"`
-	Protocol string `json:"protocol"`
-	Peer     string `json:"peer"`
-	XFCC     string `json:"xfcc"`
-	CallerID string `json:"callerID"`
-	Message  string `json:"message"`
+	Server    string `json:"server"`
+	Namespace string `json:"namespace"`
+	Cluster   string `json:"cluster"`
+	Protocol  string `json:"protocol"`
+	Peer      string `json:"peer"`
+	XFCC      string `json:"xfcc"`
+	CallerID  string `json:"callerID"`
+	Message   string `json:"message"`
 }
 
 // world is the deployed sample: in A an echo service on both nodes and a client on node 1; in
@@ -181,6 +184,21 @@ func deploy(t *testing.T, p ClusterPair) *world {
 	plain := substrate.ClientPod(plainNS, "plain-client", w.clientNode, w.a, clientCmd)
 	plain.Spec.Containers[0].Image = clientImg
 	pods = append(pods, podSpec{w.a, plain})
+	// The GAMMA scenarios' fixtures (gamma_linux_test.go). In B: two versions of the exported
+	// service canary, canary-v1 on node 1 and canary-v2 on node 2 (Services canary, canary-v1,
+	// canary-v2), and a client on node 1. In A: a client in the second meshed namespace frontNS
+	// beside the first client, a backend alt-1 (Service alt) on node 2, and Service hop over the
+	// echo pods.
+	for i, v := range []string{"v1", "v2"} {
+		mkEcho(w.b, "canary-"+v, "canary", w.nodesB[i])
+		pods[len(pods)-1].pod.Labels["version"] = v
+	}
+	mkEcho(w.a, "alt-1", "alt", w.nodesA[1])
+	for _, c := range []struct{ cluster, ns, node string }{{w.b, ns, w.nodesB[0]}, {w.a, frontNS, w.clientNode}} {
+		pod := substrate.ClientPod(c.ns, "client", c.node, c.cluster, clientCmd)
+		pod.Spec.Containers[0].Image = clientImg
+		pods = append(pods, podSpec{c.cluster, pod})
+	}
 
 	if _, err := p.Kube(w.a).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: plainNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -189,13 +207,13 @@ func deploy(t *testing.T, p ClusterPair) *world {
 		_, err := p.Kube(w.a).CoreV1().ServiceAccounts(plainNS).Get(ctx, "default", metav1.GetOptions{})
 		return err
 	})
-	for _, c := range []string{w.a, w.b} {
-		if _, err := p.Kube(c).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-			Name: ns, Labels: map[string]string{"aether.io/mesh": "enabled"}}}, metav1.CreateOptions{}); err != nil {
+	for _, m := range []struct{ cluster, ns string }{{w.a, ns}, {w.b, ns}, {w.a, frontNS}} {
+		if _, err := p.Kube(m.cluster).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+			Name: m.ns, Labels: map[string]string{"aether.io/mesh": "enabled"}}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		testenv.Eventually(t, time.Minute, "default ServiceAccount in "+c, func() error {
-			_, err := p.Kube(c).CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		testenv.Eventually(t, time.Minute, "default ServiceAccount in "+m.ns+" in "+m.cluster, func() error {
+			_, err := p.Kube(m.cluster).CoreV1().ServiceAccounts(m.ns).Get(ctx, "default", metav1.GetOptions{})
 			return err
 		})
 	}
@@ -205,10 +223,13 @@ func deploy(t *testing.T, p ClusterPair) *world {
 	headless := echoService("echo-pods", "echo")
 	headless.Spec.Selector["headless"] = "yes"
 	headless.Spec.ClusterIP = corev1.ClusterIPNone
+	canaryV1, canaryV2 := echoService("canary-v1", "canary"), echoService("canary-v2", "canary")
+	canaryV1.Spec.Selector["version"], canaryV2.Spec.Selector["version"] = "v1", "v2"
 	for _, s := range []struct {
 		c   string
 		svc *corev1.Service
-	}{{w.a, echoService("echo", "echo")}, {w.a, headless}, {w.b, echoService("remote", "remote")}, {w.b, echoService("hidden", "hidden")}} {
+	}{{w.a, echoService("echo", "echo")}, {w.a, headless}, {w.b, echoService("remote", "remote")}, {w.b, echoService("hidden", "hidden")},
+		{w.b, echoService("canary", "canary")}, {w.b, canaryV1}, {w.b, canaryV2}, {w.a, echoService("alt", "alt")}, {w.a, echoService("hop", "echo")}} {
 		if _, err := p.Kube(s.c).CoreV1().Services(ns).Create(ctx, s.svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -218,13 +239,14 @@ func deploy(t *testing.T, p ClusterPair) *world {
 			t.Fatal(err)
 		}
 	}
-	// Export "remote" from B (MCS ServiceExport).
-	export := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
-		"metadata": map[string]any{"name": "remote", "namespace": ns}}}
-	dyn := p.Dynamic(w.b)
-	if _, err := dyn.Resource(serviceExports).Namespace(ns).Create(ctx, export, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+	// Export "remote" and "canary" from B (MCS ServiceExport).
+	for _, name := range []string{"remote", "canary"} {
+		export := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
+			"metadata": map[string]any{"name": name, "namespace": ns}}}
+		if _, err := p.Dynamic(w.b).Resource(serviceExports).Namespace(ns).Create(ctx, export, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, ps := range pods {
 		testenv.Eventually(t, 2*time.Minute, "pod "+ps.pod.Name+" ready", func() error {
@@ -370,9 +392,13 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 	run("cross-cluster-tcp-through-waypoint", func(t *testing.T) {
 		w.wantTCP(t, fmt.Sprintf("remote.%s.svc.clusterset.local:%d", ns, substrate.EchoTCPPort), w.b)
 	})
+	run("gamma-serviceimport-backend", func(t *testing.T) { w.gammaImportBackend(t) })
 	if !all {
 		return
 	}
+	run("gamma-producer-canary", func(t *testing.T) { w.gammaProducerCanary(t) })
+	run("gamma-consumer-route", func(t *testing.T) { w.gammaConsumerRoute(t) })
+	run("gamma-route-delete-keeps-connections", func(t *testing.T) { w.gammaRouteDelete(t) })
 	run("unexported-service-invisible", func(t *testing.T) { w.unexported(t) })
 	run("plaintext-to-app-port-refused", func(t *testing.T) { w.plaintextRefused(t) })
 	run("cross-node-bypass-matrix", func(t *testing.T) { w.crossNodeMatrix(t) })
