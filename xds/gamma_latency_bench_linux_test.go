@@ -208,7 +208,14 @@ func measureGAMMALatency(b *testing.B, names []string) *gammaLatencyRun {
 		b.Fatalf("warm-up: %v", err)
 	}
 	canary0 := canaryRequests(f, m)
+	nss := append([]*testenv.Netns{f.node}, slices.Collect(maps.Values(f.pods))...)
+	conns0 := upstreamConns(f)
+	net0, err := readNetCounters(nss...)
+	if err != nil {
+		b.Fatal(err)
+	}
 	cpu := openThreadsCPU(b, f.sup.PID())
+	u0, s0 := envoyCPUSeconds(f.sup.PID())
 	perPath := make([]time.Duration, len(paths))
 	cur, last := -1, time.Duration(0)
 	r, err := paceInterleavedWith(1000, samples, 10, paths, func(next int) {
@@ -221,7 +228,15 @@ func measureGAMMALatency(b *testing.B, names []string) *gammaLatencyRun {
 	if err != nil {
 		b.Fatal(err)
 	}
+	u1, s1 := envoyCPUSeconds(f.sup.PID())
 	reportPaced(nil, "http-", paths, r) // printed only: the metrics are per path (BenchmarkGAMMARouteLatency)
+	netDelta(b, net0, nss, conns0, f)
+	var attributed time.Duration
+	for _, c := range perPath {
+		attributed += c
+	}
+	fmt.Printf("  envoy CPU: %.3f s by schedstat, attributed to the paths; %.2f s by /proc/<pid>/stat over the same run (10 ms ticks)\n",
+		attributed.Seconds(), u1-u0+s1-s0)
 	for i, p := range paths {
 		fmt.Printf("  envoy CPU on the %s path: %.1f us per request (%.3f cores at 1000 requests/s)\n", p.name, float64(perPath[i])/1e3/float64(samples), float64(perPath[i])/1e9/(float64(samples)/1000))
 	}
