@@ -6,5 +6,8 @@
 //
 // The snapshot-build benchmark lives beside the builders (xds.BenchmarkSnapshotBuild), and so do
 // the added-latency benchmarks (xds.BenchmarkMeshLatency, xds.BenchmarkWaypoint), run by the
-// scripts bench/latency.sh and bench/waypoint.sh (docs/latency-benchmarks.md).
+// scripts bench/latency.sh and bench/waypoint.sh (docs/latency-benchmarks.md). bench/gamma.sh
+// runs the GAMMA routing benchmarks (xds.BenchmarkGAMMARouteLatency,
+// xds.BenchmarkSnapshotBuildRoutes, agent.BenchmarkRouteApplyToTraffic) and compares their
+// repetitions with benchstat (docs/routing.md, "Performance").
 package bench

@@ -22,6 +22,7 @@ etcd_dir=$T/etcd-$ETCD_VERSION
 cni_dir=$T/cni-plugins-$CNI_PLUGINS_VERSION
 sc_dir=$T/staticcheck-$STATICCHECK_VERSION
 pgg_dir=$T/protoc-gen-go-$PROTOC_GEN_GO_VERSION
+bs_dir=$T/benchstat-$BENCHSTAT_VERSION
 coredns_dir=$T/coredns-$COREDNS_VERSION
 
 if [ "${1:-}" = "--print" ]; then
@@ -33,6 +34,7 @@ AETHER_ETCD=$etcd_dir/etcd
 AETHER_CNI_BIN_DIR=$cni_dir
 AETHER_STATICCHECK=$sc_dir/staticcheck
 AETHER_PROTOC_GEN_GO=$pgg_dir/protoc-gen-go
+AETHER_BENCHSTAT=$bs_dir/benchstat
 AETHER_COREDNS=$coredns_dir/coredns
 EOT
   exit 0
@@ -118,6 +120,7 @@ done
 go_build staticcheck "$STATICCHECK_VERSION" staticcheck "$sc_dir/staticcheck" honnef.co/go/tools/cmd/staticcheck
 go_build protoc-gen-go "$PROTOC_GEN_GO_VERSION" protoc-gen-go "$pgg_dir/protoc-gen-go" \
   google.golang.org/protobuf/cmd/protoc-gen-go
+go_build benchstat "$BENCHSTAT_VERSION" benchstat "$bs_dir/benchstat" golang.org/x/perf/cmd/benchstat
 go_build coredns "$COREDNS_VERSION" coredns "$coredns_dir/coredns" github.com/coredns/coredns \
   "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION"
 

@@ -286,6 +286,15 @@ type paceResult struct {
 // first error. The garbage collector is off while it runs (a collection would stall the test's
 // applications, not the proxies; a 2 GiB soft memory limit still bounds the heap).
 func paceInterleaved(rate, perPath, slice int, paths []pacePath) (*paceResult, error) {
+	return paceInterleavedWith(rate, perPath, slice, paths, nil)
+}
+
+// paceInterleavedWith is paceInterleaved calling onSwitch (when not nil) on the pacing thread
+// whenever the next request is on another path than the last one, before waiting for its
+// scheduled time, with that path's index, and with -1 after the last request: what happened
+// between two calls belongs to the path named by the first (Envoy's CPU per path,
+// BenchmarkGAMMARouteLatency). It must take far less than a request interval.
+func paceInterleavedWith(rate, perPath, slice int, paths []pacePath, onSwitch func(next int)) (*paceResult, error) {
 	type out struct {
 		r   *paceResult
 		err error
@@ -308,12 +317,17 @@ func paceInterleaved(rate, perPath, slice int, paths []pacePath) (*paceResult, e
 		r.pacing = make([]time.Duration, 0, total)
 		interval := time.Second / time.Duration(rate)
 		start := time.Now().Add(time.Millisecond)
+		last := -1
 		var i int
 		for n := 0; n < total; i++ {
 			p := (i / slice) % len(paths)
 			if len(r.sched[p]) == perPath {
 				continue // this path is complete; its slots stay empty
 			}
+			if p != last && onSwitch != nil {
+				onSwitch(p)
+			}
+			last = p
 			at := start.Add(time.Duration(i) * interval)
 			if d := time.Until(at) - spinMargin; d > 0 {
 				ts := unix.NsecToTimespec(int64(d))
@@ -338,6 +352,9 @@ func paceInterleaved(rate, perPath, slice int, paths []pacePath) (*paceResult, e
 			n++
 		}
 		r.elapsed = time.Since(start)
+		if onSwitch != nil {
+			onSwitch(-1)
+		}
 		done <- out{r, nil}
 	}()
 	o := <-done
@@ -367,8 +384,13 @@ func us(d time.Duration) string { return strconv.FormatFloat(float64(d)/1e3, 'f'
 // service time, and the added latency of every path against the first, both ways) and reports
 // p50, p90 and p99 of each path and the added values against the first path as benchmark
 // metrics named <prefix><path>-p99-us and <prefix>added-p99-us (with more than two paths
-// <prefix>added-<path>-p99-us; service time: added-svc-).
+// <prefix>added-<path>-p99-us; service time: added-svc-). With b nil it only prints.
 func reportPaced(b *testing.B, prefix string, paths []pacePath, r *paceResult) {
+	metric := func(v float64, unit string) {
+		if b != nil {
+			b.ReportMetric(v, unit)
+		}
+	}
 	qs := []struct {
 		name string
 		q    float64
@@ -384,7 +406,7 @@ func reportPaced(b *testing.B, prefix string, paths []pacePath, r *paceResult) {
 	for i, p := range paths {
 		fmt.Printf("  %s | %s\n", row(prefix+p.name, r.sched[i]), row(prefix+p.name, r.svc[i]))
 		for _, q := range qs[:3] {
-			b.ReportMetric(float64(pct(r.sched[i], q.q))/1e3, prefix+p.name+"-"+q.name+"-us")
+			metric(float64(pct(r.sched[i], q.q))/1e3, prefix+p.name+"-"+q.name+"-us")
 		}
 	}
 	for i, p := range paths[1:] {
@@ -403,11 +425,11 @@ func reportPaced(b *testing.B, prefix string, paths []pacePath, r *paceResult) {
 				name += p.name + "-"
 			}
 			for _, q := range qs[:3] {
-				b.ReportMetric(float64(pct(kind.l, q.q)-pct(kind.base, q.q))/1e3, name+q.name+"-us")
+				metric(float64(pct(kind.l, q.q)-pct(kind.base, q.q))/1e3, name+q.name+"-us")
 			}
 		}
 	}
-	b.ReportMetric(float64(pct(r.pacing, .99))/1e3, prefix+"pacing-err-p99-us")
+	metric(float64(pct(r.pacing, .99))/1e3, prefix+"pacing-err-p99-us")
 }
 
 // netCounters are kernel counters that explain latency tails which are not the proxies' doing.
