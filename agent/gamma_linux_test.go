@@ -333,9 +333,10 @@ func TestPrivilegedGAMMATraffic(t *testing.T) {
 
 	t.Run("RequestRedirect", func(t *testing.T) {
 		// The client does not follow redirects. Location as HTTPRequestRedirectFilter says, the
-		// Service port being the listener port: no port is given for http and 80 or https and
-		// 443; without a port in the filter, a scheme in it means that scheme's port, else the
-		// port the request was sent to.
+		// Service port being the listener port: without a port in the filter, a scheme in it
+		// means that scheme's port, else the port the request was sent to; no port is written
+		// for http and 80 or https and 443, except on port 8080 without a hostname, where Envoy
+		// would keep the Host's ":8080" unless given the port (xds redirectPort).
 		ip := vip["web"]
 		for _, c := range []struct {
 			base, path string
@@ -345,18 +346,19 @@ func TestPrivilegedGAMMATraffic(t *testing.T) {
 			{web, "/r301/x", 301, "http://new.example/r301/x"},
 			{web, "/r302", 302, "https://" + ip + "/r302"},
 			{web, "/r303/x", 303, "http://" + ip + "/see-other"},
+			{web, "/r303/x?y=1", 303, "http://" + ip + "/see-other?y=1"}, // Envoy keeps the query
 			{web, "/r307", 307, "http://" + ip + ":8443/r307"},
 			{web, "/r308/a/b?c=d", 308, "http://" + ip + "/moved/a/b?c=d"},
 			{web, "/r-https-host", 302, "https://secure.example/r-https-host"},
 			{web, "/r-https-port", 302, "https://" + ip + ":8443/r-https-port"},
 			{web, "/r-http", 302, "http://" + ip + "/r-http"},
 			{web8080, "/r301/x", 301, "http://new.example:8080/r301/x"},
-			{web8080, "/r302", 302, "https://" + ip + "/r302"},
+			{web8080, "/r302", 302, "https://" + ip + ":443/r302"},
 			{web8080, "/r303/x", 303, "http://" + ip + ":8080/see-other"},
 			{web8080, "/r307", 307, "http://" + ip + ":8443/r307"},
 			{web8080, "/r308/a", 308, "http://" + ip + ":8080/moved/a"},
 			{web8080, "/r-https-host", 302, "https://secure.example/r-https-host"},
-			{web8080, "/r-http", 302, "http://" + ip + "/r-http"},
+			{web8080, "/r-http", 302, "http://" + ip + ":80/r-http"},
 		} {
 			a := get(t, "GET", c.base+c.path, nil)
 			if got := a.header.Get("Location"); a.status != c.code || got != c.location {
@@ -376,6 +378,12 @@ func TestPrivilegedGAMMATraffic(t *testing.T) {
 	})
 
 	t.Run("RequestMirror", func(t *testing.T) {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("envoy mirror stats:\n%s", grepLines(m.a.envoy("/stats"), "mirror.shop"))
+				t.Logf("envoy routes with mirrors:\n%s", grepLines(m.a.envoy("/config_dump?resource=dynamic_route_configs"), "mirror"))
+			}
+		})
 		// /mirror: every request to web-v1 is mirrored to mirror; the client gets web-v1's answer.
 		const all = 50
 		for i := range all {
