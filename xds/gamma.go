@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"cmp"
 	"fmt"
 	"regexp"
 	"slices"
@@ -24,20 +25,21 @@ import (
 // HTTPRouteRule.backendRefs asks for requests that would have gone to an invalid backend.
 const invalidClusterPrefix = "invalid|"
 
-// gammaRouteList is the Envoy routes of a frontend's GAMMA route entries, in their order (the
-// capture route tables' matcher action for the frontend's "VIP:port" keys): Envoy takes the first
-// route that matches, and answers 404 when none does, as HTTPRouteRule.matches requires.
-func gammaRouteList(m *model.Mesh, entries []model.RouteEntry) *routev3.RouteList {
+// gammaRouteList is the Envoy routes of the GAMMA route entries of a frontend on port, in their
+// order (the capture route tables' matcher action for the frontend's "VIP:port" keys): Envoy
+// takes the first route that matches, and answers 404 when none does, as HTTPRouteRule.matches
+// requires.
+func gammaRouteList(m *model.Mesh, port uint32, entries []model.RouteEntry) *routev3.RouteList {
 	rl := &routev3.RouteList{Routes: make([]*routev3.Route, 0, len(entries))}
 	for _, e := range entries {
-		rl.Routes = append(rl.Routes, gammaRoute(m, e))
+		rl.Routes = append(rl.Routes, gammaRoute(m, port, e))
 	}
 	return rl
 }
 
-// gammaRoute is the Envoy route of one entry: its match, then the rule's filters and backends.
-// The route is named "<kind> <ns>/<name> rule <i> match <j>".
-func gammaRoute(m *model.Mesh, e model.RouteEntry) *routev3.Route {
+// gammaRoute is the Envoy route of one entry of a frontend on port: its match, then the rule's
+// filters and backends. The route is named "<kind> <ns>/<name> rule <i> match <j>".
+func gammaRoute(m *model.Mesh, port uint32, e model.RouteEntry) *routev3.Route {
 	r := &routev3.Route{
 		Name:  fmt.Sprintf("%s rule %d match %d", e.Route, e.RuleIndex, e.MatchIndex),
 		Match: routeMatch(e.Match),
@@ -55,7 +57,7 @@ func gammaRoute(m *model.Mesh, e model.RouteEntry) *routev3.Route {
 			h := headerMods{&r.RequestHeadersToAdd, &r.RequestHeadersToRemove, &r.ResponseHeadersToAdd, &r.ResponseHeadersToRemove}
 			h.apply(f)
 		case model.FilterRequestRedirect:
-			r.Action = &routev3.Route_Redirect{Redirect: redirectAction(e.Match.Path, f.Redirect)}
+			r.Action = &routev3.Route_Redirect{Redirect: redirectAction(e.Match.Path, f.Redirect, port)}
 			return r
 		case model.FilterURLRewrite:
 			rewrite = f.Rewrite
@@ -282,9 +284,10 @@ var redirectCodes = map[int]routev3.RedirectAction_RedirectResponseCode{
 	308: routev3.RedirectAction_PERMANENT_REDIRECT,
 }
 
-// redirectAction is the Envoy redirect of an HTTPRequestRedirectFilter under path match p.
-func redirectAction(p model.PathMatch, d *model.Redirect) *routev3.RedirectAction {
-	ra := &routev3.RedirectAction{ResponseCode: redirectCodes[d.StatusCode], HostRedirect: d.Hostname, PortRedirect: d.Port}
+// redirectAction is the Envoy redirect of an HTTPRequestRedirectFilter under path match p, on a
+// frontend on port.
+func redirectAction(p model.PathMatch, d *model.Redirect, port uint32) *routev3.RedirectAction {
+	ra := &routev3.RedirectAction{ResponseCode: redirectCodes[d.StatusCode], HostRedirect: d.Hostname, PortRedirect: redirectPort(d, port)}
 	if d.Scheme != "" {
 		ra.SchemeRewriteSpecifier = &routev3.RedirectAction_SchemeRedirect{SchemeRedirect: d.Scheme}
 	}
@@ -369,3 +372,30 @@ func corsOriginRegex(origin string) string {
 	}
 	return "(?i)" + regexp.QuoteMeta(scheme) + "://" + h + p
 }
+
+// redirectPort is the RedirectAction.port_redirect of redirect d on a frontend on port, which is
+// the listener port of HTTPRequestRedirectFilter.port: the Location's port is d.Port, else the
+// well-known port of d.Scheme, else the frontend port (the capture path serves plain http).
+// Envoy writes a port_redirect into the Location even when it is the scheme's default; without
+// one it keeps the Host's port, except that host_redirect replaces it and a switch from http
+// drops a Host ":80". So 0 (no port_redirect, no port in the Location) only where the port is
+// the scheme's default and the Location gets no other: a hostname is given, or the frontend port
+// is 80. Elsewhere the port is explicit, even 80 or 443 (Envoy cannot drop a Host ":8080").
+func redirectPort(d *model.Redirect, port uint32) uint32 {
+	scheme := cmp.Or(d.Scheme, "http")
+	p := d.Port
+	switch {
+	case p != 0:
+	case d.Scheme != "":
+		p = wellKnownPorts[scheme]
+	default:
+		p = port
+	}
+	if p == wellKnownPorts[scheme] && (d.Hostname != "" || port == 80) {
+		return 0
+	}
+	return p
+}
+
+// wellKnownPorts are the ports of the redirect schemes (HTTPRequestRedirectFilter.port).
+var wellKnownPorts = map[string]uint32{"http": 80, "https": 443}

@@ -195,7 +195,7 @@ func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry) {
 			}
 			act := built[&es[0]]
 			if act == nil {
-				a, _ := anypb.New(gammaRouteList(m, es))
+				a, _ := anypb.New(gammaRouteList(m, fe.Port, es))
 				act = routeAction(a)
 				built[&es[0]] = act
 			}
