@@ -396,7 +396,7 @@ func TestGAMMAWeights(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rule := &model.RouteRule{Backends: tc.backends}
-			r := gammaRoute(m, model.RouteEntry{Route: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "w"}, Rule: rule,
+			r := gammaRoute(m, 80, model.RouteEntry{Route: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "w"}, Rule: rule,
 				Match: model.RouteMatch{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}})
 			if err := r.ValidateAll(); err != nil {
 				t.Fatalf("ValidateAll: %v", err)
