@@ -37,9 +37,6 @@ type builder struct {
 	// floor chain per TCP service port).
 	captureMatcher *xdsmatcher.Matcher
 	captureChains  []*listenerv3.FilterChain
-	// consumerChains are the capture filter chains of the pods in a namespace with GAMMA consumer
-	// routes (routing.consumerChains).
-	consumerChains map[string][]*listenerv3.FilterChain
 	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
 	localEndpoints map[string][]model.Endpoint
 }
@@ -52,9 +49,6 @@ type sharedConfigs struct {
 	// captureHCM and headlessHCM are the HTTP connection managers of the capture HTTP chains
 	// captureHTTPChain (RDS CaptureRouteName) and captureHeadlessChain (CaptureHeadlessRouteName).
 	captureHCM, headlessHCM *listenerv3.Filter
-	// hcmFor makes the capture HTTP connection manager of another route configuration (a
-	// consumer namespace's, consumerRouteName).
-	hcmFor func(route string) (*listenerv3.Filter, error)
 	// headlessRef is the capture listeners' reference to the ECDS filter HeadlessFilterName.
 	headlessRef *listenerv3.ListenerFilter
 }
@@ -101,7 +95,6 @@ func newSharedConfigs() (*sharedConfigs, error) {
 			EarlyHeaderMutationExtensions: []*core.TypedExtensionConfig{{Name: "aether.original-destination", TypedConfig: early}},
 		}, cors)
 	}
-	sh.hcmFor = captureHCM
 	if sh.captureHCM, err = captureHCM(CaptureRouteName); err != nil {
 		return nil, err
 	}

@@ -217,21 +217,17 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	}
 	// GAMMA routes change the capture route tables only, and the capture chains of the pods in a
 	// namespace whose consumer routes come or go.
-	gammaChanged := rt == nil || !reflect.DeepEqual(rt.gamma, m.Routing) || !slices.Equal(rt.consumerNamespaces(), consumerNamespaces(m))
-	var oldConsumers map[string][]*listenerv3.FilterChain
-	if rt != nil {
-		oldConsumers = rt.consumerChains
-	}
+	gammaChanged := rt == nil || !reflect.DeepEqual(rt.gamma, m.Routing) || !slices.Equal(rt.consumerNS, consumerNamespaces(m))
 	switch {
 	case routingChanged:
 		rt, err = assembleRouting(b, entries, reuse{old: rt, sameVIPRoutes: !vipRoutesChanged && !gammaChanged, sameDirect: !directChanged})
 	case gammaChanged:
-		rt, err = rt.withGamma(b, entries)
+		rt = rt.withGamma(b, entries)
 	}
 	if err != nil {
 		return nil, err
 	}
-	b.captureMatcher, b.captureChains, b.consumerChains = rt.captureMatcher, rt.captureChains, rt.consumerChains
+	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
 
 	r := &Resources{}
 	known := func(valid bool, xs ...any) {
@@ -276,9 +272,6 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		if rt.captureMatcher != nil {
 			r.Routes = append(r.Routes, rt.captureRoute)
 			known(rt.valid || rt.vipRouteValid, rt.captureRoute)
-			for _, ns := range slices.Sorted(maps.Keys(rt.consumerRoutes)) {
-				r.Routes = append(r.Routes, rt.consumerRoutes[ns])
-			}
 			if rt.headlessRoute != nil {
 				r.Routes = append(r.Routes, rt.headlessRoute)
 				known(rt.valid || rt.directValid, rt.headlessRoute)
@@ -329,8 +322,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		ids[id] = true
 		local := b.localEndpoints[p.UID]
 		pe := oldPods[p.UID]
-		consumerChanged := !slices.Equal(oldConsumers[p.Namespace], rt.consumerChains[p.Namespace])
-		if routingChanged || consumerChanged || pe == nil || !podEqual(pe.pod, p) || !endpointsEqual(pe.local, local) {
+		if routingChanged || pe == nil || !podEqual(pe.pod, p) || !endpointsEqual(pe.local, local) {
 			ls, cs, err := b.podListeners(p)
 			if err != nil {
 				return nil, fmt.Errorf("build pod %s/%s: %w", p.Namespace, p.Name, err)

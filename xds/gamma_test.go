@@ -124,7 +124,8 @@ func gammaMesh(t *testing.T, routes []model.Route) *model.Mesh {
 
 // TestBuildGAMMAGolden builds goldenMesh with routes using every match type and filter and
 // compares the route tables with their golden file; they pass ValidateAll and the snapshot is
-// Consistent (the consumer namespace's table is named by its pods' capture listeners).
+// Consistent. The consumer routes of namespace shop are in the one capture table, behind a match
+// on the caller's namespace, and every capture listener keeps the shared table.
 func TestBuildGAMMAGolden(t *testing.T) {
 	m := gammaMesh(t, gammaRoutes())
 	r := buildValid(t, m, Options{})
@@ -134,20 +135,50 @@ func TestBuildGAMMAGolden(t *testing.T) {
 	for _, rc := range r.Routes {
 		names = append(names, rc.Name)
 	}
-	if got := strings.Join(names, " "); got != "capture-http capture-http-headless capture-http/shop lane" {
-		t.Errorf("route tables = %s, want the consumer namespace shop's table too", got)
+	if got := strings.Join(names, " "); got != "capture-http capture-http-headless lane" {
+		t.Errorf("route tables = %s, want the shared ones only", got)
 	}
 	for _, l := range r.Listeners {
-		if strings.HasPrefix(l.Name, "capture|shop/") {
-			if got := rdsName(t, l.FilterChains[0]); got != "capture-http/shop" {
-				t.Errorf("%s: HTTP chain uses %q, want capture-http/shop", l.Name, got)
+		if strings.HasPrefix(l.Name, "capture|") {
+			if got := rdsName(t, l.FilterChains[0]); got != CaptureRouteName {
+				t.Errorf("%s: HTTP chain uses %q, want %s", l.Name, got, CaptureRouteName)
 			}
 		}
 	}
+	// api's clusterset frontend has shop's consumer route: shop's callers get it and a 404 when
+	// it does not match; every other caller the default route.
+	rl := frontendList(t, r, "10.97.0.5:80")
+	var got []string
+	for _, rt := range rl.Routes {
+		fs := ""
+		for _, f := range rt.Match.FilterState {
+			fs = " caller " + f.GetStringMatch().GetPrefix()
+		}
+		act := rt.GetRoute().GetCluster()
+		if rt.GetDirectResponse() != nil {
+			act = fmt.Sprint(rt.GetDirectResponse().Status)
+		}
+		got = append(got, act+fs)
+	}
+	want := "api.edge.mesh:80 caller spiffe://aether.internal/ns/shop/sa/|404 caller spiffe://aether.internal/ns/shop/sa/|api.edge.mesh:80"
+	if strings.Join(got, "|") != want {
+		t.Errorf("api's route list = %s, want %s", strings.Join(got, "|"), want)
+	}
 }
 
-// TestBuilderGAMMAChanges checks that a route change rebuilds only the capture route tables, and
-// that consumer routes coming and going switch the namespace's capture chains.
+// frontendList is the route list the capture route table maps dst ("<vip>:<port>") to.
+func frontendList(t *testing.T, r *Resources, dst string) *routev3.RouteList {
+	t.Helper()
+	rl := &routev3.RouteList{}
+	act := routeNamed(r, CaptureRouteName).GetVirtualHosts()[0].GetMatcher().GetMatcherTree().GetExactMatchMap().GetMap()[dst].GetAction()
+	if err := act.GetTypedConfig().UnmarshalTo(rl); err != nil {
+		t.Fatalf("route list of %s: %v", dst, err)
+	}
+	return rl
+}
+
+// TestBuilderGAMMAChanges checks that a route change, consumer routes coming and going included,
+// rebuilds only the capture route table: the clusters and every pod's listeners are kept.
 func TestBuilderGAMMAChanges(t *testing.T) {
 	bl := NewBuilder(Options{})
 	plain := gammaMesh(t, nil)
@@ -163,23 +194,29 @@ func TestBuilderGAMMAChanges(t *testing.T) {
 	if err := r2.ValidateAll(); err != nil {
 		t.Fatal(err)
 	}
-	// same reports whether b kept a's outbound clusters (the same values, not rebuilt) and its
-	// shared capture route table.
-	same := func(a, b *Resources) (clusters, routes bool) {
-		outbound := map[string]any{}
+	// same reports whether b kept a's outbound clusters and every listener (the same values,
+	// not rebuilt) and its capture route table.
+	same := func(a, b *Resources) (kept, routes bool) {
+		old := map[string]any{}
 		for _, c := range a.Clusters {
-			outbound[c.Name] = c
+			old[c.Name] = c
 		}
-		clusters = true
+		for _, l := range a.Listeners {
+			old[l.Name] = l
+		}
+		kept = len(a.Listeners) == len(b.Listeners)
 		for _, c := range b.Clusters {
 			if strings.Contains(c.Name, ".mesh:") {
-				clusters = clusters && outbound[c.Name] == any(c)
+				kept = kept && old[c.Name] == any(c)
 			}
 		}
-		return clusters, routeNamed(a, CaptureRouteName) == routeNamed(b, CaptureRouteName)
+		for _, l := range b.Listeners {
+			kept = kept && old[l.Name] == any(l)
+		}
+		return kept, routeNamed(a, CaptureRouteName) == routeNamed(b, CaptureRouteName)
 	}
-	if c, rts := same(r1, r2); !c || rts {
-		t.Errorf("adding routes: clusters kept %t (want true), capture route kept %t (want false)", c, rts)
+	if k, rts := same(r1, r2); !k || rts {
+		t.Errorf("adding routes: clusters and listeners kept %t (want true), capture route kept %t (want false)", k, rts)
 	}
 	full, err := Build(routed, fakeSVIDs(routed), []byte("BUNDLE"), Options{})
 	if err != nil {
@@ -196,22 +233,18 @@ func TestBuilderGAMMAChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if routeNamed(r3, CaptureRouteName) != routeNamed(r2, CaptureRouteName) || routeNamed(r3, "capture-http/shop") != routeNamed(r2, "capture-http/shop") {
-		t.Errorf("the same routes again rebuilt the route tables")
+	if routeNamed(r3, CaptureRouteName) != routeNamed(r2, CaptureRouteName) {
+		t.Errorf("the same routes again rebuilt the route table")
 	}
 	r4, err := bl.Build(gammaMesh(t, nil), fakeSVIDs(plain), []byte("BUNDLE"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, rc := range r4.Routes {
-		if strings.HasPrefix(rc.Name, "capture-http/") {
-			t.Errorf("routes removed: %s still served", rc.Name)
-		}
+	if k, rts := same(r3, r4); !k || rts {
+		t.Errorf("removing routes: clusters and listeners kept %t (want true), capture route kept %t (want false)", k, rts)
 	}
-	for _, l := range r4.Listeners {
-		if strings.HasPrefix(l.Name, "capture|shop/") && rdsName(t, l.FilterChains[0]) != CaptureRouteName {
-			t.Errorf("%s: still on the consumer table after the routes went", l.Name)
-		}
+	if got, want := stableJSON(t, asMessages(r4.Routes)), stableJSON(t, asMessages(r1.Routes)); string(got) != string(want) {
+		t.Errorf("routes removed: the route tables are not those without routes")
 	}
 }
 

@@ -90,9 +90,6 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		return l, nil
 	}
 	l.FilterChainMatcher, l.FilterChains = b.captureMatcher, b.captureChains
-	if cc := b.consumerChains[p.Namespace]; cc != nil {
-		l.FilterChains = cc // the namespace's GAMMA consumer routes (consumerRouteName)
-	}
 	return l, nil
 }
 

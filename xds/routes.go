@@ -1,10 +1,10 @@
 package xds
 
 import (
-	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	xdscore "github.com/cncf/xds/go/xds/core/v3"
 	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
@@ -40,12 +40,9 @@ type routing struct {
 	directInMatcher bool
 	// gamma is the model's GAMMA routing these tables were built from.
 	gamma *model.Routing
-	// consumerRoutes are the capture route tables of the namespaces with GAMMA consumer routes
-	// and pods on this node (consumerRouteName): the VIP routes with that namespace's routes
-	// where it has them; consumerChains the capture filter chains of its pods, whose HTTP chain
-	// uses that table.
-	consumerRoutes map[string]*routev3.RouteConfiguration
-	consumerChains map[string][]*listenerv3.FilterChain
+	// consumerNS are the namespaces whose GAMMA consumer routes captureRoute holds: those with
+	// pods on this node (consumerNamespaces), sorted.
+	consumerNS []string
 	// valid is set once a build that used this routing passed ValidateAll. The other flags say
 	// that a part is the value of an earlier routing that had: sharedValid the matcher, chains
 	// and lane route (withDirect), vipRouteValid captureRoute, directValid headlessRoute and
@@ -100,7 +97,7 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 	rt.laneRoute = lane
 	if o := keep.old; o != nil && keep.sameVIPRoutes {
 		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
-		rt.consumerRoutes = o.consumerRoutes
+		rt.consumerNS = o.consumerNS
 	} else {
 		rt.gammaRoutes(b.m, entries)
 	}
@@ -165,61 +162,88 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 	for _, fc := range floors {
 		rt.captureChains = append(rt.captureChains, &listenerv3.FilterChain{Name: fc.name, Filters: []*listenerv3.Filter{fc.tcp}})
 	}
-	return rt, rt.gammaChains(b, nil)
+	return rt, nil
 }
 
-// consumerRouteName names the capture route table of the pods in namespace ns, which has GAMMA
-// consumer routes: "capture-http/<ns>".
-func consumerRouteName(ns string) string { return CaptureRouteName + "/" + ns }
-
-// gammaRoutes builds the capture route table (CaptureRouteName) from the services' VIP routes with
-// the producer GAMMA routes in place of the default route of the frontends that have any, and
-// one table per namespace with consumer routes and pods on this node (consumerRouteName), with
-// the routes its callers get (model.Routing.For).
+// gammaRoutes builds the capture route table (CaptureRouteName): the services' VIP routes, and
+// for each frontend with GAMMA routes its route list (frontendRouteList) in place of the default
+// route. Consumer routes are in that one table, selected by the caller's namespace: a namespace's
+// consumer routes coming or going change this table only, never a pod's filter chains (which
+// Envoy would drain, closing every captured connection of the namespace's pods).
 func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry) {
-	base := routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes })
-	gm := m.Routing
-	if gm == nil || len(gm.Ports) == 0 {
-		rt.captureRoute, rt.consumerRoutes = captureRoute(CaptureRouteName, base), nil
-		return
-	}
-	// The entries of one frontend for one group are one slice: the same slice for callers in
-	// every namespace without consumer routes, so each is built once.
-	built := map[*model.RouteEntry]*xdsmatcher.Matcher_OnMatch{}
-	override := func(dst map[string]*xdsmatcher.Matcher_OnMatch, ns string) {
-		for fe := range gm.Ports {
-			es := gm.For(fe, ns)
+	table := routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes })
+	rt.consumerNS = consumerNamespaces(m)
+	if gm := m.Routing; gm != nil {
+		for fe, pr := range gm.Ports {
 			s := m.Service(fe.Service)
-			if len(es) == 0 || s == nil {
+			if s == nil {
 				continue
 			}
-			act := built[&es[0]]
-			if act == nil {
-				a, _ := anypb.New(gammaRouteList(m, fe.Port, es))
-				act = routeAction(a)
-				built[&es[0]] = act
+			rl := frontendRouteList(m, fe, pr, rt.consumerNS)
+			if rl == nil {
+				continue
 			}
+			a, _ := anypb.New(rl)
+			act := routeAction(a)
 			vips := s.VIPs
 			if fe.Import {
 				vips = s.ClustersetVIPs
 			}
 			for _, vip := range vips {
-				dst[netip.AddrPortFrom(vip, uint16(fe.Port)).String()] = act
+				table[netip.AddrPortFrom(vip, uint16(fe.Port)).String()] = act
 			}
 		}
 	}
-	producer := maps.Clone(base)
-	override(producer, "")
-	rt.captureRoute = captureRoute(CaptureRouteName, producer)
-	rt.consumerRoutes = nil
-	for _, ns := range consumerNamespaces(m) {
-		t := maps.Clone(base)
-		override(t, ns)
-		if rt.consumerRoutes == nil {
-			rt.consumerRoutes = map[string]*routev3.RouteConfiguration{}
+	rt.captureRoute = captureRoute(CaptureRouteName, table)
+}
+
+// frontendRouteList is the Envoy route list of frontend fe with routes pr, nil when it has none
+// for callers on this node: first, for each namespace of nss (sorted) that has consumer routes
+// for fe, those routes (gammaRouteList) restricted to callers in that namespace
+// (callerNamespaceMatch), then a 404 for its callers that match none of them (consumer routes
+// replace the producer routes for that namespace, GEP-1294); then the producer routes for every
+// other caller, or, when there are none, the frontend's default route (routeTo its cluster).
+// Envoy takes the first route that matches.
+func frontendRouteList(m *model.Mesh, fe model.Frontend, pr *model.PortRoutes, nss []string) *routev3.RouteList {
+	var rl *routev3.RouteList
+	for _, ns := range nss {
+		es, ok := pr.Consumers[ns]
+		if !ok {
+			continue
 		}
-		rt.consumerRoutes[ns] = captureRoute(consumerRouteName(ns), t)
+		caller := callerNamespaceMatch(m.TrustDomain, ns)
+		if rl == nil {
+			rl = &routev3.RouteList{}
+		}
+		for _, r := range gammaRouteList(m, fe.Port, es).Routes {
+			r.Match.FilterState = append(r.Match.FilterState, caller)
+			rl.Routes = append(rl.Routes, r)
+		}
+		rl.Routes = append(rl.Routes, &routev3.Route{
+			Name:   "consumer " + ns + ": no match",
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}, FilterState: []*matcherv3.FilterStateMatcher{caller}},
+			Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 404}},
+		})
 	}
+	switch {
+	case len(pr.Producer) > 0:
+		if rl == nil {
+			return gammaRouteList(m, fe.Port, pr.Producer)
+		}
+		rl.Routes = append(rl.Routes, gammaRouteList(m, fe.Port, pr.Producer).Routes...)
+	case rl != nil:
+		rl.Routes = append(rl.Routes, routeTo(ClusterName(m, fe.Service, fe.Port)))
+	}
+	return rl
+}
+
+// callerNamespaceMatch matches requests from pods of namespace ns: the filter state
+// CertMapperFilterStateKey, which every capture listener sets to its pod's SPIFFE ID, starts
+// with "spiffe://<trustDomain>/ns/<ns>/sa/".
+func callerNamespaceMatch(trustDomain, ns string) *matcherv3.FilterStateMatcher {
+	prefix := strings.TrimSuffix(model.SPIFFEID(trustDomain, ns, "-"), "-")
+	return &matcherv3.FilterStateMatcher{Key: CertMapperFilterStateKey, Matcher: &matcherv3.FilterStateMatcher_StringMatch{
+		StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: prefix}}}}
 }
 
 // consumerNamespaces are the namespaces with GAMMA consumer routes that have pods on this node.
@@ -236,42 +260,14 @@ func consumerNamespaces(m *model.Mesh) []string {
 	return out
 }
 
-// gammaChains sets the capture filter chains of the consumer namespaces' pods: the shared chains
-// with the HTTP chain's connection manager on the namespace's table. A namespace's chains in old
-// (a routing with the same capture chains) are kept, so its pods' listeners stay the same values.
-func (rt *routing) gammaChains(b *builder, old *routing) error {
-	rt.consumerChains = nil
-	if len(rt.captureChains) == 0 {
-		return nil
-	}
-	for ns := range rt.consumerRoutes {
-		if rt.consumerChains == nil {
-			rt.consumerChains = map[string][]*listenerv3.FilterChain{}
-		}
-		if old != nil && old.consumerChains[ns] != nil {
-			rt.consumerChains[ns] = old.consumerChains[ns]
-			continue
-		}
-		hcm, err := b.hcmFor(consumerRouteName(ns))
-		if err != nil {
-			return err
-		}
-		cc := slices.Clone(rt.captureChains)
-		cc[0] = &listenerv3.FilterChain{Name: captureHTTPChain, Filters: []*listenerv3.Filter{hcm}}
-		rt.consumerChains[ns] = cc
-	}
-	return nil
-}
-
-// withGamma is rt with the capture route tables rebuilt for the model's GAMMA routing, for a
-// build in which nothing else of the routing changed; the consumer namespaces' chains are kept
-// where they exist.
-func (rt *routing) withGamma(b *builder, entries []*svcEntry) (*routing, error) {
+// withGamma is rt with the capture route table rebuilt for the model's GAMMA routing, for a
+// build in which nothing else of the routing changed.
+func (rt *routing) withGamma(b *builder, entries []*svcEntry) *routing {
 	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute,
 		headlessRoute: rt.headlessRoute, headlessFilter: rt.headlessFilter, directInMatcher: rt.directInMatcher,
 		sharedValid: rt.valid || rt.sharedValid, directValid: rt.valid || rt.directValid, gamma: b.m.Routing}
 	n.gammaRoutes(b.m, entries)
-	return n, n.gammaChains(b, rt)
+	return n
 }
 
 // routeMap is the capture route table's matcher map of the routes pick gives for each entry
@@ -375,9 +371,4 @@ func routeTo(cluster string) *routev3.Route {
 func routeAction(route *anypb.Any) *xdsmatcher.Matcher_OnMatch {
 	return &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{
 		Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}
-}
-
-// consumerNamespaces are the namespaces rt has consumer route tables for, sorted.
-func (rt *routing) consumerNamespaces() []string {
-	return slices.Sorted(maps.Keys(rt.consumerRoutes))
 }
