@@ -20,42 +20,65 @@ import (
 )
 
 // cacheReader is the manager's cache at the benchmark's boundary: List copies every object of
-// its kind (DeepCopyObject), as controller-runtime's cache reader does.
+// its kind (DeepCopyObject), or, with client.UnsafeDisableDeepCopy, only its top-level struct, as
+// controller-runtime's cache reader does.
 type cacheReader struct {
 	client.Reader
 	nss  []corev1.Namespace
 	svcs []corev1.Service
+	imps []mcsv1beta1.ServiceImport
 }
 
-func (r cacheReader) List(_ context.Context, l client.ObjectList, _ ...client.ListOption) error {
+func (r cacheReader) List(_ context.Context, l client.ObjectList, opts ...client.ListOption) error {
+	var lo client.ListOptions
+	lo.ApplyOptions(opts)
+	shared := lo.UnsafeDisableDeepCopy != nil && *lo.UnsafeDisableDeepCopy
 	switch l := l.(type) {
 	case *corev1.NamespaceList:
+		l.Items = make([]corev1.Namespace, len(r.nss))
 		for i := range r.nss {
-			l.Items = append(l.Items, *r.nss[i].DeepCopyObject().(*corev1.Namespace))
+			if l.Items[i] = r.nss[i]; !shared {
+				l.Items[i] = *r.nss[i].DeepCopyObject().(*corev1.Namespace)
+			}
 		}
 	case *corev1.ServiceList:
+		l.Items = make([]corev1.Service, len(r.svcs))
 		for i := range r.svcs {
-			l.Items = append(l.Items, *r.svcs[i].DeepCopyObject().(*corev1.Service))
+			if l.Items[i] = r.svcs[i]; !shared {
+				l.Items[i] = *r.svcs[i].DeepCopyObject().(*corev1.Service)
+			}
 		}
 	case *mcsv1beta1.ServiceImportList:
+		l.Items = make([]mcsv1beta1.ServiceImport, len(r.imps))
+		for i := range r.imps {
+			if l.Items[i] = r.imps[i]; !shared {
+				l.Items[i] = *r.imps[i].DeepCopyObject().(*mcsv1beta1.ServiceImport)
+			}
+		}
 	default:
 		return fmt.Errorf("list %T: not in the benchmark's cache", l)
 	}
 	return nil
 }
 
-// BenchmarkPass measures one pass of the controller (Reconcile) over nRoutes HTTPRoutes and
-// nServices Services in one mesh namespace, once every route's status is written (the steady
+// BenchmarkPass measures one pass of the controller (Reconcile) over 1000 HTTPRoutes and 1000
+// or 10000 Services in one mesh namespace, once every route's status is written (the steady
 // state: each pass lists, resolves and compares, and writes nothing).
 //
 //	go test ./registrar/routestatus -run '^$' -bench BenchmarkPass -benchmem -count 5
 func BenchmarkPass(b *testing.B) {
-	const ns, nServices, nRoutes = "shop", 1000, 1000
+	for _, n := range []struct{ routes, services int }{{1000, 1000}, {1000, 10000}} {
+		b.Run(fmt.Sprintf("routes=%d/services=%d", n.routes, n.services), func(b *testing.B) { benchmarkPass(b, n.routes, n.services) })
+	}
+}
+
+func benchmarkPass(b *testing.B, nRoutes, nServices int) {
+	const ns = "shop"
 	rd := cacheReader{nss: []corev1.Namespace{{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}}}
 	for i := range nServices {
 		rd.svcs = append(rd.svcs, corev1.Service{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("svc-%d", i)},
-			Spec: corev1.ServiceSpec{ClusterIP: fmt.Sprintf("10.96.%d.%d", i/250, i%250+1), ClusterIPs: []string{fmt.Sprintf("10.96.%d.%d", i/250, i%250+1)},
+			Spec: corev1.ServiceSpec{ClusterIP: fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1), ClusterIPs: []string{fmt.Sprintf("10.%d.%d.%d", 96+i/62500, i/250%250, i%250+1)},
 				Selector: map[string]string{"app": fmt.Sprintf("svc-%d", i)},
 				Ports:    []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, AppProtocol: ptr("http")}}},
 		})

@@ -6,12 +6,12 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -206,43 +206,93 @@ func (c *Controller) note(st model.RouteStatus, res outcome) {
 		"route", st.Route.String(), "generation", st.Generation)
 }
 
-// sources fills the model's Sources from the caches: the mesh namespaces, every Service and
-// ServiceImport (Assemble keeps those of mesh namespaces) and the watched routes, sorted.
+// sources fills the model's Sources from the caches: the mesh namespaces, the watched routes
+// (sorted), and the Services and ServiceImports the routes name (as parents, backends or mirror
+// backends; with aether's <svc>-clusterset Service of a named service). A route's status depends
+// on those only (model.ResolveRoutes looks services up by the keys its routes name), so leaving
+// the others out gives the same statuses for less work: a pass costs in proportion to the routes,
+// not to every Service of the cluster. Services and ServiceImports are read from the cache
+// without a copy (client.UnsafeDisableDeepCopy): model.Assemble only reads them.
 func (c *Controller) sources(ctx context.Context, hl gwlisters.HTTPRouteLister, gl gwlisters.GRPCRouteLister) (model.Sources, error) {
-	var nss corev1.NamespaceList
-	var svcs corev1.ServiceList
-	var imps mcsv1beta1.ServiceImportList
-	for _, l := range []client.ObjectList{&nss, &svcs, &imps} {
-		if err := c.Client.List(ctx, l); err != nil {
-			return model.Sources{}, fmt.Errorf("route status: list %T: %w", l, err)
-		}
-	}
 	src := model.Sources{MeshNamespaces: map[string]bool{}}
-	for _, ns := range nss.Items {
-		if model.NamespaceMeshed(ns.Labels) {
-			src.MeshNamespaces[ns.Name] = true
-		}
-	}
-	for i := range svcs.Items {
-		src.Services = append(src.Services, &svcs.Items[i])
-	}
-	for i := range imps.Items {
-		src.Imports = append(src.Imports, &imps.Items[i])
-	}
+	keys := map[model.ServiceKey]bool{}
 	var err error
 	if hl != nil {
 		if src.HTTPRoutes, err = hl.List(labels.Everything()); err != nil {
 			return model.Sources{}, fmt.Errorf("route status: list HTTPRoutes: %w", err)
 		}
 		slices.SortFunc(src.HTTPRoutes, func(a, b *gwv1.HTTPRoute) int { return byName(a, b) })
+		for _, r := range src.HTTPRoutes {
+			referenced(keys, model.HTTPRouteModel(r))
+		}
 	}
 	if gl != nil {
 		if src.GRPCRoutes, err = gl.List(labels.Everything()); err != nil {
 			return model.Sources{}, fmt.Errorf("route status: list GRPCRoutes: %w", err)
 		}
 		slices.SortFunc(src.GRPCRoutes, func(a, b *gwv1.GRPCRoute) int { return byName(a, b) })
+		for _, r := range src.GRPCRoutes {
+			referenced(keys, model.GRPCRouteModel(r))
+		}
+	}
+	var nss corev1.NamespaceList
+	var svcs corev1.ServiceList
+	var imps mcsv1beta1.ServiceImportList
+	for _, l := range []client.ObjectList{&nss, &svcs, &imps} {
+		if err := c.Client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+			return model.Sources{}, fmt.Errorf("route status: list %T: %w", l, err)
+		}
+	}
+	for _, ns := range nss.Items {
+		if model.NamespaceMeshed(ns.Labels) {
+			src.MeshNamespaces[ns.Name] = true
+		}
+	}
+	for i := range svcs.Items {
+		if s := &svcs.Items[i]; keys[model.ServiceKey{Namespace: s.Namespace, Name: s.Name}] || keys[clustersetOf(s)] {
+			src.Services = append(src.Services, s)
+		}
+	}
+	for i := range imps.Items {
+		if imp := &imps.Items[i]; keys[model.ServiceKey{Namespace: imp.Namespace, Name: imp.Name}] {
+			src.Imports = append(src.Imports, imp)
+		}
 	}
 	return src, nil
+}
+
+// referenced adds to keys every service route rt names: its parents, its backends and the
+// backends of its mirror filters (a rule's or a backend's).
+func referenced(keys map[model.ServiceKey]bool, rt model.Route) {
+	mirrors := func(fs []model.RouteFilter) {
+		for _, f := range fs {
+			if f.Mirror != nil {
+				keys[f.Mirror.Backend.Service] = true
+			}
+		}
+	}
+	for _, p := range rt.Parents {
+		keys[p.Service] = true
+	}
+	for _, r := range rt.Rules {
+		mirrors(r.Filters)
+		for _, b := range r.Backends {
+			keys[b.Service] = true
+			mirrors(b.Filters)
+		}
+	}
+}
+
+// clustersetOf returns the service that Service s stands for when s is one of aether's
+// <svc>-clusterset Services (label aether.io/managed-by: aether, annotation aether.io/mesh-service
+// "<ns>/<svc>", as model.Assemble reads it), else the zero key.
+func clustersetOf(s *corev1.Service) model.ServiceKey {
+	v, ok := s.Annotations[model.AnnotationMeshService]
+	if !ok || s.Labels[model.LabelManagedBy] != model.ManagedByAether {
+		return model.ServiceKey{}
+	}
+	ns, name, _ := strings.Cut(v, "/")
+	return model.ServiceKey{Namespace: ns, Name: name}
 }
 
 func byName(a, b metav1.Object) int {
@@ -314,7 +364,7 @@ func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics,
 		have := k.status(r).Parents
 		want, omitted := ParentStatuses(have, k.parentRefs(r), st, now)
 		res.omitted = omitted
-		if equality.Semantic.DeepEqual(have, want) {
+		if equalParents(have, want) {
 			return nil
 		}
 		upd := k.deepCopy(r)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -462,6 +464,86 @@ func TestWrite(t *testing.T) {
 			}
 			if !equality.Semantic.DeepEqual(cached, c.cached) {
 				t.Error("the cached route was changed")
+			}
+		})
+	}
+}
+
+// TestComparedFields fails when a type that sameRef or equalParents compares field by field
+// gains or loses a field (a Gateway API or apimachinery upgrade): they must compare it too.
+func TestComparedFields(t *testing.T) {
+	for _, c := range []struct {
+		v    any
+		want []string
+	}{
+		{gwv1.ParentReference{}, []string{"Group", "Kind", "Namespace", "Name", "SectionName", "Port"}},
+		{gwv1.RouteParentStatus{}, []string{"ParentRef", "ControllerName", "Conditions"}},
+		{metav1.Condition{}, []string{"Type", "Status", "ObservedGeneration", "LastTransitionTime", "Reason", "Message"}},
+	} {
+		typ := reflect.TypeOf(c.v)
+		var got []string
+		for i := range typ.NumField() {
+			got = append(got, typ.Field(i).Name)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s has fields %v; sameRef and equalParents compare %v", typ, got, c.want)
+		}
+	}
+}
+
+// TestEqualParents checks equalParents against equality.Semantic.DeepEqual on the cases of a
+// changed field, nil and empty lists, and a time parsed back from the API's RFC 3339 form.
+func TestEqualParents(t *testing.T) {
+	base := []gwv1.RouteParentStatus{foreign,
+		ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0))}
+	change := func(f func(p []gwv1.RouteParentStatus)) []gwv1.RouteParentStatus {
+		c := make([]gwv1.RouteParentStatus, len(base))
+		for i := range base {
+			base[i].DeepCopyInto(&c[i])
+		}
+		f(c)
+		return c
+	}
+	roundTrip := metav1.NewTime(t0.Add(500 * time.Millisecond))
+	b, err := roundTrip.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parsed metav1.Time
+	if err := parsed.UnmarshalJSON(b); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		a, b []gwv1.RouteParentStatus
+	}{
+		{"same", base, change(func([]gwv1.RouteParentStatus) {})},
+		{"nil and empty", nil, []gwv1.RouteParentStatus{}},
+		{"controller", base, change(func(p []gwv1.RouteParentStatus) { p[0].ControllerName = "x/y" })},
+		{"port unset", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Port = nil })},
+		{"port", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Port = ptr(gwv1.PortNumber(81)) })},
+		{"namespace set", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Namespace = ptr(gwv1.Namespace("shop")) })},
+		{"section", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.SectionName = ptr(gwv1.SectionName("http")) })},
+		{"group", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Group = ptr(gwv1.Group("x")) })},
+		{"kind", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Kind = ptr(gwv1.Kind("X")) })},
+		{"name", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Name = "x" })},
+		{"a condition less", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions = p[1].Conditions[:1] })},
+		{"status", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].Status = "False" })},
+		{"reason", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].Reason = "X" })},
+		{"message", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].Message = "x" })},
+		{"generation", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].ObservedGeneration = 2 })},
+		{"type", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].Type = "X" })},
+		{"time", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].LastTransitionTime = t1 })},
+		{"time in another zone", base, change(func(p []gwv1.RouteParentStatus) {
+			p[1].Conditions[0].LastTransitionTime = metav1.NewTime(t0.In(time.FixedZone("x", 3600)))
+		})},
+		{"time stored to the second", change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].LastTransitionTime = roundTrip }),
+			change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].LastTransitionTime = parsed })},
+		{"order", base, []gwv1.RouteParentStatus{base[1], base[0]}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got, want := equalParents(c.a, c.b), equality.Semantic.DeepEqual(c.a, c.b); got != want {
+				t.Errorf("equalParents %v, equality.Semantic %v", got, want)
 			}
 		})
 	}
