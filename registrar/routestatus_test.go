@@ -20,6 +20,7 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
@@ -285,6 +286,15 @@ func TestRouteStatus(t *testing.T) {
 	if n := ours(mixed.Status.Parents); n != 1 || len(mixed.Status.Parents) != 2 || !equality.Semantic.DeepEqual(mixed.Status.Parents[0], theirs) {
 		t.Errorf("HTTPRoute mixed status.parents = %+v; want the other controller's entry as written, then one of aether's", mixed.Status.Parents)
 	}
+	// What `kubectl get httproute mixed -o yaml` shows of it (docs/routing.md quotes it).
+	if b, err := yaml.Marshal(map[string]any{"spec": map[string]any{"parentRefs": mixed.Spec.ParentRefs}, "status": mixed.Status}); err == nil {
+		t.Logf("HTTPRoute mixed, generation %d:\n%s", mixed.Generation, b)
+	}
+	if mb, err := http("missing-backend"); err == nil {
+		if b, err := yaml.Marshal(mb.Status); err == nil {
+			t.Logf("HTTPRoute missing-backend status:\n%s", b)
+		}
+	}
 
 	// A spec change: observedGeneration follows, an unchanged Accepted keeps its transition time.
 	prod, before, err := checkHTTP("producer", 0, acceptedTrue, resolvedTrue)
@@ -350,16 +360,7 @@ func TestRouteStatus(t *testing.T) {
 		return out
 	}
 	// Let the passes our own last writes bring run out first.
-	var writes float64
-	testenv.Eventually(t, converge, "the writes settle", func() error {
-		w, p := leader.counter(t, metricWrites), leader.counter(t, metricPasses)
-		time.Sleep(time.Second)
-		if w2, p2 := leader.counter(t, metricWrites), leader.counter(t, metricPasses); w2 != w || p2 != p {
-			return fmt.Errorf("writes %v -> %v, passes %v -> %v within 1 s", w, w2, p, p2)
-		}
-		writes = w
-		return nil
-	})
+	writes := leader.settle(t)
 	rv := rvs()
 	passes := leader.counter(t, metricPasses)
 	cl.createService(t, ns, "unrelated", port{name: "http", port: 80, tgt: 80, appProto: "http"})
