@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +18,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
@@ -703,8 +706,13 @@ func TestRouteStatusBounds(t *testing.T) {
 	if r := get("refused"); ours(r.Status.Parents) != 0 {
 		t.Errorf("HTTPRoute refused: status.parents %+v", r.Status.Parents)
 	}
-	// Neither the truncated route nor the refused one is written again and again.
+	// Neither the truncated route nor the refused one is written again and again: no write
+	// counted, and no write denied by the policy (the API server's count of its denials).
 	writes := leader.settle(t)
+	denied := policyDenials(t, cl, "refuse-route-status")
+	if denied == 0 {
+		t.Error("the API server counted no denial of the policy")
+	}
 	rv := get("crowded").ResourceVersion
 	passes := leader.counter(t, metricPasses)
 	cl.createService(t, ns, "unrelated", port{name: "http", port: 80, tgt: 80, appProto: "http"})
@@ -722,6 +730,9 @@ func TestRouteStatusBounds(t *testing.T) {
 	}
 	if got := get("crowded").ResourceVersion; got != rv {
 		t.Errorf("HTTPRoute crowded written again: resourceVersion %s, was %s", got, rv)
+	}
+	if d := policyDenials(t, cl, "refuse-route-status"); d != denied {
+		t.Errorf("the refused status was sent again: %v denials by the policy, were %v", d, denied)
 	}
 
 	// A new generation of the refused route: refused again, counted once more.
@@ -754,6 +765,38 @@ func TestRouteStatusBounds(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// policyDenials reads the API server's count of the requests ValidatingAdmissionPolicy policy
+// denied (apiserver_validating_admission_policy_check_total, enforcement_action "deny").
+func policyDenials(t testing.TB, cl *cluster, policy string) float64 {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(cl.api.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Get(cl.api.Config.Host + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("API server /metrics: %d, %v", resp.StatusCode, err)
+	}
+	var sum float64
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, "apiserver_validating_admission_policy_check_total{") ||
+			!strings.Contains(l, `enforcement_action="deny"`) || !strings.Contains(l, `policy="`+policy+`"`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("API server /metrics: %q: %v", l, err)
+		}
+		sum += v
+	}
+	return sum
 }
 
 // TestRouteStatusCRDRemoved runs a registrar against a real kube-apiserver with every CRD and

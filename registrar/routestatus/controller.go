@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -108,9 +109,10 @@ type Controller struct {
 	grpc    gwlisters.GRPCRouteLister
 	pending map[string]bool
 
-	// notes is what was last logged about each route whose status did not fit or was refused
-	// (Reconcile only, which runs one at a time).
-	notes map[model.RouteRef]string
+	// notes is what was last logged about each route whose status did not fit or was refused,
+	// refusals the last refused write of each route (Reconcile only, which runs one at a time).
+	notes    map[model.RouteRef]string
+	refusals map[model.RouteRef]*refusal
 }
 
 var _ reconcile.Reconciler = &Controller{}
@@ -149,17 +151,26 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	seen := map[model.RouteRef]bool{}
 	for _, st := range model.Assemble(0, src).RouteStatuses() {
 		var res outcome
+		prev := c.refusals[st.Route]
 		switch st.Route.Kind {
 		case model.KindHTTPRoute:
 			if r := httpRoutes[st.Route]; r != nil {
-				res = write(ctx, c.Log, c.Metrics, httpKind(c.Gateway), r, st, now)
+				res = write(ctx, c.Log, c.Metrics, httpKind(c.Gateway), r, st, now, prev)
 			}
 		case model.KindGRPCRoute:
 			if r := grpcRoutes[st.Route]; r != nil {
-				res = write(ctx, c.Log, c.Metrics, grpcKind(c.Gateway), r, st, now)
+				res = write(ctx, c.Log, c.Metrics, grpcKind(c.Gateway), r, st, now, prev)
 			}
 		}
 		seen[st.Route] = true
+		if res.refused != nil {
+			if c.refusals == nil {
+				c.refusals = map[model.RouteRef]*refusal{}
+			}
+			c.refusals[st.Route] = res.refused
+		} else {
+			delete(c.refusals, st.Route)
+		}
 		errs = append(errs, res.err)
 		if res.omitted > 0 {
 			truncated++
@@ -169,6 +180,11 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	for ref := range c.notes {
 		if !seen[ref] {
 			delete(c.notes, ref)
+		}
+	}
+	for ref := range c.refusals {
+		if !seen[ref] {
+			delete(c.refusals, ref)
 		}
 	}
 	c.Metrics.pass(truncated)
@@ -199,7 +215,7 @@ func (c *Controller) note(st model.RouteStatus, res outcome) {
 	if res.refused != nil {
 		c.Metrics.refusedWrite(st.Route.Kind)
 		c.Log.Warn("route status: the API server refused the status write; not retried until the route or what it refers to changes",
-			"route", st.Route.String(), "generation", st.Generation, "err", res.refused)
+			"route", st.Route.String(), "generation", st.Generation, "err", res.refused.err)
 		return
 	}
 	c.Log.Warn(fmt.Sprintf("route status: status.parents holds at most %d entries: other controllers' entries are kept, %d of aether's are left out (the last parentRefs)", MaxParents, res.omitted),
@@ -345,16 +361,27 @@ func grpcKind(gw gwclient.Interface) routeKind[*gwv1.GRPCRoute] {
 // when nothing needed writing, or when the route is gone or moved on), refused when the API
 // server refused the status for good, omitted as ParentStatuses says.
 type outcome struct {
-	err, refused error
-	omitted      int
+	err     error
+	refused *refusal
+	omitted int
+}
+
+// refusal is a status write the API server refused for good: the route as it was
+// (resourceVersion), what aether had to say about it (the model's status) and the error.
+type refusal struct {
+	resourceVersion string
+	status          model.RouteStatus
+	err             error
 }
 
 // write merges st into route r's status.parents (ParentStatuses) and writes it when it differs.
 // On a resourceVersion conflict it reads the route again and retries (retry.DefaultBackoff); a
 // route whose generation moved past st's is left to the pass its change brings, and a route
 // deleted meanwhile is no error. A write refused as invalid (422), too large (413) or a bad
-// request (400) is outcome.refused, not an error: the same status would be refused again.
-func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics, k routeKind[T], r T, st model.RouteStatus, now metav1.Time) outcome {
+// request (400) is outcome.refused, not an error: the same status would be refused again, so
+// while the route is as it was (its resourceVersion) and st is what was refused (prev), it is
+// not sent again.
+func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics, k routeKind[T], r T, st model.RouteStatus, now metav1.Time, prev *refusal) outcome {
 	var res outcome
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		res.omitted = 0
@@ -365,6 +392,10 @@ func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics,
 		want, omitted := ParentStatuses(have, k.parentRefs(r), st, now)
 		res.omitted = omitted
 		if equalParents(have, want) {
+			return nil
+		}
+		if prev != nil && prev.resourceVersion == r.GetResourceVersion() && reflect.DeepEqual(prev.status, st) {
+			res.refused = prev // refused as it is: not sent again
 			return nil
 		}
 		upd := k.deepCopy(r)
@@ -387,7 +418,7 @@ func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics,
 	switch {
 	case err == nil || apierrors.IsNotFound(err):
 	case apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsBadRequest(err):
-		res.refused = fmt.Errorf("write status of %s: %w", st.Route, err)
+		res.refused = &refusal{resourceVersion: r.GetResourceVersion(), status: st, err: fmt.Errorf("write status of %s: %w", st.Route, err)}
 	default:
 		res.err = fmt.Errorf("write status of %s: %w", st.Route, err)
 	}

@@ -393,7 +393,8 @@ func TestRouteCRDInstalled(t *testing.T) {
 // written when the status is already right, a conflict answered by reading the route again and
 // merging into its fresh status, a route whose generation moved on left to the next pass, a
 // route deleted meanwhile no error, a write refused as invalid or too large reported as refused
-// (not retried), and another failure returned for the pass to retry.
+// (not retried, and not sent again while the route and its status are those refused), and
+// another failure returned for the pass to retry.
 func TestWrite(t *testing.T) {
 	gr := schema.GroupResource{Group: gwv1.GroupName, Resource: "httproutes"}
 	st := model.RouteStatus{Route: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "web"}, Generation: 1,
@@ -405,6 +406,8 @@ func TestWrite(t *testing.T) {
 		return r
 	}
 	done := ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0))
+	other := model.RouteStatus{Route: st.Route, Generation: 1,
+		Parents: []model.ParentStatus{{Index: 0, Accepted: accepted("bound to something else"), ResolvedRefs: resolved}}}
 	for _, c := range []struct {
 		name      string
 		cached    *gwv1.HTTPRoute
@@ -415,6 +418,8 @@ func TestWrite(t *testing.T) {
 		// want is the last status written, nil for no write.
 		want    []gwv1.RouteParentStatus
 		updates int
+		// prev is the route's last refused write.
+		prev *refusal
 		// refused and retry: the outcome's refused and err are set.
 		refused, retry bool
 	}{
@@ -432,6 +437,12 @@ func TestWrite(t *testing.T) {
 		{name: "too large: refused", cached: route(1), fail: apierrors.NewRequestEntityTooLargeError("limit is 3145728"), updates: 1, refused: true},
 		{name: "other failure: retried with the pass", cached: route(1), fail: apierrors.NewInternalError(errors.New("etcd is away")), updates: 1, retry: true},
 		{name: "conflicts only: retried with the pass", cached: route(1), conflicts: 10, fresh: route(1), updates: retry.DefaultBackoff.Steps, retry: true},
+		{name: "refused before, the same route and status: not sent again", cached: route(1), prev: &refusal{resourceVersion: "1", status: st, err: errors.New("refused")}, refused: true},
+		{name: "refused before, the route changed since: sent", cached: route(1), prev: &refusal{resourceVersion: "0", status: st, err: errors.New("refused")}, updates: 1, want: []gwv1.RouteParentStatus{
+			ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
+		{name: "refused before, another status to write: sent", cached: route(1), prev: &refusal{resourceVersion: "1", status: other, err: errors.New("refused")}, updates: 1, want: []gwv1.RouteParentStatus{
+			ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
+		{name: "refused before, now right: nothing sent, not refused", cached: route(1, done), prev: &refusal{resourceVersion: "1", status: st, err: errors.New("refused")}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var updates int
@@ -455,7 +466,7 @@ func TestWrite(t *testing.T) {
 				return nil
 			}
 			cached := c.cached.DeepCopy()
-			res := write(context.Background(), slog.New(slog.DiscardHandler), nil, k, cached, st, t1)
+			res := write(context.Background(), slog.New(slog.DiscardHandler), nil, k, cached, st, t1, c.prev)
 			if (res.refused != nil) != c.refused || (res.err != nil) != c.retry || res.omitted != 0 {
 				t.Errorf("outcome %+v; want refused %v, retried %v", res, c.refused, c.retry)
 			}
