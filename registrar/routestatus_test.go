@@ -539,7 +539,8 @@ func entriesFor(ctrl gwv1.GatewayController, refs []gwv1.ParentReference) []gwv1
 
 // TestRouteStatusBounds runs a registrar (as its ServiceAccount) against a real kube-apiserver
 // and checks what a route can make it write, and that nothing it cannot write loops:
-//   - a route with 32 Service parentRefs (the most spec.parentRefs holds) gets 32 entries;
+//   - a route with 32 Service parentRefs (the most spec.parentRefs holds) gets 32 entries, and
+//     one naming a Service twice (with and without its namespace) two, each echoing its own;
 //   - status.parents holds at most 32 entries: with 30 entries of two other controllers, aether
 //     writes its first 2 (of 4) parentRefs' entries, keeps the others' as written, counts the
 //     route as truncated and does not retry; once the others leave room, all 4 are written;
@@ -642,6 +643,13 @@ func TestRouteStatusBounds(t *testing.T) {
 	if _, err := hr.Update(ctx, crowded, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
+	// One Service named twice, with and without its namespace (the CRD takes them as two
+	// parents): two entries, each echoing its parentRef as written.
+	withNS := svcParent("svc-01", 80)
+	withNS.Namespace = ptrTo(gwv1.Namespace(ns))
+	if _, err := hr.Create(ctx, httpRoute(ns, "twice", []gwv1.ParentReference{svcParent("svc-01", 80), withNS}, backend("svc-01", 80)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	// 16 rules of 16 missing backends with the longest names.
 	long := httpRoute(ns, "long", svcs[:1])
 	long.Spec.Rules = nil
@@ -678,6 +686,15 @@ func TestRouteStatusBounds(t *testing.T) {
 			if _, err := checkParent("HTTPRoute crowded", crowded.Generation, crowded.Spec.ParentRefs, crowded.Status.Parents, i, acceptedTrue, resolvedTrue); err != nil {
 				return err
 			}
+		}
+		twice := get("twice")
+		for i := range 2 {
+			if _, err := checkParent("HTTPRoute twice", twice.Generation, twice.Spec.ParentRefs, twice.Status.Parents, i, acceptedTrue, resolvedTrue); err != nil {
+				return err
+			}
+		}
+		if n := len(twice.Status.Parents); n != 2 {
+			return fmt.Errorf("HTTPRoute twice: %d entries, want 2", n)
 		}
 		long := get("long")
 		p, err := checkParent("HTTPRoute long", long.Generation, long.Spec.ParentRefs, long.Status.Parents, 0,
