@@ -85,7 +85,8 @@ type Config struct {
 	// SkipNameValidation allows several registrars in one process (tests).
 	SkipNameValidation bool
 	// RouteCRDRecheck is how often the route status controller looks again for a Gateway API
-	// route CRD (HTTPRoute, GRPCRoute) that is not installed (default 30 s).
+	// route CRD (HTTPRoute, GRPCRoute) that is not installed, and checks that a watched one still
+	// is (default 30 s).
 	RouteCRDRecheck time.Duration
 	// Logger receives the registrar's logs. Required.
 	Logger *slog.Logger

@@ -2,22 +2,33 @@ package registrar_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar"
+	"github.com/aethermesh/aether/registrar/routestatus"
 )
 
 func ptrTo[T any](v T) *T { return &v }
@@ -278,6 +289,15 @@ func TestRouteStatus(t *testing.T) {
 	if n := ours(mixed.Status.Parents); n != 1 || len(mixed.Status.Parents) != 2 || !equality.Semantic.DeepEqual(mixed.Status.Parents[0], theirs) {
 		t.Errorf("HTTPRoute mixed status.parents = %+v; want the other controller's entry as written, then one of aether's", mixed.Status.Parents)
 	}
+	// What `kubectl get httproute mixed -o yaml` shows of it (docs/routing.md quotes it).
+	if b, err := yaml.Marshal(map[string]any{"spec": map[string]any{"parentRefs": mixed.Spec.ParentRefs}, "status": mixed.Status}); err == nil {
+		t.Logf("HTTPRoute mixed, generation %d:\n%s", mixed.Generation, b)
+	}
+	if mb, err := http("missing-backend"); err == nil {
+		if b, err := yaml.Marshal(mb.Status); err == nil {
+			t.Logf("HTTPRoute missing-backend status:\n%s", b)
+		}
+	}
 
 	// A spec change: observedGeneration follows, an unchanged Accepted keeps its transition time.
 	prod, before, err := checkHTTP("producer", 0, acceptedTrue, resolvedTrue)
@@ -343,16 +363,7 @@ func TestRouteStatus(t *testing.T) {
 		return out
 	}
 	// Let the passes our own last writes bring run out first.
-	var writes float64
-	testenv.Eventually(t, converge, "the writes settle", func() error {
-		w, p := leader.counter(t, metricWrites), leader.counter(t, metricPasses)
-		time.Sleep(time.Second)
-		if w2, p2 := leader.counter(t, metricWrites), leader.counter(t, metricPasses); w2 != w || p2 != p {
-			return fmt.Errorf("writes %v -> %v, passes %v -> %v within 1 s", w, w2, p, p2)
-		}
-		writes = w
-		return nil
-	})
+	writes := leader.settle(t)
 	rv := rvs()
 	passes := leader.counter(t, metricPasses)
 	cl.createService(t, ns, "unrelated", port{name: "http", port: 80, tgt: 80, appProto: "http"})
@@ -441,4 +452,453 @@ func TestRouteStatusFollowsCRDs(t *testing.T) {
 			wantCond{gwv1.RouteConditionAccepted, metav1.ConditionFalse, model.ReasonConflicted}, resolvedTrue)
 		return err
 	})
+}
+
+// gaugeWith reads the sample of gauge name whose label has value (-1 when absent).
+func (in *instance) gaugeWith(t testing.TB, name, label, value string) float64 {
+	t.Helper()
+	mfs, err := in.metrics.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.Metric {
+			for _, l := range m.Label {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetGauge().GetValue()
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// settle waits until the leader's route status passes and writes stop for a second (the passes
+// its own writes bring have run out) and returns the writes counted.
+func (in *instance) settle(t testing.TB) float64 {
+	t.Helper()
+	var writes float64
+	testenv.Eventually(t, converge, "the route status writes settle", func() error {
+		w, p := in.counter(t, metricWrites), in.counter(t, metricPasses)
+		time.Sleep(time.Second)
+		if w2, p2 := in.counter(t, metricWrites), in.counter(t, metricPasses); w2 != w || p2 != p {
+			return fmt.Errorf("writes %v -> %v, passes %v -> %v within 1 s", w, w2, p, p2)
+		}
+		writes = w
+		return nil
+	})
+	return writes
+}
+
+const (
+	metricRefused   = "aether_registrar_route_status_refused_total"
+	metricTruncated = "aether_registrar_route_status_truncated_routes"
+	metricWatched   = "aether_registrar_route_status_watched"
+)
+
+// writeStatusAs replaces the entries of controller ctrl in route name's status.parents with
+// entries (as that controller would, read-modify-write), as the admin.
+func writeStatusAs(t testing.TB, hr interface {
+	Get(context.Context, string, metav1.GetOptions) (*gwv1.HTTPRoute, error)
+	UpdateStatus(context.Context, *gwv1.HTTPRoute, metav1.UpdateOptions) (*gwv1.HTTPRoute, error)
+}, name string, ctrl gwv1.GatewayController, entries []gwv1.RouteParentStatus) {
+	t.Helper()
+	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		r, err := hr.Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var keep []gwv1.RouteParentStatus
+		for _, p := range r.Status.Parents {
+			if p.ControllerName != ctrl {
+				keep = append(keep, p)
+			}
+		}
+		r.Status.Parents = append(keep, entries...)
+		_, err = hr.UpdateStatus(context.Background(), r, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatalf("write %s's status of HTTPRoute %s: %v", ctrl, name, err)
+	}
+}
+
+// entriesFor returns one Accepted entry of controller ctrl per parentRef.
+func entriesFor(ctrl gwv1.GatewayController, refs []gwv1.ParentReference) []gwv1.RouteParentStatus {
+	var out []gwv1.RouteParentStatus
+	for _, ref := range refs {
+		out = append(out, gwv1.RouteParentStatus{ParentRef: ref, ControllerName: ctrl, Conditions: []metav1.Condition{{
+			Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: 1,
+			LastTransitionTime: metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)),
+		}}})
+	}
+	return out
+}
+
+// TestRouteStatusBounds runs a registrar (as its ServiceAccount) against a real kube-apiserver
+// and checks what a route can make it write, and that nothing it cannot write loops:
+//   - a route with 32 Service parentRefs (the most spec.parentRefs holds) gets 32 entries, and
+//     one naming a Service twice (with and without its namespace) two, each echoing its own;
+//   - status.parents holds at most 32 entries: with 30 entries of two other controllers, aether
+//     writes its first 2 (of 4) parentRefs' entries, keeps the others' as written, counts the
+//     route as truncated and does not retry; once the others leave room, all 4 are written;
+//   - a route of 16 rules with 16 missing backends of 253-character names each gets a
+//     ResolvedRefs message cut to routestatus.MaxMessage bytes;
+//   - a status write the API server refuses as Invalid (a ValidatingAdmissionPolicy refuses it)
+//     is counted once per route generation and not retried, and the other routes are written.
+func TestRouteStatusBounds(t *testing.T) {
+	regSrv := startRegistryServer(t)
+	cl := newCluster(t, "east")
+	ctx := context.Background()
+
+	// The policy first, effective before the registrar writes: aether's status writes of a route
+	// named "refused" are refused with reason Invalid (422).
+	fail := admissionregistrationv1.Fail
+	if err := cl.c.Create(ctx, &admissionregistrationv1.ValidatingAdmissionPolicy{
+		ObjectMeta: metav1.ObjectMeta{Name: "refuse-route-status"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicySpec{
+			FailurePolicy: &fail,
+			MatchConstraints: &admissionregistrationv1.MatchResources{ResourceRules: []admissionregistrationv1.NamedRuleWithOperations{{
+				RuleWithOperations: admissionregistrationv1.RuleWithOperations{
+					Operations: []admissionregistrationv1.OperationType{admissionregistrationv1.Update},
+					Rule: admissionregistrationv1.Rule{APIGroups: []string{gwv1.GroupName}, APIVersions: []string{"*"},
+						Resources: []string{"httproutes/status"}},
+				},
+			}}},
+			MatchConditions: []admissionregistrationv1.MatchCondition{{Name: "registrar",
+				Expression: "request.userInfo.username == 'system:serviceaccount:" + systemNS + ":" + registrarSA + "'"}},
+			Validations: []admissionregistrationv1.Validation{{Expression: "object.metadata.name != 'refused'",
+				Reason: ptrTo(metav1.StatusReasonInvalid), Message: "route status of 'refused' is refused by the test"}},
+		},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.c.Create(ctx, &admissionregistrationv1.ValidatingAdmissionPolicyBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "refuse-route-status"},
+		Spec: admissionregistrationv1.ValidatingAdmissionPolicyBindingSpec{PolicyName: "refuse-route-status",
+			ValidationActions: []admissionregistrationv1.ValidationAction{admissionregistrationv1.Deny}},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	asRegistrar := gwclient.NewForConfigOrDie(cl.registrarConfig()).GatewayV1().HTTPRoutes("probe")
+	gw := gwclient.NewForConfigOrDie(cl.api.Config)
+	cl.createNS(t, "probe")
+	if _, err := gw.GatewayV1().HTTPRoutes("probe").Create(ctx, httpRoute("probe", "refused", []gwv1.ParentReference{{Name: "edge"}}), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, converge, "the policy refuses the registrar's status write", func() error {
+		r, err := asRegistrar.Get(ctx, "refused", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if _, err := asRegistrar.UpdateStatus(ctx, r, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) {
+			return fmt.Errorf("status write: %v, want Invalid", err)
+		}
+		return nil
+	})
+
+	leader := startRegistrar(t, cl, regSrv.Endpoints, "east-1")
+	leader.waitElected(t)
+	const ns = "gamma"
+	if err := cl.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}); err != nil {
+		t.Fatal(err)
+	}
+	var svcs []gwv1.ParentReference
+	for i := range routestatus.MaxParents {
+		name := fmt.Sprintf("svc-%02d", i)
+		cl.createService(t, ns, name, port{name: "http", port: 80, tgt: 8080, appProto: "http"})
+		svcs = append(svcs, svcParent(name, 80))
+	}
+	var gateways []gwv1.ParentReference
+	for i := range 26 {
+		gateways = append(gateways, gwv1.ParentReference{Group: ptrTo(gwv1.Group(gwv1.GroupName)), Kind: ptrTo(gwv1.Kind("Gateway")), Name: gwv1.ObjectName(fmt.Sprintf("edge-%02d", i))})
+	}
+	hr := gw.GatewayV1().HTTPRoutes(ns)
+	get := func(name string) *gwv1.HTTPRoute {
+		t.Helper()
+		r, err := hr.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+
+	// 32 Service parentRefs: 32 entries.
+	if _, err := hr.Create(ctx, httpRoute(ns, "many", svcs, backend("svc-00", 80)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// 26 Gateway parentRefs, whose controller writes 26 entries, and another mesh's 4 entries
+	// for the 4 Service parentRefs that come next: 30 entries of others, room for 2 of aether's.
+	if _, err := hr.Create(ctx, httpRoute(ns, "crowded", gateways, backend("svc-00", 80)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const otherMesh = gwv1.GatewayController("example.net/other-mesh")
+	writeStatusAs(t, hr, "crowded", foreignCtrl, entriesFor(foreignCtrl, gateways))
+	writeStatusAs(t, hr, "crowded", otherMesh, entriesFor(otherMesh, svcs[:4]))
+	crowded := get("crowded")
+	theirs := slices.Clone(crowded.Status.Parents)
+	crowded.Spec.ParentRefs = append(crowded.Spec.ParentRefs, svcs[:4]...)
+	if _, err := hr.Update(ctx, crowded, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// One Service named twice, with and without its namespace (the CRD takes them as two
+	// parents): two entries, each echoing its parentRef as written.
+	withNS := svcParent("svc-01", 80)
+	withNS.Namespace = ptrTo(gwv1.Namespace(ns))
+	if _, err := hr.Create(ctx, httpRoute(ns, "twice", []gwv1.ParentReference{svcParent("svc-01", 80), withNS}, backend("svc-01", 80)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// 16 rules of 16 missing backends with the longest names.
+	long := httpRoute(ns, "long", svcs[:1])
+	long.Spec.Rules = nil
+	for i := range 16 {
+		rule := gwv1.HTTPRouteRule{}
+		for j := range 16 {
+			name := fmt.Sprintf("b%02d%02d-", i, j) + strings.Repeat("x", 253-6)
+			rule.BackendRefs = append(rule.BackendRefs, gwv1.HTTPBackendRef{BackendRef: backend(name, 80)})
+		}
+		long.Spec.Rules = append(long.Spec.Rules, rule)
+	}
+	if _, err := hr.Create(ctx, long, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hr.Create(ctx, httpRoute(ns, "refused", svcs[:1], backend("svc-00", 80)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	took := testenv.Eventually(t, converge, "the bounded statuses written", func() error {
+		many := get("many")
+		if n := len(many.Status.Parents); n != routestatus.MaxParents {
+			return fmt.Errorf("HTTPRoute many: %d entries, want %d", n, routestatus.MaxParents)
+		}
+		for i := range svcs {
+			if _, err := checkParent("HTTPRoute many", many.Generation, many.Spec.ParentRefs, many.Status.Parents, i, acceptedTrue, resolvedTrue); err != nil {
+				return err
+			}
+		}
+		crowded := get("crowded")
+		if n := len(crowded.Status.Parents); n != routestatus.MaxParents || ours(crowded.Status.Parents) != 2 {
+			return fmt.Errorf("HTTPRoute crowded: %d entries, %d of aether's; want %d, 2", n, ours(crowded.Status.Parents), routestatus.MaxParents)
+		}
+		for i := 26; i < 28; i++ {
+			if _, err := checkParent("HTTPRoute crowded", crowded.Generation, crowded.Spec.ParentRefs, crowded.Status.Parents, i, acceptedTrue, resolvedTrue); err != nil {
+				return err
+			}
+		}
+		twice := get("twice")
+		for i := range 2 {
+			if _, err := checkParent("HTTPRoute twice", twice.Generation, twice.Spec.ParentRefs, twice.Status.Parents, i, acceptedTrue, resolvedTrue); err != nil {
+				return err
+			}
+		}
+		if n := len(twice.Status.Parents); n != 2 {
+			return fmt.Errorf("HTTPRoute twice: %d entries, want 2", n)
+		}
+		long := get("long")
+		p, err := checkParent("HTTPRoute long", long.Generation, long.Spec.ParentRefs, long.Status.Parents, 0,
+			acceptedTrue, wantCond{gwv1.RouteConditionResolvedRefs, metav1.ConditionFalse, string(gwv1.RouteReasonBackendNotFound)})
+		if err != nil {
+			return err
+		}
+		if msg := meta.FindStatusCondition(p.Conditions, string(gwv1.RouteConditionResolvedRefs)).Message; len(msg) > routestatus.MaxMessage || !strings.HasSuffix(msg, " bytes cut]") {
+			return fmt.Errorf("HTTPRoute long: ResolvedRefs message of %d bytes ending %q, want at most %d, cut", len(msg), msg[max(len(msg)-40, 0):], routestatus.MaxMessage)
+		}
+		if leader.counter(t, metricRefused) != 1 {
+			return fmt.Errorf("%v refused writes counted, want 1", leader.counter(t, metricRefused))
+		}
+		return nil
+	})
+	t.Logf("routes created -> bounded statuses: %s", took)
+
+	// The others' entries of "crowded" are as they wrote them, in place; aether's two follow.
+	crowded = get("crowded")
+	if !equality.Semantic.DeepEqual(crowded.Status.Parents[:30], theirs) {
+		t.Errorf("HTTPRoute crowded: the others' entries changed:\n%+v\nwere %+v", crowded.Status.Parents[:30], theirs)
+	}
+	if g := leader.gauge(t, metricTruncated); g != 1 {
+		t.Errorf("%s = %v, want 1", metricTruncated, g)
+	}
+	if r := get("refused"); ours(r.Status.Parents) != 0 {
+		t.Errorf("HTTPRoute refused: status.parents %+v", r.Status.Parents)
+	}
+	// Neither the truncated route nor the refused one is written again and again: no write
+	// counted, and no write denied by the policy (the API server's count of its denials).
+	writes := leader.settle(t)
+	denied := policyDenials(t, cl, "refuse-route-status")
+	if denied == 0 {
+		t.Error("the API server counted no denial of the policy")
+	}
+	rv := get("crowded").ResourceVersion
+	passes := leader.counter(t, metricPasses)
+	cl.createService(t, ns, "unrelated", port{name: "http", port: 80, tgt: 80, appProto: "http"})
+	testenv.Eventually(t, converge, "a pass after the unrelated change", func() error {
+		if p := leader.counter(t, metricPasses); p <= passes {
+			return fmt.Errorf("passes %v, was %v", p, passes)
+		}
+		return nil
+	})
+	if w := leader.settle(t); w != writes {
+		t.Errorf("%v route status writes after passes with nothing to change, were %v", w, writes)
+	}
+	if n := leader.counter(t, metricRefused); n != 1 {
+		t.Errorf("%v refused writes counted after passes that change nothing, want 1", n)
+	}
+	if got := get("crowded").ResourceVersion; got != rv {
+		t.Errorf("HTTPRoute crowded written again: resourceVersion %s, was %s", got, rv)
+	}
+	if d := policyDenials(t, cl, "refuse-route-status"); d != denied {
+		t.Errorf("the refused status was sent again: %v denials by the policy, were %v", d, denied)
+	}
+
+	// A new generation of the refused route: refused again, counted once more.
+	refused := get("refused")
+	refused.Spec.Rules[0].Matches = []gwv1.HTTPRouteMatch{{Path: &gwv1.HTTPPathMatch{Type: ptrTo(gwv1.PathMatchPathPrefix), Value: ptrTo("/v2")}}}
+	if _, err := hr.Update(ctx, refused, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, converge, "the new generation's refusal counted", func() error {
+		if n := leader.counter(t, metricRefused); n != 2 {
+			return fmt.Errorf("%v refused writes counted, want 2", n)
+		}
+		return nil
+	})
+
+	// The other mesh leaves: aether's four entries fit.
+	writeStatusAs(t, hr, "crowded", otherMesh, nil)
+	testenv.Eventually(t, converge, "all of aether's entries once they fit", func() error {
+		crowded := get("crowded")
+		for i := 26; i < 30; i++ {
+			if _, err := checkParent("HTTPRoute crowded", crowded.Generation, crowded.Spec.ParentRefs, crowded.Status.Parents, i, acceptedTrue, resolvedTrue); err != nil {
+				return err
+			}
+		}
+		if n := len(crowded.Status.Parents); n != 30 {
+			return fmt.Errorf("HTTPRoute crowded: %d entries, want 30", n)
+		}
+		if g := leader.gauge(t, metricTruncated); g != 0 {
+			return fmt.Errorf("%s = %v, want 0", metricTruncated, g)
+		}
+		return nil
+	})
+}
+
+// policyDenials reads the API server's count of the requests ValidatingAdmissionPolicy policy
+// denied (apiserver_validating_admission_policy_check_total, enforcement_action "deny").
+func policyDenials(t testing.TB, cl *cluster, policy string) float64 {
+	t.Helper()
+	hc, err := rest.HTTPClientFor(cl.api.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := hc.Get(cl.api.Config.Host + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("API server /metrics: %d, %v", resp.StatusCode, err)
+	}
+	var sum float64
+	for _, l := range strings.Split(string(b), "\n") {
+		if !strings.HasPrefix(l, "apiserver_validating_admission_policy_check_total{") ||
+			!strings.Contains(l, `enforcement_action="deny"`) || !strings.Contains(l, `policy="`+policy+`"`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+		if err != nil {
+			t.Fatalf("API server /metrics: %q: %v", l, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+// TestRouteStatusCRDRemoved runs a registrar against a real kube-apiserver with every CRD and
+// deletes the GRPCRoute CRD while it is watched: the kind stops being watched (gauge
+// aether_registrar_route_status_watched{kind="GRPCRoute"} 0) and its routes stop counting (an
+// HTTPRoute that a GRPCRoute Conflicted is Accepted again), HTTPRoutes are still followed, and
+// once the CRD is installed again GRPCRoutes are watched and written again (the HTTPRoute
+// Conflicted again).
+func TestRouteStatusCRDRemoved(t *testing.T) {
+	regSrv := startRegistryServer(t)
+	cl := newCluster(t, "east")
+	in := startRegistrar(t, cl, regSrv.Endpoints, "east", func(c *registrar.Config) { c.RouteCRDRecheck = 200 * time.Millisecond })
+	in.waitElected(t)
+	gw := gwclient.NewForConfigOrDie(cl.api.Config)
+	ctx := context.Background()
+
+	const ns = "gamma"
+	if err := cl.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}); err != nil {
+		t.Fatal(err)
+	}
+	cl.createService(t, ns, "cart", port{name: "grpc", port: 9090, tgt: 9090, appProto: "grpc"})
+	hr := gw.GatewayV1().HTTPRoutes(ns)
+	if _, err := hr.Create(ctx, httpRoute(ns, "web", []gwv1.ParentReference{svcParent("cart", 9090)}, backend("cart", 9090)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gw.GatewayV1().GRPCRoutes(ns).Create(ctx, grpcRoute(ns, "rpc", []gwv1.ParentReference{svcParent("cart", 9090)}, backend("cart", 9090)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	conflicted := wantCond{gwv1.RouteConditionAccepted, metav1.ConditionFalse, model.ReasonConflicted}
+	checkWeb := func(conds ...wantCond) error {
+		r, err := hr.Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_, err = checkParent("HTTPRoute web", r.Generation, r.Spec.ParentRefs, r.Status.Parents, 0, conds...)
+		return err
+	}
+	checkRPC := func(name string) error {
+		r, err := gw.GatewayV1().GRPCRoutes(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_, err = checkParent("GRPCRoute "+name, r.Generation, r.Spec.ParentRefs, r.Status.Parents, 0, acceptedTrue, resolvedTrue)
+		return err
+	}
+	watched := func(kind model.RouteKind, want float64) error {
+		if g := in.gaugeWith(t, metricWatched, "kind", string(kind)); g != want {
+			return fmt.Errorf("%s{kind=%q} = %v, want %v", metricWatched, kind, g, want)
+		}
+		return nil
+	}
+	testenv.Eventually(t, converge, "both kinds watched, the HTTPRoute Conflicted", func() error {
+		return errors.Join(watched(model.KindHTTPRoute, 1), watched(model.KindGRPCRoute, 1), checkRPC("rpc"), checkWeb(conflicted, resolvedTrue))
+	})
+
+	crds := apiextclient.NewForConfigOrDie(cl.api.Config).ApiextensionsV1().CustomResourceDefinitions()
+	const grpcCRD = "grpcroutes.gateway.networking.k8s.io"
+	if err := crds.Delete(ctx, grpcCRD, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took := testenv.Eventually(t, converge, "the GRPCRoute CRD gone: not watched, the HTTPRoute Accepted", func() error {
+		if _, err := crds.Get(ctx, grpcCRD, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("CRD %s: %v, want NotFound", grpcCRD, err)
+		}
+		return errors.Join(watched(model.KindGRPCRoute, 0), watched(model.KindHTTPRoute, 1), checkWeb(acceptedTrue, resolvedTrue))
+	})
+	t.Logf("GRPCRoute CRD deleted -> not watched: %s", took)
+	if _, err := hr.Create(ctx, httpRoute(ns, "web2", []gwv1.ParentReference{svcParent("cart", 9090)}, backend("cart", 9090)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, converge, "HTTPRoutes still followed", func() error {
+		r, err := hr.Get(ctx, "web2", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_, err = checkParent("HTTPRoute web2", r.Generation, r.Spec.ParentRefs, r.Status.Parents, 0, acceptedTrue, resolvedTrue)
+		return err
+	})
+
+	testenv.InstallCRDs(t, cl.api.Config, testenv.CRDSubset(t, "gateway.networking.k8s.io_grpcroutes.yaml"))
+	if _, err := gw.GatewayV1().GRPCRoutes(ns).Create(ctx, grpcRoute(ns, "rpc2", []gwv1.ParentReference{svcParent("cart", 9090)}, backend("cart", 9090)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	took = testenv.Eventually(t, converge, "the GRPCRoute CRD back: watched and written, the HTTPRoute Conflicted again", func() error {
+		return errors.Join(watched(model.KindGRPCRoute, 1), checkRPC("rpc2"), checkWeb(conflicted, resolvedTrue))
+	})
+	t.Logf("GRPCRoute CRD installed again -> status: %s", took)
 }

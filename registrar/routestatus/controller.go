@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -22,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
@@ -34,28 +36,51 @@ import (
 	"github.com/aethermesh/aether/model"
 )
 
-// DefaultCRDRecheck is how often a route CRD that is not installed is looked for again.
+// DefaultCRDRecheck is how often a route CRD that is not installed is looked for again, and how
+// often one that is watched is checked to be still installed.
 const DefaultCRDRecheck = 30 * time.Second
+
+// DefaultPassDelay is how long a pass waits after the change that asks for it.
+const DefaultPassDelay = 200 * time.Millisecond
 
 // syncAll is the one request of the controller's queue: every change asks for the same full
 // pass, so a burst of changes is coalesced into one (the queue holds a key once).
 var syncAll = reconcile.Request{}
+
+// Route resources as discovery names them.
+const (
+	resHTTPRoutes = "httproutes"
+	resGRPCRoutes = "grpcroutes"
+)
 
 // Controller writes aether's status.parents entries of every HTTPRoute and GRPCRoute
 // (gateway.networking.k8s.io/v1, every namespace), as model.Assemble resolves them from the
 // cluster's routes, Services, ServiceImports and mesh namespaces (labelled aether.io/mesh:
 // enabled); ParentStatuses says what an entry holds. A route is written (UpdateStatus) only when
 // its merged status differs from the stored one; a write refused for a stale resourceVersion is
-// retried on the route read again.
+// retried on the route read again. A write the API server refuses as invalid or too large is
+// not retried (the same pass would be refused again): it is logged and counted once per route
+// generation, and the route is written again when it or what it refers to changes.
 //
 // Each route kind is watched once its CRD is installed: at start the controller looks for it in
-// discovery, and, when it is missing, logs so once and looks again every CRDRecheck. It runs on
-// the elected leader only (a controller-runtime controller), the single writer of route status
-// in its cluster.
+// discovery, and, when it is missing, logs so once and looks again every CRDRecheck. A watched
+// kind whose CRD is deleted (its list answers 404, or discovery no longer lists it at a
+// CRDRecheck) is no longer watched nor listed, and is looked for again as at start. No pass
+// runs until each kind is either watched with its cache synced or known not to be installed: a
+// pass that saw HTTPRoutes without the GRPCRoutes that win over them would write a status it
+// would take back. It runs on the elected leader only (a controller-runtime controller), the
+// single writer of route status in its cluster.
+//
+// It does not pause while this cluster's registry partition is claimed by another cluster
+// (registrar.Config.KeepRunningOnClaimConflict), unlike the MCS controllers: it reads only this
+// cluster's Kubernetes objects (the ServiceImports it reads are whatever this cluster holds,
+// whether or not the import generator runs) and writes only their route status, never the
+// registry, so a claim conflict changes nothing it reads or writes, and the agents go on
+// serving the routes it reports on.
 type Controller struct {
 	// Client reads Services, ServiceImports and Namespaces (the manager's cache, whose informers
 	// registrar/mcs shares). Required.
-	Client client.Client
+	Client client.Reader
 	// Gateway watches the routes and writes their status. Required.
 	Gateway gwclient.Interface
 	// Discovery tells whether the route CRDs are installed. Required.
@@ -64,16 +89,30 @@ type Controller struct {
 	Log *slog.Logger
 	// Metrics counts passes and writes (nil: not counted).
 	Metrics *Metrics
-	// CRDRecheck is how often a missing route CRD is looked for again (default 30 s).
+	// CRDRecheck is how often a missing route CRD is looked for again, and a watched one checked
+	// (default DefaultCRDRecheck).
 	CRDRecheck time.Duration
+	// PassDelay is how long a pass waits after the first change that asks for it, so a burst of
+	// changes (a rollout touching many Services) is one pass, and a cluster whose Services never
+	// stop changing gets a pass at most every PassDelay plus the pass's own time (default
+	// DefaultPassDelay).
+	PassDelay time.Duration
 	// RateLimiter, when set, replaces the default back-off of a pass that failed.
 	RateLimiter workqueue.TypedRateLimiter[reconcile.Request]
 	// SkipNameValidation allows several controllers of this name in one process (tests).
 	SkipNameValidation bool
 
-	mu   sync.Mutex
-	http gwlisters.HTTPRouteLister
-	grpc gwlisters.GRPCRouteLister
+	mu sync.Mutex
+	// http and grpc list the watched routes of each kind (nil: not watched); pending holds the
+	// kinds whose state is not known yet (no discovery answer, or a cache not synced).
+	http    gwlisters.HTTPRouteLister
+	grpc    gwlisters.GRPCRouteLister
+	pending map[string]bool
+
+	// notes is what was last logged about each route whose status did not fit or was refused,
+	// refusals the last refused write of each route (Reconcile only, which runs one at a time).
+	notes    map[model.RouteRef]string
+	refusals map[model.RouteRef]*refusal
 }
 
 var _ reconcile.Reconciler = &Controller{}
@@ -85,13 +124,14 @@ var _ reconcile.Reconciler = &Controller{}
 
 // Reconcile makes one pass over every watched route (the request is ignored: there is one) and
 // writes the status of those whose status differs. It returns the errors of the routes it could
-// not write, joined (the pass is retried with back-off), or the cache's error.
+// not write and may write later, joined (the pass is retried with back-off), or the cache's
+// error.
 func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	c.mu.Lock()
-	hl, gl := c.http, c.grpc
+	hl, gl, pending := c.http, c.grpc, len(c.pending) > 0
 	c.mu.Unlock()
-	if hl == nil && gl == nil {
-		return reconcile.Result{}, nil // no route kind watched yet
+	if pending || (hl == nil && gl == nil) {
+		return reconcile.Result{}, nil // a kind's state is not known yet, or no kind is watched
 	}
 	src, err := c.sources(ctx, hl, gl)
 	if err != nil {
@@ -107,59 +147,168 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	}
 	now := metav1.Now()
 	var errs []error
+	truncated := 0
+	seen := map[model.RouteRef]bool{}
 	for _, st := range model.Assemble(0, src).RouteStatuses() {
+		var res outcome
+		prev := c.refusals[st.Route]
 		switch st.Route.Kind {
 		case model.KindHTTPRoute:
 			if r := httpRoutes[st.Route]; r != nil {
-				errs = append(errs, write(ctx, c.Log, c.Metrics, httpKind(c.Gateway), r, st, now))
+				res = write(ctx, c.Log, c.Metrics, httpKind(c.Gateway), r, st, now, prev)
 			}
 		case model.KindGRPCRoute:
 			if r := grpcRoutes[st.Route]; r != nil {
-				errs = append(errs, write(ctx, c.Log, c.Metrics, grpcKind(c.Gateway), r, st, now))
+				res = write(ctx, c.Log, c.Metrics, grpcKind(c.Gateway), r, st, now, prev)
 			}
 		}
+		seen[st.Route] = true
+		if res.refused != nil {
+			if c.refusals == nil {
+				c.refusals = map[model.RouteRef]*refusal{}
+			}
+			c.refusals[st.Route] = res.refused
+		} else {
+			delete(c.refusals, st.Route)
+		}
+		errs = append(errs, res.err)
+		if res.omitted > 0 {
+			truncated++
+		}
+		c.note(st, res)
 	}
-	c.Metrics.pass()
+	for ref := range c.notes {
+		if !seen[ref] {
+			delete(c.notes, ref)
+		}
+	}
+	for ref := range c.refusals {
+		if !seen[ref] {
+			delete(c.refusals, ref)
+		}
+	}
+	c.Metrics.pass(truncated)
 	return reconcile.Result{}, errors.Join(errs...)
 }
 
-// sources fills the model's Sources from the caches: the mesh namespaces, every Service and
-// ServiceImport (Assemble keeps those of mesh namespaces) and the watched routes, sorted.
+// note logs, once per route generation and change, that route st's entries did not all fit in
+// status.parents or that its write was refused, and counts a refusal.
+func (c *Controller) note(st model.RouteStatus, res outcome) {
+	var what string
+	switch {
+	case res.refused != nil:
+		what = fmt.Sprintf("refused at generation %d", st.Generation)
+	case res.omitted > 0:
+		what = fmt.Sprintf("%d omitted at generation %d", res.omitted, st.Generation)
+	}
+	if what == c.notes[st.Route] {
+		return
+	}
+	if what == "" {
+		delete(c.notes, st.Route)
+		return
+	}
+	if c.notes == nil {
+		c.notes = map[model.RouteRef]string{}
+	}
+	c.notes[st.Route] = what
+	if res.refused != nil {
+		c.Metrics.refusedWrite(st.Route.Kind)
+		c.Log.Warn("route status: the API server refused the status write; not retried until the route or what it refers to changes",
+			"route", st.Route.String(), "generation", st.Generation, "err", res.refused.err)
+		return
+	}
+	c.Log.Warn(fmt.Sprintf("route status: status.parents holds at most %d entries: other controllers' entries are kept, %d of aether's are left out (the last parentRefs)", MaxParents, res.omitted),
+		"route", st.Route.String(), "generation", st.Generation)
+}
+
+// sources fills the model's Sources from the caches: the mesh namespaces, the watched routes
+// (sorted), and the Services and ServiceImports the routes name (as parents, backends or mirror
+// backends; with aether's <svc>-clusterset Service of a named service). A route's status depends
+// on those only (model.ResolveRoutes looks services up by the keys its routes name), so leaving
+// the others out gives the same statuses for less work: a pass costs in proportion to the routes,
+// not to every Service of the cluster. Services and ServiceImports are read from the cache
+// without a copy (client.UnsafeDisableDeepCopy): model.Assemble only reads them.
 func (c *Controller) sources(ctx context.Context, hl gwlisters.HTTPRouteLister, gl gwlisters.GRPCRouteLister) (model.Sources, error) {
-	var nss corev1.NamespaceList
-	var svcs corev1.ServiceList
-	var imps mcsv1beta1.ServiceImportList
-	for _, l := range []client.ObjectList{&nss, &svcs, &imps} {
-		if err := c.Client.List(ctx, l); err != nil {
-			return model.Sources{}, fmt.Errorf("route status: list %T: %w", l, err)
-		}
-	}
 	src := model.Sources{MeshNamespaces: map[string]bool{}}
-	for _, ns := range nss.Items {
-		if model.NamespaceMeshed(ns.Labels) {
-			src.MeshNamespaces[ns.Name] = true
-		}
-	}
-	for i := range svcs.Items {
-		src.Services = append(src.Services, &svcs.Items[i])
-	}
-	for i := range imps.Items {
-		src.Imports = append(src.Imports, &imps.Items[i])
-	}
+	keys := map[model.ServiceKey]bool{}
 	var err error
 	if hl != nil {
 		if src.HTTPRoutes, err = hl.List(labels.Everything()); err != nil {
 			return model.Sources{}, fmt.Errorf("route status: list HTTPRoutes: %w", err)
 		}
 		slices.SortFunc(src.HTTPRoutes, func(a, b *gwv1.HTTPRoute) int { return byName(a, b) })
+		for _, r := range src.HTTPRoutes {
+			referenced(keys, model.HTTPRouteModel(r))
+		}
 	}
 	if gl != nil {
 		if src.GRPCRoutes, err = gl.List(labels.Everything()); err != nil {
 			return model.Sources{}, fmt.Errorf("route status: list GRPCRoutes: %w", err)
 		}
 		slices.SortFunc(src.GRPCRoutes, func(a, b *gwv1.GRPCRoute) int { return byName(a, b) })
+		for _, r := range src.GRPCRoutes {
+			referenced(keys, model.GRPCRouteModel(r))
+		}
+	}
+	var nss corev1.NamespaceList
+	var svcs corev1.ServiceList
+	var imps mcsv1beta1.ServiceImportList
+	for _, l := range []client.ObjectList{&nss, &svcs, &imps} {
+		if err := c.Client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
+			return model.Sources{}, fmt.Errorf("route status: list %T: %w", l, err)
+		}
+	}
+	for _, ns := range nss.Items {
+		if model.NamespaceMeshed(ns.Labels) {
+			src.MeshNamespaces[ns.Name] = true
+		}
+	}
+	for i := range svcs.Items {
+		if s := &svcs.Items[i]; keys[model.ServiceKey{Namespace: s.Namespace, Name: s.Name}] || keys[clustersetOf(s)] {
+			src.Services = append(src.Services, s)
+		}
+	}
+	for i := range imps.Items {
+		if imp := &imps.Items[i]; keys[model.ServiceKey{Namespace: imp.Namespace, Name: imp.Name}] {
+			src.Imports = append(src.Imports, imp)
+		}
 	}
 	return src, nil
+}
+
+// referenced adds to keys every service route rt names: its parents, its backends and the
+// backends of its mirror filters (a rule's or a backend's).
+func referenced(keys map[model.ServiceKey]bool, rt model.Route) {
+	mirrors := func(fs []model.RouteFilter) {
+		for _, f := range fs {
+			if f.Mirror != nil {
+				keys[f.Mirror.Backend.Service] = true
+			}
+		}
+	}
+	for _, p := range rt.Parents {
+		keys[p.Service] = true
+	}
+	for _, r := range rt.Rules {
+		mirrors(r.Filters)
+		for _, b := range r.Backends {
+			keys[b.Service] = true
+			mirrors(b.Filters)
+		}
+	}
+}
+
+// clustersetOf returns the service that Service s stands for when s is one of aether's
+// <svc>-clusterset Services (label aether.io/managed-by: aether, annotation aether.io/mesh-service
+// "<ns>/<svc>", as model.Assemble reads it), else the zero key.
+func clustersetOf(s *corev1.Service) model.ServiceKey {
+	v, ok := s.Annotations[model.AnnotationMeshService]
+	if !ok || s.Labels[model.LabelManagedBy] != model.ManagedByAether {
+		return model.ServiceKey{}
+	}
+	ns, name, _ := strings.Cut(v, "/")
+	return model.ServiceKey{Namespace: ns, Name: name}
 }
 
 func byName(a, b metav1.Object) int {
@@ -208,18 +357,45 @@ func grpcKind(gw gwclient.Interface) routeKind[*gwv1.GRPCRoute] {
 	}
 }
 
+// outcome is what write did with one route: err to retry with the pass (nil when written,
+// when nothing needed writing, or when the route is gone or moved on), refused when the API
+// server refused the status for good, omitted as ParentStatuses says.
+type outcome struct {
+	err     error
+	refused *refusal
+	omitted int
+}
+
+// refusal is a status write the API server refused for good: the route as it was
+// (resourceVersion), what aether had to say about it (the model's status) and the error.
+type refusal struct {
+	resourceVersion string
+	status          model.RouteStatus
+	err             error
+}
+
 // write merges st into route r's status.parents (ParentStatuses) and writes it when it differs.
 // On a resourceVersion conflict it reads the route again and retries (retry.DefaultBackoff); a
 // route whose generation moved past st's is left to the pass its change brings, and a route
-// deleted meanwhile is no error.
-func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics, k routeKind[T], r T, st model.RouteStatus, now metav1.Time) error {
+// deleted meanwhile is no error. A write refused as invalid (422), too large (413) or a bad
+// request (400) is outcome.refused, not an error: the same status would be refused again, so
+// while the route is as it was (its resourceVersion) and st is what was refused (prev), it is
+// not sent again.
+func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics, k routeKind[T], r T, st model.RouteStatus, now metav1.Time, prev *refusal) outcome {
+	var res outcome
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		res.omitted = 0
 		if r.GetGeneration() != st.Generation {
 			return nil
 		}
 		have := k.status(r).Parents
-		want := ParentStatuses(have, k.parentRefs(r), st, now)
-		if equality.Semantic.DeepEqual(have, want) {
+		want, omitted := ParentStatuses(have, k.parentRefs(r), st, now)
+		res.omitted = omitted
+		if equalParents(have, want) {
+			return nil
+		}
+		if prev != nil && prev.resourceVersion == r.GetResourceVersion() && reflect.DeepEqual(prev.status, st) {
+			res.refused = prev // refused as it is: not sent again
 			return nil
 		}
 		upd := k.deepCopy(r)
@@ -239,15 +415,19 @@ func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics,
 		}
 		return err
 	})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("write status of %s: %w", st.Route, err)
+	switch {
+	case err == nil || apierrors.IsNotFound(err):
+	case apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsBadRequest(err):
+		res.refused = &refusal{resourceVersion: r.GetResourceVersion(), status: st, err: fmt.Errorf("write status of %s: %w", st.Route, err)}
+	default:
+		res.err = fmt.Errorf("write status of %s: %w", st.Route, err)
 	}
-	return nil
+	return res
 }
 
 // SetupWithManager registers the controller (leader only): Services, ServiceImports and
-// Namespaces from the manager's cache, and the routes of each kind once its CRD is installed
-// (watchRoutes); every event asks for one pass.
+// Namespaces from the manager's cache, and the routes of each kind while its CRD is installed
+// (watchRoutes); every event asks for one pass, PassDelay later.
 func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	if c.Client == nil || c.Gateway == nil || c.Discovery == nil || c.Log == nil {
 		return errors.New("set up route status controller: Client, Gateway, Discovery and Log are required")
@@ -255,17 +435,28 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	if c.CRDRecheck <= 0 {
 		c.CRDRecheck = DefaultCRDRecheck
 	}
-	all := handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []reconcile.Request {
-		return []reconcile.Request{syncAll}
-	})
+	if c.PassDelay <= 0 {
+		c.PassDelay = DefaultPassDelay
+	}
+	c.mu.Lock()
+	c.pending = map[string]bool{resHTTPRoutes: true, resGRPCRoutes: true}
+	c.mu.Unlock()
+	type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
+	later := func(q queue) { q.AddAfter(syncAll, c.PassDelay) }
+	all := handler.Funcs{
+		CreateFunc:  func(_ context.Context, _ event.CreateEvent, q queue) { later(q) },
+		UpdateFunc:  func(_ context.Context, _ event.UpdateEvent, q queue) { later(q) },
+		DeleteFunc:  func(_ context.Context, _ event.DeleteEvent, q queue) { later(q) },
+		GenericFunc: func(_ context.Context, _ event.GenericEvent, q queue) { later(q) },
+	}
 	opts := controller.Options{MaxConcurrentReconciles: 1, RateLimiter: c.RateLimiter}
 	if c.SkipNameValidation {
 		opts.SkipNameValidation = &c.SkipNameValidation
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("routestatus").
-		WatchesRawSource(source.Func(func(ctx context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
-			go c.watchRoutes(ctx, func() { q.Add(syncAll) })
+		WatchesRawSource(source.Func(func(ctx context.Context, q queue) error {
+			go c.watchRoutes(ctx, func() { later(q) })
 			return nil
 		})).
 		Watches(&corev1.Service{}, all).
@@ -279,32 +470,51 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	return nil
 }
 
-// watchRoutes watches each route kind once discovery shows its CRD, looking again every
-// CRDRecheck for a missing one, until ctx ends. A kind is listed for passes only once its
-// informer has synced (a partial list would flip other routes' Conflicted). enqueue asks for a
-// pass; it is called on every route event and when a kind starts being watched.
+// watchRoutes follows each route kind's CRD until ctx ends (followKind). enqueue asks for a
+// pass; it is called on every route event and whenever a kind's state changes.
 func (c *Controller) watchRoutes(ctx context.Context, enqueue func()) {
 	var wg sync.WaitGroup
-	for _, res := range []string{"httproutes", "grpcroutes"} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if !c.waitInstalled(ctx, res) {
-				return
-			}
-			if c.startInformer(ctx, res, enqueue) {
-				c.Log.Info("route status: watching "+res, "group_version", gwv1.GroupVersion.String())
-				enqueue()
-			}
-		}()
+	for _, res := range []string{resHTTPRoutes, resGRPCRoutes} {
+		wg.Go(func() { c.followKind(ctx, res, enqueue) })
 	}
 	wg.Wait()
 }
 
+// followKind watches route resource res while its CRD is installed, until ctx ends: it waits
+// until discovery lists it (waitInstalled), watches it (watchKind) until the CRD is gone, and
+// starts over.
+func (c *Controller) followKind(ctx context.Context, res string, enqueue func()) {
+	for c.waitInstalled(ctx, res, enqueue) {
+		c.watchKind(ctx, res, enqueue)
+	}
+}
+
+// setKind records the state of route resource res: pending (not known yet) or not, with the
+// lister of its routes (nil: not listed). It asks for a pass.
+func (c *Controller) setKind(res string, pending bool, lister any, enqueue func()) {
+	c.mu.Lock()
+	if pending {
+		c.pending[res] = true
+	} else {
+		delete(c.pending, res)
+	}
+	switch res {
+	case resHTTPRoutes:
+		c.http, _ = lister.(gwlisters.HTTPRouteLister)
+		c.Metrics.watching(model.KindHTTPRoute, c.http != nil)
+	default:
+		c.grpc, _ = lister.(gwlisters.GRPCRouteLister)
+		c.Metrics.watching(model.KindGRPCRoute, c.grpc != nil)
+	}
+	c.mu.Unlock()
+	enqueue()
+}
+
 // waitInstalled returns true once discovery lists resource res in gateway.networking.k8s.io/v1,
-// false when ctx ends first. It logs once that the CRD is missing, and a discovery error when it
-// changes.
-func (c *Controller) waitInstalled(ctx context.Context, res string) bool {
+// false when ctx ends first. The first time discovery answers that res is not installed, the
+// kind stops being pending (passes run without it); it logs once that the CRD is missing, and
+// a discovery error when it changes.
+func (c *Controller) waitInstalled(ctx context.Context, res string, enqueue func()) bool {
 	t := time.NewTicker(c.CRDRecheck)
 	defer t.Stop()
 	logged, lastErr := false, ""
@@ -320,6 +530,7 @@ func (c *Controller) waitInstalled(ctx context.Context, res string) bool {
 			}
 		case !logged:
 			logged = true
+			c.setKind(res, false, nil, enqueue)
 			c.Log.Info("route status: the Gateway API CRD for "+res+" ("+gwv1.GroupVersion.String()+") is not installed; no status is written for those routes until it is",
 				"recheck", c.CRDRecheck)
 		}
@@ -331,36 +542,78 @@ func (c *Controller) waitInstalled(ctx context.Context, res string) bool {
 	}
 }
 
-// startInformer starts the informer of route resource res, waits until it has synced (or ctx
-// ends: false) and lists that kind in passes from then on.
-func (c *Controller) startInformer(ctx context.Context, res string, enqueue func()) bool {
+// watchKind watches route resource res with an informer of its own until ctx ends or the CRD is
+// gone: the kind is pending until the informer has synced, then listed in passes. The CRD is
+// looked up in discovery when the informer's list or watch answers 404 and every CRDRecheck; once
+// discovery no longer lists it, the informer is stopped and the kind is no longer listed.
+func (c *Controller) watchKind(ctx context.Context, res string, enqueue func()) {
+	c.setKind(res, true, nil, enqueue)
+	ictx, cancel := context.WithCancel(ctx)
 	f := gwinformers.NewSharedInformerFactory(c.Gateway, 0)
+	defer f.Shutdown()
+	defer cancel()
 	var inf cache.SharedIndexInformer
-	var set func()
+	var lister any
 	switch res {
-	case "httproutes":
+	case resHTTPRoutes:
 		i := f.Gateway().V1().HTTPRoutes()
-		inf, set = i.Informer(), func() { c.http = i.Lister() }
+		inf, lister = i.Informer(), i.Lister()
 	default:
 		i := f.Gateway().V1().GRPCRoutes()
-		inf, set = i.Informer(), func() { c.grpc = i.Lister() }
+		inf, lister = i.Informer(), i.Lister()
 	}
-	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { enqueue() },
-		UpdateFunc: func(any, any) { enqueue() },
-		DeleteFunc: func(any) { enqueue() },
-	}); err != nil {
+	lookup := make(chan struct{}, 1)
+	err := errors.Join(
+		inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+			if apierrors.IsNotFound(err) { // the CRD is gone, or going: look now
+				select {
+				case lookup <- struct{}{}:
+				default:
+				}
+				return
+			}
+			cache.DefaultWatchErrorHandler(ctx, r, err)
+		}),
+		func() error {
+			_, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+				AddFunc:    func(any) { enqueue() },
+				UpdateFunc: func(any, any) { enqueue() },
+				DeleteFunc: func(any) { enqueue() },
+			})
+			return err
+		}(),
+	)
+	if err != nil { // only when the informer has started, which it has not
 		c.Log.Error("route status: watch "+res, "err", err)
-		return false
+		<-ctx.Done()
+		return
 	}
-	f.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
-		return false
+	f.Start(ictx.Done())
+	synced := make(chan bool, 1)
+	go func() { synced <- cache.WaitForCacheSync(ictx.Done(), inf.HasSynced) }()
+	t := time.NewTicker(c.CRDRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ok := <-synced:
+			if ok {
+				c.setKind(res, false, lister, enqueue)
+				c.Log.Info("route status: watching "+res, "group_version", gwv1.GroupVersion.String())
+			}
+			continue
+		case <-lookup:
+		case <-t.C:
+		}
+		if installed, err := RouteCRDInstalled(c.Discovery, res); err == nil && !installed {
+			cancel()
+			c.setKind(res, false, nil, enqueue)
+			c.Log.Warn("route status: the Gateway API CRD for "+res+" ("+gwv1.GroupVersion.String()+") was removed; its routes are no longer watched until it is installed again",
+				"recheck", c.CRDRecheck)
+			return
+		}
 	}
-	c.mu.Lock()
-	set()
-	c.mu.Unlock()
-	return true
 }
 
 // RouteCRDInstalled reports whether discovery lists resource res (httproutes, grpcroutes) in
@@ -379,13 +632,21 @@ func RouteCRDInstalled(disc discovery.DiscoveryInterface, res string) (bool, err
 
 // Metrics are the route status controller's Prometheus collectors:
 //
-//	aether_registrar_route_status_passes_total   counter: passes over every route
-//	aether_registrar_route_status_writes_total   counter: status writes, by kind (HTTPRoute, GRPCRoute)
+//	aether_registrar_route_status_passes_total           counter: passes over every route
+//	aether_registrar_route_status_writes_total           counter: status writes, by kind (HTTPRoute, GRPCRoute)
+//	aether_registrar_route_status_refused_total          counter: status writes the API server refused as
+//	                                                     invalid or too large, by kind; once per route generation
+//	aether_registrar_route_status_truncated_routes       gauge: routes whose status.parents could not hold all
+//	                                                     of aether's entries (MaxParents) at the last pass
+//	aether_registrar_route_status_watched                gauge: 1 while the kind's CRD is installed and its
+//	                                                     routes are watched (cache synced), else 0; by kind
 //
 // A nil *Metrics records nothing.
 type Metrics struct {
-	passes prometheus.Counter
-	writes *prometheus.CounterVec
+	passes          prometheus.Counter
+	writes, refused *prometheus.CounterVec
+	truncated       prometheus.Gauge
+	watched         *prometheus.GaugeVec
 }
 
 // NewMetrics creates the collectors and registers them with reg (nil: not registered). It
@@ -396,18 +657,44 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help: "Passes of the route status controller over every HTTPRoute and GRPCRoute."}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_registrar_route_status_writes_total",
 			Help: "Route status writes (UpdateStatus) of the route status controller, by route kind."}, []string{"kind"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_registrar_route_status_refused_total",
+			Help: "Route status writes the API server refused as invalid or too large (not retried until the route or what it refers to changes), by route kind; counted once per route generation."}, []string{"kind"}),
+		truncated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_registrar_route_status_truncated_routes",
+			Help: "Routes whose status.parents (at most 32 entries) could not hold all of aether's entries beside other controllers' at the last pass."}),
+		watched: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "aether_registrar_route_status_watched",
+			Help: "1 while the route kind's CRD is installed and its routes are watched (cache synced), else 0."}, []string{"kind"}),
+	}
+	for _, k := range []model.RouteKind{model.KindHTTPRoute, model.KindGRPCRoute} {
+		m.watched.WithLabelValues(string(k)).Set(0)
 	}
 	if reg != nil {
-		if err := errors.Join(reg.Register(m.passes), reg.Register(m.writes)); err != nil {
+		if err := errors.Join(reg.Register(m.passes), reg.Register(m.writes), reg.Register(m.refused), reg.Register(m.truncated), reg.Register(m.watched)); err != nil {
 			return nil, fmt.Errorf("register route status metrics: %w", err)
 		}
 	}
 	return m, nil
 }
 
-func (m *Metrics) pass() {
+func (m *Metrics) pass(truncated int) {
 	if m != nil {
 		m.passes.Inc()
+		m.truncated.Set(float64(truncated))
+	}
+}
+
+func (m *Metrics) watching(k model.RouteKind, on bool) {
+	if m != nil {
+		v := 0.0
+		if on {
+			v = 1
+		}
+		m.watched.WithLabelValues(string(k)).Set(v)
+	}
+}
+
+func (m *Metrics) refusedWrite(k model.RouteKind) {
+	if m != nil {
+		m.refused.WithLabelValues(string(k)).Inc()
 	}
 }
 

@@ -2,9 +2,9 @@ package routestatus
 
 import (
 	"slices"
+	"strconv"
 	"unicode/utf8"
 
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -12,9 +12,15 @@ import (
 	"github.com/aethermesh/aether/model"
 )
 
-// maxMessage is the longest condition message the API accepts (metav1.Condition.Message,
-// maxLength 32768 bytes).
-const maxMessage = 32768
+// MaxParents is the most entries a route's status.parents holds (RouteStatus.Parents,
+// maxItems 32 in the v1.6.3 CRDs); the API server refuses a status with more.
+const MaxParents = 32
+
+// MaxMessage is the longest condition message aether writes, in bytes (the API allows 32768,
+// metav1.Condition.Message). It bounds what a route can make aether write: a route may name
+// up to 32 parents, each with up to three conditions, and the whole object must stay under
+// etcd's request limit (1.5 MiB by default) beside a spec that may be large itself.
+const MaxMessage = 2048
 
 // ownTypes are the condition types of aether's status.parents entries.
 var ownTypes = []string{
@@ -25,21 +31,28 @@ var ownTypes = []string{
 
 // ParentStatuses returns the status.parents a route should hold: have (its current
 // status.parents) with aether's entries (controllerName model.GatewayControllerName) replaced by
-// one entry per parent of st, whose parentRef is refs[Index] (the route's spec.parentRefs)
-// copied as it is.
+// one entry per parent of st whose parentRef, refs[Index] (the route's spec.parentRefs), is a
+// mesh parent (kind Service in the core group, or ServiceImport in multicluster.x-k8s.io, with
+// the API's defaults group gateway.networking.k8s.io and kind Gateway for unset fields), copied
+// as it is. A parent whose Index is outside refs or whose parentRef is not a mesh parent gets no
+// entry: a Gateway's entry is never aether's to write.
 //
 // Each entry has the Accepted and ResolvedRefs conditions, and PartiallyInvalid when st sets it,
 // with observedGeneration st.Generation; a condition whose status did not change keeps its
 // lastTransitionTime (meta.SetStatusCondition), one that is new or changed gets now. Entries of
 // other controllers stay as and where they are; aether's entry for a parentRef that is no longer
 // in st is removed; an entry for a parentRef aether had none for is appended. When nothing
-// changed, the result is equal (equality.Semantic) to have, so a caller writes only on a
-// difference. Messages over 32768 bytes are cut. ParentStatuses does not change its arguments.
-func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, st model.RouteStatus, now metav1.Time) []gwv1.RouteParentStatus {
+// changed, the result is equal to have (equalParents, equality.Semantic alike), so a caller
+// writes only on a difference. Messages over MaxMessage bytes are cut.
+//
+// status.parents holds at most MaxParents entries: when other controllers' entries and aether's
+// would exceed it, aether's are kept in the order of spec.parentRefs up to what fits and omitted
+// is how many were left out (0 when all fit). ParentStatuses does not change its arguments.
+func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, st model.RouteStatus, now metav1.Time) (out []gwv1.RouteParentStatus, omitted int) {
 	ours := func(p gwv1.RouteParentStatus) bool { return p.ControllerName == model.GatewayControllerName }
 	var want []gwv1.RouteParentStatus
 	for _, p := range st.Parents {
-		if p.Index < 0 || p.Index >= len(refs) {
+		if p.Index < 0 || p.Index >= len(refs) || !meshParent(refs[p.Index]) {
 			continue
 		}
 		ref := refs[p.Index]
@@ -65,8 +78,17 @@ func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, 
 			ParentRef: *ref.DeepCopy(), ControllerName: model.GatewayControllerName, Conditions: conds,
 		})
 	}
+	others := 0
+	for _, h := range have {
+		if !ours(h) {
+			others++
+		}
+	}
+	if room := max(MaxParents-others, 0); len(want) > room {
+		omitted, want = len(want)-room, want[:room]
+	}
 
-	out := make([]gwv1.RouteParentStatus, 0, len(have)+len(want))
+	out = make([]gwv1.RouteParentStatus, 0, len(have)+len(want))
 	placed := make([]bool, len(want))
 	for _, h := range have {
 		if !ours(h) {
@@ -85,12 +107,48 @@ func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, 
 			out = append(out, w)
 		}
 	}
-	return out
+	return out, omitted
+}
+
+// meshParent reports whether parentRef p names a Service (core group) or a ServiceImport
+// (multicluster.x-k8s.io), the parents of mesh routes (GEP-1294, GEP-1748); unset group and kind
+// are the API's defaults, gateway.networking.k8s.io and Gateway (model.HTTPRouteModel reads
+// them the same way).
+func meshParent(p gwv1.ParentReference) bool {
+	group, kind := gwv1.GroupName, "Gateway"
+	if p.Group != nil {
+		group = string(*p.Group)
+	}
+	if p.Kind != nil {
+		kind = string(*p.Kind)
+	}
+	return (group == "" && kind == "Service") || (group == "multicluster.x-k8s.io" && kind == "ServiceImport")
 }
 
 // sameRef reports whether two parentRefs are the same one (every field equal, as the status
-// entry echoes the spec's).
-func sameRef(a, b gwv1.ParentReference) bool { return equality.Semantic.DeepEqual(a, b) }
+// entry echoes the spec's). It compares the fields of gwv1.ParentReference one by one, without
+// reflection (a pass compares every route's entries); TestComparedFields fails when the type
+// gains a field.
+func sameRef(a, b gwv1.ParentReference) bool {
+	return a.Name == b.Name && same(a.Group, b.Group) && same(a.Kind, b.Kind) && same(a.Namespace, b.Namespace) &&
+		same(a.SectionName, b.SectionName) && same(a.Port, b.Port)
+}
+
+// same reports whether two optional values are both unset or both set and equal.
+func same[T comparable](a, b *T) bool { return a == b || (a != nil && b != nil && *a == *b) }
+
+// equalParents reports whether two status.parents are equal as equality.Semantic.DeepEqual says
+// (nil and empty lists are equal, times compare as instants), field by field without reflection.
+// TestComparedFields fails when gwv1.RouteParentStatus or metav1.Condition gains a field.
+func equalParents(a, b []gwv1.RouteParentStatus) bool {
+	return slices.EqualFunc(a, b, func(x, y gwv1.RouteParentStatus) bool {
+		return x.ControllerName == y.ControllerName && sameRef(x.ParentRef, y.ParentRef) &&
+			slices.EqualFunc(x.Conditions, y.Conditions, func(c, d metav1.Condition) bool {
+				return c.Type == d.Type && c.Status == d.Status && c.ObservedGeneration == d.ObservedGeneration &&
+					c.LastTransitionTime.Equal(&d.LastTransitionTime) && c.Reason == d.Reason && c.Message == d.Message
+			})
+	})
+}
 
 // condition is c as a route condition of type typ.
 func condition(typ gwv1.RouteConditionType, c model.Condition, generation int64, now metav1.Time) metav1.Condition {
@@ -103,18 +161,21 @@ func condition(typ gwv1.RouteConditionType, c model.Condition, generation int64,
 		reason = string(typ)
 	}
 	return metav1.Condition{
-		Type: string(typ), Status: status, Reason: reason, Message: cut(c.Message, maxMessage),
+		Type: string(typ), Status: status, Reason: reason, Message: cut(c.Message, MaxMessage),
 		ObservedGeneration: generation, LastTransitionTime: now,
 	}
 }
 
-// cut shortens s to at most n bytes, on a rune boundary.
+// cut shortens s to at most n bytes: a longer s is cut on a rune boundary and ends with
+// " [... N bytes cut]".
 func cut(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
+	// The note's length depends on the count it prints; the count's digits are at most len(s)'s.
+	keep := n - len(" [... ") - len(strconv.Itoa(len(s))) - len(" bytes cut]")
+	for keep > 0 && !utf8.RuneStart(s[keep]) {
+		keep--
 	}
-	return s[:n]
+	return s[:keep] + " [... " + strconv.Itoa(len(s)-keep) + " bytes cut]"
 }

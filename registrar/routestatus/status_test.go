@@ -3,10 +3,15 @@ package routestatus
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"reflect"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -15,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	fakediscovery "k8s.io/client-go/discovery/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/util/retry"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/aethermesh/aether/model"
@@ -172,6 +178,43 @@ func TestParentStatuses(t *testing.T) {
 			},
 		},
 		{
+			name: "a parent whose parentRef is a Gateway gets no entry, and aether's old entry for it is removed",
+			have: []gwv1.RouteParentStatus{
+				ours(gwRef, cond("Accepted", "True", "Accepted", "bound", 1, t0)),
+				foreign,
+			},
+			refs: refs,
+			st: model.RouteStatus{Generation: 2, Parents: []model.ParentStatus{
+				{Index: 0, Accepted: accepted("bound"), ResolvedRefs: resolved},
+				{Index: 1, Accepted: accepted("bound"), ResolvedRefs: resolved},
+			}},
+			want: []gwv1.RouteParentStatus{
+				foreign,
+				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 2, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t1)),
+			},
+		},
+		{
+			name: "unset group and kind are the API's defaults: a Gateway",
+			refs: []gwv1.ParentReference{{Name: "cart"}, {Kind: ptr(gwv1.Kind("Service")), Name: "cart"}, {Group: ptr(gwv1.Group("")), Name: "cart"}},
+			st: model.RouteStatus{Generation: 1, Parents: []model.ParentStatus{
+				{Index: 0, Accepted: accepted("bound"), ResolvedRefs: resolved},
+				{Index: 1, Accepted: accepted("bound"), ResolvedRefs: resolved},
+				{Index: 2, Accepted: accepted("bound"), ResolvedRefs: resolved},
+			}},
+			want: []gwv1.RouteParentStatus{},
+		},
+		{
+			name: "the same parentRef at two indexes: one entry",
+			refs: []gwv1.ParentReference{svcRef, svcRef},
+			st: model.RouteStatus{Generation: 1, Parents: []model.ParentStatus{
+				{Index: 0, Accepted: accepted("first"), ResolvedRefs: resolved},
+				{Index: 1, Accepted: accepted("second"), ResolvedRefs: resolved},
+			}},
+			want: []gwv1.RouteParentStatus{
+				ours(svcRef, cond("Accepted", "True", "Accepted", "first", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1)),
+			},
+		},
+		{
 			name: "an index outside spec.parentRefs is skipped",
 			refs: []gwv1.ParentReference{svcRef},
 			st: model.RouteStatus{Generation: 1, Parents: []model.ParentStatus{
@@ -185,7 +228,10 @@ func TestParentStatuses(t *testing.T) {
 			for i := range c.have {
 				c.have[i].DeepCopyInto(&before[i])
 			}
-			got := ParentStatuses(c.have, c.refs, c.st, t1)
+			got, omitted := ParentStatuses(c.have, c.refs, c.st, t1)
+			if omitted != 0 {
+				t.Errorf("%d entries omitted", omitted)
+			}
 			if !equality.Semantic.DeepEqual(got, c.want) {
 				t.Errorf("got  %+v\nwant %+v", got, c.want)
 			}
@@ -193,23 +239,113 @@ func TestParentStatuses(t *testing.T) {
 				t.Errorf("have changed: %+v", c.have)
 			}
 			later := metav1.NewTime(t1.Add(time.Hour))
-			if again := ParentStatuses(got, c.refs, c.st, later); !equality.Semantic.DeepEqual(again, got) {
+			if again, _ := ParentStatuses(got, c.refs, c.st, later); !equality.Semantic.DeepEqual(again, got) {
 				t.Errorf("second run changed it:\n%+v\nwas %+v", again, got)
 			}
 		})
 	}
 }
 
-// TestConditionMessageCut: a message over the API's 32768 bytes is cut on a rune boundary.
+// TestConditionMessageCut: a message over MaxMessage bytes is cut on a rune boundary, ends
+// with a note of how much was cut, and is at most MaxMessage bytes; a message that fits is kept.
 func TestConditionMessageCut(t *testing.T) {
-	msg := strings.Repeat("é", maxMessage) // 2 bytes each
-	c := condition(gwv1.RouteConditionResolvedRefs, model.Condition{Reason: "BackendNotFound", Message: msg}, 1, t0)
-	if len(c.Message) != maxMessage || !strings.HasPrefix(msg, c.Message) {
-		t.Errorf("message of %d bytes cut to %d, want %d", len(msg), len(c.Message), maxMessage)
+	for _, c := range []struct {
+		name, msg string
+	}{
+		{"ASCII", strings.Repeat("x", 5*MaxMessage)},
+		{"two-byte runes", strings.Repeat("é", MaxMessage)},
+		{"two-byte runes, odd start", "x" + strings.Repeat("é", MaxMessage)},
+		{"four-byte runes", strings.Repeat("𝄞", MaxMessage)},
+		{"one byte over", strings.Repeat("x", MaxMessage+1)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := condition(gwv1.RouteConditionResolvedRefs, model.Condition{Reason: "BackendNotFound", Message: c.msg}, 1, t0).Message
+			kept, note, ok := strings.Cut(got, " [... ")
+			switch {
+			case len(got) > MaxMessage || len(got) < MaxMessage-8:
+				t.Errorf("cut to %d bytes, want at most %d and no more than a rune and a digit short", len(got), MaxMessage)
+			case !ok || !strings.HasPrefix(c.msg, kept) || !utf8.ValidString(got):
+				t.Errorf("cut message %q... is not a valid prefix with a note", got[:40])
+			case note != strconv.Itoa(len(c.msg)-len(kept))+" bytes cut]":
+				t.Errorf("note %q, want %d bytes cut", note, len(c.msg)-len(kept))
+			}
+		})
 	}
-	odd := "x" + msg
-	if c := condition(gwv1.RouteConditionResolvedRefs, model.Condition{Reason: "BackendNotFound", Message: odd}, 1, t0); len(c.Message) != maxMessage-1 {
-		t.Errorf("message cut inside a rune: %d bytes", len(c.Message))
+	fits := strings.Repeat("é", MaxMessage/2)
+	if got := condition(gwv1.RouteConditionAccepted, model.Condition{Message: fits}, 1, t0).Message; got != fits {
+		t.Errorf("a message of %d bytes changed", len(fits))
+	}
+}
+
+// TestParentStatusesMaxParents: status.parents holds at most MaxParents entries. Other
+// controllers' entries are kept, aether's fill the room left in the order of spec.parentRefs
+// (an entry of aether's beyond it is removed), and omitted says how many were left out. Each
+// case is run twice, the second time on its own output, which must change nothing.
+func TestParentStatusesMaxParents(t *testing.T) {
+	svc := func(i int) gwv1.ParentReference {
+		r := *svcRef.DeepCopy()
+		r.Name = gwv1.ObjectName(fmt.Sprintf("svc-%02d", i))
+		return r
+	}
+	theirs := func(n int) []gwv1.RouteParentStatus {
+		var out []gwv1.RouteParentStatus
+		for i := range n {
+			f := *foreign.DeepCopy()
+			f.ParentRef.Name = gwv1.ObjectName(fmt.Sprintf("edge-%02d", i))
+			out = append(out, f)
+		}
+		return out
+	}
+	entry := func(i int, at metav1.Time) gwv1.RouteParentStatus {
+		return ours(svc(i), cond("Accepted", "True", "Accepted", "bound", 1, at), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, at))
+	}
+	status := func(n int) model.RouteStatus {
+		st := model.RouteStatus{Generation: 1}
+		for i := range n {
+			st.Parents = append(st.Parents, model.ParentStatus{Index: i, Accepted: accepted("bound"), ResolvedRefs: resolved})
+		}
+		return st
+	}
+	refs := func(n int) []gwv1.ParentReference {
+		var out []gwv1.ParentReference
+		for i := range n {
+			out = append(out, svc(i))
+		}
+		return out
+	}
+	for _, c := range []struct {
+		name    string
+		have    []gwv1.RouteParentStatus
+		n       int // mesh parentRefs (and parents resolved)
+		want    []gwv1.RouteParentStatus
+		omitted int
+	}{
+		{name: "32 of ours fit", n: 32, want: func() []gwv1.RouteParentStatus {
+			var w []gwv1.RouteParentStatus
+			for i := range 32 {
+				w = append(w, entry(i, t1))
+			}
+			return w
+		}()},
+		{name: "30 of theirs and 4 of ours: the first 2 of ours", have: theirs(30), n: 4, omitted: 2,
+			want: append(theirs(30), entry(0, t1), entry(1, t1))},
+		{name: "one of ours beyond the room is removed, one kept in place", have: append([]gwv1.RouteParentStatus{entry(3, t0), entry(1, t0)}, theirs(30)...), n: 4, omitted: 2,
+			want: append([]gwv1.RouteParentStatus{entry(1, t0)}, append(theirs(30), entry(0, t1))...)},
+		{name: "32 of theirs: none of ours", have: append(theirs(31), entry(0, t0), theirs(32)[31]), n: 2, omitted: 2, want: theirs(32)},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, omitted := ParentStatuses(c.have, refs(c.n), status(c.n), t1)
+			if omitted != c.omitted || !equality.Semantic.DeepEqual(got, c.want) {
+				t.Errorf("omitted %d, got %d entries %+v\nwant omitted %d, %d entries %+v", omitted, len(got), got, c.omitted, len(c.want), c.want)
+			}
+			if len(got) > MaxParents {
+				t.Errorf("%d entries", len(got))
+			}
+			again, omitted2 := ParentStatuses(got, refs(c.n), status(c.n), metav1.NewTime(t1.Add(time.Hour)))
+			if omitted2 != c.omitted || !equality.Semantic.DeepEqual(again, got) {
+				t.Errorf("second run changed it (omitted %d):\n%+v", omitted2, again)
+			}
+		})
 	}
 }
 
@@ -255,8 +391,12 @@ func TestRouteCRDInstalled(t *testing.T) {
 
 // TestWrite checks write's effects at the client boundary (get and update recorded): nothing
 // written when the status is already right, a conflict answered by reading the route again and
-// merging into its fresh status, and a route whose generation moved on left to the next pass.
+// merging into its fresh status, a route whose generation moved on left to the next pass, a
+// route deleted meanwhile no error, a write refused as invalid or too large reported as refused
+// (not retried, and not sent again while the route and its status are those refused), and
+// another failure returned for the pass to retry.
 func TestWrite(t *testing.T) {
+	gr := schema.GroupResource{Group: gwv1.GroupName, Resource: "httproutes"}
 	st := model.RouteStatus{Route: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "web"}, Generation: 1,
 		Parents: []model.ParentStatus{{Index: 0, Accepted: accepted("bound"), ResolvedRefs: resolved}}}
 	route := func(gen int64, parents ...gwv1.RouteParentStatus) *gwv1.HTTPRoute {
@@ -266,14 +406,22 @@ func TestWrite(t *testing.T) {
 		return r
 	}
 	done := ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0))
+	other := model.RouteStatus{Route: st.Route, Generation: 1,
+		Parents: []model.ParentStatus{{Index: 0, Accepted: accepted("bound to something else"), ResolvedRefs: resolved}}}
 	for _, c := range []struct {
 		name      string
 		cached    *gwv1.HTTPRoute
 		conflicts int
 		fresh     *gwv1.HTTPRoute
+		// fail is the error of every update after the conflicts.
+		fail error
 		// want is the last status written, nil for no write.
 		want    []gwv1.RouteParentStatus
 		updates int
+		// prev is the route's last refused write.
+		prev *refusal
+		// refused and retry: the outcome's refused and err are set.
+		refused, retry bool
 	}{
 		{name: "already right", cached: route(1, done)},
 		{name: "written", cached: route(1), updates: 1, want: []gwv1.RouteParentStatus{
@@ -283,29 +431,130 @@ func TestWrite(t *testing.T) {
 				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
 		{name: "conflict: the fresh status is right", cached: route(1), conflicts: 1, fresh: route(1, done), updates: 1},
 		{name: "conflict: the spec moved on", cached: route(1), conflicts: 1, fresh: route(2), updates: 1},
+		{name: "conflict: the route is gone", cached: route(1), conflicts: 1, updates: 1},
+		{name: "gone", cached: route(1), fail: apierrors.NewNotFound(gr, "web"), updates: 1},
+		{name: "invalid: refused", cached: route(1), fail: apierrors.NewInvalid(schema.GroupKind{Group: gwv1.GroupName, Kind: "HTTPRoute"}, "web", nil), updates: 1, refused: true},
+		{name: "too large: refused", cached: route(1), fail: apierrors.NewRequestEntityTooLargeError("limit is 3145728"), updates: 1, refused: true},
+		{name: "other failure: retried with the pass", cached: route(1), fail: apierrors.NewInternalError(errors.New("etcd is away")), updates: 1, retry: true},
+		{name: "conflicts only: retried with the pass", cached: route(1), conflicts: 10, fresh: route(1), updates: retry.DefaultBackoff.Steps, retry: true},
+		{name: "refused before, the same route and status: not sent again", cached: route(1), prev: &refusal{resourceVersion: "1", status: st, err: errors.New("refused")}, refused: true},
+		{name: "refused before, the route changed since: sent", cached: route(1), prev: &refusal{resourceVersion: "0", status: st, err: errors.New("refused")}, updates: 1, want: []gwv1.RouteParentStatus{
+			ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
+		{name: "refused before, another status to write: sent", cached: route(1), prev: &refusal{resourceVersion: "1", status: other, err: errors.New("refused")}, updates: 1, want: []gwv1.RouteParentStatus{
+			ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
+		{name: "refused before, now right: nothing sent, not refused", cached: route(1, done), prev: &refusal{resourceVersion: "1", status: st, err: errors.New("refused")}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var updates int
 			var last []gwv1.RouteParentStatus
 			k := httpKind(nil)
-			k.get = func(context.Context, string, string) (*gwv1.HTTPRoute, error) { return c.fresh.DeepCopy(), nil }
+			k.get = func(context.Context, string, string) (*gwv1.HTTPRoute, error) {
+				if c.fresh == nil {
+					return nil, apierrors.NewNotFound(gr, "web")
+				}
+				return c.fresh.DeepCopy(), nil
+			}
 			k.update = func(_ context.Context, r *gwv1.HTTPRoute) error {
 				updates++
 				if updates <= c.conflicts {
-					return apierrors.NewConflict(schema.GroupResource{Group: gwv1.GroupName, Resource: "httproutes"}, r.Name, errors.New("stale"))
+					return apierrors.NewConflict(gr, r.Name, errors.New("stale"))
+				}
+				if c.fail != nil {
+					return c.fail
 				}
 				last = r.Status.Parents
 				return nil
 			}
 			cached := c.cached.DeepCopy()
-			if err := write(context.Background(), slog.New(slog.DiscardHandler), nil, k, cached, st, t1); err != nil {
-				t.Fatal(err)
+			res := write(context.Background(), slog.New(slog.DiscardHandler), nil, k, cached, st, t1, c.prev)
+			if (res.refused != nil) != c.refused || (res.err != nil) != c.retry || res.omitted != 0 {
+				t.Errorf("outcome %+v; want refused %v, retried %v", res, c.refused, c.retry)
 			}
 			if updates != c.updates || !equality.Semantic.DeepEqual(last, c.want) {
 				t.Errorf("%d updates, last %+v; want %d, %+v", updates, last, c.updates, c.want)
 			}
 			if !equality.Semantic.DeepEqual(cached, c.cached) {
 				t.Error("the cached route was changed")
+			}
+		})
+	}
+}
+
+// TestComparedFields fails when a type that sameRef or equalParents compares field by field
+// gains or loses a field (a Gateway API or apimachinery upgrade): they must compare it too.
+func TestComparedFields(t *testing.T) {
+	for _, c := range []struct {
+		v    any
+		want []string
+	}{
+		{gwv1.ParentReference{}, []string{"Group", "Kind", "Namespace", "Name", "SectionName", "Port"}},
+		{gwv1.RouteParentStatus{}, []string{"ParentRef", "ControllerName", "Conditions"}},
+		{metav1.Condition{}, []string{"Type", "Status", "ObservedGeneration", "LastTransitionTime", "Reason", "Message"}},
+	} {
+		typ := reflect.TypeOf(c.v)
+		var got []string
+		for i := range typ.NumField() {
+			got = append(got, typ.Field(i).Name)
+		}
+		if !slices.Equal(got, c.want) {
+			t.Errorf("%s has fields %v; sameRef and equalParents compare %v", typ, got, c.want)
+		}
+	}
+}
+
+// TestEqualParents checks equalParents against equality.Semantic.DeepEqual on the cases of a
+// changed field, nil and empty lists, and a time parsed back from the API's RFC 3339 form.
+func TestEqualParents(t *testing.T) {
+	base := []gwv1.RouteParentStatus{foreign,
+		ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0))}
+	change := func(f func(p []gwv1.RouteParentStatus)) []gwv1.RouteParentStatus {
+		c := make([]gwv1.RouteParentStatus, len(base))
+		for i := range base {
+			base[i].DeepCopyInto(&c[i])
+		}
+		f(c)
+		return c
+	}
+	roundTrip := metav1.NewTime(t0.Add(500 * time.Millisecond))
+	b, err := roundTrip.MarshalJSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var parsed metav1.Time
+	if err := parsed.UnmarshalJSON(b); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		a, b []gwv1.RouteParentStatus
+	}{
+		{"same", base, change(func([]gwv1.RouteParentStatus) {})},
+		{"nil and empty", nil, []gwv1.RouteParentStatus{}},
+		{"controller", base, change(func(p []gwv1.RouteParentStatus) { p[0].ControllerName = "x/y" })},
+		{"port unset", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Port = nil })},
+		{"port", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Port = ptr(gwv1.PortNumber(81)) })},
+		{"namespace set", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Namespace = ptr(gwv1.Namespace("shop")) })},
+		{"section", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.SectionName = ptr(gwv1.SectionName("http")) })},
+		{"group", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Group = ptr(gwv1.Group("x")) })},
+		{"kind", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Kind = ptr(gwv1.Kind("X")) })},
+		{"name", base, change(func(p []gwv1.RouteParentStatus) { p[1].ParentRef.Name = "x" })},
+		{"a condition less", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions = p[1].Conditions[:1] })},
+		{"status", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].Status = "False" })},
+		{"reason", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].Reason = "X" })},
+		{"message", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].Message = "x" })},
+		{"generation", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].ObservedGeneration = 2 })},
+		{"type", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].Type = "X" })},
+		{"time", base, change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].LastTransitionTime = t1 })},
+		{"time in another zone", base, change(func(p []gwv1.RouteParentStatus) {
+			p[1].Conditions[0].LastTransitionTime = metav1.NewTime(t0.In(time.FixedZone("x", 3600)))
+		})},
+		{"time stored to the second", change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].LastTransitionTime = roundTrip }),
+			change(func(p []gwv1.RouteParentStatus) { p[1].Conditions[0].LastTransitionTime = parsed })},
+		{"order", base, []gwv1.RouteParentStatus{base[1], base[0]}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if got, want := equalParents(c.a, c.b), equality.Semantic.DeepEqual(c.a, c.b); got != want {
+				t.Errorf("equalParents %v, equality.Semantic %v", got, want)
 			}
 		})
 	}
