@@ -48,6 +48,8 @@ type Builder struct {
 	svcs    map[model.ServiceKey]*svcEntry
 	pods    map[string]*podEntry
 	routing *routing
+	// mirrors are the mirror clusters of the last build, by name (mirrorResources).
+	mirrors map[string]*mirrorEntry
 	// localUIDs are the local pods' UIDs of the last build (svcEntry.locals depends on them).
 	localUIDs map[string]bool
 }
@@ -228,6 +230,12 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		return nil, err
 	}
 	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
+	var mirrors map[string]*mirrorEntry
+	if len(rt.mirrors) > 0 && len(m.Pods) > 0 {
+		if mirrors, err = mirrorResources(localIDs(m), rt.mirrors, entries, bl.mirrors); err != nil {
+			return nil, err
+		}
+	}
 
 	r := &Resources{}
 	known := func(valid bool, xs ...any) {
@@ -258,6 +266,11 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 				r.known[c] = struct{}{}
 			}
 		}
+	}
+	for _, me := range mirrors {
+		r.Clusters, r.Endpoints = append(r.Clusters, me.c), append(r.Endpoints, me.cla)
+		known(me.valid, me.c)
+		known(me.claValid, me.cla)
 	}
 	if bl.opts.passthroughFromNode {
 		r.Clusters = append(r.Clusters, sharedPassthroughCluster(bl.opts))
@@ -376,13 +389,16 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			svcs[entries[i].svc.Key] = entries[i]
 		}
 	}
-	bl.globals, bl.svcs, bl.pods, bl.routing = g, svcs, pods, rt
+	bl.globals, bl.svcs, bl.pods, bl.routing, bl.mirrors = g, svcs, pods, rt, mirrors
 	r.validated = func() {
 		for _, e := range entries {
 			e.valid = true
 		}
 		for _, pe := range pods {
 			pe.valid = true
+		}
+		for _, me := range mirrors {
+			me.valid, me.claValid = true, true
 		}
 		// Only when every shared part was served (and so validated): the route tables, the
 		// matcher and the chains are left out without pods or without a capture matcher, and a

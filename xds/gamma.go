@@ -105,8 +105,15 @@ func gammaRoute(m *model.Mesh, port uint32, e model.RouteEntry) *routev3.Route {
 		if mi.Backend.Invalid != nil {
 			continue // reported in ResolvedRefs; nothing to mirror to
 		}
+		// The mirrored copy goes to the caller's own mirror cluster (mirrorClusterName), named
+		// by a header the route sets from the caller's identity, overwriting any the client sent.
+		header := MirrorHeader(len(ra.RequestMirrorPolicies))
+		r.RequestHeadersToAdd = append(r.RequestHeadersToAdd, &core.HeaderValueOption{
+			Header:       &core.HeaderValue{Key: header, Value: mirrorClusterPrefix + "%FILTER_STATE(" + CertMapperFilterStateKey + ":PLAIN)%|" + backendCluster(m, mi.Backend)},
+			AppendAction: core.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD,
+		})
 		ra.RequestMirrorPolicies = append(ra.RequestMirrorPolicies, &routev3.RouteAction_RequestMirrorPolicy{
-			Cluster: backendCluster(m, mi.Backend),
+			ClusterHeader: header,
 			RuntimeFraction: &core.RuntimeFractionalPercent{DefaultValue: &typev3.FractionalPercent{
 				Numerator:   uint32(int64(mi.Numerator) * 1_000_000 / int64(mi.Denominator)),
 				Denominator: typev3.FractionalPercent_MILLION,
@@ -242,19 +249,25 @@ func (h headerMods) apply(f model.RouteFilter) {
 	}
 }
 
-// headerOptions are a header modifier's set (overwrite) and add (append) entries.
+// headerOptions are a header modifier's set (overwrite) and add (append) entries. Envoy reads a
+// header value to add as a format string (%COMMAND% operators), so each "%" of the route's
+// value is doubled: the header carries the value as written, and a "%" never makes Envoy refuse
+// the route table (a NACK of every route of the node) nor reads the proxy's state into a header.
 func headerOptions(h *model.HeaderModifier) []*core.HeaderValueOption {
 	var out []*core.HeaderValueOption
 	for _, s := range h.Set {
-		out = append(out, &core.HeaderValueOption{Header: &core.HeaderValue{Key: s.Name, Value: s.Value},
+		out = append(out, &core.HeaderValueOption{Header: &core.HeaderValue{Key: s.Name, Value: literalHeaderValue(s.Value)},
 			AppendAction: core.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD})
 	}
 	for _, a := range h.Add {
-		out = append(out, &core.HeaderValueOption{Header: &core.HeaderValue{Key: a.Name, Value: a.Value},
+		out = append(out, &core.HeaderValueOption{Header: &core.HeaderValue{Key: a.Name, Value: literalHeaderValue(a.Value)},
 			AppendAction: core.HeaderValueOption_APPEND_IF_EXISTS_OR_ADD})
 	}
 	return out
 }
+
+// literalHeaderValue escapes v for a HeaderValue that Envoy formats: "%" becomes "%%".
+func literalHeaderValue(v string) string { return strings.ReplaceAll(v, "%", "%%") }
 
 // pathRewrite is the regex rewrite of an HTTPPathModifier under path match p: ReplaceFullPath
 // replaces the whole path; ReplacePrefixMatch replaces the matched prefix, element-wise as the

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
@@ -206,7 +208,7 @@ func TestBuilderGAMMAChanges(t *testing.T) {
 		}
 		kept = len(a.Listeners) == len(b.Listeners)
 		for _, c := range b.Clusters {
-			if strings.Contains(c.Name, ".mesh:") {
+			if strings.Contains(c.Name, ".mesh:") && !strings.HasPrefix(c.Name, mirrorClusterPrefix) {
 				kept = kept && old[c.Name] == any(c)
 			}
 		}
@@ -390,8 +392,24 @@ func TestBuildGAMMALocalBackend(t *testing.T) {
 	for _, w := range ra.GetWeightedClusters().GetClusters() {
 		got = append(got, w.Name)
 	}
-	if strings.Join(got, " ") != local+" "+all || ra.RequestMirrorPolicies[0].Cluster != local {
-		t.Errorf("backends %v, mirror %s; want the Service backend and mirror on %s, the ServiceImport on %s", got, ra.RequestMirrorPolicies[0].Cluster, local, all)
+	if strings.Join(got, " ") != local+" "+all {
+		t.Errorf("backends %v; want the Service backend on %s, the ServiceImport on %s", got, local, all)
+	}
+	// The mirror: the route names the caller's mirror cluster of the local cluster in a header
+	// the mirror policy reads; each local identity has one, over local's endpoints.
+	h := rl.Routes[0].RequestHeadersToAdd[0]
+	if ra.RequestMirrorPolicies[0].ClusterHeader != MirrorHeader(0) || h.Header.Key != MirrorHeader(0) ||
+		h.Header.Value != "mirror|%FILTER_STATE("+CertMapperFilterStateKey+":PLAIN)%|"+local || h.AppendAction != core.HeaderValueOption_OVERWRITE_IF_EXISTS_OR_ADD {
+		t.Errorf("mirror policy %v, header %v", ra.RequestMirrorPolicies[0], h)
+	}
+	for _, p := range m.Pods {
+		name := mirrorClusterName(p.SPIFFEID(m.TrustDomain), local)
+		if !slices.ContainsFunc(r.Clusters, func(c *clusterv3.Cluster) bool { return c.Name == name }) {
+			t.Errorf("no mirror cluster %s", name)
+		}
+		if got := strings.Join(pods(name), " "); got != "10.244.1.7 10.244.2.7" {
+			t.Errorf("%s endpoints = %s, want those of %s", name, got, local)
+		}
 	}
 }
 

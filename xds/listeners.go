@@ -165,6 +165,9 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 				RouteSpecifier: &hcmv3.HttpConnectionManager_RouteConfig{RouteConfig: &routev3.RouteConfiguration{
 					Name:         cn,
 					VirtualHosts: []*routev3.VirtualHost{{Name: cn, Domains: []string{"*"}, Routes: []*routev3.Route{routeTo(cn)}}},
+					// The caller's Envoy names its mirror cluster in these (MirrorHeader): the
+					// application never sees them.
+					RequestHeadersToRemove: mirrorHeaders,
 					// An inline route table is checked against the known clusters by default
 					// (RouteConfiguration.validate_clusters). The inbound cluster arrives in the same
 					// snapshot but over CDS, which the non-ADS-ordered cache may deliver after LDS:

@@ -75,6 +75,36 @@ func LocalClusterName(m *model.Mesh, k model.ServiceKey, port uint32) string {
 	return "local|" + ClusterName(m, k, port)
 }
 
+// mirrorClusterPrefix starts the names of mirror clusters (mirrorClusterName).
+const mirrorClusterPrefix = "mirror|"
+
+// mirrorClusterName is the cluster that carries GAMMA RequestMirror copies from the local pods
+// of identity id (a SPIFFE ID) to the backend cluster target: "mirror|<id>|<target>", target's
+// cluster with that identity's certificate fixed. Envoy gives a mirrored copy none of the
+// caller's filter state, so the on-demand certificate selector of target itself cannot know whose
+// certificate to present (envoyproxy/envoy#38894); the route names this cluster in a header
+// instead (MirrorHeader).
+func mirrorClusterName(id, target string) string { return mirrorClusterPrefix + id + "|" + target }
+
+// MaxMirrors is the most RequestMirror filters one rule can have (HTTPRouteRule.filters, at most
+// 16), and so the number of MirrorHeader names.
+const MaxMirrors = 16
+
+// MirrorHeader is the request header the i-th mirror of a GAMMA route reads its cluster from
+// (RequestMirrorPolicy.cluster_header): "x-aether-mirror-<i>", set by the route from the caller's
+// identity (mirrorClusterName) over any value the client sent, and removed by the destination's
+// inbound listener.
+func MirrorHeader(i int) string { return "x-aether-mirror-" + strconv.Itoa(i) }
+
+// mirrorHeaders are MirrorHeader(0) to MirrorHeader(MaxMirrors-1).
+var mirrorHeaders = func() []string {
+	out := make([]string, MaxMirrors)
+	for i := range out {
+		out[i] = MirrorHeader(i)
+	}
+	return out
+}()
+
 // DirectClusterName returns the ORIGINAL_DST cluster that carries connections made straight to
 // the pods of a headless service's port (model.Service.Headless) on target port target:
 // "direct|<svc>.<ns>.<meshDomain>:<port>|<target>".

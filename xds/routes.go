@@ -1,6 +1,7 @@
 package xds
 
 import (
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -43,6 +44,9 @@ type routing struct {
 	// consumerNS are the namespaces whose GAMMA consumer routes captureRoute holds: those with
 	// pods on this node (consumerNamespaces), sorted.
 	consumerNS []string
+	// mirrors are the clusters captureRoute's GAMMA routes mirror to, sorted: each gets a
+	// mirror cluster per local identity (mirrorClusterName).
+	mirrors []string
 	// valid is set once a build that used this routing passed ValidateAll. The other flags say
 	// that a part is the value of an earlier routing that had: sharedValid the matcher, chains
 	// and lane route (withDirect), vipRouteValid captureRoute, directValid headlessRoute and
@@ -97,7 +101,7 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 	rt.laneRoute = lane
 	if o := keep.old; o != nil && keep.sameVIPRoutes {
 		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
-		rt.consumerNS = o.consumerNS
+		rt.consumerNS, rt.mirrors = o.consumerNS, o.mirrors
 	} else {
 		rt.gammaRoutes(b.m, entries)
 	}
@@ -172,12 +176,17 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 // Envoy would drain, closing every captured connection of the namespace's pods).
 func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry) {
 	table := routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes })
-	rt.consumerNS = consumerNamespaces(m)
+	rt.consumerNS, rt.mirrors = consumerNamespaces(m), nil
 	if gm := m.Routing; gm != nil {
+		mirrors := map[string]bool{}
 		for fe, pr := range gm.Ports {
 			s := m.Service(fe.Service)
 			if s == nil {
 				continue
+			}
+			addMirrors(m, mirrors, pr.Producer)
+			for _, ns := range rt.consumerNS {
+				addMirrors(m, mirrors, pr.Consumers[ns])
 			}
 			rl := frontendRouteList(m, fe, pr, rt.consumerNS)
 			if rl == nil {
@@ -193,8 +202,20 @@ func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry) {
 				table[netip.AddrPortFrom(vip, uint16(fe.Port)).String()] = act
 			}
 		}
+		rt.mirrors = slices.Sorted(maps.Keys(mirrors))
 	}
 	rt.captureRoute = captureRoute(CaptureRouteName, table)
+}
+
+// addMirrors adds to set the backend clusters the RequestMirror filters of entries send to.
+func addMirrors(m *model.Mesh, set map[string]bool, entries []model.RouteEntry) {
+	for _, e := range entries {
+		for _, f := range e.Rule.Filters {
+			if f.Mirror != nil && f.Mirror.Backend.Invalid == nil {
+				set[backendCluster(m, f.Mirror.Backend)] = true
+			}
+		}
+	}
 }
 
 // frontendRouteList is the Envoy route list of frontend fe with routes pr, nil when it has none
