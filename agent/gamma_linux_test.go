@@ -452,6 +452,33 @@ func TestPrivilegedGAMMATraffic(t *testing.T) {
 		}
 	})
 
+	t.Run("CORS", func(t *testing.T) {
+		// /cors has a CORS filter (GEP-1767): a preflight from an allowed origin is answered by
+		// the proxy with the origin echoed and the policy's headers; from another origin it gets
+		// no Access-Control-Allow-Origin and never reaches web-v1; a simple request from an
+		// allowed origin gets the CORS headers on web-v1's answer.
+		before := web1.count("/cors")
+		for _, origin := range []string{"https://app.example", "https://a.b.shop.example"} {
+			a := get(t, "OPTIONS", web+"/cors", map[string]string{"Origin": origin, "Access-Control-Request-Method": "PUT"})
+			h := a.header
+			if a.status != 200 || h.Get("Access-Control-Allow-Origin") != origin || h.Get("Access-Control-Allow-Methods") != "GET, PUT" ||
+				h.Get("Access-Control-Allow-Headers") != "x-token" || h.Get("Access-Control-Max-Age") != "600" || h.Get("Access-Control-Allow-Credentials") != "true" {
+				t.Errorf("preflight from %s: %d %v", origin, a.status, h)
+			}
+		}
+		if a := get(t, "OPTIONS", web+"/cors", map[string]string{"Origin": "https://evil.example", "Access-Control-Request-Method": "PUT"}); a.status != 200 || a.header.Get("Access-Control-Allow-Origin") != "" {
+			t.Errorf("preflight from another origin: %d %v, want 200 without Access-Control-Allow-Origin", a.status, a.header)
+		}
+		if n := web1.count("/cors"); n != before {
+			t.Errorf("web-v1 saw %d preflights, want none (the proxy answers them)", n-before)
+		}
+		a := get(t, "GET", web+"/cors", map[string]string{"Origin": "https://app.example"})
+		if a.status != 200 || a.echo.Pod != "web-v1" || a.header.Get("Access-Control-Allow-Origin") != "https://app.example" ||
+			a.header.Get("Access-Control-Expose-Headers") != "x-trace" || a.header.Get("Access-Control-Allow-Credentials") != "true" {
+			t.Errorf("GET from an allowed origin: %d from %q, %v", a.status, a.echo.Pod, a.header)
+		}
+	})
+
 	t.Run("RetriesCountedAtBackend", func(t *testing.T) {
 		// /flaky retries 503 twice (attempts 2: three tries at most); /noretry has no retry.
 		// flaky-1 fails the first <fail> requests of each path with <code>.
@@ -667,6 +694,11 @@ func createRoutes(t *testing.T, m *gammaMesh) {
 						Add:    []gwv1.HTTPHeader{{Name: "X-Resp-Add", Value: "route"}},
 						Remove: []string{"x-resp-remove"}}},
 				}},
+			gwv1.HTTPRouteRule{Matches: one(prefix("/cors")), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 1)},
+				Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterCORS, CORS: &gwv1.HTTPCORSFilter{
+					AllowOrigins: []gwv1.CORSOrigin{"https://app.example", "https://*.shop.example"}, AllowCredentials: new(true),
+					AllowMethods: []gwv1.HTTPMethodWithWildcard{"GET", "PUT"}, AllowHeaders: []gwv1.HTTPHeaderName{"x-token"},
+					ExposeHeaders: []gwv1.HTTPHeaderName{"x-trace"}, MaxAge: 600}}}},
 			rewrite("/rw/a", gwv1.HTTPURLRewriteFilter{Path: replacePrefix("/xyz")}),
 			rewrite("/rw/b", gwv1.HTTPURLRewriteFilter{Path: replacePrefix("/xyz/")}),
 			rewrite("/rw/c/", gwv1.HTTPURLRewriteFilter{Path: replacePrefix("/xyz")}),
