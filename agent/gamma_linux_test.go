@@ -502,14 +502,19 @@ func TestPrivilegedGAMMATraffic(t *testing.T) {
 		}
 	})
 
-	t.Run("UnsupportedFilterDropsRule", func(t *testing.T) {
-		// web-split's /ext rule has an ExtensionRef filter: that rule is not served (404, no
-		// other rule matches), the route's other rules are.
-		if err := expectStatus(get(t, "GET", web+"/ext", nil), 404); err != nil {
-			t.Errorf("GET /ext: %v", err)
+	t.Run("UnsupportedFilterFailsClosed", func(t *testing.T) {
+		// web-split's /ext rule for x-admin: yes has an ExtensionRef filter aether cannot apply:
+		// its requests get 500 and do not fall through to the less specific /ext rule
+		// (HTTPRouteFilter.type: the filter MUST NOT be skipped); other /ext requests and the
+		// route's other rules are served.
+		if err := expectStatus(get(t, "GET", web+"/ext", map[string]string{"x-admin": "yes"}), 500); err != nil {
+			t.Errorf("GET /ext with x-admin: %v", err)
 		}
 		if n := web1.count("/ext"); n != 0 {
 			t.Errorf("web-v1 got %d requests for /ext", n)
+		}
+		if a := get(t, "GET", web+"/ext", nil); a.status != 200 || a.echo.Pod != "web-v1" {
+			t.Errorf("GET /ext without x-admin: %d from %q, want 200 from web-v1", a.status, a.echo.Pod)
 		}
 		if a := get(t, "GET", web+"/only-v2", nil); a.status != 200 {
 			t.Errorf("GET /only-v2 (the same route): %d", a.status)
@@ -652,9 +657,10 @@ func createRoutes(t *testing.T, m *gammaMesh) {
 			gwv1.HTTPRouteRule{Matches: one(prefix("/only-v2")), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 0), to("web-v2", 1)}},
 			gwv1.HTTPRouteRule{Matches: one(prefix("/zero")), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 0)}},
 			gwv1.HTTPRouteRule{Matches: one(prefix("/invalid")), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 1), to("nosuch", 1)}},
-			gwv1.HTTPRouteRule{Matches: one(prefix("/ext")), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 1)},
+			gwv1.HTTPRouteRule{Matches: one(hdr("/ext", "x-admin", "yes", gwv1.HeaderMatchExact)), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 1)},
 				Filters: []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterExtensionRef,
 					ExtensionRef: &gwv1.LocalObjectReference{Group: "example.com", Kind: "Thing", Name: "x"}}}},
+			gwv1.HTTPRouteRule{Matches: one(prefix("/ext")), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 1)}},
 			gwv1.HTTPRouteRule{Matches: one(prefix("/mirror")), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 1)},
 				Filters: []gwv1.HTTPRouteFilter{mirrorTo("mirror", 0, 0)}},
 			gwv1.HTTPRouteRule{Matches: one(prefix("/mirror-frac")), BackendRefs: []gwv1.HTTPBackendRef{to("web-v1", 1)},

@@ -38,6 +38,7 @@ func HTTPRouteModel(r *gwv1.HTTPRoute) Route {
 			mf, bad := httpFilter(r.Namespace, fl)
 			if bad != "" {
 				mr.Unsupported = append(mr.Unsupported, fmt.Sprintf("%s.filters[%d]: %s", f, j, bad))
+				mr.FailClosed = mr.FailClosed || mustNotSkip(fl.Type)
 				continue
 			}
 			mr.Filters = append(mr.Filters, mf)
@@ -113,6 +114,7 @@ func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 			mf, bad := httpFilter(r.Namespace, grpcFilter(fl))
 			if bad != "" {
 				mr.Unsupported = append(mr.Unsupported, fmt.Sprintf("%s.filters[%d]: %s", f, j, bad))
+				mr.FailClosed = mr.FailClosed || mustNotSkip(gwv1.HTTPRouteFilterType(fl.Type))
 				continue
 			}
 			mr.Filters = append(mr.Filters, mf)
@@ -151,11 +153,19 @@ func backendWithFilters(ns, f string, b gwv1.BackendRef, fs []gwv1.HTTPRouteFilt
 		}
 		if bad != "" {
 			mr.Unsupported = append(mr.Unsupported, fmt.Sprintf("%s.filters[%d]: %s", f, k, bad))
+			mr.FailClosed = mr.FailClosed || mustNotSkip(fl.Type)
 			continue
 		}
 		mb.Filters = append(mb.Filters, mf)
 	}
 	return mb
+}
+
+// mustNotSkip reports whether an unsupported filter of type t must fail closed rather than be
+// left out: a custom filter (ExtensionRef) or external authorization (ExternalAuth), which guard
+// what they filter (HTTPRouteFilter.type and ExternalAuth, Gateway API v1.6.3).
+func mustNotSkip(t gwv1.HTTPRouteFilterType) bool {
+	return t == gwv1.HTTPRouteFilterExtensionRef || t == gwv1.HTTPRouteFilterExternalAuth
 }
 
 func sectionName(s *gwv1.SectionName) string {
@@ -469,6 +479,11 @@ func incompatibleFilters(f string, r RouteRule) []string {
 	}
 	if count[FilterURLRewrite] > 0 && count[FilterRequestRedirect] > 0 {
 		out = append(out, f+".filters: URLRewrite and RequestRedirect cannot be combined (HTTPRouteRule.filters)")
+	}
+	if count[FilterRequestMirror] > 0 && count[FilterRequestRedirect] > 0 {
+		// The spec allows it, and asks an implementation that cannot to say so: a redirect is
+		// answered by the proxy, so no request goes upstream to be mirrored.
+		out = append(out, f+".filters: RequestMirror and RequestRedirect cannot be combined by aether (a redirect sends nothing upstream to mirror)")
 	}
 	for _, t := range order {
 		if n := count[t]; n > 1 && t != FilterRequestMirror {

@@ -89,8 +89,30 @@ type RouteRule struct {
 	Retry *RouteRetry
 	// Unsupported lists what the rule asks for that aether does not do, one "<field>: <reason>"
 	// each; a rule with any is not served and the route reports it (PartiallyInvalid, or
-	// Accepted=False when no rule is left).
+	// Accepted=False when no rule is left), unless FailClosed.
 	Unsupported []string
+	// FailClosed is set when the rule (or one of its backendRefs) has a filter aether cannot
+	// apply that must not be skipped: an ExtensionRef or ExternalAuth filter
+	// (HTTPRouteFilter.type: "the filter MUST NOT be skipped. Instead, requests that would have
+	// been processed by that filter MUST receive a HTTP error response"). Such a rule is bound
+	// and every request it matches is answered with an error (HTTP 500, gRPC UNAVAILABLE)
+	// rather than falling through to other rules, unless BadMatches.
+	FailClosed bool
+	// BadMatches is set when a match of the rule cannot be built (its reason is in
+	// Unsupported): the rule is dropped even when FailClosed.
+	BadMatches bool
+}
+
+// Served reports how a rule is served: as written (no Unsupported), as an error response to
+// every request it matches (FailClosed without BadMatches), or not at all.
+func (r *RouteRule) Served() (served, asError bool) {
+	switch {
+	case len(r.Unsupported) == 0:
+		return true, false
+	case r.FailClosed && !r.BadMatches:
+		return true, true
+	}
+	return false, false
 }
 
 // RouteMatch is one HTTPRouteMatch or GRPCRouteMatch; every condition set must hold.

@@ -182,7 +182,7 @@ func serviceRefToProto(k ServiceKey) *registryv1.ServiceRef {
 }
 
 func ruleToProto(r RouteRule) *registryv1.RouteRule {
-	p := &registryv1.RouteRule{Name: r.Name, Unsupported: slices.Clone(r.Unsupported)}
+	p := &registryv1.RouteRule{Name: r.Name, Unsupported: slices.Clone(r.Unsupported), FailClosed: r.FailClosed, BadMatches: r.BadMatches}
 	for _, m := range r.Matches {
 		p.Matches = append(p.Matches, matchToProto(m))
 	}
@@ -503,6 +503,7 @@ func ruleFromProto(p *registryv1.RouteRule, f string, grpc bool) (RouteRule, err
 		}
 	}
 	r.Unsupported = slices.Clone(p.GetUnsupported())
+	r.FailClosed, r.BadMatches = p.GetFailClosed(), p.GetBadMatches()
 	return r, nil
 }
 

@@ -489,6 +489,7 @@ func randomRoute(rng *rand.Rand) Route {
 		}
 		for range rng.IntN(2) {
 			rule.Unsupported = append(rule.Unsupported, pick(`spec.rules[0].filters[1]: type "ExtensionRef": not supported`, "spec.rules[0].sessionPersistence: not supported"))
+			rule.FailClosed, rule.BadMatches = rng.IntN(2) == 0, rng.IntN(3) == 0
 		}
 		r.Rules = append(r.Rules, rule)
 	}
@@ -750,7 +751,7 @@ var routeProtoFields = []string{
 	"RouteMatch.GRPC", "RouteMatch.Headers", "RouteMatch.Method", "RouteMatch.Path", "RouteMatch.Query",
 	"RouteRef.Kind", "RouteRef.Name", "RouteRef.Namespace",
 	"RouteRetry.Attempts", "RouteRetry.Backoff", "RouteRetry.Codes",
-	"RouteRule.Backends", "RouteRule.Filters", "RouteRule.Matches", "RouteRule.Name", "RouteRule.Retry", "RouteRule.Timeouts", "RouteRule.Unsupported",
+	"RouteRule.Backends", "RouteRule.Filters", "RouteRule.Matches", "RouteRule.Name", "RouteRule.Retry", "RouteRule.Timeouts", "RouteRule.Unsupported", "RouteRule.FailClosed", "RouteRule.BadMatches",
 	"RouteTimeouts.BackendRequest", "RouteTimeouts.Request",
 	"ServiceKey.Name", "ServiceKey.Namespace",
 	"StringMatch.Name", "StringMatch.Type", "StringMatch.Value",

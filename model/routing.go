@@ -239,7 +239,7 @@ func routeEntries(cs []candidate) []RouteEntry {
 		created[c.route.RouteRef] = c.route
 		for ri := range c.route.Rules {
 			rule := &c.route.Rules[ri]
-			if len(rule.Unsupported) > 0 {
+			if served, _ := rule.Served(); !served {
 				continue
 			}
 			for mi, m := range rule.Matches {
@@ -450,8 +450,14 @@ func resolvedRefs(r *Route) Condition {
 func servedRules(r *Route) (served int, dropped []string, incompatible bool) {
 	incompatible = true
 	for i, rule := range r.Rules {
-		if len(rule.Unsupported) == 0 {
+		ok, asError := rule.Served()
+		switch {
+		case ok && !asError:
 			served++
+			continue
+		case asError:
+			served++
+			dropped = append(dropped, fmt.Sprintf("rule %d (its requests are answered with an error, not passed to other rules): %s", i, strings.Join(rule.Unsupported, "; ")))
 			continue
 		}
 		dropped = append(dropped, fmt.Sprintf("rule %d: %s", i, strings.Join(rule.Unsupported, "; ")))

@@ -240,8 +240,17 @@ func TestResolveRoutesRefusals(t *testing.T) {
 		name: "backend in another namespace needs no ReferenceGrant", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - backendRefs: [{name: mirror, namespace: other, port: 80}]\n"),
 		accepted: "true Accepted", resolved: "true ResolvedRefs",
 	}, {
-		name: "one rule unsupported", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - {}\n  - filters: [{type: ExtensionRef, extensionRef: {group: x.io, kind: F, name: f}}]\n"),
-		accepted: "true Accepted", resolved: "true ResolvedRefs", partial: "Dropped Rule(s): rule 1: spec.rules[1].filters[0]: type \"ExtensionRef\": not supported",
+		name: "one rule unsupported", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - {}\n  - sessionPersistence: {sessionName: s}\n"),
+		accepted: "true Accepted", resolved: "true ResolvedRefs", partial: "Dropped Rule(s): rule 1: spec.rules[1].sessionPersistence: not supported",
+	}, {
+		name: "a custom filter fails closed", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - {}\n  - filters: [{type: ExtensionRef, extensionRef: {group: x.io, kind: F, name: f}}]\n"),
+		accepted: "true Accepted", resolved: "true ResolvedRefs", partial: "Dropped Rule(s): rule 1 (its requests are answered with an error, not passed to other rules): spec.rules[1].filters[0]: type \"ExtensionRef\": not supported",
+	}, {
+		name: "every rule fails closed: still bound", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - backendRefs: [{name: web-v2, port: 80, filters: [{type: ExtensionRef, extensionRef: {group: x.io, kind: F, name: f}}]}]\n"),
+		accepted: "true Accepted", resolved: "true ResolvedRefs", partial: "Dropped Rule(s): rule 0 (its requests are answered with an error",
+	}, {
+		name: "mirror beside a redirect", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: RequestRedirect, requestRedirect: {hostname: h}}, {type: RequestMirror, requestMirror: {backendRef: {name: web-v2, port: 80}}}]\n"),
+		accepted: "false IncompatibleFilters", resolved: "true ResolvedRefs", message: "RequestMirror and RequestRedirect cannot be combined",
 	}, {
 		name: "every rule unsupported", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - sessionPersistence: {sessionName: s}\n"),
 		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: "spec.rules[0].sessionPersistence: not supported",

@@ -38,14 +38,27 @@ func gammaRouteList(m *model.Mesh, port uint32, entries []model.RouteEntry) *rou
 }
 
 // gammaRoute is the Envoy route of one entry of a frontend on port: its match, then the rule's
-// filters and backends. The route is named "<kind> <ns>/<name> rule <i> match <j>".
+// filters and backends. The route is named "<kind> <ns>/<name> rule <i> match <j>". Where the
+// request cannot be served (a rule that fails closed, no backend with weight, an invalid
+// backend's share) it is answered 500, or for a GRPCRoute 503, which gRPC clients see as
+// UNAVAILABLE (GRPCRouteRule.backendRefs; an HTTP 500 would be UNKNOWN).
 func gammaRoute(m *model.Mesh, port uint32, e model.RouteEntry) *routev3.Route {
 	r := &routev3.Route{
 		Name:  fmt.Sprintf("%s rule %d match %d", e.Route, e.RuleIndex, e.MatchIndex),
 		Match: routeMatch(e.Match),
 	}
 	rule := e.Rule
+	errStatus, notFound := uint32(500), routev3.RouteAction_INTERNAL_SERVER_ERROR
+	if e.Route.Kind == model.KindGRPCRoute {
+		errStatus, notFound = 503, routev3.RouteAction_SERVICE_UNAVAILABLE
+	}
+	if _, asError := rule.Served(); asError {
+		// A filter that must not be skipped cannot be applied (model.RouteRule.FailClosed).
+		r.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: errStatus}}
+		return r
+	}
 	var rewrite *model.Rewrite
+	var redirect *model.Redirect
 	var mirrors []*model.Mirror
 	for _, f := range rule.Filters {
 		switch f.Type {
@@ -57,19 +70,24 @@ func gammaRoute(m *model.Mesh, port uint32, e model.RouteEntry) *routev3.Route {
 			h := headerMods{&r.RequestHeadersToAdd, &r.RequestHeadersToRemove, &r.ResponseHeadersToAdd, &r.ResponseHeadersToRemove}
 			h.apply(f)
 		case model.FilterRequestRedirect:
-			r.Action = &routev3.Route_Redirect{Redirect: redirectAction(e.Match.Path, f.Redirect, port)}
-			return r
+			redirect = f.Redirect
 		case model.FilterURLRewrite:
 			rewrite = f.Rewrite
 		case model.FilterRequestMirror:
 			mirrors = append(mirrors, f.Mirror)
 		}
 	}
+	if redirect != nil {
+		// The rule's other filters apply to the redirect answer too (response headers, CORS);
+		// the model refuses a mirror or a rewrite beside a redirect (nothing goes upstream).
+		r.Action = &routev3.Route_Redirect{Redirect: redirectAction(e.Match.Path, redirect, port)}
+		return r
+	}
 	ra := &routev3.RouteAction{
 		// No per-request timeout unless the rule sets one: streams and long polls are the
 		// application's business (as for the default route, routeTo).
 		Timeout:                     durationpb.New(0),
-		ClusterNotFoundResponseCode: routev3.RouteAction_INTERNAL_SERVER_ERROR,
+		ClusterNotFoundResponseCode: notFound,
 	}
 	var wcs []*routev3.WeightedCluster_ClusterWeight
 	for _, b := range rule.Backends {
@@ -86,7 +104,7 @@ func gammaRoute(m *model.Mesh, port uint32, e model.RouteEntry) *routev3.Route {
 	switch {
 	case len(wcs) == 0:
 		// No backend, or none with weight: nowhere to send the request (HTTPRouteRule.backendRefs).
-		r.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}}
+		r.Action = &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: errStatus}}
 		return r
 	case len(wcs) == 1 && len(wcs[0].RequestHeadersToAdd)+len(wcs[0].RequestHeadersToRemove)+len(wcs[0].ResponseHeadersToAdd)+len(wcs[0].ResponseHeadersToRemove) == 0:
 		ra.ClusterSpecifier = &routev3.RouteAction_Cluster{Cluster: wcs[0].Name}

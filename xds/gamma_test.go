@@ -474,3 +474,53 @@ func TestGAMMAWeights(t *testing.T) {
 		})
 	}
 }
+
+// TestGAMMAErrorsAndRedirectFilters: a rule that fails closed answers 500 (a GRPCRoute's 503,
+// gRPC UNAVAILABLE, GRPCRouteRule.backendRefs); a GRPCRoute's invalid backend share and a rule
+// without backends answer 503; a redirect keeps the rule's response headers and CORS policy.
+func TestGAMMAErrorsAndRedirectFilters(t *testing.T) {
+	m := goldenMesh()
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	entry := func(kind model.RouteKind, rule *model.RouteRule) model.RouteEntry {
+		return model.RouteEntry{Route: model.RouteRef{Kind: kind, Namespace: "shop", Name: "r"}, Rule: rule,
+			Match: model.RouteMatch{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}}
+	}
+	closed := &model.RouteRule{Unsupported: []string{"x"}, FailClosed: true, Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}}}
+	for _, tc := range []struct {
+		name string
+		e    model.RouteEntry
+		want string
+	}{
+		{"HTTPRoute rule fails closed", entry(model.KindHTTPRoute, closed), "direct 500"},
+		{"GRPCRoute rule fails closed", entry(model.KindGRPCRoute, closed), "direct 503"},
+		{"GRPCRoute without backends", entry(model.KindGRPCRoute, &model.RouteRule{}), "direct 503"},
+		{"GRPCRoute invalid backend", entry(model.KindGRPCRoute, &model.RouteRule{Backends: []model.BackendRef{
+			{Kind: model.BackendService, Service: web, Port: 9090, Weight: 1, Invalid: &model.Condition{Reason: "BackendNotFound"}}}}), "cluster not found SERVICE_UNAVAILABLE"},
+		{"HTTPRoute invalid backend", entry(model.KindHTTPRoute, &model.RouteRule{Backends: []model.BackendRef{
+			{Kind: model.BackendService, Service: web, Port: 80, Weight: 1, Invalid: &model.Condition{Reason: "BackendNotFound"}}}}), "cluster not found INTERNAL_SERVER_ERROR"},
+	} {
+		r := gammaRoute(m, 80, tc.e)
+		got := ""
+		if d := r.GetDirectResponse(); d != nil {
+			got = fmt.Sprint("direct ", d.Status)
+		} else {
+			got = "cluster not found " + r.GetRoute().GetClusterNotFoundResponseCode().String()
+		}
+		if got != tc.want {
+			t.Errorf("%s: %s, want %s", tc.name, got, tc.want)
+		}
+	}
+	redirect := &model.RouteRule{Filters: []model.RouteFilter{
+		{Type: model.FilterRequestRedirect, Redirect: &model.Redirect{Hostname: "new.example", StatusCode: 301}},
+		{Type: model.FilterResponseHeaderModifier, Headers: &model.HeaderModifier{Set: []model.Header{{Name: "x-moved", Value: "yes"}}}},
+		{Type: model.FilterCORS, CORS: &model.CORS{AllowOrigins: []string{"*"}, MaxAge: 5}},
+	}}
+	r := gammaRoute(m, 80, entry(model.KindHTTPRoute, redirect))
+	if r.GetRedirect().GetHostRedirect() != "new.example" || len(r.ResponseHeadersToAdd) != 1 || r.ResponseHeadersToAdd[0].Header.Key != "x-moved" ||
+		r.TypedPerFilterConfig[CORSFilterName] == nil {
+		t.Errorf("redirect route = %v, want the redirect with the response header and the CORS policy", r)
+	}
+	if err := r.ValidateAll(); err != nil {
+		t.Error(err)
+	}
+}

@@ -1301,7 +1301,14 @@ type RouteRule struct {
 	// each (model.RouteRule.Unsupported); a rule with any is not served, and every cluster reports
 	// it. It travels because it is found when the Kubernetes object is converted, which only the
 	// origin cluster does: a filter aether cannot serve is listed here and absent from filters.
-	Unsupported   []string `protobuf:"bytes,7,rep,name=unsupported,proto3" json:"unsupported,omitempty"`
+	Unsupported []string `protobuf:"bytes,7,rep,name=unsupported,proto3" json:"unsupported,omitempty"`
+	// fail_closed is set when a filter listed in unsupported must not be skipped (ExtensionRef,
+	// ExternalAuth: model.RouteRule.FailClosed): the rule is served by answering every request it
+	// matches with an error instead of being left out.
+	FailClosed bool `protobuf:"varint,8,opt,name=fail_closed,json=failClosed,proto3" json:"fail_closed,omitempty"`
+	// bad_matches is set when a match of the rule cannot be built (its reason is in
+	// unsupported): the rule is left out even when fail_closed.
+	BadMatches    bool `protobuf:"varint,9,opt,name=bad_matches,json=badMatches,proto3" json:"bad_matches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1383,6 +1390,20 @@ func (x *RouteRule) GetUnsupported() []string {
 		return x.Unsupported
 	}
 	return nil
+}
+
+func (x *RouteRule) GetFailClosed() bool {
+	if x != nil {
+		return x.FailClosed
+	}
+	return false
+}
+
+func (x *RouteRule) GetBadMatches() bool {
+	if x != nil {
+		return x.BadMatches
+	}
+	return false
 }
 
 // RouteMatch is one HTTPRouteMatch or GRPCRouteMatch; all set conditions must hold.
@@ -2719,7 +2740,7 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"\x04Kind\x12\x14\n" +
 	"\x10KIND_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fKIND_SERVICE\x10\x01\x12\x17\n" +
-	"\x13KIND_SERVICE_IMPORT\x10\x02\"\xe8\x02\n" +
+	"\x13KIND_SERVICE_IMPORT\x10\x02\"\xaa\x03\n" +
 	"\tRouteRule\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x128\n" +
 	"\amatches\x18\x02 \x03(\v2\x1e.aether.registry.v1.RouteMatchR\amatches\x129\n" +
@@ -2727,7 +2748,11 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"\bbackends\x18\x04 \x03(\v2\x1e.aether.registry.v1.BackendRefR\bbackends\x12=\n" +
 	"\btimeouts\x18\x05 \x01(\v2!.aether.registry.v1.RouteTimeoutsR\btimeouts\x125\n" +
 	"\x05retry\x18\x06 \x01(\v2\x1f.aether.registry.v1.RetryPolicyR\x05retry\x12 \n" +
-	"\vunsupported\x18\a \x03(\tR\vunsupported\"\xa0\x02\n" +
+	"\vunsupported\x18\a \x03(\tR\vunsupported\x12\x1f\n" +
+	"\vfail_closed\x18\b \x01(\bR\n" +
+	"failClosed\x12\x1f\n" +
+	"\vbad_matches\x18\t \x01(\bR\n" +
+	"badMatches\"\xa0\x02\n" +
 	"\n" +
 	"RouteMatch\x121\n" +
 	"\x04path\x18\x01 \x01(\v2\x1d.aether.registry.v1.PathMatchR\x04path\x129\n" +
