@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
-	"reflect"
 	"runtime"
 	"slices"
 	"sync"
@@ -219,12 +218,12 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	}
 	// GAMMA routes change the capture route tables only, and the capture chains of the pods in a
 	// namespace whose consumer routes come or go.
-	gammaChanged := rt == nil || !reflect.DeepEqual(rt.gamma, m.Routing) || !slices.Equal(rt.consumerNS, consumerNamespaces(m))
+	gammaSame, keepLists := gammaDiff(rt, m)
 	switch {
 	case routingChanged:
-		rt, err = assembleRouting(b, entries, reuse{old: rt, sameVIPRoutes: !vipRoutesChanged && !gammaChanged, sameDirect: !directChanged})
-	case gammaChanged:
-		rt = rt.withGamma(b, entries)
+		rt, err = assembleRouting(b, entries, reuse{old: rt, sameVIPRoutes: !vipRoutesChanged && gammaSame, sameDirect: !directChanged})
+	case !gammaSame:
+		rt = rt.withGamma(b, entries, keepLists)
 	}
 	if err != nil {
 		return nil, err

@@ -149,7 +149,7 @@ func TestBuildGAMMAGolden(t *testing.T) {
 	}
 	// api's clusterset frontend has shop's consumer route: shop's callers get it and a 404 when
 	// it does not match; every other caller the default route.
-	rl := frontendList(t, r, "10.97.0.5:80")
+	rl := routeListOf(t, r, "10.97.0.5:80")
 	var got []string
 	for _, rt := range rl.Routes {
 		fs := ""
@@ -168,8 +168,8 @@ func TestBuildGAMMAGolden(t *testing.T) {
 	}
 }
 
-// frontendList is the route list the capture route table maps dst ("<vip>:<port>") to.
-func frontendList(t *testing.T, r *Resources, dst string) *routev3.RouteList {
+// routeListOf is the route list the capture route table maps dst ("<vip>:<port>") to.
+func routeListOf(t *testing.T, r *Resources, dst string) *routev3.RouteList {
 	t.Helper()
 	rl := &routev3.RouteList{}
 	act := routeNamed(r, CaptureRouteName).GetVirtualHosts()[0].GetMatcher().GetMatcherTree().GetExactMatchMap().GetMap()[dst].GetAction()
@@ -238,11 +238,34 @@ func TestBuilderGAMMAChanges(t *testing.T) {
 	if routeNamed(r3, CaptureRouteName) != routeNamed(r2, CaptureRouteName) {
 		t.Errorf("the same routes again rebuilt the route table")
 	}
+	// One route changes: only its frontend's route list is built again (web's is reused), and
+	// the result is a full build's.
+	changed := gammaRoutes()
+	changed[2].Rules[0].Filters[0].Headers = &model.HeaderModifier{Set: []model.Header{{Name: "x-consumer", Value: "changed"}}}
+	cm := gammaMesh(t, changed)
+	r5, err := bl.Build(cm, fakeSVIDs(cm), []byte("BUNDLE"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	act := func(r *Resources, dst string) any {
+		return routeNamed(r, CaptureRouteName).GetVirtualHosts()[0].GetMatcher().GetMatcherTree().GetExactMatchMap().GetMap()[dst]
+	}
+	if act(r5, "10.96.0.10:80") != act(r3, "10.96.0.10:80") || act(r5, "10.97.0.5:80") == act(r3, "10.97.0.5:80") {
+		t.Errorf("one route changed: web's route list reused %t (want true), api's %t (want false)",
+			act(r5, "10.96.0.10:80") == act(r3, "10.96.0.10:80"), act(r5, "10.97.0.5:80") == act(r3, "10.97.0.5:80"))
+	}
+	full5, err := Build(cm, fakeSVIDs(cm), []byte("BUNDLE"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := stableJSON(t, asMessages(r5.Routes)), stableJSON(t, asMessages(full5.Routes)); string(got) != string(want) {
+		t.Errorf("one route changed: incremental route tables differ from a full build")
+	}
 	r4, err := bl.Build(gammaMesh(t, nil), fakeSVIDs(plain), []byte("BUNDLE"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if k, rts := same(r3, r4); !k || rts {
+	if k, rts := same(r5, r4); !k || rts {
 		t.Errorf("removing routes: clusters and listeners kept %t (want true), capture route kept %t (want false)", k, rts)
 	}
 	if got, want := stableJSON(t, asMessages(r4.Routes)), stableJSON(t, asMessages(r1.Routes)); string(got) != string(want) {

@@ -3,6 +3,7 @@ package xds
 import (
 	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -39,8 +40,10 @@ type routing struct {
 	// directInMatcher (more than maxHeadlessMap entries: they are in the matcher instead).
 	headlessFilter  *core.TypedExtensionConfig
 	directInMatcher bool
-	// gamma is the model's GAMMA routing these tables were built from.
+	// gamma is the model's GAMMA routing these tables were built from; lists the route list
+	// of each of its frontends that has one for callers on this node.
 	gamma *model.Routing
+	lists map[model.Frontend]frontendList
 	// consumerNS are the namespaces whose GAMMA consumer routes captureRoute holds: those with
 	// pods on this node (consumerNamespaces), sorted.
 	consumerNS []string
@@ -101,9 +104,9 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 	rt.laneRoute = lane
 	if o := keep.old; o != nil && keep.sameVIPRoutes {
 		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
-		rt.consumerNS, rt.mirrors = o.consumerNS, o.mirrors
+		rt.consumerNS, rt.mirrors, rt.lists = o.consumerNS, o.mirrors, o.lists
 	} else {
-		rt.gammaRoutes(b.m, entries)
+		rt.gammaRoutes(b.m, entries, nil, nil)
 	}
 	var direct map[netip.AddrPort]string
 	var directChains map[uint16]map[string]bool
@@ -174,26 +177,36 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 // route. Consumer routes are in that one table, selected by the caller's namespace: a namespace's
 // consumer routes coming or going change this table only, never a pod's filter chains (which
 // Envoy would drain, closing every captured connection of the namespace's pods).
-func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry) {
+//
+// The route lists of the frontends in keep are those of old (the same routes, for the same
+// services and consumer namespaces: gammaDiff), not built again.
+func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry, old *routing, keep map[model.Frontend]bool) {
 	table := routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes })
-	rt.consumerNS, rt.mirrors = consumerNamespaces(m), nil
+	rt.consumerNS, rt.mirrors, rt.lists = consumerNamespaces(m), nil, nil
 	if gm := m.Routing; gm != nil {
+		rt.lists = make(map[model.Frontend]frontendList, len(gm.Ports))
 		mirrors := map[string]bool{}
 		for fe, pr := range gm.Ports {
 			s := m.Service(fe.Service)
 			if s == nil {
 				continue
 			}
-			addMirrors(m, mirrors, pr.Producer)
-			for _, ns := range rt.consumerNS {
-				addMirrors(m, mirrors, pr.Consumers[ns])
+			var fl frontendList
+			ok := false
+			if old != nil && keep[fe] {
+				fl, ok = old.lists[fe]
 			}
-			rl := frontendRouteList(m, fe, pr, rt.consumerNS)
-			if rl == nil {
+			if !ok {
+				fl = newFrontendList(m, fe, pr, rt.consumerNS)
+			}
+			for _, c := range fl.mirrors {
+				mirrors[c] = true
+			}
+			if fl.act == nil {
 				continue
 			}
-			a, _ := anypb.New(rl)
-			act := routeAction(a)
+			rt.lists[fe] = fl
+			act := fl.act
 			vips := s.VIPs
 			if fe.Import {
 				vips = s.ClustersetVIPs
@@ -205,6 +218,57 @@ func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry) {
 		rt.mirrors = slices.Sorted(maps.Keys(mirrors))
 	}
 	rt.captureRoute = captureRoute(CaptureRouteName, table)
+}
+
+// frontendList is one frontend's route list as the capture route table's matcher action (nil
+// when it has none for callers on this node), with the clusters its routes mirror to.
+type frontendList struct {
+	act     *xdsmatcher.Matcher_OnMatch
+	mirrors []string
+}
+
+// newFrontendList builds the frontendList of frontend fe with routes pr for the consumer
+// namespaces nss (frontendRouteList).
+func newFrontendList(m *model.Mesh, fe model.Frontend, pr *model.PortRoutes, nss []string) frontendList {
+	var fl frontendList
+	set := map[string]bool{}
+	addMirrors(m, set, pr.Producer)
+	for _, ns := range nss {
+		addMirrors(m, set, pr.Consumers[ns])
+	}
+	fl.mirrors = slices.Sorted(maps.Keys(set))
+	if rl := frontendRouteList(m, fe, pr, nss); rl != nil {
+		a, _ := anypb.New(rl)
+		fl.act = routeAction(a)
+	}
+	return fl
+}
+
+// gammaDiff compares the GAMMA routing old was built from with m's (by value: models are
+// rebuilt from scratch): same when the consumer namespaces on this node and every frontend's
+// routes are equal; keep, the frontends whose routes are equal, when the consumer namespaces are
+// (their route lists can be reused for the same services).
+func gammaDiff(old *routing, m *model.Mesh) (same bool, keep map[model.Frontend]bool) {
+	if old == nil || !slices.Equal(old.consumerNS, consumerNamespaces(m)) {
+		return false, nil
+	}
+	if old.gamma == m.Routing {
+		return true, nil
+	}
+	var was, is map[model.Frontend]*model.PortRoutes
+	if old.gamma != nil {
+		was = old.gamma.Ports
+	}
+	if m.Routing != nil {
+		is = m.Routing.Ports
+	}
+	keep = make(map[model.Frontend]bool, len(is))
+	for fe, pr := range is {
+		if o, ok := was[fe]; ok && reflect.DeepEqual(o, pr) {
+			keep[fe] = true
+		}
+	}
+	return len(keep) == len(is) && len(is) == len(was), keep
 }
 
 // addMirrors adds to set the backend clusters the RequestMirror filters of entries send to.
@@ -282,12 +346,13 @@ func consumerNamespaces(m *model.Mesh) []string {
 }
 
 // withGamma is rt with the capture route table rebuilt for the model's GAMMA routing, for a
-// build in which nothing else of the routing changed.
-func (rt *routing) withGamma(b *builder, entries []*svcEntry) *routing {
+// build in which nothing else of the routing changed: the route lists of the frontends in keep
+// (gammaDiff) are rt's.
+func (rt *routing) withGamma(b *builder, entries []*svcEntry, keep map[model.Frontend]bool) *routing {
 	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute,
 		headlessRoute: rt.headlessRoute, headlessFilter: rt.headlessFilter, directInMatcher: rt.directInMatcher,
 		sharedValid: rt.valid || rt.sharedValid, directValid: rt.valid || rt.directValid, gamma: b.m.Routing}
-	n.gammaRoutes(b.m, entries)
+	n.gammaRoutes(b.m, entries, rt, keep)
 	return n
 }
 
