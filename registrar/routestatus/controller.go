@@ -81,8 +81,9 @@ const (
 // not answer, passes use the records last read, and say so in one log line per outage
 // (RegistryErr). A change of the endpoint records asks for a pass only when it may change a
 // port's protocol (the set of protocols declared for a port name, the clusters declaring them,
-// or, when several are declared, their counts) of a service some route names. It runs on the elected leader only (a controller-runtime controller), the
-// single writer of route status in its cluster.
+// or, when several are declared, their counts) of a service some route names. It runs on the
+// elected leader only (a controller-runtime controller), the single writer of route status in
+// its cluster.
 //
 // It does not pause while this cluster's registry partition is claimed by another cluster
 // (registrar.Config.KeepRunningOnClaimConflict), unlike the MCS controllers: it reads this
