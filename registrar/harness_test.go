@@ -276,7 +276,7 @@ func startRegistrar(t testing.TB, cl *cluster, endpoints []string, name string, 
 		t.Fatal(err)
 	}
 	cfg := registrar.Config{
-		Kube: cl.registrarConfig(), Exports: reg, Probe: registrar.EtcdProbe(reg.Client()),
+		Kube: cl.registrarConfig(), Exports: reg, Endpoints: reg, Probe: registrar.EtcdProbe(reg.Client()),
 		ProbeInterval: 300 * time.Millisecond, ProbeTimeout: time.Second,
 		LeaderElection: true, LeaderElectionID: "aether-registrar", LeaderElectionNamespace: systemNS,
 		LeaseDuration: 5 * time.Second, RenewDeadline: 4 * time.Second, RetryPeriod: 500 * time.Millisecond,

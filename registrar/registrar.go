@@ -38,6 +38,10 @@ type Config struct {
 	Kube *rest.Config
 	// Exports is this cluster's registry (its origin is this cluster's partition). Required.
 	Exports mcs.Exports
+	// Endpoints is the registry's endpoint records (every cluster's), which the route status
+	// controller reads for the protocols of ports without appProtocol; *registry.Registry (the
+	// same as Exports) implements it. Required.
+	Endpoints routestatus.EndpointSource
 	// Probe checks that the registry answers (for example a linearizable read with a short
 	// timeout, or registry.Registry.EnsureClaim); readiness check "registry" fails while it
 	// returns an error. An error matching registry.ErrPartitionClaimed (this cluster's partition
@@ -122,6 +126,8 @@ func New(cfg Config) (*Registrar, error) {
 		return nil, errors.New("create registrar: Kube: required")
 	case cfg.Exports == nil:
 		return nil, errors.New("create registrar: Exports: required")
+	case cfg.Endpoints == nil:
+		return nil, errors.New("create registrar: Endpoints: required")
 	case cfg.Probe == nil:
 		return nil, errors.New("create registrar: Probe: required")
 	case cfg.Logger == nil:
@@ -196,7 +202,8 @@ func New(cfg Config) (*Registrar, error) {
 		ControllerTuning: tuning(),
 	}
 	// The route status controller is not paused with the MCS controllers: it writes only this
-	// cluster's route status, from this cluster's objects, and never the registry.
+	// cluster's route status, from this cluster's objects and the registry's records (read only,
+	// as the agents read them), and never the registry.
 	gw, err := gwclient.NewForConfig(cfg.Kube)
 	if err != nil {
 		return nil, fmt.Errorf("create registrar: Gateway API client: %w", err)
@@ -211,6 +218,7 @@ func New(cfg Config) (*Registrar, error) {
 	}
 	r.routes = &routestatus.Controller{
 		Client: mgr.GetClient(), Gateway: gw, Discovery: disc, Log: log, Metrics: rmet, CRDRecheck: cfg.RouteCRDRecheck,
+		Cluster: cfg.Exports.Origin().Cluster, Endpoints: cfg.Endpoints, Exports: view, RegistryErr: r.registryErr,
 		RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
 		SkipNameValidation: cfg.SkipNameValidation,
 	}
@@ -264,6 +272,17 @@ func (r *Registrar) Ready() error {
 // PartitionClaimCheck names the readiness check (/readyz) that fails while this cluster's
 // registry partition is claimed by another cluster (Config.KeepRunningOnClaimConflict).
 const PartitionClaimCheck = "partition-claim"
+
+// registryErr is the last probe's error, nil before the first probe (the route status controller
+// reads the registry's records through watches of their own: until they are read it runs no pass).
+func (r *Registrar) registryErr() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.probeErr == errNotProbed {
+		return nil
+	}
+	return r.probeErr
+}
 
 func (r *Registrar) readyCheck(*http.Request) error {
 	r.mu.Lock()

@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,10 +28,12 @@ import (
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 	"sigs.k8s.io/yaml"
 
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar"
 	"github.com/aethermesh/aether/registrar/routestatus"
+	"github.com/aethermesh/aether/registry"
 )
 
 func ptrTo[T any](v T) *T { return &v }
@@ -901,4 +906,192 @@ func TestRouteStatusCRDRemoved(t *testing.T) {
 		return errors.Join(watched(model.KindGRPCRoute, 1), checkRPC("rpc2"), checkWeb(conflicted, resolvedTrue))
 	})
 	t.Logf("GRPCRoute CRD installed again -> status: %s", took)
+}
+
+// lockedBuffer is a log sink a test reads while the registrar writes to it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// registryEndpoint is an endpoint record of pod uid for service ns/name with one port.
+func registryEndpoint(ns, name, uid, ip, portName string, port uint32, proto registryv1.Protocol) *registryv1.ServiceEndpoint {
+	return &registryv1.ServiceEndpoint{
+		Service: &registryv1.ServiceRef{Namespace: ns, Name: name}, Addresses: []string{ip},
+		Ports:    []*registryv1.EndpointPort{{Name: portName, Port: port, Protocol: proto}},
+		SpiffeId: "spiffe://aether.internal/ns/" + ns + "/sa/" + name, Health: registryv1.Health_HEALTH_HEALTHY,
+		Kubernetes: &registryv1.KubernetesMetadata{NodeName: "node-1", PodName: uid, PodUid: uid},
+	}
+}
+
+// TestRouteStatusEndpointProtocols runs a registrar against a real kube-apiserver and an
+// embedded etcd registry and checks that route status takes the protocol of a port without
+// appProtocol from the endpoints registered for it (their pods' endpoint.aether.io/protocol), as
+// the agents do:
+//   - Service db, port 5432 without appProtocol, whose endpoints (in this cluster's partition)
+//     declare TCP: an HTTPRoute on it (and to it) is Accepted=False/NoMatchingParent ("port 5432
+//     is TCP") and ResolvedRefs=False/UnsupportedProtocol;
+//   - while the registry is down, a new generation of that route is written from the records
+//     last read (still NoMatchingParent, not HTTP by default), and the registrar says so once;
+//   - the endpoints re-registered declaring HTTP: Accepted=True;
+//   - Service rpc, port 9090 without appProtocol, endpoints declaring gRPC: a GRPCRoute backend
+//     on it is ResolvedRefs=True;
+//   - ServiceImport remote, exported by cluster west (its mark and endpoints in west's partition,
+//     imported here without appProtocol): a GRPCRoute backend on it is UnsupportedProtocol until
+//     west's endpoints declare gRPC, then ResolvedRefs=True.
+func TestRouteStatusEndpointProtocols(t *testing.T) {
+	regSrv := startRegistryServer(t)
+	cl := newCluster(t, "east")
+	var logs lockedBuffer
+	in := startRegistrar(t, cl, regSrv.Endpoints, "east", func(c *registrar.Config) {
+		c.Logger = slog.New(slog.NewTextHandler(io.MultiWriter(&logs, testLogWriter()), nil)).With("registrar", "east")
+	})
+	in.waitElected(t)
+	gw := gwclient.NewForConfigOrDie(cl.api.Config)
+	ctx := context.Background()
+	// The agents' writers: east's (this cluster's partition) and west's.
+	writer := func(cluster string) *registry.Registry {
+		reg, err := registry.New(registry.Config{Endpoints: regSrv.Endpoints, Region: region, Cluster: cluster, Logger: testLogger(t, cluster+"-agent"), DialTimeout: 2 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { reg.Close() })
+		return reg
+	}
+	east, west := writer("east"), writer("west")
+
+	const ns = "gamma"
+	if err := cl.c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}); err != nil {
+		t.Fatal(err)
+	}
+	cl.createService(t, ns, "db", port{name: "db", port: 5432, tgt: 5432})
+	cl.createService(t, ns, "rpc", port{name: "grpc", port: 9090, tgt: 9090})
+	for i, uid := range []string{"db-1", "db-2"} {
+		if err := east.RegisterEndpoint(ctx, registryEndpoint(ns, "db", uid, fmt.Sprintf("10.244.1.%d", i+1), "db", 5432, registryv1.Protocol_PROTOCOL_TCP)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := east.RegisterEndpoint(ctx, registryEndpoint(ns, "rpc", "rpc-1", "10.244.1.10", "grpc", 9090, registryv1.Protocol_PROTOCOL_GRPC)); err != nil {
+		t.Fatal(err)
+	}
+	// west exports remote with a port without appProtocol (its mark says HTTP, the default), so
+	// this cluster's ServiceImport has none; west's endpoints come later.
+	if err := west.Export(ctx, &registryv1.ExportMark{Service: &registryv1.ServiceRef{Namespace: ns, Name: "remote"},
+		Ports:      []*registryv1.ServicePort{{Name: "grpc", Port: 9090, TargetPort: 9090, Protocol: registryv1.Protocol_PROTOCOL_HTTP}},
+		CreateTime: time.Now().UTC().Format(time.RFC3339Nano)}); err != nil {
+		t.Fatal(err)
+	}
+
+	hr, gr := gw.GatewayV1().HTTPRoutes(ns), gw.GatewayV1().GRPCRoutes(ns)
+	if _, err := hr.Create(ctx, httpRoute(ns, "sql", []gwv1.ParentReference{svcParent("db", 5432)}, backend("db", 5432)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gr.Create(ctx, grpcRoute(ns, "rpc", []gwv1.ParentReference{svcParent("rpc", 9090)}, backend("rpc", 9090)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := gr.Create(ctx, grpcRoute(ns, "remote", []gwv1.ParentReference{svcParent("rpc", 9090)}, importBackend("remote", 9090)), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	checkSQL := func(conds ...wantCond) (*gwv1.HTTPRoute, *gwv1.RouteParentStatus, error) {
+		r, err := hr.Get(ctx, "sql", metav1.GetOptions{})
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := checkParent("HTTPRoute sql", r.Generation, r.Spec.ParentRefs, r.Status.Parents, 0, conds...)
+		return r, p, err
+	}
+	checkGRPC := func(name string, conds ...wantCond) error {
+		r, err := gr.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_, err = checkParent("GRPCRoute "+name, r.Generation, r.Spec.ParentRefs, r.Status.Parents, 0, conds...)
+		return err
+	}
+	noParent := wantCond{gwv1.RouteConditionAccepted, metav1.ConditionFalse, string(gwv1.RouteReasonNoMatchingParent)}
+	unsupported := wantCond{gwv1.RouteConditionResolvedRefs, metav1.ConditionFalse, string(gwv1.RouteReasonUnsupportedProtocol)}
+	sqlTCP := func() error {
+		_, p, err := checkSQL(noParent, unsupported)
+		if err == nil {
+			if msg := meta.FindStatusCondition(p.Conditions, "Accepted").Message; !strings.Contains(msg, "port 5432 is TCP") {
+				err = fmt.Errorf("HTTPRoute sql: Accepted message %q, want one saying port 5432 is TCP", msg)
+			}
+		}
+		return err
+	}
+	took := testenv.Eventually(t, converge, "status from the registered endpoints' protocols", func() error {
+		if _, err := cl.imported(ns, "remote", []int32{9090}, "west"); err != nil {
+			return err
+		}
+		return errors.Join(sqlTCP(), checkGRPC("rpc", acceptedTrue, resolvedTrue), checkGRPC("remote", acceptedTrue, unsupported))
+	})
+	t.Logf("routes created -> status from the endpoints' protocols: %s", took)
+
+	// The registry down: a new generation of sql is written from the records last read.
+	regSrv.stop()
+	testenv.Eventually(t, converge, "the registrar sees the registry down", func() error {
+		if in.r.Ready() == nil {
+			return errors.New("still ready")
+		}
+		return nil
+	})
+	sql, _, err := checkSQL(noParent, unsupported)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sql.Spec.Rules[0].Matches = []gwv1.HTTPRouteMatch{{Path: &gwv1.HTTPPathMatch{Type: ptrTo(gwv1.PathMatchPathPrefix), Value: ptrTo("/q")}}}
+	if _, err := hr.Update(ctx, sql, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, converge, "a new generation written during the outage, from the records last read", func() error {
+		r, _, err := checkSQL(noParent, unsupported)
+		if err == nil && r.Generation < 2 {
+			err = fmt.Errorf("generation %d, want 2", r.Generation)
+		}
+		return errors.Join(err, sqlTCP())
+	})
+	const staleLog = "the registry does not answer; passes use the endpoint records and export marks last read"
+	if n := strings.Count(logs.String(), staleLog); n != 1 {
+		t.Errorf("%q logged %d times during the outage, want once", staleLog, n)
+	}
+	regSrv.start()
+	testenv.Eventually(t, converge, "the registrar sees the registry again", func() error { return in.r.Ready() })
+
+	// db's endpoints re-registered declaring HTTP; west's endpoints of remote declare gRPC.
+	for i, uid := range []string{"db-1", "db-2"} {
+		if err := east.RegisterEndpoint(ctx, registryEndpoint(ns, "db", uid, fmt.Sprintf("10.244.1.%d", i+1), "db", 5432, registryv1.Protocol_PROTOCOL_HTTP)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := west.RegisterEndpoint(ctx, registryEndpoint(ns, "remote", "remote-1", "10.244.2.1", "grpc", 9090, registryv1.Protocol_PROTOCOL_GRPC)); err != nil {
+		t.Fatal(err)
+	}
+	took = testenv.Eventually(t, converge, "status follows the endpoints' new protocols", func() error {
+		_, _, err := checkSQL(acceptedTrue, resolvedTrue)
+		return errors.Join(err, checkGRPC("remote", acceptedTrue, resolvedTrue), checkGRPC("rpc", acceptedTrue, resolvedTrue))
+	})
+	t.Logf("endpoints re-registered -> status: %s", took)
+	if n := strings.Count(logs.String(), staleLog); n != 1 {
+		t.Errorf("%q logged %d times, want once (one outage)", staleLog, n)
+	}
+}
+
+// testLogWriter is where a test's registrar logs go besides what the test reads: stderr with -v.
+func testLogWriter() io.Writer {
+	if testing.Verbose() {
+		return os.Stderr
+	}
+	return io.Discard
 }

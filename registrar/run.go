@@ -60,7 +60,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	defer closeReg()
 
 	r, err := New(Config{
-		Kube: rc, Exports: reg,
+		Kube: rc, Exports: reg, Endpoints: reg,
 		// The claim check is a linearizable read (or the claiming transaction), so it probes the
 		// registry's quorum too; a claim of another cluster stops the registrar, or, when it
 		// hosts the registry, its controllers.

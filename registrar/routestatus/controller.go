@@ -56,7 +56,12 @@ const (
 // Controller writes aether's status.parents entries of every HTTPRoute and GRPCRoute
 // (gateway.networking.k8s.io/v1, every namespace), as model.Assemble resolves them from the
 // cluster's routes, Services, ServiceImports and mesh namespaces (labelled aether.io/mesh:
-// enabled); ParentStatuses says what an entry holds. A route is written (UpdateStatus) only when
+// enabled) and the registry's endpoint records and export marks of the services the routes name;
+// ParentStatuses says what an entry holds. The endpoint records give a Service or ServiceImport
+// port without appProtocol its protocol (the one most of its endpoints declare, from their pods'
+// endpoint.aether.io/protocol annotation; this cluster's endpoints for a Service, the exporting
+// clusters' for a ServiceImport), as the agents take it from the same records, so the status says
+// what the agents serve. A route is written (UpdateStatus) only when
 // its merged status differs from the stored one; a write refused for a stale resourceVersion is
 // retried on the route read again. A write the API server refuses as invalid or too large is
 // not retried (the same pass would be refused again): it is logged and counted once per route
@@ -68,15 +73,24 @@ const (
 // CRDRecheck) is no longer watched nor listed, and is looked for again as at start. No pass
 // runs until each kind is either watched with its cache synced or known not to be installed: a
 // pass that saw HTTPRoutes without the GRPCRoutes that win over them would write a status it
-// would take back. It runs on the elected leader only (a controller-runtime controller), the
-// single writer of route status in its cluster.
+// would take back. Nor does one run before the registry's endpoint records and export marks were
+// first read (a pass without them would count every port without appProtocol as HTTP and write
+// a status it would take back a moment later): a registry unreachable at start delays every
+// route's status until it answers, and what was written before stays meanwhile. Once read, they
+// are kept current by a registry watch (re-listed after a compaction); while the registry does
+// not answer, passes use the records last read, and say so in one log line per outage
+// (RegistryErr). A change of the endpoint records asks for a pass only when it may change a
+// port's protocol (the set of protocols declared for a port name, the clusters declaring them,
+// or, when several are declared, their counts) of a service some route names. It runs on the
+// elected leader only (a controller-runtime controller), the single writer of route status in
+// its cluster.
 //
 // It does not pause while this cluster's registry partition is claimed by another cluster
-// (registrar.Config.KeepRunningOnClaimConflict), unlike the MCS controllers: it reads only this
+// (registrar.Config.KeepRunningOnClaimConflict), unlike the MCS controllers: it reads this
 // cluster's Kubernetes objects (the ServiceImports it reads are whatever this cluster holds,
-// whether or not the import generator runs) and writes only their route status, never the
-// registry, so a claim conflict changes nothing it reads or writes, and the agents go on
-// serving the routes it reports on.
+// whether or not the import generator runs) and the registry's records, as the agents read them,
+// and writes only route status, never the registry, so a claim conflict changes nothing it
+// writes, and the agents go on serving the routes it reports on.
 type Controller struct {
 	// Client reads Services, ServiceImports and Namespaces (the manager's cache, whose informers
 	// registrar/mcs shares). Required.
@@ -85,6 +99,20 @@ type Controller struct {
 	Gateway gwclient.Interface
 	// Discovery tells whether the route CRDs are installed. Required.
 	Discovery discovery.DiscoveryInterface
+	// Cluster is this cluster's name in the registry (its partition's): its endpoints count for
+	// its own Services, other clusters' only for the services it imports and they export
+	// (model.Assemble). Required.
+	Cluster string
+	// Endpoints is the registry's endpoint records, watched from the start of the controller on
+	// the leader until it stops. Required.
+	Endpoints EndpointSource
+	// Exports is the clusterset's export marks (which clusters' endpoints count for an imported
+	// service). Required.
+	Exports ExportSource
+	// RegistryErr, when set, reports why the registry did not answer its last probe (nil: it
+	// answered). A pass that runs while it is not nil logs once per outage that it uses the
+	// records last read.
+	RegistryErr func() error
 	// Log receives the controller's logs. Required.
 	Log *slog.Logger
 	// Metrics counts passes and writes (nil: not counted).
@@ -113,6 +141,13 @@ type Controller struct {
 	// refusals the last refused write of each route (Reconcile only, which runs one at a time).
 	notes    map[model.RouteRef]string
 	refusals map[model.RouteRef]*refusal
+
+	// eps is the registry's endpoint records; refs the services the last pass's routes name
+	// (under mu), whose endpoint and export changes ask for a pass. stale is true while passes
+	// run on records last read from a registry that does not answer (Reconcile only).
+	eps   *endpointView
+	refs  map[model.ServiceKey]bool
+	stale bool
 }
 
 var _ reconcile.Reconciler = &Controller{}
@@ -133,10 +168,14 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	if pending || (hl == nil && gl == nil) {
 		return reconcile.Result{}, nil // a kind's state is not known yet, or no kind is watched
 	}
+	if synced, _, _ := c.eps.state(); !synced || !c.Exports.Synced() {
+		return reconcile.Result{}, nil // the registry's records not read yet: their first read brings a pass
+	}
 	src, err := c.sources(ctx, hl, gl)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
+	c.noteRegistry()
 	httpRoutes := map[model.RouteRef]*gwv1.HTTPRoute{}
 	for _, r := range src.HTTPRoutes {
 		httpRoutes[model.RouteRef{Kind: model.KindHTTPRoute, Namespace: r.Namespace, Name: r.Name}] = r
@@ -191,6 +230,25 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	return reconcile.Result{}, errors.Join(errs...)
 }
 
+// noteRegistry logs, once per registry outage in which a pass runs, that the pass uses the
+// registry's records last read, and once that the registry answers again.
+func (c *Controller) noteRegistry() {
+	if c.RegistryErr == nil {
+		return
+	}
+	err := c.RegistryErr()
+	switch {
+	case err != nil && !c.stale:
+		c.stale = true
+		_, rev, n := c.eps.state()
+		c.Log.Warn("route status: the registry does not answer; passes use the endpoint records and export marks last read until it does",
+			"revision", rev, "endpoints", n, "err", err)
+	case err == nil && c.stale:
+		c.stale = false
+		c.Log.Info("route status: the registry answers again; passes use its current records")
+	}
+}
+
 // note logs, once per route generation and change, that route st's entries did not all fit in
 // status.parents or that its write was refused, and counts a refusal.
 func (c *Controller) note(st model.RouteStatus, res outcome) {
@@ -223,12 +281,17 @@ func (c *Controller) note(st model.RouteStatus, res outcome) {
 }
 
 // sources fills the model's Sources from the caches: the mesh namespaces, the watched routes
-// (sorted), and the Services and ServiceImports the routes name (as parents, backends or mirror
-// backends; with aether's <svc>-clusterset Service of a named service). A route's status depends
-// on those only (model.ResolveRoutes looks services up by the keys its routes name), so leaving
-// the others out gives the same statuses for less work: a pass costs in proportion to the routes,
-// not to every Service of the cluster. Services and ServiceImports are read from the cache
+// (sorted), and the Services, ServiceImports, registry endpoints and export marks of the services
+// the routes name (as parents, backends or mirror backends; with aether's <svc>-clusterset Service
+// of a named service). A route's status depends on those only (model.ResolveRoutes looks services
+// up by the keys its routes name, and model.Assemble gives a service's ports their protocol from
+// that service's endpoints only), so leaving the others out gives the same statuses for less
+// work: a pass costs in proportion to the routes and their services' endpoints, not to every
+// Service and endpoint of the clusterset. Services and ServiceImports are read from the cache
 // without a copy (client.UnsafeDisableDeepCopy): model.Assemble only reads them.
+//
+// The services named are recorded (refs) before the registry's records are read, so an endpoint
+// or export change of a newly named service is either read by this pass or asks for another.
 func (c *Controller) sources(ctx context.Context, hl gwlisters.HTTPRouteLister, gl gwlisters.GRPCRouteLister) (model.Sources, error) {
 	src := model.Sources{MeshNamespaces: map[string]bool{}}
 	keys := map[model.ServiceKey]bool{}
@@ -249,6 +312,16 @@ func (c *Controller) sources(ctx context.Context, hl gwlisters.HTTPRouteLister, 
 		slices.SortFunc(src.GRPCRoutes, func(a, b *gwv1.GRPCRoute) int { return byName(a, b) })
 		for _, r := range src.GRPCRoutes {
 			referenced(keys, model.GRPCRouteModel(r))
+		}
+	}
+	c.mu.Lock()
+	c.refs = keys
+	c.mu.Unlock()
+	src.Cluster = c.Cluster
+	src.Endpoints = c.eps.endpoints(keys)
+	for k := range keys {
+		for _, m := range c.Exports.Marks(k) {
+			src.Exports = append(src.Exports, model.ExportMark{Service: k, Cluster: m.Origin.Cluster, Region: m.Origin.Region})
 		}
 	}
 	var nss corev1.NamespaceList
@@ -426,11 +499,12 @@ func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics,
 }
 
 // SetupWithManager registers the controller (leader only): Services, ServiceImports and
-// Namespaces from the manager's cache, and the routes of each kind while its CRD is installed
-// (watchRoutes); every event asks for one pass, PassDelay later.
+// Namespaces from the manager's cache, the routes of each kind while its CRD is installed
+// (watchRoutes), and the registry's endpoint records and export marks (followRegistry); every
+// event asks for one pass, PassDelay later.
 func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
-	if c.Client == nil || c.Gateway == nil || c.Discovery == nil || c.Log == nil {
-		return errors.New("set up route status controller: Client, Gateway, Discovery and Log are required")
+	if c.Client == nil || c.Gateway == nil || c.Discovery == nil || c.Log == nil || c.Endpoints == nil || c.Exports == nil || c.Cluster == "" {
+		return errors.New("set up route status controller: Client, Gateway, Discovery, Log, Cluster, Endpoints and Exports are required")
 	}
 	if c.CRDRecheck <= 0 {
 		c.CRDRecheck = DefaultCRDRecheck
@@ -441,6 +515,7 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	c.mu.Lock()
 	c.pending = map[string]bool{resHTTPRoutes: true, resGRPCRoutes: true}
 	c.mu.Unlock()
+	c.eps = newEndpointView()
 	type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
 	later := func(q queue) { q.AddAfter(syncAll, c.PassDelay) }
 	all := handler.Funcs{
@@ -457,6 +532,7 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		Named("routestatus").
 		WatchesRawSource(source.Func(func(ctx context.Context, q queue) error {
 			go c.watchRoutes(ctx, func() { later(q) })
+			go c.followRegistry(ctx, func() { later(q) })
 			return nil
 		})).
 		Watches(&corev1.Service{}, all).
@@ -468,6 +544,43 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		return fmt.Errorf("set up route status controller: %w", err)
 	}
 	return nil
+}
+
+// followRegistry keeps the endpoint view current from the registry's endpoint watch until ctx
+// ends, and asks for a pass (enqueue) once both the endpoint records and the export marks were
+// first read, and then whenever the records or marks of a service the last pass's routes named
+// changed in a way that may change its ports' protocols (endpointView.apply). The view keeps its
+// records when the registry is unreachable: the watch resumes, or re-lists after a compaction,
+// when it answers again.
+func (c *Controller) followRegistry(ctx context.Context, enqueue func()) {
+	c.Exports.Subscribe(func(keys []model.ServiceKey) {
+		if c.named(keys) {
+			enqueue()
+		}
+	})
+	go func() {
+		if c.Exports.WaitSynced(ctx) == nil {
+			enqueue()
+		}
+	}()
+	for b := range c.Endpoints.WatchEndpoints(ctx) {
+		changed, first := c.eps.apply(b)
+		switch {
+		case first:
+			_, rev, n := c.eps.state()
+			c.Log.Info("route status: registry endpoint records read", "endpoints", n, "revision", rev)
+			enqueue()
+		case c.named(changed):
+			enqueue()
+		}
+	}
+}
+
+// named reports whether a route of the last pass names one of keys.
+func (c *Controller) named(keys []model.ServiceKey) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.ContainsFunc(keys, func(k model.ServiceKey) bool { return c.refs[k] })
 }
 
 // watchRoutes follows each route kind's CRD until ctx ends (followKind). enqueue asks for a

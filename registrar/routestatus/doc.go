@@ -9,6 +9,8 @@
 //
 // It owns aether's entries of route status.parents and nothing else: entries of other controllers
 // (a Gateway parentRef's) are left as they are, and it never writes a route's spec, metadata or
-// any other object, nor reads or writes the registry. Routing itself (what the node proxies
-// serve) is the agents' (model, xds).
+// any other object, nor the registry. It reads the registry's endpoint records and export marks
+// (EndpointSource, ExportSource) for the protocols of ports without appProtocol, which
+// model.Assemble takes from them as the agents do. Routing itself (what the node proxies serve)
+// is the agents' (model, xds).
 package routestatus
