@@ -28,18 +28,7 @@ func TestPrivilegedGAMMAConsumerRoutes(t *testing.T) {
 		delta := &model.LocalPod{UID: "uid-delta", Namespace: "front", Name: "delta", ServiceAccount: "delta",
 			NetnsPath: f.pods["delta"].Path, IPs: []netip.Addr{f.ips["delta"]}, Ready: true}
 		m := model.New(version, base.Cluster, base.MeshDomain, base.TrustDomain, base.Node, base.Services, base.Endpoints, append(base.Pods, delta))
-		byKey := map[model.ServiceKey]*model.Service{}
-		for _, s := range m.Services {
-			byKey[s.Key] = s
-		}
-		var st []model.RouteStatus
-		m.Routing, st = model.ResolveRoutes(byKey, routes)
-		for _, s := range st {
-			if !s.Parents[0].Accepted.Status {
-				t.Fatalf("%s not accepted: %+v", s.Route, s.Parents[0])
-			}
-		}
-		return m
+		return withRoutes(t, m, routes)
 	}
 	route := func(ns, name, prefix string) model.Route {
 		return model.Route{

@@ -26,12 +26,7 @@ func TestPrivilegedGAMMACORS(t *testing.T) {
 	}
 	cors := func(c model.CORS) []model.RouteFilter { return []model.RouteFilter{{Type: model.FilterCORS, CORS: &c}} }
 	m := trafficMesh(f, 2)
-	byKey := map[model.ServiceKey]*model.Service{}
-	for _, s := range m.Services {
-		byKey[s.Key] = s
-	}
-	var st []model.RouteStatus
-	m.Routing, st = model.ResolveRoutes(byKey, []model.Route{{
+	m = withRoutes(t, m, []model.Route{{
 		RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "web", Name: "cors"},
 		Parents:  []model.ParentRef{{Kind: model.ParentService, Service: web, Port: 80}},
 		Rules: []model.RouteRule{{
@@ -49,9 +44,6 @@ func TestPrivilegedGAMMACORS(t *testing.T) {
 			Matches: prefix("/"), Backends: backend,
 		}},
 	}})
-	if !st[0].Parents[0].Accepted.Status {
-		t.Fatalf("route not accepted: %+v", st[0].Parents[0])
-	}
 	f.set(m)
 	f.wantNoRejections(t)
 

@@ -362,12 +362,7 @@ func TestBuildGAMMALocalBackend(t *testing.T) {
 	eps[web] = append(slices.Clone(eps[web]), model.Endpoint{Service: web, Cluster: "c2", Region: "r2", Zone: "z9", PodName: "web-far", PodUID: "uid-web-far",
 		IPs: []netip.Addr{netip.MustParseAddr("10.244.9.9")}, Ports: []model.EndpointPort{{Name: "http", Port: 8080, Protocol: model.ProtocolHTTP}},
 		SPIFFEID: model.SPIFFEID(g.TrustDomain, "shop", "web"), Healthy: true})
-	m := model.New(g.Version, g.Cluster, g.MeshDomain, g.TrustDomain, g.Node, services, eps, g.Pods)
-	byKey := map[model.ServiceKey]*model.Service{}
-	for _, s := range m.Services {
-		byKey[s.Key] = s
-	}
-	m.Routing, _ = model.ResolveRoutes(byKey, []model.Route{{
+	m := withRoutes(t, model.New(g.Version, g.Cluster, g.MeshDomain, g.TrustDomain, g.Node, services, eps, g.Pods), []model.Route{{
 		RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "split"},
 		Parents:  []model.ParentRef{{Kind: model.ParentService, Service: web, Port: 80}},
 		Rules: []model.RouteRule{{

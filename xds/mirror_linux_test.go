@@ -50,12 +50,7 @@ func TestPrivilegedGAMMAMirror(t *testing.T) {
 			Ports: []model.EndpointPort{{Port: port, Protocol: model.ProtocolHTTP}}, SPIFFEID: model.SPIFFEID(f.td, "web", "rec"), Healthy: true}}
 	}
 	m := model.New(2, base.Cluster, base.MeshDomain, base.TrustDomain, base.Node, services, eps, append(base.Pods, rec))
-	byKey := map[model.ServiceKey]*model.Service{}
-	for _, s := range m.Services {
-		byKey[s.Key] = s
-	}
-	var st []model.RouteStatus
-	m.Routing, st = model.ResolveRoutes(byKey, []model.Route{{
+	m = withRoutes(t, m, []model.Route{{
 		RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "web", Name: "mirror"},
 		Parents:  []model.ParentRef{{Kind: model.ParentService, Service: recA, Port: 80}},
 		Rules: []model.RouteRule{{
@@ -67,9 +62,6 @@ func TestPrivilegedGAMMAMirror(t *testing.T) {
 			Backends: []model.BackendRef{{Kind: model.BackendService, Service: recA, Port: 80, Weight: 1}},
 		}},
 	}})
-	if !st[0].Parents[0].Accepted.Status || !st[0].Parents[0].ResolvedRefs.Status {
-		t.Fatalf("route status: %+v", st[0].Parents[0])
-	}
 	f.set(m)
 	f.wantNoRejections(t)
 
