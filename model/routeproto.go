@@ -301,13 +301,17 @@ func backendToProto(b BackendRef) *registryv1.BackendRef {
 // kinds and enum values it knows (UNSPECIFIED and unknown numbers are refused), names (namespace
 // an RFC 1123 label, name a subdomain; parent and backend names 1-253 characters without '/',
 // spaces or control characters), ports 0-65535, weights 0-1000000, redirect codes 301, 302, 303,
-// 307 and 308, mirror fractions 0 <= numerator <= denominator with denominator > 0, paths,
-// regular expressions (RE2), path modifiers (no spaces or control characters), header names (lower case where the model lower-cases them) and
-// values, CORS lists, durations >= 0 (backend_request_ms <= request_ms unless that is 0), retry
-// attempts >= 1 and codes 400-599, the Gateway API's list lengths, what each route kind allows (no
-// path, query or method on a GRPCRoute, no gRPC method on an HTTPRoute, only header modifiers
-// and mirrors on a GRPCRoute rule, only header modifiers on a backendRef), and a backend's
-// invalid set exactly on KIND_OTHER with reason InvalidKind.
+// 307 and 308, mirror fractions 0 <= numerator <= denominator with denominator > 0, and every
+// value the checks HTTPRouteModel applies refuse (validate.go: paths, regular expressions as
+// Envoy's RE2 takes them and their program size, gRPC method matches, header names and values,
+// header modifiers with each name once and neither host nor a pseudo-header, path modifiers,
+// redirect schemes, CORS origins, backend_request_ms <= request_ms unless that is 0, retry
+// attempts and codes), a header or query name matched once per match, durations >= 0, the
+// Gateway API's list lengths, what each route kind allows (no path, query or method on a
+// GRPCRoute, no gRPC method on an HTTPRoute, only header modifiers and mirrors on a GRPCRoute
+// rule, only header modifiers on a backendRef), at least one match per rule unless bad_matches,
+// and a backend's invalid set exactly on KIND_OTHER with reason InvalidKind. A retry backoff of
+// 0 reads as 1 ms, as HTTPRouteModel makes it.
 //
 // The error is a *RouteFieldError naming the first refused field by its path in the record and
 // its value (`rules[2].filters[0].request_redirect.status_code: invalid value "305": want 301,
