@@ -602,6 +602,25 @@ func TestRouteFromProtoRefusals(t *testing.T) {
 		{"header modifier remove", false, func(p *registryv1.Route) {
 			p.Rules[0].Filters[0].GetRequestHeaderModifier().Remove[0] = ""
 		}, "rules[0].filters[0].request_header_modifier.remove[0]", ""},
+		{"header modifier sets host", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[0].GetRequestHeaderModifier().Set[0].Name = "host"
+		}, "rules[0].filters[0].request_header_modifier.set[0].name", "host"},
+		{"header modifier removes a pseudo-header", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[0].GetRequestHeaderModifier().Remove[0] = ":path"
+		}, "rules[0].filters[0].request_header_modifier.remove[0]", ":path"},
+		{"header modifier sets and removes one name", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[0].GetRequestHeaderModifier().Remove[0] = "x-a"
+		}, "rules[0].filters[0].request_header_modifier.remove[0]", "x-a"},
+		{"header modifier adds one name twice", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[0].GetRequestHeaderModifier().Add[1].Name = "x-b"
+		}, "rules[0].filters[0].request_header_modifier.add[1].name", "x-b"},
+		{"header matched twice", false, func(p *registryv1.Route) { p.Rules[0].Matches[0].Headers[1].Name = "x-env" }, "rules[0].matches[0].headers[1].name", "x-env"},
+		{"query parameter matched twice", false, func(p *registryv1.Route) { p.Rules[0].Matches[0].QueryParams[1].Name = "Debug" }, "rules[0].matches[0].query_params[1].name", "Debug"},
+		{"path regex over Envoy's program size", false, func(p *registryv1.Route) { p.Rules[0].Matches[2].Path.Value = uuidPath }, "rules[0].matches[2].path.value", uuidPath},
+		{"non-ASCII header regex", false, func(p *registryv1.Route) { p.Rules[0].Matches[0].Headers[1].Value = "é" }, "rules[0].matches[0].headers[1].value", "é"},
+		{"CORS origin over Envoy's program size", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[5].GetCors().AllowOrigins[0] = "https://" + strings.Repeat("a", 90) + ".example"
+		}, "rules[0].filters[5].cors.allow_origins[0]", "https://" + strings.Repeat("a", 90) + ".example"},
 		{"redirect code 305", false, func(p *registryv1.Route) {
 			p.Rules[1].Filters[0].GetRequestRedirect().StatusCode = 305
 		}, "rules[1].filters[0].request_redirect.status_code", "305"},
@@ -690,6 +709,7 @@ func TestRouteFromProtoRefusals(t *testing.T) {
 			p.Rules[0].Matches[0].GrpcMethod.Service = "shop/Cart"
 		}, "rules[0].matches[0].grpc_method.service", "shop/Cart"},
 		{"GRPC method regex", true, func(p *registryv1.Route) { p.Rules[0].Matches[2].GrpcMethod.Method = "(" }, "rules[0].matches[2].grpc_method.method", "("},
+		{"GRPC service regex that breaks Envoy's embedding", true, func(p *registryv1.Route) { p.Rules[0].Matches[2].GrpcMethod.Service = `\Qa` }, "rules[0].matches[2].grpc_method", `\Qa/Get.*`},
 		{"GRPC rule with a redirect", true, func(p *registryv1.Route) {
 			p.Rules[0].Filters[0] = &registryv1.RouteFilter{Filter: &registryv1.RouteFilter_RequestRedirect{RequestRedirect: &registryv1.RequestRedirect{StatusCode: 302}}}
 		}, "rules[0].filters[0].request_redirect", "RequestRedirect"},
