@@ -56,7 +56,9 @@ func edgeRoutes(t *testing.T) []model.Route {
 		}
 		return n
 	}
-	pathRe := longest(t, func(n int) string { return `^/api/v[0-9]+/(users|orders)/[0-9a-f]{8}-` + strings.Repeat("[0-9a-f]", n) + "$" }, func(s string) string { return s })
+	pathRe := longest(t, func(n int) string {
+		return `^/api/v[0-9]+/(users|orders)/[0-9a-f]{8}-` + strings.Repeat("[0-9a-f]", n) + "$"
+	}, func(s string) string { return s })
 	headerRe := longest(t, func(n int) string { return `(?i)^bearer [a-z0-9._~+/-]+=*` + strings.Repeat("x", n) }, func(s string) string { return s })
 	queryRe := longest(t, func(n int) string { return `^(asc|desc)` + strings.Repeat(`\.`, n) }, func(s string) string { return s })
 	origin := longest(t, func(n int) string { return "https://" + strings.Repeat("a", n) + ".example" }, model.CORSOriginRegex)
