@@ -188,6 +188,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 		s.Created = svc.CreationTimestamp.Time
 		s.VIPs = appendIPs(nil, svc.Spec.ClusterIPs, skipIP)
 		s.Headless = svc.Spec.ClusterIP == corev1.ClusterIPNone
+		s.ExternalName = svc.Spec.Type == corev1.ServiceTypeExternalName
 		s.Exported = exported[k][in.Cluster]
 		s.Ports = nil
 		for i, p := range svc.Spec.Ports {

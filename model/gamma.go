@@ -3,6 +3,8 @@ package model
 import (
 	"fmt"
 	"regexp"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -16,9 +18,12 @@ const (
 )
 
 // HTTPRouteModel turns an HTTPRoute into a Route, applying the API's defaults (path PathPrefix
-// "/", match type Exact, weight 1, redirect 302). What aether does not serve (the ExtensionRef and
-// ExternalAuth filters, sessionPersistence, a backend of another kind) is listed in the rule's
-// Unsupported or the backend's Invalid with the field's path, never dropped silently.
+// "/", match type Exact, weight 1, redirect 302, the first of repeated header and query names).
+// What aether does not serve (the ExtensionRef and ExternalAuth filters, sessionPersistence, a
+// backend of another kind) and every value the checks of validate.go refuse (what Envoy would
+// refuse, unknown enum values) is listed in the rule's Unsupported, with the field's path and
+// the value, or in the backend's Invalid, never dropped silently; a match that cannot be built
+// is left out of Matches and sets BadMatches.
 func HTTPRouteModel(r *gwv1.HTTPRoute) Route {
 	out := Route{
 		RouteRef:   RouteRef{Kind: KindHTTPRoute, Namespace: r.Namespace, Name: r.Name},
@@ -28,10 +33,16 @@ func HTTPRouteModel(r *gwv1.HTTPRoute) Route {
 	for i, rule := range r.Spec.Rules {
 		f := fmt.Sprintf("spec.rules[%d]", i)
 		mr := RouteRule{Name: sectionName(rule.Name)}
-		for _, m := range rule.Matches {
-			mr.Matches = append(mr.Matches, httpMatch(m))
+		for j, m := range rule.Matches {
+			mm, bad := httpMatch(m)
+			if bad != nil {
+				mr.Unsupported = append(mr.Unsupported, bad.under(fmt.Sprintf("%s.matches[%d]", f, j)).unsupported())
+				mr.BadMatches = true
+				continue
+			}
+			mr.Matches = append(mr.Matches, mm)
 		}
-		if len(mr.Matches) == 0 {
+		if len(rule.Matches) == 0 {
 			mr.Matches = []RouteMatch{{Path: PathMatch{Type: MatchPathPrefix, Value: "/"}}}
 		}
 		for j, fl := range rule.Filters {
@@ -47,27 +58,10 @@ func HTTPRouteModel(r *gwv1.HTTPRoute) Route {
 			mr.Backends = append(mr.Backends, backendWithFilters(r.Namespace, fmt.Sprintf("%s.backendRefs[%d]", f, j), b.BackendRef, b.Filters, &mr))
 		}
 		if t := rule.Timeouts; t != nil {
-			var bad string
-			mr.Timeouts.Request, bad = duration(t.Request)
-			if bad != "" {
-				mr.Unsupported = append(mr.Unsupported, f+".timeouts.request: "+bad)
-			}
-			mr.Timeouts.BackendRequest, bad = duration(t.BackendRequest)
-			if bad != "" {
-				mr.Unsupported = append(mr.Unsupported, f+".timeouts.backendRequest: "+bad)
-			}
+			mr.Timeouts = ruleTimeouts(f+".timeouts", t, &mr)
 		}
 		if rt := rule.Retry; rt != nil {
-			mrt := &RouteRetry{Attempts: rt.Attempts}
-			for _, c := range rt.Codes {
-				mrt.Codes = append(mrt.Codes, int(c))
-			}
-			var bad string
-			mrt.Backoff, bad = duration(rt.Backoff)
-			if bad != "" {
-				mr.Unsupported = append(mr.Unsupported, f+".retry.backoff: "+bad)
-			}
-			mr.Retry = mrt
+			mr.Retry = ruleRetry(f+".retry", rt, &mr)
 		}
 		if rule.SessionPersistence != nil {
 			mr.Unsupported = append(mr.Unsupported, f+".sessionPersistence: not supported")
@@ -78,7 +72,8 @@ func HTTPRouteModel(r *gwv1.HTTPRoute) Route {
 	return out
 }
 
-// GRPCRouteModel turns a GRPCRoute into a Route, as HTTPRouteModel does.
+// GRPCRouteModel turns a GRPCRoute into a Route, as HTTPRouteModel does (method match type
+// Exact by default).
 func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 	out := Route{
 		RouteRef:   RouteRef{Kind: KindGRPCRoute, Namespace: r.Namespace, Name: r.Name},
@@ -88,26 +83,16 @@ func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 	for i, rule := range r.Spec.Rules {
 		f := fmt.Sprintf("spec.rules[%d]", i)
 		mr := RouteRule{Name: sectionName(rule.Name)}
-		for _, m := range rule.Matches {
-			mm := RouteMatch{Headers: headerMatches(grpcHeaders(m.Headers))}
-			if m.Method != nil {
-				g := &GRPCMethodMatch{Type: MatchExact}
-				if m.Method.Type != nil {
-					g.Type = MatchType(*m.Method.Type)
-				}
-				if m.Method.Service != nil {
-					g.Service = *m.Method.Service
-				}
-				if m.Method.Method != nil {
-					g.Method = *m.Method.Method
-				}
-				if g.Service != "" || g.Method != "" {
-					mm.GRPC = g
-				}
+		for j, m := range rule.Matches {
+			mm, bad := grpcMatch(m)
+			if bad != nil {
+				mr.Unsupported = append(mr.Unsupported, bad.under(fmt.Sprintf("%s.matches[%d]", f, j)).unsupported())
+				mr.BadMatches = true
+				continue
 			}
 			mr.Matches = append(mr.Matches, mm)
 		}
-		if len(mr.Matches) == 0 {
+		if len(rule.Matches) == 0 {
 			mr.Matches = []RouteMatch{{}}
 		}
 		for j, fl := range rule.Filters {
@@ -209,7 +194,9 @@ func meshParents(ns string, refs []gwv1.ParentReference) []ParentRef {
 	return out
 }
 
-func httpMatch(m gwv1.HTTPRouteMatch) RouteMatch {
+// httpMatch converts an HTTPRouteMatch; bad is what cannot be served, its field relative to the
+// match.
+func httpMatch(m gwv1.HTTPRouteMatch) (RouteMatch, *fieldProblem) {
 	mm := RouteMatch{Path: PathMatch{Type: MatchPathPrefix, Value: "/"}}
 	if p := m.Path; p != nil {
 		if p.Type != nil {
@@ -219,23 +206,67 @@ func httpMatch(m gwv1.HTTPRouteMatch) RouteMatch {
 			mm.Path.Value = *p.Value
 		}
 	}
-	mm.Headers = headerMatches(m.Headers)
+	if bad := checkPathMatch(mm.Path.Type, mm.Path.Value); bad != nil {
+		return RouteMatch{}, bad.under("path")
+	}
+	var bad *fieldProblem
+	if mm.Headers, bad = headerMatches(m.Headers); bad != nil {
+		return RouteMatch{}, bad
+	}
 	seen := map[string]bool{}
-	for _, q := range m.QueryParams {
-		if seen[string(q.Name)] {
-			continue // the first entry of a name counts (HTTPQueryParamMatch.name)
+	for i, q := range m.QueryParams {
+		f := fmt.Sprintf("queryParams[%d]", i)
+		if why := headerNameReason(string(q.Name)); why != "" {
+			return RouteMatch{}, &fieldProblem{f + ".name", string(q.Name), "want a query parameter name (an RFC 9110 token of at most 256 bytes)"}
 		}
-		seen[string(q.Name)] = true
 		t := MatchExact
 		if q.Type != nil {
 			t = MatchType(*q.Type)
 		}
+		if bad := checkStringMatch(t, q.Value, maxQueryValueLen); bad != nil {
+			return RouteMatch{}, bad.under(f)
+		}
+		if seen[string(q.Name)] {
+			continue // the first entry of a name counts (HTTPQueryParamMatch.name)
+		}
+		seen[string(q.Name)] = true
 		mm.Query = append(mm.Query, StringMatch{Type: t, Name: string(q.Name), Value: q.Value})
 	}
 	if m.Method != nil {
 		mm.Method = string(*m.Method)
+		if why := methodReason(mm.Method); why != "" {
+			return RouteMatch{}, &fieldProblem{"method", mm.Method, why}
+		}
 	}
-	return mm
+	return mm, nil
+}
+
+// grpcMatch converts a GRPCRouteMatch as httpMatch does; a method match with neither service
+// nor method is refused (GRPCMethodMatch: "At least one of Service and Method MUST be a
+// non-empty string"), as is a type aether does not know.
+func grpcMatch(m gwv1.GRPCRouteMatch) (RouteMatch, *fieldProblem) {
+	var mm RouteMatch
+	var bad *fieldProblem
+	if mm.Headers, bad = headerMatches(grpcHeaders(m.Headers)); bad != nil {
+		return RouteMatch{}, bad
+	}
+	if m.Method != nil {
+		g := &GRPCMethodMatch{Type: MatchExact}
+		if m.Method.Type != nil {
+			g.Type = MatchType(*m.Method.Type)
+		}
+		if m.Method.Service != nil {
+			g.Service = *m.Method.Service
+		}
+		if m.Method.Method != nil {
+			g.Method = *m.Method.Method
+		}
+		if bad := checkGRPCMethod(*g); bad != nil {
+			return RouteMatch{}, bad.under("method")
+		}
+		mm.GRPC = g
+	}
+	return mm, nil
 }
 
 func grpcHeaders(hs []gwv1.GRPCHeaderMatch) []gwv1.HTTPHeaderMatch {
@@ -247,23 +278,31 @@ func grpcHeaders(hs []gwv1.GRPCHeaderMatch) []gwv1.HTTPHeaderMatch {
 }
 
 // headerMatches lower-cases names and keeps the first entry of each (HTTPHeaderMatch.name: "only
-// the first entry with an equivalent name MUST be considered").
-func headerMatches(hs []gwv1.HTTPHeaderMatch) []StringMatch {
+// the first entry with an equivalent name MUST be considered"); bad is the first entry that
+// cannot be served (field "headers[i]...").
+func headerMatches(hs []gwv1.HTTPHeaderMatch) ([]StringMatch, *fieldProblem) {
 	var out []StringMatch
 	seen := map[string]bool{}
-	for _, h := range hs {
+	for i, h := range hs {
+		f := fmt.Sprintf("headers[%d]", i)
+		if why := headerNameReason(string(h.Name)); why != "" {
+			return nil, &fieldProblem{f + ".name", string(h.Name), why}
+		}
+		t := MatchExact
+		if h.Type != nil {
+			t = MatchType(*h.Type)
+		}
+		if bad := checkStringMatch(t, h.Value, maxHeaderValueLen); bad != nil {
+			return nil, bad.under(f)
+		}
 		n := strings.ToLower(string(h.Name))
 		if seen[n] {
 			continue
 		}
 		seen[n] = true
-		t := MatchExact
-		if h.Type != nil {
-			t = MatchType(*h.Type)
-		}
 		out = append(out, StringMatch{Type: t, Name: n, Value: h.Value})
 	}
-	return out
+	return out, nil
 }
 
 // httpFilter converts one filter; bad says why aether cannot serve it ("" when it can).
@@ -271,15 +310,25 @@ func httpFilter(ns string, f gwv1.HTTPRouteFilter) (RouteFilter, string) {
 	out := RouteFilter{Type: FilterType(f.Type)}
 	switch f.Type {
 	case gwv1.HTTPRouteFilterRequestHeaderModifier:
-		out.Headers = headerModifier(f.RequestHeaderModifier)
+		var bad *fieldProblem
+		if out.Headers, bad = headerModifier(f.RequestHeaderModifier); bad != nil {
+			return out, bad.under("requestHeaderModifier").unsupported()
+		}
 	case gwv1.HTTPRouteFilterResponseHeaderModifier:
-		out.Headers = headerModifier(f.ResponseHeaderModifier)
+		var bad *fieldProblem
+		if out.Headers, bad = headerModifier(f.ResponseHeaderModifier); bad != nil {
+			return out, bad.under("responseHeaderModifier").unsupported()
+		}
 	case gwv1.HTTPRouteFilterRequestRedirect:
 		rr := f.RequestRedirect
 		if rr == nil {
 			return out, "type RequestRedirect: requestRedirect is not set"
 		}
-		d := &Redirect{StatusCode: 302, Path: pathModifier(rr.Path)}
+		path, bad := pathModifier(rr.Path)
+		if bad != nil {
+			return out, bad.under("requestRedirect.path").unsupported()
+		}
+		d := &Redirect{StatusCode: 302, Path: path}
 		if rr.Scheme != nil {
 			d.Scheme = *rr.Scheme
 		}
@@ -287,7 +336,10 @@ func httpFilter(ns string, f gwv1.HTTPRouteFilter) (RouteFilter, string) {
 			d.Hostname = string(*rr.Hostname)
 		}
 		if rr.Port != nil {
-			d.Port = uint32(*rr.Port)
+			d.Port = uint32(max(*rr.Port, 0))
+			if *rr.Port < 1 || *rr.Port > 65535 {
+				return out, (&fieldProblem{"requestRedirect.port", strconv.Itoa(int(*rr.Port)), "want 1-65535"}).unsupported()
+			}
 		}
 		if rr.StatusCode != nil {
 			d.StatusCode = *rr.StatusCode
@@ -297,14 +349,27 @@ func httpFilter(ns string, f gwv1.HTTPRouteFilter) (RouteFilter, string) {
 		default:
 			return out, fmt.Sprintf("requestRedirect.statusCode: value %d: want 301, 302, 303, 307 or 308", d.StatusCode)
 		}
+		if why := schemeReason(d.Scheme); why != "" {
+			return out, (&fieldProblem{"requestRedirect.scheme", d.Scheme, why}).unsupported()
+		}
+		if why := hostnameReason(d.Hostname); why != "" {
+			return out, (&fieldProblem{"requestRedirect.hostname", d.Hostname, why}).unsupported()
+		}
 		out.Redirect = d
 	case gwv1.HTTPRouteFilterURLRewrite:
 		if f.URLRewrite == nil {
 			return out, "type URLRewrite: urlRewrite is not set"
 		}
-		w := &Rewrite{Path: pathModifier(f.URLRewrite.Path)}
+		path, bad := pathModifier(f.URLRewrite.Path)
+		if bad != nil {
+			return out, bad.under("urlRewrite.path").unsupported()
+		}
+		w := &Rewrite{Path: path}
 		if f.URLRewrite.Hostname != nil {
 			w.Hostname = string(*f.URLRewrite.Hostname)
+		}
+		if why := hostnameReason(w.Hostname); why != "" {
+			return out, (&fieldProblem{"urlRewrite.hostname", w.Hostname, why}).unsupported()
 		}
 		out.Rewrite = w
 	case gwv1.HTTPRouteFilterRequestMirror:
@@ -333,8 +398,8 @@ func httpFilter(ns string, f gwv1.HTTPRouteFilter) (RouteFilter, string) {
 		}
 		mc := &CORS{MaxAge: 5}
 		for i, o := range c.AllowOrigins {
-			if !corsOrigin.MatchString(string(o)) {
-				return out, fmt.Sprintf("cors.allowOrigins[%d]: %q: want \"*\" or <scheme>://<host>[:<port>] with scheme http or https and a host that may start with \"*.\" or be \"*\"", i, o)
+			if why := corsOriginReason(string(o)); why != "" {
+				return out, fmt.Sprintf("cors.allowOrigins[%d]: %s: %s", i, quoteValue(string(o)), why)
 			}
 			mc.AllowOrigins = append(mc.AllowOrigins, string(o))
 		}
@@ -384,39 +449,71 @@ func stringsOf[S ~string](in []S) []string {
 	return out
 }
 
-func headerModifier(h *gwv1.HTTPHeaderFilter) *HeaderModifier {
+// headerModifier converts an HTTPHeaderFilter: names in lower case, the first entry of
+// equivalent names in a list (HTTPHeader.name: "Subsequent entries with an equivalent header
+// name MUST be ignored"); bad is what checkHeaderEdits refuses, at the entry's index as written.
+func headerModifier(h *gwv1.HTTPHeaderFilter) (*HeaderModifier, *fieldProblem) {
 	out := &HeaderModifier{}
 	if h == nil {
-		return out
+		return out, nil
 	}
+	all := &HeaderModifier{}
 	for _, s := range h.Set {
-		out.Set = append(out.Set, Header{Name: strings.ToLower(string(s.Name)), Value: s.Value})
+		all.Set = append(all.Set, Header{Name: strings.ToLower(string(s.Name)), Value: s.Value})
 	}
 	for _, a := range h.Add {
-		out.Add = append(out.Add, Header{Name: strings.ToLower(string(a.Name)), Value: a.Value})
+		all.Add = append(all.Add, Header{Name: strings.ToLower(string(a.Name)), Value: a.Value})
 	}
 	for _, r := range h.Remove {
-		out.Remove = append(out.Remove, strings.ToLower(r))
+		all.Remove = append(all.Remove, strings.ToLower(r))
 	}
-	return out
+	if bad := checkHeaderEdits(all, true); bad != nil {
+		return nil, bad
+	}
+	first := func(hs []Header) []Header {
+		var kept []Header
+		for _, e := range hs {
+			if !slices.ContainsFunc(kept, func(k Header) bool { return k.Name == e.Name }) {
+				kept = append(kept, e)
+			}
+		}
+		return kept
+	}
+	out.Set, out.Add = first(all.Set), first(all.Add)
+	for _, r := range all.Remove {
+		if !slices.Contains(out.Remove, r) {
+			out.Remove = append(out.Remove, r)
+		}
+	}
+	return out, nil
 }
 
-func pathModifier(p *gwv1.HTTPPathModifier) *PathModifier {
+// pathModifier converts an HTTPPathModifier; bad is a type aether does not know or a value
+// pathModifierReason refuses (field "type", "replaceFullPath" or "replacePrefixMatch").
+func pathModifier(p *gwv1.HTTPPathModifier) (*PathModifier, *fieldProblem) {
 	if p == nil {
-		return nil
+		return nil, nil
 	}
 	out := &PathModifier{Type: string(p.Type)}
+	field := ""
 	switch p.Type {
 	case gwv1.FullPathHTTPPathModifier:
+		field = "replaceFullPath"
 		if p.ReplaceFullPath != nil {
 			out.Value = *p.ReplaceFullPath
 		}
 	case gwv1.PrefixMatchHTTPPathModifier:
+		field = "replacePrefixMatch"
 		if p.ReplacePrefixMatch != nil {
 			out.Value = *p.ReplacePrefixMatch
 		}
+	default:
+		return nil, &fieldProblem{"type", string(p.Type), "want ReplaceFullPath or ReplacePrefixMatch"}
 	}
-	return out
+	if why := pathModifierReason(out.Value); why != "" {
+		return nil, &fieldProblem{field, out.Value, why}
+	}
+	return out, nil
 }
 
 // backendRef converts a backendRef; a kind other than Service and ServiceImport is Invalid
@@ -452,16 +549,65 @@ func backendRef(ns string, b gwv1.BackendRef) BackendRef {
 	return out
 }
 
-// duration parses a Gateway API Duration (GEP-2257); nil stays nil.
-func duration(d *gwv1.Duration) (*time.Duration, string) {
+// duration parses a Gateway API Duration (parseDuration); nil stays nil. bad is the refusal,
+// field f.
+func duration(f string, d *gwv1.Duration) (*time.Duration, *fieldProblem) {
 	if d == nil {
-		return nil, ""
+		return nil, nil
 	}
-	v, err := time.ParseDuration(string(*d))
-	if err != nil || v < 0 {
-		return nil, fmt.Sprintf("value %q: want a Gateway API duration such as 500ms or 1h30m (GEP-2257)", *d)
+	v, why := parseDuration(string(*d))
+	if why != "" {
+		return nil, &fieldProblem{f, string(*d), why}
 	}
-	return &v, ""
+	return &v, nil
+}
+
+// ruleTimeouts converts HTTPRouteTimeouts (field f), listing what it refuses in mr.Unsupported:
+// a duration not in GEP-2257's format, a backendRequest over request (timeoutsReason).
+func ruleTimeouts(f string, t *gwv1.HTTPRouteTimeouts, mr *RouteRule) RouteTimeouts {
+	var out RouteTimeouts
+	var bad *fieldProblem
+	if out.Request, bad = duration(f+".request", t.Request); bad != nil {
+		mr.Unsupported = append(mr.Unsupported, bad.unsupported())
+	}
+	if out.BackendRequest, bad = duration(f+".backendRequest", t.BackendRequest); bad != nil {
+		mr.Unsupported = append(mr.Unsupported, bad.unsupported())
+	}
+	if why := timeoutsReason(out.Request, out.BackendRequest); why != "" {
+		mr.Unsupported = append(mr.Unsupported, (&fieldProblem{f + ".backendRequest", string(*t.BackendRequest), why}).unsupported())
+		out.BackendRequest = nil
+	}
+	return out
+}
+
+// ruleRetry converts HTTPRouteRetry (field f), listing what checkRetry and duration refuse in
+// mr.Unsupported. A backoff of 0s becomes 1 ms (retryBackoff): Envoy refuses a back-off of 0,
+// and waiting 1 ms honours a minimum of 0.
+func ruleRetry(f string, rt *gwv1.HTTPRouteRetry, mr *RouteRule) *RouteRetry {
+	out := &RouteRetry{}
+	var attempts *int64
+	if rt.Attempts != nil {
+		a := int64(*rt.Attempts)
+		attempts = &a
+	}
+	codes := make([]int, len(rt.Codes))
+	for i, c := range rt.Codes {
+		codes[i] = int(c)
+	}
+	if bad := checkRetry(attempts, codes); bad != nil {
+		mr.Unsupported = append(mr.Unsupported, bad.under(f).unsupported())
+		return nil
+	}
+	out.Attempts = rt.Attempts
+	if len(codes) > 0 {
+		out.Codes = codes
+	}
+	var bad *fieldProblem
+	if out.Backoff, bad = duration(f+".backoff", rt.Backoff); bad != nil {
+		mr.Unsupported = append(mr.Unsupported, bad.unsupported())
+	}
+	out.Backoff = retryBackoff(out.Backoff)
+	return out
 }
 
 // incompatibleFilters lists the filter combinations the spec forbids or aether cannot serve in

@@ -115,6 +115,10 @@ type Service struct {
 	// Headless is true for a local Service with spec.clusterIP None: it has no VIP, its clients
 	// resolve its pods' IPs (kube-dns) and connect to one pod directly.
 	Headless bool
+	// ExternalName is true for a local Service of type ExternalName: a DNS alias with no VIP and
+	// no endpoints, which a route cannot send to (GEP-1294: such Services "SHOULD NOT be allowed
+	// as parentRefs or backendRefs").
+	ExternalName bool
 	// Imported is true when a ServiceImport exists for it in this cluster (exported somewhere in
 	// the clusterset).
 	Imported bool

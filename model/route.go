@@ -78,7 +78,9 @@ type RouteRule struct {
 	// Name is the rule's name ("" when unset).
 	Name string
 	// Matches are the rule's matches, any of which selects the rule; never empty (a rule without
-	// matches gets the default one: PathPrefix "/" for HTTPRoute, every request for GRPCRoute).
+	// matches gets the default one: PathPrefix "/" for HTTPRoute, every request for GRPCRoute),
+	// except when BadMatches: a match that cannot be built is left out (its reason is in
+	// Unsupported).
 	Matches []RouteMatch
 	// Filters are the rule's filters in order.
 	Filters []RouteFilter
@@ -99,7 +101,7 @@ type RouteRule struct {
 	// rather than falling through to other rules, unless BadMatches.
 	FailClosed bool
 	// BadMatches is set when a match of the rule cannot be built (its reason is in
-	// Unsupported): the rule is dropped even when FailClosed.
+	// Unsupported, the match is not in Matches): the rule is dropped even when FailClosed.
 	BadMatches bool
 }
 
@@ -281,7 +283,8 @@ type RouteRetry struct {
 	Attempts *int
 	// Codes are the HTTP status codes retried.
 	Codes []int
-	// Backoff is the base interval between attempts; nil when unset (Envoy's 25 ms).
+	// Backoff is the base interval between attempts; nil when unset (Envoy's 25 ms), never below
+	// 1 ms (a backoff of 0s is 1 ms: Envoy refuses 0, and 1 ms honours a minimum of 0).
 	Backoff *time.Duration
 }
 

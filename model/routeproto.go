@@ -53,10 +53,11 @@ const (
 	maxHeaderValueLen = 4096
 	maxQueryValueLen  = 1024
 	maxWeight         = 1000000
-	// maxUnsupported is what conversion can list for one rule: one per filter of the rule (16) and
-	// of its backendRefs (16 x 16), four for timeouts, backoff and sessionPersistence, and 22 for
-	// filter combinations (incompatibleFilters).
-	maxUnsupported = 16 + 16*16 + 4 + 22
+	// maxUnsupported is what conversion can list for one rule: one per match (64), per filter of
+	// the rule (16) and of its backendRefs (16 x 16), three for timeouts (each and the pair), three
+	// for retry (attempts, codes, backoff), one for sessionPersistence and 22 for filter
+	// combinations (incompatibleFilters).
+	maxUnsupported = 64 + 16 + 16*16 + 3 + 3 + 1 + 22
 	// maxMessageLen caps an unsupported entry and an invalid backend's message.
 	maxMessageLen = 1024
 	// maxDurationMs is the longest duration time.Duration holds, in milliseconds.
@@ -66,8 +67,6 @@ const (
 var (
 	// kindName is Gateway API Kind.
 	kindName = regexp.MustCompile(`^[a-zA-Z]([-a-zA-Z0-9]*[a-zA-Z0-9])?$`)
-	// pathChars are the characters of an Exact or PathPrefix HTTPPathMatch value.
-	pathChars = regexp.MustCompile(`^(?:[-A-Za-z0-9/._~!$&'()*+,;=:@]|[%][0-9a-fA-F]{2})+$`)
 	// grpcService and grpcMethod are what an Exact GRPCMethodMatch may hold.
 	grpcService = regexp.MustCompile(`^(?i)\.?[a-z_][a-z_0-9]*(\.[a-z_][a-z_0-9]*)*$`)
 	grpcMethod  = regexp.MustCompile(`^[A-Za-z_][A-Za-z_0-9]*$`)
@@ -302,13 +301,17 @@ func backendToProto(b BackendRef) *registryv1.BackendRef {
 // kinds and enum values it knows (UNSPECIFIED and unknown numbers are refused), names (namespace
 // an RFC 1123 label, name a subdomain; parent and backend names 1-253 characters without '/',
 // spaces or control characters), ports 0-65535, weights 0-1000000, redirect codes 301, 302, 303,
-// 307 and 308, mirror fractions 0 <= numerator <= denominator with denominator > 0, paths,
-// regular expressions (RE2), path modifiers (no spaces or control characters), header names (lower case where the model lower-cases them) and
-// values, CORS lists, durations >= 0 (backend_request_ms <= request_ms unless that is 0), retry
-// attempts >= 1 and codes 400-599, the Gateway API's list lengths, what each route kind allows (no
-// path, query or method on a GRPCRoute, no gRPC method on an HTTPRoute, only header modifiers
-// and mirrors on a GRPCRoute rule, only header modifiers on a backendRef), and a backend's
-// invalid set exactly on KIND_OTHER with reason InvalidKind.
+// 307 and 308, mirror fractions 0 <= numerator <= denominator with denominator > 0, and every
+// value the checks HTTPRouteModel applies refuse (validate.go: paths, regular expressions as
+// Envoy's RE2 takes them and their program size, gRPC method matches, header names and values,
+// header modifiers with each name once and neither host nor a pseudo-header, path modifiers,
+// redirect schemes, CORS origins, backend_request_ms <= request_ms unless that is 0, retry
+// attempts and codes), a header or query name matched once per match, durations >= 0, the
+// Gateway API's list lengths, what each route kind allows (no path, query or method on a
+// GRPCRoute, no gRPC method on an HTTPRoute, only header modifiers and mirrors on a GRPCRoute
+// rule, only header modifiers on a backendRef), at least one match per rule unless bad_matches,
+// and a backend's invalid set exactly on KIND_OTHER with reason InvalidKind. A retry backoff of
+// 0 reads as 1 ms, as HTTPRouteModel makes it.
 //
 // The error is a *RouteFieldError naming the first refused field by its path in the record and
 // its value (`rules[2].filters[0].request_redirect.status_code: invalid value "305": want 301,
@@ -447,8 +450,8 @@ func ruleFromProto(p *registryv1.RouteRule, f string, grpc bool) (RouteRule, err
 		return RouteRule{}, err
 	}
 	switch n := len(p.GetMatches()); {
-	case n == 0:
-		return RouteRule{}, routeFieldErr(f+".matches", "0 items", "want at least one (the default match is written out)")
+	case n == 0 && !p.GetBadMatches():
+		return RouteRule{}, routeFieldErr(f+".matches", "0 items", "want at least one (the default match is written out), unless bad_matches")
 	case n > maxMatches:
 		return RouteRule{}, routeTooMany(f+".matches", n, maxMatches)
 	}
@@ -484,9 +487,8 @@ func ruleFromProto(p *registryv1.RouteRule, f string, grpc bool) (RouteRule, err
 		if r.Timeouts.BackendRequest, err = durationFromProto(t.BackendRequestMs, f+".timeouts.backend_request_ms"); err != nil {
 			return RouteRule{}, err
 		}
-		if rq, br := r.Timeouts.Request, r.Timeouts.BackendRequest; rq != nil && br != nil && *rq != 0 && *br > *rq {
-			return RouteRule{}, routeFieldErr(f+".timeouts.backend_request_ms", strconv.FormatInt(t.GetBackendRequestMs(), 10),
-				"must not exceed request_ms unless that is 0 (Gateway API HTTPRouteTimeouts)")
+		if why := timeoutsReason(r.Timeouts.Request, r.Timeouts.BackendRequest); why != "" {
+			return RouteRule{}, routeFieldErr(f+".timeouts.backend_request_ms", strconv.FormatInt(t.GetBackendRequestMs(), 10), why)
 		}
 	}
 	if rt := p.GetRetry(); rt != nil {
@@ -527,29 +529,29 @@ func durationFromProto(ms *int64, f string) (*time.Duration, error) {
 	return &d, nil
 }
 
+// retryFromProto converts a retry policy; a backoff of 0 becomes minRetryBackoff, as
+// HTTPRouteModel makes it.
 func retryFromProto(p *registryv1.RetryPolicy, f string) (*RouteRetry, error) {
 	rt := &RouteRetry{}
+	codes := make([]int, len(p.GetCodes()))
+	for i, c := range p.GetCodes() {
+		codes[i] = int(min(c, math.MaxInt32))
+	}
+	if bad := checkRetry(p.Attempts, codes); bad != nil {
+		return nil, bad.under(f).err()
+	}
 	if p.Attempts != nil {
-		a := p.GetAttempts()
-		if a < 1 || a > math.MaxInt32 {
-			return nil, routeFieldErr(f+".attempts", strconv.FormatInt(a, 10), "want 1-2147483647 (HTTPRouteRetry.attempts)")
-		}
-		n := int(a)
+		n := int(p.GetAttempts())
 		rt.Attempts = &n
 	}
-	if n := len(p.GetCodes()); n > maxRetryCodes {
-		return nil, routeTooMany(f+".codes", n, maxRetryCodes)
-	}
-	for i, c := range p.GetCodes() {
-		if c < 400 || c > 599 {
-			return nil, routeFieldErr(fmt.Sprintf("%s.codes[%d]", f, i), strconv.FormatUint(uint64(c), 10), "want 400-599 (HTTPRouteRetryStatusCode)")
-		}
-		rt.Codes = append(rt.Codes, int(c))
+	if len(codes) > 0 {
+		rt.Codes = codes
 	}
 	var err error
 	if rt.Backoff, err = durationFromProto(p.BackoffMs, f+".backoff_ms"); err != nil {
 		return nil, err
 	}
+	rt.Backoff = retryBackoff(rt.Backoff)
 	return rt, nil
 }
 
@@ -565,8 +567,8 @@ func matchFromProto(p *registryv1.RouteMatch, f string, grpc bool) (RouteMatch, 
 		if !ok {
 			return RouteMatch{}, routeFieldErr(f+".path.type", pp.GetType().String(), "want TYPE_EXACT, TYPE_PATH_PREFIX or TYPE_REGULAR_EXPRESSION")
 		}
-		if err := validPathMatchValue(f+".path.value", t, pp.GetValue()); err != nil {
-			return RouteMatch{}, err
+		if bad := checkPathMatch(t, pp.GetValue()); bad != nil {
+			return RouteMatch{}, bad.under(f + ".path").err()
 		}
 		m.Path = PathMatch{Type: t, Value: pp.GetValue()}
 	}
@@ -578,6 +580,9 @@ func matchFromProto(p *registryv1.RouteMatch, f string, grpc bool) (RouteMatch, 
 		sm, err := stringMatchFromProto(h.GetType(), h.GetName(), h.GetValue(), hf, true, maxHeaderValueLen)
 		if err != nil {
 			return RouteMatch{}, err
+		}
+		if slices.ContainsFunc(m.Headers, func(o StringMatch) bool { return o.Name == sm.Name }) {
+			return RouteMatch{}, routeFieldErr(hf+".name", sm.Name, "given twice: each name once (the first of equivalent names counts)")
 		}
 		m.Headers = append(m.Headers, sm)
 	}
@@ -593,9 +598,12 @@ func matchFromProto(p *registryv1.RouteMatch, f string, grpc bool) (RouteMatch, 
 		if err != nil {
 			return RouteMatch{}, err
 		}
+		if slices.ContainsFunc(m.Query, func(o StringMatch) bool { return o.Name == sm.Name }) {
+			return RouteMatch{}, routeFieldErr(qf+".name", sm.Name, "given twice: each name once (the first counts)")
+		}
 		m.Query = append(m.Query, sm)
 	}
-	if m.Method = p.GetMethod(); m.Method != "" && (grpc || !slices.Contains(httpMethods, m.Method)) {
+	if m.Method = p.GetMethod(); m.Method != "" && (grpc || methodReason(m.Method) != "") {
 		return RouteMatch{}, routeFieldErr(f+".method", m.Method, "want GET, HEAD, POST, PUT, DELETE, CONNECT, OPTIONS, TRACE or PATCH, on an HTTPRoute only")
 	}
 	if g := p.GetGrpcMethod(); g != nil {
@@ -606,45 +614,6 @@ func matchFromProto(p *registryv1.RouteMatch, f string, grpc bool) (RouteMatch, 
 		m.GRPC = gm
 	}
 	return m, nil
-}
-
-// validPathMatchValue checks an HTTPPathMatch value as the CRD does: an RE2 expression, or an absolute
-// path of URL path characters without "//", "/./", "/../", "%2f", "#" or a trailing "/." or "/..".
-func validPathMatchValue(f string, t MatchType, v string) error {
-	if len(v) > maxPathLen {
-		return routeFieldErr(f, v, "want at most 1024 bytes")
-	}
-	if t == MatchRegex {
-		return validRegex(f, v)
-	}
-	switch {
-	case !strings.HasPrefix(v, "/"):
-		return routeFieldErr(f, v, "want an absolute path starting with /")
-	case !pathChars.MatchString(v):
-		return routeFieldErr(f, v, "want only the characters -A-Za-z0-9/._~!$&'()*+,;=:@ and %XX escapes")
-	case strings.Contains(v, "//") || strings.Contains(v, "/./") || strings.Contains(v, "/../") ||
-		strings.Contains(strings.ToLower(v), "%2f") || strings.HasSuffix(v, "/.") || strings.HasSuffix(v, "/.."):
-		return routeFieldErr(f, v, "must not contain //, /./, /../ or %2f, nor end with /. or /..")
-	}
-	return nil
-}
-
-func validRegex(f, v string) error {
-	if len(v) > maxPathLen {
-		return routeFieldErr(f, v, "want at most 1024 bytes")
-	}
-	if _, err := regexp.Compile(v); err != nil {
-		return routeFieldErr(f, v, "want an RE2 regular expression")
-	}
-	return nil
-}
-
-// validHeaderValue checks a header value: at most 4096 bytes, no NUL, CR or LF (RFC 9110 field value).
-func validHeaderValue(f, v string) error {
-	if len(v) > maxHeaderValueLen || strings.ContainsAny(v, "\x00\r\n") {
-		return routeFieldErr(f, v, "want at most 4096 bytes without NUL, CR or LF")
-	}
-	return nil
 }
 
 // validLowerHeaderName checks a header name the model keeps in lower case.
@@ -667,12 +636,8 @@ func stringMatchFromProto(t registryv1.StringMatchType, name, value, f string, l
 	} else if !validHeaderName(name) {
 		return StringMatch{}, routeFieldErr(f+".name", name, "want a query parameter name (Gateway API HeaderName)")
 	}
-	if mt == MatchRegex {
-		if err := validRegex(f+".value", value); err != nil {
-			return StringMatch{}, err
-		}
-	} else if len(value) > maxLen || strings.ContainsAny(value, "\x00\r\n") {
-		return StringMatch{}, routeFieldErr(f+".value", value, fmt.Sprintf("want at most %d bytes without NUL, CR or LF", maxLen))
+	if bad := checkStringMatch(mt, value, maxLen); bad != nil {
+		return StringMatch{}, bad.under(f).err()
 	}
 	return StringMatch{Type: mt, Name: name, Value: value}, nil
 }
@@ -685,24 +650,11 @@ func grpcMatchFromProto(p *registryv1.GRPCMethodMatch, f string, grpc bool) (*GR
 	if !ok {
 		return nil, routeFieldErr(f+".type", p.GetType().String(), "want STRING_MATCH_TYPE_EXACT or STRING_MATCH_TYPE_REGULAR_EXPRESSION")
 	}
-	if p.GetService() == "" && p.GetMethod() == "" {
-		return nil, routeFieldErr(f, "", "want service and/or method (absent matches every method)")
+	g := &GRPCMethodMatch{Type: mt, Service: p.GetService(), Method: p.GetMethod()}
+	if bad := checkGRPCMethod(*g); bad != nil {
+		return nil, bad.under(f).err()
 	}
-	for _, c := range []struct {
-		field, v string
-		exact    *regexp.Regexp
-	}{{f + ".service", p.GetService(), grpcService}, {f + ".method", p.GetMethod(), grpcMethod}} {
-		switch {
-		case c.v == "":
-		case mt == MatchRegex:
-			if err := validRegex(c.field, c.v); err != nil {
-				return nil, err
-			}
-		case len(c.v) > maxPathLen || !c.exact.MatchString(c.v):
-			return nil, routeFieldErr(c.field, c.v, "want "+c.exact.String()+" (GRPCMethodMatch)")
-		}
-	}
-	return &GRPCMethodMatch{Type: mt, Service: p.GetService(), Method: p.GetMethod()}, nil
+	return g, nil
 }
 
 // The filter types a rule, a GRPCRoute rule and a backendRef take.
@@ -776,46 +728,20 @@ func filterFromProto(p *registryv1.RouteFilter, f string, allowed []FilterType) 
 	return out, nil
 }
 
+// headerModifierFromProto converts a header modifier, checked as checkHeaderEdits says (each
+// name once).
 func headerModifierFromProto(p *registryv1.HeaderModifier, f string) (*HeaderModifier, error) {
-	out := &HeaderModifier{}
-	for _, l := range []struct {
-		name string
-		hs   []*registryv1.Header
-		to   *[]Header
-	}{{"set", p.GetSet(), &out.Set}, {"add", p.GetAdd(), &out.Add}} {
-		if len(l.hs) > maxHeaderEdits {
-			return nil, routeTooMany(f+"."+l.name, len(l.hs), maxHeaderEdits)
-		}
-		for i, h := range l.hs {
-			hf := fmt.Sprintf("%s.%s[%d]", f, l.name, i)
-			if err := validLowerHeaderName(hf+".name", h.GetName()); err != nil {
-				return nil, err
-			}
-			if err := validHeaderValue(hf+".value", h.GetValue()); err != nil {
-				return nil, err
-			}
-			*l.to = append(*l.to, Header{Name: h.GetName(), Value: h.GetValue()})
-		}
+	out := &HeaderModifier{Remove: slices.Clone(p.GetRemove())}
+	for _, h := range p.GetSet() {
+		out.Set = append(out.Set, Header{Name: h.GetName(), Value: h.GetValue()})
 	}
-	if n := len(p.GetRemove()); n > maxHeaderEdits {
-		return nil, routeTooMany(f+".remove", n, maxHeaderEdits)
+	for _, h := range p.GetAdd() {
+		out.Add = append(out.Add, Header{Name: h.GetName(), Value: h.GetValue()})
 	}
-	for i, n := range p.GetRemove() {
-		if err := validLowerHeaderName(fmt.Sprintf("%s.remove[%d]", f, i), n); err != nil {
-			return nil, err
-		}
+	if bad := checkHeaderEdits(out, false); bad != nil {
+		return nil, bad.under(f).err()
 	}
-	out.Remove = slices.Clone(p.GetRemove())
 	return out, nil
-}
-
-// validHostname checks a redirect's or rewrite's hostname (Gateway API PreciseHostname), "" when
-// unset.
-func validHostname(f, h string) error {
-	if h != "" && len(validation.IsDNS1123Subdomain(h)) > 0 {
-		return routeFieldErr(f, h, "want a DNS name (RFC 1123 subdomain), or empty")
-	}
-	return nil
 }
 
 func pathModifierFromProto(p *registryv1.PathModifier, f string) (*PathModifier, error) {
@@ -826,20 +752,19 @@ func pathModifierFromProto(p *registryv1.PathModifier, f string) (*PathModifier,
 	if !ok {
 		return nil, routeFieldErr(f+".type", p.GetType().String(), "want TYPE_REPLACE_FULL_PATH or TYPE_REPLACE_PREFIX_MATCH")
 	}
-	// The CRD bounds only the length; spaces and control characters have no place in a path.
 	v := p.GetValue()
-	if len(v) > maxPathLen || strings.ContainsFunc(v, func(c rune) bool { return c <= ' ' || c == 0x7f }) {
-		return nil, routeFieldErr(f+".value", v, "want at most 1024 bytes without spaces or control characters")
+	if why := pathModifierReason(v); why != "" {
+		return nil, routeFieldErr(f+".value", v, why)
 	}
 	return &PathModifier{Type: t, Value: v}, nil
 }
 
 func redirectFromProto(p *registryv1.RequestRedirect, f string) (*Redirect, error) {
-	if s := p.GetScheme(); s != "" && s != "http" && s != "https" {
-		return nil, routeFieldErr(f+".scheme", s, "want http, https or empty")
+	if why := schemeReason(p.GetScheme()); why != "" {
+		return nil, routeFieldErr(f+".scheme", p.GetScheme(), why+", or empty")
 	}
-	if err := validHostname(f+".hostname", p.GetHostname()); err != nil {
-		return nil, err
+	if why := hostnameReason(p.GetHostname()); why != "" {
+		return nil, routeFieldErr(f+".hostname", p.GetHostname(), why)
 	}
 	path, err := pathModifierFromProto(p.GetPath(), f+".path")
 	if err != nil {
@@ -855,8 +780,8 @@ func redirectFromProto(p *registryv1.RequestRedirect, f string) (*Redirect, erro
 }
 
 func rewriteFromProto(p *registryv1.URLRewrite, f string) (*Rewrite, error) {
-	if err := validHostname(f+".hostname", p.GetHostname()); err != nil {
-		return nil, err
+	if why := hostnameReason(p.GetHostname()); why != "" {
+		return nil, routeFieldErr(f+".hostname", p.GetHostname(), why)
 	}
 	path, err := pathModifierFromProto(p.GetPath(), f+".path")
 	if err != nil {
@@ -892,8 +817,8 @@ func corsFromProto(p *registryv1.CORS, f string) (*CORS, error) {
 		valid func(string) bool
 		to    *[]string
 	}{
-		{"allow_origins", p.GetAllowOrigins(), maxCORSList, func(s string) bool { return len(s) <= 253 && corsOrigin.MatchString(s) }, &c.AllowOrigins},
-		{"allow_methods", p.GetAllowMethods(), maxCORSMethods, func(s string) bool { return s == "*" || slices.Contains(httpMethods, s) }, &c.AllowMethods},
+		{"allow_origins", p.GetAllowOrigins(), maxCORSList, func(s string) bool { return corsOriginReason(s) == "" }, &c.AllowOrigins},
+		{"allow_methods", p.GetAllowMethods(), maxCORSMethods, func(s string) bool { return s == "*" || (s != "" && methodReason(s) == "") }, &c.AllowMethods},
 		{"allow_headers", p.GetAllowHeaders(), maxCORSList, validHeaderName, &c.AllowHeaders},
 		{"expose_headers", p.GetExposeHeaders(), maxCORSList, validHeaderName, &c.ExposeHeaders},
 	} {
@@ -902,7 +827,11 @@ func corsFromProto(p *registryv1.CORS, f string) (*CORS, error) {
 		}
 		for i, v := range l.vs {
 			if !l.valid(v) {
-				return nil, routeFieldErr(fmt.Sprintf("%s.%s[%d]", f, l.name, i), v, "want a value HTTPCORSFilter allows (GEP-1767)")
+				why := "want a value HTTPCORSFilter allows (GEP-1767)"
+				if l.name == "allow_origins" {
+					why = corsOriginReason(v)
+				}
+				return nil, routeFieldErr(fmt.Sprintf("%s.%s[%d]", f, l.name, i), v, why)
 			}
 			if v == "*" && len(l.vs) > 1 && l.name != "expose_headers" {
 				return nil, routeFieldErr(fmt.Sprintf("%s.%s[%d]", f, l.name, i), v, "'*' must be the only entry")

@@ -73,7 +73,7 @@ func fullRoute() Route {
 			}},
 			Filters: []RouteFilter{
 				{Type: FilterRequestHeaderModifier, Headers: &HeaderModifier{
-					Set: []Header{{"x-a", "1"}}, Add: []Header{{"x-b", "2"}, {"x-b", "3"}}, Remove: []string{"x-c"}}},
+					Set: []Header{{"x-a", "1"}}, Add: []Header{{"x-b", "2"}, {"x-d", "3"}}, Remove: []string{"x-c"}}},
 				{Type: FilterResponseHeaderModifier, Headers: &HeaderModifier{Set: []Header{{"x-served-by", "canary"}}}},
 				{Type: FilterURLRewrite, Rewrite: &Rewrite{Hostname: "web.internal", Path: &PathModifier{Type: ReplacePrefixMatch, Value: "/v2"}}},
 				{Type: FilterRequestMirror, Mirror: &Mirror{
@@ -197,7 +197,16 @@ func TestRouteProtoRoundTrip(t *testing.T) {
 			}
 			return ""
 		}},
-		{"retry backoff zero", withRule(func(r *RouteRule) { r.Retry = &RouteRetry{Backoff: dur(0), Codes: []int{}} }), nil},
+		{"retry backoff at its minimum", withRule(func(r *RouteRule) { r.Retry = &RouteRetry{Backoff: dur(minRetryBackoff), Codes: []int{}} }), nil},
+		{"a rule whose every match is bad has none", withRule(func(r *RouteRule) {
+			r.Matches, r.BadMatches = nil, true
+			r.Unsupported = []string{`spec.rules[0].matches[0].path.value: invalid value "(": not an RE2 expression: missing closing ): "("`}
+		}), func(p *registryv1.Route) string {
+			if len(p.Rules[0].Matches) != 0 || !p.Rules[0].BadMatches {
+				return fmt.Sprintf("rule = %v, want no matches and bad_matches", p.Rules[0])
+			}
+			return ""
+		}},
 		{"retry attempts one", withRule(func(r *RouteRule) { r.Retry = &RouteRetry{Attempts: ptr(1)} }), nil},
 		{"weights at the edges", withRule(func(r *RouteRule) {
 			r.Backends = []BackendRef{{Kind: BackendService, Service: ServiceKey{"a", "x"}, Port: 65535, Weight: 0},
@@ -306,6 +315,20 @@ func TestRouteProtoFromKubernetes(t *testing.T) {
 	}
 }
 
+// TestRouteFromProtoZeroBackoff: a record's retry backoff of 0 reads as the model's minimum, as
+// HTTPRouteModel makes a backoff of 0s (Envoy refuses a retry back-off of 0).
+func TestRouteFromProtoZeroBackoff(t *testing.T) {
+	p := RouteToProto(fullRoute())
+	p.Rules[0].Retry.BackoffMs = proto.Int64(0)
+	r, err := RouteFromProto(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := r.Rules[0].Retry.Backoff; b == nil || *b != time.Millisecond {
+		t.Errorf("backoff = %v, want 1ms", b)
+	}
+}
+
 // TestRouteToProtoResolvedAndFinerDurations: what RouteToProto leaves out or rounds, by design.
 func TestRouteToProtoResolvedAndFinerDurations(t *testing.T) {
 	r := Route{RouteRef: RouteRef{Kind: KindHTTPRoute, Namespace: "a", Name: "r"}, Rules: []RouteRule{{
@@ -340,17 +363,23 @@ func randomRoute(rng *rand.Rand) Route {
 		}
 		return dur(time.Duration(1+rng.IntN(100000)) * time.Millisecond)
 	}
-	headers := func() []Header {
+	// headers are a header modifier's list of names from names (each once: a model's lists
+	// hold each name once, in one list only).
+	headers := func(names ...string) []Header {
 		var hs []Header
-		for range rng.IntN(3) {
-			hs = append(hs, Header{Name: pick("x-a", "x-b", "te"), Value: pick("", "1", "a b")})
+		for _, n := range names {
+			if rng.IntN(2) == 0 {
+				hs = append(hs, Header{Name: n, Value: pick("", "1", "a b")})
+			}
 		}
 		return hs
 	}
 	headerMod := func() *HeaderModifier {
-		h := &HeaderModifier{Set: headers(), Add: headers()}
-		for range rng.IntN(3) {
-			h.Remove = append(h.Remove, pick("x-c", "server"))
+		h := &HeaderModifier{Set: headers("x-a", "te"), Add: headers("x-b", "x-set-cookie")}
+		for _, n := range []string{"x-c", "server"} {
+			if rng.IntN(2) == 0 {
+				h.Remove = append(h.Remove, n)
+			}
 		}
 		return h
 	}
@@ -380,13 +409,16 @@ func randomRoute(rng *rand.Rand) Route {
 	matchType := func() MatchType { return MatchType(pick(string(MatchExact), string(MatchRegex))) }
 	stringMatches := func(names ...string) []StringMatch {
 		var ms []StringMatch
-		for range rng.IntN(3) {
+		for _, n := range names {
+			if rng.IntN(2) == 0 {
+				continue
+			}
 			t := matchType()
 			v := pick("a", "", "x y")
 			if t == MatchRegex {
 				v = pick("^a+$", ".*", "[0-9]{2}")
 			}
-			ms = append(ms, StringMatch{Type: t, Name: pick(names...), Value: v})
+			ms = append(ms, StringMatch{Type: t, Name: n, Value: v})
 		}
 		return ms
 	}
@@ -478,7 +510,7 @@ func randomRoute(rng *rand.Rand) Route {
 			rule.Timeouts.BackendRequest = dur(*rq)
 		}
 		if rng.IntN(2) == 0 {
-			rt := &RouteRetry{Backoff: maybeDur()}
+			rt := &RouteRetry{Backoff: retryBackoff(maybeDur())} // a model's backoff is never 0
 			if rng.IntN(2) == 0 {
 				rt.Attempts = ptr(1 + rng.IntN(10))
 			}
@@ -570,6 +602,25 @@ func TestRouteFromProtoRefusals(t *testing.T) {
 		{"header modifier remove", false, func(p *registryv1.Route) {
 			p.Rules[0].Filters[0].GetRequestHeaderModifier().Remove[0] = ""
 		}, "rules[0].filters[0].request_header_modifier.remove[0]", ""},
+		{"header modifier sets host", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[0].GetRequestHeaderModifier().Set[0].Name = "host"
+		}, "rules[0].filters[0].request_header_modifier.set[0].name", "host"},
+		{"header modifier removes a pseudo-header", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[0].GetRequestHeaderModifier().Remove[0] = ":path"
+		}, "rules[0].filters[0].request_header_modifier.remove[0]", ":path"},
+		{"header modifier sets and removes one name", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[0].GetRequestHeaderModifier().Remove[0] = "x-a"
+		}, "rules[0].filters[0].request_header_modifier.remove[0]", "x-a"},
+		{"header modifier adds one name twice", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[0].GetRequestHeaderModifier().Add[1].Name = "x-b"
+		}, "rules[0].filters[0].request_header_modifier.add[1].name", "x-b"},
+		{"header matched twice", false, func(p *registryv1.Route) { p.Rules[0].Matches[0].Headers[1].Name = "x-env" }, "rules[0].matches[0].headers[1].name", "x-env"},
+		{"query parameter matched twice", false, func(p *registryv1.Route) { p.Rules[0].Matches[0].QueryParams[1].Name = "Debug" }, "rules[0].matches[0].query_params[1].name", "Debug"},
+		{"path regex over Envoy's program size", false, func(p *registryv1.Route) { p.Rules[0].Matches[2].Path.Value = uuidPath }, "rules[0].matches[2].path.value", uuidPath},
+		{"non-ASCII header regex", false, func(p *registryv1.Route) { p.Rules[0].Matches[0].Headers[1].Value = "é" }, "rules[0].matches[0].headers[1].value", "é"},
+		{"CORS origin over Envoy's program size", false, func(p *registryv1.Route) {
+			p.Rules[0].Filters[5].GetCors().AllowOrigins[0] = "https://" + strings.Repeat("a", 90) + ".example"
+		}, "rules[0].filters[5].cors.allow_origins[0]", "https://" + strings.Repeat("a", 90) + ".example"},
 		{"redirect code 305", false, func(p *registryv1.Route) {
 			p.Rules[1].Filters[0].GetRequestRedirect().StatusCode = 305
 		}, "rules[1].filters[0].request_redirect.status_code", "305"},
@@ -658,6 +709,7 @@ func TestRouteFromProtoRefusals(t *testing.T) {
 			p.Rules[0].Matches[0].GrpcMethod.Service = "shop/Cart"
 		}, "rules[0].matches[0].grpc_method.service", "shop/Cart"},
 		{"GRPC method regex", true, func(p *registryv1.Route) { p.Rules[0].Matches[2].GrpcMethod.Method = "(" }, "rules[0].matches[2].grpc_method.method", "("},
+		{"GRPC service regex that breaks Envoy's embedding", true, func(p *registryv1.Route) { p.Rules[0].Matches[2].GrpcMethod.Service = `\Qa` }, "rules[0].matches[2].grpc_method", `\Qa/Get.*`},
 		{"GRPC rule with a redirect", true, func(p *registryv1.Route) {
 			p.Rules[0].Filters[0] = &registryv1.RouteFilter{Filter: &registryv1.RouteFilter_RequestRedirect{RequestRedirect: &registryv1.RequestRedirect{StatusCode: 302}}}
 		}, "rules[0].filters[0].request_redirect", "RequestRedirect"},

@@ -117,7 +117,8 @@ type candidate struct {
 //     UnsupportedValue or IncompatibleFilters when none is left);
 //   - a backend that is not a mesh Service port of an HTTP protocol (HTTP/2 or gRPC for a
 //     GRPCRoute) is Invalid (ResolvedRefs=False with BackendNotFound, InvalidKind or
-//     UnsupportedProtocol) and its share of requests gets 500; a Service backend means the
+//     UnsupportedProtocol, as is a Service of type ExternalName) and its share of requests gets
+//     500; a Service backend means the
 //     Service's endpoints in this cluster, a ServiceImport backend its clusterset endpoints;
 //     backends in other namespaces need no ReferenceGrant (GEP-1294);
 //   - entries are ordered by the match precedence of HTTPRouteRule.matches (Exact path, longest
@@ -143,6 +144,11 @@ func ResolveRoutes(services map[ServiceKey]*Service, routes []Route) (*Routing, 
 			switch {
 			case why != "":
 				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonNoMatchingParent), Message: why}
+			case len(r.Rules) == 0:
+				// GRPCRoute rules have no minimum (an HTTPRoute's default to one rule): a route
+				// without rules would route nothing, so that every request to the frontend fails.
+				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonUnsupportedValue),
+					Message: fmt.Sprintf("the %s has no rules: nothing to route; give it a rule (a rule without matches matches every request)", r.Kind)}
 			case served == 0:
 				reason := gwv1.RouteReasonUnsupportedValue
 				if incompatible {
@@ -183,7 +189,7 @@ func bindCandidates(cands []candidate, statuses []RouteStatus) *Routing {
 		}
 	}
 	type parentKey struct{ route, parent int }
-	won := map[parentKey]bool{}
+	won := map[parentKey][]Frontend{}
 	lost := map[parentKey][]Frontend{}
 	groups := map[key][]candidate{}
 	for _, c := range cands {
@@ -192,16 +198,18 @@ func bindCandidates(cands []candidate, statuses []RouteStatus) *Routing {
 			lost[pk] = append(lost[pk], c.fe)
 			continue
 		}
-		won[pk] = true
+		won[pk] = append(won[pk], c.fe)
 		if !slices.ContainsFunc(groups[k], func(o candidate) bool { return o.route == c.route }) {
 			groups[k] = append(groups[k], c)
 		}
 	}
 	for pk, fes := range lost {
-		if won[pk] {
+		ps := &statuses[pk.route].Parents[pk.parent]
+		if w := won[pk]; len(w) > 0 {
+			// Still bound where no GRPCRoute is: say where, and where not.
+			ps.Accepted.Message = "bound to " + joinFrontends(w) + "; not to " + joinFrontends(fes) + ", where a GRPCRoute is bound and wins over an HTTPRoute (GEP-1294, Route types)"
 			continue
 		}
-		ps := &statuses[pk.route].Parents[pk.parent]
 		ps.Accepted = Condition{Reason: ReasonConflicted, Message: "a GRPCRoute is bound to " + joinFrontends(fes) + " and wins over an HTTPRoute (GEP-1294, Route types)"}
 		ps.PartiallyInvalid = nil
 	}
@@ -390,6 +398,11 @@ func resolveBackend(services map[ServiceKey]*Service, kind RouteKind, b *Backend
 	if s == nil || (!imp && !s.Local) || (imp && !s.Imported) {
 		b.Invalid = &Condition{Reason: string(gwv1.RouteReasonBackendNotFound),
 			Message: fmt.Sprintf("backendRef %s %s: not found in a mesh namespace", b.Kind, b.Service)}
+		return
+	}
+	if !imp && s.ExternalName {
+		b.Invalid = &Condition{Reason: string(gwv1.RouteReasonUnsupportedProtocol),
+			Message: fmt.Sprintf("backendRef Service %s is of type ExternalName: aether routes to mesh Services with endpoints, not to a DNS alias (Gateway API: implementations SHOULD NOT support ExternalName Services)", b.Service)}
 		return
 	}
 	if b.Port == 0 {

@@ -33,6 +33,10 @@ func routeSources(t *testing.T, docs ...string) Sources {
 		},
 		Imports: []*mcsv1beta1.ServiceImport{{}},
 	}
+	ext := &corev1.Service{Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "db.example.com",
+		Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}
+	ext.Namespace, ext.Name = "shop", "ext"
+	in.Services = append(in.Services, ext)
 	in.Imports[0].Namespace, in.Imports[0].Name = "shop", "web"
 	in.Imports[0].Spec.IPs = []string{"10.97.0.10"}
 	for i, d := range docs {
@@ -276,6 +280,18 @@ func TestResolveRoutesRefusals(t *testing.T) {
 		name: "CORS header name with a space", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: CORS, cors: {allowHeaders: [\"x-a, x-b\"]}}]\n"),
 		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: `cors.allowHeaders[0]: "x-a, x-b"`,
 	}, {
+		name: "ExternalName backend", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - backendRefs: [{name: ext, port: 80}]\n"),
+		accepted: "true Accepted", resolved: "false UnsupportedProtocol", message: "backendRef Service shop/ext is of type ExternalName",
+	}, {
+		name: "a regex Envoy would refuse, the only rule", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - matches: [{path: {type: RegularExpression, value: \"/a(\"}}]\n"),
+		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: `no rule can be served: rule 0: spec.rules[0].matches[0].path.value: invalid value "/a(": not an RE2 expression`,
+	}, {
+		name: "setting Host, one rule of two", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - {}\n  - filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: Host, value: h}]}}]\n"),
+		accepted: "true Accepted", resolved: "true ResolvedRefs", partial: `Dropped Rule(s): rule 1: spec.rules[1].filters[0]: requestHeaderModifier.set[0].name: invalid value "host"`,
+	}, {
+		name: "a GRPCRoute without rules", route: route("GRPCRoute", "shop", "r", 0, parent("")),
+		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: "the GRPCRoute has no rules: nothing to route; give it a rule (a rule without matches matches every request)",
+	}, {
 		name: "mirror to a missing backend", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: RequestMirror, requestMirror: {backendRef: {name: gone, port: 80}}}]\n"),
 		accepted: "true Accepted", resolved: "false BackendNotFound", message: "shop/gone",
 	}} {
@@ -390,5 +406,22 @@ func TestRouteModelDefaultsAndFilters(t *testing.T) {
 	}
 	if e := mesh.Routing.For(web80, "x"); len(e) != 2 || e[0].Rule.Backends[2].Invalid != nil {
 		t.Errorf("entries = %+v, want 2 with a valid ServiceImport backend", e)
+	}
+}
+
+// TestResolveRoutesPartlyConflicted: an HTTPRoute bound to every port of a Service that loses one
+// port to a GRPCRoute stays Accepted, and its message names where it is bound and where not.
+func TestResolveRoutesPartlyConflicted(t *testing.T) {
+	m := Assemble(1, routeSources(t,
+		route("HTTPRoute", "shop", "h", 0, webParent+"  rules:\n  - {}\n"),
+		route("GRPCRoute", "shop", "g", 0, "  parentRefs:\n  - {group: \"\", kind: Service, name: web, port: 80}\n  rules:\n  - {}\n"),
+	))
+	a := statusOf(t, m, "h").Parents[0].Accepted
+	want := "bound to Service shop/web:8080; not to Service shop/web:80, where a GRPCRoute is bound and wins over an HTTPRoute (GEP-1294, Route types)"
+	if !a.Status || a.Message != want {
+		t.Errorf("Accepted = %+v, want True with message %q", a, want)
+	}
+	if got := entryNames(m.Routing.For(Frontend{Service: ServiceKey{"shop", "web"}, Port: 8080}, "x")); got != "h/0.0" {
+		t.Errorf("port 8080 routes = %s, want the HTTPRoute", got)
 	}
 }
