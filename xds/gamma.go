@@ -199,17 +199,8 @@ func routeMatch(mm model.RouteMatch) *routev3.RouteMatch {
 		case g.Type == model.MatchExact && g.Method == "":
 			rm.PathSpecifier = &routev3.RouteMatch_Prefix{Prefix: "/" + g.Service + "/"}
 		default:
-			svc, method := g.Service, g.Method
-			if g.Type == model.MatchExact {
-				svc, method = regexp.QuoteMeta(svc), regexp.QuoteMeta(method)
-			}
-			if svc == "" {
-				svc = "[^/]+"
-			}
-			if method == "" {
-				method = "[^/]+"
-			}
-			rm.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: "/(" + svc + ")/(" + method + ")"}}
+			re, _ := model.GRPCMethodRegex(*g) // the expression the model checks
+			rm.PathSpecifier = &routev3.RouteMatch_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: re}}
 		}
 	case mm.Path.Type == model.MatchExact:
 		rm.PathSpecifier = &routev3.RouteMatch_Path{Path: mm.Path.Value}
@@ -334,7 +325,7 @@ func redirectAction(p model.PathMatch, d *model.Redirect, port uint32) *routev3.
 
 // corsPolicy is the Envoy CorsPolicy (the per-route config of CORSFilterName) of an
 // HTTPCORSFilter (GEP-1767, Gateway API v1.6.3):
-//   - allowOrigins: one matcher per origin (corsOriginRegex); "*" alone allows every origin.
+//   - allowOrigins: one matcher per origin (model.CORSOriginRegex, which the model also bounds); "*" alone allows every origin.
 //     Envoy answers with the request's Origin in Access-Control-Allow-Origin, never "*", which
 //     the spec requires with allowCredentials and allows without.
 //   - allowMethods, allowHeaders: joined with ", "; for "*" Envoy echoes the preflight's
@@ -367,41 +358,9 @@ func corsPolicy(c *model.CORS) *corsv3.CorsPolicy {
 			continue
 		}
 		p.AllowOriginStringMatch = append(p.AllowOriginStringMatch, &matcherv3.StringMatcher{
-			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: corsOriginRegex(o)}}})
+			MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: model.CORSOriginRegex(o)}}})
 	}
 	return p
-}
-
-// corsOriginRegex is the RE2 regex (matched whole by Envoy) of the Origin header values an
-// allowOrigins entry "<scheme>://<host>[:<port>]" (model-validated) allows, as
-// HTTPCORSFilter.allowOrigins defines them: scheme and host compared without case; a host "*"
-// matches every host and a leading "*." one or more DNS labels (so "https://*.bar.com" allows
-// https://www.bar.com and https://a.www.bar.com, not https://bar.com); without a port, the
-// scheme's default port (80 for http, 443 for https) is assumed, so the Origin may carry it or
-// leave it out.
-func corsOriginRegex(origin string) string {
-	scheme, hostport, _ := strings.Cut(origin, "://")
-	host, port := hostport, ""
-	if i := strings.LastIndexByte(hostport, ':'); i >= 0 {
-		host, port = hostport[:i], hostport[i+1:]
-	}
-	var h string
-	switch {
-	case host == "*":
-		h = `[a-z0-9.-]+`
-	case strings.HasPrefix(host, "*."):
-		h = `([a-z0-9-]+\.)+` + regexp.QuoteMeta(host[2:])
-	default:
-		h = regexp.QuoteMeta(host)
-	}
-	p := ":" + port
-	if port == "" {
-		p = "(:80)?"
-		if strings.EqualFold(scheme, "https") {
-			p = "(:443)?"
-		}
-	}
-	return "(?i)" + regexp.QuoteMeta(scheme) + "://" + h + p
 }
 
 // redirectPort is the RedirectAction.port_redirect of redirect d on a frontend on port, which is
