@@ -97,21 +97,22 @@ type RouteRule struct {
 	// apply that must not be skipped: an ExtensionRef or ExternalAuth filter
 	// (HTTPRouteFilter.type: "the filter MUST NOT be skipped. Instead, requests that would have
 	// been processed by that filter MUST receive a HTTP error response"). Such a rule is bound
-	// and every request it matches is answered with an error (HTTP 500, gRPC UNAVAILABLE)
-	// rather than falling through to other rules, unless BadMatches.
+	// and every request its Matches match is answered with an error (HTTP 500, gRPC
+	// UNAVAILABLE) rather than falling through to other rules; a match that could not be built
+	// (BadMatches) is not among them.
 	FailClosed bool
 	// BadMatches is set when a match of the rule cannot be built (its reason is in
-	// Unsupported, the match is not in Matches): the rule is dropped even when FailClosed.
+	// Unsupported, the match is not in Matches).
 	BadMatches bool
 }
 
 // Served reports how a rule is served: as written (no Unsupported), as an error response to
-// every request it matches (FailClosed without BadMatches), or not at all.
+// every request its Matches match (FailClosed, with a match left), or not at all.
 func (r *RouteRule) Served() (served, asError bool) {
 	switch {
 	case len(r.Unsupported) == 0:
 		return true, false
-	case r.FailClosed && !r.BadMatches:
+	case r.FailClosed && len(r.Matches) > 0:
 		return true, true
 	}
 	return false, false

@@ -425,3 +425,20 @@ func TestResolveRoutesPartlyConflicted(t *testing.T) {
 		t.Errorf("port 8080 routes = %s, want the HTTPRoute", got)
 	}
 }
+
+// TestFailClosedKeepsItsGoodMatches: a rule with an ExternalAuth filter and one match that
+// cannot be built still answers its other match with an error; its requests never fall through
+// to the catch-all rule (HTTPRouteFilter.type: the filter MUST NOT be skipped).
+func TestFailClosedKeepsItsGoodMatches(t *testing.T) {
+	m := Assemble(1, routeSources(t, route("HTTPRoute", "shop", "r", 0, "  parentRefs:\n  - {group: \"\", kind: Service, name: web}\n  rules:\n"+
+		"  - matches: [{path: {type: RegularExpression, value: \"/a(\"}}, {path: {type: Exact, value: /admin}}]\n"+
+		"    filters: [{type: ExternalAuth, externalAuth: {protocol: HTTP, backendRef: {name: web, port: 80}}}]\n"+
+		"  - matches: [{path: {type: PathPrefix, value: /}}]\n")))
+	es := m.Routing.For(web80, "client")
+	if got := entryNames(es); got != "r/0.0 r/1.0" {
+		t.Fatalf("entries = %s, want the guarded rule's good match, then the catch-all", got)
+	}
+	if served, asError := es[0].Rule.Served(); !served || !asError || es[0].Match.Path.Value != "/admin" {
+		t.Errorf("guarded rule: served %t as error %t, match %+v; want /admin answered with an error", served, asError, es[0].Match.Path)
+	}
+}

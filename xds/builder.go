@@ -230,13 +230,17 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	}
 	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
 	var mirrors map[string]*mirrorEntry
+	var omitted int
 	if len(rt.mirrors) > 0 && len(m.Pods) > 0 {
-		if mirrors, err = mirrorResources(localIDs(m), rt.mirrors, entries, bl.mirrors); err != nil {
+		if mirrors, omitted, err = mirrorResources(localIDsByNamespace(m), rt.mirrors, entries, bl.mirrors); err != nil {
 			return nil, err
 		}
 	}
 
-	r := &Resources{}
+	r := &Resources{Warnings: slices.Clone(rt.warnings)}
+	if omitted > 0 {
+		r.Warnings = append(r.Warnings, fmt.Sprintf("GAMMA mirrors: %d mirror clusters over the node's bound of %d are not built; their mirrored copies are not sent", omitted, maxMirrorClusters))
+	}
 	known := func(valid bool, xs ...any) {
 		if valid {
 			for _, x := range xs {

@@ -367,6 +367,21 @@ func peerIDs(eps []model.Endpoint) []string {
 	return slices.Compact(ids)
 }
 
+// localIDsByNamespace are the local pods' SPIFFE IDs by namespace, each list sorted.
+func localIDsByNamespace(m *model.Mesh) map[string][]string {
+	out := map[string][]string{}
+	for _, p := range m.Pods {
+		id := p.SPIFFEID(m.TrustDomain)
+		if !slices.Contains(out[p.Namespace], id) {
+			out[p.Namespace] = append(out[p.Namespace], id)
+		}
+	}
+	for _, ids := range out {
+		slices.Sort(ids)
+	}
+	return out
+}
+
 // localIDs returns the SPIFFE IDs of the local pods, sorted and unique.
 func localIDs(m *model.Mesh) []string {
 	seen := map[string]bool{}

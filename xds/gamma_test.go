@@ -471,7 +471,8 @@ func TestGAMMAErrorsAndRedirectFilters(t *testing.T) {
 		return model.RouteEntry{Route: model.RouteRef{Kind: kind, Namespace: "shop", Name: "r"}, Rule: rule,
 			Match: model.RouteMatch{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}}
 	}
-	closed := &model.RouteRule{Unsupported: []string{"x"}, FailClosed: true, Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}}}
+	closed := &model.RouteRule{Unsupported: []string{"x"}, FailClosed: true, Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}},
+		Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}}}
 	for _, tc := range []struct {
 		name string
 		e    model.RouteEntry
@@ -508,5 +509,138 @@ func TestGAMMAErrorsAndRedirectFilters(t *testing.T) {
 	}
 	if err := r.ValidateAll(); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestGAMMARouteListGuards: a route list Envoy's validation refuses (here a retry back-off of 0,
+// which the model never makes) is served as a 500 for its frontend only, with a warning; a
+// route on a ServiceImport whose clusterset VIP another service holds does not take that VIP;
+// the table is the same from build to build.
+func TestGAMMARouteListGuards(t *testing.T) {
+	g := goldenMesh()
+	web, api := model.ServiceKey{Namespace: "shop", Name: "web"}, model.ServiceKey{Namespace: "edge", Name: "api"}
+	var services []*model.Service
+	for _, s := range g.Services {
+		if s.Key == api {
+			c := *s
+			// web's VIP too: web comes later in model order, so the VIP is web's.
+			c.ClustersetVIPs = []netip.Addr{netip.MustParseAddr("10.96.0.10")}
+			s = &c
+		}
+		services = append(services, s)
+	}
+	zero := time.Duration(0)
+	mesh := func() *model.Mesh {
+		m := model.New(g.Version, g.Cluster, g.MeshDomain, g.TrustDomain, g.Node, services, g.Endpoints, g.Pods)
+		byKey := map[model.ServiceKey]*model.Service{}
+		for _, s := range m.Services {
+			byKey[s.Key] = s
+		}
+		m.Routing, _ = model.ResolveRoutes(byKey, []model.Route{{
+			RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "bad"},
+			Parents:  []model.ParentRef{{Kind: model.ParentService, Service: web, Port: 9090}},
+			Rules: []model.RouteRule{{Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}},
+				Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 9090, Weight: 1}},
+				Retry:    &model.RouteRetry{Backoff: &zero}}},
+		}, {
+			RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "edge", Name: "clash"},
+			Parents:  []model.ParentRef{{Kind: model.ParentServiceImport, Service: api, Port: 80}},
+			Rules: []model.RouteRule{{Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}},
+				Filters: []model.RouteFilter{{Type: model.FilterRequestRedirect, Redirect: &model.Redirect{Hostname: "elsewhere", StatusCode: 302}}}}},
+		}})
+		return m
+	}
+	r := buildValid(t, mesh(), Options{})
+	if len(r.Warnings) != 1 || !strings.Contains(r.Warnings[0], "Service shop/web:9090") {
+		t.Errorf("warnings = %q, want one for web:9090's refused route list", r.Warnings)
+	}
+	if rl := routeListOf(t, r, "10.96.0.10:9090"); len(rl.Routes) != 1 || rl.Routes[0].GetDirectResponse().GetStatus() != 500 {
+		t.Errorf("web:9090's list = %v, want one route answering 500", rl)
+	}
+	if act := routeNamed(r, CaptureRouteName).GetVirtualHosts()[0].GetMatcher().GetMatcherTree().GetExactMatchMap().GetMap()["10.96.0.10:80"].GetAction(); act.GetName() != "route" ||
+		!strings.Contains(act.GetTypedConfig().GetTypeUrl(), "config.route.v3.Route") || strings.Contains(act.GetTypedConfig().GetTypeUrl(), "RouteList") {
+		t.Errorf("10.96.0.10:80 = %v, want web's default route (api's route on the clashing clusterset VIP is not web's)", act)
+	}
+	again := buildValid(t, mesh(), Options{})
+	if got, want := stableJSON(t, asMessages(again.Routes)), stableJSON(t, asMessages(r.Routes)); string(got) != string(want) {
+		t.Error("the same model built twice gives different route tables")
+	}
+}
+
+// TestGAMMAMirrorScopeAndBound: a consumer route's mirror gets mirror clusters for its
+// namespace's identities only, a producer route's for every local identity; no more than
+// maxMirrorClusters are built, the rest counted.
+func TestGAMMAMirrorScopeAndBound(t *testing.T) {
+	m := goldenMesh()
+	bl := NewBuilder(Options{})
+	var entries []*svcEntry
+	if _, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE")); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range bl.svcs {
+		entries = append(entries, e)
+	}
+	const target = "web.shop.mesh:80"
+	ids := localIDsByNamespace(m) // shop: client, db, web; edge: none in goldenMesh
+	ids["edge"] = []string{"spiffe://aether.internal/ns/edge/sa/x"}
+	out, omitted, err := mirrorResources(ids, []mirrorTarget{{cluster: target, ns: "edge"}}, entries, nil)
+	if err != nil || omitted != 0 || len(out) != 1 || out[mirrorClusterName("spiffe://aether.internal/ns/edge/sa/x", target)] == nil {
+		t.Errorf("consumer mirror of edge: %d clusters (%v), omitted %d, %v; want edge's identity only", len(out), slices.Collect(maps.Keys(out)), omitted, err)
+	}
+	out, _, _ = mirrorResources(ids, []mirrorTarget{{cluster: target}}, entries, nil)
+	if len(out) != 4 {
+		t.Errorf("producer mirror: %d clusters, want one per local identity (4)", len(out))
+	}
+	many := map[string][]string{}
+	for i := range maxMirrorClusters + 10 {
+		many["ns"] = append(many["ns"], fmt.Sprintf("spiffe://aether.internal/ns/ns/sa/%05d", i))
+	}
+	out, omitted, err = mirrorResources(many, []mirrorTarget{{cluster: target, ns: "ns"}}, entries, nil)
+	if err != nil || len(out) != maxMirrorClusters || omitted != 10 {
+		t.Errorf("%d identities: %d clusters, omitted %d, %v; want %d and 10", maxMirrorClusters+10, len(out), omitted, err, maxMirrorClusters)
+	}
+}
+
+// TestBuilderGAMMALocalClusterFollowsImport: when a Service backend's service becomes imported
+// too (and so gets a local cluster) with nothing else of the routing changing, the Builder
+// builds the route lists again: they name the local cluster, as a full build does.
+func TestBuilderGAMMALocalClusterFollowsImport(t *testing.T) {
+	g := goldenMesh()
+	web := model.ServiceKey{Namespace: "shop", Name: "web"}
+	mesh := func(imported bool) *model.Mesh {
+		var services []*model.Service
+		for _, s := range g.Services {
+			if s.Key == web {
+				c := *s
+				c.Imported = imported
+				s = &c
+			}
+			services = append(services, s)
+		}
+		return withRoutes(t, model.New(g.Version, g.Cluster, g.MeshDomain, g.TrustDomain, g.Node, services, g.Endpoints, g.Pods), []model.Route{{
+			RouteRef: model.RouteRef{Kind: model.KindHTTPRoute, Namespace: "shop", Name: "r"},
+			Parents:  []model.ParentRef{{Kind: model.ParentService, Service: web, Port: 80}},
+			Rules: []model.RouteRule{{Matches: []model.RouteMatch{{Path: model.PathMatch{Type: model.MatchPathPrefix, Value: "/"}}},
+				Backends: []model.BackendRef{{Kind: model.BackendService, Service: web, Port: 80, Weight: 1}}}},
+		}})
+	}
+	bl := NewBuilder(Options{})
+	for _, imported := range []bool{false, true, false} {
+		m := mesh(imported)
+		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "web.shop.mesh:80"
+		if imported {
+			want = "local|web.shop.mesh:80"
+		}
+		if got := routeListOf(t, r, "10.96.0.10:80").Routes[0].GetRoute().GetCluster(); got != want {
+			t.Errorf("imported %t: the route sends to %s, want %s", imported, got, want)
+		}
+		full := buildValid(t, m, Options{})
+		if a, b := stableJSON(t, asMessages(r.Routes)), stableJSON(t, asMessages(full.Routes)); string(a) != string(b) {
+			t.Errorf("imported %t: incremental route tables differ from a full build", imported)
+		}
 	}
 }

@@ -136,7 +136,7 @@ func (rt *routing) withDirect(entries []*svcEntry) *routing {
 	}
 	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, captureRoute: rt.captureRoute, laneRoute: rt.laneRoute,
 		sharedValid: rt.valid || rt.sharedValid, vipRouteValid: rt.valid || rt.vipRouteValid,
-		gamma: rt.gamma, consumerNS: rt.consumerNS, mirrors: rt.mirrors, lists: rt.lists}
+		gamma: rt.gamma, consumerNS: rt.consumerNS, localImported: rt.localImported, mirrors: rt.mirrors, lists: rt.lists, warnings: rt.warnings}
 	if n.assembleDirect(entries); n.directInMatcher {
 		return nil
 	}

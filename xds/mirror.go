@@ -2,6 +2,7 @@ package xds
 
 import (
 	"fmt"
+	"slices"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -23,19 +24,26 @@ type mirrorEntry struct {
 	valid, claValid bool
 }
 
-// mirrorResources are the mirror clusters of a build: for each local identity of ids and each
-// cluster of targets, target's cluster and EDS resource (from entries) copied under
-// mirrorClusterName with the identity's certificate (mirrorCluster). An entry of old whose
-// source is the same value is kept. A target whose cluster has a transport_socket_matcher
-// (CertMatcher) gets none: that mechanism picks the certificate from the filter state a mirrored
-// copy does not have, and so cannot mirror.
-func mirrorResources(ids, targets []string, entries []*svcEntry, old map[string]*mirrorEntry) (map[string]*mirrorEntry, error) {
-	if len(ids) == 0 || len(targets) == 0 {
-		return nil, nil
+// maxMirrorClusters bounds the mirror clusters of one node: each is a copy of a backend's
+// cluster and endpoints, and routes in any namespace may name up to 16 x 16 mirrors per route.
+const maxMirrorClusters = 1024
+
+// mirrorResources are the mirror clusters of a build: for each target (a backend cluster and the
+// namespace whose callers mirror to it, "" for all) and each local identity of those callers
+// (idsByNS: the local pods' SPIFFE IDs by namespace, sorted), the target's cluster and EDS
+// resource (from entries) copied under mirrorClusterName with the identity's certificate
+// (mirrorCluster), at most maxMirrorClusters in all, in target then identity order; omitted
+// counts the ones over the bound. An entry of old whose source is the same value is kept. A
+// target whose cluster has a transport_socket_matcher (CertMatcher) gets none: that mechanism
+// picks the certificate from the filter state a mirrored copy does not have, and so cannot
+// mirror.
+func mirrorResources(idsByNS map[string][]string, targets []mirrorTarget, entries []*svcEntry, old map[string]*mirrorEntry) (out map[string]*mirrorEntry, omitted int, err error) {
+	if len(idsByNS) == 0 || len(targets) == 0 {
+		return nil, 0, nil
 	}
 	want := map[string]bool{}
 	for _, t := range targets {
-		want[t] = true
+		want[t.cluster] = true
 	}
 	srcs := map[string]*clusterv3.Cluster{}
 	clas := map[string]*endpointv3.ClusterLoadAssignment{}
@@ -51,21 +59,37 @@ func mirrorResources(ids, targets []string, entries []*svcEntry, old map[string]
 			}
 		}
 	}
-	out := map[string]*mirrorEntry{}
+	var all []string
+	for _, ids := range idsByNS {
+		all = append(all, ids...)
+	}
+	slices.Sort(all)
+	out = map[string]*mirrorEntry{}
 	for _, t := range targets {
-		src, srcCLA := srcs[t], clas[t]
+		src, srcCLA := srcs[t.cluster], clas[t.cluster]
 		if src == nil || srcCLA == nil || src.TransportSocketMatcher != nil {
 			continue
 		}
+		ids := idsByNS[t.ns]
+		if t.ns == "" {
+			ids = all
+		}
 		for _, id := range ids {
-			name := mirrorClusterName(id, t)
+			name := mirrorClusterName(id, t.cluster)
+			if out[name] != nil {
+				continue // a producer and a consumer route of the same caller's namespace
+			}
+			if len(out) == maxMirrorClusters {
+				omitted++
+				continue
+			}
 			me := &mirrorEntry{src: src, srcCLA: srcCLA}
 			if o := old[name]; o != nil && o.src == src {
 				me.c, me.valid = o.c, o.valid
 			} else {
 				c, err := mirrorCluster(src, name, id)
 				if err != nil {
-					return nil, err
+					return nil, 0, err
 				}
 				me.c = c
 			}
@@ -78,7 +102,7 @@ func mirrorResources(ids, targets []string, entries []*svcEntry, old map[string]
 			out[name] = me
 		}
 	}
-	return out, nil
+	return out, omitted, nil
 }
 
 // mirrorCluster is src under name with every transport socket presenting the SVID of identity id

@@ -29,6 +29,10 @@ type Resources struct {
 	// Runtimes are the RTDS layers: RuntimeLayerName with Options.PodMaxConnections (none
 	// without it).
 	Runtimes []*runtimev3.Runtime
+	// Warnings say where the resources serve less than the model asks, one sentence each (a
+	// frontend's route list Envoy would refuse, answered 500 instead; mirror clusters over the
+	// node's bound); the Server logs them when they change.
+	Warnings []string
 
 	// known holds resources (and shared capture matchers) a Builder carried over unchanged from
 	// an earlier build whose ValidateAll passed: ValidateAll skips them.

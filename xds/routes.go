@@ -1,6 +1,8 @@
 package xds
 
 import (
+	"cmp"
+	"fmt"
 	"maps"
 	"net/netip"
 	"reflect"
@@ -47,9 +49,14 @@ type routing struct {
 	// consumerNS are the namespaces whose GAMMA consumer routes captureRoute holds: those with
 	// pods on this node (consumerNamespaces), sorted.
 	consumerNS []string
-	// mirrors are the clusters captureRoute's GAMMA routes mirror to, sorted: each gets a
-	// mirror cluster per local identity (mirrorClusterName).
-	mirrors []string
+	// localImported are the services that are local and imported (localImported) these route
+	// lists were built for.
+	localImported []model.ServiceKey
+	// mirrors are the clusters captureRoute's GAMMA routes mirror to and for which callers,
+	// sorted: each gets a mirror cluster per local identity of those callers (mirrorClusterName).
+	mirrors []mirrorTarget
+	// warnings say what the route table serves differently from the model (newFrontendList).
+	warnings []string
 	// valid is set once a build that used this routing passed ValidateAll. The other flags say
 	// that a part is the value of an earlier routing that had: sharedValid the matcher, chains
 	// and lane route (withDirect), vipRouteValid captureRoute, directValid headlessRoute and
@@ -104,7 +111,7 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 	rt.laneRoute = lane
 	if o := keep.old; o != nil && keep.sameVIPRoutes {
 		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
-		rt.consumerNS, rt.mirrors, rt.lists = o.consumerNS, o.mirrors, o.lists
+		rt.consumerNS, rt.localImported, rt.mirrors, rt.lists, rt.warnings = o.consumerNS, o.localImported, o.mirrors, o.lists, o.warnings
 	} else {
 		rt.gammaRoutes(b.m, entries, nil, nil)
 	}
@@ -181,12 +188,20 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 // The route lists of the frontends in keep are those of old (the same routes, for the same
 // services and consumer namespaces: gammaDiff), not built again.
 func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry, old *routing, keep map[model.Frontend]bool) {
-	table := routeMap(entries, func(e *svcEntry) []vipRoute { return e.routes })
-	rt.consumerNS, rt.mirrors, rt.lists = consumerNamespaces(m), nil, nil
+	table := map[string]*xdsmatcher.Matcher_OnMatch{}
+	owner := map[string]model.ServiceKey{} // the service each VIP:port's default route is
+	for _, e := range entries {
+		for _, r := range e.routes {
+			table[r.dst], owner[r.dst] = r.action, e.svc.Key
+		}
+	}
+	rt.consumerNS, rt.localImported, rt.mirrors, rt.lists, rt.warnings = consumerNamespaces(m), localImported(m), nil, nil, nil
 	if gm := m.Routing; gm != nil {
 		rt.lists = make(map[model.Frontend]frontendList, len(gm.Ports))
-		mirrors := map[string]bool{}
-		for fe, pr := range gm.Ports {
+		mirrors := map[mirrorTarget]bool{}
+		// In a fixed order, so that the table and its warnings are the same for the same model.
+		for _, fe := range slices.SortedFunc(maps.Keys(gm.Ports), compareFrontends) {
+			pr := gm.Ports[fe]
 			s := m.Service(fe.Service)
 			if s == nil {
 				continue
@@ -199,57 +214,114 @@ func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry, old *routing,
 			if !ok {
 				fl = newFrontendList(m, fe, pr, rt.consumerNS)
 			}
-			for _, c := range fl.mirrors {
-				mirrors[c] = true
+			for _, mt := range fl.mirrors {
+				mirrors[mt] = true
+			}
+			if fl.refused != "" {
+				rt.warnings = append(rt.warnings, fmt.Sprintf("GAMMA routes of %s: %s; its requests are answered 500 until the routes change", fe, fl.refused))
 			}
 			if fl.act == nil {
 				continue
 			}
 			rt.lists[fe] = fl
-			act := fl.act
 			vips := s.VIPs
 			if fe.Import {
 				vips = s.ClustersetVIPs
 			}
 			for _, vip := range vips {
-				table[netip.AddrPortFrom(vip, uint16(fe.Port)).String()] = act
+				// A route list replaces its own service's default route only: a VIP another
+				// service holds (a clash, which the later service wins) is not the route's.
+				if dst := netip.AddrPortFrom(vip, uint16(fe.Port)).String(); owner[dst] == fe.Service {
+					table[dst] = fl.act
+				}
 			}
 		}
-		rt.mirrors = slices.Sorted(maps.Keys(mirrors))
+		rt.mirrors = slices.SortedFunc(maps.Keys(mirrors), compareMirrorTargets)
 	}
 	rt.captureRoute = captureRoute(CaptureRouteName, table)
 }
 
+// compareFrontends orders frontends by service, then Service before ServiceImport, then port.
+func compareFrontends(a, b model.Frontend) int {
+	if c := a.Service.Compare(b.Service); c != 0 {
+		return c
+	}
+	if a.Import != b.Import {
+		if !a.Import {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(a.Port, b.Port)
+}
+
+// localImported are the services that are local and imported, sorted: their Service backends use
+// their local clusters (hasLocalCluster), so a change of this set changes route lists.
+func localImported(m *model.Mesh) []model.ServiceKey {
+	var out []model.ServiceKey
+	for _, s := range m.Services {
+		if s.Local && s.Imported {
+			out = append(out, s.Key)
+		}
+	}
+	slices.SortFunc(out, model.ServiceKey.Compare)
+	return out
+}
+
 // frontendList is one frontend's route list as the capture route table's matcher action (nil
-// when it has none for callers on this node), with the clusters its routes mirror to.
+// when it has none for callers on this node), with the clusters its routes mirror to and, when
+// Envoy's validation refused the list, why (the action then answers 500).
 type frontendList struct {
 	act     *xdsmatcher.Matcher_OnMatch
-	mirrors []string
+	mirrors []mirrorTarget
+	refused string
+}
+
+// mirrorTarget is a cluster GAMMA routes mirror to, for the callers of namespace ns ("" for
+// every caller: a producer route's).
+type mirrorTarget struct {
+	cluster, ns string
+}
+
+func compareMirrorTargets(a, b mirrorTarget) int {
+	return cmp.Or(cmp.Compare(a.cluster, b.cluster), cmp.Compare(a.ns, b.ns))
 }
 
 // newFrontendList builds the frontendList of frontend fe with routes pr for the consumer
-// namespaces nss (frontendRouteList).
+// namespaces nss (frontendRouteList). A list that fails Envoy's validation (the PGV rules, which
+// ValidateAll does not reach inside the table's typed actions) is replaced by one that answers
+// 500, so one bad route never makes Envoy refuse the node's whole route table.
 func newFrontendList(m *model.Mesh, fe model.Frontend, pr *model.PortRoutes, nss []string) frontendList {
 	var fl frontendList
-	set := map[string]bool{}
-	addMirrors(m, set, pr.Producer)
+	set := map[mirrorTarget]bool{}
+	addMirrors(m, set, "", pr.Producer)
 	for _, ns := range nss {
-		addMirrors(m, set, pr.Consumers[ns])
+		addMirrors(m, set, ns, pr.Consumers[ns])
 	}
-	fl.mirrors = slices.Sorted(maps.Keys(set))
-	if rl := frontendRouteList(m, fe, pr, nss); rl != nil {
-		a, _ := anypb.New(rl)
-		fl.act = routeAction(a)
+	fl.mirrors = slices.SortedFunc(maps.Keys(set), compareMirrorTargets)
+	rl := frontendRouteList(m, fe, pr, nss)
+	if rl == nil {
+		return fl
 	}
+	if err := rl.ValidateAll(); err != nil {
+		fl.refused, fl.mirrors = err.Error(), nil
+		rl = &routev3.RouteList{Routes: []*routev3.Route{{
+			Name:   "refused",
+			Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+			Action: &routev3.Route_DirectResponse{DirectResponse: &routev3.DirectResponseAction{Status: 500}},
+		}}}
+	}
+	a, _ := anypb.New(rl)
+	fl.act = routeAction(a)
 	return fl
 }
 
 // gammaDiff compares the GAMMA routing old was built from with m's (by value: models are
-// rebuilt from scratch): same when the consumer namespaces on this node and every frontend's
-// routes are equal; keep, the frontends whose routes are equal, when the consumer namespaces are
-// (their route lists can be reused for the same services).
+// rebuilt from scratch): same when the consumer namespaces on this node, the services whose
+// Service backends have local clusters and every frontend's routes are equal; keep, the
+// frontends whose routes are equal, when the rest is (their route lists can be reused).
 func gammaDiff(old *routing, m *model.Mesh) (same bool, keep map[model.Frontend]bool) {
-	if old == nil || !slices.Equal(old.consumerNS, consumerNamespaces(m)) {
+	if old == nil || !slices.Equal(old.consumerNS, consumerNamespaces(m)) || !slices.Equal(old.localImported, localImported(m)) {
 		return false, nil
 	}
 	if old.gamma == m.Routing {
@@ -271,12 +343,17 @@ func gammaDiff(old *routing, m *model.Mesh) (same bool, keep map[model.Frontend]
 	return len(keep) == len(is) && len(is) == len(was), keep
 }
 
-// addMirrors adds to set the backend clusters the RequestMirror filters of entries send to.
-func addMirrors(m *model.Mesh, set map[string]bool, entries []model.RouteEntry) {
+// addMirrors adds to set the backend clusters the RequestMirror filters of entries send to, for
+// the callers of namespace ns; a rule answered with an error or a mirror of no requests sends
+// none.
+func addMirrors(m *model.Mesh, set map[mirrorTarget]bool, ns string, entries []model.RouteEntry) {
 	for _, e := range entries {
+		if _, asError := e.Rule.Served(); asError {
+			continue
+		}
 		for _, f := range e.Rule.Filters {
-			if f.Mirror != nil && f.Mirror.Backend.Invalid == nil {
-				set[backendCluster(m, f.Mirror.Backend)] = true
+			if mi := f.Mirror; mi != nil && mi.Backend.Invalid == nil && mi.Numerator > 0 {
+				set[mirrorTarget{cluster: backendCluster(m, mi.Backend), ns: ns}] = true
 			}
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -58,6 +59,8 @@ type Server struct {
 	// the delta versions of the resources served, for the resources a new snapshot reuses.
 	builder *Builder
 	hashes  *hashMemo
+	// warnings are the last build's Resources.Warnings, logged when they change.
+	warnings []string
 	// epoch prefixes every version this server instance hands out, so that a version an Envoy
 	// ACKed for a previous agent process is never taken for one of ours.
 	epoch string
@@ -335,6 +338,12 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]
 	}
 	if err := r.ValidateAll(); err != nil {
 		return nil, err
+	}
+	if !slices.Equal(r.Warnings, s.warnings) {
+		for _, w := range r.Warnings {
+			s.log.Warn("xds build: " + w)
+		}
+		s.warnings = r.Warnings
 	}
 	return r.typed(), nil
 }

@@ -1306,8 +1306,9 @@ type RouteRule struct {
 	// ExternalAuth: model.RouteRule.FailClosed): the rule is served by answering every request it
 	// matches with an error instead of being left out.
 	FailClosed bool `protobuf:"varint,8,opt,name=fail_closed,json=failClosed,proto3" json:"fail_closed,omitempty"`
-	// bad_matches is set when a match of the rule cannot be built (its reason is in
-	// unsupported): the rule is left out even when fail_closed.
+	// bad_matches is set when a match of the rule cannot be built (its reason is in unsupported;
+	// the match is not in matches). A fail_closed rule answers its other matches with an error;
+	// with no match left it is left out.
 	BadMatches    bool `protobuf:"varint,9,opt,name=bad_matches,json=badMatches,proto3" json:"bad_matches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
