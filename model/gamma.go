@@ -146,6 +146,10 @@ func backendWithFilters(ns, f string, b gwv1.BackendRef, fs []gwv1.HTTPRouteFilt
 	return mb
 }
 
+// MaxMirrorsPerRule is the most RequestMirror filters a rule may have: HTTPRouteRule.filters
+// holds at most 16 filters (the node proxy names one header per mirror, xds.MirrorHeader).
+const MaxMirrorsPerRule = 16
+
 // mustNotSkip reports whether an unsupported filter of type t must fail closed rather than be
 // left out: a custom filter (ExtensionRef) or external authorization (ExternalAuth), which guard
 // what they filter (HTTPRouteFilter.type and ExternalAuth, Gateway API v1.6.3).
@@ -625,6 +629,9 @@ func incompatibleFilters(f string, r RouteRule) []string {
 	}
 	if count[FilterURLRewrite] > 0 && count[FilterRequestRedirect] > 0 {
 		out = append(out, f+".filters: URLRewrite and RequestRedirect cannot be combined (HTTPRouteRule.filters)")
+	}
+	if n := count[FilterRequestMirror]; n > MaxMirrorsPerRule {
+		out = append(out, fmt.Sprintf("%s.filters: RequestMirror given %d times: at most %d", f, n, MaxMirrorsPerRule))
 	}
 	if count[FilterRequestMirror] > 0 && count[FilterRequestRedirect] > 0 {
 		// The spec allows it, and asks an implementation that cannot to say so: a redirect is

@@ -400,6 +400,11 @@ func resolveBackend(services map[ServiceKey]*Service, kind RouteKind, b *Backend
 			Message: fmt.Sprintf("backendRef %s %s: not found in a mesh namespace", b.Kind, b.Service)}
 		return
 	}
+	if imp && len(s.ClustersetVIPs)+len(s.VIPs) == 0 && !s.Headless {
+		b.Invalid = &Condition{Reason: string(gwv1.RouteReasonBackendNotFound),
+			Message: fmt.Sprintf("backendRef ServiceImport %s has no clusterset IP yet", b.Service)}
+		return
+	}
 	if !imp && s.ExternalName {
 		b.Invalid = &Condition{Reason: string(gwv1.RouteReasonUnsupportedProtocol),
 			Message: fmt.Sprintf("backendRef Service %s is of type ExternalName: aether routes to mesh Services with endpoints, not to a DNS alias (Gateway API: implementations SHOULD NOT support ExternalName Services)", b.Service)}

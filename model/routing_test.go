@@ -39,6 +39,10 @@ func routeSources(t *testing.T, docs ...string) Sources {
 	in.Services = append(in.Services, ext)
 	in.Imports[0].Namespace, in.Imports[0].Name = "shop", "web"
 	in.Imports[0].Spec.IPs = []string{"10.97.0.10"}
+	far := &mcsv1beta1.ServiceImport{} // exported elsewhere, no clusterset IP yet
+	far.Namespace, far.Name = "shop", "far"
+	far.Spec.Ports = []mcsv1beta1.ServicePort{{Name: "http", Port: 80}}
+	in.Imports = append(in.Imports, far)
 	for i, d := range docs {
 		var tm struct{ Kind string }
 		if err := yaml.Unmarshal([]byte(d), &tm); err != nil {
@@ -291,6 +295,12 @@ func TestResolveRoutesRefusals(t *testing.T) {
 	}, {
 		name: "a GRPCRoute without rules", route: route("GRPCRoute", "shop", "r", 0, parent("")),
 		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: "the GRPCRoute has no rules: nothing to route; give it a rule (a rule without matches matches every request)",
+	}, {
+		name: "ServiceImport backend without a clusterset IP", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - backendRefs: [{group: multicluster.x-k8s.io, kind: ServiceImport, name: far, port: 80}]\n"),
+		accepted: "true Accepted", resolved: "false BackendNotFound", message: "backendRef ServiceImport shop/far has no clusterset IP yet",
+	}, {
+		name: "a header the proxy owns", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-Aether-Mirror-0, value: v}]}}]\n"),
+		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: "x-aether-",
 	}, {
 		name: "mirror to a missing backend", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: RequestMirror, requestMirror: {backendRef: {name: gone, port: 80}}}]\n"),
 		accepted: "true Accepted", resolved: "false BackendNotFound", message: "shop/gone",

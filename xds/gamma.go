@@ -283,10 +283,10 @@ func literalHeaderValue(v string) string { return strings.ReplaceAll(v, "%", "%%
 // HTTPPathModifier docs show ("/foo" replaced by "/" turns "/foo/bar" into "/bar", not "//bar").
 func pathRewrite(p model.PathMatch, pm *model.PathModifier) *matcherv3.RegexMatchAndSubstitute {
 	if pm.Type == model.ReplaceFullPath {
-		return &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: "^.*$"}, Substitution: pm.Value}
+		return &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: "^.*$"}, Substitution: literalSubstitution(pm.Value)}
 	}
 	prefix := strings.TrimRight(p.Value, "/")
-	repl := strings.TrimRight(pm.Value, "/")
+	repl := literalSubstitution(strings.TrimRight(pm.Value, "/"))
 	switch {
 	case prefix == "":
 		// Prefix "/": every path; the replacement goes in front of it.
@@ -296,6 +296,10 @@ func pathRewrite(p model.PathMatch, pm *model.PathModifier) *matcherv3.RegexMatc
 	}
 	return &matcherv3.RegexMatchAndSubstitute{Pattern: &matcherv3.RegexMatcher{Regex: "^" + regexp.QuoteMeta(prefix)}, Substitution: repl}
 }
+
+// literalSubstitution escapes v for a RegexMatchAndSubstitute's substitution, where "\\N"
+// inserts a capture group: each backslash is doubled, so the path is inserted as written.
+func literalSubstitution(v string) string { return strings.ReplaceAll(v, `\`, `\\`) }
 
 // redirectCodes maps HTTPRequestRedirectFilter.statusCode to Envoy's response codes.
 var redirectCodes = map[int]routev3.RedirectAction_RedirectResponseCode{
@@ -331,8 +335,8 @@ func redirectAction(p model.PathMatch, d *model.Redirect, port uint32) *routev3.
 //   - allowMethods, allowHeaders: joined with ", "; for "*" Envoy echoes the preflight's
 //     Access-Control-Request-Method / -Headers (the spec's "must" with allowCredentials).
 //   - exposeHeaders: joined; "*" with allowCredentials is left out (the spec forbids sending it,
-//     and a browser reads it as a header literally named "*" then), so only the CORS-safelisted
-//     response headers are exposed.
+//     and a browser reads it as a header literally named "*" then): the other names listed and
+//     the CORS-safelisted response headers are exposed.
 //   - allowCredentials: Access-Control-Allow-Credentials: true only when set.
 //   - maxAge: Access-Control-Max-Age in seconds (default 5, applied by the model).
 //
@@ -346,9 +350,11 @@ func corsPolicy(c *model.CORS) *corsv3.CorsPolicy {
 		MaxAge:                       strconv.Itoa(int(c.MaxAge)),
 		ForwardNotMatchingPreflights: wrapperspb.Bool(false),
 	}
-	if !(c.AllowCredentials && slices.Contains(c.ExposeHeaders, "*")) {
-		p.ExposeHeaders = strings.Join(c.ExposeHeaders, ", ")
+	expose := c.ExposeHeaders
+	if c.AllowCredentials {
+		expose = slices.DeleteFunc(slices.Clone(expose), func(h string) bool { return h == "*" })
 	}
+	p.ExposeHeaders = strings.Join(expose, ", ")
 	if c.AllowCredentials {
 		p.AllowCredentials = wrapperspb.Bool(true)
 	}

@@ -308,6 +308,15 @@ func TestCORSPolicy(t *testing.T) {
 	if err := p.ValidateAll(); err != nil {
 		t.Error(err)
 	}
+	if p := corsPolicy(&model.CORS{AllowOrigins: []string{"*"}, AllowCredentials: true, ExposeHeaders: []string{"x-a", "*", "x-b"}}); p.ExposeHeaders != "x-a, x-b" {
+		t.Errorf("exposeHeaders x-a, *, x-b with credentials = %q, want the named ones", p.ExposeHeaders)
+	}
+	// A backslash in a path modifier is a literal one, not a capture group (\0 is the whole path).
+	for _, pm := range []model.PathModifier{{Type: model.ReplaceFullPath, Value: `/x\0`}, {Type: model.ReplacePrefixMatch, Value: `/x\0`}} {
+		if got := pathRewrite(model.PathMatch{Type: model.MatchPathPrefix, Value: "/a"}, &pm).Substitution; got != `/x\\0` {
+			t.Errorf("%s %q: substitution %q, want the backslash doubled", pm.Type, pm.Value, got)
+		}
+	}
 }
 
 // TestBuildGAMMALocalBackend: web is local and imported (an endpoint in cluster c2 too). A

@@ -86,9 +86,9 @@ const mirrorClusterPrefix = "mirror|"
 // instead (MirrorHeader).
 func mirrorClusterName(id, target string) string { return mirrorClusterPrefix + id + "|" + target }
 
-// MaxMirrors is the most RequestMirror filters one rule can have (HTTPRouteRule.filters, at most
-// 16), and so the number of MirrorHeader names.
-const MaxMirrors = 16
+// MaxMirrors is the most RequestMirror filters one rule can have (model.MaxMirrorsPerRule), and
+// so the number of MirrorHeader names.
+const MaxMirrors = model.MaxMirrorsPerRule
 
 // MirrorHeader is the request header the i-th mirror of a GAMMA route reads its cluster from
 // (RequestMirrorPolicy.cluster_header): "x-aether-mirror-<i>", set by the route from the caller's
