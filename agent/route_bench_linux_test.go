@@ -74,21 +74,6 @@ func benchHTTPRoute(ns, name, parent, stable, canary string) *gwv1.HTTPRoute {
 	return r
 }
 
-// benchCount returns the positive integer in environment variable name, or def when it is
-// unset; anything else fails the benchmark.
-func benchCount(b *testing.B, name string, def int) int {
-	b.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
-}
-
 // BenchmarkRouteApplyToTraffic measures, end to end through the real agent binary, how long a
 // GAMMA route change takes to reach traffic with 1000 HTTPRoutes in the cluster, and with the
 // measured route alone (the floor of the whole path); the sub-benchmark key routes=1000 or
@@ -122,7 +107,7 @@ func BenchmarkRouteApplyToTraffic(b *testing.B) {
 
 // benchRouteApply is BenchmarkRouteApplyToTraffic with nRoutes HTTPRoutes in the cluster.
 func benchRouteApply(b *testing.B, nRoutes int) {
-	changes := benchCount(b, "AETHER_BENCH_CHANGES", 60)
+	changes := testenv.BenchEnv(b, "AETHER_BENCH_CHANGES", 60)
 	api, etcd, cs := startSources(b)
 	gw := gwclient.NewForConfigOrDie(api.Config)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)

@@ -253,22 +253,7 @@ func TestRouteProtoFromKubernetes(t *testing.T) {
 		route("HTTPRoute", "shop", "defaults-and-filters", 0, webParent+`  - {name: gw, kind: Gateway}
   - {group: multicluster.x-k8s.io, kind: ServiceImport, name: web, namespace: shop, port: 80, sectionName: http}
   rules:
-  - name: main
-    matches: [{path: {value: /api/}, headers: [{name: X-Env, type: RegularExpression, value: "p.*"}], queryParams: [{name: q, value: "1"}, {name: q, value: "2"}], method: POST}]
-    filters:
-    - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-A, value: "1"}], add: [{name: X-B, value: "2"}], remove: [X-C]}}
-    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror, namespace: other, port: 80}, percent: 25}}
-    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror, namespace: other, port: 80}, fraction: {numerator: 1, denominator: 3}}}
-    - {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}}
-    - {type: CORS, cors: {allowOrigins: ["https://a.example"], allowMethods: [GET], allowCredentials: true}}
-    backendRefs:
-    - {name: web, port: 80, weight: 90}
-    - {name: web-v2, port: 80, weight: 0, filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: X-V, value: "2"}]}}]}
-    - {group: multicluster.x-k8s.io, kind: ServiceImport, name: web, port: 80}
-    timeouts: {request: 2s, backendRequest: 500ms}
-    retry: {attempts: 3, codes: [503], backoff: 100ms}
-  - filters: [{type: RequestRedirect, requestRedirect: {scheme: https, port: 8443, statusCode: 308, path: {type: ReplaceFullPath, replaceFullPath: /new}}}]
-  - timeouts: {request: 0s}
+`+everyFieldRules+`  - timeouts: {request: 0s}
     retry: {backoff: 0s}
 `),
 		route("HTTPRoute", "shop", "unsupported", 0, parent+`  rules:

@@ -361,22 +361,7 @@ func TestRouteModelDefaultsAndFilters(t *testing.T) {
 	in := routeSources(t, route("HTTPRoute", "shop", "r", 0, webParent+`  - {name: gw, kind: Gateway}
   hostnames: [ignored.example]
   rules:
-  - name: main
-    matches: [{path: {value: /api/}, headers: [{name: X-Env, type: RegularExpression, value: "p.*"}], queryParams: [{name: q, value: "1"}, {name: q, value: "2"}], method: POST}]
-    filters:
-    - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-A, value: "1"}], add: [{name: X-B, value: "2"}], remove: [X-C]}}
-    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror, namespace: other, port: 80}, percent: 25}}
-    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror, namespace: other, port: 80}, fraction: {numerator: 1, denominator: 3}}}
-    - {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}}
-    - {type: CORS, cors: {allowOrigins: ["https://a.example"], allowMethods: [GET], allowCredentials: true}}
-    backendRefs:
-    - {name: web, port: 80, weight: 90}
-    - {name: web-v2, port: 80, weight: 0, filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: X-V, value: "2"}]}}]}
-    - {group: multicluster.x-k8s.io, kind: ServiceImport, name: web, port: 80}
-    timeouts: {request: 2s, backendRequest: 500ms}
-    retry: {attempts: 3, codes: [503], backoff: 100ms}
-  - filters: [{type: RequestRedirect, requestRedirect: {scheme: https, port: 8443, statusCode: 308, path: {type: ReplaceFullPath, replaceFullPath: /new}}}]
-`))
+`+everyFieldRules))
 	r := HTTPRouteModel(in.HTTPRoutes[0])
 	if len(r.Parents) != 1 || r.Parents[0].Index != 0 {
 		t.Fatalf("parents = %+v, want the Service parent only (index 0), not the Gateway", r.Parents)
@@ -452,3 +437,22 @@ func TestFailClosedKeepsItsGoodMatches(t *testing.T) {
 		t.Errorf("guarded rule: served %t as error %t, match %+v; want /admin answered with an error", served, asError, es[0].Match.Path)
 	}
 }
+
+// everyFieldRules are the spec.rules of an HTTPRoute on Service web that use every match, filter
+// and rule field the model converts (YAML, indented for route's spec).
+const everyFieldRules = `  - name: main
+    matches: [{path: {value: /api/}, headers: [{name: X-Env, type: RegularExpression, value: "p.*"}], queryParams: [{name: q, value: "1"}, {name: q, value: "2"}], method: POST}]
+    filters:
+    - {type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-A, value: "1"}], add: [{name: X-B, value: "2"}], remove: [X-C]}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror, namespace: other, port: 80}, percent: 25}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: mirror, namespace: other, port: 80}, fraction: {numerator: 1, denominator: 3}}}
+    - {type: URLRewrite, urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}}
+    - {type: CORS, cors: {allowOrigins: ["https://a.example"], allowMethods: [GET], allowCredentials: true}}
+    backendRefs:
+    - {name: web, port: 80, weight: 90}
+    - {name: web-v2, port: 80, weight: 0, filters: [{type: ResponseHeaderModifier, responseHeaderModifier: {set: [{name: X-V, value: "2"}]}}]}
+    - {group: multicluster.x-k8s.io, kind: ServiceImport, name: web, port: 80}
+    timeouts: {request: 2s, backendRequest: 500ms}
+    retry: {attempts: 3, codes: [503], backoff: 100ms}
+  - filters: [{type: RequestRedirect, requestRedirect: {scheme: https, port: 8443, statusCode: 308, path: {type: ReplaceFullPath, replaceFullPath: /new}}}]
+`

@@ -159,7 +159,7 @@ func TestPrivilegedEnvoyFactCELFilterStateMatch(t *testing.T) {
 //	go test ./xds/ -run '^$' -bench BenchmarkEnvoyCELHeadlessLookup -benchtime 2000x
 func BenchmarkEnvoyCELHeadlessLookup(b *testing.B) {
 	testenv.RequireRoot(b)
-	k := benchEnv(b, "AETHER_BENCH_ENDPOINTS", maxHeadlessMap)
+	k := testenv.BenchEnv(b, "AETHER_BENCH_ENDPOINTS", maxHeadlessMap)
 	pod := celPod(b)
 	direct := map[string]string{}
 	for i := 0; i < k; i++ {

@@ -163,7 +163,7 @@ func BenchmarkGAMMARouteLatency(b *testing.B) {
 // measureGAMMALatency starts the traffic fixture with gammaLatencyMesh, checks that the route is
 // served, and measures the paths names (direct, plain, routed) interleaved.
 func measureGAMMALatency(b *testing.B, names []string) *gammaLatencyRun {
-	samples := benchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
+	samples := testenv.BenchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
 	f := startTrafficFixture(b, time.Hour, false, Options{})
 	m := gammaLatencyMesh(f, 2)
 	f.set(m)

@@ -14,6 +14,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -100,10 +101,10 @@ func headlessBenchMesh(f *meshFixture, version uint64, services, headlessExtra i
 // Service that many more endpoints on other nodes (default 0; each is two entries of the
 // headless map, one per port).
 func BenchmarkHeadlessChange(b *testing.B) {
-	services := benchEnv(b, "AETHER_BENCH_SERVICES", 1000)
+	services := testenv.BenchEnv(b, "AETHER_BENCH_SERVICES", 1000)
 	extra := 0
 	if os.Getenv("AETHER_BENCH_HEADLESS_EXTRA") != "" {
-		extra = benchEnv(b, "AETHER_BENCH_HEADLESS_EXTRA", 0)
+		extra = testenv.BenchEnv(b, "AETHER_BENCH_HEADLESS_EXTRA", 0)
 	}
 	for _, pods := range []int{10, 50} {
 		for _, kind := range []string{"headless", "headless-ready", "vip"} {

@@ -39,7 +39,7 @@ func envoyCPUSeconds(pid int) (user, sys float64) {
 // generator and the applications) to separate cores. bench/latency.sh runs it pinned.
 func BenchmarkMeshLatency(b *testing.B) {
 	testenv.RequireRoot(b)
-	samples := benchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
+	samples := testenv.BenchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
 	f := startTrafficFixture(b, time.Hour, false, Options{})
 	pin := pinBench(b, f.sup.PID())
 	direct, _ := f.addPod("direct", false)

@@ -33,21 +33,6 @@ import (
 // spinMargin is how long before a scheduled send the pacing thread stops sleeping and spins.
 const spinMargin = 80 * time.Microsecond
 
-// benchEnv returns the integer in environment variable name, or def when it is unset. A value
-// that is not a positive integer fails the benchmark.
-func benchEnv(b *testing.B, name string, def int) int {
-	b.Helper()
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n <= 0 {
-		b.Fatalf("%s=%q: want a positive integer", name, v)
-	}
-	return n
-}
-
 // parseCPUs parses a CPU list such as "1", "1,3" or "2-3".
 func parseCPUs(v string) (unix.CPUSet, error) {
 	var set unix.CPUSet

@@ -30,7 +30,7 @@ import (
 // process. bench/latency.sh passthrough runs it.
 func BenchmarkPassthroughLatency(b *testing.B) {
 	testenv.RequireRoot(b)
-	samples := benchEnv(b, "AETHER_BENCH_SAMPLES", 3000)
+	samples := testenv.BenchEnv(b, "AETHER_BENCH_SAMPLES", 3000)
 	before := startTrafficFixture(b, time.Hour, false, Options{passthroughFromNode: true})
 	after := startTrafficFixture(b, time.Hour, false, Options{})
 	pin := pinBench(b, before.sup.PID(), after.sup.PID())
@@ -77,7 +77,7 @@ func BenchmarkPassthroughLatency(b *testing.B) {
 //	go test ./xds/ -run '^$' -bench BenchmarkPassthroughClusterCost -benchtime 1x
 func BenchmarkPassthroughClusterCost(b *testing.B) {
 	testenv.RequireRoot(b)
-	n := benchEnv(b, "AETHER_BENCH_PODS", 110)
+	n := testenv.BenchEnv(b, "AETHER_BENCH_PODS", 110)
 	for _, c := range []struct {
 		name string
 		opts Options

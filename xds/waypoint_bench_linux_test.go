@@ -32,7 +32,7 @@ import (
 // rate run unpinned. bench/waypoint.sh runs it.
 func BenchmarkWaypoint(b *testing.B) {
 	testenv.RequireRoot(b)
-	samples := benchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
+	samples := testenv.BenchEnv(b, "AETHER_BENCH_SAMPLES", 20000)
 	w := newWaypointTopo(b, false)
 	// Pod routes between the clusters, for the direct path only.
 	aIP, b1IP, b2IP := w.nodeIP[w.a].String(), w.nodeIP[w.b1].String(), w.nodeIP[w.b2].String()

@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"os"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -25,4 +27,19 @@ func Eventually(t testing.TB, d time.Duration, what string, check func() error) 
 		time.Sleep(pause)
 		pause = min(2*pause, 100*time.Millisecond)
 	}
+}
+
+// BenchEnv returns the positive integer in environment variable name (a benchmark's size: samples,
+// changes, services), or def when it is unset; any other value fails tb.
+func BenchEnv(tb testing.TB, name string, def int) int {
+	tb.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		tb.Fatalf("%s=%q: want a positive integer", name, v)
+	}
+	return n
 }
