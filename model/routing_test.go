@@ -300,7 +300,7 @@ func TestResolveRoutesRefusals(t *testing.T) {
 		accepted: "true Accepted", resolved: "false BackendNotFound", message: "backendRef ServiceImport shop/far has no clusterset IP yet",
 	}, {
 		name: "a header the proxy owns", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: RequestHeaderModifier, requestHeaderModifier: {set: [{name: X-Aether-Mirror-0, value: v}]}}]\n"),
-		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: "x-aether-",
+		accepted: "false UnsupportedValue", resolved: "true ResolvedRefs", message: "the node proxy's own header",
 	}, {
 		name: "mirror to a missing backend", route: route("HTTPRoute", "shop", "r", 0, parent("")+"  rules:\n  - filters: [{type: RequestMirror, requestMirror: {backendRef: {name: gone, port: 80}}}]\n"),
 		accepted: "true Accepted", resolved: "false BackendNotFound", message: "shop/gone",

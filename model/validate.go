@@ -222,8 +222,8 @@ func checkHeaderEdits(h *HeaderModifier, repeats bool) *fieldProblem {
 				return &fieldProblem{f, n, "Envoy refuses to modify or remove Host (and with it the node's route table); set the host with a URLRewrite filter's hostname"}
 			case strings.HasPrefix(n, ":"):
 				return &fieldProblem{f, n, "a pseudo-header, which Envoy refuses to modify or remove"}
-			case strings.HasPrefix(n, "x-aether-"):
-				return &fieldProblem{f, n, "the x-aether- headers are the node proxy's own (its original destination and mirror headers)"}
+			case n == "x-aether-original-dst" || strings.HasPrefix(n, "x-aether-mirror-"):
+				return &fieldProblem{f, n, "the node proxy's own header (x-aether-original-dst, x-aether-mirror-<i>)"}
 			case headerNameReason(n) != "" || strings.ToLower(n) != n:
 				return &fieldProblem{f, n, "want an HTTP header name in lower case (an RFC 9110 token of at most 256 bytes)"}
 			case o != "" && o != l.name:
