@@ -32,7 +32,9 @@ case "${1:-up}" in
     rm -f "$state/ready" "$state/demo.env"
     go build -o "$state/demo" ./e2e/cmd/demo
     # The demo process owns every cluster process (they die with it): run it in its own session.
-    setsid "$state/demo" -state-dir "$state" >"$state/demo.log" 2>"$state/demo.err" </dev/null &
+    # The log exists before the background job opens it, so the loop below can always read it.
+    : >"$state/demo.log"
+    setsid "$state/demo" -state-dir "$state" >>"$state/demo.log" 2>"$state/demo.err" </dev/null &
     echo $! >"$state/demo.pid"
     printed=0
     while ! [ -f "$state/ready" ]; do
