@@ -33,15 +33,7 @@ func HTTPRouteModel(r *gwv1.HTTPRoute) Route {
 	for i, rule := range r.Spec.Rules {
 		f := fmt.Sprintf("spec.rules[%d]", i)
 		mr := RouteRule{Name: sectionName(rule.Name)}
-		for j, m := range rule.Matches {
-			mm, bad := httpMatch(m)
-			if bad != nil {
-				mr.Unsupported = append(mr.Unsupported, bad.under(fmt.Sprintf("%s.matches[%d]", f, j)).unsupported())
-				mr.BadMatches = true
-				continue
-			}
-			mr.Matches = append(mr.Matches, mm)
-		}
+		addMatches(&mr, f, rule.Matches, httpMatch)
 		if len(rule.Matches) == 0 {
 			mr.Matches = []RouteMatch{{Path: PathMatch{Type: MatchPathPrefix, Value: "/"}}}
 		}
@@ -83,15 +75,7 @@ func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 	for i, rule := range r.Spec.Rules {
 		f := fmt.Sprintf("spec.rules[%d]", i)
 		mr := RouteRule{Name: sectionName(rule.Name)}
-		for j, m := range rule.Matches {
-			mm, bad := grpcMatch(m)
-			if bad != nil {
-				mr.Unsupported = append(mr.Unsupported, bad.under(fmt.Sprintf("%s.matches[%d]", f, j)).unsupported())
-				mr.BadMatches = true
-				continue
-			}
-			mr.Matches = append(mr.Matches, mm)
-		}
+		addMatches(&mr, f, rule.Matches, grpcMatch)
 		if len(rule.Matches) == 0 {
 			mr.Matches = []RouteMatch{{}}
 		}
@@ -118,6 +102,20 @@ func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 		out.Rules = append(out.Rules, mr)
 	}
 	return out
+}
+
+// addMatches converts the matches ms of rule field f (spec.rules[i]) into mr.Matches; one that
+// cannot be built is listed in mr.Unsupported under its field and sets mr.BadMatches.
+func addMatches[M any](mr *RouteRule, f string, ms []M, conv func(M) (RouteMatch, *fieldProblem)) {
+	for j, m := range ms {
+		mm, bad := conv(m)
+		if bad != nil {
+			mr.Unsupported = append(mr.Unsupported, bad.under(fmt.Sprintf("%s.matches[%d]", f, j)).unsupported())
+			mr.BadMatches = true
+			continue
+		}
+		mr.Matches = append(mr.Matches, mm)
+	}
 }
 
 // grpcFilter is a GRPCRouteFilter as the HTTPRouteFilter with the same type and fields (the
