@@ -17,25 +17,34 @@ T=${AETHER_TOOLS_DIR:-/var/cache/aether-tools}
 export GOFLAGS=-mod=mod
 
 envoy_dir=$T/envoy-$ENVOY_VERSION
-kas_dir=$T/kube-apiserver-$KUBERNETES_VERSION
+k8s_dir=$T/kubernetes-$KUBERNETES_VERSION
 etcd_dir=$T/etcd-$ETCD_VERSION
 cni_dir=$T/cni-plugins-$CNI_PLUGINS_VERSION
 sc_dir=$T/staticcheck-$STATICCHECK_VERSION
 pgg_dir=$T/protoc-gen-go-$PROTOC_GEN_GO_VERSION
 bs_dir=$T/benchstat-$BENCHSTAT_VERSION
 coredns_dir=$T/coredns-$COREDNS_VERSION
+containerd_dir=$T/containerd-$CONTAINERD_VERSION
+runc_dir=$T/runc-$RUNC_VERSION
+crictl_dir=$T/crictl-$CRICTL_VERSION
+helm_dir=$T/helm-$HELM_VERSION
 
 if [ "${1:-}" = "--print" ]; then
   cat <<EOT
 AETHER_TOOLS_DIR=$T
 AETHER_ENVOY=$envoy_dir/bin/envoy
-AETHER_KUBE_APISERVER=$kas_dir/kube-apiserver
+AETHER_KUBE_APISERVER=$k8s_dir/kube-apiserver
+AETHER_KUBERNETES_DIR=$k8s_dir
 AETHER_ETCD=$etcd_dir/etcd
 AETHER_CNI_BIN_DIR=$cni_dir
 AETHER_STATICCHECK=$sc_dir/staticcheck
 AETHER_PROTOC_GEN_GO=$pgg_dir/protoc-gen-go
 AETHER_BENCHSTAT=$bs_dir/benchstat
 AETHER_COREDNS=$coredns_dir/coredns
+AETHER_CONTAINERD_DIR=$containerd_dir
+AETHER_RUNC=$runc_dir/runc
+AETHER_CRICTL=$crictl_dir/crictl
+AETHER_HELM=$helm_dir/helm
 EOT
   exit 0
 fi
@@ -86,19 +95,40 @@ if [ ! -x "$envoy_dir/bin/envoy" ]; then
 fi
 
 # --- Go-built tools ------------------------------------------------------------------------------
-# go_build NAME VERSION MODULE_DIR OUT PACKAGE [LDFLAGS]
+# gobin PACKAGE: the binary name go build gives a main package (its last path element, or the one
+# before a major version suffix such as /v3).
+gobin() {
+  local b=${1##*/}
+  if [[ $b =~ ^v[0-9]+$ ]]; then b=${1%/*}; b=${b##*/}; fi
+  printf '%s' "$b"
+}
+
+# go_build NAME VERSION MODULE_DIR OUTDIR LDFLAGS PACKAGE[=BINARY]...: builds every PACKAGE (a main
+# package) into OUTDIR/BINARY (default: the name go build gives it) in one go build, so packages
+# they share compile once. Nothing happens when every binary is there. Environment: CGO_ENABLED
+# (default 0), GO_TAGS.
 go_build() {
-  local name=$1 version=$2 mod=$3 out=$4 pkg=$5 ldflags=${6:-}
-  [ -x "$out" ] && return 0
-  log "building $name $version (cached at $out)"
-  mkdir -p "$(dirname "$out")"
+  local name=$1 version=$2 mod=$3 outdir=$4 ldflags=$5
+  shift 5
+  local p pkgs=() bins=() need=0
+  for p in "$@"; do
+    pkgs+=("${p%%=*}")
+    if [[ $p == *=* ]]; then bins+=("${p#*=}"); else bins+=("$(gobin "$p")"); fi
+  done
+  for p in "${bins[@]}"; do [ -x "$outdir/$p" ] || need=1; done
+  [ $need = 0 ] && return 0
+  log "building $name $version (cached in $outdir)"
+  mkdir -p "$outdir"
   local tmp
-  tmp=$(mktemp "$out.tmp.XXXXXX")
-  if ! (cd "$here/tools/$mod" && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w $ldflags" -o "$tmp" "$pkg"); then
-    rm -f "$tmp"
-    fail "$name" "$version" "go build $pkg in hack/tools/$mod failed; retry: hack/tools.sh"
+  tmp=$(mktemp -d "$outdir/.tmp.XXXXXX")
+  if ! (cd "$here/tools/$mod" && CGO_ENABLED=${CGO_ENABLED:-0} go build -trimpath -tags "${GO_TAGS:-}" \
+    -ldflags "-s -w $ldflags" -o "$tmp/" "${pkgs[@]}"); then
+    rm -rf "$tmp"
+    fail "$name" "$version" "go build ${pkgs[*]} in hack/tools/$mod failed; retry: hack/tools.sh"
   fi
-  mv "$tmp" "$out"
+  local i
+  for i in "${!pkgs[@]}"; do mv "$tmp/$(gobin "${pkgs[$i]}")" "$outdir/${bins[$i]}"; done
+  rm -rf "$tmp"
 }
 
 kver=${KUBERNETES_VERSION#v}
@@ -109,19 +139,34 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   kldflags+=" -X $p.gitVersion=$KUBERNETES_VERSION -X $p.gitMajor=$kmajor -X $p.gitMinor=$kminor"
   kldflags+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
-go_build kube-apiserver "$KUBERNETES_VERSION" kube-apiserver "$kas_dir/kube-apiserver" \
-  k8s.io/kubernetes/cmd/kube-apiserver "$kldflags"
-go_build etcd "$ETCD_VERSION" etcd "$etcd_dir/etcd" go.etcd.io/etcd/server/v3
+# kube-apiserver for every test; the node and control-plane binaries for real nodes.
+go_build kubernetes "$KUBERNETES_VERSION" kubernetes "$k8s_dir" "$kldflags" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+  k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubectl
+go_build etcd "$ETCD_VERSION" etcd "$etcd_dir" "" go.etcd.io/etcd/server/v3=etcd
+cni_pkgs=()
 for p in main/bridge ipam/host-local main/loopback meta/portmap; do
-  go_build "cni-plugins/${p#*/}" "$CNI_PLUGINS_VERSION" cni-plugins "$cni_dir/${p#*/}" \
-    "github.com/containernetworking/plugins/plugins/$p" \
-    "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION"
+  cni_pkgs+=("github.com/containernetworking/plugins/plugins/$p")
 done
-go_build staticcheck "$STATICCHECK_VERSION" staticcheck "$sc_dir/staticcheck" honnef.co/go/tools/cmd/staticcheck
-go_build protoc-gen-go "$PROTOC_GEN_GO_VERSION" protoc-gen-go "$pgg_dir/protoc-gen-go" \
-  google.golang.org/protobuf/cmd/protoc-gen-go
-go_build benchstat "$BENCHSTAT_VERSION" benchstat "$bs_dir/benchstat" golang.org/x/perf/cmd/benchstat
-go_build coredns "$COREDNS_VERSION" coredns "$coredns_dir/coredns" github.com/coredns/coredns \
-  "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION"
+go_build cni-plugins "$CNI_PLUGINS_VERSION" cni-plugins "$cni_dir" \
+  "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" "${cni_pkgs[@]}"
+go_build staticcheck "$STATICCHECK_VERSION" staticcheck "$sc_dir" "" honnef.co/go/tools/cmd/staticcheck
+go_build protoc-gen-go "$PROTOC_GEN_GO_VERSION" protoc-gen-go "$pgg_dir" "" google.golang.org/protobuf/cmd/protoc-gen-go
+go_build benchstat "$BENCHSTAT_VERSION" benchstat "$bs_dir" "" golang.org/x/perf/cmd/benchstat
+go_build coredns "$COREDNS_VERSION" coredns "$coredns_dir" \
+  "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" github.com/coredns/coredns
+# containerd without the btrfs, devmapper and zfs snapshotters (cgo; overlayfs is what nodes use).
+GO_TAGS="no_btrfs no_devmapper no_zfs" go_build containerd "$CONTAINERD_VERSION" containerd "$containerd_dir" \
+  "-X github.com/containerd/containerd/v2/version.Version=$CONTAINERD_VERSION" \
+  github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
+# runc needs cgo (its nsenter C code) and libseccomp (the seccomp build tag).
+CGO_ENABLED=1 GO_TAGS=seccomp go_build runc "$RUNC_VERSION" runc "$runc_dir" "-X main.version=${RUNC_VERSION#v}" \
+  github.com/opencontainers/runc
+go_build crictl "$CRICTL_VERSION" crictl "$crictl_dir" "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
+  sigs.k8s.io/cri-tools/cmd/crictl
+go_build helm "$HELM_VERSION" helm "$helm_dir" "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
+  helm.sh/helm/v4/cmd/helm
 
 log "all tools present in $T"

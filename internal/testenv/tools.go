@@ -22,6 +22,14 @@ type Tools struct {
 	KubeAPIServer string // AETHER_KUBE_APISERVER
 	Etcd          string // AETHER_ETCD
 	CNIBinDir     string // AETHER_CNI_BIN_DIR: bridge, host-local, loopback, portmap
+	// KubernetesDir holds kube-apiserver, kubelet, kube-controller-manager, kube-scheduler,
+	// kube-proxy and kubectl (AETHER_KUBERNETES_DIR).
+	KubernetesDir string
+	// ContainerdDir holds containerd, containerd-shim-runc-v2 and ctr (AETHER_CONTAINERD_DIR).
+	ContainerdDir string
+	Runc          string // AETHER_RUNC
+	Crictl        string // AETHER_CRICTL
+	Helm          string // AETHER_HELM
 	Versions      map[string]string
 }
 
@@ -89,10 +97,16 @@ func FindTools() (Tools, error) {
 			return
 		}
 		dir := env("AETHER_TOOLS_DIR", "/var/cache/aether-tools")
+		k8s := env("AETHER_KUBERNETES_DIR", filepath.Join(dir, "kubernetes-"+v["KUBERNETES_VERSION"]))
 		tools = Tools{
 			Dir:           dir,
 			Envoy:         env("AETHER_ENVOY", filepath.Join(dir, "envoy-"+v["ENVOY_VERSION"], "bin", "envoy")),
-			KubeAPIServer: env("AETHER_KUBE_APISERVER", filepath.Join(dir, "kube-apiserver-"+v["KUBERNETES_VERSION"], "kube-apiserver")),
+			KubeAPIServer: env("AETHER_KUBE_APISERVER", filepath.Join(k8s, "kube-apiserver")),
+			KubernetesDir: k8s,
+			ContainerdDir: env("AETHER_CONTAINERD_DIR", filepath.Join(dir, "containerd-"+v["CONTAINERD_VERSION"])),
+			Runc:          env("AETHER_RUNC", filepath.Join(dir, "runc-"+v["RUNC_VERSION"], "runc")),
+			Crictl:        env("AETHER_CRICTL", filepath.Join(dir, "crictl-"+v["CRICTL_VERSION"], "crictl")),
+			Helm:          env("AETHER_HELM", filepath.Join(dir, "helm-"+v["HELM_VERSION"], "helm")),
 			Etcd:          env("AETHER_ETCD", filepath.Join(dir, "etcd-"+v["ETCD_VERSION"], "etcd")),
 			CNIBinDir:     env("AETHER_CNI_BIN_DIR", filepath.Join(dir, "cni-plugins-"+v["CNI_PLUGINS_VERSION"])),
 			Versions:      v,
@@ -114,6 +128,10 @@ const (
 	ToolKubeAPIServer = "kube-apiserver"
 	ToolEtcd          = "etcd"
 	ToolCNIPlugins    = "cni-plugins"
+	// ToolNodes is what a real node runs: kubelet, kube-proxy, containerd with its shim, runc,
+	// plus kube-controller-manager, kube-scheduler and kubectl.
+	ToolNodes = "nodes"
+	ToolHelm  = "helm"
 )
 
 // RequireTools returns the tool paths and fails the test, naming the command that installs them,
@@ -133,6 +151,16 @@ func RequireTools(t testing.TB, names ...string) Tools {
 			paths = []string{tl.KubeAPIServer}
 		case ToolEtcd:
 			paths = []string{tl.Etcd}
+		case ToolNodes:
+			for _, b := range []string{"kubelet", "kube-proxy", "kube-controller-manager", "kube-scheduler", "kubectl"} {
+				paths = append(paths, filepath.Join(tl.KubernetesDir, b))
+			}
+			for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+				paths = append(paths, filepath.Join(tl.ContainerdDir, b))
+			}
+			paths = append(paths, tl.Runc, tl.Crictl)
+		case ToolHelm:
+			paths = []string{tl.Helm}
 		case ToolCNIPlugins:
 			for _, p := range []string{"bridge", "host-local", "loopback", "portmap"} {
 				paths = append(paths, filepath.Join(tl.CNIBinDir, p))
