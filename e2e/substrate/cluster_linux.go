@@ -62,9 +62,16 @@ func (s *Substrate) setupCluster(ctx, bgctx context.Context, c *Cluster, cniBinD
 		if err := s.writeNodeFiles(n, cniBinDir); err != nil {
 			return err
 		}
-		if err := createNodeObject(ctx, cs, n); err != nil {
+		if err := createNodeObject(ctx, cs, n, !s.opts.RealNodes); err != nil {
 			return err
 		}
+	}
+	if s.opts.RealNodes {
+		// kube-controller-manager, kube-scheduler and CoreDNS do the stand-ins' work.
+		if err := createKubeDNSService(ctx, cs, c.Plan.DNSIP); err != nil {
+			return fmt.Errorf("set up %s: %w", c.Name, err)
+		}
+		return nil
 	}
 	f := informers.NewSharedInformerFactory(cs, 0)
 	c.svcLst = f.Core().V1().Services().Lister()
@@ -161,9 +168,10 @@ func (s *Substrate) writeNodeFiles(n *Node, cniBinDir string) error {
 }
 
 // createNodeObject registers the node: spec.podCIDR(s) = its Flannel subnet, Flannel's node
-// annotations (vxlan backend data with the VTEP MAC, public IP), status addresses InternalIP and
-// Hostname, capacity and a Ready condition.
-func createNodeObject(ctx context.Context, cs kubernetes.Interface, n *Node) error {
+// annotations (vxlan backend data with the VTEP MAC, public IP) and, with status (the kubelet
+// stand-in's nodes; a real kubelet reports its own), status addresses InternalIP and Hostname,
+// capacity and a Ready condition.
+func createNodeObject(ctx context.Context, cs kubernetes.Interface, n *Node, status bool) error {
 	backend, _ := json.Marshal(map[string]any{"VNI": FlannelVNI, "VtepMAC": n.Plan.VtepMAC.String()})
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{
@@ -184,6 +192,9 @@ func createNodeObject(ctx context.Context, cs kubernetes.Interface, n *Node) err
 	created, err := cs.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 	if err != nil {
 		return fmt.Errorf("create Node %s: %w", n.Name, err)
+	}
+	if !status {
+		return nil
 	}
 	now := metav1.Now()
 	created.Status = corev1.NodeStatus{

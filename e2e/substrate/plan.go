@@ -28,6 +28,8 @@ const (
 	// where node processes reach their cluster's kube-apiserver and the shared registry etcd.
 	APIServerPort = 6443
 	RegistryPort  = 2379
+	// KubeletPort is where a real node's kubelet serves (exec, logs, port-forward) on its node IP.
+	KubeletPort = 10250
 )
 
 // ClusterSpec describes one cluster of the substrate.

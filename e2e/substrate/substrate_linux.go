@@ -54,6 +54,11 @@ type Options struct {
 	StaticDNS map[string][]netip.Addr
 	// Logger receives the substrate's log (default: discard).
 	Logger *slog.Logger
+	// RealNodes runs every node as a real Kubernetes node: containerd with runc, a kubelet and
+	// kube-proxy per node, kube-controller-manager, kube-scheduler and CoreDNS (as kube-dns) per
+	// cluster, images from the substrate's registry (PushImage). Off, nodes are the fast
+	// kubelet stand-in's: pods are processes, images are ignored.
+	RealNodes bool
 }
 
 // Hooks start the per-cluster and per-node processes of aether. Each runs once, in order: all
@@ -101,9 +106,13 @@ type Substrate struct {
 	cancel   context.CancelFunc
 	bg       sync.WaitGroup
 	fwd      *testenv.Forwarder
+	egress   *egressProxy
+	images   *imageRegistry
 	stopOnce sync.Once
 	mounted  bool
-	failed   bool
+	// mntnsMounted: <Dir>/mntns is bound (private) for the real nodes' mount namespace files.
+	mntnsMounted bool
+	failed       bool
 }
 
 // Cluster is one cluster of the substrate.
@@ -150,6 +159,7 @@ type Node struct {
 	Root string
 
 	kubelet *kubelet
+	real    *realNode
 }
 
 // nodeDirs are the node directories bound at their real paths in every node process. /dev/shm is
@@ -233,6 +243,9 @@ func (c *Cluster) Sandbox(ns, name string) (*PodSandbox, *Node, bool) {
 // namespace, its resolv.conf and hosts, its hostname) and returns stdout; a failure returns an
 // error holding stderr.
 func (c *Cluster) ExecInPod(ctx context.Context, ns, name string, argv ...string) ([]byte, error) {
+	if c.s.opts.RealNodes {
+		return c.execInPodAPI(ctx, ns, name, argv)
+	}
 	sb, _, ok := c.Sandbox(ns, name)
 	if !ok {
 		return nil, fmt.Errorf("exec in pod %s/%s of %s: no such running pod", ns, name, c.Name)
@@ -301,6 +314,13 @@ func Start(ctx context.Context, opts Options) (_ *Substrate, err error) {
 			return nil, fmt.Errorf("start substrate: %s is missing; install it with: %s", p, testenv.InstallHint)
 		}
 	}
+	if opts.RealNodes {
+		for _, p := range realNodeTools(tl) {
+			if _, err := os.Stat(p); err != nil {
+				return nil, fmt.Errorf("start substrate: %s is missing; install it with: %s", p, testenv.InstallHint)
+			}
+		}
+	}
 	if opts.BaseDir == "" {
 		opts.BaseDir = os.TempDir()
 	}
@@ -338,6 +358,16 @@ func Start(ctx context.Context, opts Options) (_ *Substrate, err error) {
 		s.Clusters = append(s.Clusters, &Cluster{Name: cp.Name, Plan: cp, s: s})
 	}
 
+	var egressConfig string
+	if opts.RealNodes {
+		if egressConfig, err = s.startEgressProxy(); err != nil {
+			return s, err
+		}
+		if err := s.startImageRegistry(); err != nil {
+			return s, err
+		}
+	}
+
 	// The API servers, the registry and the network come up in parallel.
 	g, gctx := errgroup.WithContext(ctx)
 	for _, c := range s.Clusters {
@@ -346,7 +376,17 @@ func Start(ctx context.Context, opts Options) (_ *Substrate, err error) {
 			if err := os.MkdirAll(d, 0o755); err != nil {
 				return err
 			}
-			api, stop, err := startAPIServerPinned(gctx, testenv.KubeAPIServerOptions{Dir: d, ServiceCIDR: c.Plan.ServiceCIDR.String()})
+			apiOpts := testenv.KubeAPIServerOptions{Dir: d, ServiceCIDR: c.Plan.ServiceCIDR.String()}
+			if opts.RealNodes {
+				// Pods reach the API server through the kubernetes Service (its first address)
+				// and the forwarder on their cluster's gateway.
+				apiOpts.ExtraArgs = realAPIServerArgs(egressConfig)
+				apiOpts.KubeletClient = true
+				apiOpts.AuthorizationModes = []string{"Node", "RBAC"}
+				apiOpts.ExtraIPs = []net.IP{c.Plan.Gateway.AsSlice(), c.Plan.ServiceCIDR.Addr().Next().AsSlice()}
+				apiOpts.ExtraNames = []string{"kubernetes.default", "kubernetes.default.svc." + plan.ClusterDomain}
+			}
+			api, stop, err := startAPIServerPinned(gctx, apiOpts)
 			if err != nil {
 				return fmt.Errorf("start API server of %s: %w", c.Name, err)
 			}
@@ -385,10 +425,16 @@ func Start(ctx context.Context, opts Options) (_ *Substrate, err error) {
 			}
 		}
 	}
-	for _, c := range s.Clusters {
-		for _, n := range c.Nodes {
-			n.kubelet = newKubelet(n, c.Client, s.log)
-			s.bg.Go(func() { n.kubelet.run(bgctx) })
+	if opts.RealNodes {
+		if err := s.startRealNodes(ctx, tl); err != nil {
+			return s, err
+		}
+	} else {
+		for _, c := range s.Clusters {
+			for _, n := range c.Nodes {
+				n.kubelet = newKubelet(n, c.Client, s.log)
+				s.bg.Go(func() { n.kubelet.run(bgctx) })
+			}
 		}
 	}
 	s.StartupTime = time.Since(t0)
@@ -577,6 +623,35 @@ func (s *Substrate) stop() {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			_ = srv.ShutdownContext(ctx)
 			cancel()
+		}
+	}
+	if s.images != nil {
+		s.images.close()
+	}
+	if s.egress != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_ = s.egress.srv.Shutdown(ctx)
+		cancel()
+	}
+	var nwg sync.WaitGroup
+	for _, c := range s.Clusters {
+		for _, n := range c.Nodes {
+			nwg.Go(func() {
+				if err := s.stopRealNode(n); err != nil {
+					s.log.Warn("stop real node", "node", n.Name, "err", err)
+				}
+			})
+		}
+	}
+	nwg.Wait()
+	if s.opts.RealNodes {
+		if err := removeCgroup("/"+filepath.Base(s.Dir), 10*time.Second); err != nil {
+			s.log.Warn("remove cgroups", "err", err)
+		}
+		if s.mntnsMounted {
+			if err := unix.Unmount(filepath.Join(s.Dir, "mntns"), unix.MNT_DETACH); err != nil {
+				s.log.Warn("unmount mntns dir", "err", err)
+			}
 		}
 	}
 	s.bg.Wait()

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -31,6 +32,17 @@ type KubeAPIServerOptions struct {
 	ServiceCIDR string
 	// ExtraArgs are appended to kube-apiserver's flags.
 	ExtraArgs []string
+	// ExtraIPs and ExtraNames are added to the serving certificate's subject alternative names
+	// (besides localhost, kubernetes, kubernetes.default.svc and 127.0.0.1): the addresses
+	// clients elsewhere reach it at, such as the kubernetes Service's ClusterIP.
+	ExtraIPs   []net.IP
+	ExtraNames []string
+	// KubeletClient gives the API server a client certificate for its connections to kubelets
+	// (--kubelet-client-certificate: CN kube-apiserver-kubelet-client, group system:masters, as
+	// kubeadm issues it), signed by CA, which kubelets trust as their client CA.
+	KubeletClient bool
+	// AuthorizationModes is --authorization-mode (default RBAC).
+	AuthorizationModes []string
 }
 
 // KubeAPIServer is a real kube-apiserver with its own etcd process, both on loopback.
@@ -42,6 +54,9 @@ type KubeAPIServer struct {
 	// EtcdEndpoint is the backing etcd's client URL.
 	EtcdEndpoint string
 	Dir          string
+	// CA signs the serving certificate and is the --client-ca-file: certificates it issues
+	// authenticate as their CN (user) and O (groups).
+	CA *CA
 
 	procs []*exec.Cmd
 	waits []chan struct{}
@@ -68,13 +83,19 @@ func StartKubeAPIServer(ctx context.Context, opts KubeAPIServerOptions) (*KubeAP
 	if opts.ServiceCIDR == "" {
 		opts.ServiceCIDR = "10.96.0.0/16"
 	}
+	authzModes := "RBAC"
+	if len(opts.AuthorizationModes) > 0 {
+		authzModes = strings.Join(opts.AuthorizationModes, ",")
+	}
 	d := opts.Dir
 	s := &KubeAPIServer{Dir: d}
 	ca, err := NewCA("aether-test-kube-ca")
 	if err != nil {
 		return nil, err
 	}
-	servCert, servKey, err := ca.Issue("kube-apiserver", nil, []string{"localhost", "kubernetes", "kubernetes.default.svc"}, []net.IP{net.IPv4(127, 0, 0, 1)})
+	s.CA = ca
+	names := append([]string{"localhost", "kubernetes", "kubernetes.default.svc"}, opts.ExtraNames...)
+	servCert, servKey, err := ca.Issue("kube-apiserver", nil, names, append([]net.IP{net.IPv4(127, 0, 0, 1)}, opts.ExtraIPs...))
 	if err != nil {
 		return nil, err
 	}
@@ -97,6 +118,15 @@ func StartKubeAPIServer(ctx context.Context, opts KubeAPIServerOptions) (*KubeAP
 	files := map[string][]byte{
 		"ca.crt": ca.CertPEM, "apiserver.crt": servCert, "apiserver.key": servKey,
 		"sa.key": saKeyPEM, "sa.pub": pemBlock("PUBLIC KEY", saPubDER),
+	}
+	if opts.KubeletClient {
+		kcCert, kcKey, err := ca.Issue("kube-apiserver-kubelet-client", []string{"system:masters"}, nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		files["kubelet-client.crt"], files["kubelet-client.key"] = kcCert, kcKey
+		opts.ExtraArgs = append([]string{"--kubelet-client-certificate", filepath.Join(d, "kubelet-client.crt"),
+			"--kubelet-client-key", filepath.Join(d, "kubelet-client.key")}, opts.ExtraArgs...)
 	}
 	for name, b := range files {
 		if err := os.WriteFile(filepath.Join(d, name), b, 0o600); err != nil {
@@ -132,7 +162,7 @@ func StartKubeAPIServer(ctx context.Context, opts KubeAPIServerOptions) (*KubeAP
 		"--service-account-key-file", filepath.Join(d, "sa.pub"),
 		"--service-account-signing-key-file", filepath.Join(d, "sa.key"),
 		"--service-cluster-ip-range", opts.ServiceCIDR,
-		"--authorization-mode", "RBAC",
+		"--authorization-mode", authzModes,
 		"--endpoint-reconciler-type", "none",
 		"--allow-privileged=true",
 		"--v", "1",
@@ -157,7 +187,20 @@ func StartKubeAPIServer(ctx context.Context, opts KubeAPIServerOptions) (*KubeAP
 	pool.AddCert(ca.Cert)
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}}}}
 	s.hc = hc
-	if err := waitHTTP(ctx, hc, s.Config.Host+"/readyz"); err != nil {
+	// Stop waiting when the API server exits (a bad flag ends it at once).
+	wctx, wcancel := context.WithCancelCause(ctx)
+	defer wcancel(nil)
+	go func() {
+		select {
+		case <-s.waits[len(s.waits)-1]:
+			wcancel(fmt.Errorf("kube-apiserver exited"))
+		case <-wctx.Done():
+		}
+	}()
+	if err := waitHTTP(wctx, hc, s.Config.Host+"/readyz"); err != nil {
+		if cause := context.Cause(wctx); cause != nil && ctx.Err() == nil {
+			err = fmt.Errorf("%w: %w", cause, err)
+		}
 		s.Stop()
 		return nil, fmt.Errorf("kube-apiserver: %w (log: %s)", err, filepath.Join(d, "kube-apiserver.log"))
 	}

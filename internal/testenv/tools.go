@@ -30,6 +30,7 @@ type Tools struct {
 	Runc          string // AETHER_RUNC
 	Crictl        string // AETHER_CRICTL
 	Helm          string // AETHER_HELM
+	CoreDNS       string // AETHER_COREDNS
 	Versions      map[string]string
 }
 
@@ -107,6 +108,7 @@ func FindTools() (Tools, error) {
 			Runc:          env("AETHER_RUNC", filepath.Join(dir, "runc-"+v["RUNC_VERSION"], "runc")),
 			Crictl:        env("AETHER_CRICTL", filepath.Join(dir, "crictl-"+v["CRICTL_VERSION"], "crictl")),
 			Helm:          env("AETHER_HELM", filepath.Join(dir, "helm-"+v["HELM_VERSION"], "helm")),
+			CoreDNS:       env("AETHER_COREDNS", filepath.Join(dir, "coredns-"+v["COREDNS_VERSION"], "coredns")),
 			Etcd:          env("AETHER_ETCD", filepath.Join(dir, "etcd-"+v["ETCD_VERSION"], "etcd")),
 			CNIBinDir:     env("AETHER_CNI_BIN_DIR", filepath.Join(dir, "cni-plugins-"+v["CNI_PLUGINS_VERSION"])),
 			Versions:      v,
@@ -158,7 +160,7 @@ func RequireTools(t testing.TB, names ...string) Tools {
 			for _, b := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
 				paths = append(paths, filepath.Join(tl.ContainerdDir, b))
 			}
-			paths = append(paths, tl.Runc, tl.Crictl)
+			paths = append(paths, tl.Runc, tl.Crictl, tl.CoreDNS)
 		case ToolHelm:
 			paths = []string{tl.Helm}
 		case ToolCNIPlugins:

@@ -9,6 +9,7 @@
 //	client relay ADDR        connect, then copy stdin to the connection and the connection to
 //	                         stdout until both ends closed (a pod-side TCP connection driven
 //	                         through kubectl exec: the kind cluster pair's Dial)
+//	client read FILE         print the file (a Secret or ConfigMap volume: the images have no cat)
 //	client sleep             wait for SIGTERM
 //
 // Flag -timeout (default 5s) bounds every mode but sleep; for relay it bounds the connect only.
@@ -60,13 +61,26 @@ var requestHeaders = http.Header{}
 
 func run(args []string, timeout time.Duration, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: client http URL | grpc ADDR MESSAGE | tcp ADDR MESSAGE | banner ADDR | resolve NAME | relay ADDR | sleep")
+		return errors.New("usage: client http URL | grpc ADDR MESSAGE | tcp ADDR MESSAGE | banner ADDR | resolve NAME | relay ADDR | read FILE | sleep")
 	}
 	if args[0] == "relay" {
 		if len(args) != 2 {
 			return fmt.Errorf("bad arguments %q", args)
 		}
 		return relay(args[1], timeout, os.Stdin, out)
+	}
+	if args[0] == "read" {
+		// The images have no shell or cat: this is how a test reads a file in a pod (a Secret
+		// or ConfigMap volume, the pod's resolv.conf).
+		if len(args) != 2 {
+			return fmt.Errorf("bad arguments %q", args)
+		}
+		b, err := os.ReadFile(args[1])
+		if err != nil {
+			return err
+		}
+		_, err = out.Write(b)
+		return err
 	}
 	if args[0] == "sleep" {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
