@@ -56,40 +56,7 @@ func TestEveryManifestIsInstalled(t *testing.T) {
 func TestManifestsServerSideDryRun(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	dyn, err := dynamic.NewForConfig(api.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc, err := discovery.NewDiscoveryClientForConfig(api.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	apply := func(u *unstructured.Unstructured, dryRun bool) error {
-		gvk := u.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
-			return err
-		}
-		b, err := json.Marshal(u.Object)
-		if err != nil {
-			return err
-		}
-		opts := metav1.PatchOptions{FieldManager: "aether-deploy-test", Force: new(true), FieldValidation: "Strict"}
-		if dryRun {
-			opts.DryRun = []string{metav1.DryRunAll}
-		}
-		r := dyn.Resource(m.Resource)
-		if u.GetNamespace() != "" {
-			_, err = r.Namespace(u.GetNamespace()).Patch(ctx, u.GetName(), types.ApplyPatchType, b, opts)
-		} else {
-			_, err = r.Patch(ctx, u.GetName(), types.ApplyPatchType, b, opts)
-		}
-		return err
-	}
+	apply := newApplier(t, api).apply
 	ns, err := Objects("namespace.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -365,4 +332,52 @@ func TestWorkloadSecurity(t *testing.T) {
 			}
 		}
 	}
+}
+
+// applier applies objects to a real kube-apiserver as kubectl apply --server-side does, with
+// strict field validation (an unknown or misspelt field fails).
+type applier struct {
+	ctx    context.Context
+	dyn    dynamic.Interface
+	mapper *restmapper.DeferredDiscoveryRESTMapper
+}
+
+// newApplier returns an applier for api whose requests end with the test (or after 3 minutes).
+func newApplier(t *testing.T, api *testenv.KubeAPIServer) *applier {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(api.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(api.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	return &applier{ctx: ctx, dyn: dyn, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))}
+}
+
+// apply server-side applies u, as a dry run (dryRun) or for real.
+func (a *applier) apply(u *unstructured.Unstructured, dryRun bool) error {
+	gvk := u.GroupVersionKind()
+	m, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(u.Object)
+	if err != nil {
+		return err
+	}
+	opts := metav1.PatchOptions{FieldManager: "aether-deploy-test", Force: new(true), FieldValidation: "Strict"}
+	if dryRun {
+		opts.DryRun = []string{metav1.DryRunAll}
+	}
+	r := a.dyn.Resource(m.Resource)
+	if u.GetNamespace() != "" {
+		_, err = r.Namespace(u.GetNamespace()).Patch(a.ctx, u.GetName(), types.ApplyPatchType, b, opts)
+	} else {
+		_, err = r.Patch(a.ctx, u.GetName(), types.ApplyPatchType, b, opts)
+	}
+	return err
 }

@@ -18,10 +18,13 @@ import (
 )
 
 // FS holds every manifest under deploy/, with paths relative to deploy/ (for example
-// "agent/daemonset.yaml").
+// "agent/daemonset.yaml"): the Helm chart rendered with its defaults (hack/update-manifests.sh).
 //
 //go:embed *.yaml agent/*.yaml registrar/*.yaml crds/*.yaml uninstall/*.yaml
 var FS embed.FS
+
+// ChartDir is the Helm chart's directory, relative to deploy/.
+const ChartDir = "chart/aether"
 
 // Config is the path (in FS) of the aether-config ConfigMap, which is applied before the
 // kustomization and is deliberately not part of it.
@@ -67,6 +70,12 @@ func Objects(path string) ([]*unstructured.Unstructured, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decode %s: %w", path, err)
 	}
+	return DecodeObjects(path, b)
+}
+
+// DecodeObjects decodes every YAML (or JSON) document of b, skipping empty ones, such as the
+// output of helm template; name is what errors call the input.
+func DecodeObjects(name string, b []byte) ([]*unstructured.Unstructured, error) {
 	d := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
 	var out []*unstructured.Unstructured
 	for {
@@ -74,7 +83,7 @@ func Objects(path string) ([]*unstructured.Unstructured, error) {
 		if err := d.Decode(&m); errors.Is(err, io.EOF) {
 			return out, nil
 		} else if err != nil {
-			return nil, fmt.Errorf("decode %s: %w", path, err)
+			return nil, fmt.Errorf("decode %s: %w", name, err)
 		}
 		if len(m) > 0 {
 			out = append(out, &unstructured.Unstructured{Object: m})

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# update-crds.sh: copy the CRDs aether ships into deploy/crds/: the MCS API CRDs (ServiceExport,
-# ServiceImport) of the sigs.k8s.io/mcs-api version pinned in go.mod, and the Gateway API CRDs
-# of the experimental channel (a superset of standard: retries, GEP-1731, are experimental, and
-# the standard CRDs would prune them) of the sigs.k8s.io/gateway-api version pinned in go.mod.
-# verify-crds.sh fails when they differ.
+# update-crds.sh: copy the CRDs aether ships into the Helm chart's crds/ directory
+# (deploy/chart/aether/crds; hack/update-manifests.sh copies them on to deploy/crds/ for
+# kubectl apply -k): the MCS API CRDs (ServiceExport, ServiceImport) of the sigs.k8s.io/mcs-api
+# version pinned in go.mod, and the Gateway API CRDs of the experimental channel (a superset of
+# standard: retries, GEP-1731, are experimental, and the standard CRDs would prune them) of the
+# sigs.k8s.io/gateway-api version pinned in go.mod. verify-crds.sh fails when they differ.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-out=${1:-deploy/crds}
+out=${1:-deploy/chart/aether/crds}
 moddir() {
   local d
   d=$(go list -m -f '{{.Dir}}' "$1")

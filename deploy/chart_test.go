@@ -1,0 +1,762 @@
+package deploy
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	"k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	"github.com/aethermesh/aether/agent"
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/registrar"
+)
+
+// helm runs the cached Helm (testenv.ToolHelm) in deploy/ with args and returns its standard
+// output, or an error carrying its standard error. Helm's cache, configuration and data
+// directories are the test's own; kubeconfig is the cluster it talks to ("": none, for lint and
+// template).
+func helm(t *testing.T, kubeconfig string, args ...string) (string, error) {
+	t.Helper()
+	bin := testenv.RequireTools(t, testenv.ToolHelm).Helm
+	home := t.TempDir()
+	if kubeconfig == "" {
+		kubeconfig = filepath.Join(home, "no-cluster")
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
+	}
+	return stdout.String(), nil
+}
+
+// render runs helm template on the chart in namespace with args (-f, --set, ...) and decodes
+// the objects; it fails the test when Helm refuses.
+func render(t *testing.T, namespace string, args ...string) []*unstructured.Unstructured {
+	t.Helper()
+	out, err := helm(t, "", append([]string{"template", "aether", ChartDir, "--namespace", namespace}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	objs, err := DecodeObjects("helm template", []byte(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return objs
+}
+
+// valuesFile writes values (YAML) to a file for helm's -f and returns its path.
+func valuesFile(t *testing.T, values string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "values.yaml")
+	if err := os.WriteFile(p, []byte(values), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// object returns the object of kind and name among objs, failing the test when there is none.
+func object(t *testing.T, objs []*unstructured.Unstructured, kind, name string, out any) {
+	t.Helper()
+	for _, o := range objs {
+		if o.GetKind() == kind && o.GetName() == name {
+			b, err := yaml.Marshal(o.Object)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := yaml.UnmarshalStrict(b, out); err != nil {
+				t.Fatalf("%s %s: %v", kind, name, err)
+			}
+			return
+		}
+	}
+	t.Fatalf("no %s %s among the rendered objects", kind, name)
+}
+
+// hasObject reports whether objs hold an object of kind and name.
+func hasObject(objs []*unstructured.Unstructured, kind, name string) bool {
+	return slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == kind && o.GetName() == name })
+}
+
+// appVersion is the chart's appVersion, the images' default tag.
+func appVersion(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ChartDir, "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c struct {
+		AppVersion string `json:"appVersion"`
+	}
+	if err := yaml.Unmarshal(b, &c); err != nil || c.AppVersion == "" {
+		t.Fatalf("Chart.yaml: appVersion %q (%v)", c.AppVersion, err)
+	}
+	return c.AppVersion
+}
+
+// otherDigest is the agent image digest otherValues sets.
+var otherDigest = "sha256:" + strings.Repeat("ab", 32)
+
+// otherValues sets every value of the chart to something other than its default.
+var otherValues = `
+cluster: east
+region: eu-west
+meshDomain: mesh.example
+trustDomain: example.org
+inboundMode: permissive
+eastWestWaypoint: false
+logLevel: debug
+registry:
+  endpoints: [https://10.0.0.2:2379, https://10.0.0.3:2379]
+  insecure: true
+  tls: {enabled: true, secretName: etcd-client, clientCertificate: true}
+  user: aether.eu-west.east
+  passwordSecret: {name: etcd-password, key: pw}
+identity:
+  mode: dev-ca
+  devCA: {secretName: mesh-ca}
+images:
+  agent: {repository: registry.example/aether/agent, tag: ignored, digest: "` + otherDigest + `", pullPolicy: Always}
+  envoy: {repository: registry.example/aether/envoy, tag: "1.2.3", pullPolicy: Never}
+  registrar: {repository: "registry.example:5000/aether/registrar"}
+imagePullSecrets: [{name: regcred}]
+agent:
+  captureBackend: iptables-legacy
+  clusterDNS: [10.96.0.10, "fd00::a"]
+  clusterDomain: corp.example
+  dnsCache: {size: 0, maxTTL: 1m, maxNegativeTTL: 2s, serveStale: 24h, prefetch: 3}
+  resources: {requests: {cpu: 200m, memory: 256Mi}, limits: {cpu: "1", memory: 512Mi}}
+  nodeSelector: {kubernetes.io/os: linux}
+  tolerations: [{key: dedicated, operator: Equal, value: mesh, effect: NoSchedule}]
+  priorityClassName: mesh-node
+envoy:
+  logLevel: warning
+  drainTimeSeconds: 20
+  resources: {requests: {cpu: 300m, memory: 300Mi}, limits: {memory: 3Gi}}
+registrar:
+  replicas: 3
+  resources: {requests: {cpu: 10m, memory: 32Mi}, limits: {memory: 128Mi}}
+  nodeSelector: {node-role.example/control: "true"}
+  tolerations: [{key: control, operator: Exists, effect: NoSchedule}]
+  affinity:
+    podAntiAffinity:
+      preferredDuringSchedulingIgnoredDuringExecution:
+        - weight: 100
+          podAffinityTerm:
+            topologyKey: kubernetes.io/hostname
+            labelSelector: {matchLabels: {app.kubernetes.io/name: aether-registrar}}
+  priorityClassName: mesh-control
+extraConfig: {AETHER_DNS_RATE_LIMIT: "200", AETHER_ZONE: zone-a}
+namespace: {create: true}
+`
+
+// TestChartLint runs helm lint --strict on the chart with its defaults and with otherValues.
+func TestChartLint(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+	}{
+		{"defaults", nil},
+		{"other values", []string{"-f", valuesFile(t, otherValues)}},
+	} {
+		out, err := helm(t, "", append([]string{"lint", "--strict", ChartDir}, c.args...)...)
+		if err != nil || !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
+			t.Errorf("%s: helm lint: %v\n%s", c.name, err, out)
+		}
+	}
+}
+
+// TestChartDefaultsAreTheManifests renders the chart with its defaults as
+// hack/update-manifests.sh does and checks that the objects are exactly those of the manifests
+// under deploy/ (which verify-manifests.sh compares as text): nothing missing, nothing extra.
+func TestChartDefaultsAreTheManifests(t *testing.T) {
+	rendered := render(t, "aether-system", "--include-crds", "--set", "namespace.create=true")
+	uninstall := render(t, "aether-system", "--set", "cniUninstall=true", "--show-only", "templates/uninstall/cni-uninstall.yaml")
+	key := func(o *unstructured.Unstructured) string {
+		return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
+	}
+	want := map[string]*unstructured.Unstructured{}
+	for _, o := range append(rendered, uninstall...) {
+		want[key(o)] = o
+	}
+	files, err := Files()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, f := range files {
+		objs, err := Objects(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range objs {
+			if o.GetKind() == "Kustomization" {
+				continue
+			}
+			k := key(o)
+			seen[k] = true
+			if w, ok := want[k]; !ok {
+				t.Errorf("%s: %s is not rendered by the chart", f, k)
+			} else if !reflect.DeepEqual(o.Object, w.Object) {
+				t.Errorf("%s: %s differs from the chart's (run hack/update-manifests.sh)", f, k)
+			}
+		}
+	}
+	for k := range want {
+		if !seen[k] {
+			t.Errorf("the chart renders %s, which no file under deploy/ holds (run hack/update-manifests.sh)", k)
+		}
+	}
+	if len(seen) < 20 {
+		t.Errorf("compared %d objects; the manifests hold more", len(seen))
+	}
+}
+
+// TestChartValues renders the chart with otherValues in namespace mesh-system and checks that
+// each value lands where it should: the ConfigMap, parsed with the agent's and the registrar's
+// own parsers through their containers' args and environment, gives the configuration the
+// values say; the images, pull policies, resources, scheduling and Secrets are the values'; every
+// object, binding subject and admission policy names the release namespace; and the pods'
+// config checksum follows the ConfigMap.
+func TestChartValues(t *testing.T) {
+	const ns = "mesh-system"
+	objs := render(t, ns, "-f", valuesFile(t, otherValues))
+	defaults := render(t, "aether-system")
+
+	var cm corev1.ConfigMap
+	object(t, objs, "ConfigMap", "aether-config", &cm)
+	wantData := map[string]string{
+		"AETHER_CLUSTER": "east", "AETHER_REGION": "eu-west", "AETHER_MESH_DOMAIN": "mesh.example",
+		"AETHER_TRUST_DOMAIN": "example.org", "AETHER_INBOUND_MODE": "permissive", "AETHER_EAST_WEST_WAYPOINT": "false",
+		"AETHER_LOG_LEVEL": "debug", "AETHER_REGISTRY_ENDPOINTS": "https://10.0.0.2:2379,https://10.0.0.3:2379",
+		"AETHER_REGISTRY_INSECURE": "true", "AETHER_REGISTRY_CA": "/etc/aether/registry/ca.crt",
+		"AETHER_REGISTRY_CERT": "/etc/aether/registry/tls.crt", "AETHER_REGISTRY_KEY": "/etc/aether/registry/tls.key",
+		"AETHER_REGISTRY_USER": "aether.eu-west.east", "AETHER_CAPTURE_BACKEND": "iptables-legacy",
+		"AETHER_CLUSTER_DNS": "10.96.0.10,fd00::a", "AETHER_CLUSTER_DOMAIN": "corp.example",
+		"AETHER_DNS_CACHE_SIZE": "0", "AETHER_DNS_CACHE_MAX_TTL": "1m", "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL": "2s",
+		"AETHER_DNS_CACHE_SERVE_STALE": "24h", "AETHER_DNS_CACHE_PREFETCH": "3",
+		"AETHER_DNS_RATE_LIMIT": "200", "AETHER_ZONE": "zone-a",
+	}
+	if !maps.Equal(cm.Data, wantData) {
+		t.Errorf("aether-config data:\n got %v\nwant %v", cm.Data, wantData)
+	}
+	configMaps := map[string]map[string]string{"aether-config": cm.Data}
+
+	// The agent, as its own parser reads the DaemonSet's container.
+	var ds appsv1.DaemonSet
+	object(t, objs, "DaemonSet", "aether-agent", &ds)
+	spec := ds.Spec.Template.Spec
+	ag, err := Container(spec, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := Env(ag, configMaps, map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg, err := agent.ParseFlags(Args(ag, env), func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatalf("agent flags: %v", err)
+	}
+	if missing, err := MissingFiles(acfg.Validate()); err != nil {
+		t.Errorf("agent configuration: %v (missing files %v)", err, missing)
+	} else {
+		for _, p := range missing {
+			v, _, _, err := MountedFrom(spec, ag, p)
+			want := map[string]string{"/etc/aether/ca/": "mesh-ca", "/etc/aether/registry/": "etcd-client"}[filepath.Dir(p)+"/"]
+			if err != nil || v.Secret == nil || v.Secret.SecretName != want || (v.Secret.Optional != nil && *v.Secret.Optional) {
+				t.Errorf("agent reads %s from volume %s, Secret %+v (%v), want the required Secret %q", p, v.Name, v.Secret, err, want)
+			}
+		}
+	}
+	wantDNS := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00::a")}
+	for _, c := range []struct {
+		what      string
+		got, want any
+	}{
+		{"cluster", acfg.Cluster, "east"}, {"region", acfg.Region, "eu-west"}, {"zone", acfg.Zone, "zone-a"},
+		{"mesh domain", acfg.MeshDomain, "mesh.example"}, {"trust domain", acfg.TrustDomain, "example.org"},
+		{"inbound mode", acfg.InboundMode, "permissive"}, {"east-west waypoint", acfg.EastWestWaypoint, false},
+		{"log level", acfg.LogLevel, slog.LevelDebug},
+		{"registry endpoints", acfg.Registry.Endpoints(), []string{"https://10.0.0.2:2379", "https://10.0.0.3:2379"}},
+		{"registry insecure", acfg.Registry.Insecure, true},
+		{"registry TLS", []string{acfg.Registry.CA, acfg.Registry.Cert, acfg.Registry.Key},
+			[]string{"/etc/aether/registry/ca.crt", "/etc/aether/registry/tls.crt", "/etc/aether/registry/tls.key"}},
+		{"capture backend", acfg.CaptureBackend, "iptables-legacy"}, {"cluster DNS", acfg.ClusterDNS, wantDNS},
+		{"cluster domain", acfg.ClusterDomain, "corp.example"}, {"DNS cache size", acfg.DNSCacheSize, 0},
+		{"DNS cache max TTL", acfg.DNSCacheMaxTTL, time.Minute}, {"DNS cache max negative TTL", acfg.DNSCacheMaxNegativeTTL, 2 * time.Second},
+		{"DNS serve-stale", acfg.DNSCacheServeStale, 24 * time.Hour}, {"DNS prefetch", acfg.DNSCachePrefetch, 3},
+		{"DNS rate limit (extraConfig)", acfg.DNSRateLimit, 200},
+	} {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("agent %s: %v, want %v", c.what, c.got, c.want)
+		}
+	}
+
+	// The registrar, as its own parser reads the Deployment's container; the password comes
+	// from the Secret (checked here, as Env computes no Secret references).
+	var dep appsv1.Deployment
+	object(t, objs, "Deployment", "aether-registrar", &dep)
+	rspec := dep.Spec.Template.Spec
+	rc, err := Container(rspec, "registrar")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var password *corev1.EnvVar
+	rc.Env = slices.DeleteFunc(slices.Clone(rc.Env), func(e corev1.EnvVar) bool {
+		if e.Name == "AETHER_REGISTRY_PASSWORD" {
+			password = &e
+			return true
+		}
+		return false
+	})
+	if password == nil || password.ValueFrom == nil || password.ValueFrom.SecretKeyRef == nil ||
+		password.ValueFrom.SecretKeyRef.Name != "etcd-password" || password.ValueFrom.SecretKeyRef.Key != "pw" {
+		t.Errorf("registrar AETHER_REGISTRY_PASSWORD %+v, want from Secret etcd-password key pw", password)
+	}
+	renv, err := Env(rc, configMaps, map[string]string{"metadata.namespace": ns})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rcfg, err := registrar.ParseRunConfig(Args(rc, renv), func(k string) string { return renv[k] })
+	missing, err := MissingFiles(err)
+	if err != nil || len(missing) != 3 {
+		t.Errorf("registrar configuration: %v, missing files %v; want only the 3 registry TLS files missing", err, missing)
+	}
+	for _, p := range missing {
+		if v, _, _, err := MountedFrom(rspec, rc, p); err != nil || v.Secret == nil || v.Secret.SecretName != "etcd-client" || (v.Secret.Optional != nil && *v.Secret.Optional) {
+			t.Errorf("registrar reads %s from volume %s, Secret %+v (%v), want the required Secret etcd-client", p, v.Name, v.Secret, err)
+		}
+	}
+	if rcfg.Cluster != "east" || rcfg.Region != "eu-west" || rcfg.RegistryUser != "aether.eu-west.east" || rcfg.LeaderElectNamespace != ns ||
+		!slices.Equal(rcfg.Registry.Endpoints(), []string{"https://10.0.0.2:2379", "https://10.0.0.3:2379"}) || rcfg.LogLevel != slog.LevelDebug {
+		t.Errorf("registrar: cluster %q, region %q, user %q, lease namespace %q, endpoints %v, log level %v; want the values'",
+			rcfg.Cluster, rcfg.Region, rcfg.RegistryUser, rcfg.LeaderElectNamespace, rcfg.Registry.Endpoints(), rcfg.LogLevel)
+	}
+
+	// Images, pull policies, resources.
+	en, err := Container(spec, "envoy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rl := func(kv ...string) corev1.ResourceList {
+		l := corev1.ResourceList{}
+		for i := 0; i < len(kv); i += 2 {
+			l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+		}
+		return l
+	}
+	for _, c := range []struct {
+		c         corev1.Container
+		image     string
+		policy    corev1.PullPolicy
+		resources corev1.ResourceRequirements
+	}{
+		{ag, "registry.example/aether/agent@" + otherDigest, corev1.PullAlways,
+			corev1.ResourceRequirements{Requests: rl("cpu", "200m", "memory", "256Mi"), Limits: rl("cpu", "1", "memory", "512Mi")}},
+		{en, "registry.example/aether/envoy:1.2.3", corev1.PullNever,
+			corev1.ResourceRequirements{Requests: rl("cpu", "300m", "memory", "300Mi"), Limits: rl("memory", "3Gi")}},
+		{rc, "registry.example:5000/aether/registrar:" + appVersion(t), corev1.PullIfNotPresent,
+			corev1.ResourceRequirements{Requests: rl("cpu", "10m", "memory", "32Mi"), Limits: rl("memory", "128Mi")}},
+	} {
+		if c.c.Image != c.image || c.c.ImagePullPolicy != c.policy {
+			t.Errorf("container %s: image %s (%s), want %s (%s)", c.c.Name, c.c.Image, c.c.ImagePullPolicy, c.image, c.policy)
+		}
+		if !equality.Semantic.DeepEqual(c.c.Resources, c.resources) {
+			t.Errorf("container %s: resources %v, want %v", c.c.Name, c.c.Resources, c.resources)
+		}
+	}
+	if a := strings.Join(en.Args, " "); !strings.Contains(a, "--drain-time-s 20") || !strings.Contains(a, "--log-level warning") {
+		t.Errorf("envoy args %q, want --drain-time-s 20 and --log-level warning", a)
+	}
+
+	// Scheduling and pull Secrets.
+	pullSecrets := []corev1.LocalObjectReference{{Name: "regcred"}}
+	if !reflect.DeepEqual(spec.NodeSelector, map[string]string{"kubernetes.io/os": "linux"}) || spec.PriorityClassName != "mesh-node" ||
+		!reflect.DeepEqual(spec.Tolerations, []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "mesh", Effect: corev1.TaintEffectNoSchedule}}) ||
+		!reflect.DeepEqual(spec.ImagePullSecrets, pullSecrets) {
+		t.Errorf("agent pods: nodeSelector %v, priorityClassName %q, tolerations %v, imagePullSecrets %v; want the values'",
+			spec.NodeSelector, spec.PriorityClassName, spec.Tolerations, spec.ImagePullSecrets)
+	}
+	if dep.Spec.Replicas == nil || *dep.Spec.Replicas != 3 || rspec.PriorityClassName != "mesh-control" ||
+		!reflect.DeepEqual(rspec.NodeSelector, map[string]string{"node-role.example/control": "true"}) ||
+		!reflect.DeepEqual(rspec.Tolerations, []corev1.Toleration{{Key: "control", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}}) ||
+		rspec.Affinity == nil || rspec.Affinity.PodAntiAffinity == nil || len(rspec.Affinity.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 ||
+		!reflect.DeepEqual(rspec.ImagePullSecrets, pullSecrets) {
+		t.Errorf("registrar: replicas %v, priorityClassName %q, nodeSelector %v, tolerations %v, affinity %+v, imagePullSecrets %v; want the values'",
+			dep.Spec.Replicas, rspec.PriorityClassName, rspec.NodeSelector, rspec.Tolerations, rspec.Affinity, rspec.ImagePullSecrets)
+	}
+
+	// The release namespace everywhere.
+	if !hasObject(objs, "Namespace", ns) {
+		t.Errorf("namespace.create: no Namespace %s", ns)
+	}
+	for _, o := range objs {
+		switch o.GetKind() {
+		case "Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "CustomResourceDefinition":
+			if o.GetNamespace() != "" {
+				t.Errorf("%s %s: cluster-scoped, has namespace %q", o.GetKind(), o.GetName(), o.GetNamespace())
+			}
+		default:
+			if o.GetNamespace() != ns {
+				t.Errorf("%s %s: namespace %q, want the release's %s", o.GetKind(), o.GetName(), o.GetNamespace(), ns)
+			}
+		}
+	}
+	for _, name := range []string{"aether-agent", "aether-registrar"} {
+		var crb rbacv1.ClusterRoleBinding
+		object(t, objs, "ClusterRoleBinding", name, &crb)
+		if len(crb.Subjects) != 1 || crb.Subjects[0].Namespace != ns {
+			t.Errorf("ClusterRoleBinding %s: subjects %+v, want the ServiceAccount in %s", name, crb.Subjects, ns)
+		}
+	}
+	for policy, sa := range map[string]string{"aether-agent-node-pods": "aether-agent", "aether-registrar-managed-objects": "aether-registrar"} {
+		var p struct {
+			Spec struct {
+				MatchConditions []struct{ Expression string } `json:"matchConditions"`
+			} `json:"spec"`
+		}
+		for _, o := range objs {
+			if o.GetKind() == "ValidatingAdmissionPolicy" && o.GetName() == policy {
+				b, _ := yaml.Marshal(o.Object)
+				if err := yaml.Unmarshal(b, &p); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		want := "'system:serviceaccount:" + ns + ":" + sa + "'"
+		if len(p.Spec.MatchConditions) != 1 || !strings.Contains(p.Spec.MatchConditions[0].Expression, want) {
+			t.Errorf("ValidatingAdmissionPolicy %s: match conditions %+v, want the user %s", policy, p.Spec.MatchConditions, want)
+		}
+	}
+
+	// helm upgrade rolls the pods when the configuration changes.
+	var dds appsv1.DaemonSet
+	object(t, defaults, "DaemonSet", "aether-agent", &dds)
+	sum := ds.Spec.Template.Annotations["checksum/config"]
+	if sum == "" || sum == dds.Spec.Template.Annotations["checksum/config"] || dep.Spec.Template.Annotations["checksum/config"] != sum {
+		t.Errorf("checksum/config: agent %q, registrar %q, defaults' %q; want one value, different from the defaults'",
+			sum, dep.Spec.Template.Annotations["checksum/config"], dds.Spec.Template.Annotations["checksum/config"])
+	}
+	if hasObject(defaults, "Namespace", "aether-system") || hasObject(objs, "CustomResourceDefinition", "httproutes.gateway.networking.k8s.io") {
+		t.Error("the defaults render a Namespace, or helm template without --include-crds renders CRDs")
+	}
+	if hasObject(objs, "DaemonSet", "aether-cni-uninstall") {
+		t.Error("the CNI uninstall DaemonSet is rendered without cniUninstall")
+	}
+}
+
+// TestChartCNIUninstall renders the chart with cniUninstall: the agent DaemonSet makes way for the
+// uninstall DaemonSet, which runs the agent image of the values on the agent's nodes.
+func TestChartCNIUninstall(t *testing.T) {
+	objs := render(t, "mesh-system", "-f", valuesFile(t, otherValues), "--set", "cniUninstall=true")
+	if hasObject(objs, "DaemonSet", "aether-agent") {
+		t.Error("cniUninstall: the agent DaemonSet is still rendered")
+	}
+	var ds appsv1.DaemonSet
+	object(t, objs, "DaemonSet", "aether-cni-uninstall", &ds)
+	spec := ds.Spec.Template.Spec
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		if c.Image != "registry.example/aether/agent@"+otherDigest || c.ImagePullPolicy != corev1.PullAlways {
+			t.Errorf("uninstall container %s: image %s (%s), want the agent's", c.Name, c.Image, c.ImagePullPolicy)
+		}
+	}
+	if !reflect.DeepEqual(spec.NodeSelector, map[string]string{"kubernetes.io/os": "linux"}) || len(spec.Tolerations) != 1 || spec.Tolerations[0].Key != "dedicated" ||
+		len(spec.ImagePullSecrets) != 1 {
+		t.Errorf("uninstall pods: nodeSelector %v, tolerations %v, imagePullSecrets %v; want the agent's", spec.NodeSelector, spec.Tolerations, spec.ImagePullSecrets)
+	}
+	if !hasObject(objs, "Deployment", "aether-registrar") || !hasObject(objs, "ConfigMap", "aether-config") {
+		t.Error("cniUninstall removes more than the agent DaemonSet")
+	}
+}
+
+// TestChartRefusesBadValues checks that helm template refuses each bad value with an error that
+// names the value (values.schema.json, or the chart's own checks for what a schema cannot say).
+func TestChartRefusesBadValues(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args []string
+		want []string
+	}{
+		{"cluster not a label", []string{"--set", "cluster=East_1"}, []string{"/cluster", "East_1"}},
+		{"empty region", []string{"--set", "region="}, []string{"/region"}},
+		{"mesh domain", []string{"--set", "meshDomain=Mesh Domain"}, []string{"/meshDomain"}},
+		{"inbound mode", []string{"--set", "inboundMode=lenient"}, []string{"/inboundMode", "lenient"}},
+		{"waypoint not a boolean", []string{"--set-string", "eastWestWaypoint=maybe"}, []string{"/eastWestWaypoint"}},
+		{"log level", []string{"--set", "logLevel=verbose"}, []string{"/logLevel", "verbose"}},
+		{"endpoint without scheme", []string{"--set", "registry.endpoints={etcd-0:2379}"}, []string{"/registry/endpoints/0", "etcd-0:2379"}},
+		{"endpoints a string", []string{"--set", "registry.endpoints=https://etcd-0:2379"}, []string{"/registry/endpoints"}},
+		{"TLS Secret name", []string{"--set", "registry.tls.secretName=Etcd_Client"}, []string{"/registry/tls/secretName"}},
+		{"password without user", []string{"--set", "registry.passwordSecret.name=etcd-password"}, []string{"registry.passwordSecret.name", "registry.user"}},
+		{"identity mode", []string{"--set", "identity.mode=spire"}, []string{"/identity/mode", "dev-ca"}},
+		{"control cluster", []string{"--set", "controlCluster=alpha"}, []string{"controlCluster \"alpha\"", "#26"}},
+		{"import config", []string{"--set", "importConfig=true"}, []string{"importConfig", "#26"}},
+		{"image digest", []string{"--set", "images.agent.digest=sha256:abc"}, []string{"/images/agent/digest"}},
+		{"pull policy", []string{"--set", "images.envoy.pullPolicy=Sometimes"}, []string{"/images/envoy/pullPolicy", "Sometimes"}},
+		{"empty repository", []string{"--set", "images.registrar.repository="}, []string{"/images/registrar/repository"}},
+		{"resource quantity", []string{"--set", "agent.resources.limits.memory=lots"}, []string{"/agent/resources/limits/memory"}},
+		{"unknown resources field", []string{"--set", "envoy.resources.limit.memory=1Gi"}, []string{"/envoy/resources", "limit"}},
+		{"capture backend", []string{"--set", "agent.captureBackend=bpf"}, []string{"/agent/captureBackend", "bpf"}},
+		{"cluster DNS", []string{"--set", "agent.clusterDNS={kube-dns}"}, []string{"/agent/clusterDNS/0"}},
+		{"DNS cache duration", []string{"--set", "agent.dnsCache.maxTTL=30"}, []string{"/agent/dnsCache/maxTTL"}},
+		{"DNS cache size", []string{"--set", "agent.dnsCache.size=-1"}, []string{"/agent/dnsCache/size"}},
+		{"Envoy log level", []string{"--set", "envoy.logLevel=loud"}, []string{"/envoy/logLevel", "loud"}},
+		{"replicas", []string{"--set", "registrar.replicas=0"}, []string{"/registrar/replicas"}},
+		{"misspelt value", []string{"--set", "clustr=east"}, []string{"clustr"}},
+		{"misspelt nested value", []string{"--set", "registry.endpoint={https://etcd-0:2379}"}, []string{"/registry", "endpoint"}},
+		{"extraConfig key", []string{"--set", "extraConfig.NODE_NAME=x"}, []string{"/extraConfig", "NODE_NAME"}},
+		{"extraConfig of a value", []string{"--set", "extraConfig.AETHER_CLUSTER=east"}, []string{"extraConfig.AETHER_CLUSTER", "the value cluster"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := helm(t, "", append([]string{"template", "aether", ChartDir, "--namespace", "aether-system"}, c.args...)...)
+			if err == nil {
+				t.Fatalf("helm template %v succeeded, want a refusal naming %v:\n%s", c.args, c.want, testenv.Tail(out, 500))
+			}
+			for _, w := range c.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("helm template %v: %v\nwant it to name %q", c.args, err, w)
+				}
+			}
+		})
+	}
+}
+
+// TestChartServerSideDryRun renders the chart with its defaults, with otherValues (namespace
+// mesh-system) and for removal (cniUninstall), creates the rendered CRDs and Namespaces on a real
+// kube-apiserver, and applies every other object with a strict server-side dry run.
+func TestChartServerSideDryRun(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	ap := newApplier(t, api)
+	kinds := map[string]int{}
+	var crds map[string]*unstructured.Unstructured
+	for _, c := range []struct {
+		name, namespace string
+		args            []string
+	}{
+		{"defaults", "aether-system", nil},
+		{"other values", "mesh-system", []string{"-f", valuesFile(t, otherValues)}},
+		{"cniUninstall", "aether-system", []string{"--set", "cniUninstall=true"}},
+	} {
+		objs := render(t, c.namespace, append([]string{"--include-crds", "--set", "namespace.create=true"}, c.args...)...)
+		rendered := map[string]*unstructured.Unstructured{}
+		for _, o := range objs {
+			if o.GetKind() == "CustomResourceDefinition" {
+				rendered[o.GetName()] = o
+			}
+		}
+		if len(rendered) != 12 {
+			t.Errorf("%s: %d CRDs rendered, want the 12 of MCS and Gateway API", c.name, len(rendered))
+		}
+		if crds == nil {
+			// Created for real from the first render (the next ones render the same files).
+			crds = rendered
+			dir := t.TempDir()
+			for n, o := range crds {
+				b, err := yaml.Marshal(o.Object)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(dir, n+".yaml"), b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			testenv.InstallCRDs(t, api.Config, dir)
+			ap.mapper.Reset()
+		} else if !reflect.DeepEqual(rendered, crds) {
+			t.Errorf("%s: the CRDs differ from the defaults' (values must not change crds/)", c.name)
+		}
+		for _, o := range objs {
+			switch o.GetKind() {
+			case "CustomResourceDefinition":
+			case "Namespace": // namespaced objects need their namespace, even in a dry run
+				if err := ap.apply(o, false); err != nil {
+					t.Fatalf("%s: create namespace %s: %v", c.name, o.GetName(), err)
+				}
+			default:
+				if err := ap.apply(o, true); err != nil {
+					t.Errorf("%s: dry-run apply %s %s: %v", c.name, o.GetKind(), o.GetName(), err)
+					continue
+				}
+				kinds[o.GetKind()]++
+			}
+		}
+	}
+	t.Logf("dry-run applied: %v", kinds)
+	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Deployment", "ConfigMap",
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s among the rendered objects", k)
+		}
+	}
+	if kinds["DaemonSet"] != 3 {
+		t.Errorf("%d DaemonSets applied, want 3 (the agent's twice, the uninstall one once)", kinds["DaemonSet"])
+	}
+}
+
+// TestChartHelmInstall installs, upgrades and removes the chart with the real Helm on a real
+// kube-apiserver, as docs/deploy.md says. A server dry run into a namespace that enforces Pod
+// Security baseline, without cluster name and registry, warns of both in its NOTES. Then: the
+// namespace made first with its Pod Security label;
+// an existing Gateway API CRD (another implementation's) is kept, the missing CRDs created; the
+// NOTES name the missing CA Secret; an upgrade that changes a value updates the ConfigMap and
+// the pods' checksum; cniUninstall is refused while the agent DaemonSet exists and replaces it
+// once it is gone; helm uninstall removes the release's objects and keeps the CRDs.
+func TestChartHelmInstall(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	cs := kubernetes.NewForConfigOrDie(api.Config)
+	ext := apiextclient.NewForConfigOrDie(api.Config)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	const ns = "aether-system"
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "privileged"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Another Gateway API implementation installed GatewayClasses already.
+	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, "gateway.networking.k8s.io_gatewayclasses.yaml"))
+	kc := api.Kubeconfig
+
+	// NOTES warn of what would keep aether from starting: a namespace whose Pod Security level
+	// refuses the agent, and no cluster name or registry (a server dry run reads the cluster).
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "baseline",
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "baseline"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := helm(t, kc, "install", "aether", ChartDir, "--namespace", "baseline", "--dry-run=server")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range []string{`enforces Pod Security "baseline"`, "pod-security.kubernetes.io/enforce=privileged", "cluster and registry.endpoints are required"} {
+		if !strings.Contains(out, w) {
+			t.Errorf("helm install into a baseline namespace, unconfigured: NOTES do not say %q:\n%s", w, out)
+		}
+	}
+
+	install := []string{"--namespace", ns, "--set", "cluster=east", "--set", "registry.endpoints={https://10.0.0.2:2379}"}
+	out, err = helm(t, kc, append([]string{"install", "aether", ChartDir}, install...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("helm install:\n%s", out)
+	if !strings.Contains(out, "create secret tls aether-ca") || strings.Contains(out, "WARNING") {
+		t.Errorf("helm install NOTES do not name the missing CA Secret, or warn of a configured value:\n%s", out)
+	}
+	crds, err := ext.ApiextensionsV1().CustomResourceDefinitions().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var installed []string
+	for _, c := range crds.Items {
+		installed = append(installed, c.Name)
+		if c.Name == "gatewayclasses.gateway.networking.k8s.io" && c.Labels["app.kubernetes.io/managed-by"] == "Helm" {
+			t.Errorf("helm install took over the existing CRD %s", c.Name)
+		}
+	}
+	if len(installed) != 12 {
+		t.Errorf("CRDs after helm install: %v, want the 12 of MCS and Gateway API", installed)
+	}
+	ds, err := cs.AppsV1().DaemonSets(ns).Get(ctx, "aether-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := cs.CoreV1().ConfigMaps(ns).Get(ctx, "aether-config", metav1.GetOptions{})
+	if err != nil || cm.Data["AETHER_CLUSTER"] != "east" {
+		t.Fatalf("aether-config after install: %v %v", cm.Data, err)
+	}
+	if _, err := cs.AppsV1().Deployments(ns).Get(ctx, "aether-registrar", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Upgrade with another value: the ConfigMap follows, and so do the pods' checksum.
+	if _, err := helm(t, kc, "upgrade", "aether", ChartDir, "--namespace", ns, "--reuse-values", "--set", "logLevel=debug"); err != nil {
+		t.Fatal(err)
+	}
+	cm, err = cs.CoreV1().ConfigMaps(ns).Get(ctx, "aether-config", metav1.GetOptions{})
+	if err != nil || cm.Data["AETHER_LOG_LEVEL"] != "debug" || cm.Data["AETHER_CLUSTER"] != "east" {
+		t.Errorf("aether-config after upgrade: %v %v; want AETHER_LOG_LEVEL debug, the cluster kept", cm.Data, err)
+	}
+	ds2, err := cs.AppsV1().DaemonSets(ns).Get(ctx, "aether-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := ds.Spec.Template.Annotations["checksum/config"], ds2.Spec.Template.Annotations["checksum/config"]; a == b {
+		t.Errorf("checksum/config unchanged by the upgrade (%s): the pods would keep the old settings", a)
+	}
+
+	// Removal: cniUninstall is refused while the agent DaemonSet exists.
+	_, err = helm(t, kc, "upgrade", "aether", ChartDir, "--namespace", ns, "--reuse-values", "--set", "cniUninstall=true")
+	if err == nil || !strings.Contains(err.Error(), "cniUninstall true while DaemonSet "+ns+"/aether-agent exists") {
+		t.Fatalf("cniUninstall with the agent DaemonSet in place: %v, want a refusal naming it", err)
+	}
+	// No kube-controller-manager here: the DaemonSet has no pods, and a plain delete removes it.
+	if err := cs.AppsV1().DaemonSets(ns).Delete(ctx, "aether-agent", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out, err = helm(t, kc, "upgrade", "aether", ChartDir, "--namespace", ns, "--reuse-values", "--set", "cniUninstall=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "rollout status daemonset/aether-cni-uninstall") {
+		t.Errorf("cniUninstall NOTES do not say what to wait for:\n%s", out)
+	}
+	if _, err := cs.AppsV1().DaemonSets(ns).Get(ctx, "aether-cni-uninstall", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.AppsV1().DaemonSets(ns).Get(ctx, "aether-agent", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("agent DaemonSet after cniUninstall: %v, want not found", err)
+	}
+
+	if _, err := helm(t, kc, "uninstall", "aether", "--namespace", ns); err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	check := func(what string, err error) {
+		if !apierrors.IsNotFound(err) {
+			left = append(left, fmt.Sprintf("%s (%v)", what, err))
+		}
+	}
+	_, err = cs.AppsV1().DaemonSets(ns).Get(ctx, "aether-cni-uninstall", metav1.GetOptions{})
+	check("DaemonSet aether-cni-uninstall", err)
+	_, err = cs.AppsV1().Deployments(ns).Get(ctx, "aether-registrar", metav1.GetOptions{})
+	check("Deployment aether-registrar", err)
+	_, err = cs.CoreV1().ConfigMaps(ns).Get(ctx, "aether-config", metav1.GetOptions{})
+	check("ConfigMap aether-config", err)
+	_, err = cs.RbacV1().ClusterRoles().Get(ctx, "aether-agent", metav1.GetOptions{})
+	check("ClusterRole aether-agent", err)
+	_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, "aether-agent-node-pods", metav1.GetOptions{})
+	check("ValidatingAdmissionPolicy aether-agent-node-pods", err)
+	if len(left) > 0 {
+		t.Errorf("helm uninstall left %v", left)
+	}
+	if _, err := ext.ApiextensionsV1().CustomResourceDefinitions().Get(ctx, "httproutes.gateway.networking.k8s.io", metav1.GetOptions{}); err != nil {
+		t.Errorf("helm uninstall removed the CRDs (and every route with them): %v", err)
+	}
+	if _, err := cs.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{}); err != nil {
+		t.Errorf("namespace %s after helm uninstall: %v, want it kept (it is not the release's)", ns, err)
+	}
+}
