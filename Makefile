@@ -38,7 +38,8 @@ verify:
 	for v in hack/verify-*.sh; do "$$v"; done
 
 ## substrate-up: start the local two-cluster substrate as root (docs/substrate.md); runs until
-## Ctrl-C or `make substrate-down`. SUBSTRATE_FLAGS=-identical-pod-cidrs gives both clusters 10.244.0.0/16.
+## Ctrl-C or `make substrate-down`. SUBSTRATE_FLAGS=-identical-pod-cidrs gives both clusters 10.244.0.0/16;
+## SUBSTRATE_FLAGS=-real-nodes runs real nodes (containerd, kubelet, kube-proxy).
 substrate-up:
 	go run ./e2e/cmd/substrate up $(SUBSTRATE_FLAGS)
 

@@ -168,6 +168,11 @@ func cleanRun(dir string) error {
 		}
 		time.Sleep(300 * time.Millisecond)
 	}
+	// Real nodes: containers and containerd's shims outlive the substrate (they are not its
+	// children); they are all in the run's cgroup subtree.
+	if err := removeCgroup("/"+filepath.Base(dir), 20*time.Second); err != nil {
+		return fmt.Errorf("clean substrate: %w", err)
+	}
 	mounts, err := mountsUnder(dir)
 	if err != nil {
 		return err

@@ -145,24 +145,33 @@ func alive(pid int) bool {
 func BenchmarkPrivilegedSubstrateStart(b *testing.B) {
 	testenv.RequireRoot(b)
 	testenv.RequireTools(b, testenv.ToolEtcd, testenv.ToolKubeAPIServer, testenv.ToolCNIPlugins)
-	var startup time.Duration
-	var rss int64
-	for i := 0; i < b.N; i++ {
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		s, err := Start(ctx, Options{})
-		cancel()
-		if err != nil {
-			b.Fatal(err)
+	for _, real := range []bool{false, true} {
+		name := "stand-in"
+		if real {
+			name = "real-nodes"
+			testenv.RequireTools(b, testenv.ToolNodes)
 		}
-		startup += s.StartupTime
-		total, _, err := s.Memory()
-		if err != nil {
-			s.Stop()
-			b.Fatal(err)
-		}
-		rss += total
-		s.Stop()
+		b.Run(name, func(b *testing.B) {
+			var startup time.Duration
+			var rss int64
+			for i := 0; i < b.N; i++ {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				s, err := Start(ctx, Options{RealNodes: real})
+				cancel()
+				if err != nil {
+					b.Fatal(err)
+				}
+				startup += s.StartupTime
+				total, _, err := s.Memory()
+				if err != nil {
+					s.Stop()
+					b.Fatal(err)
+				}
+				rss += total
+				s.Stop()
+			}
+			b.ReportMetric(startup.Seconds()/float64(b.N), "startup-s")
+			b.ReportMetric(float64(rss)/float64(b.N)/(1<<20), "rss-MiB")
+		})
 	}
-	b.ReportMetric(startup.Seconds()/float64(b.N), "startup-s")
-	b.ReportMetric(float64(rss)/float64(b.N)/(1<<20), "rss-MiB")
 }

@@ -574,3 +574,32 @@ func (c *Cluster) waitRealNodes(ctx context.Context) error {
 		}
 	}
 }
+
+// WorkloadImage is the image of test workload name (e2e/workloads/<name>) on real nodes, with
+// its binary at /<name> (PushWorkloadImages).
+func WorkloadImage(name string) string { return "aether-e2e/" + name + ":dev" }
+
+// PushWorkloadImages makes an image of each built workload (BuildWorkloads: name to binary)
+// and pushes it to the substrate's registry as WorkloadImage(name).
+func (s *Substrate) PushWorkloadImages(ctx context.Context, bins map[string]string) error {
+	for name, bin := range bins {
+		img, err := images.BuildImage([]images.Layer{{Files: []images.File{{Src: bin, Dst: "/" + name}}}},
+			images.Config{Entrypoint: []string{"/" + name}})
+		if err != nil {
+			return fmt.Errorf("image of workload %s: %w", name, err)
+		}
+		if err := s.PushImage(ctx, WorkloadImage(name), img); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// MountNamespace is the file a real node's mount namespace is bound to ("" on the fast
+// substrate): `nsenter --net=<Netns.Path> --mount=<MountNamespace> crictl ps` looks inside the node.
+func (n *Node) MountNamespace() string {
+	if n.real == nil {
+		return ""
+	}
+	return n.real.mntns
+}

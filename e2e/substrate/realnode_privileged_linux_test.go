@@ -17,35 +17,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/aethermesh/aether/images"
 	"github.com/aethermesh/aether/internal/testenv"
 )
-
-// pushWorkloadImages builds the test workloads and pushes one image per workload,
-// aether-e2e/<name>:dev with the binary at /<name>, to the substrate's registry.
-func pushWorkloadImages(t *testing.T, ctx context.Context, s *Substrate) {
-	t.Helper()
-	bins, err := BuildWorkloads(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, bin := range bins {
-		img, err := images.BuildImage([]images.Layer{{Files: []images.File{{Src: bin, Dst: "/" + name}}}},
-			images.Config{Entrypoint: []string{"/" + name}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.PushImage(ctx, "aether-e2e/"+name+":dev", img); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
 
 // realPod points a workload pod built for the stand-in (Command = a binary on this machine) at
 // its image on a real node.
 func realPod(p *corev1.Pod, name string) *corev1.Pod {
 	c := &p.Spec.Containers[0]
-	c.Image, c.Command, c.ImagePullPolicy = "aether-e2e/"+name+":dev", []string{"/" + name}, corev1.PullIfNotPresent
+	c.Image, c.Command, c.ImagePullPolicy = WorkloadImage(name), []string{"/" + name}, corev1.PullIfNotPresent
 	return p
 }
 
@@ -75,7 +54,13 @@ func TestPrivilegedRealNodes(t *testing.T) {
 		}
 	})
 	t.Logf("real nodes up in %s", s.StartupTime)
-	pushWorkloadImages(t, ctx, s)
+	bins, err := BuildWorkloads(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PushWorkloadImages(ctx, bins); err != nil {
+		t.Fatal(err)
+	}
 	c := s.Clusters[0]
 	const ns = "rn"
 	if err := c.CreateNamespace(ctx, ns, nil); err != nil {

@@ -702,6 +702,10 @@ func (s *Substrate) Memory() (total int64, perProcess map[string]int64, err erro
 		return 0, nil, err
 	}
 	pids = append(pids, s.procs.pids()...)
+	if s.opts.RealNodes {
+		// Pods, containerd's shims and the node daemons, all in the run's cgroup subtree.
+		pids = append(pids, cgroupPids("/"+filepath.Base(s.Dir))...)
+	}
 	slices.Sort(pids)
 	perProcess = map[string]int64{}
 	for _, pid := range slices.Compact(append(pids, os.Getpid())) {

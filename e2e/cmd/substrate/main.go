@@ -24,11 +24,13 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/e2e/substrate"
+	"github.com/aethermesh/aether/internal/testenv"
 )
 
 type config struct {
 	cmd           string
 	identical     bool
+	realNodes     bool
 	keepDir       bool
 	force         bool
 	baseDir       string
@@ -43,6 +45,7 @@ func main() {
 	cfg := config{cmd: os.Args[1]}
 	fs := flag.NewFlagSet(cfg.cmd, flag.ExitOnError)
 	fs.BoolVar(&cfg.identical, "identical-pod-cidrs", false, "up: give both clusters 10.244.0.0/16 (Flannel's default)")
+	fs.BoolVar(&cfg.realNodes, "real-nodes", false, "up: real nodes (containerd, kubelet, kube-proxy; docs/substrate.md)")
 	fs.BoolVar(&cfg.keepDir, "keep-dir", false, "up: keep the run directory (logs) after shutdown")
 	fs.BoolVar(&cfg.buildWorkload, "workloads", true, "up: build the test workloads into <run dir>/bin")
 	fs.BoolVar(&cfg.force, "force", false, "clean: also clean runs whose owner still runs")
@@ -81,6 +84,7 @@ func up(ctx context.Context, cfg config, log *slog.Logger) error {
 	defer cancel()
 	s, err := substrate.Start(sctx, substrate.Options{
 		Clusters: substrate.DefaultClusters("10.244.0.0/16", b), BaseDir: cfg.baseDir, KeepDir: cfg.keepDir, Logger: log,
+		RealNodes: cfg.realNodes,
 	})
 	if err != nil {
 		return err
@@ -90,6 +94,11 @@ func up(ctx context.Context, cfg config, log *slog.Logger) error {
 	if cfg.buildWorkload {
 		if bins, err = substrate.BuildWorkloads(sctx, filepath.Join(s.Dir, "bin")); err != nil {
 			return err
+		}
+		if cfg.realNodes {
+			if err := s.PushWorkloadImages(sctx, bins); err != nil {
+				return err
+			}
 		}
 	}
 	total, _, _ := s.Memory()
@@ -115,6 +124,13 @@ func describe(s *substrate.Substrate, bins map[string]string) string {
 		for _, n := range c.Nodes {
 			v := strings.ToUpper(strings.ReplaceAll(n.Name, "-", "_"))
 			fmt.Fprintf(&b, "AESUB_%s_NETNS=%s  # node IP %s, pod subnet %s, root %s\n", v, n.Netns.Path, n.Plan.IP, n.Plan.PodSubnet, n.Root)
+			if m := n.MountNamespace(); m != "" {
+				crictl := "crictl"
+				if tl, err := testenv.FindTools(); err == nil {
+					crictl = tl.Crictl
+				}
+				fmt.Fprintf(&b, "AESUB_%s_MNTNS=%s  # nsenter --net=$AESUB_%s_NETNS --mount=$AESUB_%s_MNTNS %s ps\n", v, m, v, v, crictl)
+			}
 		}
 	}
 	for name, p := range bins {
