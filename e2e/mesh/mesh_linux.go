@@ -46,6 +46,10 @@ type Options struct {
 	BinDir string
 	// Logger receives progress (nil: discard).
 	Logger *slog.Logger
+	// RealNodes runs the substrate's real nodes and installs aether as a user does: its images
+	// in the substrate's registry, the Helm chart (deploy/chart/aether) in each cluster; the
+	// agent and Envoy run as the DaemonSet's pods, the registrar as its Deployment.
+	RealNodes bool
 }
 
 // Mesh is a running substrate with aether on it. Stop tears everything down.
@@ -148,6 +152,9 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	podB := "10.245.0.0/16"
 	if opts.IdenticalPodCIDRs {
 		podB = "10.244.0.0/16"
+	}
+	if opts.RealNodes {
+		return m, m.startNodesMesh(ctx, podB)
 	}
 	opts.Logger.Info("starting the substrate with aether")
 	s, err := substrate.Start(ctx, substrate.Options{

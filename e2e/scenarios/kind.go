@@ -51,6 +51,27 @@ const (
 // runFunc runs a host command (docker) and returns its combined output.
 type runFunc func(ctx context.Context, name string, args ...string) ([]byte, error)
 
+// nodeShell reaches inside the nodes of a pair of real clusters: kind's node containers
+// (dockerNodes) or the local substrate's real nodes (their namespaces).
+type nodeShell interface {
+	// exec runs argv on node (as root, in the node's network and files) and returns its output.
+	exec(ctx context.Context, node string, argv ...string) ([]byte, error)
+	// kill takes node down at once, as a power cut would: everything on it dies.
+	kill(ctx context.Context, node string) error
+}
+
+// dockerNodes is the nodeShell of kind's node containers (a node's container is named after it).
+type dockerNodes struct{ run runFunc }
+
+func (d dockerNodes) exec(ctx context.Context, node string, argv ...string) ([]byte, error) {
+	return d.run(ctx, "docker", append([]string{"exec", node}, argv...)...)
+}
+
+func (d dockerNodes) kill(ctx context.Context, node string) error {
+	_, err := d.run(ctx, "docker", "kill", node)
+	return err
+}
+
 func runHost(ctx context.Context, name string, args ...string) ([]byte, error) {
 	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	if err != nil {
@@ -76,7 +97,7 @@ type kindCluster struct {
 // through the kind node containers (docker: a kind node's container is named after the node).
 type kindPair struct {
 	a, b     *kindCluster
-	run      runFunc
+	nodes    nodeShell
 	leaseTTL time.Duration
 	registry string // registry host (IP) the agents dial, from aether-config
 
@@ -91,9 +112,15 @@ func newKindPair(kubeconfigA, kubeconfigB string) (ClusterPair, error) {
 	if kubeconfigA == "" || kubeconfigB == "" {
 		return nil, fmt.Errorf("pair kind: -kubeconfig-a %q and -kubeconfig-b %q: both are required", kubeconfigA, kubeconfigB)
 	}
+	return openRealPair(kubeconfigA, kubeconfigB, dockerNodes{run: runHost})
+}
+
+// openRealPair is the pair of two real clusters running aether as deploy/ installs it, whose
+// nodes nodes reaches.
+func openRealPair(kubeconfigA, kubeconfigB string, nodes nodeShell) (*kindPair, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	p := &kindPair{run: runHost}
+	p := &kindPair{nodes: nodes}
 	for i, kc := range []string{kubeconfigA, kubeconfigB} {
 		c, err := openKindCluster(ctx, kc)
 		if err != nil {
@@ -122,6 +149,14 @@ func newKindPair(kubeconfigA, kubeconfigB string) (ClusterPair, error) {
 	cm, err := p.a.kube.CoreV1().ConfigMaps(aetherNamespace).Get(ctx, configMap, metav1.GetOptions{})
 	if err != nil {
 		return nil, fmt.Errorf("pair kind: read the aether configuration: %w", err)
+	}
+	// The Helm chart sets the TTL in the ConfigMap (the agent reads AETHER_* as its flags).
+	if v := cm.Data["AETHER_REGISTRY_LEASE_TTL"]; v != "" && !slices.ContainsFunc(ds.Spec.Template.Spec.Containers, func(c corev1.Container) bool {
+		return c.Name == agentContainer && slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--registry-lease-ttl") })
+	}) {
+		if p.leaseTTL, err = time.ParseDuration(v); err != nil {
+			return nil, fmt.Errorf("pair kind: ConfigMap %s/%s: AETHER_REGISTRY_LEASE_TTL %q: %w", aetherNamespace, configMap, v, err)
+		}
 	}
 	if p.registry, err = registryHost(cm.Data["AETHER_REGISTRY_ENDPOINTS"]); err != nil {
 		return nil, fmt.Errorf("pair kind: ConfigMap %s/%s: %w", aetherNamespace, configMap, err)
@@ -374,7 +409,7 @@ func containerReady(pod *corev1.Pod, container string) bool {
 // registry lease then expires) and deletes its Node object.
 func (p *kindPair) StopNode(ctx context.Context, cluster, node string) error {
 	c := p.cluster(cluster)
-	if _, err := p.run(ctx, "docker", "kill", node); err != nil {
+	if err := p.nodes.kill(ctx, node); err != nil {
 		return fmt.Errorf("stop node %s: %w", node, err)
 	}
 	if err := c.kube.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
@@ -393,8 +428,8 @@ func (p *kindPair) CutRegistry(ctx context.Context) error {
 	defer p.mu.Unlock()
 	for _, c := range []*kindCluster{p.a, p.b} {
 		for _, n := range c.all {
-			args := append([]string{"exec", n, "iptables", "-I", "OUTPUT"}, cutRule(p.registry)...)
-			if _, err := p.run(ctx, "docker", args...); err != nil {
+			args := append([]string{"iptables", "-I", "OUTPUT"}, cutRule(p.registry)...)
+			if _, err := p.nodes.exec(ctx, n, args...); err != nil {
 				return fmt.Errorf("cut registry: %w", err)
 			}
 			p.cut = append(p.cut, n)
@@ -409,8 +444,8 @@ func (p *kindPair) RestoreRegistry(ctx context.Context) error {
 	defer p.mu.Unlock()
 	var errs []error
 	for _, n := range p.cut {
-		args := append([]string{"exec", n, "iptables", "-D", "OUTPUT"}, cutRule(p.registry)...)
-		if _, err := p.run(ctx, "docker", args...); err != nil {
+		args := append([]string{"iptables", "-D", "OUTPUT"}, cutRule(p.registry)...)
+		if _, err := p.nodes.exec(ctx, n, args...); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -426,7 +461,7 @@ func (p *kindPair) RestoreRegistry(ctx context.Context) error {
 // status other than 200 an error.
 func (p *kindPair) EnvoyAdmin(ctx context.Context, cluster, node, path string) (string, error) {
 	p.cluster(cluster) // panics on a cluster that is not in the pair, as every method does
-	out, err := p.run(ctx, "docker", "exec", node, "curl", "-sS", "--fail", "--max-time", "10",
+	out, err := p.nodes.exec(ctx, node, "curl", "-sS", "--fail", "--max-time", "10",
 		"--unix-socket", envoyAdminSocket, "http://envoy"+path)
 	if err != nil {
 		return "", fmt.Errorf("get %s's Envoy admin %s: %w", node, path, err)

@@ -73,10 +73,10 @@ func TestKindDisruptions(t *testing.T) {
 		a:        &kindCluster{name: "a", all: []string{"a-control-plane", "a-worker"}, workers: []string{"a-worker"}},
 		b:        &kindCluster{name: "b", kube: kubeB, all: []string{"b-control-plane", "b-worker", "b-worker2"}, workers: []string{"b-worker", "b-worker2"}},
 		registry: "172.18.0.9", leaseTTL: 4500 * time.Millisecond,
-		run: func(_ context.Context, name string, args ...string) ([]byte, error) {
+		nodes: dockerNodes{run: func(_ context.Context, name string, args ...string) ([]byte, error) {
 			calls = append(calls, name+" "+strings.Join(args, " "))
 			return nil, nil
-		},
+		}},
 	}
 	ctx := context.Background()
 	if err := p.CutRegistry(ctx); err != nil {

@@ -51,8 +51,11 @@ func TestScenarios(t *testing.T) {
 		testenv.RequireRoot(t)
 		t.Run("distinct-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, false), true) })
 		t.Run("identical-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, true), false) })
+	case "nodes":
+		testenv.RequireRoot(t)
+		runScenarios(t, startNodes(t, false), true)
 	default:
-		t.Fatalf("-pair %q: want local or kind", *pairFlag)
+		t.Fatalf("-pair %q: want local, nodes or kind", *pairFlag)
 	}
 }
 

@@ -603,3 +603,17 @@ func (n *Node) MountNamespace() string {
 	}
 	return n.real.mntns
 }
+
+// Kill takes a real node down as a power cut would: its kubelet, kube-proxy, containerd, pods
+// and anything else in its cgroups are killed (SIGKILL) and its mount namespace is released;
+// its network namespace stays. It is not started again.
+func (n *Node) Kill() error {
+	if n.real == nil {
+		return fmt.Errorf("kill node %s: not a real node", n.Name)
+	}
+	s := n.Cluster.s
+	for _, p := range []string{"kubelet", "kube-proxy", "containerd"} {
+		s.procs.stopAll("node/"+n.Name+"/"+p, 0)
+	}
+	return s.stopRealNode(n)
+}

@@ -206,6 +206,9 @@ func (n *Node) Start(name string, argv, env []string) (*Process, error) {
 // Exec runs argv to completion like Start would and returns its stdout; a failure returns an
 // error holding stderr.
 func (n *Node) Exec(ctx context.Context, argv ...string) ([]byte, error) {
+	if n.real != nil {
+		return runWrapped(ctx, n.nsenter(argv))
+	}
 	return runWrapped(ctx, nsWrap(n.Netns.Path, n.Binds(), "", argv))
 }
 

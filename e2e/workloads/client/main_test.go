@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,10 +65,22 @@ func TestTCPAndBanner(t *testing.T) {
 }
 
 func TestBadArguments(t *testing.T) {
-	for _, args := range [][]string{nil, {"http"}, {"tcp", "a"}, {"nope", "x"}} {
+	for _, args := range [][]string{nil, {"http"}, {"tcp", "a"}, {"nope", "x"}, {"read"}, {"read", "/nonexistent/file"}} {
 		if err := run(args, time.Second, &strings.Builder{}); err == nil {
 			t.Errorf("run(%q): no error", args)
 		}
+	}
+}
+
+// TestRead: "client read FILE" prints the file byte for byte.
+func TestRead(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte("s3cr3t\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	if err := run([]string{"read", p}, time.Second, &out); err != nil || out.String() != "s3cr3t\n" {
+		t.Fatalf("read: %q, %v", out.String(), err)
 	}
 }
 
