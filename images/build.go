@@ -223,8 +223,10 @@ func buildGo(ctx context.Context, opts Options, defs []Image) (map[string]string
 	args := append(append([]string{"build"}, goBuildFlags...), "-o", dir+string(filepath.Separator))
 	cmd := exec.CommandContext(ctx, "go", append(args, pkgs...)...)
 	cmd.Dir = root
-	// GOFLAGS from the environment (-race, -cover) would change or break the binaries.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=")
+	// GOFLAGS from the environment (-race, -cover) would change or break the binaries. No VCS
+	// stamp: a binary, and so a layer digest, changes only with what it is built from (the
+	// Dockerfiles' builds have no .git either, .dockerignore).
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=-buildvcs=false")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build %s: %w: %s", strings.Join(pkgs, " "), err, strings.TrimSpace(string(out)))
 	}

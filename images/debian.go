@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -111,6 +112,67 @@ func resolveDebian(ctx context.Context, tmp string, pkgs, omit []string) ([]debP
 		return nil, fmt.Errorf("resolve Debian packages %v: apt-get -s installs nothing", pkgs)
 	}
 	return got, nil
+}
+
+// aptState lists what apt's answer depends on besides the packages asked for: the name, size
+// and modification time of every file under /etc/apt (sources, preferences, configuration) and
+// /var/lib/apt/lists (the package lists apt-get update fetched).
+func aptState() (string, error) {
+	var b strings.Builder
+	for _, root := range []string{"/etc/apt", "/var/lib/apt/lists"} {
+		err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+			if err != nil {
+				return err
+			}
+			if d.Type().IsRegular() {
+				info, err := d.Info()
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(&b, "%s %d %d\n", p, info.Size(), info.ModTime().UnixNano())
+			}
+			return nil
+		})
+		if err != nil {
+			return "", fmt.Errorf("read apt state: %w", err)
+		}
+	}
+	return b.String(), nil
+}
+
+// resolveCached is resolveDebian, its answer kept in dir for as long as apt's state (aptState)
+// and the question stay the same: apt-get -s takes seconds, a look-up nothing.
+func resolveCached(ctx context.Context, dir, tmp string, pkgs, omit []string) ([]debPackage, error) {
+	state, err := aptState()
+	if err != nil {
+		return nil, err
+	}
+	key := sha256.New()
+	fmt.Fprintf(key, "packages %q\nomit %q\n%s", pkgs, omit, state)
+	file := filepath.Join(dir, "resolved-"+hex.EncodeToString(key.Sum(nil)))
+	if b, err := os.ReadFile(file); err == nil {
+		var got []debPackage
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if f := strings.Fields(line); len(f) == 3 {
+				got = append(got, debPackage{Name: f[0], Version: f[1], Arch: f[2]})
+			}
+		}
+		if len(got) > 0 {
+			return got, nil
+		}
+	}
+	got, err := resolveDebian(ctx, tmp, pkgs, omit)
+	if err != nil {
+		return nil, err
+	}
+	var b strings.Builder
+	for _, p := range got {
+		fmt.Fprintf(&b, "%s %s %s\n", p.Name, p.Version, p.Arch)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return got, writeFileAtomic(file, []byte(b.String()))
 }
 
 // statusOf turns apt-cache show's stanzas into dpkg status stanzas of installed packages.
@@ -228,7 +290,12 @@ func (t *debTree) addDeb(ctx context.Context, file string) error {
 	if err != nil {
 		return fmt.Errorf("extract %s: %w", pkg, err)
 	}
-	tr := tar.NewReader(bytes.NewReader(out))
+	return t.addData(out, pkg)
+}
+
+// addData adds the members of a package's data tar (pkg names it in errors).
+func (t *debTree) addData(data []byte, pkg string) error {
+	tr := tar.NewReader(bytes.NewReader(data))
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -445,7 +512,7 @@ func debianLayer(ctx context.Context, opts Options, cache layerCache, img Image)
 		return nil, err
 	}
 	defer os.RemoveAll(tmp)
-	pkgs, err := resolveDebian(ctx, tmp, img.Packages, omit)
+	pkgs, err := resolveCached(ctx, filepath.Join(opts.CacheDir, "debs"), tmp, img.Packages, omit)
 	if err != nil {
 		return nil, err
 	}

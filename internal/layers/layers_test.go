@@ -25,14 +25,15 @@ var tiers = [][]string{
 }
 
 // tierOf returns the tier of an aether package path relative to the module ("xds",
-// "registrar/mcs", "internal/testenv"): -1 for internal/*, -2 for e2e/ and bench/ (free), and an
-// error for a top-level directory no tier names.
+// "registrar/mcs", "internal/testenv"): -1 for internal/*, -2 for e2e/, bench/ and hack/ (free:
+// tests, benchmarks and developer commands), and an error for a top-level directory no tier
+// names.
 func tierOf(rel string) (int, error) {
 	top, _, _ := strings.Cut(rel, "/")
 	switch top {
 	case "internal":
 		return -1, nil
-	case "e2e", "bench":
+	case "e2e", "bench", "hack":
 		return -2, nil
 	}
 	for i, t := range tiers {
@@ -55,7 +56,7 @@ type pkg struct {
 //   - an import of a package in a higher tier;
 //   - an internal/* package importing a non-internal package above the lowest tier (it must
 //     sit below whatever uses it);
-//   - an import of e2e/ or bench/ from outside them.
+//   - an import of e2e/, bench/ or hack/ from outside them.
 func layerViolations(pkgs []pkg) []string {
 	var out []string
 	for _, p := range pkgs {
@@ -80,7 +81,7 @@ func layerViolations(pkgs []pkg) []string {
 			}
 			switch {
 			case tt == -2 && ft != -2:
-				out = append(out, fmt.Sprintf("%s imports %s: nothing imports e2e/ or bench/", from, to))
+				out = append(out, fmt.Sprintf("%s imports %s: nothing imports e2e/, bench/ or hack/", from, to))
 			case ft == -2 || tt == -1:
 			case ft == -1 && tt != len(tiers)-1:
 				out = append(out, fmt.Sprintf("%s imports %s: internal/* sits below what uses it, so it imports only internal/* and the lowest tier", from, to))
@@ -148,6 +149,8 @@ func TestLayerViolations(t *testing.T) {
 		{"internal above", pkg{ImportPath: m("internal/registryflag"), Imports: []string{m("xds")}}, true},
 		{"test imports e2e", pkg{ImportPath: m("agent"), XTestImports: []string{m("e2e/mesh")}}, true},
 		{"e2e imports anything", pkg{ImportPath: m("e2e/mesh"), Imports: []string{m("agent"), m("e2e/substrate")}}, false},
+		{"hack imports anything", pkg{ImportPath: m("hack/images"), Imports: []string{m("images"), m("internal/testenv")}}, false},
+		{"nothing imports hack", pkg{ImportPath: m("images"), Imports: []string{m("hack/images")}}, true},
 		{"unknown top-level", pkg{ImportPath: m("gateway"), Imports: []string{m("model")}}, true},
 	} {
 		if got := layerViolations([]pkg{c.p}); (len(got) > 0) != c.bad {
