@@ -17,6 +17,7 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -73,7 +74,8 @@ func Build(ctx context.Context, opts Options, defs []Image) ([]Built, error) {
 	cache := layerCache{dir: filepath.Join(opts.CacheDir, "layers")}
 	out := make([]Built, len(defs))
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(2)
+	g.SetLimit(2) // compressing a new layer takes a core; more at once only contend
+
 	for i, def := range defs {
 		g.Go(func() error {
 			img, err := buildImage(gctx, opts, cache, def, bins)
@@ -92,6 +94,28 @@ func Build(ctx context.Context, opts Options, defs []Image) ([]Built, error) {
 	}
 	opts.log().Info("built images", "count", len(out), "seconds", time.Since(start).Seconds())
 	return out, nil
+}
+
+// WriteTarballs writes each of imgs to dir/<name>.tar (name: the last part of its repository,
+// aether-agent.tar) in the docker save format, which ctr images import, docker load and kind
+// load image-archive read, tagged with its Ref. It returns the files' paths.
+func WriteTarballs(dir string, imgs []Built) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, b := range imgs {
+		tag, err := name.NewTag(b.Ref)
+		if err != nil {
+			return nil, fmt.Errorf("write %s: %w", b.Ref, err)
+		}
+		file := filepath.Join(dir, path.Base(tag.RepositoryStr())+".tar")
+		if err := tarball.WriteToFile(file, tag, b.Image); err != nil {
+			return nil, fmt.Errorf("write %s: %w", file, err)
+		}
+		files = append(files, file)
+	}
+	return files, nil
 }
 
 // buildImage assembles one image from its Debian layer and its Copies (bins: Go package →

@@ -13,8 +13,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
 )
 
 // testWriter sends log lines to the test's log.
@@ -60,28 +62,37 @@ func imageFiles(t *testing.T, img v1.Image, read ...string) (map[string]*tar.Hea
 	rc := mutate.Extract(img)
 	defer rc.Close()
 	hdrs, data := map[string]*tar.Header{}, map[string][]byte{}
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachMember(t, rc, func(h *tar.Header, content io.Reader) {
 		name := strings.TrimSuffix(strings.TrimPrefix(h.Name, "/"), "/")
 		hdrs[name] = h
 		for _, r := range read {
 			if r == name {
-				b, err := io.ReadAll(tr)
+				b, err := io.ReadAll(content)
 				if err != nil {
 					t.Fatal(err)
 				}
 				data[name] = b
 			}
 		}
-	}
+	})
 	return hdrs, data
+}
+
+// eachMember calls fn with every member of the tar r and its content, failing t when r is no
+// tar.
+func eachMember(t *testing.T, r io.Reader, fn func(h *tar.Header, content io.Reader)) {
+	t.Helper()
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fn(h, tr)
+	}
 }
 
 // TestBuildIsReproducible: building every image again with nothing cached but the .debs (a
@@ -189,5 +200,48 @@ func TestImageContents(t *testing.T) {
 				t.Errorf("CA bundle holds %d certificates; ca-certificates ships %d (want all, over 100)", n, crts)
 			}
 		})
+	}
+}
+
+// TestWriteTarballs: the tarballs hold each image under its reference, with its config and
+// layers (read back with go-containerregistry's tarball reader, as ctr images import reads
+// the docker save format).
+func TestWriteTarballs(t *testing.T) {
+	imgs := builtImages(t)
+	bs := []Built{{Ref: PauseImage, Image: imgs[PauseImage]}, {Ref: WorkloadsImage, Image: imgs[WorkloadsImage]}}
+	files, err := WriteTarballs(t.TempDir(), bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range files {
+		want := "aether-pause.tar"
+		if i == 1 {
+			want = "aether-e2e-workloads.tar"
+		}
+		if filepath.Base(f) != want {
+			t.Errorf("tarball %s, want %s", f, want)
+		}
+		tag, err := name.NewTag(bs[i].Ref)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tarball.ImageFromPath(f, &tag)
+		if err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		c1, _ := got.ConfigName()
+		c2, _ := bs[i].Image.ConfigName()
+		l1, _ := got.Layers()
+		l2, _ := bs[i].Image.Layers()
+		if c1 != c2 || len(l1) != len(l2) {
+			t.Errorf("%s: config %s with %d layers, want %s with %d", f, c1, len(l1), c2, len(l2))
+		}
+		for j := range l1 {
+			d1, _ := l1[j].Digest()
+			d2, _ := l2[j].Digest()
+			if d1 != d2 {
+				t.Errorf("%s: layer %d is %s, want %s", f, j, d1, d2)
+			}
+		}
 	}
 }

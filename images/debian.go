@@ -68,9 +68,9 @@ func parseSimulation(out []byte) []debPackage {
 	return pkgs
 }
 
-// apt runs an apt command with a fixed locale and returns its standard output; the error
-// carries the command and its standard error.
-func apt(ctx context.Context, dir string, name string, args ...string) ([]byte, error) {
+// output runs an apt or dpkg command (in dir, "" for the current one) with a fixed locale and
+// returns its standard output; the error carries the command and its standard error.
+func output(ctx context.Context, dir string, name string, args ...string) ([]byte, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "LC_ALL=C", "DEBIAN_FRONTEND=noninteractive")
@@ -91,7 +91,7 @@ func apt(ctx context.Context, dir string, name string, args ...string) ([]byte, 
 func resolveDebian(ctx context.Context, tmp string, pkgs, omit []string) ([]debPackage, error) {
 	var status bytes.Buffer
 	if len(omit) > 0 {
-		out, err := apt(ctx, tmp, "apt-cache", append([]string{"show", "--no-all-versions"}, omit...)...)
+		out, err := output(ctx, tmp, "apt-cache", append([]string{"show", "--no-all-versions"}, omit...)...)
 		if err != nil {
 			return nil, fmt.Errorf("resolve Debian packages: omitted packages: %w", err)
 		}
@@ -103,7 +103,7 @@ func resolveDebian(ctx context.Context, tmp string, pkgs, omit []string) ([]debP
 	}
 	args := []string{"-s", "-o", "Dir::State::status=" + sf, "-o", "APT::Install-Recommends=false",
 		"-o", "APT::Install-Suggests=false", "-o", "Debug::NoLocking=true", "install", "--"}
-	out, err := apt(ctx, tmp, "apt-get", append(args, pkgs...)...)
+	out, err := output(ctx, tmp, "apt-get", append(args, pkgs...)...)
 	if err != nil {
 		return nil, fmt.Errorf("resolve Debian packages (is apt-get update done?): %w", err)
 	}
@@ -224,7 +224,7 @@ func fetchDebs(ctx context.Context, dir string, pkgs []debPackage, log *slog.Log
 		// apt drops root to _apt for downloads, and _apt cannot write here.
 		args = append(args, "-o", "APT::Sandbox::User=root")
 	}
-	if _, err := apt(ctx, tmp, "apt-get", append(args, missing...)...); err != nil {
+	if _, err := output(ctx, tmp, "apt-get", append(args, missing...)...); err != nil {
 		return nil, fmt.Errorf("download Debian packages: %w", err)
 	}
 	for _, p := range want {
@@ -286,7 +286,7 @@ func newDebTree() *debTree { return &debTree{m: map[string]*entry{}, owner: map[
 // there differently is an error naming both packages.
 func (t *debTree) addDeb(ctx context.Context, file string) error {
 	pkg := filepath.Base(file)
-	out, err := apt(ctx, "", "dpkg-deb", "--fsys-tarfile", file)
+	out, err := output(ctx, "", "dpkg-deb", "--fsys-tarfile", file)
 	if err != nil {
 		return fmt.Errorf("extract %s: %w", pkg, err)
 	}
@@ -547,11 +547,11 @@ func debianLayer(ctx context.Context, opts Options, cache layerCache, img Image)
 	}
 	es, err := t.finish(img.Alternatives)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", img.Ref, err)
+		return nil, err
 	}
 	l, err := cache.layer(func(w io.Writer) error { return writeLayer(w, es) })
 	if err != nil {
-		return nil, fmt.Errorf("%s: debian layer: %w", img.Ref, err)
+		return nil, fmt.Errorf("debian layer: %w", err)
 	}
 	diffID, err := l.DiffID()
 	if err != nil {

@@ -266,19 +266,11 @@ func TestAlternativesAreTheMaintainerScripts(t *testing.T) {
 				if err != nil {
 					t.Fatalf("dpkg-deb --ctrl-tarfile %s: %v", f, err)
 				}
-				tr := tar.NewReader(bytes.NewReader(ctrl))
-				for {
-					h, err := tr.Next()
-					if err == io.EOF {
-						break
-					}
-					if err != nil {
-						t.Fatal(err)
-					}
+				eachMember(t, bytes.NewReader(ctrl), func(h *tar.Header, content io.Reader) {
 					if strings.TrimPrefix(h.Name, "./") != "postinst" {
-						continue
+						return
 					}
-					b, _ := io.ReadAll(tr)
+					b, _ := io.ReadAll(content)
 					for _, v := range postinstAlternatives(string(b)) {
 						for _, a := range v.alts {
 							name, _ := mergedUsr(strings.TrimPrefix(a.Path, "/"))
@@ -287,7 +279,7 @@ func TestAlternativesAreTheMaintainerScripts(t *testing.T) {
 							}
 						}
 					}
-				}
+				})
 			}
 			got := append([]Alternative(nil), img.Alternatives...)
 			byName := func(a, b Alternative) int { return strings.Compare(a.Name, b.Name) }

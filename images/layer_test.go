@@ -51,20 +51,12 @@ func TestBuildImage(t *testing.T) {
 	}
 	defer rc.Close()
 	var got []string
-	tr := tar.NewReader(rc)
-	for {
-		h, err := tr.Next()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	eachMember(t, rc, func(h *tar.Header, _ io.Reader) {
 		if !h.ModTime.Equal(epoch) || h.Uid != 0 || h.Gid != 0 {
 			t.Errorf("%s: time %v owner %d:%d, want the epoch and root", h.Name, h.ModTime, h.Uid, h.Gid)
 		}
 		got = append(got, fmt.Sprintf("%s %c %04o", h.Name, h.Typeflag, h.Mode))
-	}
+	})
 	want := []string{"bin 2 0777", "etc/ 5 0755", "etc/prog.conf 0 0700", "tmp/ 5 1777", "usr/ 5 0755", "usr/local/ 5 0755",
 		"usr/local/bin/ 5 0755", "usr/local/bin/prog 0 0755"}
 	if strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -23,15 +23,11 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"path"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
-
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 
 	"github.com/aethermesh/aether/images"
 	"github.com/aethermesh/aether/internal/testenv"
@@ -89,18 +85,8 @@ func run(ctx context.Context, cfg config) error {
 	}
 	took := time.Since(start)
 	if cfg.out != "" {
-		if err := os.MkdirAll(cfg.out, 0o755); err != nil {
+		if _, err := images.WriteTarballs(cfg.out, built); err != nil {
 			return err
-		}
-		for _, b := range built {
-			tag, err := name.NewTag(b.Ref)
-			if err != nil {
-				return err
-			}
-			file := filepath.Join(cfg.out, path.Base(tag.RepositoryStr())+".tar")
-			if err := tarball.WriteToFile(file, tag, b.Image); err != nil {
-				return fmt.Errorf("write %s: %w", file, err)
-			}
 		}
 	}
 	if cfg.push != "" {
