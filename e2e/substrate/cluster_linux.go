@@ -45,6 +45,12 @@ func (s *Substrate) setupCluster(ctx, bgctx context.Context, c *Cluster, cniBinD
 		return err
 	}
 	c.NodeRegistryEndpoint = "https://" + net.JoinHostPort(gw, strconv.Itoa(RegistryPort))
+	if s.images != nil {
+		// Real nodes pull images from the substrate's registry here.
+		if err := s.fwd.Listen(s.Underlay, net.JoinHostPort(gw, strconv.Itoa(ImageRegistryPort)), s.images.Addr()); err != nil {
+			return err
+		}
+	}
 	c.RegistryCAFile = s.RegistryCAFile
 	c.NodeKubeconfig = filepath.Join(s.Dir, c.Name, "node-kubeconfig")
 	kc := clientcmdapi.NewConfig()

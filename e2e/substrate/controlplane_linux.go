@@ -13,14 +13,10 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -32,6 +28,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/remotecommand"
 
+	"github.com/aethermesh/aether/images"
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
@@ -149,86 +146,34 @@ func realAPIServerArgs(egressConfig string) []string {
 	}
 }
 
-// imageRegistry is the substrate's OCI registry (go-containerregistry's pkg/registry, blobs on
-// disk under the run directory): pushed to on the root namespace's loopback, pulled from by the
-// nodes' containerd on every cluster's gateway.
-type imageRegistry struct {
-	handler http.Handler
-	local   string // 127.0.0.1:<port>
-	srvs    []*http.Server
-}
-
+// startImageRegistry serves the substrate's OCI registry (images.ServeRegistry, blobs under
+// <Dir>/images) on the root namespace's loopback, where PushImage writes; the nodes' containerd
+// pulls from it through a forwarder on every cluster's gateway (:ImageRegistryPort).
 func (s *Substrate) startImageRegistry() error {
 	dir := filepath.Join(s.Dir, "images")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
-	h := registry.New(registry.WithBlobHandler(registry.NewDiskBlobHandler(dir)), registry.Logger(log.New(io.Discard, "", 0)))
-	r := &imageRegistry{handler: h}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return fmt.Errorf("image registry: %w", err)
 	}
-	r.local = l.Addr().String()
-	s.images = r
-	return r.serve(s, l)
-}
-
-func (r *imageRegistry) serve(s *Substrate, l net.Listener) error {
-	srv := &http.Server{Handler: r.handler, ReadHeaderTimeout: 10 * time.Second, ErrorLog: log.New(io.Discard, "", 0)}
-	r.srvs = append(r.srvs, srv)
-	s.bg.Go(func() { _ = srv.Serve(l) })
+	s.images = images.ServeRegistry(l, dir, s.log)
 	return nil
-}
-
-// serveOnUnderlay makes the registry reachable from the nodes at <any gateway>:ImageRegistryPort.
-func (r *imageRegistry) serveOnUnderlay(s *Substrate) error {
-	l, err := listenIn(s.Underlay, net.JoinHostPort("0.0.0.0", strconv.Itoa(ImageRegistryPort)))
-	if err != nil {
-		return fmt.Errorf("image registry on the underlay: %w", err)
-	}
-	return r.serve(s, l)
-}
-
-func (r *imageRegistry) close() {
-	for _, srv := range r.srvs {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		_ = srv.Shutdown(ctx)
-		cancel()
-	}
-}
-
-// RegistryRepository is the repository a containerd on a real node pulls ref from: containerd
-// sends the path of the reference without its registry host (docker.io's short names get
-// "library/"), so aether-agent:dev is library/aether-agent and aether-e2e/echo:dev is
-// aether-e2e/echo, whatever registry the manifest names.
-func RegistryRepository(ref string) (repo, tag string, err error) {
-	r, err := name.ParseReference(ref, name.WithDefaultRegistry(name.DefaultRegistry))
-	if err != nil {
-		return "", "", fmt.Errorf("image reference %q: %w", ref, err)
-	}
-	tag = r.Identifier()
-	return r.Context().RepositoryStr(), tag, nil
 }
 
 // PushImage stores img in the substrate's registry under ref (a reference as a manifest names
-// it), so that every real node can pull ref.
+// it: images.LocalReference says where), so that every real node can pull ref.
 func (s *Substrate) PushImage(ctx context.Context, ref string, img v1.Image) error {
+	return s.PushImages(ctx, []images.Built{{Ref: ref, Image: img}})
+}
+
+// PushImages stores built images (images.Build) in the substrate's registry.
+func (s *Substrate) PushImages(ctx context.Context, imgs []images.Built) error {
 	if s.images == nil {
-		return errors.New("push image: the substrate has no image registry (Options.RealNodes is off)")
+		return errors.New("push images: the substrate has no image registry (Options.RealNodes is off)")
 	}
-	repo, tag, err := RegistryRepository(ref)
-	if err != nil {
-		return err
-	}
-	dst, err := name.ParseReference(s.images.local+"/"+repo+":"+tag, name.Insecure)
-	if err != nil {
-		return fmt.Errorf("push image %s: %w", ref, err)
-	}
-	if err := remote.Write(dst, img, remote.WithContext(ctx)); err != nil {
-		return fmt.Errorf("push image %s: %w", ref, err)
-	}
-	return nil
+	return images.Push(ctx, s.images.Addr(), imgs)
 }
 
 // startControlPlane starts the cluster's kube-controller-manager and kube-scheduler (root

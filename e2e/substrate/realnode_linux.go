@@ -40,7 +40,7 @@ var realNodeDirs = []string{
 
 // SandboxImage is the pause image every real node's containerd runs as the pod sandbox
 // (containerd's pinned_images.sandbox), served by the substrate's image registry.
-const SandboxImage = "aether-e2e/pause:dev"
+const SandboxImage = images.PauseImage
 
 // cgroupBase is where cgroup v1 controllers are mounted. The cgroup2 hierarchy of a hybrid
 // layout (cgroupUnified) is left alone but for removing what runc made there for our pods.
@@ -504,24 +504,27 @@ func (s *Substrate) startRealNodes(ctx context.Context, tl testenv.Tools) error 
 		return err
 	}
 	s.mntnsMounted = true
-	if err := s.images.serveOnUnderlay(s); err != nil {
-		return err
-	}
-	bins, err := buildPrograms(ctx, filepath.Join(s.Dir, "bin"), "./e2e/workloads/pause")
+	root, err := testenv.RepoRoot()
 	if err != nil {
 		return err
 	}
-	for ref, l := range map[string]images.Layer{
-		SandboxImage: {Files: []images.File{{Src: bins["pause"], Dst: "/pause"}}},
-		CoreDNSImage: {Files: []images.File{{Src: tl.CoreDNS, Dst: "/coredns"}}},
-	} {
-		img, err := images.BuildImage([]images.Layer{l}, images.Config{Entrypoint: []string{l.Files[0].Dst}})
-		if err != nil {
-			return fmt.Errorf("image %s: %w", ref, err)
+	var pause []images.Image
+	for _, im := range images.Images() {
+		if im.Ref == SandboxImage {
+			pause = append(pause, im)
 		}
-		if err := s.PushImage(ctx, ref, img); err != nil {
-			return err
-		}
+	}
+	built, err := images.Build(ctx, images.Options{Root: root, CacheDir: filepath.Join(tl.Dir, "images"), Log: s.log}, pause)
+	if err != nil {
+		return err
+	}
+	coredns, err := images.BuildImage([]images.Layer{{Files: []images.File{{Src: tl.CoreDNS, Dst: "/coredns"}}}},
+		images.Config{Entrypoint: []string{"/coredns"}})
+	if err != nil {
+		return fmt.Errorf("image %s: %w", CoreDNSImage, err)
+	}
+	if err := s.PushImages(ctx, append(built, images.Built{Ref: CoreDNSImage, Image: coredns})); err != nil {
+		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	for _, c := range s.Clusters {

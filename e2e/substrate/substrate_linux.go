@@ -21,6 +21,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/aethermesh/aether/images"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/registry"
 	"github.com/miekg/dns"
@@ -107,7 +108,7 @@ type Substrate struct {
 	bg       sync.WaitGroup
 	fwd      *testenv.Forwarder
 	egress   *egressProxy
-	images   *imageRegistry
+	images   *images.Registry
 	stopOnce sync.Once
 	mounted  bool
 	// mntnsMounted: <Dir>/mntns is bound (private) for the real nodes' mount namespace files.
@@ -629,7 +630,7 @@ func (s *Substrate) stop() {
 		}
 	}
 	if s.images != nil {
-		s.images.close()
+		_ = s.images.Close()
 	}
 	if s.egress != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

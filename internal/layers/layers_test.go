@@ -25,8 +25,9 @@ var tiers = [][]string{
 }
 
 // tierOf returns the tier of an aether package path relative to the module ("xds",
-// "registrar/mcs", "internal/testenv"): -1 for internal/*, -2 for e2e/, bench/ and hack/ (free), and an
-// error for a top-level directory no tier names.
+// "registrar/mcs", "internal/testenv"): -1 for internal/*, -2 for e2e/, bench/ and hack/ (free:
+// tests, benchmarks and developer commands), and an error for a top-level directory no tier
+// names.
 func tierOf(rel string) (int, error) {
 	top, _, _ := strings.Cut(rel, "/")
 	switch top {
@@ -148,6 +149,8 @@ func TestLayerViolations(t *testing.T) {
 		{"internal above", pkg{ImportPath: m("internal/registryflag"), Imports: []string{m("xds")}}, true},
 		{"test imports e2e", pkg{ImportPath: m("agent"), XTestImports: []string{m("e2e/mesh")}}, true},
 		{"e2e imports anything", pkg{ImportPath: m("e2e/mesh"), Imports: []string{m("agent"), m("e2e/substrate")}}, false},
+		{"hack imports anything", pkg{ImportPath: m("hack/images"), Imports: []string{m("images"), m("internal/testenv")}}, false},
+		{"nothing imports hack", pkg{ImportPath: m("images"), Imports: []string{m("hack/images")}}, true},
 		{"unknown top-level", pkg{ImportPath: m("gateway"), Imports: []string{m("model")}}, true},
 	} {
 		if got := layerViolations([]pkg{c.p}); (len(got) > 0) != c.bad {
