@@ -59,13 +59,18 @@ type Built struct {
 // Debian layer (Image.Packages; none when it has no packages) and a layer of its Copies plus
 // /tmp (01777), linux/amd64, reproducible: the same sources, packages and Envoy give the same
 // digests. What did not change since the last build is taken from opts.CacheDir (binaries
-// relinked only when changed, layers compressed only when new, .debs downloaded once). It
-// needs go, apt-get and dpkg-deb (this machine is Debian DebianRelease) and the network only
+// relinked only when changed, layers compressed only when new, .debs downloaded once); builds
+// sharing opts.CacheDir wait for each other. It needs go, apt-get and dpkg-deb (this machine is Debian DebianRelease) and the network only
 // for .debs not downloaded yet. Errors name the image and the field or file at fault.
 func Build(ctx context.Context, opts Options, defs []Image) ([]Built, error) {
 	if err := opts.validate(defs); err != nil {
 		return nil, err
 	}
+	unlock, err := lockCache(opts.CacheDir)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	start := time.Now()
 	bins, err := buildGo(ctx, opts, defs)
 	if err != nil {
@@ -75,7 +80,6 @@ func Build(ctx context.Context, opts Options, defs []Image) ([]Built, error) {
 	out := make([]Built, len(defs))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(2) // compressing a new layer takes a core; more at once only contend
-
 	for i, def := range defs {
 		g.Go(func() error {
 			img, err := buildImage(gctx, opts, cache, def, bins)
