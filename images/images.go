@@ -73,11 +73,16 @@ func Images() []Image {
 		{
 			Ref:        AgentImage,
 			Dockerfile: "images/agent/Dockerfile",
-			// The tools the agent runs: nft, iptables with both backends, nsenter; and the CA bundle.
-			Packages: []string{"nftables", "iptables", "util-linux", "ca-certificates"},
+			// The tools the agent runs: nft, iptables with both backends, nsenter; the CA bundle;
+			// and a shell, which debian:bookworm-slim has too, for `kubectl exec` into the
+			// agent container (an operator's look around; the e2e pairs' RestartAgent sends
+			// the agent SIGTERM with it).
+			Packages: []string{"nftables", "iptables", "util-linux", "ca-certificates", "dash"},
 			Omit: map[string]string{
-				"debconf": "ca-certificates' maintainer scripts ask it which certificates to trust; Build makes the bundle a fresh install makes (all of them)",
-				"openssl": "update-ca-certificates (a maintainer script) hashes certificates with it; the image uses only the bundle, which Build makes",
+				"debconf":     "ca-certificates' maintainer scripts ask it which certificates to trust; Build makes the bundle a fresh install makes (all of them)",
+				"openssl":     "update-ca-certificates (a maintainer script) hashes certificates with it; the image uses only the bundle, which Build makes",
+				"dpkg":        "dash's maintainer scripts divert /bin/sh with dpkg-divert; the package ships /bin/sh itself",
+				"debianutils": "dash's maintainer scripts add it to /etc/shells with add-shell; nothing here reads /etc/shells",
 			},
 			Alternatives: append(append([]Alternative(nil), iptablesAlternatives...),
 				// util-linux's postinst: the pager (more).

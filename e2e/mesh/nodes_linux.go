@@ -67,13 +67,6 @@ func (m *Mesh) startNodesMesh(ctx context.Context, podB string) error {
 	if err := s.PushImages(ctx, built); err != nil {
 		return fmt.Errorf("start mesh: %w", err)
 	}
-	wl := map[string]string{}
-	for _, w := range substrate.Workloads {
-		wl[w] = m.Bins[w]
-	}
-	if err := s.PushWorkloadImages(ctx, wl); err != nil {
-		return fmt.Errorf("start mesh: %w", err)
-	}
 	for _, c := range s.Clusters {
 		if err := m.install(ctx, c, tools.Helm, filepath.Join(root, chartDir)); err != nil {
 			return fmt.Errorf("start mesh: install aether in %s: %w", c.Name, err)

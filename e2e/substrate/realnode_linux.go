@@ -504,18 +504,7 @@ func (s *Substrate) startRealNodes(ctx context.Context, tl testenv.Tools) error 
 		return err
 	}
 	s.mntnsMounted = true
-	root, err := testenv.RepoRoot()
-	if err != nil {
-		return err
-	}
-	var pause []images.Image
-	for _, im := range images.Images() {
-		if im.Ref == SandboxImage {
-			pause = append(pause, im)
-		}
-	}
-	built, err := images.Build(ctx, images.Options{Root: root, CacheDir: filepath.Join(tl.Dir, "images"), Log: s.log}, pause)
-	if err != nil {
+	if err := s.buildAndPush(ctx, SandboxImage); err != nil {
 		return err
 	}
 	coredns, err := images.BuildImage([]images.Layer{{Files: []images.File{{Src: tl.CoreDNS, Dst: "/coredns"}}}},
@@ -523,7 +512,7 @@ func (s *Substrate) startRealNodes(ctx context.Context, tl testenv.Tools) error 
 	if err != nil {
 		return fmt.Errorf("image %s: %w", CoreDNSImage, err)
 	}
-	if err := s.PushImages(ctx, append(built, images.Built{Ref: CoreDNSImage, Image: coredns})); err != nil {
+	if err := s.PushImage(ctx, CoreDNSImage, coredns); err != nil {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
@@ -578,24 +567,37 @@ func (c *Cluster) waitRealNodes(ctx context.Context) error {
 	}
 }
 
-// WorkloadImage is the image of test workload name (e2e/workloads/<name>) on real nodes, with
-// its binary at /<name> (PushWorkloadImages).
-func WorkloadImage(name string) string { return "aether-e2e/" + name + ":dev" }
+// PushWorkloadImages builds the test workloads' image (images.WorkloadsImage: echo, client and
+// serverfirst in /usr/local/bin, on the PATH) and pushes it to the substrate's registry.
+func (s *Substrate) PushWorkloadImages(ctx context.Context) error {
+	return s.buildAndPush(ctx, images.WorkloadsImage)
+}
 
-// PushWorkloadImages makes an image of each built workload (BuildWorkloads: name to binary)
-// and pushes it to the substrate's registry as WorkloadImage(name).
-func (s *Substrate) PushWorkloadImages(ctx context.Context, bins map[string]string) error {
-	for name, bin := range bins {
-		img, err := images.BuildImage([]images.Layer{{Files: []images.File{{Src: bin, Dst: "/" + name}}}},
-			images.Config{Entrypoint: []string{"/" + name}})
-		if err != nil {
-			return fmt.Errorf("image of workload %s: %w", name, err)
-		}
-		if err := s.PushImage(ctx, WorkloadImage(name), img); err != nil {
-			return err
+// buildAndPush builds the images of refs (their images.Images() definitions; binaries and
+// layers cached in the tool cache) and pushes them to the substrate's registry.
+func (s *Substrate) buildAndPush(ctx context.Context, refs ...string) error {
+	tl, err := testenv.FindTools()
+	if err != nil {
+		return err
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return err
+	}
+	var defs []images.Image
+	for _, im := range images.Images() {
+		if slices.Contains(refs, im.Ref) {
+			defs = append(defs, im)
 		}
 	}
-	return nil
+	if len(defs) != len(refs) {
+		return fmt.Errorf("build images %v: not all are images.Images()", refs)
+	}
+	built, err := images.Build(ctx, images.Options{Root: root, CacheDir: filepath.Join(tl.Dir, "images"), Envoy: tl.Envoy, Log: s.log}, defs)
+	if err != nil {
+		return err
+	}
+	return s.PushImages(ctx, built)
 }
 
 // MountNamespace is the file a real node's mount namespace is bound to ("" on the fast

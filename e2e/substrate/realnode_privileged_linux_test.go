@@ -17,14 +17,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/aethermesh/aether/images"
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
 // realPod points a workload pod built for the stand-in (Command = a binary on this machine) at
-// its image on a real node.
+// the workloads' image on a real node (the binaries are on its PATH).
 func realPod(p *corev1.Pod, name string) *corev1.Pod {
 	c := &p.Spec.Containers[0]
-	c.Image, c.Command, c.ImagePullPolicy = WorkloadImage(name), []string{"/" + name}, corev1.PullIfNotPresent
+	c.Image, c.Command, c.ImagePullPolicy = images.WorkloadsImage, []string{name}, corev1.PullIfNotPresent
 	return p
 }
 
@@ -54,11 +55,7 @@ func TestPrivilegedRealNodes(t *testing.T) {
 		}
 	})
 	t.Logf("real nodes up in %s", s.StartupTime)
-	bins, err := BuildWorkloads(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.PushWorkloadImages(ctx, bins); err != nil {
+	if err := s.PushWorkloadImages(ctx); err != nil {
 		t.Fatal(err)
 	}
 	c := s.Clusters[0]
@@ -93,7 +90,7 @@ func TestPrivilegedRealNodes(t *testing.T) {
 	}
 
 	// pods/exec through the API server, the kubelet and containerd; a Secret volume.
-	got, err := c.ExecInPod(ctx, ns, "client", "/client", "read", "/etc/creds/token")
+	got, err := c.ExecInPod(ctx, ns, "client", "client", "read", "/etc/creds/token")
 	if err != nil || string(got) != secretValue {
 		t.Fatalf("read the Secret volume through exec: %q, %v; want %q", got, err, secretValue)
 	}
@@ -106,7 +103,7 @@ func TestPrivilegedRealNodes(t *testing.T) {
 		}
 		return string(out)
 	}
-	if got := kubectl("exec", "client", "--", "/client", "read", "/etc/hostname"); strings.TrimSpace(got) != "client" {
+	if got := kubectl("exec", "client", "--", "client", "read", "/etc/hostname"); strings.TrimSpace(got) != "client" {
 		t.Errorf("kubectl exec: /etc/hostname = %q, want client", got)
 	}
 	if got := kubectl("logs", "echo"); !strings.Contains(got, "serving HTTP") {
@@ -125,7 +122,7 @@ func TestPrivilegedRealNodes(t *testing.T) {
 		"http://echo." + ns + ".svc.cluster.local/",
 	} {
 		testenv.Eventually(t, 30*time.Second, "GET "+url+" from the other node", func() error {
-			out, err := c.ExecInPod(ctx, ns, "client", "/client", "http", url)
+			out, err := c.ExecInPod(ctx, ns, "client", "client", "http", url)
 			if err != nil {
 				return err
 			}

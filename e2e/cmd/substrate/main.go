@@ -96,7 +96,7 @@ func up(ctx context.Context, cfg config, log *slog.Logger) error {
 			return err
 		}
 		if cfg.realNodes {
-			if err := s.PushWorkloadImages(sctx, bins); err != nil {
+			if err := s.PushWorkloadImages(sctx); err != nil {
 				return err
 			}
 		}
