@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 export AETHER_TOOLS_DIR ?= /var/cache/aether-tools
 
-.PHONY: all build tools test lint demo demo-down e2e e2e-clean substrate-up substrate-down
+.PHONY: all build tools test lint demo demo-down e2e e2e-nodes e2e-clean substrate-up substrate-down
 
 all: build
 
@@ -51,6 +51,11 @@ substrate-down:
 ## `make test` runs it too (it is part of go test ./...).
 e2e: tools
 	go test -count=1 -v -timeout 30m -run '^TestScenarios$$' ./e2e/scenarios/
+
+## e2e-nodes: the scenario suite on the substrate's real nodes only (containerd, kubelet,
+## kube-proxy; aether installed with its Helm chart from images built here); part of `make e2e`.
+e2e-nodes: tools
+	go test -count=1 -v -timeout 30m -run '^TestScenarios$$/^real-nodes$$' ./e2e/scenarios/
 
 ## e2e-clean: remove what crashed or interrupted substrate runs left ($TMPDIR/aesub-*: processes,
 ## namespace mounts, run directories); runs whose owner process still lives are skipped

@@ -12,7 +12,7 @@ import (
 
 // Flags of the suite (go test ./e2e/scenarios/ -args -pair=kind -kubeconfig-a=A -kubeconfig-b=B).
 var (
-	pairFlag        = flag.String("pair", "local", "cluster pair to run on: local (the substrate, needs root), nodes (the substrate's real nodes, aether from the Helm chart; needs root) or kind")
+	pairFlag        = flag.String("pair", "local", "cluster pair to run on: local (the substrate: kubelet stand-in and real nodes; needs root) or kind")
 	kubeconfigAFlag = flag.String("kubeconfig-a", "", "kubeconfig of cluster A (with -pair=kind)")
 	kubeconfigBFlag = flag.String("kubeconfig-b", "", "kubeconfig of cluster B (with -pair=kind)")
 	holdFlag        = flag.Duration("hold", 0, "on failure, keep the local pair running this long before tearing it down (to look inside)")

@@ -37,8 +37,9 @@ const (
 const callerID = "spiffe://aether.internal/ns/" + ns + "/sa/default"
 
 // TestScenarios runs the scenario suite on the pair chosen by -pair: by default the local
-// substrate twice (distinct pod CIDRs: every scenario; identical pod CIDRs: the cross-cluster
-// ones), which needs root.
+// substrate three times (the kubelet stand-in with distinct pod CIDRs: every scenario; with
+// identical pod CIDRs: the cross-cluster ones; real nodes with aether installed by its Helm
+// chart: every scenario, through the same code as on kind), which needs root.
 func TestScenarios(t *testing.T) {
 	switch *pairFlag {
 	case "kind":
@@ -51,11 +52,9 @@ func TestScenarios(t *testing.T) {
 		testenv.RequireRoot(t)
 		t.Run("distinct-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, false), true) })
 		t.Run("identical-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, true), false) })
-	case "nodes":
-		testenv.RequireRoot(t)
-		runScenarios(t, startNodes(t, false), true)
+		t.Run("real-nodes", func(t *testing.T) { runScenarios(t, startNodes(t, false), true) })
 	default:
-		t.Fatalf("-pair %q: want local, nodes or kind", *pairFlag)
+		t.Fatalf("-pair %q: want local or kind", *pairFlag)
 	}
 }
 

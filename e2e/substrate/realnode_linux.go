@@ -622,3 +622,39 @@ func (n *Node) Kill() error {
 	}
 	return s.stopRealNode(n)
 }
+
+// Reboot restarts a real node as a reboot would: everything on it is killed (Kill), what lives
+// in tmpfs on a real node is gone (/run: containerd's state, pod network namespaces, the
+// agent's sockets), its Flannel conflist is written again as Flannel's install-cni step does at
+// every start (dropping whatever chained plugins were appended to it), and containerd, the
+// kubelet and kube-proxy start again. /var/lib (images, the kubelet's state) persists. The
+// kubelet then recreates the pods bound to the node.
+func (n *Node) Reboot(ctx context.Context) error {
+	if err := n.Kill(); err != nil {
+		return fmt.Errorf("reboot %s: %w", n.Name, err)
+	}
+	for _, d := range []string{"/run/containerd", "/run/netns", "/run/aether"} {
+		if err := os.RemoveAll(n.hostPath(d)); err != nil {
+			return fmt.Errorf("reboot %s: %w", n.Name, err)
+		}
+	}
+	if err := os.MkdirAll(n.hostPath("/run/aether"), 0o755); err != nil {
+		return err
+	}
+	s := n.Cluster.s
+	conf, err := NodeConflist(n.Plan, n.Cluster.Plan, s.opts.CNIPlugins)
+	if err != nil {
+		return err
+	}
+	if err := writeFiles(map[string][]byte{n.hostPath("/etc/cni/net.d/" + ConflistFile): conf}); err != nil {
+		return fmt.Errorf("reboot %s: %w", n.Name, err)
+	}
+	tl, err := testenv.FindTools()
+	if err != nil {
+		return err
+	}
+	if err := s.startRealNode(ctx, n, tl, n.Cluster.API); err != nil {
+		return fmt.Errorf("reboot %s: %w", n.Name, err)
+	}
+	return nil
+}
