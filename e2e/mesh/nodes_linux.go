@@ -185,3 +185,33 @@ func available(d *appsv1.Deployment) bool {
 	}
 	return false
 }
+
+// HelmUpgrade runs `helm upgrade --reuse-values` of aether in cluster with the extra --set
+// values (real nodes only), as an operator upgrades or reconfigures aether; it returns once
+// Helm has applied the objects (the DaemonSet rolls its pods afterwards).
+func (m *Mesh) HelmUpgrade(ctx context.Context, cluster string, set ...string) error {
+	if !m.opts.RealNodes {
+		return fmt.Errorf("helm upgrade: aether was not installed with Helm (Options.RealNodes is off)")
+	}
+	c := m.Cluster(cluster)
+	if c == nil {
+		return fmt.Errorf("helm upgrade: no cluster %q", cluster)
+	}
+	tools, err := testenv.FindTools()
+	if err != nil {
+		return err
+	}
+	root, err := testenv.RepoRoot()
+	if err != nil {
+		return err
+	}
+	args := []string{"upgrade", releaseName, filepath.Join(root, chartDir), "--namespace", Namespace, "--kubeconfig", c.Kubeconfig, "--reuse-values"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	out, err := exec.CommandContext(ctx, tools.Helm, args...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/aethermesh/aether/e2e/mesh"
+
 	"github.com/aethermesh/aether/e2e/substrate"
 )
 
@@ -34,4 +36,32 @@ func (n substrateNodes) kill(_ context.Context, node string) error {
 		return err
 	}
 	return nd.Kill()
+}
+
+// nodeLifecycle is what a pair of real nodes adds for the scenarios only they can run: a node
+// rebooted, aether upgraded with Helm.
+type nodeLifecycle interface {
+	// RebootNode restarts node as a reboot does (substrate.Node.Reboot).
+	RebootNode(ctx context.Context, cluster, node string) error
+	// UpgradeAether runs helm upgrade --reuse-values with set ("key=value") in cluster.
+	UpgradeAether(ctx context.Context, cluster string, set ...string) error
+}
+
+// nodesPair is the pair of the substrate's real nodes: the kind pair's code over the API
+// servers, plus the node lifecycle.
+type nodesPair struct {
+	*kindPair
+	m *mesh.Mesh
+}
+
+func (p *nodesPair) RebootNode(ctx context.Context, cluster, node string) error {
+	c := p.m.Cluster(cluster)
+	if c == nil || c.Node(node) == nil {
+		return fmt.Errorf("reboot: no node %s in cluster %s", node, cluster)
+	}
+	return c.Node(node).Reboot(ctx)
+}
+
+func (p *nodesPair) UpgradeAether(ctx context.Context, cluster string, set ...string) error {
+	return p.m.HelmUpgrade(ctx, cluster, set...)
 }

@@ -106,7 +106,7 @@ func startNodes(t *testing.T, identical bool) ClusterPair {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return p
+	return &nodesPair{kindPair: p, m: m}
 }
 
 var bins struct {
@@ -434,6 +434,10 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 	run("cross-node-bypass-matrix", func(t *testing.T) { w.crossNodeMatrix(t) })
 	run("agent-restart-keeps-connections", func(t *testing.T) { w.agentRestart(t) })
 	run("registry-cut-keeps-serving", func(t *testing.T) { w.registryCut(t) })
+	if nl, ok := p.(nodeLifecycle); ok {
+		run("agent-upgrade-under-traffic", func(t *testing.T) { w.agentUpgrade(t, nl) })
+		run("node-reboot-pods-captured", func(t *testing.T) { w.nodeReboot(t, nl) })
+	}
 	run("destination-node-removed", func(t *testing.T) { w.nodeRemoved(t) })
 }
 
