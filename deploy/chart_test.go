@@ -1,14 +1,10 @@
 package deploy
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"maps"
-	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -28,42 +24,23 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/aethermesh/aether/agent"
 	"github.com/aethermesh/aether/internal/testenv"
-	"github.com/aethermesh/aether/registrar"
 )
 
 // helm runs the cached Helm (testenv.ToolHelm) in deploy/ with args and returns its standard
-// output, or an error carrying its standard error. Helm's cache, configuration and data
-// directories are the test's own; kubeconfig is the cluster it talks to ("": none, for lint and
+// output, or an error carrying its standard error (runHelm). Helm's cache, configuration and
+// data directories are its own; kubeconfig is the cluster it talks to ("": none, for lint and
 // template).
 func helm(t *testing.T, kubeconfig string, args ...string) (string, error) {
 	t.Helper()
-	bin := testenv.RequireTools(t, testenv.ToolHelm).Helm
-	home := t.TempDir()
-	if kubeconfig == "" {
-		kubeconfig = filepath.Join(home, "no-cluster")
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Env = append(os.Environ(), "KUBECONFIG="+kubeconfig, "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, stderr.String())
-	}
-	return stdout.String(), nil
+	return runHelm(context.Background(), testenv.RequireTools(t, testenv.ToolHelm).Helm, kubeconfig, args...)
 }
 
-// render runs helm template on the chart in namespace with args (-f, --set, ...) and decodes
-// the objects; it fails the test when Helm refuses.
-func render(t *testing.T, namespace string, args ...string) []*unstructured.Unstructured {
+// render renders the chart in namespace with values (a values file's content, "" for none) and
+// args (--set, ...) with RenderChart and the cached Helm; it fails the test when Helm refuses.
+func render(t *testing.T, namespace, values string, args ...string) []*unstructured.Unstructured {
 	t.Helper()
-	out, err := helm(t, "", append([]string{"template", "aether", ChartDir, "--namespace", namespace}, args...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	objs, err := DecodeObjects("helm template", []byte(out))
+	objs, err := RenderChart(context.Background(), testenv.RequireTools(t, testenv.ToolHelm).Helm, namespace, values, args...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,22 +57,13 @@ func valuesFile(t *testing.T, values string) string {
 	return p
 }
 
-// object returns the object of kind and name among objs, failing the test when there is none.
+// object decodes the object of kind and name among objs into out (DecodeObject), failing the
+// test when there is none.
 func object(t *testing.T, objs []*unstructured.Unstructured, kind, name string, out any) {
 	t.Helper()
-	for _, o := range objs {
-		if o.GetKind() == kind && o.GetName() == name {
-			b, err := yaml.Marshal(o.Object)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := yaml.UnmarshalStrict(b, out); err != nil {
-				t.Fatalf("%s %s: %v", kind, name, err)
-			}
-			return
-		}
+	if err := DecodeObject(objs, kind, name, out); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("no %s %s among the rendered objects", kind, name)
 }
 
 // hasObject reports whether objs hold an object of kind and name.
@@ -119,70 +87,14 @@ func appVersion(t *testing.T) string {
 	return c.AppVersion
 }
 
-// otherDigest is the agent image digest otherValues sets.
-var otherDigest = "sha256:" + strings.Repeat("ab", 32)
-
-// otherValues sets every value of the chart to something other than its default.
-var otherValues = `
-cluster: east
-region: eu-west
-meshDomain: mesh.example
-trustDomain: example.org
-inboundMode: permissive
-eastWestWaypoint: false
-logLevel: debug
-registry:
-  endpoints: [https://10.0.0.2:2379, https://10.0.0.3:2379]
-  insecure: true
-  tls: {enabled: true, secretName: etcd-client, clientCertificate: true}
-  user: aether.eu-west.east
-  passwordSecret: {name: etcd-password, key: pw}
-identity:
-  mode: dev-ca
-  devCA: {secretName: mesh-ca}
-images:
-  agent: {repository: registry.example/aether/agent, tag: ignored, digest: "` + otherDigest + `", pullPolicy: Always}
-  envoy: {repository: registry.example/aether/envoy, tag: "1.2.3", pullPolicy: Never}
-  registrar: {repository: "registry.example:5000/aether/registrar"}
-imagePullSecrets: [{name: regcred}]
-agent:
-  captureBackend: iptables-legacy
-  clusterDNS: [10.96.0.10, "fd00::a"]
-  clusterDomain: corp.example
-  dnsCache: {size: 0, maxTTL: 1m, maxNegativeTTL: 2s, serveStale: 24h, prefetch: 3}
-  resources: {requests: {cpu: 200m, memory: 256Mi}, limits: {cpu: "1", memory: 512Mi}}
-  nodeSelector: {kubernetes.io/os: linux}
-  tolerations: [{key: dedicated, operator: Equal, value: mesh, effect: NoSchedule}]
-  priorityClassName: mesh-node
-envoy:
-  logLevel: warning
-  drainTimeSeconds: 20
-  resources: {requests: {cpu: 300m, memory: 300Mi}, limits: {memory: 3Gi}}
-registrar:
-  replicas: 3
-  resources: {requests: {cpu: 10m, memory: 32Mi}, limits: {memory: 128Mi}}
-  nodeSelector: {node-role.example/control: "true"}
-  tolerations: [{key: control, operator: Exists, effect: NoSchedule}]
-  affinity:
-    podAntiAffinity:
-      preferredDuringSchedulingIgnoredDuringExecution:
-        - weight: 100
-          podAffinityTerm:
-            topologyKey: kubernetes.io/hostname
-            labelSelector: {matchLabels: {app.kubernetes.io/name: aether-registrar}}
-  priorityClassName: mesh-control
-extraConfig: {AETHER_DNS_RATE_LIMIT: "200", AETHER_ZONE: zone-a}
-namespace: {create: true}
-`
-
-// TestChartLint runs helm lint --strict on the chart with its defaults and with otherValues.
+// TestChartLint runs helm lint --strict on the chart with its defaults and with OtherValues.
 func TestChartLint(t *testing.T) {
 	for _, c := range []struct {
 		name string
 		args []string
 	}{
 		{"defaults", nil},
-		{"other values", []string{"-f", valuesFile(t, otherValues)}},
+		{"other values", []string{"-f", valuesFile(t, OtherValues)}},
 	} {
 		out, err := helm(t, "", append([]string{"lint", "--strict", ChartDir}, c.args...)...)
 		if err != nil || !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
@@ -195,8 +107,8 @@ func TestChartLint(t *testing.T) {
 // hack/update-manifests.sh does and checks that the objects are exactly those of the manifests
 // under deploy/ (which verify-manifests.sh compares as text): nothing missing, nothing extra.
 func TestChartDefaultsAreTheManifests(t *testing.T) {
-	rendered := render(t, "aether-system", "--include-crds", "--set", "namespace.create=true")
-	uninstall := render(t, "aether-system", "--set", "cniUninstall=true", "--show-only", "templates/uninstall/cni-uninstall.yaml")
+	rendered := render(t, "aether-system", "", "--include-crds", "--set", "namespace.create=true")
+	uninstall := render(t, "aether-system", "", "--set", "cniUninstall=true", "--show-only", "templates/uninstall/cni-uninstall.yaml")
 	key := func(o *unstructured.Unstructured) string {
 		return o.GetKind() + " " + o.GetNamespace() + "/" + o.GetName()
 	}
@@ -237,16 +149,17 @@ func TestChartDefaultsAreTheManifests(t *testing.T) {
 	}
 }
 
-// TestChartValues renders the chart with otherValues in namespace mesh-system and checks that
-// each value lands where it should: the ConfigMap, parsed with the agent's and the registrar's
-// own parsers through their containers' args and environment, gives the configuration the
-// values say; the images, pull policies, resources, scheduling and Secrets are the values'; every
-// object, binding subject and admission policy names the release namespace; and the pods'
-// config checksum follows the ConfigMap.
+// TestChartValues renders the chart with OtherValues in namespace mesh-system and checks that
+// each value lands where it should: the ConfigMap holds the values' configuration (which the
+// agent's and the registrar's own parsers read back through their containers' args and
+// environment in their packages' TestChartValuesAgent and TestChartValuesRegistrar); the images,
+// pull policies, resources, scheduling and Secrets are the values'; every object, binding subject
+// and admission policy names the release namespace; and the pods' config checksum follows the
+// ConfigMap.
 func TestChartValues(t *testing.T) {
 	const ns = "mesh-system"
-	objs := render(t, ns, "-f", valuesFile(t, otherValues))
-	defaults := render(t, "aether-system")
+	objs := render(t, ns, OtherValues)
+	defaults := render(t, "aether-system", "")
 
 	var cm corev1.ConfigMap
 	object(t, objs, "ConfigMap", "aether-config", &cm)
@@ -265,9 +178,7 @@ func TestChartValues(t *testing.T) {
 	if !maps.Equal(cm.Data, wantData) {
 		t.Errorf("aether-config data:\n got %v\nwant %v", cm.Data, wantData)
 	}
-	configMaps := map[string]map[string]string{"aether-config": cm.Data}
 
-	// The agent, as its own parser reads the DaemonSet's container.
 	var ds appsv1.DaemonSet
 	object(t, objs, "DaemonSet", "aether-agent", &ds)
 	spec := ds.Spec.Template.Spec
@@ -275,88 +186,12 @@ func TestChartValues(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, err := Env(ag, configMaps, map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	acfg, err := agent.ParseFlags(Args(ag, env), func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatalf("agent flags: %v", err)
-	}
-	if missing, err := MissingFiles(acfg.Validate()); err != nil {
-		t.Errorf("agent configuration: %v (missing files %v)", err, missing)
-	} else {
-		for _, p := range missing {
-			v, _, _, err := MountedFrom(spec, ag, p)
-			want := map[string]string{"/etc/aether/ca/": "mesh-ca", "/etc/aether/registry/": "etcd-client"}[filepath.Dir(p)+"/"]
-			if err != nil || v.Secret == nil || v.Secret.SecretName != want || (v.Secret.Optional != nil && *v.Secret.Optional) {
-				t.Errorf("agent reads %s from volume %s, Secret %+v (%v), want the required Secret %q", p, v.Name, v.Secret, err, want)
-			}
-		}
-	}
-	wantDNS := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00::a")}
-	for _, c := range []struct {
-		what      string
-		got, want any
-	}{
-		{"cluster", acfg.Cluster, "east"}, {"region", acfg.Region, "eu-west"}, {"zone", acfg.Zone, "zone-a"},
-		{"mesh domain", acfg.MeshDomain, "mesh.example"}, {"trust domain", acfg.TrustDomain, "example.org"},
-		{"inbound mode", acfg.InboundMode, "permissive"}, {"east-west waypoint", acfg.EastWestWaypoint, false},
-		{"log level", acfg.LogLevel, slog.LevelDebug},
-		{"registry endpoints", acfg.Registry.Endpoints(), []string{"https://10.0.0.2:2379", "https://10.0.0.3:2379"}},
-		{"registry insecure", acfg.Registry.Insecure, true},
-		{"registry TLS", []string{acfg.Registry.CA, acfg.Registry.Cert, acfg.Registry.Key},
-			[]string{"/etc/aether/registry/ca.crt", "/etc/aether/registry/tls.crt", "/etc/aether/registry/tls.key"}},
-		{"capture backend", acfg.CaptureBackend, "iptables-legacy"}, {"cluster DNS", acfg.ClusterDNS, wantDNS},
-		{"cluster domain", acfg.ClusterDomain, "corp.example"}, {"DNS cache size", acfg.DNSCacheSize, 0},
-		{"DNS cache max TTL", acfg.DNSCacheMaxTTL, time.Minute}, {"DNS cache max negative TTL", acfg.DNSCacheMaxNegativeTTL, 2 * time.Second},
-		{"DNS serve-stale", acfg.DNSCacheServeStale, 24 * time.Hour}, {"DNS prefetch", acfg.DNSCachePrefetch, 3},
-		{"DNS rate limit (extraConfig)", acfg.DNSRateLimit, 200},
-	} {
-		if !reflect.DeepEqual(c.got, c.want) {
-			t.Errorf("agent %s: %v, want %v", c.what, c.got, c.want)
-		}
-	}
-
-	// The registrar, as its own parser reads the Deployment's container; the password comes
-	// from the Secret (checked here, as Env computes no Secret references).
 	var dep appsv1.Deployment
 	object(t, objs, "Deployment", "aether-registrar", &dep)
 	rspec := dep.Spec.Template.Spec
 	rc, err := Container(rspec, "registrar")
 	if err != nil {
 		t.Fatal(err)
-	}
-	var password *corev1.EnvVar
-	rc.Env = slices.DeleteFunc(slices.Clone(rc.Env), func(e corev1.EnvVar) bool {
-		if e.Name == "AETHER_REGISTRY_PASSWORD" {
-			password = &e
-			return true
-		}
-		return false
-	})
-	if password == nil || password.ValueFrom == nil || password.ValueFrom.SecretKeyRef == nil ||
-		password.ValueFrom.SecretKeyRef.Name != "etcd-password" || password.ValueFrom.SecretKeyRef.Key != "pw" {
-		t.Errorf("registrar AETHER_REGISTRY_PASSWORD %+v, want from Secret etcd-password key pw", password)
-	}
-	renv, err := Env(rc, configMaps, map[string]string{"metadata.namespace": ns})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rcfg, err := registrar.ParseRunConfig(Args(rc, renv), func(k string) string { return renv[k] })
-	missing, err := MissingFiles(err)
-	if err != nil || len(missing) != 3 {
-		t.Errorf("registrar configuration: %v, missing files %v; want only the 3 registry TLS files missing", err, missing)
-	}
-	for _, p := range missing {
-		if v, _, _, err := MountedFrom(rspec, rc, p); err != nil || v.Secret == nil || v.Secret.SecretName != "etcd-client" || (v.Secret.Optional != nil && *v.Secret.Optional) {
-			t.Errorf("registrar reads %s from volume %s, Secret %+v (%v), want the required Secret etcd-client", p, v.Name, v.Secret, err)
-		}
-	}
-	if rcfg.Cluster != "east" || rcfg.Region != "eu-west" || rcfg.RegistryUser != "aether.eu-west.east" || rcfg.LeaderElectNamespace != ns ||
-		!slices.Equal(rcfg.Registry.Endpoints(), []string{"https://10.0.0.2:2379", "https://10.0.0.3:2379"}) || rcfg.LogLevel != slog.LevelDebug {
-		t.Errorf("registrar: cluster %q, region %q, user %q, lease namespace %q, endpoints %v, log level %v; want the values'",
-			rcfg.Cluster, rcfg.Region, rcfg.RegistryUser, rcfg.LeaderElectNamespace, rcfg.Registry.Endpoints(), rcfg.LogLevel)
 	}
 
 	// Images, pull policies, resources.
@@ -474,7 +309,7 @@ func TestChartValues(t *testing.T) {
 // TestChartCNIUninstall renders the chart with cniUninstall: the agent DaemonSet makes way for the
 // uninstall DaemonSet, which runs the agent image of the values on the agent's nodes.
 func TestChartCNIUninstall(t *testing.T) {
-	objs := render(t, "mesh-system", "-f", valuesFile(t, otherValues), "--set", "cniUninstall=true")
+	objs := render(t, "mesh-system", OtherValues, "--set", "cniUninstall=true")
 	if hasObject(objs, "DaemonSet", "aether-agent") {
 		t.Error("cniUninstall: the agent DaemonSet is still rendered")
 	}
@@ -546,7 +381,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 	}
 }
 
-// TestChartServerSideDryRun renders the chart with its defaults, with otherValues (namespace
+// TestChartServerSideDryRun renders the chart with its defaults, with OtherValues (namespace
 // mesh-system) and for removal (cniUninstall), creates the rendered CRDs and Namespaces on a real
 // kube-apiserver, and applies every other object with a strict server-side dry run.
 func TestChartServerSideDryRun(t *testing.T) {
@@ -555,14 +390,14 @@ func TestChartServerSideDryRun(t *testing.T) {
 	kinds := map[string]int{}
 	var crds map[string]*unstructured.Unstructured
 	for _, c := range []struct {
-		name, namespace string
-		args            []string
+		name, namespace, values string
+		args                    []string
 	}{
-		{"defaults", "aether-system", nil},
-		{"other values", "mesh-system", []string{"-f", valuesFile(t, otherValues)}},
-		{"cniUninstall", "aether-system", []string{"--set", "cniUninstall=true"}},
+		{"defaults", "aether-system", "", nil},
+		{"other values", "mesh-system", OtherValues, nil},
+		{"cniUninstall", "aether-system", "", []string{"--set", "cniUninstall=true"}},
 	} {
-		objs := render(t, c.namespace, append([]string{"--include-crds", "--set", "namespace.create=true"}, c.args...)...)
+		objs := render(t, c.namespace, c.values, append([]string{"--include-crds", "--set", "namespace.create=true"}, c.args...)...)
 		rendered := map[string]*unstructured.Unstructured{}
 		for _, o := range objs {
 			if o.GetKind() == "CustomResourceDefinition" {

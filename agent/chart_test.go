@@ -1,0 +1,89 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"net/netip"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/aethermesh/aether/deploy"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// TestChartValuesAgent renders the Helm chart with the real Helm and deploy.OtherValues in
+// namespace mesh-system and parses the agent DaemonSet's container (args, environment from the
+// rendered aether-config, the downward API of a dual-stack node) with the agent's own flag
+// parser: every value must reach the agent's configuration, and the files its configuration
+// names that only the cluster supplies must come from the required Secrets of the values (the
+// development CA, the registry's TLS client). deploy's TestChartValues checks the rest.
+func TestChartValuesAgent(t *testing.T) {
+	tl := testenv.RequireTools(t, testenv.ToolHelm)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	objs, err := deploy.RenderChart(ctx, tl.Helm, "mesh-system", deploy.OtherValues)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := deploy.DecodeObject(objs, "ConfigMap", "aether-config", &cm); err != nil {
+		t.Fatal(err)
+	}
+	var ds appsv1.DaemonSet
+	if err := deploy.DecodeObject(objs, "DaemonSet", "aether-agent", &ds); err != nil {
+		t.Fatal(err)
+	}
+	spec := ds.Spec.Template.Spec
+	ag, err := deploy.Container(spec, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := deploy.Env(ag, map[string]map[string]string{"aether-config": cm.Data},
+		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	acfg, err := ParseFlags(deploy.Args(ag, env), func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatalf("agent flags: %v", err)
+	}
+	if missing, err := deploy.MissingFiles(acfg.Validate()); err != nil {
+		t.Errorf("agent configuration: %v (missing files %v)", err, missing)
+	} else {
+		for _, p := range missing {
+			v, _, _, err := deploy.MountedFrom(spec, ag, p)
+			want := map[string]string{"/etc/aether/ca/": "mesh-ca", "/etc/aether/registry/": "etcd-client"}[filepath.Dir(p)+"/"]
+			if err != nil || v.Secret == nil || v.Secret.SecretName != want || (v.Secret.Optional != nil && *v.Secret.Optional) {
+				t.Errorf("agent reads %s from volume %s, Secret %+v (%v), want the required Secret %q", p, v.Name, v.Secret, err, want)
+			}
+		}
+	}
+	wantDNS := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fd00::a")}
+	for _, c := range []struct {
+		what      string
+		got, want any
+	}{
+		{"cluster", acfg.Cluster, "east"}, {"region", acfg.Region, "eu-west"}, {"zone", acfg.Zone, "zone-a"},
+		{"mesh domain", acfg.MeshDomain, "mesh.example"}, {"trust domain", acfg.TrustDomain, "example.org"},
+		{"inbound mode", acfg.InboundMode, "permissive"}, {"east-west waypoint", acfg.EastWestWaypoint, false},
+		{"log level", acfg.LogLevel, slog.LevelDebug},
+		{"registry endpoints", acfg.Registry.Endpoints(), []string{"https://10.0.0.2:2379", "https://10.0.0.3:2379"}},
+		{"registry insecure", acfg.Registry.Insecure, true},
+		{"registry TLS", []string{acfg.Registry.CA, acfg.Registry.Cert, acfg.Registry.Key},
+			[]string{"/etc/aether/registry/ca.crt", "/etc/aether/registry/tls.crt", "/etc/aether/registry/tls.key"}},
+		{"capture backend", acfg.CaptureBackend, "iptables-legacy"}, {"cluster DNS", acfg.ClusterDNS, wantDNS},
+		{"cluster domain", acfg.ClusterDomain, "corp.example"}, {"DNS cache size", acfg.DNSCacheSize, 0},
+		{"DNS cache max TTL", acfg.DNSCacheMaxTTL, time.Minute}, {"DNS cache max negative TTL", acfg.DNSCacheMaxNegativeTTL, 2 * time.Second},
+		{"DNS serve-stale", acfg.DNSCacheServeStale, 24 * time.Hour}, {"DNS prefetch", acfg.DNSCachePrefetch, 3},
+		{"DNS rate limit (extraConfig)", acfg.DNSRateLimit, 200},
+	} {
+		if !reflect.DeepEqual(c.got, c.want) {
+			t.Errorf("agent %s: %v, want %v", c.what, c.got, c.want)
+		}
+	}
+}
