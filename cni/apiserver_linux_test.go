@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
@@ -31,7 +32,9 @@ func withUID(rt *libcni.RuntimeConf, uid string) *libcni.RuntimeConf {
 
 // TestPrivilegedCNIWithAPIServer runs the agent's server with the client-go lookup against a
 // real kube-apiserver: a meshed pod is captured through the real chain, an opted-out pod is not,
-// and repair at start deletes a meshed pod that runs on the node without an attachment.
+// and repair at start deletes a meshed pod that runs on the node without an attachment, and one
+// whose only attachment is from a sandbox that is gone (a rebooted node: the pod's new sandbox
+// came up through the primary CNI alone).
 func TestPrivilegedCNIWithAPIServer(t *testing.T) {
 	testenv.RequireRoot(t)
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
@@ -43,10 +46,18 @@ func TestPrivilegedCNIWithAPIServer(t *testing.T) {
 	web := createPod(t, cs, "mesh", "web", nil, false)
 	optout := createPod(t, cs, "mesh", "optout", map[string]string{model.AnnotationCapture: "false"}, false)
 	early := createPod(t, cs, "mesh", "early", nil, true) // started before the agent was ready
+	rebooted := createPod(t, cs, "mesh", "rebooted", nil, true)
 
 	sock := filepath.Join(sockDir(t), "cni.sock")
+	state := t.TempDir()
+	// The record of rebooted's sandbox before the node rebooted: its netns is gone.
+	if err := (&Store{Dir: state}).Save(&Record{Network: "test-net", Captured: true, Added: time.Now(),
+		Attachment: cniv1.PodAttachment{ContainerID: "ctr-before-reboot", Interface: "eth0", Namespace: "mesh", Name: "rebooted",
+			PodUID: string(rebooted.UID), NetnsPath: filepath.Join(t.TempDir(), "gone-netns")}}); err != nil {
+		t.Fatal(err)
+	}
 	kp := &KubePods{Client: cs}
-	srv := &Server{Config: ServerConfig{Socket: sock, StateDir: t.TempDir(), NodeName: "node-a",
+	srv := &Server{Config: ServerConfig{Socket: sock, StateDir: state, NodeName: "node-a",
 		HostIP: netip.MustParseAddr(hostIP), ClusterDNS: []netip.Addr{netip.MustParseAddr(clusterDNS)}},
 		Lookup: kp, NodePods: kp, Dataplane: &recordingDataplane{}, Backend: capture.NFTables{},
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
@@ -59,9 +70,14 @@ func TestPrivilegedCNIWithAPIServer(t *testing.T) {
 			t.Fatal("agent not ready")
 		}
 	}
-	p, err := cs.CoreV1().Pods("mesh").Get(context.Background(), "early", metav1.GetOptions{})
-	if err == nil && p.DeletionTimestamp == nil {
-		t.Fatalf("meshed pod %s without attachment was not deleted", early.Name)
+	for _, name := range []string{early.Name, rebooted.Name} {
+		p, err := cs.CoreV1().Pods("mesh").Get(context.Background(), name, metav1.GetOptions{})
+		if err == nil && p.DeletionTimestamp == nil {
+			t.Errorf("meshed pod %s without a live attachment was not deleted", name)
+		}
+	}
+	if recs := records(t, state); len(recs) != 0 {
+		t.Fatalf("records after repair: %+v, want the gone sandbox's released", recs)
 	}
 
 	n := newNode(t, "1.0.0", "10.244.40.0/24", sock, nil)

@@ -688,14 +688,21 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 	if err := s.applyGuard(recs); err != nil {
 		errs = append(errs, err)
 	}
+	// attached holds the pods with a live attachment: a record whose netns is gone (a sandbox
+	// that ended, every sandbox of a rebooted node) is released and does not count, or a pod
+	// whose new sandbox came up without aether-cni (the node's primary CNI rewrote the conflist
+	// at boot) would pass for captured.
 	attached := map[string]bool{}
 	newest := newestByPod(recs)
 	for _, r := range recs {
-		attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
 		// The dataplane serves one attachment per pod UID: announcing an older sandbox's record
 		// after the newer one would move the live pod's listeners into the old netns.
-		if err := s.repairOne(ctx, r, announce && newest[r.Attachment.PodUID] == r); err != nil {
+		live, err := s.repairOne(ctx, r, announce && newest[r.Attachment.PodUID] == r)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("repair %s/%s: %w", r.Attachment.Namespace, r.Attachment.Name, err))
+		}
+		if live {
+			attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
 		}
 	}
 	if s.NodePods != nil && s.Config.NodeName != "" {
@@ -841,17 +848,25 @@ func newestByPod(recs []*Record) map[string]*Record {
 	return out
 }
 
-func (s *Server) repairOne(ctx context.Context, r *Record, announce bool) error {
+// repairOne repairs one persisted attachment: live is false when its netns is gone (the record
+// is then released), true when the attachment stands (its rules re-applied by repairLive).
+func (s *Server) repairOne(ctx context.Context, r *Record, announce bool) (live bool, err error) {
 	defer s.lock(r.Key())()
 	// Re-read under the lock: a DEL may have removed it meanwhile.
 	cur, err := s.store.Load(r.Attachment.ContainerID, r.Attachment.Interface)
 	if err != nil || cur == nil {
-		return err
+		return false, err
 	}
 	if _, err := os.Stat(cur.Attachment.NetnsPath); errors.Is(err, os.ErrNotExist) {
 		s.Log.Info("repair: netns gone, releasing attachment", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
-		return s.release(ctx, cur.Attachment)
+		return false, s.release(ctx, cur.Attachment)
 	}
+	return true, s.repairLive(ctx, cur, announce)
+}
+
+// repairLive re-applies the capture rules of a live attachment and, with announce, announces
+// the pod to the dataplane.
+func (s *Server) repairLive(ctx context.Context, cur *Record, announce bool) error {
 	if !cur.Captured {
 		return nil
 	}

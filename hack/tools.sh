@@ -61,6 +61,13 @@ missing=()
 for p in $DEBIAN_PACKAGES; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
+# The image builds (images.Build) resolve and download Debian packages with apt: they need the
+# package lists, which a machine whose packages are all installed may not have.
+if ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
+  [ "$(id -u)" = 0 ] || fail "Debian package lists" "" "Run as root: sudo hack/tools.sh"
+  log "fetching the Debian package lists (apt-get update)"
+  apt-get update -q >/dev/null || fail "Debian package lists" "" "apt-get update failed; retry: hack/tools.sh"
+fi
 if [ ${#missing[@]} -gt 0 ]; then
   [ "$(id -u)" = 0 ] || fail "Debian packages" "${missing[*]}" "Run as root: sudo hack/tools.sh"
   log "installing Debian packages: ${missing[*]}"

@@ -72,10 +72,52 @@ func (m *Mesh) startNodesMesh(ctx context.Context, podB string) error {
 			return fmt.Errorf("start mesh: install aether in %s: %w", c.Name, err)
 		}
 	}
+	digests := map[string]string{}
+	for _, b := range built {
+		d, err := b.Image.Digest()
+		if err != nil {
+			return fmt.Errorf("start mesh: digest of %s: %w", b.Ref, err)
+		}
+		digests[b.Ref] = d.String()
+	}
 	for _, c := range s.Clusters {
 		if err := waitInstalled(ctx, c); err != nil {
 			return fmt.Errorf("start mesh: %w", err)
 		}
+		if err := runsBuiltImages(ctx, c, digests); err != nil {
+			return fmt.Errorf("start mesh: %w", err)
+		}
+	}
+	return nil
+}
+
+// runsBuiltImages checks that every container of aether's pods in cluster c runs the image
+// built here: the digest its runtime reports (status.containerStatuses[].imageID) is the one
+// images.Build made for the reference the pod names.
+func runsBuiltImages(ctx context.Context, c *substrate.Cluster, digests map[string]string) error {
+	pods, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	n := 0
+	for _, p := range pods.Items {
+		for _, st := range p.Status.ContainerStatuses {
+			want, ok := digests[st.Image]
+			if !ok {
+				// The runtime reports the normalized name: docker.io/library/<ref>.
+				want, ok = digests[strings.TrimPrefix(st.Image, "docker.io/library/")]
+			}
+			if !ok {
+				return fmt.Errorf("pod %s/%s container %s runs %s, not an image built here", p.Namespace, p.Name, st.Name, st.Image)
+			}
+			if !strings.HasSuffix(st.ImageID, "@"+want) {
+				return fmt.Errorf("pod %s/%s container %s runs %s (%s), want the digest built here %s", p.Namespace, p.Name, st.Name, st.Image, st.ImageID, want)
+			}
+			n++
+		}
+	}
+	if n == 0 {
+		return fmt.Errorf("no aether container runs in %s", c.Name)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/aethermesh/aether/e2e/substrate"
@@ -117,8 +118,10 @@ func rolledOut(ds *appsv1.DaemonSet) bool {
 // the node's pods back, the agent's pod comes back and puts aether-cni back in the chain, and
 // every meshed pod on the node is captured again: a pod whose sandbox came up before that
 // (through Flannel's chain alone) is deleted by the agent and its Deployment makes a captured
-// one. Through the mesh the Deployment's pod answers with the caller's identity; by pod IP,
-// plaintext to any meshed pod on the node is refused.
+// one. A bare pod created right after the reboot, before the agent is back, ends up running
+// captured or is deleted by the agent, never running uncaptured. Through the mesh the
+// Deployment's pod answers with the caller's identity; by pod IP, plaintext to any meshed pod
+// on the node is refused.
 func (w *world) nodeReboot(t *testing.T, nl nodeLifecycle) {
 	ctx := context.Background()
 	kube := w.p.Kube(w.a)
@@ -149,6 +152,15 @@ func (w *world) nodeReboot(t *testing.T, nl nodeLifecycle) {
 	if err := nl.RebootNode(ctx, w.a, node); err != nil {
 		t.Fatal(err)
 	}
+	// A pod created at once, while the node's agent is not back yet: its CNI ADD fails (or
+	// runs through Flannel's chain alone) until the agent is ready; it must end up running
+	// and captured.
+	late := substrate.EchoPod(ns, "late", node, w.a, echoCmd)
+	late.Spec.Containers[0].Image = echoImg
+	if _, err := kube.CoreV1().Pods(ns).Create(ctx, late, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = kube.CoreV1().Pods(ns).Delete(context.Background(), "late", metav1.DeleteOptions{}) })
 	testenv.Eventually(t, 4*time.Minute, "the agent back on "+node, func() error {
 		pod, err := agentPod(ctx, kube, node)
 		if err != nil {
@@ -174,6 +186,24 @@ func (w *world) nodeReboot(t *testing.T, nl nodeLifecycle) {
 		return nil
 	})
 	t.Logf("before the reboot %s answered, after it %s", first.Server, again.Server)
+	// The late pod ends up running (captured: checked below with every pod of the node) or
+	// deleted by the agent (it started through Flannel's chain alone; a bare pod is not
+	// recreated), never running uncaptured.
+	testenv.Eventually(t, 3*time.Minute, "pod late running or deleted", func() error {
+		p, err := kube.CoreV1().Pods(ns).Get(ctx, "late", metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			t.Log("pod late was deleted by the agent (it started uncaptured)")
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if p.Status.Phase != corev1.PodRunning || p.Status.PodIP == "" {
+			return fmt.Errorf("phase %s", p.Status.Phase)
+		}
+		t.Logf("pod late running at %s", p.Status.PodIP)
+		return nil
+	})
 	// Every meshed pod on the rebooted node is captured: plaintext by pod IP is refused.
 	pods, err := kube.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=" + node})
 	if err != nil {
