@@ -257,3 +257,13 @@ func (m *Mesh) HelmUpgrade(ctx context.Context, cluster string, set ...string) e
 	}
 	return nil
 }
+
+// Workload returns how a pod runs test workload name ("echo", "client", "serverfirst") on this
+// mesh: on real nodes the command on the PATH of images.WorkloadsImage and that image; on the
+// kubelet stand-in the binary's path on this machine (the image is ignored).
+func (m *Mesh) Workload(name string) (command, image string) {
+	if m.opts.RealNodes {
+		return name, images.WorkloadsImage
+	}
+	return m.Bins[name], "aether.local/" + name
+}

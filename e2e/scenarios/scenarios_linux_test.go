@@ -60,41 +60,37 @@ func TestScenarios(t *testing.T) {
 
 // startLocal starts a mesh on the local substrate, stopped when t ends.
 func startLocal(t *testing.T, identical bool) ClusterPair {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	start := time.Now()
-	m, err := mesh.StartMesh(ctx, mesh.Options{IdenticalPodCIDRs: identical, BinDir: sharedBins(t),
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("mesh up in %s (substrate %s)", time.Since(start).Round(time.Millisecond), m.StartupTime.Round(time.Millisecond))
-	t.Cleanup(func() {
-		if t.Failed() && *holdFlag > 0 {
-			t.Logf("holding the failed pair for %s: substrate %s, mesh %s", *holdFlag, m.Substrate.Dir, m.Dir)
-			time.Sleep(*holdFlag)
-		}
-		m.Stop()
-	})
+	m := startMesh(t, mesh.Options{IdenticalPodCIDRs: identical})
 	checkRegistryAuth(t, m)
 	return &localPair{m: m}
 }
 
 // startNodes starts a mesh on the local substrate's real nodes, aether installed from the Helm
 // chart, and returns it as the same pair the kind clusters are (the scenarios reach it through
-// its API servers and kubectl-like exec only); stopped when t ends.
+// its API servers and kubectl-like exec only), plus the node lifecycle; stopped when t ends.
 func startNodes(t *testing.T, identical bool) ClusterPair {
+	m := startMesh(t, mesh.Options{IdenticalPodCIDRs: identical, RealNodes: true})
+	p, err := openRealPair(m.Clusters[0].Kubeconfig, m.Clusters[1].Kubeconfig, substrateNodes{m.Substrate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &nodesPair{kindPair: p, m: m}
+}
+
+// startMesh starts a mesh with opts (the shared binaries, warnings logged) and stops it when t
+// ends (after -hold on failure).
+func startMesh(t *testing.T, opts mesh.Options) *mesh.Mesh {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	start := time.Now()
-	m, err := mesh.StartMesh(ctx, mesh.Options{IdenticalPodCIDRs: identical, BinDir: sharedBins(t), RealNodes: true,
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	opts.BinDir = sharedBins(t)
+	opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	m, err := mesh.StartMesh(ctx, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("mesh on real nodes up in %s (substrate %s)", time.Since(start).Round(time.Millisecond), m.StartupTime.Round(time.Millisecond))
+	t.Logf("mesh up in %s (substrate %s, real nodes %v)", time.Since(start).Round(time.Millisecond), m.StartupTime.Round(time.Millisecond), opts.RealNodes)
 	t.Cleanup(func() {
 		if t.Failed() && *holdFlag > 0 {
 			t.Logf("holding the failed pair for %s: substrate %s, mesh %s", *holdFlag, m.Substrate.Dir, m.Dir)
@@ -102,11 +98,7 @@ func startNodes(t *testing.T, identical bool) ClusterPair {
 		}
 		m.Stop()
 	})
-	p, err := openRealPair(m.Clusters[0].Kubeconfig, m.Clusters[1].Kubeconfig, substrateNodes{m.Substrate})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &nodesPair{kindPair: p, m: m}
+	return m
 }
 
 var bins struct {

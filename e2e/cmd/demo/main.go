@@ -39,17 +39,20 @@ import (
 
 	"github.com/aethermesh/aether/e2e/mesh"
 	"github.com/aethermesh/aether/e2e/substrate"
+	"github.com/aethermesh/aether/internal/testenv"
 )
 
 type config struct {
 	stateDir string
 	requests int
+	standIn  bool
 }
 
 func main() {
 	var cfg config
 	flag.StringVar(&cfg.stateDir, "state-dir", "/run/aether-demo", "where demo.env and the ready mark go")
 	flag.IntVar(&cfg.requests, "requests", 4, "requests the client sends to beta")
+	flag.BoolVar(&cfg.standIn, "stand-in", false, "run the nodes as the substrate's fast kubelet stand-in (pods as processes, aether as node processes) instead of real nodes with aether installed by its Helm chart")
 	flag.Parse()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -71,10 +74,14 @@ func run(ctx context.Context, cfg config) (err error) {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
-	step("building aether and starting two clusters (alpha, beta: 2 nodes each) with an agent and Envoy per node")
+	if cfg.standIn {
+		step("building aether and starting two clusters (alpha, beta: 2 nodes each, the fast kubelet stand-in) with an agent and Envoy per node")
+	} else {
+		step("building aether's images and starting two clusters (alpha, beta: 2 real nodes each: containerd, kubelet, kube-proxy), then helm install aether in each")
+	}
 	// Directories are kept so a failed demo leaves its logs; a clean stop removes them, and
 	// `make demo-down` removes what the dirs file lists.
-	m, err := mesh.StartMesh(sctx, mesh.Options{Logger: log, KeepDir: true})
+	m, err := mesh.StartMesh(sctx, mesh.Options{Logger: log, KeepDir: true, RealNodes: !cfg.standIn})
 	if err != nil {
 		return err
 	}
@@ -104,7 +111,8 @@ func run(ctx context.Context, cfg config) (err error) {
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for sent := 0; sent < cfg.requests; {
-		out, err := alpha.ExecInPod(sctx, ns, "client", m.Bins["client"], "-timeout", "3s", "http", url)
+		client, _ := m.Workload("client")
+		out, err := alpha.ExecInPod(sctx, ns, "client", client, "-timeout", "3s", "http", url)
 		var r reply
 		if err == nil {
 			err = json.Unmarshal(out, &r)
@@ -172,8 +180,10 @@ func deploySample(ctx context.Context, m *mesh.Mesh) error {
 		return fmt.Errorf("deploy sample: %w", err)
 	}
 	var pods []*corev1.Pod
+	echoCmd, echoImg := m.Workload("echo")
 	for i, n := range beta.Nodes {
-		p := substrate.EchoPod(ns, helloPod(i), n.Name, beta.Name, m.Bins["echo"])
+		p := substrate.EchoPod(ns, helloPod(i), n.Name, beta.Name, echoCmd)
+		p.Spec.Containers[0].Image = echoImg
 		p.Labels["app"] = "hello"
 		p.Spec.ServiceAccountName = "hello"
 		pods = append(pods, p)
@@ -183,7 +193,9 @@ func deploySample(ctx context.Context, m *mesh.Mesh) error {
 			return fmt.Errorf("deploy sample: %w", err)
 		}
 	}
-	client := substrate.ClientPod(ns, "client", alpha.Nodes[0].Name, alpha.Name, m.Bins["client"])
+	clientCmd, clientImg := m.Workload("client")
+	client := substrate.ClientPod(ns, "client", alpha.Nodes[0].Name, alpha.Name, clientCmd)
+	client.Spec.Containers[0].Image = clientImg
 	client.Spec.ServiceAccountName = "client"
 	if _, err := alpha.Client.CoreV1().Pods(ns).Create(ctx, client, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("deploy sample: %w", err)
@@ -237,10 +249,25 @@ func lookFurther(m *mesh.Mesh, beta string) string {
   curl -s --unix-socket %s 'http://envoy/stats?filter=^tcp\.waypoint\.'   # beta-node1's waypoint counters per service
   nsenter --net=%s curl -s 127.0.0.1:15021/readyz              # alpha-node1's agent (metrics on :15020, Envoy's on :15090)
   nsenter --net=%s dig @%s hello.%s.svc.clusterset.local        # the agent's DNS
-  logs: %s/logs/<node>/aether-agent.log, %s/logs/<cluster>/aether-registrar.log
+`, a.Kubeconfig, bc.Kubeconfig, n.HostPath(envoyAdmin), bn.HostPath(envoyAdmin), bn.HostPath(envoyAdmin), n.Netns.Path, n.Netns.Path, n.Plan.IP.String()+" -p 18054", ns)
+	if mnt := n.MountNamespace(); mnt != "" {
+		crictl := "crictl"
+		if tl, err := testenv.FindTools(); err == nil {
+			crictl = tl.Crictl
+		}
+		// Real nodes: aether is the Helm release's pods; kubectl reaches them.
+		name := "hello." + ns + ".svc.clusterset.local"
+		fmt.Fprintf(&b, `  kubectl --kubeconfig %[1]s -n aether-system get pods -o wide   # the agent DaemonSet (agent + Envoy per node) and the registrar
+  kubectl --kubeconfig %[1]s -n aether-system logs ds/aether-agent -c agent     # an agent's log
+  kubectl --kubeconfig %[1]s -n %[2]s exec client -- client -timeout 3s http http://%[3]s/   # a request from the client pod
+  kubectl --kubeconfig %[1]s -n %[2]s exec client -- client resolve %[3]s                   # its DNS answer (the clusterset VIP)
+  nsenter --net=%[4]s --mount=%[5]s %[6]s ps             # alpha-node1's containers (crictl inside the node)
+  node logs: %[7]s/logs/<node>/{containerd,kubelet,kube-proxy}.log
   everything above is in /run/aether-demo/demo.env
-`, a.Kubeconfig, bc.Kubeconfig, n.HostPath(envoyAdmin), bn.HostPath(envoyAdmin), bn.HostPath(envoyAdmin), n.Netns.Path, n.Netns.Path, n.Plan.IP.String()+" -p 18054", ns,
-		m.Substrate.Dir, m.Substrate.Dir)
+`, a.Kubeconfig, ns, name, n.Netns.Path, mnt, crictl, m.Substrate.Dir)
+	} else {
+		fmt.Fprintf(&b, "  logs: %s/logs/<node>/aether-agent.log, %s/logs/<cluster>/aether-registrar.log\n  everything above is in /run/aether-demo/demo.env\n", m.Substrate.Dir, m.Substrate.Dir)
+	}
 	if sb, _, ok := a.Sandbox(ns, "client"); ok && sb.Netns != nil {
 		// The client pod's own namespace: its DNS to kube-dns is DNAT'ed to its node's agent,
 		// and its connections are captured by the node's Envoy, as for the demo's requests.
