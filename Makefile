@@ -21,8 +21,9 @@ test:
 lint: tools
 	hack/test.sh --lint-only
 
-## demo: two local clusters with aether in the background, a sample service exported from beta
-## called from alpha through the waypoint (docs/demo.md); runs as root. demo-down stops it.
+## demo: two local clusters of real nodes with aether (Helm chart) in the background, a sample
+## service exported from beta called from alpha through the waypoint (docs/demo.md); runs as
+## root. DEMO_FLAGS=-stand-in uses the fast kubelet stand-in. demo-down stops it.
 demo:
 	hack/demo.sh up
 

@@ -34,7 +34,8 @@ case "${1:-up}" in
     # The demo process owns every cluster process (they die with it): run it in its own session.
     # The log exists before the background job opens it, so the loop below can always read it.
     : >"$state/demo.log"
-    setsid "$state/demo" -state-dir "$state" >>"$state/demo.log" 2>"$state/demo.err" </dev/null &
+    # shellcheck disable=SC2086 # DEMO_FLAGS is a list of flags
+    setsid "$state/demo" -state-dir "$state" ${DEMO_FLAGS:-} >>"$state/demo.log" 2>"$state/demo.err" </dev/null &
     echo $! >"$state/demo.pid"
     printed=0
     while ! [ -f "$state/ready" ]; do

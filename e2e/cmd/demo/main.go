@@ -261,7 +261,7 @@ func lookFurther(m *mesh.Mesh, beta string) string {
   kubectl --kubeconfig %[1]s -n aether-system logs ds/aether-agent -c agent     # an agent's log
   kubectl --kubeconfig %[1]s -n %[2]s exec client -- client -timeout 3s http http://%[3]s/   # a request from the client pod
   kubectl --kubeconfig %[1]s -n %[2]s exec client -- client resolve %[3]s                   # its DNS answer (the clusterset VIP)
-  nsenter --net=%[4]s --mount=%[5]s %[6]s ps             # alpha-node1's containers (crictl inside the node)
+  nsenter --net=%[4]s --mount=%[5]s %[6]s -r unix:///run/containerd/containerd.sock ps   # alpha-node1's containers (crictl inside the node)
   node logs: %[7]s/logs/<node>/{containerd,kubelet,kube-proxy}.log
   everything above is in /run/aether-demo/demo.env
 `, a.Kubeconfig, ns, name, n.Netns.Path, mnt, crictl, m.Substrate.Dir)

@@ -129,7 +129,7 @@ func describe(s *substrate.Substrate, bins map[string]string) string {
 				if tl, err := testenv.FindTools(); err == nil {
 					crictl = tl.Crictl
 				}
-				fmt.Fprintf(&b, "AESUB_%s_MNTNS=%s  # nsenter --net=$AESUB_%s_NETNS --mount=$AESUB_%s_MNTNS %s ps\n", v, m, v, v, crictl)
+				fmt.Fprintf(&b, "AESUB_%s_MNTNS=%s  # nsenter --net=$AESUB_%s_NETNS --mount=$AESUB_%s_MNTNS %s -r unix:///run/containerd/containerd.sock ps\n", v, m, v, v, crictl)
 			}
 		}
 	}
