@@ -190,9 +190,10 @@ func StartKubeAPIServer(ctx context.Context, opts KubeAPIServerOptions) (*KubeAP
 	// Stop waiting when the API server exits (a bad flag ends it at once).
 	wctx, wcancel := context.WithCancelCause(ctx)
 	defer wcancel(nil)
+	exited := s.waits[len(s.waits)-1] // read here: RestartAPIServer appends to s.waits later
 	go func() {
 		select {
-		case <-s.waits[len(s.waits)-1]:
+		case <-exited:
 			wcancel(fmt.Errorf("kube-apiserver exited"))
 		case <-wctx.Done():
 		}
