@@ -355,10 +355,11 @@ func (p *kindPair) RestartAgent(ctx context.Context, cluster, node string) error
 		return fmt.Errorf("restart agent on %s: %w", node, err)
 	}
 	before := restarts(pod, agentContainer)
-	var out bytes.Buffer
+	// Separate buffers: client-go copies stdout and stderr concurrently.
+	var out, errb bytes.Buffer
 	// The stream may end with an error when the container exits under it: the restart count
 	// below is what tells.
-	_ = execIn(ctx, c, aetherNamespace, pod.Name, agentContainer, []string{"sh", "-c", "kill -TERM 1"}, nil, &out, &out)
+	_ = execIn(ctx, c, aetherNamespace, pod.Name, agentContainer, []string{"sh", "-c", "kill -TERM 1"}, nil, &out, &errb)
 	for {
 		pod, err = c.kube.CoreV1().Pods(aetherNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err == nil && restarts(pod, agentContainer) > before && containerReady(pod, agentContainer) {
@@ -366,7 +367,7 @@ func (p *kindPair) RestartAgent(ctx context.Context, cluster, node string) error
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("restart agent on %s: not restarted and ready (%s): %w", node, bytes.TrimSpace(out.Bytes()), ctx.Err())
+			return fmt.Errorf("restart agent on %s: not restarted and ready (%s%s): %w", node, bytes.TrimSpace(out.Bytes()), bytes.TrimSpace(errb.Bytes()), ctx.Err())
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
