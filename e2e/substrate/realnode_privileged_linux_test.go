@@ -3,9 +3,12 @@
 package substrate
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,8 +34,8 @@ func realPod(p *corev1.Pod, name string) *corev1.Pod {
 
 // TestPrivilegedRealNodes: one cluster of two real nodes (containerd, runc, kubelet, kube-proxy;
 // kube-controller-manager, kube-scheduler, CoreDNS): images pulled from the substrate's registry,
-// a Secret volume read through pods/exec, pod logs and exec through the real kubectl, the pod's
-// hostname, HTTP across nodes to the pod IP, to the Service's ClusterIP (kube-proxy) and to its
+// a Secret volume read through pods/exec, pod logs, exec and port-forward through the real
+// kubectl, the pod's hostname, HTTP across nodes to the pod IP, to the Service's ClusterIP (kube-proxy) and to its
 // DNS name (CoreDNS), a Deployment's pods scheduled by kube-scheduler; after Stop, no cgroup,
 // mount or process of the run is left.
 func TestPrivilegedRealNodes(t *testing.T) {
@@ -108,6 +111,32 @@ func TestPrivilegedRealNodes(t *testing.T) {
 	}
 	if got := kubectl("logs", "echo"); !strings.Contains(got, "serving HTTP") {
 		t.Errorf("kubectl logs echo = %q, want the echo's start-up lines", got)
+	}
+	// kubectl port-forward (pods/portforward through the API server and the kubelet): a local
+	// port on this machine reaches the echo pod's HTTP port.
+	pf := exec.CommandContext(ctx, filepath.Join(tl.KubernetesDir, "kubectl"), "--kubeconfig", c.Kubeconfig, "-n", ns,
+		"port-forward", "pod/echo", fmt.Sprintf(":%d", EchoHTTPPort))
+	pfOut, err := pf.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pf.Process.Kill(); _ = pf.Wait() })
+	line, err := bufio.NewReader(pfOut).ReadString('\n')
+	var local string
+	if _, serr := fmt.Sscanf(line, "Forwarding from %s -> ", &local); err != nil || serr != nil {
+		t.Fatalf("kubectl port-forward printed %q (%v, %v)", line, err, serr)
+	}
+	resp, err := http.Get("http://" + local + "/")
+	if err != nil {
+		t.Fatalf("GET through kubectl port-forward %s: %v", local, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `"server":"echo"`) {
+		t.Errorf("through kubectl port-forward: %s", body)
 	}
 
 	// Traffic between the nodes: pod IP (Flannel's vxlan), ClusterIP (kube-proxy), DNS name
