@@ -43,7 +43,6 @@ const ImageRegistryPort = 5000
 // (apiserver.k8s.io/v1beta1 EgressSelectorConfiguration, transport uds). The substrate serves it
 // on a unix socket and dials inside the underlay, only to node addresses of the plan.
 type egressProxy struct {
-	sock    string
 	srv     *http.Server
 	allowed func(netip.Addr) bool
 	dial    func(ctx context.Context, addr string) (net.Conn, error)
@@ -97,7 +96,6 @@ func (s *Substrate) startEgressProxy() (string, error) {
 		return "", fmt.Errorf("egress proxy: %w", err)
 	}
 	p := &egressProxy{
-		sock: sock,
 		allowed: func(a netip.Addr) bool {
 			for _, c := range s.Plan.Clusters {
 				for _, n := range c.Nodes {
@@ -349,13 +347,4 @@ func (c *Cluster) execInPodAPI(ctx context.Context, ns, name string, argv []stri
 		return []byte(stdout.String()), fmt.Errorf("exec %s in pod %s/%s of %s: %w: %s", argv[0], ns, name, c.Name, err, strings.TrimSpace(stderr.String()))
 	}
 	return []byte(stdout.String()), nil
-}
-
-// PodLogs returns the logs of a pod's container (kubectl logs).
-func (c *Cluster) PodLogs(ctx context.Context, ns, name, container string) (string, error) {
-	b, err := c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: container}).DoRaw(ctx)
-	if err != nil {
-		return "", fmt.Errorf("logs of pod %s/%s of %s: %w", ns, name, c.Name, err)
-	}
-	return string(b), nil
 }

@@ -17,34 +17,24 @@ var Workloads = []string{"echo", "serverfirst", "client"}
 // statically (CGO_ENABLED=0), and returns each binary's path by name. It runs from the
 // repository root (testenv.RepoRoot).
 func BuildWorkloads(ctx context.Context, outDir string) (map[string]string, error) {
-	var pkgs []string
-	for _, w := range Workloads {
-		pkgs = append(pkgs, "./e2e/workloads/"+w)
-	}
-	return buildPrograms(ctx, outDir, pkgs...)
-}
-
-// buildPrograms builds main packages (paths relative to the repository root) into outDir,
-// statically (CGO_ENABLED=0), and returns each binary's path by its name.
-func buildPrograms(ctx context.Context, outDir string, pkgs ...string) (map[string]string, error) {
 	root, err := testenv.RepoRoot()
 	if err != nil {
-		return nil, fmt.Errorf("build %v: %w", pkgs, err)
+		return nil, fmt.Errorf("build workloads: %w", err)
 	}
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
-		return nil, fmt.Errorf("build %v: %w", pkgs, err)
+		return nil, fmt.Errorf("build workloads: %w", err)
 	}
 	args := []string{"build", "-o", outDir + "/"}
 	out := map[string]string{}
-	for _, p := range pkgs {
-		args = append(args, p)
-		out[filepath.Base(p)] = filepath.Join(outDir, filepath.Base(p))
+	for _, w := range Workloads {
+		args = append(args, "./e2e/workloads/"+w)
+		out[w] = filepath.Join(outDir, w)
 	}
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("build %v: %w: %s", pkgs, err, b)
+		return nil, fmt.Errorf("build workloads: %w: %s", err, b)
 	}
 	return out, nil
 }
