@@ -36,7 +36,13 @@ type Route struct {
 	// Parents are the route's mesh parentRefs (kind Service or ServiceImport); a parentRef of any
 	// other kind (a Gateway) is not the mesh's and is not listed.
 	Parents []ParentRef
-	Rules   []RouteRule
+	// GatewayParents are the route's parentRefs of kind Gateway (edge Gateways,
+	// docs/gateway.md); ResolveRoutes ignores them, ResolveGateways binds them.
+	GatewayParents []GatewayParentRef
+	// Hostnames are spec.hostnames (HTTPRoute, GRPCRoute, TLSRoute), lower case; GAMMA does not
+	// interpret them (GEP-1294), Gateway listeners intersect them with their own.
+	Hostnames []string
+	Rules     []RouteRule
 }
 
 // ParentKind is the kind of a mesh parentRef.
