@@ -143,6 +143,11 @@ type Config struct {
 
 	EastWestWaypoint bool // --east-west-waypoint
 
+	// EdgeCertificateNamespace is where the registrar publishes edge Gateways' listener
+	// certificates (--edge-certificate-namespace, POD_NAMESPACE; docs/gateway.md); "" turns
+	// serving edge Gateways' TLS listeners off (the agent then needs no Secret access).
+	EdgeCertificateNamespace string
+
 	LogLevel slog.Level // --log-level: debug, info, warn, error
 }
 
@@ -169,6 +174,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.StringVar(&c.Zone, "zone", "AETHER_ZONE", "", "zone of this node's endpoints and locality (default: the Node's topology.kubernetes.io/zone label)")
 	ef.StringVar(&c.MeshDomain, "mesh-domain", "AETHER_MESH_DOMAIN", "mesh", "DNS domain of mesh names")
 	ef.StringVar(&c.TrustDomain, "trust-domain", "AETHER_TRUST_DOMAIN", "aether.internal", "SPIFFE trust domain")
+	ef.StringVar(&c.EdgeCertificateNamespace, "edge-certificate-namespace", "POD_NAMESPACE", "", "namespace where the registrar publishes edge Gateways' listener certificates (aether's own); empty: HTTPS and TLS-terminating edge listeners are not served from this node")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
 	c.Registry.Define(ef, registryflag.Usage{})
 	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease; its keepalives (every TTL/3) tell the agent the registry answers (without a lease it reads the registry every TTL/3), and endpoint deletions are held 2 x TTL after a failed round trip")

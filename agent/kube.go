@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -31,13 +33,18 @@ type KubeSource struct {
 	nodeName string
 	cs       kubernetes.Interface
 
-	factories    []interface{ Start(<-chan struct{}) }
-	synced       []cache.InformerSynced
-	namespaces   corelisters.NamespaceLister
-	services     corelisters.ServiceLister
-	pods         corelisters.PodLister
-	nodes        corelisters.NodeLister
-	imports      mcslisters.ServiceImportLister
+	factories  []interface{ Start(<-chan struct{}) }
+	synced     []cache.InformerSynced
+	namespaces corelisters.NamespaceLister
+	services   corelisters.ServiceLister
+	pods       corelisters.PodLister
+	nodes      corelisters.NodeLister
+	imports    mcslisters.ServiceImportLister
+	// certs are the edge listener certificates the registrar publishes (WatchEdgeCertificates);
+	// nil when not watched.
+	certs        corelisters.SecretLister
+	resync       time.Duration
+	onChange     func()
 	mu           sync.Mutex
 	lastWatchErr error
 }
@@ -49,7 +56,7 @@ func NewKubeSource(cs kubernetes.Interface, mcs mcsclient.Interface, nodeName st
 	if nodeName == "" {
 		return nil, fmt.Errorf("kube source: node name is empty")
 	}
-	k := &KubeSource{nodeName: nodeName, cs: cs}
+	k := &KubeSource{nodeName: nodeName, cs: cs, resync: resync, onChange: onChange}
 	all := informers.NewSharedInformerFactory(cs, resync)
 	onNode := informers.NewSharedInformerFactoryWithOptions(cs, resync, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", nodeName).String()
@@ -87,6 +94,29 @@ func NewKubeSource(cs kubernetes.Interface, mcs mcsclient.Interface, nodeName st
 	k.namespaces, k.services, k.pods, k.nodes, k.imports = ns.Lister(), svc.Lister(), pod.Lister(), node.Lister(), imp.Lister()
 	k.factories = []interface{ Start(<-chan struct{}) }{all, onNode, thisNode, mf}
 	return k, nil
+}
+
+// WatchEdgeCertificates adds, before Start, an informer on the Secrets of namespace (aether's)
+// labelled model.LabelEdgeCertificate "true": the edge Gateways' listener certificates, which the
+// registrar copies there so that agents need not read Secrets anywhere else (docs/gateway.md).
+func (k *KubeSource) WatchEdgeCertificates(namespace string) error {
+	f := informers.NewSharedInformerFactoryWithOptions(k.cs, k.resync, informers.WithNamespace(namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.LabelSelector = model.LabelEdgeCertificate + "=true"
+		}))
+	inf := f.Core().V1().Secrets()
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { k.onChange() },
+		UpdateFunc: func(any, any) { k.onChange() },
+		DeleteFunc: func(any) { k.onChange() },
+	}
+	if _, err := inf.Informer().AddEventHandler(h); err != nil {
+		return fmt.Errorf("kube source: add event handler: %w", err)
+	}
+	k.synced = append(k.synced, inf.Informer().HasSynced)
+	k.certs = inf.Lister()
+	k.factories = append(k.factories, f)
+	return nil
 }
 
 // Start starts the informers, which run until ctx is done, and waits up to syncTimeout until they
@@ -132,6 +162,21 @@ func (k *KubeSource) Fill(s *model.Sources) error {
 	s.MeshNamespaces = map[string]bool{}
 	for _, n := range nss {
 		s.MeshNamespaces[n.Name] = true
+	}
+	all, err := k.namespaces.List(labels.Everything())
+	if err != nil {
+		return fmt.Errorf("list namespaces: %w", err)
+	}
+	s.Edge.NamespaceLabels = make(map[string]map[string]string, len(all))
+	for _, n := range all {
+		s.Edge.NamespaceLabels[n.Name] = n.Labels
+	}
+	s.Edge.Certificates = nil
+	if k.certs != nil {
+		if s.Edge.Certificates, err = k.certs.List(labels.Everything()); err != nil {
+			return fmt.Errorf("list edge certificates: %w", err)
+		}
+		slices.SortFunc(s.Edge.Certificates, func(a, b *corev1.Secret) int { return strings.Compare(a.Name, b.Name) })
 	}
 	svcs, err := k.services.List(labels.Everything())
 	if err != nil {

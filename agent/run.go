@@ -156,6 +156,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}()
 	}
 
+	if cfg.EdgeCertificateNamespace != "" {
+		if err := kube.WatchEdgeCertificates(cfg.EdgeCertificateNamespace); err != nil {
+			return err
+		}
+	}
 	if err := kube.Start(ctx, 2*time.Minute); err != nil {
 		return err
 	}
@@ -273,6 +278,22 @@ func Run(ctx context.Context, cfg Config) error {
 	push.served = metrics.lastPush.SetToCurrentTime
 	go push.run(ctx)
 	asm.Subscribe(push.offer)
+	// Edge Gateways' pods on this node get their Gateway's configuration over ADS inside their
+	// own netns (docs/gateway.md).
+	edgeSrv := newEdges(log.With("part", "edge"), ca, xds.Options{EastWestWaypoint: cfg.EastWestWaypoint})
+	edgeLatest := make(chan *model.Mesh, 1)
+	asm.Subscribe(func(m *model.Mesh) { replaceLatest(edgeLatest, m) })
+	go func() {
+		defer edgeSrv.stopAll()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case m := <-edgeLatest:
+				edgeSrv.update(ctx, m)
+			}
+		}
+	}()
 	if err := startEnvoy(ctx, cfg, ready, log.With("part", "envoy")); err != nil {
 		return err
 	}

@@ -101,6 +101,25 @@ type Sources struct {
 	// consumer route lives in its callers' namespace).
 	HTTPRoutes []*gwv1.HTTPRoute
 	GRPCRoutes []*gwv1.GRPCRoute
+	// Edge holds the Gateway API objects of edge Gateways (docs/gateway.md); empty fields where
+	// the CRDs are not installed.
+	Edge EdgeSources
+}
+
+// EdgeSources are the inputs of the edge Gateways an agent serves: the cluster's Gateway API
+// objects, every namespace's labels (allowedRoutes selectors) and the listener certificates the
+// registrar published for the agents.
+type EdgeSources struct {
+	GatewayClasses  []*gwv1.GatewayClass
+	Gateways        []*gwv1.Gateway
+	ReferenceGrants []*gwv1.ReferenceGrant
+	TCPRoutes       []*gwv1.TCPRoute
+	TLSRoutes       []*gwv1.TLSRoute
+	UDPRoutes       []*gwv1.UDPRoute
+	NamespaceLabels map[string]map[string]string
+	// Certificates are the Secrets labelled LabelEdgeCertificate in aether's namespace, each the
+	// copy of the certificateRef its AnnotationCertificateRef names.
+	Certificates []*corev1.Secret
 }
 
 // Assemble joins Sources into a Mesh of the given version, following DESIGN.md's service model:
@@ -335,6 +354,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 	m := New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
 	m.skipped = skipped
 	m.Routing, m.routeStatuses = ResolveRoutes(m.byKey, routes)
+	assembleEdges(m, in, routes)
 	return m
 }
 

@@ -44,6 +44,10 @@ type Mesh struct {
 	// Routing is the GAMMA routes bound to the services (ResolveRoutes); nil or empty when there
 	// are none.
 	Routing *Routing
+	// Gateways are the cluster's accepted edge Gateways with their programmed listeners
+	// (ResolveGateways), sorted by key; EdgePods are this node's pods that serve one of them.
+	Gateways []*EdgeGateway
+	EdgePods []EdgePod
 
 	routeStatuses []RouteStatus
 	byKey         map[ServiceKey]*Service
