@@ -13,6 +13,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	udpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/udp/udp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -59,7 +60,8 @@ func edgeRouteName(port uint32, listener string) string {
 // TLS: tls_inspector, then one filter chain per listener selected by SNI, or per TLSRoute
 // hostname for passthrough; TCP: tcp_proxy), the outbound clusters and EDS resources of every
 // backend the routes name, and the secrets (the SVID, the bundle, the listeners' certificates).
-// UDP listeners are not served yet (Resources.Warnings says so). Errors name the listener.
+// UDP: udp_proxy, datagrams unencrypted to the backends' pods, see edgeUDP). Errors name the
+// listener.
 func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundlePEM []byte, opts Options) (*Resources, error) {
 	if err := opts.check(); err != nil {
 		return nil, fmt.Errorf("build edge %s: %w", g.Key, err)
@@ -80,12 +82,18 @@ func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundleP
 		if err != nil {
 			return nil, fmt.Errorf("build edge %s: port %d: %w", g.Key, p.Port, err)
 		}
-		if l == nil {
-			r.Warnings = append(r.Warnings, fmt.Sprintf("edge %s: port %d: UDP listeners are not served yet", g.Key, p.Port))
-			continue
+		if l != nil {
+			r.Listeners = append(r.Listeners, l)
+			r.Routes = append(r.Routes, routes...)
 		}
-		r.Listeners = append(r.Listeners, l)
-		r.Routes = append(r.Routes, routes...)
+		ul, uc, err := edgeUDP(m, g, p, opts)
+		if err != nil {
+			return nil, fmt.Errorf("build edge %s: port %d: %w", g.Key, p.Port, err)
+		}
+		if ul != nil {
+			r.Listeners = append(r.Listeners, ul)
+			r.Clusters = append(r.Clusters, uc)
+		}
 	}
 	for _, k := range slices.SortedFunc(func(yield func(model.ServiceKey) bool) {
 		for k := range backends {
@@ -129,10 +137,10 @@ func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundleP
 
 // edgeListener builds the listener of port p of g and its route configurations, adding the
 // certificates it presents to certs and the services its routes send to to backends. It returns
-// a nil listener for a UDP port.
+// a nil listener when the port has only UDP listeners (edgeUDP serves those).
 func (b *builder) edgeListener(g *model.EdgeGateway, p model.EdgePort, id string, certs map[model.SecretKey]model.Certificate, backends map[model.ServiceKey]bool) (*listenerv3.Listener, []*routev3.RouteConfiguration, error) {
-	if len(p.Listeners) == 0 || p.Listeners[0].Protocol == model.ListenerUDP {
-		return nil, nil, nil
+	if !slices.ContainsFunc(p.Listeners, func(el model.EdgeListener) bool { return el.Protocol != model.ListenerUDP }) {
+		return nil, nil, nil // UDP only: edgeUDP
 	}
 	idf, err := identityListenerFilter(id)
 	if err != nil {
@@ -385,4 +393,92 @@ func edgeTCPProxy(m *model.Mesh, el model.EdgeListener, routes []model.EdgeL4Rou
 		tp.ClusterSpecifier = &tcpv3.TcpProxy_WeightedClusters{WeightedClusters: &tcpv3.TcpProxy_WeightedCluster{Clusters: wcs}}
 	}
 	return xdsproto.NetworkFilter("envoy.filters.network.tcp_proxy", tp)
+}
+
+// edgeUDPListenerName is the Envoy listener of a UDP Gateway port ("gateway|udp|<port>"): UDP
+// and TCP listeners may share a port number.
+func edgeUDPListenerName(port uint32) string {
+	return "gateway|udp|" + strconv.FormatUint(uint64(port), 10)
+}
+
+// edgeUDP is the UDP listener of port p (udp_proxy) and its cluster: the first UDPRoute bound to
+// the port's listener, its backends' pods in one static cluster, each pod weighted by its
+// backend's weight over the backend's pod count (udp_proxy has no weighted clusters). UDP is not
+// carried over mTLS (there is no mesh UDP transport; the waypoint carries TLS only), so the
+// datagrams go in the clear to pod_ip:targetPort: only this cluster's pods, and with
+// EastWestWaypoint off (pod IPs routable between clusters) every exporting cluster's. Sessions
+// (one per client address and port) stick to one pod and end after udp_proxy's idle timeout
+// (60 s). It returns a nil listener when no route is bound.
+func edgeUDP(m *model.Mesh, g *model.EdgeGateway, p model.EdgePort, opts Options) (*listenerv3.Listener, *clusterv3.Cluster, error) {
+	var rt *model.EdgeL4Route
+	for _, el := range p.Listeners {
+		if el.Protocol == model.ListenerUDP && len(el.L4) > 0 {
+			rt = &el.L4[0]
+			break
+		}
+	}
+	if rt == nil {
+		return nil, nil, nil
+	}
+	name := "udp|" + g.Key.String() + "|" + strconv.FormatUint(uint64(p.Port), 10)
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+	loc := &endpointv3.LocalityLbEndpoints{}
+	for _, bk := range rt.Backends {
+		s := m.Service(bk.Service)
+		if bk.Invalid != nil || bk.Weight <= 0 || s == nil {
+			continue
+		}
+		i := slices.IndexFunc(s.Ports, func(sp model.ServicePort) bool { return sp.Port == bk.Port })
+		if i < 0 {
+			continue
+		}
+		type target struct {
+			ip   string
+			port uint32
+		}
+		var ts []target
+		for _, ep := range m.Endpoints[bk.Service] {
+			if !ep.Healthy || (opts.viaWaypoint() && ep.Cluster != m.Cluster) {
+				continue
+			}
+			ip, ok := model.MeshAddr(ep.IPs)
+			port, pok := s.Ports[i].EndpointPort(&ep, m.Cluster)
+			if ok && pok {
+				ts = append(ts, target{ip.String(), port.Port})
+			}
+		}
+		for _, t := range ts {
+			a := xdsproto.SocketAddress(t.ip, t.port, "")
+			a.GetSocketAddress().Protocol = core.SocketAddress_UDP
+			// Weights are per endpoint: a backend's share spread over its pods (at least 1 each).
+			w := max(uint32(bk.Weight)*1000/uint32(len(ts)), 1)
+			loc.LbEndpoints = append(loc.LbEndpoints, &endpointv3.LbEndpoint{
+				HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: a}},
+				LoadBalancingWeight: wrapperspb.UInt32(w),
+			})
+		}
+	}
+	if len(loc.LbEndpoints) > 0 {
+		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{loc}
+	}
+	c := &clusterv3.Cluster{
+		Name:                 name,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
+		ConnectTimeout:       xdsproto.ConnectTimeout(opts.ConnectTimeout),
+		LoadAssignment:       cla,
+	}
+	up, err := xdsproto.ToAny(&udpv3.UdpProxyConfig{StatPrefix: "gateway_udp", RouteSpecifier: &udpv3.UdpProxyConfig_Cluster{Cluster: name}})
+	if err != nil {
+		return nil, nil, err
+	}
+	addr := xdsproto.SocketAddress("0.0.0.0", p.Port, "")
+	addr.GetSocketAddress().Protocol = core.SocketAddress_UDP
+	l := &listenerv3.Listener{
+		Name:              edgeUDPListenerName(p.Port),
+		Address:           addr,
+		UdpListenerConfig: &listenerv3.UdpListenerConfig{},
+		ListenerFilters: []*listenerv3.ListenerFilter{{Name: "envoy.filters.udp_listener.udp_proxy",
+			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: up}}},
+	}
+	return l, c, nil
 }

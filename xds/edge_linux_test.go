@@ -156,13 +156,19 @@ func edgeMesh(f *meshFixture, version uint64) *model.Mesh {
 			Ports: []model.EndpointPort{{Port: n.port, Protocol: model.ProtocolTCP}}, SPIFFEID: model.SPIFFEID(f.td, "web", "server"), Healthy: true}}
 		srv.Ports = append(srv.Ports, model.PodPort{Port: n.port, Protocol: model.ProtocolTCP})
 	}
+	udp := model.ServiceKey{Namespace: "web", Name: "udp"}
+	services = append(services, &model.Service{Key: udp, Local: true, VIPs: []netip.Addr{netip.MustParseAddr("10.96.1.9")},
+		Ports: []model.ServicePort{{Name: "dns", Port: 53, TargetPort: 5353, Protocol: model.ProtocolUDP}}})
+	eps[udp] = []model.Endpoint{{Service: udp, Cluster: "c1", PodName: "server", PodUID: "uid-server", IPs: []netip.Addr{f.ips["server"]}, NodeName: "node-1",
+		Ports: []model.EndpointPort{{Port: 5353, Protocol: model.ProtocolUDP}}, SPIFFEID: model.SPIFFEID(f.td, "web", "server"), Healthy: true}}
+	srv.Ports = append(srv.Ports, model.PodPort{Port: 5353, Protocol: model.ProtocolUDP})
 	return model.New(version, base.Cluster, base.MeshDomain, base.TrustDomain, base.Node, services, eps, pods)
 }
 
 // TestPrivilegedEdgeGateway drives a real edge Envoy, programmed by an EdgeServer in its pod's
 // network namespace, from a host outside the mesh: HTTP by Host to a meshed backend, which sees
 // the edge's SPIFFE ID in XFCC; HTTPS with two certificates chosen by SNI; TLS passthrough by
-// SNI (the backend's own certificate reaches the client); a TCP listener whose route splits 3:1
+// SNI (the backend's own certificate reaches the client); UDP datagrams to a pod; a TCP listener whose route splits 3:1
 // between two backends, observed over many connections; a host no route names answered 404.
 func TestPrivilegedEdgeGateway(t *testing.T) {
 	e := startEdgeFixture(t)
@@ -170,6 +176,7 @@ func TestPrivilegedEdgeGateway(t *testing.T) {
 	srvNS := f.pods["server"]
 	serveBanner(srvNS.Listen(t, "0.0.0.0:9101"), "A\n")
 	serveBanner(srvNS.Listen(t, "0.0.0.0:9102"), "B\n")
+	udpSeen := srvNS.ServeUDPEcho(t, "0.0.0.0:5353", "echo:")
 	ca, err := testenv.NewCA("edge test CA")
 	if err != nil {
 		t.Fatal(err)
@@ -221,6 +228,11 @@ func TestPrivilegedEdgeGateway(t *testing.T) {
 		{Port: 9443, Listeners: []model.EdgeListener{
 			{Name: "pass", Protocol: model.ListenerTLS, TLSMode: model.TLSPassthrough, L4: []model.EdgeL4Route{
 				{Route: model.RouteRef{Kind: model.KindTLSRoute, Namespace: "gw", Name: "pass"}, Hostnames: []string{"backend.example"}, Backends: []model.BackendRef{backend("tls", 8443, 1)}},
+			}},
+		}},
+		{Port: 5300, Listeners: []model.EdgeListener{
+			{Name: "udp", Protocol: model.ListenerUDP, L4: []model.EdgeL4Route{
+				{Route: model.RouteRef{Kind: model.KindUDPRoute, Namespace: "gw", Name: "dns"}, Backends: []model.BackendRef{backend("udp", 53, 1)}},
 			}},
 		}},
 		{Port: 9000, Listeners: []model.EdgeListener{
@@ -305,6 +317,19 @@ func TestPrivilegedEdgeGateway(t *testing.T) {
 		_ = raw2.SetDeadline(time.Now().Add(10 * time.Second))
 		if err := tls.Client(raw2, &tls.Config{ServerName: "nobody.example", RootCAs: pool}).Handshake(); err == nil {
 			t.Error("an SNI no TLSRoute names got through")
+		}
+	})
+
+	t.Run("UDPRoute datagrams", func(t *testing.T) {
+		for i := range 3 {
+			msg := fmt.Sprintf("datagram %d", i)
+			got, err := outside.AskUDP(edge+":5300", msg, 5*time.Second)
+			if err != nil || got != "echo:"+msg {
+				t.Errorf("UDP through the edge: %q %v, want %q", got, err, "echo:"+msg)
+			}
+		}
+		if n := udpSeen.Load(); n < 3 {
+			t.Errorf("the UDP backend received %d datagrams, want 3", n)
 		}
 	})
 
