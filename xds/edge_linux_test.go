@@ -31,11 +31,12 @@ type edgeFixture struct {
 	srv       *EdgeServer
 	adminSock string
 	edgeID    string
+	sup       *envoy.Supervisor
 }
 
 var gwKey = model.GatewayKey{Namespace: "gw", Name: "edge"}
 
-func startEdgeFixture(t *testing.T) *edgeFixture {
+func startEdgeFixture(t testing.TB) *edgeFixture {
 	f := startTrafficFixture(t, time.Hour, true, Options{})
 	ns, ip := f.addPod("edgepod", false)
 	e := &edgeFixture{meshFixture: f, edgeNS: ns, edgeIP: ip, edgeID: model.SPIFFEID(f.td, gwKey.Namespace, model.EdgeServiceAccountName(gwKey.Name))}
@@ -62,6 +63,7 @@ func startEdgeFixture(t *testing.T) *edgeFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.sup = sup
 	sctx, scancel := context.WithCancel(context.Background())
 	sdone := make(chan struct{})
 	go func() { _ = sup.Run(sctx); close(sdone) }()
@@ -80,7 +82,7 @@ func startEdgeFixture(t *testing.T) *edgeFixture {
 }
 
 // set serves g and waits until the edge Envoy holds that version's listeners, warm.
-func (e *edgeFixture) set(t *testing.T, m *model.Mesh, g *model.EdgeGateway) {
+func (e *edgeFixture) set(t testing.TB, m *model.Mesh, g *model.EdgeGateway) {
 	t.Helper()
 	v, err := e.srv.Set(context.Background(), m, g)
 	if err != nil {
@@ -148,7 +150,7 @@ func edgeMesh(f *meshFixture, version uint64) *model.Mesh {
 	for i, n := range []struct {
 		name string
 		port uint32
-	}{{"tcp-a", 9101}, {"tcp-b", 9102}, {"tls", 8443}} {
+	}{{"tcp-a", 9101}, {"tcp-b", 9102}, {"tls", 8443}, {"stream", 9100}} {
 		k := model.ServiceKey{Namespace: "web", Name: n.name}
 		services = append(services, &model.Service{Key: k, Local: true, VIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 1, byte(i + 1)})},
 			Ports: []model.ServicePort{{Name: "p", Port: n.port, TargetPort: n.port, Protocol: model.ProtocolTCP}}})
