@@ -170,6 +170,12 @@ type gammaMesh struct {
 // meshed namespaces shop and other. The test's context ends after 10 minutes.
 func startGAMMAMesh(t *testing.T) *gammaMesh {
 	t.Helper()
+	return startGAMMAMeshWith(t)
+}
+
+// startGAMMAMeshWith is startGAMMAMesh with more agent flags.
+func startGAMMAMeshWith(t *testing.T, args ...string) *gammaMesh {
+	t.Helper()
 	api, etcd, cs := startSources(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	t.Cleanup(cancel)
@@ -184,7 +190,7 @@ func startGAMMAMesh(t *testing.T) *gammaMesh {
 	node.Forward(t, apiAddr, apiAddr)
 	node.Forward(t, etcdAddr, etcdAddr)
 	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false)},
-		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
+		append([]string{"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0]}, args...)...)
 	a.waitReady(t, 90*time.Second, "agent ready")
 	return &gammaMesh{ctx: ctx, cs: cs, gw: gwclient.NewForConfigOrDie(api.Config), a: a,
 		cni: plugin.NewClient(a.cniSocket), node: node, echo: map[string]*echoServer{}}
