@@ -116,7 +116,7 @@ type GatewayInputs struct {
 	// NamespaceLabels are the labels of every namespace (allowedRoutes.namespaces.selector).
 	NamespaceLabels map[string]map[string]string
 	// Grants are the ReferenceGrants of the cluster, as the references they allow
-	// (ReferenceGrantsToRefs).
+	// (ReferenceGrantRefs).
 	Grants []NamespaceRef
 	// Certificates are the certificateRefs' Secrets as the caller found them; a ref not in the
 	// map is a Secret that does not exist.
@@ -151,6 +151,10 @@ type ListenerSpec struct {
 	TLS      *ListenerTLSSpec
 	// AllowedRoutes is allowedRoutes with the API defaults applied (namespaces From: Same).
 	AllowedRoutes AllowedRoutes
+	// Unsupported lists what the listener asks for that aether does not do or cannot read,
+	// "<field>: <reason>" each (a namespace selector that does not convert, tls.options): the
+	// listener is not accepted (UnsupportedValue).
+	Unsupported []string
 }
 
 // ListenerTLSSpec is a listener's tls block.
@@ -193,9 +197,10 @@ type EdgeGateway struct {
 	Ports          []EdgePort
 }
 
-// EdgePort is one port of an edge Gateway: every programmed listener on it shares its
-// protocol family (HTTP and HTTPS do not share a port; TLS passthrough and HTTPS may, told apart
-// by SNI).
+// EdgePort is one port of an edge Gateway: every programmed TCP-based listener on it shares its
+// protocol family (HTTP and HTTPS do not share a port; TLS and HTTPS may, told apart by SNI; a
+// TCP listener has its port alone), and at most one UDP listener may use the same port number
+// (a separate socket).
 type EdgePort struct {
 	Port uint32
 	// Listeners are the port's programmed listeners, most specific hostname first (exact, then
@@ -260,6 +265,10 @@ type ListenerStatus struct {
 	Programmed     Condition
 	ResolvedRefs   Condition
 	Conflicted     Condition
+	// OverlappingTLSConfig is set (Status true, reason OverlappingHostnames) on a Terminate
+	// listener whose hostname overlaps another Terminate listener's on the same port; nil
+	// otherwise (a negative-polarity condition, never written False).
+	OverlappingTLSConfig *Condition
 }
 
 // GatewayParentStatus is the status of one Gateway parentRef of a route.
@@ -267,6 +276,9 @@ type GatewayParentStatus struct {
 	Index        int
 	Accepted     Condition
 	ResolvedRefs Condition
+	// PartiallyInvalid is set when some rules were dropped ("Dropped Rule(s): ..."), nil
+	// otherwise.
+	PartiallyInvalid *Condition
 }
 
 // GatewayRouteStatus is what ResolveGateways found for one route's Gateway parentRefs.
