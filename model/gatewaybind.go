@@ -248,12 +248,12 @@ func acceptParent(ps *parentState) {
 		}
 		idle = append(idle, l.spec.Name)
 	}
-	msg := fmt.Sprintf("bound to listeners %s of Gateway %s", strings.Join(names, ", "), ps.gw.spec.Key)
+	msg := fmt.Sprintf("bound to %s of Gateway %s", listenerNames(names), ps.gw.spec.Key)
 	if len(ps.lost) > 0 {
 		msg += "; not to " + strings.Join(ps.lost, "; ")
 	}
 	if len(idle) > 0 {
-		msg += "; listeners " + strings.Join(idle, ", ") + " are not programmed (see the Gateway's status)"
+		msg += "; not programmed (see the Gateway's status): " + listenerNames(idle)
 	}
 	ps.status.Accepted = Condition{Status: true, Reason: string(gwv1.RouteReasonAccepted), Message: msg}
 }

@@ -172,7 +172,7 @@ func resolveGateway(in GatewayInputs, g *GatewaySpec) *gatewayState {
 	case len(unservable) > 0:
 		gs.accepted = true
 		gs.status.Accepted = Condition{Status: true, Reason: string(gwv1.GatewayReasonListenersNotValid),
-			Message: "listeners " + strings.Join(unservable, ", ") + " cannot be served (see their conditions); the others are"}
+			Message: listenerNames(unservable) + " cannot be served (see the listeners' conditions); the others are"}
 	default:
 		gs.accepted = true
 		gs.status.Accepted = Condition{Status: true, Reason: string(gwv1.GatewayReasonAccepted)}
@@ -193,7 +193,7 @@ func resolveGateway(in GatewayInputs, g *GatewaySpec) *gatewayState {
 	}
 	gs.status.Programmed = Condition{Reason: string(gwv1.GatewayReasonInvalid), Message: "no listener is programmed"}
 	if len(programmed) > 0 {
-		gs.status.Programmed = Condition{Status: true, Reason: string(gwv1.GatewayReasonProgrammed), Message: "listeners " + strings.Join(programmed, ", ") + " are programmed"}
+		gs.status.Programmed = Condition{Status: true, Reason: string(gwv1.GatewayReasonProgrammed), Message: "programmed: " + listenerNames(programmed)}
 	}
 	return gs
 }
@@ -344,6 +344,14 @@ func listenerRefs(in GatewayInputs, g *GatewaySpec, l *listenerState) Condition 
 		return Condition{Status: true, Reason: string(gwv1.ListenerReasonResolvedRefs)}
 	}
 	return Condition{Reason: reason, Message: strings.Join(msgs, "; ")}
+}
+
+// listenerNames is "listener a" or "listeners a, b".
+func listenerNames(names []string) string {
+	if len(names) == 1 {
+		return "listener " + names[0]
+	}
+	return "listeners " + strings.Join(names, ", ")
 }
 
 func joinKinds(ks []RouteKind) string {
