@@ -220,10 +220,16 @@ type EdgeListener struct {
 	// order (the first is the default when SNI matches none of their names).
 	Certificates []Certificate
 	// Hosts are the HTTP virtual hosts (HTTP, HTTPS): one per distinct hostname the bound
-	// HTTPRoutes and GRPCRoutes intersect with the listener's hostname, most specific first.
+	// HTTPRoutes and GRPCRoutes intersect with the listener's hostname, most specific first,
+	// except the hostnames a more specific programmed listener of the port covers (listener
+	// isolation: those requests are that listener's, and get 404 there when none of its routes
+	// matches).
 	Hosts []EdgeHost
-	// L4 are the bound TCPRoutes (TCP), TLSRoutes (TLS) or UDPRoutes (UDP), in precedence order
-	// (oldest first, then namespace/name).
+	// L4 are the bound TCPRoutes (TCP; TLS Terminate), TLSRoutes (TLS) or UDPRoutes (UDP), in
+	// precedence order (oldest first, then namespace/name). A TCP or UDP listener serves the
+	// first only (the others are Accepted, as the spec's conformance tests ask). On a TLS
+	// listener a TLSRoute serves its Hostnames and a TCPRoute (Terminate) every SNI name that no
+	// TLSRoute lists.
 	L4 []EdgeL4Route
 }
 
@@ -233,15 +239,18 @@ type EdgeHost struct {
 	// match every host; a leading "*." is a wildcard).
 	Hostname string
 	// Entries are the served matches of every route bound with this hostname, in the
-	// precedence order of HTTPRouteRule.matches (as ResolveRoutes orders a frontend's).
+	// precedence order of HTTPRouteRule.matches (as ResolveRoutes orders a frontend's), then
+	// those of the routes bound with a wildcard hostname covering it, the less specific last.
 	Entries []RouteEntry
 }
 
 // EdgeL4Route is one L4 route bound to a listener.
 type EdgeL4Route struct {
 	Route RouteRef
-	// Hostnames are the SNI names (TLSRoute: the intersection with the listener's hostname);
-	// empty for TCP and UDP.
+	// Hostnames are the SNI names of a TLSRoute: its hostnames intersected with the listener's,
+	// less those an older TLSRoute of the listener has and those a more specific listener of the
+	// port covers ("*" is any name; a TLSRoute left with none is not listed); empty for TCPRoutes
+	// and UDPRoutes.
 	Hostnames []string
 	// Backends are the route's first rule's backendRefs, resolved (Invalid set).
 	Backends []BackendRef

@@ -75,7 +75,9 @@ type listenerState struct {
 //   - Programmed: accepted, of an accepted Gateway, and, for Terminate, with a usable certificate;
 //   - OverlappingTLSConfig (OverlappingHostnames): Terminate listeners of one port whose hostnames
 //     overlap;
-//   - AttachedRoutes: the routes Accepted on the listener, whatever the listener's own conditions.
+//   - AttachedRoutes: the routes Accepted on the listener, whatever the listener's own conditions
+//     (and a route's Accepted does not depend on them, nor on the Gateway's: its message names
+//     the listeners that are not programmed).
 //
 // Kinds by protocol: HTTP and HTTPS take HTTPRoute and GRPCRoute; TLS Passthrough takes TLSRoute;
 // TLS Terminate takes TLSRoute and TCPRoute (its decrypted stream); TCP takes TCPRoute; UDP takes
