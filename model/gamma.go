@@ -28,7 +28,9 @@ func HTTPRouteModel(r *gwv1.HTTPRoute) Route {
 	out := Route{
 		RouteRef:   RouteRef{Kind: KindHTTPRoute, Namespace: r.Namespace, Name: r.Name},
 		Generation: r.Generation, Created: r.CreationTimestamp.Time,
-		Parents: meshParents(r.Namespace, r.Spec.ParentRefs),
+		Parents:        meshParents(r.Namespace, r.Spec.ParentRefs),
+		GatewayParents: gatewayParents(r.Namespace, r.Spec.ParentRefs),
+		Hostnames:      hostnames(r.Spec.Hostnames),
 	}
 	for i, rule := range r.Spec.Rules {
 		f := fmt.Sprintf("spec.rules[%d]", i)
@@ -70,7 +72,9 @@ func GRPCRouteModel(r *gwv1.GRPCRoute) Route {
 	out := Route{
 		RouteRef:   RouteRef{Kind: KindGRPCRoute, Namespace: r.Namespace, Name: r.Name},
 		Generation: r.Generation, Created: r.CreationTimestamp.Time,
-		Parents: meshParents(r.Namespace, r.Spec.ParentRefs),
+		Parents:        meshParents(r.Namespace, r.Spec.ParentRefs),
+		GatewayParents: gatewayParents(r.Namespace, r.Spec.ParentRefs),
+		Hostnames:      hostnames(r.Spec.Hostnames),
 	}
 	for i, rule := range r.Spec.Rules {
 		f := fmt.Sprintf("spec.rules[%d]", i)
@@ -162,18 +166,54 @@ func sectionName(s *gwv1.SectionName) string {
 	return string(*s)
 }
 
+// parentGroupKind is a parentRef's group and kind with the API's defaults
+// (gateway.networking.k8s.io, Gateway).
+func parentGroupKind(p gwv1.ParentReference) (group, kind string) {
+	group, kind = gwv1.GroupName, "Gateway"
+	if p.Group != nil {
+		group = string(*p.Group)
+	}
+	if p.Kind != nil {
+		kind = string(*p.Kind)
+	}
+	return group, kind
+}
+
+// gatewayParents are the parentRefs of kind Gateway (group gateway.networking.k8s.io, the
+// defaults), their namespace defaulting to the route's ns.
+func gatewayParents(ns string, refs []gwv1.ParentReference) []GatewayParentRef {
+	var out []GatewayParentRef
+	for i, p := range refs {
+		if group, kind := parentGroupKind(p); group != gwv1.GroupName || kind != "Gateway" {
+			continue
+		}
+		gp := GatewayParentRef{Index: i, Gateway: GatewayKey{Namespace: ns, Name: string(p.Name)}, SectionName: sectionName(p.SectionName)}
+		if p.Namespace != nil && *p.Namespace != "" {
+			gp.Gateway.Namespace = string(*p.Namespace)
+		}
+		if p.Port != nil {
+			gp.Port = uint32(*p.Port)
+		}
+		out = append(out, gp)
+	}
+	return out
+}
+
+// hostnames are a route's spec.hostnames in lower case.
+func hostnames(hs []gwv1.Hostname) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, strings.ToLower(string(h)))
+	}
+	return out
+}
+
 // meshParents are the parentRefs of kind Service (core group) and ServiceImport (group
 // multicluster.x-k8s.io); a parentRef's kind defaults to Gateway and is not the mesh's.
 func meshParents(ns string, refs []gwv1.ParentReference) []ParentRef {
 	var out []ParentRef
 	for i, p := range refs {
-		group, kind := "gateway.networking.k8s.io", "Gateway"
-		if p.Group != nil {
-			group = string(*p.Group)
-		}
-		if p.Kind != nil {
-			kind = string(*p.Kind)
-		}
+		group, kind := parentGroupKind(p)
 		var pk ParentKind
 		switch {
 		case group == groupCore && kind == "Service":

@@ -116,7 +116,7 @@ type GatewayInputs struct {
 	// NamespaceLabels are the labels of every namespace (allowedRoutes.namespaces.selector).
 	NamespaceLabels map[string]map[string]string
 	// Grants are the ReferenceGrants of the cluster, as the references they allow
-	// (ReferenceGrantsToRefs).
+	// (ReferenceGrantRefs).
 	Grants []NamespaceRef
 	// Certificates are the certificateRefs' Secrets as the caller found them; a ref not in the
 	// map is a Secret that does not exist.
@@ -151,6 +151,10 @@ type ListenerSpec struct {
 	TLS      *ListenerTLSSpec
 	// AllowedRoutes is allowedRoutes with the API defaults applied (namespaces From: Same).
 	AllowedRoutes AllowedRoutes
+	// Unsupported lists what the listener asks for that aether does not do or cannot read,
+	// "<field>: <reason>" each (a namespace selector that does not convert, tls.options): the
+	// listener is not accepted (UnsupportedValue).
+	Unsupported []string
 }
 
 // ListenerTLSSpec is a listener's tls block.
@@ -193,9 +197,10 @@ type EdgeGateway struct {
 	Ports          []EdgePort
 }
 
-// EdgePort is one port of an edge Gateway: every programmed listener on it shares its
-// protocol family (HTTP and HTTPS do not share a port; TLS passthrough and HTTPS may, told apart
-// by SNI).
+// EdgePort is one port of an edge Gateway: every programmed TCP-based listener on it shares its
+// protocol family (HTTP and HTTPS do not share a port; TLS and HTTPS may, told apart by SNI; a
+// TCP listener has its port alone), and at most one UDP listener may use the same port number
+// (a separate socket).
 type EdgePort struct {
 	Port uint32
 	// Listeners are the port's programmed listeners, most specific hostname first (exact, then
@@ -215,10 +220,16 @@ type EdgeListener struct {
 	// order (the first is the default when SNI matches none of their names).
 	Certificates []Certificate
 	// Hosts are the HTTP virtual hosts (HTTP, HTTPS): one per distinct hostname the bound
-	// HTTPRoutes and GRPCRoutes intersect with the listener's hostname, most specific first.
+	// HTTPRoutes and GRPCRoutes intersect with the listener's hostname, most specific first,
+	// except the hostnames a more specific programmed listener of the port covers (listener
+	// isolation: those requests are that listener's, and get 404 there when none of its routes
+	// matches).
 	Hosts []EdgeHost
-	// L4 are the bound TCPRoutes (TCP), TLSRoutes (TLS) or UDPRoutes (UDP), in precedence order
-	// (oldest first, then namespace/name).
+	// L4 are the bound TCPRoutes (TCP; TLS Terminate), TLSRoutes (TLS) or UDPRoutes (UDP), in
+	// precedence order (oldest first, then namespace/name). A TCP or UDP listener serves the
+	// first only (the others are Accepted, as the spec's conformance tests ask). On a TLS
+	// listener a TLSRoute serves its Hostnames and a TCPRoute (Terminate) every SNI name that no
+	// TLSRoute lists.
 	L4 []EdgeL4Route
 }
 
@@ -228,15 +239,18 @@ type EdgeHost struct {
 	// match every host; a leading "*." is a wildcard).
 	Hostname string
 	// Entries are the served matches of every route bound with this hostname, in the
-	// precedence order of HTTPRouteRule.matches (as ResolveRoutes orders a frontend's).
+	// precedence order of HTTPRouteRule.matches (as ResolveRoutes orders a frontend's), then
+	// those of the routes bound with a wildcard hostname covering it, the less specific last.
 	Entries []RouteEntry
 }
 
 // EdgeL4Route is one L4 route bound to a listener.
 type EdgeL4Route struct {
 	Route RouteRef
-	// Hostnames are the SNI names (TLSRoute: the intersection with the listener's hostname);
-	// empty for TCP and UDP.
+	// Hostnames are the SNI names of a TLSRoute: its hostnames intersected with the listener's,
+	// less those an older TLSRoute of the listener has and those a more specific listener of the
+	// port covers ("*" is any name; a TLSRoute left with none is not listed); empty for TCPRoutes
+	// and UDPRoutes.
 	Hostnames []string
 	// Backends are the route's first rule's backendRefs, resolved (Invalid set).
 	Backends []BackendRef
@@ -260,6 +274,10 @@ type ListenerStatus struct {
 	Programmed     Condition
 	ResolvedRefs   Condition
 	Conflicted     Condition
+	// OverlappingTLSConfig is set (Status true, reason OverlappingHostnames) on a Terminate
+	// listener whose hostname overlaps another Terminate listener's on the same port; nil
+	// otherwise (a negative-polarity condition, never written False).
+	OverlappingTLSConfig *Condition
 }
 
 // GatewayParentStatus is the status of one Gateway parentRef of a route.
@@ -267,6 +285,9 @@ type GatewayParentStatus struct {
 	Index        int
 	Accepted     Condition
 	ResolvedRefs Condition
+	// PartiallyInvalid is set when some rules were dropped ("Dropped Rule(s): ..."), nil
+	// otherwise.
+	PartiallyInvalid *Condition
 }
 
 // GatewayRouteStatus is what ResolveGateways found for one route's Gateway parentRefs.

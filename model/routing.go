@@ -425,6 +425,8 @@ func resolveBackend(services map[ServiceKey]*Service, kind RouteKind, b *Backend
 		return
 	}
 	switch p := s.Ports[i].Protocol; {
+	case isL4(kind):
+		b.Invalid = l4BackendProtocol(kind, b, p)
 	case kind == KindGRPCRoute && p != ProtocolGRPC && p != ProtocolHTTP2:
 		b.Invalid = &Condition{Reason: string(gwv1.RouteReasonUnsupportedProtocol),
 			Message: fmt.Sprintf("backendRef %s %s port %d is %s: a GRPCRoute backend needs appProtocol grpc or kubernetes.io/h2c", b.Kind, b.Service, b.Port, p)}
