@@ -463,12 +463,3 @@ func markOverlappingTLS(ls []*listenerState) {
 	}
 }
 
-// TCPRouteModel, TLSRouteModel and UDPRouteModel turn the L4 routes into Routes.
-func TCPRouteModel(r *gwv1.TCPRoute) Route { panic("not implemented yet") }
-func TLSRouteModel(r *gwv1.TLSRoute) Route { panic("not implemented yet") }
-func UDPRouteModel(r *gwv1.UDPRoute) Route { panic("not implemented yet") }
-
-// CheckCertificate checks a certificate Secret's type and data.
-func CheckCertificate(secretType string, data map[string][]byte) CertificateState {
-	panic("not implemented yet")
-}
