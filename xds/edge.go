@@ -184,31 +184,18 @@ func (b *builder) edgeListener(g *model.EdgeGateway, p model.EdgePort, id string
 	taken := map[string]bool{} // server names already claimed on this port
 	for _, el := range p.Listeners {
 		switch {
-		case el.Protocol == model.ListenerHTTPS || (el.Protocol == model.ListenerTLS && el.TLSMode == model.TLSTerminate):
-			tc, err := edgeDownstreamTLS(el, certs)
+		case el.Protocol == model.ListenerHTTPS:
+			ts, err := edgeServerTLS(el, certs)
 			if err != nil {
 				return nil, nil, fmt.Errorf("listener %s: %w", el.Name, err)
 			}
-			ts, err := tlsSocket(tc)
+			rc := edgeRouteConfig(b.m, edgeRouteName(p.Port, el.Name), p.Port, []model.EdgeListener{el}, backends)
+			routes = append(routes, rc)
+			f, err := edgeHCM(rc.Name)
 			if err != nil {
 				return nil, nil, fmt.Errorf("listener %s: %w", el.Name, err)
 			}
-			var f *listenerv3.Filter
-			if el.Protocol == model.ListenerHTTPS {
-				rc := edgeRouteConfig(b.m, edgeRouteName(p.Port, el.Name), p.Port, []model.EdgeListener{el}, backends)
-				routes = append(routes, rc)
-				f, err = edgeHCM(rc.Name)
-			} else {
-				f, err = edgeTCPProxy(b.m, el, el.L4, backends)
-			}
-			if err != nil {
-				return nil, nil, fmt.Errorf("listener %s: %w", el.Name, err)
-			}
-			if f == nil {
-				continue
-			}
-			names := serverNames(el.Hostname)
-			if claim(taken, names) {
+			if names := serverNames(el.Hostname); claim(taken, names) {
 				l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
 					Name:                          el.Name,
 					FilterChainMatch:              &listenerv3.FilterChainMatch{ServerNames: names, TransportProtocol: "tls"},
@@ -218,25 +205,43 @@ func (b *builder) edgeListener(g *model.EdgeGateway, p model.EdgePort, id string
 				})
 			}
 		case el.Protocol == model.ListenerTLS:
-			// Passthrough: one chain per TLSRoute, selected by the route's SNI names; the
-			// client's TLS stays end to end, carried inside the mesh mTLS connection.
+			// One chain per TLSRoute, selected by its SNI names ("*": any), and with Terminate
+			// the first TCPRoute for every name no TLSRoute has. Passthrough keeps the client's
+			// TLS end to end, carried inside the mesh mTLS connection; Terminate ends it here.
+			var ts *core.TransportSocket
+			if el.TLSMode == model.TLSTerminate {
+				var err error
+				if ts, err = edgeServerTLS(el, certs); err != nil {
+					return nil, nil, fmt.Errorf("listener %s: %w", el.Name, err)
+				}
+			}
+			tcpSeen := false
 			for _, rt := range el.L4 {
+				names := rt.Hostnames
+				switch {
+				case rt.Route.Kind == model.KindTCPRoute && (tcpSeen || el.TLSMode != model.TLSTerminate):
+					continue
+				case rt.Route.Kind == model.KindTCPRoute:
+					tcpSeen, names = true, serverNames(el.Hostname)
+				case slices.Contains(names, "*"):
+					names = serverNames(el.Hostname)
+				}
 				f, err := edgeTCPProxy(b.m, el, []model.EdgeL4Route{rt}, backends)
 				if err != nil {
 					return nil, nil, fmt.Errorf("listener %s: %w", el.Name, err)
 				}
-				names := rt.Hostnames
-				if len(names) == 0 {
-					names = serverNames(el.Hostname)
-				}
 				if f == nil || !claim(taken, names) {
 					continue
 				}
-				l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
-					Name:             el.Name + "|" + rt.Route.Namespace + "/" + rt.Route.Name,
+				fc := &listenerv3.FilterChain{
+					Name:             el.Name + "|" + string(rt.Route.Kind) + "/" + rt.Route.Namespace + "/" + rt.Route.Name,
 					FilterChainMatch: &listenerv3.FilterChainMatch{ServerNames: names, TransportProtocol: "tls"},
 					Filters:          []*listenerv3.Filter{f},
-				})
+				}
+				if ts != nil {
+					fc.TransportSocket, fc.TransportSocketConnectTimeout = ts, b.opts.handshakeTimeout()
+				}
+				l.FilterChains = append(l.FilterChains, fc)
 			}
 		case el.Protocol == model.ListenerTCP:
 			f, err := edgeTCPProxy(b.m, el, el.L4, backends)
@@ -343,6 +348,15 @@ func edgeRouteConfig(m *model.Mesh, name string, port uint32, ls []model.EdgeLis
 		}
 	}
 	return rc
+}
+
+// edgeServerTLS is the transport socket of a Terminate listener (edgeDownstreamTLS).
+func edgeServerTLS(el model.EdgeListener, certs map[model.SecretKey]model.Certificate) (*core.TransportSocket, error) {
+	tc, err := edgeDownstreamTLS(el, certs)
+	if err != nil {
+		return nil, err
+	}
+	return tlsSocket(tc)
 }
 
 // edgeDownstreamTLS is the server TLS context of a Terminate listener: its certificates over SDS

@@ -46,6 +46,14 @@ func goldenEdge() *model.EdgeGateway {
 			{Name: "https", Protocol: model.ListenerHTTPS, TLSMode: model.TLSTerminate, Certificates: []model.Certificate{cert("a.example"), cert("b.example")},
 				Hosts: []model.EdgeHost{{Hostname: "*", Entries: []model.RouteEntry{entry("secure", rule(be(web, 80, 1)))}}}},
 		}},
+		{Port: 6443, Listeners: []model.EdgeListener{
+			{Name: "term", Protocol: model.ListenerTLS, TLSMode: model.TLSTerminate, Certificates: []model.Certificate{cert("c.example")}, L4: []model.EdgeL4Route{
+				{Route: model.RouteRef{Kind: model.KindTLSRoute, Namespace: "gw", Name: "named"}, Hostnames: []string{"x.example"},
+					Backends: []model.BackendRef{be(model.ServiceKey{Namespace: "shop", Name: "db"}, 3306, 1)}},
+				{Route: model.RouteRef{Kind: model.KindTCPRoute, Namespace: "gw", Name: "rest"}, Backends: []model.BackendRef{be(web, 9090, 1)}},
+				{Route: model.RouteRef{Kind: model.KindTCPRoute, Namespace: "gw", Name: "younger"}, Backends: []model.BackendRef{be(web, 80, 1)}},
+			}},
+		}},
 		{Port: 3306, Listeners: []model.EdgeListener{
 			{Name: "tcp", Protocol: model.ListenerTCP, L4: []model.EdgeL4Route{
 				{Route: model.RouteRef{Kind: model.KindTCPRoute, Namespace: "gw", Name: "split"},
@@ -90,7 +98,7 @@ func TestBuildEdgeGolden(t *testing.T) {
 	// The shape the design names, beside the golden files.
 	lj := string(stableJSON(t, asMessages(r.Listeners)))
 	for _, want := range []string{
-		`"gateway|80"`, `"gateway|443"`, `"gateway|3306"`, `"gateway|udp|53"`,
+		`"gateway|80"`, `"gateway|443"`, `"gateway|3306"`, `"gateway|udp|53"`, `"term|TLSRoute/gw/named"`, `"term|TCPRoute/gw/rest"`,
 		`"envoy.filters.udp_listener.udp_proxy"`, `"db.example"`,
 		`"cert|gw/a.example"`, `"cert|gw/b.example"`, `"stripAnyHostPort": true`, `"useRemoteAddress": true`,
 	} {
@@ -100,6 +108,9 @@ func TestBuildEdgeGolden(t *testing.T) {
 	}
 	if rj := string(stableJSON(t, asMessages(r.Routes))); !strings.Contains(rj, `"invalid|Service/shop/gone"`) {
 		t.Error("the invalid backend's share does not go to a cluster that does not exist")
+	}
+	if strings.Contains(lj, "gw/younger") {
+		t.Error("a second TCPRoute on a TLS Terminate listener got a chain")
 	}
 	var routes []string
 	for _, rc := range r.Routes {
