@@ -16,10 +16,12 @@ import (
 type attachments struct {
 	mu   sync.Mutex
 	pods map[string]cniv1.PodAttachment
+	// uncaptured are the attachments of pods left alone (model.UncapturedView).
+	uncaptured map[string]cniv1.PodAttachment
 }
 
 func newAttachments(initial map[string]cniv1.PodAttachment) *attachments {
-	a := &attachments{pods: make(map[string]cniv1.PodAttachment, len(initial))}
+	a := &attachments{pods: make(map[string]cniv1.PodAttachment, len(initial)), uncaptured: map[string]cniv1.PodAttachment{}}
 	for k, v := range initial {
 		a.pods[k] = v
 	}
@@ -32,6 +34,17 @@ func (a *attachments) Attachments() map[string]cniv1.PodAttachment {
 	defer a.mu.Unlock()
 	out := make(map[string]cniv1.PodAttachment, len(a.pods))
 	for k, v := range a.pods {
+		out[k] = v
+	}
+	return out
+}
+
+// Uncaptured implements model.UncapturedView.
+func (a *attachments) Uncaptured() map[string]cniv1.PodAttachment {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make(map[string]cniv1.PodAttachment, len(a.uncaptured))
+	for k, v := range a.uncaptured {
 		out[k] = v
 	}
 	return out
@@ -107,4 +120,25 @@ func (d *podDataplane) waitModel(ctx context.Context, uid, containerID string, p
 		return d.warm(ctx, xds.PodListenerNames(m.Pod(uid)))
 	}
 	return nil
+}
+
+// UncapturedAdded implements cni.UncapturedObserver: it records the attachment of a pod left
+// alone and has the assembler rebuild (an edge Gateway's pod is served from there).
+func (d *podDataplane) UncapturedAdded(a cniv1.PodAttachment) {
+	d.att.mu.Lock()
+	d.att.uncaptured[a.PodUID] = a
+	d.att.mu.Unlock()
+	d.asm.Trigger()
+}
+
+// UncapturedRemoved implements cni.UncapturedObserver: it forgets the attachment (when it is
+// the one recorded: a newer sandbox's stays).
+func (d *podDataplane) UncapturedRemoved(a cniv1.PodAttachment) {
+	d.att.mu.Lock()
+	cur, ok := d.att.uncaptured[a.PodUID]
+	if ok && (a.ContainerID == "" || cur.ContainerID == a.ContainerID) {
+		delete(d.att.uncaptured, a.PodUID)
+	}
+	d.att.mu.Unlock()
+	d.asm.Trigger()
 }

@@ -104,6 +104,11 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 	m := startGAMMAMeshWith(t, "--edge-certificate-namespace", "aether-system")
 	ctx := m.ctx
 	must := mustCreate(t)
+	// Pods reach each other's addresses through the node (the edge pod dials its backends'
+	// :15008, the outside client dials the edge pod): the node forwards, as a real node does.
+	if out, err := m.node.Command("sysctl", "-w", "net.ipv4.ip_forward=1").CombinedOutput(); err != nil {
+		t.Fatalf("sysctl in the node: %v: %s", err, out)
+	}
 	for _, ns := range []string{"gw", "aether-system", "outside"} {
 		must(m.cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}))
 	}
@@ -237,7 +242,7 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 			DialContext:     func(_ context.Context, _, addr string) (net.Conn, error) { return client.Dial(addr) },
 			TLSClientConfig: &tls.Config{ServerName: "app.example", RootCAs: pool}}}
-		a, err := do(ctx, c, http.MethodGet, "https://"+edge+":8443/secure", nil)
+		a, err := do(ctx, c, http.MethodGet, "https://"+edge+":8443/secure", map[string]string{"Host": "app.example"})
 		if err != nil || a.status != 200 || a.echo.Pod != "web-1" {
 			t.Fatalf("GET over TLS: %+v %v", a, err)
 		}

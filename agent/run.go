@@ -104,12 +104,17 @@ func Run(ctx context.Context, cfg Config) error {
 	// A pod whose sandbox was recreated may have a stale record beside the live one (its DEL
 	// never arrived): serve the newest; repair releases the stale one without touching it.
 	persisted, added := map[string]cniv1.PodAttachment{}, map[string]time.Time{}
+	uncaptured, uadded := map[string]cniv1.PodAttachment{}, map[string]time.Time{}
 	for _, r := range recs {
 		if r.Captured && (added[r.Attachment.PodUID].IsZero() || r.Added.After(added[r.Attachment.PodUID])) {
 			persisted[r.Attachment.PodUID], added[r.Attachment.PodUID] = r.Attachment, r.Added
 		}
+		if !r.Captured && (uadded[r.Attachment.PodUID].IsZero() || r.Added.After(uadded[r.Attachment.PodUID])) {
+			uncaptured[r.Attachment.PodUID], uadded[r.Attachment.PodUID] = r.Attachment, r.Added
+		}
 	}
 	att := newAttachments(persisted)
+	att.uncaptured = uncaptured
 
 	// DNS first, before anything that waits for the API server or the registry: every pod's
 	// DNS on this node is DNAT'ed here, so an agent restarted while either is unreachable must

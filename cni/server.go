@@ -75,6 +75,15 @@ type Dataplane interface {
 	PodRemoved(ctx context.Context, pod model.LocalPod) error
 }
 
+// UncapturedObserver, when the Dataplane implements it, hears of the attachments of pods the
+// server leaves alone (not meshed) and of their release, so that the agent can serve what such
+// a pod needs without capturing it (an edge Gateway's pod, docs/gateway.md). The calls must not
+// block.
+type UncapturedObserver interface {
+	UncapturedAdded(a cniv1.PodAttachment)
+	UncapturedRemoved(a cniv1.PodAttachment)
+}
+
 // ServerConfig is the agent-side CNI server's configuration.
 type ServerConfig struct {
 	// Socket is the unix socket path to listen on (default DefaultAgentSocket).
@@ -459,6 +468,9 @@ func (s *Server) Add(ctx context.Context, req cniv1.Request) (cniv1.Response, er
 		if err := s.store.Save(rec); err != nil {
 			return cniv1.Response{}, types.NewError(types.ErrIOFailure, "record attachment", err.Error())
 		}
+		if o, ok := s.Dataplane.(UncapturedObserver); ok {
+			o.UncapturedAdded(a)
+		}
 		log.Info("pod not meshed: left alone", "reason", reason)
 		return cniv1.Response{Captured: false, Reason: reason}, nil
 	}
@@ -591,6 +603,9 @@ func (s *Server) release(ctx context.Context, a cniv1.PodAttachment) error {
 		if err := s.Backend.Teardown(netnsPath); err != nil {
 			return types.NewError(types.ErrInternal, "remove capture rules", err.Error())
 		}
+	}
+	if o, ok := s.Dataplane.(UncapturedObserver); ok && rec != nil && !rec.Captured {
+		o.UncapturedRemoved(rec.Attachment)
 	}
 	if rec != nil && rec.Captured {
 		dctx, cancel := context.WithTimeout(ctx, s.Config.DataplaneTimeout)

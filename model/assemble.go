@@ -94,6 +94,9 @@ type Sources struct {
 	Pods []*corev1.Pod
 	// Attachments are the persisted CNI attachments of this node, by pod UID.
 	Attachments map[string]cniv1.PodAttachment
+	// Uncaptured are the attachments of this node's pods left uncaptured (not meshed), by pod
+	// UID: only edge Gateway pods are served from them (EdgePod), never as LocalPods.
+	Uncaptured map[string]cniv1.PodAttachment
 	// Endpoints and Exports are the registry's records from every cluster.
 	Endpoints []Endpoint
 	Exports   []ExportMark

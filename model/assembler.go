@@ -28,6 +28,13 @@ type AttachmentView interface {
 	Attachments() map[string]cniv1.PodAttachment
 }
 
+// UncapturedView, when an AttachmentView implements it, also returns the attachments of the
+// node's pods the CNI server left alone (not meshed), by pod UID: an edge Gateway's pod opts out
+// of capture, and the agent serves it in its netns (Sources.Uncaptured).
+type UncapturedView interface {
+	Uncaptured() map[string]cniv1.PodAttachment
+}
+
 // AssemblerConfig configures an Assembler.
 type AssemblerConfig struct {
 	Cluster     string
@@ -148,6 +155,9 @@ func (a *Assembler) Rebuild() error {
 	}
 	if a.att != nil {
 		s.Attachments = a.att.Attachments()
+		if u, ok := a.att.(UncapturedView); ok {
+			s.Uncaptured = u.Uncaptured()
+		}
 	}
 	m := Assemble(a.ver.Add(1), s)
 	if a.cfg.Observe != nil {

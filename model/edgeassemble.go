@@ -43,7 +43,8 @@ func (m *Mesh) Gateway(k GatewayKey) *EdgeGateway {
 // assembleEdges resolves the edge Gateways of in (ResolveGateways, against m's services and the
 // mesh routes routes plus the L4 routes) into m.Gateways, and finds this node's edge pods: a pod
 // in a Gateway's namespace that runs as the Gateway's edge ServiceAccount, is not on the host
-// network and has a CNI attachment with a netns path. The ServiceAccount is what the agent
+// network and has a CNI attachment with a netns path (uncaptured, as the provisioned
+// Deployment's pods are, or captured). The ServiceAccount is what the agent
 // trusts, as Kubernetes does: whoever may run pods as it in that namespace may serve the
 // Gateway (docs/gateway.md, "Security").
 func assembleEdges(m *Mesh, in Sources, routes []Route) {
@@ -106,7 +107,10 @@ func assembleEdges(m *Mesh, in Sources, routes []Route) {
 		if p.Spec.HostNetwork || p.DeletionTimestamp != nil || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		att, ok := in.Attachments[string(p.UID)]
+		att, ok := in.Uncaptured[string(p.UID)]
+		if !ok {
+			att, ok = in.Attachments[string(p.UID)]
+		}
 		if !ok || att.NetnsPath == "" {
 			continue
 		}
