@@ -49,21 +49,37 @@ type gatewayKind struct {
 
 // gatewayKinds are the kinds RouteSource watches.
 var gatewayKinds = []gatewayKind{
-	{"httproutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer { return f.Gateway().V1().HTTPRoutes().Informer() },
+	{"httproutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer {
+		return f.Gateway().V1().HTTPRoutes().Informer()
+	},
 		func(o []any, s *model.Sources) { s.HTTPRoutes = sortedObjects[*gwv1.HTTPRoute](o) }},
-	{"grpcroutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer { return f.Gateway().V1().GRPCRoutes().Informer() },
+	{"grpcroutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer {
+		return f.Gateway().V1().GRPCRoutes().Informer()
+	},
 		func(o []any, s *model.Sources) { s.GRPCRoutes = sortedObjects[*gwv1.GRPCRoute](o) }},
-	{"gatewayclasses", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer { return f.Gateway().V1().GatewayClasses().Informer() },
+	{"gatewayclasses", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer {
+		return f.Gateway().V1().GatewayClasses().Informer()
+	},
 		func(o []any, s *model.Sources) { s.Edge.GatewayClasses = sortedObjects[*gwv1.GatewayClass](o) }},
-	{"gateways", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer { return f.Gateway().V1().Gateways().Informer() },
+	{"gateways", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer {
+		return f.Gateway().V1().Gateways().Informer()
+	},
 		func(o []any, s *model.Sources) { s.Edge.Gateways = sortedObjects[*gwv1.Gateway](o) }},
-	{"referencegrants", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer { return f.Gateway().V1().ReferenceGrants().Informer() },
+	{"referencegrants", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer {
+		return f.Gateway().V1().ReferenceGrants().Informer()
+	},
 		func(o []any, s *model.Sources) { s.Edge.ReferenceGrants = sortedObjects[*gwv1.ReferenceGrant](o) }},
-	{"tcproutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer { return f.Gateway().V1().TCPRoutes().Informer() },
+	{"tcproutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer {
+		return f.Gateway().V1().TCPRoutes().Informer()
+	},
 		func(o []any, s *model.Sources) { s.Edge.TCPRoutes = sortedObjects[*gwv1.TCPRoute](o) }},
-	{"tlsroutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer { return f.Gateway().V1().TLSRoutes().Informer() },
+	{"tlsroutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer {
+		return f.Gateway().V1().TLSRoutes().Informer()
+	},
 		func(o []any, s *model.Sources) { s.Edge.TLSRoutes = sortedObjects[*gwv1.TLSRoute](o) }},
-	{"udproutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer { return f.Gateway().V1().UDPRoutes().Informer() },
+	{"udproutes", func(f gwinformers.SharedInformerFactory) cache.SharedIndexInformer {
+		return f.Gateway().V1().UDPRoutes().Informer()
+	},
 		func(o []any, s *model.Sources) { s.Edge.UDPRoutes = sortedObjects[*gwv1.UDPRoute](o) }},
 }
 

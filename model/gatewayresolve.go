@@ -462,4 +462,3 @@ func markOverlappingTLS(ls []*listenerState) {
 		}
 	}
 }
-
