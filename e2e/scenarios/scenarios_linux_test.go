@@ -427,6 +427,18 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 	run("agent-restart-keeps-connections", func(t *testing.T) { w.agentRestart(t) })
 	run("registry-cut-keeps-serving", func(t *testing.T) { w.registryCut(t) })
 	if nl, ok := p.(nodeLifecycle); ok {
+		// Edge Gateways need Deployments and kube-proxy: real nodes only.
+		var gwAddr string
+		run("edge-gateway-to-remote-through-waypoint", func(t *testing.T) {
+			gwAddr = w.edgeGatewaySetup(t)
+			w.edgeToRemote(t, gwAddr)
+		})
+		run("edge-gateway-failover-to-remote", func(t *testing.T) {
+			if gwAddr == "" {
+				t.Fatal("no Gateway address (edge-gateway-to-remote-through-waypoint failed)")
+			}
+			w.edgeFailover(t, gwAddr)
+		})
 		run("agent-upgrade-under-traffic", func(t *testing.T) { w.agentUpgrade(t, nl) })
 		run("node-reboot-pods-captured", func(t *testing.T) { w.nodeReboot(t, nl) })
 	}
