@@ -20,12 +20,15 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
@@ -455,4 +458,18 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		return fmt.Errorf("set up gateway controller: %w", err)
 	}
 	return nil
+}
+
+// CacheByObject is what the manager's cache must hold for the Controller (and, for Secrets, the
+// route status controller's certificate checks), as cache.Options.ByObject: only Deployments and
+// ServiceAccounts labelled aether.io/managed-by: aether, and only Secrets of type
+// kubernetes.io/tls (certificateRefs name those; a ref to another type is read from the API
+// server, RouteStatus's concern). Services are cached whole: other controllers read them all.
+func CacheByObject() map[client.Object]cache.ByObject {
+	managed := labels.SelectorFromSet(labels.Set{model.LabelManagedBy: model.ManagedByAether})
+	return map[client.Object]cache.ByObject{
+		&appsv1.Deployment{}:     {Label: managed},
+		&corev1.ServiceAccount{}: {Label: managed},
+		&corev1.Secret{}:         {Field: fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS))},
+	}
 }

@@ -130,7 +130,7 @@ func TestSourcesReferencedOnly(t *testing.T) {
 		{Namespace: "shop", Name: "elsewhere"}: {mark("west", "elsewhere")},
 	}
 	c := &Controller{Client: rd, Cluster: "east", Exports: exports, eps: eps}
-	src, err := c.sources(context.Background(), gwlisters.NewHTTPRouteLister(httpIdx), gwlisters.NewGRPCRouteLister(grpcIdx))
+	src, err := c.sources(context.Background(), listers{http: gwlisters.NewHTTPRouteLister(httpIdx), grpc: gwlisters.NewGRPCRouteLister(grpcIdx)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestSourcesReferencedOnly(t *testing.T) {
 		t.Errorf("sources read export marks %v, want %v", markNames, want)
 	}
 
-	full := src
+	full := src.Sources
 	full.Services, full.Imports, full.Endpoints, full.Exports = nil, nil, nil, nil
 	for _, r := range snap.Events {
 		e, err := registry.ToModelEndpoint(r.Record)
@@ -180,7 +180,7 @@ func TestSourcesReferencedOnly(t *testing.T) {
 	for i := range rd.imps {
 		full.Imports = append(full.Imports, &rd.imps[i])
 	}
-	got, all := model.Assemble(0, src).RouteStatuses(), model.Assemble(0, full).RouteStatuses()
+	got, all := model.Assemble(0, src.Sources).RouteStatuses(), model.Assemble(0, full).RouteStatuses()
 	if len(got) != 5 || !equality.Semantic.DeepEqual(got, all) {
 		t.Errorf("statuses from the referenced objects:\n%+v\nfrom every object:\n%+v", got, all)
 	}
@@ -199,7 +199,7 @@ func TestSourcesReferencedOnly(t *testing.T) {
 			}
 		}
 	}
-	bare := src
+	bare := src.Sources
 	bare.Endpoints, bare.Exports = nil, nil
 	if equality.Semantic.DeepEqual(model.Assemble(0, bare).RouteStatuses(), got) {
 		t.Error("the same statuses without the registry's records: the fixture does not depend on them")
