@@ -463,8 +463,9 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 // CacheByObject is what the manager's cache must hold for the Controller (and, for Secrets, the
 // route status controller's certificate checks), as cache.Options.ByObject: only Deployments and
 // ServiceAccounts labelled aether.io/managed-by: aether, and only Secrets of type
-// kubernetes.io/tls (certificateRefs name those; a ref to another type is read from the API
-// server, RouteStatus's concern). Services are cached whole: other controllers read them all.
+// kubernetes.io/tls (certificateRefs name those; the route status controller reads a ref to a
+// Secret of another type from the API server). Services are cached whole: other controllers read
+// them all.
 func CacheByObject() map[client.Object]cache.ByObject {
 	managed := labels.SelectorFromSet(labels.Set{model.LabelManagedBy: model.ManagedByAether})
 	return map[client.Object]cache.ByObject{

@@ -69,22 +69,33 @@ type GatewayViews interface {
 	SetView(gateway.View)
 }
 
-// Controller writes aether's status.parents entries of every HTTPRoute and GRPCRoute
-// (gateway.networking.k8s.io/v1, every namespace), as model.Assemble resolves them from the
-// cluster's routes, Services, ServiceImports and mesh namespaces (labelled aether.io/mesh:
-// enabled) and the registry's endpoint records and export marks of the services the routes name;
-// ParentStatuses says what an entry holds. The endpoint records give a Service or ServiceImport
-// port without appProtocol its protocol (the one most of its endpoints declare, from their pods'
-// endpoint.aether.io/protocol annotation; this cluster's endpoints for a Service, the exporting
-// clusters' for a ServiceImport), as the agents take it from the same records, so the status says
-// what the agents serve. A route is written (UpdateStatus) only when
-// its merged status differs from the stored one; a write refused for a stale resourceVersion is
-// retried on the route read again. A write the API server refuses as invalid or too large is
-// not retried (the same pass would be refused again): it is logged and counted once per route
-// generation, and the route is written again when it or what it refers to changes.
+// Controller writes aether's status.parents entries of every route (gateway.networking.k8s.io/v1,
+// every namespace). Those of HTTPRoutes' and GRPCRoutes' mesh parentRefs are what model.Assemble
+// resolves from the cluster's routes, Services, ServiceImports and mesh namespaces (labelled
+// aether.io/mesh: enabled) and the registry's endpoint records and export marks of the services
+// the routes name; ParentStatuses says what an entry holds. The endpoint records give a Service or
+// ServiceImport port without appProtocol its protocol (the one most of its endpoints declare, from
+// their pods' endpoint.aether.io/protocol annotation; this cluster's endpoints for a Service, the
+// exporting clusters' for a ServiceImport), as the agents take it from the same records, so the
+// status says what the agents serve.
 //
-// Each route kind is watched once its CRD is installed: at start the controller looks for it in
-// discovery, and, when it is missing, logs so once and looks again every CRDRecheck. A watched
+// With Gateways set, each pass also resolves the Gateways (model.ResolveGateways) from the
+// GatewayClasses, Gateways, ReferenceGrants, every route, the namespaces' labels, the mesh
+// services of the same pass and the certificateRefs' Secrets (model.CheckCertificate), writes
+// every route kind's entries for its parentRefs to aether's Gateways, and hands the Gateways'
+// side to Gateways (a gateway.View); with no Gateway of a class aether accepts, nothing is
+// resolved. An entry of aether's for a parentRef that is neither a mesh parent nor one of aether's
+// Gateways is removed.
+//
+// A route is written (UpdateStatus) only when its merged status differs from the stored one; a
+// write refused for a stale resourceVersion is retried on the route read again. A write the API
+// server refuses as invalid or too large is not retried (the same pass would be refused again):
+// it is logged and counted once per route generation, and the route is written again when it or
+// what it refers to changes.
+//
+// Each Gateway API kind (the five route kinds; with Gateways set, GatewayClass, Gateway and
+// ReferenceGrant too) is watched once its CRD is installed: at start the controller looks for it
+// in discovery, and, when it is missing, logs so once and looks again every CRDRecheck. A watched
 // kind whose CRD is deleted (its list answers 404, or discovery no longer lists it at a
 // CRDRecheck) is no longer watched nor listed, and is looked for again as at start. No pass
 // runs until each kind is either watched with its cache synced or known not to be installed: a
@@ -105,7 +116,7 @@ type GatewayViews interface {
 // (registrar.Config.KeepRunningOnClaimConflict), unlike the MCS controllers: it reads this
 // cluster's Kubernetes objects (the ServiceImports it reads are whatever this cluster holds,
 // whether or not the import generator runs) and the registry's records, as the agents read them,
-// and writes only route status, never the registry, so a claim conflict changes nothing it
+// and writes only route status (and hands on Gateway views), never the registry, so a claim conflict changes nothing it
 // writes, and the agents go on serving the routes it reports on.
 type Controller struct {
 	// Client reads Services, ServiceImports and Namespaces (the manager's cache, whose informers
@@ -986,13 +997,15 @@ func RouteCRDInstalled(disc discovery.DiscoveryInterface, res string) (bool, err
 // Metrics are the route status controller's Prometheus collectors:
 //
 //	aether_registrar_route_status_passes_total           counter: passes over every route
-//	aether_registrar_route_status_writes_total           counter: status writes, by kind (HTTPRoute, GRPCRoute)
+//	aether_registrar_route_status_writes_total           counter: status writes, by route kind (HTTPRoute, ...)
 //	aether_registrar_route_status_refused_total          counter: status writes the API server refused as
 //	                                                     invalid or too large, by kind; once per route generation
 //	aether_registrar_route_status_truncated_routes       gauge: routes whose status.parents could not hold all
 //	                                                     of aether's entries (MaxParents) at the last pass
 //	aether_registrar_route_status_watched                gauge: 1 while the kind's CRD is installed and its
-//	                                                     routes are watched (cache synced), else 0; by kind
+//	                                                     objects are watched (cache synced), else 0; by kind
+//	                                                     (the route kinds; Gateway, GatewayClass and
+//	                                                     ReferenceGrant with the Gateway controller on)
 //
 // A nil *Metrics records nothing.
 type Metrics struct {
@@ -1007,7 +1020,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		passes: prometheus.NewCounter(prometheus.CounterOpts{Name: "aether_registrar_route_status_passes_total",
-			Help: "Passes of the route status controller over every HTTPRoute and GRPCRoute."}),
+			Help: "Passes of the route status controller over every route."}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_registrar_route_status_writes_total",
 			Help: "Route status writes (UpdateStatus) of the route status controller, by route kind."}, []string{"kind"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_registrar_route_status_refused_total",
