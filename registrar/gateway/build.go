@@ -6,11 +6,13 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/aethermesh/aether/envoy"
@@ -40,6 +42,19 @@ const (
 // EdgeNodeID is the node.id of the edge Envoy of Gateway ns/name: "edge~<ns>~<name>"; the node
 // agent serves that Gateway's EdgeGateway to it.
 func EdgeNodeID(ns, name string) string { return "edge~" + ns + "~" + name }
+
+// NameProblem says why Gateway name cannot be given an edge data plane ("" when it can): the
+// edge objects' name, model.EdgeServiceAccountName(name), must be a DNS-1035 label (a Service's
+// name) and name a label value (the gateway-name label), so a Gateway name with a dot, or longer
+// than 51 characters, is refused.
+func NameProblem(name string) string {
+	edge := model.EdgeServiceAccountName(name)
+	if errs := validation.IsDNS1035Label(edge); len(errs) > 0 {
+		return fmt.Sprintf("metadata.name %q: the edge Service name %q is not a DNS-1035 label (%s); aether needs Gateway names of at most %d characters of lower case letters, digits and '-', starting with a letter",
+			name, edge, strings.Join(errs, "; "), validation.DNS1035LabelMaxLength-len(edge)+len(name))
+	}
+	return ""
+}
 
 // Labels are the labels of every object provisioned for Gateway name (and of its edge pods):
 // aether.io/managed-by: aether and gateway.networking.k8s.io/gateway-name: <name>.

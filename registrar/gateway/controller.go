@@ -80,7 +80,9 @@ type View struct {
 //
 // Each object is written by server-side apply (field manager FieldOwner, forcing ownership) when
 // it is missing or its AnnotationAppliedHash differs from what would be applied, so a pass that
-// changes nothing writes nothing. A provisioned object of a Gateway that is gone or whose class is
+// changes nothing writes nothing; a hand edit of a field it sets (kubectl scale) therefore stays
+// until the Gateway or the registrar's configuration changes, or the object is deleted. A Gateway
+// whose name cannot name its edge objects (NameProblem) gets none, and Programmed=False, Invalid. A provisioned object of a Gateway that is gone or whose class is
 // no longer aether's (labelled aether.io/managed-by: aether and gateway-name, named after the
 // Gateway) is deleted, as is a certificate copy no edge Gateway serves any more. Statuses are
 // written only when they differ, and only for the Gateway generation the View resolved.
@@ -162,9 +164,12 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 		if !accepted[string(gw.Spec.GatewayClassName)] {
 			continue
 		}
-		errs = append(errs, c.provision(ctx, gw, wanted))
+		problem := NameProblem(gw.Name)
+		if problem == "" {
+			errs = append(errs, c.provision(ctx, gw, wanted))
+		}
 		if st, ok := statuses[model.GatewayKey{Namespace: gw.Namespace, Name: gw.Name}]; ok {
-			errs = append(errs, c.gatewayStatus(ctx, gw, st, now))
+			errs = append(errs, c.gatewayStatus(ctx, gw, st, problem, now))
 		}
 	}
 	errs = append(errs, c.removeStale(ctx, wanted), c.certificates(ctx, v.Edges))
@@ -366,9 +371,10 @@ func (c *Controller) classStatus(ctx context.Context, gc *gwv1.GatewayClass, now
 	return nil
 }
 
-// gatewayStatus writes Gateway gw's status (Status) when it differs, for generation st.Generation
-// only (a Gateway changed since is left to the pass its change brings).
-func (c *Controller) gatewayStatus(ctx context.Context, gw *gwv1.Gateway, st model.GatewayStatus, now metav1.Time) error {
+// gatewayStatus writes Gateway gw's status (Status, with problem: NameProblem's) when it differs,
+// for generation st.Generation only (a Gateway changed since is left to the pass its change
+// brings).
+func (c *Controller) gatewayStatus(ctx context.Context, gw *gwv1.Gateway, st model.GatewayStatus, problem string, now metav1.Time) error {
 	name := types.NamespacedName{Namespace: gw.Namespace, Name: model.EdgeServiceAccountName(gw.Name)}
 	var dep *appsv1.Deployment
 	var svc *corev1.Service
@@ -388,7 +394,7 @@ func (c *Controller) gatewayStatus(ctx context.Context, gw *gwv1.Gateway, st mod
 		if gw.Generation != st.Generation {
 			return nil
 		}
-		want := Status(gw.Status, st, dep, svc, now)
+		want := Status(gw.Status, st, dep, svc, problem, now)
 		if equality.Semantic.DeepEqual(gw.Status, want) {
 			return nil
 		}

@@ -103,22 +103,27 @@ func available(d *appsv1.Deployment) bool { return d != nil && d.Status.Availabl
 // Status returns the status Gateway gw should hold: have (gw.Status) with the Accepted and
 // Programmed conditions and the listeners of st (what model.ResolveGateways found), addresses
 // Addresses(svc), every condition at observedGeneration st.Generation. Programmed is st's when
-// that is False; else True only when the edge Deployment dep has an available replica and an
-// address is known, else False with reason AddressNotAssigned (no address) or Pending (no
-// available replica), and a listener Programmed=True becomes False Pending with it. A condition
-// whose status did not change keeps its lastTransitionTime; conditions of other types are kept.
-func Status(have gwv1.GatewayStatus, st model.GatewayStatus, dep *appsv1.Deployment, svc *corev1.Service, now metav1.Time) gwv1.GatewayStatus {
+// that is False; else False with reason Invalid when the Gateway cannot have an edge data plane
+// (problem, NameProblem's), else True only when the edge Deployment dep has an available replica
+// and an address is known, else False with reason AddressNotAssigned (no address) or Pending (no
+// available replica). A listener's Programmed=True becomes False with the Gateway's (reason
+// Invalid, or Pending). A condition whose status did not change keeps its lastTransitionTime;
+// conditions of other types are kept.
+func Status(have gwv1.GatewayStatus, st model.GatewayStatus, dep *appsv1.Deployment, svc *corev1.Service, problem string, now metav1.Time) gwv1.GatewayStatus {
 	out := gwv1.GatewayStatus{Addresses: Addresses(svc), Conditions: slices.Clone(have.Conditions), AttachedListenerSets: have.AttachedListenerSets}
-	programmed, edgePending := st.Programmed, false
+	programmed, listenerReason := st.Programmed, ""
 	if programmed.Status {
-		edgePending = len(out.Addresses) == 0 || !available(dep)
+		edge := st.Key.Namespace + "/" + model.EdgeServiceAccountName(st.Key.Name)
 		switch {
+		case problem != "":
+			programmed = model.Condition{Reason: string(gwv1.GatewayReasonInvalid), Message: problem}
+			listenerReason = string(gwv1.ListenerReasonInvalid)
 		case len(out.Addresses) == 0:
-			programmed = model.Condition{Reason: string(gwv1.GatewayReasonAddressNotAssigned),
-				Message: fmt.Sprintf("the edge Service %s/%s has no address yet", st.Key.Namespace, model.EdgeServiceAccountName(st.Key.Name))}
+			programmed = model.Condition{Reason: string(gwv1.GatewayReasonAddressNotAssigned), Message: "the edge Service " + edge + " has no address yet"}
+			listenerReason = string(gwv1.ListenerReasonPending)
 		case !available(dep):
-			programmed = model.Condition{Reason: string(gwv1.GatewayReasonPending),
-				Message: fmt.Sprintf("waiting for the edge Deployment %s/%s to have an available replica", st.Key.Namespace, model.EdgeServiceAccountName(st.Key.Name))}
+			programmed = model.Condition{Reason: string(gwv1.GatewayReasonPending), Message: "waiting for the edge Deployment " + edge + " to have an available replica"}
+			listenerReason = string(gwv1.ListenerReasonPending)
 		}
 	}
 	meta.SetStatusCondition(&out.Conditions, condition(string(gwv1.GatewayConditionAccepted), st.Accepted, st.Generation, now))
@@ -129,8 +134,8 @@ func Status(have gwv1.GatewayStatus, st model.GatewayStatus, dep *appsv1.Deploym
 			conds = slices.Clone(have.Listeners[i].Conditions)
 		}
 		lp := l.Programmed
-		if lp.Status && edgePending {
-			lp = model.Condition{Reason: string(gwv1.ListenerReasonPending), Message: "the Gateway is not programmed yet: " + programmed.Message}
+		if lp.Status && listenerReason != "" {
+			lp = model.Condition{Reason: listenerReason, Message: "the Gateway is not programmed: " + programmed.Message}
 		}
 		for _, c := range []struct {
 			typ gwv1.ListenerConditionType
