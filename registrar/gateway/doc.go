@@ -38,9 +38,16 @@
 //     services it already assembles from the API server and the registry, and calls
 //     model.ResolveGateways in the same pass as model.Assemble. It writes the routes' status
 //     (mesh parents and Gateway parents: one writer per route object) and hands this package's
-//     Controller a View of each pass (SetView), which it applies. So the resolution is computed
-//     once, from one consistent read, and this package reads no Gateway API object itself: only
-//     its own objects and the certificate Secrets, from the manager's cache.
+//     Controller a View of each pass (SetView), which it applies. The route status controller
+//     calls model.ResolveGateways itself, rather than being handed the routes' Gateway statuses,
+//     because it already reads every route and assembles the mesh services (with the protocols
+//     the registry's endpoint records give their ports) that the resolution needs: the other way
+//     round this package would read the routes and follow the registry too. So the resolution is
+//     computed once, from one consistent read, the route status controller stays the one writer
+//     of route status, and this package reads no Gateway API object itself: only its own
+//     objects and the certificate Secrets, from the manager's cache. Its provisioning does not
+//     depend on the resolution (only on the Gateway's class, listeners and addresses); its
+//     certificate copies and Gateway status do.
 //
 // It writes only objects labelled aether.io/managed-by: aether (the chart's
 // ValidatingAdmissionPolicy refuses it any other), Secrets only in the registrar's namespace, and
