@@ -1,7 +1,6 @@
 package model
 
 import (
-	corev1 "k8s.io/api/core/v1"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
@@ -9,9 +8,9 @@ import (
 // h-gwctl, codes against them). When h-gwmodel is merged, delete this file: the compiler then
 // names any signature that differs.
 
-// CheckCertificate says whether a Secret of type typ with data can serve as a listener's
+// CheckCertificate says whether a Secret of type secretType with data can serve as a listener's
 // certificate (tls.crt and tls.key that parse and match), as a CertificateState.
-func CheckCertificate(typ corev1.SecretType, data map[string][]byte) CertificateState {
+func CheckCertificate(secretType string, data map[string][]byte) CertificateState {
 	panic("not implemented yet")
 }
 

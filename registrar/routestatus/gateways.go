@@ -96,5 +96,5 @@ func (c *Controller) certificate(ctx context.Context, ref model.SecretKey) (mode
 	case err != nil:
 		return model.CertificateState{}, false, fmt.Errorf("route status: read certificate Secret %s: %w", ref, err)
 	}
-	return model.CheckCertificate(s.Type, s.Data), true, nil
+	return model.CheckCertificate(string(s.Type), s.Data), true, nil
 }
