@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
 	authnv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -83,12 +84,15 @@ func wantDenied(t *testing.T, what string, err error, policy string, want ...str
 // are not in its RBAC, and must not be: once granted, an eviction of a pod on node-2 passes (the
 // policy cannot see an eviction's pod). The registrar may create, update and delete Services and ServiceImports
 // labelled aether.io/managed-by=aether and is refused, naming the rule, for unlabelled ones
-// (create, update, delete, status) and for removing the label; an admin is not affected.
+// (create, update, delete, status) and for removing the label; likewise for Deployments and
+// ServiceAccounts (the edge Gateways'), and for Secrets, which it may write only in its own
+// namespace (RBAC) and read anywhere (certificateRefs); an admin is not affected. The agent may read
+// Secrets in the release namespace only (the certificate copies), and write none.
 func TestAdmissionPolicies(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, mcsv1beta1.Install} {
+	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, mcsv1beta1.Install} {
 		if err := add(scheme); err != nil {
 			t.Fatal(err)
 		}
@@ -280,9 +284,78 @@ func TestAdmissionPolicies(t *testing.T) {
 		wantDenied(t, "the registrar writes a user's ServiceImport status", reg.Status().Update(ctx, userSI), registrarPolicy,
 			"ServiceImport shop/api is not")
 
+		// The edge Gateways' Deployments and ServiceAccounts (registrar/gateway), in any namespace.
+		dep := func(name string, labels map[string]string) *appsv1.Deployment {
+			sel := map[string]string{"app": name}
+			return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, Labels: labels},
+				Spec: appsv1.DeploymentSpec{Selector: &metav1.LabelSelector{MatchLabels: sel}, Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: sel}, Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "envoy", Image: "envoy"}}}}}}
+		}
+		edgeDep := dep("web-aether-edge", managed)
+		if err := reg.Create(ctx, edgeDep); err != nil {
+			t.Errorf("the registrar creates a managed Deployment: %v", err)
+		}
+		if err := reg.Delete(ctx, edgeDep); err != nil {
+			t.Errorf("the registrar deletes its managed Deployment: %v", err)
+		}
+		wantDenied(t, "the registrar creates an unlabelled Deployment", reg.Create(ctx, dep("db", nil)), registrarPolicy,
+			"may create only objects labelled aether.io/managed-by=aether; Deployment shop/db is not")
+		userDep := dep("api", nil)
+		if err := admin.Create(ctx, userDep); err != nil {
+			t.Fatal(err)
+		}
+		wantDenied(t, "the registrar deletes a user's Deployment", reg.Delete(ctx, userDep), registrarPolicy, "Deployment shop/api is not")
+		if err := reg.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-aether-edge", Labels: managed}}); err != nil {
+			t.Errorf("the registrar creates a managed ServiceAccount: %v", err)
+		}
+		wantDenied(t, "the registrar deletes a user's ServiceAccount", reg.Delete(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "default"}}),
+			registrarPolicy, "ServiceAccount shop/default is not")
+
+		// Secrets: the certificate copies, in its own namespace only (RBAC), labelled (the policy).
+		secret := func(ns, name string, labels map[string]string) *corev1.Secret {
+			return &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels}, Type: corev1.SecretTypeTLS,
+				Data: map[string][]byte{corev1.TLSCertKey: []byte("c"), corev1.TLSPrivateKeyKey: []byte("k")}}
+		}
+		copied := secret("aether-system", "edge-cert-0123456789abcdef", managed)
+		if err := reg.Create(ctx, copied); err != nil {
+			t.Errorf("the registrar creates a managed Secret in its namespace: %v", err)
+		}
+		if err := reg.Delete(ctx, copied); err != nil {
+			t.Errorf("the registrar deletes its managed Secret: %v", err)
+		}
+		wantDenied(t, "the registrar creates an unlabelled Secret in its namespace", reg.Create(ctx, secret("aether-system", "loose", nil)), registrarPolicy,
+			"Secret aether-system/loose is not")
+		if err := reg.Create(ctx, secret("shop", "edge-cert-0123456789abcdef", managed)); !apierrors.IsForbidden(err) || strings.Contains(err.Error(), "ValidatingAdmissionPolicy") {
+			t.Errorf("the registrar creates a Secret in another namespace: %v, want Forbidden by RBAC", err)
+		}
+		userSecret := secret("shop", "www", nil)
+		if err := admin.Create(ctx, userSecret); err != nil {
+			t.Fatal(err)
+		}
+		var read corev1.Secret
+		if err := reg.Get(ctx, client.ObjectKeyFromObject(userSecret), &read); err != nil {
+			t.Errorf("the registrar reads a certificate Secret in another namespace: %v", err)
+		}
+
 		// The policy binds the registrar's ServiceAccount only.
 		if err := admin.Create(ctx, svc("db", nil)); err != nil {
 			t.Errorf("an admin creates an unlabelled Service: %v", err)
+		}
+	})
+
+	t.Run("agent secrets", func(t *testing.T) {
+		agent := kubernetes.NewForConfigOrDie(tokenConfig(t, api, cs, "aether-agent", nil))
+		if _, err := agent.CoreV1().Secrets("aether-system").List(ctx, metav1.ListOptions{LabelSelector: model.LabelEdgeCertificate + "=true"}); err != nil {
+			t.Errorf("the agent lists the certificate copies in the release namespace: %v", err)
+		}
+		if _, err := agent.CoreV1().Secrets("shop").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("the agent lists Secrets in another namespace: %v, want Forbidden", err)
+		}
+		if _, err := agent.CoreV1().Secrets("").List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("the agent lists Secrets cluster-wide: %v, want Forbidden", err)
+		}
+		if _, err := agent.CoreV1().Secrets("aether-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "x"}}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("the agent creates a Secret: %v, want Forbidden", err)
 		}
 	})
 }

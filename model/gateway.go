@@ -1,6 +1,8 @@
 package model
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"time"
 )
 
@@ -299,3 +301,20 @@ type GatewayRouteStatus struct {
 
 // EdgeServiceAccountName is the ServiceAccount aether provisions for a Gateway's edge pods.
 func EdgeServiceAccountName(gateway string) string { return gateway + "-aether-edge" }
+
+// Published certificates (docs/gateway.md, "Certificates"): the registrar copies every usable
+// certificateRef of an accepted Terminate listener into its own namespace, as a Secret of type
+// kubernetes.io/tls named EdgeCertificateSecretName(ref), labelled LabelEdgeCertificate "true"
+// (and LabelManagedBy) and annotated AnnotationCertificateRef "<namespace>/<name>" of the
+// original; agents, which may not read Secrets cluster-wide, watch only these.
+const (
+	LabelEdgeCertificate     = "aether.io/edge-certificate"
+	AnnotationCertificateRef = "aether.io/certificate-ref"
+)
+
+// EdgeCertificateSecretName returns the name of the published copy of certificateRef ref:
+// "edge-cert-" and the first 16 hex digits of the SHA-256 of "<namespace>/<name>".
+func EdgeCertificateSecretName(ref SecretKey) string {
+	sum := sha256.Sum256([]byte(ref.String()))
+	return "edge-cert-" + hex.EncodeToString(sum[:])[:16]
+}

@@ -18,7 +18,8 @@ import (
 // namespace mesh-system and parses the registrar Deployment's container (args, environment from
 // the rendered aether-config, the downward API) with the registrar's own parser: the password
 // must come from the values' Secret (checked here, as deploy.Env computes no Secret
-// references), every other value must reach the registrar's configuration, and only the 3
+// references), every other value must reach the registrar's configuration (the edge Gateways'
+// Envoy image is the agent DaemonSet's), and only the 3
 // registry TLS files may be missing, mounted from the required Secret of the values. deploy's
 // TestChartValues checks the rest.
 func TestChartValuesRegistrar(t *testing.T) {
@@ -68,6 +69,19 @@ func TestChartValuesRegistrar(t *testing.T) {
 		if v, _, _, err := deploy.MountedFrom(rspec, rc, p); err != nil || v.Secret == nil || v.Secret.SecretName != "etcd-client" || (v.Secret.Optional != nil && *v.Secret.Optional) {
 			t.Errorf("registrar reads %s from volume %s, Secret %+v (%v), want the required Secret etcd-client", p, v.Name, v.Secret, err)
 		}
+	}
+	// The edge Gateways' Envoy is the agent DaemonSet's Envoy image, and the certificate copies
+	// live in the release namespace.
+	var ds appsv1.DaemonSet
+	if err := deploy.DecodeObject(objs, "DaemonSet", "aether-agent", &ds); err != nil {
+		t.Fatal(err)
+	}
+	ec, err := deploy.Container(ds.Spec.Template.Spec, "envoy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rcfg.EdgeEnvoyImage == "" || rcfg.EdgeEnvoyImage != ec.Image || rcfg.Namespace != ns {
+		t.Errorf("registrar --edge-envoy-image %q, --namespace %q; want the agent's Envoy image %q and %q", rcfg.EdgeEnvoyImage, rcfg.Namespace, ec.Image, ns)
 	}
 	if rcfg.Cluster != "east" || rcfg.Region != "eu-west" || rcfg.RegistryUser != "aether.eu-west.east" || rcfg.LeaderElectNamespace != ns ||
 		!slices.Equal(rcfg.Registry.Endpoints(), []string{"https://10.0.0.2:2379", "https://10.0.0.3:2379"}) || rcfg.LogLevel != slog.LevelDebug {

@@ -39,6 +39,13 @@ type RunConfig struct {
 	RetryPeriod          time.Duration // --leader-elect-retry-period
 	ReleaseOnCancel      bool          // --leader-elect-release-on-cancel
 
+	// EdgeEnvoyImage is --edge-envoy-image: the Envoy image of the edge Gateways' Deployments
+	// (the agent DaemonSet's); empty turns aether's Gateway controller off.
+	EdgeEnvoyImage string
+	// Namespace is --namespace, POD_NAMESPACE: the registrar's own namespace, where the Gateway
+	// controller publishes the edge Gateways' certificates for the agents.
+	Namespace string
+
 	MetricsAddr string // --metrics-addr
 	HealthAddr  string // --health-addr
 	Workers     int    // --workers
@@ -188,6 +195,8 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	fs.DurationVar(&c.RenewDeadline, "leader-elect-renew-deadline", 10*time.Second, "how long the leader keeps trying to renew before it steps down")
 	fs.DurationVar(&c.RetryPeriod, "leader-elect-retry-period", 2*time.Second, "interval between leader election attempts")
 	fs.BoolVar(&c.ReleaseOnCancel, "leader-elect-release-on-cancel", true, "give up the lease at once on a clean shutdown")
+	fs.StringVar(&c.EdgeEnvoyImage, "edge-envoy-image", "", "Envoy image of the edge Gateways' Deployments (the agent DaemonSet's Envoy image); empty: aether serves no GatewayClass")
+	ef.StringVar(&c.Namespace, "namespace", "POD_NAMESPACE", "aether-system", "the registrar's own namespace: the edge Gateways' certificate copies live there")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
 	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
 	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")
@@ -221,6 +230,16 @@ func (c RunConfig) validate() error {
 		if c.RetryPeriod <= 0 || c.RenewDeadline <= c.RetryPeriod || c.LeaseDuration <= c.RenewDeadline {
 			errs = append(errs, fmt.Errorf("--leader-elect-lease-duration %s, --leader-elect-renew-deadline %s, --leader-elect-retry-period %s: want lease > renew > retry > 0",
 				c.LeaseDuration, c.RenewDeadline, c.RetryPeriod))
+		}
+	}
+	if c.EdgeEnvoyImage != "" {
+		if c.Namespace == "" {
+			errs = append(errs, errors.New("--namespace (POD_NAMESPACE) is required with --edge-envoy-image"))
+		} else if e := validation.IsDNS1123Label(c.Namespace); len(e) > 0 {
+			errs = append(errs, fmt.Errorf("--namespace %q: %s", c.Namespace, strings.Join(e, "; ")))
+		}
+		if strings.ContainsAny(c.EdgeEnvoyImage, " \t\n") {
+			errs = append(errs, fmt.Errorf("--edge-envoy-image %q: want an image reference (no spaces)", c.EdgeEnvoyImage))
 		}
 	}
 	if c.Workers < 1 {

@@ -43,6 +43,12 @@ func TestParseConfig(t *testing.T) {
 		{name: "missing file", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
 		{name: "lease timings", args: []string{"--leader-elect-renew-deadline", "20s"}, wantErr: "--leader-elect-lease-duration 15s"},
 		{name: "no leader election needs no namespace", args: []string{"--leader-elect=false", "--leader-elect-namespace", ""}, check: func(c RunConfig) bool { return !c.LeaderElect }},
+		{name: "edge Envoy image, namespace from POD_NAMESPACE", args: []string{"--edge-envoy-image", "registry.example/aether-envoy:1.0"}, check: func(c RunConfig) bool {
+			return c.EdgeEnvoyImage == "registry.example/aether-envoy:1.0" && c.Namespace == "mesh-system"
+		}},
+		{name: "edge Envoy image without a namespace", args: []string{"--edge-envoy-image", "aether-envoy:dev", "--namespace", ""}, wantErr: "--namespace (POD_NAMESPACE) is required with --edge-envoy-image"},
+		{name: "edge Envoy image, bad namespace", args: []string{"--edge-envoy-image", "aether-envoy:dev", "--namespace", "Mesh_System"}, wantErr: `--namespace "Mesh_System"`},
+		{name: "bad edge Envoy image", args: []string{"--edge-envoy-image", "aether envoy"}, wantErr: `--edge-envoy-image "aether envoy"`},
 		{name: "workers", args: []string{"--workers", "0"}, wantErr: "--workers 0"},
 		{name: "cluster id timeout", args: []string{"--cluster-id-timeout", "0s"}, wantErr: "--cluster-id-timeout 0s"},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},

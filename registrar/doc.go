@@ -8,8 +8,12 @@
 // ExportController (ServiceExport to an export mark in this cluster's registry partition, with
 // Valid, Ready and Conflict conditions) and the ImportGenerator (ServiceImport and the
 // <svc>-clusterset VIP Service from the clusterset-wide export view) —, the route status
-// controller of package registrar/routestatus (aether's status.parents entries of GAMMA
-// HTTPRoutes and GRPCRoutes, once their CRDs are installed), and a registry probe that
+// controller of package registrar/routestatus (aether's status.parents entries of the Gateway API
+// routes, once their CRDs are installed: GAMMA HTTPRoutes and GRPCRoutes, and every route kind's
+// entries for its parentRefs to aether's Gateways), aether's Gateway controller of package
+// registrar/gateway (with Config.EdgeEnvoyImage: the GatewayClasses of controllerName
+// aether.io/gateway-controller, each of their Gateways' edge Deployment, Service and
+// ServiceAccount, the copies of their certificates, Gateway status), and a registry probe that
 // makes the registrar not ready while the registry does not answer (and, when the registry
 // partition is claimed by another cluster, stops the registrar or, with
 // Config.KeepRunningOnClaimConflict, pauses the controllers). docs/registrar.md is the
@@ -17,8 +21,9 @@
 //
 // It is the only aether component that writes Kubernetes objects from registry state, and it
 // never touches objects aether did not create (label aether.io/managed-by: aether); of other
-// objects it writes only status: ServiceExport status, and its own (controllerName
-// aether.io/gateway-controller) entries of HTTPRoute and GRPCRoute status.parents. It must not
+// objects it writes only status: ServiceExport status, GatewayClass and Gateway status of aether's
+// classes, and its own (controllerName aether.io/gateway-controller) entries of the routes'
+// status.parents. Secrets it writes only in its own namespace (the certificate copies). It must not
 // write endpoints or another cluster's registry partition (package registry owns the key layout
 // and refuses such writes).
 package registrar

@@ -27,6 +27,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
+	"github.com/aethermesh/aether/registrar/gateway"
 	"github.com/aethermesh/aether/registrar/mcs"
 	"github.com/aethermesh/aether/registrar/routestatus"
 	"github.com/aethermesh/aether/registry"
@@ -89,9 +90,16 @@ type Config struct {
 	// SkipNameValidation allows several registrars in one process (tests).
 	SkipNameValidation bool
 	// RouteCRDRecheck is how often the route status controller looks again for a Gateway API
-	// route CRD (HTTPRoute, GRPCRoute) that is not installed, and checks that a watched one still
-	// is (default 30 s).
+	// CRD (the routes', and the Gateway controller's GatewayClass, Gateway and ReferenceGrant)
+	// that is not installed, and checks that a watched one still is (default 30 s).
 	RouteCRDRecheck time.Duration
+	// EdgeEnvoyImage is the Envoy image of the edge Gateways' Deployments (registrar/gateway:
+	// the agent DaemonSet's Envoy image). Empty turns aether's Gateway controller off: no
+	// GatewayClass is served, and routes get status entries for their mesh parents only.
+	EdgeEnvoyImage string
+	// Namespace is the registrar's own namespace, where the Gateway controller publishes the
+	// copies of the edge Gateways' certificates. Required with EdgeEnvoyImage.
+	Namespace string
 	// Logger receives the registrar's logs. Required.
 	Logger *slog.Logger
 }
@@ -106,6 +114,8 @@ type Registrar struct {
 	export *mcs.ExportController
 	imp    *mcs.ImportGenerator
 	routes *routestatus.Controller
+	// gateways is aether's Gateway controller; nil without Config.EdgeEnvoyImage.
+	gateways *gateway.Controller
 
 	mu       sync.Mutex
 	probeErr error
@@ -132,6 +142,8 @@ func New(cfg Config) (*Registrar, error) {
 		return nil, errors.New("create registrar: Probe: required")
 	case cfg.Logger == nil:
 		return nil, errors.New("create registrar: Logger: required")
+	case cfg.EdgeEnvoyImage != "" && cfg.Namespace == "":
+		return nil, errors.New("create registrar: Namespace: required with EdgeEnvoyImage (the Gateway controller's certificate copies live there)")
 	case cfg.LeaderElection && (cfg.LeaderElectionID == "" || cfg.LeaderElectionNamespace == ""):
 		return nil, fmt.Errorf("create registrar: leader election needs LeaderElectionID (%q) and LeaderElectionNamespace (%q)", cfg.LeaderElectionID, cfg.LeaderElectionNamespace)
 	}
@@ -156,6 +168,7 @@ func New(cfg Config) (*Registrar, error) {
 	}
 	opts := ctrl.Options{
 		Scheme:                        scheme,
+		Cache:                         cache.Options{ByObject: gateway.CacheByObject()},
 		Logger:                        logr.FromSlogHandler(cfg.Logger.Handler()),
 		Metrics:                       metricsserver.Options{BindAddress: addr(cfg.MetricsAddr)},
 		HealthProbeBindAddress:        addr(cfg.HealthAddr),
@@ -220,7 +233,23 @@ func New(cfg Config) (*Registrar, error) {
 		Client: mgr.GetClient(), Gateway: gw, Discovery: disc, Log: log, Metrics: rmet, CRDRecheck: cfg.RouteCRDRecheck,
 		Cluster: cfg.Exports.Origin().Cluster, Endpoints: cfg.Endpoints, Exports: view, RegistryErr: r.registryErr,
 		RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
-		SkipNameValidation: cfg.SkipNameValidation,
+		SkipNameValidation: cfg.SkipNameValidation, APIReader: mgr.GetAPIReader(),
+	}
+	// aether's Gateway controller applies what the route status controller resolves (package
+	// gateway's doc says why one pass computes both); like it, it is not paused on a claim
+	// conflict: it writes nothing into the registry.
+	if cfg.EdgeEnvoyImage != "" {
+		r.gateways = &gateway.Controller{
+			Client: mgr.GetClient(), Gateway: gw, Namespace: cfg.Namespace, EnvoyImage: cfg.EdgeEnvoyImage, Log: log,
+			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
+			SkipNameValidation: cfg.SkipNameValidation,
+		}
+		r.routes.Gateways = r.gateways
+		if err := r.gateways.SetupWithManager(mgr); err != nil {
+			return nil, fmt.Errorf("create registrar: %w", err)
+		}
+	} else {
+		log.Info("registrar: no edge Envoy image (--edge-envoy-image): aether's Gateway controller is off, no GatewayClass is served")
 	}
 	if err := errors.Join(
 		mgr.Add(view),

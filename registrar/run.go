@@ -72,7 +72,8 @@ func Run(ctx context.Context, cfg RunConfig) error {
 		LeaderElection: leaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
-		MetricsAddr:     cfg.MetricsAddr, HealthAddr: cfg.HealthAddr, Metrics: ctrlmetrics.Registry,
+		EdgeEnvoyImage:  cfg.EdgeEnvoyImage, Namespace: cfg.Namespace,
+		MetricsAddr: cfg.MetricsAddr, HealthAddr: cfg.HealthAddr, Metrics: ctrlmetrics.Registry,
 		Workers: cfg.Workers, Logger: log,
 	})
 	if err != nil {

@@ -176,7 +176,7 @@ func benchmarkPass(b *testing.B, nRoutes, nServices, nEndpoints int) {
 	if n := len(gw.Actions()) - before; n != 0 {
 		b.Fatalf("%d API calls in passes that had nothing to write", n)
 	}
-	if src, err := c.sources(ctx, c.http, nil); err != nil || len(src.Endpoints) != min(nRoutes, nServices)*nEndpoints {
+	if src, err := c.sources(ctx, listers{http: c.http}); err != nil || len(src.Endpoints) != min(nRoutes, nServices)*nEndpoints {
 		b.Fatalf("a pass read %d endpoints (%v), want those of the %d services its routes name", len(src.Endpoints), err, min(nRoutes, nServices))
 	}
 }

@@ -21,10 +21,12 @@ import (
 	"k8s.io/client-go/util/retry"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
@@ -34,6 +36,7 @@ import (
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/registrar/gateway"
 )
 
 // DefaultCRDRecheck is how often a route CRD that is not installed is looked for again, and how
@@ -47,28 +50,52 @@ const DefaultPassDelay = 200 * time.Millisecond
 // pass, so a burst of changes is coalesced into one (the queue holds a key once).
 var syncAll = reconcile.Request{}
 
-// Route resources as discovery names them.
-const (
-	resHTTPRoutes = "httproutes"
-	resGRPCRoutes = "grpcroutes"
-)
+// kind is one Gateway API kind the controller follows: its resource as discovery names it, its
+// kind, and whether only the Gateway side (Controller.Gateways) reads it.
+type kind struct {
+	res, kind string
+	gateway   bool
+}
 
-// Controller writes aether's status.parents entries of every HTTPRoute and GRPCRoute
-// (gateway.networking.k8s.io/v1, every namespace), as model.Assemble resolves them from the
-// cluster's routes, Services, ServiceImports and mesh namespaces (labelled aether.io/mesh:
-// enabled) and the registry's endpoint records and export marks of the services the routes name;
-// ParentStatuses says what an entry holds. The endpoint records give a Service or ServiceImport
-// port without appProtocol its protocol (the one most of its endpoints declare, from their pods'
-// endpoint.aether.io/protocol annotation; this cluster's endpoints for a Service, the exporting
-// clusters' for a ServiceImport), as the agents take it from the same records, so the status says
-// what the agents serve. A route is written (UpdateStatus) only when
-// its merged status differs from the stored one; a write refused for a stale resourceVersion is
-// retried on the route read again. A write the API server refuses as invalid or too large is
-// not retried (the same pass would be refused again): it is logged and counted once per route
-// generation, and the route is written again when it or what it refers to changes.
+// kinds are the kinds the controller follows, each once its CRD is installed.
+var kinds = []kind{
+	{"httproutes", "HTTPRoute", false}, {"grpcroutes", "GRPCRoute", false},
+	{"tcproutes", "TCPRoute", false}, {"tlsroutes", "TLSRoute", false}, {"udproutes", "UDPRoute", false},
+	{"gateways", "Gateway", true}, {"gatewayclasses", "GatewayClass", true}, {"referencegrants", "ReferenceGrant", true},
+}
+
+// GatewayViews receives the gateway.View of each pass (gateway.Controller).
+type GatewayViews interface {
+	SetView(gateway.View)
+}
+
+// Controller writes aether's status.parents entries of every route (gateway.networking.k8s.io/v1,
+// every namespace). Those of HTTPRoutes' and GRPCRoutes' mesh parentRefs are what model.Assemble
+// resolves from the cluster's routes, Services, ServiceImports and mesh namespaces (labelled
+// aether.io/mesh: enabled) and the registry's endpoint records and export marks of the services
+// the routes name; ParentStatuses says what an entry holds. The endpoint records give a Service or
+// ServiceImport port without appProtocol its protocol (the one most of its endpoints declare, from
+// their pods' endpoint.aether.io/protocol annotation; this cluster's endpoints for a Service, the
+// exporting clusters' for a ServiceImport), as the agents take it from the same records, so the
+// status says what the agents serve.
 //
-// Each route kind is watched once its CRD is installed: at start the controller looks for it in
-// discovery, and, when it is missing, logs so once and looks again every CRDRecheck. A watched
+// With Gateways set, each pass also resolves the Gateways (model.ResolveGateways) from the
+// GatewayClasses, Gateways, ReferenceGrants, every route, the namespaces' labels, the mesh
+// services of the same pass and the certificateRefs' Secrets (model.CheckCertificate), writes
+// every route kind's entries for its parentRefs to aether's Gateways, and hands the Gateways'
+// side to Gateways (a gateway.View); with no Gateway of a class aether accepts, nothing is
+// resolved. An entry of aether's for a parentRef that is neither a mesh parent nor one of aether's
+// Gateways is removed.
+//
+// A route is written (UpdateStatus) only when its merged status differs from the stored one; a
+// write refused for a stale resourceVersion is retried on the route read again. A write the API
+// server refuses as invalid or too large is not retried (the same pass would be refused again):
+// it is logged and counted once per route generation, and the route is written again when it or
+// what it refers to changes.
+//
+// Each Gateway API kind (the five route kinds; with Gateways set, GatewayClass, Gateway and
+// ReferenceGrant too) is watched once its CRD is installed: at start the controller looks for it
+// in discovery, and, when it is missing, logs so once and looks again every CRDRecheck. A watched
 // kind whose CRD is deleted (its list answers 404, or discovery no longer lists it at a
 // CRDRecheck) is no longer watched nor listed, and is looked for again as at start. No pass
 // runs until each kind is either watched with its cache synced or known not to be installed: a
@@ -89,7 +116,7 @@ const (
 // (registrar.Config.KeepRunningOnClaimConflict), unlike the MCS controllers: it reads this
 // cluster's Kubernetes objects (the ServiceImports it reads are whatever this cluster holds,
 // whether or not the import generator runs) and the registry's records, as the agents read them,
-// and writes only route status, never the registry, so a claim conflict changes nothing it
+// and writes only route status (and hands on Gateway views), never the registry, so a claim conflict changes nothing it
 // writes, and the agents go on serving the routes it reports on.
 type Controller struct {
 	// Client reads Services, ServiceImports and Namespaces (the manager's cache, whose informers
@@ -130,12 +157,32 @@ type Controller struct {
 	// SkipNameValidation allows several controllers of this name in one process (tests).
 	SkipNameValidation bool
 
+	// Gateways, when set, makes the controller aether's Gateway API reader too: it follows the
+	// GatewayClass, Gateway and ReferenceGrant CRDs beside the routes', resolves the Gateways
+	// (model.ResolveGateways) in every pass, writes the routes' entries for their Gateway
+	// parentRefs and hands each pass's gateway.View to Gateways. Nil: no Gateway is aether's, and
+	// the routes get entries for their mesh parentRefs only.
+	Gateways GatewayViews
+	// APIReader reads a certificateRef's Secret that the manager's cache (which holds only
+	// Secrets of type kubernetes.io/tls, gateway.CacheByObject) does not: one of another type is
+	// reported as such rather than as missing. Nil: such a Secret counts as missing.
+	APIReader client.Reader
+
 	mu sync.Mutex
-	// http and grpc list the watched routes of each kind (nil: not watched); pending holds the
-	// kinds whose state is not known yet (no discovery answer, or a cache not synced).
-	http    gwlisters.HTTPRouteLister
-	grpc    gwlisters.GRPCRouteLister
-	pending map[string]bool
+	// http ... grants list the watched objects of each kind (nil: not watched); pending holds
+	// the kinds whose state is not known yet (no discovery answer, or a cache not synced).
+	http     gwlisters.HTTPRouteLister
+	grpc     gwlisters.GRPCRouteLister
+	tcp      gwlisters.TCPRouteLister
+	tls      gwlisters.TLSRouteLister
+	udp      gwlisters.UDPRouteLister
+	gateways gwlisters.GatewayLister
+	classes  gwlisters.GatewayClassLister
+	grants   gwlisters.ReferenceGrantLister
+	pending  map[string]bool
+	// secrets are the certificateRefs of the last pass's Gateways (under mu): their Secrets'
+	// changes ask for a pass.
+	secrets map[model.SecretKey]bool
 
 	// notes is what was last logged about each route whose status did not fit or was refused,
 	// refusals the last refused write of each route (Reconcile only, which runs one at a time).
@@ -152,82 +199,106 @@ type Controller struct {
 
 var _ reconcile.Reconciler = &Controller{}
 
-// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;grpcroutes,verbs=get;list;watch
-// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes/status;grpcroutes/status,verbs=update;patch
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes;grpcroutes;tcproutes;tlsroutes;udproutes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=httproutes/status;grpcroutes/status;tcproutes/status;tlsroutes/status;udproutes/status,verbs=update;patch
+// +kubebuilder:rbac:groups=gateway.networking.k8s.io,resources=gatewayclasses;gateways;referencegrants,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=services;namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=multicluster.x-k8s.io,resources=serviceimports,verbs=get;list;watch
 
 // Reconcile makes one pass over every watched route (the request is ignored: there is one) and
-// writes the status of those whose status differs. It returns the errors of the routes it could
-// not write and may write later, joined (the pass is retried with back-off), or the cache's
-// error.
+// writes the status of those whose status differs; with Gateways set, it resolves the Gateways
+// first and hands their View on. It returns the errors of the routes it could not write and may
+// write later, joined (the pass is retried with back-off), or the cache's error.
 func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
-	c.mu.Lock()
-	hl, gl, pending := c.http, c.grpc, len(c.pending) > 0
-	c.mu.Unlock()
-	if pending || (hl == nil && gl == nil) {
+	ls, pending := c.listed()
+	if pending || (ls == listers{} && c.Gateways == nil) {
 		return reconcile.Result{}, nil // a kind's state is not known yet, or no kind is watched
 	}
 	if synced, _, _ := c.eps.state(); !synced || !c.Exports.Synced() {
 		return reconcile.Result{}, nil // the registry's records not read yet: their first read brings a pass
 	}
-	src, err := c.sources(ctx, hl, gl)
+	src, err := c.sources(ctx, ls)
 	if err != nil {
 		return reconcile.Result{}, err
 	}
 	c.noteRegistry()
-	httpRoutes := map[model.RouteRef]*gwv1.HTTPRoute{}
-	for _, r := range src.HTTPRoutes {
-		httpRoutes[model.RouteRef{Kind: model.KindHTTPRoute, Namespace: r.Namespace, Name: r.Name}] = r
+	mesh := model.Assemble(0, src.Sources)
+	meshStatus := map[model.RouteRef]model.RouteStatus{}
+	for _, st := range mesh.RouteStatuses() {
+		meshStatus[st.Route] = st
 	}
-	grpcRoutes := map[model.RouteRef]*gwv1.GRPCRoute{}
-	for _, r := range src.GRPCRoutes {
-		grpcRoutes[model.RouteRef{Kind: model.KindGRPCRoute, Namespace: r.Namespace, Name: r.Name}] = r
+	gwStatus := map[model.RouteRef]model.GatewayRouteStatus{}
+	if c.Gateways != nil {
+		view, routes, err := c.resolveGateways(ctx, &src, mesh)
+		if err != nil {
+			return reconcile.Result{}, err
+		}
+		c.Gateways.SetView(view)
+		for _, st := range routes {
+			gwStatus[st.Route] = st
+		}
 	}
-	now := metav1.Now()
-	var errs []error
-	truncated := 0
-	seen := map[model.RouteRef]bool{}
-	for _, st := range model.Assemble(0, src).RouteStatuses() {
-		var res outcome
-		prev := c.refusals[st.Route]
-		switch st.Route.Kind {
-		case model.KindHTTPRoute:
-			if r := httpRoutes[st.Route]; r != nil {
-				res = write(ctx, c.Log, c.Metrics, httpKind(c.Gateway), r, st, now, prev)
-			}
-		case model.KindGRPCRoute:
-			if r := grpcRoutes[st.Route]; r != nil {
-				res = write(ctx, c.Log, c.Metrics, grpcKind(c.Gateway), r, st, now, prev)
-			}
-		}
-		seen[st.Route] = true
-		if res.refused != nil {
-			if c.refusals == nil {
-				c.refusals = map[model.RouteRef]*refusal{}
-			}
-			c.refusals[st.Route] = res.refused
-		} else {
-			delete(c.refusals, st.Route)
-		}
-		errs = append(errs, res.err)
-		if res.omitted > 0 {
-			truncated++
-		}
-		c.note(st, res)
-	}
+	p := &passWrites{c: c, now: metav1.Now(), seen: map[model.RouteRef]bool{}, mesh: meshStatus, gw: gwStatus}
+	writeAll(ctx, p, httpKind(c.Gateway), src.HTTPRoutes)
+	writeAll(ctx, p, grpcKind(c.Gateway), src.GRPCRoutes)
+	writeAll(ctx, p, tcpKind(c.Gateway), src.tcp)
+	writeAll(ctx, p, tlsKind(c.Gateway), src.tls)
+	writeAll(ctx, p, udpKind(c.Gateway), src.udp)
 	for ref := range c.notes {
-		if !seen[ref] {
+		if !p.seen[ref] {
 			delete(c.notes, ref)
 		}
 	}
 	for ref := range c.refusals {
-		if !seen[ref] {
+		if !p.seen[ref] {
 			delete(c.refusals, ref)
 		}
 	}
-	c.Metrics.pass(truncated)
-	return reconcile.Result{}, errors.Join(errs...)
+	c.Metrics.pass(p.truncated)
+	return reconcile.Result{}, errors.Join(p.errs...)
+}
+
+// passWrites is what one pass writes from, and what its writes found.
+type passWrites struct {
+	c    *Controller
+	now  metav1.Time
+	mesh map[model.RouteRef]model.RouteStatus
+	gw   map[model.RouteRef]model.GatewayRouteStatus
+
+	seen      map[model.RouteRef]bool
+	errs      []error
+	truncated int
+}
+
+// writeAll writes the status of each of routes, of kind k, that differs from what the pass
+// found for it: its mesh parents' entries and its Gateway parents' (none when the pass found
+// none, which removes aether's entries it holds).
+func writeAll[T client.Object](ctx context.Context, p *passWrites, k routeKind[T], routes []T) {
+	c := p.c
+	for _, r := range routes {
+		ref := model.RouteRef{Kind: k.kind, Namespace: r.GetNamespace(), Name: r.GetName()}
+		w := routeWant{mesh: model.RouteStatus{Route: ref, Generation: r.GetGeneration()}, gw: p.gw[ref]}
+		if st, ok := p.mesh[ref]; ok {
+			w.mesh = st
+		}
+		w.gw.Route, w.gw.Generation = ref, r.GetGeneration()
+		res := write(ctx, c.Log, c.Metrics, k, r, w, p.now, c.refusals[ref])
+		p.seen[ref] = true
+		if res.refused != nil {
+			if c.refusals == nil {
+				c.refusals = map[model.RouteRef]*refusal{}
+			}
+			c.refusals[ref] = res.refused
+		} else {
+			delete(c.refusals, ref)
+		}
+		p.errs = append(p.errs, res.err)
+		if res.omitted > 0 {
+			p.truncated++
+		}
+		c.note(w.mesh, res)
+	}
 }
 
 // noteRegistry logs, once per registry outage in which a pass runs, that the pass uses the
@@ -280,38 +351,128 @@ func (c *Controller) note(st model.RouteStatus, res outcome) {
 		"route", st.Route.String(), "generation", st.Generation)
 }
 
-// sources fills the model's Sources from the caches: the mesh namespaces, the watched routes
+// listers are the listers of the watched kinds (nil: not watched).
+type listers struct {
+	http     gwlisters.HTTPRouteLister
+	grpc     gwlisters.GRPCRouteLister
+	tcp      gwlisters.TCPRouteLister
+	tls      gwlisters.TLSRouteLister
+	udp      gwlisters.UDPRouteLister
+	gateways gwlisters.GatewayLister
+	classes  gwlisters.GatewayClassLister
+	grants   gwlisters.ReferenceGrantLister
+}
+
+// listed returns the listers of the watched kinds and whether a kind's state is not known yet.
+func (c *Controller) listed() (listers, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return listers{http: c.http, grpc: c.grpc, tcp: c.tcp, tls: c.tls, udp: c.udp, gateways: c.gateways, classes: c.classes, grants: c.grants},
+		len(c.pending) > 0
+}
+
+// passSources is what one pass reads: the model's Sources (the HTTPRoutes and GRPCRoutes among
+// them), the L4 routes, and the GatewayClasses, Gateways and ReferenceGrants; when some Gateway
+// is of a class aether accepts (aether), every route as a model.Route (routes) and every
+// namespace's labels (namespaceLabels) too, which model.ResolveGateways reads.
+type passSources struct {
+	model.Sources
+	tcp      []*gwv1.TCPRoute
+	tls      []*gwv1.TLSRoute
+	udp      []*gwv1.UDPRoute
+	classes  []*gwv1.GatewayClass
+	gateways []*gwv1.Gateway
+	grants   []*gwv1.ReferenceGrant
+
+	aether          bool
+	routes          []model.Route
+	namespaceLabels map[string]map[string]string
+}
+
+// listAll lists every object of lister l (none when l is nil, a kind not watched), sorted by
+// namespace and name.
+func listAll[T metav1.Object](l interface {
+	List(labels.Selector) ([]T, error)
+}, kind string) ([]T, error) {
+	if l == nil {
+		return nil, nil
+	}
+	out, err := l.List(labels.Everything())
+	if err != nil {
+		return nil, fmt.Errorf("route status: list %ss: %w", kind, err)
+	}
+	slices.SortFunc(out, func(a, b T) int { return byName(a, b) })
+	return out, nil
+}
+
+// sources fills the pass's sources from the caches: the mesh namespaces, the watched objects
 // (sorted), and the Services, ServiceImports, registry endpoints and export marks of the services
 // the routes name (as parents, backends or mirror backends; with aether's <svc>-clusterset Service
-// of a named service). A route's status depends on those only (model.ResolveRoutes looks services
-// up by the keys its routes name, and model.Assemble gives a service's ports their protocol from
-// that service's endpoints only), so leaving the others out gives the same statuses for less
-// work: a pass costs in proportion to the routes and their services' endpoints, not to every
-// Service and endpoint of the clusterset. Services and ServiceImports are read from the cache
-// without a copy (client.UnsafeDisableDeepCopy): model.Assemble only reads them.
+// of a named service). A route's status depends on those only (model.ResolveRoutes and
+// model.ResolveGateways look services up by the keys the routes name, and model.Assemble gives a
+// service's ports their protocol from that service's endpoints only), so leaving the others out
+// gives the same statuses for less work: a pass costs in proportion to the routes and their
+// services' endpoints, not to every Service and endpoint of the clusterset. Services and
+// ServiceImports are read from the cache without a copy (client.UnsafeDisableDeepCopy):
+// model.Assemble only reads them. The L4 routes' backends count only when some Gateway is
+// aether's (no mesh parent of theirs is served yet).
 //
 // The services named are recorded (refs) before the registry's records are read, so an endpoint
 // or export change of a newly named service is either read by this pass or asks for another.
-func (c *Controller) sources(ctx context.Context, hl gwlisters.HTTPRouteLister, gl gwlisters.GRPCRouteLister) (model.Sources, error) {
-	src := model.Sources{MeshNamespaces: map[string]bool{}}
+func (c *Controller) sources(ctx context.Context, ls listers) (passSources, error) {
+	src := passSources{Sources: model.Sources{MeshNamespaces: map[string]bool{}}}
 	keys := map[model.ServiceKey]bool{}
 	var err error
-	if hl != nil {
-		if src.HTTPRoutes, err = hl.List(labels.Everything()); err != nil {
-			return model.Sources{}, fmt.Errorf("route status: list HTTPRoutes: %w", err)
-		}
-		slices.SortFunc(src.HTTPRoutes, func(a, b *gwv1.HTTPRoute) int { return byName(a, b) })
-		for _, r := range src.HTTPRoutes {
-			referenced(keys, model.HTTPRouteModel(r))
+	if src.HTTPRoutes, err = listAll(ls.http, "HTTPRoute"); err != nil {
+		return passSources{}, err
+	}
+	if src.GRPCRoutes, err = listAll(ls.grpc, "GRPCRoute"); err != nil {
+		return passSources{}, err
+	}
+	if src.tcp, err = listAll(ls.tcp, "TCPRoute"); err != nil {
+		return passSources{}, err
+	}
+	if src.tls, err = listAll(ls.tls, "TLSRoute"); err != nil {
+		return passSources{}, err
+	}
+	if src.udp, err = listAll(ls.udp, "UDPRoute"); err != nil {
+		return passSources{}, err
+	}
+	if src.gateways, err = listAll(ls.gateways, "Gateway"); err != nil {
+		return passSources{}, err
+	}
+	if src.classes, err = listAll(ls.classes, "GatewayClass"); err != nil {
+		return passSources{}, err
+	}
+	if src.grants, err = listAll(ls.grants, "ReferenceGrant"); err != nil {
+		return passSources{}, err
+	}
+	accepted := gateway.ClassNames(src.classes)
+	src.aether = slices.ContainsFunc(src.gateways, func(g *gwv1.Gateway) bool {
+		return accepted[string(g.Spec.GatewayClassName)] == model.GatewayControllerName
+	})
+	add := func(m model.Route) {
+		referenced(keys, m)
+		if src.aether {
+			src.routes = append(src.routes, m)
 		}
 	}
-	if gl != nil {
-		if src.GRPCRoutes, err = gl.List(labels.Everything()); err != nil {
-			return model.Sources{}, fmt.Errorf("route status: list GRPCRoutes: %w", err)
+	for _, r := range src.HTTPRoutes {
+		add(model.HTTPRouteModel(r))
+	}
+	for _, r := range src.GRPCRoutes {
+		add(model.GRPCRouteModel(r))
+	}
+	if src.aether {
+		src.namespaceLabels = map[string]map[string]string{}
+		for _, r := range src.tcp {
+			add(model.TCPRouteModel(r))
 		}
-		slices.SortFunc(src.GRPCRoutes, func(a, b *gwv1.GRPCRoute) int { return byName(a, b) })
-		for _, r := range src.GRPCRoutes {
-			referenced(keys, model.GRPCRouteModel(r))
+		for _, r := range src.tls {
+			add(model.TLSRouteModel(r))
+		}
+		for _, r := range src.udp {
+			add(model.UDPRouteModel(r))
 		}
 	}
 	c.mu.Lock()
@@ -329,12 +490,15 @@ func (c *Controller) sources(ctx context.Context, hl gwlisters.HTTPRouteLister, 
 	var imps mcsv1beta1.ServiceImportList
 	for _, l := range []client.ObjectList{&nss, &svcs, &imps} {
 		if err := c.Client.List(ctx, l, client.UnsafeDisableDeepCopy); err != nil {
-			return model.Sources{}, fmt.Errorf("route status: list %T: %w", l, err)
+			return passSources{}, fmt.Errorf("route status: list %T: %w", l, err)
 		}
 	}
 	for _, ns := range nss.Items {
 		if model.NamespaceMeshed(ns.Labels) {
 			src.MeshNamespaces[ns.Name] = true
+		}
+		if src.namespaceLabels != nil {
+			src.namespaceLabels[ns.Name] = ns.Labels
 		}
 	}
 	for i := range svcs.Items {
@@ -398,36 +562,68 @@ type routeKind[T client.Object] struct {
 	update     func(ctx context.Context, r T) error
 }
 
-func httpKind(gw gwclient.Interface) routeKind[*gwv1.HTTPRoute] {
-	return routeKind[*gwv1.HTTPRoute]{
-		kind:       model.KindHTTPRoute,
-		parentRefs: func(r *gwv1.HTTPRoute) []gwv1.ParentReference { return r.Spec.ParentRefs },
-		status:     func(r *gwv1.HTTPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
-		deepCopy:   (*gwv1.HTTPRoute).DeepCopy,
-		get: func(ctx context.Context, ns, name string) (*gwv1.HTTPRoute, error) {
-			return gw.GatewayV1().HTTPRoutes(ns).Get(ctx, name, metav1.GetOptions{})
+// statusClient is the part of a typed route client that write uses.
+type statusClient[T any] interface {
+	Get(ctx context.Context, name string, opts metav1.GetOptions) (T, error)
+	UpdateStatus(ctx context.Context, r T, opts metav1.UpdateOptions) (T, error)
+}
+
+// newKind is the routeKind of kind, whose objects' spec.parentRefs and status.parents refs and
+// status give, read and written through the typed client of a namespace.
+func newKind[T client.Object](kind model.RouteKind, deepCopy func(T) T, refs func(T) []gwv1.ParentReference,
+	status func(T) *gwv1.RouteStatus, typed func(ns string) statusClient[T]) routeKind[T] {
+	return routeKind[T]{
+		kind: kind, parentRefs: refs, status: status, deepCopy: deepCopy,
+		get: func(ctx context.Context, ns, name string) (T, error) {
+			return typed(ns).Get(ctx, name, metav1.GetOptions{})
 		},
-		update: func(ctx context.Context, r *gwv1.HTTPRoute) error {
-			_, err := gw.GatewayV1().HTTPRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
+		update: func(ctx context.Context, r T) error {
+			_, err := typed(r.GetNamespace()).UpdateStatus(ctx, r, metav1.UpdateOptions{})
 			return err
 		},
 	}
 }
 
+func httpKind(gw gwclient.Interface) routeKind[*gwv1.HTTPRoute] {
+	return newKind(model.KindHTTPRoute, (*gwv1.HTTPRoute).DeepCopy,
+		func(r *gwv1.HTTPRoute) []gwv1.ParentReference { return r.Spec.ParentRefs },
+		func(r *gwv1.HTTPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
+		func(ns string) statusClient[*gwv1.HTTPRoute] { return gw.GatewayV1().HTTPRoutes(ns) })
+}
+
 func grpcKind(gw gwclient.Interface) routeKind[*gwv1.GRPCRoute] {
-	return routeKind[*gwv1.GRPCRoute]{
-		kind:       model.KindGRPCRoute,
-		parentRefs: func(r *gwv1.GRPCRoute) []gwv1.ParentReference { return r.Spec.ParentRefs },
-		status:     func(r *gwv1.GRPCRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
-		deepCopy:   (*gwv1.GRPCRoute).DeepCopy,
-		get: func(ctx context.Context, ns, name string) (*gwv1.GRPCRoute, error) {
-			return gw.GatewayV1().GRPCRoutes(ns).Get(ctx, name, metav1.GetOptions{})
-		},
-		update: func(ctx context.Context, r *gwv1.GRPCRoute) error {
-			_, err := gw.GatewayV1().GRPCRoutes(r.Namespace).UpdateStatus(ctx, r, metav1.UpdateOptions{})
-			return err
-		},
-	}
+	return newKind(model.KindGRPCRoute, (*gwv1.GRPCRoute).DeepCopy,
+		func(r *gwv1.GRPCRoute) []gwv1.ParentReference { return r.Spec.ParentRefs },
+		func(r *gwv1.GRPCRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
+		func(ns string) statusClient[*gwv1.GRPCRoute] { return gw.GatewayV1().GRPCRoutes(ns) })
+}
+
+func tcpKind(gw gwclient.Interface) routeKind[*gwv1.TCPRoute] {
+	return newKind(model.KindTCPRoute, (*gwv1.TCPRoute).DeepCopy,
+		func(r *gwv1.TCPRoute) []gwv1.ParentReference { return r.Spec.ParentRefs },
+		func(r *gwv1.TCPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
+		func(ns string) statusClient[*gwv1.TCPRoute] { return gw.GatewayV1().TCPRoutes(ns) })
+}
+
+func tlsKind(gw gwclient.Interface) routeKind[*gwv1.TLSRoute] {
+	return newKind(model.KindTLSRoute, (*gwv1.TLSRoute).DeepCopy,
+		func(r *gwv1.TLSRoute) []gwv1.ParentReference { return r.Spec.ParentRefs },
+		func(r *gwv1.TLSRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
+		func(ns string) statusClient[*gwv1.TLSRoute] { return gw.GatewayV1().TLSRoutes(ns) })
+}
+
+func udpKind(gw gwclient.Interface) routeKind[*gwv1.UDPRoute] {
+	return newKind(model.KindUDPRoute, (*gwv1.UDPRoute).DeepCopy,
+		func(r *gwv1.UDPRoute) []gwv1.ParentReference { return r.Spec.ParentRefs },
+		func(r *gwv1.UDPRoute) *gwv1.RouteStatus { return &r.Status.RouteStatus },
+		func(ns string) statusClient[*gwv1.UDPRoute] { return gw.GatewayV1().UDPRoutes(ns) })
+}
+
+// routeWant is what a pass found for one route: its mesh parents' statuses (model.Assemble) and
+// its Gateway parents' (model.ResolveGateways), both at the route's generation.
+type routeWant struct {
+	mesh model.RouteStatus
+	gw   model.GatewayRouteStatus
 }
 
 // outcome is what write did with one route: err to retry with the pass (nil when written,
@@ -440,29 +636,30 @@ type outcome struct {
 }
 
 // refusal is a status write the API server refused for good: the route as it was
-// (resourceVersion), what aether had to say about it (the model's status) and the error.
+// (resourceVersion), what aether had to say about it (the pass's statuses) and the error.
 type refusal struct {
 	resourceVersion string
-	status          model.RouteStatus
+	status          routeWant
 	err             error
 }
 
-// write merges st into route r's status.parents (ParentStatuses) and writes it when it differs.
+// write merges st (its mesh and Gateway parents' statuses) into route r's status.parents
+// (ParentStatuses) and writes it when it differs.
 // On a resourceVersion conflict it reads the route again and retries (retry.DefaultBackoff); a
 // route whose generation moved past st's is left to the pass its change brings, and a route
 // deleted meanwhile is no error. A write refused as invalid (422), too large (413) or a bad
 // request (400) is outcome.refused, not an error: the same status would be refused again, so
 // while the route is as it was (its resourceVersion) and st is what was refused (prev), it is
 // not sent again.
-func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics, k routeKind[T], r T, st model.RouteStatus, now metav1.Time, prev *refusal) outcome {
+func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics, k routeKind[T], r T, st routeWant, now metav1.Time, prev *refusal) outcome {
 	var res outcome
 	err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
 		res.omitted = 0
-		if r.GetGeneration() != st.Generation {
+		if r.GetGeneration() != st.mesh.Generation {
 			return nil
 		}
 		have := k.status(r).Parents
-		want, omitted := ParentStatuses(have, k.parentRefs(r), st, now)
+		want, omitted := ParentStatuses(have, k.parentRefs(r), st.mesh, st.gw, now)
 		res.omitted = omitted
 		if equalParents(have, want) {
 			return nil
@@ -476,7 +673,7 @@ func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics,
 		err := k.update(ctx, upd)
 		if err == nil {
 			met.wrote(k.kind)
-			log.Debug("route status written", "route", st.Route.String(), "generation", st.Generation)
+			log.Debug("route status written", "route", st.mesh.Route.String(), "generation", st.mesh.Generation)
 			return nil
 		}
 		if apierrors.IsConflict(err) {
@@ -491,16 +688,29 @@ func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics,
 	switch {
 	case err == nil || apierrors.IsNotFound(err):
 	case apierrors.IsInvalid(err) || apierrors.IsRequestEntityTooLargeError(err) || apierrors.IsBadRequest(err):
-		res.refused = &refusal{resourceVersion: r.GetResourceVersion(), status: st, err: fmt.Errorf("write status of %s: %w", st.Route, err)}
+		res.refused = &refusal{resourceVersion: r.GetResourceVersion(), status: st, err: fmt.Errorf("write status of %s: %w", st.mesh.Route, err)}
 	default:
-		res.err = fmt.Errorf("write status of %s: %w", st.Route, err)
+		res.err = fmt.Errorf("write status of %s: %w", st.mesh.Route, err)
 	}
 	return res
 }
 
+// followed are the kinds the controller follows: the route kinds, and the Gateway side's with
+// Gateways set.
+func (c *Controller) followed() []kind {
+	var out []kind
+	for _, k := range kinds {
+		if !k.gateway || c.Gateways != nil {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // SetupWithManager registers the controller (leader only): Services, ServiceImports and
-// Namespaces from the manager's cache, the routes of each kind while its CRD is installed
-// (watchRoutes), and the registry's endpoint records and export marks (followRegistry); every
+// Namespaces from the manager's cache (and, with Gateways set, the Secrets the Gateways'
+// certificateRefs name), the Gateway API objects of each kind while its CRD is installed
+// (watchKinds), and the registry's endpoint records and export marks (followRegistry); every
 // event asks for one pass, PassDelay later.
 func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	if c.Client == nil || c.Gateway == nil || c.Discovery == nil || c.Log == nil || c.Endpoints == nil || c.Exports == nil || c.Cluster == "" {
@@ -513,7 +723,10 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		c.PassDelay = DefaultPassDelay
 	}
 	c.mu.Lock()
-	c.pending = map[string]bool{resHTTPRoutes: true, resGRPCRoutes: true}
+	c.pending = map[string]bool{}
+	for _, k := range c.followed() {
+		c.pending[k.res] = true
+	}
 	c.mu.Unlock()
 	c.eps = newEndpointView()
 	type queue = workqueue.TypedRateLimitingInterface[reconcile.Request]
@@ -528,19 +741,24 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	if c.SkipNameValidation {
 		opts.SkipNameValidation = &c.SkipNameValidation
 	}
-	err := ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("routestatus").
 		WatchesRawSource(source.Func(func(ctx context.Context, q queue) error {
-			go c.watchRoutes(ctx, func() { later(q) })
+			go c.watchKinds(ctx, func() { later(q) })
 			go c.followRegistry(ctx, func() { later(q) })
 			return nil
 		})).
 		Watches(&corev1.Service{}, all).
 		Watches(&mcsv1beta1.ServiceImport{}, all).
-		Watches(&corev1.Namespace{}, all).
-		WithOptions(opts).
-		Complete(c)
-	if err != nil {
+		Watches(&corev1.Namespace{}, all)
+	if c.Gateways != nil {
+		b = b.Watches(&corev1.Secret{}, all, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.secrets[model.SecretKey{Namespace: o.GetNamespace(), Name: o.GetName()}]
+		})))
+	}
+	if err := b.WithOptions(opts).Complete(c); err != nil {
 		return fmt.Errorf("set up route status controller: %w", err)
 	}
 	return nil
@@ -583,68 +801,87 @@ func (c *Controller) named(keys []model.ServiceKey) bool {
 	return slices.ContainsFunc(keys, func(k model.ServiceKey) bool { return c.refs[k] })
 }
 
-// watchRoutes follows each route kind's CRD until ctx ends (followKind). enqueue asks for a
-// pass; it is called on every route event and whenever a kind's state changes.
-func (c *Controller) watchRoutes(ctx context.Context, enqueue func()) {
+// watchKinds follows each kind's CRD until ctx ends (followKind). enqueue asks for a pass; it is
+// called on every event of a watched kind and whenever a kind's state changes.
+func (c *Controller) watchKinds(ctx context.Context, enqueue func()) {
 	var wg sync.WaitGroup
-	for _, res := range []string{resHTTPRoutes, resGRPCRoutes} {
-		wg.Go(func() { c.followKind(ctx, res, enqueue) })
+	for _, k := range c.followed() {
+		wg.Go(func() { c.followKind(ctx, k, enqueue) })
 	}
 	wg.Wait()
 }
 
-// followKind watches route resource res while its CRD is installed, until ctx ends: it waits
-// until discovery lists it (waitInstalled), watches it (watchKind) until the CRD is gone, and
-// starts over.
-func (c *Controller) followKind(ctx context.Context, res string, enqueue func()) {
-	for c.waitInstalled(ctx, res, enqueue) {
-		c.watchKind(ctx, res, enqueue)
+// followKind watches kind k while its CRD is installed, until ctx ends: it waits until discovery
+// lists it (waitInstalled), watches it (watchKind) until the CRD is gone, and starts over.
+func (c *Controller) followKind(ctx context.Context, k kind, enqueue func()) {
+	for c.waitInstalled(ctx, k, enqueue) {
+		c.watchKind(ctx, k, enqueue)
 	}
 }
 
-// setKind records the state of route resource res: pending (not known yet) or not, with the
-// lister of its routes (nil: not listed). It asks for a pass.
-func (c *Controller) setKind(res string, pending bool, lister any, enqueue func()) {
+// setKind records the state of kind k: pending (not known yet) or not, with the lister of its
+// objects (nil: not listed). It asks for a pass.
+func (c *Controller) setKind(k kind, pending bool, lister any, enqueue func()) {
 	c.mu.Lock()
 	if pending {
-		c.pending[res] = true
+		c.pending[k.res] = true
 	} else {
-		delete(c.pending, res)
+		delete(c.pending, k.res)
 	}
-	switch res {
-	case resHTTPRoutes:
+	on := false
+	switch k.res {
+	case "httproutes":
 		c.http, _ = lister.(gwlisters.HTTPRouteLister)
-		c.Metrics.watching(model.KindHTTPRoute, c.http != nil)
-	default:
+		on = c.http != nil
+	case "grpcroutes":
 		c.grpc, _ = lister.(gwlisters.GRPCRouteLister)
-		c.Metrics.watching(model.KindGRPCRoute, c.grpc != nil)
+		on = c.grpc != nil
+	case "tcproutes":
+		c.tcp, _ = lister.(gwlisters.TCPRouteLister)
+		on = c.tcp != nil
+	case "tlsroutes":
+		c.tls, _ = lister.(gwlisters.TLSRouteLister)
+		on = c.tls != nil
+	case "udproutes":
+		c.udp, _ = lister.(gwlisters.UDPRouteLister)
+		on = c.udp != nil
+	case "gateways":
+		c.gateways, _ = lister.(gwlisters.GatewayLister)
+		on = c.gateways != nil
+	case "gatewayclasses":
+		c.classes, _ = lister.(gwlisters.GatewayClassLister)
+		on = c.classes != nil
+	case "referencegrants":
+		c.grants, _ = lister.(gwlisters.ReferenceGrantLister)
+		on = c.grants != nil
 	}
+	c.Metrics.watching(k.kind, on)
 	c.mu.Unlock()
 	enqueue()
 }
 
-// waitInstalled returns true once discovery lists resource res in gateway.networking.k8s.io/v1,
-// false when ctx ends first. The first time discovery answers that res is not installed, the
-// kind stops being pending (passes run without it); it logs once that the CRD is missing, and
-// a discovery error when it changes.
-func (c *Controller) waitInstalled(ctx context.Context, res string, enqueue func()) bool {
+// waitInstalled returns true once discovery lists k's resource in gateway.networking.k8s.io/v1,
+// false when ctx ends first. The first time discovery answers that it is not installed, the kind
+// stops being pending (passes run without it); it logs once that the CRD is missing, and a
+// discovery error when it changes.
+func (c *Controller) waitInstalled(ctx context.Context, k kind, enqueue func()) bool {
 	t := time.NewTicker(c.CRDRecheck)
 	defer t.Stop()
 	logged, lastErr := false, ""
 	for {
-		ok, err := RouteCRDInstalled(c.Discovery, res)
+		ok, err := RouteCRDInstalled(c.Discovery, k.res)
 		switch {
 		case ok:
 			return true
 		case err != nil:
 			if err.Error() != lastErr {
 				lastErr = err.Error()
-				c.Log.Warn("route status: discovery failed; retrying", "resource", res, "recheck", c.CRDRecheck, "err", err)
+				c.Log.Warn("route status: discovery failed; retrying", "resource", k.res, "recheck", c.CRDRecheck, "err", err)
 			}
 		case !logged:
 			logged = true
-			c.setKind(res, false, nil, enqueue)
-			c.Log.Info("route status: the Gateway API CRD for "+res+" ("+gwv1.GroupVersion.String()+") is not installed; no status is written for those routes until it is",
+			c.setKind(k, false, nil, enqueue)
+			c.Log.Info("route status: the Gateway API CRD for "+k.res+" ("+gwv1.GroupVersion.String()+") is not installed; "+k.kind+"s are ignored until it is",
 				"recheck", c.CRDRecheck)
 		}
 		select {
@@ -655,26 +892,40 @@ func (c *Controller) waitInstalled(ctx context.Context, res string, enqueue func
 	}
 }
 
-// watchKind watches route resource res with an informer of its own until ctx ends or the CRD is
-// gone: the kind is pending until the informer has synced, then listed in passes. The CRD is
-// looked up in discovery when the informer's list or watch answers 404 and every CRDRecheck; once
-// discovery no longer lists it, the informer is stopped and the kind is no longer listed.
-func (c *Controller) watchKind(ctx context.Context, res string, enqueue func()) {
-	c.setKind(res, true, nil, enqueue)
+// informer returns the informer and lister of kind k from f.
+func informer(f gwinformers.SharedInformerFactory, k kind) (cache.SharedIndexInformer, any) {
+	v1 := f.Gateway().V1()
+	switch k.res {
+	case "httproutes":
+		return v1.HTTPRoutes().Informer(), v1.HTTPRoutes().Lister()
+	case "grpcroutes":
+		return v1.GRPCRoutes().Informer(), v1.GRPCRoutes().Lister()
+	case "tcproutes":
+		return v1.TCPRoutes().Informer(), v1.TCPRoutes().Lister()
+	case "tlsroutes":
+		return v1.TLSRoutes().Informer(), v1.TLSRoutes().Lister()
+	case "udproutes":
+		return v1.UDPRoutes().Informer(), v1.UDPRoutes().Lister()
+	case "gateways":
+		return v1.Gateways().Informer(), v1.Gateways().Lister()
+	case "gatewayclasses":
+		return v1.GatewayClasses().Informer(), v1.GatewayClasses().Lister()
+	default:
+		return v1.ReferenceGrants().Informer(), v1.ReferenceGrants().Lister()
+	}
+}
+
+// watchKind watches kind k with an informer of its own until ctx ends or the CRD is gone: the
+// kind is pending until the informer has synced, then listed in passes. The CRD is looked up in
+// discovery when the informer's list or watch answers 404 and every CRDRecheck; once discovery no
+// longer lists it, the informer is stopped and the kind is no longer listed.
+func (c *Controller) watchKind(ctx context.Context, k kind, enqueue func()) {
+	c.setKind(k, true, nil, enqueue)
 	ictx, cancel := context.WithCancel(ctx)
 	f := gwinformers.NewSharedInformerFactory(c.Gateway, 0)
 	defer f.Shutdown()
 	defer cancel()
-	var inf cache.SharedIndexInformer
-	var lister any
-	switch res {
-	case resHTTPRoutes:
-		i := f.Gateway().V1().HTTPRoutes()
-		inf, lister = i.Informer(), i.Lister()
-	default:
-		i := f.Gateway().V1().GRPCRoutes()
-		inf, lister = i.Informer(), i.Lister()
-	}
+	inf, lister := informer(f, k)
 	lookup := make(chan struct{}, 1)
 	err := errors.Join(
 		inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
@@ -697,7 +948,7 @@ func (c *Controller) watchKind(ctx context.Context, res string, enqueue func()) 
 		}(),
 	)
 	if err != nil { // only when the informer has started, which it has not
-		c.Log.Error("route status: watch "+res, "err", err)
+		c.Log.Error("route status: watch "+k.res, "err", err)
 		<-ctx.Done()
 		return
 	}
@@ -712,24 +963,24 @@ func (c *Controller) watchKind(ctx context.Context, res string, enqueue func()) 
 			return
 		case ok := <-synced:
 			if ok {
-				c.setKind(res, false, lister, enqueue)
-				c.Log.Info("route status: watching "+res, "group_version", gwv1.GroupVersion.String())
+				c.setKind(k, false, lister, enqueue)
+				c.Log.Info("route status: watching "+k.res, "group_version", gwv1.GroupVersion.String())
 			}
 			continue
 		case <-lookup:
 		case <-t.C:
 		}
-		if installed, err := RouteCRDInstalled(c.Discovery, res); err == nil && !installed {
+		if installed, err := RouteCRDInstalled(c.Discovery, k.res); err == nil && !installed {
 			cancel()
-			c.setKind(res, false, nil, enqueue)
-			c.Log.Warn("route status: the Gateway API CRD for "+res+" ("+gwv1.GroupVersion.String()+") was removed; its routes are no longer watched until it is installed again",
+			c.setKind(k, false, nil, enqueue)
+			c.Log.Warn("route status: the Gateway API CRD for "+k.res+" ("+gwv1.GroupVersion.String()+") was removed; "+k.kind+"s are no longer watched until it is installed again",
 				"recheck", c.CRDRecheck)
 			return
 		}
 	}
 }
 
-// RouteCRDInstalled reports whether discovery lists resource res (httproutes, grpcroutes) in
+// RouteCRDInstalled reports whether discovery lists resource res (httproutes, gateways, ...) in
 // gateway.networking.k8s.io/v1. A group version the API server does not serve is no error: the
 // resource is not installed. Other discovery errors are returned.
 func RouteCRDInstalled(disc discovery.DiscoveryInterface, res string) (bool, error) {
@@ -746,13 +997,15 @@ func RouteCRDInstalled(disc discovery.DiscoveryInterface, res string) (bool, err
 // Metrics are the route status controller's Prometheus collectors:
 //
 //	aether_registrar_route_status_passes_total           counter: passes over every route
-//	aether_registrar_route_status_writes_total           counter: status writes, by kind (HTTPRoute, GRPCRoute)
+//	aether_registrar_route_status_writes_total           counter: status writes, by route kind (HTTPRoute, ...)
 //	aether_registrar_route_status_refused_total          counter: status writes the API server refused as
 //	                                                     invalid or too large, by kind; once per route generation
 //	aether_registrar_route_status_truncated_routes       gauge: routes whose status.parents could not hold all
 //	                                                     of aether's entries (MaxParents) at the last pass
 //	aether_registrar_route_status_watched                gauge: 1 while the kind's CRD is installed and its
-//	                                                     routes are watched (cache synced), else 0; by kind
+//	                                                     objects are watched (cache synced), else 0; by kind
+//	                                                     (the route kinds; Gateway, GatewayClass and
+//	                                                     ReferenceGrant with the Gateway controller on)
 //
 // A nil *Metrics records nothing.
 type Metrics struct {
@@ -767,7 +1020,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		passes: prometheus.NewCounter(prometheus.CounterOpts{Name: "aether_registrar_route_status_passes_total",
-			Help: "Passes of the route status controller over every HTTPRoute and GRPCRoute."}),
+			Help: "Passes of the route status controller over every route."}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_registrar_route_status_writes_total",
 			Help: "Route status writes (UpdateStatus) of the route status controller, by route kind."}, []string{"kind"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_registrar_route_status_refused_total",
@@ -775,9 +1028,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		truncated: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_registrar_route_status_truncated_routes",
 			Help: "Routes whose status.parents (at most 32 entries) could not hold all of aether's entries beside other controllers' at the last pass."}),
 		watched: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "aether_registrar_route_status_watched",
-			Help: "1 while the route kind's CRD is installed and its routes are watched (cache synced), else 0."}, []string{"kind"}),
+			Help: "1 while the Gateway API kind's CRD is installed and its objects are watched (cache synced), else 0."}, []string{"kind"}),
 	}
-	for _, k := range []model.RouteKind{model.KindHTTPRoute, model.KindGRPCRoute} {
+	for _, k := range []model.RouteKind{model.KindHTTPRoute, model.KindGRPCRoute, model.KindTCPRoute, model.KindTLSRoute, model.KindUDPRoute} {
 		m.watched.WithLabelValues(string(k)).Set(0)
 	}
 	if reg != nil {
@@ -795,13 +1048,13 @@ func (m *Metrics) pass(truncated int) {
 	}
 }
 
-func (m *Metrics) watching(k model.RouteKind, on bool) {
+func (m *Metrics) watching(kind string, on bool) {
 	if m != nil {
 		v := 0.0
 		if on {
 			v = 1
 		}
-		m.watched.WithLabelValues(string(k)).Set(v)
+		m.watched.WithLabelValues(kind).Set(v)
 	}
 }
 

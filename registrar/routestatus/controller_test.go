@@ -2,6 +2,7 @@ package routestatus
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"strings"
 	"testing"
@@ -11,11 +12,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
+	gwfake "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned/fake"
 	gwlisters "sigs.k8s.io/gateway-api/pkg/client/listers/apis/v1"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/registrar/gateway"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -130,7 +133,7 @@ func TestSourcesReferencedOnly(t *testing.T) {
 		{Namespace: "shop", Name: "elsewhere"}: {mark("west", "elsewhere")},
 	}
 	c := &Controller{Client: rd, Cluster: "east", Exports: exports, eps: eps}
-	src, err := c.sources(context.Background(), gwlisters.NewHTTPRouteLister(httpIdx), gwlisters.NewGRPCRouteLister(grpcIdx))
+	src, err := c.sources(context.Background(), listers{http: gwlisters.NewHTTPRouteLister(httpIdx), grpc: gwlisters.NewGRPCRouteLister(grpcIdx)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +163,7 @@ func TestSourcesReferencedOnly(t *testing.T) {
 		t.Errorf("sources read export marks %v, want %v", markNames, want)
 	}
 
-	full := src
+	full := src.Sources
 	full.Services, full.Imports, full.Endpoints, full.Exports = nil, nil, nil, nil
 	for _, r := range snap.Events {
 		e, err := registry.ToModelEndpoint(r.Record)
@@ -180,7 +183,7 @@ func TestSourcesReferencedOnly(t *testing.T) {
 	for i := range rd.imps {
 		full.Imports = append(full.Imports, &rd.imps[i])
 	}
-	got, all := model.Assemble(0, src).RouteStatuses(), model.Assemble(0, full).RouteStatuses()
+	got, all := model.Assemble(0, src.Sources).RouteStatuses(), model.Assemble(0, full).RouteStatuses()
 	if len(got) != 5 || !equality.Semantic.DeepEqual(got, all) {
 		t.Errorf("statuses from the referenced objects:\n%+v\nfrom every object:\n%+v", got, all)
 	}
@@ -199,7 +202,7 @@ func TestSourcesReferencedOnly(t *testing.T) {
 			}
 		}
 	}
-	bare := src
+	bare := src.Sources
 	bare.Endpoints, bare.Exports = nil, nil
 	if equality.Semantic.DeepEqual(model.Assemble(0, bare).RouteStatuses(), got) {
 		t.Error("the same statuses without the registry's records: the fixture does not depend on them")
@@ -215,5 +218,60 @@ func TestSourcesReferencedOnly(t *testing.T) {
 		if !reasons[r] {
 			t.Errorf("no parent resolved to %s: %v", r, reasons)
 		}
+	}
+}
+
+// viewSink records the gateway.Views a controller hands on.
+type viewSink struct{ views []gateway.View }
+
+func (s *viewSink) SetView(v gateway.View) { s.views = append(s.views, v) }
+
+// TestL4RoutesWithoutAetherGateways: with no Gateway of a class aether accepts, a pass resolves
+// nothing (model.ResolveGateways is not called) yet hands the gateway controller a View of the
+// classes and Gateways, and removes aether's entries a TCPRoute holds for a Gateway that is not
+// aether's (another controller's entry kept), as for an HTTPRoute.
+func TestL4RoutesWithoutAetherGateways(t *testing.T) {
+	ns := "shop"
+	stale := gwv1.RouteParentStatus{ParentRef: gwv1.ParentReference{Name: "edge"}, ControllerName: model.GatewayControllerName,
+		Conditions: []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: 1}}}
+	theirs := gwv1.RouteParentStatus{ParentRef: gwv1.ParentReference{Name: "edge"}, ControllerName: "example.net/gateway-controller",
+		Conditions: []metav1.Condition{{Type: "Accepted", Status: metav1.ConditionTrue, Reason: "Accepted", ObservedGeneration: 1}}}
+	tr := &gwv1.TCPRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pg", Generation: 1},
+		Spec:   gwv1.TCPRouteSpec{CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Name: "edge"}}}},
+		Status: gwv1.TCPRouteStatus{RouteStatus: gwv1.RouteStatus{Parents: []gwv1.RouteParentStatus{stale, theirs}}}}
+	edge := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "edge"}, Spec: gwv1.GatewaySpec{GatewayClassName: "other"}}
+	classes := []*gwv1.GatewayClass{
+		{ObjectMeta: metav1.ObjectMeta{Name: "aether"}, Spec: gwv1.GatewayClassSpec{ControllerName: model.GatewayControllerName}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "other"}, Spec: gwv1.GatewayClassSpec{ControllerName: "example.net/gateway-controller"}},
+	}
+	idx := func(objs ...any) cache.Indexer {
+		i := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+		for _, o := range objs {
+			if err := i.Add(o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return i
+	}
+	gw := gwfake.NewSimpleClientset(tr)
+	eps := newEndpointView()
+	eps.apply(registry.Batch[*registryv1.ServiceEndpoint]{})
+	sink := &viewSink{}
+	c := &Controller{Client: cacheReader{}, Gateway: gw, Log: slog.New(slog.DiscardHandler), Cluster: "east", Exports: fakeExports{}, eps: eps, Gateways: sink}
+	c.tcp = gwlisters.NewTCPRouteLister(idx(tr))
+	c.gateways = gwlisters.NewGatewayLister(idx(edge))
+	c.classes = gwlisters.NewGatewayClassLister(idx(classes[0], classes[1]))
+	if _, err := c.Reconcile(context.Background(), syncAll); err != nil {
+		t.Fatal(err)
+	}
+	got, err := gw.GatewayV1().TCPRoutes(ns).Get(context.Background(), "pg", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(got.Status.Parents, []gwv1.RouteParentStatus{theirs}) {
+		t.Errorf("TCPRoute status.parents %+v, want only the other controller's entry", got.Status.Parents)
+	}
+	if len(sink.views) != 1 || len(sink.views[0].Classes) != 2 || len(sink.views[0].Gateways) != 1 || sink.views[0].Edges != nil || sink.views[0].Statuses != nil {
+		t.Errorf("views %+v, want one with the 2 classes, the Gateway and nothing resolved", sink.views)
 	}
 }

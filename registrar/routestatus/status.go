@@ -32,32 +32,41 @@ var ownTypes = []string{
 // ParentStatuses returns the status.parents a route should hold: have (its current
 // status.parents) with aether's entries (controllerName model.GatewayControllerName) replaced by
 // one entry per parent of st whose parentRef, refs[Index] (the route's spec.parentRefs), is a
-// mesh parent (kind Service in the core group, or ServiceImport in multicluster.x-k8s.io, with
-// the API's defaults group gateway.networking.k8s.io and kind Gateway for unset fields), copied
-// as it is. A parent whose Index is outside refs or whose parentRef is not a mesh parent gets no
-// entry: a Gateway's entry is never aether's to write.
+// mesh parent (kind Service in the core group, or ServiceImport in multicluster.x-k8s.io) and
+// one per parent of gst (what model.ResolveGateways found for the route's parentRefs to aether's
+// Gateways) whose parentRef is a Gateway (gateway.networking.k8s.io), with the API's defaults
+// group gateway.networking.k8s.io and kind Gateway for unset fields, each parentRef copied as it
+// is. A parent whose Index is outside refs or whose parentRef is not of its kind gets no entry;
+// aether's entry for any other parentRef (another controller's Gateway, a kind nobody serves) is
+// removed.
 //
-// Each entry has the Accepted and ResolvedRefs conditions, and PartiallyInvalid when st sets it,
-// with observedGeneration st.Generation; a condition whose status did not change keeps its
-// lastTransitionTime (meta.SetStatusCondition), one that is new or changed gets now. Entries of
-// other controllers stay as and where they are; aether's entry for a parentRef that is no longer
-// in st is removed; an entry for a parentRef aether had none for is appended. When nothing
-// changed, the result is equal to have (equalParents, equality.Semantic alike), so a caller
-// writes only on a difference. Messages over MaxMessage bytes are cut.
+// A mesh entry has the Accepted and ResolvedRefs conditions, and PartiallyInvalid when st sets
+// it, with observedGeneration st.Generation; a Gateway entry has Accepted and ResolvedRefs at
+// gst.Generation. A condition whose status did not change keeps its lastTransitionTime
+// (meta.SetStatusCondition), one that is new or changed gets now. Entries of other controllers
+// stay as and where they are; aether's entry for a parentRef that is no longer in st or gst is
+// removed; an entry for a parentRef aether had none for is appended, in the order of
+// spec.parentRefs. When nothing changed, the result is equal to have (equalParents,
+// equality.Semantic alike), so a caller writes only on a difference. Messages over MaxMessage
+// bytes are cut.
 //
 // status.parents holds at most MaxParents entries: when other controllers' entries and aether's
 // would exceed it, aether's are kept in the order of spec.parentRefs up to what fits and omitted
 // is how many were left out (0 when all fit). ParentStatuses does not change its arguments.
-func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, st model.RouteStatus, now metav1.Time) (out []gwv1.RouteParentStatus, omitted int) {
+func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, st model.RouteStatus, gst model.GatewayRouteStatus, now metav1.Time) (out []gwv1.RouteParentStatus, omitted int) {
 	ours := func(p gwv1.RouteParentStatus) bool { return p.ControllerName == model.GatewayControllerName }
-	var want []gwv1.RouteParentStatus
-	for _, p := range st.Parents {
-		if p.Index < 0 || p.Index >= len(refs) || !meshParent(refs[p.Index]) {
-			continue
+	type entry struct {
+		index  int
+		status gwv1.RouteParentStatus
+	}
+	var entries []entry
+	add := func(index int, kindOK func(gwv1.ParentReference) bool, set func(conds *[]metav1.Condition)) {
+		if index < 0 || index >= len(refs) || !kindOK(refs[index]) {
+			return
 		}
-		ref := refs[p.Index]
-		if slices.ContainsFunc(want, func(w gwv1.RouteParentStatus) bool { return sameRef(w.ParentRef, ref) }) {
-			continue // the same parentRef twice (the CRD refuses it): one entry
+		ref := refs[index]
+		if slices.ContainsFunc(entries, func(e entry) bool { return sameRef(e.status.ParentRef, ref) }) {
+			return // the same parentRef twice (the CRD refuses it): one entry
 		}
 		var conds []metav1.Condition
 		if i := slices.IndexFunc(have, func(h gwv1.RouteParentStatus) bool { return ours(h) && sameRef(h.ParentRef, ref) }); i >= 0 {
@@ -67,16 +76,33 @@ func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, 
 				}
 			}
 		}
-		meta.SetStatusCondition(&conds, condition(gwv1.RouteConditionAccepted, p.Accepted, st.Generation, now))
-		meta.SetStatusCondition(&conds, condition(gwv1.RouteConditionResolvedRefs, p.ResolvedRefs, st.Generation, now))
-		if p.PartiallyInvalid != nil {
-			meta.SetStatusCondition(&conds, condition(gwv1.RouteConditionPartiallyInvalid, *p.PartiallyInvalid, st.Generation, now))
-		} else {
-			meta.RemoveStatusCondition(&conds, string(gwv1.RouteConditionPartiallyInvalid))
-		}
-		want = append(want, gwv1.RouteParentStatus{
+		set(&conds)
+		entries = append(entries, entry{index, gwv1.RouteParentStatus{
 			ParentRef: *ref.DeepCopy(), ControllerName: model.GatewayControllerName, Conditions: conds,
+		}})
+	}
+	for _, p := range st.Parents {
+		add(p.Index, meshParent, func(conds *[]metav1.Condition) {
+			meta.SetStatusCondition(conds, condition(gwv1.RouteConditionAccepted, p.Accepted, st.Generation, now))
+			meta.SetStatusCondition(conds, condition(gwv1.RouteConditionResolvedRefs, p.ResolvedRefs, st.Generation, now))
+			if p.PartiallyInvalid != nil {
+				meta.SetStatusCondition(conds, condition(gwv1.RouteConditionPartiallyInvalid, *p.PartiallyInvalid, st.Generation, now))
+			} else {
+				meta.RemoveStatusCondition(conds, string(gwv1.RouteConditionPartiallyInvalid))
+			}
 		})
+	}
+	for _, p := range gst.Parents {
+		add(p.Index, gatewayParent, func(conds *[]metav1.Condition) {
+			meta.SetStatusCondition(conds, condition(gwv1.RouteConditionAccepted, p.Accepted, gst.Generation, now))
+			meta.SetStatusCondition(conds, condition(gwv1.RouteConditionResolvedRefs, p.ResolvedRefs, gst.Generation, now))
+			meta.RemoveStatusCondition(conds, string(gwv1.RouteConditionPartiallyInvalid))
+		})
+	}
+	slices.SortStableFunc(entries, func(a, b entry) int { return a.index - b.index })
+	want := make([]gwv1.RouteParentStatus, len(entries))
+	for i, e := range entries {
+		want[i] = e.status
 	}
 	others := 0
 	for _, h := range have {
@@ -111,18 +137,29 @@ func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, 
 }
 
 // meshParent reports whether parentRef p names a Service (core group) or a ServiceImport
-// (multicluster.x-k8s.io), the parents of mesh routes (GEP-1294, GEP-1748); unset group and kind
-// are the API's defaults, gateway.networking.k8s.io and Gateway (model.HTTPRouteModel reads
-// them the same way).
+// (multicluster.x-k8s.io), the parents of mesh routes (GEP-1294, GEP-1748).
 func meshParent(p gwv1.ParentReference) bool {
-	group, kind := gwv1.GroupName, "Gateway"
+	group, kind := parentKind(p)
+	return (group == "" && kind == "Service") || (group == "multicluster.x-k8s.io" && kind == "ServiceImport")
+}
+
+// gatewayParent reports whether parentRef p names a Gateway (gateway.networking.k8s.io).
+func gatewayParent(p gwv1.ParentReference) bool {
+	group, kind := parentKind(p)
+	return group == gwv1.GroupName && kind == "Gateway"
+}
+
+// parentKind returns the group and kind of parentRef p; unset, they are the API's defaults,
+// gateway.networking.k8s.io and Gateway (model.HTTPRouteModel reads them the same way).
+func parentKind(p gwv1.ParentReference) (group, kind string) {
+	group, kind = gwv1.GroupName, "Gateway"
 	if p.Group != nil {
 		group = string(*p.Group)
 	}
 	if p.Kind != nil {
 		kind = string(*p.Kind)
 	}
-	return (group == "" && kind == "Service") || (group == "multicluster.x-k8s.io" && kind == "ServiceImport")
+	return group, kind
 }
 
 // sameRef reports whether two parentRefs are the same one (every field equal, as the status

@@ -38,6 +38,8 @@ var (
 	svcRef = gwv1.ParentReference{Group: ptr(gwv1.Group("")), Kind: ptr(gwv1.Kind("Service")), Name: "cart", Port: ptr(gwv1.PortNumber(80))}
 	impRef = gwv1.ParentReference{Group: ptr(gwv1.Group("multicluster.x-k8s.io")), Kind: ptr(gwv1.Kind("ServiceImport")), Name: "cart"}
 	gwRef  = gwv1.ParentReference{Group: ptr(gwv1.Group(gwv1.GroupName)), Kind: ptr(gwv1.Kind("Gateway")), Name: "edge"}
+	// ownGw is a parentRef to one of aether's Gateways, as written (group and kind unset).
+	ownGw = gwv1.ParentReference{Name: "front", SectionName: ptr(gwv1.SectionName("http"))}
 )
 
 func accepted(msg string) model.Condition {
@@ -68,6 +70,7 @@ func TestParentStatuses(t *testing.T) {
 		have []gwv1.RouteParentStatus
 		refs []gwv1.ParentReference
 		st   model.RouteStatus
+		gst  model.GatewayRouteStatus
 		want []gwv1.RouteParentStatus
 	}{
 		{
@@ -215,6 +218,65 @@ func TestParentStatuses(t *testing.T) {
 			},
 		},
 		{
+			name: "a Gateway parent of aether's: its entry from the Gateway status, in spec.parentRefs order",
+			have: []gwv1.RouteParentStatus{foreign},
+			refs: []gwv1.ParentReference{svcRef, ownGw, impRef},
+			st: model.RouteStatus{Generation: 2, Parents: []model.ParentStatus{
+				{Index: 0, Accepted: accepted("bound"), ResolvedRefs: resolved},
+				{Index: 2, Accepted: accepted("bound"), ResolvedRefs: resolved},
+			}},
+			gst: model.GatewayRouteStatus{Generation: 2, Parents: []model.GatewayParentStatus{
+				{Index: 1, Accepted: accepted("attached to listener http"), ResolvedRefs: model.Condition{Reason: "RefNotPermitted", Message: "no ReferenceGrant"}},
+			}},
+			want: []gwv1.RouteParentStatus{
+				foreign,
+				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 2, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t1)),
+				ours(ownGw, cond("Accepted", "True", "Accepted", "attached to listener http", 2, t1), cond("ResolvedRefs", "False", "RefNotPermitted", "no ReferenceGrant", 2, t1)),
+				ours(impRef, cond("Accepted", "True", "Accepted", "bound", 2, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t1)),
+			},
+		},
+		{
+			name: "a Gateway entry kept where it is, its transition time kept, PartiallyInvalid dropped",
+			have: []gwv1.RouteParentStatus{
+				ours(ownGw, cond("Accepted", "True", "Accepted", "old", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0),
+					cond("PartiallyInvalid", "True", "UnsupportedValue", "x", 1, t0)),
+				foreign,
+			},
+			refs: []gwv1.ParentReference{gwRef, ownGw},
+			gst: model.GatewayRouteStatus{Generation: 2, Parents: []model.GatewayParentStatus{
+				{Index: 1, Accepted: accepted("new"), ResolvedRefs: resolved},
+			}},
+			want: []gwv1.RouteParentStatus{
+				ours(ownGw, cond("Accepted", "True", "Accepted", "new", 2, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t0)),
+				foreign,
+			},
+		},
+		{
+			name: "a Gateway status for a parentRef that is not a Gateway, or a mesh status for a Gateway: no entry",
+			refs: []gwv1.ParentReference{svcRef, ownGw},
+			st: model.RouteStatus{Generation: 1, Parents: []model.ParentStatus{
+				{Index: 1, Accepted: accepted("bound"), ResolvedRefs: resolved},
+			}},
+			gst: model.GatewayRouteStatus{Generation: 1, Parents: []model.GatewayParentStatus{
+				{Index: 0, Accepted: accepted("attached"), ResolvedRefs: resolved},
+			}},
+			want: []gwv1.RouteParentStatus{},
+		},
+		{
+			name: "the Gateway no longer aether's: its entry removed, the mesh entry kept",
+			have: []gwv1.RouteParentStatus{
+				ours(ownGw, cond("Accepted", "True", "Accepted", "attached", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0)),
+				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0)),
+			},
+			refs: []gwv1.ParentReference{ownGw, svcRef},
+			st: model.RouteStatus{Generation: 1, Parents: []model.ParentStatus{
+				{Index: 1, Accepted: accepted("bound"), ResolvedRefs: resolved},
+			}},
+			want: []gwv1.RouteParentStatus{
+				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0)),
+			},
+		},
+		{
 			name: "an index outside spec.parentRefs is skipped",
 			refs: []gwv1.ParentReference{svcRef},
 			st: model.RouteStatus{Generation: 1, Parents: []model.ParentStatus{
@@ -228,7 +290,7 @@ func TestParentStatuses(t *testing.T) {
 			for i := range c.have {
 				c.have[i].DeepCopyInto(&before[i])
 			}
-			got, omitted := ParentStatuses(c.have, c.refs, c.st, t1)
+			got, omitted := ParentStatuses(c.have, c.refs, c.st, c.gst, t1)
 			if omitted != 0 {
 				t.Errorf("%d entries omitted", omitted)
 			}
@@ -239,7 +301,7 @@ func TestParentStatuses(t *testing.T) {
 				t.Errorf("have changed: %+v", c.have)
 			}
 			later := metav1.NewTime(t1.Add(time.Hour))
-			if again, _ := ParentStatuses(got, c.refs, c.st, later); !equality.Semantic.DeepEqual(again, got) {
+			if again, _ := ParentStatuses(got, c.refs, c.st, c.gst, later); !equality.Semantic.DeepEqual(again, got) {
 				t.Errorf("second run changed it:\n%+v\nwas %+v", again, got)
 			}
 		})
@@ -334,14 +396,14 @@ func TestParentStatusesMaxParents(t *testing.T) {
 		{name: "32 of theirs: none of ours", have: append(theirs(31), entry(0, t0), theirs(32)[31]), n: 2, omitted: 2, want: theirs(32)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, omitted := ParentStatuses(c.have, refs(c.n), status(c.n), t1)
+			got, omitted := ParentStatuses(c.have, refs(c.n), status(c.n), model.GatewayRouteStatus{}, t1)
 			if omitted != c.omitted || !equality.Semantic.DeepEqual(got, c.want) {
 				t.Errorf("omitted %d, got %d entries %+v\nwant omitted %d, %d entries %+v", omitted, len(got), got, c.omitted, len(c.want), c.want)
 			}
 			if len(got) > MaxParents {
 				t.Errorf("%d entries", len(got))
 			}
-			again, omitted2 := ParentStatuses(got, refs(c.n), status(c.n), metav1.NewTime(t1.Add(time.Hour)))
+			again, omitted2 := ParentStatuses(got, refs(c.n), status(c.n), model.GatewayRouteStatus{}, metav1.NewTime(t1.Add(time.Hour)))
 			if omitted2 != c.omitted || !equality.Semantic.DeepEqual(again, got) {
 				t.Errorf("second run changed it (omitted %d):\n%+v", omitted2, again)
 			}
@@ -437,12 +499,12 @@ func TestWrite(t *testing.T) {
 		{name: "too large: refused", cached: route(1), fail: apierrors.NewRequestEntityTooLargeError("limit is 3145728"), updates: 1, refused: true},
 		{name: "other failure: retried with the pass", cached: route(1), fail: apierrors.NewInternalError(errors.New("etcd is away")), updates: 1, retry: true},
 		{name: "conflicts only: retried with the pass", cached: route(1), conflicts: 10, fresh: route(1), updates: retry.DefaultBackoff.Steps, retry: true},
-		{name: "refused before, the same route and status: not sent again", cached: route(1), prev: &refusal{resourceVersion: "1", status: st, err: errors.New("refused")}, refused: true},
-		{name: "refused before, the route changed since: sent", cached: route(1), prev: &refusal{resourceVersion: "0", status: st, err: errors.New("refused")}, updates: 1, want: []gwv1.RouteParentStatus{
+		{name: "refused before, the same route and status: not sent again", cached: route(1), prev: &refusal{resourceVersion: "1", status: routeWant{mesh: st}, err: errors.New("refused")}, refused: true},
+		{name: "refused before, the route changed since: sent", cached: route(1), prev: &refusal{resourceVersion: "0", status: routeWant{mesh: st}, err: errors.New("refused")}, updates: 1, want: []gwv1.RouteParentStatus{
 			ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
-		{name: "refused before, another status to write: sent", cached: route(1), prev: &refusal{resourceVersion: "1", status: other, err: errors.New("refused")}, updates: 1, want: []gwv1.RouteParentStatus{
+		{name: "refused before, another status to write: sent", cached: route(1), prev: &refusal{resourceVersion: "1", status: routeWant{mesh: other}, err: errors.New("refused")}, updates: 1, want: []gwv1.RouteParentStatus{
 			ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t1))}},
-		{name: "refused before, now right: nothing sent, not refused", cached: route(1, done), prev: &refusal{resourceVersion: "1", status: st, err: errors.New("refused")}},
+		{name: "refused before, now right: nothing sent, not refused", cached: route(1, done), prev: &refusal{resourceVersion: "1", status: routeWant{mesh: st}, err: errors.New("refused")}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			var updates int
@@ -466,7 +528,7 @@ func TestWrite(t *testing.T) {
 				return nil
 			}
 			cached := c.cached.DeepCopy()
-			res := write(context.Background(), slog.New(slog.DiscardHandler), nil, k, cached, st, t1, c.prev)
+			res := write(context.Background(), slog.New(slog.DiscardHandler), nil, k, cached, routeWant{mesh: st}, t1, c.prev)
 			if (res.refused != nil) != c.refused || (res.err != nil) != c.retry || res.omitted != 0 {
 				t.Errorf("outcome %+v; want refused %v, retried %v", res, c.refused, c.retry)
 			}
