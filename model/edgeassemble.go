@@ -7,15 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Keys of the listener certificates the registrar publishes for the agents (docs/gateway.md,
-// "Certificates"): a Secret of type kubernetes.io/tls in aether's namespace, labelled
-// LabelEdgeCertificate "true", its AnnotationCertificateRef naming the certificateRef
-// ("<namespace>/<name>") it copies.
-const (
-	LabelEdgeCertificate     = "aether.io/edge-certificate"
-	AnnotationCertificateRef = "aether.io/certificate-ref"
-)
-
 // EdgePod is a pod on this node that serves an edge Gateway: the agent serves that Gateway's
 // configuration (and the edge's SVID) to it over an ADS listener inside NetnsPath.
 type EdgePod struct {
