@@ -299,6 +299,11 @@ type GatewayRouteStatus struct {
 	Parents    []GatewayParentStatus
 }
 
+// EdgeReservedPorts are the TCP ports the edge pod uses itself: 15010, where the node agent
+// serves the edge Envoy's xDS on 127.0.0.1, and 15090, Envoy's metrics and readiness listener. A
+// TCP-based listener on one of them is refused (PortUnavailable).
+var EdgeReservedPorts = []uint32{15010, 15090}
+
 // EdgeServiceAccountName is the ServiceAccount aether provisions for a Gateway's edge pods.
 func EdgeServiceAccountName(gateway string) string { return gateway + "-aether-edge" }
 

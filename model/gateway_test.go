@@ -408,6 +408,16 @@ func TestListenerConflicts(t *testing.T) {
 			"443 db[db.example.com]\n" +
 			"443 mq[mq.example.com] certs=infra/wildcard",
 	}, {
+		name: "the edge pod's own ports are refused for TCP, not for UDP",
+		listeners: "  - {name: a, port: 15010, protocol: HTTP}\n" +
+			"  - {name: b, port: 15090, protocol: TCP}\n" +
+			"  - {name: c, port: 15010, protocol: UDP}\n",
+		want: "a: !PortUnavailable !Invalid ResolvedRefs !NoConflicts kinds=HTTPRoute,GRPCRoute attached=0\n" +
+			"b: !PortUnavailable !Invalid ResolvedRefs !NoConflicts kinds=TCPRoute attached=0\n" +
+			"c: Accepted Programmed ResolvedRefs !NoConflicts kinds=UDPRoute attached=0",
+		gateway: "ListenersNotValid Programmed",
+		edge:    "15010 c[]",
+	}, {
 		name: "TCP and UDP share a port number",
 		listeners: "  - {name: dns-tcp, port: 53, protocol: TCP}\n" +
 			"  - {name: dns-udp, port: 53, protocol: UDP}\n",

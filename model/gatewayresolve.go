@@ -60,6 +60,7 @@ type listenerState struct {
 //
 // Listeners (GatewaySpec.listeners, ListenerConditionType):
 //   - Accepted=False: a protocol other than HTTP, HTTPS, TLS, TCP and UDP (UnsupportedProtocol);
+//     a TCP-based listener on one of EdgeReservedPorts (PortUnavailable);
 //     a tls block where the protocol forbids it, none where it needs one, HTTPS with mode
 //     Passthrough, or listener Unsupported (UnsupportedValue); a conflict (its reason);
 //   - Conflicted ("Compatible Listeners"): on one port, TCP-based listeners of more than one family
@@ -249,6 +250,9 @@ func checkListener(spec *ListenerSpec, f string) *listenerState {
 	}
 	if len(spec.Unsupported) > 0 {
 		refuse(gwv1.ListenerReasonUnsupportedValue, "not supported: "+strings.Join(spec.Unsupported, "; "))
+	}
+	if l.proto != ListenerUDP && slices.Contains(EdgeReservedPorts, spec.Port) {
+		refuse(gwv1.ListenerReasonPortUnavailable, fmt.Sprintf("%s.port: value %d: the edge pod uses TCP ports %v itself (its xDS and metrics)", f, spec.Port, EdgeReservedPorts))
 	}
 	if ar := spec.AllowedRoutes; ar.From == string(gwv1.NamespacesFromSelector) {
 		sel, err := labels.Parse(ar.Selector)
