@@ -232,7 +232,7 @@ func (w *world) edgeFailover(t *testing.T, addr string) {
 			mu.Unlock()
 		}
 	}()
-	time.Sleep(time.Second)
+	time.Sleep(2 * time.Second)
 	gone := time.Now()
 	if err := w.p.Kube(w.a).CoreV1().Pods(ns).Delete(ctx, "dual-"+w.a, metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
 		t.Fatal(err)
@@ -247,13 +247,18 @@ func (w *world) edgeFailover(t *testing.T, addr string) {
 		}
 		return fmt.Errorf("none yet")
 	})
-	time.Sleep(3 * time.Second)
+	time.Sleep(6 * time.Second)
 	close(stop)
 	<-done
 	var first time.Time
-	failed, after := 0, 0
+	failed, after, before := 0, 0, 0
 	for _, r := range results {
 		if r.at.Before(gone) {
+			// This cluster's endpoints come first: nothing goes to B while A's pod serves.
+			before++
+			if r.err != nil || r.code != 200 || r.cluster != w.a {
+				t.Errorf("before the failover: status %d from %q, %v; want A's pod", r.code, r.cluster, r.err)
+			}
 			continue
 		}
 		if first.IsZero() {
@@ -269,11 +274,11 @@ func (w *world) edgeFailover(t *testing.T, addr string) {
 		}
 	}
 	took := first.Sub(gone)
-	t.Logf("A's endpoint deleted; first answer from B after %s; %d requests after it, %d failed", took.Round(time.Millisecond), after, failed)
+	t.Logf("%d requests answered by A before; A's endpoint deleted; first answer from B after %s; %d requests after it, %d failed", before, took.Round(time.Millisecond), after, failed)
 	if took > failoverDeadline {
 		t.Errorf("failover took %s, want at most %s", took.Round(time.Millisecond), failoverDeadline)
 	}
-	if after < 20 {
-		t.Errorf("only %d requests after the failover; the check needs more", after)
+	if before < 3 || after < 20 {
+		t.Errorf("%d requests before and %d after the failover; the check needs more", before, after)
 	}
 }
