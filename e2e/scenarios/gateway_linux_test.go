@@ -35,6 +35,8 @@ const (
 	edgeGateway = "web"
 	edgeCaller  = "spiffe://aether.internal/ns/" + edgeNS + "/sa/" + edgeGateway + "-aether-edge"
 	edgePort    = 8080
+	// edgePrivatePort is the Gateway's second listener, which takes only its namespace's routes.
+	edgePrivatePort = 8081
 	// failoverDeadline is how soon after A's last endpoint is gone the edge must answer from B
 	// (the bound).
 	failoverDeadline = 5 * time.Second
@@ -70,7 +72,9 @@ func (w *world) edgeGatewaySetup(t *testing.T) string {
 		GatewayClassName: "aether",
 		Addresses:        []gwv1.GatewaySpecAddress{{Type: ptrTo(gwv1.IPAddressType), Value: nodeIP}},
 		Listeners: []gwv1.Listener{{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: edgePort,
-			AllowedRoutes: &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{From: &all}}}},
+			AllowedRoutes: &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{From: &all}}},
+			// Routes of the Gateway's own namespace only (the default, From: Same).
+			{Name: "private", Protocol: gwv1.HTTPProtocolType, Port: edgePrivatePort}},
 	}}, metav1.CreateOptions{})
 	if err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -102,9 +106,14 @@ func (w *world) edgeGatewaySetup(t *testing.T) string {
 // edgeRoute is HTTPRoute ns/<name> on the Gateway's http listener sending every request to
 // backend.
 func edgeRoute(name string, backend gwv1.HTTPBackendRef) *gwv1.HTTPRoute {
+	return edgeRouteOn(name, "http", backend)
+}
+
+// edgeRouteOn is HTTPRoute ns/<name> on the Gateway's listener sending every request to backend.
+func edgeRouteOn(name, listener string, backend gwv1.HTTPBackendRef) *gwv1.HTTPRoute {
 	return &gwv1.HTTPRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: gwv1.HTTPRouteSpec{
 		CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{
-			Namespace: ptrTo(gwv1.Namespace(edgeNS)), Name: edgeGateway, SectionName: ptrTo(gwv1.SectionName("http"))}}},
+			Namespace: ptrTo(gwv1.Namespace(edgeNS)), Name: edgeGateway, SectionName: ptrTo(gwv1.SectionName(listener))}}},
 		Rules: []gwv1.HTTPRouteRule{{BackendRefs: []gwv1.HTTPBackendRef{backend}}},
 	}}
 }
@@ -281,4 +290,41 @@ func (w *world) edgeFailover(t *testing.T, addr string) {
 	if before < 3 || after < 20 {
 		t.Errorf("%d requests before and %d after the failover; the check needs more", before, after)
 	}
+}
+
+// edgeRouteNotAllowed: a route in ns on the Gateway's private listener, which takes routes of the
+// Gateway's namespace only, is refused in its status (Accepted=False, NotAllowedByListeners,
+// written by A's registrar) and serves nothing: the listener answers 404.
+func (w *world) edgeRouteNotAllowed(t *testing.T, addr string) {
+	route := edgeRouteOn("edge-private", "private", serviceBackend(ns, "echo", 80, 1))
+	w.createRoute(t, w.a, route)
+	what := fmt.Sprintf("HTTPRoute %s/%s refused by the private listener", ns, route.Name)
+	testenv.Eventually(t, 90*time.Second, what, func() error {
+		r, err := w.p.Gateway(w.a).GatewayV1().HTTPRoutes(ns).Get(context.Background(), route.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, ps := range r.Status.Parents {
+			if ps.ControllerName != gatewayController {
+				continue
+			}
+			c := meta.FindStatusCondition(ps.Conditions, string(gwv1.RouteConditionAccepted))
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != string(gwv1.RouteReasonNotAllowedByListeners) || c.ObservedGeneration != r.Generation {
+				return fmt.Errorf("Accepted = %+v", c)
+			}
+			return nil
+		}
+		return fmt.Errorf("no status entry of %s in %+v", gatewayController, r.Status.Parents)
+	})
+	host, _, _ := net.SplitHostPort(addr)
+	private := net.JoinHostPort(host, strconv.Itoa(edgePrivatePort))
+	testenv.Eventually(t, 30*time.Second, "the private listener answers 404", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		code, r, err := w.edgeGet(ctx, private)
+		if err != nil || code != 404 {
+			return fmt.Errorf("status %d from %q, %v; want 404", code, r.Server, err)
+		}
+		return nil
+	})
 }

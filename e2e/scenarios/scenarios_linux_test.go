@@ -433,6 +433,12 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 			gwAddr = w.edgeGatewaySetup(t)
 			w.edgeToRemote(t, gwAddr)
 		})
+		run("edge-gateway-route-not-allowed", func(t *testing.T) {
+			if gwAddr == "" {
+				t.Fatal("no Gateway address (edge-gateway-to-remote-through-waypoint failed)")
+			}
+			w.edgeRouteNotAllowed(t, gwAddr)
+		})
 		run("edge-gateway-failover-to-remote", func(t *testing.T) {
 			if gwAddr == "" {
 				t.Fatal("no Gateway address (edge-gateway-to-remote-through-waypoint failed)")
