@@ -200,7 +200,7 @@ func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry, old *routing,
 		rt.lists = make(map[model.Frontend]frontendList, len(gm.Ports))
 		mirrors := map[mirrorTarget]bool{}
 		// In a fixed order, so that the table and its warnings are the same for the same model.
-		for _, fe := range slices.SortedFunc(maps.Keys(gm.Ports), compareFrontends) {
+		for _, fe := range slices.SortedFunc(maps.Keys(gm.Ports), model.Frontend.Compare) {
 			pr := gm.Ports[fe]
 			s := m.Service(fe.Service)
 			if s == nil {
@@ -239,20 +239,6 @@ func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry, old *routing,
 		rt.mirrors = slices.SortedFunc(maps.Keys(mirrors), compareMirrorTargets)
 	}
 	rt.captureRoute = captureRoute(CaptureRouteName, table)
-}
-
-// compareFrontends orders frontends by service, then Service before ServiceImport, then port.
-func compareFrontends(a, b model.Frontend) int {
-	if c := a.Service.Compare(b.Service); c != 0 {
-		return c
-	}
-	if a.Import != b.Import {
-		if !a.Import {
-			return -1
-		}
-		return 1
-	}
-	return cmp.Compare(a.Port, b.Port)
 }
 
 // localImported are the services that are local and imported, sorted: their Service backends use
