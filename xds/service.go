@@ -143,12 +143,15 @@ type floorChain struct {
 	tcp  *listenerv3.Filter
 }
 
-// newFloorChain is the floor chain "tcp|<cn>" that passes connections to the cluster cn
+// newFloorChain is the floor chain floorChainName(cn) that passes connections to the cluster cn
 // (tcp_proxy, stat prefix outbound_tcp).
 func newFloorChain(cn string) (floorChain, error) {
 	tp, err := xdsproto.TCPProxy("outbound_tcp", cn)
-	return floorChain{name: "tcp|" + cn, tcp: tp}, err
+	return floorChain{name: floorChainName(cn), tcp: tp}, err
 }
+
+// floorChainName is the name of the floor chain of the cluster cn: "tcp|<cn>".
+func floorChainName(cn string) string { return "tcp|" + cn }
 
 // vipChain is one entry of the capture filter-chain matcher: port and VIP to a chain.
 type vipChain struct {
