@@ -10,6 +10,7 @@ import (
 	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/aethermesh/aether/internal/testenv"
@@ -275,5 +276,54 @@ func TestTLSInspectorPorts(t *testing.T) {
 		if g := strings.Join(got, " "); g != tc.want {
 			t.Errorf("%v: enabled on %s, want %s", tc.ports, g, tc.want)
 		}
+	}
+}
+
+// TestBuilderL4Routes: with a Builder, an L4 route change rebuilds the capture matcher, chains
+// and listeners (as a fresh Build does) and keeps the capture route table (the same value: not
+// sent again); an endpoint change with routes in place keeps the matcher and chains; removing
+// the routes gives back the capture listener of the model without them.
+func TestBuilderL4Routes(t *testing.T) {
+	bl, memo := NewBuilder(Options{}), &hashMemo{}
+	plain := l4Mesh(t, nil)
+	r0, s0 := buildSnapshot(t, bl, plain, memo)
+	routed := l4Mesh(t, l4GoldenRoutes())
+	r1, s1 := buildSnapshot(t, bl, routed, memo)
+	if d := differingKinds(t, r1, buildValid(t, routed, Options{})); len(d) > 0 {
+		t.Fatalf("%v differ from a fresh Build", d)
+	}
+	c0, c1 := captureOf(t, r0, "shop/client"), captureOf(t, r1, "shop/client")
+	if proto.Equal(c0.FilterChainMatcher, c1.FilterChainMatcher) || len(c1.ListenerFilters) != len(c0.ListenerFilters)+1 {
+		t.Error("routes added: the capture matcher or listener filters did not change")
+	}
+	if s0.GetVersionMap(resource.RouteType)[CaptureRouteName] !=
+		s1.GetVersionMap(resource.RouteType)[CaptureRouteName] {
+		t.Error("routes added: the capture route table changed")
+	}
+
+	// One endpoint's health changes: the matcher and chains are the previous values.
+	moved := l4Mesh(t, l4GoldenRoutes())
+	moved.Endpoints[dbKey] = slices.Clone(moved.Endpoints[dbKey])
+	moved.Endpoints[dbKey][0].Healthy = false
+	r2, _ := buildSnapshot(t, bl, moved, memo)
+	c2 := captureOf(t, r2, "shop/client")
+	if c2.FilterChainMatcher != c1.FilterChainMatcher || chainsKey(c2.FilterChains) != chainsKey(c1.FilterChains) {
+		t.Error("an endpoint change rebuilt the capture matcher or chains")
+	}
+
+	// Another split of the TCPRoute: a fresh Build's output, the TLS listener filter unchanged.
+	resplit := l4GoldenRoutes()
+	resplit[0].Rules[0].Backends[1].Weight = 5
+	r3, _ := buildSnapshot(t, bl, l4Mesh(t, resplit), memo)
+	if d := differingKinds(t, r3, buildValid(t, l4Mesh(t, resplit), Options{})); len(d) > 0 {
+		t.Fatalf("resplit: %v differ from a fresh Build", d)
+	}
+	if c3 := captureOf(t, r3, "shop/client"); !proto.Equal(c3.ListenerFilters[len(c3.ListenerFilters)-1], c1.ListenerFilters[len(c1.ListenerFilters)-1]) {
+		t.Error("resplit: the tls_inspector changed")
+	}
+
+	r4, _ := buildSnapshot(t, bl, l4Mesh(t, nil), memo)
+	if c4 := captureOf(t, r4, "shop/client"); !proto.Equal(c4, c0) {
+		t.Error("routes removed: the capture listener is not the one without routes")
 	}
 }
