@@ -30,7 +30,7 @@ type l4Fixture struct {
 	roots *x509.CertPool
 }
 
-func startL4Fixture(t *testing.T, delta bool, build Options) *l4Fixture {
+func startL4Fixture(t testing.TB, delta bool, build Options) *l4Fixture {
 	f := &l4Fixture{meshFixture: startTrafficFixture(t, time.Hour, delta, build)}
 	ca, err := testenv.NewCA("l4 test CA")
 	if err != nil {
@@ -66,7 +66,7 @@ func startL4Fixture(t *testing.T, delta bool, build Options) *l4Fixture {
 }
 
 // mesh is the traffic model with the L4 fixture's pods and services and the L4 routes routes.
-func (f *l4Fixture) mesh(t *testing.T, version uint64, routes []model.Route) *model.Mesh {
+func (f *l4Fixture) mesh(t testing.TB, version uint64, routes []model.Route) *model.Mesh {
 	base := trafficMesh(f.meshFixture, version)
 	services, pods := base.Services, base.Pods
 	eps := base.Endpoints
@@ -261,4 +261,34 @@ func testL4Routes(t *testing.T, delta bool, build Options) {
 		}
 	})
 	f.wantNoRejections(t)
+}
+
+// TestPrivilegedL4RoutesACK: Envoy 1.40 takes the golden L4 routes (exact and wildcard SNI
+// names, a ServiceImport frontend, an invalid backend's share, a TLSRoute without hostnames) and
+// a TLSRoute on a port apart from the others (the tls_inspector enabled on two port ranges), as
+// state of the world and delta, and rejects nothing.
+func TestPrivilegedL4RoutesACK(t *testing.T) {
+	for _, delta := range []bool{false, true} {
+		t.Run(fmt.Sprintf("delta=%t", delta), func(t *testing.T) {
+			f := newMeshFixture(t, time.Hour, delta, Options{})
+			routes := append(l4GoldenRoutes(), l4Of(model.KindTLSRoute, "db-v2", 0, []model.ParentRef{svcParent(dbV2Key, 3306)},
+				[]string{"db.example"}, svcBackend(dbKey, 3306, 1)))
+			m := l4Mesh(t, routes)
+			for _, p := range m.Pods {
+				ns, ip := f.addPod(p.Name, false)
+				p.NetnsPath, p.IPs = ns.Path, []netip.Addr{ip}
+			}
+			good := model.New(2, m.Cluster, m.MeshDomain, f.td, m.Node, m.Services, m.Endpoints, m.Pods)
+			good.L4Routing = m.L4Routing
+			r, err := Build(good, fakeSVIDs(good), []byte("BUNDLE"), Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := captureOf(t, r, "shop/client").ListenerFilters; len(got[len(got)-1].FilterDisabled.GetNotMatch().GetOrMatch().GetRules()) != 2 {
+				t.Fatalf("tls_inspector not on two port ranges: %v", got[len(got)-1])
+			}
+			f.set(good)
+			f.wantNoRejections(t)
+		})
+	}
 }
