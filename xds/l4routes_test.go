@@ -327,3 +327,41 @@ func TestBuilderL4Routes(t *testing.T) {
 		t.Error("routes removed: the capture listener is not the one without routes")
 	}
 }
+
+// TestL4LocalBackends: an L4 route's Service backend of a service that is local and imported is
+// the Service's endpoints in this cluster (its local cluster, which its TCP ports now have as
+// its HTTP ports do, GEP-1748), a ServiceImport backend the clusterset's.
+func TestL4LocalBackends(t *testing.T) {
+	imp := svcBackend(tlsKey, 443, 1)
+	imp.Kind = model.BackendServiceImport
+	m := l4Mesh(t, []model.Route{l4Of(model.KindTCPRoute, "both", 0, []model.ParentRef{svcParent(dbKey, 3306)}, nil, svcBackend(tlsKey, 443, 1), imp)})
+	r := buildValid(t, m, Options{})
+	var got []string
+	for _, fc := range captureOf(t, r, "shop/client").FilterChains {
+		if fc.Name != "tcproute|shop/both" {
+			continue
+		}
+		tp := &tcpv3.TcpProxy{}
+		if err := fc.Filters[0].GetTypedConfig().UnmarshalTo(tp); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range tp.GetWeightedClusters().GetClusters() {
+			got = append(got, c.Name)
+		}
+	}
+	if want := "local|tls.shop.mesh:443 tls.shop.mesh:443"; strings.Join(got, " ") != want {
+		t.Errorf("clusters %q, want %s", got, want)
+	}
+	have := map[string]bool{}
+	for _, c := range r.Clusters {
+		have[c.Name] = true
+	}
+	for _, c := range r.Endpoints {
+		have["eds "+c.ClusterName] = true
+	}
+	for _, want := range []string{"local|tls.shop.mesh:443", "local|tls.shop.mesh:444", "eds local|tls.shop.mesh:443"} {
+		if !have[want] {
+			t.Errorf("no %s", want)
+		}
+	}
+}

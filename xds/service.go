@@ -86,10 +86,11 @@ func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, erro
 func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIPs) > 0 || s.Headless }
 
 // hasLocalCluster reports whether service port sp of s gets a LocalClusterName cluster beside its
-// ClusterName one: an HTTP port (what a GAMMA backendRef can name) of a service that is local
-// and imported, so that its EDS cluster may hold other clusters' endpoints.
+// ClusterName one: a port a route's Service backendRef can name (HTTP for GAMMA routes, TCP for
+// TCPRoutes and TLSRoutes: any but UDP) of a service that is local and imported, so that its EDS
+// cluster may hold other clusters' endpoints.
 func hasLocalCluster(s *model.Service, sp model.ServicePort) bool {
-	return s.Local && s.Imported && sp.Protocol.IsHTTP() && hasClusters(s)
+	return s.Local && s.Imported && sp.Protocol != model.ProtocolUDP && hasClusters(s)
 }
 
 // outboundClusters builds e's outbound EDS clusters: one per non-UDP port when hasClusters, pinned
