@@ -99,11 +99,9 @@ func ResolveL4Routes(services map[ServiceKey]*Service, routes []Route) (*L4Routi
 		st := RouteStatus{Route: r.RouteRef, Generation: r.Generation}
 		served, dropped, _ := servedRules(r)
 		for _, p := range r.Parents {
-			ps := ParentStatus{Index: p.Index, ResolvedRefs: refs}
-			fes, why := bindParent(services, r, p)
+			ps, fes := parentBinding(services, r, p, refs)
 			switch {
-			case why != "":
-				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonNoMatchingParent), Message: why}
+			case len(fes) == 0:
 			case r.Namespace != p.Service.Namespace:
 				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonUnsupportedValue), Message: fmt.Sprintf(
 					"consumer L4 routes are not supported: a %s in namespace %s on %s %s in another namespace is not served (only routes in the Service's namespace are)",
@@ -116,10 +114,7 @@ func ResolveL4Routes(services map[ServiceKey]*Service, routes []Route) (*L4Routi
 			case served == 0:
 				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonUnsupportedValue), Message: "no rule can be served: " + strings.Join(dropped, "; ")}
 			default:
-				ps.Accepted = Condition{Status: true, Reason: string(gwv1.RouteReasonAccepted), Message: "bound to " + joinFrontends(fes)}
-				if len(dropped) > 0 {
-					ps.PartiallyInvalid = &Condition{Status: true, Reason: string(gwv1.RouteReasonUnsupportedValue), Message: "Dropped Rule(s): " + strings.Join(dropped, "; ")}
-				}
+				ps.accept(fes, dropped)
 				for _, fe := range fes {
 					cands = append(cands, l4Candidate{ri: i, route: r, fe: fe, parent: len(st.Parents)})
 				}

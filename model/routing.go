@@ -153,11 +153,9 @@ func ResolveRoutes(services map[ServiceKey]*Service, routes []Route) (*Routing, 
 		st := RouteStatus{Route: r.RouteRef, Generation: r.Generation}
 		served, dropped, incompatible := servedRules(&rr)
 		for _, p := range r.Parents {
-			ps := ParentStatus{Index: p.Index, ResolvedRefs: refs}
-			fes, why := bindParent(services, r, p)
+			ps, fes := parentBinding(services, r, p, refs)
 			switch {
-			case why != "":
-				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonNoMatchingParent), Message: why}
+			case len(fes) == 0:
 			case len(r.Rules) == 0:
 				// GRPCRoute rules have no minimum (an HTTPRoute's default to one rule): a route
 				// without rules would route nothing, so that every request to the frontend fails.
@@ -170,10 +168,7 @@ func ResolveRoutes(services map[ServiceKey]*Service, routes []Route) (*Routing, 
 				}
 				ps.Accepted = Condition{Reason: string(reason), Message: "no rule can be served: " + strings.Join(dropped, "; ")}
 			default:
-				ps.Accepted = Condition{Status: true, Reason: string(gwv1.RouteReasonAccepted), Message: "bound to " + joinFrontends(fes)}
-				if len(dropped) > 0 {
-					ps.PartiallyInvalid = &Condition{Status: true, Reason: string(gwv1.RouteReasonUnsupportedValue), Message: "Dropped Rule(s): " + strings.Join(dropped, "; ")}
-				}
+				ps.accept(fes, dropped)
 				group := ""
 				if r.Namespace != p.Service.Namespace {
 					group = r.Namespace
@@ -187,6 +182,25 @@ func ResolveRoutes(services map[ServiceKey]*Service, routes []Route) (*Routing, 
 		statuses[i] = st
 	}
 	return bindCandidates(cands, statuses), statuses
+}
+
+// parentBinding starts the status of parentRef p of route r, whose backends resolved to refs:
+// the frontends p binds to (bindParent), or none and Accepted=False, NoMatchingParent.
+func parentBinding(services map[ServiceKey]*Service, r *Route, p ParentRef, refs Condition) (ParentStatus, []Frontend) {
+	ps := ParentStatus{Index: p.Index, ResolvedRefs: refs}
+	fes, why := bindParent(services, r, p)
+	if why != "" {
+		ps.Accepted = Condition{Reason: string(gwv1.RouteReasonNoMatchingParent), Message: why}
+	}
+	return ps, fes
+}
+
+// accept makes ps Accepted, bound to fes, and PartiallyInvalid when rules were dropped.
+func (ps *ParentStatus) accept(fes []Frontend, dropped []string) {
+	ps.Accepted = Condition{Status: true, Reason: string(gwv1.RouteReasonAccepted), Message: "bound to " + joinFrontends(fes)}
+	if len(dropped) > 0 {
+		ps.PartiallyInvalid = &Condition{Status: true, Reason: string(gwv1.RouteReasonUnsupportedValue), Message: "Dropped Rule(s): " + strings.Join(dropped, "; ")}
+	}
 }
 
 // bindCandidates resolves type conflicts per frontend and group, marks parents that lost every

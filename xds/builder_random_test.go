@@ -143,11 +143,7 @@ func (st *randState) mesh() *model.Mesh {
 		zone = "z1"
 	}
 	m := model.New(1, "c1", "mesh", td, model.Node{Name: "n1", Region: "r1", Zone: zone}, services, eps, pods)
-	byKey := map[model.ServiceKey]*model.Service{}
-	for _, s := range m.Services {
-		byKey[s.Key] = s
-	}
-	m.L4Routing, _ = model.ResolveL4Routes(byKey, randL4Routes(st.l4))
+	m.L4Routing, _ = model.ResolveL4Routes(servicesOf(m), randL4Routes(st.l4))
 	return m
 }
 

@@ -90,20 +90,31 @@ func benchRoute(name string, parent, stable, canary model.ServiceKey) model.Rout
 // served would measure nothing.
 func withRoutes(tb testing.TB, m *model.Mesh, routes []model.Route) *model.Mesh {
 	tb.Helper()
+	var st []model.RouteStatus
+	m.Routing, st = model.ResolveRoutes(servicesOf(m), routes)
+	mustAccept(tb, st, true)
+	return m
+}
+
+// servicesOf indexes m's services by key, as ResolveRoutes and ResolveL4Routes take them.
+func servicesOf(m *model.Mesh) map[model.ServiceKey]*model.Service {
 	byKey := make(map[model.ServiceKey]*model.Service, len(m.Services))
 	for _, s := range m.Services {
 		byKey[s.Key] = s
 	}
-	var st []model.RouteStatus
-	m.Routing, st = model.ResolveRoutes(byKey, routes)
+	return byKey
+}
+
+// mustAccept fails when a parent of st is not Accepted, or, with refs, has ResolvedRefs False.
+func mustAccept(tb testing.TB, st []model.RouteStatus, refs bool) {
+	tb.Helper()
 	for _, s := range st {
 		for _, p := range s.Parents {
-			if !p.Accepted.Status || !p.ResolvedRefs.Status {
+			if !p.Accepted.Status || (refs && !p.ResolvedRefs.Status) {
 				tb.Fatalf("%s: Accepted %+v, ResolvedRefs %+v", s.Route, p.Accepted, p.ResolvedRefs)
 			}
 		}
 	}
-	return m
 }
 
 // benchMeshRoutes are n benchRoutes over benchMesh's services (n at most services/10): route i

@@ -3,7 +3,6 @@ package xds
 import (
 	"bytes"
 	"fmt"
-	"io"
 	"testing"
 
 	"github.com/aethermesh/aether/internal/testenv"
@@ -35,18 +34,7 @@ func BenchmarkL4RouteOtherPaths(b *testing.B) {
 	body := bytes.Repeat([]byte("x"), 1024)
 	tcp := func(name string, f *l4Fixture) pacePath {
 		buf := make([]byte, len(body))
-		return pacePath{name, func() error {
-			c, err := f.pods["alpha"].Dial(vipTCP.String() + ":9000")
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			if _, err := c.Write(body); err != nil {
-				return err
-			}
-			_, err = io.ReadFull(c, buf)
-			return err
-		}}
+		return pacePath{name, func() error { return dialEcho(f.pods["alpha"], vipTCP.String()+":9000", body, buf) }}
 	}
 	http := func(name string, f *l4Fixture) pacePath {
 		c := f.pods["alpha"].HTTPClient(false)

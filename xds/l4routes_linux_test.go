@@ -118,18 +118,6 @@ func tlsRoutes() []model.Route {
 	return []model.Route{route("one", []string{"v1.example"}, "tls-v1"), route("two", []string{"b.example", "*.two.example"}, "tls-v2")}
 }
 
-// bannerOf dials addr from ns and returns the first line the server sends.
-func bannerOf(ns *testenv.Netns, addr string) (string, error) {
-	c, err := ns.Dial(addr)
-	if err != nil {
-		return "", err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	return strings.TrimSpace(line), err
-}
-
 // tlsPeer dials addr from ns with TLS and SNI sni, verifies the server's certificate for
 // verifyAs against the test CA (so that it is the backend's own certificate, never one Envoy
 // presents), and returns the certificate's DNS name and the first line the server sends.

@@ -48,19 +48,9 @@ func l4Mesh(t testing.TB, routes []model.Route) *model.Mesh {
 // withL4Routes resolves routes (ResolveL4Routes) into m.L4Routing; every parent must be accepted.
 func withL4Routes(t testing.TB, m *model.Mesh, routes []model.Route) *model.Mesh {
 	t.Helper()
-	byKey := map[model.ServiceKey]*model.Service{}
-	for _, s := range m.Services {
-		byKey[s.Key] = s
-	}
 	var st []model.RouteStatus
-	m.L4Routing, st = model.ResolveL4Routes(byKey, routes)
-	for _, s := range st {
-		for _, p := range s.Parents {
-			if !p.Accepted.Status {
-				t.Fatalf("%s not accepted: %+v", s.Route, p.Accepted)
-			}
-		}
-	}
+	m.L4Routing, st = model.ResolveL4Routes(servicesOf(m), routes)
+	mustAccept(t, st, false)
 	return m
 }
 
