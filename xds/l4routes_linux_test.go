@@ -199,6 +199,8 @@ func testL4Routes(t *testing.T, delta bool, build Options) {
 	t.Run("TLSRoutes by SNI, the client's TLS end to end", func(t *testing.T) {
 		for _, c := range []struct{ sni, cert, line string }{
 			{"v1.example", "v1.example", "v1.example from 127.0.0.1"},
+			{"V1.Example", "v1.example", "v1.example from 127.0.0.1"},
+			{"X.Two.Example", "v2.example", "v2.example from 127.0.0.1"},
 			{"b.example", "v2.example", "v2.example from 127.0.0.1"},
 			{"x.two.example", "v2.example", "v2.example from 127.0.0.1"},
 			{"a.b.two.example", "v2.example", "v2.example from 127.0.0.1"},
