@@ -207,12 +207,19 @@ func bindL4(cands []l4Candidate, statuses []RouteStatus) *L4Routing {
 	return rt
 }
 
-// hostsOrAny are the SNI names TLSRoute r asks for: its hostnames, or AnySNI.
+// hostsOrAny are the SNI names TLSRoute r asks for: its hostnames (each once, in order), or
+// AnySNI.
 func hostsOrAny(r *Route) []string {
 	if len(r.Hostnames) == 0 {
 		return []string{AnySNI}
 	}
-	return r.Hostnames
+	out := make([]string, 0, len(r.Hostnames))
+	for _, h := range r.Hostnames {
+		if !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	return out
 }
 
 // takenBy says which of route r's hostnames older TLSRoutes among cs have:

@@ -201,7 +201,7 @@ func TestResolveL4Routes(t *testing.T) {
 	}, {
 		name: "TLSRoutes share a frontend by hostname; no hostnames is every other name",
 		routes: []string{
-			l4Doc("TLSRoute", "shop", "a", 0, pg5432, "[a.example, shared.example, \"*.wild.example\"]", toV1),
+			l4Doc("TLSRoute", "shop", "a", 0, pg5432, "[a.example, shared.example, \"*.wild.example\", A.example]", toV1),
 			l4Doc("TLSRoute", "shop", "b", 1, pg5432, "[shared.example, b.example]", toV1V2),
 			l4Doc("TLSRoute", "shop", "c", 2, pg5432, "[shared.example]", toV1),
 			l4Doc("TLSRoute", "shop", "any", 3, pg5432, "", toV1),
