@@ -79,9 +79,10 @@ type l4Candidate struct {
 //     an older TLSRoute (or TLSRoute beside an older TCPRoute), is Conflicted on it; a parent
 //     still bound elsewhere stays Accepted and its message says where it is not;
 //   - the first served rule is served (an L4 route has one rule, Gateway API v1.6.3); backends
-//     resolve as for ResolveRoutes (a TCP port for a TCPRoute or TLSRoute, a UDP port for a
-//     UDPRoute; no ReferenceGrant needed in the mesh, GEP-1294), an invalid one gets
-//     ResolvedRefs=False and its share of connections is closed.
+//     resolve as for ResolveRoutes (a port of any protocol but UDP for a TCPRoute, a TCP port
+//     for a TLSRoute, whose client's TLS the mesh passes through, a UDP port for a UDPRoute;
+//     no ReferenceGrant needed in the mesh, GEP-1294), an invalid one gets ResolvedRefs=False
+//     and its share of connections is closed.
 //
 // ResolveL4Routes is pure and does not change routes.
 func ResolveL4Routes(services map[ServiceKey]*Service, routes []Route) (*L4Routing, []RouteStatus) {
@@ -89,9 +90,18 @@ func ResolveL4Routes(services map[ServiceKey]*Service, routes []Route) (*L4Routi
 	var resolved []Route
 	var cands []l4Candidate
 	for i := range routes {
-		if isL4(routes[i].Kind) {
-			resolved = append(resolved, resolveBackends(services, &routes[i]))
+		if !isL4(routes[i].Kind) {
+			continue
 		}
+		rr := resolveBackends(services, &routes[i])
+		if rr.Kind == KindTLSRoute {
+			for j := range rr.Rules {
+				for k := range rr.Rules[j].Backends {
+					passthroughBackend(services, &rr.Rules[j].Backends[k])
+				}
+			}
+		}
+		resolved = append(resolved, rr)
 	}
 	for i := range resolved {
 		r := &resolved[i]
@@ -205,6 +215,20 @@ func bindL4(cands []l4Candidate, statuses []RouteStatus) *L4Routing {
 		}
 	}
 	return rt
+}
+
+// passthroughBackend sets b.Invalid when b, a valid backend of a mesh TLSRoute, is an HTTP
+// port: the mesh passes the client's TLS through, and the backend pods' inbound listener would
+// read it as HTTP on such a port (its inbound chain is an HTTP connection manager).
+func passthroughBackend(services map[ServiceKey]*Service, b *BackendRef) {
+	if b.Invalid != nil {
+		return
+	}
+	s := services[b.Service]
+	if i := slices.IndexFunc(s.Ports, func(sp ServicePort) bool { return sp.Port == b.Port }); i >= 0 && s.Ports[i].Protocol.IsHTTP() {
+		b.Invalid = &Condition{Reason: string(gwv1.RouteReasonUnsupportedProtocol),
+			Message: fmt.Sprintf("backendRef %s %s port %d is %s: a TLSRoute passes the client's TLS through to its backend, which must be a TCP port (appProtocol tcp, tls, ...)", b.Kind, b.Service, b.Port, s.Ports[i].Protocol)}
+	}
 }
 
 // hostsOrAny are the SNI names TLSRoute r asks for: its hostnames (each once, in order), or
