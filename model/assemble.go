@@ -116,6 +116,8 @@ type EdgeSources struct {
 	GatewayClasses  []*gwv1.GatewayClass
 	Gateways        []*gwv1.Gateway
 	ReferenceGrants []*gwv1.ReferenceGrant
+	// TCPRoutes, TLSRoutes and UDPRoutes serve edge Gateways (their Gateway parentRefs) and the
+	// mesh (their Service and ServiceImport parentRefs: ResolveL4Routes).
 	TCPRoutes       []*gwv1.TCPRoute
 	TLSRoutes       []*gwv1.TLSRoute
 	UDPRoutes       []*gwv1.UDPRoute
@@ -144,6 +146,10 @@ type EdgeSources struct {
 // selects but that declares no container port of a named targetPort is not an endpoint of that
 // port and is listed in Mesh.Skipped. A Service with clusterIP None is Headless. Assemble is
 // pure: the same Sources give the same Mesh.
+//
+// Routes: HTTPRoutes and GRPCRoutes with a Service or ServiceImport parentRef bind as
+// ResolveRoutes says (Mesh.Routing), TCPRoutes, TLSRoutes and UDPRoutes as ResolveL4Routes says
+// (Mesh.L4Routing); Mesh.RouteStatuses holds the statuses of both.
 //
 // Parts of an object the model cannot hold are left out and listed in Mesh.Skipped, so one odd
 // object never costs the other services their routing: a port number outside 1-65535 (a
@@ -357,6 +363,19 @@ func Assemble(version uint64, in Sources) *Mesh {
 	m := New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
 	m.skipped = skipped
 	m.Routing, m.routeStatuses = ResolveRoutes(m.byKey, routes)
+	l4 := make([]Route, 0, len(in.Edge.TCPRoutes)+len(in.Edge.TLSRoutes)+len(in.Edge.UDPRoutes))
+	for _, r := range in.Edge.TCPRoutes {
+		l4 = append(l4, TCPRouteModel(r))
+	}
+	for _, r := range in.Edge.TLSRoutes {
+		l4 = append(l4, TLSRouteModel(r))
+	}
+	for _, r := range in.Edge.UDPRoutes {
+		l4 = append(l4, UDPRouteModel(r))
+	}
+	var l4st []RouteStatus
+	m.L4Routing, l4st = ResolveL4Routes(m.byKey, l4)
+	m.routeStatuses = append(m.routeStatuses, l4st...)
 	assembleEdges(m, in, routes)
 	return m
 }

@@ -44,6 +44,9 @@ type Mesh struct {
 	// Routing is the GAMMA routes bound to the services (ResolveRoutes); nil or empty when there
 	// are none.
 	Routing *Routing
+	// L4Routing is the TCPRoutes and TLSRoutes bound to the services (ResolveL4Routes); nil or
+	// empty when there are none.
+	L4Routing *L4Routing
 	// Gateways are the cluster's accepted edge Gateways with their programmed listeners
 	// (ResolveGateways), sorted by key; EdgePods are this node's pods that serve one of them.
 	Gateways []*EdgeGateway
@@ -170,8 +173,9 @@ func (m *Mesh) ShortNameOwner(name string) (ServiceKey, bool) {
 // ShortNameClashes lists the service names used in more than one namespace, sorted by name.
 func (m *Mesh) ShortNameClashes() []ShortNameClash { return m.clashes }
 
-// RouteStatuses returns the status ResolveRoutes computed for each route of the model's sources
-// (GRPCRoutes first, each kind in the order given); nil for a Mesh made with New.
+// RouteStatuses returns the status ResolveRoutes computed for each route of the model's sources,
+// then the status ResolveL4Routes computed for each L4 route (GRPCRoutes, HTTPRoutes,
+// TCPRoutes, TLSRoutes, UDPRoutes, each kind in the order given); nil for a Mesh made with New.
 func (m *Mesh) RouteStatuses() []RouteStatus { return m.routeStatuses }
 
 // Skipped lists what Assemble left out of this model, in the order of its sources (nil for a

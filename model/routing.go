@@ -32,6 +32,20 @@ func (f Frontend) String() string {
 	return k + f.Service.String() + ":" + strconv.FormatUint(uint64(f.Port), 10)
 }
 
+// Compare orders frontends by service, then Service before ServiceImport, then port.
+func (f Frontend) Compare(o Frontend) int {
+	if c := f.Service.Compare(o.Service); c != 0 {
+		return c
+	}
+	if f.Import != o.Import {
+		if !f.Import {
+			return -1
+		}
+		return 1
+	}
+	return cmp.Compare(f.Port, o.Port)
+}
+
 // RouteEntry is one match of one rule bound to a frontend, in precedence order: the xDS builder
 // makes one Envoy route of it.
 type RouteEntry struct {
@@ -139,11 +153,9 @@ func ResolveRoutes(services map[ServiceKey]*Service, routes []Route) (*Routing, 
 		st := RouteStatus{Route: r.RouteRef, Generation: r.Generation}
 		served, dropped, incompatible := servedRules(&rr)
 		for _, p := range r.Parents {
-			ps := ParentStatus{Index: p.Index, ResolvedRefs: refs}
-			fes, why := bindParent(services, r, p)
+			ps, fes := parentBinding(services, r, p, refs)
 			switch {
-			case why != "":
-				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonNoMatchingParent), Message: why}
+			case len(fes) == 0:
 			case len(r.Rules) == 0:
 				// GRPCRoute rules have no minimum (an HTTPRoute's default to one rule): a route
 				// without rules would route nothing, so that every request to the frontend fails.
@@ -156,10 +168,7 @@ func ResolveRoutes(services map[ServiceKey]*Service, routes []Route) (*Routing, 
 				}
 				ps.Accepted = Condition{Reason: string(reason), Message: "no rule can be served: " + strings.Join(dropped, "; ")}
 			default:
-				ps.Accepted = Condition{Status: true, Reason: string(gwv1.RouteReasonAccepted), Message: "bound to " + joinFrontends(fes)}
-				if len(dropped) > 0 {
-					ps.PartiallyInvalid = &Condition{Status: true, Reason: string(gwv1.RouteReasonUnsupportedValue), Message: "Dropped Rule(s): " + strings.Join(dropped, "; ")}
-				}
+				ps.accept(fes, dropped)
 				group := ""
 				if r.Namespace != p.Service.Namespace {
 					group = r.Namespace
@@ -173,6 +182,25 @@ func ResolveRoutes(services map[ServiceKey]*Service, routes []Route) (*Routing, 
 		statuses[i] = st
 	}
 	return bindCandidates(cands, statuses), statuses
+}
+
+// parentBinding starts the status of parentRef p of route r, whose backends resolved to refs:
+// the frontends p binds to (bindParent), or none and Accepted=False, NoMatchingParent.
+func parentBinding(services map[ServiceKey]*Service, r *Route, p ParentRef, refs Condition) (ParentStatus, []Frontend) {
+	ps := ParentStatus{Index: p.Index, ResolvedRefs: refs}
+	fes, why := bindParent(services, r, p)
+	if why != "" {
+		ps.Accepted = Condition{Reason: string(gwv1.RouteReasonNoMatchingParent), Message: why}
+	}
+	return ps, fes
+}
+
+// accept makes ps Accepted, bound to fes, and PartiallyInvalid when rules were dropped.
+func (ps *ParentStatus) accept(fes []Frontend, dropped []string) {
+	ps.Accepted = Condition{Status: true, Reason: string(gwv1.RouteReasonAccepted), Message: "bound to " + joinFrontends(fes)}
+	if len(dropped) > 0 {
+		ps.PartiallyInvalid = &Condition{Status: true, Reason: string(gwv1.RouteReasonUnsupportedValue), Message: "Dropped Rule(s): " + strings.Join(dropped, "; ")}
+	}
 }
 
 // bindCandidates resolves type conflicts per frontend and group, marks parents that lost every
@@ -335,13 +363,14 @@ func bindParent(services map[ServiceKey]*Service, r *Route, p ParentRef) ([]Fron
 		return nil, fmt.Sprintf("ServiceImport %s has no clusterset IP yet", p.Service)
 	}
 	var fes []Frontend
-	var notHTTP []string
+	var mismatch []string
+	fits, want := portFits(r.Kind)
 	for _, sp := range s.Ports {
 		if (p.Port != 0 && sp.Port != p.Port) || (p.SectionName != "" && sp.Name != p.SectionName) {
 			continue
 		}
-		if !sp.Protocol.IsHTTP() {
-			notHTTP = append(notHTTP, fmt.Sprintf("port %d is %s", sp.Port, sp.Protocol))
+		if !fits(sp.Protocol) {
+			mismatch = append(mismatch, fmt.Sprintf("port %d is %s", sp.Port, sp.Protocol))
 			continue
 		}
 		fes = append(fes, Frontend{Service: p.Service, Import: imp, Port: sp.Port})
@@ -358,10 +387,25 @@ func bindParent(services map[ServiceKey]*Service, r *Route, p ParentRef) ([]Fron
 	case p.SectionName != "":
 		what = fmt.Sprintf("a port named %q", p.SectionName)
 	}
-	if len(notHTTP) > 0 {
-		return nil, fmt.Sprintf("%s %s: %s: an %s binds to HTTP ports only (appProtocol http, h2c or grpc)", p.Kind, p.Service, strings.Join(notHTTP, ", "), r.Kind)
+	if len(mismatch) > 0 {
+		return nil, fmt.Sprintf("%s %s: %s: %s", p.Kind, p.Service, strings.Join(mismatch, ", "), fmt.Sprintf(want, r.Kind))
 	}
 	return nil, fmt.Sprintf("%s %s has no %s", p.Kind, p.Service, what)
+}
+
+// portFits returns which Service ports a route of kind binds to, and a format for a status
+// message that says so (its verb takes the kind): HTTPRoutes and GRPCRoutes to HTTP ports (the
+// capture HTTP chain), TCPRoutes and TLSRoutes to TCP ports (their floor chains), UDPRoutes to
+// UDP ports.
+func portFits(kind RouteKind) (fits func(Protocol) bool, want string) {
+	switch kind {
+	case KindTCPRoute, KindTLSRoute:
+		return func(p Protocol) bool { return p == ProtocolTCP },
+			"a %s binds to TCP ports only (appProtocol tcp, tls, mysql, ...; not HTTP, h2c, gRPC or UDP)"
+	case KindUDPRoute:
+		return func(p Protocol) bool { return p == ProtocolUDP }, "a %s binds to UDP ports only"
+	}
+	return Protocol.IsHTTP, "an %s binds to HTTP ports only (appProtocol http, h2c or grpc)"
 }
 
 // resolveBackends returns a copy of r whose backends (and mirror backends) have Invalid set when

@@ -14,7 +14,8 @@ import (
 )
 
 // routeSources is a cluster with services in two mesh namespaces (shop, client, other) and the
-// routes given as YAML documents (HTTPRoute or GRPCRoute, by kind).
+// routes given as YAML documents (HTTPRoute, GRPCRoute, TCPRoute, TLSRoute or UDPRoute, by
+// kind).
 func routeSources(t *testing.T, docs ...string) Sources {
 	t.Helper()
 	in := Sources{
@@ -49,6 +50,12 @@ func routeSources(t *testing.T, docs ...string) Sources {
 			t.Fatalf("route %d: %v", i, err)
 		}
 		switch tm.Kind {
+		case "TCPRoute":
+			in.Edge.TCPRoutes = append(in.Edge.TCPRoutes, decode[gwv1.TCPRoute](t, d))
+		case "TLSRoute":
+			in.Edge.TLSRoutes = append(in.Edge.TLSRoutes, decode[gwv1.TLSRoute](t, d))
+		case "UDPRoute":
+			in.Edge.UDPRoutes = append(in.Edge.UDPRoutes, decode[gwv1.UDPRoute](t, d))
 		case "GRPCRoute":
 			r := &gwv1.GRPCRoute{}
 			if err := yaml.UnmarshalStrict([]byte(d), r); err != nil {

@@ -37,6 +37,9 @@ type builder struct {
 	// floor chain per TCP service port).
 	captureMatcher *xdsmatcher.Matcher
 	captureChains  []*listenerv3.FilterChain
+	// captureTLS is the capture listeners' tls_inspector for the ports with TLSRoutes, nil
+	// without them (tlsInspector).
+	captureTLS *listenerv3.ListenerFilter
 	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
 	localEndpoints map[string][]model.Endpoint
 }

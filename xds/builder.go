@@ -209,6 +209,11 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			routingChanged = true
 		}
 	}
+	// TCPRoutes and TLSRoutes change the capture matcher and chains (and, for the ports with
+	// TLSRoutes, the capture listeners' tls_inspector): the routing is assembled again.
+	if !routingChanged && !l4Same(rt, m) {
+		routingChanged = true
+	}
 	if !routingChanged && directChanged {
 		if n := rt.withDirect(entries); n != nil {
 			rt = n
@@ -228,7 +233,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	if err != nil {
 		return nil, err
 	}
-	b.captureMatcher, b.captureChains = rt.captureMatcher, rt.captureChains
+	b.captureMatcher, b.captureChains, b.captureTLS = rt.captureMatcher, rt.captureChains, rt.captureTLS
 	var mirrors map[string]*mirrorEntry
 	var omitted int
 	if len(rt.mirrors) > 0 && len(m.Pods) > 0 {

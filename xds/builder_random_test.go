@@ -30,6 +30,41 @@ type randState struct {
 	svcs [4]randSvc
 	pods [4]bool
 	zone string
+	// l4 picks the L4 routes (randL4Routes): 0 none.
+	l4 int
+}
+
+// randL4Routes are the L4 routes of state l4 over randState's services: 1 a TCPRoute on every
+// TCP port of s0 (and its clusterset frontend) splitting over s1 and s2; 2 TLSRoutes sharing
+// s0:7000 by SNI (a name, and every other name); 3 a TCPRoute on s1:7000 and a wildcard TLSRoute
+// on s0:7000 to s3.
+func randL4Routes(l4 int) []model.Route {
+	key := func(i int) model.ServiceKey { return model.ServiceKey{Namespace: "ns", Name: fmt.Sprintf("s%d", i)} }
+	parent := func(i int, port uint32) model.ParentRef {
+		return model.ParentRef{Kind: model.ParentService, Service: key(i), Port: port}
+	}
+	to := func(i int, weight int32) model.BackendRef {
+		return model.BackendRef{Kind: model.BackendService, Service: key(i), Port: 7000, Weight: weight}
+	}
+	route := func(kind model.RouteKind, name string, parents []model.ParentRef, hosts []string, bs ...model.BackendRef) model.Route {
+		return model.Route{RouteRef: model.RouteRef{Kind: kind, Namespace: "ns", Name: name}, Parents: parents, Hostnames: hosts,
+			Rules: []model.RouteRule{{Backends: bs}}}
+	}
+	switch l4 {
+	case 1:
+		return []model.Route{route(model.KindTCPRoute, "tcp", []model.ParentRef{parent(0, 0), {Kind: model.ParentServiceImport, Service: key(0)}}, nil, to(1, 2), to(2, 1))}
+	case 2:
+		return []model.Route{
+			route(model.KindTLSRoute, "tls", []model.ParentRef{parent(0, 7000)}, []string{"a.example"}, to(1, 1)),
+			route(model.KindTLSRoute, "tls-any", []model.ParentRef{parent(0, 7000)}, nil, to(2, 1)),
+		}
+	case 3:
+		return []model.Route{
+			route(model.KindTCPRoute, "tcp", []model.ParentRef{parent(1, 7000)}, nil, to(0, 1)),
+			route(model.KindTLSRoute, "tls", []model.ParentRef{parent(0, 7000)}, []string{"*.w.example"}, to(3, 1)),
+		}
+	}
+	return nil
 }
 
 func (st *randState) mesh() *model.Mesh {
@@ -107,7 +142,9 @@ func (st *randState) mesh() *model.Mesh {
 	if zone == "" {
 		zone = "z1"
 	}
-	return model.New(1, "c1", "mesh", td, model.Node{Name: "n1", Region: "r1", Zone: zone}, services, eps, pods)
+	m := model.New(1, "c1", "mesh", td, model.Node{Name: "n1", Region: "r1", Zone: zone}, services, eps, pods)
+	m.L4Routing, _ = model.ResolveL4Routes(servicesOf(m), randL4Routes(st.l4))
+	return m
 }
 
 func (st *randState) mutate(r *rand.Rand, keepPod bool) string {
@@ -124,7 +161,7 @@ func (st *randState) mutate(r *rand.Rand, keepPod bool) string {
 		f    func(*randEp) *bool
 	}{8: {"http", func(e *randEp) *bool { return &e.http }}, 9: {"healthy", func(e *randEp) *bool { return &e.healthy }},
 		16: {"altPort", func(e *randEp) *bool { return &e.altPort }}}
-	c := r.IntN(17)
+	c := r.IntN(20)
 	if fl, ok := svcFlags[c]; ok {
 		*fl.f = !*fl.f
 		return fmt.Sprintf("s%d %s=%v", i, fl.name, *fl.f)
@@ -178,6 +215,9 @@ func (st *randState) mutate(r *rand.Rand, keepPod bool) string {
 	case 13:
 		s.eps = nil
 		return fmt.Sprintf("s%d endpoints cleared", i)
+	case 17, 18, 19:
+		st.l4 = (st.l4 + 1) % 4
+		return fmt.Sprintf("L4 routes %d", st.l4)
 	}
 	return "nothing"
 }

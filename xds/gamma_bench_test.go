@@ -7,6 +7,7 @@ import (
 
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 
+	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -90,20 +91,31 @@ func benchRoute(name string, parent, stable, canary model.ServiceKey) model.Rout
 // served would measure nothing.
 func withRoutes(tb testing.TB, m *model.Mesh, routes []model.Route) *model.Mesh {
 	tb.Helper()
+	var st []model.RouteStatus
+	m.Routing, st = model.ResolveRoutes(servicesOf(m), routes)
+	mustAccept(tb, st, true)
+	return m
+}
+
+// servicesOf indexes m's services by key, as ResolveRoutes and ResolveL4Routes take them.
+func servicesOf(m *model.Mesh) map[model.ServiceKey]*model.Service {
 	byKey := make(map[model.ServiceKey]*model.Service, len(m.Services))
 	for _, s := range m.Services {
 		byKey[s.Key] = s
 	}
-	var st []model.RouteStatus
-	m.Routing, st = model.ResolveRoutes(byKey, routes)
+	return byKey
+}
+
+// mustAccept fails when a parent of st is not Accepted, or, with refs, has ResolvedRefs False.
+func mustAccept(tb testing.TB, st []model.RouteStatus, refs bool) {
+	tb.Helper()
 	for _, s := range st {
 		for _, p := range s.Parents {
-			if !p.Accepted.Status || !p.ResolvedRefs.Status {
+			if !p.Accepted.Status || (refs && !p.ResolvedRefs.Status) {
 				tb.Fatalf("%s: Accepted %+v, ResolvedRefs %+v", s.Route, p.Accepted, p.ResolvedRefs)
 			}
 		}
 	}
-	return m
 }
 
 // benchMeshRoutes are n benchRoutes over benchMesh's services (n at most services/10): route i
@@ -178,17 +190,7 @@ func BenchmarkSnapshotBuildRoutes(b *testing.B) {
 					if build == "cold" {
 						bl = NewBuilder(Options{})
 					}
-					r, err := bl.Build(m, svids, []byte("BUNDLE"))
-					if err != nil {
-						b.Fatal(err)
-					}
-					if err := r.ValidateAll(); err != nil {
-						b.Fatal(err)
-					}
-					if _, err := newSnapshot("1", r.typed(), memo); err != nil {
-						b.Fatal(err)
-					}
-					return r
+					return serveBuild(b, bl, m, svids, memo)
 				}
 				for i, m := range models {
 					if got, want := gammaFrontends(b, do(m)), len(m.Routing.Ports); got != want {
@@ -206,6 +208,23 @@ func BenchmarkSnapshotBuildRoutes(b *testing.B) {
 			})
 		}
 	}
+}
+
+// serveBuild is what SetMesh does with a model, without SVID issuing: bl's Build of m,
+// ValidateAll, and the snapshot (hashes memoised in memo).
+func serveBuild(b *testing.B, bl *Builder, m *model.Mesh, svids map[string]*identity.SVID, memo *hashMemo) *Resources {
+	b.Helper()
+	r, err := bl.Build(m, svids, []byte("BUNDLE"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := r.ValidateAll(); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := newSnapshot("1", r.typed(), memo); err != nil {
+		b.Fatal(err)
+	}
+	return r
 }
 
 // gammaFrontends counts the entries of r's capture route table whose action is a GAMMA route

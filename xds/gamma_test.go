@@ -107,19 +107,9 @@ func gammaMesh(t *testing.T, routes []model.Route) *model.Mesh {
 	pods := append(g.Pods, &model.LocalPod{UID: "uid-edge", Namespace: "edge", Name: "edge-client", ServiceAccount: "edge",
 		NetnsPath: "/var/run/netns/cni-edge", IPs: []netip.Addr{netip.MustParseAddr("10.244.1.6")}, Ready: true})
 	m := model.New(g.Version, g.Cluster, g.MeshDomain, g.TrustDomain, g.Node, g.Services, g.Endpoints, pods)
-	byKey := map[model.ServiceKey]*model.Service{}
-	for _, s := range m.Services {
-		byKey[s.Key] = s
-	}
 	var st []model.RouteStatus
-	m.Routing, st = model.ResolveRoutes(byKey, routes)
-	for _, s := range st {
-		for _, p := range s.Parents {
-			if !p.Accepted.Status {
-				t.Fatalf("%s not accepted: %+v", s.Route, p.Accepted)
-			}
-		}
-	}
+	m.Routing, st = model.ResolveRoutes(servicesOf(m), routes)
+	mustAccept(t, st, false)
 	return m
 }
 

@@ -135,6 +135,7 @@ func (rt *routing) withDirect(entries []*svcEntry) *routing {
 		return nil
 	}
 	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, captureRoute: rt.captureRoute, laneRoute: rt.laneRoute,
+		l4: rt.l4, captureTLS: rt.captureTLS,
 		sharedValid: rt.valid || rt.sharedValid, vipRouteValid: rt.valid || rt.vipRouteValid,
 		gamma: rt.gamma, consumerNS: rt.consumerNS, localImported: rt.localImported, mirrors: rt.mirrors, lists: rt.lists, warnings: rt.warnings}
 	if n.assembleDirect(entries); n.directInMatcher {

@@ -19,6 +19,7 @@ import (
 	sfsnetv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/set_filter_state/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/aethermesh/aether/internal/xdsproto"
@@ -90,6 +91,13 @@ func (b *builder) captureListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		return l, nil
 	}
 	l.FilterChainMatcher, l.FilterChains = b.captureMatcher, b.captureChains
+	if b.captureTLS != nil {
+		// Only while a TLSRoute is bound, and only on its ports (tlsInspector): a connection to
+		// such a port that sends nothing goes on without SNI after TLSInspectTimeout.
+		l.ListenerFilters = append(l.ListenerFilters, b.captureTLS)
+		l.ListenerFiltersTimeout = durationpb.New(TLSInspectTimeout)
+		l.ContinueOnListenerFiltersTimeout = true
+	}
 	return l, nil
 }
 

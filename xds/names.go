@@ -69,8 +69,9 @@ func ClusterName(m *model.Mesh, k model.ServiceKey, port uint32) string {
 
 // LocalClusterName returns the EDS cluster of a service port that holds this cluster's endpoints
 // only: "local|<svc>.<ns>.<meshDomain>:<port>". Only a service that is local and imported has one
-// (hasLocalCluster): a GAMMA backendRef of kind Service means the Service's endpoints in this
-// cluster (GEP-1748), while ClusterName holds every exporting cluster's, local ones first.
+// (hasLocalCluster): a route's backendRef of kind Service (GAMMA or L4) means the Service's
+// endpoints in this cluster (GEP-1748), while ClusterName holds every exporting cluster's, local
+// ones first.
 func LocalClusterName(m *model.Mesh, k model.ServiceKey, port uint32) string {
 	return "local|" + ClusterName(m, k, port)
 }

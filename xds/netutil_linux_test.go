@@ -146,3 +146,18 @@ func echoVia(ns *testenv.Netns, addr, msg string) error {
 	defer c.Close()
 	return testenv.EchoOnce(c, msg)
 }
+
+// dialEcho opens a new connection from ns to addr, writes body, reads as many bytes back into
+// buf (len(body)) and closes it: one sample of the latency benchmarks' TCP paths.
+func dialEcho(ns *testenv.Netns, addr string, body, buf []byte) error {
+	c, err := ns.Dial(addr)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if _, err := c.Write(body); err != nil {
+		return err
+	}
+	_, err = io.ReadFull(c, buf)
+	return err
+}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/netip"
 	"strconv"
 	"testing"
@@ -39,18 +38,7 @@ func BenchmarkPassthroughLatency(b *testing.B) {
 	path := func(name string, ns *testenv.Netns, f *meshFixture) pacePath {
 		addr := f.ips["outside"].String() + ":7000"
 		buf := make([]byte, len(body))
-		return pacePath{name, func() error {
-			c, err := ns.Dial(addr)
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			if _, err := c.Write(body); err != nil {
-				return err
-			}
-			_, err = io.ReadFull(c, buf)
-			return err
-		}}
+		return pacePath{name, func() error { return dialEcho(ns, addr, body, buf) }}
 	}
 	paths := []pacePath{
 		path("direct", direct, after),

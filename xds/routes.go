@@ -42,6 +42,11 @@ type routing struct {
 	// directInMatcher (more than maxHeadlessMap entries: they are in the matcher instead).
 	headlessFilter  *core.TypedExtensionConfig
 	directInMatcher bool
+	// l4 is the model's L4 routing (TCPRoutes, TLSRoutes) the matcher and chains were built
+	// from (l4Overlay); captureTLS is the capture listeners' tls_inspector for the ports with
+	// TLSRoutes (tlsInspector), nil when there are none.
+	l4         *model.L4Routing
+	captureTLS *listenerv3.ListenerFilter
 	// gamma is the model's GAMMA routing these tables were built from; lists the route list
 	// of each of its frontends that has one for callers on this node.
 	gamma *model.Routing
@@ -94,7 +99,7 @@ type reuse struct {
 // "Headless Services").
 func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, error) {
 	captureHCM, headlessHCM := b.captureHCM, b.headlessHCM
-	rt := &routing{gamma: b.m.Routing}
+	rt := &routing{gamma: b.m.Routing, l4: b.m.L4Routing}
 	var floors []floorChain
 	byPort := map[string]map[string]*xdsmatcher.Matcher_OnMatch{}
 	lane := &routev3.RouteConfiguration{Name: LaneRouteName}
@@ -109,6 +114,15 @@ func assembleRouting(b *builder, entries []*svcEntry, keep reuse) (*routing, err
 		lane.VirtualHosts = append(lane.VirtualHosts, e.lane...)
 	}
 	rt.laneRoute = lane
+	// TCPRoutes and TLSRoutes: their frontends' VIPs select the routes' chains.
+	l4, tlsPorts, err := l4Overlay(b.m, byPort)
+	if err != nil {
+		return nil, err
+	}
+	floors = append(floors, l4...)
+	if rt.captureTLS, err = tlsInspector(tlsPorts); err != nil {
+		return nil, err
+	}
 	if o := keep.old; o != nil && keep.sameVIPRoutes {
 		rt.captureRoute, rt.vipRouteValid = o.captureRoute, o.valid || o.vipRouteValid
 		rt.consumerNS, rt.localImported, rt.mirrors, rt.lists, rt.warnings = o.consumerNS, o.localImported, o.mirrors, o.lists, o.warnings
@@ -200,7 +214,7 @@ func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry, old *routing,
 		rt.lists = make(map[model.Frontend]frontendList, len(gm.Ports))
 		mirrors := map[mirrorTarget]bool{}
 		// In a fixed order, so that the table and its warnings are the same for the same model.
-		for _, fe := range slices.SortedFunc(maps.Keys(gm.Ports), compareFrontends) {
+		for _, fe := range slices.SortedFunc(maps.Keys(gm.Ports), model.Frontend.Compare) {
 			pr := gm.Ports[fe]
 			s := m.Service(fe.Service)
 			if s == nil {
@@ -239,20 +253,6 @@ func (rt *routing) gammaRoutes(m *model.Mesh, entries []*svcEntry, old *routing,
 		rt.mirrors = slices.SortedFunc(maps.Keys(mirrors), compareMirrorTargets)
 	}
 	rt.captureRoute = captureRoute(CaptureRouteName, table)
-}
-
-// compareFrontends orders frontends by service, then Service before ServiceImport, then port.
-func compareFrontends(a, b model.Frontend) int {
-	if c := a.Service.Compare(b.Service); c != 0 {
-		return c
-	}
-	if a.Import != b.Import {
-		if !a.Import {
-			return -1
-		}
-		return 1
-	}
-	return cmp.Compare(a.Port, b.Port)
 }
 
 // localImported are the services that are local and imported, sorted: their Service backends use
@@ -426,7 +426,7 @@ func consumerNamespaces(m *model.Mesh) []string {
 // build in which nothing else of the routing changed: the route lists of the frontends in keep
 // (gammaDiff) are rt's.
 func (rt *routing) withGamma(b *builder, entries []*svcEntry, keep map[model.Frontend]bool) *routing {
-	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute,
+	n := &routing{captureMatcher: rt.captureMatcher, captureChains: rt.captureChains, laneRoute: rt.laneRoute, l4: rt.l4, captureTLS: rt.captureTLS,
 		headlessRoute: rt.headlessRoute, headlessFilter: rt.headlessFilter, directInMatcher: rt.directInMatcher,
 		sharedValid: rt.valid || rt.sharedValid, directValid: rt.valid || rt.directValid, gamma: b.m.Routing}
 	n.gammaRoutes(b.m, entries, rt, keep)

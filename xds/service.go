@@ -86,10 +86,11 @@ func (b *builder) serviceEntry(s *model.Service, old *svcEntry) (*svcEntry, erro
 func hasClusters(s *model.Service) bool { return len(s.VIPs)+len(s.ClustersetVIPs) > 0 || s.Headless }
 
 // hasLocalCluster reports whether service port sp of s gets a LocalClusterName cluster beside its
-// ClusterName one: an HTTP port (what a GAMMA backendRef can name) of a service that is local
-// and imported, so that its EDS cluster may hold other clusters' endpoints.
+// ClusterName one: a port a route's Service backendRef can name (HTTP for GAMMA routes, TCP for
+// TCPRoutes and TLSRoutes: any but UDP) of a service that is local and imported, so that its EDS
+// cluster may hold other clusters' endpoints.
 func hasLocalCluster(s *model.Service, sp model.ServicePort) bool {
-	return s.Local && s.Imported && sp.Protocol.IsHTTP() && hasClusters(s)
+	return s.Local && s.Imported && sp.Protocol != model.ProtocolUDP && hasClusters(s)
 }
 
 // outboundClusters builds e's outbound EDS clusters: one per non-UDP port when hasClusters, pinned
@@ -143,12 +144,15 @@ type floorChain struct {
 	tcp  *listenerv3.Filter
 }
 
-// newFloorChain is the floor chain "tcp|<cn>" that passes connections to the cluster cn
+// newFloorChain is the floor chain floorChainName(cn) that passes connections to the cluster cn
 // (tcp_proxy, stat prefix outbound_tcp).
 func newFloorChain(cn string) (floorChain, error) {
 	tp, err := xdsproto.TCPProxy("outbound_tcp", cn)
-	return floorChain{name: "tcp|" + cn, tcp: tp}, err
+	return floorChain{name: floorChainName(cn), tcp: tp}, err
 }
+
+// floorChainName is the name of the floor chain of the cluster cn: "tcp|<cn>".
+func floorChainName(cn string) string { return "tcp|" + cn }
 
 // vipChain is one entry of the capture filter-chain matcher: port and VIP to a chain.
 type vipChain struct {
