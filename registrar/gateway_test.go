@@ -86,7 +86,8 @@ func TestGatewayThroughRegistrar(t *testing.T) {
 		t.Fatal(err)
 	}
 	tcp := &gwv1.TCPRoute{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "pg"}, Spec: gwv1.TCPRouteSpec{
-		CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Name: "front", SectionName: ptrTo(gwv1.SectionName("pg"))}}},
+		// The Gateway's TCP listener and, in the mesh (model.ResolveL4Routes), Service db's port.
+		CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{{Name: "front", SectionName: ptrTo(gwv1.SectionName("pg"))}, svcParent("db", 5432)}},
 		Rules:           []gwv1.TCPRouteRule{{BackendRefs: []gwv1.BackendRef{backend("db", 5432)}}},
 	}}
 	if _, err := gw.GatewayV1().TCPRoutes(ns).Create(ctx, tcp, metav1.CreateOptions{}); err != nil {
@@ -137,9 +138,12 @@ func TestGatewayThroughRegistrar(t *testing.T) {
 		if err != nil {
 			return err
 		}
+		if _, err := checkParent("TCPRoute pg", tr.Generation, tr.Spec.ParentRefs, tr.Status.Parents, 1, acceptedTrue, resolvedTrue); err != nil {
+			return err
+		}
 		if !gatewayEntries {
-			if n, m := ours(r.Status.Parents), ours(tr.Status.Parents); n != 1 || m != 0 {
-				return fmt.Errorf("aether's entries: HTTPRoute site %d, TCPRoute pg %d; want only the HTTPRoute's mesh entry", n, m)
+			if n, m := ours(r.Status.Parents), ours(tr.Status.Parents); n != 1 || m != 1 {
+				return fmt.Errorf("aether's entries: HTTPRoute site %d, TCPRoute pg %d; want only the mesh entries", n, m)
 			}
 			return nil
 		}

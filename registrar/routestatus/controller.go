@@ -463,17 +463,20 @@ func (c *Controller) sources(ctx context.Context, ls listers) (passSources, erro
 	for _, r := range src.GRPCRoutes {
 		add(model.GRPCRouteModel(r))
 	}
+	// The L4 routes bind to Services in the mesh too (model.ResolveL4Routes, through Assemble):
+	// their services are always read.
+	for _, r := range src.tcp {
+		add(model.TCPRouteModel(r))
+	}
+	for _, r := range src.tls {
+		add(model.TLSRouteModel(r))
+	}
+	for _, r := range src.udp {
+		add(model.UDPRouteModel(r))
+	}
+	src.Edge.TCPRoutes, src.Edge.TLSRoutes, src.Edge.UDPRoutes = src.tcp, src.tls, src.udp
 	if src.aether {
 		src.namespaceLabels = map[string]map[string]string{}
-		for _, r := range src.tcp {
-			add(model.TCPRouteModel(r))
-		}
-		for _, r := range src.tls {
-			add(model.TLSRouteModel(r))
-		}
-		for _, r := range src.udp {
-			add(model.UDPRouteModel(r))
-		}
 	}
 	c.mu.Lock()
 	c.refs = keys
