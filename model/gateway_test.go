@@ -876,10 +876,11 @@ func TestL4Bindings(t *testing.T) {
 		tls("tls-none", 0, "{name: gw, sectionName: pass}", "[example.org]"),
 		tls("tls-term", 0, "{name: gw, sectionName: term}", "[mq.example.com]"),
 		tcp("tcp-term", -5, "{name: gw, sectionName: term}", "[{name: db, namespace: shop, port: 5432}]"),
+		route("TLSRoute", "infra", "tls-http", 3, "  parentRefs: [{name: gw, sectionName: pass}]\n  hostnames: [web.example.com]\n  rules:\n  - backendRefs: [{name: web, namespace: shop, port: 80}]\n"),
 	))
 	want := "53 dns[] dns()->shop/dns:53,shop/db:5432!UnsupportedProtocol\n" +
 		"443 pass-db[db.example.com] tls-a(db.example.com)->shop/db:5432\n" +
-		"443 pass[*.example.com] tls-a(a.example.com,shared.example.com)->shop/db:5432 tls-b(b.example.com)->shop/db:5432\n" +
+		"443 pass[*.example.com] tls-a(a.example.com,shared.example.com)->shop/db:5432 tls-b(b.example.com)->shop/db:5432 tls-http(web.example.com)->shop/web:80!UnsupportedProtocol\n" +
 		"5432 tcp[] pg-old()->shop/db:5432 pg-new()->shop/db:5432,shop/web:80 pg-udp()->shop/dns:53!UnsupportedProtocol pg-two()->shop/db:5432\n" +
 		"9443 term[] certs=infra/wildcard tcp-term()->shop/db:5432 tls-term(mq.example.com)->shop/db:5432"
 	if got := edgeSummary(r.edges["gw"]); got != want {
@@ -890,6 +891,7 @@ func TestL4Bindings(t *testing.T) {
 		"pg-two": "Accepted ResolvedRefs partial", "dns": "Accepted !UnsupportedProtocol",
 		"tls-a": "Accepted ResolvedRefs", "tls-b": "Accepted ResolvedRefs", "tls-c": "Accepted ResolvedRefs",
 		"tls-none": "!NoMatchingListenerHostname ResolvedRefs", "tls-term": "Accepted ResolvedRefs", "tcp-term": "Accepted ResolvedRefs",
+		"tls-http": "Accepted !UnsupportedProtocol",
 	} {
 		if got := r.parent(name, 0); got != want {
 			t.Errorf("route %s: %s, want %s", name, got, want)
@@ -897,7 +899,7 @@ func TestL4Bindings(t *testing.T) {
 	}
 	want = "tcp: Accepted Programmed ResolvedRefs !NoConflicts kinds=TCPRoute attached=4\n" +
 		"dns: Accepted Programmed ResolvedRefs !NoConflicts kinds=UDPRoute attached=1\n" +
-		"pass: Accepted Programmed ResolvedRefs !NoConflicts kinds=TLSRoute attached=3\n" +
+		"pass: Accepted Programmed ResolvedRefs !NoConflicts kinds=TLSRoute attached=4\n" +
 		"pass-db: Accepted Programmed ResolvedRefs !NoConflicts kinds=TLSRoute attached=1\n" +
 		"term: Accepted Programmed ResolvedRefs !NoConflicts kinds=TLSRoute,TCPRoute attached=2"
 	if got := r.listeners("gw"); got != want {
@@ -906,6 +908,8 @@ func TestL4Bindings(t *testing.T) {
 	msgs := map[string]string{
 		"pg-udp": "backendRef Service shop/dns port 53 is UDP: a TCPRoute backend must be a TCP port (any protocol but UDP)",
 		"dns":    "backendRef Service shop/db port 5432 is TCP: a UDPRoute backend must be a UDP port",
+		// The client's TLS would reach the backend pod's inbound HTTP chain.
+		"tls-http": "backendRef Service shop/web port 80 is HTTP: a TLSRoute passes TLS on to its backend, which must be a TCP port (appProtocol tcp, tls, ...)",
 	}
 	for name, want := range msgs {
 		if got := r.routes[name].Parents[0].ResolvedRefs.Message; got != want {

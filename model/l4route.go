@@ -67,9 +67,16 @@ func isL4(kind RouteKind) bool {
 
 // l4BackendProtocol is the Invalid condition of backend b of an L4 route of kind whose Service
 // port has protocol p, nil when the port can carry it: a UDPRoute sends datagrams to UDP ports
-// only, a TCPRoute or TLSRoute a byte stream to any port that is not UDP (an HTTP port takes a
-// stream too).
+// only, a TCPRoute a byte stream to any port that is not UDP (an HTTP port takes a stream too),
+// a TLSRoute a TLS stream to a port that is neither UDP nor HTTP.
 func l4BackendProtocol(kind RouteKind, b *BackendRef, p Protocol) *Condition {
+	if kind == KindTLSRoute && p.IsHTTP() {
+		// The client's TLS goes through (in the mesh, and at a Passthrough listener), and the
+		// backend pods' inbound listener would read it as HTTP on such a port (its inbound chain
+		// is an HTTP connection manager).
+		return &Condition{Reason: string(gwv1.RouteReasonUnsupportedProtocol),
+			Message: fmt.Sprintf("backendRef %s %s port %d is %s: a TLSRoute passes TLS on to its backend, which must be a TCP port (appProtocol tcp, tls, ...)", b.Kind, b.Service, b.Port, p)}
+	}
 	if (kind == KindUDPRoute) == (p == ProtocolUDP) {
 		return nil
 	}

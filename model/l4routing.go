@@ -93,15 +93,7 @@ func ResolveL4Routes(services map[ServiceKey]*Service, routes []Route) (*L4Routi
 		if !isL4(routes[i].Kind) {
 			continue
 		}
-		rr := resolveBackends(services, &routes[i])
-		if rr.Kind == KindTLSRoute {
-			for j := range rr.Rules {
-				for k := range rr.Rules[j].Backends {
-					passthroughBackend(services, &rr.Rules[j].Backends[k])
-				}
-			}
-		}
-		resolved = append(resolved, rr)
+		resolved = append(resolved, resolveBackends(services, &routes[i]))
 	}
 	for i := range resolved {
 		r := &resolved[i]
@@ -215,20 +207,6 @@ func bindL4(cands []l4Candidate, statuses []RouteStatus) *L4Routing {
 		}
 	}
 	return rt
-}
-
-// passthroughBackend sets b.Invalid when b, a valid backend of a mesh TLSRoute, is an HTTP
-// port: the mesh passes the client's TLS through, and the backend pods' inbound listener would
-// read it as HTTP on such a port (its inbound chain is an HTTP connection manager).
-func passthroughBackend(services map[ServiceKey]*Service, b *BackendRef) {
-	if b.Invalid != nil {
-		return
-	}
-	s := services[b.Service]
-	if i := slices.IndexFunc(s.Ports, func(sp ServicePort) bool { return sp.Port == b.Port }); i >= 0 && s.Ports[i].Protocol.IsHTTP() {
-		b.Invalid = &Condition{Reason: string(gwv1.RouteReasonUnsupportedProtocol),
-			Message: fmt.Sprintf("backendRef %s %s port %d is %s: a TLSRoute passes the client's TLS through to its backend, which must be a TCP port (appProtocol tcp, tls, ...)", b.Kind, b.Service, b.Port, s.Ports[i].Protocol)}
-	}
 }
 
 // hostsOrAny are the SNI names TLSRoute r asks for: its hostnames (each once, in order), or

@@ -235,7 +235,7 @@ func TestResolveL4Routes(t *testing.T) {
 		routes:  []string{l4Doc("TLSRoute", "shop", "to-http", 0, pg5432, "[a.example]", `[{name: pg-v1, port: 5432}, {name: web, port: 80}]`)},
 		routing: "Service shop/pg:5432: to-http[a.example]->shop/pg-v1:5432*1,shop/web:80*1!UnsupportedProtocol",
 		status: []want{{KindTLSRoute, "to-http", "Accepted: bound to Service shop/pg:5432 | !UnsupportedProtocol: backendRef Service shop/web port 80 is HTTP: " +
-			"a TLSRoute passes the client's TLS through to its backend, which must be a TCP port (appProtocol tcp, tls, ...)"}},
+			"a TLSRoute passes TLS on to its backend, which must be a TCP port (appProtocol tcp, tls, ...)"}},
 	}, {
 		name: "UDPRoutes are not served; their binding is still checked",
 		routes: []string{
