@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	xdscore "github.com/cncf/xds/go/xds/core/v3"
+	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -481,7 +483,15 @@ func edgeUDP(m *model.Mesh, g *model.EdgeGateway, p model.EdgePort, opts Options
 		ConnectTimeout:       xdsproto.ConnectTimeout(opts.ConnectTimeout),
 		LoadAssignment:       cla,
 	}
-	up, err := xdsproto.ToAny(&udpv3.UdpProxyConfig{StatPrefix: "gateway_udp", RouteSpecifier: &udpv3.UdpProxyConfig_Cluster{Cluster: name}})
+	// Every datagram to the cluster: a matcher with only its on_no_match action (the
+	// route_specifier the deprecated cluster field gives way to).
+	route, err := xdsproto.ToAny(&udpv3.Route{Cluster: name})
+	if err != nil {
+		return nil, nil, err
+	}
+	up, err := xdsproto.ToAny(&udpv3.UdpProxyConfig{StatPrefix: "gateway_udp", RouteSpecifier: &udpv3.UdpProxyConfig_Matcher{Matcher: &xdsmatcher.Matcher{
+		OnNoMatch: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}},
+	}}})
 	if err != nil {
 		return nil, nil, err
 	}
