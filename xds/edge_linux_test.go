@@ -113,19 +113,7 @@ func (e *edgeFixture) set(t testing.TB, m *model.Mesh, g *model.EdgeGateway) {
 	}
 }
 
-func (e *edgeFixture) admin(path string) (string, error) {
-	c, base := envoy.AdminClient("unix://" + e.adminSock)
-	resp, err := c.Get(base + path)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return string(b), fmt.Errorf("admin %s: %s", path, resp.Status)
-	}
-	return string(b), err
-}
+func (e *edgeFixture) admin(path string) (string, error) { return adminGet(e.adminSock, path) }
 
 // edgeMesh is the traffic mesh plus two server-first TCP services on the server pod that name
 // themselves (tcp-a on 9101 says "A", tcp-b on 9102 says "B") and a TLS service (tls on 8443,

@@ -131,19 +131,12 @@ func (s *EdgeServer) Serve(ctx context.Context, l net.Listener) error {
 // renew rebuilds the configuration when the SVID reaches its half-life.
 func (s *EdgeServer) renew(ctx context.Context) {
 	for {
-		wait := time.Minute
-		if next := s.rot.NextRenewal(); !next.IsZero() && time.Until(next) < wait {
-			wait = max(time.Until(next), 0)
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		fired, done := renewalWait(ctx, s.rot, s.kick)
+		if done {
 			return
-		case <-s.kick:
-			t.Stop()
+		}
+		if !fired {
 			continue
-		case <-t.C:
 		}
 		s.mu.Lock()
 		if s.mesh != nil && !time.Now().Before(s.rot.NextRenewal()) {

@@ -292,8 +292,12 @@ func (f *meshFixture) wantNoRejections(t *testing.T) {
 }
 
 // admin GETs an Envoy admin path.
-func (f *meshFixture) admin(path string) (string, error) {
-	c, base := envoy.AdminClient("unix://" + f.adminSock)
+func (f *meshFixture) admin(path string) (string, error) { return adminGet(f.adminSock, path) }
+
+// adminGet GETs path from the Envoy admin API on the unix socket sock; a status other than 200 is
+// an error.
+func adminGet(sock, path string) (string, error) {
+	c, base := envoy.AdminClient("unix://" + sock)
 	resp, err := c.Get(base + path)
 	if err != nil {
 		return "", err

@@ -204,26 +204,36 @@ func (s *Server) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamS
 	return handler(srv, ss)
 }
 
+// renewalWait waits until the earliest SVID of rot reaches its half-life, a minute at most:
+// fired is true when that time (or the minute) came, false when kick woke it first (new SVIDs
+// may change the next renewal); done is true when ctx ended.
+func renewalWait(ctx context.Context, rot *identity.Rotator, kick <-chan struct{}) (fired, done bool) {
+	next := rot.NextRenewal()
+	wait := time.Until(next)
+	if next.IsZero() || wait > time.Minute {
+		wait = time.Minute
+	}
+	timer := time.NewTimer(max(wait, 0))
+	defer timer.Stop()
+	select {
+	case <-ctx.Done():
+		return false, true
+	case <-kick:
+		return false, false
+	case <-timer.C:
+		return true, false
+	}
+}
+
 // rotate rebuilds the snapshot when the earliest SVID reaches its half-life.
 func (s *Server) rotate(ctx context.Context) {
 	for {
-		next := s.opts.Identity.NextRenewal()
-		wait := time.Until(next)
-		if next.IsZero() || wait > time.Minute {
-			wait = time.Minute
-		}
-		if wait < 0 {
-			wait = 0
-		}
-		timer := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			timer.Stop()
+		fired, done := renewalWait(ctx, s.opts.Identity, s.kick)
+		if done {
 			return
-		case <-s.kick:
-			timer.Stop()
+		}
+		if !fired {
 			continue
-		case <-timer.C:
 		}
 		s.mu.Lock()
 		m := s.mesh
