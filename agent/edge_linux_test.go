@@ -97,7 +97,8 @@ func (m *gammaMesh) addEdgePod(t *testing.T, gateway string) (*testenv.Netns, ne
 // API server: the agent finds the edge pod on its node by its ServiceAccount, serves it its
 // Gateway over xDS inside the pod's network namespace, and a real Envoy there carries traffic
 // from a host outside the mesh to meshed pods: HTTP by hostname (the backend sees the edge's
-// SPIFFE ID), HTTPS with the published certificate chosen by SNI, TLS passthrough, TCP split by
+// SPIFFE ID), HTTPS with two published certificates chosen by SNI, TLS passthrough by SNI to a
+// backend's own TLS, TCP split by
 // weight, UDP datagrams; a route from a namespace the listener does not allow is not served.
 func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 	testenv.RequireRoot(t)
@@ -153,14 +154,48 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 	}
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(ca.CertPEM)
-	crt, key, err := ca.Issue("app.example", nil, []string{"app.example"}, nil)
+	// Two listener certificates, as the registrar publishes them for the agents.
+	for _, name := range []string{"app", "other"} {
+		crt, key, err := ca.Issue(name+".example", nil, []string{name + ".example"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		must(m.cs.CoreV1().Secrets("aether-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "edge-cert-" + name,
+			Labels:      map[string]string{model.LabelEdgeCertificate: "true"},
+			Annotations: map[string]string{model.AnnotationCertificateRef: "gw/" + name + "-tls"}},
+			Type: corev1.SecretTypeTLS, Data: map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}}, metav1.CreateOptions{}))
+	}
+	// A backend that speaks TLS itself (its own certificate), for the passthrough listener: it
+	// answers with the SNI it saw.
+	tlsNS := m.addPod(t, podSpec{namespace: "shop", name: "tls-1", labels: map[string]string{"app": "tls"}, port: 8443})
+	bcrt, bkey, err := ca.Issue("backend.example", nil, []string{"backend.example"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	must(m.cs.CoreV1().Secrets("aether-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "edge-cert-1",
-		Labels:      map[string]string{model.LabelEdgeCertificate: "true"},
-		Annotations: map[string]string{model.AnnotationCertificateRef: "gw/app-tls"}},
-		Type: corev1.SecretTypeTLS, Data: map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}}, metav1.CreateOptions{}))
+	bpair, err := tls.X509KeyPair(bcrt, bkey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl := tls.NewListener(tlsNS.Listen(t, "0.0.0.0:8443"), &tls.Config{Certificates: []tls.Certificate{bpair}})
+	go func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if tc := c.(*tls.Conn); tc.Handshake() == nil {
+					fmt.Fprintf(c, "sni=%s\n", tc.ConnectionState().ServerName)
+				}
+			}()
+		}
+	}()
+	if _, err := m.cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "tls"},
+		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "tls"}, Ports: []corev1.ServicePort{
+			{Name: "tls", Port: 443, TargetPort: intstr.FromInt32(8443), AppProtocol: new("tls")}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	must(m.gw.GatewayV1().GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "aether"},
 		Spec: gwv1.GatewayClassSpec{ControllerName: model.GatewayControllerName}}, metav1.CreateOptions{}))
@@ -170,8 +205,9 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 		GatewayClassName: "aether",
 		Listeners: []gwv1.Listener{
 			{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: 8080, Hostname: hostname("*.example"), AllowedRoutes: all},
-			{Name: "https", Protocol: gwv1.HTTPSProtocolType, Port: 8443, Hostname: hostname("app.example"), AllowedRoutes: all,
-				TLS: &gwv1.ListenerTLSConfig{Mode: new(gwv1.TLSModeTerminate), CertificateRefs: []gwv1.SecretObjectReference{{Name: "app-tls"}}}},
+			{Name: "https", Protocol: gwv1.HTTPSProtocolType, Port: 8443, AllowedRoutes: all,
+				TLS: &gwv1.ListenerTLSConfig{Mode: new(gwv1.TLSModeTerminate), CertificateRefs: []gwv1.SecretObjectReference{{Name: "app-tls"}, {Name: "other-tls"}}}},
+			{Name: "pass", Protocol: gwv1.TLSProtocolType, Port: 9443, TLS: &gwv1.ListenerTLSConfig{Mode: new(gwv1.TLSModePassthrough)}},
 			{Name: "tcp", Protocol: gwv1.TCPProtocolType, Port: 9000},
 			{Name: "udp", Protocol: gwv1.UDPProtocolType, Port: 5300},
 			// Only routes of namespace gw may attach here.
@@ -187,7 +223,7 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 	// Backends in shop, routes in shop: same namespace, no ReferenceGrant needed.
 	rt := httpRoute("shop", "app", []gwv1.ParentReference{gwParent("http"), gwParent("https")},
 		gwv1.HTTPRouteRule{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: backend("web", 80, 1)}}})
-	rt.Spec.Hostnames = []gwv1.Hostname{"app.example"}
+	rt.Spec.Hostnames = []gwv1.Hostname{"app.example", "other.example"}
 	must(m.gw.GatewayV1().HTTPRoutes("shop").Create(ctx, rt, metav1.CreateOptions{}))
 	refused := httpRoute("shop", "private", []gwv1.ParentReference{gwParent("private")},
 		gwv1.HTTPRouteRule{BackendRefs: []gwv1.HTTPBackendRef{{BackendRef: backend("web", 80, 1)}}})
@@ -203,8 +239,15 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 		Rules:           []gwv1.UDPRouteRule{{BackendRefs: []gwv1.BackendRef{backend("udp", 53, 1)}}},
 	}}, metav1.CreateOptions{}))
 	must(m.gw.GatewayV1().ReferenceGrants("shop").Create(ctx, &gwv1.ReferenceGrant{ObjectMeta: metav1.ObjectMeta{Name: "from-gw"}, Spec: gwv1.ReferenceGrantSpec{
-		From: []gwv1.ReferenceGrantFrom{{Group: gwv1.GroupName, Kind: "TCPRoute", Namespace: "gw"}, {Group: gwv1.GroupName, Kind: "UDPRoute", Namespace: "gw"}},
+		From: []gwv1.ReferenceGrantFrom{{Group: gwv1.GroupName, Kind: "TCPRoute", Namespace: "gw"}, {Group: gwv1.GroupName, Kind: "UDPRoute", Namespace: "gw"},
+			{Group: gwv1.GroupName, Kind: "TLSRoute", Namespace: "gw"}},
 		To:   []gwv1.ReferenceGrantTo{{Group: "", Kind: "Service"}},
+	}}, metav1.CreateOptions{}))
+
+	must(m.gw.GatewayV1().TLSRoutes("gw").Create(ctx, &gwv1.TLSRoute{ObjectMeta: metav1.ObjectMeta{Name: "backend"}, Spec: gwv1.TLSRouteSpec{
+		CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{gwParent("pass")}},
+		Hostnames:       []gwv1.Hostname{"backend.example"},
+		Rules:           []gwv1.TLSRouteRule{{BackendRefs: []gwv1.BackendRef{backend("tls", 443, 1)}}},
 	}}, metav1.CreateOptions{}))
 
 	_, edgeIP := m.addEdgePod(t, "edge")
@@ -230,7 +273,7 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 		if xfcc := a.echo.header("X-Forwarded-Client-Cert"); !strings.Contains(xfcc, "URI="+edgeID) {
 			t.Errorf("backend saw XFCC %q, want the edge's %s", xfcc, edgeID)
 		}
-		if a, err := do(ctx, plain, http.MethodGet, "http://"+edge+":8080/x", map[string]string{"Host": "other.example"}); err != nil || a.status != 404 {
+		if a, err := do(ctx, plain, http.MethodGet, "http://"+edge+":8080/x", map[string]string{"Host": "nobody.example"}); err != nil || a.status != 404 {
 			t.Errorf("a host no route names: %d %v, want 404", a.status, err)
 		}
 		if web.count("/x") < 2 {
@@ -238,13 +281,39 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 		}
 	})
 
-	t.Run("HTTPS with the published certificate", func(t *testing.T) {
-		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-			DialContext:     func(_ context.Context, _, addr string) (net.Conn, error) { return client.Dial(addr) },
-			TLSClientConfig: &tls.Config{ServerName: "app.example", RootCAs: pool}}}
-		a, err := do(ctx, c, http.MethodGet, "https://"+edge+":8443/secure", map[string]string{"Host": "app.example"})
-		if err != nil || a.status != 200 || a.echo.Pod != "web-1" {
-			t.Fatalf("GET over TLS: %+v %v", a, err)
+	t.Run("HTTPS, the published certificate chosen by SNI", func(t *testing.T) {
+		for _, name := range []string{"app.example", "other.example"} {
+			var seen []string
+			c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+				DialContext: func(_ context.Context, _, addr string) (net.Conn, error) { return client.Dial(addr) },
+				TLSClientConfig: &tls.Config{ServerName: name, RootCAs: pool, VerifyConnection: func(cs tls.ConnectionState) error {
+					seen = cs.PeerCertificates[0].DNSNames
+					return nil
+				}}}}
+			a, err := do(ctx, c, http.MethodGet, "https://"+edge+":8443/secure", map[string]string{"Host": name})
+			if err != nil || a.status != 200 || a.echo.Pod != "web-1" {
+				t.Fatalf("GET over TLS to %s: %+v %v", name, a, err)
+			}
+			if len(seen) != 1 || seen[0] != name {
+				t.Errorf("SNI %s: the edge presented a certificate for %v", name, seen)
+			}
+		}
+	})
+
+	t.Run("TLS passthrough by SNI", func(t *testing.T) {
+		raw, err := client.Dial(edge + ":9443")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		_ = raw.SetDeadline(time.Now().Add(10 * time.Second))
+		c := tls.Client(raw, &tls.Config{ServerName: "backend.example", RootCAs: pool})
+		line, err := bufio.NewReader(c).ReadString('\n')
+		if err != nil || line != "sni=backend.example\n" {
+			t.Fatalf("through the passthrough listener: %q %v", line, err)
+		}
+		if got := c.ConnectionState().PeerCertificates[0].DNSNames; len(got) != 1 || got[0] != "backend.example" {
+			t.Errorf("passthrough: certificate for %v, want the backend's own", got)
 		}
 	})
 
