@@ -241,7 +241,7 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 	must(m.gw.GatewayV1().ReferenceGrants("shop").Create(ctx, &gwv1.ReferenceGrant{ObjectMeta: metav1.ObjectMeta{Name: "from-gw"}, Spec: gwv1.ReferenceGrantSpec{
 		From: []gwv1.ReferenceGrantFrom{{Group: gwv1.GroupName, Kind: "TCPRoute", Namespace: "gw"}, {Group: gwv1.GroupName, Kind: "UDPRoute", Namespace: "gw"},
 			{Group: gwv1.GroupName, Kind: "TLSRoute", Namespace: "gw"}},
-		To:   []gwv1.ReferenceGrantTo{{Group: "", Kind: "Service"}},
+		To: []gwv1.ReferenceGrantTo{{Group: "", Kind: "Service"}},
 	}}, metav1.CreateOptions{}))
 
 	must(m.gw.GatewayV1().TLSRoutes("gw").Create(ctx, &gwv1.TLSRoute{ObjectMeta: metav1.ObjectMeta{Name: "backend"}, Spec: gwv1.TLSRouteSpec{
