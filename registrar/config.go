@@ -45,6 +45,10 @@ type RunConfig struct {
 	// Namespace is --namespace, POD_NAMESPACE: the registrar's own namespace, where the Gateway
 	// controller publishes the edge Gateways' certificates for the agents.
 	Namespace string
+	// GatewayAddressCIDRs is --gateway-address-cidrs, AETHER_GATEWAY_ADDRESS_CIDRS: the ranges a
+	// Gateway's spec.addresses may ask for (they become the edge Service's external IPs); none
+	// by default.
+	GatewayAddressCIDRs []netip.Prefix
 
 	MetricsAddr string // --metrics-addr
 	HealthAddr  string // --health-addr
@@ -197,6 +201,7 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	fs.BoolVar(&c.ReleaseOnCancel, "leader-elect-release-on-cancel", true, "give up the lease at once on a clean shutdown")
 	fs.StringVar(&c.EdgeEnvoyImage, "edge-envoy-image", "", "Envoy image of the edge Gateways' Deployments (the agent DaemonSet's Envoy image); empty: aether serves no GatewayClass")
 	ef.StringVar(&c.Namespace, "namespace", "POD_NAMESPACE", "aether-system", "the registrar's own namespace: the edge Gateways' certificate copies live there")
+	gwCIDRs := ef.String("gateway-address-cidrs", "AETHER_GATEWAY_ADDRESS_CIDRS", "", "comma-separated CIDRs a Gateway's spec.addresses may ask for; each becomes the edge Service's external IP, which every node answers for, so none is allowed unless listed (docs/gateway.md)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
 	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
 	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")
@@ -208,6 +213,16 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	}
 	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
+	}
+	for _, v := range strings.Split(*gwCIDRs, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return c, fmt.Errorf("--gateway-address-cidrs %q: %q: want a CIDR such as 192.0.2.0/24", *gwCIDRs, v)
+		}
+		c.GatewayAddressCIDRs = append(c.GatewayAddressCIDRs, p.Masked())
 	}
 	return c, c.validate()
 }

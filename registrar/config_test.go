@@ -49,6 +49,11 @@ func TestParseConfig(t *testing.T) {
 		{name: "edge Envoy image without a namespace", args: []string{"--edge-envoy-image", "aether-envoy:dev", "--namespace", ""}, wantErr: "--namespace (POD_NAMESPACE) is required with --edge-envoy-image"},
 		{name: "edge Envoy image, bad namespace", args: []string{"--edge-envoy-image", "aether-envoy:dev", "--namespace", "Mesh_System"}, wantErr: `--namespace "Mesh_System"`},
 		{name: "bad edge Envoy image", args: []string{"--edge-envoy-image", "aether envoy"}, wantErr: `--edge-envoy-image "aether envoy"`},
+		{name: "no Gateway address ranges by default", check: func(c RunConfig) bool { return len(c.GatewayAddressCIDRs) == 0 }},
+		{name: "Gateway address ranges", args: []string{"--gateway-address-cidrs", "192.0.2.7/24, 2001:db8::/64"}, check: func(c RunConfig) bool {
+			return len(c.GatewayAddressCIDRs) == 2 && c.GatewayAddressCIDRs[0].String() == "192.0.2.0/24" && c.GatewayAddressCIDRs[1].String() == "2001:db8::/64"
+		}},
+		{name: "bad Gateway address range", args: []string{"--gateway-address-cidrs", "192.0.2.0/24,10.0.0.1"}, wantErr: `--gateway-address-cidrs "192.0.2.0/24,10.0.0.1": "10.0.0.1": want a CIDR`},
 		{name: "workers", args: []string{"--workers", "0"}, wantErr: "--workers 0"},
 		{name: "cluster id timeout", args: []string{"--cluster-id-timeout", "0s"}, wantErr: "--cluster-id-timeout 0s"},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -100,6 +101,9 @@ type Config struct {
 	// Namespace is the registrar's own namespace, where the Gateway controller publishes the
 	// copies of the edge Gateways' certificates. Required with EdgeEnvoyImage.
 	Namespace string
+	// GatewayAddressCIDRs are the ranges a Gateway's spec.addresses may ask for
+	// (gateway.Controller.AddressCIDRs); none when empty.
+	GatewayAddressCIDRs []netip.Prefix
 	// Logger receives the registrar's logs. Required.
 	Logger *slog.Logger
 }
@@ -240,7 +244,7 @@ func New(cfg Config) (*Registrar, error) {
 	// conflict: it writes nothing into the registry.
 	if cfg.EdgeEnvoyImage != "" {
 		r.gateways = &gateway.Controller{
-			Client: mgr.GetClient(), Gateway: gw, Namespace: cfg.Namespace, EnvoyImage: cfg.EdgeEnvoyImage, Log: log,
+			Client: mgr.GetClient(), Gateway: gw, Namespace: cfg.Namespace, EnvoyImage: cfg.EdgeEnvoyImage, AddressCIDRs: cfg.GatewayAddressCIDRs, Log: log,
 			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
 			SkipNameValidation: cfg.SkipNameValidation,
 		}

@@ -72,7 +72,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 		LeaderElection: leaderElect, LeaderElectionID: cfg.LeaderElectID, LeaderElectionNamespace: cfg.LeaderElectNamespace,
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
-		EdgeEnvoyImage:  cfg.EdgeEnvoyImage, Namespace: cfg.Namespace,
+		EdgeEnvoyImage:  cfg.EdgeEnvoyImage, Namespace: cfg.Namespace, GatewayAddressCIDRs: cfg.GatewayAddressCIDRs,
 		MetricsAddr: cfg.MetricsAddr, HealthAddr: cfg.HealthAddr, Metrics: ctrlmetrics.Registry,
 		Workers: cfg.Workers, Logger: log,
 	})

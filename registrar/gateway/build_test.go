@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -179,7 +180,7 @@ func TestEdgeObjects(t *testing.T) {
 				t.Errorf("volumes %+v mounts %+v, want one emptyDir at /var/run/aether-edge", pod.Volumes, ctr.VolumeMounts)
 			}
 
-			svc := Service(gw)
+			svc := Service(gw, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")})
 			if c.noService {
 				if svc != nil {
 					t.Errorf("Service %+v for a Gateway that opens no port, want none", svc.Spec)
@@ -222,5 +223,35 @@ func TestEdgeEnvoyValidates(t *testing.T) {
 	out, err := exec.CommandContext(ctx, tools.Envoy, append([]string{"--mode", "validate"}, dep.Spec.Template.Spec.Containers[0].Args...)...).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "OK") {
 		t.Fatalf("envoy --mode validate with the edge container's args: %v\n%s", err, out)
+	}
+}
+
+// TestExternalIPs: only addresses inside the allowed ranges become the edge Service's external
+// IPs (deny by default: an external IP takes traffic for that address on every node); the others
+// are refused, named by field and value; hostnames and other types are left to the resolver.
+func TestExternalIPs(t *testing.T) {
+	gw := testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType))
+	gw.Spec.Addresses = []gwv1.GatewaySpecAddress{
+		{Value: "192.0.2.10"}, {Type: ptr(gwv1.IPAddressType), Value: "10.0.0.1"},
+		{Type: ptr(gwv1.HostnameAddressType), Value: "gw.example.com"}, {Value: "192.0.2.10"},
+	}
+	for _, c := range []struct {
+		name         string
+		allowed      []netip.Prefix
+		ips, refused []string
+	}{
+		{"none allowed", nil, nil, []string{"spec.addresses[0]: value 192.0.2.10", "spec.addresses[1]: value 10.0.0.1", "spec.addresses[3]: value 192.0.2.10"}},
+		{"one range", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, []string{"192.0.2.10"}, []string{"spec.addresses[1]: value 10.0.0.1"}},
+		{"both", []netip.Prefix{netip.MustParsePrefix("192.0.2.10/32"), netip.MustParsePrefix("10.0.0.0/8")}, []string{"192.0.2.10", "10.0.0.1"}, nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ips, refused := ExternalIPs(gw, c.allowed)
+			if !slices.Equal(ips, c.ips) || !slices.Equal(refused, c.refused) {
+				t.Errorf("ExternalIPs = %v refused %v, want %v refused %v", ips, refused, c.ips, c.refused)
+			}
+			if svc := Service(gw, c.allowed); !slices.Equal(svc.Spec.ExternalIPs, c.ips) {
+				t.Errorf("Service externalIPs %v, want %v", svc.Spec.ExternalIPs, c.ips)
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -101,6 +102,9 @@ type Controller struct {
 	Namespace string
 	// EnvoyImage is the edge Envoy's image (the agent DaemonSet's envoy container's). Required.
 	EnvoyImage string
+	// AddressCIDRs are the ranges a Gateway's spec.addresses may ask for (ExternalIPs); none by
+	// default (--gateway-address-cidrs).
+	AddressCIDRs []netip.Prefix
 	// Log receives the controller's logs. Required.
 	Log *slog.Logger
 	// PassDelay is how long a pass waits after the first change that asks for it (default
@@ -196,7 +200,7 @@ func (c *Controller) provision(ctx context.Context, gw *gwv1.Gateway, wanted map
 		return err
 	}
 	objs := []client.Object{ServiceAccount(gw), dep}
-	if svc := Service(gw); svc != nil {
+	if svc := Service(gw, c.AddressCIDRs); svc != nil {
 		objs = append(objs, svc)
 	}
 	var errs []error
@@ -394,7 +398,8 @@ func (c *Controller) gatewayStatus(ctx context.Context, gw *gwv1.Gateway, st mod
 		if gw.Generation != st.Generation {
 			return nil
 		}
-		want := Status(gw.Status, st, dep, svc, problem, now)
+		_, refused := ExternalIPs(gw, c.AddressCIDRs)
+		want := Status(gw.Status, st, dep, svc, problem, refused, now)
 		if equality.Semantic.DeepEqual(gw.Status, want) {
 			return nil
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -125,7 +126,7 @@ func startEnv(t *testing.T) *env {
 	}
 	e := &env{t: t, api: api, admin: admin, gw: gwclient.NewForConfigOrDie(api.Config)}
 	e.ctl = &gateway.Controller{Client: countingClient{mgr.GetClient(), &e.applies}, Gateway: gwclient.NewForConfigOrDie(reg), Namespace: systemNS,
-		EnvoyImage: image, Log: log, PassDelay: 50 * time.Millisecond, SkipNameValidation: true}
+		EnvoyImage: image, AddressCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, Log: log, PassDelay: 50 * time.Millisecond, SkipNameValidation: true}
 	if err := e.ctl.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}

@@ -55,25 +55,28 @@ func TestStatus(t *testing.T) {
 		dep               *appsv1.Deployment
 		svc               *corev1.Service
 		problem           string
+		refused           []string
 		addresses         []gwv1.GatewayStatusAddress
 		programmed        string // "True" or the False reason
 		listenerProgramed string
 	}{
-		{"load balancer", st, ready, svc([]corev1.LoadBalancerIngress{{IP: "203.0.113.7"}, {Hostname: "lb.example.com"}}, []string{"192.0.2.10"}, []string{"10.96.0.10"}), "",
+		{"load balancer", st, ready, svc([]corev1.LoadBalancerIngress{{IP: "203.0.113.7"}, {Hostname: "lb.example.com"}}, []string{"192.0.2.10"}, []string{"10.96.0.10"}), "", nil,
 			[]gwv1.GatewayStatusAddress{ip("203.0.113.7"), host("lb.example.com")}, "True", "True"},
-		{"external IPs", st, ready, svc(nil, []string{"192.0.2.10", "192.0.2.11"}, []string{"10.96.0.10"}), "",
+		{"external IPs", st, ready, svc(nil, []string{"192.0.2.10", "192.0.2.11"}, []string{"10.96.0.10"}), "", nil,
 			[]gwv1.GatewayStatusAddress{ip("192.0.2.10"), ip("192.0.2.11")}, "True", "True"},
-		{"cluster IPs", st, ready, svc(nil, nil, []string{"10.96.0.10", "fd00::10"}), "", []gwv1.GatewayStatusAddress{ip("10.96.0.10"), ip("fd00::10")}, "True", "True"},
-		{"no replica available", st, starting, svc(nil, nil, []string{"10.96.0.10"}), "", []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Pending", "Pending"},
-		{"no Deployment", st, nil, svc(nil, nil, []string{"10.96.0.10"}), "", []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Pending", "Pending"},
-		{"no Service", st, ready, nil, "", nil, "AddressNotAssigned", "Pending"},
-		{"a name aether cannot provision", st, nil, nil, "metadata.name: too long", nil, "Invalid", "Invalid"},
-		{"not accepted", invalid, ready, svc(nil, nil, []string{"10.96.0.10"}), "", []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Invalid", "True"},
+		{"cluster IPs", st, ready, svc(nil, nil, []string{"10.96.0.10", "fd00::10"}), "", nil, []gwv1.GatewayStatusAddress{ip("10.96.0.10"), ip("fd00::10")}, "True", "True"},
+		{"no replica available", st, starting, svc(nil, nil, []string{"10.96.0.10"}), "", nil, []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Pending", "Pending"},
+		{"no Deployment", st, nil, svc(nil, nil, []string{"10.96.0.10"}), "", nil, []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Pending", "Pending"},
+		{"no Service", st, ready, nil, "", nil, nil, "AddressNotAssigned", "Pending"},
+		{"an address outside the allowed ranges", st, ready, svc(nil, nil, []string{"10.96.0.10"}), "", []string{"spec.addresses[0]: value 192.0.2.99"},
+			[]gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "AddressNotUsable", "Pending"},
+		{"a name aether cannot provision", st, nil, nil, "metadata.name: too long", nil, nil, "Invalid", "Invalid"},
+		{"not accepted", invalid, ready, svc(nil, nil, []string{"10.96.0.10"}), "", nil, []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Invalid", "True"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			foreign := metav1.Condition{Type: "example.com/Audited", Status: metav1.ConditionTrue, Reason: "Audited", LastTransitionTime: t1}
 			have := gwv1.GatewayStatus{Conditions: []metav1.Condition{foreign}}
-			got := Status(have, c.st, c.dep, c.svc, c.problem, t1)
+			got := Status(have, c.st, c.dep, c.svc, c.problem, c.refused, t1)
 			if !equality.Semantic.DeepEqual(got.Addresses, c.addresses) {
 				t.Errorf("addresses %v, want %v", got.Addresses, c.addresses)
 			}
@@ -99,15 +102,15 @@ func TestStatus(t *testing.T) {
 				t.Errorf("listener %+v, want http, 2 routes, HTTPRoute, 4 conditions, Programmed %s", l, c.listenerProgramed)
 			}
 			// Again an hour later with nothing changed: the same status.
-			if again := Status(got, c.st, c.dep, c.svc, c.problem, metav1.NewTime(t1.Add(time.Hour))); !equality.Semantic.DeepEqual(again, got) {
+			if again := Status(got, c.st, c.dep, c.svc, c.problem, c.refused, metav1.NewTime(t1.Add(time.Hour))); !equality.Semantic.DeepEqual(again, got) {
 				t.Errorf("computed again with nothing changed:\n%+v\nwant\n%+v", again, got)
 			}
 		})
 	}
 	// Programmed becoming True later gets the new transition time; Accepted keeps its own.
-	first := Status(gwv1.GatewayStatus{}, st, starting, svc(nil, nil, []string{"10.96.0.10"}), "", t1)
+	first := Status(gwv1.GatewayStatus{}, st, starting, svc(nil, nil, []string{"10.96.0.10"}), "", nil, t1)
 	t2 := metav1.NewTime(t1.Add(time.Minute))
-	second := Status(first, st, ready, svc(nil, nil, []string{"10.96.0.10"}), "", t2)
+	second := Status(first, st, ready, svc(nil, nil, []string{"10.96.0.10"}), "", nil, t2)
 	if p := meta.FindStatusCondition(second.Conditions, "Programmed"); p.Status != metav1.ConditionTrue || !p.LastTransitionTime.Equal(&t2) {
 		t.Errorf("Programmed %+v, want True since %v", p, t2)
 	}
