@@ -44,7 +44,7 @@ func TestChartValuesAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	env, err := deploy.Env(ag, map[string]map[string]string{"aether-config": cm.Data},
-		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1"})
+		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1", "metadata.namespace": "aether-system"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ func loadDeployedAgent(t *testing.T) deployedAgent {
 func parseDeployed(t *testing.T, c corev1.Container, data map[string]string) Config {
 	t.Helper()
 	env, err := deploy.Env(c, map[string]map[string]string{"aether-config": data},
-		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1"})
+		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1,fd00::1", "metadata.namespace": "aether-system"})
 	if err != nil {
 		t.Fatal(err)
 	}
