@@ -202,13 +202,16 @@ func (w *world) edgeFailover(t *testing.T, addr string) {
 	route := edgeRoute("edge-failover", importBackend(ns, "dual", 80))
 	w.createRoute(t, w.a, route)
 	w.wantAccepted(t, w.a, ns, route.Name)
-	// Both clusters' endpoints known to the edge: A's answers (this cluster's first).
-	testenv.Eventually(t, 2*time.Minute, "GET through the Gateway answered by A's dual pod", func() error {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		code, r, err := w.edgeGet(cctx, addr)
-		if err != nil || code != 200 || r.Cluster != w.a || r.CallerID != edgeCaller {
-			return fmt.Errorf("status %d from %s in %s seeing %q, %v", code, r.Server, r.Cluster, r.CallerID, err)
+	// Both clusters' endpoints known to the edge: A's answer (this cluster's first), five times
+	// in a row.
+	testenv.Eventually(t, 2*time.Minute, "GET through the Gateway answered by A's dual pod, 5 times in a row", func() error {
+		for range 5 {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			code, r, err := w.edgeGet(cctx, addr)
+			cancel()
+			if err != nil || code != 200 || r.Cluster != w.a || r.CallerID != edgeCaller {
+				return fmt.Errorf("status %d from %s in %s seeing %q, %v", code, r.Server, r.Cluster, r.CallerID, err)
+			}
 		}
 		return nil
 	})

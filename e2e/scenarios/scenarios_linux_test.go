@@ -424,10 +424,11 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 	run("unexported-service-invisible", func(t *testing.T) { w.unexported(t) })
 	run("plaintext-to-app-port-refused", func(t *testing.T) { w.plaintextRefused(t) })
 	run("cross-node-bypass-matrix", func(t *testing.T) { w.crossNodeMatrix(t) })
-	run("agent-restart-keeps-connections", func(t *testing.T) { w.agentRestart(t) })
-	run("registry-cut-keeps-serving", func(t *testing.T) { w.registryCut(t) })
-	if nl, ok := p.(nodeLifecycle); ok {
-		// Edge Gateways need Deployments and kube-proxy: real nodes only.
+	if _, ok := p.(nodeLifecycle); ok {
+		// Edge Gateways need Deployments and kube-proxy: real nodes only. Before the agent
+		// restart and the registry cut: right after a registry outage the agents hold endpoint
+		// deletions back for twice the lease TTL (docs/registry.md, self-preservation), which the
+		// failover's 5 s bound does not allow for.
 		var gwAddr string
 		run("edge-gateway-to-remote-through-waypoint", func(t *testing.T) {
 			gwAddr = w.edgeGatewaySetup(t)
@@ -445,6 +446,10 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 			}
 			w.edgeFailover(t, gwAddr)
 		})
+	}
+	run("agent-restart-keeps-connections", func(t *testing.T) { w.agentRestart(t) })
+	run("registry-cut-keeps-serving", func(t *testing.T) { w.registryCut(t) })
+	if nl, ok := p.(nodeLifecycle); ok {
 		run("agent-upgrade-under-traffic", func(t *testing.T) { w.agentUpgrade(t, nl) })
 		run("node-reboot-pods-captured", func(t *testing.T) { w.nodeReboot(t, nl) })
 	}
