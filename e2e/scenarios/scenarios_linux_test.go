@@ -427,7 +427,7 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 	if _, ok := p.(nodeLifecycle); ok {
 		// Edge Gateways need Deployments and kube-proxy: real nodes only. Before the agent
 		// restart and the registry cut: right after a registry outage the agents hold endpoint
-		// deletions back for twice the lease TTL (docs/registry.md, self-preservation), which the
+		// deletions back for twice the lease TTL (docs/agent.md, "Registry outages"), which the
 		// failover's 5 s bound does not allow for.
 		var gwAddr string
 		run("edge-gateway-to-remote-through-waypoint", func(t *testing.T) {
