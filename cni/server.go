@@ -425,12 +425,11 @@ func (s *Server) rules(r *Record) (capture.RuleSet, error) {
 	udp := s.udp
 	s.udpMu.Unlock()
 	return capture.Build(capture.Config{
-		UDPRedirects: udp,
-		PodIPs:       r.Attachment.IPs, HostIP: s.Config.HostIP, HostIPv6: s.Config.HostIPv6, ClusterDNS: s.Config.ClusterDNS,
+		PodIPs: r.Attachment.IPs, HostIP: s.Config.HostIP, HostIPv6: s.Config.HostIPv6, ClusterDNS: s.Config.ClusterDNS,
 		Mode: mode, DNSPort: s.Config.DNSPort, BypassMark: s.Config.BypassMark, NodeSources: nodes,
 		ProbePorts: r.ProbePorts, NodeAllPorts: !r.ProbesRecorded, AllowCloudMetadata: s.Config.AllowCloudMetadata,
 		ExcludeOutboundPorts: r.Capture.ExcludeOutboundPorts, ExcludeInboundPorts: r.Capture.ExcludeInboundPorts,
-		ExcludeOutboundCIDRs: r.Capture.ExcludeOutboundCIDRs,
+		ExcludeOutboundCIDRs: r.Capture.ExcludeOutboundCIDRs, UDPRedirects: udp,
 	})
 }
 
