@@ -26,7 +26,10 @@ func TestUDPCaptureOrder(t *testing.T) {
 	log := func(s string) { mu.Lock(); events = append(events, s); mu.Unlock() }
 	failOnce := true
 	u := &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond}
-	u.acked = func(_ context.Context, m *model.Mesh) error { log(fmt.Sprintf("acked %d held=%d", m.Version, len(u.Held()))); return nil }
+	u.acked = func(_ context.Context, m *model.Mesh) error {
+		log(fmt.Sprintf("acked %d held=%d", m.Version, len(u.Held())))
+		return nil
+	}
 	u.set = func(_ context.Context, rs []capture.UDPRedirect) error {
 		if len(rs) == 0 && failOnce {
 			failOnce = false
