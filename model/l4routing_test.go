@@ -111,7 +111,7 @@ const (
 
 // TestResolveL4Routes: TCPRoutes and TLSRoutes with a Service or ServiceImport parentRef bind to
 // the parent's TCP ports (a given port or every TCP port), producer routes only; the oldest route
-// takes a frontend except that TLSRoutes share one by hostname; UDPRoutes are not served; each
+// takes a frontend except that TLSRoutes share one by hostname; UDPRoutes bind to UDP ports; each
 // route's status is exact.
 func TestResolveL4Routes(t *testing.T) {
 	type want struct {
