@@ -253,12 +253,14 @@ func Run(ctx context.Context, cfg Config) error {
 	// releases the pod, which would otherwise wait for --cni-repair-interval.
 	// The CNI server, started last, takes the requests from nacked.
 	nacked := make(chan struct{}, 1)
+	// Routed UDP frontends: listeners first, then the pods' redirects (udpCapture).
+	udp := &udpCapture{log: log.With("part", "udp"), rebuild: asm.Trigger, retry: 5 * time.Second}
 	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca),
 		Logger: log.With("part", "xds"), Registerer: metrics.reg,
 		OnNACK: func(string, string) { signal(nacked) },
 		// --east-west-waypoint: remote endpoints through their nodes' waypoints, and this node's
 		// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known).
-		Build: xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PodMaxConnections: cfg.PodMaxConnections}})
+		Build: xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PodMaxConnections: cfg.PodMaxConnections, UDPHeld: udp.Held}})
 	if err != nil {
 		return err
 	}
@@ -350,6 +352,11 @@ func Run(ctx context.Context, cfg Config) error {
 		log.Warn("--node-source-guard=false: pods on this node can send with the node's addresses across the pod bridge")
 	}
 	go forward(ctx, nacked, cniSrv.RequestRepair)
+	udp.acked, udp.set = push.waitAcked, cniSrv.SetUDPRedirects
+	udpLatest := make(chan *model.Mesh, 1)
+	asm.Subscribe(func(m *model.Mesh) { replaceLatest(udpLatest, m) })
+	replaceLatest(udpLatest, asm.Current())
+	go udp.run(ctx, udpLatest)
 	cniErr := make(chan error, 1)
 	go func() { cniErr <- cniSrv.Serve(ctx) }()
 	// aether-cni goes into the node's conflist only once the server answers: from then on a pod

@@ -96,6 +96,19 @@ type Config struct {
 	// the passthrough sockets it opens inside the pod netns, so they never loop back into the
 	// capture listener.
 	BypassMark uint32
+	// UDPRedirects are the routed UDP frontends (model.Mesh.UDPFrontends): UDP to VIP:Port is
+	// redirected to LocalPort, where the node Envoy has a UDP listener for that frontend in the
+	// pod's netns. Empty (no UDPRoute bound in the mesh): no UDP is redirected.
+	UDPRedirects []UDPRedirect
+}
+
+// UDPRedirect sends a pod's datagrams to VIP:Port to LocalPort on the pod's loopback (127.0.0.1,
+// ::1 for an IPv6 VIP). REDIRECT keeps no original destination a UDP socket can read, so each
+// routed frontend has its own local port (docs/capture.md).
+type UDPRedirect struct {
+	VIP       netip.Addr
+	Port      uint16
+	LocalPort uint16
 }
 
 // withDefaults returns a copy with zero ports and mode set to their defaults and every list
@@ -112,6 +125,17 @@ func (c Config) withDefaults() Config {
 	c.ExcludeOutboundCIDRs = sortedPrefixes(c.ExcludeOutboundCIDRs)
 	c.NodeSources = sortedPrefixes(c.NodeSources)
 	c.ProbePorts = sortedPorts(c.ProbePorts)
+	c.UDPRedirects = slices.Clone(c.UDPRedirects)
+	for i := range c.UDPRedirects {
+		c.UDPRedirects[i].VIP = c.UDPRedirects[i].VIP.Unmap()
+	}
+	slices.SortFunc(c.UDPRedirects, func(a, b UDPRedirect) int {
+		if x := a.VIP.Compare(b.VIP); x != 0 {
+			return x
+		}
+		return int(a.Port) - int(b.Port)
+	})
+	c.UDPRedirects = slices.CompactFunc(c.UDPRedirects, func(a, b UDPRedirect) bool { return a.VIP == b.VIP && a.Port == b.Port })
 	return c
 }
 
@@ -176,6 +200,14 @@ func (c Config) Validate() error {
 	for _, p := range c.ProbePorts {
 		if p == 0 {
 			return fmt.Errorf("validate capture config: probePorts: port 0")
+		}
+	}
+	for _, r := range c.UDPRedirects {
+		switch {
+		case !r.VIP.IsValid() || r.VIP.IsUnspecified() || r.VIP.Zone() != "":
+			return fmt.Errorf("validate capture config: udpRedirects: VIP %v is not a usable address", r.VIP)
+		case r.Port == 0 || r.LocalPort == 0:
+			return fmt.Errorf("validate capture config: udpRedirects: %v port %d to local port %d: port 0", r.VIP, r.Port, r.LocalPort)
 		}
 	}
 	return nil

@@ -119,7 +119,8 @@ func familyOf(a netip.Addr) Family {
 // Build returns the capture rule set for cfg (pure; DESIGN.md data flow 2). It returns the error
 // of cfg.Validate.
 //
-// Outbound (nat output): loopback and BypassMark return; DNS (UDP and TCP port 53) to each
+// Outbound (nat output): loopback and BypassMark return; UDP to each UDPRedirects VIP and port is
+// redirected to its LocalPort; DNS (UDP and TCP port 53) to each
 // ClusterDNS address is DNAT'ed to HostIP:DNSPort; ExcludeOutboundCIDRs and
 // ExcludeOutboundPorts return; every other TCP connection is redirected to CapturePort. IPv6 is
 // handled the same way when the pod has an IPv6 address; otherwise every non-loopback IPv6
@@ -146,6 +147,18 @@ func Build(cfg Config) (RuleSet, error) {
 	out.Rules = append(out.Rules, Rule{ID: "out-loopback", OIFLoopback: true, Verdict: Verdict{Kind: VerdictReturn}})
 	if c.BypassMark != 0 {
 		out.Rules = append(out.Rules, Rule{ID: "out-bypass-mark", Mark: c.BypassMark, Verdict: Verdict{Kind: VerdictReturn}})
+	}
+	// Routed UDP frontends before anything else for UDP: a UDPRoute owns its VIP and port, so
+	// no exclusion (one covering the service range, say) leaves its datagrams unrouted.
+	for _, r := range c.UDPRedirects {
+		if r.VIP.Is6() && !v6 {
+			continue // IPv6 is dropped in this pod
+		}
+		out.Rules = append(out.Rules, Rule{
+			ID: fmt.Sprintf("out-udp-%s", netip.AddrPortFrom(r.VIP, r.Port)), Family: familyOf(r.VIP), L4: protoUDP,
+			Dst: netip.PrefixFrom(r.VIP, r.VIP.BitLen()), DstPorts: []uint16{r.Port},
+			Verdict: Verdict{Kind: VerdictRedirect, Port: r.LocalPort},
+		})
 	}
 	// The metadata addresses are never captured (a passthrough would reach them) and are
 	// refused in the filter output chain below.

@@ -38,6 +38,22 @@ var goldenConfigs = []struct {
 		NodeSources: prefixes("10.244.1.1/32", "fd00:10:244:1::1/128"), ProbePorts: []uint16{9000},
 		ExcludeOutboundCIDRs: prefixes("fd00:dead::/32"),
 	}},
+	{"udp-routes", Config{
+		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources: prefixes("10.244.1.1/32"), ExcludeOutboundCIDRs: prefixes("10.96.0.0/12"),
+		UDPRedirects: []UDPRedirect{
+			{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53, LocalPort: 16123},
+			{VIP: netip.MustParseAddr("10.96.0.20"), Port: 5353, LocalPort: 15177},
+			{VIP: netip.MustParseAddr("fd00:96::24"), Port: 53, LocalPort: 15999}, // no IPv6 in this pod: left out
+		},
+	}},
+	{"udp-routes-dual-stack", Config{
+		PodIPs: addrs("10.244.1.5", "fd00:10:244:1::5"), HostIP: netip.MustParseAddr("192.168.0.10"),
+		UDPRedirects: []UDPRedirect{
+			{VIP: netip.MustParseAddr("fd00:96::24"), Port: 53, LocalPort: 15999},
+			{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53, LocalPort: 16123},
+		},
+	}},
 	{"no-dns-custom-ports", Config{
 		PodIPs: addrs("10.244.1.5"), CapturePort: 16001, InboundPort: 16008, ExcludeOutboundPorts: []uint16{443},
 	}},
@@ -174,6 +190,10 @@ func TestValidate(t *testing.T) {
 		{"dns port is the capture port", func(c *Config) { c.DNSPort = 15001 }, "capturePort and dnsPort are both 15001"},
 		{"inbound port is the default dns port", func(c *Config) { c.InboundPort = 18054 }, "inboundPort and dnsPort are both 18054"},
 		{"zoned host ipv6", func(c *Config) { c.HostIPv6 = netip.MustParseAddr("fd00::1%eth0") }, "hostIPv6: fd00::1%eth0"},
+		{"udp redirect without VIP", func(c *Config) { c.UDPRedirects = []UDPRedirect{{Port: 53, LocalPort: 15100}} }, "udpRedirects: VIP invalid IP"},
+		{"udp redirect to local port 0", func(c *Config) {
+			c.UDPRedirects = []UDPRedirect{{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53}}
+		}, "udpRedirects: 10.96.0.24 port 53 to local port 0"},
 		{"mapped dns, only host ipv6", func(c *Config) {
 			c.HostIP, c.HostIPv6 = netip.Addr{}, netip.MustParseAddr("fd00::1")
 			c.ClusterDNS = addrs("::ffff:10.96.0.10")

@@ -178,13 +178,19 @@ func startAgent(t testing.TB, socket, stateDir string, cfg ServerConfig, lookup 
 // startAgentGuarded is startAgent with a node source guard.
 func startAgentGuarded(t testing.TB, socket, stateDir string, cfg ServerConfig, lookup *staticLookup, dp *recordingDataplane, guard NodeGuard) *agent {
 	t.Helper()
+	return startAgentBackend(t, socket, stateDir, cfg, lookup, dp, guard, capture.NFTables{})
+}
+
+// startAgentBackend is startAgentGuarded with a capture backend.
+func startAgentBackend(t testing.TB, socket, stateDir string, cfg ServerConfig, lookup *staticLookup, dp *recordingDataplane, guard NodeGuard, backend capture.Backend) *agent {
+	t.Helper()
 	cfg.Socket, cfg.StateDir = socket, stateDir
 	if !cfg.HostIP.IsValid() {
 		cfg.HostIP = netip.MustParseAddr(hostIP)
 		cfg.ClusterDNS = []netip.Addr{netip.MustParseAddr(clusterDNS)}
 	}
 	a := &agent{socket: socket, state: stateDir, lookup: lookup, dp: dp, done: make(chan error, 1)}
-	a.srv = &Server{Config: cfg, Lookup: lookup, Dataplane: dp, Backend: capture.NFTables{}, Guard: guard,
+	a.srv = &Server{Config: cfg, Lookup: lookup, Dataplane: dp, Backend: backend, Guard: guard,
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel

@@ -151,6 +151,10 @@ type Server struct {
 	repaired chan struct{}
 	// repairCh holds a pending RequestRepair (capacity 1).
 	repairCh chan struct{}
+	// udpMu guards udp, the routed UDP frontends every captured pod's rules redirect
+	// (SetUDPRedirects).
+	udpMu sync.Mutex
+	udp   []capture.UDPRedirect
 }
 
 func (s *Server) defaults() { s.once.Do(s.setDefaults) }
@@ -417,12 +421,15 @@ func (s *Server) rules(r *Record) (capture.RuleSet, error) {
 			nodes = append(nodes, netip.PrefixFrom(h, h.BitLen()))
 		}
 	}
+	s.udpMu.Lock()
+	udp := s.udp
+	s.udpMu.Unlock()
 	return capture.Build(capture.Config{
 		PodIPs: r.Attachment.IPs, HostIP: s.Config.HostIP, HostIPv6: s.Config.HostIPv6, ClusterDNS: s.Config.ClusterDNS,
 		Mode: mode, DNSPort: s.Config.DNSPort, BypassMark: s.Config.BypassMark, NodeSources: nodes,
 		ProbePorts: r.ProbePorts, NodeAllPorts: !r.ProbesRecorded, AllowCloudMetadata: s.Config.AllowCloudMetadata,
 		ExcludeOutboundPorts: r.Capture.ExcludeOutboundPorts, ExcludeInboundPorts: r.Capture.ExcludeInboundPorts,
-		ExcludeOutboundCIDRs: r.Capture.ExcludeOutboundCIDRs,
+		ExcludeOutboundCIDRs: r.Capture.ExcludeOutboundCIDRs, UDPRedirects: udp,
 	})
 }
 
@@ -684,6 +691,29 @@ func (s *Server) GC(ctx context.Context, req cniv1.Request) error {
 	return nil
 }
 
+// SetUDPRedirects sets the routed UDP frontends (capture.Config.UDPRedirects: one redirect per
+// VIP and port a UDPRoute is bound to, none without UDPRoutes) and, when they changed, re-applies
+// every captured pod's rules before it returns (a repair pass without announcing pods), so the
+// caller can order it with the node Envoy's UDP listeners: serve a frontend's listener before
+// its redirect is set, and remove the listener only after this returned without the frontend.
+// An ADD whose rules were built while the set changed is caught by a second pass it requests
+// (RequestRepair). It returns the joined errors of the pods it could not update.
+func (s *Server) SetUDPRedirects(ctx context.Context, rs []capture.UDPRedirect) error {
+	s.defaults()
+	rs = slices.Clone(rs)
+	s.udpMu.Lock()
+	same := slices.Equal(s.udp, rs)
+	s.udp = rs
+	s.udpMu.Unlock()
+	if same {
+		return nil
+	}
+	s.Log.Info("routed UDP frontends changed: re-applying capture rules", "frontends", len(rs))
+	err := s.repair(ctx, false)
+	s.RequestRepair()
+	return err
+}
+
 // Repair reconciles every persisted attachment: a record whose netns is gone is released; a
 // captured pod's rules are re-applied where they drifted and the pod is announced to the
 // dataplane (PodAdded, so a restarted agent serves Envoy every pod again; of several records of
@@ -897,7 +927,7 @@ func (s *Server) repairLive(ctx context.Context, cur *Record, announce bool) err
 		return err
 	}
 	if changed {
-		s.Log.Warn("repair: capture rules restored", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
+		s.Log.Warn("repair: capture rules restored or updated", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
 	}
 	if !announce {
 		return nil

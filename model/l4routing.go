@@ -9,11 +9,18 @@ import (
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
-// L4Routing is the mesh's TCPRoutes and TLSRoutes bound to frontends (ResolveL4Routes): what
-// the caller's node Envoy does, on the capture path, with a connection to a frontend's VIP and
-// port instead of passing it to the Service's own floor chain. The zero value has no routes.
+// L4Routing is the mesh's TCPRoutes, TLSRoutes and UDPRoutes bound to frontends
+// (ResolveL4Routes): what the caller's node Envoy does, on the capture path, with a connection
+// to a frontend's VIP and port instead of passing it to the Service's own floor chain, and with
+// a datagram to a frontend's VIP and UDP port (a UDP listener per frontend, UDPFrontends). The
+// zero value has no routes.
 type L4Routing struct {
+	// Ports holds the TCPRoutes and TLSRoutes, by the frontend (a TCP Service port) they bind.
 	Ports map[Frontend]*L4Port
+	// UDP holds the UDPRoutes, by the frontend (a UDP Service port) they bind: one route each
+	// (the oldest). A Service's UDP port may share its number with a TCP port, hence a map of
+	// its own.
+	UDP map[Frontend]*L4Port
 }
 
 // L4Port is what one frontend's L4 routes do: a TCPRoute takes every connection (Routes holds
@@ -71,9 +78,11 @@ type l4Candidate struct {
 //     protocol);
 //   - only producer routes (in the Service's namespace) are served; a consumer route (in
 //     another namespace) gets Accepted=False, UnsupportedValue;
-//   - UDPRoutes are not served (UDP is not captured): Accepted=False, UnsupportedValue;
+//   - UDPRoutes bind to UDP ports only, into L4Routing.UDP (the pods' UDP capture serves them,
+//     docs/capture.md);
 //   - on one frontend the oldest route wins (then "<namespace>/<name>"), the others get
-//     Accepted=False, Conflicted, except TLSRoutes, which share a frontend by SNI: each hostname
+//     Accepted=False, Conflicted (UDPRoutes among themselves on a UDP port), except TLSRoutes,
+//     which share a frontend by SNI: each hostname
 //     goes to the oldest TLSRoute naming it, and a TLSRoute without hostnames takes every name
 //     no other one names (AnySNI). A TLSRoute left with no name there, and every TCPRoute beside
 //     an older TLSRoute (or TLSRoute beside an older TCPRoute), is Conflicted on it; a parent
@@ -108,9 +117,6 @@ func ResolveL4Routes(services map[ServiceKey]*Service, routes []Route) (*L4Routi
 				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonUnsupportedValue), Message: fmt.Sprintf(
 					"consumer L4 routes are not supported: a %s in namespace %s on %s %s in another namespace is not served (only routes in the Service's namespace are)",
 					r.Kind, r.Namespace, p.Kind, p.Service)}
-			case r.Kind == KindUDPRoute:
-				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonUnsupportedValue), Message: fmt.Sprintf(
-					"UDPRoute on a %s is not served yet (UDP is not captured); use a Gateway UDP listener", p.Kind)}
 			case len(r.Rules) == 0:
 				ps.Accepted = Condition{Reason: string(gwv1.RouteReasonUnsupportedValue), Message: fmt.Sprintf("the %s has no rules: nothing to route", r.Kind)}
 			case served == 0:
@@ -131,16 +137,23 @@ func ResolveL4Routes(services map[ServiceKey]*Service, routes []Route) (*L4Routi
 // bindL4 settles each frontend's candidates (ResolveL4Routes) into the routing and marks the
 // parents that lost a frontend.
 func bindL4(cands []l4Candidate, statuses []RouteStatus) *L4Routing {
-	byFE := map[Frontend][]l4Candidate{}
+	// A UDP port and a TCP port may have one number: their routes never meet.
+	type slot struct {
+		fe  Frontend
+		udp bool
+	}
+	byFE := map[slot][]l4Candidate{}
 	for _, c := range cands {
-		byFE[c.fe] = append(byFE[c.fe], c)
+		k := slot{c.fe, c.route.Kind == KindUDPRoute}
+		byFE[k] = append(byFE[k], c)
 	}
 	type parentKey struct{ route, parent int }
 	won := map[parentKey][]Frontend{}
 	lost := map[parentKey][]string{} // why, per frontend lost
 	partly := map[parentKey][]string{}
-	rt := &L4Routing{Ports: map[Frontend]*L4Port{}}
-	for fe, cs := range byFE {
+	rt := &L4Routing{Ports: map[Frontend]*L4Port{}, UDP: map[Frontend]*L4Port{}}
+	for sl, cs := range byFE {
+		fe := sl.fe
 		slices.SortStableFunc(cs, func(a, b l4Candidate) int {
 			return cmp.Or(a.route.Created.Compare(b.route.Created),
 				cmp.Compare(a.route.Namespace+"/"+a.route.Name, b.route.Namespace+"/"+b.route.Name),
@@ -160,10 +173,10 @@ func bindL4(cands []l4Candidate, statuses []RouteStatus) *L4Routing {
 				continue
 			}
 			switch {
-			case c.route.Kind != first.Kind || (first.Kind == KindTCPRoute && c.route != first):
+			case c.route.Kind != first.Kind || (first.Kind != KindTLSRoute && c.route != first):
 				lost[pk] = append(lost[pk], fmt.Sprintf("%s: %s is bound there and is older", fe, first.RouteRef))
 				continue
-			case c.route.Kind == KindTCPRoute:
+			case c.route.Kind != KindTLSRoute:
 				port.Routes = append(port.Routes, L4Route{Route: c.route.RouteRef, Backends: servedBackends(c.route)})
 			default:
 				var mine []string
@@ -185,7 +198,11 @@ func bindL4(cands []l4Candidate, statuses []RouteStatus) *L4Routing {
 			bound[c.ri] = len(port.Routes) - 1
 			won[pk] = append(won[pk], fe)
 		}
-		rt.Ports[fe] = port
+		if sl.udp {
+			rt.UDP[fe] = port
+		} else {
+			rt.Ports[fe] = port
+		}
 	}
 	for pk, whys := range lost {
 		ps := &statuses[pk.route].Parents[pk.parent]

@@ -44,21 +44,28 @@ func l4Summary(rt *L4Routing) string {
 	}
 	var lines []string
 	for _, fe := range slices.SortedFunc(maps.Keys(rt.Ports), Frontend.Compare) {
-		var rs []string
-		for _, r := range rt.Ports[fe].Routes {
-			var bs []string
-			for _, b := range r.Backends {
-				s := fmt.Sprintf("%s:%d*%d", b.Service, b.Port, b.Weight)
-				if b.Invalid != nil {
-					s += "!" + b.Invalid.Reason
-				}
-				bs = append(bs, s)
-			}
-			rs = append(rs, fmt.Sprintf("%s[%s]->%s", r.Route.Name, strings.Join(r.Hostnames, ","), strings.Join(bs, ",")))
-		}
-		lines = append(lines, fe.String()+": "+strings.Join(rs, " "))
+		lines = append(lines, l4PortSummary(fe, rt.Ports[fe]))
+	}
+	for _, fe := range slices.SortedFunc(maps.Keys(rt.UDP), Frontend.Compare) {
+		lines = append(lines, "UDP "+l4PortSummary(fe, rt.UDP[fe]))
 	}
 	return strings.Join(lines, "\n")
+}
+
+func l4PortSummary(fe Frontend, p *L4Port) string {
+	var rs []string
+	for _, r := range p.Routes {
+		var bs []string
+		for _, b := range r.Backends {
+			s := fmt.Sprintf("%s:%d*%d", b.Service, b.Port, b.Weight)
+			if b.Invalid != nil {
+				s += "!" + b.Invalid.Reason
+			}
+			bs = append(bs, s)
+		}
+		rs = append(rs, fmt.Sprintf("%s[%s]->%s", r.Route.Name, strings.Join(r.Hostnames, ","), strings.Join(bs, ",")))
+	}
+	return fe.String() + ": " + strings.Join(rs, " ")
 }
 
 // l4Status renders the status of route kind/name as one line per parent:
@@ -104,7 +111,7 @@ const (
 
 // TestResolveL4Routes: TCPRoutes and TLSRoutes with a Service or ServiceImport parentRef bind to
 // the parent's TCP ports (a given port or every TCP port), producer routes only; the oldest route
-// takes a frontend except that TLSRoutes share one by hostname; UDPRoutes are not served; each
+// takes a frontend except that TLSRoutes share one by hostname; UDPRoutes bind to UDP ports; each
 // route's status is exact.
 func TestResolveL4Routes(t *testing.T) {
 	type want struct {
@@ -237,15 +244,21 @@ func TestResolveL4Routes(t *testing.T) {
 		status: []want{{KindTLSRoute, "to-http", "Accepted: bound to Service shop/pg:5432 | !UnsupportedProtocol: backendRef Service shop/web port 80 is HTTP: " +
 			"a TLSRoute passes TLS on to its backend, which must be a TCP port (appProtocol tcp, tls, ...)"}},
 	}, {
-		name: "UDPRoutes are not served; their binding is still checked",
+		name: "UDPRoutes bind to UDP ports, the oldest on each; a TCPRoute on the same Service is apart",
 		routes: []string{
 			l4Doc("UDPRoute", "shop", "dns", 0, `[{group: "", kind: Service, name: dns, port: 53}]`, "", `[{name: dns, port: 53}]`),
+			l4Doc("UDPRoute", "shop", "dns-new", 1, `[{group: "", kind: Service, name: dns, port: 53}]`, "", `[{name: dns, port: 53}]`),
 			l4Doc("UDPRoute", "shop", "imp", 0, `[{group: multicluster.x-k8s.io, kind: ServiceImport, name: pg, port: 53}]`, "", `[{name: dns, port: 53}]`),
 			l4Doc("UDPRoute", "shop", "tcp-port", 0, pg5432, "", `[{name: pg-v1, port: 5432}]`),
+			l4Doc("TCPRoute", "shop", "split", 0, pg5432, "", toV1),
 		},
+		routing: "Service shop/pg:5432: split[]->shop/pg-v1:5432*1\n" +
+			"UDP Service shop/dns:53: dns[]->shop/dns:53*1\n" +
+			"UDP ServiceImport shop/pg:53: imp[]->shop/dns:53*1",
 		status: []want{
-			{KindUDPRoute, "dns", "!UnsupportedValue: UDPRoute on a Service is not served yet (UDP is not captured); use a Gateway UDP listener | ResolvedRefs: "},
-			{KindUDPRoute, "imp", "!UnsupportedValue: UDPRoute on a ServiceImport is not served yet (UDP is not captured); use a Gateway UDP listener | ResolvedRefs: "},
+			{KindUDPRoute, "dns", "Accepted: bound to Service shop/dns:53 | ResolvedRefs: "},
+			{KindUDPRoute, "dns-new", "!Conflicted: not bound: Service shop/dns:53: UDPRoute shop/dns is bound there and is older (the oldest route takes a frontend; TLSRoutes share one by hostname) | ResolvedRefs: "},
+			{KindUDPRoute, "imp", "Accepted: bound to ServiceImport shop/pg:53 | ResolvedRefs: "},
 			{KindUDPRoute, "tcp-port", "!NoMatchingParent: Service shop/pg: port 5432 is TCP: a UDPRoute binds to UDP ports only | !UnsupportedProtocol: backendRef Service shop/pg-v1 port 5432 is TCP: a UDPRoute backend must be a UDP port"},
 		},
 	}, {

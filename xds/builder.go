@@ -360,6 +360,18 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			known(pe.valid, c)
 		}
 	}
+	// Routed UDP frontends: each pod's listeners (not cached with the pod's others: they follow
+	// the routes' backends' endpoints) and one cluster per route.
+	if udp := udpServed(m, bl.opts); len(udp) > 0 && len(m.Pods) > 0 {
+		for _, p := range m.Pods {
+			ls, err := udpPodListeners(p, udp)
+			if err != nil {
+				return nil, fmt.Errorf("build pod %s/%s: %w", p.Namespace, p.Name, err)
+			}
+			r.Listeners = append(r.Listeners, ls...)
+		}
+		r.Clusters = append(r.Clusters, udpClusters(m, udp, bl.opts)...)
+	}
 	if bl.opts.PodMaxConnections > 0 {
 		r.Runtimes = []*runtimev3.Runtime{listenerLimits(r.Listeners, bl.opts.PodMaxConnections)}
 	}

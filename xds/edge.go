@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 
-	xdscore "github.com/cncf/xds/go/xds/core/v3"
-	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -15,7 +13,6 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	tcpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
-	udpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/udp/udp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -418,13 +415,10 @@ func edgeUDPListenerName(port uint32) string {
 }
 
 // edgeUDP is the UDP listener of port p (udp_proxy) and its cluster: the first UDPRoute bound to
-// the port's listener, its backends' pods in one static cluster, each pod weighted by its
-// backend's weight over the backend's pod count (udp_proxy has no weighted clusters). UDP is not
-// carried over mTLS (there is no mesh UDP transport; the waypoint carries TLS only), so the
-// datagrams go in the clear to pod_ip:targetPort: only this cluster's pods, and with
-// EastWestWaypoint off (pod IPs routable between clusters) every exporting cluster's. Sessions
-// (one per client address and port) stick to one pod and end after udp_proxy's idle timeout
-// (60 s). It returns a nil listener when no route is bound.
+// the port's listener, its backends' pods in one static cluster (udpCluster: datagrams in the
+// clear to pod_ip:targetPort, this cluster's pods only with EastWestWaypoint). Sessions (one per
+// client address and port) stick to one pod and end after udp_proxy's idle timeout (60 s). It
+// returns a nil listener when no route is bound.
 func edgeUDP(m *model.Mesh, g *model.EdgeGateway, p model.EdgePort, opts Options) (*listenerv3.Listener, *clusterv3.Cluster, error) {
 	var rt *model.EdgeL4Route
 	for _, el := range p.Listeners {
@@ -437,72 +431,9 @@ func edgeUDP(m *model.Mesh, g *model.EdgeGateway, p model.EdgePort, opts Options
 		return nil, nil, nil
 	}
 	name := "udp|" + g.Key.String() + "|" + strconv.FormatUint(uint64(p.Port), 10)
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
-	loc := &endpointv3.LocalityLbEndpoints{}
-	for _, bk := range rt.Backends {
-		s := m.Service(bk.Service)
-		if bk.Invalid != nil || bk.Weight <= 0 || s == nil {
-			continue
-		}
-		i := slices.IndexFunc(s.Ports, func(sp model.ServicePort) bool { return sp.Port == bk.Port })
-		if i < 0 {
-			continue
-		}
-		type target struct {
-			ip   string
-			port uint32
-		}
-		var ts []target
-		for _, ep := range m.Endpoints[bk.Service] {
-			if !ep.Healthy || (opts.viaWaypoint() && ep.Cluster != m.Cluster) {
-				continue
-			}
-			ip, ok := model.MeshAddr(ep.IPs)
-			port, pok := s.Ports[i].EndpointPort(&ep, m.Cluster)
-			if ok && pok {
-				ts = append(ts, target{ip.String(), port.Port})
-			}
-		}
-		for _, t := range ts {
-			a := xdsproto.SocketAddress(t.ip, t.port, "")
-			a.GetSocketAddress().Protocol = core.SocketAddress_UDP
-			// Weights are per endpoint: a backend's share spread over its pods (at least 1 each).
-			w := max(uint32(bk.Weight)*1000/uint32(len(ts)), 1)
-			loc.LbEndpoints = append(loc.LbEndpoints, &endpointv3.LbEndpoint{
-				HostIdentifier:      &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{Address: a}},
-				LoadBalancingWeight: wrapperspb.UInt32(w),
-			})
-		}
-	}
-	if len(loc.LbEndpoints) > 0 {
-		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{loc}
-	}
-	c := &clusterv3.Cluster{
-		Name:                 name,
-		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_STATIC},
-		ConnectTimeout:       xdsproto.ConnectTimeout(opts.ConnectTimeout),
-		LoadAssignment:       cla,
-	}
-	// Every datagram to the cluster: a matcher with only its on_no_match action (the
-	// route_specifier the deprecated cluster field gives way to).
-	route, err := xdsproto.ToAny(&udpv3.Route{Cluster: name})
+	up, err := udpProxyFilter("gateway_udp", name)
 	if err != nil {
 		return nil, nil, err
 	}
-	up, err := xdsproto.ToAny(&udpv3.UdpProxyConfig{StatPrefix: "gateway_udp", RouteSpecifier: &udpv3.UdpProxyConfig_Matcher{Matcher: &xdsmatcher.Matcher{
-		OnNoMatch: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}},
-	}}})
-	if err != nil {
-		return nil, nil, err
-	}
-	addr := xdsproto.SocketAddress("0.0.0.0", p.Port, "")
-	addr.GetSocketAddress().Protocol = core.SocketAddress_UDP
-	l := &listenerv3.Listener{
-		Name:              edgeUDPListenerName(p.Port),
-		Address:           addr,
-		UdpListenerConfig: &listenerv3.UdpListenerConfig{},
-		ListenerFilters: []*listenerv3.ListenerFilter{{Name: "envoy.filters.udp_listener.udp_proxy",
-			ConfigType: &listenerv3.ListenerFilter_TypedConfig{TypedConfig: up}}},
-	}
-	return l, c, nil
+	return udpListener(edgeUDPListenerName(p.Port), xdsproto.SocketAddress("0.0.0.0", p.Port, ""), up), udpCluster(m, name, rt.Backends, opts), nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/internal/xdsproto"
+	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/tunnel"
 )
 
@@ -59,6 +60,12 @@ type Options struct {
 	// so the builder serves them as the RTDS layer RuntimeLayerName, which the bootstrap must
 	// name (envoy.BootstrapConfig.RuntimeLayer). Zero means no per-pod cap (and no layer).
 	PodMaxConnections uint64
+	// UDPHeld, when set, returns routed UDP frontends whose capture redirects may still be
+	// installed in pods although the model no longer routes them (the agent removes a redirect
+	// before the listener it points at, docs/capture.md): each pod keeps its UDP listener of
+	// such a frontend (on the frontend's local port, to the route's backends as they were) until
+	// UDPHeld stops returning it. Called once per build; nil holds nothing.
+	UDPHeld func() []model.UDPFrontend
 
 	// passthroughFromNode builds the passthrough the way it was before it moved into the pods'
 	// netns (sharedPassthroughCluster): only the passthrough benchmarks set it, for their

@@ -1,0 +1,112 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/model"
+)
+
+// udpCapture orders the routed UDP frontends (model.Mesh.UDPFrontends) between the node Envoy's
+// per-pod UDP listeners and the pods' capture redirects (docs/capture.md): a redirect is
+// installed only once Envoy has ACKed the listeners it points at, and a listener goes only once
+// its redirect is gone from every pod. The xDS builder serves listeners for the model's
+// frontends and for those Held returns (xds.Options.UDPHeld), the frontends whose redirects may
+// still be installed.
+type udpCapture struct {
+	log *slog.Logger
+	// acked returns once Envoy has ACKed a snapshot of m or a later model.
+	acked func(ctx context.Context, m *model.Mesh) error
+	// set replaces the pods' UDP redirects and returns once every captured pod has them
+	// (cni.Server.SetUDPRedirects).
+	set func(ctx context.Context, rs []capture.UDPRedirect) error
+	// rebuild asks for a new model (model.Assembler.Trigger), so listeners no longer held go.
+	rebuild func()
+	// retry is the wait before a failed change is tried again.
+	retry time.Duration
+
+	mu   sync.Mutex
+	held []model.UDPFrontend
+}
+
+// Held returns the frontends whose redirects may be installed in pods (xds.Options.UDPHeld).
+func (u *udpCapture) Held() []model.UDPFrontend {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return slices.Clone(u.held)
+}
+
+// run follows the models on latest until ctx ends: for a model whose frontends differ from the
+// installed ones it waits for Envoy's ACK of that model (its listeners, and the held ones),
+// sets the pods' redirects to the model's frontends, holds only those, and asks for a rebuild
+// that drops the listeners of the others. A failed step is tried again after retry unless a
+// newer model came meanwhile.
+func (u *udpCapture) run(ctx context.Context, latest chan *model.Mesh) {
+	for {
+		var m *model.Mesh
+		select {
+		case <-ctx.Done():
+			return
+		case m = <-latest:
+		}
+		want := m.UDPFrontends()
+		if sameUDP(want, u.Held()) {
+			continue
+		}
+		if err := u.apply(ctx, m, want); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			u.log.Error("routed UDP frontends not updated; trying again", "frontends", len(want), "err", err)
+			go func() {
+				select {
+				case <-ctx.Done():
+				case <-time.After(u.retry):
+					select {
+					case latest <- m: // unless a newer model is already waiting
+					default:
+					}
+				}
+			}()
+		}
+	}
+}
+
+func (u *udpCapture) apply(ctx context.Context, m *model.Mesh, want []model.UDPFrontend) error {
+	if err := u.acked(ctx, m); err != nil {
+		return err
+	}
+	rs := make([]capture.UDPRedirect, len(want))
+	for i, f := range want {
+		rs[i] = capture.UDPRedirect{VIP: f.VIP, Port: f.Port, LocalPort: f.LocalPort}
+	}
+	if err := u.set(ctx, rs); err != nil {
+		// Some pods may have the new redirects: hold both sets until a pass succeeds.
+		u.mu.Lock()
+		for _, f := range want {
+			if !slices.ContainsFunc(u.held, func(h model.UDPFrontend) bool { return h.LocalPort == f.LocalPort && h.VIP == f.VIP && h.Port == f.Port }) {
+				u.held = append(u.held, f)
+			}
+		}
+		u.mu.Unlock()
+		return err
+	}
+	u.mu.Lock()
+	u.held = want
+	u.mu.Unlock()
+	u.log.Info("routed UDP frontends in the pods' capture", "frontends", len(want))
+	u.rebuild()
+	return nil
+}
+
+// sameUDP reports whether a and b redirect the same VIPs and ports to the same local ports to
+// the same routes.
+func sameUDP(a, b []model.UDPFrontend) bool {
+	return slices.EqualFunc(a, b, func(x, y model.UDPFrontend) bool {
+		return x.VIP == y.VIP && x.Port == y.Port && x.LocalPort == y.LocalPort && x.Route.Route == y.Route.Route
+	})
+}

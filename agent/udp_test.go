@@ -1,0 +1,75 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/model"
+)
+
+// TestUDPCaptureOrder: for a model whose routed UDP frontends change, udpCapture waits for
+// Envoy's ACK of that model before it changes the pods' redirects, holds the old frontends
+// (their listeners stay) until the redirects are set, then asks for a rebuild; a failed set
+// keeps both sets held and is tried again.
+func TestUDPCaptureOrder(t *testing.T) {
+	var mu sync.Mutex
+	var events []string
+	log := func(s string) { mu.Lock(); events = append(events, s); mu.Unlock() }
+	failOnce := true
+	u := &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond}
+	u.acked = func(_ context.Context, m *model.Mesh) error {
+		log(fmt.Sprintf("acked %d held=%d", m.Version, len(u.Held())))
+		return nil
+	}
+	u.set = func(_ context.Context, rs []capture.UDPRedirect) error {
+		if len(rs) == 0 && failOnce {
+			failOnce = false
+			log("set failed")
+			return errors.New("a pod's rules could not be written")
+		}
+		log(fmt.Sprintf("set %d", len(rs)))
+		return nil
+	}
+	done := make(chan struct{}, 10)
+	u.rebuild = func() { log(fmt.Sprintf("rebuild held=%d", len(u.Held()))); done <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	latest := make(chan *model.Mesh, 1)
+	go u.run(ctx, latest)
+
+	with := routedMesh(2, true)
+	latest <- with
+	<-done
+	latest <- routedMesh(3, true) // the same frontends: nothing to do
+	latest <- routedMesh(4, false)
+	<-done
+	mu.Lock()
+	got := strings.Join(events, "\n")
+	mu.Unlock()
+	want := strings.Join([]string{"acked 2 held=0", "set 1", "rebuild held=1", "acked 4 held=1", "set failed", "acked 4 held=1", "set 0", "rebuild held=0"}, "\n")
+	if got != want {
+		t.Errorf("events:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// routedMesh is a model (version v) with one Service, shop/dns (UDP 53), and, with route, a
+// UDPRoute bound to it.
+func routedMesh(v uint64, route bool) *model.Mesh {
+	k := model.ServiceKey{Namespace: "shop", Name: "dns"}
+	m := model.New(v, "c1", "mesh", model.DefaultTrustDomain, model.Node{Name: "n1"}, []*model.Service{{Key: k, Local: true,
+		VIPs: []netip.Addr{netip.MustParseAddr("10.96.0.24")}, Ports: []model.ServicePort{{Name: "dns", Port: 53, TargetPort: 53, Protocol: model.ProtocolUDP}}}}, nil, nil)
+	if route {
+		m.L4Routing = &model.L4Routing{UDP: map[model.Frontend]*model.L4Port{{Service: k, Port: 53}: {Routes: []model.L4Route{
+			{Route: model.RouteRef{Kind: model.KindUDPRoute, Namespace: "shop", Name: "dns"}}}}}}
+	}
+	return m
+}

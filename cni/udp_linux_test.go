@@ -1,0 +1,90 @@
+//go:build linux
+
+package cni
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// TestPrivilegedCNIUDPRedirects: a captured pod has no UDP redirect while no UDPRoute is bound;
+// SetUDPRedirects puts one per routed frontend into every captured pod's rules before it returns
+// (and into a pod added later), a changed local port replaces it, and an empty set removes it,
+// with the nftables and both iptables backends.
+func TestPrivilegedCNIUDPRedirects(t *testing.T) {
+	testenv.RequireRoot(t)
+	for i, tc := range []struct {
+		name    string
+		backend capture.Backend
+		list    []string
+	}{
+		{"nftables", capture.NFTables{}, []string{"nft", "list", "table", "inet", capture.TableName}},
+		{"iptables-nft", capture.IPTables{Mode: capture.IPTablesNFT}, []string{"iptables-nft-save", "-t", "nat"}},
+		{"iptables-legacy", capture.IPTables{Mode: capture.IPTablesLegacy}, []string{"iptables-legacy-save", "-t", "nat"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sock := filepath.Join(sockDir(t), "cni.sock")
+			n := newNode(t, "1.0.0", fmt.Sprintf("10.244.%d.0/24", 70+i), sock, nil)
+			a := startAgentBackend(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, tc.backend)
+			first := testenv.NewNetns(t)
+			if _, err := n.add(t, podRT(first, "ctr-a", "mesh", "a")); err != nil {
+				t.Fatal(err)
+			}
+			rules := func(ns *testenv.Netns) string {
+				t.Helper()
+				out, err := ns.Command(tc.list[0], tc.list[1:]...).CombinedOutput()
+				if err != nil {
+					t.Fatalf("%v: %v\n%s", tc.list, err, out)
+				}
+				var udp []string
+				for _, l := range strings.Split(string(out), "\n") {
+					if strings.Contains(l, "aether:out-udp-") {
+						udp = append(udp, strings.TrimSpace(l))
+					}
+				}
+				return strings.Join(udp, "\n")
+			}
+			if got := rules(first); got != "" {
+				t.Fatalf("UDP redirect without UDPRoutes:\n%s", got)
+			}
+			vip := netip.MustParseAddr("10.96.0.24")
+			set := func(local uint16) {
+				t.Helper()
+				var rs []capture.UDPRedirect
+				if local != 0 {
+					rs = []capture.UDPRedirect{{VIP: vip, Port: 53, LocalPort: local}}
+				}
+				if err := a.srv.SetUDPRedirects(context.Background(), rs); err != nil {
+					t.Fatal(err)
+				}
+			}
+			set(15177)
+			second := testenv.NewNetns(t)
+			if _, err := n.add(t, podRT(second, "ctr-b", "mesh", "b")); err != nil {
+				t.Fatal(err)
+			}
+			for _, ns := range []*testenv.Netns{first, second} {
+				if got := rules(ns); !strings.Contains(got, "10.96.0.24") || !strings.Contains(got, "15177") || strings.Count(got, "\n") != 0 {
+					t.Fatalf("%s: UDP redirect after SetUDPRedirects:\n%q", ns.Name, got)
+				}
+			}
+			set(16001)
+			if got := rules(first); !strings.Contains(got, "16001") || strings.Contains(got, "15177") {
+				t.Fatalf("UDP redirect after a local port change:\n%s", got)
+			}
+			set(0)
+			for _, ns := range []*testenv.Netns{first, second} {
+				if got := rules(ns); got != "" {
+					t.Fatalf("%s: UDP redirect left after the set emptied:\n%s", ns.Name, got)
+				}
+			}
+		})
+	}
+}

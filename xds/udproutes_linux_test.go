@@ -1,0 +1,118 @@
+package xds
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/model"
+)
+
+var vipUDP = netip.MustParseAddr("10.96.0.50")
+
+// udpMeshOf is the L4 fixture's model with web/dns (UDP 53 on vipUDP, no endpoints of its own)
+// and web/dns-v1 and web/dns-v2 (UDP 53 to 5353 in pods v1 and v2) and, with route, a UDPRoute
+// on web/dns:53 sending 3 of 4 sessions to dns-v1, 1 to dns-v2.
+func (f *l4Fixture) udpMeshOf(t *testing.T, version uint64, route bool) *model.Mesh {
+	t.Helper()
+	base := f.mesh(t, version, nil)
+	web := func(n string) model.ServiceKey { return model.ServiceKey{Namespace: "web", Name: n} }
+	udp := model.ServicePort{Name: "dns", Port: 53, TargetPort: 5353, Protocol: model.ProtocolUDP}
+	services := append(base.Services, &model.Service{Key: web("dns"), Local: true, VIPs: []netip.Addr{vipUDP}, Ports: []model.ServicePort{udp}})
+	eps := base.Endpoints
+	for i, name := range []string{"v1", "v2"} {
+		k := web("dns-" + name)
+		services = append(services, &model.Service{Key: k, Local: true, VIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(51 + i)})},
+			Ports: []model.ServicePort{udp}})
+		eps[k] = []model.Endpoint{{Service: k, Cluster: "c1", PodName: name, PodUID: "uid-" + name, IPs: []netip.Addr{f.ips[name]}, NodeName: "node-1",
+			Ports: []model.EndpointPort{{Port: 5353, Protocol: model.ProtocolUDP}}, SPIFFEID: model.SPIFFEID(f.td, "web", name), Healthy: true}}
+	}
+	m := model.New(version, base.Cluster, base.MeshDomain, base.TrustDomain, base.Node, services, eps, base.Pods)
+	if !route {
+		return m
+	}
+	return withL4Routes(t, m, []model.Route{{RouteRef: model.RouteRef{Kind: model.KindUDPRoute, Namespace: "web", Name: "dns-split"},
+		Parents: []model.ParentRef{{Kind: model.ParentService, Service: web("dns"), Port: 53}},
+		Rules: []model.RouteRule{{Backends: []model.BackendRef{
+			{Kind: model.BackendService, Service: web("dns-v1"), Port: 53, Weight: 3},
+			{Kind: model.BackendService, Service: web("dns-v2"), Port: 53, Weight: 1},
+		}}}}})
+}
+
+// TestPrivilegedUDPRoute runs a UDPRoute on a Service through a real Envoy and the real capture
+// rules (nftables) in a pod: the pod's datagrams to the VIP and port reach the route's backends'
+// pods 3:1 (each new socket a new udp_proxy session) and the replies come back as from the VIP;
+// with the route removed (the redirect first, then the listeners), the pod's datagrams to the
+// VIP are no longer redirected (nothing answers: the VIP has no kube-proxy here) and Envoy has
+// no UDP listener left.
+func TestPrivilegedUDPRoute(t *testing.T) {
+	f := startL4Fixture(t, false, Options{})
+	got := map[string]interface{ Load() int32 }{}
+	for _, name := range []string{"v1", "v2"} {
+		got[name] = f.pods[name].ServeUDPEcho(t, "0.0.0.0:5353", name+" ")
+	}
+	alpha := f.pods["alpha"]
+	rules := func(m *model.Mesh) {
+		t.Helper()
+		var rs []capture.UDPRedirect
+		for _, fe := range m.UDPFrontends() {
+			rs = append(rs, capture.UDPRedirect{VIP: fe.VIP, Port: fe.Port, LocalPort: fe.LocalPort})
+		}
+		set, err := capture.Build(capture.Config{PodIPs: []netip.Addr{f.ips["alpha"]}, BypassMark: capture.DefaultBypassMark, Mode: capture.ModePermissive, UDPRedirects: rs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := (capture.NFTables{}).Apply(alpha.Path, set); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Listeners first, then the redirect.
+	routed := f.udpMeshOf(t, 1, true)
+	f.set(routed)
+	rules(routed)
+	vip := netip.AddrPortFrom(vipUDP, 53).String()
+	const n = 200
+	counts := map[string]int{}
+	for i := range n {
+		reply, err := alpha.AskUDP(vip, fmt.Sprint("q", i), 5*time.Second)
+		if err != nil {
+			t.Fatalf("datagram %d to %s: %v", i, vip, err)
+		}
+		name, rest, _ := strings.Cut(reply, " ")
+		if rest != fmt.Sprint("q", i) {
+			t.Fatalf("reply %q to q%d", reply, i)
+		}
+		counts[name]++
+	}
+	t.Logf("%d sessions: %v", n, counts)
+	if counts["v1"]+counts["v2"] != n || counts["v1"] < n*6/10 || counts["v1"] > n*9/10 {
+		t.Errorf("sessions %v, want about 3:1 between v1 and v2", counts)
+	}
+	if int(got["v1"].Load())+int(got["v2"].Load()) != n {
+		t.Errorf("backends received %d and %d datagrams, want %d in all", got["v1"].Load(), got["v2"].Load(), n)
+	}
+	f.wantNoRejections(t)
+
+	// The redirect first, then the listeners.
+	plain := f.udpMeshOf(t, 2, false)
+	rules(plain)
+	f.set(plain)
+	before := got["v1"].Load() + got["v2"].Load()
+	if reply, err := alpha.AskUDP(vip, "after", time.Second); err == nil {
+		t.Errorf("datagram to %s after the route was removed: reply %q, want none", vip, reply)
+	}
+	if after := got["v1"].Load() + got["v2"].Load(); after != before {
+		t.Errorf("backends received %d datagrams after the route was removed", after-before)
+	}
+	ls, err := f.admin("/listeners")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(ls, "udp|") {
+		t.Errorf("UDP listeners left after the route was removed:\n%s", ls)
+	}
+}
