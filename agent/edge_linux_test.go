@@ -98,7 +98,7 @@ func (m *gammaMesh) addEdgePod(t *testing.T, gateway string) (*testenv.Netns, ne
 // Gateway over xDS inside the pod's network namespace, and a real Envoy there carries traffic
 // from a host outside the mesh to meshed pods: HTTP by hostname (the backend sees the edge's
 // SPIFFE ID), HTTPS with two published certificates chosen by SNI, TLS passthrough by SNI to a
-// backend's own TLS, TCP split by
+// backend's own TLS, a UDPRoute on a Service carrying a captured pod's datagrams, TCP split by
 // weight, UDP datagrams; a route from a namespace the listener does not allow is not served.
 func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 	testenv.RequireRoot(t)
@@ -140,11 +140,14 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 	}
 	udpNS := m.addPod(t, podSpec{namespace: "shop", name: "udp-1", labels: map[string]string{"app": "udp"}, port: 5353})
 	udpSeen := udpNS.ServeUDPEcho(t, "0.0.0.0:5353", "echo:")
-	if _, err := m.cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "udp"},
+	udpSvc, err := m.cs.CoreV1().Services("shop").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "udp"},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "udp"}, Ports: []corev1.ServicePort{
-			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromInt32(5353)}}}}, metav1.CreateOptions{}); err != nil {
+			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromInt32(5353)}}}}, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
+	// A meshed (captured) caller for the mesh UDPRoute below.
+	meshCaller := m.addPod(t, podSpec{namespace: "shop", name: "caller-1", labels: map[string]string{"app": "caller"}, port: 8080})
 	client := m.addPod(t, podSpec{namespace: "outside", name: "client", labels: map[string]string{"app": "client"}, port: 8080})
 
 	// The listener certificate as the registrar publishes it for the agents.
@@ -322,6 +325,35 @@ func TestPrivilegedEdgeGatewayAgent(t *testing.T) {
 		if err != nil || a.status != 404 {
 			t.Errorf("GET on the private listener: %d %v, want 404 (route shop/private is not allowed there)", a.status, err)
 		}
+	})
+
+	t.Run("UDPRoute on a Service in the mesh", func(t *testing.T) {
+		vip := net.JoinHostPort(udpSvc.Spec.ClusterIP, "53")
+		// Without a route, UDP is not captured: nothing serves the VIP here (no kube-proxy).
+		if got, err := meshCaller.AskUDP(vip, "before", time.Second); err == nil {
+			t.Fatalf("UDP to the VIP before any UDPRoute answered %q", got)
+		}
+		route := &gwv1.UDPRoute{ObjectMeta: metav1.ObjectMeta{Name: "mesh-dns"}, Spec: gwv1.UDPRouteSpec{
+			CommonRouteSpec: gwv1.CommonRouteSpec{ParentRefs: []gwv1.ParentReference{serviceParent("", "udp", 53)}},
+			Rules:           []gwv1.UDPRouteRule{{BackendRefs: []gwv1.BackendRef{backend("udp", 53, 1)}}},
+		}}
+		must(m.gw.GatewayV1().UDPRoutes("shop").Create(ctx, route, metav1.CreateOptions{}))
+		testenv.Eventually(t, time.Minute, "a captured pod's datagrams to the VIP reach the route's backend", func() error {
+			got, err := meshCaller.AskUDP(vip, "mesh", 2*time.Second)
+			if err != nil || got != "echo:mesh" {
+				return fmt.Errorf("%q %v", got, err)
+			}
+			return nil
+		})
+		if err := m.gw.GatewayV1().UDPRoutes("shop").Delete(ctx, route.Name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, time.Minute, "no redirect once the route is gone", func() error {
+			if got, err := meshCaller.AskUDP(vip, "after", time.Second); err == nil {
+				return fmt.Errorf("still answered %q", got)
+			}
+			return nil
+		})
 	})
 
 	t.Run("TCPRoute weights", func(t *testing.T) {
