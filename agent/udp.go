@@ -88,7 +88,9 @@ func (u *udpCapture) apply(ctx context.Context, m *model.Mesh, want []model.UDPF
 		// Some pods may have the new redirects: hold both sets until a pass succeeds.
 		u.mu.Lock()
 		for _, f := range want {
-			if !slices.ContainsFunc(u.held, func(h model.UDPFrontend) bool { return h.LocalPort == f.LocalPort && h.VIP == f.VIP && h.Port == f.Port }) {
+			if !slices.ContainsFunc(u.held, func(h model.UDPFrontend) bool {
+				return h.LocalPort == f.LocalPort && h.VIP == f.VIP && h.Port == f.Port
+			}) {
 				u.held = append(u.held, f)
 			}
 		}
