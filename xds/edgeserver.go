@@ -10,10 +10,7 @@ import (
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/server/v3"
-	"google.golang.org/grpc"
 
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
@@ -113,19 +110,12 @@ func (s *EdgeServer) Version() string {
 // Serve serves ADS on l until ctx ends, renewing the SVID at its half-life. It returns nil when
 // ctx ends.
 func (s *EdgeServer) Serve(ctx context.Context, l net.Listener) error {
-	g := grpc.NewServer()
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, server.NewServer(ctx, s.cache, nil))
-	errc := make(chan error, 1)
-	go func() { errc <- g.Serve(l) }()
 	go s.renew(ctx)
-	select {
-	case <-ctx.Done():
-		g.Stop()
-		<-errc
-		return nil
-	case err := <-errc:
+	// A panic in a stream ends that stream, never the agent (recoverStream).
+	if err := serveADS(ctx, l, s.cache, nil, recoverStream(s.log, func() {})); err != nil {
 		return fmt.Errorf("serve edge xds %s: %w", s.key, err)
 	}
+	return nil
 }
 
 // renew rebuilds the configuration when the SVID reaches its half-life.

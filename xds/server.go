@@ -173,35 +173,47 @@ func NewServer(opts ServerOptions) (*Server, error) {
 // Serve serves ADS (SotW and delta) on l until ctx ends, and rotates SVIDs at their half-life,
 // pushing a new snapshot each time. It returns nil when ctx ends.
 func (s *Server) Serve(ctx context.Context, l net.Listener) error {
-	g := grpc.NewServer(grpc.ChainStreamInterceptor(s.recoverStream))
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, server.NewServer(ctx, s.cache, s.callbacks()))
+	go s.rotate(ctx)
+	if err := serveADS(ctx, l, s.cache, s.callbacks(), recoverStream(s.log, s.panics.Inc)); err != nil {
+		return fmt.Errorf("serve xds: %w", err)
+	}
+	return nil
+}
+
+// serveADS serves ADS (SotW and delta) from c with callbacks cb on l, every stream through
+// interceptor rec, until ctx ends (then it returns nil) or the listener fails.
+func serveADS(ctx context.Context, l net.Listener, c cache.Cache, cb server.Callbacks, rec grpc.StreamServerInterceptor) error {
+	g := grpc.NewServer(grpc.ChainStreamInterceptor(rec))
+	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, server.NewServer(ctx, c, cb))
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(l) }()
-	go s.rotate(ctx)
 	select {
 	case <-ctx.Done():
 		g.Stop()
 		<-errc
 		return nil
 	case err := <-errc:
-		return fmt.Errorf("serve xds: %w", err)
+		return err
 	}
 }
 
-// recoverStream is the ADS server's stream interceptor: a panic in a stream's handler (the
-// go-control-plane server and this server's callbacks, which run on the stream's goroutine) is
-// counted (aether_xds_stream_panics_total), logged with its stack and ends that stream with
-// codes.Internal; Envoy reconnects and gets the current snapshot, and every other stream and
-// the process go on (grpc-go does not recover handler panics: one would end the agent).
-func (s *Server) recoverStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
-	defer func() {
-		if v := recover(); v != nil {
-			s.panics.Inc()
-			s.log.Error("xds: panic in a stream handler (recovered, stream ended)", "method", info.FullMethod, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			err = status.Errorf(codes.Internal, "xds: internal error in %s", info.FullMethod)
-		}
-	}()
-	return handler(srv, ss)
+// recoverStream is an ADS server's stream interceptor: a panic in a stream's handler (the
+// go-control-plane server and the server's callbacks, which run on the stream's goroutine) is
+// counted (counted: the node server's aether_xds_stream_panics_total), logged with its stack and ends that
+// stream with codes.Internal; Envoy reconnects and gets the current snapshot, and every other
+// stream and the process go on (grpc-go does not recover handler panics: one would end the
+// agent).
+func recoverStream(log *slog.Logger, counted func()) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) (err error) {
+		defer func() {
+			if v := recover(); v != nil {
+				counted()
+				log.Error("xds: panic in a stream handler (recovered, stream ended)", "method", info.FullMethod, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+				err = status.Errorf(codes.Internal, "xds: internal error in %s", info.FullMethod)
+			}
+		}()
+		return handler(srv, ss)
+	}
 }
 
 // renewalWait waits until the earliest SVID of rot reaches its half-life, a minute at most:
