@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -231,6 +232,10 @@ func (c *Controller) apply(ctx context.Context, obj client.Object) error {
 	live := obj.DeepCopyObject().(client.Object)
 	err = c.Client.Get(ctx, client.ObjectKeyFromObject(obj), live)
 	switch {
+	case err == nil && !provisioned(live):
+		// Never adopt: an object of that name that is not this Gateway's edge object stays
+		// as it is (the Gateway's status names it).
+		return fmt.Errorf("%s %s/%s exists and is not aether's edge object (no controller ownerReference to its Gateway): not taken over", kind, obj.GetNamespace(), obj.GetName())
 	case err == nil && live.GetAnnotations()[AnnotationAppliedHash] == hash:
 		return nil
 	case err != nil && !apierrors.IsNotFound(err):
@@ -256,12 +261,18 @@ func (c *Controller) apply(ctx context.Context, obj client.Object) error {
 // aether and carrying the gateway-name label.
 var edgeSelector = []client.ListOption{client.MatchingLabels{model.LabelManagedBy: model.ManagedByAether}, client.HasLabels{gwv1.GatewayNameLabelKey}}
 
-// provisioned reports whether o is an object the controller provisions: labelled as Labels says
-// and named after its Gateway (model.EdgeServiceAccountName).
+// provisioned reports whether o is an object the controller provisions: labelled as Labels says,
+// named after its Gateway (model.EdgeServiceAccountName) and controlled by that Gateway (its
+// controller ownerReference). An object that only carries the labels is not aether's: it is
+// neither deleted nor taken over.
 func provisioned(o client.Object) bool {
 	l := o.GetLabels()
 	name, ok := l[gwv1.GatewayNameLabelKey]
-	return ok && l[model.LabelManagedBy] == model.ManagedByAether && o.GetName() == model.EdgeServiceAccountName(name)
+	if !ok || l[model.LabelManagedBy] != model.ManagedByAether || o.GetName() != model.EdgeServiceAccountName(name) {
+		return false
+	}
+	ref := metav1.GetControllerOf(o)
+	return ref != nil && ref.Kind == "Gateway" && ref.Name == name && strings.HasPrefix(ref.APIVersion, gwv1.GroupName+"/")
 }
 
 // removeStale deletes every provisioned object (provisioned) not in wanted: those of Gateways that

@@ -516,3 +516,49 @@ func policyRefusal(t *testing.T, e *env, gw *gwv1.Gateway) string {
 	}
 	return err.Error()
 }
+
+// TestControllerLeavesForeignObjects: objects that carry the edge labels and an edge name but no
+// controller ownerReference to their Gateway are not aether's: a user who may only label objects
+// cannot have the registrar delete one (removeStale), and a Gateway named after an existing
+// Service does not take it over (apply refuses, the object is unchanged).
+func TestControllerLeavesForeignObjects(t *testing.T) {
+	e := startEnv(t)
+	ctx := context.Background()
+	if _, err := e.gw.GatewayV1().GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "aether"},
+		Spec: gwv1.GatewayClassSpec{ControllerName: model.GatewayControllerName}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A labelled Service of no Gateway at all, and one named after the Gateway "db" about to be
+	// created; both made by an administrator, not by aether.
+	foreign := func(name string) *corev1.Service {
+		return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: appNS, Name: name + "-aether-edge", Labels: gateway.Labels(name)},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "keep", Port: 7777}}}}
+	}
+	for _, s := range []*corev1.Service{foreign("orphan"), foreign("db")} {
+		if err := e.admin.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: appNS, Name: "db"}, Spec: gwv1.GatewaySpec{
+		GatewayClassName: "aether", Listeners: []gwv1.Listener{{Name: "pg", Port: 5432, Protocol: gwv1.TCPProtocolType}}}}
+	if _, err := e.gw.GatewayV1().Gateways(appNS).Create(ctx, db, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	g := e.gateway("db")
+	e.publish(nil, modelStatus(g))
+	// The Gateway's other objects are provisioned (the pass ran), the foreign Services stay as
+	// they were.
+	testenv.Eventually(t, converge, "the Deployment of Gateway db provisioned", func() error {
+		return e.admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: "db-aether-edge"}, &appsv1.Deployment{})
+	})
+	time.Sleep(2 * time.Second) // more passes
+	for _, name := range []string{"orphan-aether-edge", "db-aether-edge"} {
+		var s corev1.Service
+		if err := e.admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: name}, &s); err != nil {
+			t.Fatalf("Service %s: %v (deleted by the registrar?)", name, err)
+		}
+		if len(s.Spec.Ports) != 1 || s.Spec.Ports[0].Name != "keep" || metav1.GetControllerOf(&s) != nil {
+			t.Errorf("Service %s taken over: ports %+v owner %v", name, s.Spec.Ports, metav1.GetControllerOf(&s))
+		}
+	}
+}
