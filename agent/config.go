@@ -147,6 +147,10 @@ type Config struct {
 	// certificates (--edge-certificate-namespace, POD_NAMESPACE; docs/gateway.md); "" turns
 	// serving edge Gateways' TLS listeners off (the agent then needs no Secret access).
 	EdgeCertificateNamespace string
+	// EdgeCrossNamespaceCertificates is --edge-cross-namespace-certificates,
+	// AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES (model.GatewayInputs.CrossNamespaceCertificates);
+	// the registrar reads the same setting.
+	EdgeCrossNamespaceCertificates bool
 
 	LogLevel slog.Level // --log-level: debug, info, warn, error
 }
@@ -174,6 +178,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.StringVar(&c.Zone, "zone", "AETHER_ZONE", "", "zone of this node's endpoints and locality (default: the Node's topology.kubernetes.io/zone label)")
 	ef.StringVar(&c.MeshDomain, "mesh-domain", "AETHER_MESH_DOMAIN", "mesh", "DNS domain of mesh names")
 	ef.StringVar(&c.TrustDomain, "trust-domain", "AETHER_TRUST_DOMAIN", "aether.internal", "SPIFFE trust domain")
+	ef.BoolVar(&c.EdgeCrossNamespaceCertificates, "edge-cross-namespace-certificates", "AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES", "serve edge listeners' certificateRefs into other namespaces (with a ReferenceGrant); off: the edge pods, in the Gateway's namespace, would hand the key to whoever may run pods there")
 	ef.StringVar(&c.EdgeCertificateNamespace, "edge-certificate-namespace", "POD_NAMESPACE", "", "namespace where the registrar publishes edge Gateways' listener certificates (aether's own); empty: HTTPS and TLS-terminating edge listeners are not served from this node")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
 	c.Registry.Define(ef, registryflag.Usage{})

@@ -42,11 +42,13 @@ type KubeSource struct {
 	imports    mcslisters.ServiceImportLister
 	// certs are the edge listener certificates the registrar publishes (WatchEdgeCertificates);
 	// nil when not watched.
-	certs        corelisters.SecretLister
-	resync       time.Duration
-	onChange     func()
-	mu           sync.Mutex
-	lastWatchErr error
+	certs corelisters.SecretLister
+	// CrossNamespaceCertificates is copied into Sources.Edge (model.EdgeSources); set before Start.
+	CrossNamespaceCertificates bool
+	resync                     time.Duration
+	onChange                   func()
+	mu                         sync.Mutex
+	lastWatchErr               error
 }
 
 // NewKubeSource builds the informers. onChange is called (from informer goroutines, so it must
@@ -172,6 +174,7 @@ func (k *KubeSource) Fill(s *model.Sources) error {
 		s.Edge.NamespaceLabels[n.Name] = n.Labels
 	}
 	s.Edge.Certificates = nil
+	s.Edge.CrossNamespaceCertificates = k.CrossNamespaceCertificates
 	if k.certs != nil {
 		if s.Edge.Certificates, err = k.certs.List(labels.Everything()); err != nil {
 			return fmt.Errorf("list edge certificates: %w", err)

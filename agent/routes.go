@@ -212,9 +212,9 @@ func (r *RouteSource) startInstalled(ctx context.Context, syncTimeout time.Durat
 func (r *RouteSource) Fill(s *model.Sources) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	labels := s.Edge.NamespaceLabels
-	certs := s.Edge.Certificates
-	s.HTTPRoutes, s.GRPCRoutes, s.Edge = nil, nil, model.EdgeSources{NamespaceLabels: labels, Certificates: certs}
+	kept := model.EdgeSources{NamespaceLabels: s.Edge.NamespaceLabels, Certificates: s.Edge.Certificates,
+		CrossNamespaceCertificates: s.Edge.CrossNamespaceCertificates} // the KubeSource's
+	s.HTTPRoutes, s.GRPCRoutes, s.Edge = nil, nil, kept
 	for _, k := range gatewayKinds {
 		if inf := r.informers[k.res]; inf != nil {
 			k.fill(inf.GetStore().List(), s)

@@ -161,6 +161,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}()
 	}
 
+	kube.CrossNamespaceCertificates = cfg.EdgeCrossNamespaceCertificates
 	if cfg.EdgeCertificateNamespace != "" {
 		if err := kube.WatchEdgeCertificates(cfg.EdgeCertificateNamespace); err != nil {
 			return err

@@ -125,6 +125,8 @@ type EdgeSources struct {
 	// Certificates are the Secrets labelled LabelEdgeCertificate in aether's namespace, each the
 	// copy of the certificateRef its AnnotationCertificateRef names.
 	Certificates []*corev1.Secret
+	// CrossNamespaceCertificates is GatewayInputs.CrossNamespaceCertificates.
+	CrossNamespaceCertificates bool
 }
 
 // Assemble joins Sources into a Mesh of the given version, following DESIGN.md's service model:

@@ -48,6 +48,8 @@ func assembleEdges(m *Mesh, in Sources, routes []Route) {
 		NamespaceLabels: e.NamespaceLabels,
 		Certificates:    map[SecretKey]CertificateState{},
 		Services:        m.byKey,
+
+		CrossNamespaceCertificates: e.CrossNamespaceCertificates,
 	}
 	for _, c := range e.GatewayClasses {
 		gin.Classes[c.Name] = string(c.Spec.ControllerName)

@@ -126,6 +126,11 @@ type GatewayInputs struct {
 	// Services are the mesh model's services by key (backendRefs resolve against them, as
 	// ResolveRoutes does).
 	Services map[ServiceKey]*Service
+	// CrossNamespaceCertificates lets a listener use a certificateRef in another namespace when a
+	// ReferenceGrant allows it. Off by default: the edge pods run in the Gateway's namespace and
+	// get the listener's private key, so whoever may run pods there as the edge's
+	// ServiceAccount could read a Secret of another namespace (docs/gateway.md, "Security").
+	CrossNamespaceCertificates bool
 }
 
 // GatewaySpec is a Gateway as ResolveGateways reads it (GatewaySpecModel makes one from the

@@ -65,6 +65,8 @@ func gatewayInputs(t *testing.T, docs ...string) GatewayInputs {
 	in := GatewayInputs{
 		Classes:  map[string]string{"aether": GatewayControllerName, "other": "example.com/gateway-controller"},
 		Services: edgeServices(), Certificates: edgeCertificates(),
+		// The grant logic is under test here; TestCrossNamespaceCertificatesOff has it off.
+		CrossNamespaceCertificates: true,
 		NamespaceLabels: map[string]map[string]string{
 			"infra": {"kubernetes.io/metadata.name": "infra", "edge": "yes"},
 			"shop":  {"kubernetes.io/metadata.name": "shop", "edge": "yes"},
@@ -1029,4 +1031,24 @@ func TestGatewayStatusGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Golden(t, "gateway-status.golden.json", append(b, '\n'))
+}
+
+// TestCrossNamespaceCertificatesOff: by default a certificateRef into another namespace is refused
+// even with a ReferenceGrant (the edge pods, in the Gateway's namespace, would get the key),
+// naming the setting; same-namespace certificates are served.
+func TestCrossNamespaceCertificatesOff(t *testing.T) {
+	grant := route("ReferenceGrant", "shop", "g", 0, "  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: infra}]\n  to: [{group: \"\", kind: Secret}]\n")
+	gw := gateway("gw", "  - {name: https, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: shop, namespace: shop}]}}\n")
+	in := gatewayInputs(t, gw, grant)
+	in.CrossNamespaceCertificates = false
+	r := resolve(in)
+	if got, want := r.listeners("gw"), "https: Accepted !Invalid !RefNotPermitted !NoConflicts kinds=HTTPRoute,GRPCRoute attached=0"; got != want {
+		t.Errorf("listener: %s\nwant      %s", got, want)
+	}
+	if msg := r.gateways["gw"].Listeners[0].ResolvedRefs.Message; !strings.Contains(msg, "--edge-cross-namespace-certificates") || !strings.Contains(msg, "Secret shop/shop") {
+		t.Errorf("message %q: want the Secret and the setting named", msg)
+	}
+	if got := edgeSummary(r.edges["gw"]); got != "" {
+		t.Errorf("edge serves %s", got)
+	}
 }

@@ -69,7 +69,8 @@ type listenerState struct {
 //     the same hostname conflict with HostnameConflict. Every listener of a conflict is refused
 //     (none wins). A UDP listener may share a port number with TCP-based ones;
 //   - ResolvedRefs=False: a certificateRef that is not a Secret (InvalidCertificateRef), in another
-//     namespace without a ReferenceGrant from the Gateway (RefNotPermitted), missing or with a
+//     namespace without a ReferenceGrant from the Gateway, or at all without
+//     GatewayInputs.CrossNamespaceCertificates (RefNotPermitted), missing or with a
 //     CertificateState.Problem (InvalidCertificateRef); an allowedRoutes kind the protocol does
 //     not take (InvalidRouteKinds; supportedKinds lists the others). Usable certificates are
 //     served;
@@ -327,6 +328,8 @@ func listenerRefs(in GatewayInputs, g *GatewaySpec, l *listenerState) Condition 
 			switch {
 			case c.Group != groupCore || c.Kind != "Secret":
 				bad(gwv1.ListenerReasonInvalidCertificateRef, fmt.Sprintf("%s: %s %q (group %q): want a Secret (group \"\")", f, c.Kind, c.Ref.Name, c.Group))
+			case c.Ref.Namespace != g.Key.Namespace && !in.CrossNamespaceCertificates:
+				bad(gwv1.ListenerReasonRefNotPermitted, fmt.Sprintf("%s: Secret %s: another namespace: cross-namespace certificates are off in this mesh (the edge runs in the Gateway's namespace, whose pods could read the key; --edge-cross-namespace-certificates)", f, c.Ref))
 			case c.Ref.Namespace != g.Key.Namespace && !granted(in.Grants, want):
 				bad(gwv1.ListenerReasonRefNotPermitted, fmt.Sprintf("%s: Secret %s: another namespace: a ReferenceGrant in %s must allow Gateways of %s", f, c.Ref, c.Ref.Namespace, g.Key.Namespace))
 			case !found:

@@ -49,6 +49,10 @@ type RunConfig struct {
 	// Gateway's spec.addresses may ask for (they become the edge Service's external IPs); none
 	// by default.
 	GatewayAddressCIDRs []netip.Prefix
+	// EdgeCrossNamespaceCertificates is --edge-cross-namespace-certificates,
+	// AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES (model.GatewayInputs.CrossNamespaceCertificates;
+	// the agents read the same setting).
+	EdgeCrossNamespaceCertificates bool
 
 	MetricsAddr string // --metrics-addr
 	HealthAddr  string // --health-addr
@@ -201,6 +205,7 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	fs.BoolVar(&c.ReleaseOnCancel, "leader-elect-release-on-cancel", true, "give up the lease at once on a clean shutdown")
 	fs.StringVar(&c.EdgeEnvoyImage, "edge-envoy-image", "", "Envoy image of the edge Gateways' Deployments (the agent DaemonSet's Envoy image); empty: aether serves no GatewayClass")
 	ef.StringVar(&c.Namespace, "namespace", "POD_NAMESPACE", "aether-system", "the registrar's own namespace: the edge Gateways' certificate copies live there")
+	ef.BoolVar(&c.EdgeCrossNamespaceCertificates, "edge-cross-namespace-certificates", "AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES", "let edge listeners use certificateRefs into other namespaces (with a ReferenceGrant); off: the edge pods, in the Gateway's namespace, would hand the key to whoever may run pods there")
 	gwCIDRs := ef.String("gateway-address-cidrs", "AETHER_GATEWAY_ADDRESS_CIDRS", "", "comma-separated CIDRs a Gateway's spec.addresses may ask for; each becomes the edge Service's external IP, which every node answers for, so none is allowed unless listed (docs/gateway.md)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
 	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")

@@ -49,7 +49,8 @@ func TestParseConfig(t *testing.T) {
 		{name: "edge Envoy image without a namespace", args: []string{"--edge-envoy-image", "aether-envoy:dev", "--namespace", ""}, wantErr: "--namespace (POD_NAMESPACE) is required with --edge-envoy-image"},
 		{name: "edge Envoy image, bad namespace", args: []string{"--edge-envoy-image", "aether-envoy:dev", "--namespace", "Mesh_System"}, wantErr: `--namespace "Mesh_System"`},
 		{name: "bad edge Envoy image", args: []string{"--edge-envoy-image", "aether envoy"}, wantErr: `--edge-envoy-image "aether envoy"`},
-		{name: "no Gateway address ranges by default", check: func(c RunConfig) bool { return len(c.GatewayAddressCIDRs) == 0 }},
+		{name: "no Gateway address ranges by default", check: func(c RunConfig) bool { return len(c.GatewayAddressCIDRs) == 0 && !c.EdgeCrossNamespaceCertificates }},
+		{name: "cross-namespace certificates on", args: []string{"--edge-cross-namespace-certificates"}, check: func(c RunConfig) bool { return c.EdgeCrossNamespaceCertificates }},
 		{name: "Gateway address ranges", args: []string{"--gateway-address-cidrs", "192.0.2.7/24, 2001:db8::/64"}, check: func(c RunConfig) bool {
 			return len(c.GatewayAddressCIDRs) == 2 && c.GatewayAddressCIDRs[0].String() == "192.0.2.0/24" && c.GatewayAddressCIDRs[1].String() == "2001:db8::/64"
 		}},

@@ -104,6 +104,8 @@ type Config struct {
 	// GatewayAddressCIDRs are the ranges a Gateway's spec.addresses may ask for
 	// (gateway.Controller.AddressCIDRs); none when empty.
 	GatewayAddressCIDRs []netip.Prefix
+	// EdgeCrossNamespaceCertificates is model.GatewayInputs.CrossNamespaceCertificates.
+	EdgeCrossNamespaceCertificates bool
 	// Logger receives the registrar's logs. Required.
 	Logger *slog.Logger
 }
@@ -238,6 +240,7 @@ func New(cfg Config) (*Registrar, error) {
 		Cluster: cfg.Exports.Origin().Cluster, Endpoints: cfg.Endpoints, Exports: view, RegistryErr: r.registryErr,
 		RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
 		SkipNameValidation: cfg.SkipNameValidation, APIReader: mgr.GetAPIReader(),
+		CrossNamespaceCertificates: cfg.EdgeCrossNamespaceCertificates,
 	}
 	// aether's Gateway controller applies what the route status controller resolves (package
 	// gateway's doc says why one pass computes both); like it, it is not paused on a claim

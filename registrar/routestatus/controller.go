@@ -122,6 +122,8 @@ type Controller struct {
 	// Client reads Services, ServiceImports and Namespaces (the manager's cache, whose informers
 	// registrar/mcs shares). Required.
 	Client client.Reader
+	// CrossNamespaceCertificates is model.GatewayInputs.CrossNamespaceCertificates.
+	CrossNamespaceCertificates bool
 	// Gateway watches the routes and writes their status. Required.
 	Gateway gwclient.Interface
 	// Discovery tells whether the route CRDs are installed. Required.
