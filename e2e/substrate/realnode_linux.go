@@ -36,6 +36,9 @@ import (
 var realNodeDirs = []string{
 	"/etc/containerd", "/etc/kubernetes", "/var/lib/kubelet", "/var/lib/containerd", "/run/containerd",
 	"/var/log/pods", "/var/log/containers", "/run/netns",
+	// containerd's NRI socket (/var/run/nri/nri.sock): shared, two nodes' containerds starting
+	// at once raced for it ("bind: address already in use", one of them exiting).
+	"/run/nri",
 }
 
 // SandboxImage is the pause image every real node's containerd runs as the pod sandbox
@@ -633,7 +636,7 @@ func (n *Node) Reboot(ctx context.Context) error {
 	if err := n.Kill(); err != nil {
 		return fmt.Errorf("reboot %s: %w", n.Name, err)
 	}
-	for _, d := range []string{"/run/containerd", "/run/netns", "/run/aether"} {
+	for _, d := range []string{"/run/containerd", "/run/netns", "/run/aether", "/run/nri"} {
 		if err := os.RemoveAll(n.hostPath(d)); err != nil {
 			return fmt.Errorf("reboot %s: %w", n.Name, err)
 		}
