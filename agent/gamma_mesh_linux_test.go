@@ -174,6 +174,9 @@ func startGAMMAMesh(t *testing.T) *gammaMesh {
 }
 
 // startGAMMAMeshWith is startGAMMAMesh with more agent flags.
+// gammaHostIP is the GAMMA mesh node's HOST_IP (on its loopback).
+const gammaHostIP = "10.249.0.1"
+
 func startGAMMAMeshWith(t *testing.T, args ...string) *gammaMesh {
 	t.Helper()
 	api, etcd, cs := startSources(t)
@@ -189,8 +192,13 @@ func startGAMMAMeshWith(t *testing.T, args ...string) *gammaMesh {
 	etcdAddr := strings.TrimPrefix(etcd.Endpoints[0], "http://")
 	node.Forward(t, apiAddr, apiAddr)
 	node.Forward(t, etcdAddr, etcdAddr)
+	// The node's address (HOST_IP), which its pods reach through their default route: the
+	// capture DNATs routed UDP frontends to the node Envoy's listeners there.
+	if out, err := node.Command("ip", "addr", "add", gammaHostIP+"/32", "dev", "lo").CombinedOutput(); err != nil {
+		t.Fatalf("node address: %v: %s", err, out)
+	}
 	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false)},
-		append([]string{"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0]}, args...)...)
+		append([]string{"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0], "--host-ip", gammaHostIP}, args...)...)
 	a.waitReady(t, 90*time.Second, "agent ready")
 	return &gammaMesh{ctx: ctx, cs: cs, gw: gwclient.NewForConfigOrDie(api.Config), a: a,
 		cni: plugin.NewClient(a.cniSocket), node: node, echo: map[string]*echoServer{}}

@@ -154,7 +154,7 @@ func (k *KubeSource) Healthy(ctx context.Context, timeout time.Duration) error {
 }
 
 // Fill copies the informers' current state into s: meshed namespaces, their Services and
-// ServiceImports, this node's Pods, and this Node's InternalIP and region/zone labels (s.Node.Name
+// ServiceImports, this node's Pods, and this Node's InternalIP, pod CIDRs and region/zone labels (s.Node.Name
 // is always the configured node name). Listers return shared objects: callers must not change them.
 func (k *KubeSource) Fill(s *model.Sources) error {
 	nss, err := k.namespaces.List(labels.SelectorFromSet(labels.Set{model.LabelMeshNamespace: model.MeshNamespaceEnabled}))
@@ -195,6 +195,12 @@ func (k *KubeSource) Fill(s *model.Sources) error {
 	s.Node.Name = k.nodeName
 	if n, err := k.nodes.Get(k.nodeName); err == nil {
 		s.Node.Region, s.Node.Zone = n.Labels[model.LabelRegion], n.Labels[model.LabelZone]
+		s.Node.PodCIDRs = nil
+		for _, c := range n.Spec.PodCIDRs {
+			if p, err := netip.ParsePrefix(c); err == nil {
+				s.Node.PodCIDRs = append(s.Node.PodCIDRs, p.Masked())
+			}
+		}
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP {
 				if ip, err := netip.ParseAddr(a.Address); err == nil {

@@ -256,12 +256,16 @@ func Run(ctx context.Context, cfg Config) error {
 	nacked := make(chan struct{}, 1)
 	// Routed UDP frontends: listeners first, then the pods' redirects (udpCapture).
 	udp := &udpCapture{log: log.With("part", "udp"), rebuild: asm.Trigger, retry: 5 * time.Second}
+	// --east-west-waypoint: remote endpoints through their nodes' waypoints, and this node's
+	// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known). Routed
+	// UDP frontends listen on HOST_IP, where the pods' capture DNATs them.
+	build := xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PodMaxConnections: cfg.PodMaxConnections, UDPHeld: udp.Held,
+		HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6}
+	udp.frontends = build.UDPFrontends
 	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca),
 		Logger: log.With("part", "xds"), Registerer: metrics.reg,
 		OnNACK: func(string, string) { signal(nacked) },
-		// --east-west-waypoint: remote endpoints through their nodes' waypoints, and this node's
-		// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known).
-		Build: xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PodMaxConnections: cfg.PodMaxConnections, UDPHeld: udp.Held}})
+		Build:  build})
 	if err != nil {
 		return err
 	}

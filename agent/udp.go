@@ -12,7 +12,7 @@ import (
 )
 
 // udpCapture orders the routed UDP frontends (model.Mesh.UDPFrontends) between the node Envoy's
-// per-pod UDP listeners and the pods' capture redirects (docs/capture.md): a redirect is
+// UDP listeners on the node's address and the pods' capture redirects (docs/capture.md): a redirect is
 // installed only once Envoy has ACKed the listeners it points at, and a listener goes only once
 // its redirect is gone from every pod. The xDS builder serves listeners for the model's
 // frontends and for those Held returns (xds.Options.UDPHeld), the frontends whose redirects may
@@ -28,6 +28,9 @@ type udpCapture struct {
 	rebuild func()
 	// retry is the wait before a failed change is tried again.
 	retry time.Duration
+	// frontends are the routed UDP frontends of a model the node serves
+	// (xds.Options.UDPFrontends: those of a family the node has a host address of).
+	frontends func(m *model.Mesh) []model.UDPFrontend
 
 	mu   sync.Mutex
 	held []model.UDPFrontend
@@ -53,7 +56,7 @@ func (u *udpCapture) run(ctx context.Context, latest chan *model.Mesh) {
 			return
 		case m = <-latest:
 		}
-		want := m.UDPFrontends()
+		want := u.frontends(m)
 		if sameUDP(want, u.Held()) {
 			continue
 		}

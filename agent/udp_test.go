@@ -25,7 +25,8 @@ func TestUDPCaptureOrder(t *testing.T) {
 	var events []string
 	log := func(s string) { mu.Lock(); events = append(events, s); mu.Unlock() }
 	failOnce := true
-	u := &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond}
+	u := &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond,
+		frontends: (*model.Mesh).UDPFrontends}
 	u.acked = func(_ context.Context, m *model.Mesh) error {
 		log(fmt.Sprintf("acked %d held=%d", m.Version, len(u.Held())))
 		return nil

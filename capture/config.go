@@ -97,14 +97,15 @@ type Config struct {
 	// capture listener.
 	BypassMark uint32
 	// UDPRedirects are the routed UDP frontends (model.Mesh.UDPFrontends): UDP to VIP:Port is
-	// redirected to LocalPort, where the node Envoy has a UDP listener for that frontend in the
-	// pod's netns. Empty (no UDPRoute bound in the mesh): no UDP is redirected.
+	// DNAT'ed to HostIP:LocalPort (HostIPv6 for an IPv6 VIP), where the node Envoy has the UDP
+	// listener of that frontend. Empty (no UDPRoute bound in the mesh): no UDP is redirected.
 	UDPRedirects []UDPRedirect
 }
 
-// UDPRedirect sends a pod's datagrams to VIP:Port to LocalPort on the pod's loopback (127.0.0.1,
-// ::1 for an IPv6 VIP). REDIRECT keeps no original destination a UDP socket can read, so each
-// routed frontend has its own local port (docs/capture.md).
+// UDPRedirect sends a pod's datagrams to VIP:Port to LocalPort on the node (Config.HostIP, or
+// Config.HostIPv6 for an IPv6 VIP). A NAT'ed UDP socket cannot read the original destination, so
+// each routed frontend has its own local port (docs/capture.md). The listener is in the node's
+// netns, out of the pod's reach: a pod cannot bind the port before Envoy does.
 type UDPRedirect struct {
 	VIP       netip.Addr
 	Port      uint16
@@ -208,6 +209,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("validate capture config: udpRedirects: VIP %v is not a usable address", r.VIP)
 		case r.Port == 0 || r.LocalPort == 0:
 			return fmt.Errorf("validate capture config: udpRedirects: %v port %d to local port %d: port 0", r.VIP, r.Port, r.LocalPort)
+		case r.VIP.Unmap().Is4() && !c.HostIP.IsValid():
+			return fmt.Errorf("validate capture config: udpRedirects: %v is IPv4 but hostIP is not set", r.VIP)
+		case r.VIP.Unmap().Is6() && !c.HostIPv6.IsValid():
+			return fmt.Errorf("validate capture config: udpRedirects: %v is IPv6 but hostIPv6 is not set", r.VIP)
 		}
 	}
 	return nil

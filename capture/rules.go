@@ -120,7 +120,7 @@ func familyOf(a netip.Addr) Family {
 // of cfg.Validate.
 //
 // Outbound (nat output): loopback and BypassMark return; UDP to each UDPRedirects VIP and port is
-// redirected to its LocalPort; DNS (UDP and TCP port 53) to each
+// DNAT'ed to HostIP:LocalPort (HostIPv6 for IPv6); DNS (UDP and TCP port 53) to each
 // ClusterDNS address is DNAT'ed to HostIP:DNSPort; ExcludeOutboundCIDRs and
 // ExcludeOutboundPorts return; every other TCP connection is redirected to CapturePort. IPv6 is
 // handled the same way when the pod has an IPv6 address; otherwise every non-loopback IPv6
@@ -151,13 +151,17 @@ func Build(cfg Config) (RuleSet, error) {
 	// Routed UDP frontends before anything else for UDP: a UDPRoute owns its VIP and port, so
 	// no exclusion (one covering the service range, say) leaves its datagrams unrouted.
 	for _, r := range c.UDPRedirects {
-		if r.VIP.Is6() && !v6 {
-			continue // IPv6 is dropped in this pod
+		host := c.HostIP
+		if r.VIP.Is6() {
+			if !v6 {
+				continue // IPv6 is dropped in this pod
+			}
+			host = c.HostIPv6
 		}
 		out.Rules = append(out.Rules, Rule{
 			ID: fmt.Sprintf("out-udp-%s", netip.AddrPortFrom(r.VIP, r.Port)), Family: familyOf(r.VIP), L4: protoUDP,
 			Dst: netip.PrefixFrom(r.VIP, r.VIP.BitLen()), DstPorts: []uint16{r.Port},
-			Verdict: Verdict{Kind: VerdictRedirect, Port: r.LocalPort},
+			Verdict: Verdict{Kind: VerdictDNAT, Addr: host, Port: r.LocalPort},
 		})
 	}
 	// The metadata addresses are never captured (a passthrough would reach them) and are

@@ -40,7 +40,7 @@ var goldenConfigs = []struct {
 	}},
 	{"udp-routes", Config{
 		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
-		NodeSources: prefixes("10.244.1.1/32"), ExcludeOutboundCIDRs: prefixes("10.96.0.0/12"),
+		HostIPv6: netip.MustParseAddr("fd00::10"), NodeSources: prefixes("10.244.1.1/32"), ExcludeOutboundCIDRs: prefixes("10.96.0.0/12"),
 		UDPRedirects: []UDPRedirect{
 			{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53, LocalPort: 16123},
 			{VIP: netip.MustParseAddr("10.96.0.20"), Port: 5353, LocalPort: 15177},
@@ -48,7 +48,7 @@ var goldenConfigs = []struct {
 		},
 	}},
 	{"udp-routes-dual-stack", Config{
-		PodIPs: addrs("10.244.1.5", "fd00:10:244:1::5"), HostIP: netip.MustParseAddr("192.168.0.10"),
+		PodIPs: addrs("10.244.1.5", "fd00:10:244:1::5"), HostIP: netip.MustParseAddr("192.168.0.10"), HostIPv6: netip.MustParseAddr("fd00::10"),
 		UDPRedirects: []UDPRedirect{
 			{VIP: netip.MustParseAddr("fd00:96::24"), Port: 53, LocalPort: 15999},
 			{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53, LocalPort: 16123},
@@ -194,6 +194,13 @@ func TestValidate(t *testing.T) {
 		{"udp redirect to local port 0", func(c *Config) {
 			c.UDPRedirects = []UDPRedirect{{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53}}
 		}, "udpRedirects: 10.96.0.24 port 53 to local port 0"},
+		{"ipv6 udp redirect without host ipv6", func(c *Config) {
+			c.UDPRedirects = []UDPRedirect{{VIP: netip.MustParseAddr("fd00:96::24"), Port: 53, LocalPort: 15999}}
+		}, "udpRedirects: fd00:96::24 is IPv6 but hostIPv6 is not set"},
+		{"ipv4 udp redirect without host ip", func(c *Config) {
+			c.HostIP, c.ClusterDNS = netip.Addr{}, nil
+			c.UDPRedirects = []UDPRedirect{{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53, LocalPort: 16123}}
+		}, "udpRedirects: 10.96.0.24 is IPv4 but hostIP is not set"},
 		{"mapped dns, only host ipv6", func(c *Config) {
 			c.HostIP, c.HostIPv6 = netip.Addr{}, netip.MustParseAddr("fd00::1")
 			c.ClusterDNS = addrs("::ffff:10.96.0.10")

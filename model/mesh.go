@@ -22,6 +22,9 @@ type Node struct {
 	IP     netip.Addr // InternalIP
 	Region string
 	Zone   string
+	// PodCIDRs are the node's pod address ranges (Node spec.podCIDRs, KEP-563), each masked;
+	// empty when the cluster allocates none (a CNI with IPAM of its own).
+	PodCIDRs []netip.Prefix
 }
 
 // Mesh is one immutable version of the mesh model as one node's agent sees it. Builders read it;

@@ -360,16 +360,13 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 			known(pe.valid, c)
 		}
 	}
-	// Routed UDP frontends: each pod's listeners (not cached with the pod's others: they follow
-	// the routes' backends' endpoints) and one cluster per route.
-	if udp := udpServed(m, bl.opts); len(udp) > 0 && len(m.Pods) > 0 {
-		for _, p := range m.Pods {
-			ls, err := udpPodListeners(p, udp)
-			if err != nil {
-				return nil, fmt.Errorf("build pod %s/%s: %w", p.Namespace, p.Name, err)
-			}
-			r.Listeners = append(r.Listeners, ls...)
+	// Routed UDP frontends: the node's listeners, one per frontend, and one cluster per route.
+	if udp := udpServed(m, bl.opts); len(udp) > 0 {
+		ls, err := udpNodeListeners(m, udp, bl.opts)
+		if err != nil {
+			return nil, fmt.Errorf("build routed UDP frontends: %w", err)
 		}
+		r.Listeners = append(r.Listeners, ls...)
 		r.Clusters = append(r.Clusters, udpClusters(m, udp, bl.opts)...)
 	}
 	if bl.opts.PodMaxConnections > 0 {

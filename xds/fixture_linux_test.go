@@ -86,6 +86,9 @@ func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build 
 	f.adminSock = filepath.Join(f.dir, "admin.sock")
 	f.log = slog.New(slog.NewTextHandler(testenv.LogWriter(t), &slog.HandlerOptions{Level: slog.LevelInfo}))
 	f.delta, f.build, f.envoyArgs = delta, build, envoyArgs
+	if f.build.UpstreamNetns == fixtureNodeNetns {
+		f.build.UpstreamNetns = f.node.Path
+	}
 	f.startAgent()
 	t.Cleanup(func() {
 		f.stopAgent()
@@ -101,6 +104,10 @@ func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build 
 	})
 	return f
 }
+
+// fixtureNodeNetns as Options.UpstreamNetns of newMeshFixture stands for the fixture's node
+// netns (the bridge's, 10.44.0.1), made only when the fixture starts.
+const fixtureNodeNetns = "<node>"
 
 func (f *meshFixture) supConfig() envoy.SupervisorConfig {
 	tools := testenv.RequireTools(f.t, testenv.ToolEnvoy)

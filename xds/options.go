@@ -2,6 +2,7 @@ package xds
 
 import (
 	"fmt"
+	"net/netip"
 	"strconv"
 	"time"
 
@@ -62,10 +63,15 @@ type Options struct {
 	PodMaxConnections uint64
 	// UDPHeld, when set, returns routed UDP frontends whose capture redirects may still be
 	// installed in pods although the model no longer routes them (the agent removes a redirect
-	// before the listener it points at, docs/capture.md): each pod keeps its UDP listener of
+	// before the listener it points at, docs/capture.md): the node keeps its UDP listener of
 	// such a frontend (on the frontend's local port, to the route's backends as they were) until
 	// UDPHeld stops returning it. Called once per build; nil holds nothing.
 	UDPHeld func() []model.UDPFrontend
+	// HostIP and HostIPv6 are the node's addresses the pods' capture DNATs routed UDP
+	// frontends to (capture.Config.HostIP, HOST_IP): the node Envoy's UDP listeners bind
+	// there (in UpstreamNetns). A family without its address has no routed UDP frontends
+	// (UDPFrontends).
+	HostIP, HostIPv6 netip.Addr
 
 	// passthroughFromNode builds the passthrough the way it was before it moved into the pods'
 	// netns (sharedPassthroughCluster): only the passthrough benchmarks set it, for their

@@ -3,7 +3,6 @@ package xds
 import (
 	"net/netip"
 	"slices"
-	"strconv"
 
 	xdscore "github.com/cncf/xds/go/xds/core/v3"
 	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
@@ -12,36 +11,54 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	udpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/udp/udp_proxy/v3"
+	netinputsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/matching/common_inputs/network/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/aethermesh/aether/internal/xdsproto"
 	"github.com/aethermesh/aether/model"
 )
 
-// UDPRoutes in the mesh (docs/routing.md, "L4 routes"). A pod's capture redirects its datagrams
-// to a routed frontend's VIP and port to that frontend's local port (model.UDPFrontend), where
-// the pod has a UDP listener of the node Envoy (udpPodListener); its udp_proxy sends them on,
-// from the node, to the route's backends' pods (udpCluster, shared with the edge's UDP
-// listeners).
+// UDPRoutes in the mesh (docs/routing.md, "L4 routes"). A pod's capture DNATs its datagrams to
+// a routed frontend's VIP and port to the node's address and that frontend's local port
+// (model.UDPFrontend, capture.UDPRedirect), where the node Envoy has one UDP listener per
+// frontend (udpNodeListener); its udp_proxy sends them on, from the node, to the route's
+// backends' pods (udpCluster, shared with the edge's UDP listeners).
 
 // udpRouteClusterName is the static cluster of a UDPRoute's backends' pods in the mesh:
 // "udproute|<ns>/<name>" (one per route: every frontend it binds has the same backends).
 func udpRouteClusterName(r model.RouteRef) string { return l4ChainName(r) }
 
-// udpPodListenerName is pod p's UDP listener of the routed frontend with local port port:
-// "udp|<ns>/<name>|<port>" (the port is in the name: Envoy cannot move a listener's address).
-func udpPodListenerName(p *model.LocalPod, port uint16) string {
-	return "udp|" + p.Namespace + "/" + p.Name + "|" + strconv.Itoa(int(port))
+// udpNodeListenerName is the node's UDP listener of a routed frontend on addr:
+// "udp|<host>:<local port>" (the address is in the name: Envoy cannot move a listener).
+func udpNodeListenerName(addr netip.AddrPort) string { return "udp|" + addr.String() }
+
+// UDPFrontends are the model's routed UDP frontends (model.Mesh.UDPFrontends) the node can
+// serve: those of a family with a host address (HostIP, HostIPv6). The agent redirects exactly
+// these in the pods' capture.
+func (o Options) UDPFrontends(m *model.Mesh) []model.UDPFrontend {
+	return slices.DeleteFunc(m.UDPFrontends(), func(f model.UDPFrontend) bool { return !o.udpHost(f.VIP).IsValid() })
 }
 
-// udpServed are the routed UDP frontends the pods' listeners serve: the model's and those
-// Options.UDPHeld still holds (a frontend whose redirect may still be installed in some pod
-// keeps its listener until the redirect is gone), each local port once, the model's first,
-// sorted by local port.
+// udpHost is the node address of frontends of vip's family (invalid when there is none).
+func (o Options) udpHost(vip netip.Addr) netip.Addr {
+	if vip.Is6() && !vip.Is4In6() {
+		return o.HostIPv6
+	}
+	return o.HostIP
+}
+
+// udpServed are the routed UDP frontends the node's listeners serve: the servable ones of the
+// model (Options.UDPFrontends) and those Options.UDPHeld still holds (a frontend whose redirect
+// may still be installed in some pod keeps its listener until the redirect is gone), each
+// local port once, the model's first, sorted by local port.
 func udpServed(m *model.Mesh, opts Options) []model.UDPFrontend {
-	fs := m.UDPFrontends()
+	fs := opts.UDPFrontends(m)
 	if opts.UDPHeld != nil {
-		fs = append(fs, opts.UDPHeld()...)
+		for _, f := range opts.UDPHeld() {
+			if opts.udpHost(f.VIP).IsValid() {
+				fs = append(fs, f)
+			}
+		}
 	}
 	seen := map[uint16]bool{}
 	out := fs[:0:0]
@@ -75,16 +92,36 @@ func udpClusters(m *model.Mesh, fs []model.UDPFrontend, opts Options) []*cluster
 	return out
 }
 
-// udpPodListeners are pod p's UDP listeners, one per served frontend (an IPv6 frontend only
-// for a pod with an IPv6 address: the capture drops IPv6 in other pods).
-func udpPodListeners(p *model.LocalPod, fs []model.UDPFrontend) ([]*listenerv3.Listener, error) {
-	v6 := slices.ContainsFunc(p.IPs, func(a netip.Addr) bool { return a.Is6() && !a.Is4In6() })
-	var out []*listenerv3.Listener
-	for _, f := range fs {
-		if f.VIP.Is6() && !v6 {
-			continue
+// udpSources are the source ranges the node's UDP listeners relay: the node's pod CIDRs and each
+// local pod address outside them (a CNI without node pod CIDRs: then every pod added or removed
+// changes the listeners), sorted. Nothing else reaches a route's backends through the node:
+// not another node, not a host outside the cluster, which could otherwise send datagrams to
+// HOST_IP and have them relayed from the node's address.
+func udpSources(m *model.Mesh) []netip.Prefix {
+	out := slices.Clone(m.Node.PodCIDRs)
+	for _, p := range m.Pods {
+		for _, a := range p.IPs {
+			a = a.Unmap()
+			if !slices.ContainsFunc(out, func(c netip.Prefix) bool { return c.Contains(a) }) {
+				out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			}
 		}
-		l, err := udpPodListener(p, f)
+	}
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Addr().Compare(b.Addr()); c != 0 {
+			return c
+		}
+		return a.Bits() - b.Bits()
+	})
+	return slices.Compact(out)
+}
+
+// udpNodeListeners are the node's UDP listeners, one per served frontend (udpNodeListener).
+func udpNodeListeners(m *model.Mesh, fs []model.UDPFrontend, opts Options) ([]*listenerv3.Listener, error) {
+	sources := udpSources(m)
+	out := make([]*listenerv3.Listener, 0, len(fs))
+	for _, f := range fs {
+		l, err := udpNodeListener(f, sources, opts)
 		if err != nil {
 			return nil, err
 		}
@@ -93,22 +130,24 @@ func udpPodListeners(p *model.LocalPod, fs []model.UDPFrontend) ([]*listenerv3.L
 	return out, nil
 }
 
-// udpPodListener is pod p's UDP listener of frontend f on 127.0.0.1:<local port> (::1 for an
-// IPv6 VIP) inside the pod's netns, the target of the pod's capture redirect of f's VIP and
-// port: udp_proxy to the cluster of f's route. The application's datagrams arrive from its own
-// address and port, and each such source is one udp_proxy session (sticking to one backend
-// pod until it has been idle for udp_proxy's idle timeout, 60 s); replies come back from the
-// local port, which the conntrack entry of the redirect turns back into the VIP and port.
-func udpPodListener(p *model.LocalPod, f model.UDPFrontend) (*listenerv3.Listener, error) {
-	lo := "127.0.0.1"
-	if f.VIP.Is6() {
-		lo = "::1"
-	}
-	up, err := udpProxyFilter("mesh_udp", udpRouteClusterName(f.Route.Route))
+// udpNodeListener is the node's UDP listener of frontend f on <host>:<local port> (HostIP, or
+// HostIPv6 for an IPv6 VIP) in the node's netns, the target of the pods' capture DNAT of f's VIP
+// and port: udp_proxy to the cluster of f's route for datagrams from sources (udpSources), the
+// rest dropped (udp_proxy's downstream_sess_no_route). The application's datagrams arrive from
+// its own address and port, and each such source is one udp_proxy session (sticking to one
+// backend pod until it has been idle for udp_proxy's idle timeout, 60 s); replies go back from
+// the local port, which the conntrack entry of the pod's DNAT turns back into the VIP and port.
+// The listener binds with IP_FREEBIND, as the tunnel listener does: a host address not (yet) on
+// the host does not make Envoy refuse the whole LDS update.
+func udpNodeListener(f model.UDPFrontend, sources []netip.Prefix, opts Options) (*listenerv3.Listener, error) {
+	host := netip.AddrPortFrom(opts.udpHost(f.VIP), f.LocalPort)
+	up, err := udpProxyFilterFrom("mesh_udp", udpRouteClusterName(f.Route.Route), sources)
 	if err != nil {
 		return nil, err
 	}
-	return udpListener(udpPodListenerName(p, f.LocalPort), xdsproto.SocketAddress(lo, uint32(f.LocalPort), p.NetnsPath), up), nil
+	l := udpListener(udpNodeListenerName(host), xdsproto.SocketAddress(host.Addr().String(), uint32(host.Port()), opts.UpstreamNetns), up)
+	l.Freebind = wrapperspb.Bool(true)
+	return l, nil
 }
 
 // udpListener is a UDP listener named name on addr (its protocol set to UDP) with the listener
@@ -127,13 +166,44 @@ func udpListener(name string, addr *core.Address, up *listenerv3.ListenerFilter)
 // with only its on_no_match action (the route_specifier the deprecated cluster field gives way
 // to).
 func udpProxyFilter(statPrefix, cluster string) (*listenerv3.ListenerFilter, error) {
+	return udpProxyFilterFrom(statPrefix, cluster, nil)
+}
+
+// udpProxyFilterFrom is udpProxyFilter for datagrams from sources only (nil: from anywhere): a
+// matcher tree on the source address (envoy.matching.inputs.source_ip) with an IP range
+// matcher (xds.type.matcher.v3.IPMatcher) whose one range matcher holds sources; a datagram
+// from elsewhere matches no route and is dropped. Empty sources drop everything.
+func udpProxyFilterFrom(statPrefix, cluster string, sources []netip.Prefix) (*listenerv3.ListenerFilter, error) {
 	route, err := xdsproto.ToAny(&udpv3.Route{Cluster: cluster})
 	if err != nil {
 		return nil, err
 	}
-	up, err := xdsproto.ToAny(&udpv3.UdpProxyConfig{StatPrefix: statPrefix, RouteSpecifier: &udpv3.UdpProxyConfig_Matcher{Matcher: &xdsmatcher.Matcher{
-		OnNoMatch: &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}},
-	}}})
+	action := &xdsmatcher.Matcher_OnMatch{OnMatch: &xdsmatcher.Matcher_OnMatch_Action{Action: &xdscore.TypedExtensionConfig{Name: "route", TypedConfig: route}}}
+	matcher := &xdsmatcher.Matcher{OnNoMatch: action}
+	if sources != nil {
+		src, err := xdsproto.ToAny(&netinputsv3.SourceIPInput{})
+		if err != nil {
+			return nil, err
+		}
+		ranges := make([]*xdscore.CidrRange, 0, len(sources))
+		for _, p := range sources {
+			ranges = append(ranges, &xdscore.CidrRange{AddressPrefix: p.Addr().String(), PrefixLen: wrapperspb.UInt32(uint32(p.Bits()))})
+		}
+		ipm := &xdsmatcher.IPMatcher{}
+		if len(ranges) > 0 {
+			ipm.RangeMatchers = []*xdsmatcher.IPMatcher_IPRangeMatcher{{Ranges: ranges, OnMatch: action}}
+		}
+		ipAny, err := xdsproto.ToAny(ipm)
+		if err != nil {
+			return nil, err
+		}
+		matcher = &xdsmatcher.Matcher{MatcherType: &xdsmatcher.Matcher_MatcherTree_{MatcherTree: &xdsmatcher.Matcher_MatcherTree{
+			Input: &xdscore.TypedExtensionConfig{Name: "source-ip", TypedConfig: src},
+			TreeType: &xdsmatcher.Matcher_MatcherTree_CustomMatch{CustomMatch: &xdscore.TypedExtensionConfig{
+				Name: "envoy.matching.custom_matchers.trie_matcher", TypedConfig: ipAny}},
+		}}}
+	}
+	up, err := xdsproto.ToAny(&udpv3.UdpProxyConfig{StatPrefix: statPrefix, RouteSpecifier: &udpv3.UdpProxyConfig_Matcher{Matcher: matcher}})
 	if err != nil {
 		return nil, err
 	}

@@ -43,13 +43,17 @@ func (f *l4Fixture) udpMeshOf(t *testing.T, version uint64, route bool) *model.M
 }
 
 // TestPrivilegedUDPRoute runs a UDPRoute on a Service through a real Envoy and the real capture
-// rules (nftables) in a pod: the pod's datagrams to the VIP and port reach the route's backends'
-// pods 3:1 (each new socket a new udp_proxy session) and the replies come back as from the VIP;
-// with the route removed (the redirect first, then the listeners), the pod's datagrams to the
-// VIP are no longer redirected (nothing answers: the VIP has no kube-proxy here) and Envoy has
-// no UDP listener left.
+// rules (nftables) in a pod: the pod's datagrams to the VIP and port are DNAT'ed to the node's
+// listener on HOST_IP and reach the route's backends' pods 3:1 (each new socket a new udp_proxy
+// session), and the replies come back as from the VIP. A pod holding the frontend's local port
+// in its own netns changes nothing (the listener is the node's). A host that is not one of the
+// node's pods gets nothing relayed when it sends to the node's listener directly. With the
+// route removed (the redirect first, then the listener), the pod's datagrams to the VIP are no
+// longer redirected (nothing answers: the VIP has no kube-proxy here) and Envoy has no UDP
+// listener left.
 func TestPrivilegedUDPRoute(t *testing.T) {
-	f := startL4Fixture(t, false, Options{})
+	hostIP := netip.MustParseAddr("10.44.0.1") // the fixture node's bridge
+	f := startL4Fixture(t, false, Options{UpstreamNetns: fixtureNodeNetns, HostIP: hostIP})
 	got := map[string]interface{ Load() int32 }{}
 	for _, name := range []string{"v1", "v2"} {
 		got[name] = f.pods[name].ServeUDPEcho(t, "0.0.0.0:5353", name+" ")
@@ -61,7 +65,8 @@ func TestPrivilegedUDPRoute(t *testing.T) {
 		for _, fe := range m.UDPFrontends() {
 			rs = append(rs, capture.UDPRedirect{VIP: fe.VIP, Port: fe.Port, LocalPort: fe.LocalPort})
 		}
-		set, err := capture.Build(capture.Config{PodIPs: []netip.Addr{f.ips["alpha"]}, BypassMark: capture.DefaultBypassMark, Mode: capture.ModePermissive, UDPRedirects: rs})
+		set, err := capture.Build(capture.Config{PodIPs: []netip.Addr{f.ips["alpha"]}, HostIP: hostIP, BypassMark: capture.DefaultBypassMark,
+			Mode: capture.ModePermissive, UDPRedirects: rs})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,8 +75,12 @@ func TestPrivilegedUDPRoute(t *testing.T) {
 		}
 	}
 
-	// Listeners first, then the redirect.
 	routed := f.udpMeshOf(t, 1, true)
+	local := routed.UDPFrontends()[0].LocalPort
+	// The pod takes the frontend's local port in its own netns first: a listener there (the
+	// design before) could then not bind, and Envoy would refuse every later update.
+	squat := alpha.ServeUDPEcho(t, fmt.Sprintf("0.0.0.0:%d", local), "squatter ")
+	// Listeners first, then the redirect.
 	f.set(routed)
 	rules(routed)
 	vip := netip.AddrPortFrom(vipUDP, 53).String()
@@ -95,13 +104,35 @@ func TestPrivilegedUDPRoute(t *testing.T) {
 	if int(got["v1"].Load())+int(got["v2"].Load()) != n {
 		t.Errorf("backends received %d and %d datagrams, want %d in all", got["v1"].Load(), got["v2"].Load(), n)
 	}
+	if squat.Load() != 0 {
+		t.Errorf("the pod's own socket on the local port received %d datagrams", squat.Load())
+	}
 	f.wantNoRejections(t)
+
+	// Not one of the node's pods: straight to the node's listener, nothing is relayed.
+	before := got["v1"].Load() + got["v2"].Load()
+	direct := netip.AddrPortFrom(hostIP, local).String()
+	for i := range 3 {
+		if reply, err := f.pods["outside"].AskUDP(direct, fmt.Sprint("outside ", i), time.Second); err == nil {
+			t.Errorf("datagram from a host outside the node's pods to %s: reply %q, want none", direct, reply)
+		}
+	}
+	if after := got["v1"].Load() + got["v2"].Load(); after != before {
+		t.Errorf("backends received %d datagrams from a host outside the node's pods", after-before)
+	}
+	noRoute, err := f.admin("/stats?filter=^udp.mesh_udp.downstream_sess_no_route$")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(noRoute, "downstream_sess_no_route: 3") {
+		t.Errorf("udp_proxy no-route count %q, want 3 (the outside host's datagrams)", noRoute)
+	}
 
 	// The redirect first, then the listeners.
 	plain := f.udpMeshOf(t, 2, false)
 	rules(plain)
 	f.set(plain)
-	before := got["v1"].Load() + got["v2"].Load()
+	before = got["v1"].Load() + got["v2"].Load()
 	if reply, err := alpha.AskUDP(vip, "after", time.Second); err == nil {
 		t.Errorf("datagram to %s after the route was removed: reply %q, want none", vip, reply)
 	}

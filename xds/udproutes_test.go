@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	xdsmatcher "github.com/cncf/xds/go/xds/type/matcher/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -43,43 +44,64 @@ func udpMesh(t *testing.T, route bool) *model.Mesh {
 		svcBackend(webKey, 53, 3), svcBackend(dnsV2Key, 53, 1))})
 }
 
-// TestBuildUDPRouteGolden: a UDPRoute on web:53 gives every pod one UDP listener in its netns on
-// the frontend's local port (golden: the client's, and the route's cluster), and the route one
-// static cluster of its backends' pods; nothing else changes. Without UDPRoutes there is no UDP
-// listener at all.
+var udpHostIP = netip.MustParseAddr("192.168.0.10")
+
+// TestBuildUDPRouteGolden: a UDPRoute on web:53 gives the node one UDP listener on
+// HOST_IP:<the frontend's local port> in the node's netns, relaying only datagrams from the
+// node's pods (golden: the listener, and the route's cluster), and the route one static cluster
+// of its backends' pods; nothing else changes. Without UDPRoutes there is no UDP listener at
+// all; without a host address of the VIP's family the frontend is not served.
 func TestBuildUDPRouteGolden(t *testing.T) {
 	m := udpMesh(t, true)
 	fs := m.UDPFrontends()
 	if len(fs) != 1 || fs[0].VIP != netip.MustParseAddr("10.96.0.10") || fs[0].Port != 53 {
 		t.Fatalf("frontends %+v, want web's VIP 10.96.0.10:53", fs)
 	}
-	r := buildValid(t, m, Options{})
-	var udp []*listenerv3.Listener
-	for _, l := range r.Listeners {
-		if strings.HasPrefix(l.Name, "udp|") {
-			udp = append(udp, l)
-		}
+	opts := Options{HostIP: udpHostIP, UpstreamNetns: "/var/run/netns/node"}
+	r := buildValid(t, m, opts)
+	udp := udpListeners(r.Listeners)
+	if len(udp) != 1 || udp[0].Name != fmt.Sprintf("udp|192.168.0.10:%d", fs[0].LocalPort) {
+		t.Fatalf("UDP listeners %v, want one, udp|192.168.0.10:%d", udp, fs[0].LocalPort)
 	}
-	if len(udp) != len(m.Pods) {
-		t.Fatalf("%d UDP listeners, want one per pod (%d)", len(udp), len(m.Pods))
-	}
-	client := udp[slices.IndexFunc(udp, func(l *listenerv3.Listener) bool { return l.Name == fmt.Sprintf("udp|shop/client|%d", fs[0].LocalPort) })]
+	l := udp[0]
 	ci := slices.IndexFunc(r.Clusters, func(c *clusterv3.Cluster) bool { return c.Name == "udproute|shop/dns-split" })
 	if ci < 0 {
 		t.Fatal("no cluster udproute|shop/dns-split")
 	}
-	testenv.Golden(t, "udproute.json", stableJSON(t, []proto.Message{client, r.Clusters[ci]}))
+	testenv.Golden(t, "udproute.json", stableJSON(t, []proto.Message{l, r.Clusters[ci]}))
 
-	// The shape: 127.0.0.1:<local port> in the client's netns, UDP, udp_proxy to the cluster.
-	sa := client.Address.GetSocketAddress()
-	if sa.Address != "127.0.0.1" || sa.GetPortValue() != uint32(fs[0].LocalPort) || sa.NetworkNamespaceFilepath != "/var/run/netns/cni-client" ||
-		sa.Protocol != core.SocketAddress_UDP || client.UdpListenerConfig == nil {
-		t.Errorf("client UDP listener address %v", client.Address)
+	// The shape: HOST_IP:<local port> in the node's netns, UDP, freebind, udp_proxy to the
+	// cluster for the node's pods only.
+	sa := l.Address.GetSocketAddress()
+	if sa.Address != "192.168.0.10" || sa.GetPortValue() != uint32(fs[0].LocalPort) || sa.NetworkNamespaceFilepath != "/var/run/netns/node" ||
+		sa.Protocol != core.SocketAddress_UDP || l.UdpListenerConfig == nil || !l.GetFreebind().GetValue() {
+		t.Errorf("UDP listener %v", l)
 	}
-	up := &udpv3.UdpProxyConfig{}
-	if err := client.ListenerFilters[0].GetTypedConfig().UnmarshalTo(up); err != nil {
-		t.Fatal(err)
+	var pods []string
+	for _, p := range m.Pods {
+		for _, a := range p.IPs {
+			pods = append(pods, a.String()+"/32")
+		}
 	}
+	slices.Sort(pods)
+	if got := udpSourceRanges(t, l); !slices.Equal(got, slices.Compact(pods)) {
+		t.Errorf("sources %v, want the local pods' addresses %v (no node pod CIDRs)", got, pods)
+	}
+	// With the node's pod CIDRs, the ranges and the addresses outside them.
+	withCIDRs := model.New(m.Version, m.Cluster, m.MeshDomain, m.TrustDomain,
+		model.Node{Name: "n1", PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")}}, m.Services, m.Endpoints, m.Pods)
+	withCIDRs.L4Routing = m.L4Routing
+	var outside []string
+	for _, a := range pods {
+		if !strings.HasPrefix(a, "10.244.1.") {
+			outside = append(outside, a)
+		}
+	}
+	want := slices.Sorted(slices.Values(append([]string{"10.244.1.0/24"}, outside...)))
+	if got := udpSourceRanges(t, udpListeners(buildValid(t, withCIDRs, opts).Listeners)[0]); !slices.Equal(got, want) {
+		t.Errorf("sources with pod CIDRs %v, want %v", got, want)
+	}
+
 	// Weights: web:53 (3) over its one healthy pod, dns-v2:53 (1) over its two.
 	var got []string
 	for _, e := range r.Clusters[ci].LoadAssignment.Endpoints[0].LbEndpoints {
@@ -90,33 +112,75 @@ func TestBuildUDPRouteGolden(t *testing.T) {
 		t.Errorf("endpoints %s, want %s", strings.Join(got, " "), want)
 	}
 	// With the east-west waypoint, only this cluster's pods (the waypoint carries TLS only).
-	ww := buildValid(t, m, Options{EastWestWaypoint: true})
+	ww := buildValid(t, m, Options{HostIP: udpHostIP, EastWestWaypoint: true})
 	wc := ww.Clusters[slices.IndexFunc(ww.Clusters, func(c *clusterv3.Cluster) bool { return c.Name == "udproute|shop/dns-split" })]
 	if n := len(wc.LoadAssignment.Endpoints[0].LbEndpoints); n != 2 {
 		t.Errorf("with EastWestWaypoint %d endpoints, want 2 (c1's)", n)
 	}
 
-	plain := buildValid(t, udpMesh(t, false), Options{})
-	for _, l := range plain.Listeners {
-		if strings.HasPrefix(l.Name, "udp|") {
-			t.Errorf("UDP listener %s without a UDPRoute", l.Name)
-		}
+	plain := buildValid(t, udpMesh(t, false), opts)
+	if ls := udpListeners(plain.Listeners); len(ls) > 0 {
+		t.Errorf("UDP listeners %v without a UDPRoute", ls)
 	}
 	for _, kind := range []string{"endpoints", "routes", "secrets", "extensions"} {
 		if slices.Contains(differingKinds(t, r, plain), kind) {
 			t.Errorf("%s differ from the build without routes", kind)
 		}
 	}
-	if len(r.Clusters) != len(plain.Clusters)+1 || len(r.Listeners) != len(plain.Listeners)+len(m.Pods) {
-		t.Errorf("%d clusters and %d listeners, want %d and %d", len(r.Clusters), len(r.Listeners), len(plain.Clusters)+1, len(plain.Listeners)+len(m.Pods))
+	if len(r.Clusters) != len(plain.Clusters)+1 || len(r.Listeners) != len(plain.Listeners)+1 {
+		t.Errorf("%d clusters and %d listeners, want %d and %d", len(r.Clusters), len(r.Listeners), len(plain.Clusters)+1, len(plain.Listeners)+1)
 	}
 
-	// A held frontend (its redirect may still be installed) keeps its listeners and cluster
+	// No IPv4 host address: the IPv4 frontend is neither served nor redirected.
+	if ls := udpListeners(buildValid(t, m, Options{HostIPv6: netip.MustParseAddr("fd00::10")}).Listeners); len(ls) > 0 {
+		t.Errorf("UDP listeners %v without HostIP", ls)
+	}
+	if got := (Options{HostIPv6: netip.MustParseAddr("fd00::10")}).UDPFrontends(m); len(got) > 0 {
+		t.Errorf("UDPFrontends without HostIP: %+v", got)
+	}
+
+	// A held frontend (its redirect may still be installed) keeps its listener and cluster
 	// after its route is gone.
-	held := buildValid(t, udpMesh(t, false), Options{UDPHeld: func() []model.UDPFrontend { return fs }})
+	heldOpts := opts
+	heldOpts.UDPHeld = func() []model.UDPFrontend { return fs }
+	held := buildValid(t, udpMesh(t, false), heldOpts)
 	if len(held.Listeners) != len(r.Listeners) || !slices.ContainsFunc(held.Clusters, func(c *clusterv3.Cluster) bool { return c.Name == "udproute|shop/dns-split" }) {
 		t.Errorf("held frontend: %d listeners (want %d), clusters %v", len(held.Listeners), len(r.Listeners), names(held.Clusters))
 	}
+}
+
+// udpListeners are the mesh's routed UDP listeners among ls.
+func udpListeners(ls []*listenerv3.Listener) []*listenerv3.Listener {
+	var out []*listenerv3.Listener
+	for _, l := range ls {
+		if strings.HasPrefix(l.Name, "udp|") {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// udpSourceRanges are the source ranges of l's udp_proxy matcher, as "<addr>/<len>".
+func udpSourceRanges(t *testing.T, l *listenerv3.Listener) []string {
+	t.Helper()
+	up := &udpv3.UdpProxyConfig{}
+	if err := l.ListenerFilters[0].GetTypedConfig().UnmarshalTo(up); err != nil {
+		t.Fatal(err)
+	}
+	ipm := &xdsmatcher.IPMatcher{}
+	if err := up.GetMatcher().GetMatcherTree().GetCustomMatch().GetTypedConfig().UnmarshalTo(ipm); err != nil {
+		t.Fatalf("udp_proxy matcher %v: %v", up.GetMatcher(), err)
+	}
+	if up.GetMatcher().GetOnNoMatch() != nil {
+		t.Errorf("udp_proxy matcher has on_no_match: datagrams from elsewhere would be relayed")
+	}
+	var out []string
+	for _, rm := range ipm.RangeMatchers {
+		for _, c := range rm.Ranges {
+			out = append(out, fmt.Sprintf("%s/%d", c.AddressPrefix, c.PrefixLen.GetValue()))
+		}
+	}
+	return out
 }
 
 func names(cs []*clusterv3.Cluster) []string {
