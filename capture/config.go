@@ -203,15 +203,22 @@ func (c Config) Validate() error {
 			return fmt.Errorf("validate capture config: probePorts: port 0")
 		}
 	}
-	for _, r := range c.UDPRedirects {
+	return ValidUDPRedirects(c.UDPRedirects, c.HostIP, c.HostIPv6)
+}
+
+// ValidUDPRedirects returns the error Config.Validate gives for UDPRedirects rs with host
+// addresses hostIP and hostIPv6 (Config.HostIP, Config.HostIPv6): an unusable VIP, a port 0,
+// or a VIP of a family without its host address.
+func ValidUDPRedirects(rs []UDPRedirect, hostIP, hostIPv6 netip.Addr) error {
+	for _, r := range rs {
 		switch {
 		case !r.VIP.IsValid() || r.VIP.IsUnspecified() || r.VIP.Zone() != "":
 			return fmt.Errorf("validate capture config: udpRedirects: VIP %v is not a usable address", r.VIP)
 		case r.Port == 0 || r.LocalPort == 0:
 			return fmt.Errorf("validate capture config: udpRedirects: %v port %d to local port %d: port 0", r.VIP, r.Port, r.LocalPort)
-		case r.VIP.Unmap().Is4() && !c.HostIP.IsValid():
+		case r.VIP.Unmap().Is4() && !hostIP.IsValid():
 			return fmt.Errorf("validate capture config: udpRedirects: %v is IPv4 but hostIP is not set", r.VIP)
-		case r.VIP.Unmap().Is6() && !c.HostIPv6.IsValid():
+		case r.VIP.Unmap().Is6() && !hostIPv6.IsValid():
 			return fmt.Errorf("validate capture config: udpRedirects: %v is IPv6 but hostIPv6 is not set", r.VIP)
 		}
 	}

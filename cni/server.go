@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
@@ -229,6 +230,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			_ = os.Remove(s.Config.Socket)
 		}
 	}
+	s.loadUDP()
 	s.repaired = make(chan struct{})
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
@@ -708,10 +710,55 @@ func (s *Server) SetUDPRedirects(ctx context.Context, rs []capture.UDPRedirect) 
 	if same {
 		return nil
 	}
+	if err := s.saveUDP(rs); err != nil {
+		// The pods get the set all the same; only a restarted agent starts without it.
+		s.Log.Error("persist routed UDP frontends", "err", err)
+	}
 	s.Log.Info("routed UDP frontends changed: re-applying capture rules", "frontends", len(rs))
 	err := s.repair(ctx, false)
 	s.RequestRepair()
 	return err
+}
+
+// udpStateFile, in StateDir, holds the last routed UDP frontends (SetUDPRedirects) as JSON, so
+// a restarted agent repairs its pods' rules with them instead of dropping every redirect until
+// its first model is served. Its name is not a Record's (no ".json").
+const udpStateFile = "udp-redirects"
+
+// saveUDP persists rs (udpStateFile).
+func (s *Server) saveUDP(rs []capture.UDPRedirect) error {
+	b, err := json.Marshal(rs)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(s.Config.StateDir, 0o700); err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(s.Config.StateDir, udpStateFile), b, 0o600)
+}
+
+// loadUDP sets the routed UDP frontends from udpStateFile, when there is one the capture takes
+// with this node's host addresses (capture.ValidUDPRedirects); another is logged and ignored (no
+// pod's rules fail to build over it).
+func (s *Server) loadUDP() {
+	b, err := os.ReadFile(filepath.Join(s.Config.StateDir, udpStateFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return
+	}
+	var rs []capture.UDPRedirect
+	if err == nil {
+		err = json.Unmarshal(b, &rs)
+	}
+	if err == nil {
+		err = capture.ValidUDPRedirects(rs, s.Config.HostIP, s.Config.HostIPv6)
+	}
+	if err != nil {
+		s.Log.Error("persisted routed UDP frontends ignored", "file", filepath.Join(s.Config.StateDir, udpStateFile), "err", err)
+		return
+	}
+	s.udpMu.Lock()
+	s.udp = rs
+	s.udpMu.Unlock()
 }
 
 // Repair reconciles every persisted attachment: a record whose netns is gone is released; a

@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -32,7 +33,8 @@ func TestPrivilegedCNIUDPRedirects(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			sock := filepath.Join(sockDir(t), "cni.sock")
 			n := newNode(t, "1.0.0", fmt.Sprintf("10.244.%d.0/24", 70+i), sock, nil)
-			a := startAgentBackend(t, sock, t.TempDir(), ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, tc.backend)
+			state := t.TempDir()
+			a := startAgentBackend(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, tc.backend)
 			first := testenv.NewNetns(t)
 			if _, err := n.add(t, podRT(first, "ctr-a", "mesh", "a")); err != nil {
 				t.Fatal(err)
@@ -79,11 +81,38 @@ func TestPrivilegedCNIUDPRedirects(t *testing.T) {
 			if got := rules(first); !strings.Contains(got, "16001") || strings.Contains(got, "15177") {
 				t.Fatalf("UDP redirect after a local port change:\n%s", got)
 			}
+			// A restarted agent repairs the pods' rules with the persisted set: the redirects
+			// stay (a drifted pod gets them back), and setting the same set changes nothing.
+			a.stop()
+			if err := tc.backend.Teardown(second.Path); err != nil {
+				t.Fatal(err)
+			}
+			a = startAgentBackend(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, tc.backend)
+			for _, ns := range []*testenv.Netns{first, second} {
+				if got := rules(ns); !strings.Contains(got, "16001") || strings.Count(got, "\n") != 0 {
+					t.Fatalf("%s: UDP redirect after the agent restarted:\n%q", ns.Name, got)
+				}
+			}
+			set(16001)
 			set(0)
 			for _, ns := range []*testenv.Netns{first, second} {
 				if got := rules(ns); got != "" {
 					t.Fatalf("%s: UDP redirect left after the set emptied:\n%s", ns.Name, got)
 				}
+			}
+			// A persisted set the capture would refuse (an IPv6 VIP, no host IPv6 address) is
+			// ignored: the pods' rules still build, and a new pod is added.
+			a.stop()
+			if err := os.WriteFile(filepath.Join(state, "udp-redirects"), []byte(`[{"VIP":"fd00::24","Port":53,"LocalPort":15999}]`), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			startAgentBackend(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, tc.backend)
+			third := testenv.NewNetns(t)
+			if _, err := n.add(t, podRT(third, "ctr-c", "mesh", "c")); err != nil {
+				t.Fatalf("ADD with an unusable persisted UDP set: %v", err)
+			}
+			if got := rules(third); got != "" {
+				t.Fatalf("UDP redirect from an unusable persisted set:\n%s", got)
 			}
 		})
 	}
