@@ -34,6 +34,10 @@ type udpCapture struct {
 
 	mu   sync.Mutex
 	held []model.UDPFrontend
+	// synced is set once a set of redirects has been applied: until then the pods may hold
+	// the redirects a previous agent persisted (cni.Server), so the first model is applied
+	// even when it routes nothing.
+	synced bool
 }
 
 // Held returns the frontends whose redirects may be installed in pods (xds.Options.UDPHeld).
@@ -57,7 +61,10 @@ func (u *udpCapture) run(ctx context.Context, latest chan *model.Mesh) {
 		case m = <-latest:
 		}
 		want := u.frontends(m)
-		if sameUDP(want, u.Held()) {
+		u.mu.Lock()
+		synced := u.synced
+		u.mu.Unlock()
+		if synced && sameUDP(want, u.Held()) {
 			continue
 		}
 		if err := u.apply(ctx, m, want); err != nil {
@@ -102,6 +109,7 @@ func (u *udpCapture) apply(ctx context.Context, m *model.Mesh, want []model.UDPF
 	}
 	u.mu.Lock()
 	u.held = want
+	u.synced = true
 	u.mu.Unlock()
 	u.log.Info("routed UDP frontends in the pods' capture", "frontends", len(want))
 	u.rebuild()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -73,4 +74,36 @@ func routedMesh(v uint64, route bool) *model.Mesh {
 			{Route: model.RouteRef{Kind: model.KindUDPRoute, Namespace: "shop", Name: "dns"}}}}}}
 	}
 	return m
+}
+
+// TestUDPCaptureFirstModel: the first model is applied even when it routes nothing (the pods may
+// hold the redirects a previous agent persisted, cni.Server), later models without a change are
+// not.
+func TestUDPCaptureFirstModel(t *testing.T) {
+	var mu sync.Mutex
+	var sets []int
+	u := &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond,
+		frontends: (*model.Mesh).UDPFrontends, acked: func(context.Context, *model.Mesh) error { return nil }}
+	u.set = func(_ context.Context, rs []capture.UDPRedirect) error {
+		mu.Lock()
+		sets = append(sets, len(rs))
+		mu.Unlock()
+		return nil
+	}
+	done := make(chan struct{}, 10)
+	u.rebuild = func() { done <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	latest := make(chan *model.Mesh, 1)
+	go u.run(ctx, latest)
+	latest <- routedMesh(1, false)
+	<-done
+	latest <- routedMesh(2, false) // nothing changed: no set
+	latest <- routedMesh(3, true)
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if !slices.Equal(sets, []int{0, 1}) {
+		t.Errorf("redirect sets %v, want [0 1]: the first model's (none), then the routed one", sets)
+	}
 }
