@@ -247,11 +247,17 @@ func deploy(t *testing.T, p ClusterPair) *world {
 	headless.Spec.ClusterIP = corev1.ClusterIPNone
 	canaryV1, canaryV2 := echoService("canary-v1", "canary"), echoService("canary-v2", "canary")
 	canaryV1.Spec.Selector["version"], canaryV2.Spec.Selector["version"] = "v1", "v2"
+	canary := echoService("canary", "canary")
+	// A UDP port for mesh-udproute (udproute_linux_test.go).
+	for _, s := range []*corev1.Service{canary, canaryV1, canaryV2} {
+		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Name: "udp", Port: udpCanaryPort,
+			TargetPort: intstr.FromInt32(substrate.EchoUDPPort), Protocol: corev1.ProtocolUDP})
+	}
 	for _, s := range []struct {
 		c   string
 		svc *corev1.Service
 	}{{w.a, echoService("echo", "echo")}, {w.a, headless}, {w.b, echoService("remote", "remote")}, {w.b, echoService("hidden", "hidden")},
-		{w.b, echoService("canary", "canary")}, {w.b, canaryV1}, {w.b, canaryV2}, {w.a, echoService("alt", "alt")}, {w.a, echoService("hop", "echo")}} {
+		{w.b, canary}, {w.b, canaryV1}, {w.b, canaryV2}, {w.a, echoService("alt", "alt")}, {w.a, echoService("hop", "echo")}} {
 		if _, err := p.Kube(s.c).CoreV1().Services(ns).Create(ctx, s.svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -429,6 +435,8 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 		// restart and the registry cut: right after a registry outage the agents hold endpoint
 		// deletions back for twice the lease TTL (docs/agent.md, "Registry outages"), which the
 		// failover's 5 s bound does not allow for.
+		// kube-proxy, for the Service after the route is gone: real nodes only.
+		run("mesh-udproute", func(t *testing.T) { w.meshUDPRoute(t) })
 		var gwAddr string
 		run("edge-gateway-to-remote-through-waypoint", func(t *testing.T) {
 			gwAddr = w.edgeGatewaySetup(t)

@@ -13,6 +13,7 @@ const (
 	EchoHTTPPort       = 8080
 	EchoGRPCPort       = 9090
 	EchoTCPPort        = 9000
+	EchoUDPPort        = 9053
 	ServerFirstTCPPort = 2525
 )
 
@@ -38,7 +39,7 @@ func workloadPod(ns, name, node string, labels map[string]string, c corev1.Conta
 }
 
 // EchoPod is a pod running the echo workload (binary echoBin) on node, labelled app=<name>,
-// serving HTTP on 8080, gRPC on 9090 and TCP on 9000, Ready when GET /healthz answers (probed every second).
+// serving HTTP on 8080, gRPC on 9090, TCP on 9000 and UDP on 9053, Ready when GET /healthz answers (probed every second).
 func EchoPod(ns, name, node, cluster, echoBin string) *corev1.Pod {
 	return workloadPod(ns, name, node, map[string]string{"app": name}, corev1.Container{
 		Name: "echo", Image: "aether.local/echo", Command: []string{echoBin},
@@ -47,6 +48,7 @@ func EchoPod(ns, name, node, cluster, echoBin string) *corev1.Pod {
 			{Name: "http", ContainerPort: EchoHTTPPort, Protocol: corev1.ProtocolTCP},
 			{Name: "grpc", ContainerPort: EchoGRPCPort, Protocol: corev1.ProtocolTCP},
 			{Name: "tcp", ContainerPort: EchoTCPPort, Protocol: corev1.ProtocolTCP},
+			{Name: "udp", ContainerPort: EchoUDPPort, Protocol: corev1.ProtocolUDP},
 		},
 		ReadinessProbe: &corev1.Probe{
 			ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("http")}},

@@ -61,7 +61,7 @@ var requestHeaders = http.Header{}
 
 func run(args []string, timeout time.Duration, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("usage: client http URL | grpc ADDR MESSAGE | tcp ADDR MESSAGE | banner ADDR | resolve NAME | relay ADDR | read FILE | sleep")
+		return errors.New("usage: client http URL | grpc ADDR MESSAGE | tcp ADDR MESSAGE | udp ADDR MESSAGE | banner ADDR | resolve NAME | relay ADDR | read FILE | sleep")
 	}
 	if args[0] == "relay" {
 		if len(args) != 2 {
@@ -90,7 +90,7 @@ func run(args []string, timeout time.Duration, out io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	need := map[string]int{"http": 2, "grpc": 3, "tcp": 3, "banner": 2, "resolve": 2}
+	need := map[string]int{"http": 2, "grpc": 3, "tcp": 3, "udp": 3, "banner": 2, "resolve": 2}
 	if n, ok := need[args[0]]; !ok || len(args) != n {
 		return fmt.Errorf("bad arguments %q", args)
 	}
@@ -146,6 +146,26 @@ func run(args []string, timeout time.Duration, out io.Writer) error {
 			return fmt.Errorf("read from %s: %w", args[1], err)
 		}
 		_, err = io.WriteString(out, line)
+		return err
+	case "udp":
+		// One datagram, one answer: the first datagram back within the timeout.
+		c, err := d.DialContext(ctx, "udp", args[1])
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if dl, ok := ctx.Deadline(); ok {
+			_ = c.SetDeadline(dl)
+		}
+		if _, err := io.WriteString(c, args[2]); err != nil {
+			return err
+		}
+		buf := make([]byte, 2048)
+		n, err := c.Read(buf)
+		if err != nil {
+			return fmt.Errorf("read from %s: %w", args[1], err)
+		}
+		_, err = out.Write(buf[:n])
 		return err
 	case "resolve":
 		addrs, err := net.DefaultResolver.LookupHost(ctx, args[1])

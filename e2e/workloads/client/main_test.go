@@ -116,3 +116,34 @@ func TestRelay(t *testing.T) {
 		t.Error("relay without an address: no error")
 	}
 }
+
+func TestUDP(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = pc.WriteTo(append([]byte("got "), buf[:n]...), from)
+		}
+	}()
+	var out strings.Builder
+	if err := run([]string{"udp", pc.LocalAddr().String(), "ping"}, 5*time.Second, &out); err != nil || out.String() != "got ping" {
+		t.Errorf("udp: %q, %v", out.String(), err)
+	}
+	// Nothing answers: the timeout.
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	if err := run([]string{"udp", silent.LocalAddr().String(), "ping"}, 200*time.Millisecond, &out); err == nil {
+		t.Error("udp to a silent peer: no error")
+	}
+}

@@ -46,8 +46,8 @@ type Reply struct {
 }
 
 type config struct {
-	httpAddr, grpcAddr, tcpAddr string
-	self                        Reply
+	httpAddr, grpcAddr, tcpAddr, udpAddr string
+	self                                 Reply
 }
 
 func main() {
@@ -55,6 +55,7 @@ func main() {
 	flag.StringVar(&cfg.httpAddr, "http", ":8080", "HTTP listen address (empty: off)")
 	flag.StringVar(&cfg.grpcAddr, "grpc", ":9090", "gRPC (cleartext HTTP/2) listen address (empty: off)")
 	flag.StringVar(&cfg.tcpAddr, "tcp", ":9000", "raw TCP listen address (empty: off)")
+	flag.StringVar(&cfg.udpAddr, "udp", ":9053", "UDP listen address: each datagram is answered with the Reply (empty: off)")
 	flag.Parse()
 	host, _ := os.Hostname()
 	cfg.self = Reply{Server: envOr("POD_NAME", host), Namespace: os.Getenv("POD_NAMESPACE"), Cluster: os.Getenv("CLUSTER")}
@@ -74,7 +75,7 @@ func envOr(k, def string) string {
 }
 
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
 	if cfg.httpAddr != "" {
 		srv := &http.Server{Addr: cfg.httpAddr, Handler: httpHandler(cfg.self), ReadHeaderTimeout: 10 * time.Second}
 		go func() { errc <- srv.ListenAndServe() }()
@@ -99,6 +100,15 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		go func() { <-ctx.Done(); l.Close() }()
 		go func() { errc <- serveTCP(l, cfg.self) }()
 		log.Info("serving TCP", "addr", cfg.tcpAddr)
+	}
+	if cfg.udpAddr != "" {
+		pc, err := net.ListenPacket("udp", cfg.udpAddr)
+		if err != nil {
+			return fmt.Errorf("listen udp: %w", err)
+		}
+		go func() { <-ctx.Done(); pc.Close() }()
+		go func() { errc <- serveUDP(pc, cfg.self) }()
+		log.Info("serving UDP", "addr", cfg.udpAddr)
 	}
 	select {
 	case <-ctx.Done():
@@ -192,5 +202,24 @@ func serveTCP(l net.Listener, self Reply) error {
 				}
 			}
 		}()
+	}
+}
+
+// serveUDP answers each datagram on pc with the Reply (protocol "udp", the datagram as the
+// message, its source as the peer) in one datagram.
+func serveUDP(pc net.PacketConn, self Reply) error {
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return err
+		}
+		rep := self
+		rep.Protocol, rep.Peer, rep.Message = "udp", from.String(), string(buf[:n])
+		b, err := json.Marshal(rep)
+		if err != nil {
+			return err
+		}
+		_, _ = pc.WriteTo(append(b, '\n'), from)
 	}
 }

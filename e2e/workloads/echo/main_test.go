@@ -111,3 +111,35 @@ func TestGRPCReportsCaller(t *testing.T) {
 		t.Errorf("reply %+v", r)
 	}
 }
+
+func TestUDPAnswersEachDatagram(t *testing.T) {
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pc.Close()
+	go func() { _ = serveUDP(pc, self) }()
+	c, err := net.Dial("udp", pc.LocalAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 2048)
+	for _, msg := range []string{"one", "two"} {
+		if _, err := c.Write([]byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("no reply to %q: %v", msg, err)
+		}
+		var r Reply
+		if err := json.Unmarshal(buf[:n], &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Protocol != "udp" || r.Message != msg || r.Peer != c.LocalAddr().String() || r.Server != self.Server {
+			t.Errorf("reply %+v", r)
+		}
+	}
+}
