@@ -303,20 +303,18 @@ var (
 
 // get runs "client http URL" in the client pod and decodes the echo's reply.
 func (w *world) get(ctx context.Context, url string) (reply, error) {
-	var r reply
-	out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "-timeout", "3s", "http", url)
-	if err != nil {
-		return r, err
-	}
-	if err := json.Unmarshal(out, &r); err != nil {
-		return r, fmt.Errorf("decode %q: %w", out, err)
-	}
-	return r, nil
+	return w.clientReply(ctx, w.a, "http", url)
 }
 
 func (w *world) tcp(ctx context.Context, addr, msg string) (reply, error) {
+	return w.clientReply(ctx, w.a, "tcp", addr, msg)
+}
+
+// clientReply runs the client workload with args (a 3 s timeout) in the client pod of ns in
+// cluster and decodes the echo's reply it prints.
+func (w *world) clientReply(ctx context.Context, cluster string, args ...string) (reply, error) {
 	var r reply
-	out, err := w.p.Exec(ctx, w.a, ns, "client", "client", "-timeout", "3s", "tcp", addr, msg)
+	out, err := w.p.Exec(ctx, cluster, ns, "client", append([]string{"client", "-timeout", "3s"}, args...)...)
 	if err != nil {
 		return r, err
 	}

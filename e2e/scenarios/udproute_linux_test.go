@@ -2,7 +2,6 @@ package scenarios
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
@@ -22,15 +21,7 @@ const udpCanaryPort = 53
 
 // udp sends msg in one datagram from B's client pod to addr and returns the echo's reply.
 func (w *world) udp(ctx context.Context, addr, msg string) (reply, error) {
-	var r reply
-	out, err := w.p.Exec(ctx, w.b, ns, "client", "client", "-timeout", "2s", "udp", addr, msg)
-	if err != nil {
-		return r, err
-	}
-	if err := json.Unmarshal(out, &r); err != nil {
-		return r, fmt.Errorf("decode %q: %w", out, err)
-	}
-	return r, nil
+	return w.clientReply(ctx, w.b, "udp", addr, msg)
 }
 
 // meshUDPRoute: in B, UDPRoute canary-udp on Service canary's UDP port sends every datagram to
