@@ -82,7 +82,9 @@ func (c countingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguratio
 	return c.Client.Apply(ctx, obj, opts...)
 }
 
-func startEnv(t *testing.T) *env {
+// startEnv starts the env; the controller may give Gateways addresses in 192.0.2.0/24 and in
+// extraCIDRs.
+func startEnv(t *testing.T, extraCIDRs ...netip.Prefix) *env {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
 	scheme := runtime.NewScheme()
@@ -126,7 +128,7 @@ func startEnv(t *testing.T) *env {
 	}
 	e := &env{t: t, api: api, admin: admin, gw: gwclient.NewForConfigOrDie(api.Config)}
 	e.ctl = &gateway.Controller{Client: countingClient{mgr.GetClient(), &e.applies}, Gateway: gwclient.NewForConfigOrDie(reg), Namespace: systemNS,
-		EnvoyImage: image, AddressCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, Log: log, PassDelay: 50 * time.Millisecond, SkipNameValidation: true}
+		EnvoyImage: image, AddressCIDRs: append([]netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, extraCIDRs...), Log: log, PassDelay: 50 * time.Millisecond, SkipNameValidation: true}
 	if err := e.ctl.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -561,4 +563,119 @@ func TestControllerLeavesForeignObjects(t *testing.T) {
 			t.Errorf("Service %s taken over: ports %+v owner %v", name, s.Spec.Ports, metav1.GetControllerOf(&s))
 		}
 	}
+}
+
+// TestControllerAddresses runs the controller (as in TestController) with Gateways asking for
+// addresses inside its ranges (192.0.2.0/24 and the service range 10.96.0.0/16): two Gateways
+// asking for one address and port, the older (created first, though its name sorts last) gets it
+// as its edge Service's external IP and the newer is refused (Programmed=False,
+// AddressNotUsable, naming the field, the value and the older Gateway); the older deleted, the
+// newer gets it; a Service's cluster IP and a Node's InternalIP are refused, naming the Service
+// and the Node, and are on no edge Service.
+func TestControllerAddresses(t *testing.T) {
+	e := startEnv(t, netip.MustParsePrefix("10.96.0.0/16"))
+	ctx := context.Background()
+	if _, err := e.gw.GatewayV1().GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "aether"},
+		Spec: gwv1.GatewayClassSpec{ControllerName: model.GatewayControllerName}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	db := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: appNS, Name: "db"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "pg", Port: 5432}}}}
+	if err := e.admin.Create(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	nodeA := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
+	if err := e.admin.Create(ctx, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	nodeA.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: "node-a"}, {Type: corev1.NodeInternalIP, Address: "192.0.2.40"}}
+	if err := e.admin.Status().Update(ctx, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	create := func(t *testing.T, name, address string) {
+		t.Helper()
+		g := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: appNS, Name: name}, Spec: gwv1.GatewaySpec{
+			GatewayClassName: "aether",
+			Listeners:        []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}},
+			Addresses:        []gwv1.GatewaySpecAddress{{Type: ptr(gwv1.IPAddressType), Value: address}},
+		}}
+		if _, err := e.gw.GatewayV1().Gateways(appNS).Create(ctx, g, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// publish hands the controller a View of every Gateway there is, each resolved valid.
+	publish := func(t *testing.T) {
+		t.Helper()
+		gws, err := e.gw.GatewayV1().Gateways(appNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sts []model.GatewayStatus
+		for i := range gws.Items {
+			sts = append(sts, modelStatus(&gws.Items[i]))
+		}
+		e.publish(nil, sts...)
+	}
+	// edge waits until Gateway name's edge Service has externalIPs ips and its Programmed
+	// condition has reason (and, for AddressNotUsable, a message containing each of says).
+	edge := func(t *testing.T, name string, ips []string, reason string, says ...string) {
+		t.Helper()
+		testenv.Eventually(t, converge, "Gateway "+name+": external IPs "+strings.Join(ips, ",")+", Programmed "+reason, func() error {
+			var s corev1.Service
+			if err := e.admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: name + "-aether-edge"}, &s); err != nil {
+				return err
+			}
+			if !slices.Equal(s.Spec.ExternalIPs, ips) {
+				return fmt.Errorf("edge Service externalIPs %v, want %v", s.Spec.ExternalIPs, ips)
+			}
+			g := e.gateway(name)
+			p := meta.FindStatusCondition(g.Status.Conditions, "Programmed")
+			if p == nil || p.Status != metav1.ConditionFalse || p.Reason != reason {
+				return fmt.Errorf("Programmed %+v, want False %s", p, reason)
+			}
+			for _, w := range says {
+				if !strings.Contains(p.Message, w) {
+					return fmt.Errorf("Programmed message %q does not say %q", p.Message, w)
+				}
+			}
+			return nil
+		})
+	}
+
+	t.Run("two Gateways, one address: the older keeps it", func(t *testing.T) {
+		create(t, "zz-first", "192.0.2.20")
+		// creationTimestamp has a resolution of one second.
+		time.Sleep(1100 * time.Millisecond)
+		create(t, "aa-second", "192.0.2.20")
+		publish(t)
+		// No available replica here (no kube-controller-manager): Programmed stays Pending.
+		edge(t, "zz-first", []string{"192.0.2.20"}, "Pending")
+		edge(t, "aa-second", nil, "AddressNotUsable", "spec.addresses[0]: value 192.0.2.20", "port 80/TCP by Gateway shop/zz-first")
+	})
+
+	t.Run("the older deleted, the newer gets it", func(t *testing.T) {
+		if err := e.gw.GatewayV1().Gateways(appNS).Delete(ctx, "zz-first", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		publish(t)
+		edge(t, "aa-second", []string{"192.0.2.20"}, "Pending")
+		if err := e.admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: "zz-first-aether-edge"}, &corev1.Service{}); !apierrors.IsNotFound(err) {
+			t.Errorf("edge Service of the deleted Gateway: %v, want it deleted", err)
+		}
+	})
+
+	t.Run("a Service's cluster IP is refused", func(t *testing.T) {
+		if err := e.admin.Get(ctx, client.ObjectKeyFromObject(db), db); err != nil {
+			t.Fatal(err)
+		}
+		create(t, "takes-db", db.Spec.ClusterIP)
+		publish(t)
+		edge(t, "takes-db", nil, "AddressNotUsable", "spec.addresses[0]: value "+db.Spec.ClusterIP+": in use by Service shop/db (spec.clusterIPs)")
+	})
+
+	t.Run("a node's address is refused", func(t *testing.T) {
+		create(t, "takes-node", "192.0.2.40")
+		publish(t)
+		edge(t, "takes-node", nil, "AddressNotUsable", "spec.addresses[0]: value 192.0.2.40: the InternalIP of Node node-a")
+	})
 }
