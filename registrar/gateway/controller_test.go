@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
@@ -678,4 +679,144 @@ func TestControllerAddresses(t *testing.T) {
 		publish(t)
 		edge(t, "takes-node", nil, "AddressNotUsable", "spec.addresses[0]: value 192.0.2.40: the InternalIP of Node node-a")
 	})
+}
+
+// failingClient is a direct API client that fails to list Nodes (failNodes) and to apply the
+// object of kind and name failApply ("Service/newer-aether-edge").
+type failingClient struct {
+	client.Client
+	failNodes bool
+	failApply string
+}
+
+func (c *failingClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if _, ok := list.(*corev1.NodeList); ok && c.failNodes {
+		return errors.New("injected: cannot list Nodes")
+	}
+	return c.Client.List(ctx, list, opts...)
+}
+
+func (c *failingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+	if o, ok := obj.(interface {
+		GetName() string
+		GetKind() string
+	}); ok && o.GetKind()+"/"+o.GetName() == c.failApply {
+		return errors.New("injected: cannot apply " + c.failApply)
+	}
+	return c.Client.Apply(ctx, obj, opts...)
+}
+
+// TestControllerAddressesFailures runs passes of the controller (Reconcile called directly, a
+// direct API client that fails where told) against a real kube-apiserver: a pass that cannot
+// list the Nodes fails and applies nothing; a pass in which the Gateway losing an address cannot
+// be written does not give that address to the Gateway gaining it (no address on two edge
+// Services), and says so; the next pass, nothing failing, moves it.
+func TestControllerAddressesFailures(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, "deploy/crds")
+	scheme := runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(scheme), gwv1.Install(scheme)); err != nil {
+		t.Fatal(err)
+	}
+	admin, err := client.New(api.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: appNS}}); err != nil {
+		t.Fatal(err)
+	}
+	gwc := gwclient.NewForConfigOrDie(api.Config)
+	class, err := gwc.GatewayV1().GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "aether"},
+		Spec: gwv1.GatewayClassSpec{ControllerName: model.GatewayControllerName}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := &failingClient{Client: admin}
+	ctl := &gateway.Controller{Client: fc, Gateway: gwc, Namespace: systemNS, EnvoyImage: image,
+		AddressCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, Log: testLogger()}
+	create := func(name string, addresses ...string) {
+		t.Helper()
+		g := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: appNS, Name: name}, Spec: gwv1.GatewaySpec{
+			GatewayClassName: "aether", Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}}}
+		for _, a := range addresses {
+			g.Spec.Addresses = append(g.Spec.Addresses, gwv1.GatewaySpecAddress{Value: a})
+		}
+		if _, err := gwc.GatewayV1().Gateways(appNS).Create(ctx, g, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// pass sets the View to every Gateway there is and runs one pass.
+	pass := func() error {
+		t.Helper()
+		gws, err := gwc.GatewayV1().Gateways(appNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := gateway.View{Classes: []*gwv1.GatewayClass{class}}
+		for i := range gws.Items {
+			v.Gateways = append(v.Gateways, &gws.Items[i])
+		}
+		ctl.SetView(v)
+		_, err = ctl.Reconcile(ctx, reconcile.Request{})
+		return err
+	}
+	externalIPs := func(name string) ([]string, error) {
+		var s corev1.Service
+		err := admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: name + "-aether-edge"}, &s)
+		return s.Spec.ExternalIPs, err
+	}
+
+	create("older")
+	time.Sleep(1100 * time.Millisecond) // creationTimestamp has a resolution of one second
+	create("newer", "192.0.2.20")
+	fc.failNodes = true
+	if err := pass(); err == nil || !strings.Contains(err.Error(), "list Nodes") {
+		t.Fatalf("pass with the Nodes unreadable: %v, want the list error", err)
+	}
+	for _, name := range []string{"older", "newer"} {
+		if _, err := externalIPs(name); !apierrors.IsNotFound(err) {
+			t.Errorf("edge Service of %s after a failed read: %v, want none applied", name, err)
+		}
+	}
+	fc.failNodes = false
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	if ips, err := externalIPs("newer"); err != nil || !slices.Equal(ips, []string{"192.0.2.20"}) {
+		t.Fatalf("newer's external IPs %v (%v), want [192.0.2.20]", ips, err)
+	}
+
+	// The older Gateway asks for the newer's address: it moves, unless the newer's Service
+	// cannot be written.
+	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+		g, err := gwc.GatewayV1().Gateways(appNS).Get(ctx, "older", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		g.Spec.Addresses = []gwv1.GatewaySpecAddress{{Value: "192.0.2.20"}}
+		_, err = gwc.GatewayV1().Gateways(appNS).Update(ctx, g, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fc.failApply = "Service/newer-aether-edge"
+	err = pass()
+	if err == nil || !strings.Contains(err.Error(), "Gateway shop/older: external IP 192.0.2.20 not set in this pass: Gateway shop/newer, which had it, could not be written") {
+		t.Errorf("pass with newer's Service unwritable: %v, want it to say 192.0.2.20 is held back", err)
+	}
+	older, _ := externalIPs("older")
+	newer, _ := externalIPs("newer")
+	if len(older) != 0 || !slices.Equal(newer, []string{"192.0.2.20"}) {
+		t.Errorf("external IPs: older %v, newer %v; want 192.0.2.20 left on newer only", older, newer)
+	}
+	fc.failApply = ""
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	older, _ = externalIPs("older")
+	newer, _ = externalIPs("newer")
+	if !slices.Equal(older, []string{"192.0.2.20"}) || len(newer) != 0 {
+		t.Errorf("external IPs: older %v, newer %v; want 192.0.2.20 moved to older", older, newer)
+	}
 }
