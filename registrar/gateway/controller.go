@@ -267,7 +267,7 @@ func (c *Controller) provisionAll(ctx context.Context, gws []*gwv1.Gateway, assi
 		ips = slices.DeleteFunc(ips, func(ip string) bool {
 			h, ok := stuck[ip]
 			if ok {
-				errs = append(errs, fmt.Errorf("Gateway %s/%s: external IP %s not set in this pass: Gateway %s, which had it, could not be written", gw.Namespace, gw.Name, ip, h))
+				errs = append(errs, fmt.Errorf("give Gateway %s/%s external IP %s: not in this pass: Gateway %s, which had it, could not be written", gw.Namespace, gw.Name, ip, h))
 			}
 			return ok
 		})

@@ -802,7 +802,7 @@ func TestControllerAddressesFailures(t *testing.T) {
 	}
 	fc.failApply = "Service/newer-aether-edge"
 	err = pass()
-	if err == nil || !strings.Contains(err.Error(), "Gateway shop/older: external IP 192.0.2.20 not set in this pass: Gateway shop/newer, which had it, could not be written") {
+	if err == nil || !strings.Contains(err.Error(), "give Gateway shop/older external IP 192.0.2.20: not in this pass: Gateway shop/newer, which had it, could not be written") {
 		t.Errorf("pass with newer's Service unwritable: %v, want it to say 192.0.2.20 is held back", err)
 	}
 	older, _ := externalIPs("older")
