@@ -83,9 +83,9 @@ func (c countingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguratio
 	return c.Client.Apply(ctx, obj, opts...)
 }
 
-// startEnv starts the env; the controller may give Gateways addresses in 192.0.2.0/24 and in
-// extraCIDRs.
-func startEnv(t *testing.T, extraCIDRs ...netip.Prefix) *env {
+// startAPI starts a kube-apiserver with every CRD aether ships and namespaces systemNS and appNS,
+// and returns it, the scheme of the objects the tests use and an admin client.
+func startAPI(t *testing.T) (*testenv.KubeAPIServer, *runtime.Scheme, client.Client) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
 	scheme := runtime.NewScheme()
@@ -96,12 +96,19 @@ func startEnv(t *testing.T, extraCIDRs ...netip.Prefix) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	for _, ns := range []string{systemNS, appNS} {
-		if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		if err := admin.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return api, scheme, admin
+}
+
+// startEnv starts the env; the controller may give Gateways addresses in 192.0.2.0/24 and in
+// extraCIDRs.
+func startEnv(t *testing.T, extraCIDRs ...netip.Prefix) *env {
+	api, scheme, admin := startAPI(t)
+	ctx := context.Background()
 	for _, f := range []string{"registrar/rbac.yaml", "registrar/policy.yaml"} {
 		objs, err := deploy.Objects(f)
 		if err != nil {
@@ -712,20 +719,8 @@ func (c *failingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguratio
 // be written does not give that address to the Gateway gaining it (no address on two edge
 // Services), and says so; the next pass, nothing failing, moves it.
 func TestControllerAddressesFailures(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, "deploy/crds")
-	scheme := runtime.NewScheme()
-	if err := errors.Join(clientgoscheme.AddToScheme(scheme), gwv1.Install(scheme)); err != nil {
-		t.Fatal(err)
-	}
-	admin, err := client.New(api.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	api, _, admin := startAPI(t)
 	ctx := context.Background()
-	if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: appNS}}); err != nil {
-		t.Fatal(err)
-	}
 	gwc := gwclient.NewForConfigOrDie(api.Config)
 	class, err := gwc.GatewayV1().GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "aether"},
 		Spec: gwv1.GatewayClassSpec{ControllerName: model.GatewayControllerName}}, metav1.CreateOptions{})
