@@ -229,42 +229,38 @@ func (c *Controller) assignAddresses(ctx context.Context, gws []*gwv1.Gateway) (
 }
 
 // provisionAll provisions gws (provision) with the external IPs assigned gives them, in two
-// rounds so that no address is on two edge Services at once: first the Gateways that gain no
-// address their live edge Service (live) lacks, among them those that lose one, then those that
-// gain one. An address whose Gateway losing it could not be written is not given in this pass
-// (the error says so; the pass is retried).
+// rounds so that no address is on two edge Services at once: first every Gateway that gains no
+// address its live edge Service (live) lacks, and of one that gains and loses addresses the
+// losses alone (its kept addresses); then every Gateway that gains one. An address whose
+// Gateway losing it could not be written is not given in this pass (the error says so; the pass
+// is retried).
 func (c *Controller) provisionAll(ctx context.Context, gws []*gwv1.Gateway, assigned map[model.GatewayKey]AddressAssignment, live map[model.GatewayKey][]string, wanted map[objectKey]bool) error {
-	gained := func(gw *gwv1.Gateway) []string {
-		k := gatewayKey(gw)
-		var out []string
-		for _, ip := range assigned[k].ExternalIPs {
-			if !slices.Contains(live[k], ip) {
-				out = append(out, ip)
-			}
-		}
-		return out
-	}
 	var errs []error
-	stuck := map[string]model.GatewayKey{} // address -> the Gateway that still holds it
+	stuck := map[string]model.GatewayKey{} // address -> the Gateway that may still hold it
 	var later []*gwv1.Gateway
 	for _, gw := range gws {
-		if len(gained(gw)) > 0 {
-			later = append(later, gw)
-			continue
-		}
 		k := gatewayKey(gw)
-		if err := c.provision(ctx, gw, assigned[k].ExternalIPs, wanted); err != nil {
+		ips, had := assigned[k].ExternalIPs, live[k]
+		kept := slices.DeleteFunc(slices.Clone(ips), func(ip string) bool { return !slices.Contains(had, ip) })
+		loses := slices.ContainsFunc(had, func(ip string) bool { return !slices.Contains(ips, ip) })
+		if len(kept) < len(ips) {
+			later = append(later, gw)
+			if !loses {
+				continue
+			}
+			ips = kept
+		}
+		if err := c.provision(ctx, gw, ips, wanted); err != nil {
 			errs = append(errs, err)
-			for _, ip := range live[k] {
-				if !slices.Contains(assigned[k].ExternalIPs, ip) {
+			for _, ip := range had {
+				if !slices.Contains(ips, ip) {
 					stuck[ip] = k
 				}
 			}
 		}
 	}
 	for _, gw := range later {
-		ips := slices.Clone(assigned[gatewayKey(gw)].ExternalIPs)
-		ips = slices.DeleteFunc(ips, func(ip string) bool {
+		ips := slices.DeleteFunc(slices.Clone(assigned[gatewayKey(gw)].ExternalIPs), func(ip string) bool {
 			h, ok := stuck[ip]
 			if ok {
 				errs = append(errs, fmt.Errorf("give Gateway %s/%s external IP %s: not in this pass: Gateway %s, which had it, could not be written", gw.Namespace, gw.Name, ip, h))

@@ -717,7 +717,8 @@ func (c *failingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguratio
 // direct API client that fails where told) against a real kube-apiserver: a pass that cannot
 // list the Nodes fails and applies nothing; a pass in which the Gateway losing an address cannot
 // be written does not give that address to the Gateway gaining it (no address on two edge
-// Services), and says so; the next pass, nothing failing, moves it.
+// Services), and says so; the next pass, nothing failing, moves it. The same when two Gateways
+// swap addresses.
 func TestControllerAddressesFailures(t *testing.T) {
 	api, _, admin := startAPI(t)
 	ctx := context.Background()
@@ -782,19 +783,24 @@ func TestControllerAddressesFailures(t *testing.T) {
 		t.Fatalf("newer's external IPs %v (%v), want [192.0.2.20]", ips, err)
 	}
 
+	// ask sets Gateway name's spec.addresses to address.
+	ask := func(name, address string) {
+		t.Helper()
+		if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+			g, err := gwc.GatewayV1().Gateways(appNS).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			g.Spec.Addresses = []gwv1.GatewaySpecAddress{{Value: address}}
+			_, err = gwc.GatewayV1().Gateways(appNS).Update(ctx, g, metav1.UpdateOptions{})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// The older Gateway asks for the newer's address: it moves, unless the newer's Service
 	// cannot be written.
-	if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
-		g, err := gwc.GatewayV1().Gateways(appNS).Get(ctx, "older", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		g.Spec.Addresses = []gwv1.GatewaySpecAddress{{Value: "192.0.2.20"}}
-		_, err = gwc.GatewayV1().Gateways(appNS).Update(ctx, g, metav1.UpdateOptions{})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	ask("older", "192.0.2.20")
 	fc.failApply = "Service/newer-aether-edge"
 	err = pass()
 	if err == nil || !strings.Contains(err.Error(), "give Gateway shop/older external IP 192.0.2.20: not in this pass: Gateway shop/newer, which had it, could not be written") {
@@ -813,5 +819,32 @@ func TestControllerAddressesFailures(t *testing.T) {
 	newer, _ = externalIPs("newer")
 	if !slices.Equal(older, []string{"192.0.2.20"}) || len(newer) != 0 {
 		t.Errorf("external IPs: older %v, newer %v; want 192.0.2.20 moved to older", older, newer)
+	}
+
+	// The two swap addresses, each losing one and gaining the other's: with the newer's Service
+	// unwritable, the older loses its address but does not get the newer's.
+	ask("newer", "192.0.2.21")
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	ask("older", "192.0.2.21")
+	ask("newer", "192.0.2.20")
+	fc.failApply = "Service/newer-aether-edge"
+	if err := pass(); err == nil || !strings.Contains(err.Error(), "give Gateway shop/older external IP 192.0.2.21: not in this pass") {
+		t.Errorf("swap with newer's Service unwritable: %v, want 192.0.2.21 held back", err)
+	}
+	older, _ = externalIPs("older")
+	newer, _ = externalIPs("newer")
+	if len(older) != 0 || !slices.Equal(newer, []string{"192.0.2.21"}) {
+		t.Errorf("external IPs: older %v, newer %v; want none on older, 192.0.2.21 left on newer", older, newer)
+	}
+	fc.failApply = ""
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	older, _ = externalIPs("older")
+	newer, _ = externalIPs("newer")
+	if !slices.Equal(older, []string{"192.0.2.21"}) || !slices.Equal(newer, []string{"192.0.2.20"}) {
+		t.Errorf("external IPs: older %v, newer %v; want them swapped", older, newer)
 	}
 }
