@@ -762,6 +762,15 @@ func TestControllerAddressesFailures(t *testing.T) {
 		err := admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: name + "-aether-edge"}, &s)
 		return s.Spec.ExternalIPs, err
 	}
+	// want checks the external IPs of the older and the newer Gateway's edge Services.
+	want := func(what string, older, newer []string) {
+		t.Helper()
+		o, oerr := externalIPs("older")
+		n, nerr := externalIPs("newer")
+		if !slices.Equal(o, older) || !slices.Equal(n, newer) {
+			t.Errorf("external IPs: older %v (%v), newer %v (%v); want %v and %v: %s", o, oerr, n, nerr, older, newer, what)
+		}
+	}
 
 	create("older")
 	time.Sleep(1100 * time.Millisecond) // creationTimestamp has a resolution of one second
@@ -806,20 +815,12 @@ func TestControllerAddressesFailures(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "give Gateway shop/older external IP 192.0.2.20: not in this pass: Gateway shop/newer, which had it, could not be written") {
 		t.Errorf("pass with newer's Service unwritable: %v, want it to say 192.0.2.20 is held back", err)
 	}
-	older, _ := externalIPs("older")
-	newer, _ := externalIPs("newer")
-	if len(older) != 0 || !slices.Equal(newer, []string{"192.0.2.20"}) {
-		t.Errorf("external IPs: older %v, newer %v; want 192.0.2.20 left on newer only", older, newer)
-	}
+	want("192.0.2.20 left on newer only", nil, []string{"192.0.2.20"})
 	fc.failApply = ""
 	if err := pass(); err != nil {
 		t.Fatal(err)
 	}
-	older, _ = externalIPs("older")
-	newer, _ = externalIPs("newer")
-	if !slices.Equal(older, []string{"192.0.2.20"}) || len(newer) != 0 {
-		t.Errorf("external IPs: older %v, newer %v; want 192.0.2.20 moved to older", older, newer)
-	}
+	want("192.0.2.20 moved to older", []string{"192.0.2.20"}, nil)
 
 	// The two swap addresses, each losing one and gaining the other's: with the newer's Service
 	// unwritable, the older loses its address but does not get the newer's.
@@ -833,18 +834,10 @@ func TestControllerAddressesFailures(t *testing.T) {
 	if err := pass(); err == nil || !strings.Contains(err.Error(), "give Gateway shop/older external IP 192.0.2.21: not in this pass") {
 		t.Errorf("swap with newer's Service unwritable: %v, want 192.0.2.21 held back", err)
 	}
-	older, _ = externalIPs("older")
-	newer, _ = externalIPs("newer")
-	if len(older) != 0 || !slices.Equal(newer, []string{"192.0.2.21"}) {
-		t.Errorf("external IPs: older %v, newer %v; want none on older, 192.0.2.21 left on newer", older, newer)
-	}
+	want("none on older, 192.0.2.21 left on newer", nil, []string{"192.0.2.21"})
 	fc.failApply = ""
 	if err := pass(); err != nil {
 		t.Fatal(err)
 	}
-	older, _ = externalIPs("older")
-	newer, _ = externalIPs("newer")
-	if !slices.Equal(older, []string{"192.0.2.21"}) || !slices.Equal(newer, []string{"192.0.2.20"}) {
-		t.Errorf("external IPs: older %v, newer %v; want them swapped", older, newer)
-	}
+	want("swapped", []string{"192.0.2.21"}, []string{"192.0.2.20"})
 }
