@@ -163,9 +163,10 @@ func (m *Mesh) install(ctx context.Context, c *substrate.Cluster, helm, chart st
 		"--set", "registry.endpoints={" + c.NodeRegistryEndpoint + "}",
 		"--set", "registry.tls.enabled=true",
 		"--set", "extraConfig.AETHER_REGISTRY_LEASE_TTL=" + m.opts.LeaseTTL.String(),
-		// Gateways may ask for their cluster's node addresses (the edge scenarios reach a
-		// Gateway at a node, kube-proxy serving it as an external IP).
-		"--set", "extraConfig.AETHER_GATEWAY_ADDRESS_CIDRS=" + c.Plan.UnderlaySubnet.String(),
+		// Gateways may ask for addresses of their cluster's Gateway address pool, which the
+		// underlay routes to the cluster's first node (substrate.ClusterPlan.GatewayAddressPool);
+		// kube-proxy serves a given one as the edge Service's external IP.
+		"--set", "extraConfig.AETHER_GATEWAY_ADDRESS_CIDRS=" + c.Plan.GatewayAddressPool.String(),
 		"--set", "logLevel=debug",
 	}
 	cmd := exec.CommandContext(ctx, helm, args...)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"sync"
 	"testing"
@@ -42,13 +43,34 @@ const (
 	failoverDeadline = 5 * time.Second
 )
 
+// edgeNetwork is what a pair that routes Gateway addresses gives the edge scenarios.
+type edgeNetwork interface {
+	// GatewayAddressPool is the range cluster's Gateways take spec.addresses from (the
+	// registrar's --gateway-address-cidrs), routed to the cluster's nodes from outside.
+	GatewayAddressPool(cluster string) (netip.Prefix, error)
+	// DialOutside opens a TCP connection to addr from outside every cluster.
+	DialOutside(ctx context.Context, addr string) (net.Conn, error)
+}
+
 // edgeGatewaySetup creates the GatewayClass aether, namespace edgeNS and Gateway edgeNS/web with
 // one HTTP listener on edgePort taking routes from every namespace, its spec.addresses asking for
-// the first A node's address (kube-proxy serves it as the edge Service's external IP), and waits
-// until the registrar reports it Programmed with that address. It returns "address:port".
+// the tenth address of A's Gateway address pool (kube-proxy serves it as the edge Service's
+// external IP; node addresses are refused), and waits until the registrar reports it Programmed
+// with that address. It returns "address:port".
 func (w *world) edgeGatewaySetup(t *testing.T) string {
 	t.Helper()
 	ctx := context.Background()
+	en, ok := w.p.(edgeNetwork)
+	if !ok {
+		t.Fatalf("pair %T routes no Gateway addresses", w.p)
+	}
+	pool, err := en.GatewayAddressPool(w.a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := pool.Addr().As4()
+	b[3] += 10
+	gwIP := netip.AddrFrom4(b).String()
 	gw := w.p.Gateway(w.a).GatewayV1()
 	if _, err := gw.GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "aether"},
 		Spec: gwv1.GatewayClassSpec{ControllerName: gatewayController}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
@@ -57,20 +79,10 @@ func (w *world) edgeGatewaySetup(t *testing.T) string {
 	if _, err := w.p.Kube(w.a).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: edgeNS}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	node, err := w.p.Kube(w.a).CoreV1().Nodes().Get(ctx, w.nodesA[0], metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodeIP string
-	for _, a := range node.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP {
-			nodeIP = a.Address
-		}
-	}
 	all := gwv1.NamespacesFromAll
 	_, err = gw.Gateways(edgeNS).Create(ctx, &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Name: edgeGateway}, Spec: gwv1.GatewaySpec{
 		GatewayClassName: "aether",
-		Addresses:        []gwv1.GatewaySpecAddress{{Type: ptrTo(gwv1.IPAddressType), Value: nodeIP}},
+		Addresses:        []gwv1.GatewaySpecAddress{{Type: ptrTo(gwv1.IPAddressType), Value: gwIP}},
 		Listeners: []gwv1.Listener{{Name: "http", Protocol: gwv1.HTTPProtocolType, Port: edgePort,
 			AllowedRoutes: &gwv1.AllowedRoutes{Namespaces: &gwv1.RouteNamespaces{From: &all}}},
 			// Routes of the Gateway's own namespace only (the default, From: Same).
@@ -94,10 +106,10 @@ func (w *world) edgeGatewaySetup(t *testing.T) string {
 		if len(g.Status.Addresses) == 0 {
 			return fmt.Errorf("no status.addresses")
 		}
-		if got := g.Status.Addresses[0].Value; got != nodeIP {
-			return fmt.Errorf("status.addresses[0] = %s, want the node address %s asked for", got, nodeIP)
+		if got := g.Status.Addresses[0].Value; got != gwIP {
+			return fmt.Errorf("status.addresses[0] = %s, want the address %s asked for", got, gwIP)
 		}
-		addr = net.JoinHostPort(nodeIP, strconv.Itoa(edgePort))
+		addr = net.JoinHostPort(gwIP, strconv.Itoa(edgePort))
 		return nil
 	})
 	return addr
@@ -121,11 +133,29 @@ func edgeRouteOn(name, listener string, backend gwv1.HTTPBackendRef) *gwv1.HTTPR
 // edgeGet sends GET / to the Gateway at addr from plain-client (a pod outside the mesh) over a
 // new connection and decodes the echo's reply.
 func (w *world) edgeGet(ctx context.Context, addr string) (int, reply, error) {
-	var r reply
 	c, err := w.p.Dial(ctx, w.a, plainNS, "plain-client", addr)
 	if err != nil {
-		return 0, r, err
+		return 0, reply{}, err
 	}
+	return edgeRequest(c)
+}
+
+// edgeGetOutside is edgeGet from outside every cluster (edgeNetwork.DialOutside).
+func (w *world) edgeGetOutside(ctx context.Context, addr string) (int, reply, error) {
+	en, ok := w.p.(edgeNetwork)
+	if !ok {
+		return 0, reply{}, fmt.Errorf("pair %T cannot dial from outside", w.p)
+	}
+	c, err := en.DialOutside(ctx, addr)
+	if err != nil {
+		return 0, reply{}, err
+	}
+	return edgeRequest(c)
+}
+
+// edgeRequest sends GET / on c, decodes the echo's reply and closes c.
+func edgeRequest(c net.Conn) (int, reply, error) {
+	var r reply
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: gateway.example\r\nConnection: close\r\n\r\n"); err != nil {
@@ -143,25 +173,32 @@ func (w *world) edgeGet(ctx context.Context, addr string) (int, reply, error) {
 }
 
 // edgeToRemote: a route on the Gateway in A to the ServiceImport of B's exported service
-// "remote": requests from a host outside the mesh are answered by B's pods, through B's node
-// waypoints, and B's pod sees the edge's SPIFFE ID.
+// "remote": requests from a pod outside the mesh, and from outside every cluster (the underlay,
+// which routes A's Gateway address pool to A's first node), are answered by B's pods, through
+// B's node waypoints, and B's pod sees the edge's SPIFFE ID.
 func (w *world) edgeToRemote(t *testing.T, addr string) {
 	route := edgeRoute("edge-to-remote", importBackend(ns, "remote", 80))
 	w.createRoute(t, w.a, route)
 	w.wantAccepted(t, w.a, ns, route.Name)
 	before := w.waypointRxBytes(t, "remote")
-	testenv.Eventually(t, 90*time.Second, "GET through the Gateway answered by "+w.b, func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		code, r, err := w.edgeGet(ctx, addr)
-		if err != nil || code != 200 {
-			return fmt.Errorf("status %d, %v", code, err)
-		}
-		if r.Cluster != w.b || r.CallerID != edgeCaller {
-			return fmt.Errorf("answered by %s in %s seeing %q; want %s seeing the edge's %s", r.Server, r.Cluster, r.CallerID, w.b, edgeCaller)
-		}
-		return nil
-	})
+	for _, from := range []struct {
+		what string
+		get  func(context.Context, string) (int, reply, error)
+		wait time.Duration
+	}{{"plain-client", w.edgeGet, 90 * time.Second}, {"outside the clusters", w.edgeGetOutside, 30 * time.Second}} {
+		testenv.Eventually(t, from.wait, "GET through the Gateway from "+from.what+" answered by "+w.b, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			code, r, err := from.get(ctx, addr)
+			if err != nil || code != 200 {
+				return fmt.Errorf("status %d, %v", code, err)
+			}
+			if r.Cluster != w.b || r.CallerID != edgeCaller {
+				return fmt.Errorf("answered by %s in %s seeing %q; want %s seeing the edge's %s", r.Server, r.Cluster, r.CallerID, w.b, edgeCaller)
+			}
+			return nil
+		})
+	}
 	after := w.waypointRxBytes(t, "remote")
 	sum := func(m map[string]int) (s int) {
 		for _, v := range m {

@@ -3,6 +3,8 @@ package scenarios
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/netip"
 
 	"github.com/aethermesh/aether/e2e/mesh"
 
@@ -64,4 +66,30 @@ func (p *nodesPair) RebootNode(ctx context.Context, cluster, node string) error 
 
 func (p *nodesPair) UpgradeAether(ctx context.Context, cluster string, set ...string) error {
 	return p.m.HelmUpgrade(ctx, cluster, set...)
+}
+
+// GatewayAddressPool is the range cluster's Gateways take spec.addresses from
+// (substrate.ClusterPlan.GatewayAddressPool, the registrar's --gateway-address-cidrs).
+func (p *nodesPair) GatewayAddressPool(cluster string) (netip.Prefix, error) {
+	c := p.m.Cluster(cluster)
+	if c == nil {
+		return netip.Prefix{}, fmt.Errorf("no cluster %q", cluster)
+	}
+	return c.Plan.GatewayAddressPool, nil
+}
+
+// DialOutside opens a TCP connection to addr from the underlay namespace: outside every cluster,
+// where the Gateway address pools are routed to their cluster's first node.
+func (p *nodesPair) DialOutside(ctx context.Context, addr string) (net.Conn, error) {
+	var conn net.Conn
+	err := p.m.Substrate.Underlay.Do(func() error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		conn = c
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("dial %s from the underlay: %w", addr, err)
+	}
+	return conn, nil
 }

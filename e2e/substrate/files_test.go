@@ -44,6 +44,8 @@ func TestNewPlanErrors(t *testing.T) {
 		{"pod prefix too long", []ClusterSpec{{Name: "a", PodCIDR: "10.244.0.0/24"}}, `PodCIDR "10.244.0.0/24"`},
 		{"unmasked", []ClusterSpec{{Name: "a", PodCIDR: "10.244.1.0/16"}}, `PodCIDR "10.244.1.0/16"`},
 		{"overlap", []ClusterSpec{{Name: "a", PodCIDR: "10.96.0.0/12"}}, "overlaps"},
+		{"pods on the Gateway pools", []ClusterSpec{{Name: "a", PodCIDR: "172.31.0.0/16"}}, `PodCIDR "172.31.0.0/16" overlaps the underlay and Gateway address pools 172.30.0.0/15`},
+		{"services on the underlay", []ClusterSpec{{Name: "a", PodCIDR: "10.244.0.0/16", ServiceCIDR: "172.30.0.0/16"}}, `ServiceCIDR "172.30.0.0/16" overlaps`},
 		{"too many nodes", []ClusterSpec{{Name: "a", PodCIDR: "10.244.0.0/23", Nodes: 3}}, "Nodes 3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -66,7 +66,14 @@ type ClusterPlan struct {
 	// API server and the registry).
 	UnderlaySubnet netip.Prefix
 	Gateway        netip.Addr
-	Nodes          []NodePlan
+	// GatewayAddressPool is the range the cluster's Gateways take spec.addresses from (the
+	// registrar's --gateway-address-cidrs), 172.31.<index>.0/24: outside every underlay, pod and
+	// service range. The underlay routes it to the cluster's first node, as a load balancer's
+	// announcement (BGP, or one node answering ARP) would; kube-proxy there serves an address given
+	// to a Gateway as its edge Service's external IP (and on every other node of the cluster, for
+	// the cluster's own pods).
+	GatewayAddressPool netip.Prefix
+	Nodes              []NodePlan
 }
 
 // NodePlan is one node's addresses.
@@ -89,6 +96,10 @@ func (m MAC) String() string { return net.HardwareAddr(m).String() }
 
 // MarshalText implements encoding.TextMarshaler.
 func (m MAC) MarshalText() ([]byte, error) { return []byte(m.String()), nil }
+
+// substrateRange holds every underlay segment (172.30.<i>.0/24) and Gateway address pool
+// (172.31.<i>.0/24); no pod or service range may overlap it.
+var substrateRange = netip.MustParsePrefix("172.30.0.0/15")
 
 var labelRE = regexp.MustCompile(`^[a-z]([-a-z0-9]{0,10}[a-z0-9])?$`)
 
@@ -132,6 +143,14 @@ func NewPlan(specs []ClusterSpec, clusterDomain string) (*Plan, error) {
 		if svc.Overlaps(pod) {
 			return nil, fmt.Errorf("plan substrate: clusters[%d].ServiceCIDR %q overlaps PodCIDR %q", i, s.ServiceCIDR, s.PodCIDR)
 		}
+		for _, r := range []struct {
+			field string
+			p     netip.Prefix
+		}{{"PodCIDR", pod}, {"ServiceCIDR", svc}} {
+			if r.p.Overlaps(substrateRange) {
+				return nil, fmt.Errorf("plan substrate: clusters[%d].%s %q overlaps the underlay and Gateway address pools %s", i, r.field, r.p, substrateRange)
+			}
+		}
 		if s.Nodes == 0 {
 			s.Nodes = 2
 		}
@@ -141,9 +160,10 @@ func NewPlan(specs []ClusterSpec, clusterDomain string) (*Plan, error) {
 		ci := i + 1
 		c := ClusterPlan{
 			Name: s.Name, Index: ci, PodCIDR: pod, ServiceCIDR: svc,
-			DNSIP:          addOffset(svc.Addr(), 10),
-			UnderlaySubnet: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 30, byte(ci), 0}), 24),
-			Gateway:        netip.AddrFrom4([4]byte{172, 30, byte(ci), 1}),
+			DNSIP:              addOffset(svc.Addr(), 10),
+			UnderlaySubnet:     netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 30, byte(ci), 0}), 24),
+			Gateway:            netip.AddrFrom4([4]byte{172, 30, byte(ci), 1}),
+			GatewayAddressPool: netip.PrefixFrom(netip.AddrFrom4([4]byte{172, 31, byte(ci), 0}), 24),
 		}
 		for n := 1; n <= s.Nodes; n++ {
 			c.Nodes = append(c.Nodes, NodePlan{

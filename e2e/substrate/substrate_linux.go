@@ -575,7 +575,7 @@ func (s *Substrate) startRegistry(ctx context.Context, etcdBin string) error {
 }
 
 // buildNetwork creates the underlay namespace and every node namespace and wires them (see
-// setupUnderlay, setupNode, routePeer).
+// setupUnderlay, setupNode, routePeer, announceGatewayPools).
 func (s *Substrate) buildNetwork() error {
 	ul, err := createNetns(s.netnsDir, "underlay")
 	if err != nil {
@@ -607,7 +607,7 @@ func (s *Substrate) buildNetwork() error {
 			}
 		}
 	}
-	return nil
+	return announceGatewayPools(ul, s.Plan)
 }
 
 // Stop tears everything down: pods (containers stopped, CNI DEL run, namespaces deleted), hook

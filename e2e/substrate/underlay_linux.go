@@ -59,6 +59,28 @@ func setupUnderlay(ul *testenv.Netns, plan *Plan) error {
 	return nil
 }
 
+// announceGatewayPools routes, in the underlay namespace, each cluster's GatewayAddressPool to
+// its first node's IP: what a load balancer announcing the Gateways' addresses (BGP, or a node
+// answering ARP for them) sets up. Clients outside the cluster (the underlay, other clusters'
+// nodes and pods) reach a Gateway's address there, where kube-proxy serves it as the edge
+// Service's external IP; the cluster's own pods and nodes have kube-proxy serve it locally.
+func announceGatewayPools(ul *testenv.Netns, plan *Plan) error {
+	h, err := ul.Netlink()
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	for _, c := range plan.Clusters {
+		if len(c.Nodes) == 0 {
+			continue
+		}
+		if err := h.RouteAdd(&netlink.Route{Dst: ipNet(c.GatewayAddressPool), Gw: net.IP(c.Nodes[0].IP.AsSlice())}); err != nil {
+			return fmt.Errorf("route Gateway address pool %s of %s via %s: %w", c.GatewayAddressPool, c.Name, c.Nodes[0].Name, err)
+		}
+	}
+	return nil
+}
+
 // setupNode wires one node namespace: a veth to its cluster's underlay bridge (eth0 with the node
 // IP and a default route via the gateway), forwarding on, the kube-dns VIP on lo,
 // Flannel's vxlan device flannel.1 (VNI 1, UDP 8472, no learning, the node's subnet .0/32 on it,

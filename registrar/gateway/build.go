@@ -3,7 +3,6 @@ package gateway
 import (
 	"cmp"
 	"fmt"
-	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -206,11 +205,11 @@ func EdgeBootstrap(ns, name string) ([]byte, error) {
 }
 
 // Service is the edge Service of gw, <gw>-aether-edge: type LoadBalancer, selecting the edge
-// pods, one port per EdgePort (target port the same number), and spec.externalIPs the Gateway's
-// spec.addresses that ExternalIPs allows: how a cluster without a load balancer (the local
-// substrate) reaches the Gateway at a node's address. It is nil when gw opens no port (a Service
-// needs one).
-func Service(gw *gwv1.Gateway, allowed []netip.Prefix) *corev1.Service {
+// pods, one port per EdgePort (target port the same number), and spec.externalIPs externalIPs
+// (what AssignAddresses gave the Gateway of its spec.addresses): how a cluster without a load
+// balancer controller reaches the Gateway at an address routed to its nodes. It is nil when gw
+// opens no port (a Service needs one).
+func Service(gw *gwv1.Gateway, externalIPs []string) *corev1.Service {
 	ports := Ports(gw)
 	if len(ports) == 0 {
 		return nil
@@ -223,35 +222,8 @@ func Service(gw *gwv1.Gateway, allowed []netip.Prefix) *corev1.Service {
 	for _, p := range ports {
 		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: p.Name(), Port: p.Port, Protocol: p.Protocol, TargetPort: intstr.FromInt32(p.Port)})
 	}
-	svc.Spec.ExternalIPs, _ = ExternalIPs(gw, allowed)
+	svc.Spec.ExternalIPs = slices.Clone(externalIPs)
 	return svc
-}
-
-// ExternalIPs splits the IP addresses gw asks for in spec.addresses (type IPAddress, the type's
-// default; others are model.ResolveGateways' to refuse) into those inside one of allowed, which
-// become the edge Service's external IPs, and the refused ones, each "spec.addresses[<i>]: value
-// <ip>". An external IP is answered by kube-proxy on every node for whoever dials it, so a
-// Gateway could otherwise take traffic meant for any address (the Service externalIPs
-// interception of CVE-2020-8554, with the registrar's rights): none is allowed unless the
-// operator lists the ranges (--gateway-address-cidrs).
-func ExternalIPs(gw *gwv1.Gateway, allowed []netip.Prefix) (ips, refused []string) {
-	for i, a := range gw.Spec.Addresses {
-		if a.Type != nil && *a.Type != gwv1.IPAddressType {
-			continue
-		}
-		ip, err := netip.ParseAddr(a.Value)
-		if err != nil {
-			continue
-		}
-		if !slices.ContainsFunc(allowed, func(p netip.Prefix) bool { return p.Contains(ip) }) {
-			refused = append(refused, fmt.Sprintf("spec.addresses[%d]: value %s", i, ip))
-			continue
-		}
-		if !slices.Contains(ips, ip.String()) {
-			ips = append(ips, ip.String())
-		}
-	}
-	return ips, refused
 }
 
 // CertificateCopy is the published copy of certificateRef ref in namespace ns (the registrar's):

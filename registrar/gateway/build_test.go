@@ -180,7 +180,8 @@ func TestEdgeObjects(t *testing.T) {
 				t.Errorf("volumes %+v mounts %+v, want one emptyDir at /var/run/aether-edge", pod.Volumes, ctr.VolumeMounts)
 			}
 
-			svc := Service(gw, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")})
+			ips := AssignAddresses([]*gwv1.Gateway{gw}, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, nil, nil)[gatewayKey(gw)].ExternalIPs
+			svc := Service(gw, ips)
 			if c.noService {
 				if svc != nil {
 					t.Errorf("Service %+v for a Gateway that opens no port, want none", svc.Spec)
@@ -226,32 +227,160 @@ func TestEdgeEnvoyValidates(t *testing.T) {
 	}
 }
 
-// TestExternalIPs: only addresses inside the allowed ranges become the edge Service's external
-// IPs (deny by default: an external IP takes traffic for that address on every node); the others
-// are refused, named by field and value; hostnames and other types are left to the resolver.
-func TestExternalIPs(t *testing.T) {
-	gw := testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType))
-	gw.Spec.Addresses = []gwv1.GatewaySpecAddress{
-		{Value: "192.0.2.10"}, {Type: ptr(gwv1.IPAddressType), Value: "10.0.0.1"},
-		{Type: ptr(gwv1.HostnameAddressType), Value: "gw.example.com"}, {Value: "192.0.2.10"},
+// TestAssignAddresses decides which spec.addresses become external IPs: only addresses inside
+// the allowed ranges (deny by default), never a node's InternalIP or ExternalIP, never an
+// address another Service uses (cluster IPs, external IPs, load balancer ingress; the Gateway's
+// own edge Service's do not count, nor the external IPs of the edge Services being decided), and
+// one Gateway per address and edge port: the oldest (creationTimestamp, then namespace/name)
+// keeps it. Each refusal names the field, the value and what holds it; the same inputs in
+// reverse order give the same result.
+func TestAssignAddresses(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 3, 1, 10, 0, 0, 0, time.UTC))
+	allowed := []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24"), netip.MustParsePrefix("2001:db8::/64")}
+	gw := func(key string, age int, ports []gwv1.Listener, addrs ...string) *gwv1.Gateway {
+		ns, name, _ := strings.Cut(key, "/")
+		g := testGateway(ns, name, ports...)
+		g.CreationTimestamp = metav1.NewTime(t0.Add(time.Duration(age) * time.Second))
+		for _, a := range addrs {
+			g.Spec.Addresses = append(g.Spec.Addresses, gwv1.GatewaySpecAddress{Value: a})
+		}
+		return g
 	}
+	http := []gwv1.Listener{listener("http", 80, gwv1.HTTPProtocolType)}
+	https := []gwv1.Listener{listener("https", 443, gwv1.HTTPSProtocolType)}
+	svc := func(key string, cluster []string, external []string, lb ...string) corev1.Service {
+		ns, name, _ := strings.Cut(key, "/")
+		s := corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.ServiceSpec{ClusterIPs: cluster, ExternalIPs: external}}
+		if len(cluster) > 0 {
+			s.Spec.ClusterIP = cluster[0]
+		}
+		for _, ip := range lb {
+			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
+		}
+		return s
+	}
+	edge := func(g *gwv1.Gateway, cluster string, external []string, lb ...string) corev1.Service {
+		s := *Service(g, external)
+		s.Spec.ClusterIP, s.Spec.ClusterIPs = cluster, []string{cluster}
+		for _, ip := range lb {
+			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})
+		}
+		return s
+	}
+	node := func(name string, addrs ...corev1.NodeAddress) corev1.Node {
+		return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Addresses: addrs}}
+	}
+	type want struct {
+		ips     []string
+		refused []string // one substring per refusal, in order
+	}
+	oldWeb := gw("shop/z-old", 0, http, "192.0.2.10")
+	changed := gw("shop/changed", 0, http) // asked for 192.0.2.10 before: its edge Service still has it
 	for _, c := range []struct {
-		name         string
-		allowed      []netip.Prefix
-		ips, refused []string
+		name     string
+		allowed  []netip.Prefix
+		gws      []*gwv1.Gateway
+		services []corev1.Service
+		nodes    []corev1.Node
+		want     map[string]want
 	}{
-		{"none allowed", nil, nil, []string{"spec.addresses[0]: value 192.0.2.10", "spec.addresses[1]: value 10.0.0.1", "spec.addresses[3]: value 192.0.2.10"}},
-		{"one range", []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, []string{"192.0.2.10"}, []string{"spec.addresses[1]: value 10.0.0.1"}},
-		{"both", []netip.Prefix{netip.MustParsePrefix("192.0.2.10/32"), netip.MustParsePrefix("10.0.0.0/8")}, []string{"192.0.2.10", "10.0.0.1"}, nil},
+		{name: "nothing allowed", gws: []*gwv1.Gateway{gw("shop/web", 0, http, "192.0.2.10", "10.0.0.1")},
+			want: map[string]want{"shop/web": {refused: []string{
+				"spec.addresses[0]: value 192.0.2.10: not in the ranges the registrar may give Gateways (--gateway-address-cidrs)",
+				"spec.addresses[1]: value 10.0.0.1: not in the ranges"}}}},
+		{name: "inside and outside the ranges, a hostname, a repeat", allowed: allowed, gws: []*gwv1.Gateway{func() *gwv1.Gateway {
+			g := gw("shop/web", 0, http, "192.0.2.10", "10.0.0.1", "192.0.2.10", "2001:db8::10")
+			g.Spec.Addresses = append(g.Spec.Addresses, gwv1.GatewaySpecAddress{Type: ptr(gwv1.HostnameAddressType), Value: "gw.example.com"})
+			return g
+		}()}, want: map[string]want{"shop/web": {ips: []string{"192.0.2.10", "2001:db8::10"}, refused: []string{"spec.addresses[1]: value 10.0.0.1: not in the ranges"}}}},
+		{name: "node addresses", allowed: allowed, gws: []*gwv1.Gateway{gw("shop/web", 0, http, "192.0.2.11", "192.0.2.12", "192.0.2.13", "192.0.2.14")},
+			nodes: []corev1.Node{
+				node("b", corev1.NodeAddress{Type: corev1.NodeExternalIP, Address: "192.0.2.12"}, corev1.NodeAddress{Type: corev1.NodeHostName, Address: "192.0.2.13"}),
+				node("a", corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.0.2.11"}),
+			},
+			want: map[string]want{"shop/web": {ips: []string{"192.0.2.13", "192.0.2.14"}, refused: []string{
+				"spec.addresses[0]: value 192.0.2.11: the InternalIP of Node a: a node's address is never given",
+				"spec.addresses[1]: value 192.0.2.12: the ExternalIP of Node b: a node's address is never given"}}}},
+		{name: "other Services' addresses", allowed: allowed,
+			gws: []*gwv1.Gateway{gw("shop/web", 0, https, "192.0.2.1", "192.0.2.20", "192.0.2.21", "2001:db8::30", "192.0.2.22")},
+			services: []corev1.Service{
+				svc("default/kubernetes", []string{"192.0.2.1"}, nil),
+				svc("shop/legacy", []string{"10.96.0.20"}, []string{"192.0.2.20"}),
+				svc("shop/lb", []string{"10.96.0.21"}, nil, "192.0.2.21"),
+				svc("shop/dual", []string{"10.96.0.30", "2001:db8::30"}, nil),
+				svc("shop/headless", []string{"None"}, nil),
+			},
+			want: map[string]want{"shop/web": {ips: []string{"192.0.2.22"}, refused: []string{
+				"spec.addresses[0]: value 192.0.2.1: in use by Service default/kubernetes (spec.clusterIPs)",
+				"spec.addresses[1]: value 192.0.2.20: in use by Service shop/legacy (spec.externalIPs)",
+				"spec.addresses[2]: value 192.0.2.21: in use by Service shop/lb (status.loadBalancer.ingress)",
+				"spec.addresses[3]: value 2001:db8::30: in use by Service shop/dual (spec.clusterIPs)"}}}},
+		{name: "the Gateway's own edge Service", allowed: allowed, gws: []*gwv1.Gateway{oldWeb},
+			services: []corev1.Service{edge(gw("shop/z-old", 0, http, "192.0.2.40", "192.0.2.41", "192.0.2.10"), "192.0.2.40", []string{"192.0.2.10"}, "192.0.2.41")},
+			want:     map[string]want{"shop/z-old": {ips: []string{"192.0.2.10"}}}},
+		{name: "two Gateways, one address and port: the older keeps it", allowed: allowed,
+			gws: []*gwv1.Gateway{gw("shop/a-new", 1, http, "192.0.2.10"), oldWeb},
+			// The newer one holds it now: it moves to the older.
+			services: []corev1.Service{edge(gw("shop/a-new", 1, http), "10.96.0.2", []string{"192.0.2.10"})},
+			want: map[string]want{"shop/z-old": {ips: []string{"192.0.2.10"}}, "shop/a-new": {refused: []string{
+				"spec.addresses[0]: value 192.0.2.10: held by an older Gateway (the oldest Gateway asking for an address keeps the ports it needs there): port 80/TCP by Gateway shop/z-old"}}}},
+		{name: "created in the same second: namespace/name decides", allowed: allowed,
+			gws:  []*gwv1.Gateway{gw("b/web", 0, http, "192.0.2.10"), gw("a/web", 0, http, "192.0.2.10")},
+			want: map[string]want{"a/web": {ips: []string{"192.0.2.10"}}, "b/web": {refused: []string{"port 80/TCP by Gateway a/web"}}}},
+		{name: "other ports share the address", allowed: allowed,
+			gws: []*gwv1.Gateway{oldWeb, gw("shop/tls", 1, https, "192.0.2.10"),
+				gw("shop/dns", 2, []gwv1.Listener{listener("dns", 80, gwv1.UDPProtocolType)}, "192.0.2.10"),
+				gw("shop/both", 3, append(slices.Clone(https), listener("http", 80, gwv1.HTTPProtocolType)), "192.0.2.10", "192.0.2.11")},
+			want: map[string]want{"shop/z-old": {ips: []string{"192.0.2.10"}}, "shop/tls": {ips: []string{"192.0.2.10"}}, "shop/dns": {ips: []string{"192.0.2.10"}},
+				"shop/both": {ips: []string{"192.0.2.11"}, refused: []string{
+					"spec.addresses[0]: value 192.0.2.10: held by an older Gateway (the oldest Gateway asking for an address keeps the ports it needs there): port 80/TCP by Gateway shop/z-old, port 443/TCP by Gateway shop/tls"}}}},
+		{name: "edge Services: external IPs being decided do not count, their cluster IPs do", allowed: allowed,
+			gws:      []*gwv1.Gateway{changed, gw("shop/next", 1, http, "192.0.2.10", "192.0.2.50")},
+			services: []corev1.Service{edge(changed, "192.0.2.50", []string{"192.0.2.10"})},
+			want: map[string]want{"shop/changed": {}, "shop/next": {ips: []string{"192.0.2.10"}, refused: []string{
+				"spec.addresses[1]: value 192.0.2.50: in use by Service shop/changed-aether-edge (spec.clusterIPs)"}}}},
+		{name: "the edge Service of a Gateway that is gone still holds its address", allowed: allowed,
+			gws:      []*gwv1.Gateway{gw("shop/next", 1, http, "192.0.2.10")},
+			services: []corev1.Service{edge(gw("shop/gone", 0, http), "10.96.0.3", []string{"192.0.2.10"})},
+			want: map[string]want{"shop/next": {refused: []string{
+				"spec.addresses[0]: value 192.0.2.10: in use by Service shop/gone-aether-edge (spec.externalIPs)"}}}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			ips, refused := ExternalIPs(gw, c.allowed)
-			if !slices.Equal(ips, c.ips) || !slices.Equal(refused, c.refused) {
-				t.Errorf("ExternalIPs = %v refused %v, want %v refused %v", ips, refused, c.ips, c.refused)
+			check := func(order string, got map[model.GatewayKey]AddressAssignment) {
+				t.Helper()
+				if len(got) != len(c.want) {
+					t.Errorf("%s: %d assignments %v, want %d", order, len(got), got, len(c.want))
+				}
+				for key, w := range c.want {
+					ns, name, _ := strings.Cut(key, "/")
+					as, ok := got[model.GatewayKey{Namespace: ns, Name: name}]
+					if !ok {
+						t.Errorf("%s: no assignment for %s", order, key)
+						continue
+					}
+					if !slices.Equal(as.ExternalIPs, w.ips) {
+						t.Errorf("%s: %s external IPs %v, want %v", order, key, as.ExternalIPs, w.ips)
+					}
+					if len(as.Refused) != len(w.refused) {
+						t.Errorf("%s: %s refused %q, want %d refusals like %q", order, key, as.Refused, len(w.refused), w.refused)
+						continue
+					}
+					for i, r := range w.refused {
+						if !strings.Contains(as.Refused[i], r) {
+							t.Errorf("%s: %s refusal %d %q, want it to contain %q", order, key, i, as.Refused[i], r)
+						}
+					}
+				}
 			}
-			if svc := Service(gw, c.allowed); !slices.Equal(svc.Spec.ExternalIPs, c.ips) {
-				t.Errorf("Service externalIPs %v, want %v", svc.Spec.ExternalIPs, c.ips)
-			}
+			check("given order", AssignAddresses(c.gws, c.allowed, c.services, c.nodes))
+			check("reversed order", AssignAddresses(reversed(c.gws), c.allowed, reversed(c.services), reversed(c.nodes)))
 		})
 	}
+}
+
+func reversed[T any](s []T) []T {
+	out := slices.Clone(s)
+	slices.Reverse(out)
+	return out
 }

@@ -76,7 +76,8 @@ type View struct {
 // controllerName is aether's, its Accepted condition (ClassConditions); for every Gateway of a
 // class aether accepts (Accepts), its edge data plane, a ServiceAccount, a Deployment and a
 // Service (ServiceAccount, Deployment, Service; all named <gw>-aether-edge, owned by the Gateway,
-// labelled Labels) and its status (Status, from the View's model.GatewayStatus, the Deployment's
+// labelled Labels; the Service's external IPs those AssignAddresses gives the Gateway, decided
+// for all Gateways at once in each pass) and its status (Status, from the View's model.GatewayStatus, the Deployment's
 // available replicas and the Service's addresses); and, in Namespace, a copy of every certificate
 // the View's edge Gateways serve (CertificateCopy), for the agents.
 //
@@ -139,10 +140,12 @@ func (c *Controller) SetView(v View) {
 // +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=services;serviceaccounts,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",namespace=aether-system,resources=secrets,verbs=create;update;patch;delete
 
 // Reconcile makes one pass over the last View (the request is ignored: there is one). It returns
-// the errors of what it could not write, joined (the pass is retried with back-off).
+// the errors of what it could not write, joined (the pass is retried with back-off). Nodes are
+// read for their addresses (AssignAddresses: a node's address is never a Gateway's).
 func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	c.mu.Lock()
 	v := c.view
@@ -164,17 +167,27 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	for _, st := range v.Statuses {
 		statuses[st.Key] = st
 	}
-	wanted := map[objectKey]bool{}
+	var mine, provisionable []*gwv1.Gateway
 	for _, gw := range sortedGateways(v.Gateways) {
 		if !accepted[string(gw.Spec.GatewayClassName)] {
 			continue
 		}
-		problem := NameProblem(gw.Name)
-		if problem == "" {
-			errs = append(errs, c.provision(ctx, gw, wanted))
+		mine = append(mine, gw)
+		if NameProblem(gw.Name) == "" {
+			provisionable = append(provisionable, gw)
 		}
-		if st, ok := statuses[model.GatewayKey{Namespace: gw.Namespace, Name: gw.Name}]; ok {
-			errs = append(errs, c.gatewayStatus(ctx, gw, st, problem, now))
+	}
+	assigned, live, err := c.assignAddresses(ctx, provisionable)
+	if err != nil {
+		// Never hand out an address from a partial read: nothing is applied, the pass is retried.
+		return reconcile.Result{}, errors.Join(append(errs, err)...)
+	}
+	wanted := map[objectKey]bool{}
+	errs = append(errs, c.provisionAll(ctx, provisionable, assigned, live, wanted))
+	for _, gw := range mine {
+		key := gatewayKey(gw)
+		if st, ok := statuses[key]; ok {
+			errs = append(errs, c.gatewayStatus(ctx, gw, st, NameProblem(gw.Name), assigned[key].Refused, now))
 		}
 	}
 	errs = append(errs, c.removeStale(ctx, wanted), c.certificates(ctx, v.Edges))
@@ -189,19 +202,90 @@ func sortedGateways(gws []*gwv1.Gateway) []*gwv1.Gateway {
 	return out
 }
 
+// assignAddresses is AssignAddresses for gws over the cluster's Services and Nodes (the manager's
+// cache), and the external IPs the live edge Service of each of gws has. The Services and Nodes
+// are read only when one of gws asks for an address inside AddressCIDRs; an error reading them
+// is returned (an unread Service or Node must not make an address look free).
+func (c *Controller) assignAddresses(ctx context.Context, gws []*gwv1.Gateway) (map[model.GatewayKey]AddressAssignment, map[model.GatewayKey][]string, error) {
+	if !slices.ContainsFunc(gws, func(gw *gwv1.Gateway) bool { return asksForAllowedAddress(gw, c.AddressCIDRs) }) {
+		return AssignAddresses(gws, c.AddressCIDRs, nil, nil), nil, nil
+	}
+	// Read only: the cached objects themselves, not copies (every Service of the cluster).
+	var svcs corev1.ServiceList
+	if err := c.Client.List(ctx, &svcs, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, nil, fmt.Errorf("assign Gateway addresses: list Services: %w", err)
+	}
+	var nodes corev1.NodeList
+	if err := c.Client.List(ctx, &nodes, client.UnsafeDisableDeepCopy); err != nil {
+		return nil, nil, fmt.Errorf("assign Gateway addresses: list Nodes: %w", err)
+	}
+	live := map[model.GatewayKey][]string{}
+	for i := range svcs.Items {
+		if s := &svcs.Items[i]; provisioned(s) {
+			live[model.GatewayKey{Namespace: s.Namespace, Name: s.Labels[gwv1.GatewayNameLabelKey]}] = s.Spec.ExternalIPs
+		}
+	}
+	return AssignAddresses(gws, c.AddressCIDRs, svcs.Items, nodes.Items), live, nil
+}
+
+// provisionAll provisions gws (provision) with the external IPs assigned gives them, in two
+// rounds so that no address is on two edge Services at once: first every Gateway that gains no
+// address its live edge Service (live) lacks, and of one that gains and loses addresses the
+// losses alone (its kept addresses); then every Gateway that gains one. An address whose
+// Gateway losing it could not be written is not given in this pass (the error says so; the pass
+// is retried).
+func (c *Controller) provisionAll(ctx context.Context, gws []*gwv1.Gateway, assigned map[model.GatewayKey]AddressAssignment, live map[model.GatewayKey][]string, wanted map[objectKey]bool) error {
+	var errs []error
+	stuck := map[string]model.GatewayKey{} // address -> the Gateway that may still hold it
+	var later []*gwv1.Gateway
+	for _, gw := range gws {
+		k := gatewayKey(gw)
+		ips, had := assigned[k].ExternalIPs, live[k]
+		kept := slices.DeleteFunc(slices.Clone(ips), func(ip string) bool { return !slices.Contains(had, ip) })
+		loses := slices.ContainsFunc(had, func(ip string) bool { return !slices.Contains(ips, ip) })
+		if len(kept) < len(ips) {
+			later = append(later, gw)
+			if !loses {
+				continue
+			}
+			ips = kept
+		}
+		if err := c.provision(ctx, gw, ips, wanted); err != nil {
+			errs = append(errs, err)
+			for _, ip := range had {
+				if !slices.Contains(ips, ip) {
+					stuck[ip] = k
+				}
+			}
+		}
+	}
+	for _, gw := range later {
+		ips := slices.DeleteFunc(slices.Clone(assigned[gatewayKey(gw)].ExternalIPs), func(ip string) bool {
+			h, ok := stuck[ip]
+			if ok {
+				errs = append(errs, fmt.Errorf("give Gateway %s/%s external IP %s: not in this pass: Gateway %s, which had it, could not be written", gw.Namespace, gw.Name, ip, h))
+			}
+			return ok
+		})
+		errs = append(errs, c.provision(ctx, gw, ips, wanted))
+	}
+	return errors.Join(errs...)
+}
+
 // objectKey names one provisioned object.
 type objectKey struct {
 	kind, namespace, name string
 }
 
-// provision applies the ServiceAccount, Deployment and Service of gw and records them in wanted.
-func (c *Controller) provision(ctx context.Context, gw *gwv1.Gateway, wanted map[objectKey]bool) error {
+// provision applies the ServiceAccount, Deployment and Service (with externalIPs) of gw and
+// records them in wanted.
+func (c *Controller) provision(ctx context.Context, gw *gwv1.Gateway, externalIPs []string, wanted map[objectKey]bool) error {
 	dep, err := Deployment(gw, c.EnvoyImage)
 	if err != nil {
 		return err
 	}
 	objs := []client.Object{ServiceAccount(gw), dep}
-	if svc := Service(gw, c.AddressCIDRs); svc != nil {
+	if svc := Service(gw, externalIPs); svc != nil {
 		objs = append(objs, svc)
 	}
 	var errs []error
@@ -386,10 +470,10 @@ func (c *Controller) classStatus(ctx context.Context, gc *gwv1.GatewayClass, now
 	return nil
 }
 
-// gatewayStatus writes Gateway gw's status (Status, with problem: NameProblem's) when it differs,
-// for generation st.Generation only (a Gateway changed since is left to the pass its change
-// brings).
-func (c *Controller) gatewayStatus(ctx context.Context, gw *gwv1.Gateway, st model.GatewayStatus, problem string, now metav1.Time) error {
+// gatewayStatus writes Gateway gw's status (Status, with problem: NameProblem's, and refused:
+// the AddressAssignment's) when it differs, for generation st.Generation only (a Gateway
+// changed since is left to the pass its change brings).
+func (c *Controller) gatewayStatus(ctx context.Context, gw *gwv1.Gateway, st model.GatewayStatus, problem string, refused []string, now metav1.Time) error {
 	name := types.NamespacedName{Namespace: gw.Namespace, Name: model.EdgeServiceAccountName(gw.Name)}
 	var dep *appsv1.Deployment
 	var svc *corev1.Service
@@ -409,7 +493,6 @@ func (c *Controller) gatewayStatus(ctx context.Context, gw *gwv1.Gateway, st mod
 		if gw.Generation != st.Generation {
 			return nil
 		}
-		_, refused := ExternalIPs(gw, c.AddressCIDRs)
 		want := Status(gw.Status, st, dep, svc, problem, refused, now)
 		if equality.Semantic.DeepEqual(gw.Status, want) {
 			return nil
@@ -434,7 +517,10 @@ func (c *Controller) gatewayStatus(ctx context.Context, gw *gwv1.Gateway, st mod
 
 // SetupWithManager registers the controller (leader only): a pass PassDelay after each View
 // (SetView), and after each event of a provisioned Deployment, Service or ServiceAccount or of a
-// certificate copy in Namespace, as the manager's cache sees them.
+// certificate copy in Namespace, of any Service using an address in AddressCIDRs, and (with
+// AddressCIDRs set) of a Node whose address in them comes or goes, as the manager's cache sees
+// them. The manager's cache holds every Service and, with AddressCIDRs set, every Node
+// (CacheByObject).
 func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	if c.Client == nil || c.Gateway == nil || c.Namespace == "" || c.EnvoyImage == "" || c.Log == nil {
 		return errors.New("set up gateway controller: Client, Gateway, Namespace, EnvoyImage and Log are required")
@@ -451,6 +537,15 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		GenericFunc: func(_ context.Context, _ event.GenericEvent, q queue) { later(q) },
 	}
 	ours := builder.WithPredicates(predicate.NewPredicateFuncs(provisioned))
+	// Any Service, ours or one whose addresses (before or after the change) fall in AddressCIDRs:
+	// it may hold an address a Gateway asks for, or free one.
+	services := builder.WithPredicates(c.addressesChanged(func(o client.Object) ([]string, bool) {
+		s, ok := o.(*corev1.Service)
+		if !ok {
+			return nil, false
+		}
+		return serviceAddresses(s), provisioned(s)
+	}))
 	copies := builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 		return o.GetNamespace() == c.Namespace && o.GetLabels()[model.LabelEdgeCertificate] == "true"
 	}))
@@ -458,7 +553,7 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	if c.SkipNameValidation {
 		opts.SkipNameValidation = &c.SkipNameValidation
 	}
-	err := ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named("gateway").
 		WatchesRawSource(source.Func(func(_ context.Context, q queue) error {
 			c.mu.Lock()
@@ -471,28 +566,79 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 			return nil
 		})).
 		Watches(&appsv1.Deployment{}, all, ours).
-		Watches(&corev1.Service{}, all, ours).
+		Watches(&corev1.Service{}, all, services).
 		Watches(&corev1.ServiceAccount{}, all, ours).
 		Watches(&corev1.Secret{}, all, copies).
-		WithOptions(opts).
-		Complete(c)
+		WithOptions(opts)
+	if len(c.AddressCIDRs) > 0 {
+		// Node addresses matter only when some address may be given (AssignAddresses).
+		b = b.Watches(&corev1.Node{}, all, builder.WithPredicates(c.addressesChanged(func(o client.Object) ([]string, bool) {
+			n, ok := o.(*corev1.Node)
+			if !ok {
+				return nil, false
+			}
+			return nodeAddresses(n), false
+		})))
+	}
+	err := b.Complete(c)
 	if err != nil {
 		return fmt.Errorf("set up gateway controller: %w", err)
 	}
 	return nil
 }
 
+// addressesChanged is the predicate of an object whose addresses (addrs: the addresses and
+// whether any change of it matters) may change what AssignAddresses gives: created or deleted
+// with an address in AddressCIDRs, or updated with its addresses changed and one in
+// AddressCIDRs before or after; every event of an object whose changes all matter.
+func (c *Controller) addressesChanged(addrs func(client.Object) ([]string, bool)) predicate.Funcs {
+	one := func(o client.Object) bool {
+		ips, always := addrs(o)
+		return always || usesAddressIn(ips, c.AddressCIDRs)
+	}
+	return predicate.Funcs{
+		CreateFunc:  func(e event.CreateEvent) bool { return one(e.Object) },
+		DeleteFunc:  func(e event.DeleteEvent) bool { return one(e.Object) },
+		GenericFunc: func(e event.GenericEvent) bool { return one(e.Object) },
+		UpdateFunc: func(e event.UpdateEvent) bool {
+			before, always := addrs(e.ObjectOld)
+			after, alwaysNow := addrs(e.ObjectNew)
+			if always || alwaysNow {
+				return true
+			}
+			return !slices.Equal(before, after) && (usesAddressIn(before, c.AddressCIDRs) || usesAddressIn(after, c.AddressCIDRs))
+		},
+	}
+}
+
 // CacheByObject is what the manager's cache must hold for the Controller (and, for Secrets, the
 // route status controller's certificate checks), as cache.Options.ByObject: only Deployments and
-// ServiceAccounts labelled aether.io/managed-by: aether, and only Secrets of type
-// kubernetes.io/tls (certificateRefs name those; the route status controller reads a ref to a
-// Secret of another type from the API server). Services are cached whole: other controllers read
-// them all.
+// ServiceAccounts labelled aether.io/managed-by: aether, only Secrets of type kubernetes.io/tls
+// (certificateRefs name those; the route status controller reads a ref to a Secret of another
+// type from the API server), and of Nodes only their name and status.addresses (what
+// AssignAddresses reads; nothing else in the registrar reads Nodes). Services are cached whole:
+// other controllers read them all, and AssignAddresses every one's addresses.
 func CacheByObject() map[client.Object]cache.ByObject {
 	managed := labels.SelectorFromSet(labels.Set{model.LabelManagedBy: model.ManagedByAether})
 	return map[client.Object]cache.ByObject{
 		&appsv1.Deployment{}:     {Label: managed},
 		&corev1.ServiceAccount{}: {Label: managed},
 		&corev1.Secret{}:         {Field: fields.OneTermEqualSelector("type", string(corev1.SecretTypeTLS))},
+		&corev1.Node{}:           {Transform: nodeAddressesOnly},
 	}
+}
+
+// nodeAddressesOnly is the cache's transform of a Node: its name, UID, resourceVersion and
+// status.addresses (a Node's images and conditions are most of its size). Anything else (a
+// tombstone) is kept as it is.
+func nodeAddressesOnly(in any) (any, error) {
+	n, ok := in.(*corev1.Node)
+	if !ok {
+		return in, nil
+	}
+	return &corev1.Node{
+		TypeMeta:   n.TypeMeta,
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
+	}, nil
 }

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 
@@ -82,7 +83,9 @@ func (c countingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguratio
 	return c.Client.Apply(ctx, obj, opts...)
 }
 
-func startEnv(t *testing.T) *env {
+// startAPI starts a kube-apiserver with every CRD aether ships and namespaces systemNS and appNS,
+// and returns it, the scheme of the objects the tests use and an admin client.
+func startAPI(t *testing.T) (*testenv.KubeAPIServer, *runtime.Scheme, client.Client) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
 	scheme := runtime.NewScheme()
@@ -93,12 +96,19 @@ func startEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	for _, ns := range []string{systemNS, appNS} {
-		if err := admin.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		if err := admin.Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return api, scheme, admin
+}
+
+// startEnv starts the env; the controller may give Gateways addresses in 192.0.2.0/24 and in
+// extraCIDRs.
+func startEnv(t *testing.T, extraCIDRs ...netip.Prefix) *env {
+	api, scheme, admin := startAPI(t)
+	ctx := context.Background()
 	for _, f := range []string{"registrar/rbac.yaml", "registrar/policy.yaml"} {
 		objs, err := deploy.Objects(f)
 		if err != nil {
@@ -126,7 +136,7 @@ func startEnv(t *testing.T) *env {
 	}
 	e := &env{t: t, api: api, admin: admin, gw: gwclient.NewForConfigOrDie(api.Config)}
 	e.ctl = &gateway.Controller{Client: countingClient{mgr.GetClient(), &e.applies}, Gateway: gwclient.NewForConfigOrDie(reg), Namespace: systemNS,
-		EnvoyImage: image, AddressCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, Log: log, PassDelay: 50 * time.Millisecond, SkipNameValidation: true}
+		EnvoyImage: image, AddressCIDRs: append([]netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, extraCIDRs...), Log: log, PassDelay: 50 * time.Millisecond, SkipNameValidation: true}
 	if err := e.ctl.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -561,4 +571,273 @@ func TestControllerLeavesForeignObjects(t *testing.T) {
 			t.Errorf("Service %s taken over: ports %+v owner %v", name, s.Spec.Ports, metav1.GetControllerOf(&s))
 		}
 	}
+}
+
+// TestControllerAddresses runs the controller (as in TestController) with Gateways asking for
+// addresses inside its ranges (192.0.2.0/24 and the service range 10.96.0.0/16): two Gateways
+// asking for one address and port, the older (created first, though its name sorts last) gets it
+// as its edge Service's external IP and the newer is refused (Programmed=False,
+// AddressNotUsable, naming the field, the value and the older Gateway); the older deleted, the
+// newer gets it; a Service's cluster IP and a Node's InternalIP are refused, naming the Service
+// and the Node, and are on no edge Service.
+func TestControllerAddresses(t *testing.T) {
+	e := startEnv(t, netip.MustParsePrefix("10.96.0.0/16"))
+	ctx := context.Background()
+	if _, err := e.gw.GatewayV1().GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "aether"},
+		Spec: gwv1.GatewayClassSpec{ControllerName: model.GatewayControllerName}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	db := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: appNS, Name: "db"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "pg", Port: 5432}}}}
+	if err := e.admin.Create(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	nodeA := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-a"}}
+	if err := e.admin.Create(ctx, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	nodeA.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeHostName, Address: "node-a"}, {Type: corev1.NodeInternalIP, Address: "192.0.2.40"}}
+	if err := e.admin.Status().Update(ctx, nodeA); err != nil {
+		t.Fatal(err)
+	}
+	create := func(t *testing.T, name, address string) {
+		t.Helper()
+		g := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: appNS, Name: name}, Spec: gwv1.GatewaySpec{
+			GatewayClassName: "aether",
+			Listeners:        []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}},
+			Addresses:        []gwv1.GatewaySpecAddress{{Type: ptr(gwv1.IPAddressType), Value: address}},
+		}}
+		if _, err := e.gw.GatewayV1().Gateways(appNS).Create(ctx, g, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// publish hands the controller a View of every Gateway there is, each resolved valid.
+	publish := func(t *testing.T) {
+		t.Helper()
+		gws, err := e.gw.GatewayV1().Gateways(appNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sts []model.GatewayStatus
+		for i := range gws.Items {
+			sts = append(sts, modelStatus(&gws.Items[i]))
+		}
+		e.publish(nil, sts...)
+	}
+	// edge waits until Gateway name's edge Service has externalIPs ips and its Programmed
+	// condition has reason (and, for AddressNotUsable, a message containing each of says).
+	edge := func(t *testing.T, name string, ips []string, reason string, says ...string) {
+		t.Helper()
+		testenv.Eventually(t, converge, "Gateway "+name+": external IPs "+strings.Join(ips, ",")+", Programmed "+reason, func() error {
+			var s corev1.Service
+			if err := e.admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: name + "-aether-edge"}, &s); err != nil {
+				return err
+			}
+			if !slices.Equal(s.Spec.ExternalIPs, ips) {
+				return fmt.Errorf("edge Service externalIPs %v, want %v", s.Spec.ExternalIPs, ips)
+			}
+			g := e.gateway(name)
+			p := meta.FindStatusCondition(g.Status.Conditions, "Programmed")
+			if p == nil || p.Status != metav1.ConditionFalse || p.Reason != reason {
+				return fmt.Errorf("Programmed %+v, want False %s", p, reason)
+			}
+			for _, w := range says {
+				if !strings.Contains(p.Message, w) {
+					return fmt.Errorf("Programmed message %q does not say %q", p.Message, w)
+				}
+			}
+			return nil
+		})
+	}
+
+	t.Run("two Gateways, one address: the older keeps it", func(t *testing.T) {
+		create(t, "zz-first", "192.0.2.20")
+		// creationTimestamp has a resolution of one second.
+		time.Sleep(1100 * time.Millisecond)
+		create(t, "aa-second", "192.0.2.20")
+		publish(t)
+		// No available replica here (no kube-controller-manager): Programmed stays Pending.
+		edge(t, "zz-first", []string{"192.0.2.20"}, "Pending")
+		edge(t, "aa-second", nil, "AddressNotUsable", "spec.addresses[0]: value 192.0.2.20", "port 80/TCP by Gateway shop/zz-first")
+	})
+
+	t.Run("the older deleted, the newer gets it", func(t *testing.T) {
+		if err := e.gw.GatewayV1().Gateways(appNS).Delete(ctx, "zz-first", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		publish(t)
+		edge(t, "aa-second", []string{"192.0.2.20"}, "Pending")
+		if err := e.admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: "zz-first-aether-edge"}, &corev1.Service{}); !apierrors.IsNotFound(err) {
+			t.Errorf("edge Service of the deleted Gateway: %v, want it deleted", err)
+		}
+	})
+
+	t.Run("a Service's cluster IP is refused", func(t *testing.T) {
+		if err := e.admin.Get(ctx, client.ObjectKeyFromObject(db), db); err != nil {
+			t.Fatal(err)
+		}
+		create(t, "takes-db", db.Spec.ClusterIP)
+		publish(t)
+		edge(t, "takes-db", nil, "AddressNotUsable", "spec.addresses[0]: value "+db.Spec.ClusterIP+": in use by Service shop/db (spec.clusterIPs)")
+	})
+
+	t.Run("a node's address is refused", func(t *testing.T) {
+		create(t, "takes-node", "192.0.2.40")
+		publish(t)
+		edge(t, "takes-node", nil, "AddressNotUsable", "spec.addresses[0]: value 192.0.2.40: the InternalIP of Node node-a")
+	})
+}
+
+// failingClient is a direct API client that fails to list Nodes (failNodes) and to apply the
+// object of kind and name failApply ("Service/newer-aether-edge").
+type failingClient struct {
+	client.Client
+	failNodes bool
+	failApply string
+}
+
+func (c *failingClient) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if _, ok := list.(*corev1.NodeList); ok && c.failNodes {
+		return errors.New("injected: cannot list Nodes")
+	}
+	return c.Client.List(ctx, list, opts...)
+}
+
+func (c *failingClient) Apply(ctx context.Context, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+	if o, ok := obj.(interface {
+		GetName() string
+		GetKind() string
+	}); ok && o.GetKind()+"/"+o.GetName() == c.failApply {
+		return errors.New("injected: cannot apply " + c.failApply)
+	}
+	return c.Client.Apply(ctx, obj, opts...)
+}
+
+// TestControllerAddressesFailures runs passes of the controller (Reconcile called directly, a
+// direct API client that fails where told) against a real kube-apiserver: a pass that cannot
+// list the Nodes fails and applies nothing; a pass in which the Gateway losing an address cannot
+// be written does not give that address to the Gateway gaining it (no address on two edge
+// Services), and says so; the next pass, nothing failing, moves it. The same when two Gateways
+// swap addresses.
+func TestControllerAddressesFailures(t *testing.T) {
+	api, _, admin := startAPI(t)
+	ctx := context.Background()
+	gwc := gwclient.NewForConfigOrDie(api.Config)
+	class, err := gwc.GatewayV1().GatewayClasses().Create(ctx, &gwv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: "aether"},
+		Spec: gwv1.GatewayClassSpec{ControllerName: model.GatewayControllerName}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fc := &failingClient{Client: admin}
+	ctl := &gateway.Controller{Client: fc, Gateway: gwc, Namespace: systemNS, EnvoyImage: image,
+		AddressCIDRs: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, Log: testLogger()}
+	create := func(name string, addresses ...string) {
+		t.Helper()
+		g := &gwv1.Gateway{ObjectMeta: metav1.ObjectMeta{Namespace: appNS, Name: name}, Spec: gwv1.GatewaySpec{
+			GatewayClassName: "aether", Listeners: []gwv1.Listener{{Name: "http", Port: 80, Protocol: gwv1.HTTPProtocolType}}}}
+		for _, a := range addresses {
+			g.Spec.Addresses = append(g.Spec.Addresses, gwv1.GatewaySpecAddress{Value: a})
+		}
+		if _, err := gwc.GatewayV1().Gateways(appNS).Create(ctx, g, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// pass sets the View to every Gateway there is and runs one pass.
+	pass := func() error {
+		t.Helper()
+		gws, err := gwc.GatewayV1().Gateways(appNS).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := gateway.View{Classes: []*gwv1.GatewayClass{class}}
+		for i := range gws.Items {
+			v.Gateways = append(v.Gateways, &gws.Items[i])
+		}
+		ctl.SetView(v)
+		_, err = ctl.Reconcile(ctx, reconcile.Request{})
+		return err
+	}
+	externalIPs := func(name string) ([]string, error) {
+		var s corev1.Service
+		err := admin.Get(ctx, types.NamespacedName{Namespace: appNS, Name: name + "-aether-edge"}, &s)
+		return s.Spec.ExternalIPs, err
+	}
+	// want checks the external IPs of the older and the newer Gateway's edge Services.
+	want := func(what string, older, newer []string) {
+		t.Helper()
+		o, oerr := externalIPs("older")
+		n, nerr := externalIPs("newer")
+		if !slices.Equal(o, older) || !slices.Equal(n, newer) {
+			t.Errorf("external IPs: older %v (%v), newer %v (%v); want %v and %v: %s", o, oerr, n, nerr, older, newer, what)
+		}
+	}
+
+	create("older")
+	time.Sleep(1100 * time.Millisecond) // creationTimestamp has a resolution of one second
+	create("newer", "192.0.2.20")
+	fc.failNodes = true
+	if err := pass(); err == nil || !strings.Contains(err.Error(), "list Nodes") {
+		t.Fatalf("pass with the Nodes unreadable: %v, want the list error", err)
+	}
+	for _, name := range []string{"older", "newer"} {
+		if _, err := externalIPs(name); !apierrors.IsNotFound(err) {
+			t.Errorf("edge Service of %s after a failed read: %v, want none applied", name, err)
+		}
+	}
+	fc.failNodes = false
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	if ips, err := externalIPs("newer"); err != nil || !slices.Equal(ips, []string{"192.0.2.20"}) {
+		t.Fatalf("newer's external IPs %v (%v), want [192.0.2.20]", ips, err)
+	}
+
+	// ask sets Gateway name's spec.addresses to address.
+	ask := func(name, address string) {
+		t.Helper()
+		if err := retry.RetryOnConflict(retry.DefaultBackoff, func() error {
+			g, err := gwc.GatewayV1().Gateways(appNS).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			g.Spec.Addresses = []gwv1.GatewaySpecAddress{{Value: address}}
+			_, err = gwc.GatewayV1().Gateways(appNS).Update(ctx, g, metav1.UpdateOptions{})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The older Gateway asks for the newer's address: it moves, unless the newer's Service
+	// cannot be written.
+	ask("older", "192.0.2.20")
+	fc.failApply = "Service/newer-aether-edge"
+	err = pass()
+	if err == nil || !strings.Contains(err.Error(), "give Gateway shop/older external IP 192.0.2.20: not in this pass: Gateway shop/newer, which had it, could not be written") {
+		t.Errorf("pass with newer's Service unwritable: %v, want it to say 192.0.2.20 is held back", err)
+	}
+	want("192.0.2.20 left on newer only", nil, []string{"192.0.2.20"})
+	fc.failApply = ""
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	want("192.0.2.20 moved to older", []string{"192.0.2.20"}, nil)
+
+	// The two swap addresses, each losing one and gaining the other's: with the newer's Service
+	// unwritable, the older loses its address but does not get the newer's.
+	ask("newer", "192.0.2.21")
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	ask("older", "192.0.2.21")
+	ask("newer", "192.0.2.20")
+	fc.failApply = "Service/newer-aether-edge"
+	if err := pass(); err == nil || !strings.Contains(err.Error(), "give Gateway shop/older external IP 192.0.2.21: not in this pass") {
+		t.Errorf("swap with newer's Service unwritable: %v, want 192.0.2.21 held back", err)
+	}
+	want("none on older, 192.0.2.21 left on newer", nil, []string{"192.0.2.21"})
+	fc.failApply = ""
+	if err := pass(); err != nil {
+		t.Fatal(err)
+	}
+	want("swapped", []string{"192.0.2.21"}, []string{"192.0.2.20"})
 }

@@ -16,11 +16,19 @@
 //     takes xDS from 127.0.0.1:15010 in the pod's network namespace, where the node agent of the
 //     pod's node serves it, the pod opting out of capture (aether.io/capture: "false"); and a
 //     Service of type LoadBalancer, one port per listener port and transport, whose externalIPs
-//     are the Gateway's spec.addresses of type IPAddress (how the local substrate reaches a
-//     Gateway at a node address). Builders: ServiceAccount, Deployment, Service (pure). The
+//     are the Gateway's spec.addresses of type IPAddress that AssignAddresses gives it (how a
+//     cluster without a load-balancer controller, the local substrate, reaches a Gateway at an
+//     address routed to its nodes). Builders: ServiceAccount, Deployment, Service (pure). The
 //     objects converge by server-side apply, skipped when nothing changed (AnnotationAppliedHash);
 //     the garbage collector removes them with their Gateway, and the controller removes those of
 //     a Gateway whose class is no longer aether's.
+//   - Addresses. kube-proxy answers an external IP on every node, for every client, so
+//     AssignAddresses gives an address only inside --gateway-address-cidrs (none by default),
+//     never a Node's InternalIP or ExternalIP, never an address another Service uses (cluster,
+//     external or load balancer IP), and one edge port of an address to one Gateway, the oldest
+//     (creationTimestamp, then namespace/name); a refused address is reported in Programmed=False,
+//     AddressNotUsable. It reads every Service and Node from the manager's cache (Nodes only
+//     their addresses, CacheByObject) and fails the pass, applying nothing, when it cannot.
 //   - Certificates. For every certificateRef of a programmed listener that
 //     model.ResolveGateways found usable, a copy in the registrar's own namespace
 //     (CertificateCopy: a kubernetes.io/tls Secret named model.EdgeCertificateSecretName(ref),
@@ -45,8 +53,9 @@
 //     round this package would read the routes and follow the registry too. So the resolution is
 //     computed once, from one consistent read, the route status controller stays the one writer
 //     of route status, and this package reads no Gateway API object itself: only its own
-//     objects and the certificate Secrets, from the manager's cache. Its provisioning does not
-//     depend on the resolution (only on the Gateway's class, listeners and addresses); its
+//     objects, the certificate Secrets and (for the addresses) Services and Nodes, from the
+//     manager's cache. Its provisioning does not depend on the resolution (only on the
+//     Gateway's class, listeners and addresses, and the other objects using those); its
 //     certificate copies and Gateway status do.
 //
 // It writes only objects labelled aether.io/managed-by: aether (the chart's

@@ -105,10 +105,10 @@ func available(d *appsv1.Deployment) bool { return d != nil && d.Status.Availabl
 // Programmed conditions and the listeners of st (what model.ResolveGateways found), addresses
 // Addresses(svc), every condition at observedGeneration st.Generation. Programmed is st's when
 // that is False; else False with reason Invalid when the Gateway cannot have an edge data plane
-// (problem, NameProblem's), else False with reason AddressNotUsable when spec.addresses asks for
-// addresses outside the allowed ranges (refused, ExternalIPs'), else True only when the edge Deployment dep has an available replica
-// and an address is known, else False with reason AddressNotAssigned (no address) or Pending (no
-// available replica). A listener's Programmed=True becomes False with the Gateway's (reason
+// (problem, NameProblem's), else False with reason AddressNotUsable when an address spec.addresses
+// asks for was refused (refused, AddressAssignment.Refused: the message joins them), else True
+// only when the edge Deployment dep has an available replica and an address is known, else False
+// with reason AddressNotAssigned (no address) or Pending (no available replica). A listener's Programmed=True becomes False with the Gateway's (reason
 // Invalid, or Pending). A condition whose status did not change keeps its lastTransitionTime;
 // conditions of other types are kept.
 func Status(have gwv1.GatewayStatus, st model.GatewayStatus, dep *appsv1.Deployment, svc *corev1.Service, problem string, refused []string, now metav1.Time) gwv1.GatewayStatus {
@@ -121,8 +121,7 @@ func Status(have gwv1.GatewayStatus, st model.GatewayStatus, dep *appsv1.Deploym
 			programmed = model.Condition{Reason: string(gwv1.GatewayReasonInvalid), Message: problem}
 			listenerReason = string(gwv1.ListenerReasonInvalid)
 		case len(refused) > 0:
-			programmed = model.Condition{Reason: string(gwv1.GatewayReasonAddressNotUsable), Message: strings.Join(refused, "; ") +
-				": not in the ranges the registrar may give Gateways (--gateway-address-cidrs): an address becomes the edge Service's external IP, which every node answers for"}
+			programmed = model.Condition{Reason: string(gwv1.GatewayReasonAddressNotUsable), Message: strings.Join(refused, "; ")}
 			listenerReason = string(gwv1.ListenerReasonPending)
 		case len(out.Addresses) == 0:
 			programmed = model.Condition{Reason: string(gwv1.GatewayReasonAddressNotAssigned), Message: "the edge Service " + edge + " has no address yet"}

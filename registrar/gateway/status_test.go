@@ -18,8 +18,9 @@ import (
 // TestStatus computes Gateway status from what model.ResolveGateways found, the edge
 // Deployment and the edge Service: the addresses (load balancer ingress first, then externalIPs,
 // then ClusterIPs), Programmed only with an available replica and an address (Pending,
-// AddressNotAssigned, Invalid for a Gateway name aether cannot provision, and the listeners'
-// Programmed following), the model's Programmed=False
+// AddressNotAssigned, Invalid for a Gateway name aether cannot provision, AddressNotUsable with
+// the refused addresses' reasons, and the listeners' Programmed following), the model's
+// Programmed=False
 // kept, observedGeneration, and, computed again later with nothing changed, the same status
 // (lastTransitionTime kept, another controller's condition kept).
 func TestStatus(t *testing.T) {
@@ -68,7 +69,7 @@ func TestStatus(t *testing.T) {
 		{"no replica available", st, starting, svc(nil, nil, []string{"10.96.0.10"}), "", nil, []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Pending", "Pending"},
 		{"no Deployment", st, nil, svc(nil, nil, []string{"10.96.0.10"}), "", nil, []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Pending", "Pending"},
 		{"no Service", st, ready, nil, "", nil, nil, "AddressNotAssigned", "Pending"},
-		{"an address outside the allowed ranges", st, ready, svc(nil, nil, []string{"10.96.0.10"}), "", []string{"spec.addresses[0]: value 192.0.2.99"},
+		{"refused addresses", st, ready, svc(nil, nil, []string{"10.96.0.10"}), "", []string{"spec.addresses[0]: value 192.0.2.99: not in the ranges", "spec.addresses[1]: value 192.0.2.11: the InternalIP of Node a"},
 			[]gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "AddressNotUsable", "Pending"},
 		{"a name aether cannot provision", st, nil, nil, "metadata.name: too long", nil, nil, "Invalid", "Invalid"},
 		{"not accepted", invalid, ready, svc(nil, nil, []string{"10.96.0.10"}), "", nil, []gwv1.GatewayStatusAddress{ip("10.96.0.10")}, "Invalid", "True"},
@@ -83,6 +84,9 @@ func TestStatus(t *testing.T) {
 			p := meta.FindStatusCondition(got.Conditions, "Programmed")
 			if p == nil || (c.programmed == "True") != (p.Status == metav1.ConditionTrue) || (c.programmed != "True" && p.Reason != c.programmed) {
 				t.Errorf("Programmed %+v, want %s", p, c.programmed)
+			}
+			if len(c.refused) > 0 && p.Message != strings.Join(c.refused, "; ") {
+				t.Errorf("Programmed message %q, want the refusals joined", p.Message)
 			}
 			a := meta.FindStatusCondition(got.Conditions, "Accepted")
 			if a == nil || a.Reason != c.st.Accepted.Reason || a.ObservedGeneration != 3 || p.ObservedGeneration != 3 {
