@@ -2,6 +2,7 @@ package model
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -13,8 +14,10 @@ import (
 // Field paths of GatewaySpec.Unsupported entries that decide the Gateway's Accepted=False reason
 // (gatewayRefusal).
 const (
-	fieldAddresses     = "spec.addresses"
-	fieldParametersRef = "spec.infrastructure.parametersRef"
+	fieldAddresses                 = "spec.addresses"
+	fieldParametersRef             = "spec.infrastructure.parametersRef"
+	fieldInfrastructureLabels      = "spec.infrastructure.labels"
+	fieldInfrastructureAnnotations = "spec.infrastructure.annotations"
 )
 
 // GatewaySpecModel turns a Gateway into the GatewaySpec ResolveGateways reads, applying the
@@ -23,8 +26,8 @@ const (
 // does not serve is listed, "<field>: <reason>" with the value, in the Unsupported of the
 // Gateway (an address that is not an IP, infrastructure.parametersRef, allowedListeners other
 // than None, spec.tls, defaultScope) or of the listener (a namespace selector that does not
-// convert, tls.options). infrastructure.labels and annotations are for the provisioner and are
-// not listed.
+// convert, tls.options). infrastructure.labels and annotations are for the provisioner
+// (GEP-1867); only a key ReservedInfrastructureKey refuses is listed.
 func GatewaySpecModel(g *gwv1.Gateway) GatewaySpec {
 	out := GatewaySpec{
 		Key: GatewayKey{Namespace: g.Namespace, Name: g.Name}, UID: string(g.UID),
@@ -57,6 +60,18 @@ func GatewaySpecModel(g *gwv1.Gateway) GatewaySpec {
 	if inf := g.Spec.Infrastructure; inf != nil && inf.ParametersRef != nil {
 		p := inf.ParametersRef
 		out.Unsupported = append(out.Unsupported, fmt.Sprintf("%s: %s %q (group %q): aether's Gateways take no parameters", fieldParametersRef, p.Kind, p.Name, p.Group))
+	}
+	if inf := g.Spec.Infrastructure; inf != nil {
+		for _, k := range slices.Sorted(maps.Keys(inf.Labels)) {
+			if ReservedInfrastructureKey(string(k)) {
+				out.Unsupported = append(out.Unsupported, fmt.Sprintf("%s: key %q: reserved for aether's own labels", fieldInfrastructureLabels, k))
+			}
+		}
+		for _, k := range slices.Sorted(maps.Keys(inf.Annotations)) {
+			if ReservedInfrastructureKey(string(k)) {
+				out.Unsupported = append(out.Unsupported, fmt.Sprintf("%s: key %q: reserved for aether's own annotations", fieldInfrastructureAnnotations, k))
+			}
+		}
 	}
 	if al := g.Spec.AllowedListeners; al != nil && al.Namespaces != nil && al.Namespaces.From != nil && *al.Namespaces.From != gwv1.NamespacesFromNone {
 		out.Unsupported = append(out.Unsupported, fmt.Sprintf("spec.allowedListeners.namespaces.from: value %q: aether attaches no ListenerSets (want None)", *al.Namespaces.From))
@@ -173,4 +188,12 @@ func (g NamespaceRef) allows(want NamespaceRef) bool {
 // granted reports whether one of grants allows reference want.
 func granted(grants []NamespaceRef, want NamespaceRef) bool {
 	return slices.ContainsFunc(grants, func(g NamespaceRef) bool { return g.allows(want) })
+}
+
+// ReservedInfrastructureKey reports whether a Gateway's spec.infrastructure may not carry label
+// or annotation key k onto its edge objects: a key of aether's (prefix "aether.io/", such as
+// aether.io/capture on the edge pods) or the gateway-name label the edge Deployment selects its
+// pods by. A Gateway asking for one is not accepted.
+func ReservedInfrastructureKey(k string) bool {
+	return strings.HasPrefix(k, "aether.io/") || k == gwv1.GatewayNameLabelKey
 }

@@ -19,7 +19,8 @@ func TestGatewaySpecModel(t *testing.T) {
   - {type: IPAddress, value: lb.example.com}
   - {type: Hostname, value: lb.example.com}
   infrastructure:
-    labels: {team: edge}
+    labels: {team: edge, aether.io/capture: "true"}
+    annotations: {example.com/owner: edge, gateway.networking.k8s.io/gateway-name: other}
     parametersRef: {group: example.com, kind: Params, name: p}
   allowedListeners: {namespaces: {from: All}}
   listeners:
@@ -56,6 +57,8 @@ func TestGatewaySpecModel(t *testing.T) {
 		`spec.addresses[3].value: value "lb.example.com": not an IP address`,
 		`spec.addresses[4].type: value "Hostname": aether takes IPAddress addresses only`,
 		`spec.infrastructure.parametersRef: Params "p" (group "example.com"): aether's Gateways take no parameters`,
+		`spec.infrastructure.labels: key "aether.io/capture": reserved for aether's own labels`,
+		`spec.infrastructure.annotations: key "gateway.networking.k8s.io/gateway-name": reserved for aether's own annotations`,
 		`spec.allowedListeners.namespaces.from: value "All": aether attaches no ListenerSets (want None)`,
 	}
 	if !slices.Equal(g.Unsupported, wantUnsupported) {
@@ -112,6 +115,7 @@ func TestGatewaySpecModel(t *testing.T) {
 	}{
 		{[]string{wantUnsupported[2]}, "InvalidParameters"},
 		{[]string{wantUnsupported[3]}, "Invalid"},
+		{[]string{wantUnsupported[5]}, "Invalid"},
 		{[]string{wantUnsupported[2], wantUnsupported[1]}, "UnsupportedAddress"},
 	} {
 		if got := gatewayRefusal(tc.unsupported); got != tc.want {

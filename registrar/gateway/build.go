@@ -3,6 +3,7 @@ package gateway
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -71,9 +72,43 @@ func owner(gw *gwv1.Gateway) []metav1.OwnerReference {
 	}}
 }
 
+// objectMeta is the metadata of gw's provisioned objects: gw's spec.infrastructure labels and
+// annotations (GEP-1867) with Labels on top, the controller owner reference.
 func objectMeta(gw *gwv1.Gateway) metav1.ObjectMeta {
+	labels, annotations := infrastructure(gw, Labels(gw.Name), nil)
 	return metav1.ObjectMeta{Namespace: gw.Namespace, Name: model.EdgeServiceAccountName(gw.Name),
-		Labels: Labels(gw.Name), OwnerReferences: owner(gw)}
+		Labels: labels, Annotations: annotations, OwnerReferences: owner(gw)}
+}
+
+// infrastructure returns gw's spec.infrastructure labels and annotations (GEP-1867: for every
+// object created for the Gateway) with aether's own, labels and annotations, on top: a key
+// model.ReservedInfrastructureKey refuses is never taken from the Gateway (the model does not
+// accept such a Gateway either). Nil maps for none.
+func infrastructure(gw *gwv1.Gateway, labels, annotations map[string]string) (map[string]string, map[string]string) {
+	merge := func(from map[string]string, own map[string]string) map[string]string {
+		out := map[string]string{}
+		for k, v := range from {
+			if !model.ReservedInfrastructureKey(k) {
+				out[k] = v
+			}
+		}
+		maps.Copy(out, own)
+		if len(out) == 0 {
+			return nil
+		}
+		return out
+	}
+	var il, ia map[string]string
+	if inf := gw.Spec.Infrastructure; inf != nil {
+		il, ia = map[string]string{}, map[string]string{}
+		for k, v := range inf.Labels {
+			il[string(k)] = string(v)
+		}
+		for k, v := range inf.Annotations {
+			ia[string(k)] = string(v)
+		}
+	}
+	return merge(il, labels), merge(ia, annotations)
 }
 
 // EdgePort is one port the edge Envoy listens on: a listener port and its transport.
@@ -127,7 +162,8 @@ func ServiceAccount(gw *gwv1.Gateway) *corev1.ServiceAccount {
 
 // Deployment is the edge Deployment of gw, <gw>-aether-edge: one replica of a pod with one
 // container, EdgeContainer, running Envoy from image with the bootstrap of EdgeBootstrap passed as
-// --config-yaml (JSON is YAML). The pod opts out of capture (aether.io/capture: "false"), runs as
+// --config-yaml (JSON is YAML). The Deployment and its pods carry the Gateway's
+// spec.infrastructure labels and annotations (objectMeta); the selector is Labels only. The pod opts out of capture (aether.io/capture: "false"), runs as
 // the ServiceAccount of ServiceAccount and as EdgeUser, hardened as the chart's other pods
 // (seccomp RuntimeDefault, a read-only root filesystem, every capability dropped,
 // no privilege escalation); its only writable path is the emptyDir EdgeAdminDir. When a listener
@@ -162,6 +198,8 @@ func Deployment(gw *gwv1.Gateway, image string) (*appsv1.Deployment, error) {
 	}
 	replicas := int32(1)
 	meta := objectMeta(gw)
+	var podMeta metav1.ObjectMeta
+	podMeta.Labels, podMeta.Annotations = infrastructure(gw, Labels(gw.Name), map[string]string{model.AnnotationCapture: "false"})
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: meta,
@@ -169,7 +207,7 @@ func Deployment(gw *gwv1.Gateway, image string) (*appsv1.Deployment, error) {
 			Replicas: &replicas,
 			Selector: &metav1.LabelSelector{MatchLabels: Labels(gw.Name)},
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: Labels(gw.Name), Annotations: map[string]string{model.AnnotationCapture: "false"}},
+				ObjectMeta: podMeta,
 				Spec: corev1.PodSpec{
 					ServiceAccountName:           meta.Name,
 					AutomountServiceAccountToken: &no,

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"os/exec"
 	"slices"
@@ -210,6 +211,38 @@ func TestEdgeObjects(t *testing.T) {
 }
 
 func itoa(n int32) string { return strconv.Itoa(int(n)) }
+
+// TestEdgeInfrastructure: a Gateway's spec.infrastructure labels and annotations (GEP-1867) are
+// on every provisioned object and the edge pods; aether's own keys win and a reserved key
+// (model.ReservedInfrastructureKey) is never taken; the Deployment still selects by Labels only.
+func TestEdgeInfrastructure(t *testing.T) {
+	gw := testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType))
+	gw.Spec.Infrastructure = &gwv1.GatewayInfrastructure{
+		Labels:      map[gwv1.LabelKey]gwv1.LabelValue{"team": "edge", "aether.io/managed-by": "someone", gwv1.GatewayNameLabelKey: "other"},
+		Annotations: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"example.com/lb-class": "internal", "aether.io/capture": "true"},
+	}
+	dep, err := Deployment(gw, "envoy:test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantLabels := map[string]string{"team": "edge", model.LabelManagedBy: model.ManagedByAether, gwv1.GatewayNameLabelKey: "web"}
+	wantAnn := map[string]string{"example.com/lb-class": "internal"}
+	for _, o := range []struct {
+		kind string
+		m    metav1.ObjectMeta
+	}{{"ServiceAccount", ServiceAccount(gw).ObjectMeta}, {"Deployment", dep.ObjectMeta}, {"Service", Service(gw, nil).ObjectMeta}} {
+		if !maps.Equal(o.m.Labels, wantLabels) || !maps.Equal(o.m.Annotations, wantAnn) {
+			t.Errorf("%s: labels %v annotations %v, want %v and %v", o.kind, o.m.Labels, o.m.Annotations, wantLabels, wantAnn)
+		}
+	}
+	pod := dep.Spec.Template.ObjectMeta
+	if want := map[string]string{"example.com/lb-class": "internal", model.AnnotationCapture: "false"}; !maps.Equal(pod.Labels, wantLabels) || !maps.Equal(pod.Annotations, want) {
+		t.Errorf("pod template: labels %v annotations %v, want %v and %v", pod.Labels, pod.Annotations, wantLabels, want)
+	}
+	if !maps.Equal(dep.Spec.Selector.MatchLabels, Labels("web")) {
+		t.Errorf("selector %v, want %v", dep.Spec.Selector.MatchLabels, Labels("web"))
+	}
+}
 
 // TestEdgeEnvoyValidates runs the real Envoy in validate mode with the edge container's
 // arguments: Envoy's own parser accepts the flags and the bootstrap.
