@@ -243,6 +243,8 @@ func TestController(t *testing.T) {
 			{Name: "dns", Port: 53, Protocol: gwv1.UDPProtocolType},
 		},
 		Addresses: []gwv1.GatewaySpecAddress{{Type: ptr(gwv1.IPAddressType), Value: "192.0.2.10"}},
+		Infrastructure: &gwv1.GatewayInfrastructure{Labels: map[gwv1.LabelKey]gwv1.LabelValue{"team": "edge"},
+			Annotations: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"example.com/lb": "internal"}},
 	}}
 	if _, err := e.gw.GatewayV1().Gateways(appNS).Create(ctx, web, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -287,14 +289,20 @@ func TestController(t *testing.T) {
 			if len(refs) != 1 || refs[0].Kind != "Gateway" || refs[0].UID != g.UID || refs[0].Controller == nil || !*refs[0].Controller {
 				t.Errorf("%T owner references %+v, want the Gateway %s as controller", o, refs, g.UID)
 			}
-			if l := o.GetLabels(); l[model.LabelManagedBy] != model.ManagedByAether || l[gwv1.GatewayNameLabelKey] != "web" {
-				t.Errorf("%T labels %v", o, l)
+			if l := o.GetLabels(); l[model.LabelManagedBy] != model.ManagedByAether || l[gwv1.GatewayNameLabelKey] != "web" || l["team"] != "edge" {
+				t.Errorf("%T labels %v, want aether's and the Gateway's infrastructure label team=edge", o, l)
+			}
+			if a := o.GetAnnotations(); a["example.com/lb"] != "internal" {
+				t.Errorf("%T annotations %v, want the Gateway's infrastructure annotation", o, a)
 			}
 		}
 		if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
 			t.Errorf("ServiceAccount automountServiceAccountToken %v, want false", sa.AutomountServiceAccountToken)
 		}
 		pod := dep.Spec.Template
+		if pod.Labels["team"] != "edge" || pod.Annotations["example.com/lb"] != "internal" {
+			t.Errorf("pod template labels %v annotations %v, want the Gateway's infrastructure ones", pod.Labels, pod.Annotations)
+		}
 		if pod.Annotations[model.AnnotationCapture] != "false" || pod.Spec.ServiceAccountName != "web-aether-edge" || len(pod.Spec.Containers) != 1 {
 			t.Fatalf("pod template annotations %v, ServiceAccount %q, %d containers", pod.Annotations, pod.Spec.ServiceAccountName, len(pod.Spec.Containers))
 		}
