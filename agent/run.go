@@ -256,6 +256,13 @@ func Run(ctx context.Context, cfg Config) error {
 	nacked := make(chan struct{}, 1)
 	// Routed UDP frontends: listeners first, then the pods' redirects (udpCapture).
 	udp := &udpCapture{log: log.With("part", "udp"), rebuild: asm.Trigger, retry: 5 * time.Second}
+	// The redirects a previous agent left in the pods (the CNI server repairs them with the
+	// persisted set) hold their local ports until the first pass replaces them.
+	if rs, err := cni.LoadUDPRedirects(cfg.StateDir, cfg.HostIP, cfg.HostIPv6); err != nil {
+		log.Error("persisted routed UDP frontends ignored", "err", err)
+	} else {
+		udp.hold(rs)
+	}
 	// --east-west-waypoint: remote endpoints through their nodes' waypoints, and this node's
 	// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known). Routed
 	// UDP frontends listen on HOST_IP, where the pods' capture DNATs them.

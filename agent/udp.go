@@ -40,6 +40,18 @@ type udpCapture struct {
 	synced bool
 }
 
+// hold starts with rs held: redirects a previous agent persisted (cni.LoadUDPRedirects), as
+// frontends without a route. Their listeners are not served (nothing says where to), but a model
+// frontend on one of their local ports waits until the first pass has replaced them (xds
+// udpServed), so no pod's old redirect leads to another frontend's route.
+func (u *udpCapture) hold(rs []capture.UDPRedirect) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, r := range rs {
+		u.held = append(u.held, model.UDPFrontend{VIP: r.VIP, Port: r.Port, LocalPort: r.LocalPort})
+	}
+}
+
 // Held returns the frontends whose redirects may be installed in pods (xds.Options.UDPHeld).
 func (u *udpCapture) Held() []model.UDPFrontend {
 	u.mu.Lock()
@@ -87,6 +99,15 @@ func (u *udpCapture) run(ctx context.Context, latest chan *model.Mesh) {
 }
 
 func (u *udpCapture) apply(ctx context.Context, m *model.Mesh, want []model.UDPFrontend) error {
+	// A frontend whose local port a held frontend of another VIP or port still has waits: the
+	// node's listener on that port serves the held one (xds udpServed) until no pod redirects to
+	// it, which this pass sees to; the rebuild after it brings the frontend in.
+	held := u.Held()
+	want = slices.DeleteFunc(slices.Clone(want), func(f model.UDPFrontend) bool {
+		return slices.ContainsFunc(held, func(h model.UDPFrontend) bool {
+			return h.LocalPort == f.LocalPort && (h.VIP != f.VIP || h.Port != f.Port)
+		})
+	})
 	if err := u.acked(ctx, m); err != nil {
 		return err
 	}

@@ -107,3 +107,72 @@ func TestUDPCaptureFirstModel(t *testing.T) {
 		t.Errorf("redirect sets %v, want [0 1]: the first model's (none), then the routed one", sets)
 	}
 }
+
+// TestUDPCaptureWaitsForHeldPort: when a new frontend takes the local port a held frontend of
+// another VIP still has (the held one moved to another port), its redirect waits until the held
+// one's is gone from the pods, so a pod's datagrams never reach the new frontend's route through
+// an old redirect.
+func TestUDPCaptureWaitsForHeldPort(t *testing.T) {
+	a := netip.MustParseAddr("10.96.0.24")
+	b := netip.MustParseAddr("10.96.0.7")
+	fe := func(vip netip.Addr, local uint16) model.UDPFrontend {
+		return model.UDPFrontend{VIP: vip, Port: 53, LocalPort: local}
+	}
+	byVersion := map[uint64][]model.UDPFrontend{
+		1: {fe(a, 15500)},
+		2: {fe(b, 15500), fe(a, 15501)}, // b hashes to a's port and sorts first: a moves
+	}
+	var mu sync.Mutex
+	var sets []string
+	u := &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond,
+		frontends: func(m *model.Mesh) []model.UDPFrontend { return byVersion[min(m.Version, 2)] },
+		acked:     func(context.Context, *model.Mesh) error { return nil }}
+	u.set = func(_ context.Context, rs []capture.UDPRedirect) error {
+		var s []string
+		for _, r := range rs {
+			s = append(s, fmt.Sprintf("%s>%d", r.VIP, r.LocalPort))
+		}
+		mu.Lock()
+		sets = append(sets, strings.Join(s, ","))
+		mu.Unlock()
+		return nil
+	}
+	done := make(chan struct{}, 10)
+	u.rebuild = func() { done <- struct{}{} }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	latest := make(chan *model.Mesh, 1)
+	go u.run(ctx, latest)
+	latest <- routedMesh(1, false)
+	<-done
+	latest <- routedMesh(2, false)
+	<-done
+	latest <- routedMesh(3, false) // the rebuild's model
+	<-done
+	mu.Lock()
+	want := []string{"10.96.0.24>15500", "10.96.0.24>15501", "10.96.0.7>15500,10.96.0.24>15501"}
+	if !slices.Equal(sets, want) {
+		t.Errorf("redirect sets %q, want %q", sets, want)
+	}
+	mu.Unlock()
+
+	// After an agent restart: a's old redirect (persisted, held without a route) keeps its port
+	// until the first pass has moved a.
+	cancel()
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	latest = make(chan *model.Mesh, 1)
+	sets = nil
+	restarted := &udpCapture{log: u.log, retry: u.retry, frontends: u.frontends, acked: u.acked, set: u.set, rebuild: u.rebuild}
+	restarted.hold([]capture.UDPRedirect{{VIP: a, Port: 53, LocalPort: 15500}})
+	go restarted.run(ctx, latest)
+	latest <- routedMesh(2, false)
+	<-done
+	latest <- routedMesh(3, false)
+	<-done
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"10.96.0.24>15501", "10.96.0.7>15500,10.96.0.24>15501"}; !slices.Equal(sets, want) {
+		t.Errorf("after a restart: redirect sets %q, want %q", sets, want)
+	}
+}

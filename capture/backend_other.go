@@ -52,3 +52,6 @@ func (NFTGuard) Check([]netip.Addr) error { return errUnsupported }
 
 // Teardown fails off Linux.
 func (NFTGuard) Teardown() error { return errUnsupported }
+
+// ForgetUDPFlows fails off Linux.
+func ForgetUDPFlows(string, []netip.AddrPort) (uint, error) { return 0, errUnsupported }

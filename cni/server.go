@@ -705,6 +705,7 @@ func (s *Server) SetUDPRedirects(ctx context.Context, rs []capture.UDPRedirect) 
 	rs = slices.Clone(rs)
 	s.udpMu.Lock()
 	same := slices.Equal(s.udp, rs)
+	old := s.udp
 	s.udp = rs
 	s.udpMu.Unlock()
 	if same {
@@ -717,7 +718,38 @@ func (s *Server) SetUDPRedirects(ctx context.Context, rs []capture.UDPRedirect) 
 	s.Log.Info("routed UDP frontends changed: re-applying capture rules", "frontends", len(rs))
 	err := s.repair(ctx, false)
 	s.RequestRepair()
-	return err
+	return errors.Join(err, s.forgetUDPFlows(old, rs))
+}
+
+// forgetUDPFlows deletes, in every captured pod's netns, the conntrack entries of UDP flows to a
+// VIP and port whose redirect is in old but not, to the same local port, in now
+// (capture.ForgetUDPFlows): their next datagrams meet the rules just applied. It returns the
+// joined errors of the pods it could not clear.
+func (s *Server) forgetUDPFlows(old, now []capture.UDPRedirect) error {
+	var gone []netip.AddrPort
+	for _, o := range old {
+		if !slices.ContainsFunc(now, func(n capture.UDPRedirect) bool {
+			return n.VIP == o.VIP && n.Port == o.Port && n.LocalPort == o.LocalPort
+		}) {
+			gone = append(gone, netip.AddrPortFrom(o.VIP, o.Port))
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	recs, err := s.store.List()
+	errs := []error{err}
+	for _, r := range recs {
+		if !r.Captured {
+			continue
+		}
+		n, err := capture.ForgetUDPFlows(r.Attachment.NetnsPath, gone)
+		errs = append(errs, err)
+		if n > 0 {
+			s.Log.Info("routed UDP frontends changed: flows forgotten", "pod", r.Attachment.Namespace+"/"+r.Attachment.Name, "flows", n)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // udpStateFile, in StateDir, holds the last routed UDP frontends (SetUDPRedirects) as JSON, so
@@ -737,28 +769,40 @@ func (s *Server) saveUDP(rs []capture.UDPRedirect) error {
 	return writeAtomic(filepath.Join(s.Config.StateDir, udpStateFile), b, 0o600)
 }
 
-// loadUDP sets the routed UDP frontends from udpStateFile, when there is one the capture takes
-// with this node's host addresses (capture.ValidUDPRedirects); another is logged and ignored (no
-// pod's rules fail to build over it).
+// loadUDP sets the routed UDP frontends from udpStateFile (LoadUDPRedirects); a file it cannot
+// take is logged and ignored (no pod's rules fail to build over it).
 func (s *Server) loadUDP() {
-	b, err := os.ReadFile(filepath.Join(s.Config.StateDir, udpStateFile))
-	if errors.Is(err, fs.ErrNotExist) {
+	rs, err := LoadUDPRedirects(s.Config.StateDir, s.Config.HostIP, s.Config.HostIPv6)
+	if err != nil {
+		s.Log.Error("persisted routed UDP frontends ignored", "err", err)
 		return
+	}
+	s.udpMu.Lock()
+	s.udp = rs
+	s.udpMu.Unlock()
+}
+
+// LoadUDPRedirects returns the routed UDP frontends persisted in stateDir (the last
+// SetUDPRedirects of a Server on it), none when there is no file. A file that does not parse, or
+// whose set the capture would refuse with these host addresses (capture.ValidUDPRedirects), is
+// an error naming the file.
+func LoadUDPRedirects(stateDir string, hostIP, hostIPv6 netip.Addr) ([]capture.UDPRedirect, error) {
+	path := filepath.Join(stateDir, udpStateFile)
+	b, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
 	}
 	var rs []capture.UDPRedirect
 	if err == nil {
 		err = json.Unmarshal(b, &rs)
 	}
 	if err == nil {
-		err = capture.ValidUDPRedirects(rs, s.Config.HostIP, s.Config.HostIPv6)
+		err = capture.ValidUDPRedirects(rs, hostIP, hostIPv6)
 	}
 	if err != nil {
-		s.Log.Error("persisted routed UDP frontends ignored", "file", filepath.Join(s.Config.StateDir, udpStateFile), "err", err)
-		return
+		return nil, fmt.Errorf("routed UDP frontends in %s: %w", path, err)
 	}
-	s.udpMu.Lock()
-	s.udp = rs
-	s.udpMu.Unlock()
+	return rs, nil
 }
 
 // Repair reconciles every persisted attachment: a record whose netns is gone is released; a

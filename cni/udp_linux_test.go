@@ -5,6 +5,9 @@ package cni
 import (
 	"context"
 	"fmt"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -77,7 +80,13 @@ func TestPrivilegedCNIUDPRedirects(t *testing.T) {
 					t.Fatalf("%s: UDP redirect after SetUDPRedirects:\n%q", ns.Name, got)
 				}
 			}
+			// A flow to the VIP and port that was DNAT'ed to the old local port: the change
+			// forgets it (its next datagram meets the new rule).
+			flow := udpFlow(t, first, vip, 53)
 			set(16001)
+			if flows := udpFlows(t, first, vip, 53); flows != 0 {
+				t.Errorf("%d conntrack entries to %s:53 left after the local port changed (flow %v)", flows, vip, flow)
+			}
 			if got := rules(first); !strings.Contains(got, "16001") || strings.Contains(got, "15177") {
 				t.Fatalf("UDP redirect after a local port change:\n%s", got)
 			}
@@ -116,4 +125,40 @@ func TestPrivilegedCNIUDPRedirects(t *testing.T) {
 			}
 		})
 	}
+}
+
+// udpFlow creates a conntrack entry in ns of a UDP flow from 10.250.0.9:40000 to vip:port, as a
+// pod's socket leaves one, and returns it.
+func udpFlow(t *testing.T, ns *testenv.Netns, vip netip.Addr, port uint16) *netlink.ConntrackFlow {
+	t.Helper()
+	src := net.ParseIP("10.250.0.9").To4()
+	f := &netlink.ConntrackFlow{FamilyType: unix.AF_INET, TimeOut: 120,
+		Forward: netlink.IPTuple{SrcIP: src, DstIP: vip.AsSlice(), SrcPort: 40000, DstPort: port, Protocol: unix.IPPROTO_UDP},
+		Reverse: netlink.IPTuple{SrcIP: vip.AsSlice(), DstIP: src, SrcPort: port, DstPort: 40000, Protocol: unix.IPPROTO_UDP}}
+	if err := ns.Do(func() error { return netlink.ConntrackCreate(netlink.ConntrackTable, unix.AF_INET, f) }); err != nil {
+		t.Fatalf("create a conntrack entry in %s: %v", ns.Name, err)
+	}
+	if n := udpFlows(t, ns, vip, port); n != 1 {
+		t.Fatalf("%d conntrack entries to %s:%d after creating one", n, vip, port)
+	}
+	return f
+}
+
+// udpFlows counts the conntrack entries in ns of UDP flows to vip:port.
+func udpFlows(t *testing.T, ns *testenv.Netns, vip netip.Addr, port uint16) int {
+	t.Helper()
+	var flows []*netlink.ConntrackFlow
+	if err := ns.Do(func() (err error) {
+		flows, err = netlink.ConntrackTableList(netlink.ConntrackTable, unix.AF_INET)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, f := range flows {
+		if f.Forward.Protocol == unix.IPPROTO_UDP && f.Forward.DstIP.Equal(vip.AsSlice()) && f.Forward.DstPort == port {
+			n++
+		}
+	}
+	return n
 }

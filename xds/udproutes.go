@@ -47,12 +47,15 @@ func (o Options) udpHost(vip netip.Addr) netip.Addr {
 	return o.HostIP
 }
 
-// udpServed are the routed UDP frontends the node's listeners serve: the servable ones of the
-// model (Options.UDPFrontends) and those Options.UDPHeld still holds (a frontend whose redirect
-// may still be installed in some pod keeps its listener until the redirect is gone), each
-// local port once, the model's first, sorted by local port.
+// udpServed are the routed UDP frontends the node's listeners serve, sorted by local port: those
+// Options.UDPHeld still holds (a frontend whose redirect may still be installed in some pod keeps
+// its listener, to its route, until the redirect is gone) and the servable ones of the model
+// (Options.UDPFrontends) on the other local ports. A model frontend whose local port a held
+// frontend of another VIP or port still has waits for it (the agent installs its redirect only
+// after that), so a pod's datagrams never reach another frontend's route. A held frontend without
+// a route (a redirect a previous agent left, agent's udpCapture.hold) is not served.
 func udpServed(m *model.Mesh, opts Options) []model.UDPFrontend {
-	fs := opts.UDPFrontends(m)
+	var fs []model.UDPFrontend
 	if opts.UDPHeld != nil {
 		for _, f := range opts.UDPHeld() {
 			if opts.udpHost(f.VIP).IsValid() {
@@ -60,13 +63,23 @@ func udpServed(m *model.Mesh, opts Options) []model.UDPFrontend {
 			}
 		}
 	}
+	for _, f := range opts.UDPFrontends(m) {
+		if i := slices.IndexFunc(fs, func(h model.UDPFrontend) bool { return h.LocalPort == f.LocalPort }); i >= 0 {
+			if fs[i].VIP == f.VIP && fs[i].Port == f.Port {
+				fs[i] = f // the model's route for it: its backends as they are now
+			}
+			continue
+		}
+		fs = append(fs, f)
+	}
 	seen := map[uint16]bool{}
 	out := fs[:0:0]
 	for _, f := range fs {
-		if !seen[f.LocalPort] {
-			seen[f.LocalPort] = true
+		// A held frontend without a route (a previous agent's redirect) only keeps its port.
+		if !seen[f.LocalPort] && f.Route.Route != (model.RouteRef{}) {
 			out = append(out, f)
 		}
+		seen[f.LocalPort] = true
 	}
 	slices.SortFunc(out, func(a, b model.UDPFrontend) int { return int(a.LocalPort) - int(b.LocalPort) })
 	return out
@@ -116,9 +129,14 @@ func udpSources(m *model.Mesh) []netip.Prefix {
 	return slices.Compact(out)
 }
 
-// udpNodeListeners are the node's UDP listeners, one per served frontend (udpNodeListener).
+// udpNodeListeners are the node's UDP listeners, one per served frontend (udpNodeListener); none
+// while there is no source to relay (no pod CIDRs and no local pod: a listener then would have
+// no range to match, and nothing of the node's would send to it).
 func udpNodeListeners(m *model.Mesh, fs []model.UDPFrontend, opts Options) ([]*listenerv3.Listener, error) {
 	sources := udpSources(m)
+	if len(sources) == 0 {
+		return nil, nil
+	}
 	out := make([]*listenerv3.Listener, 0, len(fs))
 	for _, f := range fs {
 		l, err := udpNodeListener(f, sources, opts)
@@ -169,10 +187,11 @@ func udpProxyFilter(statPrefix, cluster string) (*listenerv3.ListenerFilter, err
 	return udpProxyFilterFrom(statPrefix, cluster, nil)
 }
 
-// udpProxyFilterFrom is udpProxyFilter for datagrams from sources only (nil: from anywhere): a
-// matcher tree on the source address (envoy.matching.inputs.source_ip) with an IP range
-// matcher (xds.type.matcher.v3.IPMatcher) whose one range matcher holds sources; a datagram
-// from elsewhere matches no route and is dropped. Empty sources drop everything.
+// udpProxyFilterFrom is udpProxyFilter for datagrams from sources only (nil: from anywhere, the
+// edge's listeners): a matcher tree on the source address (envoy.matching.inputs.source_ip)
+// with an IP range matcher (xds.type.matcher.v3.IPMatcher) whose one range matcher holds
+// sources; a datagram from elsewhere matches no route and is dropped. Non-nil empty sources
+// drop everything.
 func udpProxyFilterFrom(statPrefix, cluster string, sources []netip.Prefix) (*listenerv3.ListenerFilter, error) {
 	route, err := xdsproto.ToAny(&udpv3.Route{Cluster: cluster})
 	if err != nil {

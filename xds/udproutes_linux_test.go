@@ -2,6 +2,7 @@ package xds
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -128,9 +129,41 @@ func TestPrivilegedUDPRoute(t *testing.T) {
 		t.Errorf("udp_proxy no-route count %q, want 3 (the outside host's datagrams)", noRoute)
 	}
 
-	// The redirect first, then the listeners.
+	// A socket that keeps sending: its flow's conntrack entry holds the DNAT to the node's
+	// listener, past any change of the rules.
+	var live net.Conn
+	if err := alpha.Do(func() (err error) { live, err = net.Dial("udp", vip); return err }); err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	askLive := func(msg string) (string, error) {
+		_ = live.SetDeadline(time.Now().Add(time.Second))
+		if _, err := live.Write([]byte(msg)); err != nil {
+			return "", err
+		}
+		buf := make([]byte, 512)
+		n, err := live.Read(buf)
+		return string(buf[:n]), err
+	}
+	if reply, err := askLive("live 1"); err != nil || !strings.HasSuffix(reply, " live 1") {
+		t.Fatalf("the live socket through the route: %q %v", reply, err)
+	}
+
+	// The redirect first, then the listeners; the flows to the VIP and port are forgotten
+	// once the redirect is gone (cni.Server.SetUDPRedirects), so the live socket's next
+	// datagram is not relayed by the listener still there.
 	plain := f.udpMeshOf(t, 2, false)
 	rules(plain)
+	if n, err := capture.ForgetUDPFlows(alpha.Path, []netip.AddrPort{netip.AddrPortFrom(vipUDP, 53)}); err != nil || n == 0 {
+		t.Fatalf("ForgetUDPFlows: %d flows, %v; want the live socket's (and the others') forgotten", n, err)
+	}
+	before = got["v1"].Load() + got["v2"].Load()
+	if reply, err := askLive("live 2"); err == nil {
+		t.Errorf("the live socket after its redirect was removed: reply %q, want none", reply)
+	}
+	if after := got["v1"].Load() + got["v2"].Load(); after != before {
+		t.Errorf("backends received %d datagrams of the live socket after its redirect was removed", after-before)
+	}
 	f.set(plain)
 	before = got["v1"].Load() + got["v2"].Load()
 	if reply, err := alpha.AskUDP(vip, "after", time.Second); err == nil {

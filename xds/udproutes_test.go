@@ -102,6 +102,13 @@ func TestBuildUDPRouteGolden(t *testing.T) {
 		t.Errorf("sources with pod CIDRs %v, want %v", got, want)
 	}
 
+	// No pod CIDRs and no local pod: no listener (none could tell the node's pods from anyone).
+	bare := model.New(m.Version, m.Cluster, m.MeshDomain, m.TrustDomain, model.Node{Name: "n1"}, m.Services, m.Endpoints, nil)
+	bare.L4Routing = m.L4Routing
+	if ls := udpListeners(buildValid(t, bare, opts).Listeners); len(ls) > 0 {
+		t.Errorf("UDP listeners %v on a node with no pod CIDRs and no pods: they would relay from anywhere", ls)
+	}
+
 	// Weights: web:53 (3) over its one healthy pod, dns-v2:53 (1) over its two.
 	var got []string
 	for _, e := range r.Clusters[ci].LoadAssignment.Endpoints[0].LbEndpoints {
@@ -146,6 +153,33 @@ func TestBuildUDPRouteGolden(t *testing.T) {
 	held := buildValid(t, udpMesh(t, false), heldOpts)
 	if len(held.Listeners) != len(r.Listeners) || !slices.ContainsFunc(held.Clusters, func(c *clusterv3.Cluster) bool { return c.Name == "udproute|shop/dns-split" }) {
 		t.Errorf("held frontend: %d listeners (want %d), clusters %v", len(held.Listeners), len(r.Listeners), names(held.Clusters))
+	}
+}
+
+// TestUDPServedHeldPortWaits: a model frontend whose local port a held frontend of another VIP
+// still has is not served until the held one is released (its listener keeps the held one's
+// route); a held frontend of the same VIP and port gives way to the model's.
+func TestUDPServedHeldPortWaits(t *testing.T) {
+	m := udpMesh(t, true)
+	fs := m.UDPFrontends()
+	other := fs[0]
+	other.VIP = netip.MustParseAddr("10.96.0.99")
+	other.Route.Route.Name = "old-route"
+	opts := Options{HostIP: udpHostIP, UDPHeld: func() []model.UDPFrontend { return []model.UDPFrontend{other} }}
+	if got := udpServed(m, opts); len(got) != 1 || got[0].VIP != other.VIP || got[0].Route.Route.Name != "old-route" {
+		t.Errorf("served %+v, want only the held frontend on local port %d", got, other.LocalPort)
+	}
+	// A previous agent's redirect (held without a route) keeps the port and is not served.
+	routeless := model.UDPFrontend{VIP: other.VIP, Port: other.Port, LocalPort: other.LocalPort}
+	opts.UDPHeld = func() []model.UDPFrontend { return []model.UDPFrontend{routeless} }
+	if got := udpServed(m, opts); len(got) != 0 {
+		t.Errorf("served %+v, want nothing while a route-less held frontend has the port", got)
+	}
+	same := fs[0]
+	same.Route.Route.Name = "old-route"
+	opts.UDPHeld = func() []model.UDPFrontend { return []model.UDPFrontend{same} }
+	if got := udpServed(m, opts); len(got) != 1 || got[0].Route.Route != fs[0].Route.Route {
+		t.Errorf("served %+v, want the model's frontend (same VIP and port) with the model's route", got)
 	}
 }
 
