@@ -206,7 +206,7 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	fs.StringVar(&c.EdgeEnvoyImage, "edge-envoy-image", "", "Envoy image of the edge Gateways' Deployments (the agent DaemonSet's Envoy image); empty: aether serves no GatewayClass")
 	ef.StringVar(&c.Namespace, "namespace", "POD_NAMESPACE", "aether-system", "the registrar's own namespace: the edge Gateways' certificate copies live there")
 	ef.BoolVar(&c.EdgeCrossNamespaceCertificates, "edge-cross-namespace-certificates", "AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES", "let edge listeners use certificateRefs into other namespaces (with a ReferenceGrant); off: the edge pods, in the Gateway's namespace, would hand the key to whoever may run pods there")
-	gwCIDRs := ef.String("gateway-address-cidrs", "AETHER_GATEWAY_ADDRESS_CIDRS", "", "comma-separated CIDRs a Gateway's spec.addresses may ask for; each becomes the edge Service's external IP, which every node answers for, so none is allowed unless listed; a node's address, an address another Service uses, and an address port an older Gateway holds are never given (docs/gateway.md)")
+	gwCIDRs := ef.String("gateway-address-cidrs", "AETHER_GATEWAY_ADDRESS_CIDRS", "", "comma-separated CIDRs a Gateway's spec.addresses may ask for; each becomes the edge Service's external IP, which every node answers for, so none is allowed unless listed; a node's address, an address another Service uses, and an address port another Gateway holds are never given (docs/gateway.md)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
 	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
 	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")

@@ -3,6 +3,7 @@ package gateway
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -26,11 +27,26 @@ type AddressAssignment struct {
 
 // addressUser is an object that already uses an address a Gateway may ask for.
 type addressUser struct {
-	// what names the object and the field: "Service shop/db (spec.clusterIPs)".
-	what string
+	// namespace and name are the Service's (empty for a Node); field is where it has the
+	// address ("spec.clusterIPs").
+	namespace, name, field string
 	// edge is the Gateway whose edge Service this is (provisioned), zero for any other object.
 	edge model.GatewayKey
 	node bool
+}
+
+// describe is u as the refusal of an address to a Gateway in namespace ns names it: a Service of
+// ns by name, one of another namespace without (a tenant learns no other namespace's objects
+// from its Gateway's status), a node without its name.
+func (u addressUser) describe(ns string) string {
+	switch {
+	case u.node:
+		return "the address of a Node: a node's address is never given (as an external IP, kube-proxy would send that node's own traffic on the Gateway's ports, such as the kubelet's or the agent's, to the Gateway)"
+	case u.namespace == ns:
+		return fmt.Sprintf("in use by Service %s/%s (%s)", u.namespace, u.name, u.field)
+	default:
+		return "in use by a Service of another namespace"
+	}
 }
 
 // edgePortOf is one edge port of one address: what one Gateway holds (AssignAddresses).
@@ -54,9 +70,14 @@ type edgePortOf struct {
 //     ports. The external IPs of the edge Services of gws are left out of this check: they are
 //     what this assignment decides (an edge Service of a Gateway not in gws counts, until it is
 //     deleted);
-//   - no Gateway older than it (creationTimestamp, then namespace/name) holds one of the edge
-//     ports (Ports) it needs on that address. A Gateway given an address holds every one of its
-//     edge ports there, so two Gateways share an address only on different ports.
+//   - no other Gateway holds one of the edge ports (Ports) it needs on that address: the Gateway
+//     whose edge Service has the address now keeps it, and of the others asking the oldest
+//     (creationTimestamp, then namespace/name) gets it when it is free, so no Gateway takes an
+//     address away from another by being older. A Gateway given an address holds every one of
+//     its edge ports there, so two Gateways share an address only on different ports.
+//
+// A refusal names a Service or Gateway of the asking Gateway's namespace, and only says "of
+// another namespace" of others: a Gateway's status tells its tenant nothing of other namespaces.
 //
 // gws are the Gateways to provision (each key once); the result has an entry for each. It is a
 // pure function of its inputs: the same objects in any order give the same assignment. Addresses
@@ -82,17 +103,20 @@ func AssignAddresses(gws []*gwv1.Gateway, allowed []netip.Prefix, services []cor
 	for _, n := range sortedBy(nodes, func(n *corev1.Node) string { return n.Name }) {
 		for _, a := range n.Status.Addresses {
 			if a.Type == corev1.NodeInternalIP || a.Type == corev1.NodeExternalIP {
-				use(a.Address, addressUser{what: fmt.Sprintf("the %s of Node %s", a.Type, n.Name), node: true})
+				use(a.Address, addressUser{node: true})
 			}
 		}
 	}
+	// current holds, by address, the Gateways of gws whose edge Service has it as an external IP
+	// now: an address stays with the Gateway that has it.
+	current := map[netip.Addr][]model.GatewayKey{}
 	for _, s := range sortedBy(services, func(s *corev1.Service) string { return s.Namespace + "/" + s.Name }) {
 		var edge model.GatewayKey
 		if provisioned(s) {
 			edge = model.GatewayKey{Namespace: s.Namespace, Name: s.Labels[gwv1.GatewayNameLabelKey]}
 		}
 		user := func(field string) addressUser {
-			return addressUser{what: fmt.Sprintf("in use by Service %s/%s (%s)", s.Namespace, s.Name, field), edge: edge}
+			return addressUser{namespace: s.Namespace, name: s.Name, field: field, edge: edge}
 		}
 		cluster := s.Spec.ClusterIPs
 		if len(cluster) == 0 {
@@ -101,9 +125,11 @@ func AssignAddresses(gws []*gwv1.Gateway, allowed []netip.Prefix, services []cor
 		for _, ip := range cluster {
 			use(ip, user("spec.clusterIPs"))
 		}
-		if !assigned[edge] {
-			for _, ip := range s.Spec.ExternalIPs {
+		for _, ip := range s.Spec.ExternalIPs {
+			if !assigned[edge] {
 				use(ip, user("spec.externalIPs"))
+			} else if a, err := netip.ParseAddr(ip); err == nil {
+				current[a.Unmap()] = append(current[a.Unmap()], edge)
 			}
 		}
 		for _, in := range s.Status.LoadBalancer.Ingress {
@@ -115,11 +141,25 @@ func AssignAddresses(gws []*gwv1.Gateway, allowed []netip.Prefix, services []cor
 	slices.SortFunc(oldestFirst, func(a, b *gwv1.Gateway) int {
 		return cmp.Or(a.CreationTimestamp.Compare(b.CreationTimestamp.Time), cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
-	holders := map[edgePortOf]model.GatewayKey{}
-	out := make(map[model.GatewayKey]AddressAssignment, len(gws))
-	for _, gw := range oldestFirst {
-		key, ports := gatewayKey(gw), Ports(gw)
-		var as AddressAssignment
+	// claim is one address a Gateway asks for that passed the range and user checks.
+	type claim struct {
+		gw        *gwv1.Gateway
+		age       int // the Gateway's place in oldestFirst
+		index     int // in spec.addresses
+		ip        netip.Addr
+		incumbent bool // its edge Service has the address now
+	}
+	var claims []claim
+	refused := map[model.GatewayKey]map[int]string{}
+	refuse := func(key model.GatewayKey, i int, why string) {
+		if refused[key] == nil {
+			refused[key] = map[int]string{}
+		}
+		refused[key][i] = why
+	}
+	for age, gw := range oldestFirst {
+		key := gatewayKey(gw)
+		var asked []netip.Addr
 		for i, a := range gw.Spec.Addresses {
 			if a.Type != nil && *a.Type != gwv1.IPAddressType {
 				continue
@@ -130,36 +170,69 @@ func AssignAddresses(gws []*gwv1.Gateway, allowed []netip.Prefix, services []cor
 			}
 			field := fmt.Sprintf("spec.addresses[%d]: value %s: ", i, ip)
 			if !inRange(ip) {
-				as.Refused = append(as.Refused, field+"not in the ranges the registrar may give Gateways (--gateway-address-cidrs): an address becomes the edge Service's external IP, which every node answers for")
-				continue
-			}
-			if slices.Contains(as.ExternalIPs, ip.String()) {
+				refuse(key, i, field+"not in the ranges the registrar may give Gateways (--gateway-address-cidrs): an address becomes the edge Service's external IP, which every node answers for")
 				continue
 			}
 			addr := ip.Unmap()
-			if i := slices.IndexFunc(users[addr], func(u addressUser) bool { return u.node || u.edge != key }); i >= 0 {
-				u := users[addr][i]
-				why := field + u.what
-				if u.node {
-					why += ": a node's address is never given (as an external IP, kube-proxy would send that node's own traffic on the Gateway's ports, such as the kubelet's or the agent's, to the Gateway)"
-				}
-				as.Refused = append(as.Refused, why)
+			if slices.Contains(asked, addr) {
 				continue
 			}
-			var held []string
-			for _, p := range ports {
-				if h, ok := holders[edgePortOf{addr, p}]; ok && h != key {
-					held = append(held, fmt.Sprintf("port %d/%s by Gateway %s", p.Port, p.Protocol, h))
-				}
-			}
-			if len(held) > 0 {
-				as.Refused = append(as.Refused, field+"held by an older Gateway (the oldest Gateway asking for an address keeps the ports it needs there): "+strings.Join(held, ", "))
+			asked = append(asked, addr)
+			if j := slices.IndexFunc(users[addr], func(u addressUser) bool { return u.node || u.edge != key }); j >= 0 {
+				refuse(key, i, field+users[addr][j].describe(gw.Namespace))
 				continue
 			}
-			for _, p := range ports {
-				holders[edgePortOf{addr, p}] = key
+			claims = append(claims, claim{gw: gw, age: age, index: i, ip: ip, incumbent: slices.Contains(current[addr], key)})
+		}
+	}
+	// The Gateway that has an address keeps it; the oldest of the others asking get it when it
+	// is free. A Gateway cannot take an address away from another by being older.
+	slices.SortStableFunc(claims, func(a, b claim) int {
+		if a.incumbent != b.incumbent {
+			if a.incumbent {
+				return -1
 			}
-			as.ExternalIPs = append(as.ExternalIPs, ip.String())
+			return 1
+		}
+		return cmp.Compare(a.age, b.age)
+	})
+	holders := map[edgePortOf]model.GatewayKey{}
+	given := map[model.GatewayKey][]claim{}
+	for _, c := range claims {
+		key, addr := gatewayKey(c.gw), c.ip.Unmap()
+		var held []string
+		for _, p := range Ports(c.gw) {
+			h, ok := holders[edgePortOf{addr, p}]
+			if !ok || h == key {
+				continue
+			}
+			if h.Namespace == key.Namespace {
+				held = append(held, fmt.Sprintf("port %d/%s by Gateway %s", p.Port, p.Protocol, h))
+			} else {
+				held = append(held, fmt.Sprintf("port %d/%s by a Gateway of another namespace", p.Port, p.Protocol))
+			}
+		}
+		if len(held) > 0 {
+			refuse(key, c.index, fmt.Sprintf("spec.addresses[%d]: value %s: held by another Gateway (an address stays with the Gateway that has it; of the others asking, the oldest gets it when it is free): %s",
+				c.index, c.ip, strings.Join(held, ", ")))
+			continue
+		}
+		for _, p := range Ports(c.gw) {
+			holders[edgePortOf{addr, p}] = key
+		}
+		given[key] = append(given[key], c)
+	}
+	out := make(map[model.GatewayKey]AddressAssignment, len(gws))
+	for _, gw := range gws {
+		key := gatewayKey(gw)
+		var as AddressAssignment
+		cs := given[key]
+		slices.SortFunc(cs, func(a, b claim) int { return cmp.Compare(a.index, b.index) })
+		for _, c := range cs {
+			as.ExternalIPs = append(as.ExternalIPs, c.ip.String())
+		}
+		for _, i := range slices.Sorted(maps.Keys(refused[key])) {
+			as.Refused = append(as.Refused, refused[key][i])
 		}
 		out[key] = as
 	}

@@ -333,8 +333,8 @@ func TestAssignAddresses(t *testing.T) {
 				node("a", corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: "192.0.2.11"}),
 			},
 			want: map[string]want{"shop/web": {ips: []string{"192.0.2.13", "192.0.2.14"}, refused: []string{
-				"spec.addresses[0]: value 192.0.2.11: the InternalIP of Node a: a node's address is never given",
-				"spec.addresses[1]: value 192.0.2.12: the ExternalIP of Node b: a node's address is never given"}}}},
+				"spec.addresses[0]: value 192.0.2.11: the address of a Node: a node's address is never given",
+				"spec.addresses[1]: value 192.0.2.12: the address of a Node: a node's address is never given"}}}},
 		{name: "other Services' addresses", allowed: allowed,
 			gws: []*gwv1.Gateway{gw("shop/web", 0, https, "192.0.2.1", "192.0.2.20", "192.0.2.21", "2001:db8::30", "192.0.2.22")},
 			services: []corev1.Service{
@@ -345,29 +345,39 @@ func TestAssignAddresses(t *testing.T) {
 				svc("shop/headless", []string{"None"}, nil),
 			},
 			want: map[string]want{"shop/web": {ips: []string{"192.0.2.22"}, refused: []string{
-				"spec.addresses[0]: value 192.0.2.1: in use by Service default/kubernetes (spec.clusterIPs)",
+				// Another namespace's Service is not named to the Gateway's tenant.
+				"spec.addresses[0]: value 192.0.2.1: in use by a Service of another namespace",
 				"spec.addresses[1]: value 192.0.2.20: in use by Service shop/legacy (spec.externalIPs)",
 				"spec.addresses[2]: value 192.0.2.21: in use by Service shop/lb (status.loadBalancer.ingress)",
 				"spec.addresses[3]: value 2001:db8::30: in use by Service shop/dual (spec.clusterIPs)"}}}},
 		{name: "the Gateway's own edge Service", allowed: allowed, gws: []*gwv1.Gateway{oldWeb},
 			services: []corev1.Service{edge(gw("shop/z-old", 0, http, "192.0.2.40", "192.0.2.41", "192.0.2.10"), "192.0.2.40", []string{"192.0.2.10"}, "192.0.2.41")},
 			want:     map[string]want{"shop/z-old": {ips: []string{"192.0.2.10"}}}},
-		{name: "two Gateways, one address and port: the older keeps it", allowed: allowed,
+		{name: "two Gateways ask for a free address and port: the older gets it", allowed: allowed,
 			gws: []*gwv1.Gateway{gw("shop/a-new", 1, http, "192.0.2.10"), oldWeb},
-			// The newer one holds it now: it moves to the older.
-			services: []corev1.Service{edge(gw("shop/a-new", 1, http), "10.96.0.2", []string{"192.0.2.10"})},
 			want: map[string]want{"shop/z-old": {ips: []string{"192.0.2.10"}}, "shop/a-new": {refused: []string{
-				"spec.addresses[0]: value 192.0.2.10: held by an older Gateway (the oldest Gateway asking for an address keeps the ports it needs there): port 80/TCP by Gateway shop/z-old"}}}},
+				"spec.addresses[0]: value 192.0.2.10: held by another Gateway (an address stays with the Gateway that has it; of the others asking, the oldest gets it when it is free): port 80/TCP by Gateway shop/z-old"}}}},
+		{name: "the Gateway that has an address keeps it against an older one", allowed: allowed,
+			gws: []*gwv1.Gateway{gw("shop/a-new", 1, http, "192.0.2.10"), oldWeb},
+			// The newer one has it now (the older added it to its spec.addresses later): it stays.
+			services: []corev1.Service{edge(gw("shop/a-new", 1, http), "10.96.0.2", []string{"192.0.2.10"})},
+			want: map[string]want{"shop/a-new": {ips: []string{"192.0.2.10"}}, "shop/z-old": {refused: []string{
+				"spec.addresses[0]: value 192.0.2.10: held by another Gateway (an address stays with the Gateway that has it; of the others asking, the oldest gets it when it is free): port 80/TCP by Gateway shop/a-new"}}}},
+		{name: "a holder in another namespace is not named", allowed: allowed,
+			gws:      []*gwv1.Gateway{gw("other/web", 1, http, "192.0.2.10"), oldWeb},
+			services: []corev1.Service{edge(gw("other/web", 1, http), "10.96.0.2", []string{"192.0.2.10"})},
+			want: map[string]want{"other/web": {ips: []string{"192.0.2.10"}}, "shop/z-old": {refused: []string{
+				"port 80/TCP by a Gateway of another namespace"}}}},
 		{name: "created in the same second: namespace/name decides", allowed: allowed,
 			gws:  []*gwv1.Gateway{gw("b/web", 0, http, "192.0.2.10"), gw("a/web", 0, http, "192.0.2.10")},
-			want: map[string]want{"a/web": {ips: []string{"192.0.2.10"}}, "b/web": {refused: []string{"port 80/TCP by Gateway a/web"}}}},
+			want: map[string]want{"a/web": {ips: []string{"192.0.2.10"}}, "b/web": {refused: []string{"port 80/TCP by a Gateway of another namespace"}}}},
 		{name: "other ports share the address", allowed: allowed,
 			gws: []*gwv1.Gateway{oldWeb, gw("shop/tls", 1, https, "192.0.2.10"),
 				gw("shop/dns", 2, []gwv1.Listener{listener("dns", 80, gwv1.UDPProtocolType)}, "192.0.2.10"),
 				gw("shop/both", 3, append(slices.Clone(https), listener("http", 80, gwv1.HTTPProtocolType)), "192.0.2.10", "192.0.2.11")},
 			want: map[string]want{"shop/z-old": {ips: []string{"192.0.2.10"}}, "shop/tls": {ips: []string{"192.0.2.10"}}, "shop/dns": {ips: []string{"192.0.2.10"}},
 				"shop/both": {ips: []string{"192.0.2.11"}, refused: []string{
-					"spec.addresses[0]: value 192.0.2.10: held by an older Gateway (the oldest Gateway asking for an address keeps the ports it needs there): port 80/TCP by Gateway shop/z-old, port 443/TCP by Gateway shop/tls"}}}},
+					"spec.addresses[0]: value 192.0.2.10: held by another Gateway (an address stays with the Gateway that has it; of the others asking, the oldest gets it when it is free): port 80/TCP by Gateway shop/z-old, port 443/TCP by Gateway shop/tls"}}}},
 		{name: "edge Services: external IPs being decided do not count, their cluster IPs do", allowed: allowed,
 			gws:      []*gwv1.Gateway{changed, gw("shop/next", 1, http, "192.0.2.10", "192.0.2.50")},
 			services: []corev1.Service{edge(changed, "192.0.2.50", []string{"192.0.2.10"})},

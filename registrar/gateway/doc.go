@@ -25,8 +25,9 @@
 //   - Addresses. kube-proxy answers an external IP on every node, for every client, so
 //     AssignAddresses gives an address only inside --gateway-address-cidrs (none by default),
 //     never a Node's InternalIP or ExternalIP, never an address another Service uses (cluster,
-//     external or load balancer IP), and one edge port of an address to one Gateway, the oldest
-//     (creationTimestamp, then namespace/name); a refused address is reported in Programmed=False,
+//     external or load balancer IP), and one edge port of an address to one Gateway: the one that
+//     has it keeps it, else the oldest asking (creationTimestamp, then namespace/name); a refused
+//     address is reported in Programmed=False,
 //     AddressNotUsable. It reads every Service and Node from the manager's cache (Nodes only
 //     their addresses, CacheByObject) and fails the pass, applying nothing, when it cannot.
 //   - Certificates. For every certificateRef of a programmed listener that
