@@ -131,6 +131,10 @@ type GatewayInputs struct {
 	// get the listener's private key, so whoever may run pods there as the edge's
 	// ServiceAccount could read a Secret of another namespace (docs/gateway.md, "Security").
 	CrossNamespaceCertificates bool
+	// InfrastructureKeys is the registrar's --gateway-infrastructure-keys
+	// (InfrastructureKeyAllowed): an accepted Gateway's Accepted message names the
+	// spec.infrastructure labels and annotations not in it, which its edge objects do not get.
+	InfrastructureKeys []string
 }
 
 // GatewaySpec is a Gateway as ResolveGateways reads it (GatewaySpecModel makes one from the
@@ -144,6 +148,9 @@ type GatewaySpec struct {
 	Listeners  []ListenerSpec
 	// Addresses are spec.addresses values of type IPAddress (others are in Unsupported).
 	Addresses []string
+	// InfrastructureLabels and InfrastructureAnnotations are the keys of spec.infrastructure's
+	// labels and annotations, sorted.
+	InfrastructureLabels, InfrastructureAnnotations []string
 	// Unsupported lists what the Gateway asks for that aether does not do, "<field>: <reason>"
 	// each (spec.infrastructure parametersRef, an address type other than IPAddress, ...).
 	Unsupported []string

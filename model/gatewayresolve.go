@@ -181,6 +181,9 @@ func resolveGateway(in GatewayInputs, g *GatewaySpec) *gatewayState {
 		gs.accepted = true
 		gs.status.Accepted = Condition{Status: true, Reason: string(gwv1.GatewayReasonAccepted)}
 	}
+	if held := infrastructureHeldBack(g, in.InfrastructureKeys); gs.accepted && held != "" {
+		gs.status.Accepted.Message = strings.TrimPrefix(gs.status.Accepted.Message+"; "+held, "; ")
+	}
 	var programmed []string
 	for _, l := range gs.listeners {
 		switch {
@@ -468,4 +471,29 @@ func markOverlappingTLS(ls []*listenerState) {
 				Message: fmt.Sprintf("hostname %q overlaps the hostnames of listeners %s on port %d: a client may reuse one's connection for the other's hosts", l.hostname, strings.Join(with, ", "), l.spec.Port)}
 		}
 	}
+}
+
+// infrastructureHeldBack says which of g's spec.infrastructure labels and annotations its edge
+// objects do not get, not being in allowed (InfrastructureKeyAllowed; reserved keys are
+// Unsupported instead): "" when none.
+func infrastructureHeldBack(g *GatewaySpec, allowed []string) string {
+	var parts []string
+	for _, kind := range []struct {
+		field string
+		keys  []string
+	}{{fieldInfrastructureLabels, g.InfrastructureLabels}, {fieldInfrastructureAnnotations, g.InfrastructureAnnotations}} {
+		var held []string
+		for _, k := range kind.keys {
+			if !ReservedInfrastructureKey(k) && !InfrastructureKeyAllowed(allowed, k) {
+				held = append(held, fmt.Sprintf("%q", k))
+			}
+		}
+		if len(held) > 0 {
+			parts = append(parts, kind.field+" "+strings.Join(held, ", "))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "not put on the edge objects (not in the registrar's --gateway-infrastructure-keys): " + strings.Join(parts, "; ")
 }

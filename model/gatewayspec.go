@@ -63,6 +63,12 @@ func GatewaySpecModel(g *gwv1.Gateway) GatewaySpec {
 	}
 	if inf := g.Spec.Infrastructure; inf != nil {
 		for _, k := range slices.Sorted(maps.Keys(inf.Labels)) {
+			out.InfrastructureLabels = append(out.InfrastructureLabels, string(k))
+		}
+		for _, k := range slices.Sorted(maps.Keys(inf.Annotations)) {
+			out.InfrastructureAnnotations = append(out.InfrastructureAnnotations, string(k))
+		}
+		for _, k := range slices.Sorted(maps.Keys(inf.Labels)) {
 			if ReservedInfrastructureKey(string(k)) {
 				out.Unsupported = append(out.Unsupported, fmt.Sprintf("%s: key %q: reserved for aether's own labels", fieldInfrastructureLabels, k))
 			}
@@ -188,6 +194,23 @@ func (g NamespaceRef) allows(want NamespaceRef) bool {
 // granted reports whether one of grants allows reference want.
 func granted(grants []NamespaceRef, want NamespaceRef) bool {
 	return slices.ContainsFunc(grants, func(g NamespaceRef) bool { return g.allows(want) })
+}
+
+// InfrastructureKeyAllowed reports whether label or annotation key k of a Gateway's
+// spec.infrastructure goes onto its edge objects under the operator's allowlist allowed
+// (--gateway-infrastructure-keys): an entry is a key, or a prefix ending in "/" ("example.com/"
+// for every key of that prefix); a ReservedInfrastructureKey never does. Nothing is allowed by
+// default: a Service annotation or label can steer a load balancer (an address outside
+// --gateway-address-cidrs, an internet-facing scheme, an IP pool chosen by label) and a pod one
+// the edge pod's networks or confinement, which a tenant who may create Gateways, but not
+// LoadBalancer Services or pods, must not reach.
+func InfrastructureKeyAllowed(allowed []string, k string) bool {
+	if ReservedInfrastructureKey(k) {
+		return false
+	}
+	return slices.ContainsFunc(allowed, func(a string) bool {
+		return a == k || (strings.HasSuffix(a, "/") && strings.HasPrefix(k, a))
+	})
 }
 
 // ReservedInfrastructureKey reports whether a Gateway's spec.infrastructure may not carry label

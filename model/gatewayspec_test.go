@@ -151,3 +151,39 @@ func TestReferenceGrantRefs(t *testing.T) {
 		t.Error("another Secret is granted")
 	}
 }
+
+// TestInfrastructureKeys: the operator's allowlist (a key, or a prefix ending in "/") decides
+// which spec.infrastructure keys the edge objects get; an accepted Gateway's Accepted message
+// names the others; aether's own keys are never allowed.
+func TestInfrastructureKeys(t *testing.T) {
+	allowed := []string{"team", "example.com/", "aether.io/", "gateway.networking.k8s.io/gateway-name"}
+	for k, want := range map[string]bool{
+		"team": true, "teams": false, "example.com/lb": true, "example.com": false, "sub.example.com/lb": false,
+		"aether.io/capture": false, "gateway.networking.k8s.io/gateway-name": false, "metallb.universe.tf/loadBalancerIPs": false,
+	} {
+		if got := InfrastructureKeyAllowed(allowed, k); got != want {
+			t.Errorf("InfrastructureKeyAllowed(%q) = %v, want %v", k, got, want)
+		}
+	}
+	if InfrastructureKeyAllowed(nil, "team") {
+		t.Error("a key allowed with no allowlist")
+	}
+
+	in := gatewayInputs(t, route("Gateway", "infra", "web", 0, `  gatewayClassName: aether
+  infrastructure:
+    labels: {team: edge, pool: public}
+    annotations: {example.com/lb: internal, metallb.universe.tf/loadBalancerIPs: 203.0.113.9}
+  listeners:
+  - {name: http, port: 80, protocol: HTTP}
+`))
+	in.InfrastructureKeys = []string{"team", "example.com/"}
+	st := resolve(in).gateways["web"]
+	want := `not put on the edge objects (not in the registrar's --gateway-infrastructure-keys): spec.infrastructure.labels "pool"; spec.infrastructure.annotations "metallb.universe.tf/loadBalancerIPs"`
+	if cond(st.Accepted) != "Accepted" || st.Accepted.Message != want {
+		t.Errorf("Accepted %s %q, want Accepted %q", cond(st.Accepted), st.Accepted.Message, want)
+	}
+	in.InfrastructureKeys = []string{"team", "pool", "example.com/", "metallb.universe.tf/"}
+	if st := resolve(in).gateways["web"]; st.Accepted.Message != "" {
+		t.Errorf("every key allowed: Accepted message %q, want none", st.Accepted.Message)
+	}
+}

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/registryflag"
+	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -53,6 +55,11 @@ type RunConfig struct {
 	// AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES (model.GatewayInputs.CrossNamespaceCertificates;
 	// the agents read the same setting).
 	EdgeCrossNamespaceCertificates bool
+	// GatewayInfrastructureKeys is --gateway-infrastructure-keys,
+	// AETHER_GATEWAY_INFRASTRUCTURE_KEYS: the Gateways' spec.infrastructure label and
+	// annotation keys (or prefixes ending in "/") the edge objects get; none by default
+	// (model.InfrastructureKeyAllowed).
+	GatewayInfrastructureKeys []string
 
 	MetricsAddr string // --metrics-addr
 	HealthAddr  string // --health-addr
@@ -207,6 +214,7 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	ef.StringVar(&c.Namespace, "namespace", "POD_NAMESPACE", "aether-system", "the registrar's own namespace: the edge Gateways' certificate copies live there")
 	ef.BoolVar(&c.EdgeCrossNamespaceCertificates, "edge-cross-namespace-certificates", "AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES", "let edge listeners use certificateRefs into other namespaces (with a ReferenceGrant); off: the edge pods, in the Gateway's namespace, would hand the key to whoever may run pods there")
 	gwCIDRs := ef.String("gateway-address-cidrs", "AETHER_GATEWAY_ADDRESS_CIDRS", "", "comma-separated CIDRs a Gateway's spec.addresses may ask for; each becomes the edge Service's external IP, which every node answers for, so none is allowed unless listed; a node's address, an address another Service uses, and an address port another Gateway holds are never given (docs/gateway.md)")
+	infraKeys := ef.String("gateway-infrastructure-keys", "AETHER_GATEWAY_INFRASTRUCTURE_KEYS", "", "comma-separated label and annotation keys (or prefixes ending in \"/\") of a Gateway's spec.infrastructure its edge Deployment, Service, ServiceAccount and pods get; none unless listed (a Service annotation or label can steer a load balancer); aether.io/ keys never (docs/gateway.md)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
 	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
 	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")
@@ -218,6 +226,15 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	}
 	if err := c.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return c, fmt.Errorf("--log-level %q: want debug, info, warn or error", *level)
+	}
+	for _, v := range strings.Split(*infraKeys, ",") {
+		if v = strings.TrimSpace(v); v == "" {
+			continue
+		}
+		if model.ReservedInfrastructureKey(v) {
+			return c, fmt.Errorf("--gateway-infrastructure-keys %q: %q: aether's own keys (aether.io/, %s) are never taken from a Gateway", *infraKeys, v, gwv1.GatewayNameLabelKey)
+		}
+		c.GatewayInfrastructureKeys = append(c.GatewayInfrastructureKeys, v)
 	}
 	for _, v := range strings.Split(*gwCIDRs, ",") {
 		if v = strings.TrimSpace(v); v == "" {

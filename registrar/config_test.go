@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,12 @@ func TestParseConfig(t *testing.T) {
 			return len(c.GatewayAddressCIDRs) == 2 && c.GatewayAddressCIDRs[0].String() == "192.0.2.0/24" && c.GatewayAddressCIDRs[1].String() == "2001:db8::/64"
 		}},
 		{name: "bad Gateway address range", args: []string{"--gateway-address-cidrs", "192.0.2.0/24,10.0.0.1"}, wantErr: `--gateway-address-cidrs "192.0.2.0/24,10.0.0.1": "10.0.0.1": want a CIDR`},
+		{name: "no infrastructure keys by default", check: func(c RunConfig) bool { return len(c.GatewayInfrastructureKeys) == 0 }},
+		{name: "infrastructure keys", args: []string{"--gateway-infrastructure-keys", "team, example.com/"}, check: func(c RunConfig) bool {
+			return slices.Equal(c.GatewayInfrastructureKeys, []string{"team", "example.com/"})
+		}},
+		{name: "aether's own infrastructure key", args: []string{"--gateway-infrastructure-keys", "team,aether.io/capture"},
+			wantErr: `--gateway-infrastructure-keys "team,aether.io/capture": "aether.io/capture": aether's own keys`},
 		{name: "workers", args: []string{"--workers", "0"}, wantErr: "--workers 0"},
 		{name: "cluster id timeout", args: []string{"--cluster-id-timeout", "0s"}, wantErr: "--cluster-id-timeout 0s"},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},

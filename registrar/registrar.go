@@ -106,6 +106,9 @@ type Config struct {
 	GatewayAddressCIDRs []netip.Prefix
 	// EdgeCrossNamespaceCertificates is model.GatewayInputs.CrossNamespaceCertificates.
 	EdgeCrossNamespaceCertificates bool
+	// GatewayInfrastructureKeys are the spec.infrastructure keys the edge objects get
+	// (gateway.Controller.InfrastructureKeys, model.GatewayInputs.InfrastructureKeys).
+	GatewayInfrastructureKeys []string
 	// Logger receives the registrar's logs. Required.
 	Logger *slog.Logger
 }
@@ -240,14 +243,15 @@ func New(cfg Config) (*Registrar, error) {
 		Cluster: cfg.Exports.Origin().Cluster, Endpoints: cfg.Endpoints, Exports: view, RegistryErr: r.registryErr,
 		RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
 		SkipNameValidation: cfg.SkipNameValidation, APIReader: mgr.GetAPIReader(),
-		CrossNamespaceCertificates: cfg.EdgeCrossNamespaceCertificates,
+		CrossNamespaceCertificates: cfg.EdgeCrossNamespaceCertificates, InfrastructureKeys: cfg.GatewayInfrastructureKeys,
 	}
 	// aether's Gateway controller applies what the route status controller resolves (package
 	// gateway's doc says why one pass computes both); like it, it is not paused on a claim
 	// conflict: it writes nothing into the registry.
 	if cfg.EdgeEnvoyImage != "" {
 		r.gateways = &gateway.Controller{
-			Client: mgr.GetClient(), Gateway: gw, Namespace: cfg.Namespace, EnvoyImage: cfg.EdgeEnvoyImage, AddressCIDRs: cfg.GatewayAddressCIDRs, Log: log,
+			Client: mgr.GetClient(), Gateway: gw, Namespace: cfg.Namespace, EnvoyImage: cfg.EdgeEnvoyImage, AddressCIDRs: cfg.GatewayAddressCIDRs,
+			InfrastructureKeys: cfg.GatewayInfrastructureKeys, Log: log,
 			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
 			SkipNameValidation: cfg.SkipNameValidation,
 		}

@@ -73,8 +73,8 @@ func Run(ctx context.Context, cfg RunConfig) error {
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
 		EdgeEnvoyImage:  cfg.EdgeEnvoyImage, Namespace: cfg.Namespace, GatewayAddressCIDRs: cfg.GatewayAddressCIDRs,
-		EdgeCrossNamespaceCertificates: cfg.EdgeCrossNamespaceCertificates,
-		MetricsAddr:                    cfg.MetricsAddr, HealthAddr: cfg.HealthAddr, Metrics: ctrlmetrics.Registry,
+		EdgeCrossNamespaceCertificates: cfg.EdgeCrossNamespaceCertificates, GatewayInfrastructureKeys: cfg.GatewayInfrastructureKeys,
+		MetricsAddr: cfg.MetricsAddr, HealthAddr: cfg.HealthAddr, Metrics: ctrlmetrics.Registry,
 		Workers: cfg.Workers, Logger: log,
 	})
 	if err != nil {

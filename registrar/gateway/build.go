@@ -74,21 +74,22 @@ func owner(gw *gwv1.Gateway) []metav1.OwnerReference {
 
 // objectMeta is the metadata of gw's provisioned objects: gw's spec.infrastructure labels and
 // annotations (GEP-1867) with Labels on top, the controller owner reference.
-func objectMeta(gw *gwv1.Gateway) metav1.ObjectMeta {
-	labels, annotations := infrastructure(gw, Labels(gw.Name), nil)
+func objectMeta(gw *gwv1.Gateway, allowed []string) metav1.ObjectMeta {
+	labels, annotations := infrastructure(gw, allowed, Labels(gw.Name), nil)
 	return metav1.ObjectMeta{Namespace: gw.Namespace, Name: model.EdgeServiceAccountName(gw.Name),
 		Labels: labels, Annotations: annotations, OwnerReferences: owner(gw)}
 }
 
 // infrastructure returns gw's spec.infrastructure labels and annotations (GEP-1867: for every
-// object created for the Gateway) with aether's own, labels and annotations, on top: a key
-// model.ReservedInfrastructureKey refuses is never taken from the Gateway (the model does not
-// accept such a Gateway either). Nil maps for none.
-func infrastructure(gw *gwv1.Gateway, labels, annotations map[string]string) (map[string]string, map[string]string) {
+// object created for the Gateway) whose keys the operator allows (model.InfrastructureKeyAllowed,
+// --gateway-infrastructure-keys; none by default), with aether's own, labels and annotations, on
+// top; a reserved key is never taken (the model does not accept a Gateway asking for one). Nil
+// maps for none.
+func infrastructure(gw *gwv1.Gateway, allowed []string, labels, annotations map[string]string) (map[string]string, map[string]string) {
 	merge := func(from map[string]string, own map[string]string) map[string]string {
 		out := map[string]string{}
 		for k, v := range from {
-			if !model.ReservedInfrastructureKey(k) {
+			if model.InfrastructureKeyAllowed(allowed, k) {
 				out[k] = v
 			}
 		}
@@ -151,11 +152,11 @@ func Ports(gw *gwv1.Gateway) []EdgePort {
 
 // ServiceAccount is the edge pods' ServiceAccount, <gw>-aether-edge (model.EdgeServiceAccountName):
 // their workload identity, whose token is not mounted (the edge Envoy calls no API).
-func ServiceAccount(gw *gwv1.Gateway) *corev1.ServiceAccount {
+func ServiceAccount(gw *gwv1.Gateway, infra []string) *corev1.ServiceAccount {
 	no := false
 	return &corev1.ServiceAccount{
 		TypeMeta:                     metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"},
-		ObjectMeta:                   objectMeta(gw),
+		ObjectMeta:                   objectMeta(gw, infra),
 		AutomountServiceAccountToken: &no,
 	}
 }
@@ -171,7 +172,7 @@ func ServiceAccount(gw *gwv1.Gateway) *corev1.ServiceAccount {
 // net.ipv4.ip_unprivileged_port_start to the lowest such port: container runtimes give a non-root
 // process no added capability (they set no ambient capabilities), so the sysctl is what lets
 // Envoy bind it. The readiness probe is GET /ready on EdgeStatsPort. It returns Bootstrap's error.
-func Deployment(gw *gwv1.Gateway, image string) (*appsv1.Deployment, error) {
+func Deployment(gw *gwv1.Gateway, image string, infra []string) (*appsv1.Deployment, error) {
 	boot, err := EdgeBootstrap(gw.Namespace, gw.Name)
 	if err != nil {
 		return nil, fmt.Errorf("edge Deployment of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
@@ -197,9 +198,9 @@ func Deployment(gw *gwv1.Gateway, image string) (*appsv1.Deployment, error) {
 		psc.Sysctls = []corev1.Sysctl{{Name: unprivilegedPortsSysctl, Value: strconv.Itoa(int(low))}}
 	}
 	replicas := int32(1)
-	meta := objectMeta(gw)
+	meta := objectMeta(gw, infra)
 	var podMeta metav1.ObjectMeta
-	podMeta.Labels, podMeta.Annotations = infrastructure(gw, Labels(gw.Name), map[string]string{model.AnnotationCapture: "false"})
+	podMeta.Labels, podMeta.Annotations = infrastructure(gw, infra, Labels(gw.Name), map[string]string{model.AnnotationCapture: "false"})
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: meta,
@@ -247,14 +248,14 @@ func EdgeBootstrap(ns, name string) ([]byte, error) {
 // (what AssignAddresses gave the Gateway of its spec.addresses): how a cluster without a load
 // balancer controller reaches the Gateway at an address routed to its nodes. It is nil when gw
 // opens no port (a Service needs one).
-func Service(gw *gwv1.Gateway, externalIPs []string) *corev1.Service {
+func Service(gw *gwv1.Gateway, externalIPs, infra []string) *corev1.Service {
 	ports := Ports(gw)
 	if len(ports) == 0 {
 		return nil
 	}
 	svc := &corev1.Service{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
-		ObjectMeta: objectMeta(gw),
+		ObjectMeta: objectMeta(gw, infra),
 		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Selector: Labels(gw.Name)},
 	}
 	for _, p := range ports {

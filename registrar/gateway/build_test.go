@@ -90,13 +90,13 @@ func TestEdgeObjects(t *testing.T) {
 				}
 			}
 
-			sa := ServiceAccount(gw)
+			sa := ServiceAccount(gw, nil)
 			checkMeta("ServiceAccount", sa.ObjectMeta)
 			if sa.AutomountServiceAccountToken == nil || *sa.AutomountServiceAccountToken {
 				t.Errorf("ServiceAccount automountServiceAccountToken %v, want false", sa.AutomountServiceAccountToken)
 			}
 
-			dep, err := Deployment(gw, "registry.example/aether-envoy:1")
+			dep, err := Deployment(gw, "registry.example/aether-envoy:1", nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -182,7 +182,7 @@ func TestEdgeObjects(t *testing.T) {
 			}
 
 			ips := AssignAddresses([]*gwv1.Gateway{gw}, []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, nil, nil)[gatewayKey(gw)].ExternalIPs
-			svc := Service(gw, ips)
+			svc := Service(gw, ips, nil)
 			if c.noService {
 				if svc != nil {
 					t.Errorf("Service %+v for a Gateway that opens no port, want none", svc.Spec)
@@ -212,35 +212,53 @@ func TestEdgeObjects(t *testing.T) {
 
 func itoa(n int32) string { return strconv.Itoa(int(n)) }
 
-// TestEdgeInfrastructure: a Gateway's spec.infrastructure labels and annotations (GEP-1867) are
-// on every provisioned object and the edge pods; aether's own keys win and a reserved key
-// (model.ReservedInfrastructureKey) is never taken; the Deployment still selects by Labels only.
+// TestEdgeInfrastructure: a Gateway's spec.infrastructure labels and annotations (GEP-1867) whose
+// keys the operator allows (an exact key, or a prefix ending in "/") are on every provisioned
+// object and the edge pods, aether's own keys on top; others, and reserved keys
+// (model.ReservedInfrastructureKey), are never taken; nothing is taken by default; the
+// Deployment still selects by Labels only.
 func TestEdgeInfrastructure(t *testing.T) {
 	gw := testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType))
 	gw.Spec.Infrastructure = &gwv1.GatewayInfrastructure{
-		Labels:      map[gwv1.LabelKey]gwv1.LabelValue{"team": "edge", "aether.io/managed-by": "someone", gwv1.GatewayNameLabelKey: "other"},
-		Annotations: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"example.com/lb-class": "internal", "aether.io/capture": "true"},
+		Labels: map[gwv1.LabelKey]gwv1.LabelValue{"team": "edge", "pool": "public", "aether.io/managed-by": "someone", gwv1.GatewayNameLabelKey: "other"},
+		Annotations: map[gwv1.AnnotationKey]gwv1.AnnotationValue{"example.com/lb-class": "internal", "metallb.universe.tf/loadBalancerIPs": "203.0.113.9",
+			"aether.io/capture": "true"},
 	}
-	dep, err := Deployment(gw, "envoy:test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantLabels := map[string]string{"team": "edge", model.LabelManagedBy: model.ManagedByAether, gwv1.GatewayNameLabelKey: "web"}
-	wantAnn := map[string]string{"example.com/lb-class": "internal"}
-	for _, o := range []struct {
-		kind string
-		m    metav1.ObjectMeta
-	}{{"ServiceAccount", ServiceAccount(gw).ObjectMeta}, {"Deployment", dep.ObjectMeta}, {"Service", Service(gw, nil).ObjectMeta}} {
-		if !maps.Equal(o.m.Labels, wantLabels) || !maps.Equal(o.m.Annotations, wantAnn) {
-			t.Errorf("%s: labels %v annotations %v, want %v and %v", o.kind, o.m.Labels, o.m.Annotations, wantLabels, wantAnn)
-		}
-	}
-	pod := dep.Spec.Template.ObjectMeta
-	if want := map[string]string{"example.com/lb-class": "internal", model.AnnotationCapture: "false"}; !maps.Equal(pod.Labels, wantLabels) || !maps.Equal(pod.Annotations, want) {
-		t.Errorf("pod template: labels %v annotations %v, want %v and %v", pod.Labels, pod.Annotations, wantLabels, want)
-	}
-	if !maps.Equal(dep.Spec.Selector.MatchLabels, Labels("web")) {
-		t.Errorf("selector %v, want %v", dep.Spec.Selector.MatchLabels, Labels("web"))
+	own := Labels("web")
+	for _, c := range []struct {
+		name       string
+		allowed    []string
+		labels     map[string]string
+		annotation map[string]string
+	}{
+		{"nothing allowed (the default)", nil, own, nil},
+		{"a key and a prefix allowed", []string{"team", "example.com/", "aether.io/", gwv1.GatewayNameLabelKey},
+			map[string]string{"team": "edge", model.LabelManagedBy: model.ManagedByAether, gwv1.GatewayNameLabelKey: "web"},
+			map[string]string{"example.com/lb-class": "internal"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dep, err := Deployment(gw, "envoy:test", c.allowed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range []struct {
+				kind string
+				m    metav1.ObjectMeta
+			}{{"ServiceAccount", ServiceAccount(gw, c.allowed).ObjectMeta}, {"Deployment", dep.ObjectMeta}, {"Service", Service(gw, nil, c.allowed).ObjectMeta}} {
+				if !maps.Equal(o.m.Labels, c.labels) || !maps.Equal(o.m.Annotations, c.annotation) {
+					t.Errorf("%s: labels %v annotations %v, want %v and %v", o.kind, o.m.Labels, o.m.Annotations, c.labels, c.annotation)
+				}
+			}
+			pod := dep.Spec.Template.ObjectMeta
+			want := map[string]string{model.AnnotationCapture: "false"}
+			maps.Copy(want, c.annotation)
+			if !maps.Equal(pod.Labels, c.labels) || !maps.Equal(pod.Annotations, want) {
+				t.Errorf("pod template: labels %v annotations %v, want %v and %v", pod.Labels, pod.Annotations, c.labels, want)
+			}
+			if !maps.Equal(dep.Spec.Selector.MatchLabels, own) {
+				t.Errorf("selector %v, want %v", dep.Spec.Selector.MatchLabels, own)
+			}
+		})
 	}
 }
 
@@ -248,7 +266,7 @@ func TestEdgeInfrastructure(t *testing.T) {
 // arguments: Envoy's own parser accepts the flags and the bootstrap.
 func TestEdgeEnvoyValidates(t *testing.T) {
 	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
-	dep, err := Deployment(testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType)), "aether-envoy:dev")
+	dep, err := Deployment(testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType)), "aether-envoy:dev", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +312,7 @@ func TestAssignAddresses(t *testing.T) {
 		return s
 	}
 	edge := func(g *gwv1.Gateway, cluster string, external []string, lb ...string) corev1.Service {
-		s := *Service(g, external)
+		s := *Service(g, external, nil)
 		s.Spec.ClusterIP, s.Spec.ClusterIPs = cluster, []string{cluster}
 		for _, ip := range lb {
 			s.Status.LoadBalancer.Ingress = append(s.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: ip})

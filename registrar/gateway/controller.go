@@ -107,6 +107,10 @@ type Controller struct {
 	// AddressCIDRs are the ranges a Gateway's spec.addresses may ask for (ExternalIPs); none by
 	// default (--gateway-address-cidrs).
 	AddressCIDRs []netip.Prefix
+	// InfrastructureKeys are the Gateways' spec.infrastructure label and annotation keys the
+	// provisioned objects get (model.InfrastructureKeyAllowed; --gateway-infrastructure-keys);
+	// none by default.
+	InfrastructureKeys []string
 	// Log receives the controller's logs. Required.
 	Log *slog.Logger
 	// PassDelay is how long a pass waits after the first change that asks for it (default
@@ -280,12 +284,12 @@ type objectKey struct {
 // provision applies the ServiceAccount, Deployment and Service (with externalIPs) of gw and
 // records them in wanted.
 func (c *Controller) provision(ctx context.Context, gw *gwv1.Gateway, externalIPs []string, wanted map[objectKey]bool) error {
-	dep, err := Deployment(gw, c.EnvoyImage)
+	dep, err := Deployment(gw, c.EnvoyImage, c.InfrastructureKeys)
 	if err != nil {
 		return err
 	}
-	objs := []client.Object{ServiceAccount(gw), dep}
-	if svc := Service(gw, externalIPs); svc != nil {
+	objs := []client.Object{ServiceAccount(gw, c.InfrastructureKeys), dep}
+	if svc := Service(gw, externalIPs, c.InfrastructureKeys); svc != nil {
 		objs = append(objs, svc)
 	}
 	var errs []error

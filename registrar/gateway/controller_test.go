@@ -136,7 +136,8 @@ func startEnv(t *testing.T, extraCIDRs ...netip.Prefix) *env {
 	}
 	e := &env{t: t, api: api, admin: admin, gw: gwclient.NewForConfigOrDie(api.Config)}
 	e.ctl = &gateway.Controller{Client: countingClient{mgr.GetClient(), &e.applies}, Gateway: gwclient.NewForConfigOrDie(reg), Namespace: systemNS,
-		EnvoyImage: image, AddressCIDRs: append([]netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, extraCIDRs...), Log: log, PassDelay: 50 * time.Millisecond, SkipNameValidation: true}
+		EnvoyImage: image, AddressCIDRs: append([]netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}, extraCIDRs...),
+		InfrastructureKeys: []string{"team", "example.com/"}, Log: log, PassDelay: 50 * time.Millisecond, SkipNameValidation: true}
 	if err := e.ctl.SetupWithManager(mgr); err != nil {
 		t.Fatal(err)
 	}
@@ -522,7 +523,7 @@ func policyRefusal(t *testing.T, e *env, gw *gwv1.Gateway) string {
 	if gw.UID == "" {
 		gw.UID = "not-created-yet"
 	}
-	sa := gateway.ServiceAccount(gw)
+	sa := gateway.ServiceAccount(gw, nil)
 	var live corev1.ServiceAccount
 	if err := e.admin.Get(context.Background(), client.ObjectKeyFromObject(sa), &live); err != nil {
 		t.Fatal(err)

@@ -124,6 +124,8 @@ type Controller struct {
 	Client client.Reader
 	// CrossNamespaceCertificates is model.GatewayInputs.CrossNamespaceCertificates.
 	CrossNamespaceCertificates bool
+	// InfrastructureKeys is model.GatewayInputs.InfrastructureKeys.
+	InfrastructureKeys []string
 	// Gateway watches the routes and writes their status. Required.
 	Gateway gwclient.Interface
 	// Discovery tells whether the route CRDs are installed. Required.

@@ -30,7 +30,7 @@ func (c *Controller) resolveGateways(ctx context.Context, src *passSources, mesh
 	in := model.GatewayInputs{
 		Classes: gateway.ClassNames(src.classes), Routes: src.routes, NamespaceLabels: src.namespaceLabels,
 		Certificates: map[model.SecretKey]model.CertificateState{}, Services: make(map[model.ServiceKey]*model.Service, len(mesh.Services)),
-		CrossNamespaceCertificates: c.CrossNamespaceCertificates,
+		CrossNamespaceCertificates: c.CrossNamespaceCertificates, InfrastructureKeys: c.InfrastructureKeys,
 	}
 	for _, s := range mesh.Services {
 		in.Services[s.Key] = s
