@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -76,42 +77,69 @@ func routedMesh(v uint64, route bool) *model.Mesh {
 	return m
 }
 
+// udpRecorder is a udpCapture whose Envoy ACKs at once and whose redirect sets are recorded as
+// "<vip>><local port>,..." ("" for none); each rebuild it asks for is signalled on done.
+type udpRecorder struct {
+	*udpCapture
+	mu   sync.Mutex
+	sets []string
+	done chan struct{}
+}
+
+func newUDPRecorder(frontends func(*model.Mesh) []model.UDPFrontend) *udpRecorder {
+	r := &udpRecorder{done: make(chan struct{}, 10)}
+	r.udpCapture = &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond,
+		frontends: frontends, acked: func(context.Context, *model.Mesh) error { return nil },
+		rebuild: func() { r.done <- struct{}{} }}
+	r.set = func(_ context.Context, rs []capture.UDPRedirect) error {
+		var s []string
+		for _, x := range rs {
+			s = append(s, fmt.Sprintf("%s>%d", x.VIP, x.LocalPort))
+		}
+		r.mu.Lock()
+		r.sets = append(r.sets, strings.Join(s, ","))
+		r.mu.Unlock()
+		return nil
+	}
+	return r
+}
+
+// start runs the recorder until the test ends and returns the channel of its models.
+func (r *udpRecorder) start(t *testing.T) chan *model.Mesh {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	latest := make(chan *model.Mesh, 1)
+	go r.run(ctx, latest)
+	return latest
+}
+
+func (r *udpRecorder) recorded() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.sets)
+}
+
 // TestUDPCaptureFirstModel: the first model is applied even when it routes nothing (the pods may
 // hold the redirects a previous agent persisted, cni.Server), later models without a change are
 // not.
 func TestUDPCaptureFirstModel(t *testing.T) {
-	var mu sync.Mutex
-	var sets []int
-	u := &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond,
-		frontends: (*model.Mesh).UDPFrontends, acked: func(context.Context, *model.Mesh) error { return nil }}
-	u.set = func(_ context.Context, rs []capture.UDPRedirect) error {
-		mu.Lock()
-		sets = append(sets, len(rs))
-		mu.Unlock()
-		return nil
-	}
-	done := make(chan struct{}, 10)
-	u.rebuild = func() { done <- struct{}{} }
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	latest := make(chan *model.Mesh, 1)
-	go u.run(ctx, latest)
+	r := newUDPRecorder((*model.Mesh).UDPFrontends)
+	latest := r.start(t)
 	latest <- routedMesh(1, false)
-	<-done
+	<-r.done
 	latest <- routedMesh(2, false) // nothing changed: no set
 	latest <- routedMesh(3, true)
-	<-done
-	mu.Lock()
-	defer mu.Unlock()
-	if !slices.Equal(sets, []int{0, 1}) {
-		t.Errorf("redirect sets %v, want [0 1]: the first model's (none), then the routed one", sets)
+	<-r.done
+	if got := r.recorded(); !slices.Equal(got, []string{"", "10.96.0.24>" + strconv.Itoa(int(routedMesh(3, true).UDPFrontends()[0].LocalPort))}) {
+		t.Errorf("redirect sets %q: want the first model's (none), then the routed one", got)
 	}
 }
 
 // TestUDPCaptureWaitsForHeldPort: when a new frontend takes the local port a held frontend of
 // another VIP still has (the held one moved to another port), its redirect waits until the held
 // one's is gone from the pods, so a pod's datagrams never reach the new frontend's route through
-// an old redirect.
+// an old redirect; after an agent restart, the redirects a previous agent persisted hold their
+// ports the same way.
 func TestUDPCaptureWaitsForHeldPort(t *testing.T) {
 	a := netip.MustParseAddr("10.96.0.24")
 	b := netip.MustParseAddr("10.96.0.7")
@@ -122,57 +150,29 @@ func TestUDPCaptureWaitsForHeldPort(t *testing.T) {
 		1: {fe(a, 15500)},
 		2: {fe(b, 15500), fe(a, 15501)}, // b hashes to a's port and sorts first: a moves
 	}
-	var mu sync.Mutex
-	var sets []string
-	u := &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond,
-		frontends: func(m *model.Mesh) []model.UDPFrontend { return byVersion[min(m.Version, 2)] },
-		acked:     func(context.Context, *model.Mesh) error { return nil }}
-	u.set = func(_ context.Context, rs []capture.UDPRedirect) error {
-		var s []string
-		for _, r := range rs {
-			s = append(s, fmt.Sprintf("%s>%d", r.VIP, r.LocalPort))
-		}
-		mu.Lock()
-		sets = append(sets, strings.Join(s, ","))
-		mu.Unlock()
-		return nil
-	}
-	done := make(chan struct{}, 10)
-	u.rebuild = func() { done <- struct{}{} }
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	latest := make(chan *model.Mesh, 1)
-	go u.run(ctx, latest)
+	frontends := func(m *model.Mesh) []model.UDPFrontend { return byVersion[min(m.Version, 2)] }
+	r := newUDPRecorder(frontends)
+	latest := r.start(t)
 	latest <- routedMesh(1, false)
-	<-done
+	<-r.done
 	latest <- routedMesh(2, false)
-	<-done
+	<-r.done
 	latest <- routedMesh(3, false) // the rebuild's model
-	<-done
-	mu.Lock()
-	want := []string{"10.96.0.24>15500", "10.96.0.24>15501", "10.96.0.7>15500,10.96.0.24>15501"}
-	if !slices.Equal(sets, want) {
-		t.Errorf("redirect sets %q, want %q", sets, want)
+	<-r.done
+	if got, want := r.recorded(), []string{"10.96.0.24>15500", "10.96.0.24>15501", "10.96.0.7>15500,10.96.0.24>15501"}; !slices.Equal(got, want) {
+		t.Errorf("redirect sets %q, want %q", got, want)
 	}
-	mu.Unlock()
 
 	// After an agent restart: a's old redirect (persisted, held without a route) keeps its port
 	// until the first pass has moved a.
-	cancel()
-	ctx, cancel = context.WithCancel(context.Background())
-	defer cancel()
-	latest = make(chan *model.Mesh, 1)
-	sets = nil
-	restarted := &udpCapture{log: u.log, retry: u.retry, frontends: u.frontends, acked: u.acked, set: u.set, rebuild: u.rebuild}
+	restarted := newUDPRecorder(frontends)
 	restarted.hold([]capture.UDPRedirect{{VIP: a, Port: 53, LocalPort: 15500}})
-	go restarted.run(ctx, latest)
+	latest = restarted.start(t)
 	latest <- routedMesh(2, false)
-	<-done
+	<-restarted.done
 	latest <- routedMesh(3, false)
-	<-done
-	mu.Lock()
-	defer mu.Unlock()
-	if want := []string{"10.96.0.24>15501", "10.96.0.7>15500,10.96.0.24>15501"}; !slices.Equal(sets, want) {
-		t.Errorf("after a restart: redirect sets %q, want %q", sets, want)
+	<-restarted.done
+	if got, want := restarted.recorded(), []string{"10.96.0.24>15501", "10.96.0.7>15500,10.96.0.24>15501"}; !slices.Equal(got, want) {
+		t.Errorf("after a restart: redirect sets %q, want %q", got, want)
 	}
 }
