@@ -255,7 +255,12 @@ func Run(ctx context.Context, cfg Config) error {
 	// The CNI server, started last, takes the requests from nacked.
 	nacked := make(chan struct{}, 1)
 	// Routed UDP frontends: listeners first, then the pods' redirects (udpCapture).
-	udp := &udpCapture{log: log.With("part", "udp"), rebuild: asm.Trigger, retry: 5 * time.Second}
+	udp := &udpCapture{log: log.With("part", "udp"), rebuild: asm.Trigger, retry: 5 * time.Second, current: func() uint64 {
+		if m := asm.Current(); m != nil {
+			return m.Version
+		}
+		return 0
+	}}
 	// The redirects a previous agent left in the pods (the CNI server repairs them with the
 	// persisted set) hold their local ports until the first pass replaces them.
 	if rs, err := cni.LoadUDPRedirects(cfg.StateDir, cfg.HostIP, cfg.HostIPv6); err != nil {

@@ -26,6 +26,8 @@ type udpCapture struct {
 	set func(ctx context.Context, rs []capture.UDPRedirect) error
 	// rebuild asks for a new model (model.Assembler.Trigger), so listeners no longer held go.
 	rebuild func()
+	// current is the version of the last model published (model.Assembler.Current); nil: 0.
+	current func() uint64
 	// retry is the wait before a failed change is tried again.
 	retry time.Duration
 	// frontends are the routed UDP frontends of a model the node serves
@@ -38,6 +40,17 @@ type udpCapture struct {
 	// the redirects a previous agent persisted (cni.Server), so the first model is applied
 	// even when it routes nothing.
 	synced bool
+	// stale is the last model version published when held last changed: the snapshots of
+	// models up to it may have been built with the held set before, so an ACK of one says
+	// nothing of the listeners now held, and run skips them for the rebuild that follows.
+	stale uint64
+}
+
+// changedHeld records that held just changed (stale); mu is held.
+func (u *udpCapture) changedHeld() {
+	if u.current != nil {
+		u.stale = u.current()
+	}
 }
 
 // hold starts with rs held: redirects a previous agent persisted (cni.LoadUDPRedirects), as
@@ -74,9 +87,9 @@ func (u *udpCapture) run(ctx context.Context, latest chan *model.Mesh) {
 		}
 		want := u.frontends(m)
 		u.mu.Lock()
-		synced := u.synced
+		synced, stale := u.synced, u.stale
 		u.mu.Unlock()
-		if synced && sameUDP(want, u.Held()) {
+		if m.Version <= stale || (synced && sameUDP(want, u.Held())) {
 			continue
 		}
 		if err := u.apply(ctx, m, want); err != nil {
@@ -84,14 +97,12 @@ func (u *udpCapture) run(ctx context.Context, latest chan *model.Mesh) {
 				return
 			}
 			u.log.Error("routed UDP frontends not updated; trying again", "frontends", len(want), "err", err)
+			// A new model, built with what is held now (the failed pass may have changed it).
 			go func() {
 				select {
 				case <-ctx.Done():
 				case <-time.After(u.retry):
-					select {
-					case latest <- m: // unless a newer model is already waiting
-					default:
-					}
+					u.rebuild()
 				}
 			}()
 		}
@@ -125,12 +136,14 @@ func (u *udpCapture) apply(ctx context.Context, m *model.Mesh, want []model.UDPF
 				u.held = append(u.held, f)
 			}
 		}
+		u.changedHeld()
 		u.mu.Unlock()
 		return err
 	}
 	u.mu.Lock()
 	u.held = want
 	u.synced = true
+	u.changedHeld()
 	u.mu.Unlock()
 	u.log.Info("routed UDP frontends in the pods' capture", "frontends", len(want))
 	u.rebuild()

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ import (
 // TestUDPCaptureOrder: for a model whose routed UDP frontends change, udpCapture waits for
 // Envoy's ACK of that model before it changes the pods' redirects, holds the old frontends
 // (their listeners stay) until the redirects are set, then asks for a rebuild; a failed set
-// keeps both sets held and is tried again.
+// keeps both sets held and is tried again with the model of a rebuild it asks for.
 func TestUDPCaptureOrder(t *testing.T) {
 	var mu sync.Mutex
 	var events []string
@@ -54,11 +55,14 @@ func TestUDPCaptureOrder(t *testing.T) {
 	<-done
 	latest <- routedMesh(3, true) // the same frontends: nothing to do
 	latest <- routedMesh(4, false)
+	<-done                         // the retry's rebuild
+	latest <- routedMesh(5, false) // its model
 	<-done
 	mu.Lock()
 	got := strings.Join(events, "\n")
 	mu.Unlock()
-	want := strings.Join([]string{"acked 2 held=0", "set 1", "rebuild held=1", "acked 4 held=1", "set failed", "acked 4 held=1", "set 0", "rebuild held=0"}, "\n")
+	want := strings.Join([]string{"acked 2 held=0", "set 1", "rebuild held=1", "acked 4 held=1", "set failed", "rebuild held=1",
+		"acked 5 held=1", "set 0", "rebuild held=0"}, "\n")
 	if got != want {
 		t.Errorf("events:\n%s\nwant\n%s", got, want)
 	}
@@ -83,14 +87,20 @@ type udpRecorder struct {
 	*udpCapture
 	mu   sync.Mutex
 	sets []string
+	acks []uint64 // the versions of the models whose ACK a pass waited for
 	done chan struct{}
 }
 
 func newUDPRecorder(frontends func(*model.Mesh) []model.UDPFrontend) *udpRecorder {
 	r := &udpRecorder{done: make(chan struct{}, 10)}
 	r.udpCapture = &udpCapture{log: slog.New(slog.NewTextHandler(io.Discard, nil)), retry: 10 * time.Millisecond,
-		frontends: frontends, acked: func(context.Context, *model.Mesh) error { return nil },
-		rebuild: func() { r.done <- struct{}{} }}
+		frontends: frontends, rebuild: func() { r.done <- struct{}{} }}
+	r.acked = func(_ context.Context, m *model.Mesh) error {
+		r.mu.Lock()
+		r.acks = append(r.acks, m.Version)
+		r.mu.Unlock()
+		return nil
+	}
 	r.set = func(_ context.Context, rs []capture.UDPRedirect) error {
 		var s []string
 		for _, x := range rs {
@@ -174,5 +184,34 @@ func TestUDPCaptureWaitsForHeldPort(t *testing.T) {
 	<-restarted.done
 	if got, want := restarted.recorded(), []string{"10.96.0.24>15501", "10.96.0.7>15500,10.96.0.24>15501"}; !slices.Equal(got, want) {
 		t.Errorf("after a restart: redirect sets %q, want %q", got, want)
+	}
+}
+
+// TestUDPCaptureSkipsStaleSnapshots: a model published before the held set last changed may
+// have been pushed with the listeners held before, so its ACK is no proof of the listeners now
+// held: the pass waits for a later model (the rebuild it asked for) before it installs a
+// redirect that needed the change.
+func TestUDPCaptureSkipsStaleSnapshots(t *testing.T) {
+	a := netip.MustParseAddr("10.96.0.24")
+	b := netip.MustParseAddr("10.96.0.7")
+	moved := []model.UDPFrontend{{VIP: b, Port: 53, LocalPort: 15500}, {VIP: a, Port: 53, LocalPort: 15501}}
+	r := newUDPRecorder(func(*model.Mesh) []model.UDPFrontend { return moved })
+	var published atomic.Uint64
+	published.Store(3) // a model v3 was published (and pushed) while the first pass ran
+	r.current = published.Load
+	r.hold([]capture.UDPRedirect{{VIP: a, Port: 53, LocalPort: 15500}})
+	latest := r.start(t)
+	latest <- routedMesh(2, false)
+	<-r.done
+	latest <- routedMesh(3, false) // built before the change: skipped
+	latest <- routedMesh(4, false) // the rebuild's
+	<-r.done
+	if got, want := r.recorded(), []string{"10.96.0.24>15501", "10.96.0.7>15500,10.96.0.24>15501"}; !slices.Equal(got, want) {
+		t.Errorf("redirect sets %q, want %q", got, want)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !slices.Equal(r.acks, []uint64{2, 4}) {
+		t.Errorf("passes waited for the ACKs of models %v, want [2 4]: b's redirect only after a model newer than the change", r.acks)
 	}
 }

@@ -153,9 +153,18 @@ type Server struct {
 	// repairCh holds a pending RequestRepair (capacity 1).
 	repairCh chan struct{}
 	// udpMu guards udp, the routed UDP frontends every captured pod's rules redirect
-	// (SetUDPRedirects).
-	udpMu sync.Mutex
-	udp   []capture.UDPRedirect
+	// (SetUDPRedirects), and the state of their last change: udpSet once SetUDPRedirects was
+	// called (a persisted set loaded later must not replace it), udpDirty until a change has
+	// reached every pod and its flows were forgotten (a retry of the same set then runs again),
+	// udpGone the VIP:ports whose redirect changed and whose flows are not all forgotten yet,
+	// udpEver every VIP:port ever routed (a pod whose rules a repair changes forgets their
+	// flows: an ADD's rules built from an older set, a drift).
+	udpMu    sync.Mutex
+	udp      []capture.UDPRedirect
+	udpSet   bool
+	udpDirty bool
+	udpGone  []netip.AddrPort
+	udpEver  []netip.AddrPort
 }
 
 func (s *Server) defaults() { s.once.Do(s.setDefaults) }
@@ -704,36 +713,46 @@ func (s *Server) SetUDPRedirects(ctx context.Context, rs []capture.UDPRedirect) 
 	s.defaults()
 	rs = slices.Clone(rs)
 	s.udpMu.Lock()
-	same := slices.Equal(s.udp, rs)
-	old := s.udp
-	s.udp = rs
-	s.udpMu.Unlock()
-	if same {
+	if slices.Equal(s.udp, rs) && !s.udpDirty {
+		s.udpSet = true
+		s.udpMu.Unlock()
 		return nil
 	}
+	gone := s.udpGone
+	for _, o := range s.udp {
+		if !slices.Contains(rs, o) && !slices.Contains(gone, netip.AddrPortFrom(o.VIP, o.Port)) {
+			gone = append(gone, netip.AddrPortFrom(o.VIP, o.Port))
+		}
+	}
+	for _, r := range rs {
+		if ap := netip.AddrPortFrom(r.VIP, r.Port); !slices.Contains(s.udpEver, ap) {
+			s.udpEver = append(s.udpEver, ap)
+		}
+	}
+	s.udp, s.udpSet, s.udpDirty, s.udpGone = rs, true, true, gone
+	s.udpMu.Unlock()
 	if err := s.saveUDP(rs); err != nil {
 		// The pods get the set all the same; only a restarted agent starts without it.
 		s.Log.Error("persist routed UDP frontends", "err", err)
 	}
 	s.Log.Info("routed UDP frontends changed: re-applying capture rules", "frontends", len(rs))
-	err := s.repair(ctx, false)
+	err := errors.Join(s.repair(ctx, false), s.forgetUDPFlows(gone))
 	s.RequestRepair()
-	return errors.Join(err, s.forgetUDPFlows(old, rs))
+	if err == nil {
+		s.udpMu.Lock()
+		if slices.Equal(s.udp, rs) {
+			s.udpDirty, s.udpGone = false, nil
+		}
+		s.udpMu.Unlock()
+	}
+	return err
 }
 
-// forgetUDPFlows deletes, in every captured pod's netns, the conntrack entries of UDP flows to a
-// VIP and port whose redirect is in old but not, to the same local port, in now
-// (capture.ForgetUDPFlows): their next datagrams meet the rules just applied. It returns the
-// joined errors of the pods it could not clear.
-func (s *Server) forgetUDPFlows(old, now []capture.UDPRedirect) error {
-	var gone []netip.AddrPort
-	for _, o := range old {
-		if !slices.ContainsFunc(now, func(n capture.UDPRedirect) bool {
-			return n.VIP == o.VIP && n.Port == o.Port && n.LocalPort == o.LocalPort
-		}) {
-			gone = append(gone, netip.AddrPortFrom(o.VIP, o.Port))
-		}
-	}
+// forgetUDPFlows deletes, in every captured pod's netns, the conntrack entries of UDP flows to
+// the VIP:ports gone (those whose redirect changed or went, capture.ForgetUDPFlows): their next
+// datagrams meet the rules just applied. It returns the joined errors of the pods it could not
+// clear.
+func (s *Server) forgetUDPFlows(gone []netip.AddrPort) error {
 	if len(gone) == 0 {
 		return nil
 	}
@@ -778,8 +797,14 @@ func (s *Server) loadUDP() {
 		return
 	}
 	s.udpMu.Lock()
+	defer s.udpMu.Unlock()
+	if s.udpSet {
+		return // the agent's set came first: it is newer
+	}
 	s.udp = rs
-	s.udpMu.Unlock()
+	for _, r := range rs {
+		s.udpEver = append(s.udpEver, netip.AddrPortFrom(r.VIP, r.Port))
+	}
 }
 
 // LoadUDPRedirects returns the routed UDP frontends persisted in stateDir (the last
@@ -1019,6 +1044,14 @@ func (s *Server) repairLive(ctx context.Context, cur *Record, announce bool) err
 	}
 	if changed {
 		s.Log.Warn("repair: capture rules restored or updated", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
+		// Flows to routed VIPs may have been translated by the rules this replaced (an ADD's,
+		// built from an older set; a drift): their next datagrams meet these.
+		s.udpMu.Lock()
+		ever := slices.Clone(s.udpEver)
+		s.udpMu.Unlock()
+		if _, err := capture.ForgetUDPFlows(cur.Attachment.NetnsPath, ever); err != nil {
+			return err
+		}
 	}
 	if !announce {
 		return nil

@@ -4,6 +4,7 @@ package cni
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/aethermesh/aether/capture"
@@ -37,7 +39,8 @@ func TestPrivilegedCNIUDPRedirects(t *testing.T) {
 			sock := filepath.Join(sockDir(t), "cni.sock")
 			n := newNode(t, "1.0.0", fmt.Sprintf("10.244.%d.0/24", 70+i), sock, nil)
 			state := t.TempDir()
-			a := startAgentBackend(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, tc.backend)
+			fb := &toggleBackend{Backend: tc.backend}
+			a := startAgentBackend(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, fb)
 			first := testenv.NewNetns(t)
 			if _, err := n.add(t, podRT(first, "ctr-a", "mesh", "a")); err != nil {
 				t.Fatal(err)
@@ -96,11 +99,16 @@ func TestPrivilegedCNIUDPRedirects(t *testing.T) {
 			if err := tc.backend.Teardown(second.Path); err != nil {
 				t.Fatal(err)
 			}
-			a = startAgentBackend(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, tc.backend)
+			// A flow the drifted pod sent meanwhile goes with the repair that restores its rules.
+			udpFlow(t, second, vip, 53)
+			a = startAgentBackend(t, sock, state, ServerConfig{}, &staticLookup{}, &recordingDataplane{}, nil, fb)
 			for _, ns := range []*testenv.Netns{first, second} {
 				if got := rules(ns); !strings.Contains(got, "16001") || strings.Count(got, "\n") != 0 {
 					t.Fatalf("%s: UDP redirect after the agent restarted:\n%q", ns.Name, got)
 				}
+			}
+			if n := udpFlows(t, second, vip, 53); n != 0 {
+				t.Errorf("%d conntrack entries to %s:53 left after the repair restored the drifted pod's rules", n, vip)
 			}
 			set(16001)
 			set(0)
@@ -109,6 +117,20 @@ func TestPrivilegedCNIUDPRedirects(t *testing.T) {
 					t.Fatalf("%s: UDP redirect left after the set emptied:\n%s", ns.Name, got)
 				}
 			}
+			// A change that did not reach every pod is applied again by the same call (the
+			// agent's retry), not taken as done.
+			fb.fail.Store(true)
+			if err := a.srv.SetUDPRedirects(context.Background(), []capture.UDPRedirect{{VIP: vip, Port: 53, LocalPort: 15177}}); err == nil {
+				t.Fatal("SetUDPRedirects with the pods' rules unwritable: no error")
+			}
+			fb.fail.Store(false)
+			set(15177)
+			for _, ns := range []*testenv.Netns{first, second} {
+				if got := rules(ns); !strings.Contains(got, "15177") {
+					t.Fatalf("%s: the retried change is not in the rules:\n%s", ns.Name, got)
+				}
+			}
+			set(0)
 			// A persisted set the capture would refuse (an IPv6 VIP, no host IPv6 address) is
 			// ignored: the pods' rules still build, and a new pod is added.
 			a.stop()
@@ -161,4 +183,17 @@ func udpFlows(t *testing.T, ns *testenv.Netns, vip netip.Addr, port uint16) int 
 		}
 	}
 	return n
+}
+
+// toggleBackend is a capture backend whose Apply fails while fail is set.
+type toggleBackend struct {
+	capture.Backend
+	fail atomic.Bool
+}
+
+func (b *toggleBackend) Apply(netnsPath string, rs capture.RuleSet) (bool, error) {
+	if b.fail.Load() {
+		return false, errors.New("rules unwritable (test)")
+	}
+	return b.Backend.Apply(netnsPath, rs)
 }

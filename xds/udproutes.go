@@ -86,12 +86,13 @@ func udpServed(m *model.Mesh, opts Options) []model.UDPFrontend {
 }
 
 // udpClusters are the clusters of the served UDP frontends' routes (udpCluster), one per route,
-// sorted by name: the model's route where a held frontend names the same route.
+// sorted by name, each with the backends of the model's route where the model still has it (a
+// held frontend carries its route as it was).
 func udpClusters(m *model.Mesh, fs []model.UDPFrontend, opts Options) []*clusterv3.Cluster {
 	byName := map[string]*clusterv3.Cluster{}
-	for _, f := range fs {
+	for _, f := range slices.Concat(opts.UDPFrontends(m), fs) {
 		name := udpRouteClusterName(f.Route.Route)
-		if byName[name] == nil {
+		if byName[name] == nil && slices.ContainsFunc(fs, func(s model.UDPFrontend) bool { return s.Route.Route == f.Route.Route }) {
 			byName[name] = udpCluster(m, name, f.Route.Backends, opts)
 		}
 	}

@@ -110,6 +110,8 @@ func AssignAddresses(gws []*gwv1.Gateway, allowed []netip.Prefix, services []cor
 	// current holds, by address, the Gateways of gws whose edge Service has it as an external IP
 	// now: an address stays with the Gateway that has it.
 	current := map[netip.Addr][]model.GatewayKey{}
+	// serving holds the edge ports each such Service serves now.
+	serving := map[model.GatewayKey][]EdgePort{}
 	for _, s := range sortedBy(services, func(s *corev1.Service) string { return s.Namespace + "/" + s.Name }) {
 		var edge model.GatewayKey
 		if provisioned(s) {
@@ -124,6 +126,11 @@ func AssignAddresses(gws []*gwv1.Gateway, allowed []netip.Prefix, services []cor
 		}
 		for _, ip := range cluster {
 			use(ip, user("spec.clusterIPs"))
+		}
+		if assigned[edge] {
+			for _, p := range s.Spec.Ports {
+				serving[edge] = append(serving[edge], EdgePort{Port: p.Port, Protocol: p.Protocol})
+			}
 		}
 		for _, ip := range s.Spec.ExternalIPs {
 			if !assigned[edge] {
@@ -196,7 +203,22 @@ func AssignAddresses(gws []*gwv1.Gateway, allowed []netip.Prefix, services []cor
 		}
 		return cmp.Compare(a.age, b.age)
 	})
+	// The ports a Gateway that has an address serves there now, and still needs, are its own
+	// before anything is decided: a Gateway that has an address on other ports cannot take
+	// them by adding a listener (it would lose, not win, the address).
 	holders := map[edgePortOf]model.GatewayKey{}
+	for _, c := range claims {
+		if !c.incumbent {
+			continue
+		}
+		key, needs := gatewayKey(c.gw), Ports(c.gw)
+		for _, p := range serving[key] {
+			op := edgePortOf{c.ip.Unmap(), p}
+			if _, taken := holders[op]; !taken && slices.Contains(needs, p) {
+				holders[op] = key
+			}
+		}
+	}
 	given := map[model.GatewayKey][]claim{}
 	for _, c := range claims {
 		key, addr := gatewayKey(c.gw), c.ip.Unmap()

@@ -381,6 +381,15 @@ func TestAssignAddresses(t *testing.T) {
 			services: []corev1.Service{edge(gw("shop/a-new", 1, http), "10.96.0.2", []string{"192.0.2.10"})},
 			want: map[string]want{"shop/a-new": {ips: []string{"192.0.2.10"}}, "shop/z-old": {refused: []string{
 				"spec.addresses[0]: value 192.0.2.10: held by another Gateway (an address stays with the Gateway that has it; of the others asking, the oldest gets it when it is free): port 80/TCP by Gateway shop/a-new"}}}},
+		{name: "an older Gateway with the address on another port cannot take a port it serves by adding a listener", allowed: allowed,
+			gws: []*gwv1.Gateway{gw("shop/victim", 1, http, "192.0.2.10"),
+				gw("shop/z-old", 0, append(slices.Clone(http), listener("alt", 81, gwv1.HTTPProtocolType)), "192.0.2.10")},
+			// Both have the address now: the victim on 80, the older one on 81 (before its new
+			// listener on 80).
+			services: []corev1.Service{edge(gw("shop/victim", 1, http), "10.96.0.2", []string{"192.0.2.10"}),
+				edge(gw("shop/z-old", 0, []gwv1.Listener{listener("alt", 81, gwv1.HTTPProtocolType)}), "10.96.0.3", []string{"192.0.2.10"})},
+			want: map[string]want{"shop/victim": {ips: []string{"192.0.2.10"}}, "shop/z-old": {refused: []string{
+				"port 80/TCP by Gateway shop/victim"}}}},
 		{name: "a holder in another namespace is not named", allowed: allowed,
 			gws:      []*gwv1.Gateway{gw("other/web", 1, http, "192.0.2.10"), oldWeb},
 			services: []corev1.Service{edge(gw("other/web", 1, http), "10.96.0.2", []string{"192.0.2.10"})},
