@@ -55,6 +55,8 @@ type RunConfig struct {
 	// AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES (model.GatewayInputs.CrossNamespaceCertificates;
 	// the agents read the same setting).
 	EdgeCrossNamespaceCertificates bool
+	// EdgeReplicas is --edge-replicas, AETHER_EDGE_REPLICAS: edge pods per Gateway (1 to 100).
+	EdgeReplicas int
 	// GatewayInfrastructureKeys is --gateway-infrastructure-keys,
 	// AETHER_GATEWAY_INFRASTRUCTURE_KEYS: the Gateways' spec.infrastructure label and
 	// annotation keys (or prefixes ending in "/") the edge objects get; none by default
@@ -214,6 +216,7 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	ef.StringVar(&c.Namespace, "namespace", "POD_NAMESPACE", "aether-system", "the registrar's own namespace: the edge Gateways' certificate copies live there")
 	ef.BoolVar(&c.EdgeCrossNamespaceCertificates, "edge-cross-namespace-certificates", "AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES", "let edge listeners use certificateRefs into other namespaces (with a ReferenceGrant); off: the edge pods, in the Gateway's namespace, would hand the key to whoever may run pods there")
 	gwCIDRs := ef.String("gateway-address-cidrs", "AETHER_GATEWAY_ADDRESS_CIDRS", "", "comma-separated CIDRs a Gateway's spec.addresses may ask for; each becomes the edge Service's external IP, which every node answers for, so none is allowed unless listed; a node's address, an address another Service uses, and an address port another Gateway holds are never given (docs/gateway.md)")
+	ef.IntVar(&c.EdgeReplicas, "edge-replicas", "AETHER_EDGE_REPLICAS", 1, "edge pods per Gateway (1 to 100); from two on they are spread over nodes (preferred pod anti-affinity)")
 	infraKeys := ef.String("gateway-infrastructure-keys", "AETHER_GATEWAY_INFRASTRUCTURE_KEYS", "", "comma-separated label and annotation keys (or prefixes ending in \"/\") of a Gateway's spec.infrastructure its edge Deployment, Service, ServiceAccount and pods get; none unless listed (a Service annotation or label can steer a load balancer); aether.io/ keys never (docs/gateway.md)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
 	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
@@ -278,6 +281,9 @@ func (c RunConfig) validate() error {
 		if strings.ContainsAny(c.EdgeEnvoyImage, " \t\n") {
 			errs = append(errs, fmt.Errorf("--edge-envoy-image %q: want an image reference (no spaces)", c.EdgeEnvoyImage))
 		}
+	}
+	if c.EdgeReplicas < 1 || c.EdgeReplicas > 100 {
+		errs = append(errs, fmt.Errorf("--edge-replicas %d: want 1 to 100", c.EdgeReplicas))
 	}
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers %d: want at least 1", c.Workers))

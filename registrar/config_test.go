@@ -56,7 +56,9 @@ func TestParseConfig(t *testing.T) {
 			return len(c.GatewayAddressCIDRs) == 2 && c.GatewayAddressCIDRs[0].String() == "192.0.2.0/24" && c.GatewayAddressCIDRs[1].String() == "2001:db8::/64"
 		}},
 		{name: "bad Gateway address range", args: []string{"--gateway-address-cidrs", "192.0.2.0/24,10.0.0.1"}, wantErr: `--gateway-address-cidrs "192.0.2.0/24,10.0.0.1": "10.0.0.1": want a CIDR`},
-		{name: "no infrastructure keys by default", check: func(c RunConfig) bool { return len(c.GatewayInfrastructureKeys) == 0 }},
+		{name: "no infrastructure keys by default", check: func(c RunConfig) bool { return len(c.GatewayInfrastructureKeys) == 0 && c.EdgeReplicas == 1 }},
+		{name: "edge replicas", args: []string{"--edge-replicas", "3"}, check: func(c RunConfig) bool { return c.EdgeReplicas == 3 }},
+		{name: "no edge replica", args: []string{"--edge-replicas", "0"}, wantErr: "--edge-replicas 0: want 1 to 100"},
 		{name: "infrastructure keys", args: []string{"--gateway-infrastructure-keys", "team, example.com/"}, check: func(c RunConfig) bool {
 			return slices.Equal(c.GatewayInfrastructureKeys, []string{"team", "example.com/"})
 		}},

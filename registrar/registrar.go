@@ -106,6 +106,8 @@ type Config struct {
 	GatewayAddressCIDRs []netip.Prefix
 	// EdgeCrossNamespaceCertificates is model.GatewayInputs.CrossNamespaceCertificates.
 	EdgeCrossNamespaceCertificates bool
+	// EdgeReplicas is gateway.Controller.Replicas.
+	EdgeReplicas int32
 	// GatewayInfrastructureKeys are the spec.infrastructure keys the edge objects get
 	// (gateway.Controller.InfrastructureKeys, model.GatewayInputs.InfrastructureKeys).
 	GatewayInfrastructureKeys []string
@@ -251,7 +253,7 @@ func New(cfg Config) (*Registrar, error) {
 	if cfg.EdgeEnvoyImage != "" {
 		r.gateways = &gateway.Controller{
 			Client: mgr.GetClient(), Gateway: gw, Namespace: cfg.Namespace, EnvoyImage: cfg.EdgeEnvoyImage, AddressCIDRs: cfg.GatewayAddressCIDRs,
-			InfrastructureKeys: cfg.GatewayInfrastructureKeys, Log: log,
+			InfrastructureKeys: cfg.GatewayInfrastructureKeys, Replicas: cfg.EdgeReplicas, Log: log,
 			RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
 			SkipNameValidation: cfg.SkipNameValidation,
 		}

@@ -73,7 +73,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 		LeaseDuration: cfg.LeaseDuration, RenewDeadline: cfg.RenewDeadline, RetryPeriod: cfg.RetryPeriod,
 		ReleaseOnCancel: cfg.ReleaseOnCancel,
 		EdgeEnvoyImage:  cfg.EdgeEnvoyImage, Namespace: cfg.Namespace, GatewayAddressCIDRs: cfg.GatewayAddressCIDRs,
-		EdgeCrossNamespaceCertificates: cfg.EdgeCrossNamespaceCertificates, GatewayInfrastructureKeys: cfg.GatewayInfrastructureKeys,
+		EdgeCrossNamespaceCertificates: cfg.EdgeCrossNamespaceCertificates, GatewayInfrastructureKeys: cfg.GatewayInfrastructureKeys, EdgeReplicas: int32(cfg.EdgeReplicas),
 		MetricsAddr: cfg.MetricsAddr, HealthAddr: cfg.HealthAddr, Metrics: ctrlmetrics.Registry,
 		Workers: cfg.Workers, Logger: log,
 	})

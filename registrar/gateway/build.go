@@ -161,8 +161,8 @@ func ServiceAccount(gw *gwv1.Gateway, infra []string) *corev1.ServiceAccount {
 	}
 }
 
-// Deployment is the edge Deployment of gw, <gw>-aether-edge: one replica of a pod with one
-// container, EdgeContainer, running Envoy from image with the bootstrap of EdgeBootstrap passed as
+// Deployment is the edge Deployment of gw, <gw>-aether-edge: replicas (at least 1; from two on,
+// spread over nodes, spread) of a pod with one container, EdgeContainer, running Envoy from image with the bootstrap of EdgeBootstrap passed as
 // --config-yaml (JSON is YAML). The Deployment and its pods carry the Gateway's
 // spec.infrastructure labels and annotations (objectMeta); the selector is Labels only. The pod opts out of capture (aether.io/capture: "false"), runs as
 // the ServiceAccount of ServiceAccount and as EdgeUser, hardened as the chart's other pods
@@ -172,7 +172,7 @@ func ServiceAccount(gw *gwv1.Gateway, infra []string) *corev1.ServiceAccount {
 // net.ipv4.ip_unprivileged_port_start to the lowest such port: container runtimes give a non-root
 // process no added capability (they set no ambient capabilities), so the sysctl is what lets
 // Envoy bind it. The readiness probe is GET /ready on EdgeStatsPort. It returns Bootstrap's error.
-func Deployment(gw *gwv1.Gateway, image string, infra []string) (*appsv1.Deployment, error) {
+func Deployment(gw *gwv1.Gateway, image string, replicas int32, infra []string) (*appsv1.Deployment, error) {
 	boot, err := EdgeBootstrap(gw.Namespace, gw.Name)
 	if err != nil {
 		return nil, fmt.Errorf("edge Deployment of Gateway %s/%s: %w", gw.Namespace, gw.Name, err)
@@ -197,7 +197,7 @@ func Deployment(gw *gwv1.Gateway, image string, infra []string) (*appsv1.Deploym
 		caps.Add = []corev1.Capability{"NET_BIND_SERVICE"}
 		psc.Sysctls = []corev1.Sysctl{{Name: unprivilegedPortsSysctl, Value: strconv.Itoa(int(low))}}
 	}
-	replicas := int32(1)
+	replicas = max(replicas, 1)
 	meta := objectMeta(gw, infra)
 	var podMeta metav1.ObjectMeta
 	podMeta.Labels, podMeta.Annotations = infrastructure(gw, infra, Labels(gw.Name), map[string]string{model.AnnotationCapture: "false"})
@@ -210,6 +210,7 @@ func Deployment(gw *gwv1.Gateway, image string, infra []string) (*appsv1.Deploym
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: podMeta,
 				Spec: corev1.PodSpec{
+					Affinity:                     spread(gw.Name, replicas),
 					ServiceAccountName:           meta.Name,
 					AutomountServiceAccountToken: &no,
 					SecurityContext:              psc,
@@ -231,6 +232,19 @@ func Deployment(gw *gwv1.Gateway, image string, infra []string) (*appsv1.Deploym
 			},
 		},
 	}, nil
+}
+
+// spread is the edge pods' affinity with replicas of them: none for one; for more, a preferred
+// pod anti-affinity on kubernetes.io/hostname against the Gateway's other edge pods, so a node's
+// loss takes one replica, not all (preferred: a cluster with fewer nodes still runs them all).
+func spread(gateway string, replicas int32) *corev1.Affinity {
+	if replicas < 2 {
+		return nil
+	}
+	return &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{
+		PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{Weight: 100, PodAffinityTerm: corev1.PodAffinityTerm{
+			LabelSelector: &metav1.LabelSelector{MatchLabels: Labels(gateway)}, TopologyKey: corev1.LabelHostname}}},
+	}}
 }
 
 // EdgeBootstrap is the edge Envoy's bootstrap (JSON) for Gateway ns/name: node id EdgeNodeID, xDS

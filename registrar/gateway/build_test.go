@@ -96,7 +96,7 @@ func TestEdgeObjects(t *testing.T) {
 				t.Errorf("ServiceAccount automountServiceAccountToken %v, want false", sa.AutomountServiceAccountToken)
 			}
 
-			dep, err := Deployment(gw, "registry.example/aether-envoy:1", nil)
+			dep, err := Deployment(gw, "registry.example/aether-envoy:1", 0, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -237,7 +237,7 @@ func TestEdgeInfrastructure(t *testing.T) {
 			map[string]string{"example.com/lb-class": "internal"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dep, err := Deployment(gw, "envoy:test", c.allowed)
+			dep, err := Deployment(gw, "envoy:test", 1, c.allowed)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -266,7 +266,7 @@ func TestEdgeInfrastructure(t *testing.T) {
 // arguments: Envoy's own parser accepts the flags and the bootstrap.
 func TestEdgeEnvoyValidates(t *testing.T) {
 	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
-	dep, err := Deployment(testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType)), "aether-envoy:dev", nil)
+	dep, err := Deployment(testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType)), "aether-envoy:dev", 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,4 +453,36 @@ func reversed[T any](s []T) []T {
 	out := slices.Clone(s)
 	slices.Reverse(out)
 	return out
+}
+
+// TestEdgeReplicas: the edge Deployment runs the configured replicas (0 counts as 1); from two on
+// its pods prefer different nodes (a node's loss takes one replica, not all).
+func TestEdgeReplicas(t *testing.T) {
+	gw := testGateway("shop", "web", listener("http", 80, gwv1.HTTPProtocolType))
+	for _, c := range []struct {
+		asked, want int32
+		spread      bool
+	}{{0, 1, false}, {1, 1, false}, {3, 3, true}} {
+		dep, err := Deployment(gw, "envoy:test", c.asked, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if *dep.Spec.Replicas != c.want {
+			t.Errorf("asked %d: %d replicas, want %d", c.asked, *dep.Spec.Replicas, c.want)
+		}
+		a := dep.Spec.Template.Spec.Affinity
+		if !c.spread {
+			if a != nil {
+				t.Errorf("asked %d: affinity %+v, want none", c.asked, a)
+			}
+			continue
+		}
+		if a == nil || a.PodAntiAffinity == nil || len(a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+			t.Fatalf("asked %d: affinity %+v, want one preferred pod anti-affinity term", c.asked, a)
+		}
+		term := a.PodAntiAffinity.PreferredDuringSchedulingIgnoredDuringExecution[0].PodAffinityTerm
+		if term.TopologyKey != corev1.LabelHostname || !maps.Equal(term.LabelSelector.MatchLabels, Labels("web")) {
+			t.Errorf("asked %d: anti-affinity term %+v, want the Gateway's edge pods by hostname", c.asked, term)
+		}
+	}
 }

@@ -107,6 +107,8 @@ type Controller struct {
 	// AddressCIDRs are the ranges a Gateway's spec.addresses may ask for (ExternalIPs); none by
 	// default (--gateway-address-cidrs).
 	AddressCIDRs []netip.Prefix
+	// Replicas is the number of edge pods per Gateway (--edge-replicas; 0 means 1).
+	Replicas int32
 	// InfrastructureKeys are the Gateways' spec.infrastructure label and annotation keys the
 	// provisioned objects get (model.InfrastructureKeyAllowed; --gateway-infrastructure-keys);
 	// none by default.
@@ -284,7 +286,7 @@ type objectKey struct {
 // provision applies the ServiceAccount, Deployment and Service (with externalIPs) of gw and
 // records them in wanted.
 func (c *Controller) provision(ctx context.Context, gw *gwv1.Gateway, externalIPs []string, wanted map[objectKey]bool) error {
-	dep, err := Deployment(gw, c.EnvoyImage, c.InfrastructureKeys)
+	dep, err := Deployment(gw, c.EnvoyImage, c.Replicas, c.InfrastructureKeys)
 	if err != nil {
 		return err
 	}
