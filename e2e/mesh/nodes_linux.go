@@ -167,6 +167,8 @@ func (m *Mesh) install(ctx context.Context, c *substrate.Cluster, helm, chart st
 		// underlay routes to the cluster's first node (substrate.ClusterPlan.GatewayAddressPool);
 		// kube-proxy serves a given one as the edge Service's external IP.
 		"--set", "extraConfig.AETHER_GATEWAY_ADDRESS_CIDRS=" + c.Plan.GatewayAddressPool.String(),
+		// Two edge pods per Gateway, one per node: each is programmed by its own node's agent.
+		"--set-string", "extraConfig.AETHER_EDGE_REPLICAS=2",
 		"--set", "logLevel=debug",
 	}
 	cmd := exec.CommandContext(ctx, helm, args...)

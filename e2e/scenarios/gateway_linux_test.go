@@ -112,6 +112,25 @@ func (w *world) edgeGatewaySetup(t *testing.T) string {
 		addr = net.JoinHostPort(gwIP, strconv.Itoa(edgePort))
 		return nil
 	})
+	// The real-nodes mesh runs two edge pods per Gateway (AETHER_EDGE_REPLICAS=2), one per node.
+	testenv.Eventually(t, 3*time.Minute, "two ready edge pods on two nodes", func() error {
+		pods, err := w.p.Kube(w.a).CoreV1().Pods(edgeNS).List(ctx, metav1.ListOptions{LabelSelector: "gateway.networking.k8s.io/gateway-name=" + edgeGateway})
+		if err != nil {
+			return err
+		}
+		nodes := map[string]bool{}
+		for _, p := range pods.Items {
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue {
+					nodes[p.Spec.NodeName] = true
+				}
+			}
+		}
+		if len(nodes) != 2 {
+			return fmt.Errorf("ready edge pods on nodes %v, want two nodes", nodes)
+		}
+		return nil
+	})
 	return addr
 }
 
