@@ -151,7 +151,8 @@ func Ports(gw *gwv1.Gateway) []EdgePort {
 }
 
 // ServiceAccount is the edge pods' ServiceAccount, <gw>-aether-edge (model.EdgeServiceAccountName):
-// their workload identity, whose token is not mounted (the edge Envoy calls no API).
+// their workload identity, whose token is not mounted (the edge Envoy calls no API). It carries
+// gw's spec.infrastructure labels and annotations whose keys infra allows (objectMeta).
 func ServiceAccount(gw *gwv1.Gateway, infra []string) *corev1.ServiceAccount {
 	no := false
 	return &corev1.ServiceAccount{
@@ -261,7 +262,8 @@ func EdgeBootstrap(ns, name string) ([]byte, error) {
 // pods, one port per EdgePort (target port the same number), and spec.externalIPs externalIPs
 // (what AssignAddresses gave the Gateway of its spec.addresses): how a cluster without a load
 // balancer controller reaches the Gateway at an address routed to its nodes. It is nil when gw
-// opens no port (a Service needs one).
+// opens no port (a Service needs one). Like the other edge objects it carries gw's
+// spec.infrastructure labels and annotations whose keys infra allows (objectMeta).
 func Service(gw *gwv1.Gateway, externalIPs, infra []string) *corev1.Service {
 	ports := Ports(gw)
 	if len(ports) == 0 {
