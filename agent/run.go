@@ -380,6 +380,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// that starts is captured (or fails closed), never left running uncaptured.
 	if cfg.CNIPlugin != "" {
 		inst := installer(cfg, log)
+		inst.Changed = func(string) { sweepAfterChainChange(ctx, cniSrv.RequestRepair) }
 		if err := inst.InstallBinary(); err != nil {
 			return err
 		}
@@ -407,6 +408,31 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("agent stopping; Envoy keeps serving its last configuration")
 	return nil
+}
+
+// chainSweeps are the delays after aether-cni entered the node's conflist at which the agent
+// asks the CNI server for a repair pass. Sandboxes the runtime set up before that ran the
+// primary CNI alone (the kubelet restarting a rebooted node's pods while the agent starts; a
+// primary CNI that rewrote its conflist), some of them still in flight; the repair deletes every
+// meshed pod on the node that has no attachment once the pod shows its IP in the API, and its
+// controller recreates it through the chain. The periodic repair (--cni-repair-interval) stays
+// the backstop.
+var chainSweeps = []time.Duration{0, 2 * time.Second, 10 * time.Second, 30 * time.Second}
+
+// sweepAfterChainChange calls repair at each of chainSweeps until ctx ends; it does not block.
+func sweepAfterChainChange(ctx context.Context, repair func()) {
+	go func() {
+		var waited time.Duration
+		for _, d := range chainSweeps {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(d - waited):
+			}
+			waited = d
+			repair()
+		}
+	}()
 }
 
 // watchHealth probes a source every 2 s and records its state in ready: the agent reports

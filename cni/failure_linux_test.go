@@ -663,3 +663,75 @@ func TestPrivilegedCNIRepairLearnsProbePorts(t *testing.T) {
 		t.Fatalf("record after repair = %+v, want probe ports [8081]", recs[0])
 	}
 }
+
+// racingNodePods is a NodePods fake (the API boundary; KubePods is tested against a real
+// kube-apiserver in kube_test.go): once armed, its list runs the ADD of pod "racer" through the
+// chain before it answers, as a sandbox that finishes its ADD while a repair pass runs.
+type racingNodePods struct {
+	mu      sync.Mutex
+	armed   bool
+	list    []PodRef
+	during  func() error
+	deleted []string
+	listErr error
+}
+
+func (f *racingNodePods) MeshedPodsOnNode(context.Context, string) ([]PodRef, error) {
+	f.mu.Lock()
+	armed, during := f.armed, f.during
+	f.armed = false
+	f.mu.Unlock()
+	if !armed {
+		return nil, nil
+	}
+	err := during()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.listErr = err
+	return f.list, nil
+}
+
+func (f *racingNodePods) DeletePod(_ context.Context, p PodRef) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deleted = append(f.deleted, p.Namespace+"/"+p.Name)
+	return nil
+}
+
+// TestPrivilegedCNIRepairDeletesOnlyUnattachedPods: a repair pass deletes the meshed pod that
+// has no attachment (its sandbox ran the primary CNI alone) and leaves the captured pods alone,
+// including one whose ADD through aether-cni saved its record after the pass read the records
+// and before it listed the node's pods (before, that captured pod was deleted as uncaptured).
+func TestPrivilegedCNIRepairDeletesOnlyUnattachedPods(t *testing.T) {
+	testenv.RequireRoot(t)
+	sock := filepath.Join(sockDir(t), "cni.sock")
+	n := newNode(t, "1.1.0", "10.244.33.0/24", sock, nil)
+	f := &racingNodePods{list: []PodRef{{"mesh", "racer", "uid-racer"}, {"mesh", "captured", "uid-captured"}, {"mesh", "bare", "uid-bare"}}}
+	a := startAgentServer(t, sock, t.TempDir(), ServerConfig{NodeName: "node-a"}, &staticLookup{}, &recordingDataplane{},
+		func(s *Server) { s.NodePods = f })
+	if _, err := n.add(t, podRT(testenv.NewNetns(t), "ctr-captured", "mesh", "captured")); err != nil {
+		t.Fatal(err)
+	}
+	racer := testenv.NewNetns(t)
+	f.mu.Lock()
+	f.armed = true
+	f.during = func() error { _, err := n.add(t, podRT(racer, "ctr-racer", "mesh", "racer")); return err }
+	f.mu.Unlock()
+	a.srv.RequestRepair()
+	testenv.Eventually(t, 30*time.Second, "the repair pass deleting mesh/bare", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if !slices.Contains(f.deleted, "mesh/bare") {
+			return fmt.Errorf("deleted %v", f.deleted)
+		}
+		return nil
+	})
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.listErr != nil {
+		t.Fatalf("ADD of mesh/racer during the pass: %v", f.listErr)
+	}
+	if !slices.Equal(f.deleted, []string{"mesh/bare"}) {
+		t.Fatalf("repair deleted %v, want only mesh/bare (racer and captured have attachments)", f.deleted)
+	}
+}

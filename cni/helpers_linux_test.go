@@ -184,14 +184,21 @@ func startAgentGuarded(t testing.TB, socket, stateDir string, cfg ServerConfig, 
 // startAgentBackend is startAgentGuarded with a capture backend.
 func startAgentBackend(t testing.TB, socket, stateDir string, cfg ServerConfig, lookup *staticLookup, dp *recordingDataplane, guard NodeGuard, backend capture.Backend) *agent {
 	t.Helper()
+	return startAgentServer(t, socket, stateDir, cfg, lookup, dp, func(s *Server) { s.Guard, s.Backend = guard, backend })
+}
+
+// startAgentServer is startAgent with the Server's other fields set by with (before Serve).
+func startAgentServer(t testing.TB, socket, stateDir string, cfg ServerConfig, lookup *staticLookup, dp *recordingDataplane, with func(*Server)) *agent {
+	t.Helper()
 	cfg.Socket, cfg.StateDir = socket, stateDir
 	if !cfg.HostIP.IsValid() {
 		cfg.HostIP = netip.MustParseAddr(hostIP)
 		cfg.ClusterDNS = []netip.Addr{netip.MustParseAddr(clusterDNS)}
 	}
 	a := &agent{socket: socket, state: stateDir, lookup: lookup, dp: dp, done: make(chan error, 1)}
-	a.srv = &Server{Config: cfg, Lookup: lookup, Dataplane: dp, Backend: backend, Guard: guard,
+	a.srv = &Server{Config: cfg, Lookup: lookup, Dataplane: dp, Backend: capture.NFTables{},
 		Log: slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	with(a.srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	a.cancel = cancel
 	go func() { a.done <- a.srv.Serve(ctx) }()

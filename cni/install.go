@@ -33,7 +33,11 @@ type Installer struct {
 	Binary string
 	// Plugin is aether-cni's conflist entry; "type" is set to PluginName.
 	Plugin map[string]any
-	Log    *slog.Logger
+	// Changed, when set, is called by Watch each time Ensure wrote aether-cni into the conflist
+	// (at first install, and each time a primary CNI rewrote its conflist without it): sandboxes
+	// set up before that ran the primary CNI alone, and the caller looks for them.
+	Changed func(path string)
+	Log     *slog.Logger
 }
 
 func (in *Installer) log() *slog.Logger {
@@ -248,8 +252,8 @@ func (in *Installer) Uninstall() error {
 }
 
 // Watch ensures the conflist now and again after every change in ConfDir (fsnotify, debounced
-// by 100 ms), so a primary CNI that rewrites its conflist without aether-cni gets it back. It
-// returns when ctx ends (nil) or the watcher fails.
+// by 100 ms), so a primary CNI that rewrites its conflist without aether-cni gets it back, and
+// calls Changed after each write. It returns when ctx ends (nil) or the watcher fails.
 func (in *Installer) Watch(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -263,8 +267,13 @@ func (in *Installer) Watch(ctx context.Context) error {
 		return fmt.Errorf("watch CNI config: %w", err)
 	}
 	ensure := func() {
-		if _, _, err := in.Ensure(); err != nil {
+		path, changed, err := in.Ensure()
+		if err != nil {
 			in.log().Error("ensure conflist", "err", err)
+			return
+		}
+		if changed && in.Changed != nil {
+			in.Changed(path)
 		}
 	}
 	ensure()

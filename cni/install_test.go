@@ -6,7 +6,9 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -237,9 +239,14 @@ func TestInstallerRefusesBadSinglePluginConf(t *testing.T) {
 }
 
 // TestInstallerWatchRepairsRewrite rewrites the conflist without aether-cni the way a primary
-// CNI does (in place, and by rename) and waits for the watcher to put aether-cni back.
+// CNI does (in place, and by rename) and waits for the watcher to put aether-cni back; Changed
+// is called once per write (the install and each repair), never for the watcher's own writes.
 func TestInstallerWatchRepairsRewrite(t *testing.T) {
 	in, path := newInstaller(t)
+	var mu sync.Mutex
+	var changed []string
+	in.Changed = func(p string) { mu.Lock(); changed = append(changed, p); mu.Unlock() }
+	calls := func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(changed) }
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- in.Watch(ctx) }()
@@ -249,7 +256,7 @@ func TestInstallerWatchRepairsRewrite(t *testing.T) {
 		deadline := time.Now().Add(20 * time.Second)
 		for {
 			tp := pluginTypes(t, path)
-			if len(tp) == 3 && tp[2] == plugin.PluginName {
+			if len(tp) == 3 && tp[2] == plugin.PluginName && len(calls()) > 0 {
 				return
 			}
 			if time.Now().After(deadline) {
@@ -271,6 +278,10 @@ func TestInstallerWatchRepairsRewrite(t *testing.T) {
 	}
 	waitFor("rewrite by rename")
 	t.Logf("two rewrites repaired in %v", time.Since(start))
+	time.Sleep(500 * time.Millisecond) // the watcher sees its own last write
+	if got := calls(); len(got) != 3 || got[0] != path || got[2] != path {
+		t.Fatalf("Changed called with %v, want %s three times (install, two repairs)", got, path)
+	}
 }
 
 func TestInstallerRejectsUnsupportedVersion(t *testing.T) {

@@ -873,7 +873,21 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		if err != nil {
 			errs = append(errs, fmt.Errorf("list meshed pods on %s: %w", s.Config.NodeName, err))
 		}
+		var unattached []PodRef
 		for _, p := range pods {
+			if !attached[p.Namespace+"/"+p.Name] {
+				unattached = append(unattached, p)
+			}
+		}
+		if len(unattached) > 0 {
+			// An ADD through aether-cni may have saved its record after the list above and the
+			// pod shown its IP before the pod list: such a pod is captured. Read the records
+			// again (an unreadable record counts as no attachment, as in the first read).
+			if err := s.liveAttachments(attached); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		for _, p := range unattached {
 			if attached[p.Namespace+"/"+p.Name] {
 				continue
 			}
@@ -886,6 +900,18 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// liveAttachments adds to attached the namespace/name of every stored attachment whose netns
+// exists now; it returns the store's error for the records it could not read.
+func (s *Server) liveAttachments(attached map[string]bool) error {
+	recs, err := s.store.List()
+	for _, r := range recs {
+		if _, err := os.Stat(r.Attachment.NetnsPath); err == nil {
+			attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
+		}
+	}
+	return err
 }
 
 // NodeGuard is the part of capture.NodeGuard the server uses.
