@@ -65,8 +65,10 @@ func (r *Registry) WatchExports(ctx context.Context) <-chan Batch[*registryv1.Ex
 
 // PutConfig validates c and writes it under .../config/<base64url(<ns>/<svc>)> of this writer's
 // prefix, with no lease. Empty origin_cluster and origin_region are filled with the writer's
-// origin (another value is refused with ErrOutsidePrefix); an empty version is set to now (UTC,
-// RFC 3339 with nanoseconds). It returns a *ValidationError naming the first bad field.
+// origin (another value is refused with ErrOutsidePrefix); an empty export_time is set to now
+// (UTC, RFC 3339 with nanoseconds). The writer keeps version increasing (the config-export
+// controller reads its own records at start). It returns a *ValidationError naming the first bad
+// field.
 func (r *Registry) PutConfig(ctx context.Context, c *registryv1.ServiceConfigProjection) error {
 	if err := r.checkOrigin("origin_cluster", c.GetOriginCluster(), r.origin.Cluster); err != nil {
 		return fmt.Errorf("put config projection: %w", err)
@@ -76,8 +78,8 @@ func (r *Registry) PutConfig(ctx context.Context, c *registryv1.ServiceConfigPro
 	}
 	c = proto.Clone(c).(*registryv1.ServiceConfigProjection)
 	c.OriginCluster, c.OriginRegion = r.origin.Cluster, r.origin.Region
-	if c.Version == "" {
-		c.Version = time.Now().UTC().Format(time.RFC3339Nano)
+	if c.ExportTime == "" {
+		c.ExportTime = time.Now().UTC().Format(time.RFC3339Nano)
 	}
 	if err := ValidateConfig(c); err != nil {
 		return fmt.Errorf("put config projection: %w", err)

@@ -216,6 +216,27 @@ func TestValidateExport(t *testing.T) {
 		}, "ports[1].name"},
 		{"port name not a DNS label", func(m *registryv1.ExportMark) { m.Ports[0].Name = "Web_Port" }, "ports[0].name"},
 		{"one unnamed port ok", func(m *registryv1.ExportMark) { m.Ports[0].Name = "" }, ""},
+		{"exported labels and annotations ok", func(m *registryv1.ExportMark) {
+			m.ExportedLabels = map[string]string{"team": "shop", "example.com/tier": "gold"}
+			m.ExportedAnnotations = map[string]string{"example.com/owner": "any text: at all"}
+		}, ""},
+		{"label key not a qualified name", func(m *registryv1.ExportMark) {
+			m.ExportedLabels = map[string]string{"bad key": "x"}
+		}, "exported_labels"},
+		{"label value too long", func(m *registryv1.ExportMark) {
+			m.ExportedLabels = map[string]string{"team": strings.Repeat("x", 64)}
+		}, "exported_labels[team]"},
+		{"annotations over 256 KiB", func(m *registryv1.ExportMark) {
+			m.ExportedAnnotations = map[string]string{"a": strings.Repeat("x", MaxExportedMetadataBytes)}
+		}, "exported_annotations"},
+		{"client IP affinity ok", func(m *registryv1.ExportMark) {
+			m.SessionAffinity, m.SessionAffinityTimeoutSeconds = "ClientIP", 10800
+		}, ""},
+		{"unknown affinity", func(m *registryv1.ExportMark) { m.SessionAffinity = "Cookie" }, "session_affinity"},
+		{"affinity timeout over a day", func(m *registryv1.ExportMark) {
+			m.SessionAffinity, m.SessionAffinityTimeoutSeconds = "ClientIP", 86401
+		}, "session_affinity_timeout_seconds"},
+		{"timeout without affinity", func(m *registryv1.ExportMark) { m.SessionAffinityTimeoutSeconds = 5 }, "session_affinity_timeout_seconds"},
 		{"UDP beside TCP on one port ok", func(m *registryv1.ExportMark) {
 			m.Ports = append(m.Ports, &registryv1.ServicePort{Name: "u", Port: m.Ports[0].Port, Protocol: registryv1.Protocol_PROTOCOL_UDP})
 		}, ""},
@@ -242,7 +263,7 @@ func testConfig() *registryv1.ServiceConfigProjection {
 	exact := registryv1.StringMatchType_STRING_MATCH_TYPE_EXACT
 	return &registryv1.ServiceConfigProjection{
 		Service: cart,
-		Version: "2026-11-29T09:00:00.000000001Z",
+		Version: 3, ExportTime: "2026-11-29T09:00:00.000000001Z", ExportCreateTime: "2026-11-28T10:00:00Z",
 		Routes: []*registryv1.Route{{
 			Kind: registryv1.Route_KIND_HTTP, Namespace: "shop", Name: "cart-canary", Generation: 2, CreateTime: "2026-11-29T08:00:00Z",
 			ParentRefs: []*registryv1.ParentRef{{Kind: registryv1.ParentRef_KIND_SERVICE, Service: cart, Port: 80}},
@@ -291,7 +312,20 @@ func TestValidateConfig(t *testing.T) {
 		wantField string
 	}{
 		{"valid", func(*registryv1.ServiceConfigProjection) {}, ""},
-		{"no version", func(c *registryv1.ServiceConfigProjection) { c.Version = "" }, "version"},
+		{"no version", func(c *registryv1.ServiceConfigProjection) { c.Version = 0 }, "version"},
+		{"no export time", func(c *registryv1.ServiceConfigProjection) { c.ExportTime = "" }, "export_time"},
+		{"export time not RFC 3339", func(c *registryv1.ServiceConfigProjection) { c.ExportTime = "yesterday" }, "export_time"},
+		{"no export create time", func(c *registryv1.ServiceConfigProjection) { c.ExportCreateTime = "" }, "export_create_time"},
+		{"over a MiB", func(c *registryv1.ServiceConfigProjection) {
+			for proto.Size(c) <= MaxConfigBytes {
+				c.Routes = append(c.Routes, proto.Clone(c.Routes[0]).(*registryv1.Route))
+			}
+		}, "config"},
+		{"too many routes", func(c *registryv1.ServiceConfigProjection) {
+			for len(c.Routes) <= MaxConfigRoutes {
+				c.Routes = append(c.Routes, &registryv1.Route{})
+			}
+		}, "routes"},
 		{"no kind", func(c *registryv1.ServiceConfigProjection) { c.Routes[1].Kind = 0 }, "routes[1].kind"},
 		{"no route name", func(c *registryv1.ServiceConfigProjection) { c.Routes[0].Name = "" }, "routes[0].name"},
 		{"relative path", func(c *registryv1.ServiceConfigProjection) {

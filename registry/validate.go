@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -10,6 +11,9 @@ import (
 	"time"
 
 	"github.com/spiffe/go-spiffe/v2/spiffeid"
+	"google.golang.org/protobuf/proto"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/model"
@@ -131,6 +135,18 @@ const (
 	// itself sets no count, but the importing cluster carries them in EndpointSlices (at most
 	// 100 ports each, as MaxEndpointPorts), so a Service with more cannot be imported whole.
 	MaxExportPorts = 100
+	// MaxExportedMetadataBytes caps ExportMark.exported_labels and .exported_annotations, keys
+	// and values together: the API server's limit on one object's annotations (256 KiB).
+	MaxExportedMetadataBytes = 256 << 10
+	// MaxSessionAffinitySeconds is the longest ClientIP session affinity timeout a Service takes
+	// (spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 < t <= 86400).
+	MaxSessionAffinitySeconds = 86400
+	// MaxConfigBytes caps one ServiceConfigProjection, encoded: the config-export controller
+	// refuses to write a bigger one (and says so), every reader refuses to hold one. A 10-rule
+	// route takes about 1.5 KB, so this is room for hundreds of routes per service.
+	MaxConfigBytes = 1 << 20
+	// MaxConfigRoutes caps ServiceConfigProjection.routes.
+	MaxConfigRoutes = 1000
 )
 
 // tooMany is the error for a list of n items over max.
@@ -313,22 +329,77 @@ func ValidateExport(m *registryv1.ExportMark) error {
 			return err
 		}
 	}
+	if err := validExportedMetadata(m.GetExportedLabels(), "exported_labels", true); err != nil {
+		return err
+	}
+	if err := validExportedMetadata(m.GetExportedAnnotations(), "exported_annotations", false); err != nil {
+		return err
+	}
+	switch a := m.GetSessionAffinity(); a {
+	case "", string(corev1.ServiceAffinityNone):
+		if t := m.GetSessionAffinityTimeoutSeconds(); t != 0 {
+			return fieldErr("session_affinity_timeout_seconds", strconv.FormatUint(uint64(t), 10), "want 0 unless session_affinity is ClientIP")
+		}
+	case string(corev1.ServiceAffinityClientIP):
+		if t := m.GetSessionAffinityTimeoutSeconds(); t > MaxSessionAffinitySeconds {
+			return fieldErr("session_affinity_timeout_seconds", strconv.FormatUint(uint64(t), 10), fmt.Sprintf("want 0 (unset) to %d", MaxSessionAffinitySeconds))
+		}
+	default:
+		return fieldErr("session_affinity", a, "want None or ClientIP (Service spec.sessionAffinity)")
+	}
 	return validTime(m.GetCreateTime(), "create_time")
 }
 
-// ValidateConfig checks a ServiceConfigProjection: service, version (RFC 3339 with nanoseconds)
-// and every route, as model.RouteFromProto checks it (kinds, names, parentRefs, matches, filters,
-// backends, timeouts, retries, the Gateway API's limits). A refused route field is reported with
-// its path under routes[i] ("routes[0].rules[1].filters[0].request_redirect.status_code").
+// validExportedMetadata checks a ServiceExport's exportedLabels (labels: label values) or
+// exportedAnnotations: keys are Kubernetes qualified names, and the keys and values together
+// hold at most MaxExportedMetadataBytes (the API server's limit on a whole object's annotations).
+func validExportedMetadata(m map[string]string, field string, labels bool) error {
+	size := 0
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		v := m[k]
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return fieldErr(field, k, "key: "+strings.Join(errs, "; "))
+		}
+		if labels {
+			if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+				return fieldErr(field+"["+k+"]", v, strings.Join(errs, "; "))
+			}
+		}
+		size += len(k) + len(v)
+	}
+	if size > MaxExportedMetadataBytes {
+		return fieldErr(field, strconv.Itoa(size)+" bytes", fmt.Sprintf("want at most %d bytes of keys and values", MaxExportedMetadataBytes))
+	}
+	return nil
+}
+
+// ValidateConfig checks a ServiceConfigProjection: its encoded size (at most MaxConfigBytes),
+// service, version (at least 1), export_time and export_create_time (RFC 3339), routes (at most
+// MaxConfigRoutes) and every route, as model.RouteFromProto checks it (kinds, names, parentRefs,
+// matches, filters, backends, timeouts, retries, the Gateway API's limits). A refused route field
+// is reported with its path under routes[i] ("routes[0].rules[1].filters[0].request_redirect
+// .status_code").
 func ValidateConfig(c *registryv1.ServiceConfigProjection) error {
 	if c == nil {
 		return fieldErr("config", "", "required")
 	}
+	if n := proto.Size(c); n > MaxConfigBytes {
+		return fieldErr("config", strconv.Itoa(n)+" bytes", fmt.Sprintf("want at most %d bytes encoded", MaxConfigBytes))
+	}
 	if err := validRef(c.GetService(), "service"); err != nil {
 		return err
 	}
-	if err := validTime(c.GetVersion(), "version"); err != nil {
+	if c.GetVersion() == 0 {
+		return fieldErr("version", "0", "want at least 1")
+	}
+	if err := validTime(c.GetExportTime(), "export_time"); err != nil {
 		return err
+	}
+	if err := validTime(c.GetExportCreateTime(), "export_create_time"); err != nil {
+		return err
+	}
+	if n := len(c.GetRoutes()); n > MaxConfigRoutes {
+		return tooMany("routes", n, MaxConfigRoutes)
 	}
 	for i, r := range c.GetRoutes() {
 		f := fmt.Sprintf("routes[%d]", i)

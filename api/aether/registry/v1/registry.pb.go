@@ -858,9 +858,19 @@ type ExportMark struct {
 	Region      string         `protobuf:"bytes,3,opt,name=region,proto3" json:"region,omitempty"`
 	Ports       []*ServicePort `protobuf:"bytes,4,rep,name=ports,proto3" json:"ports,omitempty"`
 	// create_time is when the export was first recorded, RFC 3339 with nanoseconds (UTC).
-	CreateTime    string `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CreateTime string `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// exported_labels and exported_annotations are the ServiceExport's spec.exportedLabels and
+	// spec.exportedAnnotations (KEP-1645: carried to the ServiceImport; a difference between
+	// clusters is a LabelsConflict or AnnotationsConflict).
+	ExportedLabels      map[string]string `protobuf:"bytes,6,rep,name=exported_labels,json=exportedLabels,proto3" json:"exported_labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	ExportedAnnotations map[string]string `protobuf:"bytes,7,rep,name=exported_annotations,json=exportedAnnotations,proto3" json:"exported_annotations,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// session_affinity is the Service's spec.sessionAffinity ("None" or "ClientIP"; empty reads as
+	// "None") and session_affinity_timeout_seconds its sessionAffinityConfig.clientIP
+	// .timeoutSeconds (0: unset); KEP-1645 carries both to the ServiceImport.
+	SessionAffinity               string `protobuf:"bytes,8,opt,name=session_affinity,json=sessionAffinity,proto3" json:"session_affinity,omitempty"`
+	SessionAffinityTimeoutSeconds uint32 `protobuf:"varint,9,opt,name=session_affinity_timeout_seconds,json=sessionAffinityTimeoutSeconds,proto3" json:"session_affinity_timeout_seconds,omitempty"`
+	unknownFields                 protoimpl.UnknownFields
+	sizeCache                     protoimpl.SizeCache
 }
 
 func (x *ExportMark) Reset() {
@@ -926,6 +936,34 @@ func (x *ExportMark) GetCreateTime() string {
 		return x.CreateTime
 	}
 	return ""
+}
+
+func (x *ExportMark) GetExportedLabels() map[string]string {
+	if x != nil {
+		return x.ExportedLabels
+	}
+	return nil
+}
+
+func (x *ExportMark) GetExportedAnnotations() map[string]string {
+	if x != nil {
+		return x.ExportedAnnotations
+	}
+	return nil
+}
+
+func (x *ExportMark) GetSessionAffinity() string {
+	if x != nil {
+		return x.SessionAffinity
+	}
+	return ""
+}
+
+func (x *ExportMark) GetSessionAffinityTimeoutSeconds() uint32 {
+	if x != nil {
+		return x.SessionAffinityTimeoutSeconds
+	}
+	return 0
 }
 
 // PartitionClaim is stored at .../clusters/<cluster>/claim: which real cluster owns the
@@ -1005,8 +1043,8 @@ func (x *PartitionClaim) GetPreviousClusterId() string {
 }
 
 // ServiceConfigProjection is the route configuration attached to an exported Service, projected
-// by its origin cluster's registrar, stored under .../config/<base64url(<ns>/<svc>)>. The config
-// projections work (issue #26) writes it; until then nothing does. Routes are carried whole, as
+// by its origin cluster's registrar (the config-export controller, docs/projections.md), stored
+// under .../config/<base64url(<ns>/<svc>)>. Routes are carried whole, as
 // the origin converted them from its HTTPRoute and GRPCRoute objects (Gateway API v1.6.3, defaults
 // applied: model.HTTPRouteModel, model.GRPCRouteModel) and before any cluster resolved them
 // against its services: each reader binds and resolves them itself (model.RouteFromProto turns
@@ -1018,12 +1056,23 @@ type ServiceConfigProjection struct {
 	// origin_cluster and origin_region: readers overwrite them from the key path.
 	OriginCluster string `protobuf:"bytes,2,opt,name=origin_cluster,json=originCluster,proto3" json:"origin_cluster,omitempty"`
 	OriginRegion  string `protobuf:"bytes,3,opt,name=origin_region,json=originRegion,proto3" json:"origin_region,omitempty"`
-	// version is the export time, RFC 3339 with nanoseconds (UTC); later is newer.
-	Version string `protobuf:"bytes,4,opt,name=version,proto3" json:"version,omitempty"`
-	// routes are the HTTPRoutes and GRPCRoutes with a parentRef naming service.
-	Routes        []*Route `protobuf:"bytes,5,rep,name=routes,proto3" json:"routes,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// routes are the producer HTTPRoutes and GRPCRoutes of service (in its namespace, with a
+	// Service parentRef naming it; only those parentRefs are kept), sorted by kind, namespace and
+	// name (model.ProjectService).
+	Routes []*Route `protobuf:"bytes,5,rep,name=routes,proto3" json:"routes,omitempty"`
+	// version increases with every write of this projection by its origin (1 for the first):
+	// readers compare versions of one origin to measure lag and skew.
+	Version uint64 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
+	// export_time is when the origin last wrote this projection, RFC 3339 with nanoseconds (UTC);
+	// the origin rewrites an unchanged projection periodically, so a reader's now minus
+	// export_time bounds how stale its copy is.
+	ExportTime string `protobuf:"bytes,7,opt,name=export_time,json=exportTime,proto3" json:"export_time,omitempty"`
+	// export_create_time is the creationTimestamp of the ServiceExport of service in the origin
+	// cluster, RFC 3339 (UTC): between origins, the projection of the oldest export is the one
+	// applied (ties: the lexically smaller origin_cluster), as KEP-1645 resolves conflicts.
+	ExportCreateTime string `protobuf:"bytes,8,opt,name=export_create_time,json=exportCreateTime,proto3" json:"export_create_time,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ServiceConfigProjection) Reset() {
@@ -1077,18 +1126,32 @@ func (x *ServiceConfigProjection) GetOriginRegion() string {
 	return ""
 }
 
-func (x *ServiceConfigProjection) GetVersion() string {
-	if x != nil {
-		return x.Version
-	}
-	return ""
-}
-
 func (x *ServiceConfigProjection) GetRoutes() []*Route {
 	if x != nil {
 		return x.Routes
 	}
 	return nil
+}
+
+func (x *ServiceConfigProjection) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *ServiceConfigProjection) GetExportTime() string {
+	if x != nil {
+		return x.ExportTime
+	}
+	return ""
+}
+
+func (x *ServiceConfigProjection) GetExportCreateTime() string {
+	if x != nil {
+		return x.ExportCreateTime
+	}
+	return ""
 }
 
 // Route is one HTTPRoute or GRPCRoute (model.Route): its identity, its mesh parentRefs and its
@@ -2693,7 +2756,7 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"\x04port\x18\x02 \x01(\rR\x04port\x12\x1f\n" +
 	"\vtarget_port\x18\x03 \x01(\rR\n" +
 	"targetPort\x128\n" +
-	"\bprotocol\x18\x04 \x01(\x0e2\x1c.aether.registry.v1.ProtocolR\bprotocol\"\xd9\x01\n" +
+	"\bprotocol\x18\x04 \x01(\x0e2\x1c.aether.registry.v1.ProtocolR\bprotocol\"\xa1\x05\n" +
 	"\n" +
 	"ExportMark\x128\n" +
 	"\aservice\x18\x01 \x01(\v2\x1e.aether.registry.v1.ServiceRefR\aservice\x12!\n" +
@@ -2701,7 +2764,17 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"\x06region\x18\x03 \x01(\tR\x06region\x125\n" +
 	"\x05ports\x18\x04 \x03(\v2\x1f.aether.registry.v1.ServicePortR\x05ports\x12\x1f\n" +
 	"\vcreate_time\x18\x05 \x01(\tR\n" +
-	"createTime\"\x9d\x01\n" +
+	"createTime\x12[\n" +
+	"\x0fexported_labels\x18\x06 \x03(\v22.aether.registry.v1.ExportMark.ExportedLabelsEntryR\x0eexportedLabels\x12j\n" +
+	"\x14exported_annotations\x18\a \x03(\v27.aether.registry.v1.ExportMark.ExportedAnnotationsEntryR\x13exportedAnnotations\x12)\n" +
+	"\x10session_affinity\x18\b \x01(\tR\x0fsessionAffinity\x12G\n" +
+	" session_affinity_timeout_seconds\x18\t \x01(\rR\x1dsessionAffinityTimeoutSeconds\x1aA\n" +
+	"\x13ExportedLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1aF\n" +
+	"\x18ExportedAnnotationsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9d\x01\n" +
 	"\x0ePartitionClaim\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\x01 \x01(\tR\tclusterId\x12\x1d\n" +
@@ -2709,13 +2782,16 @@ const file_aether_registry_v1_registry_proto_rawDesc = "" +
 	"claim_time\x18\x02 \x01(\tR\tclaimTime\x12\x1d\n" +
 	"\n" +
 	"claimed_by\x18\x03 \x01(\tR\tclaimedBy\x12.\n" +
-	"\x13previous_cluster_id\x18\x04 \x01(\tR\x11previousClusterId\"\xec\x01\n" +
+	"\x13previous_cluster_id\x18\x04 \x01(\tR\x11previousClusterId\"\xc1\x02\n" +
 	"\x17ServiceConfigProjection\x128\n" +
 	"\aservice\x18\x01 \x01(\v2\x1e.aether.registry.v1.ServiceRefR\aservice\x12%\n" +
 	"\x0eorigin_cluster\x18\x02 \x01(\tR\roriginCluster\x12#\n" +
-	"\rorigin_region\x18\x03 \x01(\tR\foriginRegion\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\tR\aversion\x121\n" +
-	"\x06routes\x18\x05 \x03(\v2\x19.aether.registry.v1.RouteR\x06routes\"\xf6\x02\n" +
+	"\rorigin_region\x18\x03 \x01(\tR\foriginRegion\x121\n" +
+	"\x06routes\x18\x05 \x03(\v2\x19.aether.registry.v1.RouteR\x06routes\x12\x18\n" +
+	"\aversion\x18\x06 \x01(\x04R\aversion\x12\x1f\n" +
+	"\vexport_time\x18\a \x01(\tR\n" +
+	"exportTime\x12,\n" +
+	"\x12export_create_time\x18\b \x01(\tR\x10exportCreateTimeJ\x04\b\x04\x10\x05\"\xf6\x02\n" +
 	"\x05Route\x122\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1e.aether.registry.v1.Route.KindR\x04kind\x12\x1c\n" +
 	"\tnamespace\x18\x05 \x01(\tR\tnamespace\x12\x12\n" +
@@ -2889,7 +2965,7 @@ func file_aether_registry_v1_registry_proto_rawDescGZIP() []byte {
 }
 
 var file_aether_registry_v1_registry_proto_enumTypes = make([]protoimpl.EnumInfo, 8)
-var file_aether_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_aether_registry_v1_registry_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_aether_registry_v1_registry_proto_goTypes = []any{
 	(Protocol)(0),                   // 0: aether.registry.v1.Protocol
 	(Health)(0),                     // 1: aether.registry.v1.Health
@@ -2927,6 +3003,8 @@ var file_aether_registry_v1_registry_proto_goTypes = []any{
 	(*BackendInvalid)(nil),          // 33: aether.registry.v1.BackendInvalid
 	(*RouteTimeouts)(nil),           // 34: aether.registry.v1.RouteTimeouts
 	(*RetryPolicy)(nil),             // 35: aether.registry.v1.RetryPolicy
+	nil,                             // 36: aether.registry.v1.ExportMark.ExportedLabelsEntry
+	nil,                             // 37: aether.registry.v1.ExportMark.ExportedAnnotationsEntry
 }
 var file_aether_registry_v1_registry_proto_depIdxs = []int32{
 	0,  // 0: aether.registry.v1.EndpointPort.protocol:type_name -> aether.registry.v1.Protocol
@@ -2937,47 +3015,49 @@ var file_aether_registry_v1_registry_proto_depIdxs = []int32{
 	0,  // 5: aether.registry.v1.ServicePort.protocol:type_name -> aether.registry.v1.Protocol
 	8,  // 6: aether.registry.v1.ExportMark.service:type_name -> aether.registry.v1.ServiceRef
 	12, // 7: aether.registry.v1.ExportMark.ports:type_name -> aether.registry.v1.ServicePort
-	8,  // 8: aether.registry.v1.ServiceConfigProjection.service:type_name -> aether.registry.v1.ServiceRef
-	16, // 9: aether.registry.v1.ServiceConfigProjection.routes:type_name -> aether.registry.v1.Route
-	3,  // 10: aether.registry.v1.Route.kind:type_name -> aether.registry.v1.Route.Kind
-	17, // 11: aether.registry.v1.Route.parent_refs:type_name -> aether.registry.v1.ParentRef
-	18, // 12: aether.registry.v1.Route.rules:type_name -> aether.registry.v1.RouteRule
-	4,  // 13: aether.registry.v1.ParentRef.kind:type_name -> aether.registry.v1.ParentRef.Kind
-	8,  // 14: aether.registry.v1.ParentRef.service:type_name -> aether.registry.v1.ServiceRef
-	19, // 15: aether.registry.v1.RouteRule.matches:type_name -> aether.registry.v1.RouteMatch
-	24, // 16: aether.registry.v1.RouteRule.filters:type_name -> aether.registry.v1.RouteFilter
-	32, // 17: aether.registry.v1.RouteRule.backends:type_name -> aether.registry.v1.BackendRef
-	34, // 18: aether.registry.v1.RouteRule.timeouts:type_name -> aether.registry.v1.RouteTimeouts
-	35, // 19: aether.registry.v1.RouteRule.retry:type_name -> aether.registry.v1.RetryPolicy
-	20, // 20: aether.registry.v1.RouteMatch.path:type_name -> aether.registry.v1.PathMatch
-	21, // 21: aether.registry.v1.RouteMatch.headers:type_name -> aether.registry.v1.HeaderMatch
-	22, // 22: aether.registry.v1.RouteMatch.query_params:type_name -> aether.registry.v1.QueryParamMatch
-	23, // 23: aether.registry.v1.RouteMatch.grpc_method:type_name -> aether.registry.v1.GRPCMethodMatch
-	5,  // 24: aether.registry.v1.PathMatch.type:type_name -> aether.registry.v1.PathMatch.Type
-	2,  // 25: aether.registry.v1.HeaderMatch.type:type_name -> aether.registry.v1.StringMatchType
-	2,  // 26: aether.registry.v1.QueryParamMatch.type:type_name -> aether.registry.v1.StringMatchType
-	2,  // 27: aether.registry.v1.GRPCMethodMatch.type:type_name -> aether.registry.v1.StringMatchType
-	26, // 28: aether.registry.v1.RouteFilter.request_header_modifier:type_name -> aether.registry.v1.HeaderModifier
-	26, // 29: aether.registry.v1.RouteFilter.response_header_modifier:type_name -> aether.registry.v1.HeaderModifier
-	28, // 30: aether.registry.v1.RouteFilter.request_redirect:type_name -> aether.registry.v1.RequestRedirect
-	29, // 31: aether.registry.v1.RouteFilter.url_rewrite:type_name -> aether.registry.v1.URLRewrite
-	30, // 32: aether.registry.v1.RouteFilter.request_mirror:type_name -> aether.registry.v1.RequestMirror
-	31, // 33: aether.registry.v1.RouteFilter.cors:type_name -> aether.registry.v1.CORS
-	25, // 34: aether.registry.v1.HeaderModifier.set:type_name -> aether.registry.v1.Header
-	25, // 35: aether.registry.v1.HeaderModifier.add:type_name -> aether.registry.v1.Header
-	6,  // 36: aether.registry.v1.PathModifier.type:type_name -> aether.registry.v1.PathModifier.Type
-	27, // 37: aether.registry.v1.RequestRedirect.path:type_name -> aether.registry.v1.PathModifier
-	27, // 38: aether.registry.v1.URLRewrite.path:type_name -> aether.registry.v1.PathModifier
-	32, // 39: aether.registry.v1.RequestMirror.backend:type_name -> aether.registry.v1.BackendRef
-	7,  // 40: aether.registry.v1.BackendRef.kind:type_name -> aether.registry.v1.BackendRef.Kind
-	8,  // 41: aether.registry.v1.BackendRef.service:type_name -> aether.registry.v1.ServiceRef
-	24, // 42: aether.registry.v1.BackendRef.filters:type_name -> aether.registry.v1.RouteFilter
-	33, // 43: aether.registry.v1.BackendRef.invalid:type_name -> aether.registry.v1.BackendInvalid
-	44, // [44:44] is the sub-list for method output_type
-	44, // [44:44] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	36, // 8: aether.registry.v1.ExportMark.exported_labels:type_name -> aether.registry.v1.ExportMark.ExportedLabelsEntry
+	37, // 9: aether.registry.v1.ExportMark.exported_annotations:type_name -> aether.registry.v1.ExportMark.ExportedAnnotationsEntry
+	8,  // 10: aether.registry.v1.ServiceConfigProjection.service:type_name -> aether.registry.v1.ServiceRef
+	16, // 11: aether.registry.v1.ServiceConfigProjection.routes:type_name -> aether.registry.v1.Route
+	3,  // 12: aether.registry.v1.Route.kind:type_name -> aether.registry.v1.Route.Kind
+	17, // 13: aether.registry.v1.Route.parent_refs:type_name -> aether.registry.v1.ParentRef
+	18, // 14: aether.registry.v1.Route.rules:type_name -> aether.registry.v1.RouteRule
+	4,  // 15: aether.registry.v1.ParentRef.kind:type_name -> aether.registry.v1.ParentRef.Kind
+	8,  // 16: aether.registry.v1.ParentRef.service:type_name -> aether.registry.v1.ServiceRef
+	19, // 17: aether.registry.v1.RouteRule.matches:type_name -> aether.registry.v1.RouteMatch
+	24, // 18: aether.registry.v1.RouteRule.filters:type_name -> aether.registry.v1.RouteFilter
+	32, // 19: aether.registry.v1.RouteRule.backends:type_name -> aether.registry.v1.BackendRef
+	34, // 20: aether.registry.v1.RouteRule.timeouts:type_name -> aether.registry.v1.RouteTimeouts
+	35, // 21: aether.registry.v1.RouteRule.retry:type_name -> aether.registry.v1.RetryPolicy
+	20, // 22: aether.registry.v1.RouteMatch.path:type_name -> aether.registry.v1.PathMatch
+	21, // 23: aether.registry.v1.RouteMatch.headers:type_name -> aether.registry.v1.HeaderMatch
+	22, // 24: aether.registry.v1.RouteMatch.query_params:type_name -> aether.registry.v1.QueryParamMatch
+	23, // 25: aether.registry.v1.RouteMatch.grpc_method:type_name -> aether.registry.v1.GRPCMethodMatch
+	5,  // 26: aether.registry.v1.PathMatch.type:type_name -> aether.registry.v1.PathMatch.Type
+	2,  // 27: aether.registry.v1.HeaderMatch.type:type_name -> aether.registry.v1.StringMatchType
+	2,  // 28: aether.registry.v1.QueryParamMatch.type:type_name -> aether.registry.v1.StringMatchType
+	2,  // 29: aether.registry.v1.GRPCMethodMatch.type:type_name -> aether.registry.v1.StringMatchType
+	26, // 30: aether.registry.v1.RouteFilter.request_header_modifier:type_name -> aether.registry.v1.HeaderModifier
+	26, // 31: aether.registry.v1.RouteFilter.response_header_modifier:type_name -> aether.registry.v1.HeaderModifier
+	28, // 32: aether.registry.v1.RouteFilter.request_redirect:type_name -> aether.registry.v1.RequestRedirect
+	29, // 33: aether.registry.v1.RouteFilter.url_rewrite:type_name -> aether.registry.v1.URLRewrite
+	30, // 34: aether.registry.v1.RouteFilter.request_mirror:type_name -> aether.registry.v1.RequestMirror
+	31, // 35: aether.registry.v1.RouteFilter.cors:type_name -> aether.registry.v1.CORS
+	25, // 36: aether.registry.v1.HeaderModifier.set:type_name -> aether.registry.v1.Header
+	25, // 37: aether.registry.v1.HeaderModifier.add:type_name -> aether.registry.v1.Header
+	6,  // 38: aether.registry.v1.PathModifier.type:type_name -> aether.registry.v1.PathModifier.Type
+	27, // 39: aether.registry.v1.RequestRedirect.path:type_name -> aether.registry.v1.PathModifier
+	27, // 40: aether.registry.v1.URLRewrite.path:type_name -> aether.registry.v1.PathModifier
+	32, // 41: aether.registry.v1.RequestMirror.backend:type_name -> aether.registry.v1.BackendRef
+	7,  // 42: aether.registry.v1.BackendRef.kind:type_name -> aether.registry.v1.BackendRef.Kind
+	8,  // 43: aether.registry.v1.BackendRef.service:type_name -> aether.registry.v1.ServiceRef
+	24, // 44: aether.registry.v1.BackendRef.filters:type_name -> aether.registry.v1.RouteFilter
+	33, // 45: aether.registry.v1.BackendRef.invalid:type_name -> aether.registry.v1.BackendInvalid
+	46, // [46:46] is the sub-list for method output_type
+	46, // [46:46] is the sub-list for method input_type
+	46, // [46:46] is the sub-list for extension type_name
+	46, // [46:46] is the sub-list for extension extendee
+	0,  // [0:46] is the sub-list for field type_name
 }
 
 func init() { file_aether_registry_v1_registry_proto_init() }
@@ -3001,7 +3081,7 @@ func file_aether_registry_v1_registry_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_aether_registry_v1_registry_proto_rawDesc), len(file_aether_registry_v1_registry_proto_rawDesc)),
 			NumEnums:      8,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
