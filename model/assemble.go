@@ -104,6 +104,11 @@ type Sources struct {
 	// consumer route lives in its callers' namespace).
 	HTTPRoutes []*gwv1.HTTPRoute
 	GRPCRoutes []*gwv1.GRPCRoute
+	// Projections are the ServiceConfigProjections of every origin this agent imports
+	// (--import-config; empty otherwise), and ControlCluster the only origin whose projections
+	// apply when set (--control-cluster): SelectProjections, ImportRoutes.
+	Projections    []Projection
+	ControlCluster string
 	// Edge holds the Gateway API objects of edge Gateways (docs/gateway.md); empty fields where
 	// the CRDs are not installed.
 	Edge EdgeSources
@@ -149,8 +154,9 @@ type EdgeSources struct {
 // port and is listed in Mesh.Skipped. A Service with clusterIP None is Headless. Assemble is
 // pure: the same Sources give the same Mesh.
 //
-// Routes: HTTPRoutes and GRPCRoutes with a Service or ServiceImport parentRef bind as
-// ResolveRoutes says (Mesh.Routing), TCPRoutes, TLSRoutes and UDPRoutes as ResolveL4Routes says
+// Routes: HTTPRoutes and GRPCRoutes with a Service or ServiceImport parentRef, and the routes of
+// the projections SelectProjections applies (ImportRoutes), bind as ResolveRoutes says
+// (Mesh.Routing; Mesh.ConfigImports says what was imported, ignored or overridden), TCPRoutes, TLSRoutes and UDPRoutes as ResolveL4Routes says
 // (Mesh.L4Routing); Mesh.RouteStatuses holds the statuses of both.
 //
 // Parts of an object the model cannot hold are left out and listed in Mesh.Skipped, so one odd
@@ -364,7 +370,13 @@ func Assemble(version uint64, in Sources) *Mesh {
 	}
 	m := New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
 	m.skipped = skipped
-	m.Routing, m.routeStatuses = ResolveRoutes(m.byKey, routes)
+	m.imports = &ConfigImports{Selection: SelectProjections(in.Projections, in.ControlCluster)}
+	imported, overridden := ImportRoutes(m.imports.Selection.Applied, routes)
+	m.imports.Overridden = overridden
+	var statuses []RouteStatus
+	m.Routing, statuses = ResolveRoutes(m.byKey, append(slices.Clip(routes), imported...))
+	m.routeStatuses = statuses[:len(routes)]
+	m.imports.problems(imported, statuses[len(routes):])
 	l4 := make([]Route, 0, len(in.Edge.TCPRoutes)+len(in.Edge.TLSRoutes)+len(in.Edge.UDPRoutes))
 	for _, r := range in.Edge.TCPRoutes {
 		l4 = append(l4, TCPRouteModel(r))

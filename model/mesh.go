@@ -56,6 +56,7 @@ type Mesh struct {
 	EdgePods []EdgePod
 
 	routeStatuses []RouteStatus
+	imports       *ConfigImports
 	byKey         map[ServiceKey]*Service
 	byVIP         map[netip.Addr]*Service
 	shortOwner    map[string]ServiceKey
@@ -180,6 +181,9 @@ func (m *Mesh) ShortNameClashes() []ShortNameClash { return m.clashes }
 // then the status ResolveL4Routes computed for each L4 route (GRPCRoutes, HTTPRoutes,
 // TCPRoutes, TLSRoutes, UDPRoutes, each kind in the order given); nil for a Mesh made with New.
 func (m *Mesh) RouteStatuses() []RouteStatus { return m.routeStatuses }
+
+// ConfigImports returns what Assemble did with Sources.Projections (nil for a Mesh made with New).
+func (m *Mesh) ConfigImports() *ConfigImports { return m.imports }
 
 // Skipped lists what Assemble left out of this model, in the order of its sources (nil for a
 // Mesh made with New).

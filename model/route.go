@@ -1,6 +1,7 @@
 package model
 
 import (
+	"cmp"
 	"time"
 )
 
@@ -18,10 +19,25 @@ type RouteRef struct {
 	Kind      RouteKind
 	Namespace string
 	Name      string
+	// Origin is the cluster a route imported from a ServiceConfigProjection comes from
+	// (ImportRoutes); "" for this cluster's own routes.
+	Origin string `json:",omitempty"`
 }
 
-// String returns "<kind> <namespace>/<name>".
-func (r RouteRef) String() string { return string(r.Kind) + " " + r.Namespace + "/" + r.Name }
+// String returns "<kind> <namespace>/<name>", with " from cluster <origin>" for an imported
+// route.
+func (r RouteRef) String() string {
+	s := string(r.Kind) + " " + r.Namespace + "/" + r.Name
+	if r.Origin != "" {
+		s += " from cluster " + r.Origin
+	}
+	return s
+}
+
+// Compare orders route references by kind, namespace, name, then origin ("" first).
+func (r RouteRef) Compare(o RouteRef) int {
+	return cmp.Or(cmp.Compare(r.Kind, o.Kind), cmp.Compare(r.Namespace, o.Namespace), cmp.Compare(r.Name, o.Name), cmp.Compare(r.Origin, o.Origin))
+}
 
 // Route is one HTTPRoute or GRPCRoute as the mesh uses it (Gateway API v1.6.3), with its defaults
 // applied: a plain value with no Kubernetes types, which the xDS builder consumes and the

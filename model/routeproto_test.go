@@ -771,8 +771,9 @@ func FuzzRouteProto(f *testing.F) {
 
 // routeEdgeFields are the fields of Route that only edge Gateways read (ResolveGateways): the
 // registry record is the mesh's and carries neither (registry.proto reserves hostnames and lists
-// mesh parentRefs only).
-var routeEdgeFields = []string{"Route.GatewayParents", "Route.Hostnames"}
+// mesh parentRefs only). RouteRef.Origin is not carried either: an importer sets it from the
+// record's key path (ImportRoutes), never from the record's body.
+var routeEdgeFields = []string{"Route.GatewayParents", "Route.Hostnames", "RouteRef.Origin"}
 
 // routeProtoFields are the fields of Route and every model type under it that RouteToProto and
 // RouteFromProto carry (Condition.Status is always false on a backend's Invalid).
