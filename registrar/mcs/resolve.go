@@ -248,7 +248,9 @@ func Resolve(marks []Mark) (Resolution, bool) {
 	}) {
 		r.Conflicts = append(r.Conflicts, mcsv1beta1.ServiceExportReasonSessionAffinityConfigConflict)
 	}
-	if differs(func(m *registryv1.ExportMark) bool { return !maps.Equal(m.GetExportedLabels(), oldest.GetExportedLabels()) }) {
+	if differs(func(m *registryv1.ExportMark) bool {
+		return !maps.Equal(m.GetExportedLabels(), oldest.GetExportedLabels())
+	}) {
 		r.Conflicts = append(r.Conflicts, mcsv1beta1.ServiceExportReasonLabelsConflict)
 	}
 	if differs(func(m *registryv1.ExportMark) bool {
