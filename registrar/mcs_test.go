@@ -547,10 +547,9 @@ func uids(t *testing.T, cl *cluster, ns string) map[string]types.UID {
 	return out
 }
 
-// assertModelImports joins cl's Services and ServiceImports with the registry's export marks the
-// way an agent does (model.Assemble) and checks that ns/name is an imported service with the
-// clusterset VIP vip.
-func assertModelImports(t *testing.T, cl *cluster, srv *registryServer, ns, name, vip string) {
+// agentSources reads cl's Services and ServiceImports of ns and the registry's export marks
+// (with their ports, registry.ToModelExport) into model.Sources, as an agent of cl joins them.
+func agentSources(t *testing.T, cl *cluster, srv *registryServer, ns string) model.Sources {
 	t.Helper()
 	ctx := context.Background()
 	var svcs corev1.ServiceList
@@ -577,7 +576,15 @@ func assertModelImports(t *testing.T, cl *cluster, srv *registryServer, ns, name
 	for _, m := range marks {
 		in.Exports = append(in.Exports, registry.ToModelExport(m))
 	}
-	mesh := model.Assemble(1, in)
+	return in
+}
+
+// assertModelImports joins cl's Services and ServiceImports with the registry's export marks the
+// way an agent does (model.Assemble) and checks that ns/name is an imported service with the
+// clusterset VIP vip.
+func assertModelImports(t *testing.T, cl *cluster, srv *registryServer, ns, name, vip string) {
+	t.Helper()
+	mesh := model.Assemble(1, agentSources(t, cl, srv, ns))
 	want := netip.MustParseAddr(vip)
 	for _, s := range mesh.Services {
 		if s.Key == (model.ServiceKey{Namespace: ns, Name: name}) {
@@ -601,38 +608,16 @@ func (cl *cluster) exportWith(t testing.TB, ns, name string, mod func(*mcsv1beta
 	return se
 }
 
-// assertPortTraffic joins cl's Services and ServiceImports with the registry's export marks the
-// way an agent does (model.Assemble), adds one endpoint of ns/name from each exporting cluster
-// (registered under every port name: the test has no agents), and checks, for each port name in
-// want, the clusters whose endpoint serves it (sorted, comma-separated).
+// assertPortTraffic joins cl's objects with the registry's export marks the way an agent does
+// (agentSources, model.Assemble), adds one endpoint of ns/name from each exporting cluster
+// (registered under each of its export's port names with its target port: the test has no
+// agents), and checks, for each port name in want, the clusters whose endpoint serves it
+// (sorted, comma-separated).
 func assertPortTraffic(t *testing.T, cl *cluster, srv *registryServer, ns, name string, want map[string]string) {
 	t.Helper()
-	ctx := context.Background()
-	var svcs corev1.ServiceList
-	var sis mcsv1beta1.ServiceImportList
-	if err := errorsJoin(cl.c.List(ctx, &svcs, client.InNamespace(ns)), cl.c.List(ctx, &sis, client.InNamespace(ns))); err != nil {
-		t.Fatal(err)
-	}
-	reg, err := registry.New(registry.Config{Endpoints: srv.Endpoints, Region: region, Cluster: cl.name})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer reg.Close()
-	marks, _, err := reg.ListExports(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
 	key := model.ServiceKey{Namespace: ns, Name: name}
-	in := model.Sources{Cluster: cl.name, MeshDomain: "mesh", TrustDomain: "aether.internal", MeshNamespaces: map[string]bool{ns: true}}
-	for i := range svcs.Items {
-		in.Services = append(in.Services, &svcs.Items[i])
-	}
-	for i := range sis.Items {
-		in.Imports = append(in.Imports, &sis.Items[i])
-	}
-	for _, m := range marks {
-		x := registry.ToModelExport(m)
-		in.Exports = append(in.Exports, x)
+	in := agentSources(t, cl, srv, ns)
+	for _, x := range in.Exports {
 		if x.Service != key {
 			continue
 		}
