@@ -298,9 +298,10 @@ func Assemble(version uint64, in Sources) *Mesh {
 	for k, n := range counts {
 		endpoints[k] = make([]Endpoint, 0, n)
 	}
+	portFilter := newImportPortFilter(in.Exports) // mcsports.go: each port only to the clusters defining it the winning way
 	for i := range in.Endpoints {
 		if e := &in.Endpoints[i]; endpointCounts(byKey[e.Service], e, in.Cluster, exported) {
-			endpoints[e.Service] = append(endpoints[e.Service], *e)
+			endpoints[e.Service] = append(endpoints[e.Service], portFilter.endpoint(e, in.Cluster))
 		}
 	}
 	for _, s := range services {

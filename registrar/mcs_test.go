@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -170,6 +171,36 @@ func TestMCSTwoClusters(t *testing.T) {
 		if err := west.gone("invalid", "ext"); err != nil {
 			t.Error(err)
 		}
+		// An exported label of aether's own is refused, naming the key; without it the
+		// service is exported.
+		east.createService(t, "invalid", "labelled", port{name: "http", port: 80, tgt: 8080})
+		east.exportWith(t, "invalid", "labelled", func(se *mcsv1beta1.ServiceExport) {
+			se.Spec.ExportedLabels = map[string]string{model.LabelManagedBy: "someone-else"}
+		})
+		testenv.Eventually(t, converge, "InvalidExportedMetadata", func() error {
+			return east.wantCond("invalid", "labelled", mcsv1beta1.ServiceExportConditionValid, metav1.ConditionFalse, "InvalidExportedMetadata")
+		})
+		if c, _ := east.exportCond("invalid", "labelled", mcsv1beta1.ServiceExportConditionValid); !strings.Contains(c.Message, model.LabelManagedBy) {
+			t.Errorf("Valid message does not name the key: %s", c.Message)
+		}
+		if err := west.gone("invalid", "labelled"); err != nil {
+			t.Error(err)
+		}
+		var se mcsv1beta1.ServiceExport
+		if err := east.c.Get(ctx, types.NamespacedName{Namespace: "invalid", Name: "labelled"}, &se); err != nil {
+			t.Fatal(err)
+		}
+		se.Spec.ExportedLabels = map[string]string{"team": "invalid"}
+		if err := east.c.Update(ctx, &se); err != nil {
+			t.Fatal(err)
+		}
+		testenv.Eventually(t, converge, "labelled imported once the reserved key is gone", func() error {
+			si, err := west.imported("invalid", "labelled", []int32{80}, "east")
+			if err == nil && (si.Labels["team"] != "invalid" || si.Labels[model.LabelManagedBy] != model.ManagedByAether) {
+				return fmt.Errorf("import labels %v", si.Labels)
+			}
+			return err
+		})
 	})
 
 	t.Run("NamespaceMissingIsReported", func(t *testing.T) {
@@ -261,37 +292,62 @@ func TestMCSTwoClusters(t *testing.T) {
 		}
 	})
 
-	// Conflict: inventory is exported by both clusters with different ports; west exports first,
-	// so west wins although "east" sorts first by name. The outcome is watched while the rest of
-	// the suite (leader change, registry outage) runs.
+	// Conflict: inventory is exported by both clusters; west exports first, so west's definition
+	// of the port they define differently (http: 80 in west, 8000 in east) wins although "east"
+	// sorts first by name; grpc is the same in both and east alone has admin. The ServiceImport
+	// gets the union, KEP-1645's per-port merge, and both exports Conflict=True PortConflict; the
+	// exported labels and annotations (the same in both) are carried. The outcome is watched
+	// while the rest of the suite (leader change, registry outage) runs.
 	var flap *flapWatcher
-	t.Run("ConflictOldestExportWins", func(t *testing.T) {
+	t.Run("ConflictPerPortOldestExportWins", func(t *testing.T) {
 		for _, cl := range []*cluster{east, west} {
 			cl.createNS(t, "stock")
 		}
-		west.createService(t, "stock", "inventory", port{name: "http", port: 80, tgt: 8080})
-		east.createService(t, "stock", "inventory", port{name: "http", port: 8000, tgt: 8080})
-		west.export(t, "stock", "inventory")
-		var se mcsv1beta1.ServiceExport
-		if err := west.c.Get(ctx, types.NamespacedName{Namespace: "stock", Name: "inventory"}, &se); err != nil {
-			t.Fatal(err)
+		west.createService(t, "stock", "inventory", port{name: "http", port: 80, tgt: 8080}, port{name: "grpc", port: 9090, tgt: 9090, appProto: "grpc"})
+		east.createService(t, "stock", "inventory", port{name: "http", port: 8000, tgt: 8080}, port{name: "grpc", port: 9090, tgt: 9091, appProto: "grpc"},
+			port{name: "admin", port: 7070, tgt: 7070, appProto: "tcp"})
+		labelled := func(se *mcsv1beta1.ServiceExport) {
+			se.Spec.ExportedLabels = map[string]string{"team": "stock"}
+			se.Spec.ExportedAnnotations = map[string]string{"example.com/owner": "stock team"}
 		}
+		se := west.exportWith(t, "stock", "inventory", labelled)
 		// creationTimestamp has one-second resolution: make east's export strictly younger.
 		time.Sleep(time.Until(se.CreationTimestamp.Add(1100 * time.Millisecond)))
-		east.export(t, "stock", "inventory")
-		testenv.Eventually(t, converge, "conflict resolved for west", func() error {
-			return errorsJoin(
-				east.wantCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict, metav1.ConditionTrue, string(mcsv1beta1.ServiceExportReasonPortConflict)),
-				west.wantCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict, metav1.ConditionFalse, string(mcsv1beta1.ServiceExportReasonNoConflicts)),
-				func() error { _, err := east.imported("stock", "inventory", []int32{80}, "east", "west"); return err }(),
-				func() error { _, err := west.imported("stock", "inventory", []int32{80}, "east", "west"); return err }(),
-			)
+		east.exportWith(t, "stock", "inventory", labelled)
+		union := []int32{80, 9090, 7070}
+		testenv.Eventually(t, converge, "per-port conflict resolved for west", func() error {
+			for _, cl := range []*cluster{east, west} {
+				if err := cl.wantCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict, metav1.ConditionTrue, string(mcsv1beta1.ServiceExportReasonPortConflict)); err != nil {
+					return err
+				}
+				si, err := cl.imported("stock", "inventory", union, "east", "west")
+				if err != nil {
+					return err
+				}
+				if si.Labels["team"] != "stock" || si.Annotations["example.com/owner"] != "stock team" {
+					return fmt.Errorf("%s: import labels %v, annotations %v: exported ones missing", cl.name, si.Labels, si.Annotations)
+				}
+			}
+			return nil
 		})
-		c, _ := east.exportCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict)
-		t.Logf("east's Conflict condition: %s", c.Message)
-		if g := eastA.gauge(t, "aether_registrar_export_conflicts"); g != 1 {
-			t.Errorf("east aether_registrar_export_conflicts = %v, want 1", g)
+		for _, cl := range []*cluster{east, west} {
+			c, _ := cl.exportCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict)
+			t.Logf("%s's Conflict condition: %s", cl.name, c.Message)
+			if !strings.Contains(c.Message, `port "http" 80/HTTP from cluster west`) {
+				t.Errorf("%s's Conflict message does not name the port and the winning cluster: %s", cl.name, c.Message)
+			}
 		}
+		if c, _ := east.exportCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict); !strings.Contains(c.Message, `this export's port "http" 8000/HTTP is not imported`) {
+			t.Errorf("east's Conflict message does not say its http port is not imported: %s", c.Message)
+		}
+		for name, in := range map[string]*instance{"east": eastA, "west": westR} {
+			if g := in.gauge(t, "aether_registrar_export_conflicts"); g != 1 {
+				t.Errorf("%s aether_registrar_export_conflicts = %v, want 1", name, g)
+			}
+		}
+		// The agents' model (from the real marks): in west, http reaches only west's pods (east
+		// defines it otherwise), grpc both clusters' pods.
+		assertPortTraffic(t, west, regSrv, "stock", "inventory", map[string]string{"http": "west", "grpc": "east,west"})
 		flap = startFlapWatcher(t, []*cluster{east, west}, "stock", "inventory")
 	})
 
@@ -410,8 +466,14 @@ func TestMCSTwoClusters(t *testing.T) {
 		testenv.Eventually(t, converge, "east's export defines the service", func() error {
 			return errorsJoin(
 				east.wantCond("stock", "inventory", mcsv1beta1.ServiceExportConditionConflict, metav1.ConditionFalse, string(mcsv1beta1.ServiceExportReasonNoConflicts)),
-				func() error { _, err := east.imported("stock", "inventory", []int32{8000}, "east"); return err }(),
-				func() error { _, err := west.imported("stock", "inventory", []int32{8000}, "east"); return err }(),
+				func() error {
+					_, err := east.imported("stock", "inventory", []int32{8000, 9090, 7070}, "east")
+					return err
+				}(),
+				func() error {
+					_, err := west.imported("stock", "inventory", []int32{8000, 9090, 7070}, "east")
+					return err
+				}(),
 			)
 		})
 		if g := eastA.gauge(t, "aether_registrar_export_conflicts"); g != 0 {
@@ -485,10 +547,9 @@ func uids(t *testing.T, cl *cluster, ns string) map[string]types.UID {
 	return out
 }
 
-// assertModelImports joins cl's Services and ServiceImports with the registry's export marks the
-// way an agent does (model.Assemble) and checks that ns/name is an imported service with the
-// clusterset VIP vip.
-func assertModelImports(t *testing.T, cl *cluster, srv *registryServer, ns, name, vip string) {
+// agentSources reads cl's Services and ServiceImports of ns and the registry's export marks
+// (with their ports, registry.ToModelExport) into model.Sources, as an agent of cl joins them.
+func agentSources(t *testing.T, cl *cluster, srv *registryServer, ns string) model.Sources {
 	t.Helper()
 	ctx := context.Background()
 	var svcs corev1.ServiceList
@@ -513,9 +574,17 @@ func assertModelImports(t *testing.T, cl *cluster, srv *registryServer, ns, name
 		in.Imports = append(in.Imports, &sis.Items[i])
 	}
 	for _, m := range marks {
-		in.Exports = append(in.Exports, model.ExportMark{Service: model.ServiceKey{Namespace: m.Value.Service.Namespace, Name: m.Value.Service.Name}, Cluster: m.Origin.Cluster, Region: m.Origin.Region})
+		in.Exports = append(in.Exports, registry.ToModelExport(m))
 	}
-	mesh := model.Assemble(1, in)
+	return in
+}
+
+// assertModelImports joins cl's Services and ServiceImports with the registry's export marks the
+// way an agent does (model.Assemble) and checks that ns/name is an imported service with the
+// clusterset VIP vip.
+func assertModelImports(t *testing.T, cl *cluster, srv *registryServer, ns, name, vip string) {
+	t.Helper()
+	mesh := model.Assemble(1, agentSources(t, cl, srv, ns))
 	want := netip.MustParseAddr(vip)
 	for _, s := range mesh.Services {
 		if s.Key == (model.ServiceKey{Namespace: ns, Name: name}) {
@@ -526,6 +595,60 @@ func assertModelImports(t *testing.T, cl *cluster, srv *registryServer, ns, name
 		}
 	}
 	t.Errorf("model of %s has no service %s/%s", cl.name, ns, name)
+}
+
+// exportWith creates ServiceExport ns/name changed by mod and returns it as created.
+func (cl *cluster) exportWith(t testing.TB, ns, name string, mod func(*mcsv1beta1.ServiceExport)) *mcsv1beta1.ServiceExport {
+	t.Helper()
+	se := &mcsv1beta1.ServiceExport{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	mod(se)
+	if err := cl.c.Create(context.Background(), se); err != nil {
+		t.Fatalf("%s: create ServiceExport %s/%s: %v", cl.name, ns, name, err)
+	}
+	return se
+}
+
+// assertPortTraffic joins cl's objects with the registry's export marks the way an agent does
+// (agentSources, model.Assemble), adds one endpoint of ns/name from each exporting cluster
+// (registered under each of its export's port names with its target port: the test has no
+// agents), and checks, for each port name in want, the clusters whose endpoint serves it
+// (sorted, comma-separated).
+func assertPortTraffic(t *testing.T, cl *cluster, srv *registryServer, ns, name string, want map[string]string) {
+	t.Helper()
+	key := model.ServiceKey{Namespace: ns, Name: name}
+	in := agentSources(t, cl, srv, ns)
+	for _, x := range in.Exports {
+		if x.Service != key {
+			continue
+		}
+		ep := model.Endpoint{Service: key, Cluster: x.Cluster, Region: x.Region, PodUID: x.Cluster + "-pod", Healthy: true}
+		for _, p := range x.Ports {
+			ep.Ports = append(ep.Ports, model.EndpointPort{Name: p.Name, Port: p.TargetPort, Protocol: p.Protocol})
+		}
+		in.Endpoints = append(in.Endpoints, ep)
+	}
+	mesh := model.Assemble(1, in)
+	s := mesh.Service(key)
+	if s == nil {
+		t.Fatalf("model of %s has no service %s", cl.name, key)
+	}
+	for portName, clusters := range want {
+		var got []string
+		for _, sp := range s.Ports {
+			if sp.Name != portName {
+				continue
+			}
+			for i := range mesh.Endpoints[key] {
+				if _, ok := sp.EndpointPort(&mesh.Endpoints[key][i], mesh.Cluster); ok {
+					got = append(got, mesh.Endpoints[key][i].Cluster)
+				}
+			}
+		}
+		slices.Sort(got)
+		if strings.Join(got, ",") != clusters {
+			t.Errorf("model of %s: %s port %s reaches clusters %v, want %s", cl.name, key, portName, got, clusters)
+		}
+	}
 }
 
 // flapWatcher polls a conflicted service in every cluster and records any change of its

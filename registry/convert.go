@@ -3,6 +3,7 @@ package registry
 import (
 	"fmt"
 	"net/netip"
+	"time"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/model"
@@ -67,4 +68,25 @@ func ToModelEndpoint(rec Record[*registryv1.ServiceEndpoint]) (model.Endpoint, e
 		out.Ports = append(out.Ports, model.EndpointPort{Name: p.GetName(), Port: p.GetPort(), Protocol: proto})
 	}
 	return out, nil
+}
+
+// ToModelExport converts a read export mark record to the mesh model's ExportMark: Cluster and
+// Region from rec.Origin (the key path), Created from create_time (zero when it does not parse;
+// records from ListExports and WatchExports are validated), and each port's name, port, target
+// port and protocol (an unknown protocol converts to ""). The agents' model and the registrar
+// merge an imported service's ports from exactly these (model.MergeExportPorts), so the
+// ServiceImport's ports and the clusters each port's traffic reaches agree.
+func ToModelExport(rec Record[*registryv1.ExportMark]) model.ExportMark {
+	m := rec.Value
+	x := model.ExportMark{
+		Service: model.ServiceKey{Namespace: m.GetService().GetNamespace(), Name: m.GetService().GetName()},
+		Cluster: rec.Origin.Cluster, Region: rec.Origin.Region,
+	}
+	if t, err := time.Parse(time.RFC3339Nano, m.GetCreateTime()); err == nil {
+		x.Created = t
+	}
+	for _, p := range m.GetPorts() {
+		x.Ports = append(x.Ports, model.ServicePort{Name: p.GetName(), Port: p.GetPort(), TargetPort: p.GetTargetPort(), Protocol: protocols[p.GetProtocol()]})
+	}
+	return x
 }

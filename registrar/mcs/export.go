@@ -27,11 +27,14 @@ import (
 // ExportController turns this cluster's ServiceExports into export marks in this cluster's
 // registry partition and keeps their MCS status conditions:
 //   - Valid: True (reason Valid) when a backing Service of an exportable type exists, else False
-//     (NoService, InvalidServiceType);
+//     (NoService, InvalidServiceType, or InvalidExportedMetadata for exported labels or
+//     annotations aether refuses: MarkFromService);
 //   - Ready: True (Exported) once the mark is in the registry, False (Pending) while the write
 //     fails, False (Failed) for an invalid export;
-//   - Conflict: True (PortConflict) when this export's ports differ from the oldest export's
-//     (see Resolve), else False (NoConflicts); absent for an invalid export.
+//   - Conflict: True on every export of the service when the exports conflict (PortConflict,
+//     SessionAffinityConflict, SessionAffinityConfigConflict, LabelsConflict,
+//     AnnotationsConflict, joined by commas: see Resolve and ConflictCondition), else False
+//     (NoConflicts); absent for an invalid export.
 //
 // A deleted (or invalid) ServiceExport's mark is removed; so is a mark of this cluster that no
 // ServiceExport backs any more (found through the export view, so marks left behind while the
@@ -95,7 +98,7 @@ func (c *ExportController) reconcile(ctx context.Context, req reconcile.Request)
 	} else if !apierrors.IsNotFound(err) {
 		return reconcile.Result{}, fmt.Errorf("get Service %s: %w", req.NamespacedName, err)
 	}
-	want, err := MarkFromService(backing, se.CreationTimestamp.Time)
+	want, err := MarkFromService(backing, &se)
 	var invalid *InvalidExportError
 	if errors.As(err, &invalid) {
 		uerr := c.unexport(ctx, key)

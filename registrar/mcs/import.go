@@ -36,8 +36,9 @@ const (
 )
 
 // ImportGenerator materialises the clusterset-wide export view in this cluster: for every
-// service that some cluster exports, a ServiceImport (type ClusterSetIP, the oldest export's
-// ports, status.clusters the exporting clusters) and a distinct selectorless <svc>-clusterset
+// service that some cluster exports, a ServiceImport (type ClusterSetIP, the exports' ports merged
+// per port, the oldest export's session affinity, exported labels and annotations,
+// status.clusters the exporting clusters: DesiredImport) and a distinct selectorless <svc>-clusterset
 // Service whose ClusterIP (the clusterset VIP, allocated by this cluster's API server) is copied
 // into the ServiceImport's spec.ips. The Service carries label aether.io/managed-by: aether and
 // annotations aether.io/mesh-service: <ns>/<svc> and aether.io/mesh-port. Both are removed when
@@ -195,9 +196,10 @@ func (g *ImportGenerator) reconcile(ctx context.Context, req reconcile.Request) 
 		if err := g.Client.Create(ctx, si); err != nil {
 			return requeueOnExists(fmt.Errorf("create ServiceImport %s: %w", key, err))
 		}
-	} else if !equality.Semantic.DeepEqual(si.Spec, want.Spec) {
+	} else if labels, annotations := ownedMetadata(si.Labels, want.Labels), ownedMetadata(si.Annotations, want.Annotations); !equality.Semantic.DeepEqual(si.Spec, want.Spec) ||
+		!maps.Equal(si.Labels, labels) || !maps.Equal(si.Annotations, annotations) {
 		upd := si.DeepCopy()
-		upd.Spec = want.Spec
+		upd.Spec, upd.Labels, upd.Annotations = want.Spec, labels, annotations
 		if err := g.Client.Update(ctx, upd); err != nil {
 			return reconcile.Result{}, fmt.Errorf("update ServiceImport %s: %w", key, err)
 		}
@@ -224,6 +226,28 @@ func getOpt[T client.Object](ctx context.Context, c client.Client, nn types.Name
 		return zero, fmt.Errorf("get %T %s: %w", obj, nn, err)
 	}
 	return obj, nil
+}
+
+// ownedMetadata returns the labels (or annotations) an existing ServiceImport of aether's should
+// carry: want (aether's own and the oldest export's exported ones), plus the keys of have under
+// the aether.io domain that want does not set (other aether components may add some). Every
+// other key is aether's to remove: the ServiceImport's labels and annotations outside aether.io
+// mirror the exports (KEP-1645: the mcs-controller alone manages a ServiceImport). It returns nil
+// for none.
+func ownedMetadata(have, want map[string]string) map[string]string {
+	out := maps.Clone(want)
+	for k, v := range have {
+		if _, set := want[k]; !set && reservedKey(k, false) {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
 }
 
 func managed(o client.Object) bool {

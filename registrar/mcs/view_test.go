@@ -27,7 +27,7 @@ func (f *feed) WatchExports(context.Context) <-chan registry.Batch[*registryv1.E
 }
 
 func markOf(cluster, ns, svc string) Mark {
-	m := mark(cluster, "2026-01-01T00:00:00Z", 80)
+	m := mark(cluster, "2026-01-01T00:00:00Z", "pi:80")
 	m.Key = m.Origin.ExportKey(ns, svc)
 	m.Value.Service = &registryv1.ServiceRef{Namespace: ns, Name: svc}
 	return m

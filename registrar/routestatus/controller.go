@@ -37,6 +37,7 @@ import (
 
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/gateway"
+	"github.com/aethermesh/aether/registry"
 )
 
 // DefaultCRDRecheck is how often a route CRD that is not installed is looked for again, and how
@@ -489,7 +490,11 @@ func (c *Controller) sources(ctx context.Context, ls listers) (passSources, erro
 	src.Endpoints = c.eps.endpoints(keys)
 	for k := range keys {
 		for _, m := range c.Exports.Marks(k) {
-			src.Exports = append(src.Exports, model.ExportMark{Service: k, Cluster: m.Origin.Cluster, Region: m.Origin.Region})
+			// With their ports: the model gives another cluster's endpoints only the ports its
+			// export defines the winning way, as the agents' does.
+			x := registry.ToModelExport(m)
+			x.Service = k
+			src.Exports = append(src.Exports, x)
 		}
 	}
 	var nss corev1.NamespaceList
