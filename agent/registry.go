@@ -353,7 +353,7 @@ func (v *registryView) Records() ([]model.Endpoint, []model.ExportMark) {
 	eps := v.mergeEndpoints()
 	exps := make([]model.ExportMark, 0, len(v.exps))
 	for _, rec := range v.exps {
-		exps = append(exps, toModelExport(rec))
+		exps = append(exps, registry.ToModelExport(rec))
 	}
 	v.epsOut, v.expOut, v.cacheOK = eps, exps, true
 	return eps, exps
@@ -413,22 +413,6 @@ func (v *registryView) mergeEndpoints() []model.Endpoint {
 	}
 	v.epsOut, v.epsKeys = out, keys
 	return out
-}
-
-// toModelExport converts an export mark record; cluster and region come from the key's origin.
-func toModelExport(rec registry.Record[*registryv1.ExportMark]) model.ExportMark {
-	m := rec.Value
-	x := model.ExportMark{
-		Service: model.ServiceKey{Namespace: m.GetService().GetNamespace(), Name: m.GetService().GetName()},
-		Cluster: rec.Origin.Cluster, Region: rec.Origin.Region,
-	}
-	if t, err := time.Parse(time.RFC3339Nano, m.GetCreateTime()); err == nil {
-		x.Created = t
-	}
-	for _, p := range m.GetPorts() {
-		x.Ports = append(x.Ports, model.ServicePort{Name: p.GetName(), Port: p.GetPort(), TargetPort: p.GetTargetPort()})
-	}
-	return x
 }
 
 // endpointRegistrar keeps this node's endpoints in the registry equal to what the model says:
