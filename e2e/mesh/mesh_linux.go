@@ -373,12 +373,26 @@ func (m *Mesh) EnvoyAdmin(ctx context.Context, node, path string) (string, error
 // cutTable is the nftables table CutRegistry adds in the underlay namespace.
 const cutTable = "aemesh-registry-cut"
 
-// CutRegistry cuts every node off the registry: an nftables rule in the underlay namespace
-// drops the nodes' packets to the registry forwarders (port substrate.RegistryPort), so open
-// connections hang like they do when a network partitions. RestoreRegistry removes it.
-func (m *Mesh) CutRegistry() error {
-	rules := fmt.Sprintf("table inet %s {\n chain input {\n  type filter hook input priority -10; policy accept;\n  tcp dport %d drop\n }\n}\n",
-		cutTable, substrate.RegistryPort)
+// CutRegistry cuts the nodes of the named clusters (every cluster when none is named) off the
+// registry: an nftables rule in the underlay namespace drops packets to those clusters' registry
+// forwarders (their gateway address, port substrate.RegistryPort; a pod's packets leave its node
+// masqueraded, so the registrar is cut too), so open connections hang like they do when a
+// network partitions. Cuts add up; RestoreRegistry removes them all.
+func (m *Mesh) CutRegistry(clusters ...string) error {
+	match := ""
+	if len(clusters) > 0 {
+		var gws []string
+		for _, name := range clusters {
+			c := m.Cluster(name)
+			if c == nil {
+				return fmt.Errorf("cut registry: no cluster %q", name)
+			}
+			gws = append(gws, c.Plan.Gateway.String())
+		}
+		match = "ip daddr { " + strings.Join(gws, ", ") + " } "
+	}
+	rules := fmt.Sprintf("table inet %s {\n chain input {\n  type filter hook input priority -10; policy accept;\n  %stcp dport %d drop\n }\n}\n",
+		cutTable, match, substrate.RegistryPort)
 	cmd := exec.Command("nsenter", "--net="+m.Underlay.Path, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {

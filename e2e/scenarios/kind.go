@@ -36,7 +36,9 @@ const (
 	aetherNamespace = "aether-system"
 	agentDaemonSet  = "aether-agent"
 	agentContainer  = "agent"
-	configMap       = "aether-config"
+	// registrarDeployment is deploy/'s registrar Deployment.
+	registrarDeployment = "aether-registrar"
+	configMap           = "aether-config"
 	// defaultLeaseTTL is aether-agent's --registry-lease-ttl default.
 	defaultLeaseTTL = 15 * time.Second
 	// cutComment tags the iptables rules CutRegistry inserts on every node.
@@ -373,6 +375,47 @@ func (p *kindPair) RestartAgent(ctx context.Context, cluster, node string) error
 	}
 }
 
+// agentKiller restarts a node's agent without waiting for it to be ready (it may not be: the
+// registry may be cut off).
+type agentKiller interface {
+	// KillAgent stops the agent container on node (TERM) and returns once the kubelet has
+	// started it again; its Envoy keeps running.
+	KillAgent(ctx context.Context, cluster, node string) error
+}
+
+// KillAgent implements agentKiller.
+func (p *kindPair) KillAgent(ctx context.Context, cluster, node string) error {
+	c := p.cluster(cluster)
+	pod, err := agentPod(ctx, c.kube, node)
+	if err != nil {
+		return fmt.Errorf("kill agent on %s: %w", node, err)
+	}
+	before := restarts(pod, agentContainer)
+	var out, errb bytes.Buffer
+	_ = execIn(ctx, c, aetherNamespace, pod.Name, agentContainer, []string{"sh", "-c", "kill -TERM 1"}, nil, &out, &errb)
+	for {
+		pod, err = c.kube.CoreV1().Pods(aetherNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err == nil && restarts(pod, agentContainer) > before && containerRunning(pod, agentContainer) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kill agent on %s: not started again (%s%s): %w", node, bytes.TrimSpace(out.Bytes()), bytes.TrimSpace(errb.Bytes()), ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// containerRunning reports whether pod's container is in state running.
+func containerRunning(pod *corev1.Pod, container string) bool {
+	for _, s := range pod.Status.ContainerStatuses {
+		if s.Name == container {
+			return s.State.Running != nil
+		}
+	}
+	return false
+}
+
 // agentPod returns the aether-agent pod on node.
 func agentPod(ctx context.Context, kube kubernetes.Interface, node string) (*corev1.Pod, error) {
 	pods, err := kube.CoreV1().Pods(aetherNamespace).List(ctx, metav1.ListOptions{
@@ -422,12 +465,20 @@ func (p *kindPair) StopNode(ctx context.Context, cluster, node string) error {
 	return nil
 }
 
-// CutRegistry inserts, on every node of both clusters, an iptables rule dropping the node's own
-// packets to the registry (cutRule); open connections hang as in a network partition.
-func (p *kindPair) CutRegistry(ctx context.Context) error {
+// CutRegistry inserts, on every node of the given clusters (both when none is given), an
+// iptables rule dropping the node's own packets to the registry (cutRule); open connections hang
+// as in a network partition.
+func (p *kindPair) CutRegistry(ctx context.Context, clusters ...string) error {
+	cs := []*kindCluster{p.a, p.b}
+	if len(clusters) > 0 {
+		cs = nil
+		for _, name := range clusters {
+			cs = append(cs, p.cluster(name))
+		}
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, c := range []*kindCluster{p.a, p.b} {
+	for _, c := range cs {
 		for _, n := range c.all {
 			args := append([]string{"iptables", "-I", "OUTPUT"}, cutRule(p.registry)...)
 			if _, err := p.nodes.exec(ctx, n, args...); err != nil {

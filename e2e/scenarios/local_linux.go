@@ -76,7 +76,9 @@ func (p *localPair) StopNode(ctx context.Context, _, node string) error {
 	return p.m.StopNode(ctx, node)
 }
 
-func (p *localPair) CutRegistry(context.Context) error { return p.m.CutRegistry() }
+func (p *localPair) CutRegistry(_ context.Context, clusters ...string) error {
+	return p.m.CutRegistry(clusters...)
+}
 
 func (p *localPair) RestoreRegistry(context.Context) error { return p.m.RestoreRegistry() }
 

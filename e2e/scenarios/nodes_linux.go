@@ -5,10 +5,16 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/e2e/mesh"
 
 	"github.com/aethermesh/aether/e2e/substrate"
+	"github.com/aethermesh/aether/registry"
 )
 
 // substrateNodes is the nodeShell of the local substrate's real nodes: a command runs in the
@@ -92,4 +98,54 @@ func (p *nodesPair) DialOutside(ctx context.Context, addr string) (net.Conn, err
 		return nil, fmt.Errorf("dial %s from the underlay: %w", addr, err)
 	}
 	return conn, nil
+}
+
+// registryWriter writes into the registry as a cluster's own credentials allow, bypassing its
+// registrar: what a misconfigured or compromised cluster can do.
+type registryWriter interface {
+	// PutRogueProjection writes a ServiceConfigProjection for namespace/service under cluster's
+	// origin with one HTTPRoute named route (parentRef Service service:80, a response header
+	// routeHeader=route), with cluster's registry certificate.
+	PutRogueProjection(ctx context.Context, cluster, namespace, service, route string) error
+}
+
+func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, service, route string) error {
+	c := p.m.Cluster(cluster)
+	if c == nil {
+		return fmt.Errorf("put projection: no cluster %q", cluster)
+	}
+	s := p.m.Substrate
+	tlsCfg, err := registry.TLSFiles(c.RegistryCertFile, c.RegistryKeyFile, s.RegistryCAFile)
+	if err != nil {
+		return err
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.RegistryEndpoint}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	svc := &registryv1.ServiceRef{Namespace: namespace, Name: service}
+	now := time.Now().UTC().Format(time.RFC3339Nano)
+	rec := &registryv1.ServiceConfigProjection{Service: svc, Version: 1 << 40, ExportTime: now, ExportCreateTime: "2000-01-01T00:00:00Z",
+		Routes: []*registryv1.Route{{Kind: registryv1.Route_KIND_HTTP, Namespace: namespace, Name: route,
+			ParentRefs: []*registryv1.ParentRef{{Kind: registryv1.ParentRef_KIND_SERVICE, Service: svc, Port: 80}},
+			Rules: []*registryv1.RouteRule{{
+				Matches: []*registryv1.RouteMatch{{Path: &registryv1.PathMatch{Type: registryv1.PathMatch_TYPE_PATH_PREFIX, Value: "/"}}},
+				Filters: []*registryv1.RouteFilter{{Filter: &registryv1.RouteFilter_ResponseHeaderModifier{ResponseHeaderModifier: &registryv1.HeaderModifier{
+					Set: []*registryv1.Header{{Name: routeHeader, Value: route}}}}}},
+				Backends: []*registryv1.BackendRef{{Kind: registryv1.BackendRef_KIND_SERVICE, Service: svc, Port: 80, Weight: 1}},
+			}},
+		}}}
+	if err := registry.ValidateConfig(rec); err != nil {
+		return fmt.Errorf("put projection: %w", err)
+	}
+	b, err := proto.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	origin := registry.Origin{Region: registry.DefaultRegion, Cluster: cluster}
+	if _, err := cli.Put(ctx, origin.ConfigKey(namespace, service), string(b)); err != nil {
+		return fmt.Errorf("put projection under %s: %w", origin, err)
+	}
+	return nil
 }

@@ -45,8 +45,9 @@ type ClusterPair interface {
 	RestartAgent(ctx context.Context, cluster, node string) error
 	// StopNode takes node out of the mesh as a dead node (its agent and Envoy stop).
 	StopNode(ctx context.Context, cluster, node string) error
-	// CutRegistry cuts every node off the registry; RestoreRegistry undoes it.
-	CutRegistry(ctx context.Context) error
+	// CutRegistry cuts every node of the given clusters (every cluster when none is given) off
+	// the registry, agents and registrar alike; RestoreRegistry undoes every cut.
+	CutRegistry(ctx context.Context, clusters ...string) error
 	RestoreRegistry(ctx context.Context) error
 	// EnvoyAdmin GETs path (with its query, e.g. "/stats?filter=^tcp.waypoint") from the Envoy
 	// admin API of node in cluster and returns the body; a status other than 200 is an error.

@@ -428,6 +428,7 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 	run("gamma-consumer-route", func(t *testing.T) { w.gammaConsumerRoute(t) })
 	run("gamma-route-delete-keeps-connections", func(t *testing.T) { w.gammaRouteDelete(t) })
 	run("unexported-service-invisible", func(t *testing.T) { w.unexported(t) })
+	run("mcs-port-conflict", func(t *testing.T) { w.mcsPortConflict(t) })
 	run("plaintext-to-app-port-refused", func(t *testing.T) { w.plaintextRefused(t) })
 	run("cross-node-bypass-matrix", func(t *testing.T) { w.crossNodeMatrix(t) })
 	if _, ok := p.(nodeLifecycle); ok {
