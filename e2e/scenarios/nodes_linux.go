@@ -107,21 +107,46 @@ type registryWriter interface {
 	// origin with one HTTPRoute named route (parentRef Service service:80, a response header
 	// routeHeader=route), with cluster's registry certificate.
 	PutRogueProjection(ctx context.Context, cluster, namespace, service, route string) error
+	// RegistryValue returns the bytes of cluster's ServiceConfigProjection record for
+	// namespace/service.
+	RegistryValue(ctx context.Context, cluster, namespace, service string) ([]byte, error)
 }
 
-func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, service, route string) error {
+func (p *nodesPair) RegistryValue(ctx context.Context, cluster, namespace, service string) ([]byte, error) {
+	cli, err := p.registryClient(cluster)
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	key := registry.Origin{Region: registry.DefaultRegion, Cluster: cluster}.ConfigKey(namespace, service)
+	resp, err := cli.Get(ctx, key)
+	if err != nil {
+		return nil, fmt.Errorf("get %s: %w", key, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return nil, fmt.Errorf("get %s: no such key", key)
+	}
+	return resp.Kvs[0].Value, nil
+}
+
+// registryClient is an etcd client of the registry with cluster's certificate.
+func (p *nodesPair) registryClient(cluster string) (*clientv3.Client, error) {
 	c := p.m.Cluster(cluster)
 	if c == nil {
-		return fmt.Errorf("put projection: no cluster %q", cluster)
+		return nil, fmt.Errorf("no cluster %q", cluster)
 	}
 	s := p.m.Substrate
 	tlsCfg, err := registry.TLSFiles(c.RegistryCertFile, c.RegistryKeyFile, s.RegistryCAFile)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.RegistryEndpoint}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
+	return clientv3.New(clientv3.Config{Endpoints: []string{s.RegistryEndpoint}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
+}
+
+func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, service, route string) error {
+	cli, err := p.registryClient(cluster)
 	if err != nil {
-		return err
+		return fmt.Errorf("put projection: %w", err)
 	}
 	defer cli.Close()
 	svc := &registryv1.ServiceRef{Namespace: namespace, Name: service}

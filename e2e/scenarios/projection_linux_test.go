@@ -3,8 +3,11 @@ package scenarios
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -52,6 +55,7 @@ func (w *world) configProjections(t *testing.T, nl nodeLifecycle) {
 	addr, host := w.clustersetVIP(t, w.a, "canary"), "canary."+ns+".svc.clusterset.local"
 
 	t.Run("producer-route-reaches-importer", func(t *testing.T) { w.projectionCanary(t, c, addr, host) })
+	t.Run("convergence", func(t *testing.T) { w.projectionConvergence(t, c, addr, host, route) })
 	t.Run("local-route-wins", func(t *testing.T) { w.projectionLocalWins(t, c, addr, host) })
 	t.Run("drift-condition", func(t *testing.T) { w.projectionDrift(t) })
 	t.Run("last-known-through-cut-and-restart", func(t *testing.T) { w.projectionLastKnown(t, c, addr, host) })
@@ -70,6 +74,128 @@ func (w *world) projectionCanary(t *testing.T, c *caller, addr, host string) {
 		t.Errorf("answers %v: want both canary-v1 and canary-v2 (the route's 50/50 split) and nothing else", counts)
 	}
 	w.wantImportCondition(t, w.a, "canary", condImported, metav1.ConditionTrue, "Applied", w.b)
+}
+
+// projectionConvergence measures how fast a producer route change in B reaches A's callers, side
+// by side with B's own callers (the same change applied in the cluster that made it): B's route
+// becomes a ten-rule route whose catch-all rule sends every request to canary-v1 or canary-v2
+// with a response header naming the change; each of the changes (AETHER_BENCH_CHANGES, default
+// 20; bench/projection.sh runs 100) flips both, and the time from the API write to the first
+// answer carrying the new header is taken for B's client and for A's. It logs p50 and p99 of
+// both and the size of the projection record in the registry; each change must reach both
+// callers within a generous minute (no speed is asserted). original is put back at the end.
+func (w *world) projectionConvergence(t *testing.T, c *caller, addr, host string, original *gwv1.HTTPRoute) {
+	ctx := context.Background()
+	n := 20
+	if v := os.Getenv("AETHER_BENCH_CHANGES"); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			t.Fatalf("AETHER_BENCH_CHANGES=%q: want a positive number", v)
+		}
+	}
+	routes := w.p.Gateway(w.b).GatewayV1().HTTPRoutes(ns)
+	bc := w.caller(t, w.b, ns, "client")
+	baddr, bhost := w.vip(t, w.b, "canary"), "canary."+ns+".mesh"
+	defer func() {
+		cur, err := routes.Get(ctx, exportRoute, metav1.GetOptions{})
+		if err == nil {
+			cur.Spec = original.Spec
+			_, err = routes.Update(ctx, cur, metav1.UpdateOptions{})
+		}
+		if err != nil {
+			t.Errorf("put %s back: %v", exportRoute, err)
+		}
+		waitRoute(t, c, addr, host, exportRoute)
+	}()
+	var local, remote []time.Duration
+	for i := range n {
+		tag := fmt.Sprintf("change-%d", i)
+		version := "canary-v1"
+		if i%2 == 1 {
+			version = "canary-v2"
+		}
+		cur, err := routes.Get(ctx, exportRoute, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec = tenRuleRoute(version, tag).Spec
+		start := time.Now()
+		if _, err := routes.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		follow := func(cl *caller, a, h string) time.Duration {
+			deadline := start.Add(time.Minute)
+			for {
+				r, got, err := cl.get(a, h)
+				if err == nil && got == tag && r.Server == version {
+					return time.Since(start)
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("change %d: %s/%s not following B's route within a minute: %s answered with %s %q (%v)", i, cl.ns, cl.pod, r.Server, routeHeader, got, err)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		done := make(chan time.Duration, 1)
+		go func() { done <- follow(bc, baddr, bhost) }()
+		remote = append(remote, follow(c, addr, host))
+		local = append(local, <-done)
+	}
+	pct := func(ds []time.Duration, p float64) time.Duration {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return s[min(len(s)-1, int(math.Ceil(p*float64(len(s))))-1)]
+	}
+	size := -1
+	if rw, ok := w.p.(registryWriter); ok {
+		if b, err := rw.RegistryValue(ctx, w.b, ns, "canary"); err == nil {
+			size = len(b)
+		} else {
+			t.Errorf("read the projection of %s/canary: %v", ns, err)
+		}
+	}
+	t.Logf("projection convergence over %d changes of a ten-rule route: B's callers (local) p50 %s p99 %s; A's callers (projected) p50 %s p99 %s; projection record %d bytes",
+		n, pct(local, 0.5).Round(time.Millisecond), pct(local, 0.99).Round(time.Millisecond),
+		pct(remote, 0.5).Round(time.Millisecond), pct(remote, 0.99).Round(time.Millisecond), size)
+}
+
+// tenRuleRoute is the spec of B's route in projectionConvergence: nine rules with matches no
+// test request has (paths, headers, a query, a method, a regular expression, filters, a timeout
+// and a retry: a typical route), then a catch-all rule to version with routeHeader = tag.
+func tenRuleRoute(version, tag string) *gwv1.HTTPRoute {
+	r := httpRoute(ns, exportRoute, serviceParent(ns, "canary", 80), serviceBackend(ns, version, 80, 1))
+	r.Spec.Rules[0].Filters[0].ResponseHeaderModifier.Set[0].Value = tag
+	catchAll := r.Spec.Rules[0]
+	path := func(t gwv1.PathMatchType, v string) *gwv1.HTTPPathMatch {
+		return &gwv1.HTTPPathMatch{Type: ptrTo(t), Value: ptrTo(v)}
+	}
+	header := func(name, v string) []gwv1.HTTPHeaderMatch {
+		return []gwv1.HTTPHeaderMatch{{Type: ptrTo(gwv1.HeaderMatchExact), Name: gwv1.HTTPHeaderName(name), Value: v}}
+	}
+	to := []gwv1.HTTPBackendRef{serviceBackend(ns, "canary-v1", 80, 1)}
+	rule := func(m gwv1.HTTPRouteMatch) gwv1.HTTPRouteRule {
+		return gwv1.HTTPRouteRule{Matches: []gwv1.HTTPRouteMatch{m}, BackendRefs: to}
+	}
+	prefix := gwv1.PathMatchPathPrefix
+	r.Spec.Rules = []gwv1.HTTPRouteRule{
+		rule(gwv1.HTTPRouteMatch{Path: path(gwv1.PathMatchExact, "/healthz")}),
+		rule(gwv1.HTTPRouteMatch{Path: path(prefix, "/api/v2"), Headers: header("x-version", "v2")}),
+		rule(gwv1.HTTPRouteMatch{Path: path(prefix, "/api"), Headers: header("x-user", "test")}),
+		rule(gwv1.HTTPRouteMatch{Path: path(prefix, "/orders"), Method: ptrTo(gwv1.HTTPMethodPost)}),
+		rule(gwv1.HTTPRouteMatch{Path: path(prefix, "/static")}),
+		rule(gwv1.HTTPRouteMatch{Path: path(prefix, "/admin"), Headers: header("x-admin", "true")}),
+		rule(gwv1.HTTPRouteMatch{Path: path(prefix, "/legacy")}),
+		rule(gwv1.HTTPRouteMatch{Path: path(prefix, "/"), QueryParams: []gwv1.HTTPQueryParamMatch{{Type: ptrTo(gwv1.QueryParamMatchExact), Name: "debug", Value: "1"}}}),
+		rule(gwv1.HTTPRouteMatch{Path: path(gwv1.PathMatchRegularExpression, "/orders/[a-z0-9]+")}),
+		catchAll,
+	}
+	r.Spec.Rules[4].Filters = []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterResponseHeaderModifier,
+		ResponseHeaderModifier: &gwv1.HTTPHeaderFilter{Set: []gwv1.HTTPHeader{{Name: "cache-control", Value: "max-age=60"}}}}}
+	r.Spec.Rules[5].Timeouts = &gwv1.HTTPRouteTimeouts{Request: ptrTo(gwv1.Duration("5s"))}
+	r.Spec.Rules[6].Filters = []gwv1.HTTPRouteFilter{{Type: gwv1.HTTPRouteFilterURLRewrite,
+		URLRewrite: &gwv1.HTTPURLRewriteFilter{Path: &gwv1.HTTPPathModifier{Type: gwv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptrTo("/v1")}}}}
+	r.Spec.Rules[8].Retry = &gwv1.HTTPRouteRetry{Attempts: ptrTo(2), Codes: []gwv1.HTTPRouteRetryStatusCode{503}}
+	return r
 }
 
 // projectionLocalWins: a producer route in A on the ServiceImport canary (in canary's namespace)
@@ -299,25 +425,25 @@ func (w *world) waitRolledOut(t *testing.T, cluster string) {
 	})
 }
 
-// mcsPortConflict: Service dual is exported from A (first, over its pod dual-1) and from B (a
+// mcsPortConflict: Service perport is exported from A (first, over its pod perport-1) and from B (a
 // second later, over B's remote pods); they agree on port http (80) and disagree on port tcp: A
 // serves it on substrate.EchoTCPPort, B on the next number. KEP-1645: the ServiceImport has the
 // union of the ports with the oldest export's definition of tcp, in both clusters, stable; both
 // exports say Conflict=True PortConflict. aether's rule: each port's traffic reaches only the
 // clusters that define it the winning way. A's callers prefer A's own endpoints, so the rule
-// shows once dual-1 is gone: http then spills over to B, tcp does not (B's endpoints do not
+// shows once perport-1 is gone: http then spills over to B, tcp does not (B's endpoints do not
 // define tcp the winning way) and fails.
 func (w *world) mcsPortConflict(t *testing.T) {
 	ctx := context.Background()
 	echoCmd, echoImg := w.p.Command("echo")
-	pod := substrate.EchoPod(ns, "dual-1", w.nodesA[1], w.a, echoCmd)
+	pod := substrate.EchoPod(ns, "perport-1", w.nodesA[1], w.a, echoCmd)
 	pod.Spec.Containers[0].Image = echoImg
 	pods := w.p.Kube(w.a).CoreV1().Pods(ns)
 	if _, err := pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = pods.Delete(context.Background(), pod.Name, metav1.DeleteOptions{}) })
-	svcA, svcB := echoService("dual", "dual-1"), echoService("dual", "remote")
+	svcA, svcB := echoService("perport", "perport-1"), echoService("perport", "remote")
 	svcB.Spec.Ports[1].Port = substrate.EchoTCPPort + 1
 	for _, s := range []struct {
 		cluster string
@@ -327,23 +453,23 @@ func (w *world) mcsPortConflict(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() {
-			_ = w.p.Kube(s.cluster).CoreV1().Services(ns).Delete(context.Background(), "dual", metav1.DeleteOptions{})
+			_ = w.p.Kube(s.cluster).CoreV1().Services(ns).Delete(context.Background(), "perport", metav1.DeleteOptions{})
 		})
 	}
-	w.export(t, w.a, "dual")
-	w.wantImport(t, w.b, "dual")
+	w.export(t, w.a, "perport")
+	w.wantImport(t, w.b, "perport")
 	time.Sleep(1100 * time.Millisecond) // creationTimestamp has one-second resolution
-	w.export(t, w.b, "dual")
+	w.export(t, w.b, "perport")
 	want := fmt.Sprintf("http/80 tcp/%d", substrate.EchoTCPPort)
 	for _, c := range []string{w.a, w.b} {
-		testenv.Eventually(t, 90*time.Second, "ServiceImport dual's ports in "+c, func() error {
-			if got := w.importPorts(t, c, "dual"); got != want {
+		testenv.Eventually(t, 90*time.Second, "ServiceImport perport's ports in "+c, func() error {
+			if got := w.importPorts(t, c, "perport"); got != want {
 				return fmt.Errorf("ports %s, want %s", got, want)
 			}
 			return nil
 		})
-		testenv.Eventually(t, 90*time.Second, "Conflict on ServiceExport dual in "+c, func() error {
-			u, err := w.p.Dynamic(c).Resource(serviceExports).Namespace(ns).Get(ctx, "dual", metav1.GetOptions{})
+		testenv.Eventually(t, 90*time.Second, "Conflict on ServiceExport perport in "+c, func() error {
+			u, err := w.p.Dynamic(c).Resource(serviceExports).Namespace(ns).Get(ctx, "perport", metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
@@ -358,7 +484,7 @@ func (w *world) mcsPortConflict(t *testing.T) {
 			return nil
 		})
 	}
-	host := "dual." + ns + ".svc.clusterset.local"
+	host := "perport." + ns + ".svc.clusterset.local"
 	addr := net.JoinHostPort(host, fmt.Sprint(substrate.EchoTCPPort))
 	w.wantHTTP(t, "http://"+host+"/", w.a)
 	w.wantTCP(t, addr, w.a)
@@ -372,12 +498,12 @@ func (w *world) mcsPortConflict(t *testing.T) {
 		r, err := w.tcp(rctx, addr, "hello")
 		cancel()
 		if err == nil {
-			t.Fatalf("tcp request %d to %s with dual-1 gone answered %+v: only A defines tcp the winning way, B's pods must not get it", i+1, addr, r)
+			t.Fatalf("tcp request %d to %s with perport-1 gone answered %+v: only A defines tcp the winning way, B's pods must not get it", i+1, addr, r)
 		}
 	}
 	for _, c := range []string{w.a, w.b} {
-		if got := w.importPorts(t, c, "dual"); got != want {
-			t.Errorf("ServiceImport dual in %s has ports %s after the traffic, want %s", c, got, want)
+		if got := w.importPorts(t, c, "perport"); got != want {
+			t.Errorf("ServiceImport perport in %s has ports %s after the traffic, want %s", c, got, want)
 		}
 	}
 }
