@@ -66,9 +66,9 @@ var foreign = gwv1.RouteParentStatus{ParentRef: gwRef, ControllerName: "example.
 func TestParentStatuses(t *testing.T) {
 	refs := []gwv1.ParentReference{gwRef, svcRef, impRef}
 	for _, c := range []struct {
-		name string
-		have []gwv1.RouteParentStatus
-		refs []gwv1.ParentReference
+		name  string
+		have  []gwv1.RouteParentStatus
+		refs  []gwv1.ParentReference
 		st    model.RouteStatus
 		gst   model.GatewayRouteStatus
 		extra []ParentCondition
