@@ -37,6 +37,11 @@ const (
 // of changes is one pass.
 const DefaultPassDelay = 200 * time.Millisecond
 
+// exportTimeLayout is export_time's format: RFC 3339 with nanoseconds, always nine digits, so a
+// projection's encoded size does not change with the time of its write (a refusal for size, and
+// its condition, stay the same from one pass to the next).
+const exportTimeLayout = "2006-01-02T15:04:05.000000000Z07:00"
+
 // syncAll is the one request of the Exporter's queue: every change asks for the same full pass.
 var syncAll = reconcile.Request{}
 
@@ -338,7 +343,7 @@ func (e *Exporter) export(ctx context.Context, key model.ServiceKey, want *regis
 		return metav1.Condition{Status: metav1.ConditionTrue, Reason: ReasonExported, Message: exportedMessage(have)}, have.due(e.refresh()), nil
 	}
 	want.Version = nextVersion(have, e.deleted[key], e.floor)
-	want.ExportTime = now.UTC().Format(time.RFC3339Nano)
+	want.ExportTime = now.UTC().Format(exportTimeLayout)
 	if err := check(want); err != nil {
 		reason, msg := refusedCondition(err, have)
 		if e.refused[key] != msg {

@@ -247,9 +247,13 @@ func BackendConditions(routes []model.Route, exportedHere map[model.ServiceKey]b
 			for _, k := range slices.SortedFunc(maps.Keys(missing), model.ServiceKey.Compare) {
 				names = append(names, k.String())
 			}
+			what := "backend " + names[0] + " is"
+			if len(names) > 1 {
+				what = "backends " + strings.Join(names, ", ") + " are"
+			}
 			c = model.Condition{Reason: ReasonBackendNotExported, Message: fmt.Sprintf(
-				"backends %s are not exported from cluster %s (no ServiceExport, or the Service cannot be exported): callers in other clusters that import this route get 500 for their share of its requests",
-				strings.Join(names, ", "), cluster)}
+				"%s not exported from cluster %s (no ServiceExport, or the Service cannot be exported): callers in other clusters that import this route get 500 for their share of its requests",
+				what, cluster)}
 		}
 		for _, i := range idx {
 			out[r.RouteRef] = append(out[r.RouteRef], routestatus.ParentCondition{Index: i, Type: ConditionBackendsExported, Condition: c})
