@@ -97,28 +97,6 @@ func (cl *cluster) wantExported(ns, name string, status metav1.ConditionStatus, 
 	return nil
 }
 
-// counterWith reads the sample of counter name whose label has value (0 when absent).
-func (in *instance) counterWith(t testing.TB, name, label, value string) float64 {
-	t.Helper()
-	mfs, err := in.metrics.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
 func meshNS(t testing.TB, cl *cluster, name string) {
 	t.Helper()
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{model.LabelMeshNamespace: model.MeshNamespaceEnabled}}}
@@ -278,7 +256,7 @@ func TestConfigExportAndImport(t *testing.T) {
 		if got := eastR.gauge(t, "aether_config_export_services"); got != 2 {
 			t.Errorf("aether_config_export_services = %v, want 2", got)
 		}
-		if got := eastR.gaugeWith(t, "aether_config_export_version", "service", "cart"); got != float64(v1) {
+		if got := eastR.sampleWith(t, "aether_config_export_version", "service", "cart"); got != float64(v1) {
 			t.Errorf("aether_config_export_version{service=cart} = %v, want %d", got, v1)
 		}
 	})
@@ -488,7 +466,7 @@ func TestConfigExportAndImport(t *testing.T) {
 			}
 			return nil
 		})
-		before := eastR.counterWith(t, "aether_config_export_errors_total", "reason", "too_large")
+		before := eastR.sampleWith(t, "aether_config_export_errors_total", "reason", "too_large")
 		if _, err := egw.Create(ctx, bigRoute(ns, "big-1", "big"), metav1.CreateOptions{}); err != nil {
 			t.Fatalf("create big route: %v", err)
 		}
@@ -501,7 +479,7 @@ func TestConfigExportAndImport(t *testing.T) {
 		}
 		// Counted once, however many passes see it (the route status writes bring some).
 		time.Sleep(time.Second)
-		if got := eastR.counterWith(t, "aether_config_export_errors_total", "reason", "too_large"); got != before+1 {
+		if got := eastR.sampleWith(t, "aether_config_export_errors_total", "reason", "too_large"); got != before+1 {
 			t.Errorf("too_large errors %v -> %v, want one more", before, got)
 		}
 		if err := egw.Delete(ctx, "big-1", metav1.DeleteOptions{}); err != nil {
@@ -599,26 +577,26 @@ func TestConfigExportAndImport(t *testing.T) {
 		}
 		// east's projections, seen by west before east's new leader deleted them, were counted
 		// already: they were from an origin that is not the control cluster too.
-		base := westR.counterWith(t, "aether_config_ignored_projections_total", "reason", "not_control_cluster")
+		base := westR.sampleWith(t, "aether_config_ignored_projections_total", "reason", "not_control_cluster")
 		put(1)
 		testenv.Eventually(t, converge, "rogue projection ignored in west", func() error {
 			if err := west.wantSICond(ns, "cart", configexport.ConditionConfigImported, metav1.ConditionFalse, configexport.ReasonNotControlCluster, "rogue"); err != nil {
 				return err
 			}
-			if got := westR.counterWith(t, "aether_config_ignored_projections_total", "reason", "not_control_cluster"); got != base+1 {
+			if got := westR.sampleWith(t, "aether_config_ignored_projections_total", "reason", "not_control_cluster"); got != base+1 {
 				return fmt.Errorf("ignored projections %v, want %v", got, base+1)
 			}
 			return nil
 		})
 		put(2)
 		testenv.Eventually(t, converge, "the next version counted once more", func() error {
-			if got := westR.counterWith(t, "aether_config_ignored_projections_total", "reason", "not_control_cluster"); got != base+2 {
+			if got := westR.sampleWith(t, "aether_config_ignored_projections_total", "reason", "not_control_cluster"); got != base+2 {
 				return fmt.Errorf("ignored projections %v, want %v", got, base+2)
 			}
 			return nil
 		})
 		time.Sleep(time.Second)
-		if got := westR.counterWith(t, "aether_config_ignored_projections_total", "reason", "not_control_cluster"); got != base+2 {
+		if got := westR.sampleWith(t, "aether_config_ignored_projections_total", "reason", "not_control_cluster"); got != base+2 {
 			t.Errorf("ignored projections %v after passes, want %v (once per version)", got, base+2)
 		}
 		if err := rogue.DeleteConfig(ctx, ns, "cart"); err != nil {
@@ -639,7 +617,7 @@ func ownerOf(mfs []metav1.ManagedFieldsEntry, typ string) string {
 	key := `k:{\"type\":\"` + typ + `\"}`
 	var out []string
 	for _, mf := range mfs {
-		if mf.Subresource == "status" && mf.FieldsV1 != nil && strings.Contains(string(mf.FieldsV1.Raw), key) {
+		if mf.Subresource == "status" && mf.FieldsV1 != nil && strings.Contains(mf.FieldsV1.GetRawString(), key) {
 			out = append(out, mf.Manager)
 		}
 	}

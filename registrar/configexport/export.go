@@ -23,6 +23,7 @@ import (
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/mcs"
+	"github.com/aethermesh/aether/registrar/routestatus"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -420,7 +421,7 @@ func (e *Exporter) off(ctx context.Context, exports []mcsv1beta1.ServiceExport) 
 // setCondition writes cond as se's ConditionConfigExported when it differs from what se holds.
 func (e *Exporter) setCondition(ctx context.Context, se *mcsv1beta1.ServiceExport, cond metav1.Condition) error {
 	cond.Type = ConditionConfigExported
-	cond.Message = cut(cond.Message)
+	cond.Message = routestatus.Cut(cond.Message, maxMessage)
 	c, changed := merged(se.Status.Conditions, cond, "", se.Generation, metav1.Now())
 	if !changed {
 		return nil
@@ -438,10 +439,6 @@ func (e *Exporter) SetupWithManager(mgr ctrl.Manager) error {
 	if e.Client == nil || e.Configs == nil || e.View == nil || e.Log == nil {
 		return errors.New("set up config export controller: Client, Configs, View and Log are required")
 	}
-	opts := controller.Options{MaxConcurrentReconciles: 1, RateLimiter: e.RateLimiter}
-	if e.SkipNameValidation {
-		opts.SkipNameValidation = &e.SkipNameValidation
-	}
 	all := e.queue.handler(e.passDelay())
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("configexport").
@@ -453,12 +450,22 @@ func (e *Exporter) SetupWithManager(mgr ctrl.Manager) error {
 		})).
 		Watches(&mcsv1beta1.ServiceExport{}, all).
 		Watches(&corev1.Service{}, all).
-		WithOptions(opts).
+		WithOptions(options(1, e.RateLimiter, e.SkipNameValidation)).
 		Complete(e)
 	if err != nil {
 		return fmt.Errorf("set up config export controller: %w", err)
 	}
 	return nil
+}
+
+// options are the controller options of the package's controllers: workers parallel reconciles
+// (at least 1), the retry rate limiter rl (nil: controller-runtime's), and name validation.
+func options(workers int, rl workqueue.TypedRateLimiter[reconcile.Request], skipNameValidation bool) controller.Options {
+	opts := controller.Options{MaxConcurrentReconciles: max(workers, 1), RateLimiter: rl}
+	if skipNameValidation {
+		opts.SkipNameValidation = &skipNameValidation
+	}
+	return opts
 }
 
 // queue holds a controller's work queue once its source started (safe for concurrent use).

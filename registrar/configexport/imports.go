@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -15,7 +16,6 @@ import (
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	"sigs.k8s.io/controller-runtime/pkg/source"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
@@ -121,12 +121,9 @@ func (s *ImportStatus) SetupWithManager(mgr ctrl.Manager) error {
 	if s.Client == nil || s.Log == nil {
 		return errors.New("set up config import status controller: Client and Log are required")
 	}
-	opts := controller.Options{MaxConcurrentReconciles: s.Workers, RateLimiter: s.RateLimiter}
-	if opts.MaxConcurrentReconciles <= 0 {
-		opts.MaxConcurrentReconciles = 4
-	}
-	if s.SkipNameValidation {
-		opts.SkipNameValidation = &s.SkipNameValidation
+	workers := s.Workers
+	if workers <= 0 {
+		workers = 4
 	}
 	err := ctrl.NewControllerManagedBy(mgr).
 		Named("configimportstatus").
@@ -134,14 +131,14 @@ func (s *ImportStatus) SetupWithManager(mgr ctrl.Manager) error {
 		WatchesRawSource(source.Func(func(_ context.Context, q workqueue.TypedRateLimitingInterface[reconcile.Request]) error {
 			s.mu.Lock()
 			s.q = q
-			keys := maps.Keys(s.want)
+			keys := slices.Collect(maps.Keys(s.want))
 			s.mu.Unlock()
-			for k := range keys {
+			for _, k := range keys {
 				q.Add(reconcile.Request{NamespacedName: types.NamespacedName{Namespace: k.Namespace, Name: k.Name}})
 			}
 			return nil
 		})).
-		WithOptions(opts).
+		WithOptions(options(workers, s.RateLimiter, s.SkipNameValidation)).
 		Complete(s)
 	if err != nil {
 		return fmt.Errorf("set up config import status controller: %w", err)

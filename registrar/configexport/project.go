@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/proto"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,27 +87,25 @@ func Project(origin registry.Origin, svc model.ServiceKey, routes []model.Route,
 // byParent indexes routes by the services their Service parentRefs in their own namespace name
 // (the only routes model.ProjectService can keep for a service), each route once per service.
 func byParent(routes []model.Route) map[model.ServiceKey][]model.Route {
-	out := map[model.ServiceKey][]model.Route{}
-	for _, r := range routes {
-		var seen []model.ServiceKey
-		for _, p := range r.Parents {
-			if p.Kind == model.ParentService && p.Service.Namespace == r.Namespace && !slices.Contains(seen, p.Service) {
-				seen = append(seen, p.Service)
-				out[p.Service] = append(out[p.Service], r)
-			}
-		}
-	}
-	return out
+	return index(routes, func(r model.Route, p model.ParentRef) bool {
+		return p.Kind == model.ParentService && p.Service.Namespace == r.Namespace
+	})
 }
 
 // byNamed indexes routes by every service a parentRef of theirs names (Service or
 // ServiceImport), each route once per service: the routes model.ConfigDrift looks at.
 func byNamed(routes []model.Route) map[model.ServiceKey][]model.Route {
+	return index(routes, func(model.Route, model.ParentRef) bool { return true })
+}
+
+// index indexes routes by the services of their parentRefs that keep accepts, each route once
+// per service, in the order of routes.
+func index(routes []model.Route, keep func(model.Route, model.ParentRef) bool) map[model.ServiceKey][]model.Route {
 	out := map[model.ServiceKey][]model.Route{}
 	for _, r := range routes {
 		var seen []model.ServiceKey
 		for _, p := range r.Parents {
-			if !slices.Contains(seen, p.Service) {
+			if keep(r, p) && !slices.Contains(seen, p.Service) {
 				seen = append(seen, p.Service)
 				out[p.Service] = append(out[p.Service], r)
 			}
@@ -341,8 +337,8 @@ func ImportConditions(imports []model.ServiceKey, ci *model.ConfigImports, route
 		} else {
 			w.drift.Status, w.drift.Reason, w.drift.Message = metav1.ConditionFalse, ReasonNoDrift, "the routes callers here get are the config of the service's home cluster"
 		}
-		w.imported.Message, w.importedBase = cut(w.imported.Message), cut(w.importedBase)
-		w.drift.Message = cut(w.drift.Message)
+		w.imported.Message, w.importedBase = routestatus.Cut(w.imported.Message, maxMessage), routestatus.Cut(w.importedBase, maxMessage)
+		w.drift.Message = routestatus.Cut(w.drift.Message, maxMessage)
 		out[k] = w
 	}
 	return out
@@ -371,16 +367,4 @@ func merged(have []metav1.Condition, want metav1.Condition, base string, gen int
 		return *old, false
 	}
 	return want, true
-}
-
-// cut shortens s to at most maxMessage bytes, on a rune boundary, saying how much it cut.
-func cut(s string) string {
-	if len(s) <= maxMessage {
-		return s
-	}
-	keep := maxMessage - len(" [... ") - len(strconv.Itoa(len(s))) - len(" bytes cut]")
-	for keep > 0 && !utf8.RuneStart(s[keep]) {
-		keep--
-	}
-	return s[:keep] + " [... " + strconv.Itoa(len(s)-keep) + " bytes cut]"
 }

@@ -222,14 +222,14 @@ func condition(typ string, c model.Condition, generation int64, now metav1.Time)
 		reason = typ[strings.LastIndex(typ, "/")+1:]
 	}
 	return metav1.Condition{
-		Type: typ, Status: status, Reason: reason, Message: cut(c.Message, MaxMessage),
+		Type: typ, Status: status, Reason: reason, Message: Cut(c.Message, MaxMessage),
 		ObservedGeneration: generation, LastTransitionTime: now,
 	}
 }
 
-// cut shortens s to at most n bytes: a longer s is cut on a rune boundary and ends with
-// " [... N bytes cut]".
-func cut(s string, n int) string {
+// Cut shortens a condition message s to at most n bytes: a longer s is cut on a rune boundary
+// and ends with " [... N bytes cut]".
+func Cut(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}
