@@ -264,6 +264,12 @@ func (e *Exporter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 	var next time.Time
 	var errs []error
 	wanted := map[model.ServiceKey]bool{}
+	// The conditions are written after the registry is as they say (a projection deleted first).
+	type exportCond struct {
+		se   *mcsv1beta1.ServiceExport
+		cond metav1.Condition
+	}
+	var conds []exportCond
 	for i := range list.Items {
 		se := &list.Items[i]
 		if !se.DeletionTimestamp.IsZero() {
@@ -284,12 +290,15 @@ func (e *Exporter) Reconcile(ctx context.Context, _ reconcile.Request) (reconcil
 				next = due
 			}
 		}
-		errs = append(errs, e.setCondition(ctx, se, cond))
+		conds = append(conds, exportCond{se, cond})
 	}
 	for key := range e.held {
 		if !wanted[key] {
 			errs = append(errs, e.remove(ctx, key))
 		}
+	}
+	for _, c := range conds {
+		errs = append(errs, e.setCondition(ctx, c.se, c.cond))
 	}
 	for key := range e.refused {
 		if !wanted[key] {
