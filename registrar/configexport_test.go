@@ -623,3 +623,40 @@ func ownerOf(mfs []metav1.ManagedFieldsEntry, typ string) string {
 	}
 	return strings.Join(out, ",")
 }
+
+// TestConfigExportFollowsRouteCRDs: without the route CRDs an exported Service is projected with
+// no routes; once the HTTPRoute CRD is installed its producer routes are projected (a new
+// version).
+func TestConfigExportFollowsRouteCRDs(t *testing.T) {
+	regSrv := startRegistryServer(t)
+	cl := newClusterWithCRDs(t, "east", testenv.CRDSubset(t, "multicluster.x-k8s.io_serviceexports.yaml", "multicluster.x-k8s.io_serviceimports.yaml"))
+	in := startRegistrar(t, cl, regSrv.Endpoints, "east", withConfigs("", 0), func(c *registrar.Config) { c.RouteCRDRecheck = 200 * time.Millisecond })
+	in.waitElected(t)
+	ctx := context.Background()
+	const ns = "shop"
+	meshNS(t, cl, ns)
+	cl.createService(t, ns, "cart", port{name: "http", port: 80, tgt: 8080, appProto: "http"})
+	cl.export(t, ns, "cart")
+	var first uint64
+	testenv.Eventually(t, converge, "a projection with no routes", func() error {
+		p := projection(t, in.reg, "east", ns, "cart")
+		if p == nil || len(p.GetRoutes()) != 0 {
+			return fmt.Errorf("projection %v", p)
+		}
+		first = p.GetVersion()
+		return cl.wantExported(ns, "cart", metav1.ConditionTrue, configexport.ReasonExported, "with 0 routes")
+	})
+	testenv.InstallCRDs(t, cl.api.Config, testenv.CRDSubset(t, "gateway.networking.k8s.io_httproutes.yaml"))
+	hr := gwclient.NewForConfigOrDie(cl.api.Config).GatewayV1().HTTPRoutes(ns)
+	testenv.Eventually(t, converge, "the HTTPRoute CRD served", func() error {
+		_, err := hr.Create(ctx, httpRoute(ns, "web", []gwv1.ParentReference{svcParent("cart", 80)}, backend("cart", 80)), metav1.CreateOptions{})
+		return err
+	})
+	testenv.Eventually(t, converge, "the route projected", func() error {
+		p := projection(t, in.reg, "east", ns, "cart")
+		if len(p.GetRoutes()) != 1 || p.GetVersion() <= first {
+			return fmt.Errorf("version %d (first %d), routes %v", p.GetVersion(), first, p.GetRoutes())
+		}
+		return nil
+	})
+}
