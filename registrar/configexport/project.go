@@ -310,7 +310,7 @@ func ImportConditions(imports []model.ServiceKey, ci *model.ConfigImports, route
 			w.importedBase = w.imported.Message
 		case applied != nil:
 			w.imported.Status, w.imported.Reason = metav1.ConditionTrue, ReasonApplied
-			w.importedBase = fmt.Sprintf("agents with --import-config apply the %d routes projected from cluster %s: version %d, exported %s",
+			w.importedBase = fmt.Sprintf("agents with --import-config apply the %d route(s) projected from cluster %s: version %d, exported %s",
 				len(applied.Routes), applied.Origin, applied.Version, applied.ExportTime.UTC().Format(time.RFC3339Nano))
 			if ps := ci.Problems[k]; len(ps) > 0 {
 				w.imported.Reason = ReasonPartiallyInvalid
