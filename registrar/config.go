@@ -17,6 +17,7 @@ import (
 	"github.com/aethermesh/aether/internal/envflag"
 	"github.com/aethermesh/aether/internal/registryflag"
 	"github.com/aethermesh/aether/model"
+	"github.com/aethermesh/aether/registrar/configexport"
 	"github.com/aethermesh/aether/registry"
 )
 
@@ -62,6 +63,14 @@ type RunConfig struct {
 	// annotation keys (or prefixes ending in "/") the edge objects get; none by default
 	// (model.InfrastructureKeyAllowed).
 	GatewayInfrastructureKeys []string
+
+	// ControlCluster is --control-cluster, AETHER_CONTROL_CLUSTER: the only cluster that exports
+	// config projections ("": each cluster exports its own exported Services' config); an RFC
+	// 1123 label.
+	ControlCluster string
+	// ConfigExportRefresh is --config-export-refresh, AETHER_CONFIG_EXPORT_REFRESH: how often an
+	// unchanged config projection is written again (at least configexport.MinRefresh).
+	ConfigExportRefresh time.Duration
 
 	MetricsAddr string // --metrics-addr
 	HealthAddr  string // --health-addr
@@ -218,6 +227,8 @@ func ParseRunConfig(args []string, getenv func(string) string) (RunConfig, error
 	gwCIDRs := ef.String("gateway-address-cidrs", "AETHER_GATEWAY_ADDRESS_CIDRS", "", "comma-separated CIDRs a Gateway's spec.addresses may ask for; each becomes the edge Service's external IP, which every node answers for, so none is allowed unless listed; a node's address, an address another Service uses, and an address port another Gateway holds are never given (docs/gateway.md)")
 	ef.IntVar(&c.EdgeReplicas, "edge-replicas", "AETHER_EDGE_REPLICAS", 1, "edge pods per Gateway (1 to 100); from two on they are spread over nodes (preferred pod anti-affinity)")
 	infraKeys := ef.String("gateway-infrastructure-keys", "AETHER_GATEWAY_INFRASTRUCTURE_KEYS", "", "comma-separated label and annotation keys (or prefixes ending in \"/\") of a Gateway's spec.infrastructure its edge Deployment, Service, ServiceAccount and pods get; none unless listed (a Service annotation or label can steer a load balancer); aether.io/ keys never (docs/gateway.md)")
+	ef.StringVar(&c.ControlCluster, "control-cluster", "AETHER_CONTROL_CLUSTER", "", "the only cluster whose registrar exports config projections and whose projections importers trust (docs/projections.md); empty: each cluster exports its own exported Services' config")
+	ef.DurationVar(&c.ConfigExportRefresh, "config-export-refresh", "AETHER_CONFIG_EXPORT_REFRESH", configexport.DefaultRefresh, "how often an unchanged config projection is written again, so importers can bound its staleness (at least "+configexport.MinRefresh.String()+")")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":8080", "address of /metrics (\"0\" disables it)")
 	fs.StringVar(&c.HealthAddr, "health-addr", ":8081", "address of /healthz and /readyz")
 	fs.IntVar(&c.Workers, "workers", 4, "parallel reconciles per controller")
@@ -284,6 +295,14 @@ func (c RunConfig) validate() error {
 	}
 	if c.EdgeReplicas < 1 || c.EdgeReplicas > 100 {
 		errs = append(errs, fmt.Errorf("--edge-replicas %d: want 1 to 100", c.EdgeReplicas))
+	}
+	if c.ControlCluster != "" {
+		if e := validation.IsDNS1123Label(c.ControlCluster); len(e) > 0 {
+			errs = append(errs, fmt.Errorf("--control-cluster %q: want a cluster name (an RFC 1123 label) or empty: %s", c.ControlCluster, strings.Join(e, "; ")))
+		}
+	}
+	if c.ConfigExportRefresh < configexport.MinRefresh {
+		errs = append(errs, fmt.Errorf("--config-export-refresh %s: want at least %s", c.ConfigExportRefresh, configexport.MinRefresh))
 	}
 	if c.Workers < 1 {
 		errs = append(errs, fmt.Errorf("--workers %d: want at least 1", c.Workers))

@@ -64,6 +64,14 @@ func TestParseConfig(t *testing.T) {
 		}},
 		{name: "aether's own infrastructure key", args: []string{"--gateway-infrastructure-keys", "team,aether.io/capture"},
 			wantErr: `--gateway-infrastructure-keys "team,aether.io/capture": "aether.io/capture": aether's own keys`},
+		{name: "config export defaults: no control cluster, refresh 5m", check: func(c RunConfig) bool {
+			return c.ControlCluster == "" && c.ConfigExportRefresh == 5*time.Minute
+		}},
+		{name: "control cluster", args: []string{"--control-cluster", "hub", "--config-export-refresh", "10s"}, check: func(c RunConfig) bool {
+			return c.ControlCluster == "hub" && c.ConfigExportRefresh == 10*time.Second
+		}},
+		{name: "bad control cluster", args: []string{"--control-cluster", "Hub.One"}, wantErr: `--control-cluster "Hub.One": want a cluster name (an RFC 1123 label) or empty`},
+		{name: "config export refresh too short", args: []string{"--config-export-refresh", "9s"}, wantErr: "--config-export-refresh 9s: want at least 10s"},
 		{name: "workers", args: []string{"--workers", "0"}, wantErr: "--workers 0"},
 		{name: "cluster id timeout", args: []string{"--cluster-id-timeout", "0s"}, wantErr: "--cluster-id-timeout 0s"},
 		{name: "bad log level", args: []string{"--log-level", "loud"}, wantErr: `--log-level "loud"`},
@@ -84,6 +92,15 @@ func TestParseConfig(t *testing.T) {
 				t.Errorf("config = %+v", c)
 			}
 		})
+	}
+	// The environment sets both config export settings; a bad value names the flag.
+	env2 := map[string]string{"AETHER_CLUSTER": "east", "AETHER_CONTROL_CLUSTER": "hub", "AETHER_CONFIG_EXPORT_REFRESH": "1m"}
+	if c, err := ParseRunConfig(nil, func(k string) string { return env2[k] }); err != nil || c.ControlCluster != "hub" || c.ConfigExportRefresh != time.Minute {
+		t.Errorf("config export from the environment: %+v, %v", c, err)
+	}
+	env2["AETHER_CONTROL_CLUSTER"] = "-hub"
+	if _, err := ParseRunConfig(nil, func(k string) string { return env2[k] }); err == nil || !strings.Contains(err.Error(), `--control-cluster "-hub"`) {
+		t.Errorf("bad AETHER_CONTROL_CLUSTER: err = %v", err)
 	}
 	if _, err := ParseRunConfig(nil, func(string) string { return "" }); err == nil || !strings.Contains(err.Error(), "--cluster is required") {
 		t.Errorf("empty config error = %v, want --cluster named", err)

@@ -13,7 +13,11 @@
 // entries for its parentRefs to aether's Gateways), aether's Gateway controller of package
 // registrar/gateway (with Config.EdgeEnvoyImage: the GatewayClasses of controllerName
 // aether.io/gateway-controller, each of their Gateways' edge Deployment, Service and
-// ServiceAccount, the copies of their certificates, Gateway status), and a registry probe that
+// ServiceAccount, the copies of their certificates, Gateway status), the config projections of
+// package registrar/configexport (with Config.Configs: this cluster's ServiceConfigProjections of
+// its exported Services, hooked into the route status pass, with the ServiceExports'
+// aether.io/ConfigExported, the routes' aether.io/BackendsExported and the ServiceImports'
+// aether.io/ConfigImported and aether.io/ConfigDrift conditions), and a registry probe that
 // makes the registrar not ready while the registry does not answer (and, when the registry
 // partition is claimed by another cluster, stops the registrar or, with
 // Config.KeepRunningOnClaimConflict, pauses the controllers). docs/registrar.md is the
@@ -21,7 +25,8 @@
 //
 // It is the only aether component that writes Kubernetes objects from registry state, and it
 // never touches objects aether did not create (label aether.io/managed-by: aether); of other
-// objects it writes only status: ServiceExport status, GatewayClass and Gateway status of aether's
+// objects it writes only status: ServiceExport status (the config projections' condition with
+// server-side apply beside the MCS conditions), GatewayClass and Gateway status of aether's
 // classes, and its own (controllerName aether.io/gateway-controller) entries of the routes'
 // status.parents. Secrets it writes only in its own namespace (the certificate copies). It must not
 // write endpoints or another cluster's registry partition (package registry owns the key layout

@@ -28,6 +28,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
+	"github.com/aethermesh/aether/registrar/configexport"
 	"github.com/aethermesh/aether/registrar/gateway"
 	"github.com/aethermesh/aether/registrar/mcs"
 	"github.com/aethermesh/aether/registrar/routestatus"
@@ -44,6 +45,16 @@ type Config struct {
 	// controller reads for the protocols of ports without appProtocol; *registry.Registry (the
 	// same as Exports) implements it. Required.
 	Endpoints routestatus.EndpointSource
+	// Configs is the registry's config projections (*registry.Registry, the same as Exports):
+	// with it, the registrar exports this cluster's config projections and reports their import
+	// (package configexport); nil turns both off.
+	Configs configexport.Configs
+	// ControlCluster is --control-cluster: the only cluster that exports config and whose
+	// projections importers trust ("": each cluster exports its own services' config).
+	ControlCluster string
+	// ConfigExportRefresh is how often an unchanged projection is written again (default
+	// configexport.DefaultRefresh).
+	ConfigExportRefresh time.Duration
 	// Probe checks that the registry answers (for example a linearizable read with a short
 	// timeout, or registry.Registry.EnsureClaim); readiness check "registry" fails while it
 	// returns an error. An error matching registry.ErrPartitionClaimed (this cluster's partition
@@ -127,6 +138,8 @@ type Registrar struct {
 	routes *routestatus.Controller
 	// gateways is aether's Gateway controller; nil without Config.EdgeEnvoyImage.
 	gateways *gateway.Controller
+	// configs is the config-export controller; nil without Config.Configs.
+	configs *configexport.Exporter
 
 	mu       sync.Mutex
 	probeErr error
@@ -264,6 +277,13 @@ func New(cfg Config) (*Registrar, error) {
 	} else {
 		log.Info("registrar: no edge Envoy image (--edge-envoy-image): aether's Gateway controller is off, no GatewayClass is served")
 	}
+	if cfg.Configs != nil {
+		if err := r.setupConfigs(mgr); err != nil {
+			return nil, fmt.Errorf("create registrar: %w", err)
+		}
+	} else {
+		log.Info("registrar: no config projections (Config.Configs unset): config export and import status are off")
+	}
 	if err := errors.Join(
 		mgr.Add(view),
 		r.export.SetupWithManager(mgr),
@@ -283,6 +303,28 @@ func New(cfg Config) (*Registrar, error) {
 		return nil, fmt.Errorf("create registrar: %w", err)
 	}
 	return r, nil
+}
+
+// setupConfigs adds the config projections' view, exporter and import status controller, hooked
+// into the route status pass (package configexport).
+func (r *Registrar) setupConfigs(mgr manager.Manager) error {
+	cfg := r.cfg
+	met, err := configexport.NewMetrics(cfg.Metrics)
+	if err != nil {
+		return err
+	}
+	view := configexport.NewConfigView(cfg.Configs, cfg.ControlCluster, r.log, met)
+	r.configs = &configexport.Exporter{
+		Client: mgr.GetClient(), Configs: cfg.Configs, View: view, ControlCluster: cfg.ControlCluster, Refresh: cfg.ConfigExportRefresh,
+		Log: r.log, Metrics: met, Paused: r.paused, SkipNameValidation: cfg.SkipNameValidation,
+		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
+	}
+	imports := &configexport.ImportStatus{
+		Client: mgr.GetClient(), Log: r.log, Metrics: met, Workers: cfg.Workers, SkipNameValidation: cfg.SkipNameValidation,
+		RateLimiter: workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
+	}
+	r.routes.Config = &configexport.Hook{Exporter: r.configs, View: view, Imports: imports, Cluster: cfg.Configs.Origin().Cluster}
+	return errors.Join(mgr.Add(view), r.configs.SetupWithManager(mgr), imports.SetupWithManager(mgr))
 }
 
 // Start runs the registrar until ctx ends (nil) or the manager fails, for instance when it loses
@@ -416,6 +458,9 @@ func (r *Registrar) probe(ctx context.Context, err error) {
 		r.log.Info("registrar: registry reachable; ready")
 		r.export.Resync(ctx)
 		r.imp.Resync(ctx)
+		if r.configs != nil {
+			r.configs.Resync()
+		}
 	}
 }
 

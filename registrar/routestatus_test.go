@@ -459,8 +459,8 @@ func TestRouteStatusFollowsCRDs(t *testing.T) {
 	})
 }
 
-// gaugeWith reads the sample of gauge name whose label has value (-1 when absent).
-func (in *instance) gaugeWith(t testing.TB, name, label, value string) float64 {
+// sampleWith reads the sample of gauge or counter name whose label has value (-1 when absent).
+func (in *instance) sampleWith(t testing.TB, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := in.metrics.Gather()
 	if err != nil {
@@ -473,7 +473,7 @@ func (in *instance) gaugeWith(t testing.TB, name, label, value string) float64 {
 		for _, m := range mf.Metric {
 			for _, l := range m.Label {
 				if l.GetName() == label && l.GetValue() == value {
-					return m.GetGauge().GetValue()
+					return m.GetGauge().GetValue() + m.GetCounter().GetValue() // one of them is unset: 0
 				}
 			}
 		}
@@ -865,7 +865,7 @@ func TestRouteStatusCRDRemoved(t *testing.T) {
 		return err
 	}
 	watched := func(kind model.RouteKind, want float64) error {
-		if g := in.gaugeWith(t, metricWatched, "kind", string(kind)); g != want {
+		if g := in.sampleWith(t, metricWatched, "kind", string(kind)); g != want {
 			return fmt.Errorf("%s{kind=%q} = %v, want %v", metricWatched, kind, g, want)
 		}
 		return nil

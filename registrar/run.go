@@ -60,7 +60,7 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	defer closeReg()
 
 	r, err := New(Config{
-		Kube: rc, Exports: reg, Endpoints: reg,
+		Kube: rc, Exports: reg, Endpoints: reg, Configs: reg, ControlCluster: cfg.ControlCluster, ConfigExportRefresh: cfg.ConfigExportRefresh,
 		// The claim check is a linearizable read (or the claiming transaction), so it probes the
 		// registry's quorum too; a claim of another cluster stops the registrar, or, when it
 		// hosts the registry, its controllers.
@@ -80,7 +80,8 @@ func Run(ctx context.Context, cfg RunConfig) error {
 	if err != nil {
 		return err
 	}
-	log.Info("registrar starting", "registry", reg.Client().Endpoints(), "leader_elect", leaderElect, "cluster_id", id)
+	log.Info("registrar starting", "registry", reg.Client().Endpoints(), "leader_elect", leaderElect, "cluster_id", id,
+		"control_cluster", cfg.ControlCluster, "config_export_refresh", cfg.ConfigExportRefresh)
 	return r.Start(ctx)
 }
 

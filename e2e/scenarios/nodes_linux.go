@@ -105,8 +105,8 @@ func (p *nodesPair) DialOutside(ctx context.Context, addr string) (net.Conn, err
 type registryWriter interface {
 	// PutRogueProjection writes a ServiceConfigProjection for namespace/service under cluster's
 	// origin with one HTTPRoute named route (parentRef Service service:80, a response header
-	// routeHeader=route), with cluster's registry certificate.
-	PutRogueProjection(ctx context.Context, cluster, namespace, service, route string) error
+	// header=route), with cluster's registry certificate.
+	PutRogueProjection(ctx context.Context, cluster, namespace, service, route, header string) error
 	// RegistryValue returns the bytes of cluster's ServiceConfigProjection record for
 	// namespace/service.
 	RegistryValue(ctx context.Context, cluster, namespace, service string) ([]byte, error)
@@ -143,7 +143,7 @@ func (p *nodesPair) registryClient(cluster string) (*clientv3.Client, error) {
 	return clientv3.New(clientv3.Config{Endpoints: []string{s.RegistryEndpoint}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
 }
 
-func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, service, route string) error {
+func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, service, route, header string) error {
 	cli, err := p.registryClient(cluster)
 	if err != nil {
 		return fmt.Errorf("put projection: %w", err)
@@ -157,7 +157,7 @@ func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, 
 			Rules: []*registryv1.RouteRule{{
 				Matches: []*registryv1.RouteMatch{{Path: &registryv1.PathMatch{Type: registryv1.PathMatch_TYPE_PATH_PREFIX, Value: "/"}}},
 				Filters: []*registryv1.RouteFilter{{Filter: &registryv1.RouteFilter_ResponseHeaderModifier{ResponseHeaderModifier: &registryv1.HeaderModifier{
-					Set: []*registryv1.Header{{Name: routeHeader, Value: route}}}}}},
+					Set: []*registryv1.Header{{Name: header, Value: route}}}}}},
 				Backends: []*registryv1.BackendRef{{Kind: registryv1.BackendRef_KIND_SERVICE, Service: svc, Port: 80, Weight: 1}},
 			}},
 		}}}

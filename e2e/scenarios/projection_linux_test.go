@@ -308,7 +308,7 @@ func (w *world) projectionControlCluster(t *testing.T, nl nodeLifecycle, c *call
 	if !ok {
 		t.Fatalf("pair %T cannot write to the registry as root", w.p)
 	}
-	if err := rw.PutRogueProjection(ctx, w.b, ns, "canary", exportRoute+"-rogue"); err != nil {
+	if err := rw.PutRogueProjection(ctx, w.b, ns, "canary", exportRoute+"-rogue", routeHeader); err != nil {
 		t.Fatal(err)
 	}
 	w.wantImportCondition(t, w.a, "canary", condImported, metav1.ConditionFalse, "NotControlCluster", w.b)

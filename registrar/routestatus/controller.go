@@ -70,6 +70,37 @@ type GatewayViews interface {
 	SetView(gateway.View)
 }
 
+// ConfigHook is the config projections' part of each pass (configexport.Hook): a pass assembles
+// the model with the hook's projections (model.Sources.Projections and ControlCluster, as an agent
+// with --import-config assembles it), hands the hook what it found (Pass), and sets the
+// conditions the hook returns in aether's mesh entries of the HTTPRoutes and GRPCRoutes.
+type ConfigHook interface {
+	// Projections returns every origin's ServiceConfigProjections and the control cluster ("":
+	// none). The pass only reads them.
+	Projections() (ps []model.Projection, controlCluster string)
+	// Subscribe registers fn, called whenever the projections change: it asks for a pass.
+	Subscribe(fn func())
+	// Pass hands the hook one pass's findings and returns the conditions to set in the routes'
+	// mesh entries, by route (this cluster's routes: RouteRef.Origin empty); a condition type
+	// the hook set before and does not return again is removed. It must not block for long.
+	Pass(p Pass) map[model.RouteRef][]ParentCondition
+}
+
+// Pass is what one pass hands the ConfigHook. Its contents are shared: the hook must not change
+// them.
+type Pass struct {
+	// Routes are this cluster's HTTPRoutes and GRPCRoutes (model.HTTPRouteModel,
+	// model.GRPCRouteModel), sorted by kind, namespace and name.
+	Routes []model.Route
+	// Mesh is the pass's model, assembled with the hook's projections.
+	Mesh *model.Mesh
+	// Imports are every ServiceImport of this cluster (the cache's objects).
+	Imports []*mcsv1beta1.ServiceImport
+	// ExportedHere holds the services the routes and projections name that this cluster exports
+	// (its export marks in the registry).
+	ExportedHere map[model.ServiceKey]bool
+}
+
 // Controller writes aether's status.parents entries of every route (gateway.networking.k8s.io/v1,
 // every namespace). Those of HTTPRoutes' and GRPCRoutes' mesh parentRefs are what model.Assemble
 // resolves from the cluster's routes, Services, ServiceImports and mesh namespaces (labelled
@@ -168,6 +199,9 @@ type Controller struct {
 	// parentRefs and hands each pass's gateway.View to Gateways. Nil: no Gateway is aether's, and
 	// the routes get entries for their mesh parentRefs only.
 	Gateways GatewayViews
+	// Config, when set, adds config projections to each pass (ConfigHook); nil: passes assemble
+	// without projections, and need a watched route kind or Gateways to run.
+	Config ConfigHook
 	// APIReader reads a certificateRef's Secret that the manager's cache (which holds only
 	// Secrets of type kubernetes.io/tls, gateway.CacheByObject) does not: one of another type is
 	// reported as such rather than as missing. Nil: such a Secret counts as missing.
@@ -217,7 +251,7 @@ var _ reconcile.Reconciler = &Controller{}
 // write later, joined (the pass is retried with back-off), or the cache's error.
 func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
 	ls, pending := c.listed()
-	if pending || (ls == listers{} && c.Gateways == nil) {
+	if pending || (ls == listers{} && c.Gateways == nil && c.Config == nil) {
 		return reconcile.Result{}, nil // a kind's state is not known yet, or no kind is watched
 	}
 	if synced, _, _ := c.eps.state(); !synced || !c.Exports.Synced() {
@@ -233,6 +267,10 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	for _, st := range mesh.RouteStatuses() {
 		meshStatus[st.Route] = st
 	}
+	var extra map[model.RouteRef][]ParentCondition
+	if c.Config != nil {
+		extra = c.Config.Pass(Pass{Routes: src.meshRoutes, Mesh: mesh, Imports: src.allImports, ExportedHere: src.exportedHere})
+	}
 	gwStatus := map[model.RouteRef]model.GatewayRouteStatus{}
 	if c.Gateways != nil {
 		view, routes, err := c.resolveGateways(ctx, &src, mesh)
@@ -244,7 +282,7 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 			gwStatus[st.Route] = st
 		}
 	}
-	p := &passWrites{c: c, now: metav1.Now(), seen: map[model.RouteRef]bool{}, mesh: meshStatus, gw: gwStatus}
+	p := &passWrites{c: c, now: metav1.Now(), seen: map[model.RouteRef]bool{}, mesh: meshStatus, gw: gwStatus, extra: extra}
 	writeAll(ctx, p, httpKind(c.Gateway), src.HTTPRoutes)
 	writeAll(ctx, p, grpcKind(c.Gateway), src.GRPCRoutes)
 	writeAll(ctx, p, tcpKind(c.Gateway), src.tcp)
@@ -270,6 +308,8 @@ type passWrites struct {
 	now  metav1.Time
 	mesh map[model.RouteRef]model.RouteStatus
 	gw   map[model.RouteRef]model.GatewayRouteStatus
+	// extra are the ConfigHook's conditions of the routes' mesh entries.
+	extra map[model.RouteRef][]ParentCondition
 
 	seen      map[model.RouteRef]bool
 	errs      []error
@@ -283,7 +323,7 @@ func writeAll[T client.Object](ctx context.Context, p *passWrites, k routeKind[T
 	c := p.c
 	for _, r := range routes {
 		ref := model.RouteRef{Kind: k.kind, Namespace: r.GetNamespace(), Name: r.GetName()}
-		w := routeWant{mesh: model.RouteStatus{Route: ref, Generation: r.GetGeneration()}, gw: p.gw[ref]}
+		w := routeWant{mesh: model.RouteStatus{Route: ref, Generation: r.GetGeneration()}, gw: p.gw[ref], extra: p.extra[ref]}
 		if st, ok := p.mesh[ref]; ok {
 			w.mesh = st
 		}
@@ -392,6 +432,12 @@ type passSources struct {
 	aether          bool
 	routes          []model.Route
 	namespaceLabels map[string]map[string]string
+
+	// With a ConfigHook: the HTTPRoutes and GRPCRoutes as model.Routes, every ServiceImport, and
+	// the services named that this cluster exports (Pass).
+	meshRoutes   []model.Route
+	allImports   []*mcsv1beta1.ServiceImport
+	exportedHere map[model.ServiceKey]bool
 }
 
 // listAll lists every object of lister l (none when l is nil, a kind not watched), sorted by
@@ -463,10 +509,30 @@ func (c *Controller) sources(ctx context.Context, ls listers) (passSources, erro
 		}
 	}
 	for _, r := range src.HTTPRoutes {
-		add(model.HTTPRouteModel(r))
+		m := model.HTTPRouteModel(r)
+		add(m)
+		if c.Config != nil {
+			src.meshRoutes = append(src.meshRoutes, m)
+		}
 	}
 	for _, r := range src.GRPCRoutes {
-		add(model.GRPCRouteModel(r))
+		m := model.GRPCRouteModel(r)
+		add(m)
+		if c.Config != nil {
+			src.meshRoutes = append(src.meshRoutes, m)
+		}
+	}
+	// The projections' routes bind to their services and name backends as local routes do
+	// (model.ImportRoutes): their services are read too.
+	if c.Config != nil {
+		slices.SortFunc(src.meshRoutes, func(a, b model.Route) int { return a.RouteRef.Compare(b.RouteRef) })
+		src.Projections, src.ControlCluster = c.Config.Projections()
+		for _, p := range src.Projections {
+			keys[p.Service] = true
+			for _, r := range p.Routes {
+				referenced(keys, r)
+			}
+		}
 	}
 	// The L4 routes bind to Services in the mesh too (model.ResolveL4Routes, through Assemble):
 	// their services are always read.
@@ -488,6 +554,9 @@ func (c *Controller) sources(ctx context.Context, ls listers) (passSources, erro
 	c.mu.Unlock()
 	src.Cluster = c.Cluster
 	src.Endpoints = c.eps.endpoints(keys)
+	if c.Config != nil {
+		src.exportedHere = map[model.ServiceKey]bool{}
+	}
 	for k := range keys {
 		for _, m := range c.Exports.Marks(k) {
 			// With their ports: the model gives another cluster's endpoints only the ports its
@@ -495,6 +564,9 @@ func (c *Controller) sources(ctx context.Context, ls listers) (passSources, erro
 			x := registry.ToModelExport(m)
 			x.Service = k
 			src.Exports = append(src.Exports, x)
+			if src.exportedHere != nil && m.Origin.Cluster == c.Cluster {
+				src.exportedHere[k] = true
+			}
 		}
 	}
 	var nss corev1.NamespaceList
@@ -519,8 +591,12 @@ func (c *Controller) sources(ctx context.Context, ls listers) (passSources, erro
 		}
 	}
 	for i := range imps.Items {
-		if imp := &imps.Items[i]; keys[model.ServiceKey{Namespace: imp.Namespace, Name: imp.Name}] {
+		imp := &imps.Items[i]
+		if keys[model.ServiceKey{Namespace: imp.Namespace, Name: imp.Name}] {
 			src.Imports = append(src.Imports, imp)
+		}
+		if c.Config != nil {
+			src.allImports = append(src.allImports, imp)
 		}
 	}
 	return src, nil
@@ -631,11 +707,13 @@ func udpKind(gw gwclient.Interface) routeKind[*gwv1.UDPRoute] {
 		func(ns string) statusClient[*gwv1.UDPRoute] { return gw.GatewayV1().UDPRoutes(ns) })
 }
 
-// routeWant is what a pass found for one route: its mesh parents' statuses (model.Assemble) and
-// its Gateway parents' (model.ResolveGateways), both at the route's generation.
+// routeWant is what a pass found for one route: its mesh parents' statuses (model.Assemble), its
+// Gateway parents' (model.ResolveGateways), both at the route's generation, and the ConfigHook's
+// conditions of its mesh parents.
 type routeWant struct {
-	mesh model.RouteStatus
-	gw   model.GatewayRouteStatus
+	mesh  model.RouteStatus
+	gw    model.GatewayRouteStatus
+	extra []ParentCondition
 }
 
 // outcome is what write did with one route: err to retry with the pass (nil when written,
@@ -671,7 +749,7 @@ func write[T client.Object](ctx context.Context, log *slog.Logger, met *Metrics,
 			return nil
 		}
 		have := k.status(r).Parents
-		want, omitted := ParentStatuses(have, k.parentRefs(r), st.mesh, st.gw, now)
+		want, omitted := ParentStatuses(have, k.parentRefs(r), st.mesh, st.gw, st.extra, now)
 		res.omitted = omitted
 		if equalParents(have, want) {
 			return nil
@@ -783,6 +861,9 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 // records when the registry is unreachable: the watch resumes, or re-lists after a compaction,
 // when it answers again.
 func (c *Controller) followRegistry(ctx context.Context, enqueue func()) {
+	if c.Config != nil {
+		c.Config.Subscribe(enqueue)
+	}
 	c.Exports.Subscribe(func(keys []model.ServiceKey) {
 		if c.named(keys) {
 			enqueue()

@@ -12,7 +12,10 @@
 //
 // It is also aether's reader of Gateway API objects for the Gateway controller (package
 // registrar/gateway, whose doc says why): its pass resolves the Gateways and hands that
-// controller a gateway.View.
+// controller a gateway.View. With a ConfigHook (package registrar/configexport) its pass assembles
+// the model with the config projections, as agents with --import-config do, hands the hook the
+// routes and the model (the config export and the ServiceImports' import status come from them)
+// and writes the conditions the hook returns (aether.io/BackendsExported) in aether's mesh entries.
 //
 // It owns aether's entries of route status.parents and nothing else: entries of other controllers
 // (another Gateway implementation's) are left as they are, and it never writes a route's spec,

@@ -3,6 +3,7 @@ package routestatus
 import (
 	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -29,6 +30,17 @@ var ownTypes = []string{
 	string(gwv1.RouteConditionPartiallyInvalid),
 }
 
+// ParentCondition is a condition another part of the registrar sets in aether's status entry of one
+// mesh parentRef of a route (ConfigHook: configexport's aether.io/BackendsExported). Type must
+// not be one of the Gateway API's route condition types.
+type ParentCondition struct {
+	// Index is the parentRef's index in spec.parentRefs.
+	Index int
+	// Type is the condition type, a domain-prefixed name (aether.io/...).
+	Type string
+	model.Condition
+}
+
 // ParentStatuses returns the status.parents a route should hold: have (its current
 // status.parents) with aether's entries (controllerName model.GatewayControllerName) replaced by
 // one entry per parent of st whose parentRef, refs[Index] (the route's spec.parentRefs), is a
@@ -40,8 +52,9 @@ var ownTypes = []string{
 // aether's entry for any other parentRef (another controller's Gateway, a kind nobody serves) is
 // removed.
 //
-// A mesh entry has the Accepted and ResolvedRefs conditions, and PartiallyInvalid when st sets
-// it, with observedGeneration st.Generation; a Gateway entry has Accepted and ResolvedRefs at
+// A mesh entry has the Accepted and ResolvedRefs conditions, PartiallyInvalid when st sets it,
+// and the conditions of extra with its parentRef's index (any other condition type it holds is
+// removed), with observedGeneration st.Generation; a Gateway entry has Accepted and ResolvedRefs at
 // gst.Generation. A condition whose status did not change keeps its lastTransitionTime
 // (meta.SetStatusCondition), one that is new or changed gets now. Entries of other controllers
 // stay as and where they are; aether's entry for a parentRef that is no longer in st or gst is
@@ -53,14 +66,14 @@ var ownTypes = []string{
 // status.parents holds at most MaxParents entries: when other controllers' entries and aether's
 // would exceed it, aether's are kept in the order of spec.parentRefs up to what fits and omitted
 // is how many were left out (0 when all fit). ParentStatuses does not change its arguments.
-func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, st model.RouteStatus, gst model.GatewayRouteStatus, now metav1.Time) (out []gwv1.RouteParentStatus, omitted int) {
+func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, st model.RouteStatus, gst model.GatewayRouteStatus, extra []ParentCondition, now metav1.Time) (out []gwv1.RouteParentStatus, omitted int) {
 	ours := func(p gwv1.RouteParentStatus) bool { return p.ControllerName == model.GatewayControllerName }
 	type entry struct {
 		index  int
 		status gwv1.RouteParentStatus
 	}
 	var entries []entry
-	add := func(index int, kindOK func(gwv1.ParentReference) bool, set func(conds *[]metav1.Condition)) {
+	add := func(index int, kindOK func(gwv1.ParentReference) bool, keep []string, set func(conds *[]metav1.Condition)) {
 		if index < 0 || index >= len(refs) || !kindOK(refs[index]) {
 			return
 		}
@@ -71,7 +84,7 @@ func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, 
 		var conds []metav1.Condition
 		if i := slices.IndexFunc(have, func(h gwv1.RouteParentStatus) bool { return ours(h) && sameRef(h.ParentRef, ref) }); i >= 0 {
 			for _, c := range have[i].Conditions {
-				if slices.Contains(ownTypes, c.Type) && meta.FindStatusCondition(conds, c.Type) == nil {
+				if (slices.Contains(ownTypes, c.Type) || slices.Contains(keep, c.Type)) && meta.FindStatusCondition(conds, c.Type) == nil {
 					conds = append(conds, c)
 				}
 			}
@@ -82,20 +95,31 @@ func ParentStatuses(have []gwv1.RouteParentStatus, refs []gwv1.ParentReference, 
 		}})
 	}
 	for _, p := range st.Parents {
-		add(p.Index, meshParent, func(conds *[]metav1.Condition) {
-			meta.SetStatusCondition(conds, condition(gwv1.RouteConditionAccepted, p.Accepted, st.Generation, now))
-			meta.SetStatusCondition(conds, condition(gwv1.RouteConditionResolvedRefs, p.ResolvedRefs, st.Generation, now))
+		var keep []string
+		for _, x := range extra {
+			if x.Index == p.Index && !slices.Contains(ownTypes, x.Type) {
+				keep = append(keep, x.Type)
+			}
+		}
+		add(p.Index, meshParent, keep, func(conds *[]metav1.Condition) {
+			meta.SetStatusCondition(conds, condition(string(gwv1.RouteConditionAccepted), p.Accepted, st.Generation, now))
+			meta.SetStatusCondition(conds, condition(string(gwv1.RouteConditionResolvedRefs), p.ResolvedRefs, st.Generation, now))
 			if p.PartiallyInvalid != nil {
-				meta.SetStatusCondition(conds, condition(gwv1.RouteConditionPartiallyInvalid, *p.PartiallyInvalid, st.Generation, now))
+				meta.SetStatusCondition(conds, condition(string(gwv1.RouteConditionPartiallyInvalid), *p.PartiallyInvalid, st.Generation, now))
 			} else {
 				meta.RemoveStatusCondition(conds, string(gwv1.RouteConditionPartiallyInvalid))
+			}
+			for _, x := range extra {
+				if x.Index == p.Index && slices.Contains(keep, x.Type) {
+					meta.SetStatusCondition(conds, condition(x.Type, x.Condition, st.Generation, now))
+				}
 			}
 		})
 	}
 	for _, p := range gst.Parents {
-		add(p.Index, gatewayParent, func(conds *[]metav1.Condition) {
-			meta.SetStatusCondition(conds, condition(gwv1.RouteConditionAccepted, p.Accepted, gst.Generation, now))
-			meta.SetStatusCondition(conds, condition(gwv1.RouteConditionResolvedRefs, p.ResolvedRefs, gst.Generation, now))
+		add(p.Index, gatewayParent, nil, func(conds *[]metav1.Condition) {
+			meta.SetStatusCondition(conds, condition(string(gwv1.RouteConditionAccepted), p.Accepted, gst.Generation, now))
+			meta.SetStatusCondition(conds, condition(string(gwv1.RouteConditionResolvedRefs), p.ResolvedRefs, gst.Generation, now))
 			meta.RemoveStatusCondition(conds, string(gwv1.RouteConditionPartiallyInvalid))
 		})
 	}
@@ -188,24 +212,24 @@ func equalParents(a, b []gwv1.RouteParentStatus) bool {
 }
 
 // condition is c as a route condition of type typ.
-func condition(typ gwv1.RouteConditionType, c model.Condition, generation int64, now metav1.Time) metav1.Condition {
+func condition(typ string, c model.Condition, generation int64, now metav1.Time) metav1.Condition {
 	status := metav1.ConditionFalse
 	if c.Status {
 		status = metav1.ConditionTrue
 	}
 	reason := c.Reason
 	if reason == "" { // the API requires one; the model always gives one
-		reason = string(typ)
+		reason = typ[strings.LastIndex(typ, "/")+1:]
 	}
 	return metav1.Condition{
-		Type: string(typ), Status: status, Reason: reason, Message: cut(c.Message, MaxMessage),
+		Type: typ, Status: status, Reason: reason, Message: Cut(c.Message, MaxMessage),
 		ObservedGeneration: generation, LastTransitionTime: now,
 	}
 }
 
-// cut shortens s to at most n bytes: a longer s is cut on a rune boundary and ends with
-// " [... N bytes cut]".
-func cut(s string, n int) string {
+// Cut shortens a condition message s to at most n bytes: a longer s is cut on a rune boundary
+// and ends with " [... N bytes cut]".
+func Cut(s string, n int) string {
 	if len(s) <= n {
 		return s
 	}

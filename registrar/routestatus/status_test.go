@@ -66,12 +66,13 @@ var foreign = gwv1.RouteParentStatus{ParentRef: gwRef, ControllerName: "example.
 func TestParentStatuses(t *testing.T) {
 	refs := []gwv1.ParentReference{gwRef, svcRef, impRef}
 	for _, c := range []struct {
-		name string
-		have []gwv1.RouteParentStatus
-		refs []gwv1.ParentReference
-		st   model.RouteStatus
-		gst  model.GatewayRouteStatus
-		want []gwv1.RouteParentStatus
+		name  string
+		have  []gwv1.RouteParentStatus
+		refs  []gwv1.ParentReference
+		st    model.RouteStatus
+		gst   model.GatewayRouteStatus
+		extra []ParentCondition
+		want  []gwv1.RouteParentStatus
 	}{
 		{
 			name: "new entries after the foreign one, parentRefs copied",
@@ -277,6 +278,48 @@ func TestParentStatuses(t *testing.T) {
 			},
 		},
 		{
+			name: "a hook's condition set on its mesh entry only, after aether's own",
+			refs: []gwv1.ParentReference{svcRef, ownGw, impRef},
+			st: model.RouteStatus{Generation: 2, Parents: []model.ParentStatus{
+				{Index: 0, Accepted: accepted("bound"), ResolvedRefs: resolved},
+				{Index: 2, Accepted: accepted("bound"), ResolvedRefs: resolved},
+			}},
+			gst: model.GatewayRouteStatus{Generation: 2, Parents: []model.GatewayParentStatus{
+				{Index: 1, Accepted: accepted("attached"), ResolvedRefs: resolved},
+			}},
+			extra: []ParentCondition{
+				{Index: 0, Type: "aether.io/BackendsExported", Condition: model.Condition{Reason: "BackendNotExported", Message: "shop/db"}},
+				{Index: 1, Type: "aether.io/BackendsExported", Condition: model.Condition{Status: true, Reason: "Exported"}},
+				{Index: 0, Type: "Accepted", Condition: model.Condition{Reason: "Hijacked"}},
+			},
+			want: []gwv1.RouteParentStatus{
+				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 2, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t1),
+					cond("aether.io/BackendsExported", "False", "BackendNotExported", "shop/db", 2, t1)),
+				ours(ownGw, cond("Accepted", "True", "Accepted", "attached", 2, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t1)),
+				ours(impRef, cond("Accepted", "True", "Accepted", "bound", 2, t1), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t1)),
+			},
+		},
+		{
+			name: "a hook's condition keeps its transition time while its status holds, and goes when the hook gives none",
+			have: []gwv1.RouteParentStatus{
+				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0),
+					cond("aether.io/BackendsExported", "False", "BackendNotExported", "shop/db", 1, t0)),
+				ours(impRef, cond("Accepted", "True", "Accepted", "bound", 1, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 1, t0),
+					cond("aether.io/BackendsExported", "True", "Exported", "", 1, t0)),
+			},
+			refs: []gwv1.ParentReference{svcRef, impRef},
+			st: model.RouteStatus{Generation: 2, Parents: []model.ParentStatus{
+				{Index: 0, Accepted: accepted("bound"), ResolvedRefs: resolved},
+				{Index: 1, Accepted: accepted("bound"), ResolvedRefs: resolved},
+			}},
+			extra: []ParentCondition{{Index: 0, Type: "aether.io/BackendsExported", Condition: model.Condition{Reason: "BackendNotExported", Message: "shop/db, shop/cache"}}},
+			want: []gwv1.RouteParentStatus{
+				ours(svcRef, cond("Accepted", "True", "Accepted", "bound", 2, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t0),
+					cond("aether.io/BackendsExported", "False", "BackendNotExported", "shop/db, shop/cache", 2, t0)),
+				ours(impRef, cond("Accepted", "True", "Accepted", "bound", 2, t0), cond("ResolvedRefs", "True", "ResolvedRefs", "", 2, t0)),
+			},
+		},
+		{
 			name: "an index outside spec.parentRefs is skipped",
 			refs: []gwv1.ParentReference{svcRef},
 			st: model.RouteStatus{Generation: 1, Parents: []model.ParentStatus{
@@ -290,7 +333,7 @@ func TestParentStatuses(t *testing.T) {
 			for i := range c.have {
 				c.have[i].DeepCopyInto(&before[i])
 			}
-			got, omitted := ParentStatuses(c.have, c.refs, c.st, c.gst, t1)
+			got, omitted := ParentStatuses(c.have, c.refs, c.st, c.gst, c.extra, t1)
 			if omitted != 0 {
 				t.Errorf("%d entries omitted", omitted)
 			}
@@ -301,7 +344,7 @@ func TestParentStatuses(t *testing.T) {
 				t.Errorf("have changed: %+v", c.have)
 			}
 			later := metav1.NewTime(t1.Add(time.Hour))
-			if again, _ := ParentStatuses(got, c.refs, c.st, c.gst, later); !equality.Semantic.DeepEqual(again, got) {
+			if again, _ := ParentStatuses(got, c.refs, c.st, c.gst, c.extra, later); !equality.Semantic.DeepEqual(again, got) {
 				t.Errorf("second run changed it:\n%+v\nwas %+v", again, got)
 			}
 		})
@@ -321,7 +364,7 @@ func TestConditionMessageCut(t *testing.T) {
 		{"one byte over", strings.Repeat("x", MaxMessage+1)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got := condition(gwv1.RouteConditionResolvedRefs, model.Condition{Reason: "BackendNotFound", Message: c.msg}, 1, t0).Message
+			got := condition(string(gwv1.RouteConditionResolvedRefs), model.Condition{Reason: "BackendNotFound", Message: c.msg}, 1, t0).Message
 			kept, note, ok := strings.Cut(got, " [... ")
 			switch {
 			case len(got) > MaxMessage || len(got) < MaxMessage-8:
@@ -334,7 +377,7 @@ func TestConditionMessageCut(t *testing.T) {
 		})
 	}
 	fits := strings.Repeat("é", MaxMessage/2)
-	if got := condition(gwv1.RouteConditionAccepted, model.Condition{Message: fits}, 1, t0).Message; got != fits {
+	if got := condition(string(gwv1.RouteConditionAccepted), model.Condition{Message: fits}, 1, t0).Message; got != fits {
 		t.Errorf("a message of %d bytes changed", len(fits))
 	}
 }
@@ -396,14 +439,14 @@ func TestParentStatusesMaxParents(t *testing.T) {
 		{name: "32 of theirs: none of ours", have: append(theirs(31), entry(0, t0), theirs(32)[31]), n: 2, omitted: 2, want: theirs(32)},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, omitted := ParentStatuses(c.have, refs(c.n), status(c.n), model.GatewayRouteStatus{}, t1)
+			got, omitted := ParentStatuses(c.have, refs(c.n), status(c.n), model.GatewayRouteStatus{}, nil, t1)
 			if omitted != c.omitted || !equality.Semantic.DeepEqual(got, c.want) {
 				t.Errorf("omitted %d, got %d entries %+v\nwant omitted %d, %d entries %+v", omitted, len(got), got, c.omitted, len(c.want), c.want)
 			}
 			if len(got) > MaxParents {
 				t.Errorf("%d entries", len(got))
 			}
-			again, omitted2 := ParentStatuses(got, refs(c.n), status(c.n), model.GatewayRouteStatus{}, metav1.NewTime(t1.Add(time.Hour)))
+			again, omitted2 := ParentStatuses(got, refs(c.n), status(c.n), model.GatewayRouteStatus{}, nil, metav1.NewTime(t1.Add(time.Hour)))
 			if omitted2 != c.omitted || !equality.Semantic.DeepEqual(again, got) {
 				t.Errorf("second run changed it (omitted %d):\n%+v", omitted2, again)
 			}

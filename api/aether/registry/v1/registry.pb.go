@@ -1060,8 +1060,11 @@ type ServiceConfigProjection struct {
 	// Service parentRef naming it; only those parentRefs are kept), sorted by kind, namespace and
 	// name (model.ProjectService).
 	Routes []*Route `protobuf:"bytes,5,rep,name=routes,proto3" json:"routes,omitempty"`
-	// version increases with every write of this projection by its origin (1 for the first):
-	// readers compare versions of one origin to measure lag and skew.
+	// version increases with every write of this projection by its origin and is never reused,
+	// even by a projection deleted and written again: the first version is above every version
+	// the origin wrote before (the config-export controller starts new projections above the
+	// registry revision it read when its leadership began). Readers compare versions of one
+	// origin to measure lag and skew.
 	Version uint64 `protobuf:"varint,6,opt,name=version,proto3" json:"version,omitempty"`
 	// export_time is when the origin last wrote this projection, RFC 3339 with nanoseconds (UTC);
 	// the origin rewrites an unchanged projection periodically, so a reader's now minus
