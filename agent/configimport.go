@@ -40,7 +40,7 @@ const (
 //     origin from the key path); a record that does not (registry.Batch.Invalid, or a
 //     conversion error) is logged once per origin, service and version, counted
 //     (aether_config_import_errors_total{reason="invalid"}) and the previous one is kept;
-//   - a deleted record is dropped;
+//   - a deleted record is dropped (also one that held an invalid record);
 //   - the first batch of the live watch (a snapshot of the store) replaces what it held (the
 //     projections loaded from configStateFile at start), keeping the previous one only for a
 //     key that holds an invalid record.
@@ -153,27 +153,31 @@ func (c *configImport) run(ch <-chan registry.Batch[*registryv1.ServiceConfigPro
 
 // apply folds a batch into held and reports whether held changed. Callers hold mu.
 func (c *configImport) apply(b registry.Batch[*registryv1.ServiceConfigProjection]) bool {
-	invalid := map[string]bool{}
+	var next map[string]heldProjection
+	if b.Snapshot {
+		// The store's whole content replaces what was held, except where a key holds an
+		// invalid record: its last good projection stays (below).
+		next = map[string]heldProjection{}
+	} else {
+		next = maps.Clone(c.held)
+	}
+	invalid := map[string]bool{} // keys holding an invalid record after this batch
 	for _, iv := range b.Invalid {
+		if iv.Deleted {
+			invalid[iv.Key] = false
+			delete(next, iv.Key)
+			delete(c.rejected, iv.Key)
+			continue
+		}
 		invalid[iv.Key] = true
+		if h, ok := c.held[iv.Key]; ok {
+			next[iv.Key] = h
+		}
 		version := "unreadable"
 		if iv.Value != nil {
 			version = fmt.Sprint(iv.Value.GetVersion())
 		}
 		c.reject(iv.Key, iv.Origin.Cluster, model.ServiceKey{Namespace: iv.Namespace, Name: iv.Service}, version, iv.ModRevision, iv.Err)
-	}
-	var next map[string]heldProjection
-	if b.Snapshot {
-		// The store's whole content replaces what was held, except where a key holds an
-		// invalid record: its last good projection stays.
-		next = map[string]heldProjection{}
-		for k := range invalid {
-			if h, ok := c.held[k]; ok {
-				next[k] = h
-			}
-		}
-	} else {
-		next = maps.Clone(c.held)
 	}
 	for _, e := range b.Events {
 		if e.Type == registry.Deleted {

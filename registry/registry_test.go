@@ -393,7 +393,8 @@ func TestExportsAndConfigProjections(t *testing.T) {
 
 // A batch lists the keys of its kind that hold a bad value (Invalid): the snapshot every such
 // key in the store, a later batch those written bad, including a valid record that turns bad
-// (also delivered as Deleted); keys that do not parse are not listed (they have no origin).
+// (also delivered as Deleted), and the deletion of such a key; keys that do not parse are not
+// listed (they have no origin).
 func TestWatchListsInvalidRecords(t *testing.T) {
 	etcd := testenv.StartEmbeddedEtcd(t, nil)
 	a := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", nil)
@@ -441,6 +442,14 @@ func TestWatchListsInvalidRecords(t *testing.T) {
 	if len(b.Events) != 1 || b.Events[0].Type != Deleted || b.Events[0].Key != good ||
 		len(b.Invalid) != 1 || b.Invalid[0].Key != good || b.Invalid[0].Value != nil {
 		t.Fatalf("cart turned bad: events %+v, invalid %+v; want cart deleted and listed invalid without a value", b.Events, b.Invalid)
+	}
+	// The bad key is deleted: listed once more, Deleted, with no event (nothing valid was known).
+	if _, err := cli.Delete(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	b = next()
+	if len(b.Events) != 0 || len(b.Invalid) != 1 || b.Invalid[0].Key != good || !b.Invalid[0].Deleted {
+		t.Fatalf("bad cart deleted: events %+v, invalid %+v; want only cart listed invalid and deleted", b.Events, b.Invalid)
 	}
 }
 

@@ -57,9 +57,10 @@ type Batch[T proto.Message] struct {
 	Events   []Event[T]
 	// Invalid are keys of this kind that hold a value readers skip (it does not decode or
 	// validate): in a Snapshot or Relisted batch every such key in the store, else those
-	// written in this batch. A valid record that turns bad is also delivered as Deleted, so a
-	// consumer that ignores Invalid drops it; one that keeps the last good value of a key (the
-	// agent's config import) keeps it for these keys instead.
+	// written in this batch; and, with Deleted set, keys that held one and were deleted. A
+	// valid record that turns bad is also delivered as Deleted, so a consumer that ignores
+	// Invalid drops it; one that keeps the last good value of a key (the agent's config import)
+	// keeps it for these keys instead, until the key is deleted.
 	Invalid []InvalidRecord[T]
 }
 
@@ -75,6 +76,9 @@ type InvalidRecord[T proto.Message] struct {
 	// service, failing validation), else the zero value.
 	Value T
 	Err   error
+	// Deleted is set when the key, which held an invalid record, was deleted (Value and Err
+	// are then those it had).
+	Deleted bool
 }
 
 // Apply folds the batch into a view keyed by record key (Added and Updated set, Deleted
@@ -103,7 +107,7 @@ func watch[T proto.Message](ctx context.Context, r *Registry, c codec[T]) <-chan
 		defer close(out)
 		defer cancel()
 		defer stop()
-		w := &watcher[T]{r: r, c: c, out: out, state: map[string]Record[T]{}}
+		w := &watcher[T]{r: r, c: c, out: out, state: map[string]Record[T]{}, bad: map[string]InvalidRecord[T]{}}
 		w.run(ctx)
 	}()
 	return out
@@ -114,7 +118,9 @@ type watcher[T proto.Message] struct {
 	c     codec[T]
 	out   chan<- Batch[T]
 	state map[string]Record[T]
-	rev   int64
+	// bad holds the keys of this kind whose value is invalid (Batch.Invalid).
+	bad map[string]InvalidRecord[T]
+	rev int64
 }
 
 func (w *watcher[T]) send(ctx context.Context, b Batch[T]) bool {
@@ -196,7 +202,20 @@ func (w *watcher[T]) relist(ctx context.Context) (Batch[T], error) {
 		}
 	}
 	slices.SortFunc(evs, func(a, b Event[T]) int { return cmp.Compare(a.Key, b.Key) })
-	w.state, w.rev = now, rev
+	bad := make(map[string]InvalidRecord[T], len(invalid))
+	for _, iv := range invalid {
+		bad[iv.Key] = iv
+	}
+	for k, iv := range w.bad {
+		if _, ok := bad[k]; !ok {
+			if _, ok := now[k]; !ok {
+				iv.Deleted, iv.ModRevision = true, rev
+				invalid = append(invalid, iv)
+			}
+		}
+	}
+	slices.SortFunc(invalid, func(a, b InvalidRecord[T]) int { return cmp.Compare(a.Key, b.Key) })
+	w.state, w.bad, w.rev = now, bad, rev
 	return Batch[T]{Revision: rev, Events: evs, Invalid: invalid}, nil
 }
 
@@ -222,6 +241,13 @@ func (w *watcher[T]) follow(ctx context.Context) (compacted, healthy bool) {
 		for _, ev := range resp.Events {
 			key := string(ev.Kv.Key)
 			old, known := w.state[key]
+			if iv, wasBad := w.bad[key]; wasBad {
+				delete(w.bad, key)
+				if ev.Type == clientv3.EventTypeDelete {
+					iv.Deleted, iv.ModRevision = true, ev.Kv.ModRevision
+					invalid = append(invalid, iv)
+				}
+			}
 			if ev.Type == clientv3.EventTypeDelete {
 				if known {
 					delete(w.state, key)
@@ -238,6 +264,7 @@ func (w *watcher[T]) follow(ctx context.Context) (compacted, healthy bool) {
 			} else {
 				if bad != nil {
 					invalid = append(invalid, *bad)
+					w.bad[key] = *bad
 				}
 				if known {
 					// Turned bad (or into another kind): consumers must drop it.
