@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,18 +19,6 @@ import (
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/registry"
 )
-
-// metricLine returns the value of the metric line that starts with prefix (name and labels, as
-// /metrics writes them: labels sorted), or -1.
-func (a *agentProc) metricLine(prefix string) float64 {
-	_, body := a.getMetrics()
-	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(prefix) + ` ([0-9.e+-]+)$`).FindStringSubmatch(body)
-	if m == nil {
-		return -1
-	}
-	v, _ := strconv.ParseFloat(m[1], 64)
-	return v
-}
 
 // TestAgentConfigImport runs the real agent binary with --import-config and --control-cluster
 // gamma against a real kube-apiserver and etcd registry, with its real Envoy: clusters beta and
@@ -94,13 +80,14 @@ func TestAgentConfigImport(t *testing.T) {
 	// sends traffic through them): here the model's import shows in the metrics, and the
 	// registry view in Envoy's clusters.
 	testenv.Eventually(t, 30*time.Second, "gamma's projection applied", func() error {
-		if got := a.metricLine(`aether_config_import_version{namespace="shop",origin="gamma",service="pay"}`); got != 2 {
+		if got := a.metric(`aether_config_import_version{namespace="shop",origin="gamma",service="pay"}`); got != 2 {
 			return fmt.Errorf("gamma's applied version %v, want 2", got)
 		}
 		return nil
 	})
 	testenv.Eventually(t, 30*time.Second, "pay's clusterset endpoint in Envoy", a.envoyHas("/clusters", "pay.shop.mesh:80::10.245.9.9:15008::", true))
-	// -1: no such series (nothing was counted with that label).
+	// -1: no such series (nothing was counted with that label; metric matches labels as
+	// /metrics writes them, sorted).
 	for name, want := range map[string]float64{
 		"aether_config_import_services":                                               1,
 		`aether_config_import_version{namespace="shop",origin="gamma",service="pay"}`: 2,
@@ -111,14 +98,14 @@ func TestAgentConfigImport(t *testing.T) {
 		`aether_config_import_errors_total{reason="state_write"}`:                     -1,
 		`aether_config_import_errors_total{reason="state_read"}`:                      -1,
 	} {
-		if got := a.metricLine(name); got != want {
+		if got := a.metric(name); got != want {
 			t.Errorf("%s = %v, want %v", name, got, want)
 		}
 	}
-	if got := a.metricLine(`aether_agent_source_events_total{source="config"}`); got < 1 {
+	if got := a.metric(`aether_agent_source_events_total{source="config"}`); got < 1 {
 		t.Errorf(`aether_agent_source_events_total{source="config"} = %v, want at least 1`, got)
 	}
-	if age := a.metricLine("aether_config_import_age_max_seconds"); age <= 0 || age > 300 {
+	if age := a.metric("aether_config_import_age_max_seconds"); age <= 0 || age > 300 {
 		t.Errorf("aether_config_import_age_max_seconds = %v, want the seconds since the projection was written", age)
 	}
 	// The projections and the registry view are persisted in --state-dir, 0600.
@@ -162,7 +149,7 @@ func TestAgentConfigImport(t *testing.T) {
 		}
 		return nil
 	})
-	if got := a.metricLine(`aether_config_import_version{namespace="shop",origin="gamma",service="pay"}`); got != 2 {
+	if got := a.metric(`aether_config_import_version{namespace="shop",origin="gamma",service="pay"}`); got != 2 {
 		t.Errorf("after the restart during the cut: gamma's applied version %v, want 2 (persisted)", got)
 	}
 	if body := a.envoy("/clusters"); !strings.Contains(body, "pay.shop.mesh:80::10.245.9.9:15008::") {
@@ -186,7 +173,7 @@ func TestAgentConfigImport(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 30*time.Second, "gamma's projection gone", func() error {
-		if got := a.metricLine("aether_config_import_services"); got != 0 {
+		if got := a.metric("aether_config_import_services"); got != 0 {
 			return fmt.Errorf("aether_config_import_services = %v, want 0", got)
 		}
 		return nil

@@ -281,16 +281,7 @@ func TestWatchSnapshotThenTypedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := a.WatchEndpoints(ctx)
-	next := func() Batch[*registryv1.ServiceEndpoint] {
-		t.Helper()
-		select {
-		case b := <-ch:
-			return b
-		case <-ctx.Done():
-			t.Fatal("no watch batch")
-		}
-		panic("unreachable")
-	}
+	next := func() Batch[*registryv1.ServiceEndpoint] { t.Helper(); return nextBatch(t, ctx, ch) }
 	k1 := a.Origin().EndpointKey("shop", "cart", "uid-1")
 	k2 := a.Origin().EndpointKey("shop", "cart", "uid-2")
 	b := next()
@@ -416,16 +407,7 @@ func TestWatchListsInvalidRecords(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := a.WatchConfigs(ctx)
-	next := func() Batch[*registryv1.ServiceConfigProjection] {
-		t.Helper()
-		select {
-		case b := <-ch:
-			return b
-		case <-ctx.Done():
-			t.Fatal("no watch batch")
-		}
-		panic("unreachable")
-	}
+	next := func() Batch[*registryv1.ServiceConfigProjection] { t.Helper(); return nextBatch(t, ctx, ch) }
 	b := next()
 	if !b.Snapshot || len(b.Events) != 1 || b.Events[0].Key != good || len(b.Invalid) != 1 {
 		t.Fatalf("snapshot: %d events, invalid %+v; want cart added and web invalid", len(b.Events), b.Invalid)
