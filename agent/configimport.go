@@ -278,8 +278,9 @@ type importMetrics struct {
 	mu sync.Mutex
 	// oldest is the export time of the oldest applied projection (zero: none applied).
 	oldest time.Time
-	// seen are the ignored projections already counted (and logged).
-	seen seenSet
+	// seen are the ignored projections already counted (and logged); problems and overridden
+	// the import problems and overridden services already logged.
+	seen, problems, overridden seenSet
 }
 
 // newImportMetrics registers the config-import metrics with reg.
@@ -310,7 +311,11 @@ func newImportMetrics(reg prometheus.Registerer, log *slog.Logger) *importMetric
 
 // observe sets the metrics from a model: its applied projections and, once each, its ignored
 // ones (a projection from a non-control origin is logged then, once per origin, service and
-// version). Called from one assembler subscriber.
+// version). It also logs, once each while they last, what of an applied projection of a service
+// this cluster imports cannot be served here (ConfigImports.Problems: a backend this cluster
+// does not import gets 500) and the services whose local producer routes override their
+// projection. Called from one assembler
+// subscriber.
 func (m *importMetrics) observe(mesh *model.Mesh) {
 	ci := mesh.ConfigImports()
 	if ci == nil {
@@ -333,7 +338,30 @@ func (m *importMetrics) observe(mesh *model.Mesh) {
 		p := ign[i].Projection
 		return fmt.Sprintf("%v/%s/%s/%s/%d", ign[i].NotControl, p.Region, p.Origin, p.Service, p.Version)
 	})
+	type problem struct {
+		svc model.ServiceKey
+		msg string
+	}
+	var probs []problem
+	for _, svc := range slices.SortedFunc(maps.Keys(ci.Problems), model.ServiceKey.Compare) {
+		if s := mesh.Service(svc); s == nil || !s.Imported {
+			continue // every cluster's projections reach every agent: only this cluster's imports matter
+		}
+		for _, msg := range ci.Problems[svc] {
+			probs = append(probs, problem{svc, msg})
+		}
+	}
+	freshProbs := m.problems.update(len(probs), func(i int) string { return probs[i].svc.String() + ": " + probs[i].msg })
+	freshOver := m.overridden.update(len(ci.Overridden), func(i int) string { return ci.Overridden[i].String() })
 	m.mu.Unlock()
+	for _, i := range freshProbs {
+		p := applied[probs[i].svc]
+		m.log.Warn("imported config not served in full", "service", probs[i].svc.String(), "origin", p.Origin, "version", p.Version, "problem", probs[i].msg)
+	}
+	for _, i := range freshOver {
+		svc := ci.Overridden[i]
+		m.log.Info("local producer routes override the imported config", "service", svc.String(), "origin", applied[svc].Origin)
+	}
 	for _, i := range fresh {
 		g := ign[i]
 		if g.NotControl {

@@ -345,13 +345,14 @@ func TestStateFileRefusals(t *testing.T) {
 // TestConfigImportReachesModel: the import's projections, as the assembler's filler, give the
 // model routes on the ServiceImport frontend of the imported service with Origin set; with a
 // control cluster only its projections apply and the others are ignored, counted and logged
-// once (importMetrics), and the applied versions and age are exported.
+// once (importMetrics), and the applied versions and age are exported; a backend this cluster
+// does not import is logged once as not served.
 func TestConfigImportReachesModel(t *testing.T) {
 	created := time.Now().Add(-time.Hour)
 	o := func(cluster string) registry.Origin { return registry.Origin{Region: "eu", Cluster: cluster} }
-	rec := func(cluster string, version uint64, createdAt time.Time) registry.Record[*registryv1.ServiceConfigProjection] {
+	rec := func(cluster string, version uint64, createdAt time.Time, backend string) registry.Record[*registryv1.ServiceConfigProjection] {
 		v := testProjection("shop", "pay", version, cluster, createdAt)
-		v.Service = &registryv1.ServiceRef{Namespace: "shop", Name: "pay"}
+		v.Routes[0].Rules[0].Backends[0].Service = &registryv1.ServiceRef{Namespace: "shop", Name: backend}
 		return registry.Record[*registryv1.ServiceConfigProjection]{Key: o(cluster).ConfigKey("shop", "pay"), Origin: o(cluster), Value: v}
 	}
 	sources := func(c *configImport) model.Sources {
@@ -370,21 +371,27 @@ func TestConfigImportReachesModel(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name, control, wantOrigin string
-		wantIgnored               map[string]float64
+		// betaBackend is the backend of beta's route (gamma's is always pay).
+		betaBackend string
+		wantIgnored map[string]float64
+		wantProblem bool
 	}{
 		// beta's export is older: it applies, gamma's is shadowed.
-		{name: "federated", wantOrigin: "beta", wantIgnored: map[string]float64{"shadowed": 1}},
+		{name: "federated", betaBackend: "pay", wantOrigin: "beta", wantIgnored: map[string]float64{"shadowed": 1}},
 		// gamma is the control cluster: beta's (older) is ignored as not the control cluster's.
-		{name: "control cluster", control: "gamma", wantOrigin: "gamma", wantIgnored: map[string]float64{"not_control": 1}},
+		{name: "control cluster", betaBackend: "pay", control: "gamma", wantOrigin: "gamma", wantIgnored: map[string]float64{"not_control": 1}},
+		// beta's route sends to shop/ledger, which this cluster does not import.
+		{name: "backend not imported", betaBackend: "ledger", wantOrigin: "beta", wantIgnored: map[string]float64{"shadowed": 1}, wantProblem: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
-			m := newImportMetrics(reg, testLog(t))
-			c := newConfigImport(testLog(t), tc.control, nil, m.errs, func() {})
+			log, buf := testLogBuf(t)
+			m := newImportMetrics(reg, log)
+			c := newConfigImport(log, tc.control, nil, m.errs, func() {})
 			c.mu.Lock()
 			c.apply(registry.Batch[*registryv1.ServiceConfigProjection]{Snapshot: true, Events: []registry.Event[*registryv1.ServiceConfigProjection]{
-				{Type: registry.Added, Record: rec("beta", 3, created)},
-				{Type: registry.Added, Record: rec("gamma", 7, created.Add(time.Minute))},
+				{Type: registry.Added, Record: rec("beta", 3, created, tc.betaBackend)},
+				{Type: registry.Added, Record: rec("gamma", 7, created.Add(time.Minute), "pay")},
 			}})
 			c.mu.Unlock()
 			mesh := model.Assemble(1, sources(c))
@@ -396,7 +403,7 @@ func TestConfigImportReachesModel(t *testing.T) {
 			if b := entries[0].Rule.Backends; len(b) != 1 || b[0].Kind != model.BackendServiceImport {
 				t.Errorf("backends %+v, want the ServiceImport (clusterset endpoints)", b)
 			}
-			for range 2 { // the second model counts nothing again
+			for range 2 { // the second model counts and logs nothing again
 				m.observe(mesh)
 			}
 			if got := value(t, m.services); got != 1 {
@@ -413,6 +420,15 @@ func TestConfigImportReachesModel(t *testing.T) {
 				if got := value(t, m.ignored.WithLabelValues(reason)); got != tc.wantIgnored[reason] {
 					t.Errorf("aether_config_ignored_projections_total{%s} %v, want %v", reason, got, tc.wantIgnored[reason])
 				}
+			}
+			logged := buf.String()
+			if n := strings.Count(logged, "its origin is not the control cluster"); n != int(tc.wantIgnored["not_control"]) {
+				t.Errorf("non-control projection logged %d times, want %v", n, tc.wantIgnored["not_control"])
+			}
+			if n := strings.Count(logged, "imported config not served in full"); (n == 1) != tc.wantProblem || n > 1 {
+				t.Errorf("problem logged %d times, want it once: %v", n, tc.wantProblem)
+			} else if tc.wantProblem && !strings.Contains(logged, "ledger") {
+				t.Errorf("the logged problem does not name the backend ledger: %s", logged)
 			}
 			mfs, err := reg.Gather()
 			if err != nil {
