@@ -189,7 +189,8 @@ func (c *configImport) apply(b registry.Batch[*registryv1.ServiceConfigProjectio
 		}
 		p, err := projectionOf(e.Record)
 		if err != nil {
-			c.reject(e.Key, e.Origin.Cluster, p.Service, fmt.Sprint(e.Value.GetVersion()), e.ModRevision, err)
+			svc := model.ServiceKey{Namespace: e.Value.GetService().GetNamespace(), Name: e.Value.GetService().GetName()}
+			c.reject(e.Key, e.Origin.Cluster, svc, fmt.Sprint(e.Value.GetVersion()), e.ModRevision, err)
 			if h, ok := c.held[e.Key]; ok {
 				next[e.Key] = h
 			}
