@@ -81,6 +81,7 @@ func TestChartValuesAgent(t *testing.T) {
 		{"DNS cache max TTL", acfg.DNSCacheMaxTTL, time.Minute}, {"DNS cache max negative TTL", acfg.DNSCacheMaxNegativeTTL, 2 * time.Second},
 		{"DNS serve-stale", acfg.DNSCacheServeStale, 24 * time.Hour}, {"DNS prefetch", acfg.DNSCachePrefetch, 3},
 		{"DNS rate limit (extraConfig)", acfg.DNSRateLimit, 200},
+		{"config import", acfg.ImportConfig, true}, {"control cluster", acfg.ControlCluster, "hub"},
 	} {
 		if !reflect.DeepEqual(c.got, c.want) {
 			t.Errorf("agent %s: %v, want %v", c.what, c.got, c.want)

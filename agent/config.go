@@ -11,6 +11,8 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/aethermesh/aether/dnsd"
 	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/internal/envflag"
@@ -59,6 +61,21 @@ type Config struct {
 
 	Registry         registryflag.Flags // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
 	RegistryLeaseTTL time.Duration
+	// RegistrySyncGrace (--registry-sync-grace, AETHER_REGISTRY_SYNC_GRACE) is how long a
+	// starting agent waits for the registry's endpoints and exports before it serves the
+	// last-known registry state persisted in --state-dir (when there is one; without one it
+	// waits for the registry however long it takes).
+	RegistrySyncGrace time.Duration
+
+	// ImportConfig (--import-config, AETHER_IMPORT_CONFIG) makes the agent apply other
+	// clusters' ServiceConfigProjections to the services this cluster imports
+	// (docs/projections-import.md). Off by default: routing by another cluster's config is a
+	// trust decision.
+	ImportConfig bool
+	// ControlCluster (--control-cluster, AETHER_CONTROL_CLUSTER), when set, is the only origin
+	// whose projections the agent applies (seed 000, EM3); empty: between origins the oldest
+	// ServiceExport's projection applies (model.SelectProjections).
+	ControlCluster string
 
 	CACert  string        // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
 	CAKey   string        // --ca-key, AETHER_CA_KEY
@@ -182,6 +199,9 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.StringVar(&c.EdgeCertificateNamespace, "edge-certificate-namespace", "POD_NAMESPACE", "", "namespace where the registrar publishes edge Gateways' listener certificates (aether's own); empty: HTTPS and TLS-terminating edge listeners are not served from this node")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
 	c.Registry.Define(ef, registryflag.Usage{})
+	ef.DurationVar(&c.RegistrySyncGrace, "registry-sync-grace", "AETHER_REGISTRY_SYNC_GRACE", 15*time.Second, "how long a starting agent waits for the registry before it serves the last-known registry state persisted in --state-dir (readiness \"registry\" degraded until the registry answers); without a persisted state it waits for the registry")
+	ef.BoolVar(&c.ImportConfig, "import-config", "AETHER_IMPORT_CONFIG", "apply other clusters' route config (ServiceConfigProjections in the registry) to the services this cluster imports; off by default: routing by another cluster's config is a trust decision")
+	ef.StringVar(&c.ControlCluster, "control-cluster", "AETHER_CONTROL_CLUSTER", "", "the only cluster whose route config projections are applied (an RFC 1123 label; empty: each service's oldest ServiceExport's cluster), as the registrar's --control-cluster")
 	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease; its keepalives (every TTL/3) tell the agent the registry answers (without a lease it reads the registry every TTL/3), and endpoint deletions are held 2 x TTL after a failed round trip")
 	ef.StringVar(&c.CACert, "ca-cert", "AETHER_CA_CERT", "", "development CA certificate (PEM) that signs workload SVIDs")
 	ef.StringVar(&c.CAKey, "ca-key", "AETHER_CA_KEY", "", "development CA key (PEM)")
@@ -364,6 +384,14 @@ func (c Config) Validate() error {
 	}
 	if c.RegistryLeaseTTL < 2*time.Second {
 		errs = append(errs, fmt.Errorf("--registry-lease-ttl %s: want at least 2s", c.RegistryLeaseTTL))
+	}
+	if c.RegistrySyncGrace < 0 {
+		errs = append(errs, fmt.Errorf("--registry-sync-grace %s: want 0 (serve the persisted state at once) or more", c.RegistrySyncGrace))
+	}
+	if c.ControlCluster != "" {
+		if e := validation.IsDNS1123Label(c.ControlCluster); len(e) > 0 {
+			errs = append(errs, fmt.Errorf("--control-cluster %q: want a cluster name, an RFC 1123 label: %s", c.ControlCluster, strings.Join(e, "; ")))
+		}
 	}
 	if !isDNSName(c.MeshDomain) {
 		errs = append(errs, fmt.Errorf("--mesh-domain %q: not a DNS name", c.MeshDomain))

@@ -87,6 +87,11 @@ func TestParseConfig(t *testing.T) {
 		{name: "kernel-picked ports", args: []string{"--envoy-admin", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"}},
 		{name: "envoy admin on a unix socket", args: []string{"--envoy-admin", "unix:///run/aether/admin.sock", "--dns-port", "15000"}},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
+		// Config projections (docs/projections-import.md).
+		{name: "import config with a control cluster", args: []string{"--import-config", "--control-cluster", "hub-1", "--registry-sync-grace", "0s"}},
+		{name: "control cluster not a label", args: []string{"--control-cluster", "Hub_1"}, wantErr: `--control-cluster "Hub_1": want a cluster name, an RFC 1123 label`},
+		{name: "control cluster too long", args: []string{"--control-cluster", strings.Repeat("a", 64)}, wantErr: `--control-cluster "` + strings.Repeat("a", 64) + `"`},
+		{name: "negative registry sync grace", args: []string{"--registry-sync-grace", "-1s"}, wantErr: "--registry-sync-grace -1s"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, err := ParseConfig(tc.args, getenv)
@@ -124,6 +129,12 @@ func TestParseConfig(t *testing.T) {
 			if tc.name == "dual stack" && (c.HostIPv6 != netip.MustParseAddr("fd00::11") || len(c.ClusterDNS) != 2) {
 				t.Errorf("dual stack config = host IPv6 %s, cluster DNS %v", c.HostIPv6, c.ClusterDNS)
 			}
+			if tc.name == "env defaults" && (c.ImportConfig || c.ControlCluster != "" || c.RegistrySyncGrace != 15*time.Second) {
+				t.Errorf("--import-config %v, --control-cluster %q, --registry-sync-grace %s by default; want off, empty, 15s", c.ImportConfig, c.ControlCluster, c.RegistrySyncGrace)
+			}
+			if tc.name == "import config with a control cluster" && (!c.ImportConfig || c.ControlCluster != "hub-1" || c.RegistrySyncGrace != 0) {
+				t.Errorf("--import-config %v, --control-cluster %q, --registry-sync-grace %s; want on, hub-1, 0s", c.ImportConfig, c.ControlCluster, c.RegistrySyncGrace)
+			}
 			if tc.name == "waypoint on" && !c.EastWestWaypoint {
 				t.Errorf("--east-west-waypoint did not turn the waypoint on")
 			}
@@ -148,6 +159,13 @@ func TestParseConfig(t *testing.T) {
 	c, err = ParseConfig([]string{"--dns-cache-max-ttl", "10s"}, withEnv("AETHER_DNS_CACHE_SIZE", "0", "AETHER_DNS_CACHE_MAX_TTL", "1m", "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL", "2s"))
 	if err != nil || c.DNSCacheSize != 0 || c.DNSCacheMaxTTL != 10*time.Second || c.DNSCacheMaxNegativeTTL != 2*time.Second {
 		t.Errorf("cache size and TTL caps from env: %d, %s, %s, %v; want 0 (env), 10s (flag), 2s (env)", c.DNSCacheSize, c.DNSCacheMaxTTL, c.DNSCacheMaxNegativeTTL, err)
+	}
+	c, err = ParseConfig(nil, withEnv("AETHER_IMPORT_CONFIG", "true", "AETHER_CONTROL_CLUSTER", "alpha", "AETHER_REGISTRY_SYNC_GRACE", "1m"))
+	if err != nil || !c.ImportConfig || c.ControlCluster != "alpha" || c.RegistrySyncGrace != time.Minute {
+		t.Errorf("import settings from env: %v, %q, %s, %v; want true, alpha, 1m", c.ImportConfig, c.ControlCluster, c.RegistrySyncGrace, err)
+	}
+	if _, err := ParseConfig(nil, withEnv("AETHER_CONTROL_CLUSTER", "Alpha")); err == nil || !strings.Contains(err.Error(), `--control-cluster "Alpha"`) {
+		t.Errorf("AETHER_CONTROL_CLUSTER=Alpha: err = %v, want the flag and value named", err)
 	}
 	for _, kv := range [][2]string{{"AETHER_DNS_CACHE_SERVE_STALE", "a day"}, {"AETHER_DNS_CACHE_PREFETCH", "many"}, {"AETHER_DNS_CACHE_SIZE", "big"}, {"AETHER_DNS_CACHE_MAX_TTL", "30"}} {
 		if _, err := ParseConfig(nil, withEnv(kv[0], kv[1])); err == nil || !strings.Contains(err.Error(), "env "+kv[0]+` "`+kv[1]+`"`) {

@@ -159,6 +159,9 @@ type gammaMesh struct {
 	gw  gwclient.Interface
 	a   *agentProc
 	cni *plugin.Client
+	// api and etcd are the sources the agent reads.
+	api  *testenv.KubeAPIServer
+	etcd *testenv.EmbeddedEtcd
 	// node is the node's network namespace; pods counts the pods attached (their veth subnets).
 	node *testenv.Netns
 	pods int
@@ -200,7 +203,7 @@ func startGAMMAMeshWith(t *testing.T, args ...string) *gammaMesh {
 	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false)},
 		append([]string{"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0], "--host-ip", gammaHostIP}, args...)...)
 	a.waitReady(t, 90*time.Second, "agent ready")
-	return &gammaMesh{ctx: ctx, cs: cs, gw: gwclient.NewForConfigOrDie(api.Config), a: a,
+	return &gammaMesh{ctx: ctx, cs: cs, gw: gwclient.NewForConfigOrDie(api.Config), a: a, api: api, etcd: etcd,
 		cni: plugin.NewClient(a.cniSocket), node: node, echo: map[string]*echoServer{}}
 }
 

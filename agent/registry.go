@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -84,6 +85,20 @@ type registryView struct {
 	synced  chan struct{} // closed once both watches delivered their snapshot
 	epsSeen bool
 	expSeen bool
+	// raw holds the record of each endpoint in eps, as the watch delivered it (shared with the
+	// watcher, never modified): what the view persists (storedRecords).
+	raw map[string]*registryv1.ServiceEndpoint
+	// changed is signalled (one slot) after every change of the records (persistView).
+	changed chan struct{}
+	// seed describes the persisted state the view serves until both watches delivered their
+	// snapshot (seedFrom); nil when it serves none.
+	seed *seedInfo
+}
+
+// seedInfo is where a view's last-known state came from.
+type seedInfo struct {
+	file    string
+	written time.Time
 }
 
 // newRegistryView returns a view that calls onChange after every change of its records and holds
@@ -93,7 +108,8 @@ func newRegistryView(log *slog.Logger, hold time.Duration, onChange func()) *reg
 		kick: make(chan struct{}, 1), readErr: errors.New("registry not read yet"),
 		keepAlive: func(time.Time) registry.KeepAliveStatus { return registry.KeepAliveStatus{} },
 		eps:       map[string]model.Endpoint{}, dirty: map[string]struct{}{}, pending: map[string]time.Time{},
-		exps: map[string]registry.Record[*registryv1.ExportMark]{}}
+		exps: map[string]registry.Record[*registryv1.ExportMark]{},
+		raw:  map[string]*registryv1.ServiceEndpoint{}, changed: make(chan struct{}, 1)}
 }
 
 // run consumes both watches until ctx ends.
@@ -107,7 +123,11 @@ func (v *registryView) run(ctx context.Context, r *registry.Registry) {
 				continue
 			}
 			v.mu.Lock()
-			held := v.applyEndpoints(b, time.Now())
+			now := time.Now()
+			held := v.applyEndpoints(b, now)
+			if b.Snapshot && !v.epsSeen && v.seed != nil {
+				held = v.holdUnlisted(b, now) || held
+			}
 			v.cacheOK = false
 			v.epsSeen = true
 			v.markSynced()
@@ -118,6 +138,7 @@ func (v *registryView) run(ctx context.Context, r *registry.Registry) {
 				default:
 				}
 			}
+			signal(v.changed)
 			v.onChange()
 		case b, ok := <-exc:
 			if !ok {
@@ -125,11 +146,15 @@ func (v *registryView) run(ctx context.Context, r *registry.Registry) {
 				continue
 			}
 			v.mu.Lock()
+			if b.Snapshot && !v.expSeen && v.seed != nil {
+				clear(v.exps) // the persisted marks: the live snapshot is the whole truth
+			}
 			b.Apply(v.exps)
 			v.cacheOK = false
 			v.expSeen = true
 			v.markSynced()
 			v.mu.Unlock()
+			signal(v.changed)
 			v.onChange()
 		}
 	}
@@ -144,17 +169,7 @@ func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoi
 	for _, e := range b.Events {
 		if e.Type != registry.Deleted {
 			delete(v.pending, e.Key)
-			v.dirty[e.Key] = struct{}{}
-			m, err := registry.ToModelEndpoint(e.Record)
-			if err == nil && v.trustDomain != "" && !strings.HasPrefix(m.SPIFFEID, "spiffe://"+v.trustDomain+"/") {
-				err = fmt.Errorf("spiffe_id %q: not of the mesh's trust domain %q", m.SPIFFEID, v.trustDomain)
-			}
-			if err != nil {
-				v.log.Warn("skip registry endpoint", "key", e.Key, "err", err)
-				delete(v.eps, e.Key)
-				continue
-			}
-			v.eps[e.Key] = m
+			v.setEndpoint(e.Record)
 			continue
 		}
 		if _, known := v.eps[e.Key]; known {
@@ -166,6 +181,161 @@ func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoi
 	}
 	v.epsRev = max(v.epsRev, b.Revision)
 	return held
+}
+
+// setEndpoint converts an added or updated endpoint record into eps (and keeps it in raw); a
+// record that does not convert, or whose identity is not of the trust domain, is logged and
+// left out. Callers hold mu.
+func (v *registryView) setEndpoint(rec registry.Record[*registryv1.ServiceEndpoint]) {
+	v.dirty[rec.Key] = struct{}{}
+	m, err := registry.ToModelEndpoint(rec)
+	if err == nil && v.trustDomain != "" && !strings.HasPrefix(m.SPIFFEID, "spiffe://"+v.trustDomain+"/") {
+		err = fmt.Errorf("spiffe_id %q: not of the mesh's trust domain %q", m.SPIFFEID, v.trustDomain)
+	}
+	if err != nil {
+		v.log.Warn("skip registry endpoint", "key", rec.Key, "err", err)
+		delete(v.eps, rec.Key)
+		delete(v.raw, rec.Key)
+		return
+	}
+	v.eps[rec.Key] = m
+	v.raw[rec.Key] = rec.Value
+}
+
+// holdUnlisted makes every endpoint the view holds from its persisted state that the live
+// snapshot b does not list a held deletion, as if the watch had delivered it: while the registry
+// was cut off the writers may have lost their leases, and they re-register once they are back
+// (see registryView). It reports whether a deletion is now held. Callers hold mu.
+func (v *registryView) holdUnlisted(b registry.Batch[*registryv1.ServiceEndpoint], now time.Time) bool {
+	listed := make(map[string]bool, len(b.Events))
+	for _, e := range b.Events {
+		listed[e.Key] = true
+	}
+	held := false
+	for k := range v.eps {
+		if !listed[k] {
+			if _, ok := v.pending[k]; !ok {
+				v.pending[k] = now
+			}
+			held = true
+		}
+	}
+	return held
+}
+
+// seedFrom loads a persisted registry state (persistView's file, named file) into a view whose
+// watches have not both synced, for the watch that has not: the node serves it until the
+// registry answers. Records that do not decode are logged and left out; endpoints pass the
+// checks live ones pass (setEndpoint). It returns how many endpoints and export marks it
+// loaded.
+func (v *registryView) seedFrom(st *registryState, file string) (eps, exps int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.epsSeen && v.expSeen {
+		return 0, 0
+	}
+	for _, r := range st.Records {
+		k, err := registry.ParseKey(r.Key)
+		if err == nil && k.Kind == registry.KindEndpoint && !v.epsSeen {
+			var rec registry.Record[*registryv1.ServiceEndpoint]
+			if rec, err = registry.DecodeEndpoint(r.Key, r.Value); err == nil {
+				v.setEndpoint(rec)
+				if _, ok := v.eps[r.Key]; ok {
+					eps++
+				}
+			}
+		} else if err == nil && k.Kind == registry.KindExport && !v.expSeen {
+			var rec registry.Record[*registryv1.ExportMark]
+			if rec, err = registry.DecodeExport(r.Key, r.Value); err == nil {
+				v.exps[r.Key] = rec
+				exps++
+			}
+		}
+		if err != nil {
+			v.log.Warn("persisted registry record ignored", "file", file, "key", r.Key, "err", err)
+		}
+	}
+	v.seed = &seedInfo{file: file, written: st.Written}
+	v.cacheOK = false
+	return eps, exps
+}
+
+// storedRecords returns the records the view holds (endpoints, held deletions included, and
+// export marks) as persistView writes them, or ok false while the view is not live (its
+// watches have not both synced: it holds nothing, or what it loaded).
+func (v *registryView) storedRecords() (recs []storedRecord, ok bool, err error) {
+	v.mu.Lock()
+	if !v.epsSeen || !v.expSeen {
+		v.mu.Unlock()
+		return nil, false, nil
+	}
+	eps := maps.Clone(v.raw)
+	exps := make(map[string]*registryv1.ExportMark, len(v.exps))
+	for k, r := range v.exps {
+		exps[k] = r.Value
+	}
+	v.mu.Unlock()
+	recs = make([]storedRecord, 0, len(eps)+len(exps))
+	for k, m := range eps {
+		r, err := storeRecord(k, m)
+		if err != nil {
+			return nil, false, err
+		}
+		recs = append(recs, r)
+	}
+	for k, m := range exps {
+		r, err := storeRecord(k, m)
+		if err != nil {
+			return nil, false, err
+		}
+		recs = append(recs, r)
+	}
+	return recs, true, nil
+}
+
+// viewPersistInterval is the least time between two writes of the persisted registry view:
+// the endpoints of a busy clusterset change all the time, and a restart during a registry cut
+// loses at most this much of their history.
+const viewPersistInterval = 10 * time.Second
+
+// persistView writes the view's records to file (viewStateFile) whenever they changed, at most
+// every interval, once the view is live, and once more when ctx ends. A failed write is logged
+// once until one succeeds.
+func persistView(ctx context.Context, v *registryView, file *stateFile, interval time.Duration, log *slog.Logger) {
+	failing := false
+	save := func() {
+		recs, ok, err := v.storedRecords()
+		if ok && err == nil {
+			_, err = file.save(recs, time.Now())
+		}
+		switch {
+		case err != nil && !failing:
+			log.Error("registry view not persisted: an agent restart while the registry is cut off would wait for it", "err", err)
+		case err == nil && failing:
+			log.Info("registry view persisted again", "file", file.path)
+		}
+		failing = err != nil
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-v.synced:
+	}
+	for {
+		save()
+		select {
+		case <-ctx.Done():
+			save()
+			return
+		case <-v.changed:
+		}
+		select {
+		case <-ctx.Done():
+			save()
+			return
+		case <-time.After(interval):
+		}
+	}
 }
 
 // readTiming says when the agent reads the registry (probeRegistry, readDue).
@@ -301,6 +471,7 @@ func (v *registryView) confirmDeletions(start, end time.Time, readErr error) (ch
 	for k, at := range v.pending {
 		if at.Before(start) {
 			delete(v.eps, k)
+			delete(v.raw, k)
 			v.dirty[k] = struct{}{}
 			delete(v.pending, k)
 			n++
@@ -309,14 +480,32 @@ func (v *registryView) confirmDeletions(start, end time.Time, readErr error) (ch
 	if n > 0 {
 		v.cacheOK = false
 		v.log.Debug("registry: endpoint deletions confirmed", "deleted", n, "still_held", len(v.pending))
+		signal(v.changed)
 	}
 	return n > 0
 }
 
-// health reports whether the registry answers (nil: it does), from the newest evidence: while
+// health is readiness "registry": an error while the view serves its persisted state (seedFrom)
+// rather than the registry's, naming the file and when it was written, else reachable's.
+func (v *registryView) health(context.Context) error {
+	err := v.reachable()
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.seed != nil && !(v.epsSeen && v.expSeen) {
+		msg := fmt.Sprintf("serving the last-known registry state from %s written at %s until the registry's watches sync",
+			v.seed.file, v.seed.written.UTC().Format(time.RFC3339))
+		if err != nil {
+			return fmt.Errorf("%s: %w", msg, err)
+		}
+		return errors.New(msg)
+	}
+	return err
+}
+
+// reachable reports whether the registry answers (nil: it does), from the newest evidence: while
 // the node holds a lease, an overdue keepalive fails it, and otherwise the newer of the last
 // keepalive answer and the last read decides; without a lease, the last read.
-func (v *registryView) health(context.Context) error {
+func (v *registryView) reachable() error {
 	now := time.Now()
 	ka := v.keepAlive(now)
 	v.mu.Lock()
@@ -339,6 +528,10 @@ func (v *registryView) markSynced() {
 		case <-v.synced:
 		default:
 			close(v.synced)
+			if v.seed != nil {
+				v.log.Info("registry synced: serving its live state instead of the last-known one", "file", v.seed.file,
+					"held_deletions", len(v.pending))
+			}
 		}
 	}
 }

@@ -92,6 +92,39 @@ func Run(ctx context.Context, cfg Config) error {
 	// enough for writers cut off with this node to reconnect and re-register (registryView).
 	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, notify("registry"))
 	view.trustDomain = cfg.TrustDomain
+	// The last-known registry view, served when the registry does not answer within
+	// --registry-sync-grace of the start (waitRegistry).
+	viewFile := newStateFile(cfg.StateDir, viewStateFile, "registry-view", cfg.Cluster)
+	savedView, err := viewFile.load()
+	if err != nil {
+		if !errors.Is(err, errNoState) {
+			log.Error("persisted registry view ignored: a start while the registry is cut off waits for it", "err", err)
+		}
+		savedView = nil
+	}
+	// Imported route config (--import-config): the last-known projections are served from the
+	// start, until the registry's config watch syncs.
+	imports := newImportMetrics(metrics.reg, log.With("part", "config-import"))
+	sources := fillers{kube, routes}
+	var cimp *configImport
+	configFile := newStateFile(cfg.StateDir, configStateFile, "config-projections", cfg.Cluster)
+	if cfg.ImportConfig {
+		cimp = newConfigImport(log.With("part", "config-import"), cfg.ControlCluster, configFile, imports.errs, notify("config"))
+		if written, n := cimp.load(); n > 0 {
+			log.Info(fmt.Sprintf("serving %d last-known config projections from %s written at %s until the registry's config watch syncs",
+				n, configFile.path, written.UTC().Format(time.RFC3339)))
+		}
+		sources = append(sources, cimp)
+	} else {
+		// Projections imported while --import-config was on are not served when it is turned on
+		// again, however old they are.
+		if err := os.Remove(configFile.path); err == nil {
+			log.Info("--import-config is off: removed the persisted config projections", "file", configFile.path)
+		}
+		if cfg.ControlCluster != "" {
+			log.Info("--control-cluster is set without --import-config: this agent imports no route config", "control_cluster", cfg.ControlCluster)
+		}
+	}
 	// Pods captured before a restart are known from the persisted attachments before the first
 	// model is built, so repair finds them already served.
 	store := cni.Store{Dir: cfg.StateDir}
@@ -186,7 +219,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Cluster: cfg.Cluster, MeshDomain: cfg.MeshDomain, TrustDomain: cfg.TrustDomain, Logger: log,
 		Region: region, Zone: cfg.Zone,
 		Observe: func(took time.Duration) { metrics.buildSeconds.Observe(took.Seconds()) },
-	}, fillers{kube, routes}, view, att)
+	}, sources, view, att)
 	go forward(ctx, changed, asm.Trigger)
 	// Clashes and skipped fields are logged when they first appear, not on every rebuild (an
 	// endpoint change rebuilds the model); the metric always has the current count.
@@ -205,6 +238,7 @@ func Run(ctx context.Context, cfg Config) error {
 			s := skipped[i]
 			log.Warn("left out of the mesh model; the rest is served", "object", s.Object, "field", s.Field, "value", s.Value, "reason", s.Reason)
 		}
+		imports.observe(m)
 	})
 
 	// This cluster's ID (the UID of its kube-system Namespace): the agent writes endpoints into
@@ -231,10 +265,12 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer reg.Close()
 	followRegistry(ctx, view, reg, cfg.RegistryLeaseTTL)
+	if cimp != nil {
+		followConfigs(ctx, cimp, reg)
+	}
+	go persistView(ctx, view, viewFile, viewPersistInterval, log)
 	go watchHealth(ctx, "registry", ready, log, view.health)
-	select {
-	case <-view.synced:
-	case <-ctx.Done():
+	if !waitRegistry(ctx, view, savedView, viewFile.path, cfg.RegistrySyncGrace, log) {
 		return nil
 	}
 	endpoints := newEndpointRegistrar(reg, log)
@@ -408,6 +444,32 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	log.Info("agent stopping; Envoy keeps serving its last configuration")
 	return nil
+}
+
+// waitRegistry waits until view synced (both registry watches delivered their snapshot) and
+// returns true, or false when ctx ends first. With a persisted view (saved, read from file) it
+// waits at most grace (--registry-sync-grace), then makes the view serve saved until the
+// watches sync (registryView.seedFrom; readiness "registry" says so) and returns true: an agent
+// restarted while the registry is cut off serves what it served before. Without one it waits
+// as long as the registry takes: there is nothing to serve.
+func waitRegistry(ctx context.Context, view *registryView, saved *registryState, file string, grace time.Duration, log *slog.Logger) bool {
+	var expired <-chan time.Time
+	if saved != nil {
+		t := time.NewTimer(grace)
+		defer t.Stop()
+		expired = t.C
+	}
+	select {
+	case <-view.synced:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-expired:
+	}
+	eps, exps := view.seedFrom(saved, file)
+	log.Warn(fmt.Sprintf("registry not synced within --registry-sync-grace %s: serving the last-known registry state from %s written at %s",
+		grace, file, saved.Written.UTC().Format(time.RFC3339)), "endpoints", eps, "exports", exps)
+	return true
 }
 
 // chainSweeps are the delays after aether-cni entered the node's conflist at which the agent

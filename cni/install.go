@@ -18,6 +18,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/aethermesh/aether/cni/plugin"
+	"github.com/aethermesh/aether/internal/atomicfile"
 )
 
 // Installer puts aether-cni on a node: the binary into the CNI bin directory and an aether-cni
@@ -60,7 +61,7 @@ func (in *Installer) InstallBinary() error {
 	if err := os.MkdirAll(in.BinDir, 0o755); err != nil {
 		return fmt.Errorf("install plugin binary: %w", err)
 	}
-	if err := writeAtomic(filepath.Join(in.BinDir, plugin.PluginName), b, 0o755); err != nil {
+	if err := atomicfile.Write(filepath.Join(in.BinDir, plugin.PluginName), b, 0o755); err != nil {
 		return fmt.Errorf("install plugin binary: %w", err)
 	}
 	return nil
@@ -336,7 +337,7 @@ func writeConflist(path string, top map[string]json.RawMessage, plugins []json.R
 	if err := enc.Encode(top); err != nil {
 		return fmt.Errorf("write conflist: %w", err)
 	}
-	if err := writeAtomic(path, buf.Bytes(), mode); err != nil {
+	if err := atomicfile.Write(path, buf.Bytes(), mode); err != nil {
 		return fmt.Errorf("write conflist %s: %w", path, err)
 	}
 	return nil

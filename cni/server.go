@@ -24,6 +24,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/internal/atomicfile"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -785,7 +786,7 @@ func (s *Server) saveUDP(rs []capture.UDPRedirect) error {
 	if err := os.MkdirAll(s.Config.StateDir, 0o700); err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(s.Config.StateDir, udpStateFile), b, 0o600)
+	return atomicfile.Write(filepath.Join(s.Config.StateDir, udpStateFile), b, 0o600)
 }
 
 // loadUDP sets the routed UDP frontends from udpStateFile (LoadUDPRedirects); a file it cannot

@@ -12,6 +12,8 @@ import (
 
 	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
 
+	"github.com/aethermesh/aether/internal/atomicfile"
+
 	"github.com/aethermesh/aether/model"
 )
 
@@ -76,7 +78,7 @@ func (s *Store) Save(r *Record) error {
 	if err != nil {
 		return fmt.Errorf("save attachment: %w", err)
 	}
-	if err := writeAtomic(s.path(r.Key()), b, 0o600); err != nil {
+	if err := atomicfile.Write(s.path(r.Key()), b, 0o600); err != nil {
 		return fmt.Errorf("save attachment %s: %w", r.Key(), err)
 	}
 	return nil
@@ -178,38 +180,4 @@ func (s *Store) List() ([]*Record, error) {
 		return out, fmt.Errorf("list attachments: %w", errors.Join(errs...))
 	}
 	return out, nil
-}
-
-// writeAtomic writes b to path through a temporary file in the same directory and a rename.
-func writeAtomic(path string, b []byte, mode os.FileMode) error {
-	dir := filepath.Dir(path)
-	f, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after a successful rename
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Chmod(mode); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return err
-	}
-	if d, err := os.Open(dir); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
 }

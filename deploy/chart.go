@@ -36,7 +36,8 @@ var otherDigest = "sha256:" + strings.Repeat("ab", 32)
 // aether.eu-west.east, password from Secret etcd-password key pw), the development CA from Secret
 // mesh-ca, capture backend iptables-legacy, cluster DNS 10.96.0.10 and fd00::a, cluster domain
 // corp.example, DNS cache size 0, max TTL 1m, max negative TTL 2s, serve-stale 24h and prefetch 3,
-// and other images, resources, scheduling and pull Secrets.
+// control cluster hub with config import on, and other images, resources, scheduling and pull
+// Secrets.
 var OtherValues = `
 cluster: east
 region: eu-west
@@ -54,6 +55,8 @@ registry:
 identity:
   mode: dev-ca
   devCA: {secretName: mesh-ca}
+controlCluster: hub
+importConfig: true
 images:
   agent: {repository: registry.example/aether/agent, tag: ignored, digest: "` + otherDigest + `", pullPolicy: Always}
   envoy: {repository: registry.example/aether/envoy, tag: "1.2.3", pullPolicy: Never}

@@ -174,6 +174,7 @@ func TestChartValues(t *testing.T) {
 		"AETHER_DNS_CACHE_SIZE": "0", "AETHER_DNS_CACHE_MAX_TTL": "1m", "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL": "2s",
 		"AETHER_DNS_CACHE_SERVE_STALE": "24h", "AETHER_DNS_CACHE_PREFETCH": "3",
 		"AETHER_DNS_RATE_LIMIT": "200", "AETHER_ZONE": "zone-a",
+		"AETHER_CONTROL_CLUSTER": "hub", "AETHER_IMPORT_CONFIG": "true",
 	}
 	if !maps.Equal(cm.Data, wantData) {
 		t.Errorf("aether-config data:\n got %v\nwant %v", cm.Data, wantData)
@@ -349,8 +350,11 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"TLS Secret name", []string{"--set", "registry.tls.secretName=Etcd_Client"}, []string{"/registry/tls/secretName"}},
 		{"password without user", []string{"--set", "registry.passwordSecret.name=etcd-password"}, []string{"registry.passwordSecret.name", "registry.user"}},
 		{"identity mode", []string{"--set", "identity.mode=spire"}, []string{"/identity/mode", "dev-ca"}},
-		{"control cluster", []string{"--set", "controlCluster=alpha"}, []string{"controlCluster \"alpha\"", "#26"}},
-		{"import config", []string{"--set", "importConfig=true"}, []string{"importConfig", "#26"}},
+		{"control cluster not a label", []string{"--set", "controlCluster=Hub_1"}, []string{"/controlCluster", "Hub_1"}},
+		{"control cluster too long", []string{"--set", "controlCluster=" + strings.Repeat("a", 64)}, []string{"/controlCluster"}},
+		{"import config not a boolean", []string{"--set-string", "importConfig=yes"}, []string{"/importConfig"}},
+		{"extraConfig of the control cluster", []string{"--set", "extraConfig.AETHER_CONTROL_CLUSTER=hub"}, []string{"extraConfig.AETHER_CONTROL_CLUSTER", "the value controlCluster"}},
+		{"extraConfig of config import", []string{"--set-string", "extraConfig.AETHER_IMPORT_CONFIG=true"}, []string{"extraConfig.AETHER_IMPORT_CONFIG", "the value importConfig"}},
 		{"image digest", []string{"--set", "images.agent.digest=sha256:abc"}, []string{"/images/agent/digest"}},
 		{"pull policy", []string{"--set", "images.envoy.pullPolicy=Sometimes"}, []string{"/images/envoy/pullPolicy", "Sometimes"}},
 		{"empty repository", []string{"--set", "images.registrar.repository="}, []string{"/images/registrar/repository"}},

@@ -76,6 +76,8 @@ var errOtherKind = errors.New("other kind")
 type badRecordError struct {
 	reason string
 	err    error
+	// value is the unmarshalled value of a record that fails validation (reason badField).
+	value proto.Message
 }
 
 func (e *badRecordError) Error() string { return e.err.Error() }
@@ -98,9 +100,37 @@ func (c codec[T]) decode(key string, value []byte, modRev int64) (Record[T], err
 	}
 	c.stamp(v, k)
 	if err := c.validate(v); err != nil {
-		return Record[T]{}, &badRecordError{reason: badField, err: fmt.Errorf("decode %s %q: %w", c.kind, key, err)}
+		return Record[T]{}, &badRecordError{reason: badField, err: fmt.Errorf("decode %s %q: %w", c.kind, key, err), value: v}
 	}
 	return Record[T]{Key: key, Origin: k.Origin, ModRevision: modRev, Value: v}, nil
+}
+
+// DecodeEndpoint, DecodeExport and DecodeConfig turn a key and a value as the store holds them
+// (the value in protobuf wire format) into a Record exactly as a watch or a list does: the key's
+// origin and service are stamped into the value, which is then validated. They return an error
+// naming the key for a key of another kind or one that does not parse, a value that does not
+// unmarshal and a record that fails validation. The agent reloads the records it persisted
+// (its last-known registry state) through them, so they pass the checks of live records.
+func DecodeEndpoint(key string, value []byte) (Record[*registryv1.ServiceEndpoint], error) {
+	return decodeKind(endpointCodec, key, value)
+}
+
+// DecodeExport is DecodeEndpoint for export marks.
+func DecodeExport(key string, value []byte) (Record[*registryv1.ExportMark], error) {
+	return decodeKind(exportCodec, key, value)
+}
+
+// DecodeConfig is DecodeEndpoint for config projections.
+func DecodeConfig(key string, value []byte) (Record[*registryv1.ServiceConfigProjection], error) {
+	return decodeKind(configCodec, key, value)
+}
+
+func decodeKind[T proto.Message](c codec[T], key string, value []byte) (Record[T], error) {
+	rec, err := c.decode(key, value, 0)
+	if errors.Is(err, errOtherKind) {
+		return rec, fmt.Errorf("decode %s %q: a key of another kind", c.kind, key)
+	}
+	return rec, err
 }
 
 // metrics are the registry's Prometheus collectors.

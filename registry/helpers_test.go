@@ -72,6 +72,18 @@ func ctxT(t testing.TB, d time.Duration) context.Context {
 	return ctx
 }
 
+// nextBatch returns the next batch of a watch, failing the test when ctx ends first.
+func nextBatch[T proto.Message](t testing.TB, ctx context.Context, ch <-chan Batch[T]) Batch[T] {
+	t.Helper()
+	select {
+	case b := <-ch:
+		return b
+	case <-ctx.Done():
+		t.Fatal("no watch batch")
+	}
+	panic("unreachable")
+}
+
 // viewer consumes a watch into a view and keeps every batch.
 type viewer[T proto.Message] struct {
 	mu      sync.Mutex

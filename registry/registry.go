@@ -311,7 +311,7 @@ func (r *Registry) del(ctx context.Context, key string) error {
 func list[T proto.Message](ctx context.Context, r *Registry, c codec[T]) ([]Record[T], int64, error) {
 	var out []Record[T]
 	rev, err := r.scan(ctx, func(key string, value []byte, modRev int64) {
-		if rec, ok := decodeOrSkip(r, c, key, value, modRev); ok {
+		if rec, ok, _ := decodeOrSkip(r, c, key, value, modRev); ok {
 			out = append(out, rec)
 		}
 	})
@@ -346,19 +346,28 @@ func (r *Registry) scan(ctx context.Context, fn func(key string, value []byte, m
 }
 
 // decodeOrSkip decodes one stored record; a bad one is logged with its key, counted and skipped
-// (ok false), as is a record of another kind (silently).
-func decodeOrSkip[T proto.Message](r *Registry, c codec[T], key string, value []byte, modRev int64) (Record[T], bool) {
+// (ok false), as is a record of another kind (silently). bad describes a skipped record of c's
+// kind whose key parses (its value does not decode or validate); it is nil otherwise.
+func decodeOrSkip[T proto.Message](r *Registry, c codec[T], key string, value []byte, modRev int64) (rec Record[T], ok bool, bad *InvalidRecord[T]) {
 	rec, err := c.decode(key, value, modRev)
 	if err == nil {
-		return rec, true
+		return rec, true, nil
 	}
-	var bad *badRecordError
-	if errors.As(err, &bad) {
+	var be *badRecordError
+	if errors.As(err, &be) {
 		// Every reader that skips a record counts it under its own kind: a bad key under Root is
 		// seen (and counted) by the endpoint, export and config readers alike.
-		r.m.badRecords.WithLabelValues(string(c.kind), bad.reason).Inc()
-		r.log.Warn("registry: skipping bad record", "key", key, "reader", string(c.kind), "reason", bad.reason, "err", err)
+		r.m.badRecords.WithLabelValues(string(c.kind), be.reason).Inc()
+		r.log.Warn("registry: skipping bad record", "key", key, "reader", string(c.kind), "reason", be.reason, "err", err)
+		if be.reason != badKey {
+			k, _ := ParseKey(key)
+			bad = &InvalidRecord[T]{Key: key, Origin: k.Origin, Namespace: k.Namespace, Service: k.Service,
+				ModRevision: modRev, Err: err}
+			if v, ok := be.value.(T); ok {
+				bad.Value = v
+			}
+		}
 	}
 	var zero Record[T]
-	return zero, false
+	return zero, false, bad
 }

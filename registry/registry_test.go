@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/netip"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -280,16 +281,7 @@ func TestWatchSnapshotThenTypedEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	ch := a.WatchEndpoints(ctx)
-	next := func() Batch[*registryv1.ServiceEndpoint] {
-		t.Helper()
-		select {
-		case b := <-ch:
-			return b
-		case <-ctx.Done():
-			t.Fatal("no watch batch")
-		}
-		panic("unreachable")
-	}
+	next := func() Batch[*registryv1.ServiceEndpoint] { t.Helper(); return nextBatch(t, ctx, ch) }
 	k1 := a.Origin().EndpointKey("shop", "cart", "uid-1")
 	k2 := a.Origin().EndpointKey("shop", "cart", "uid-2")
 	b := next()
@@ -388,4 +380,84 @@ func TestExportsAndConfigProjections(t *testing.T) {
 	}
 	cfgView.waitKeys(t)
 	expView.waitKeys(t, b.Origin().ExportKey("shop", "cart"))
+}
+
+// A batch lists the keys of its kind that hold a bad value (Invalid): the snapshot every such
+// key in the store, a later batch those written bad, including a valid record that turns bad
+// (also delivered as Deleted), and the deletion of such a key; keys that do not parse are not
+// listed (they have no origin).
+func TestWatchListsInvalidRecords(t *testing.T) {
+	etcd := testenv.StartEmbeddedEtcd(t, nil)
+	a := newTestRegistry(t, etcd.Endpoints, "eu", "alpha", nil)
+	ctx := ctxT(t, converge)
+	cli := a.Client()
+	cfg := testConfig()
+	if err := a.PutConfig(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	good := a.Origin().ConfigKey("shop", "cart")
+	zeroVersion := proto.Clone(cfg).(*registryv1.ServiceConfigProjection)
+	zeroVersion.Version = 0
+	invalid, _ := proto.Marshal(zeroVersion)
+	bad := a.Origin().ConfigKey("shop", "web")
+	if _, err := cli.Put(ctx, bad, string(invalid)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cli.Put(ctx, Root+"eu/clusters/alpha/config/%%%", "x"); err != nil {
+		t.Fatal(err)
+	}
+	ch := a.WatchConfigs(ctx)
+	next := func() Batch[*registryv1.ServiceConfigProjection] { t.Helper(); return nextBatch(t, ctx, ch) }
+	b := next()
+	if !b.Snapshot || len(b.Events) != 1 || b.Events[0].Key != good || len(b.Invalid) != 1 {
+		t.Fatalf("snapshot: %d events, invalid %+v; want cart added and web invalid", len(b.Events), b.Invalid)
+	}
+	if iv := b.Invalid[0]; iv.Key != bad || iv.Origin != a.Origin() || iv.Namespace != "shop" || iv.Service != "web" ||
+		iv.Value == nil || iv.Value.GetService().GetName() != "web" || iv.Err == nil || !strings.Contains(iv.Err.Error(), "version") {
+		t.Errorf("invalid record %+v, want web's key, origin, decoded value and a version error", iv)
+	}
+	// cart turns bad (garbage: no value decoded): Deleted, and listed as invalid.
+	if _, err := cli.Put(ctx, good, "\xff\xff\xff"); err != nil {
+		t.Fatal(err)
+	}
+	b = next()
+	if len(b.Events) != 1 || b.Events[0].Type != Deleted || b.Events[0].Key != good ||
+		len(b.Invalid) != 1 || b.Invalid[0].Key != good || b.Invalid[0].Value != nil {
+		t.Fatalf("cart turned bad: events %+v, invalid %+v; want cart deleted and listed invalid without a value", b.Events, b.Invalid)
+	}
+	// The bad key is deleted: listed once more, Deleted, with no event (nothing valid was known).
+	if _, err := cli.Delete(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	b = next()
+	if len(b.Events) != 0 || len(b.Invalid) != 1 || b.Invalid[0].Key != good || !b.Invalid[0].Deleted {
+		t.Fatalf("bad cart deleted: events %+v, invalid %+v; want only cart listed invalid and deleted", b.Events, b.Invalid)
+	}
+}
+
+// DecodeEndpoint, DecodeExport and DecodeConfig check a stored record as a watch does: the
+// key's origin wins over the value's, and a bad value or a key of another kind is refused.
+func TestDecodeStoredRecords(t *testing.T) {
+	o := Origin{Region: "eu", Cluster: "alpha"}
+	cfg := testConfig()
+	cfg.OriginCluster = "mallory"
+	b, _ := proto.Marshal(cfg)
+	rec, err := DecodeConfig(o.ConfigKey("shop", "cart"), b)
+	if err != nil || rec.Origin != o || rec.Value.GetOriginCluster() != "alpha" {
+		t.Errorf("DecodeConfig = %+v, %v; want origin alpha from the key", rec, err)
+	}
+	if _, err := DecodeConfig(o.ExportKey("shop", "cart"), b); err == nil || !strings.Contains(err.Error(), "another kind") {
+		t.Errorf("DecodeConfig of an export key: %v, want a refusal", err)
+	}
+	ep, _ := proto.Marshal(testEndpoint("shop", "cart", "u1", "10.0.0.1"))
+	if _, err := DecodeEndpoint(o.EndpointKey("shop", "cart", "u1"), ep); err != nil {
+		t.Errorf("DecodeEndpoint: %v", err)
+	}
+	if _, err := DecodeEndpoint(o.EndpointKey("shop", "cart", "u1"), []byte("\xff")); err == nil {
+		t.Error("DecodeEndpoint of garbage: no error")
+	}
+	x, _ := proto.Marshal(&registryv1.ExportMark{CreateTime: "2026-01-01T00:00:00Z", Ports: []*registryv1.ServicePort{{Name: "http", Port: 80, TargetPort: 8080, Protocol: registryv1.Protocol_PROTOCOL_HTTP}}})
+	if rec, err := DecodeExport(o.ExportKey("shop", "cart"), x); err != nil || rec.Value.GetService().GetName() != "cart" {
+		t.Errorf("DecodeExport = %+v, %v", rec, err)
+	}
 }

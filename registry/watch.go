@@ -55,6 +55,30 @@ type Batch[T proto.Message] struct {
 	// Revision is the etcd revision the watcher's view is at after this batch.
 	Revision int64
 	Events   []Event[T]
+	// Invalid are keys of this kind that hold a value readers skip (it does not decode or
+	// validate): in a Snapshot or Relisted batch every such key in the store, else those
+	// written in this batch; and, with Deleted set, keys that held one and were deleted. A
+	// valid record that turns bad is also delivered as Deleted, so a consumer that ignores
+	// Invalid drops it; one that keeps the last good value of a key (the agent's config import)
+	// keeps it for these keys instead, until the key is deleted.
+	Invalid []InvalidRecord[T]
+}
+
+// InvalidRecord is a stored record a reader skips because its value does not decode or validate
+// (it has been logged and counted, aether_registry_bad_records_total). Origin, Namespace and
+// Service come from its key.
+type InvalidRecord[T proto.Message] struct {
+	Key                string
+	Origin             Origin
+	Namespace, Service string
+	ModRevision        int64
+	// Value is the value as decoded when it unmarshalled (stamped with the key's origin and
+	// service, failing validation), else the zero value.
+	Value T
+	Err   error
+	// Deleted is set when the key, which held an invalid record, was deleted (Value and Err
+	// are then those it had).
+	Deleted bool
 }
 
 // Apply folds the batch into a view keyed by record key (Added and Updated set, Deleted
@@ -83,7 +107,7 @@ func watch[T proto.Message](ctx context.Context, r *Registry, c codec[T]) <-chan
 		defer close(out)
 		defer cancel()
 		defer stop()
-		w := &watcher[T]{r: r, c: c, out: out, state: map[string]Record[T]{}}
+		w := &watcher[T]{r: r, c: c, out: out, state: map[string]Record[T]{}, bad: map[string]InvalidRecord[T]{}}
 		w.run(ctx)
 	}()
 	return out
@@ -94,7 +118,9 @@ type watcher[T proto.Message] struct {
 	c     codec[T]
 	out   chan<- Batch[T]
 	state map[string]Record[T]
-	rev   int64
+	// bad holds the keys of this kind whose value is invalid (Batch.Invalid).
+	bad map[string]InvalidRecord[T]
+	rev int64
 }
 
 func (w *watcher[T]) send(ctx context.Context, b Batch[T]) bool {
@@ -121,7 +147,7 @@ func (w *watcher[T]) run(ctx context.Context) {
 				continue
 			}
 			b.Snapshot, b.Relisted = first, !first
-			if (first || len(b.Events) > 0) && !w.send(ctx, b) {
+			if (first || len(b.Events) > 0 || len(b.Invalid) > 0) && !w.send(ctx, b) {
 				return
 			}
 			relist, first = false, false
@@ -147,9 +173,13 @@ func (w *watcher[T]) run(ctx context.Context) {
 // updating the state and revision.
 func (w *watcher[T]) relist(ctx context.Context) (Batch[T], error) {
 	now := map[string]Record[T]{}
+	var invalid []InvalidRecord[T]
 	rev, err := w.r.scan(ctx, func(key string, value []byte, modRev int64) {
-		if rec, ok := decodeOrSkip(w.r, w.c, key, value, modRev); ok {
+		rec, ok, bad := decodeOrSkip(w.r, w.c, key, value, modRev)
+		if ok {
 			now[key] = rec
+		} else if bad != nil {
+			invalid = append(invalid, *bad)
 		}
 	})
 	if err != nil {
@@ -172,8 +202,21 @@ func (w *watcher[T]) relist(ctx context.Context) (Batch[T], error) {
 		}
 	}
 	slices.SortFunc(evs, func(a, b Event[T]) int { return cmp.Compare(a.Key, b.Key) })
-	w.state, w.rev = now, rev
-	return Batch[T]{Revision: rev, Events: evs}, nil
+	bad := make(map[string]InvalidRecord[T], len(invalid))
+	for _, iv := range invalid {
+		bad[iv.Key] = iv
+	}
+	for k, iv := range w.bad {
+		if _, ok := bad[k]; !ok {
+			if _, ok := now[k]; !ok {
+				iv.Deleted, iv.ModRevision = true, rev
+				invalid = append(invalid, iv)
+			}
+		}
+	}
+	slices.SortFunc(invalid, func(a, b InvalidRecord[T]) int { return cmp.Compare(a.Key, b.Key) })
+	w.state, w.bad, w.rev = now, bad, rev
+	return Batch[T]{Revision: rev, Events: evs, Invalid: invalid}, nil
 }
 
 // follow watches from w.rev+1 until the watch ends. compacted reports that w.rev+1 was
@@ -194,27 +237,41 @@ func (w *watcher[T]) follow(ctx context.Context) (compacted, healthy bool) {
 		}
 		healthy = true
 		var evs []Event[T]
+		var invalid []InvalidRecord[T]
 		for _, ev := range resp.Events {
 			key := string(ev.Kv.Key)
 			old, known := w.state[key]
+			if iv, wasBad := w.bad[key]; wasBad {
+				delete(w.bad, key)
+				if ev.Type == clientv3.EventTypeDelete {
+					iv.Deleted, iv.ModRevision = true, ev.Kv.ModRevision
+					invalid = append(invalid, iv)
+				}
+			}
 			if ev.Type == clientv3.EventTypeDelete {
 				if known {
 					delete(w.state, key)
 					old.ModRevision = ev.Kv.ModRevision
 					evs = append(evs, Event[T]{Type: Deleted, Record: old})
 				}
-			} else if rec, ok := decodeOrSkip(w.r, w.c, key, ev.Kv.Value, ev.Kv.ModRevision); ok {
+			} else if rec, ok, bad := decodeOrSkip(w.r, w.c, key, ev.Kv.Value, ev.Kv.ModRevision); ok {
 				w.state[key] = rec
 				t := Added
 				if known {
 					t = Updated
 				}
 				evs = append(evs, Event[T]{Type: t, Record: rec})
-			} else if known {
-				// Turned bad (or into another kind): consumers must drop it.
-				delete(w.state, key)
-				old.ModRevision = ev.Kv.ModRevision
-				evs = append(evs, Event[T]{Type: Deleted, Record: old})
+			} else {
+				if bad != nil {
+					invalid = append(invalid, *bad)
+					w.bad[key] = *bad
+				}
+				if known {
+					// Turned bad (or into another kind): consumers must drop it.
+					delete(w.state, key)
+					old.ModRevision = ev.Kv.ModRevision
+					evs = append(evs, Event[T]{Type: Deleted, Record: old})
+				}
 			}
 			w.rev = max(w.rev, ev.Kv.ModRevision)
 		}
@@ -223,7 +280,7 @@ func (w *watcher[T]) follow(ctx context.Context) (compacted, healthy bool) {
 			// header revision has been delivered.
 			w.rev = max(w.rev, resp.Header.Revision)
 		}
-		if len(evs) > 0 && !w.send(ctx, Batch[T]{Revision: w.rev, Events: evs}) {
+		if (len(evs) > 0 || len(invalid) > 0) && !w.send(ctx, Batch[T]{Revision: w.rev, Events: evs, Invalid: invalid}) {
 			return false, healthy
 		}
 	}

@@ -38,16 +38,11 @@ aether.checkValues: refuses values that values.schema.json cannot judge alone, n
 Rendered (to nothing) by config.yaml.
 */}}
 {{- define "aether.checkValues" -}}
-{{- if .Values.controlCluster }}
-{{- fail (printf "controlCluster %q: config projections (issue #26) are not built in this version of aether; leave controlCluster empty" .Values.controlCluster) }}
-{{- end }}
-{{- if .Values.importConfig }}
-{{- fail "importConfig true: config projections (issue #26) are not built in this version of aether; leave importConfig false" }}
-{{- end }}
 {{- $managed := dict
   "AETHER_CLUSTER" "cluster" "AETHER_REGISTRY_ENDPOINTS" "registry.endpoints" "AETHER_REGION" "region"
   "AETHER_MESH_DOMAIN" "meshDomain" "AETHER_TRUST_DOMAIN" "trustDomain" "AETHER_INBOUND_MODE" "inboundMode"
   "AETHER_EAST_WEST_WAYPOINT" "eastWestWaypoint" "AETHER_LOG_LEVEL" "logLevel"
+  "AETHER_CONTROL_CLUSTER" "controlCluster" "AETHER_IMPORT_CONFIG" "importConfig"
   "AETHER_REGISTRY_CA" "registry.tls" "AETHER_REGISTRY_CERT" "registry.tls" "AETHER_REGISTRY_KEY" "registry.tls"
   "AETHER_REGISTRY_INSECURE" "registry.insecure" "AETHER_REGISTRY_USER" "registry.user"
   "AETHER_REGISTRY_PASSWORD" "registry.passwordSecret"
