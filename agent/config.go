@@ -69,7 +69,7 @@ type Config struct {
 
 	// ImportConfig (--import-config, AETHER_IMPORT_CONFIG) makes the agent apply other
 	// clusters' ServiceConfigProjections to the services this cluster imports
-	// (docs/projections-import.md). Off by default: routing by another cluster's config is a
+	// (docs/projections.md). Off by default: routing by another cluster's config is a
 	// trust decision.
 	ImportConfig bool
 	// ControlCluster (--control-cluster, AETHER_CONTROL_CLUSTER), when set, is the only origin

@@ -87,7 +87,7 @@ func TestParseConfig(t *testing.T) {
 		{name: "kernel-picked ports", args: []string{"--envoy-admin", "127.0.0.1:0", "--health-addr", "127.0.0.1:0"}},
 		{name: "envoy admin on a unix socket", args: []string{"--envoy-admin", "unix:///run/aether/admin.sock", "--dns-port", "15000"}},
 		{name: "stray argument", args: []string{"extra"}, wantErr: "unexpected arguments"},
-		// Config projections (docs/projections-import.md).
+		// Config projections (docs/projections.md).
 		{name: "import config with a control cluster", args: []string{"--import-config", "--control-cluster", "hub-1", "--registry-sync-grace", "0s"}},
 		{name: "control cluster not a label", args: []string{"--control-cluster", "Hub_1"}, wantErr: `--control-cluster "Hub_1": want a cluster name, an RFC 1123 label`},
 		{name: "control cluster too long", args: []string{"--control-cluster", strings.Repeat("a", 64)}, wantErr: `--control-cluster "` + strings.Repeat("a", 64) + `"`},

@@ -267,7 +267,7 @@ func followConfigs(ctx context.Context, c *configImport, reg *registry.Registry)
 	go c.run(reg.WatchConfigs(ctx))
 }
 
-// importMetrics are the agent's config-import metrics (docs/projections-import.md), set from
+// importMetrics are the agent's config-import metrics (docs/projections.md), set from
 // each model's ConfigImports.
 type importMetrics struct {
 	services prometheus.Gauge

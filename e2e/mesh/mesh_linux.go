@@ -197,7 +197,7 @@ func (m *Mesh) agentArgs(n *substrate.Node) []string {
 		"--registry-ca", n.Cluster.RegistryCAFile, "--registry-cert", n.Cluster.RegistryCertFile, "--registry-key", n.Cluster.RegistryKeyFile,
 		"--registry-lease-ttl", m.opts.LeaseTTL.String(), "--cluster-domain", n.Cluster.Domain(),
 		"--ca-cert", m.CACert, "--ca-key", m.CAKey, "--envoy-binary", m.envoy,
-		"--cni-plugin-binary", m.Bins["aether-cni"], "--east-west-waypoint", "--log-level", "debug"}
+		"--cni-plugin-binary", m.Bins["aether-cni"], "--east-west-waypoint", "--import-config", "--log-level", "debug"}
 }
 
 // setupRegistryAuth creates cluster c's etcd user and role on the registry and turns etcd

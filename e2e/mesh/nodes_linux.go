@@ -169,6 +169,7 @@ func (m *Mesh) install(ctx context.Context, c *substrate.Cluster, helm, chart st
 		"--set", "extraConfig.AETHER_GATEWAY_ADDRESS_CIDRS=" + c.Plan.GatewayAddressPool.String(),
 		// Two edge pods per Gateway, one per node: each is programmed by its own node's agent.
 		"--set-string", "extraConfig.AETHER_EDGE_REPLICAS=2",
+		"--set", "importConfig=true",
 		"--set", "logLevel=debug",
 	}
 	cmd := exec.CommandContext(ctx, helm, args...)

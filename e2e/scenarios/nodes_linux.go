@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -100,13 +101,15 @@ func (p *nodesPair) DialOutside(ctx context.Context, addr string) (net.Conn, err
 	return conn, nil
 }
 
-// registryWriter writes into the registry as a cluster's own credentials allow, bypassing its
-// registrar: what a misconfigured or compromised cluster can do.
+// registryWriter writes into the registry bypassing the registrars: what a misconfigured or
+// compromised cluster can do.
 type registryWriter interface {
 	// PutRogueProjection writes a ServiceConfigProjection for namespace/service under cluster's
 	// origin with one HTTPRoute named route (parentRef Service service:80, a response header
-	// header=route), with cluster's registry certificate.
-	PutRogueProjection(ctx context.Context, cluster, namespace, service, route, header string) error
+	// header=route): with cluster's registry certificate for a cluster of the pair, as root for
+	// a cluster name no registrar owns (a cluster outside the pair). It returns a func that
+	// deletes it.
+	PutRogueProjection(ctx context.Context, cluster, namespace, service, route, header string) (func() error, error)
 	// RegistryValue returns the bytes of cluster's ServiceConfigProjection record for
 	// namespace/service.
 	RegistryValue(ctx context.Context, cluster, namespace, service string) ([]byte, error)
@@ -129,24 +132,25 @@ func (p *nodesPair) RegistryValue(ctx context.Context, cluster, namespace, servi
 	return resp.Kvs[0].Value, nil
 }
 
-// registryClient is an etcd client of the registry with cluster's certificate.
+// registryClient is an etcd client of the registry with cluster's certificate, or root's for a
+// cluster outside the pair.
 func (p *nodesPair) registryClient(cluster string) (*clientv3.Client, error) {
-	c := p.m.Cluster(cluster)
-	if c == nil {
-		return nil, fmt.Errorf("no cluster %q", cluster)
-	}
 	s := p.m.Substrate
-	tlsCfg, err := registry.TLSFiles(c.RegistryCertFile, c.RegistryKeyFile, s.RegistryCAFile)
+	cert, key := s.RegistryRootCertFile, s.RegistryRootKeyFile
+	if c := p.m.Cluster(cluster); c != nil {
+		cert, key = c.RegistryCertFile, c.RegistryKeyFile
+	}
+	tlsCfg, err := registry.TLSFiles(cert, key, s.RegistryCAFile)
 	if err != nil {
 		return nil, err
 	}
 	return clientv3.New(clientv3.Config{Endpoints: []string{s.RegistryEndpoint}, TLS: tlsCfg, DialTimeout: 5 * time.Second})
 }
 
-func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, service, route, header string) error {
+func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, service, route, header string) (func() error, error) {
 	cli, err := p.registryClient(cluster)
 	if err != nil {
-		return fmt.Errorf("put projection: %w", err)
+		return nil, fmt.Errorf("put projection: %w", err)
 	}
 	defer cli.Close()
 	svc := &registryv1.ServiceRef{Namespace: namespace, Name: service}
@@ -157,20 +161,29 @@ func (p *nodesPair) PutRogueProjection(ctx context.Context, cluster, namespace, 
 			Rules: []*registryv1.RouteRule{{
 				Matches: []*registryv1.RouteMatch{{Path: &registryv1.PathMatch{Type: registryv1.PathMatch_TYPE_PATH_PREFIX, Value: "/"}}},
 				Filters: []*registryv1.RouteFilter{{Filter: &registryv1.RouteFilter_ResponseHeaderModifier{ResponseHeaderModifier: &registryv1.HeaderModifier{
-					Set: []*registryv1.Header{{Name: header, Value: route}}}}}},
+					Set: []*registryv1.Header{{Name: strings.ToLower(header), Value: route}}}}}},
 				Backends: []*registryv1.BackendRef{{Kind: registryv1.BackendRef_KIND_SERVICE, Service: svc, Port: 80, Weight: 1}},
 			}},
 		}}}
 	if err := registry.ValidateConfig(rec); err != nil {
-		return fmt.Errorf("put projection: %w", err)
+		return nil, fmt.Errorf("put projection: %w", err)
 	}
 	b, err := proto.Marshal(rec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	origin := registry.Origin{Region: registry.DefaultRegion, Cluster: cluster}
-	if _, err := cli.Put(ctx, origin.ConfigKey(namespace, service), string(b)); err != nil {
-		return fmt.Errorf("put projection under %s: %w", origin, err)
+	key := origin.ConfigKey(namespace, service)
+	if _, err := cli.Put(ctx, key, string(b)); err != nil {
+		return nil, fmt.Errorf("put projection under %s: %w", origin, err)
 	}
-	return nil
+	return func() error {
+		cli, err := p.registryClient(cluster)
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		_, err = cli.Delete(context.Background(), key)
+		return err
+	}, nil
 }

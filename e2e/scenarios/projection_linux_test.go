@@ -285,8 +285,9 @@ func (w *world) projectionLastKnown(t *testing.T, c *caller, addr, host string) 
 }
 
 // projectionControlCluster: with controlCluster=A on both clusters, B exports no config (its
-// projections go) and A's callers no longer get B's route; a projection written under B's
-// origin by hand (root on the registry) is ignored by A's agents. Set back at the end.
+// projections go) and A's callers no longer get B's route; a projection written by hand (root
+// on the registry) under cluster "rogue", outside the pair, is ignored by A's agents and named
+// in A's ServiceImport status. Set back at the end.
 func (w *world) projectionControlCluster(t *testing.T, nl nodeLifecycle, c *caller, addr, host string) {
 	ctx := context.Background()
 	upgrade := func(value string) {
@@ -308,10 +309,19 @@ func (w *world) projectionControlCluster(t *testing.T, nl nodeLifecycle, c *call
 	if !ok {
 		t.Fatalf("pair %T cannot write to the registry as root", w.p)
 	}
-	if err := rw.PutRogueProjection(ctx, w.b, ns, "canary", exportRoute+"-rogue", routeHeader); err != nil {
+	// Under an origin no registrar of the pair owns (B's own registrar would delete one under
+	// B's: with a control cluster elsewhere it keeps its partition free of projections).
+	const rogue = "rogue"
+	del, err := rw.PutRogueProjection(ctx, rogue, ns, "canary", exportRoute+"-rogue", routeHeader)
+	if err != nil {
 		t.Fatal(err)
 	}
-	w.wantImportCondition(t, w.a, "canary", condImported, metav1.ConditionFalse, "NotControlCluster", w.b)
+	t.Cleanup(func() {
+		if err := del(); err != nil {
+			t.Errorf("delete the rogue projection: %v", err)
+		}
+	})
+	w.wantImportCondition(t, w.a, "canary", condImported, metav1.ConditionFalse, "NotControlCluster", rogue)
 	for range 10 {
 		if r, h, err := c.get(addr, host); err != nil || h != "" {
 			t.Fatalf("with a rogue projection from %s: %s answered with %s %q (%v); want it ignored", w.b, r.Server, routeHeader, h, err)

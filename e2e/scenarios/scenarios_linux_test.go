@@ -455,6 +455,8 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 			}
 			w.edgeFailover(t, gwAddr)
 		})
+		// Config projections (projection_linux_test.go): a Helm upgrade sets controlCluster.
+		run("config-projections", func(t *testing.T) { w.configProjections(t, p.(nodeLifecycle)) })
 	}
 	run("agent-restart-keeps-connections", func(t *testing.T) { w.agentRestart(t) })
 	run("registry-cut-keeps-serving", func(t *testing.T) { w.registryCut(t) })
