@@ -351,6 +351,12 @@ func (p *kindPair) Dial(ctx context.Context, cluster, ns, pod, addr string) (net
 // container; the Envoy container of the same pod keeps running) and waits until the restarted
 // agent is ready.
 func (p *kindPair) RestartAgent(ctx context.Context, cluster, node string) error {
+	return p.restartAgent(ctx, cluster, node, true)
+}
+
+// restartAgent stops the agent container on node (TERM) and returns once the kubelet has started
+// it again and, with ready, once it is ready.
+func (p *kindPair) restartAgent(ctx context.Context, cluster, node string, ready bool) error {
 	c := p.cluster(cluster)
 	pod, err := agentPod(ctx, c.kube, node)
 	if err != nil {
@@ -364,12 +370,12 @@ func (p *kindPair) RestartAgent(ctx context.Context, cluster, node string) error
 	_ = execIn(ctx, c, aetherNamespace, pod.Name, agentContainer, []string{"sh", "-c", "kill -TERM 1"}, nil, &out, &errb)
 	for {
 		pod, err = c.kube.CoreV1().Pods(aetherNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err == nil && restarts(pod, agentContainer) > before && containerReady(pod, agentContainer) {
+		if err == nil && restarts(pod, agentContainer) > before && containerRunning(pod, agentContainer) && (!ready || containerReady(pod, agentContainer)) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("restart agent on %s: not restarted and ready (%s%s): %w", node, bytes.TrimSpace(out.Bytes()), bytes.TrimSpace(errb.Bytes()), ctx.Err())
+			return fmt.Errorf("restart agent on %s: not restarted (ready %v) (%s%s): %w", node, ready, bytes.TrimSpace(out.Bytes()), bytes.TrimSpace(errb.Bytes()), ctx.Err())
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
@@ -385,25 +391,7 @@ type agentKiller interface {
 
 // KillAgent implements agentKiller.
 func (p *kindPair) KillAgent(ctx context.Context, cluster, node string) error {
-	c := p.cluster(cluster)
-	pod, err := agentPod(ctx, c.kube, node)
-	if err != nil {
-		return fmt.Errorf("kill agent on %s: %w", node, err)
-	}
-	before := restarts(pod, agentContainer)
-	var out, errb bytes.Buffer
-	_ = execIn(ctx, c, aetherNamespace, pod.Name, agentContainer, []string{"sh", "-c", "kill -TERM 1"}, nil, &out, &errb)
-	for {
-		pod, err = c.kube.CoreV1().Pods(aetherNamespace).Get(ctx, pod.Name, metav1.GetOptions{})
-		if err == nil && restarts(pod, agentContainer) > before && containerRunning(pod, agentContainer) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kill agent on %s: not started again (%s%s): %w", node, bytes.TrimSpace(out.Bytes()), bytes.TrimSpace(errb.Bytes()), ctx.Err())
-		case <-time.After(500 * time.Millisecond):
-		}
-	}
+	return p.restartAgent(ctx, cluster, node, false)
 }
 
 // containerRunning reports whether pod's container is in state running.
