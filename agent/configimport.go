@@ -288,13 +288,13 @@ type importMetrics struct {
 func newImportMetrics(reg prometheus.Registerer, log *slog.Logger) *importMetrics {
 	m := &importMetrics{log: log,
 		services: prometheus.NewGauge(prometheus.GaugeOpts{Name: "aether_config_import_services",
-			Help: "Services with an applied config projection (one per service: the control cluster's, or the oldest export's)."}),
+			Help: "Services this cluster imports with an applied config projection (one per service: the control cluster's, or the oldest export's)."}),
 		errs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_config_import_errors_total",
 			Help: "Config import errors, by reason: invalid (a projection in the registry that does not decode, validate or convert; the previous one is kept), state_write (the projections could not be persisted), state_read (the persisted projections, or one of them, were unusable at start)."}, []string{"reason"}),
 		version: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "aether_config_import_version",
 			Help: "Version of the applied config projection of each service, by origin cluster: compare it across clusters to see skew."}, []string{"namespace", "service", "origin"}),
 		ignored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "aether_config_ignored_projections_total",
-			Help: "Config projections not applied, each counted once per origin, service and version, by reason: not_control (its origin is not --control-cluster), shadowed (another cluster's export of the service is older)."}, []string{"reason"}),
+			Help: "Config projections not applied, each counted once per origin and service while it lasts, by reason: not_exported (its origin does not export the service), not_control (its origin is not --control-cluster), shadowed (another cluster's export of the service is older)."}, []string{"reason"}),
 	}
 	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "aether_config_import_age_max_seconds",
 		Help: "Now minus the export time of the oldest applied config projection (an origin rewrites its projections periodically, so this bounds how stale the imported config is); 0 when none is applied."},
@@ -310,9 +310,9 @@ func newImportMetrics(reg prometheus.Registerer, log *slog.Logger) *importMetric
 	return m
 }
 
-// observe sets the metrics from a model: its applied projections and, once each, its ignored
-// ones (a projection from a non-control origin is logged then, once per origin, service and
-// version). It also logs, once each while they last, what of an applied projection of a service
+// observe sets the metrics from a model: its applied projections of services this cluster
+// imports and, once each, its ignored ones (a projection from a non-control origin or from an
+// origin that does not export the service is logged then, once per origin and service). It also logs, once each while they last, what of an applied projection of a service
 // this cluster imports cannot be served here (ConfigImports.Problems: a backend this cluster
 // does not import gets 500) and the services whose local producer routes override their
 // projection. Called from one assembler
@@ -323,21 +323,28 @@ func (m *importMetrics) observe(mesh *model.Mesh) {
 		return
 	}
 	applied := ci.Selection.Applied
-	m.services.Set(float64(len(applied)))
 	m.version.Reset()
 	var oldest time.Time
+	n := 0
 	for _, p := range applied {
+		if s := mesh.Service(p.Service); s == nil || !s.Imported {
+			continue // every cluster's projections reach every agent: only this cluster's imports count
+		}
+		n++
 		m.version.WithLabelValues(p.Service.Namespace, p.Service.Name, p.Origin).Set(float64(p.Version))
 		if oldest.IsZero() || p.ExportTime.Before(oldest) {
 			oldest = p.ExportTime
 		}
 	}
+	m.services.Set(float64(n))
 	m.mu.Lock()
 	m.oldest = oldest
 	ign := ci.Selection.Ignored
+	// Once per origin and service while it lasts (not per version: a periodic rewrite would log
+	// and count it again).
 	fresh := m.seen.update(len(ign), func(i int) string {
 		p := ign[i].Projection
-		return fmt.Sprintf("%v/%s/%s/%s/%d", ign[i].NotControl, p.Region, p.Origin, p.Service, p.Version)
+		return fmt.Sprintf("%v/%v/%s/%s/%s", ign[i].NotControl, ign[i].NotExported, p.Region, p.Origin, p.Service)
 	})
 	type problem struct {
 		svc model.ServiceKey
@@ -368,6 +375,12 @@ func (m *importMetrics) observe(mesh *model.Mesh) {
 		if g.NotControl {
 			m.ignored.WithLabelValues("not_control").Inc()
 			m.log.Warn("config projection ignored: its origin is not the control cluster", "origin", g.Projection.Origin,
+				"service", g.Projection.Service.String(), "version", g.Projection.Version, "reason", g.Reason)
+			continue
+		}
+		if g.NotExported {
+			m.ignored.WithLabelValues("not_exported").Inc()
+			m.log.Warn("config projection ignored: its origin does not export the service", "origin", g.Projection.Origin,
 				"service", g.Projection.Service.String(), "version", g.Projection.Version, "reason", g.Reason)
 			continue
 		}

@@ -355,14 +355,21 @@ func TestConfigImportReachesModel(t *testing.T) {
 		v.Routes[0].Rules[0].Backends[0].Service = &registryv1.ServiceRef{Namespace: "shop", Name: backend}
 		return registry.Record[*registryv1.ServiceConfigProjection]{Key: o(cluster).ConfigKey("shop", "pay"), Origin: o(cluster), Value: v}
 	}
-	sources := func(c *configImport) model.Sources {
+	mark := func(cluster, name string, at time.Time) model.ExportMark {
+		return model.ExportMark{Service: model.ServiceKey{Namespace: "shop", Name: name}, Cluster: cluster, Region: "eu",
+			Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}, Created: at}
+	}
+	sources := func(c *configImport, gammaExports bool) model.Sources {
 		s := model.Sources{Cluster: "alpha", MeshDomain: "mesh", TrustDomain: "aether.internal",
 			MeshNamespaces: map[string]bool{"shop": true},
 			Imports: []*mcsv1beta1.ServiceImport{{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "pay"},
 				Spec: mcsv1beta1.ServiceImportSpec{Type: mcsv1beta1.ClusterSetIP, IPs: []string{"10.96.77.7"},
 					Ports: []mcsv1beta1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}},
-			Exports: []model.ExportMark{{Service: model.ServiceKey{Namespace: "shop", Name: "pay"}, Cluster: "beta", Region: "eu",
-				Ports: []model.ServicePort{{Name: "http", Port: 80, TargetPort: 8080}}, Created: created}},
+			// beta exports pay and ledger (which this cluster does not import).
+			Exports: []model.ExportMark{mark("beta", "pay", created), mark("beta", "ledger", created)},
+		}
+		if gammaExports {
+			s.Exports = append(s.Exports, mark("gamma", "pay", created.Add(time.Minute)))
 		}
 		if err := c.Fill(&s); err != nil {
 			t.Fatal(err)
@@ -375,6 +382,8 @@ func TestConfigImportReachesModel(t *testing.T) {
 		betaBackend string
 		wantIgnored map[string]float64
 		wantProblem bool
+		// gammaUnexported: gamma has no export mark of pay (its projection must not count).
+		gammaUnexported bool
 	}{
 		// beta's export is older: it applies, gamma's is shadowed.
 		{name: "federated", betaBackend: "pay", wantOrigin: "beta", wantIgnored: map[string]float64{"shadowed": 1}},
@@ -382,6 +391,8 @@ func TestConfigImportReachesModel(t *testing.T) {
 		{name: "control cluster", betaBackend: "pay", control: "gamma", wantOrigin: "gamma", wantIgnored: map[string]float64{"not_control": 1}},
 		// beta's route sends to shop/ledger, which this cluster does not import.
 		{name: "backend not imported", betaBackend: "ledger", wantOrigin: "beta", wantIgnored: map[string]float64{"shadowed": 1}, wantProblem: true},
+		// gamma does not export pay: its projection is ignored, even as the control cluster's.
+		{name: "origin not exporting", betaBackend: "pay", wantOrigin: "beta", wantIgnored: map[string]float64{"not_exported": 1}, gammaUnexported: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reg := prometheus.NewRegistry()
@@ -394,7 +405,7 @@ func TestConfigImportReachesModel(t *testing.T) {
 				{Type: registry.Added, Record: rec("gamma", 7, created.Add(time.Minute), "pay")},
 			}})
 			c.mu.Unlock()
-			mesh := model.Assemble(1, sources(c))
+			mesh := model.Assemble(1, sources(c, !tc.gammaUnexported))
 			fe := model.Frontend{Service: model.ServiceKey{Namespace: "shop", Name: "pay"}, Import: true, Port: 80}
 			entries := mesh.Routing.For(fe, "other")
 			if len(entries) != 1 || entries[0].Route.Origin != tc.wantOrigin || entries[0].Route.Name != "pay-canary" {
@@ -416,7 +427,7 @@ func TestConfigImportReachesModel(t *testing.T) {
 			if n := len(collect(t, m.version)); n != 1 {
 				t.Errorf("aether_config_import_version has %d series, want 1", n)
 			}
-			for _, reason := range []string{"shadowed", "not_control"} {
+			for _, reason := range []string{"shadowed", "not_control", "not_exported"} {
 				if got := value(t, m.ignored.WithLabelValues(reason)); got != tc.wantIgnored[reason] {
 					t.Errorf("aether_config_ignored_projections_total{%s} %v, want %v", reason, got, tc.wantIgnored[reason])
 				}

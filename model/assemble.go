@@ -371,8 +371,8 @@ func Assemble(version uint64, in Sources) *Mesh {
 	}
 	m := New(version, in.Cluster, in.MeshDomain, in.TrustDomain, in.Node, services, endpoints, pods)
 	m.skipped = skipped
-	m.imports = &ConfigImports{Selection: SelectProjections(in.Projections, in.ControlCluster)}
-	imported, overridden := ImportRoutes(m.imports.Selection.Applied, routes)
+	m.imports = &ConfigImports{Selection: SelectProjections(in.Projections, in.Exports, in.ControlCluster)}
+	imported, overridden := ImportRoutes(m.imports.Selection.Applied, routes, in.Exports)
 	m.imports.Overridden = overridden
 	var statuses []RouteStatus
 	m.Routing, statuses = ResolveRoutes(m.byKey, append(slices.Clip(routes), imported...))

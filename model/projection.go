@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/proto"
+	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	registryv1 "github.com/aethermesh/aether/api/aether/registry/v1"
 )
@@ -92,10 +93,12 @@ func ProjectionFromProto(origin, region string, svc ServiceKey, c *registryv1.Se
 // IgnoredProjection is a projection SelectProjections did not apply, and why.
 type IgnoredProjection struct {
 	Projection *Projection
-	// NotControl is set when its origin is not the control cluster (a projection nobody should
-	// have written: counted and logged as such).
-	NotControl bool
-	Reason     string
+	// NotControl is set when its origin is not the control cluster, NotExported when its origin
+	// does not export the service (projections nobody should have written: counted and logged as
+	// such).
+	NotControl  bool
+	NotExported bool
+	Reason      string
 }
 
 // ProjectionSelection is what SelectProjections applies per service and what it ignores.
@@ -105,32 +108,51 @@ type ProjectionSelection struct {
 }
 
 // SelectProjections picks, per service, the one projection an importer applies (seed 000,
-// EM3): with controlCluster set, only that cluster's (every other origin's is ignored, NotControl);
-// else the projection of the oldest ServiceExport (ExportCreated), equal times going to the
-// lexically smaller origin cluster, then region: the rule MCS uses for conflicts (KEP-1645), so
-// editing a route (a new Version) never moves authority to another cluster. It is pure and does
-// not depend on the order of ps; Ignored is sorted by service, then origin.
-func SelectProjections(ps []Projection, controlCluster string) ProjectionSelection {
+// EM3). With controlCluster set, only that cluster's projections count (every other origin's is
+// ignored, NotControl). A projection counts only when its origin (cluster and region) exports the
+// service: an export mark of that origin for it is among exports, so no cluster can attach routes
+// to a service it does not export (NotExported). Of the rest, the projection of the oldest export
+// applies, by the create time of the origin's export mark (the projection's own
+// export_create_time is not trusted), equal times going to the lexically smaller origin cluster,
+// then region: the rule MCS uses for conflicts (KEP-1645, CompareExportAge), so editing a route
+// (a new Version) never moves authority to another cluster. It is pure and does not depend on the
+// order of ps or exports; Ignored is sorted by service, then origin.
+func SelectProjections(ps []Projection, exports []ExportMark, controlCluster string) ProjectionSelection {
 	sel := ProjectionSelection{Applied: map[ServiceKey]*Projection{}}
-	byService := map[ServiceKey][]*Projection{}
+	type originKey struct {
+		svc             ServiceKey
+		cluster, region string
+	}
+	marks := make(map[originKey]ExportMark, len(exports))
+	for _, x := range exports {
+		marks[originKey{x.Service, x.Cluster, x.Region}] = x
+	}
+	type cand struct {
+		p    *Projection
+		mark ExportMark
+	}
+	byService := map[ServiceKey][]cand{}
 	for i := range ps {
 		p := &ps[i]
-		if controlCluster != "" && p.Origin != controlCluster {
+		mark, ok := marks[originKey{p.Service, p.Origin, p.Region}]
+		switch {
+		case controlCluster != "" && p.Origin != controlCluster:
 			sel.Ignored = append(sel.Ignored, IgnoredProjection{Projection: p, NotControl: true,
 				Reason: fmt.Sprintf("origin cluster %s is not the control cluster %s", p.Origin, controlCluster)})
-			continue
+		case !ok:
+			sel.Ignored = append(sel.Ignored, IgnoredProjection{Projection: p, NotExported: true,
+				Reason: fmt.Sprintf("cluster %s (region %s) does not export %s", p.Origin, p.Region, p.Service)})
+		default:
+			byService[p.Service] = append(byService[p.Service], cand{p, mark})
 		}
-		byService[p.Service] = append(byService[p.Service], p)
 	}
 	for svc, cands := range byService {
-		slices.SortFunc(cands, func(a, b *Projection) int {
-			return cmp.Or(a.ExportCreated.Compare(b.ExportCreated), cmp.Compare(a.Origin, b.Origin), cmp.Compare(a.Region, b.Region))
-		})
+		slices.SortFunc(cands, func(a, b cand) int { return CompareExportAge(a.mark, b.mark) })
 		w := cands[0]
-		sel.Applied[svc] = w
+		sel.Applied[svc] = w.p
 		for _, l := range cands[1:] {
-			sel.Ignored = append(sel.Ignored, IgnoredProjection{Projection: l, Reason: fmt.Sprintf(
-				"the export of cluster %s is older (created %s) and its projection is applied", w.Origin, w.ExportCreated.UTC().Format(time.RFC3339))})
+			sel.Ignored = append(sel.Ignored, IgnoredProjection{Projection: l.p, Reason: fmt.Sprintf(
+				"the export of cluster %s is older (created %s) and its projection is applied", w.p.Origin, w.mark.Created.UTC().Format(time.RFC3339))})
 		}
 	}
 	slices.SortFunc(sel.Ignored, func(a, b IgnoredProjection) int {
@@ -146,17 +168,28 @@ func SelectProjections(ps []Projection, controlCluster string) ProjectionSelecti
 //     projection cannot attach routes to any other service: authority stays with the service);
 //   - a backendRef (and a RequestMirror's backend) of kind Service becomes kind ServiceImport:
 //     the Service of another cluster has no meaning here, so it resolves to the backend's
-//     clusterset endpoints; a backend that is not imported into this cluster is then not found
-//     and its share of requests gets 500 (aether's rule, a deviation from GEP-1748's "Service
-//     means local", docs/projections.md);
+//     clusterset endpoints (aether's rule, a deviation from GEP-1748's "Service means local",
+//     docs/projections.md); a Service backend the origin does not export (no export mark of the
+//     origin for it in exports) cannot be reached from another cluster, and one that is not
+//     imported into this cluster is not found: either is an invalid backendRef whose share of
+//     requests gets 500;
 //   - every route gets Origin, so it never collides with a local route of the same name;
 //   - local config wins: a service with a local producer route on its ServiceImport (a route in
 //     its namespace with a ServiceImport parentRef naming it) imports nothing, and is returned in
 //     overridden (sorted). Consumer routes need no rule: ResolveRoutes already prefers them for
 //     their namespace's callers.
 //
-// local are this cluster's routes (HTTPRouteModel, GRPCRouteModel). ImportRoutes is pure.
-func ImportRoutes(applied map[ServiceKey]*Projection, local []Route) (imported []Route, overridden []ServiceKey) {
+// local are this cluster's routes (HTTPRouteModel, GRPCRouteModel), exports every cluster's
+// export marks. ImportRoutes is pure.
+func ImportRoutes(applied map[ServiceKey]*Projection, local []Route, exports []ExportMark) (imported []Route, overridden []ServiceKey) {
+	type originKey struct {
+		svc             ServiceKey
+		cluster, region string
+	}
+	exported := make(map[originKey]bool, len(exports))
+	for _, x := range exports {
+		exported[originKey{x.Service, x.Cluster, x.Region}] = true
+	}
 	localProducer := map[ServiceKey]bool{}
 	for _, r := range local {
 		for _, p := range r.Parents {
@@ -186,27 +219,35 @@ func ImportRoutes(applied map[ServiceKey]*Projection, local []Route) (imported [
 				continue
 			}
 			r.Origin, r.Parents, r.GatewayParents, r.Hostnames = p.Origin, parents, nil, nil
-			r.Rules = importRules(r.Rules)
+			r.Rules = importRules(r.Rules, func(b *BackendRef) {
+				if !exported[originKey{b.Service, p.Origin, p.Region}] && b.Invalid == nil {
+					b.Invalid = &Condition{Reason: string(gwv1.RouteReasonBackendNotFound), Message: fmt.Sprintf(
+						"backendRef Service %s: not exported from cluster %s, so not reachable from other clusters", b.Service, p.Origin)}
+				}
+			})
 			imported = append(imported, r)
 		}
 	}
 	return imported, overridden
 }
 
-// importRules copies rules with every Service backendRef made a ServiceImport one.
-func importRules(rules []RouteRule) []RouteRule {
+// importRules copies rules with every Service backendRef (and mirror backend) made a
+// ServiceImport one, after check has seen it (as a Service backend).
+func importRules(rules []RouteRule, check func(*BackendRef)) []RouteRule {
 	out := make([]RouteRule, len(rules))
 	for i, rule := range rules {
 		rule.Backends = slices.Clone(rule.Backends)
 		for j := range rule.Backends {
-			if rule.Backends[j].Kind == BackendService {
-				rule.Backends[j].Kind = BackendServiceImport
+			if b := &rule.Backends[j]; b.Kind == BackendService {
+				check(b)
+				b.Kind = BackendServiceImport
 			}
 		}
 		rule.Filters = slices.Clone(rule.Filters)
 		for j, f := range rule.Filters {
 			if f.Mirror != nil && f.Mirror.Backend.Kind == BackendService {
 				m := *f.Mirror
+				check(&m.Backend)
 				m.Backend.Kind = BackendServiceImport
 				rule.Filters[j].Mirror = &m
 			}

@@ -97,6 +97,7 @@ func TestProjectServiceIsTheLocalProducerConfig(t *testing.T) {
 	// frontend: the same matches in the same order, Service backends now ServiceImport backends.
 	imp := routeSources(t)
 	imp.Projections = []Projection{projectionOf(t, "beta", t0, 1, sourceRoutes(in))}
+	imp.Exports = []ExportMark{betaExport(webKey)}
 	mi := Assemble(1, imp)
 	entries := mi.Routing.For(webImport80, "other")
 	if len(entries) != len(fromAll) {
@@ -113,58 +114,86 @@ func TestProjectServiceIsTheLocalProducerConfig(t *testing.T) {
 			}
 		}
 	}
-	// shop/web-v2 is not imported here: its share is a backend not found, said in Problems.
+	// shop/web-v2 is not exported from beta: its share is a backend not found, said in Problems.
 	probs := mi.ConfigImports().Problems[webKey]
-	if len(probs) == 0 || !strings.Contains(strings.Join(probs, "\n"), "shop/web-v2") {
-		t.Errorf("Problems[shop/web] = %q, want the backend shop/web-v2 not found", probs)
+	if len(probs) == 0 || !strings.Contains(strings.Join(probs, "\n"), "Service shop/web-v2: not exported from cluster beta") {
+		t.Errorf("Problems[shop/web] = %q, want the backend shop/web-v2 not exported from beta", probs)
 	}
 	if st := mi.RouteStatuses(); len(st) != 0 {
 		t.Errorf("importer route statuses = %+v, want none: imported routes have no object here", st)
 	}
 }
 
-// TestSelectProjections: the control cluster's projection only when one is set (others ignored
-// and marked NotControl), else the oldest export, then the smaller cluster name, whatever the
-// versions and the order of the input.
+// betaExport is cluster beta's export mark of svc (region r1, created at t0).
+func betaExport(svc ServiceKey) ExportMark {
+	return ExportMark{Service: svc, Cluster: "beta", Region: "r1", Created: t0}
+}
+
+// TestSelectProjections: only projections of origins that export the service count (others
+// ignored, NotExported); then the control cluster's only when one is set (others ignored and
+// marked NotControl), else the oldest export by the origin's export mark (not by what the
+// projection claims), then the smaller cluster name, whatever the versions and the order of
+// the input.
 func TestSelectProjections(t *testing.T) {
+	var marks []ExportMark
 	p := func(origin string, createdAge int, version uint64) Projection {
-		return Projection{Service: webKey, Origin: origin, Version: version, ExportCreated: t0.Add(time.Duration(createdAge) * time.Second)}
+		created := t0.Add(time.Duration(createdAge) * time.Second)
+		marks = append(marks, ExportMark{Service: webKey, Cluster: origin, Created: created})
+		// The projection claims the oldest time possible: only the mark's counts.
+		return Projection{Service: webKey, Origin: origin, Version: version, ExportCreated: time.Unix(0, 0)}
+	}
+	unexported := func(origin string) Projection {
+		return Projection{Service: webKey, Origin: origin, Version: 1, ExportCreated: time.Unix(0, 0)}
 	}
 	for _, tc := range []struct {
 		name      string
-		in        []Projection
+		in        func() []Projection
 		control   string
 		want      string
 		notCtl    int
+		notExp    int
 		ignoredOK int
 	}{
-		{"oldest export wins over a newer version", []Projection{p("alpha", 10, 99), p("beta", 0, 1)}, "", "beta", 0, 1},
-		{"same creation time: the smaller cluster name", []Projection{p("zeta", 0, 1), p("beta", 0, 7), p("gamma", 0, 3)}, "", "beta", 0, 2},
-		{"control cluster only", []Projection{p("alpha", 10, 1), p("beta", 0, 1)}, "alpha", "alpha", 1, 0},
-		{"control cluster without a projection: nothing applies", []Projection{p("beta", 0, 1)}, "alpha", "", 1, 0},
+		{"oldest export wins over a newer version", func() []Projection { return []Projection{p("alpha", 10, 99), p("beta", 0, 1)} }, "", "beta", 0, 0, 1},
+		{"same creation time: the smaller cluster name", func() []Projection { return []Projection{p("zeta", 0, 1), p("beta", 0, 7), p("gamma", 0, 3)} }, "", "beta", 0, 0, 2},
+		{"control cluster only", func() []Projection { return []Projection{p("alpha", 10, 1), p("beta", 0, 1)} }, "alpha", "alpha", 1, 0, 0},
+		{"control cluster without a projection: nothing applies", func() []Projection { return []Projection{p("beta", 0, 1)} }, "alpha", "", 1, 0, 0},
+		{"an origin that does not export the service cannot take it, whatever it claims", func() []Projection { return []Projection{p("beta", 10, 1), unexported("aaa")} }, "", "beta", 0, 1, 0},
+		{"nor as the control cluster", func() []Projection { return []Projection{p("beta", 0, 1), unexported("alpha")} }, "alpha", "", 1, 1, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rev := slices.Clone(tc.in)
+			marks = nil
+			in := tc.in()
+			rev := slices.Clone(in)
 			slices.Reverse(rev)
-			for _, order := range [][]Projection{tc.in, rev} {
-				sel := SelectProjections(order, tc.control)
+			rmarks := slices.Clone(marks)
+			slices.Reverse(rmarks)
+			for i, order := range [][]Projection{in, rev} {
+				ms := marks
+				if i == 1 {
+					ms = rmarks
+				}
+				sel := SelectProjections(order, ms, tc.control)
 				got := ""
 				if a := sel.Applied[webKey]; a != nil {
 					got = a.Origin
 				}
-				nc, other := 0, 0
+				nc, ne, other := 0, 0, 0
 				for _, ig := range sel.Ignored {
-					if ig.NotControl {
+					switch {
+					case ig.NotExported:
+						ne++
+					case ig.NotControl:
 						nc++
-					} else {
+					default:
 						other++
 					}
 					if ig.Reason == "" {
 						t.Errorf("ignored %s without a reason", ig.Projection)
 					}
 				}
-				if got != tc.want || nc != tc.notCtl || other != tc.ignoredOK {
-					t.Errorf("applied %q, ignored %d not-control and %d others; want %q, %d, %d (%+v)", got, nc, other, tc.want, tc.notCtl, tc.ignoredOK, sel.Ignored)
+				if got != tc.want || nc != tc.notCtl || ne != tc.notExp || other != tc.ignoredOK {
+					t.Errorf("applied %q, ignored %d not-control, %d not-exported and %d others; want %q, %d, %d, %d (%+v)", got, nc, ne, other, tc.want, tc.notCtl, tc.notExp, tc.ignoredOK, sel.Ignored)
 				}
 			}
 		})
@@ -182,23 +211,34 @@ func TestImportRoutesAuthority(t *testing.T) {
 			Parents: []ParentRef{{Kind: ParentService, Service: ServiceKey{"shop", "web-v2"}}, {Index: 1, Kind: ParentService, Service: webKey}},
 			Rules:   []RouteRule{{Matches: []RouteMatch{{Path: PathMatch{Type: MatchPathPrefix, Value: "/"}}}, Backends: []BackendRef{{Kind: BackendService, Service: webKey, Port: 80, Weight: 1}}}}},
 	}
-	applied := map[ServiceKey]*Projection{webKey: {Service: webKey, Origin: "beta", Version: 2, Routes: rogue}}
-	got, overridden := ImportRoutes(applied, nil)
+	applied := map[ServiceKey]*Projection{webKey: {Service: webKey, Origin: "beta", Region: "r1", Version: 2, Routes: rogue}}
+	exports := []ExportMark{betaExport(webKey)}
+	got, overridden := ImportRoutes(applied, nil, exports)
 	if len(got) != 1 || got[0].Name != "grab" || len(got[0].Parents) != 1 || got[0].Parents[0].Service != webKey || got[0].Parents[0].Kind != ParentServiceImport || got[0].Parents[0].Index != 1 {
 		t.Fatalf("ImportRoutes = %+v, want only shop/grab with its ServiceImport parentRef to shop/web (index 1)", got)
 	}
-	if got[0].Origin != "beta" || got[0].Rules[0].Backends[0].Kind != BackendServiceImport || len(overridden) != 0 {
-		t.Errorf("imported route %+v overridden %v, want origin beta and a ServiceImport backend", got[0], overridden)
+	if got[0].Origin != "beta" || got[0].Rules[0].Backends[0].Kind != BackendServiceImport || got[0].Rules[0].Backends[0].Invalid != nil || len(overridden) != 0 {
+		t.Errorf("imported route %+v overridden %v, want origin beta and a valid ServiceImport backend", got[0], overridden)
+	}
+	// A backend the origin does not export is invalid (its share gets 500), a ServiceImport
+	// backend is left to ResolveRoutes.
+	other := ServiceKey{"shop", "web-v2"}
+	applied[webKey].Routes[1].Rules[0].Backends = append(slices.Clone(rogue[1].Rules[0].Backends),
+		BackendRef{Kind: BackendService, Service: other, Port: 80, Weight: 1}, BackendRef{Kind: BackendServiceImport, Service: other, Port: 80, Weight: 1})
+	got, _ = ImportRoutes(applied, nil, exports)
+	bs := got[0].Rules[0].Backends
+	if bs[1].Invalid == nil || !strings.Contains(bs[1].Invalid.Message, "not exported from cluster beta") || bs[2].Invalid != nil {
+		t.Errorf("backends %+v: want the Service web-v2 beta does not export invalid, the ServiceImport web-v2 left alone", bs)
 	}
 	if rogue[1].Rules[0].Backends[0].Kind != BackendService {
 		t.Error("ImportRoutes changed the projection's routes")
 	}
 	local := sourceRoutes(routeSources(t, route("HTTPRoute", "shop", "mine", 0, "  parentRefs:\n  - {group: multicluster.x-k8s.io, kind: ServiceImport, name: web}\n  rules:\n  - {}\n")))
-	if got, overridden := ImportRoutes(applied, local); len(got) != 0 || !slices.Equal(overridden, []ServiceKey{webKey}) {
+	if got, overridden := ImportRoutes(applied, local, exports); len(got) != 0 || !slices.Equal(overridden, []ServiceKey{webKey}) {
 		t.Errorf("with a local producer route on the ServiceImport: imported %+v, overridden %v; want nothing imported, shop/web overridden", got, overridden)
 	}
 	consumer := sourceRoutes(routeSources(t, route("HTTPRoute", "client", "theirs", 0, "  parentRefs:\n  - {group: multicluster.x-k8s.io, kind: ServiceImport, name: web, namespace: shop}\n  rules:\n  - {}\n")))
-	if got, overridden := ImportRoutes(applied, consumer); len(got) != 1 || len(overridden) != 0 {
+	if got, overridden := ImportRoutes(applied, consumer, exports); len(got) != 1 || len(overridden) != 0 {
 		t.Errorf("with a consumer route: imported %d routes, overridden %v; want the projection imported", len(got), overridden)
 	}
 }
@@ -210,6 +250,7 @@ func TestAssembleLocalWinsAndConsumers(t *testing.T) {
 	proj := projectionOf(t, "beta", t0, 4, sourceRoutes(originRoutes(t)))
 	in := routeSources(t, route("HTTPRoute", "client", "theirs", 0, "  parentRefs:\n  - {group: multicluster.x-k8s.io, kind: ServiceImport, name: web, namespace: shop}\n  rules:\n  - {}\n"))
 	in.Projections = []Projection{proj}
+	in.Exports = []ExportMark{betaExport(webKey), betaExport(ServiceKey{"shop", "web-v2"})}
 	m := Assemble(1, in)
 	if got := entryNames(m.Routing.For(webImport80, "other")); got == "" || !strings.Contains(got, "canary") {
 		t.Errorf("callers in other: %q, want the imported routes", got)

@@ -26,6 +26,9 @@ type codec[T proto.Message] struct {
 	new      func() T
 	stamp    func(T, Key)
 	validate func(T) error
+	// maxBytes, when set, refuses a stored value longer than that before it is unmarshalled, so
+	// an oversized record costs a reader no more than its bytes (0: no cap beyond etcd's own).
+	maxBytes int
 }
 
 var endpointCodec = codec[*registryv1.ServiceEndpoint]{
@@ -50,6 +53,8 @@ var exportCodec = codec[*registryv1.ExportMark]{
 		v.Service = &registryv1.ServiceRef{Namespace: k.Namespace, Name: k.Service}
 	},
 	validate: ValidateExport,
+	// Two maps of at most MaxExportedMetadataBytes each, ports and names: far below this.
+	maxBytes: 4 * MaxExportedMetadataBytes,
 }
 
 var configCodec = codec[*registryv1.ServiceConfigProjection]{
@@ -60,6 +65,7 @@ var configCodec = codec[*registryv1.ServiceConfigProjection]{
 		v.Service = &registryv1.ServiceRef{Namespace: k.Namespace, Name: k.Service}
 	},
 	validate: ValidateConfig,
+	maxBytes: MaxConfigBytes,
 }
 
 // Reasons a stored record is skipped (label "reason" of aether_registry_bad_records_total).
@@ -93,6 +99,9 @@ func (c codec[T]) decode(key string, value []byte, modRev int64) (Record[T], err
 	}
 	if k.Kind != c.kind {
 		return Record[T]{}, errOtherKind
+	}
+	if c.maxBytes > 0 && len(value) > c.maxBytes {
+		return Record[T]{}, &badRecordError{reason: badValue, err: fmt.Errorf("decode %s %q: %d bytes: want at most %d", c.kind, key, len(value), c.maxBytes)}
 	}
 	v := c.new()
 	if err := proto.Unmarshal(value, v); err != nil {

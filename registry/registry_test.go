@@ -460,4 +460,9 @@ func TestDecodeStoredRecords(t *testing.T) {
 	if rec, err := DecodeExport(o.ExportKey("shop", "cart"), x); err != nil || rec.Value.GetService().GetName() != "cart" {
 		t.Errorf("DecodeExport = %+v, %v", rec, err)
 	}
+	// An oversized value is refused by its length, before it is unmarshalled (the bytes need
+	// not even be a record).
+	if _, err := DecodeConfig(o.ConfigKey("shop", "cart"), make([]byte, MaxConfigBytes+1)); err == nil || !strings.Contains(err.Error(), "want at most") {
+		t.Errorf("DecodeConfig of %d bytes: %v, want a refusal by size", MaxConfigBytes+1, err)
+	}
 }

@@ -276,17 +276,21 @@ type importWant struct {
 // export time and age, or ReasonPartiallyInvalid listing ci.Problems; False with
 // ReasonOverridden naming the local producer routes on the ServiceImport that replace it,
 // ReasonNotControlCluster when only other origins than the control cluster project the service,
-// else ReasonNoProjection. What it says is what agents running with --import-config apply;
+// else ReasonNoProjection (naming the origins whose projections are ignored because they do not
+// export the service). What it says is what agents running with --import-config apply;
 // the registrar does not know whether they do. ConfigDrift carries model.ConfigDrift's sentences.
 func ImportConditions(imports []model.ServiceKey, ci *model.ConfigImports, routes []model.Route, controlCluster string, now time.Time) map[model.ServiceKey]importWant {
 	out := make(map[model.ServiceKey]importWant, len(imports))
 	if ci == nil {
 		ci = &model.ConfigImports{}
 	}
-	notControl := map[model.ServiceKey][]string{}
+	notControl, notExported := map[model.ServiceKey][]string{}, map[model.ServiceKey][]string{}
 	for _, ig := range ci.Selection.Ignored {
-		if ig.NotControl {
+		switch {
+		case ig.NotControl:
 			notControl[ig.Projection.Service] = append(notControl[ig.Projection.Service], ig.Projection.Origin)
+		case ig.NotExported:
+			notExported[ig.Projection.Service] = append(notExported[ig.Projection.Service], ig.Projection.Origin)
 		}
 	}
 	named := byNamed(routes)
@@ -328,6 +332,9 @@ func ImportConditions(imports []model.ServiceKey, ci *model.ConfigImports, route
 			w.imported.Message = "no cluster projects config for this service"
 			if controlCluster != "" {
 				w.imported.Message = "the control cluster " + controlCluster + " projects no config for this service"
+			}
+			if o := notExported[k]; len(o) > 0 {
+				w.imported.Message += fmt.Sprintf("; the projections from cluster(s) %s are ignored: they do not export this service", strings.Join(o, ", "))
 			}
 			w.importedBase = w.imported.Message
 		}

@@ -233,6 +233,8 @@ func TestImportConditions(t *testing.T) {
 			routes: []model.Route{consumer}, svc: cart, imported: "True Applied", drift: "True Drift", driftHas: "callers in namespace web use consumer routes HTTPRoute web/cart-local"},
 		{name: "not the control cluster", ci: &model.ConfigImports{Selection: model.ProjectionSelection{Ignored: []model.IgnoredProjection{{Projection: rogue, NotControl: true}}}},
 			control: "hub", svc: db, imported: "False NotControlCluster", importedHas: "cluster(s) rogue are ignored: only the control cluster hub's apply", drift: "False NoDrift"},
+		{name: "projection of an origin that does not export the service", ci: &model.ConfigImports{Selection: model.ProjectionSelection{Ignored: []model.IgnoredProjection{{Projection: rogue, NotExported: true}}}},
+			svc: db, imported: "False NoProjection", importedHas: "the projections from cluster(s) rogue are ignored: they do not export this service", drift: "False NoDrift"},
 		{name: "no projection", ci: &model.ConfigImports{}, svc: cache, imported: "False NoProjection", importedHas: "no cluster projects", drift: "False NoDrift"},
 		{name: "no projection from the control cluster", ci: nil, control: "hub", svc: cache, imported: "False NoProjection", importedHas: "the control cluster hub projects no config", drift: "False NoDrift"},
 	} {

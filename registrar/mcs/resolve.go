@@ -431,16 +431,26 @@ func meshPortAnnotation(ports []mcsv1beta1.ServicePort) string {
 // sessionAffinityConfig for a ClientIP timeout) and, in its metadata, the oldest export's exported
 // labels and annotations (KEP-1645, "Labels and Annotations") beside the label
 // aether.io/managed-by: aether; status.clusters lists the exporting clusters.
+//
+// Reserved keys (reservedKey) in a mark are left out here too: the exporting registrar refuses
+// them, but a mark written into the registry some other way must not set aether's own labels or
+// annotations on the ServiceImport.
 func DesiredImport(ns, name string, r Resolution, ips []string) *mcsv1beta1.ServiceImport {
 	oldest := r.Oldest().Value
-	labels := maps.Clone(oldest.GetExportedLabels())
-	if labels == nil {
-		labels = map[string]string{}
+	unreserved := func(m map[string]string, label bool) map[string]string {
+		out := make(map[string]string, len(m))
+		for k, v := range m {
+			if !reservedKey(k, label) {
+				out[k] = v
+			}
+		}
+		return out
 	}
+	labels := unreserved(oldest.GetExportedLabels(), true)
 	labels[model.LabelManagedBy] = model.ManagedByAether
 	var annotations map[string]string
-	if len(oldest.GetExportedAnnotations()) > 0 {
-		annotations = maps.Clone(oldest.GetExportedAnnotations())
+	if a := unreserved(oldest.GetExportedAnnotations(), false); len(a) > 0 {
+		annotations = a
 	}
 	si := &mcsv1beta1.ServiceImport{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name, Labels: labels, Annotations: annotations},

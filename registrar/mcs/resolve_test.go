@@ -354,6 +354,15 @@ func TestDesiredObjects(t *testing.T) {
 	if si.Spec.SessionAffinity != corev1.ServiceAffinityNone || si.Spec.SessionAffinityConfig != nil {
 		t.Errorf("import session affinity %q %v, want None", si.Spec.SessionAffinity, si.Spec.SessionAffinityConfig)
 	}
+	// A mark written into the registry without the exporting registrar's checks: its reserved
+	// keys never reach the ServiceImport (and aether's own label keeps its value).
+	forged := proto.Clone(m).(*registryv1.ExportMark)
+	forged.ExportedLabels = map[string]string{model.LabelManagedBy: "someone", "multicluster.kubernetes.io/service-name": "x", "team": "shop"}
+	forged.ExportedAnnotations = map[string]string{"aether.io/mesh-service": "other/svc", "sub.aether.io/x": "y"}
+	rf, _ := Resolve([]Mark{{Key: o.ExportKey("ns", "svc"), Origin: o, Value: forged}})
+	if fi := DesiredImport("ns", "svc", rf, nil); len(fi.Labels) != 2 || fi.Labels[model.LabelManagedBy] != model.ManagedByAether || fi.Labels["team"] != "shop" || len(fi.Annotations) != 0 {
+		t.Errorf("import of a forged mark: labels %v, annotations %v; want only team and aether's own label", fi.Labels, fi.Annotations)
+	}
 	var got []string
 	for _, p := range si.Spec.Ports {
 		a := "-"
