@@ -123,6 +123,15 @@ func TestBinaryPartitionClaim(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.Eventually(t, 60*time.Second, "A's export mark", hasMark("web", true))
+	// A's config exporter projects web's config after the mark: wait for it, so that the
+	// partition is in A's steady state before B starts.
+	testenv.Eventually(t, 60*time.Second, "A's config projection", func() error {
+		resp, err := cli.Get(ctx, east.ConfigKey("apps", "web"))
+		if err != nil || len(resp.Kvs) == 0 {
+			return fmt.Errorf("no config projection of apps/web: %v", err)
+		}
+		return nil
+	})
 	claimA, err := claimOf()
 	if err != nil || !strings.Contains(claimA, idA) {
 		t.Fatalf("claim %q, %v; want A's cluster ID %s", claimA, err, idA)
