@@ -22,6 +22,17 @@ import (
 func TestPrivilegedGAMMAConsumerRoutes(t *testing.T) {
 	f := startTrafficFixture(t, time.Hour, true, Options{})
 	f.addPod("delta", true)
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		// What Envoy did with listeners, drains and upstreams, for a failure's diagnosis.
+		for _, q := range []string{"listener_manager.listener_", "drain", "upstream_rq_5xx", "upstream_cx_connect_fail", "downstream_cx_destroy_remote"} {
+			if s, err := f.admin("/stats?filter=" + q); err == nil {
+				t.Logf("envoy stats %s:\n%s", q, s)
+			}
+		}
+	})
 	web := model.ServiceKey{Namespace: "web", Name: "http"}
 	mesh := func(version uint64, routes []model.Route) *model.Mesh {
 		base := trafficMesh(f, version)
