@@ -54,6 +54,10 @@ type Mesh struct {
 	// (ResolveGateways), sorted by key; EdgePods are this node's pods that serve one of them.
 	Gateways []*EdgeGateway
 	EdgePods []EdgePod
+	// Authz maps a local pod's UID to the AuthorizationPolicies that select it (model/authz.go),
+	// sorted by namespace, then name; a pod no policy selects has no entry (everything meshed may
+	// call it).
+	Authz map[string][]*AuthzPolicy
 
 	routeStatuses []RouteStatus
 	imports       *ConfigImports
