@@ -147,7 +147,9 @@ func translateAuthz(td string, policies []*model.AuthzPolicy, port uint32, http 
 }
 
 // anyPermission is the RBAC permission that matches every connection or request.
-func anyPermission() *rbacv3.Permission { return &rbacv3.Permission{Rule: &rbacv3.Permission_Any{Any: true}} }
+func anyPermission() *rbacv3.Permission {
+	return &rbacv3.Permission{Rule: &rbacv3.Permission_Any{Any: true}}
+}
 
 // authzPrincipals are the principals of rule r: the caller's client certificate
 // (authenticated.principal_name, matched against the certificate's URI SANs; the inbound TLS
