@@ -343,7 +343,7 @@ func authzAccessLog(p *model.LocalPod, port uint32, http bool) (*accesslogv3.Acc
 	}
 	if http {
 		fields["method"] = "%REQ(:METHOD)%"
-		fields["path"] = "%PATH(WQ:ORIG)%"
+		fields["path"] = "%PATH(WQ)%"
 	}
 	js, err := structpb.NewStruct(fields)
 	if err != nil {
