@@ -4,11 +4,13 @@ import (
 	"cmp"
 	"fmt"
 	"maps"
+	"reflect"
 	"runtime"
 	"slices"
 	"sync"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -114,7 +116,11 @@ type podEntry struct {
 	local     []model.Endpoint
 	listeners []*listenerv3.Listener
 	clusters  []*clusterv3.Cluster
-	valid     bool
+	// authz are the pod's authorization policies (Mesh.Authz), exts the ECDS resources of its
+	// inbound chains' RBAC filters built from them.
+	authz []*model.AuthzPolicy
+	exts  []*core.TypedExtensionConfig
+	valid bool
 }
 
 // Build is the package function Build, rebuilding only what changed since the Builder's last
@@ -343,21 +349,26 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 		ids[id] = true
 		local := b.localEndpoints[p.UID]
 		pe := oldPods[p.UID]
-		if routingChanged || pe == nil || !podEqual(pe.pod, p) || !endpointsEqual(pe.local, local) {
-			ls, cs, err := b.podListeners(p)
+		authz := m.Authz[p.UID]
+		if routingChanged || pe == nil || !podEqual(pe.pod, p) || !endpointsEqual(pe.local, local) || !authzEqual(pe.authz, authz) {
+			ls, cs, xs, err := b.podListeners(p)
 			if err != nil {
 				return nil, fmt.Errorf("build pod %s/%s: %w", p.Namespace, p.Name, err)
 			}
-			pe = &podEntry{pod: p, local: local, listeners: ls, clusters: cs}
+			pe = &podEntry{pod: p, local: local, listeners: ls, clusters: cs, authz: authz, exts: xs}
 		}
 		pods[p.UID] = pe
 		r.Listeners = append(r.Listeners, pe.listeners...)
 		r.Clusters = append(r.Clusters, pe.clusters...)
+		r.Extensions = append(r.Extensions, pe.exts...)
 		for _, l := range pe.listeners {
 			known(pe.valid, l)
 		}
 		for _, c := range pe.clusters {
 			known(pe.valid, c)
+		}
+		for _, x := range pe.exts {
+			known(pe.valid, x)
 		}
 	}
 	// Routed UDP frontends: the node's listeners, one per frontend, and one cluster per route.
@@ -393,6 +404,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	sortByName(r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
 	sortByName(r.Routes, (*routev3.RouteConfiguration).GetName)
 	sortByName(r.Secrets, (*tlsv3.Secret).GetName)
+	sortByName(r.Extensions, (*core.TypedExtensionConfig).GetName)
 
 	svcs := oldSvcs
 	if routingChanged || svcs == nil {
@@ -549,6 +561,12 @@ func podEqual(a, b *model.LocalPod) bool {
 	return a.UID == b.UID && a.Namespace == b.Namespace && a.Name == b.Name && a.ServiceAccount == b.ServiceAccount &&
 		a.ContainerID == b.ContainerID && a.NetnsPath == b.NetnsPath && a.Ready == b.Ready && a.Protocol == b.Protocol &&
 		slices.Equal(a.IPs, b.IPs) && slices.Equal(a.Ports, b.Ports) && slices.Equal(a.Services, b.Services)
+}
+
+// authzEqual reports whether two lists of a pod's authorization policies are equal by value (the
+// model is rebuilt from scratch: equal policies are distinct pointers).
+func authzEqual(a, b []*model.AuthzPolicy) bool {
+	return slices.EqualFunc(a, b, func(x, y *model.AuthzPolicy) bool { return x == y || reflect.DeepEqual(x, y) })
 }
 
 // listenerLimits is the RTDS layer RuntimeLayerName capping each of the pods' listeners (ls, before

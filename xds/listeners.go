@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 
+	accesslogv3 "github.com/envoyproxy/go-control-plane/envoy/config/accesslog/v3"
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
@@ -26,14 +27,15 @@ import (
 	"github.com/aethermesh/aether/model"
 )
 
-// podListeners builds the three listeners of one local pod (capture, explicit lane, inbound) and
-// the pod's clusters: its passthrough cluster and the inbound clusters that reach its
-// application ports.
-func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*clusterv3.Cluster, error) {
+// podListeners builds the three listeners of one local pod (capture, explicit lane, inbound), the
+// pod's clusters (its passthrough cluster and the inbound clusters that reach its application
+// ports) and, for a pod that authorization policies select, the ECDS resources of its inbound
+// chains' RBAC filters (authzExtensions).
+func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*clusterv3.Cluster, []*core.TypedExtensionConfig, error) {
 	id := p.SPIFFEID(b.m.TrustDomain)
 	capture, err := b.captureListener(p, id)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	var own []*clusterv3.Cluster
 	if !b.opts.passthroughFromNode {
@@ -41,17 +43,17 @@ func (b *builder) podListeners(p *model.LocalPod) ([]*listenerv3.Listener, []*cl
 	}
 	lane, err := laneListener(p, id)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	ls := []*listenerv3.Listener{capture, lane}
-	inbound, cs, err := b.inboundListener(p, id)
+	inbound, cs, xs, err := b.inboundListener(p, id)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if inbound != nil {
 		ls = append(ls, inbound)
 	}
-	return ls, append(own, cs...), nil
+	return ls, append(own, cs...), xs, nil
 }
 
 // captureListener is the pod's capture listener on 127.0.0.1:15001 inside its netns (the capture
@@ -124,20 +126,24 @@ func laneListener(p *model.LocalPod, id string) (*listenerv3.Listener, error) {
 // SVID, a client certificate from the trust domain required, one filter chain per served port
 // selected by SNI "<port>" (and the exact waypoint SNIs), then HTTP (the caller's identity
 // forwarded as XFCC, SANITIZE_SET with the URI) or raw TCP to the application. A connection gets
-// Options.HandshakeTimeout to send its ClientHello and as long again to finish the handshake. It
-// returns nil when the pod serves no port.
-func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Listener, []*clusterv3.Cluster, error) {
+// Options.HandshakeTimeout to send its ClientHello and as long again to finish the handshake. A
+// pod with authorization policies (Mesh.Authz) gets the RBAC filters of authz.go in every chain,
+// an access log of its denials, and, on HTTP chains, normalized paths (normalize_path,
+// merge_slashes: a path rule must see the path the application will); it returns their ECDS
+// resources too. It returns nil when the pod serves no port.
+func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Listener, []*clusterv3.Cluster, []*core.TypedExtensionConfig, error) {
 	ports := inboundPorts(b.m, p, b.localEndpoints[p.UID])
 	if len(ports) == 0 {
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	}
 	ip, ok := model.MeshAddr(p.IPs)
 	if !ok {
-		return nil, nil, fmt.Errorf("inbound listener: pod has no IP")
+		return nil, nil, nil, fmt.Errorf("inbound listener: pod has no IP")
 	}
+	policies := b.m.Authz[p.UID]
 	ti, err := xdsproto.TLSInspector()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	ts, err := tlsSocket(&tlsv3.DownstreamTlsContext{
 		RequireClientCertificate: wrapperspb.Bool(true),
@@ -150,7 +156,7 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		},
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	// Bounds tls_inspector's wait for the ClientHello, then each chain's handshake.
 	handshake := b.opts.handshakeTimeout()
@@ -162,11 +168,24 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		ListenerFiltersTimeout: handshake,
 	}
 	var clusters []*clusterv3.Cluster
+	var exts []*core.TypedExtensionConfig
 	for _, ipt := range ports {
 		cn := inboundClusterName(p, ipt.port)
+		var filters []*listenerv3.Filter
 		var f *listenerv3.Filter
+		var al *accesslogv3.AccessLog
+		if len(policies) > 0 {
+			xs, err := authzExtensions(b.m.TrustDomain, p, policies, ipt)
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			exts = append(exts, xs...)
+			if al, err = authzAccessLog(p, ipt.port, ipt.protocol.IsHTTP()); err != nil {
+				return nil, nil, nil, err
+			}
+		}
 		if ipt.protocol.IsHTTP() {
-			f, err = hcmFilter(&hcmv3.HttpConnectionManager{
+			h := &hcmv3.HttpConnectionManager{
 				StatPrefix:                  "inbound_http",
 				ForwardClientCertDetails:    hcmv3.HttpConnectionManager_SANITIZE_SET,
 				SetCurrentClientCertDetails: &hcmv3.HttpConnectionManager_SetCurrentClientCertDetails{Uri: true},
@@ -183,12 +202,22 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 					// milliseconds instead.
 					ValidateClusters: wrapperspb.Bool(false),
 				}},
-			})
+			}
+			var pre []*hcmv3.HttpFilter
+			if al != nil {
+				h.AccessLog = []*accesslogv3.AccessLog{al}
+				h.NormalizePath, h.MergeSlashes = wrapperspb.Bool(true), true
+				pre = authzHTTPFilters(p, ipt.port)
+			}
+			f, err = hcmFilter(h, pre...)
+		} else if al != nil {
+			filters = authzNetworkFilters(p, ipt.port)
+			f, err = authzTCPProxy("inbound_tcp", cn, al)
 		} else {
 			f, err = xdsproto.TCPProxy("inbound_tcp", cn)
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		sni := append([]string{strconv.FormatUint(uint64(ipt.port), 10)}, ipt.waypointSNIs...)
 		l.FilterChains = append(l.FilterChains, &listenerv3.FilterChain{
@@ -196,15 +225,15 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 			FilterChainMatch:              &listenerv3.FilterChainMatch{ServerNames: sni, TransportProtocol: "tls"},
 			TransportSocket:               ts,
 			TransportSocketConnectTimeout: handshake,
-			Filters:                       []*listenerv3.Filter{f},
+			Filters:                       append(filters, f),
 		})
 		c, err := inboundCluster(p, ipt, b.opts.ConnectTimeout)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		clusters = append(clusters, c)
 	}
-	return l, clusters, nil
+	return l, clusters, exts, nil
 }
 
 // inboundPort is one application port a local pod serves through 15008.
