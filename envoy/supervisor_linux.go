@@ -44,6 +44,13 @@ type SupervisorConfig struct {
 	StableAfter time.Duration
 	// CheckInterval is how often a running Envoy is checked (default 1 s).
 	CheckInterval time.Duration
+	// MaxLogBytes bounds each of Envoy's output files in StateDir (envoy.out: its stdout and
+	// stderr, which carry the authorization access log; envoy.log: its own log): every
+	// CheckInterval, a file larger than this is copied to <name>.1 (replacing the previous copy)
+	// and truncated, so each takes at most about twice this on disk (default 64 MiB). A pod can
+	// make Envoy write (every refused call is logged): without a bound it could fill the node's
+	// disk.
+	MaxLogBytes int64
 	Logger        *slog.Logger
 }
 
@@ -102,6 +109,9 @@ func NewSupervisor(cfg SupervisorConfig) (*Supervisor, error) {
 	}
 	if cfg.CheckInterval <= 0 {
 		cfg.CheckInterval = time.Second
+	}
+	if cfg.MaxLogBytes <= 0 {
+		cfg.MaxLogBytes = 64 << 20
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -413,8 +423,10 @@ func (s *Supervisor) lastOutput(from int64) string {
 }
 
 // Run keeps one Envoy running until ctx ends; Envoy keeps running afterwards. It adopts a
-// running Envoy first and starts one only when none runs.
+// running Envoy first and starts one only when none runs. Meanwhile it keeps Envoy's output
+// files under MaxLogBytes (boundLogs).
 func (s *Supervisor) Run(ctx context.Context) error {
+	go s.boundLogs(ctx)
 	backoff := &restartBackoff{min: s.cfg.MinBackoff, max: s.cfg.MaxBackoff, stableAfter: s.cfg.StableAfter}
 	for {
 		watch := s.adoptOrStart(ctx)
@@ -657,4 +669,57 @@ func (s *Supervisor) lockHolders() []int {
 		}
 	}
 	return out
+}
+
+// boundLogs keeps envoy.out and envoy.log under MaxLogBytes (trimLog) every CheckInterval until
+// ctx ends.
+func (s *Supervisor) boundLogs(ctx context.Context) {
+	t := time.NewTicker(s.cfg.CheckInterval)
+	defer t.Stop()
+	for {
+		for _, name := range []string{"envoy.out", "envoy.log"} {
+			p := filepath.Join(s.cfg.StateDir, name)
+			if trimmed, err := trimLog(p, s.cfg.MaxLogBytes); err != nil {
+				s.log.Error("bound envoy output file", "file", p, "err", err)
+			} else if trimmed {
+				s.log.Info("envoy output file reached its bound: copied to .1 and truncated", "file", p, "maxBytes", s.cfg.MaxLogBytes)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// trimLog copies path to path+".1" (replacing it) and truncates path when path is larger than
+// max bytes ("copytruncate": Envoy keeps its file open with O_APPEND, so its next write lands at
+// the new end). It reports whether it trimmed; a missing file is not an error. Lines written
+// between the copy and the truncation are lost (at most the writes of that moment).
+func trimLog(path string, max int64) (bool, error) {
+	st, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) || (err == nil && st.Size() <= max) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	src, err := os.Open(path)
+	if err != nil {
+		return false, err
+	}
+	defer src.Close()
+	dst, err := os.OpenFile(path+".1", os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+	if err != nil {
+		return false, err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		dst.Close()
+		return false, fmt.Errorf("copy to %s.1: %w", path, err)
+	}
+	if err := dst.Close(); err != nil {
+		return false, err
+	}
+	return true, os.Truncate(path, 0)
 }
