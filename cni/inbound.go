@@ -103,6 +103,9 @@ func (s *Server) SetInboundPolicies(ctx context.Context, m map[string]PodInbound
 	}
 	s.inSetMu.Lock()
 	defer s.inSetMu.Unlock()
+	// Compared with what the pods may have: a set given before Serve started is compared with
+	// the persisted one, so a pod whose policy it drops is updated too.
+	s.loadInbound()
 	s.inMu.Lock()
 	changed := maps.Clone(s.inDirty)
 	if changed == nil {
@@ -201,19 +204,26 @@ func (s *Server) saveInbound(m map[string]PodInbound) error {
 	return atomicfile.Write(filepath.Join(s.Config.StateDir, inboundStateFile), b, 0o600)
 }
 
-// loadInbound sets the per-pod inbound policies from inboundStateFile (LoadInboundPolicies)
-// unless SetInboundPolicies came first. A file it cannot take is logged and refused: every pod
-// then has the node default until the agent sets the policies.
+// loadInbound sets the per-pod inbound policies from inboundStateFile (LoadInboundPolicies),
+// once, unless SetInboundPolicies has set them. A file it cannot take is logged and refused:
+// every pod then has the node default until the agent sets the policies.
 func (s *Server) loadInbound() {
+	s.inMu.Lock()
+	done := s.inLoaded || s.inSet
+	s.inMu.Unlock()
+	if done {
+		return
+	}
 	m, err := LoadInboundPolicies(s.Config.StateDir, s.Config.DNSPort)
+	s.inMu.Lock()
+	defer s.inMu.Unlock()
+	if s.inLoaded || s.inSet {
+		return // the agent's set came first: it is newer
+	}
+	s.inLoaded = true
 	if err != nil {
 		s.Log.Error("persisted inbound policies refused: every pod has the node default inbound mode until the policies are set again", "err", err)
 		return
-	}
-	s.inMu.Lock()
-	defer s.inMu.Unlock()
-	if s.inSet {
-		return // the agent's set came first: it is newer
 	}
 	s.inbound = m
 	if len(m) > 0 {

@@ -46,7 +46,8 @@ func TestSetInboundPoliciesRefusesInvalid(t *testing.T) {
 }
 
 // TestInboundPoliciesPersisted: a set is persisted 0600, normalized (ports sorted and
-// de-duplicated, entries that change nothing dropped) and loaded back; a missing file is no
+// de-duplicated, entries that change nothing dropped) and loaded back; a fresh server compares
+// a set with the persisted one; a missing file is no
 // policy; a file that does not parse, of another version, or with a policy the capture refuses
 // is an error naming the file.
 func TestInboundPoliciesPersisted(t *testing.T) {
@@ -71,6 +72,15 @@ func TestInboundPoliciesPersisted(t *testing.T) {
 	}
 	if want := (PodInbound{Mode: capture.ModePermissive, StrictPorts: []uint16{8080, 9090}}); len(m) != 1 || !m["uid-a"].equal(want) {
 		t.Fatalf("loaded %+v, want only uid-a %+v", m, want)
+	}
+	// A server that has not served yet compares a set with the persisted one: an empty set
+	// drops uid-a's policy (and would update its pod), so it is written.
+	s2 := &Server{Config: ServerConfig{StateDir: dir}}
+	if err := s2.SetInboundPolicies(context.Background(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := LoadInboundPolicies(dir, 0); err != nil || len(m) != 0 {
+		t.Fatalf("persisted set after an empty set on a fresh server = %v, %v; want none", m, err)
 	}
 	for _, tc := range []struct{ name, content, want string }{
 		{"not JSON", "{", "unexpected end of JSON input"},

@@ -168,12 +168,14 @@ type Server struct {
 	udpEver  []netip.AddrPort
 	// inSetMu serializes SetInboundPolicies. inMu guards inbound, the per-pod inbound policies
 	// by pod UID (SetInboundPolicies; loaded from the state dir at start), and the state of
-	// their last change: inSet once SetInboundPolicies was called (a persisted set loaded later
-	// must not replace it), inDirty the pod UIDs whose change has not reached every pod yet,
-	// inUnsaved while the set in force could not be persisted (a retry of it runs again).
+	// their last change: inLoaded once the persisted set was read (or refused), inSet once
+	// SetInboundPolicies was called (a persisted set loaded later must not replace it), inDirty
+	// the pod UIDs whose change has not reached every pod yet, inUnsaved while the set in force
+	// could not be persisted (a retry of it runs again).
 	inSetMu   sync.Mutex
 	inMu      sync.Mutex
 	inbound   map[string]PodInbound
+	inLoaded  bool
 	inSet     bool
 	inDirty   map[string]bool
 	inUnsaved bool
