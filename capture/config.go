@@ -15,7 +15,8 @@ const (
 	// the pod's own loopback, from the node (NodeSources) to the probe ports (ProbePorts) and on
 	// ExcludeInboundPorts; any other new inbound TCP connection is refused with a TCP reset.
 	ModeStrict Mode = "strict"
-	// ModePermissive also accepts plaintext TCP from anywhere, for migration.
+	// ModePermissive also accepts plaintext TCP from anywhere, for migration, except on
+	// Config.StrictPorts.
 	ModePermissive Mode = "permissive"
 )
 
@@ -65,8 +66,25 @@ type Config struct {
 	// ExcludeOutboundPorts are TCP destination ports never redirected.
 	ExcludeOutboundPorts []uint16
 	// ExcludeInboundPorts are TCP ports accepted in plaintext even in strict mode (for example
-	// a metrics port scraped by a non-meshed Prometheus).
+	// a metrics port scraped by a non-meshed Prometheus). They come from the node's plugin
+	// config and win over StrictPorts: a port in both stays open (Istio's excludeInboundPorts
+	// likewise takes a port out of PeerAuthentication's reach).
 	ExcludeInboundPorts []uint16
+	// StrictPorts are TCP ports refused in plaintext in ModePermissive, as every port is in
+	// ModeStrict: new TCP to them from outside the pod gets a reset, except from NodeSources on
+	// ProbePorts (on every port with NodeAllPorts), and except ports also in
+	// ExcludeInboundPorts. InboundPort, the pod's loopback and established connections are not
+	// affected. Ignored in ModeStrict (every port is strict there). The per-port half of an
+	// Istio PeerAuthentication's portLevelMtls: STRICT.
+	StrictPorts []uint16
+	// PermissivePorts are TCP ports accepted in plaintext from anywhere in ModeStrict (the
+	// per-port PERMISSIVE of a PeerAuthentication). Ignored in ModePermissive. They are kept
+	// apart from ExcludeInboundPorts although strict mode renders both as an accept: those are
+	// the node operator's, fixed at ADD and winning over StrictPorts, these are the mesh
+	// policy's, changed at run time and refused together with StrictPorts, and each has its own
+	// rule (in-exclude-ports, in-permissive-ports), so the rule's comment tells an operator who
+	// opened a port.
+	PermissivePorts []uint16
 	// ExcludeOutboundCIDRs are destination prefixes never redirected.
 	ExcludeOutboundCIDRs []netip.Prefix
 	// NodeSources are the source prefixes of the node's own connections into the pod: the pod's
@@ -123,6 +141,8 @@ func (c Config) withDefaults() Config {
 	c.ClusterDNS = sortedAddrs(c.ClusterDNS)
 	c.ExcludeOutboundPorts = sortedPorts(c.ExcludeOutboundPorts)
 	c.ExcludeInboundPorts = sortedPorts(c.ExcludeInboundPorts)
+	c.StrictPorts = sortedPorts(c.StrictPorts)
+	c.PermissivePorts = sortedPorts(c.PermissivePorts)
 	c.ExcludeOutboundCIDRs = sortedPrefixes(c.ExcludeOutboundCIDRs)
 	c.NodeSources = sortedPrefixes(c.NodeSources)
 	c.ProbePorts = sortedPorts(c.ProbePorts)
@@ -142,14 +162,12 @@ func (c Config) withDefaults() Config {
 
 // Validate reports the first invalid field as an error naming it and its value. Two of
 // CapturePort, InboundPort and DNSPort with one number (zero counting as its default) is an
-// error naming both fields and the number.
+// error naming both fields and the number; so are the errors of ValidInbound.
 func (c Config) Validate() error {
-	switch c.Mode {
-	case "", ModeStrict, ModePermissive:
-	default:
-		return fmt.Errorf("validate capture config: mode %q: want %q or %q", c.Mode, ModeStrict, ModePermissive)
-	}
 	if err := c.validPorts(); err != nil {
+		return err
+	}
+	if err := c.ValidInbound(); err != nil {
 		return err
 	}
 	if len(c.PodIPs) == 0 {
@@ -204,6 +222,45 @@ func (c Config) Validate() error {
 		}
 	}
 	return ValidUDPRedirects(c.UDPRedirects, c.HostIP, c.HostIPv6)
+}
+
+// ValidInbound validates the inbound policy fields alone: Mode, StrictPorts and
+// PermissivePorts, against the port plan of c (CapturePort, InboundPort, DNSPort; zero counting
+// as the default). It is what Validate reports for them, for callers that hold a policy before
+// they hold a pod (cni.Server.SetInboundPolicies). The errors name the field and the value: a
+// mode other than strict, permissive or empty; port 0; a port that is the inbound mTLS port (a
+// strict 15008 would refuse mTLS itself), the capture port or the DNS port; a port in both
+// lists (strictPorts and permissivePorts both hold 8080).
+func (c Config) ValidInbound() error {
+	switch c.Mode {
+	case "", ModeStrict, ModePermissive:
+	default:
+		return fmt.Errorf("validate capture config: mode %q: want %q or %q", c.Mode, ModeStrict, ModePermissive)
+	}
+	d := c.withDefaultPorts()
+	for _, l := range []struct {
+		field string
+		ports []uint16
+	}{{"strictPorts", c.StrictPorts}, {"permissivePorts", c.PermissivePorts}} {
+		for _, p := range l.ports {
+			switch p {
+			case 0:
+				return fmt.Errorf("validate capture config: %s: port 0", l.field)
+			case d.InboundPort:
+				return fmt.Errorf("validate capture config: %s: %d is the inboundPort (inbound mTLS is always accepted)", l.field, p)
+			case d.CapturePort:
+				return fmt.Errorf("validate capture config: %s: %d is the capturePort", l.field, p)
+			case d.DNSPort:
+				return fmt.Errorf("validate capture config: %s: %d is the dnsPort", l.field, p)
+			}
+		}
+	}
+	for _, p := range c.StrictPorts {
+		if slices.Contains(c.PermissivePorts, p) {
+			return fmt.Errorf("validate capture config: strictPorts and permissivePorts both hold %d", p)
+		}
+	}
+	return nil
 }
 
 // ValidUDPRedirects returns the error Config.Validate gives for UDPRedirects rs with host

@@ -2,7 +2,8 @@
 // outbound TCP redirected to the capture listener (15001), DNS to the cluster DNS service DNAT'ed
 // to the agent's resolver (HOST_IP:18054), IPv6 captured the same way or dropped, and the inbound
 // policy (strict: only 15008, the pod's loopback and the node's own connections; permissive:
-// plaintext too). docs/capture.md explains each rule and how the node Envoy's connections are
+// plaintext too; per-port overrides of either, Config.StrictPorts and Config.PermissivePorts).
+// docs/capture.md explains each rule and how the node Envoy's connections are
 // recognised.
 //
 // Rules are data built by a pure function (Build), rendered for nftables and iptables, and

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -128,10 +129,12 @@ func familyOf(a netip.Addr) Family {
 // (MetadataAddrs) are left uncaptured and refused in filter output: TCP with a reset, the rest
 // dropped.
 //
-// Inbound (filter input): established/related and loopback accepted; in ModeStrict only
-// InboundPort, NodeSources on ProbePorts (on every port with NodeAllPorts) and
-// ExcludeInboundPorts accept new TCP, any other new TCP connection gets a reset. UDP and ICMP
-// are not meshed and pass.
+// Inbound (filter input): established/related and loopback accepted, so a policy change never
+// cuts a connection already accepted; in ModeStrict only InboundPort, NodeSources on ProbePorts
+// (on every port with NodeAllPorts), ExcludeInboundPorts and PermissivePorts accept new TCP, any
+// other new TCP connection gets a reset; in ModePermissive new TCP is accepted except on
+// StrictPorts (less ExcludeInboundPorts), where only NodeSources on ProbePorts (every port with
+// NodeAllPorts) are accepted and the rest gets a reset. UDP and ICMP are not meshed and pass.
 func Build(cfg Config) (RuleSet, error) {
 	if err := cfg.Validate(); err != nil {
 		return RuleSet{}, fmt.Errorf("build capture rules: %w", err)
@@ -227,24 +230,53 @@ func Build(cfg Config) (RuleSet, error) {
 	if !v6 {
 		in.Rules = append(in.Rules, Rule{ID: "in6-drop", Family: FamilyIPv6, Verdict: Verdict{Kind: VerdictDrop}})
 	}
-	if c.Mode == ModeStrict {
+	switch strictPorts := c.strictPorts(); {
+	case c.Mode == ModeStrict:
 		in.Rules = append(in.Rules, Rule{ID: "in-mtls", L4: protoTCP, DstPorts: []uint16{c.InboundPort}, Verdict: Verdict{Kind: VerdictAccept}})
-		for _, p := range c.NodeSources {
-			fam := familyOf(p.Addr())
-			switch {
-			case c.NodeAllPorts:
-				in.Rules = append(in.Rules, Rule{ID: "in-node-" + p.String(), Family: fam, L4: protoTCP, Src: p, Verdict: Verdict{Kind: VerdictAccept}})
-			case len(c.ProbePorts) > 0:
-				in.Rules = append(in.Rules, Rule{ID: "in-probe-" + p.String(), Family: fam, L4: protoTCP, Src: p, DstPorts: c.ProbePorts, Verdict: Verdict{Kind: VerdictAccept}})
-			}
-		}
+		in.Rules = append(in.Rules, c.nodeRules()...)
 		if len(c.ExcludeInboundPorts) > 0 {
 			in.Rules = append(in.Rules, Rule{ID: "in-exclude-ports", L4: protoTCP, DstPorts: c.ExcludeInboundPorts, Verdict: Verdict{Kind: VerdictAccept}})
 		}
+		if len(c.PermissivePorts) > 0 {
+			in.Rules = append(in.Rules, Rule{ID: "in-permissive-ports", L4: protoTCP, DstPorts: c.PermissivePorts, Verdict: Verdict{Kind: VerdictAccept}})
+		}
 		in.Rules = append(in.Rules, Rule{ID: "in-strict-reject", L4: protoTCP, Verdict: Verdict{Kind: VerdictReject}})
+	case len(strictPorts) > 0:
+		// Permissive with strict ports: the node's probes first, then a reset on those ports
+		// only. InboundPort is never among them (ValidInbound), so mTLS needs no accept here.
+		in.Rules = append(in.Rules, c.nodeRules()...)
+		in.Rules = append(in.Rules, Rule{ID: "in-strict-ports-reject", L4: protoTCP, DstPorts: strictPorts, Verdict: Verdict{Kind: VerdictReject}})
 	}
 	rs.Chains = append(rs.Chains, in)
 	return rs, nil
+}
+
+// nodeRules are the accepts of the node's own connections (NodeSources) that come before a
+// strict reject: to ProbePorts, or to every port with NodeAllPorts. c has its defaults.
+func (c Config) nodeRules() []Rule {
+	var rules []Rule
+	for _, p := range c.NodeSources {
+		fam := familyOf(p.Addr())
+		switch {
+		case c.NodeAllPorts:
+			rules = append(rules, Rule{ID: "in-node-" + p.String(), Family: fam, L4: protoTCP, Src: p, Verdict: Verdict{Kind: VerdictAccept}})
+		case len(c.ProbePorts) > 0:
+			rules = append(rules, Rule{ID: "in-probe-" + p.String(), Family: fam, L4: protoTCP, Src: p, DstPorts: c.ProbePorts, Verdict: Verdict{Kind: VerdictAccept}})
+		}
+	}
+	return rules
+}
+
+// strictPorts returns the ports a permissive pod refuses in plaintext: StrictPorts less
+// ExcludeInboundPorts (the node operator's exclusion wins). c has its defaults (sorted lists).
+func (c Config) strictPorts() []uint16 {
+	var out []uint16
+	for _, p := range c.StrictPorts {
+		if !slices.Contains(c.ExcludeInboundPorts, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // Comment returns the rule's tag, "aether:<id>#<digest>", where digest is the first 8 hex digits

@@ -54,6 +54,25 @@ var goldenConfigs = []struct {
 			{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53, LocalPort: 16123},
 		},
 	}},
+	// Per-port modes (PeerAuthentication's portLevelMtls): a permissive pod with strict ports
+	// (9090 is also excluded by the operator: it stays open), and a strict pod with permissive
+	// ports next to an operator exclusion.
+	{"permissive-strict-ports", Config{
+		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources: prefixes("10.244.1.1/32", "192.168.0.10/32"), ProbePorts: []uint16{8080},
+		Mode: ModePermissive, StrictPorts: []uint16{9090, 8443, 8080, 8443}, ExcludeInboundPorts: []uint16{9090},
+	}},
+	{"permissive-strict-ports-node-all-ports-dual-stack", Config{
+		PodIPs: addrs("10.244.1.5", "fd00:10:244:1::5"), HostIP: netip.MustParseAddr("192.168.0.10"),
+		HostIPv6: netip.MustParseAddr("fd00::10"), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources: prefixes("10.244.1.1/32", "fd00:10:244:1::1/128"), NodeAllPorts: true,
+		Mode: ModePermissive, StrictPorts: []uint16{8080},
+	}},
+	{"strict-permissive-ports", Config{
+		PodIPs: addrs("10.244.1.5"), HostIP: netip.MustParseAddr("192.168.0.10"), ClusterDNS: addrs("10.96.0.10"),
+		NodeSources: prefixes("10.244.1.1/32"), ProbePorts: []uint16{8081},
+		PermissivePorts: []uint16{9000, 8443}, ExcludeInboundPorts: []uint16{9090}, StrictPorts: []uint16{8080},
+	}},
 	{"no-dns-custom-ports", Config{
 		PodIPs: addrs("10.244.1.5"), CapturePort: 16001, InboundPort: 16008, ExcludeOutboundPorts: []uint16{443},
 	}},
@@ -201,6 +220,16 @@ func TestValidate(t *testing.T) {
 			c.HostIP, c.ClusterDNS = netip.Addr{}, nil
 			c.UDPRedirects = []UDPRedirect{{VIP: netip.MustParseAddr("10.96.0.24"), Port: 53, LocalPort: 16123}}
 		}, "udpRedirects: 10.96.0.24 is IPv4 but hostIP is not set"},
+		{"strict port zero", func(c *Config) { c.StrictPorts = []uint16{8080, 0} }, "strictPorts: port 0"},
+		{"permissive port zero", func(c *Config) { c.PermissivePorts = []uint16{0} }, "permissivePorts: port 0"},
+		{"strict inbound port", func(c *Config) { c.StrictPorts = []uint16{15008} }, "strictPorts: 15008 is the inboundPort"},
+		{"strict moved inbound port", func(c *Config) { c.InboundPort, c.StrictPorts = 16008, []uint16{16008} }, "strictPorts: 16008 is the inboundPort"},
+		{"permissive inbound port", func(c *Config) { c.PermissivePorts = []uint16{15008} }, "permissivePorts: 15008 is the inboundPort"},
+		{"strict capture port", func(c *Config) { c.StrictPorts = []uint16{15001} }, "strictPorts: 15001 is the capturePort"},
+		{"permissive capture port", func(c *Config) { c.PermissivePorts = []uint16{15001} }, "permissivePorts: 15001 is the capturePort"},
+		{"strict dns port", func(c *Config) { c.StrictPorts = []uint16{18054} }, "strictPorts: 18054 is the dnsPort"},
+		{"permissive moved dns port", func(c *Config) { c.DNSPort, c.PermissivePorts = 15053, []uint16{15053} }, "permissivePorts: 15053 is the dnsPort"},
+		{"port in both lists", func(c *Config) { c.StrictPorts, c.PermissivePorts = []uint16{8080, 9090}, []uint16{9090} }, "strictPorts and permissivePorts both hold 9090"},
 		{"mapped dns, only host ipv6", func(c *Config) {
 			c.HostIP, c.HostIPv6 = netip.Addr{}, netip.MustParseAddr("fd00::1")
 			c.ClusterDNS = addrs("::ffff:10.96.0.10")
@@ -248,5 +277,92 @@ func TestBuildUnmapsIPv4MappedInput(t *testing.T) {
 		if !strings.Contains(txt, want) {
 			t.Errorf("rule set lacks %q:\n%s", want, txt)
 		}
+	}
+}
+
+// TestBuildPerPortModes: what the per-port overrides do to the inbound chain, by mode.
+func TestBuildPerPortModes(t *testing.T) {
+	base := goldenConfigs[0].cfg // strict IPv4, probe ports 8080 and 8081 from the node
+	input := func(t *testing.T, c Config) string {
+		t.Helper()
+		rs, err := Build(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ch := rs.Chains[len(rs.Chains)-1]
+		if ch.Hook != HookInputFilter {
+			t.Fatalf("last chain is %s, want the input chain", ch.Name)
+		}
+		var ids []string
+		for _, r := range ch.Rules {
+			ids = append(ids, r.ID+" "+r.nftMatch()+" "+r.nftVerdict())
+		}
+		return strings.Join(ids, "\n")
+	}
+	for _, tc := range []struct {
+		name          string
+		mut           func(*Config)
+		want, notWant []string
+		sameAs        func(*Config) // the chain equals this configuration's
+	}{
+		{name: "strict ports ignored in strict mode",
+			mut:    func(c *Config) { c.StrictPorts = []uint16{8080} },
+			sameAs: func(c *Config) {}},
+		{name: "permissive ports ignored in permissive mode",
+			mut:    func(c *Config) { c.Mode, c.PermissivePorts = ModePermissive, []uint16{9000} },
+			sameAs: func(c *Config) { c.Mode = ModePermissive }},
+		{name: "permissive with strict ports refuses only them, probes from the node first",
+			mut: func(c *Config) { c.Mode, c.StrictPorts = ModePermissive, []uint16{9443, 8080} },
+			want: []string{
+				"in-probe-10.244.1.1/32 meta nfproto ipv4 ip saddr 10.244.1.1 meta l4proto tcp tcp dport { 8080, 8081 } accept",
+				"in-strict-ports-reject meta l4proto tcp tcp dport { 8080, 9443 } reject with tcp reset",
+			},
+			notWant: []string{"in-mtls", "in-strict-reject"}},
+		{name: "an operator exclusion wins over a strict port",
+			mut: func(c *Config) {
+				c.Mode, c.StrictPorts, c.ExcludeInboundPorts = ModePermissive, []uint16{9090, 8443}, []uint16{9090}
+			},
+			want:    []string{"in-strict-ports-reject meta l4proto tcp tcp dport 8443 reject with tcp reset"},
+			notWant: []string{"9090"}},
+		{name: "strict ports all excluded: plain permissive",
+			mut: func(c *Config) {
+				c.Mode, c.StrictPorts, c.ExcludeInboundPorts = ModePermissive, []uint16{9090}, []uint16{9090}
+			},
+			sameAs: func(c *Config) { c.Mode = ModePermissive }},
+		{name: "strict with permissive ports accepts them before the reject",
+			mut: func(c *Config) { c.PermissivePorts, c.ExcludeInboundPorts = []uint16{9000}, []uint16{9100} },
+			want: []string{
+				"in-exclude-ports meta l4proto tcp tcp dport 9100 accept\nin-permissive-ports meta l4proto tcp tcp dport 9000 accept\nin-strict-reject",
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			tc.mut(&c)
+			got := input(t, c)
+			for _, w := range tc.want {
+				if !strings.Contains(got, w) {
+					t.Errorf("input chain lacks %q:\n%s", w, got)
+				}
+			}
+			for _, w := range tc.notWant {
+				if strings.Contains(got, w) {
+					t.Errorf("input chain has %q:\n%s", w, got)
+				}
+			}
+			if tc.sameAs != nil {
+				o := base
+				tc.sameAs(&o)
+				if want := input(t, o); got != want {
+					t.Errorf("input chain:\n%s\nwant:\n%s", got, want)
+				}
+			}
+		})
+	}
+	// A changed strict port changes its rule's comment (drift detection by comments).
+	a, b := base, base
+	a.Mode, a.StrictPorts = ModePermissive, []uint16{8080}
+	b.Mode, b.StrictPorts = ModePermissive, []uint16{8443}
+	if input(t, a) == input(t, b) {
+		t.Error("different strict ports render the same input chain")
 	}
 }

@@ -166,6 +166,19 @@ type Server struct {
 	udpDirty bool
 	udpGone  []netip.AddrPort
 	udpEver  []netip.AddrPort
+	// inSetMu serializes SetInboundPolicies. inMu guards inbound, the per-pod inbound policies
+	// by pod UID (SetInboundPolicies; loaded from the state dir at start), and the state of
+	// their last change: inLoaded once the persisted set was read (or refused), inSet once
+	// SetInboundPolicies was called (a persisted set loaded later must not replace it), inDirty
+	// the pod UIDs whose change has not reached every pod yet, inUnsaved while the set in force
+	// could not be persisted (a retry of it runs again).
+	inSetMu   sync.Mutex
+	inMu      sync.Mutex
+	inbound   map[string]PodInbound
+	inLoaded  bool
+	inSet     bool
+	inDirty   map[string]bool
+	inUnsaved bool
 }
 
 func (s *Server) defaults() { s.once.Do(s.setDefaults) }
@@ -241,6 +254,9 @@ func (s *Server) Serve(ctx context.Context) error {
 		}
 	}
 	s.loadUDP()
+	// Before the first repair: a restarted agent repairs each pod with the inbound policy it
+	// last gave it, never with a more open node default.
+	s.loadInbound()
 	s.repaired = make(chan struct{})
 	hs := &http.Server{Handler: s.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
@@ -418,11 +434,17 @@ func validateRequest(r cniv1.Request, needNetns bool) error {
 	return nil
 }
 
-// rules builds a record's capture rule set from the node-wide settings and the record.
+// rules builds a record's capture rule set from the node-wide settings, the record and the
+// pod's inbound policy (SetInboundPolicies). The inbound mode is the policy's, else the plugin
+// config's (the record's), else ServerConfig.Mode.
 func (s *Server) rules(r *Record) (capture.RuleSet, error) {
 	mode := s.Config.Mode
 	if r.Capture.InboundMode != "" {
 		mode = capture.Mode(r.Capture.InboundMode)
+	}
+	pol := s.inboundOf(r.Attachment.PodUID)
+	if pol.Mode != "" {
+		mode = pol.Mode
 	}
 	var nodes []netip.Prefix
 	for _, g := range r.Gateways {
@@ -442,6 +464,7 @@ func (s *Server) rules(r *Record) (capture.RuleSet, error) {
 		ProbePorts: r.ProbePorts, NodeAllPorts: !r.ProbesRecorded, AllowCloudMetadata: s.Config.AllowCloudMetadata,
 		ExcludeOutboundPorts: r.Capture.ExcludeOutboundPorts, ExcludeInboundPorts: r.Capture.ExcludeInboundPorts,
 		ExcludeOutboundCIDRs: r.Capture.ExcludeOutboundCIDRs, UDPRedirects: udp,
+		StrictPorts: pol.StrictPorts, PermissivePorts: pol.PermissivePorts,
 	})
 }
 
@@ -1061,24 +1084,12 @@ func (s *Server) repairLive(ctx context.Context, cur *Record, announce bool) err
 	if !cur.ProbesRecorded {
 		s.learnProbePorts(ctx, cur)
 	}
-	rs, err := s.rules(cur)
-	if err != nil {
-		return err
-	}
-	changed, err := s.Backend.Apply(cur.Attachment.NetnsPath, rs)
-	if err != nil {
-		return err
-	}
+	changed, err := s.applyRules(cur)
 	if changed {
 		s.Log.Warn("repair: capture rules restored or updated", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name)
-		// Flows to routed VIPs may have been translated by the rules this replaced (an ADD's,
-		// built from an older set; a drift): their next datagrams meet these.
-		s.udpMu.Lock()
-		ever := slices.Clone(s.udpEver)
-		s.udpMu.Unlock()
-		if _, err := capture.ForgetUDPFlows(cur.Attachment.NetnsPath, ever); err != nil {
-			return err
-		}
+	}
+	if err != nil {
+		return err
 	}
 	if !announce {
 		return nil
@@ -1086,4 +1097,25 @@ func (s *Server) repairLive(ctx context.Context, cur *Record, announce bool) err
 	dctx, cancel := context.WithTimeout(ctx, s.Config.DataplaneTimeout)
 	defer cancel()
 	return s.Dataplane.PodAdded(dctx, cur.LocalPod())
+}
+
+// applyRules builds a captured record's rules, applies them (capture.Backend.Apply: nothing is
+// written when they already match) and reports whether the live rules changed. The caller holds
+// the record's lock.
+func (s *Server) applyRules(cur *Record) (changed bool, err error) {
+	rs, err := s.rules(cur)
+	if err != nil {
+		return false, err
+	}
+	changed, err = s.Backend.Apply(cur.Attachment.NetnsPath, rs)
+	if err != nil || !changed {
+		return changed, err
+	}
+	// Flows to routed VIPs may have been translated by the rules this replaced (an ADD's,
+	// built from an older set; a drift): their next datagrams meet these.
+	s.udpMu.Lock()
+	ever := slices.Clone(s.udpEver)
+	s.udpMu.Unlock()
+	_, err = capture.ForgetUDPFlows(cur.Attachment.NetnsPath, ever)
+	return true, err
 }
