@@ -96,7 +96,9 @@ func TestConvertAuthz(t *testing.T) {
 // TestConvertAuthzRefusals has one case per refusal: each names the field and the value.
 func TestConvertAuthzRefusals(t *testing.T) {
 	src := func(s sec.AuthorizationSource) func(*sec.AuthorizationPolicy) {
-		return func(p *sec.AuthorizationPolicy) { p.Spec.Rules = []sec.AuthorizationRule{{Sources: []sec.AuthorizationSource{s}}} }
+		return func(p *sec.AuthorizationPolicy) {
+			p.Spec.Rules = []sec.AuthorizationRule{{Sources: []sec.AuthorizationSource{s}}}
+		}
 	}
 	target := func(r sec.PolicyTargetReferenceWithLabelSelectors) func(*sec.AuthorizationPolicy) {
 		return func(p *sec.AuthorizationPolicy) { p.Spec.TargetRefs = []sec.PolicyTargetReferenceWithLabelSelectors{r} }
