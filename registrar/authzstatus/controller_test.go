@@ -145,8 +145,11 @@ func TestControllerRealAPIServer(t *testing.T) {
 	}
 	web := sec.PolicyTargetReferenceWithLabelSelectors{Kind: "Service", Name: "web"}
 	later := sec.PolicyTargetReferenceWithLabelSelectors{Kind: "Service", Name: "later"}
+	// Discovery may list the new group a moment after the CRD is Established.
+	testenv.Eventually(t, 30*time.Second, "the first policy created", func() error {
+		return cl.Create(ctx, policy("ok", sec.ActionAllow, "spiffe://td/ns/a/sa/b", web))
+	})
 	// The CRD lets "spiffe://td/a/../b" through (it checks the scheme only); the conversion does not.
-	create(policy("ok", sec.ActionAllow, "spiffe://td/ns/a/sa/b", web))
 	create(policy("missing", sec.ActionAllow, "spiffe://td/*", later))
 	create(policy("bad-deny", sec.ActionDeny, "spiffe://td/a/../b", web))
 	create(policy("bad-allow", sec.ActionAllow, "spiffe://td/a/../b", web))
