@@ -14,6 +14,7 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
@@ -23,6 +24,7 @@ import (
 	"github.com/aethermesh/aether/dnsd"
 	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/authzsource"
 	"github.com/aethermesh/aether/internal/clusterid"
 	"github.com/aethermesh/aether/internal/kubeconfig"
 	"github.com/aethermesh/aether/model"
@@ -88,6 +90,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	routes := NewRouteSource(log, gw, cs.Discovery(), notify("routes"))
+	dyn, err := dynamic.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	authz := &authzsource.Source{Dynamic: dyn, Discovery: cs.Discovery(), Log: log.With("part", "authz"), OnChange: notify("authz")}
 	// Endpoint deletions wait two lease TTLs after the registry was last unreachable: long
 	// enough for writers cut off with this node to reconnect and re-register (registryView).
 	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, notify("registry"))
@@ -105,7 +112,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// Imported route config (--import-config): the last-known projections are served from the
 	// start, until the registry's config watch syncs.
 	imports := newImportMetrics(metrics.reg, log.With("part", "config-import"))
-	sources := fillers{kube, routes}
+	sources := fillers{kube, routes, authzPolicies{authz}}
 	var cimp *configImport
 	configFile := newStateFile(cfg.StateDir, configStateFile, "config-projections", cfg.Cluster)
 	if cfg.ImportConfig {
@@ -204,6 +211,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if err := routes.Start(ctx, 2*time.Minute); err != nil {
+		return err
+	}
+	if err := authz.Start(ctx, 2*time.Minute); err != nil {
 		return err
 	}
 	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })

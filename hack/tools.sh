@@ -22,6 +22,7 @@ etcd_dir=$T/etcd-$ETCD_VERSION
 cni_dir=$T/cni-plugins-$CNI_PLUGINS_VERSION
 sc_dir=$T/staticcheck-$STATICCHECK_VERSION
 pgg_dir=$T/protoc-gen-go-$PROTOC_GEN_GO_VERSION
+cg_dir=$T/controller-gen-$CONTROLLER_GEN_VERSION
 bs_dir=$T/benchstat-$BENCHSTAT_VERSION
 coredns_dir=$T/coredns-$COREDNS_VERSION
 containerd_dir=$T/containerd-$CONTAINERD_VERSION
@@ -39,6 +40,7 @@ AETHER_ETCD=$etcd_dir/etcd
 AETHER_CNI_BIN_DIR=$cni_dir
 AETHER_STATICCHECK=$sc_dir/staticcheck
 AETHER_PROTOC_GEN_GO=$pgg_dir/protoc-gen-go
+AETHER_CONTROLLER_GEN=$cg_dir/controller-gen
 AETHER_BENCHSTAT=$bs_dir/benchstat
 AETHER_COREDNS=$coredns_dir/coredns
 AETHER_CONTAINERD_DIR=$containerd_dir
@@ -160,6 +162,7 @@ go_build cni-plugins "$CNI_PLUGINS_VERSION" cni-plugins "$cni_dir" \
   "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" "${cni_pkgs[@]}"
 go_build staticcheck "$STATICCHECK_VERSION" staticcheck "$sc_dir" "" honnef.co/go/tools/cmd/staticcheck
 go_build protoc-gen-go "$PROTOC_GEN_GO_VERSION" protoc-gen-go "$pgg_dir" "" google.golang.org/protobuf/cmd/protoc-gen-go
+go_build controller-gen "$CONTROLLER_GEN_VERSION" controller-gen "$cg_dir" "" sigs.k8s.io/controller-tools/cmd/controller-gen
 go_build benchstat "$BENCHSTAT_VERSION" benchstat "$bs_dir" "" golang.org/x/perf/cmd/benchstat
 go_build coredns "$COREDNS_VERSION" coredns "$coredns_dir" \
   "-X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" github.com/coredns/coredns

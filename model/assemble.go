@@ -10,6 +10,7 @@ import (
 	"time"
 
 	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+	secv1alpha1 "github.com/aethermesh/aether/api/aether/security/v1alpha1"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -112,6 +113,9 @@ type Sources struct {
 	// Edge holds the Gateway API objects of edge Gateways (docs/gateway.md); empty fields where
 	// the CRDs are not installed.
 	Edge EdgeSources
+	// AuthorizationPolicies are the cluster's AuthorizationPolicies (every namespace; none where
+	// the CRD is not installed): ResolveAuthz, SelectAuthz.
+	AuthorizationPolicies []*secv1alpha1.AuthorizationPolicy
 }
 
 // EdgeSources are the inputs of the edge Gateways an agent serves: the cluster's Gateway API
@@ -158,6 +162,10 @@ type EdgeSources struct {
 // the projections SelectProjections applies (ImportRoutes), bind as ResolveRoutes says
 // (Mesh.Routing; Mesh.ConfigImports says what was imported, ignored or overridden), TCPRoutes, TLSRoutes and UDPRoutes as ResolveL4Routes says
 // (Mesh.L4Routing); Mesh.RouteStatuses holds the statuses of both.
+//
+// Authorization: each AuthorizationPolicy is resolved as ResolveAuthz says, a Service target found
+// when it is a local service of the model, and selects this node's pods as SelectAuthz says
+// (Mesh.Authz; Mesh.AuthzResolved holds every policy's result, the inputs of its status).
 //
 // Parts of an object the model cannot hold are left out and listed in Mesh.Skipped, so one odd
 // object never costs the other services their routing: a port number outside 1-65535 (a
@@ -309,6 +317,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 	}
 
 	var pods []*LocalPod
+	podLabels := map[string]map[string]string{}
 	for _, p := range in.Pods {
 		att, ok := in.Attachments[string(p.UID)]
 		if meshed, _ := PodMeshed(p, in.MeshNamespaces[p.Namespace]); !ok || !meshed {
@@ -361,6 +370,7 @@ func Assemble(version uint64, in Sources) *Mesh {
 			}
 		}
 		pods = append(pods, lp)
+		podLabels[lp.UID] = p.Labels
 	}
 	routes := make([]Route, 0, len(in.HTTPRoutes)+len(in.GRPCRoutes))
 	for _, r := range in.GRPCRoutes {
@@ -392,6 +402,11 @@ func Assemble(version uint64, in Sources) *Mesh {
 	m.L4Routing, l4st = ResolveL4Routes(m.byKey, l4)
 	m.routeStatuses = append(m.routeStatuses, l4st...)
 	assembleEdges(m, in, routes)
+	m.authz = ResolveAuthz(in.AuthorizationPolicies, func(k ServiceKey) bool {
+		s := m.byKey[k]
+		return s != nil && s.Local
+	})
+	m.Authz = SelectAuthz(m.authz, m.Pods, podLabels)
 	return m
 }
 

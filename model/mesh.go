@@ -60,6 +60,7 @@ type Mesh struct {
 	Authz map[string][]*AuthzPolicy
 
 	routeStatuses []RouteStatus
+	authz         []AuthzResolved
 	imports       *ConfigImports
 	byKey         map[ServiceKey]*Service
 	byVIP         map[netip.Addr]*Service
@@ -185,6 +186,11 @@ func (m *Mesh) ShortNameClashes() []ShortNameClash { return m.clashes }
 // then the status ResolveL4Routes computed for each L4 route (GRPCRoutes, HTTPRoutes,
 // TCPRoutes, TLSRoutes, UDPRoutes, each kind in the order given); nil for a Mesh made with New.
 func (m *Mesh) RouteStatuses() []RouteStatus { return m.routeStatuses }
+
+// AuthzResolved returns what ResolveAuthz made of each AuthorizationPolicy of the model's
+// sources, sorted by namespace, then name (nil for a Mesh made with New): the inputs of each
+// policy's status.
+func (m *Mesh) AuthzResolved() []AuthzResolved { return m.authz }
 
 // ConfigImports returns what Assemble did with Sources.Projections (nil for a Mesh made with New).
 func (m *Mesh) ConfigImports() *ConfigImports { return m.imports }

@@ -15,6 +15,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/dynamic"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/workqueue"
@@ -28,6 +29,7 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
+	"github.com/aethermesh/aether/registrar/authzstatus"
 	"github.com/aethermesh/aether/registrar/configexport"
 	"github.com/aethermesh/aether/registrar/gateway"
 	"github.com/aethermesh/aether/registrar/mcs"
@@ -102,7 +104,8 @@ type Config struct {
 	// SkipNameValidation allows several registrars in one process (tests).
 	SkipNameValidation bool
 	// RouteCRDRecheck is how often the route status controller looks again for a Gateway API
-	// CRD (the routes', and the Gateway controller's GatewayClass, Gateway and ReferenceGrant)
+	// CRD (the routes', and the Gateway controller's GatewayClass, Gateway and ReferenceGrant;
+	// the AuthorizationPolicy status writer's AuthorizationPolicy CRD too)
 	// that is not installed, and checks that a watched one still is (default 30 s).
 	RouteCRDRecheck time.Duration
 	// EdgeEnvoyImage is the Envoy image of the edge Gateways' Deployments (registrar/gateway:
@@ -284,7 +287,19 @@ func New(cfg Config) (*Registrar, error) {
 	} else {
 		log.Info("registrar: no config projections (Config.Configs unset): config export and import status are off")
 	}
+	// The AuthorizationPolicy status writer: like the route status controller, not paused on a
+	// claim conflict (it reads this cluster's policies and Services and writes only their status).
+	dyn, err := dynamic.NewForConfig(cfg.Kube)
+	if err != nil {
+		return nil, fmt.Errorf("create registrar: dynamic client: %w", err)
+	}
+	authz := &authzstatus.Controller{
+		Client: mgr.GetClient(), Dynamic: dyn, Discovery: disc, Log: log, CRDRecheck: cfg.RouteCRDRecheck,
+		RateLimiter:        workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](100*time.Millisecond, cfg.MaxRetryDelay),
+		SkipNameValidation: cfg.SkipNameValidation,
+	}
 	if err := errors.Join(
+		authz.SetupWithManager(mgr),
 		mgr.Add(view),
 		r.export.SetupWithManager(mgr),
 		r.imp.SetupWithManager(mgr),

@@ -431,7 +431,7 @@ func (e *Exporter) off(ctx context.Context, exports []mcsv1beta1.ServiceExport) 
 func (e *Exporter) setCondition(ctx context.Context, se *mcsv1beta1.ServiceExport, cond metav1.Condition) error {
 	cond.Type = ConditionConfigExported
 	cond.Message = routestatus.Cut(cond.Message, maxMessage)
-	c, changed := merged(se.Status.Conditions, cond, "", se.Generation, metav1.Now())
+	c, changed := MergeCondition(se.Status.Conditions, cond, "", se.Generation, metav1.Now())
 	if !changed {
 		return nil
 	}

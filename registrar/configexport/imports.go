@@ -103,8 +103,8 @@ func (s *ImportStatus) Reconcile(ctx context.Context, req reconcile.Request) (re
 		return reconcile.Result{}, nil
 	}
 	now := metav1.Now()
-	imp, c1 := merged(si.Status.Conditions, w.imported, w.importedBase, si.Generation, now)
-	drift, c2 := merged(si.Status.Conditions, w.drift, "", si.Generation, now)
+	imp, c1 := MergeCondition(si.Status.Conditions, w.imported, w.importedBase, si.Generation, now)
+	drift, c2 := MergeCondition(si.Status.Conditions, w.drift, "", si.Generation, now)
 	if !c1 && !c2 {
 		return reconcile.Result{}, nil
 	}

@@ -351,11 +351,11 @@ func ImportConditions(imports []model.ServiceKey, ci *model.ConfigImports, route
 	return out
 }
 
-// merged returns want as the condition to write over have (the object's conditions) at
+// MergeCondition returns want as the condition to write over have (the object's conditions) at
 // generation gen: lastTransitionTime kept while the status holds, now when it changes; and
 // whether it differs from what have holds. A message that starts with base stands (base ""
 // compares the whole message).
-func merged(have []metav1.Condition, want metav1.Condition, base string, gen int64, now metav1.Time) (metav1.Condition, bool) {
+func MergeCondition(have []metav1.Condition, want metav1.Condition, base string, gen int64, now metav1.Time) (metav1.Condition, bool) {
 	want.ObservedGeneration, want.LastTransitionTime = gen, now
 	var old *metav1.Condition
 	for i := range have {

@@ -258,18 +258,18 @@ func TestImportConditions(t *testing.T) {
 	ci := &model.ConfigImports{Selection: model.ProjectionSelection{Applied: map[model.ServiceKey]*model.Projection{cart: fromEast}}}
 	a := ImportConditions([]model.ServiceKey{cart}, ci, nil, "", now)[cart]
 	b := ImportConditions([]model.ServiceKey{cart}, ci, nil, "", now.Add(time.Hour))[cart]
-	written, changed := merged(nil, a.imported, a.importedBase, 3, mt0)
+	written, changed := MergeCondition(nil, a.imported, a.importedBase, 3, mt0)
 	if !changed {
 		t.Fatal("a new condition is a change")
 	}
-	if _, changed := merged([]metav1.Condition{written}, b.imported, b.importedBase, 3, mt1); changed {
+	if _, changed := MergeCondition([]metav1.Condition{written}, b.imported, b.importedBase, 3, mt1); changed {
 		t.Errorf("only the age changed (%q -> %q): no write wanted", a.imported.Message, b.imported.Message)
 	}
 }
 
 // TestMerged: lastTransitionTime stays while the status does; reason, message and generation
 // changes are changes.
-func TestMerged(t *testing.T) {
+func TestMergeCondition(t *testing.T) {
 	old := metav1.Condition{Type: ConditionConfigExported, Status: metav1.ConditionTrue, Reason: ReasonExported, Message: "version 1", ObservedGeneration: 2, LastTransitionTime: mt0}
 	other := metav1.Condition{Type: "Valid", Status: metav1.ConditionTrue, Reason: "Valid", LastTransitionTime: mt0}
 	have := []metav1.Condition{other, old}
@@ -286,7 +286,7 @@ func TestMerged(t *testing.T) {
 		{"status", metav1.Condition{Type: ConditionConfigExported, Status: metav1.ConditionFalse, Reason: ReasonTooLarge, Message: "big"}, 2, true, mt1},
 		{"a prefix of the old message is not the same without a base", metav1.Condition{Type: ConditionConfigExported, Status: metav1.ConditionTrue, Reason: ReasonExported, Message: "version"}, 2, true, mt0},
 	} {
-		got, changed := merged(have, c.want, "", c.gen, mt1)
+		got, changed := MergeCondition(have, c.want, "", c.gen, mt1)
 		if changed != c.changed || !got.LastTransitionTime.Equal(&c.ltt) || (changed && (got.Message != c.want.Message || got.ObservedGeneration != c.gen)) {
 			t.Errorf("%s: %+v changed=%v, want changed=%v at %v", c.name, got, changed, c.changed, c.ltt)
 		}

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 )
@@ -26,11 +27,6 @@ const (
 // multicluster.x-k8s.io/v1beta1), forcing ownership of those condition types. An object that is
 // gone is no error.
 func applyConditions(ctx context.Context, c client.Client, kind, namespace, name, manager string, conds ...metav1.Condition) error {
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion(mcsv1beta1.GroupVersion.String())
-	u.SetKind(kind)
-	u.SetNamespace(namespace)
-	u.SetName(name)
 	list := make([]any, 0, len(conds))
 	for i := range conds {
 		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&conds[i])
@@ -39,12 +35,22 @@ func applyConditions(ctx context.Context, c client.Client, kind, namespace, name
 		}
 		list = append(list, m)
 	}
-	if err := unstructured.SetNestedSlice(u.Object, list, "status", "conditions"); err != nil {
-		return fmt.Errorf("apply %s %s/%s conditions: %w", kind, namespace, name, err)
-	}
+	return ApplyStatus(ctx, c, schema.GroupVersion{Group: mcsv1beta1.GroupVersion.Group, Version: mcsv1beta1.GroupVersion.Version}.WithKind(kind), namespace, name, manager, map[string]any{"conditions": list})
+}
+
+// ApplyStatus server-side applies status (the object's status as unstructured JSON: what manager
+// owns in it, every other field left to its owners) to the object gvk namespace/name through its
+// status subresource, as field manager manager, forcing ownership of those fields; a field manager
+// held before and left out of status is released (removed when no other manager holds it). An
+// object that is gone is no error; other errors name the object.
+func ApplyStatus(ctx context.Context, c client.Client, gvk schema.GroupVersionKind, namespace, name, manager string, status map[string]any) error {
+	u := &unstructured.Unstructured{Object: map[string]any{"status": status}}
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace(namespace)
+	u.SetName(name)
 	err := c.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.FieldOwner(manager), client.ForceOwnership)
 	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("apply %s %s/%s conditions: %w", kind, namespace, name, err)
+		return fmt.Errorf("apply %s %s/%s status: %w", gvk.Kind, namespace, name, err)
 	}
 	return nil
 }

@@ -1,0 +1,117 @@
+package v1alpha1_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/yaml"
+
+	sec "github.com/aethermesh/aether/api/aether/security/v1alpha1"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// TestCRDValidation installs the generated CRD (deploy/crds) in a real kube-apiserver and checks
+// its OpenAPI and CEL validation: a full valid policy is stored with its defaults, and each
+// malformed one is refused with the message of the rule it breaks.
+func TestCRDValidation(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, "security.aether.io_authorizationpolicies.yaml"))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if _, err := kubernetes.NewForConfigOrDie(api.Config).CoreV1().Namespaces().Create(ctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res := dynamic.NewForConfigOrDie(api.Config).Resource(sec.Resource).Namespace("shop")
+	create := func(name, spec string) (*unstructured.Unstructured, error) {
+		t.Helper()
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte("spec:\n"+spec), &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		u.SetAPIVersion(sec.GroupVersion.String())
+		u.SetKind("AuthorizationPolicy")
+		u.SetName(name)
+		var err error
+		testenv.Eventually(t, 30*time.Second, "the API server knows the CRD", func() error {
+			var got *unstructured.Unstructured
+			got, err = res.Create(ctx, u, metav1.CreateOptions{})
+			u = got
+			if err != nil && strings.Contains(err.Error(), "the server could not find the requested resource") {
+				return err
+			}
+			return nil
+		})
+		return u, err
+	}
+
+	got, err := create("full", `
+  action: DENY
+  dryRun: true
+  targetRefs:
+  - kind: Service
+    name: web
+  - kind: Pod
+    selector: {}
+  rules:
+  - sources:
+    - type: ServiceAccount
+      serviceAccount: {name: frontend}
+    - type: SPIFFE
+      spiffe: spiffe://partner.example/*
+    - type: Namespace
+      namespace: monitoring
+    networkAttributes: {ports: [8080]}
+    http:
+      methods: [GET]
+      paths: [{value: /api}, {type: Exact, value: /healthz}]
+  - sources: []
+`)
+	if err != nil {
+		t.Fatalf("valid policy refused: %v", err)
+	}
+	var p sec.AuthorizationPolicy
+	b, _ := yaml.Marshal(got.Object)
+	if err := yaml.Unmarshal(b, &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.TargetRefs[0].Group != "" || p.Spec.Rules[0].HTTP.Paths[0].Type != sec.PathMatchPathPrefix ||
+		p.Spec.Rules[1].Sources == nil || len(p.Spec.Rules[1].Sources) != 0 || p.Spec.TargetRefs[1].Selector == nil {
+		t.Errorf("stored policy = %+v: want group and path type defaulted, rule 1's sources [] kept, the Pod target's {} selector kept", p.Spec)
+	}
+
+	for _, tc := range []struct{ name, spec, want string }{
+		{"no targets", "  action: ALLOW\n  targetRefs: []\n", "should have at least 1 items"},
+		{"action", "  action: AUDIT\n  targetRefs: [{kind: Service, name: web}]\n", `Unsupported value: "AUDIT"`},
+		{"target kind", "  action: ALLOW\n  targetRefs: [{kind: Deployment, name: web}]\n", `Unsupported value: "Deployment"`},
+		{"target group", "  action: ALLOW\n  targetRefs: [{group: apps, kind: Service, name: web}]\n", `Unsupported value: "apps"`},
+		{"pod with name", "  action: ALLOW\n  targetRefs: [{kind: Pod, name: web, selector: {}}]\n", "a Pod target takes a selector and no name"},
+		{"pod without selector", "  action: ALLOW\n  targetRefs: [{kind: Pod}]\n", "a Pod target takes a selector and no name"},
+		{"service with selector", "  action: ALLOW\n  targetRefs: [{kind: Service, name: web, selector: {}}]\n", "a Service target takes a name and no selector"},
+		{"service without name", "  action: ALLOW\n  targetRefs: [{kind: Service}]\n", "a Service target takes a name and no selector"},
+		{"source type", "  action: ALLOW\n  targetRefs: [{kind: Service, name: web}]\n  rules: [{sources: [{type: IP}]}]\n", `Unsupported value: "IP"`},
+		{"source field missing", "  action: ALLOW\n  targetRefs: [{kind: Service, name: web}]\n  rules: [{sources: [{type: SPIFFE}]}]\n",
+			"exactly the field that type names must be set"},
+		{"source two fields", "  action: ALLOW\n  targetRefs: [{kind: Service, name: web}]\n  rules: [{sources: [{type: Namespace, namespace: a, spiffe: 'spiffe://td/x'}]}]\n",
+			"exactly the field that type names must be set"},
+		{"spiffe scheme", "  action: ALLOW\n  targetRefs: [{kind: Service, name: web}]\n  rules: [{sources: [{type: SPIFFE, spiffe: 'spiffe:/x'}]}]\n",
+			"a SPIFFE ID starts with spiffe://"},
+		{"port", "  action: ALLOW\n  targetRefs: [{kind: Service, name: web}]\n  rules: [{networkAttributes: {ports: [0]}}]\n", "should be greater than or equal to 1"},
+		{"method", "  action: ALLOW\n  targetRefs: [{kind: Service, name: web}]\n  rules: [{http: {methods: [get]}}]\n", `Unsupported value: "get"`},
+		{"path", "  action: ALLOW\n  targetRefs: [{kind: Service, name: web}]\n  rules: [{http: {paths: [{value: api}]}}]\n", "a path starts with /"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := create(strings.ReplaceAll(strings.ToLower(tc.name), " ", "-"), tc.spec)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("create: %v, want a refusal containing %q", err, tc.want)
+			}
+		})
+	}
+}
