@@ -53,9 +53,9 @@ type AuthzResolved struct {
 	Namespace, Name string
 	// Generation is the object's metadata.generation the result is for.
 	Generation int64
-	// Policy is what the data plane applies to the pods Targets select: nil for an invalid
-	// policy that is not DENY, and for one whose targets are all missing or invalid; an invalid
-	// DENY policy with valid targets has FailClosed set.
+	// Policy is what the data plane applies to the pods Targets select: nil for a policy whose
+	// targets are all missing or invalid; for an invalid policy with valid targets, a DENY with
+	// FailClosed set or an ALLOW without rules (ResolveAuthz).
 	Policy *AuthzPolicy
 	// Errors are the invalid fields, in the object's order; none for a valid policy.
 	Errors []AuthzFieldError
@@ -82,11 +82,13 @@ func (r *AuthzResolved) Missing() []string {
 // policy's own namespace: a Service target is found when serviceExists says the Service
 // exists. The result has one entry per policy, sorted by namespace, then name. It is pure.
 //
-// An invalid policy applies nothing (Policy nil), except an invalid DENY policy (spec.action
-// DENY) with at least one valid target: its Policy has FailClosed set and no rules, so it refuses
-// every caller of its targets (issue #32: a DENY policy that cannot be applied fails closed,
-// never open). A policy's dryRun still holds then: a dry-run DENY that fails closed refuses
-// nothing and counts every caller.
+// Nothing of an invalid policy's rules applies, and it fails closed on its valid targets (at
+// least one needed): an invalid DENY policy (spec.action DENY) gets FailClosed set and no rules,
+// so it refuses every caller of its targets (issue #32: a DENY policy that cannot be applied
+// fails closed, never open); any other invalid policy becomes an ALLOW policy without rules, so
+// its targets accept only what their other ALLOW policies allow (a broken ALLOW policy never
+// opens a pod it closed). A policy's dryRun still holds then: a dry-run policy that fails closed
+// refuses nothing and counts every caller it would refuse.
 func ResolveAuthz(policies []*secv1alpha1.AuthorizationPolicy, serviceExists func(ServiceKey) bool) []AuthzResolved {
 	out := make([]AuthzResolved, 0, len(policies))
 	for _, p := range policies {
@@ -102,6 +104,11 @@ func ResolveAuthz(policies []*secv1alpha1.AuthorizationPolicy, serviceExists fun
 			r.Policy = pol
 		case p.Spec.Action == secv1alpha1.ActionDeny:
 			r.Policy = &AuthzPolicy{Namespace: p.Namespace, Name: p.Name, Action: AuthzDeny, DryRun: p.Spec.DryRun, FailClosed: true}
+		default:
+			// Invalid and not DENY: an ALLOW policy that allows nothing. Its targets stay
+			// closed to everything no other ALLOW policy allows (were it dropped, a typo in a
+			// pod's only ALLOW policy would open the pod to every meshed caller).
+			r.Policy = &AuthzPolicy{Namespace: p.Namespace, Name: p.Name, Action: AuthzAllow, DryRun: p.Spec.DryRun}
 		}
 		out = append(out, r)
 	}

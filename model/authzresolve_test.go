@@ -222,7 +222,7 @@ func TestResolveAuthz(t *testing.T) {
 		missing []string
 	}{
 		{"valid", authzPolicy("a"), "rules", false, 0, []AuthzTarget{{Index: 0, Kind: "Service", Name: "web", Found: true}}, nil},
-		{"invalid allow applies nothing", authzPolicy("a", invalidRule), "", false, 1, []AuthzTarget{{Kind: "Service", Name: "web", Found: true}}, nil},
+		{"invalid allow allows nothing", authzPolicy("a", invalidRule), "allownothing", false, 1, []AuthzTarget{{Kind: "Service", Name: "web", Found: true}}, nil},
 		{"invalid deny fails closed", authzPolicy("a", invalidRule, deny), "failclosed", false, 1, []AuthzTarget{{Kind: "Service", Name: "web", Found: true}}, nil},
 		{"invalid dry-run deny fails closed in dry run", authzPolicy("a", invalidRule, deny, dry), "failclosed", true, 1,
 			[]AuthzTarget{{Kind: "Service", Name: "web", Found: true}}, nil},
@@ -264,6 +264,11 @@ func TestResolveAuthz(t *testing.T) {
 			case "rules":
 				if r.Policy == nil || r.Policy.FailClosed || len(r.Policy.Rules) != len(tc.p.Spec.Rules) {
 					t.Errorf("policy = %+v, want the converted one", r.Policy)
+				}
+			case "allownothing":
+				want := &AuthzPolicy{Namespace: "shop", Name: "a", Action: AuthzAllow, DryRun: tc.dryRun}
+				if d := cmp.Diff(want, r.Policy); d != "" {
+					t.Errorf("policy (-want +got):\n%s", d)
 				}
 			case "failclosed":
 				want := &AuthzPolicy{Namespace: "shop", Name: "a", Action: AuthzDeny, DryRun: tc.dryRun, FailClosed: true}
@@ -318,7 +323,7 @@ func TestSelectAuthz(t *testing.T) {
 		// Two targets selecting one pod: the policy once.
 		{Namespace: "shop", Name: "d-both", Policy: both, Targets: []AuthzTarget{
 			{Kind: "Service", Name: "web", Found: true}, {Kind: "Pod", Selector: sel("app=web"), Found: true}}},
-		// Not applied (invalid ALLOW): selects nothing.
+		// No policy to apply (Policy nil): selects nothing.
 		{Namespace: "shop", Name: "e-invalid", Targets: []AuthzTarget{{Kind: "Pod", Selector: labels.Everything(), Found: true}}},
 		// A missing Service selects nothing.
 		{Namespace: "shop", Name: "f-missing", Policy: pol("shop", "f-missing"), Targets: []AuthzTarget{{Kind: "Service", Name: "gone"}}},

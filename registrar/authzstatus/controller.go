@@ -159,8 +159,11 @@ func Status(p *sec.AuthorizationPolicy, r model.AuthzResolved, now metav1.Time) 
 			msgs[i] = e.Error()
 		}
 		head := "invalid: nothing of the policy applies: "
-		if r.Policy != nil && r.Policy.FailClosed {
+		switch {
+		case r.Policy != nil && r.Policy.FailClosed:
 			head = "invalid: as a DENY policy it fails closed: every caller of its targets is refused until it is fixed: "
+		case r.Policy != nil:
+			head = "invalid: it fails closed as an ALLOW policy that allows nothing: its targets accept only what their other ALLOW policies allow until it is fixed: "
 		}
 		cond.Status, cond.Reason, cond.Message = metav1.ConditionFalse, sec.ReasonInvalid, head+strings.Join(msgs, "; ")
 	case r.Policy == nil:

@@ -52,7 +52,7 @@ func TestStatus(t *testing.T) {
 			[]sec.PolicyTargetReferenceWithLabelSelectors{svc}},
 		{"none found", policy(sec.ActionAllow, gone), "False", sec.ReasonTargetNotFound, `no target found: Service "gone" not found in namespace shop`, nil},
 		{"invalid allow", badRule(policy(sec.ActionAllow, svc)), "False", sec.ReasonInvalid,
-			`invalid: nothing of the policy applies: spec.rules[0].sources[0].spiffe "spiffe://td/a/../b": path segment ".."`, nil},
+			`invalid: it fails closed as an ALLOW policy that allows nothing: its targets accept only what their other ALLOW policies allow until it is fixed: spec.rules[0].sources[0].spiffe "spiffe://td/a/../b": path segment ".."`, []sec.PolicyTargetReferenceWithLabelSelectors{svc}},
 		{"invalid deny fails closed", badRule(policy(sec.ActionDeny, svc, gone)), "False", sec.ReasonInvalid,
 			`invalid: as a DENY policy it fails closed: every caller of its targets is refused until it is fixed: spec.rules[0]`,
 			[]sec.PolicyTargetReferenceWithLabelSelectors{svc}},
@@ -180,7 +180,9 @@ func TestControllerRealAPIServer(t *testing.T) {
 		!strings.Contains(c.Message, `spec.rules[0].sources[0].spiffe "spiffe://td/a/../b"`) {
 		t.Errorf("bad-deny message = %q", c.Message)
 	}
-	wait("bad-allow", want{"False", sec.ReasonInvalid, ""})
+	if c := findAccepted(wait("bad-allow", want{"False", sec.ReasonInvalid, "Service/web"}).Status.Conditions); !strings.Contains(c.Message, "allows nothing") {
+		t.Errorf("bad-allow message = %q", c.Message)
+	}
 	for _, f := range ok.ManagedFields {
 		if f.Subresource == "status" && f.Manager != FieldManager {
 			t.Errorf("status field manager %q, want %q", f.Manager, FieldManager)
