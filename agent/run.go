@@ -112,7 +112,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// Imported route config (--import-config): the last-known projections are served from the
 	// start, until the registry's config watch syncs.
 	imports := newImportMetrics(metrics.reg, log.With("part", "config-import"))
-	sources := fillers{kube, routes, authzPolicies{authz}}
+	sources := fillers{kube, routes, authzPolicies{authz}, inboundDefault(mtlsMode(cfg.InboundMode))}
 	var cimp *configImport
 	configFile := newStateFile(cfg.StateDir, configStateFile, "config-projections", cfg.Cluster)
 	if cfg.ImportConfig {
@@ -420,6 +420,12 @@ func Run(ctx context.Context, cfg Config) error {
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(udpLatest, m) })
 	replaceLatest(udpLatest, asm.Current())
 	go udp.run(ctx, udpLatest)
+	// Inbound mTLS modes per pod and port (PeerAuthentications, and strict wherever an
+	// authorization policy is enforced): the pods' capture rules follow the model.
+	inboundLatest := make(chan *model.Mesh, 1)
+	asm.Subscribe(func(m *model.Mesh) { replaceLatest(inboundLatest, m) })
+	replaceLatest(inboundLatest, asm.Current())
+	go inboundSync(ctx, inboundLatest, cniSrv.SetInboundPolicies, 5*time.Second, log.With("part", "inbound"))
 	cniErr := make(chan error, 1)
 	go func() { cniErr <- cniSrv.Serve(ctx) }()
 	// aether-cni goes into the node's conflist only once the server answers: from then on a pod

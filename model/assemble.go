@@ -116,6 +116,12 @@ type Sources struct {
 	// AuthorizationPolicies are the cluster's AuthorizationPolicies (every namespace; none where
 	// the CRD is not installed): ResolveAuthz, SelectAuthz.
 	AuthorizationPolicies []*secv1alpha1.AuthorizationPolicy
+	// InboundDefault is the mesh default inbound mTLS mode (the agent's --inbound-mode;
+	// MTLSUnset: STRICT) and PeerAuthns the cluster's PeerAuthentication policies (every
+	// namespace): with the authorization policies they give each local pod its Mesh.Inbound
+	// (ResolveInbound).
+	InboundDefault MTLSMode
+	PeerAuthns     []PeerAuthn
 }
 
 // EdgeSources are the inputs of the edge Gateways an agent serves: the cluster's Gateway API
@@ -407,6 +413,10 @@ func Assemble(version uint64, in Sources) *Mesh {
 		return s != nil && s.Local
 	})
 	m.Authz = SelectAuthz(m.authz, m.Pods, podLabels)
+	m.Inbound = make(map[string]PodInbound, len(m.Pods))
+	for _, p := range m.Pods {
+		m.Inbound[p.UID] = ResolveInbound(in.InboundDefault, in.PeerAuthns, p.Namespace, podLabels[p.UID], m.Authz[p.UID])
+	}
 	return m
 }
 

@@ -58,6 +58,9 @@ type Mesh struct {
 	// sorted by namespace, then name; a pod no policy selects has no entry (everything meshed may
 	// call it).
 	Authz map[string][]*AuthzPolicy
+	// Inbound maps each local pod's UID to its inbound mTLS policy (ResolveInbound): the mode
+	// and per-port exceptions its capture rules get.
+	Inbound map[string]PodInbound
 
 	routeStatuses []RouteStatus
 	authz         []AuthzResolved

@@ -36,30 +36,32 @@ type PeerAuthn struct {
 // PodInbound is the inbound mTLS policy one pod gets: Mode (STRICT or PERMISSIVE, never unset)
 // and the ports that differ from it: PermissivePorts in STRICT mode (plaintext accepted there),
 // StrictPorts in PERMISSIVE mode (plaintext refused there), each sorted. Policy names the
-// PeerAuthentication that decided the mode ("" for the mesh default); AuthzStrict lists the
-// ports authorization made strict (see ResolveInbound).
+// PeerAuthentication that decided the mode ("" for the mesh default). AuthzAll is set when
+// authorization made the whole pod STRICT, AuthzStrict lists the ports it made strict otherwise
+// (see ResolveInbound).
 type PodInbound struct {
 	Mode            MTLSMode
 	StrictPorts     []uint32
 	PermissivePorts []uint32
 	Policy          string
+	AuthzAll        bool
 	AuthzStrict     []uint32
 }
 
-// ResolveInbound decides pod's inbound mTLS policy:
+// ResolveInbound decides the inbound mTLS policy of a pod of namespace with podLabels:
 //
-//  1. the PeerAuthentication of pod's namespace whose selector matches podLabels (the oldest when
-//     several do) decides, then the namespace-wide one (no selector), then meshDefault; a mode
-//     left unset in the selecting policy inherits the namespace-wide policy's, then meshDefault;
-//     port modes come from the deciding policy only;
-//  2. authorization needs an identity, which plaintext does not have: every port an enforced
-//     (not dry-run) AuthorizationPolicy of authz covers is STRICT whatever step 1 said (an ALLOW
-//     or FailClosed policy covers every port of the pod, listed in ports; a DENY policy the
-//     ports of its rules, every port when a rule names none). Without this, a plaintext caller
-//     of a permissive pod would pass around the policy.
+//  1. the PeerAuthentication of the pod's namespace whose selector matches podLabels (the oldest
+//     when several do) decides, then the namespace-wide one (no selector), then meshDefault
+//     (MTLSUnset: STRICT); a mode left unset in the selecting policy inherits the
+//     namespace-wide policy's, then meshDefault; port modes come from the deciding policy only;
+//  2. authorization needs an identity, which plaintext does not have: with an enforced (not
+//     dry-run) AuthorizationPolicy among authz that covers every port (an ALLOW policy, a
+//     FailClosed one, a DENY rule that names no port), the whole pod is STRICT (AuthzAll); else
+//     every port a DENY rule names is. Without this, a plaintext caller of a permissive pod would
+//     pass around the policy.
 //
-// ports are the pod's served (target) ports. It is pure; pas may hold every namespace's policies.
-func ResolveInbound(meshDefault MTLSMode, pas []PeerAuthn, namespace string, podLabels map[string]string, authz []*AuthzPolicy, ports []uint32) PodInbound {
+// It is pure; pas may hold every namespace's policies.
+func ResolveInbound(meshDefault MTLSMode, pas []PeerAuthn, namespace string, podLabels map[string]string, authz []*AuthzPolicy) PodInbound {
 	if meshDefault == MTLSUnset {
 		meshDefault = MTLSStrict
 	}
@@ -106,12 +108,14 @@ func ResolveInbound(meshDefault MTLSMode, pas []PeerAuthn, namespace string, pod
 			out.PermissivePorts = append(out.PermissivePorts, port)
 		}
 	}
-	authzStrict := map[uint32]bool{}
+	authzStrict, all := map[uint32]bool{}, false
 	for _, p := range authz {
 		if p.DryRun {
 			continue
 		}
-		all := p.FailClosed || p.Action == AuthzAllow
+		if p.FailClosed || p.Action == AuthzAllow {
+			all = true
+		}
 		for _, r := range p.Rules {
 			if len(r.Ports) == 0 {
 				all = true
@@ -120,11 +124,11 @@ func ResolveInbound(meshDefault MTLSMode, pas []PeerAuthn, namespace string, pod
 				authzStrict[port] = true
 			}
 		}
-		if all {
-			for _, port := range ports {
-				authzStrict[port] = true
-			}
-		}
+	}
+	if all {
+		out.AuthzAll = out.Mode == MTLSPermissive || len(out.PermissivePorts) > 0
+		out.Mode, out.PermissivePorts = MTLSStrict, nil
+		return out
 	}
 	for _, port := range slices.Sorted(maps.Keys(authzStrict)) {
 		if out.Mode == MTLSStrict {

@@ -20,7 +20,6 @@ func TestResolveInbound(t *testing.T) {
 	}
 	withSel := func(p PeerAuthn, s labels.Selector) PeerAuthn { p.Selector = s; return p }
 	podLabels := map[string]string{"app": "cart"}
-	ports := []uint32{8080, 9090}
 	allow := &AuthzPolicy{Namespace: "shop", Name: "only-web", Action: AuthzAllow, Rules: []AuthzRule{{AnySource: true, Ports: []uint32{8080}}}}
 	denyPort := &AuthzPolicy{Namespace: "shop", Name: "no-admin", Action: AuthzDeny, Rules: []AuthzRule{{AnySource: true, Ports: []uint32{9090}}}}
 	dry := &AuthzPolicy{Namespace: "shop", Name: "try", Action: AuthzAllow, DryRun: true, Rules: []AuthzRule{{AnySource: true}}}
@@ -42,16 +41,21 @@ func TestResolveInbound(t *testing.T) {
 		{"same age: smaller name", MTLSStrict, []PeerAuthn{ns("zz", MTLSStrict, 1, nil), ns("aa", MTLSPermissive, 1, nil)}, nil, "PERMISSIVE strict=[] permissive=[] policy=shop/aa authz=[]"},
 		{"strict with one permissive port", MTLSStrict, []PeerAuthn{ns("metrics", MTLSUnset, 0, map[uint32]MTLSMode{9090: MTLSPermissive, 8080: MTLSStrict})}, nil, "STRICT strict=[] permissive=[9090] policy=shop/metrics authz=[]"},
 		{"port modes only from the deciding policy", MTLSStrict, []PeerAuthn{ns("metrics", MTLSUnset, 0, map[uint32]MTLSMode{9090: MTLSPermissive}), withSel(ns("cart", MTLSStrict, 5, nil), sel("app", "cart"))}, nil, "STRICT strict=[] permissive=[] policy=shop/cart authz=[]"},
-		{"an ALLOW policy makes every port strict", MTLSPermissive, nil, []*AuthzPolicy{allow}, "PERMISSIVE strict=[8080 9090] permissive=[] policy= authz=[8080 9090]"},
+		{"an ALLOW policy makes the pod strict", MTLSPermissive, nil, []*AuthzPolicy{allow}, "STRICT strict=[] permissive=[] policy= authz=[] all"},
 		{"a DENY policy its ports", MTLSPermissive, nil, []*AuthzPolicy{denyPort}, "PERMISSIVE strict=[9090] permissive=[] policy= authz=[9090]"},
 		{"authorization closes a permissive port in strict mode", MTLSStrict, []PeerAuthn{ns("metrics", MTLSUnset, 0, map[uint32]MTLSMode{9090: MTLSPermissive})}, []*AuthzPolicy{denyPort}, "STRICT strict=[] permissive=[] policy=shop/metrics authz=[9090]"},
-		{"a fail-closed policy every port", MTLSPermissive, nil, []*AuthzPolicy{{Namespace: "shop", Name: "bad", Action: AuthzDeny, FailClosed: true}}, "PERMISSIVE strict=[8080 9090] permissive=[] policy= authz=[8080 9090]"},
+		{"a fail-closed policy the pod", MTLSPermissive, nil, []*AuthzPolicy{{Namespace: "shop", Name: "bad", Action: AuthzDeny, FailClosed: true}}, "STRICT strict=[] permissive=[] policy= authz=[] all"},
+		{"an ALLOW policy closes permissive ports of a strict pod", MTLSStrict, []PeerAuthn{ns("metrics", MTLSUnset, 0, map[uint32]MTLSMode{9090: MTLSPermissive})}, []*AuthzPolicy{allow}, "STRICT strict=[] permissive=[] policy=shop/metrics authz=[] all"},
+		{"a DENY rule without ports the pod", MTLSPermissive, nil, []*AuthzPolicy{{Namespace: "shop", Name: "d", Action: AuthzDeny, Rules: []AuthzRule{{AnySource: true}}}}, "STRICT strict=[] permissive=[] policy= authz=[] all"},
 		{"a dry run changes nothing", MTLSPermissive, nil, []*AuthzPolicy{dry}, "PERMISSIVE strict=[] permissive=[] policy= authz=[]"},
 		{"already strict ports are not authorization's", MTLSPermissive, []PeerAuthn{ns("p", MTLSUnset, 0, map[uint32]MTLSMode{9090: MTLSStrict})}, []*AuthzPolicy{denyPort}, "PERMISSIVE strict=[9090] permissive=[] policy=shop/p authz=[]"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := ResolveInbound(tc.def, tc.pas, "shop", podLabels, tc.authz, ports)
+			got := ResolveInbound(tc.def, tc.pas, "shop", podLabels, tc.authz)
 			s := fmt.Sprintf("%s strict=%v permissive=%v policy=%s authz=%v", got.Mode, got.StrictPorts, got.PermissivePorts, got.Policy, got.AuthzStrict)
+			if got.AuthzAll {
+				s += " all"
+			}
 			if s != tc.want {
 				t.Errorf("got  %s\nwant %s", s, tc.want)
 			}

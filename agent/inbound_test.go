@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/aethermesh/aether/capture"
+	"github.com/aethermesh/aether/cni"
+	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/model"
+)
+
+// TestInboundSync: each pod's inbound policy of the model reaches the CNI server as capture
+// modes and ports; an unchanged model sets nothing again; a failed set is tried again with the
+// newest model.
+func TestInboundSync(t *testing.T) {
+	mesh := func(v uint64, in map[string]model.PodInbound) *model.Mesh {
+		return &model.Mesh{Version: v, Inbound: in}
+	}
+	var mu sync.Mutex
+	var calls []map[string]cni.PodInbound
+	fail := true
+	set := func(_ context.Context, m map[string]cni.PodInbound) error {
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, m)
+		if fail {
+			fail = false
+			return errors.New("pod p2 not reached")
+		}
+		return nil
+	}
+	ncalls := func() int { mu.Lock(); defer mu.Unlock(); return len(calls) }
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	latest := make(chan *model.Mesh, 1)
+	go inboundSync(ctx, latest, set, 50*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+
+	first := map[string]model.PodInbound{
+		"p1": {Mode: model.MTLSPermissive, StrictPorts: []uint32{8080}},
+		"p2": {Mode: model.MTLSStrict, PermissivePorts: []uint32{9090}},
+	}
+	replaceLatest(latest, mesh(1, first))
+	// The first set fails; the retry sets the same again, successfully.
+	testenv.Eventually(t, 10*time.Second, "the failed set tried again", func() error {
+		if n := ncalls(); n < 2 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	mu.Lock()
+	got := calls[1]
+	mu.Unlock()
+	want := map[string]cni.PodInbound{
+		"p1": {Mode: capture.ModePermissive, StrictPorts: []uint16{8080}},
+		"p2": {Mode: capture.ModeStrict, PermissivePorts: []uint16{9090}},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("set %v, want %v", got, want)
+	}
+	for uid, w := range want {
+		if !samePodInbound(got[uid], w) {
+			t.Errorf("pod %s: %+v, want %+v", uid, got[uid], w)
+		}
+	}
+	// Same policies in a newer model: nothing set.
+	replaceLatest(latest, mesh(2, first))
+	time.Sleep(200 * time.Millisecond)
+	if n := ncalls(); n != 2 {
+		t.Errorf("%d sets after an unchanged model, want 2", n)
+	}
+	// A change: set once more.
+	replaceLatest(latest, mesh(3, map[string]model.PodInbound{"p1": {Mode: model.MTLSStrict}}))
+	testenv.Eventually(t, 10*time.Second, "the changed policy set", func() error {
+		if n := ncalls(); n != 3 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+}
+
+// TestMTLSMode: --inbound-mode's values as model modes.
+func TestMTLSMode(t *testing.T) {
+	for in, want := range map[string]model.MTLSMode{"strict": model.MTLSStrict, "permissive": model.MTLSPermissive, "": model.MTLSStrict} {
+		if got := mtlsMode(in); got != want {
+			t.Errorf("mtlsMode(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
