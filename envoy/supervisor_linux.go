@@ -51,7 +51,7 @@ type SupervisorConfig struct {
 	// make Envoy write (every refused call is logged): without a bound it could fill the node's
 	// disk.
 	MaxLogBytes int64
-	Logger        *slog.Logger
+	Logger      *slog.Logger
 }
 
 // Supervisor keeps exactly one Envoy running for the node. Envoy runs in its own session and
