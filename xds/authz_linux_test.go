@@ -106,8 +106,17 @@ func authzPolicies() []*model.AuthzPolicy {
 // line naming the caller's SPIFFE ID; a policy change reaches Envoy as ECDS only: kept HTTP and
 // TCP connections that stay allowed live on past Envoy's drain time, and the next request on the
 // kept HTTP connection is judged by the new policies.
+//
+// It runs with both xDS protocols: delta (the agent's default, envoy.BootstrapConfig) and
+// state of the world: the RBAC configs travel as ECDS resources in both.
 func TestPrivilegedAuthz(t *testing.T) {
-	f := startTrafficFixture(t, time.Hour, false, Options{})
+	for _, delta := range []bool{true, false} {
+		t.Run(map[bool]string{true: "delta", false: "sotw"}[delta], func(t *testing.T) { testPrivilegedAuthz(t, delta) })
+	}
+}
+
+func testPrivilegedAuthz(t *testing.T, delta bool) {
+	f := startTrafficFixture(t, time.Hour, delta, Options{})
 	sink := &countingSink{}
 	sink.serve(f.pods["server"].Listen(t, "0.0.0.0:9100"))
 	alpha, beta := f.pods["alpha"], f.pods["beta"]
