@@ -92,3 +92,27 @@ func TestMTLSMode(t *testing.T) {
 		}
 	}
 }
+
+// TestCNIInboundReservedPorts: a DENY policy on aether's own inbound port (15008), which a
+// tenant can write and which ResolveInbound turns into a strict port of a permissive pod, never
+// reaches the CNI server as a per-port rule (the CNI server would fail the pod closed; before
+// this, the whole node's set was refused and no pod's mode changed again).
+func TestCNIInboundReservedPorts(t *testing.T) {
+	deny := &model.AuthzPolicy{Namespace: "b", Name: "deny-15008", Action: model.AuthzDeny,
+		Rules: []model.AuthzRule{{AnySource: true, Ports: []uint32{15008, 8080}}}}
+	in := model.ResolveInbound(model.MTLSPermissive, nil, "b", nil, []*model.AuthzPolicy{deny})
+	m := &model.Mesh{Inbound: map[string]model.PodInbound{"uid-b": in}}
+	got := cniInbound(m, capture.DefaultInboundPort, capture.DefaultCapturePort, 18054)["uid-b"]
+	want := cni.PodInbound{Mode: capture.ModePermissive, StrictPorts: []uint16{8080}}
+	if !samePodInbound(got, want) {
+		t.Fatalf("cniInbound = %+v, want %+v", got, want)
+	}
+	dir := t.TempDir()
+	srv := &cni.Server{Config: cni.ServerConfig{StateDir: dir, DNSPort: 18054}}
+	if err := srv.SetInboundPolicies(context.Background(), map[string]cni.PodInbound{"uid-b": got, "uid-a": {Mode: capture.ModeStrict}}); err != nil {
+		t.Fatalf("SetInboundPolicies: %v", err)
+	}
+	if p, err := cni.LoadInboundPolicies(dir, 18054); err != nil || !samePodInbound(p["uid-b"], want) {
+		t.Fatalf("persisted %v, %v; want uid-b %+v", p, err, want)
+	}
+}

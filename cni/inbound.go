@@ -53,24 +53,29 @@ func (p PodInbound) equal(o PodInbound) bool {
 
 // validInbound validates and normalizes a set of policies keyed by pod UID against the port
 // plan of a node whose resolver listens on dnsPort (0: the default); entries that change nothing
-// are dropped. The error names the pod UID, the field and the value
-// (capture.Config.ValidInbound).
+// are dropped. An entry it cannot take fails closed, alone: an invalid policy becomes strict
+// (every port, no exception) and an invalid pod UID is left out; the error names each, with the
+// field and the value (capture.Config.ValidInbound). One pod's bad entry (a port of aether's
+// own, say) never stops the others' updates.
 func validInbound(m map[string]PodInbound, dnsPort uint16) (map[string]PodInbound, error) {
 	out := make(map[string]PodInbound, len(m))
+	var errs []error
 	for _, uid := range slices.Sorted(maps.Keys(m)) {
 		if err := validKeyPart("pod UID", uid); err != nil {
-			return nil, fmt.Errorf("inbound policy: %w", err)
+			errs = append(errs, fmt.Errorf("inbound policy: %w", err))
+			continue
 		}
 		p := m[uid].normalized()
 		c := capture.Config{Mode: p.Mode, StrictPorts: p.StrictPorts, PermissivePorts: p.PermissivePorts, DNSPort: dnsPort}
 		if err := c.ValidInbound(); err != nil {
-			return nil, fmt.Errorf("inbound policy of pod UID %s: %w", uid, err)
+			errs = append(errs, fmt.Errorf("inbound policy of pod UID %s (made strict): %w", uid, err))
+			p = PodInbound{Mode: capture.ModeStrict}
 		}
 		if !p.isDefault() {
 			out[uid] = p
 		}
 	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // inboundOf returns the policy of the pod with uid (the zero PodInbound: the node default).
@@ -80,6 +85,9 @@ func (s *Server) inboundOf(uid string) PodInbound {
 	}
 	s.inMu.Lock()
 	defer s.inMu.Unlock()
+	if s.inStrictAll && !s.inSet {
+		return PodInbound{Mode: capture.ModeStrict}
+	}
 	return s.inbound[uid]
 }
 
@@ -99,7 +107,8 @@ func (s *Server) SetInboundPolicies(ctx context.Context, m map[string]PodInbound
 	s.defaults()
 	want, err := validInbound(m, s.Config.DNSPort)
 	if err != nil {
-		return fmt.Errorf("set inbound policies: %w", err)
+		// The set is taken with those entries failed closed: a retry would not change them.
+		s.Log.Error("inbound policies refused for some pods: they are strict", "err", err)
 	}
 	s.inSetMu.Lock()
 	defer s.inSetMu.Unlock()
@@ -206,7 +215,9 @@ func (s *Server) saveInbound(m map[string]PodInbound) error {
 
 // loadInbound sets the per-pod inbound policies from inboundStateFile (LoadInboundPolicies),
 // once, unless SetInboundPolicies has set them. A file it cannot take is logged and refused:
-// every pod then has the node default until the agent sets the policies.
+// A file that cannot be read at all makes every pod strict until the agent sets the policies
+// (inStrictAll: the pods it had closed stay closed); entries that cannot be taken make their pods
+// strict (validInbound).
 func (s *Server) loadInbound() {
 	s.inMu.Lock()
 	done := s.inLoaded || s.inSet
@@ -221,9 +232,15 @@ func (s *Server) loadInbound() {
 		return // the agent's set came first: it is newer
 	}
 	s.inLoaded = true
-	if err != nil {
-		s.Log.Error("persisted inbound policies refused: every pod has the node default inbound mode until the policies are set again", "err", err)
+	if err != nil && m == nil {
+		// Which pods the file made strict is unknown: all of them are, until the agent sets
+		// the policies (never more open than before the restart).
+		s.inStrictAll = true
+		s.Log.Error("persisted inbound policies refused: every pod is strict until the policies are set again", "err", err)
 		return
+	}
+	if err != nil {
+		s.Log.Error("persisted inbound policies: some entries refused, those pods are strict", "err", err)
 	}
 	s.inbound = m
 	if len(m) > 0 {
@@ -233,9 +250,10 @@ func (s *Server) loadInbound() {
 
 // LoadInboundPolicies returns the per-pod inbound policies persisted in stateDir (the last
 // SetInboundPolicies of a Server on it), keyed by pod UID; none when there is no file. A file
-// that does not parse, has another version than 1, or holds a policy SetInboundPolicies would
-// refuse on a node whose resolver listens on dnsPort (0: the default) is an error naming the
-// file and, for a policy, the pod UID, the field and the value.
+// that does not parse or has another version than 1 is an error naming the file, with no
+// policies; entries SetInboundPolicies would not take on a node whose resolver listens on dnsPort
+// (0: the default) come back failed closed (validInbound) with an error naming the file, the pod
+// UID, the field and the value.
 func LoadInboundPolicies(stateDir string, dnsPort uint16) (map[string]PodInbound, error) {
 	path := filepath.Join(stateDir, inboundStateFile)
 	b, err := os.ReadFile(path)
@@ -249,12 +267,12 @@ func LoadInboundPolicies(stateDir string, dnsPort uint16) (map[string]PodInbound
 	if err == nil && f.Version != 1 {
 		err = fmt.Errorf("version %d: want 1", f.Version)
 	}
-	var m map[string]PodInbound
-	if err == nil {
-		m, err = validInbound(f.Pods, dnsPort)
-	}
 	if err != nil {
 		return nil, fmt.Errorf("inbound policies in %s: %w", path, err)
+	}
+	m, err := validInbound(f.Pods, dnsPort)
+	if err != nil {
+		return m, fmt.Errorf("inbound policies in %s: %w", path, err)
 	}
 	return m, nil
 }

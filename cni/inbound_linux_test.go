@@ -172,19 +172,31 @@ func inboundPolicies(t *testing.T, backend capture.Backend, subnet int) {
 	expect("after a restart", dial{"a", "8080", false}, dial{"d", "8080", false}, dial{"b", "8080", true})
 	exchange(t, client, server, "the kept connection after the restart")
 
-	// A corrupt file is refused (LoadInboundPolicies names it) and the node default applies.
+	// An entry that cannot be taken (LoadInboundPolicies names it) fails closed: its pod is
+	// strict; a pod the file does not name has the node default.
 	ag.stop()
 	path := filepath.Join(state, inboundStateFile)
-	if err := os.WriteFile(path, []byte(`{"version":1,"pods":{"uid-a":{"mode":"strict","strictPorts":[15008]}}}`), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(`{"version":1,"pods":{"uid-a":{"mode":"permissive","strictPorts":[15008]}}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadInboundPolicies(state, 0); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "strictPorts: 15008") {
-		t.Fatalf("LoadInboundPolicies of a corrupt file = %v, want an error naming %s and strictPorts: 15008", err, path)
+	if m, err := LoadInboundPolicies(state, 0); err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "strictPorts: 15008") || m["uid-a"].Mode != capture.ModeStrict {
+		t.Fatalf("LoadInboundPolicies with a bad entry = %v, %v; want uid-a strict and an error naming %s and strictPorts: 15008", m, err, path)
 	}
 	ag = start()
-	expect("corrupt file refused", dial{"a", "8080", true}, dial{"d", "8080", true})
+	expect("bad entry fails closed", dial{"a", "8080", false}, dial{"d", "8080", true})
+	// A file that cannot be read at all: every pod is strict until the policies are set (which
+	// pods it had closed is unknown), new ones too.
+	ag.stop()
+	if err := os.WriteFile(path, []byte(`{"version":1,"pods":`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := LoadInboundPolicies(state, 0); err == nil || m != nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("LoadInboundPolicies of a corrupt file = %v, %v; want an error naming %s and no policies", m, err, path)
+	}
+	ag = start()
+	expect("corrupt file: every pod strict", dial{"a", "8080", false}, dial{"d", "8080", false})
 	add("e")
-	expect("ADD with a corrupt file", dial{"e", "8080", true})
+	expect("ADD with a corrupt file", dial{"e", "8080", false})
 	// Setting the policies again replaces the corrupt file.
 	set(map[string]PodInbound{"uid-a": {Mode: capture.ModeStrict}})
 	expect("set after a corrupt file", dial{"a", "8080", false})

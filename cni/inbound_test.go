@@ -10,18 +10,19 @@ import (
 	"github.com/aethermesh/aether/capture"
 )
 
-// TestSetInboundPoliciesRefusesInvalid: an invalid entry refuses the whole set, naming the pod
-// UID, the field and the value, and nothing of it is taken or persisted.
-func TestSetInboundPoliciesRefusesInvalid(t *testing.T) {
+// TestSetInboundPoliciesFailsClosedPerPod: an entry that cannot be taken is named (pod UID,
+// field, value) and fails closed alone: its pod is strict (an invalid pod UID is left out), and
+// every other entry is taken and persisted, so one pod's bad policy never stops the others'.
+func TestSetInboundPoliciesFailsClosedPerPod(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		pol  PodInbound
 		uid  string
 		want string
 	}{
-		{"bad mode", PodInbound{Mode: "open"}, "uid-a", `pod UID uid-a: validate capture config: mode "open"`},
-		{"port 0", PodInbound{StrictPorts: []uint16{8080, 0}}, "uid-a", "pod UID uid-a: validate capture config: strictPorts: port 0"},
-		{"strict inbound port", PodInbound{StrictPorts: []uint16{15008}}, "uid-a", "strictPorts: 15008 is the inboundPort"},
+		{"bad mode", PodInbound{Mode: "open"}, "uid-a", `pod UID uid-a (made strict): validate capture config: mode "open"`},
+		{"port 0", PodInbound{StrictPorts: []uint16{8080, 0}}, "uid-a", "pod UID uid-a (made strict): validate capture config: strictPorts: port 0"},
+		{"strict inbound port", PodInbound{Mode: capture.ModePermissive, StrictPorts: []uint16{15008}}, "uid-a", "strictPorts: 15008 is the inboundPort"},
 		{"permissive capture port", PodInbound{PermissivePorts: []uint16{15001}}, "uid-a", "permissivePorts: 15001 is the capturePort"},
 		{"the node's dns port", PodInbound{PermissivePorts: []uint16{15053}}, "uid-a", "permissivePorts: 15053 is the dnsPort"},
 		{"both lists", PodInbound{StrictPorts: []uint16{9090}, PermissivePorts: []uint16{9090}}, "uid-a", "strictPorts and permissivePorts both hold 9090"},
@@ -29,17 +30,25 @@ func TestSetInboundPoliciesRefusesInvalid(t *testing.T) {
 		{"uid with a slash", PodInbound{Mode: capture.ModeStrict}, "a/b", `pod UID "a/b"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			set := map[string]PodInbound{tc.uid: tc.pol, "uid-ok": {Mode: capture.ModePermissive, StrictPorts: []uint16{8080}}}
+			if _, err := validInbound(set, 15053); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("validInbound = %v, want an error with %q", err, tc.want)
+			}
 			dir := t.TempDir()
 			s := &Server{Config: ServerConfig{StateDir: dir, DNSPort: 15053}}
-			err := s.SetInboundPolicies(context.Background(), map[string]PodInbound{tc.uid: tc.pol, "uid-ok": {Mode: capture.ModeStrict}})
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("SetInboundPolicies = %v, want an error with %q", err, tc.want)
+			if err := s.SetInboundPolicies(context.Background(), set); err != nil {
+				t.Fatalf("SetInboundPolicies = %v, want the set taken with the bad entry failed closed", err)
 			}
-			if got := s.inboundOf("uid-ok"); !got.isDefault() {
-				t.Errorf("a refused set was taken: uid-ok has %+v", got)
+			if got := s.inboundOf("uid-ok"); got.Mode != capture.ModePermissive || len(got.StrictPorts) != 1 {
+				t.Errorf("the valid entry was not taken: uid-ok has %+v", got)
 			}
-			if _, err := os.Stat(filepath.Join(dir, inboundStateFile)); !os.IsNotExist(err) {
-				t.Errorf("a refused set was persisted: %v", err)
+			got := s.inboundOf(tc.uid)
+			if validKeyPart("pod UID", tc.uid) == nil && (got.Mode != capture.ModeStrict || len(got.PermissivePorts) > 0) {
+				t.Errorf("the bad entry did not fail closed: %s has %+v, want strict", tc.uid, got)
+			}
+			m, err := LoadInboundPolicies(dir, 15053)
+			if err != nil || m["uid-ok"].Mode != capture.ModePermissive {
+				t.Errorf("persisted set = %v, %v; want uid-ok's policy", m, err)
 			}
 		})
 	}
@@ -85,7 +94,7 @@ func TestInboundPoliciesPersisted(t *testing.T) {
 	for _, tc := range []struct{ name, content, want string }{
 		{"not JSON", "{", "unexpected end of JSON input"},
 		{"another version", `{"version":2,"pods":{}}`, "version 2: want 1"},
-		{"refused policy", `{"version":1,"pods":{"uid-a":{"permissivePorts":[0]}}}`, "pod UID uid-a: validate capture config: permissivePorts: port 0"},
+		{"refused policy (that pod made strict)", `{"version":1,"pods":{"uid-a":{"permissivePorts":[0]}}}`, "pod UID uid-a (made strict): validate capture config: permissivePorts: port 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tc.content), 0o600); err != nil {

@@ -171,14 +171,16 @@ type Server struct {
 	// their last change: inLoaded once the persisted set was read (or refused), inSet once
 	// SetInboundPolicies was called (a persisted set loaded later must not replace it), inDirty
 	// the pod UIDs whose change has not reached every pod yet, inUnsaved while the set in force
-	// could not be persisted (a retry of it runs again).
-	inSetMu   sync.Mutex
-	inMu      sync.Mutex
-	inbound   map[string]PodInbound
-	inLoaded  bool
-	inSet     bool
-	inDirty   map[string]bool
-	inUnsaved bool
+	// could not be persisted (a retry of it runs again), inStrictAll while a persisted set that
+	// could not be read at all holds every pod strict (until SetInboundPolicies).
+	inSetMu     sync.Mutex
+	inMu        sync.Mutex
+	inbound     map[string]PodInbound
+	inLoaded    bool
+	inSet       bool
+	inDirty     map[string]bool
+	inUnsaved   bool
+	inStrictAll bool
 }
 
 func (s *Server) defaults() { s.once.Do(s.setDefaults) }
