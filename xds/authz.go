@@ -53,9 +53,16 @@ const (
 )
 
 // AuthzFilterName returns the ECDS resource of the RBAC filter of kind ("deny" or "allow") on the
-// inbound chain of pod p's port: "authz|<ns>/<name>:<port>|<kind>".
-func AuthzFilterName(p *model.LocalPod, port uint32, kind string) string {
-	return "authz|" + p.Namespace + "/" + p.Name + ":" + strconv.FormatUint(uint64(port), 10) + "|" + kind
+// inbound chain of pod p's port: "authz|<ns>/<name>:<port>|<http or tcp>|<kind>". The protocol is
+// in the name because the resource's type is (HTTP or network RBAC): a port that changes protocol
+// gets new names, so a chain still draining never receives a config of the other type (which
+// Envoy would reject).
+func AuthzFilterName(p *model.LocalPod, port uint32, http bool, kind string) string {
+	proto := "tcp"
+	if http {
+		proto = "http"
+	}
+	return "authz|" + p.Namespace + "/" + p.Name + ":" + strconv.FormatUint(uint64(port), 10) + "|" + proto + "|" + kind
 }
 
 // authzStatLabel is the stat name part of one RBAC filter: "authz.<ns>.<pod>.<port>.<kind>", the
@@ -266,7 +273,7 @@ func authzExtensions(td string, p *model.LocalPod, policies []*model.AuthzPolicy
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, &core.TypedExtensionConfig{Name: AuthzFilterName(p, ipt.port, k.kind), TypedConfig: a})
+		out = append(out, &core.TypedExtensionConfig{Name: AuthzFilterName(p, ipt.port, http, k.kind), TypedConfig: a})
 	}
 	return out, nil
 }
@@ -282,7 +289,7 @@ const (
 func authzNetworkFilters(p *model.LocalPod, port uint32) []*listenerv3.Filter {
 	out := make([]*listenerv3.Filter, 0, 2)
 	for _, kind := range []string{authzDeny, authzAllow} {
-		out = append(out, &listenerv3.Filter{Name: AuthzFilterName(p, port, kind), ConfigType: &listenerv3.Filter_ConfigDiscovery{
+		out = append(out, &listenerv3.Filter{Name: AuthzFilterName(p, port, false, kind), ConfigType: &listenerv3.Filter_ConfigDiscovery{
 			ConfigDiscovery: &core.ExtensionConfigSource{ConfigSource: xdsproto.ADS(), TypeUrls: []string{netRBACTypeURL}},
 		}})
 	}
@@ -294,7 +301,7 @@ func authzNetworkFilters(p *model.LocalPod, port uint32) []*listenerv3.Filter {
 func authzHTTPFilters(p *model.LocalPod, port uint32) []*hcmv3.HttpFilter {
 	out := make([]*hcmv3.HttpFilter, 0, 2)
 	for _, kind := range []string{authzDeny, authzAllow} {
-		out = append(out, &hcmv3.HttpFilter{Name: AuthzFilterName(p, port, kind), ConfigType: &hcmv3.HttpFilter_ConfigDiscovery{
+		out = append(out, &hcmv3.HttpFilter{Name: AuthzFilterName(p, port, true, kind), ConfigType: &hcmv3.HttpFilter_ConfigDiscovery{
 			ConfigDiscovery: &core.ExtensionConfigSource{ConfigSource: xdsproto.ADS(), TypeUrls: []string{httpRBACTypeURL}},
 		}})
 	}
