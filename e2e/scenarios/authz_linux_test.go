@@ -317,6 +317,21 @@ func (w *world) authzTwoClusters(t *testing.T) {
 		// TCP: the verdict is taken per connection; new connections only.
 		testenv.Eventually(t, time.Minute, "enforced: "+c.what+" refused (TCP closed without data)", func() error { return w.refusedTCP(c) })
 	}
+	// The first policy of a pod changes its inbound listener (the RBAC filters appear), and the
+	// connections the old chains accepted drain (docs/authorization.md, "Changing policies"):
+	// until the drain closes them, HTTP requests the callers' node Envoys send on the
+	// connections they pooled before the policy are judged by the old chains, without it. Call
+	// through the drain time and log what passed, then hold every verdict.
+	passed := 0
+	for start := time.Now(); time.Since(start) < drainWait; time.Sleep(200 * time.Millisecond) {
+		for _, c := range []authzCaller{otherA, otherB} {
+			if code, _, r, err := w.authzHTTP(c); err == nil && code == http.StatusOK {
+				passed++
+				t.Logf("enforced, %s after the refusals: %s answered 200 by %s (a connection from before the policy, draining)", time.Since(start).Round(time.Millisecond), c.what, r.Server)
+			}
+		}
+	}
+	t.Logf("enforced: %d of the refused callers' requests passed on draining connections during the %s after their first refusals", passed, drainWait)
 	// Every later call must keep its verdict: three of each, now.
 	for range 3 {
 		r, err := w.allowedHTTP(allowed)
