@@ -254,9 +254,13 @@ func (w *world) wantPolicyAccepted(t *testing.T) {
 //     tells it from the allowed one) gets 403 and its TCP connection closed;
 //   - the allow filter's denied counters of guardedPod grow on its node's Envoy.
 //
-// B's registrar writes Accepted=True with the Service as target. Then the policy turns dry run:
-// every caller gets 200 again while the HTTP shadow_denied counter grows. Then it is deleted:
-// every caller gets through, HTTP and TCP.
+// B's registrar writes Accepted=True with the Service as target. The first policy of a pod
+// changes its inbound listener, and until the old chains' connections drain, requests the
+// callers' node Envoys send on connections they pooled before the policy pass unjudged: the
+// scenario calls through drainWait after the first refusals (logging what passed) before it
+// holds every call to its verdict. Then the policy turns dry run: every caller gets through
+// again, HTTP and TCP, while the allow filter's shadow_denied counters (HTTP and TCP) grow. Then
+// it is deleted: every caller gets through.
 func (w *world) authzTwoClusters(t *testing.T) {
 	ctx := context.Background()
 	// The clusterset VIP of guardedSvc in A, and its own VIP in B.
@@ -372,27 +376,38 @@ func (w *world) authzTwoClusters(t *testing.T) {
 		t.Fatalf("dry run: patch %s: %v", authzPolicy, err)
 	}
 	w.wantPolicyAccepted(t)
-	shadow := fmt.Sprintf("http.inbound_http.rbac.authz.%s.%s.%d.allow.dry_run.shadow_denied", ns, guardedPod, substrate.EchoHTTPPort)
-	dryBefore := w.authzStats(t)[shadow]
+	shadows := []string{
+		fmt.Sprintf("http.inbound_http.rbac.authz.%s.%s.%d.allow.dry_run.shadow_denied", ns, guardedPod, substrate.EchoHTTPPort),
+		fmt.Sprintf("authz.%s.%s.%d.allow.rbac.allow_dry_run.shadow_denied", ns, guardedPod, substrate.EchoTCPPort),
+	}
+	dryBefore := w.authzStats(t)
 	for _, c := range []authzCaller{otherA, otherB} {
 		testenv.Eventually(t, 2*time.Minute, "dry run: "+c.what+" answered", func() error {
-			_, err := w.allowedHTTP(c)
-			return err
+			if _, err := w.allowedHTTP(c); err != nil {
+				return err
+			}
+			return w.allowedTCP(c)
 		})
 	}
+	// Dry run changes no listener (only the RBAC configurations): no drain, every verdict holds.
 	for range 3 {
 		for _, c := range everyone {
 			if _, err := w.allowedHTTP(c); err != nil {
 				t.Fatalf("dry run: %v", err)
 			}
+			if err := w.allowedTCP(c); err != nil {
+				t.Fatalf("dry run: %v", err)
+			}
 		}
 	}
-	dryAfter := w.authzStats(t)[shadow]
-	// otherA and otherB: 3 calls each at least counted after the switch reached the node.
-	if dryAfter-dryBefore < 6 {
-		t.Errorf("dry run: %s went from %d to %d, want 6 more at least", shadow, dryBefore, dryAfter)
+	dryAfter := w.authzStats(t)
+	for _, stat := range shadows {
+		// otherA and otherB: 3 calls each at least, counted after the switch reached the node.
+		if dryAfter[stat]-dryBefore[stat] < 6 {
+			t.Errorf("dry run: %s went from %d to %d, want 6 more at least", stat, dryBefore[stat], dryAfter[stat])
+		}
+		t.Logf("dry run: every caller answered; %s %d -> %d", stat, dryBefore[stat], dryAfter[stat])
 	}
-	t.Logf("dry run: every caller answered; %s %d -> %d", shadow, dryBefore, dryAfter)
 
 	// Deleted: everyone through again.
 	if err := policies.Delete(ctx, authzPolicy, metav1.DeleteOptions{}); err != nil {
