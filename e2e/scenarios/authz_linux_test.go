@@ -246,8 +246,8 @@ func (w *world) wantPolicyAccepted(t *testing.T) {
 // authzTwoClusters is the two-cluster authorization scenario (issue #32). In B, an ALLOW
 // AuthorizationPolicy on the exported Service guardedSvc names one source, ServiceAccount
 // ns/authzSA, which in A runs authzPod. With the policy enforced:
-//   - authzPod in A, through B's node waypoint, gets 200 and B's pod sees its SPIFFE ID in XFCC;
-//     its TCP line comes back;
+//   - authzPod in A, through B's node waypoint (its per-service counter grows), gets 200 and B's
+//     pod sees its SPIFFE ID in XFCC; its TCP line comes back;
 //   - A's client (ServiceAccount default) gets 403 "RBAC: access denied", and its TCP
 //     connection is closed without a byte back;
 //   - B's client (ServiceAccount default; the same namespace name, so only the ServiceAccount
@@ -336,7 +336,9 @@ func (w *world) authzTwoClusters(t *testing.T) {
 		}
 	}
 	t.Logf("enforced: %d of the refused callers' requests passed on draining connections during the %s after their first refusals", passed, drainWait)
-	// Every later call must keep its verdict: three of each, now.
+	// Every later call must keep its verdict: three of each, now. A's allowed calls cross through
+	// B's node waypoints (the per-service counter grows).
+	wpBefore := w.waypointRxBytes(t, guardedSvc)
 	for range 3 {
 		r, err := w.allowedHTTP(allowed)
 		if err != nil {
@@ -357,7 +359,12 @@ func (w *world) authzTwoClusters(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("enforced: %s answered by %s in %s seeing %s (HTTP and TCP)", allowed.what, guardedPod, w.b, authzCallerID)
+	wpAfter := w.waypointRxBytes(t, guardedSvc)
+	t.Logf("enforced: %s answered by %s in %s seeing %s (HTTP and TCP); B's waypoint bytes received for %s/%s, by node: before %v, after %v",
+		allowed.what, guardedPod, w.b, authzCallerID, ns, guardedSvc, wpBefore, wpAfter)
+	if wpAfter[w.nodesB[1]] <= wpBefore[w.nodesB[1]] {
+		t.Errorf("enforced: %s's waypoint received no bytes for %s/%s (before %v, after %v): A's calls did not go through it", w.nodesB[1], ns, guardedSvc, wpBefore, wpAfter)
+	}
 	after := w.authzStats(t)
 	for _, stat := range []string{
 		fmt.Sprintf("http.inbound_http.rbac.authz.%s.%s.%d.allow.denied", ns, guardedPod, substrate.EchoHTTPPort),
