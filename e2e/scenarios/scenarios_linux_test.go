@@ -222,6 +222,15 @@ func deploy(t *testing.T, p ClusterPair) *world {
 		pods = append(pods, podSpec{c.cluster, pod})
 	}
 
+	// The authorization scenario's fixtures (authz_linux_test.go): in B, Service guardedSvc
+	// (exported) over the echo pod guardedPod on node 2; in A, pod authzPod beside the client,
+	// running as ServiceAccount authzSA (created below, with the namespaces).
+	mkEcho(w.b, guardedPod, guardedSvc, w.nodesB[1])
+	authzClient := substrate.ClientPod(ns, authzPod, w.clientNode, w.a, clientCmd)
+	authzClient.Spec.Containers[0].Image = clientImg
+	authzClient.Spec.ServiceAccountName = authzSA
+	pods = append(pods, podSpec{w.a, authzClient})
+
 	if _, err := p.Kube(w.a).CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: plainNS}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -238,6 +247,9 @@ func deploy(t *testing.T, p ClusterPair) *world {
 			_, err := p.Kube(m.cluster).CoreV1().ServiceAccounts(m.ns).Get(ctx, "default", metav1.GetOptions{})
 			return err
 		})
+	}
+	if _, err := p.Kube(w.a).CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: authzSA}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
 	}
 	// A headless Service of echo-1 only: echo-2's pod IP stays an address no headless Service
 	// names, which plaintext-to-app-port-refused needs (a meshed client's connection to it is
@@ -257,7 +269,8 @@ func deploy(t *testing.T, p ClusterPair) *world {
 		c   string
 		svc *corev1.Service
 	}{{w.a, echoService("echo", "echo")}, {w.a, headless}, {w.b, echoService("remote", "remote")}, {w.b, echoService("hidden", "hidden")},
-		{w.b, canary}, {w.b, canaryV1}, {w.b, canaryV2}, {w.a, echoService("alt", "alt")}, {w.a, echoService("hop", "echo")}} {
+		{w.b, canary}, {w.b, canaryV1}, {w.b, canaryV2}, {w.a, echoService("alt", "alt")}, {w.a, echoService("hop", "echo")},
+		{w.b, echoService(guardedSvc, guardedSvc)}} {
 		if _, err := p.Kube(s.c).CoreV1().Services(ns).Create(ctx, s.svc, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -267,8 +280,8 @@ func deploy(t *testing.T, p ClusterPair) *world {
 			t.Fatal(err)
 		}
 	}
-	// Export "remote" and "canary" from B (MCS ServiceExport).
-	for _, name := range []string{"remote", "canary"} {
+	// Export "remote", "canary" and guardedSvc from B (MCS ServiceExport).
+	for _, name := range []string{"remote", "canary", guardedSvc} {
 		export := &unstructured.Unstructured{Object: map[string]any{
 			"apiVersion": "multicluster.x-k8s.io/v1beta1", "kind": "ServiceExport",
 			"metadata": map[string]any{"name": name, "namespace": ns}}}
@@ -282,7 +295,7 @@ func deploy(t *testing.T, p ClusterPair) *world {
 			if err != nil {
 				return err
 			}
-			if (ps.pod.Name == "client" || ps.pod.Name == "plain-client") && pod.Status.Phase == corev1.PodRunning {
+			if (ps.pod.Name == "client" || ps.pod.Name == "plain-client" || ps.pod.Name == authzPod) && pod.Status.Phase == corev1.PodRunning {
 				return nil
 			}
 			for _, c := range pod.Status.Conditions {
@@ -421,6 +434,9 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 		w.wantTCP(t, fmt.Sprintf("remote.%s.svc.clusterset.local:%d", ns, substrate.EchoTCPPort), w.b)
 	})
 	run("gamma-serviceimport-backend", func(t *testing.T) { w.gammaImportBackend(t) })
+	// Identity-based authorization (issue #32): also with identical pod CIDRs, where a caller's
+	// address says nothing about who it is and only its certificate can.
+	run("authz-two-clusters", func(t *testing.T) { w.authzTwoClusters(t) })
 	if !all {
 		return
 	}
