@@ -126,11 +126,12 @@ func laneListener(p *model.LocalPod, id string) (*listenerv3.Listener, error) {
 // SVID, a client certificate from the trust domain required, one filter chain per served port
 // selected by SNI "<port>" (and the exact waypoint SNIs), then HTTP (the caller's identity
 // forwarded as XFCC, SANITIZE_SET with the URI) or raw TCP to the application. A connection gets
-// Options.HandshakeTimeout to send its ClientHello and as long again to finish the handshake. A
-// pod with authorization policies (Mesh.Authz) gets the RBAC filters of authz.go in every chain,
-// an access log of its denials, and, on HTTP chains, normalized paths (normalize_path,
-// merge_slashes: a path rule must see the path the application will); it returns their ECDS
-// resources too. It returns nil when the pod serves no port.
+// Options.HandshakeTimeout to send its ClientHello and as long again to finish the handshake.
+// Every chain has the RBAC filters of authz.go (configs without rules, enforcing nothing, for a
+// pod no authorization policy selects: Mesh.Authz), an access log of denials, and, on HTTP
+// chains, normalized paths (normalize_path, merge_slashes: a path rule must see the path the
+// application will); it returns their ECDS resources too. It returns nil when the pod serves no
+// port.
 func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Listener, []*clusterv3.Cluster, []*core.TypedExtensionConfig, error) {
 	ports := inboundPorts(b.m, p, b.localEndpoints[p.UID])
 	if len(ports) == 0 {
@@ -173,16 +174,18 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		cn := inboundClusterName(p, ipt.port)
 		var filters []*listenerv3.Filter
 		var f *listenerv3.Filter
-		var al *accesslogv3.AccessLog
-		if len(policies) > 0 {
-			xs, err := authzExtensions(b.m.TrustDomain, p, policies, ipt)
-			if err != nil {
-				return nil, nil, nil, err
-			}
-			exts = append(exts, xs...)
-			if al, err = authzAccessLog(p, ipt.port, ipt.protocol.IsHTTP()); err != nil {
-				return nil, nil, nil, err
-			}
+		// Every chain has its RBAC filters, with or without policies (no policy: RBAC configs
+		// without rules, which enforce nothing), so that a pod's first policy, or its last going,
+		// changes ECDS resources only, never the listener: a listener change would leave the
+		// connections opened before it on the old chains, without RBAC, until they drain.
+		xs, err := authzExtensions(b.m.TrustDomain, p, policies, ipt)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		exts = append(exts, xs...)
+		al, err := authzAccessLog(p, ipt.port, ipt.protocol.IsHTTP())
+		if err != nil {
+			return nil, nil, nil, err
 		}
 		if ipt.protocol.IsHTTP() {
 			h := &hcmv3.HttpConnectionManager{
@@ -203,18 +206,12 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 					ValidateClusters: wrapperspb.Bool(false),
 				}},
 			}
-			var pre []*hcmv3.HttpFilter
-			if al != nil {
-				h.AccessLog = []*accesslogv3.AccessLog{al}
-				h.NormalizePath, h.MergeSlashes = wrapperspb.Bool(true), true
-				pre = authzHTTPFilters(p, ipt.port)
-			}
-			f, err = hcmFilter(h, pre...)
-		} else if al != nil {
+			h.AccessLog = []*accesslogv3.AccessLog{al}
+			h.NormalizePath, h.MergeSlashes = wrapperspb.Bool(true), true
+			f, err = hcmFilter(h, authzHTTPFilters(p, ipt.port)...)
+		} else {
 			filters = authzNetworkFilters(p, ipt.port)
 			f, err = authzTCPProxy("inbound_tcp", cn, al)
-		} else {
-			f, err = xdsproto.TCPProxy("inbound_tcp", cn)
 		}
 		if err != nil {
 			return nil, nil, nil, err

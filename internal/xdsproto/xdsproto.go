@@ -14,12 +14,16 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// ToAny marshals m into an Any, for a typed_config field. The builders marshal only messages they
-// build themselves, so an error is a programming error; it is still returned, as
-// "marshal <Go type of m>: <cause>", so that it surfaces as a build error.
+// ToAny marshals m into an Any, for a typed_config field, deterministically (map entries, e.g. a
+// google.protobuf.Struct's fields, in key order): the same message always gives the same bytes.
+// Envoy and the xDS cache compare resources by their bytes, and an Any is opaque bytes to them:
+// with Go's default random map order, rebuilding an unchanged listener could make it "modified",
+// and Envoy would drain its connections. The builders marshal only messages they build
+// themselves, so an error is a programming error; it is still returned, as "marshal <Go type of
+// m>: <cause>", so that it surfaces as a build error.
 func ToAny(m proto.Message) (*anypb.Any, error) {
-	a, err := anypb.New(m)
-	if err != nil {
+	a := &anypb.Any{}
+	if err := anypb.MarshalFrom(a, m, proto.MarshalOptions{Deterministic: true}); err != nil {
 		return nil, fmt.Errorf("marshal %T: %w", m, err)
 	}
 	return a, nil
