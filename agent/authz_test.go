@@ -18,7 +18,7 @@ import (
 
 	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
 	sec "github.com/aethermesh/aether/api/aether/security/v1alpha1"
-	"github.com/aethermesh/aether/internal/authzsource"
+	"github.com/aethermesh/aether/internal/policysource"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
@@ -36,7 +36,7 @@ func TestAuthzPoliciesFollowCRD(t *testing.T) {
 	defer cancel()
 
 	var changes atomic.Int32
-	src := &authzsource.Source{Dynamic: dyn, Discovery: cs.Discovery(), Log: slog.New(slog.DiscardHandler),
+	src := &policysource.AuthorizationPolicies{Resource: sec.Resource, Dynamic: dyn, Discovery: cs.Discovery(), Log: slog.New(slog.DiscardHandler),
 		OnChange: func() { changes.Add(1) }, Recheck: 200 * time.Millisecond}
 	if err := src.Start(ctx, time.Minute); err != nil {
 		t.Fatal(err)
