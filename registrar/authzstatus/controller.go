@@ -80,7 +80,7 @@ type Controller struct {
 
 	policies   *policysource.AuthorizationPolicies
 	peerAuthns *policysource.PeerAuthentications
-	writes   atomic.Int64 // status applies sent, for tests
+	writes     atomic.Int64 // status applies sent, for tests
 }
 
 var _ reconcile.Reconciler = &Controller{}
