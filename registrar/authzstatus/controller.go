@@ -124,23 +124,27 @@ func (c *Controller) authzPass(ctx context.Context) error {
 	}
 	for _, r := range resolved {
 		p := byKey[model.ServiceKey{Namespace: r.Namespace, Name: r.Name}]
-		st, changed := Status(p, r, now)
-		if !changed {
-			continue
+		if st, changed := Status(p, r, now); changed {
+			errs = append(errs, c.apply(ctx, "AuthorizationPolicy", p, &st))
 		}
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("authorization policy status %s/%s: %w", p.Namespace, p.Name, err))
-			continue
-		}
-		if err := configexport.ApplyStatus(ctx, c.Client, sec.GroupVersion.WithKind("AuthorizationPolicy"), p.Namespace, p.Name, FieldManager, m); err != nil {
-			errs = append(errs, fmt.Errorf("authorization policy status: %w", err))
-			continue
-		}
-		c.writes.Add(1)
-		c.Log.Debug("authorization policy status written", "policy", p.Namespace+"/"+p.Name, "generation", p.Generation)
 	}
 	return errors.Join(errs...)
+}
+
+// apply writes status st of object p, of kind (of security.aether.io/v1alpha1), by server-side
+// apply of the fields FieldManager owns, and counts the write. It returns the error, naming the
+// kind and the object.
+func (c *Controller) apply(ctx context.Context, kind string, p metav1.Object, st any) error {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
+	if err != nil {
+		return fmt.Errorf("%s status %s/%s: %w", kind, p.GetNamespace(), p.GetName(), err)
+	}
+	if err := configexport.ApplyStatus(ctx, c.Client, sec.GroupVersion.WithKind(kind), p.GetNamespace(), p.GetName(), FieldManager, m); err != nil {
+		return fmt.Errorf("%s status: %w", kind, err)
+	}
+	c.writes.Add(1)
+	c.Log.Debug("status written", "kind", kind, "policy", p.GetNamespace()+"/"+p.GetName(), "generation", p.GetGeneration())
+	return nil
 }
 
 // Status returns the status policy p should hold given what model.ResolveAuthz found for it (r),

@@ -9,7 +9,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 
 	sec "github.com/aethermesh/aether/api/aether/security/v1alpha1"
 	"github.com/aethermesh/aether/model"
@@ -33,21 +32,9 @@ func (c *Controller) peerAuthnPass(ctx context.Context) error {
 	var errs []error
 	for _, r := range model.ResolvePeerAuthns(policies) {
 		p := byKey[model.ServiceKey{Namespace: r.Namespace, Name: r.Name}]
-		st, changed := PeerAuthnStatus(p, r, now)
-		if !changed {
-			continue
+		if st, changed := PeerAuthnStatus(p, r, now); changed {
+			errs = append(errs, c.apply(ctx, "PeerAuthentication", p, &st))
 		}
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("peer authentication status %s/%s: %w", p.Namespace, p.Name, err))
-			continue
-		}
-		if err := configexport.ApplyStatus(ctx, c.Client, sec.GroupVersion.WithKind("PeerAuthentication"), p.Namespace, p.Name, FieldManager, m); err != nil {
-			errs = append(errs, fmt.Errorf("peer authentication status: %w", err))
-			continue
-		}
-		c.writes.Add(1)
-		c.Log.Debug("peer authentication status written", "policy", p.Namespace+"/"+p.Name, "generation", p.Generation)
 	}
 	return errors.Join(errs...)
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
@@ -21,36 +22,7 @@ import (
 // its OpenAPI and CEL validation: a full valid policy is stored with its defaults, and each
 // malformed one is refused with the message of the rule it breaks.
 func TestCRDValidation(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, "security.aether.io_authorizationpolicies.yaml"))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := kubernetes.NewForConfigOrDie(api.Config).CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	res := dynamic.NewForConfigOrDie(api.Config).Resource(sec.Resource).Namespace("shop")
-	create := func(name, spec string) (*unstructured.Unstructured, error) {
-		t.Helper()
-		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal([]byte("spec:\n"+spec), &u.Object); err != nil {
-			t.Fatal(err)
-		}
-		u.SetAPIVersion(sec.GroupVersion.String())
-		u.SetKind("AuthorizationPolicy")
-		u.SetName(name)
-		var err error
-		testenv.Eventually(t, 30*time.Second, "the API server knows the CRD", func() error {
-			var got *unstructured.Unstructured
-			got, err = res.Create(ctx, u, metav1.CreateOptions{})
-			u = got
-			if err != nil && strings.Contains(err.Error(), "the server could not find the requested resource") {
-				return err
-			}
-			return nil
-		})
-		return u, err
-	}
+	create := crdClient(t, "security.aether.io_authorizationpolicies.yaml", sec.Resource, "AuthorizationPolicy")
 
 	got, err := create("full", `
   action: DENY
@@ -121,36 +93,7 @@ func TestCRDValidation(t *testing.T) {
 // stored with its defaults, and DISABLE, ports out of range or aether's own, and modes outside
 // the enum are refused with the message of the rule they break.
 func TestPeerAuthenticationCRDValidation(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, "security.aether.io_peerauthentications.yaml"))
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	if _, err := kubernetes.NewForConfigOrDie(api.Config).CoreV1().Namespaces().Create(ctx,
-		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	res := dynamic.NewForConfigOrDie(api.Config).Resource(sec.PeerAuthenticationResource).Namespace("shop")
-	create := func(name, spec string) (*unstructured.Unstructured, error) {
-		t.Helper()
-		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal([]byte("spec:\n"+spec), &u.Object); err != nil {
-			t.Fatal(err)
-		}
-		u.SetAPIVersion(sec.GroupVersion.String())
-		u.SetKind("PeerAuthentication")
-		u.SetName(name)
-		var err error
-		testenv.Eventually(t, 30*time.Second, "the API server knows the CRD", func() error {
-			var got *unstructured.Unstructured
-			got, err = res.Create(ctx, u, metav1.CreateOptions{})
-			u = got
-			if err != nil && strings.Contains(err.Error(), "the server could not find the requested resource") {
-				return err
-			}
-			return nil
-		})
-		return u, err
-	}
+	create := crdClient(t, "security.aether.io_peerauthentications.yaml", sec.PeerAuthenticationResource, "PeerAuthentication")
 
 	got, err := create("istio-shaped", `
   selector:
@@ -196,5 +139,42 @@ func TestPeerAuthenticationCRDValidation(t *testing.T) {
 				t.Errorf("create: %v, want a refusal containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// crdClient starts a kube-apiserver with the CRD file crd (of deploy/crds) installed and the
+// namespace shop, and returns a function that creates an object of kind at resource in shop
+// from its spec (YAML, indented under "spec:") and returns what the API server stored or its
+// refusal. The API server may serve a new CRD a moment after it is Established: a "not found"
+// is retried.
+func crdClient(t *testing.T, crd string, resource schema.GroupVersionResource, kind string) func(name, spec string) (*unstructured.Unstructured, error) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, crd))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	if _, err := kubernetes.NewForConfigOrDie(api.Config).CoreV1().Namespaces().Create(ctx,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	res := dynamic.NewForConfigOrDie(api.Config).Resource(resource).Namespace("shop")
+	return func(name, spec string) (*unstructured.Unstructured, error) {
+		t.Helper()
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal([]byte("spec:\n"+spec), &u.Object); err != nil {
+			t.Fatal(err)
+		}
+		u.SetAPIVersion(sec.GroupVersion.String())
+		u.SetKind(kind)
+		u.SetName(name)
+		var got *unstructured.Unstructured
+		var err error
+		testenv.Eventually(t, 30*time.Second, "the API server knows the CRD", func() error {
+			got, err = res.Create(ctx, u, metav1.CreateOptions{})
+			if err != nil && strings.Contains(err.Error(), "the server could not find the requested resource") {
+				return err
+			}
+			return nil
+		})
+		return got, err
 	}
 }
