@@ -32,12 +32,23 @@ func mtlsMode(flag string) model.MTLSMode {
 
 // cniInbound turns the model's inbound mTLS policies (model.Mesh.Inbound, by pod UID) into the
 // CNI server's (cni.Server.SetInboundPolicies): each pod's mode and its per-port exceptions.
-func cniInbound(m *model.Mesh) map[string]cni.PodInbound {
+//
+// reserved are ports of this node's capture that a policy may not name (its --dns-port when it is
+// not the default 18054, which the PeerAuthentication conversion refuses already): the CNI server
+// refuses a set naming one as a whole, so one policy would hold back every pod's. Such a port is
+// never opened instead: it is left out of a strict pod's permissive ports, and a permissive pod
+// with it among its strict ports becomes strict on every port (fail closed).
+func cniInbound(m *model.Mesh, reserved []uint16) map[string]cni.PodInbound {
 	out := make(map[string]cni.PodInbound, len(m.Inbound))
 	for uid, in := range m.Inbound {
 		p := cni.PodInbound{Mode: capture.ModeStrict, StrictPorts: ports16(in.StrictPorts), PermissivePorts: ports16(in.PermissivePorts)}
 		if in.Mode == model.MTLSPermissive {
 			p.Mode = capture.ModePermissive
+		}
+		isReserved := func(port uint16) bool { return slices.Contains(reserved, port) }
+		p.PermissivePorts = slices.DeleteFunc(p.PermissivePorts, isReserved)
+		if slices.ContainsFunc(p.StrictPorts, isReserved) {
+			p = cni.PodInbound{Mode: capture.ModeStrict}
 		}
 		out[uid] = p
 	}
@@ -59,10 +70,10 @@ func ports16(ps []uint32) []uint16 {
 }
 
 // inboundSync follows the models on latest until ctx ends and gives the CNI server every pod's
-// inbound mTLS policy (set: cni.Server.SetInboundPolicies) whenever it changed; a failed set is
-// tried again after retry with the newest model (the CNI server applies it to the pods it did not
-// reach).
-func inboundSync(ctx context.Context, latest chan *model.Mesh, set func(context.Context, map[string]cni.PodInbound) error, retry time.Duration, log *slog.Logger) {
+// inbound mTLS policy (set: cni.Server.SetInboundPolicies; reserved: see cniInbound) whenever it
+// changed; a failed set is tried again after retry with the newest model (the CNI server applies
+// it to the pods it did not reach).
+func inboundSync(ctx context.Context, latest chan *model.Mesh, set func(context.Context, map[string]cni.PodInbound) error, reserved []uint16, retry time.Duration, log *slog.Logger) {
 	var last map[string]cni.PodInbound
 	var cur *model.Mesh
 	var tick <-chan time.Time
@@ -77,7 +88,7 @@ func inboundSync(ctx context.Context, latest chan *model.Mesh, set func(context.
 		if cur == nil {
 			continue
 		}
-		want := cniInbound(cur)
+		want := cniInbound(cur, reserved)
 		if last != nil && maps.EqualFunc(last, want, samePodInbound) {
 			continue
 		}

@@ -432,7 +432,7 @@ func Run(ctx context.Context, cfg Config) error {
 	inboundLatest := make(chan *model.Mesh, 1)
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(inboundLatest, m) })
 	replaceLatest(inboundLatest, asm.Current())
-	go inboundSync(ctx, inboundLatest, cniSrv.SetInboundPolicies, 5*time.Second, log.With("part", "inbound"))
+	go inboundSync(ctx, inboundLatest, cniSrv.SetInboundPolicies, []uint16{uint16(cfg.DNSPort)}, 5*time.Second, log.With("part", "inbound"))
 	cniErr := make(chan error, 1)
 	go func() { cniErr <- cniSrv.Serve(ctx) }()
 	// aether-cni goes into the node's conflist only once the server answers: from then on a pod
