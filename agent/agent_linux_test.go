@@ -362,23 +362,23 @@ func mustReadFile(t testing.TB, path string) string {
 }
 
 // createReadyPod creates Pod shop/<name> on node-1 (label app=<app>, service account <app>, one
-// container port 8080) and marks it Ready.
+// container port 8080), after edit (which may set another namespace), and marks it Ready.
 func createReadyPod(t testing.TB, ctx context.Context, cs kubernetes.Interface, name, app string, edit ...func(*corev1.Pod)) *corev1.Pod {
 	t.Helper()
 	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"app": app}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name, Labels: map[string]string{"app": app}},
 		Spec: corev1.PodSpec{NodeName: "node-1", ServiceAccountName: app, AutomountServiceAccountToken: new(bool),
 			Containers: []corev1.Container{{Name: "app", Image: app, Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}}}}},
 	}
 	for _, e := range edit {
 		e(pod)
 	}
-	p, err := cs.CoreV1().Pods("shop").Create(ctx, pod, metav1.CreateOptions{})
+	p, err := cs.CoreV1().Pods(pod.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
-	if p, err = cs.CoreV1().Pods("shop").UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
+	if p, err = cs.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, p, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	return p

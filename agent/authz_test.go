@@ -18,7 +18,7 @@ import (
 
 	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
 	sec "github.com/aethermesh/aether/api/aether/security/v1alpha1"
-	"github.com/aethermesh/aether/internal/authzsource"
+	"github.com/aethermesh/aether/internal/policysource"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
@@ -36,7 +36,7 @@ func TestAuthzPoliciesFollowCRD(t *testing.T) {
 	defer cancel()
 
 	var changes atomic.Int32
-	src := &authzsource.Source{Dynamic: dyn, Discovery: cs.Discovery(), Log: slog.New(slog.DiscardHandler),
+	src := &policysource.AuthorizationPolicies{Resource: sec.Resource, Dynamic: dyn, Discovery: cs.Discovery(), Log: slog.New(slog.DiscardHandler),
 		OnChange: func() { changes.Add(1) }, Recheck: 200 * time.Millisecond}
 	if err := src.Start(ctx, time.Minute); err != nil {
 		t.Fatal(err)
@@ -126,6 +126,98 @@ func TestAuthzPoliciesFollowCRD(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, "the deleted policy gone", func() error {
 		if s := fill(); len(s.AuthorizationPolicies) != 0 {
 			return fmt.Errorf("policies = %v", s.AuthorizationPolicies)
+		}
+		return nil
+	})
+}
+
+// TestPeerAuthnsFollowCRD runs the agent's PeerAuthentication source against a real
+// kube-apiserver without the CRD at first: the model's sources have no policy, the CRD installed
+// later is watched, and a policy created (Istio-shaped: numeric portLevelMtls keys), changed and
+// deleted reaches the sources converted; the model assembled from them gives the namespace's pod
+// its mode and strict port, and a pod of another namespace the mesh default.
+func TestPeerAuthnsFollowCRD(t *testing.T) {
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	cs := kubernetes.NewForConfigOrDie(api.Config)
+	dyn := dynamic.NewForConfigOrDie(api.Config)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+
+	src := &policysource.PeerAuthentications{Resource: sec.PeerAuthenticationResource, Dynamic: dyn, Discovery: cs.Discovery(),
+		Log: slog.New(slog.DiscardHandler), Recheck: 200 * time.Millisecond}
+	if err := src.Start(ctx, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	fill := func() model.Sources {
+		var s model.Sources
+		if err := (peerAuthns{src}).Fill(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := fill(); s.PeerAuthns != nil || !src.Known() {
+		t.Fatalf("without the CRD: policies %v, known %v", s.PeerAuthns, src.Known())
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "legacy"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, "security.aether.io_peerauthentications.yaml"))
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": sec.GroupVersion.String(), "kind": "PeerAuthentication",
+		"metadata": map[string]any{"namespace": "legacy", "name": "migrate"},
+		"spec": map[string]any{"mtls": map[string]any{"mode": "PERMISSIVE"},
+			"portLevelMtls": map[string]any{"9090": map[string]any{"mode": "STRICT"}}},
+	}}
+	res := dyn.Resource(sec.PeerAuthenticationResource).Namespace("legacy")
+	testenv.Eventually(t, 30*time.Second, "the policy created", func() error {
+		_, err := res.Create(ctx, u, metav1.CreateOptions{})
+		return err
+	})
+	testenv.Eventually(t, 30*time.Second, "the policy in the model's sources", func() error {
+		if s := fill(); len(s.PeerAuthns) != 1 || s.PeerAuthns[0].Mode != model.MTLSPermissive || s.PeerAuthns[0].PortModes[9090] != model.MTLSStrict {
+			return fmt.Errorf("policies = %+v", s.PeerAuthns)
+		}
+		return nil
+	})
+
+	in := fill()
+	in.Cluster, in.MeshNamespaces, in.InboundDefault = "a", map[string]bool{"legacy": true, "shop": true}, model.MTLSStrict
+	in.Pods = []*corev1.Pod{
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "legacy", Name: "old-0", UID: "u1"}},
+		{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-0", UID: "u2"}},
+	}
+	in.Attachments = map[string]cniv1.PodAttachment{
+		"u1": {PodUID: "u1", NetnsPath: "/var/run/netns/u1", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.5")}},
+		"u2": {PodUID: "u2", NetnsPath: "/var/run/netns/u2", IPs: []netip.Addr{netip.MustParseAddr("10.244.0.6")}},
+	}
+	m := model.Assemble(1, in)
+	if got := fmt.Sprintf("%+v %+v", m.Inbound["u1"], m.Inbound["u2"]); got != fmt.Sprintf("%+v %+v",
+		model.PodInbound{Mode: model.MTLSPermissive, StrictPorts: []uint32{9090}, Policy: "legacy/migrate"}, model.PodInbound{Mode: model.MTLSStrict}) {
+		t.Errorf("Mesh.Inbound = %s", got)
+	}
+
+	cur, err := res.Get(ctx, "migrate", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(cur.Object, "STRICT", "spec", "mtls", "mode"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := res.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the changed policy in the model's sources", func() error {
+		if s := fill(); len(s.PeerAuthns) != 1 || s.PeerAuthns[0].Mode != model.MTLSStrict {
+			return fmt.Errorf("policies = %+v", s.PeerAuthns)
+		}
+		return nil
+	})
+	if err := res.Delete(ctx, "migrate", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 30*time.Second, "the deleted policy gone", func() error {
+		if s := fill(); len(s.PeerAuthns) != 0 {
+			return fmt.Errorf("policies = %+v", s.PeerAuthns)
 		}
 		return nil
 	})

@@ -31,23 +31,29 @@ func mtlsMode(flag string) model.MTLSMode {
 }
 
 // cniInbound turns the model's inbound mTLS policies (model.Mesh.Inbound, by pod UID) into the
-// CNI server's (cni.Server.SetInboundPolicies): each pod's mode and its per-port exceptions,
-// without aether's own ports (reserved: the inbound, capture and DNS ports, whose rules are
-// fixed), which a policy naming them (a DENY rule on port 15008, say) must not bring into a
-// pod's per-port rules.
-func cniInbound(m *model.Mesh, reserved ...uint16) map[string]cni.PodInbound {
+// CNI server's (cni.Server.SetInboundPolicies): each pod's mode and its per-port exceptions.
+//
+// The inbound (15008) and capture (15001) ports have fixed rules (15008 always takes mTLS, 15001
+// is Envoy's): a policy naming them (a tenant's DENY rule on port 15008, which ResolveInbound
+// makes a strict port of a permissive pod) changes nothing, and they are left out of both lists.
+// reserved are other ports of this node's capture that a policy may not name (its --dns-port when
+// it is not the default 18054, which the PeerAuthentication conversion refuses already): the CNI
+// server would fail such an entry closed anyway. Such a port is never opened instead: it is left
+// out of a strict pod's permissive ports, and a permissive pod with it among its strict ports
+// becomes strict on every port (fail closed).
+func cniInbound(m *model.Mesh, reserved []uint16) map[string]cni.PodInbound {
 	out := make(map[string]cni.PodInbound, len(m.Inbound))
-	keep := func(ps []uint16) []uint16 {
-		ps = slices.DeleteFunc(ps, func(p uint16) bool { return slices.Contains(reserved, p) })
-		if len(ps) == 0 {
-			return nil
-		}
-		return ps
-	}
+	fixed := func(port uint16) bool { return port == capture.DefaultInboundPort || port == capture.DefaultCapturePort }
 	for uid, in := range m.Inbound {
-		p := cni.PodInbound{Mode: capture.ModeStrict, StrictPorts: keep(ports16(in.StrictPorts)), PermissivePorts: keep(ports16(in.PermissivePorts))}
+		p := cni.PodInbound{Mode: capture.ModeStrict, StrictPorts: ports16(in.StrictPorts), PermissivePorts: ports16(in.PermissivePorts)}
 		if in.Mode == model.MTLSPermissive {
 			p.Mode = capture.ModePermissive
+		}
+		p.StrictPorts, p.PermissivePorts = slices.DeleteFunc(p.StrictPorts, fixed), slices.DeleteFunc(p.PermissivePorts, fixed)
+		isReserved := func(port uint16) bool { return slices.Contains(reserved, port) }
+		p.PermissivePorts = slices.DeleteFunc(p.PermissivePorts, isReserved)
+		if slices.ContainsFunc(p.StrictPorts, isReserved) {
+			p = cni.PodInbound{Mode: capture.ModeStrict}
 		}
 		out[uid] = p
 	}
@@ -69,10 +75,10 @@ func ports16(ps []uint32) []uint16 {
 }
 
 // inboundSync follows the models on latest until ctx ends and gives the CNI server every pod's
-// inbound mTLS policy (cniInbound, without the reserved ports) (set: cni.Server.SetInboundPolicies) whenever it changed; a failed set is
-// tried again after retry with the newest model (the CNI server applies it to the pods it did not
-// reach).
-func inboundSync(ctx context.Context, latest chan *model.Mesh, set func(context.Context, map[string]cni.PodInbound) error, retry time.Duration, log *slog.Logger, reserved ...uint16) {
+// inbound mTLS policy (set: cni.Server.SetInboundPolicies; reserved: see cniInbound) whenever it
+// changed; a failed set is tried again after retry with the newest model (the CNI server applies
+// it to the pods it did not reach).
+func inboundSync(ctx context.Context, latest chan *model.Mesh, set func(context.Context, map[string]cni.PodInbound) error, reserved []uint16, retry time.Duration, log *slog.Logger) {
 	var last map[string]cni.PodInbound
 	var cur *model.Mesh
 	var tick <-chan time.Time
@@ -87,7 +93,7 @@ func inboundSync(ctx context.Context, latest chan *model.Mesh, set func(context.
 		if cur == nil {
 			continue
 		}
-		want := cniInbound(cur, reserved...)
+		want := cniInbound(cur, reserved)
 		if last != nil && maps.EqualFunc(last, want, samePodInbound) {
 			continue
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -39,7 +40,7 @@ func TestInboundSync(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	latest := make(chan *model.Mesh, 1)
-	go inboundSync(ctx, latest, set, 50*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	go inboundSync(ctx, latest, set, nil, 50*time.Millisecond, slog.New(slog.NewTextHandler(io.Discard, nil)))
 
 	first := map[string]model.PodInbound{
 		"p1": {Mode: model.MTLSPermissive, StrictPorts: []uint32{8080}},
@@ -93,16 +94,36 @@ func TestMTLSMode(t *testing.T) {
 	}
 }
 
-// TestCNIInboundReservedPorts: a DENY policy on aether's own inbound port (15008), which a
-// tenant can write and which ResolveInbound turns into a strict port of a permissive pod, never
-// reaches the CNI server as a per-port rule (the CNI server would fail the pod closed; before
-// this, the whole node's set was refused and no pod's mode changed again).
+// TestCNIInboundReservedPorts: a port the node's capture reserves (a --dns-port other than the
+// default) never reaches the CNI server, and is never opened instead: left out of a strict pod's
+// permissive ports, it makes a permissive pod that lists it as strict strict on every port.
 func TestCNIInboundReservedPorts(t *testing.T) {
+	m := &model.Mesh{Inbound: map[string]model.PodInbound{
+		"strict": {Mode: model.MTLSStrict, PermissivePorts: []uint32{9090, 5353}},
+		"perm":   {Mode: model.MTLSPermissive, StrictPorts: []uint32{5353, 8080}},
+		"other":  {Mode: model.MTLSPermissive, StrictPorts: []uint32{8080}},
+	}}
+	got := cniInbound(m, []uint16{5353})
+	want := map[string]cni.PodInbound{
+		"strict": {Mode: capture.ModeStrict, PermissivePorts: []uint16{9090}},
+		"perm":   {Mode: capture.ModeStrict},
+		"other":  {Mode: capture.ModePermissive, StrictPorts: []uint16{8080}},
+	}
+	if !maps.EqualFunc(got, want, samePodInbound) {
+		t.Errorf("cniInbound = %+v, want %+v", got, want)
+	}
+}
+
+// TestCNIInboundFixedPorts: a DENY policy on aether's own inbound port (15008), which a tenant can
+// write and which ResolveInbound turns into a strict port of a permissive pod, never reaches the
+// CNI server as a per-port rule (review finding: the CNI server refused the node's whole set,
+// and no pod's mode changed again); the set is taken and persisted.
+func TestCNIInboundFixedPorts(t *testing.T) {
 	deny := &model.AuthzPolicy{Namespace: "b", Name: "deny-15008", Action: model.AuthzDeny,
 		Rules: []model.AuthzRule{{AnySource: true, Ports: []uint32{15008, 8080}}}}
 	in := model.ResolveInbound(model.MTLSPermissive, nil, "b", nil, []*model.AuthzPolicy{deny})
 	m := &model.Mesh{Inbound: map[string]model.PodInbound{"uid-b": in}}
-	got := cniInbound(m, capture.DefaultInboundPort, capture.DefaultCapturePort, 18054)["uid-b"]
+	got := cniInbound(m, []uint16{18054})["uid-b"]
 	want := cni.PodInbound{Mode: capture.ModePermissive, StrictPorts: []uint16{8080}}
 	if !samePodInbound(got, want) {
 		t.Fatalf("cniInbound = %+v, want %+v", got, want)

@@ -19,14 +19,15 @@ import (
 	gwclient "sigs.k8s.io/gateway-api/pkg/client/clientset/versioned"
 	mcsclient "sigs.k8s.io/mcs-api/pkg/client/clientset/versioned"
 
+	secv1alpha1 "github.com/aethermesh/aether/api/aether/security/v1alpha1"
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni"
 	"github.com/aethermesh/aether/dnsd"
 	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/identity"
-	"github.com/aethermesh/aether/internal/authzsource"
 	"github.com/aethermesh/aether/internal/clusterid"
 	"github.com/aethermesh/aether/internal/kubeconfig"
+	"github.com/aethermesh/aether/internal/policysource"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registry"
 	"github.com/aethermesh/aether/tunnel"
@@ -94,7 +95,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("dynamic client: %w", err)
 	}
-	authz := &authzsource.Source{Dynamic: dyn, Discovery: cs.Discovery(), Log: log.With("part", "authz"), OnChange: notify("authz")}
+	authz := &policysource.AuthorizationPolicies{Resource: secv1alpha1.Resource, Dynamic: dyn, Discovery: cs.Discovery(),
+		Log: log.With("part", "authz"), OnChange: notify("authz")}
+	peerAuthn := &policysource.PeerAuthentications{Resource: secv1alpha1.PeerAuthenticationResource, Dynamic: dyn, Discovery: cs.Discovery(),
+		Log: log.With("part", "peerauthn"), OnChange: notify("peerauthn")}
 	// Endpoint deletions wait two lease TTLs after the registry was last unreachable: long
 	// enough for writers cut off with this node to reconnect and re-register (registryView).
 	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, notify("registry"))
@@ -112,7 +116,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// Imported route config (--import-config): the last-known projections are served from the
 	// start, until the registry's config watch syncs.
 	imports := newImportMetrics(metrics.reg, log.With("part", "config-import"))
-	sources := fillers{kube, routes, authzPolicies{authz}, inboundDefault(mtlsMode(cfg.InboundMode))}
+	sources := fillers{kube, routes, authzPolicies{authz}, peerAuthns{peerAuthn}, inboundDefault(mtlsMode(cfg.InboundMode))}
 	var cimp *configImport
 	configFile := newStateFile(cfg.StateDir, configStateFile, "config-projections", cfg.Cluster)
 	if cfg.ImportConfig {
@@ -214,6 +218,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if err := authz.Start(ctx, 2*time.Minute); err != nil {
+		return err
+	}
+	if err := peerAuthn.Start(ctx, 2*time.Minute); err != nil {
 		return err
 	}
 	go watchHealth(ctx, "kubernetes", ready, log, func(ctx context.Context) error { return kube.Healthy(ctx, 5*time.Second) })
@@ -425,8 +432,7 @@ func Run(ctx context.Context, cfg Config) error {
 	inboundLatest := make(chan *model.Mesh, 1)
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(inboundLatest, m) })
 	replaceLatest(inboundLatest, asm.Current())
-	go inboundSync(ctx, inboundLatest, cniSrv.SetInboundPolicies, 5*time.Second, log.With("part", "inbound"),
-		capture.DefaultInboundPort, capture.DefaultCapturePort, uint16(cfg.DNSPort))
+	go inboundSync(ctx, inboundLatest, cniSrv.SetInboundPolicies, []uint16{uint16(cfg.DNSPort)}, 5*time.Second, log.With("part", "inbound"))
 	cniErr := make(chan error, 1)
 	go func() { cniErr <- cniSrv.Serve(ctx) }()
 	// aether-cni goes into the node's conflist only once the server answers: from then on a pod

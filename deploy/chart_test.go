@@ -408,8 +408,8 @@ func TestChartServerSideDryRun(t *testing.T) {
 				rendered[o.GetName()] = o
 			}
 		}
-		if len(rendered) != 13 {
-			t.Errorf("%s: %d CRDs rendered, want the 13 of MCS, Gateway API and aether (AuthorizationPolicy)", c.name, len(rendered))
+		if len(rendered) != 14 {
+			t.Errorf("%s: %d CRDs rendered, want the 14 of MCS, Gateway API and aether (AuthorizationPolicy, PeerAuthentication)", c.name, len(rendered))
 		}
 		if crds == nil {
 			// Created for real from the first render (the next ones render the same files).
@@ -516,8 +516,8 @@ func TestChartHelmInstall(t *testing.T) {
 			t.Errorf("helm install took over the existing CRD %s", c.Name)
 		}
 	}
-	if len(installed) != 13 {
-		t.Errorf("CRDs after helm install: %v, want the 13 of MCS, Gateway API and aether (AuthorizationPolicy)", installed)
+	if len(installed) != 14 {
+		t.Errorf("CRDs after helm install: %v, want the 14 of MCS, Gateway API and aether (AuthorizationPolicy, PeerAuthentication)", installed)
 	}
 	ds, err := cs.AppsV1().DaemonSets(ns).Get(ctx, "aether-agent", metav1.GetOptions{})
 	if err != nil {

@@ -33,6 +33,12 @@ type PeerAuthn struct {
 	Created         time.Time
 }
 
+// peerAuthnOlder reports whether a wins over b in one scope: created earlier, then the smaller
+// name.
+func peerAuthnOlder(a, b *PeerAuthn) bool {
+	return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.Name, b.Name)) < 0
+}
+
 // PodInbound is the inbound mTLS policy one pod gets: Mode (STRICT or PERMISSIVE, never unset)
 // and the ports that differ from it: PermissivePorts in STRICT mode (plaintext accepted there),
 // StrictPorts in PERMISSIVE mode (plaintext refused there), each sorted. Policy names the
@@ -66,9 +72,7 @@ func ResolveInbound(meshDefault MTLSMode, pas []PeerAuthn, namespace string, pod
 		meshDefault = MTLSStrict
 	}
 	var selected, nsWide *PeerAuthn
-	older := func(a, b *PeerAuthn) bool {
-		return cmp.Or(a.Created.Compare(b.Created), cmp.Compare(a.Name, b.Name)) < 0
-	}
+	older := peerAuthnOlder
 	for i := range pas {
 		p := &pas[i]
 		if p.Namespace != namespace {

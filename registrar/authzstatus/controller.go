@@ -1,9 +1,11 @@
-// Package authzstatus is the registrar's AuthorizationPolicy status writer
-// (security.aether.io/v1alpha1, issue #32): for each policy of its cluster it writes the Accepted
-// condition and the targets the policy applies to, from what model.ResolveAuthz finds, so that the
-// status says what every agent of the cluster enforces. It is the only writer of that status in
-// its cluster (the elected registrar) and writes nothing else: no policy spec, no Envoy config
-// (package xds), no registry record.
+// Package authzstatus is the registrar's status writer of aether's security policies
+// (security.aether.io/v1alpha1, issue #32): for each AuthorizationPolicy of its cluster it writes
+// the Accepted condition and the targets the policy applies to, from what model.ResolveAuthz
+// finds, and for each PeerAuthentication the Accepted condition (Invalid, Conflicted), from what
+// model.ResolvePeerAuthns finds, so that the status says what every agent of the cluster
+// enforces. It is the only writer of that status in its cluster (the elected registrar) and
+// writes nothing else: no policy spec, no Envoy config (package xds), no capture rule, no
+// registry record.
 package authzstatus
 
 import (
@@ -32,7 +34,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	sec "github.com/aethermesh/aether/api/aether/security/v1alpha1"
-	"github.com/aethermesh/aether/internal/authzsource"
+	"github.com/aethermesh/aether/internal/policysource"
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/registrar/configexport"
 	"github.com/aethermesh/aether/registrar/routestatus"
@@ -50,9 +52,10 @@ const DefaultPassDelay = 200 * time.Millisecond
 var syncAll = reconcile.Request{}
 
 // Controller writes every AuthorizationPolicy's status (Status) from the cluster's policies and
-// Services. The policies are watched once their CRD is installed (authzsource.Source: looked up
-// in discovery at start and every CRDRecheck until it is there; until then there is nothing to
-// write); Services come from the manager's cache. A policy is written, by server-side apply of
+// Services, and every PeerAuthentication's (PeerAuthnStatus) from the cluster's
+// PeerAuthentications. Each kind is watched once its CRD is installed (policysource.Source:
+// looked up in discovery at start and every CRDRecheck until it is there; until then there is
+// nothing of it to write); Services come from the manager's cache. A policy is written, by server-side apply of
 // the fields FieldManager owns, only when what it holds differs from what the pass found; a write
 // that fails is retried with the pass (back-off). It runs on the elected leader only (a
 // controller-runtime controller).
@@ -65,7 +68,7 @@ type Controller struct {
 	// Log receives the controller's logs. Required.
 	Log *slog.Logger
 	// CRDRecheck is how often a missing CRD is looked for again (default
-	// authzsource.DefaultRecheck).
+	// policysource.DefaultRecheck).
 	CRDRecheck time.Duration
 	// PassDelay is how long a pass waits after the first change that asks for it (default
 	// DefaultPassDelay).
@@ -75,30 +78,38 @@ type Controller struct {
 	// SkipNameValidation allows several controllers of this name in one process (tests).
 	SkipNameValidation bool
 
-	policies *authzsource.Source
-	writes   atomic.Int64 // status applies sent, for tests
+	policies   *policysource.AuthorizationPolicies
+	peerAuthns *policysource.PeerAuthentications
+	writes     atomic.Int64 // status applies sent, for tests
 }
 
 var _ reconcile.Reconciler = &Controller{}
 
-// +kubebuilder:rbac:groups=security.aether.io,resources=authorizationpolicies,verbs=get;list;watch
-// +kubebuilder:rbac:groups=security.aether.io,resources=authorizationpolicies/status,verbs=update;patch
+// +kubebuilder:rbac:groups=security.aether.io,resources=authorizationpolicies;peerauthentications,verbs=get;list;watch
+// +kubebuilder:rbac:groups=security.aether.io,resources=authorizationpolicies/status;peerauthentications/status,verbs=update;patch
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch
 
-// Reconcile is one pass: it resolves every policy (model.ResolveAuthz, a Service target found
-// when the Service exists in the policy's namespace) and writes each status that differs. It
-// returns the write errors, joined (the pass is retried), or the cache's error.
+// Reconcile is one pass over both kinds (authzPass, peerAuthnPass); it returns their errors,
+// joined (the pass is retried).
 func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconcile.Result, error) {
+	return reconcile.Result{}, errors.Join(c.authzPass(ctx), c.peerAuthnPass(ctx))
+}
+
+// authzPass resolves every AuthorizationPolicy (model.ResolveAuthz, a Service target found when
+// the Service exists in the policy's namespace) and writes each status that differs. It returns
+// the write errors, joined, or the cache's error; nothing before the watch has synced (its sync
+// brings a pass).
+func (c *Controller) authzPass(ctx context.Context) error {
 	if !c.policies.Known() {
-		return reconcile.Result{}, nil // the watch has not synced: its sync brings a pass
+		return nil
 	}
 	policies := c.policies.Policies()
 	if len(policies) == 0 {
-		return reconcile.Result{}, nil
+		return nil
 	}
 	var svcs corev1.ServiceList
 	if err := c.Client.List(ctx, &svcs, client.UnsafeDisableDeepCopy); err != nil {
-		return reconcile.Result{}, fmt.Errorf("authorization policy status: list Services: %w", err)
+		return fmt.Errorf("authorization policy status: list Services: %w", err)
 	}
 	exists := make(map[model.ServiceKey]bool, len(svcs.Items))
 	for i := range svcs.Items {
@@ -113,23 +124,27 @@ func (c *Controller) Reconcile(ctx context.Context, _ reconcile.Request) (reconc
 	}
 	for _, r := range resolved {
 		p := byKey[model.ServiceKey{Namespace: r.Namespace, Name: r.Name}]
-		st, changed := Status(p, r, now)
-		if !changed {
-			continue
+		if st, changed := Status(p, r, now); changed {
+			errs = append(errs, c.apply(ctx, "AuthorizationPolicy", p, &st))
 		}
-		m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&st)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("authorization policy status %s/%s: %w", p.Namespace, p.Name, err))
-			continue
-		}
-		if err := configexport.ApplyStatus(ctx, c.Client, sec.GroupVersion.WithKind("AuthorizationPolicy"), p.Namespace, p.Name, FieldManager, m); err != nil {
-			errs = append(errs, fmt.Errorf("authorization policy status: %w", err))
-			continue
-		}
-		c.writes.Add(1)
-		c.Log.Debug("authorization policy status written", "policy", p.Namespace+"/"+p.Name, "generation", p.Generation)
 	}
-	return reconcile.Result{}, errors.Join(errs...)
+	return errors.Join(errs...)
+}
+
+// apply writes status st of object p, of kind (of security.aether.io/v1alpha1), by server-side
+// apply of the fields FieldManager owns, and counts the write. It returns the error, naming the
+// kind and the object.
+func (c *Controller) apply(ctx context.Context, kind string, p metav1.Object, st any) error {
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(st)
+	if err != nil {
+		return fmt.Errorf("%s status %s/%s: %w", kind, p.GetNamespace(), p.GetName(), err)
+	}
+	if err := configexport.ApplyStatus(ctx, c.Client, sec.GroupVersion.WithKind(kind), p.GetNamespace(), p.GetName(), FieldManager, m); err != nil {
+		return fmt.Errorf("%s status: %w", kind, err)
+	}
+	c.writes.Add(1)
+	c.Log.Debug("status written", "kind", kind, "policy", p.GetNamespace()+"/"+p.GetName(), "generation", p.GetGeneration())
+	return nil
 }
 
 // Status returns the status policy p should hold given what model.ResolveAuthz found for it (r),
@@ -197,8 +212,9 @@ func quoted(ss []string) []string {
 	return out
 }
 
-// SetupWithManager registers the controller (leader only): its policy watch starts with it and,
-// like every Service event of the manager's cache, asks for a pass PassDelay later.
+// SetupWithManager registers the controller (leader only): its policy watches (one per kind)
+// start with it and, like every Service event of the manager's cache, ask for a pass PassDelay
+// later.
 func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 	if c.Client == nil || c.Dynamic == nil || c.Discovery == nil || c.Log == nil {
 		return errors.New("set up authorization policy status controller: Client, Dynamic, Discovery and Log are required")
@@ -214,7 +230,8 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		DeleteFunc:  func(_ context.Context, _ event.DeleteEvent, q queue) { later(q) },
 		GenericFunc: func(_ context.Context, _ event.GenericEvent, q queue) { later(q) },
 	}
-	c.policies = &authzsource.Source{Dynamic: c.Dynamic, Discovery: c.Discovery, Log: c.Log, Recheck: c.CRDRecheck}
+	c.policies = &policysource.AuthorizationPolicies{Resource: sec.Resource, Dynamic: c.Dynamic, Discovery: c.Discovery, Log: c.Log, Recheck: c.CRDRecheck}
+	c.peerAuthns = &policysource.PeerAuthentications{Resource: sec.PeerAuthenticationResource, Dynamic: c.Dynamic, Discovery: c.Discovery, Log: c.Log, Recheck: c.CRDRecheck}
 	opts := controller.Options{MaxConcurrentReconciles: 1, RateLimiter: c.RateLimiter}
 	if c.SkipNameValidation {
 		opts.SkipNameValidation = &c.SkipNameValidation
@@ -223,11 +240,17 @@ func (c *Controller) SetupWithManager(mgr ctrl.Manager) error {
 		Named("authzstatus").
 		WatchesRawSource(source.Func(func(ctx context.Context, q queue) error {
 			c.policies.OnChange = func() { later(q) }
+			c.peerAuthns.OnChange = func() { later(q) }
+			// A watch that does not sync within the minute is retried by the informer; the
+			// error only says so.
 			go func() {
-				// A watch that does not sync within the minute is retried by the informer; the
-				// error only says so.
 				if err := c.policies.Start(ctx, time.Minute); err != nil {
 					c.Log.Error("authorization policy status: watch policies", "err", err)
+				}
+			}()
+			go func() {
+				if err := c.peerAuthns.Start(ctx, time.Minute); err != nil {
+					c.Log.Error("peer authentication status: watch policies", "err", err)
 				}
 			}()
 			return nil

@@ -95,48 +95,15 @@ func TestStatus(t *testing.T) {
 // Accepted condition and targets, a Service created later turns TargetNotFound into Accepted in
 // the pass its event brings, and that pass writes nothing to a policy whose status holds.
 func TestControllerRealAPIServer(t *testing.T) {
-	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
-	scheme := runtime.NewScheme()
-	if err := errors.Join(clientgoscheme.AddToScheme(scheme), sec.AddToScheme(scheme)); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	if testing.Verbose() {
-		log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	}
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &Controller{Client: mgr.GetClient(), Dynamic: dynamic.NewForConfigOrDie(api.Config),
-		Discovery: discovery.NewDiscoveryClientForConfigOrDie(api.Config), Log: log, CRDRecheck: 200 * time.Millisecond, SkipNameValidation: true}
-	if err := c.SetupWithManager(mgr); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("manager: %v", err)
-		}
-	})
-	cl, err := client.New(api.Config, client.Options{Scheme: scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, cl, c := startController(t, "security.aether.io_authorizationpolicies.yaml")
 	create := func(o client.Object) {
 		t.Helper()
 		if err := cl.Create(ctx, o); err != nil {
 			t.Fatal(err)
 		}
 	}
-	create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}})
 	create(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web"},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}, Selector: map[string]string{"app": "web"}}})
-	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, "security.aether.io_authorizationpolicies.yaml"))
 
 	policy := func(name string, action sec.AuthorizationPolicyAction, spiffe string, refs ...sec.PolicyTargetReferenceWithLabelSelectors) *sec.AuthorizationPolicy {
 		return &sec.AuthorizationPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: name},
@@ -218,4 +185,47 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(b)))
 	return len(b), nil
+}
+
+// startController starts the controller in a manager against a real kube-apiserver, then
+// installs the CRDs named (files of deploy/crds), so that the controller meets them after its
+// start. It returns a context that ends with the test, a client and the controller.
+func startController(t *testing.T, crds ...string) (context.Context, client.Client, *Controller) {
+	t.Helper()
+	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	scheme := runtime.NewScheme()
+	if err := errors.Join(clientgoscheme.AddToScheme(scheme), sec.AddToScheme(scheme)); err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(testWriter{t}, nil))
+	}
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Controller{Client: mgr.GetClient(), Dynamic: dynamic.NewForConfigOrDie(api.Config),
+		Discovery: discovery.NewDiscoveryClientForConfigOrDie(api.Config), Log: log, CRDRecheck: 200 * time.Millisecond, SkipNameValidation: true}
+	if err := c.SetupWithManager(mgr); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	})
+	cl, err := client.New(api.Config, client.Options{Scheme: scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.InstallCRDs(t, api.Config, testenv.CRDSubset(t, crds...))
+	return ctx, cl, c
 }

@@ -16,16 +16,21 @@ var GroupVersion = schema.GroupVersion{Group: GroupName, Version: "v1alpha1"}
 // discovery lists it and dynamic clients address it.
 var Resource = GroupVersion.WithResource("authorizationpolicies")
 
+// PeerAuthenticationResource is the PeerAuthentication resource (peerauthentications) of
+// GroupVersion, as discovery lists it and dynamic clients address it.
+var PeerAuthenticationResource = GroupVersion.WithResource("peerauthentications")
+
 var (
 	// SchemeBuilder registers the package's types.
 	SchemeBuilder = runtime.NewSchemeBuilder(addKnownTypes)
-	// AddToScheme adds AuthorizationPolicy and AuthorizationPolicyList to a scheme; it returns
-	// the scheme's error.
+	// AddToScheme adds AuthorizationPolicy, PeerAuthentication and their lists to a scheme; it
+	// returns the scheme's error.
 	AddToScheme = SchemeBuilder.AddToScheme
 )
 
 func addKnownTypes(s *runtime.Scheme) error {
-	s.AddKnownTypes(GroupVersion, &AuthorizationPolicy{}, &AuthorizationPolicyList{})
+	s.AddKnownTypes(GroupVersion, &AuthorizationPolicy{}, &AuthorizationPolicyList{},
+		&PeerAuthentication{}, &PeerAuthenticationList{})
 	metav1.AddToGroupVersion(s, GroupVersion)
 	return nil
 }
