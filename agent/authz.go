@@ -1,6 +1,8 @@
 package agent
 
 import (
+	"fmt"
+
 	"github.com/aethermesh/aether/internal/policysource"
 	"github.com/aethermesh/aether/model"
 )
@@ -14,10 +16,20 @@ type authzPolicies struct {
 }
 
 // Fill sets s.AuthorizationPolicies: every watched policy sorted by namespace and name (shared
-// objects: callers must not change them), none while the CRD is not installed.
+// objects: callers must not change them), none while the CRD is not installed. While it is not
+// known whether the CRD is installed (discovery failing) or its watch has not synced, it returns
+// an error: the assembler keeps the last model, never one without the policies it had.
 func (a authzPolicies) Fill(s *model.Sources) error {
+	if !a.Known() {
+		return errPoliciesUnknown("AuthorizationPolicies")
+	}
 	s.AuthorizationPolicies = a.Policies()
 	return nil
+}
+
+// errPoliciesUnknown is Fill's error while a policy source is not known (policysource.Known).
+func errPoliciesUnknown(kind string) error {
+	return fmt.Errorf("%s not known yet (CRD discovery failing, or its watch not synced): keeping the last model", kind)
 }
 
 // peerAuthns fills the model's sources with the cluster's PeerAuthentications
@@ -30,8 +42,11 @@ type peerAuthns struct {
 
 // Fill sets s.PeerAuthns: every watched policy converted (model.ConvertPeerAuthns: an invalid
 // one as what applies instead of it, never more open), sorted by namespace and name; none while
-// the CRD is not installed.
+// the CRD is not installed; an error while not known, as authzPolicies.Fill.
 func (a peerAuthns) Fill(s *model.Sources) error {
+	if !a.Known() {
+		return errPoliciesUnknown("PeerAuthentications")
+	}
 	s.PeerAuthns = model.ConvertPeerAuthns(a.Policies())
 	return nil
 }

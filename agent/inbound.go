@@ -43,7 +43,9 @@ func mtlsMode(flag string) model.MTLSMode {
 // becomes strict on every port (fail closed).
 func cniInbound(m *model.Mesh, reserved []uint16) map[string]cni.PodInbound {
 	out := make(map[string]cni.PodInbound, len(m.Inbound))
-	fixed := func(port uint16) bool { return port == capture.DefaultInboundPort || port == capture.DefaultCapturePort }
+	fixed := func(port uint16) bool {
+		return port == capture.DefaultInboundPort || port == capture.DefaultCapturePort
+	}
 	for uid, in := range m.Inbound {
 		p := cni.PodInbound{Mode: capture.ModeStrict, StrictPorts: ports16(in.StrictPorts), PermissivePorts: ports16(in.PermissivePorts)}
 		if in.Mode == model.MTLSPermissive {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni"
+	"github.com/aethermesh/aether/internal/policysource"
 	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
@@ -135,5 +136,19 @@ func TestCNIInboundFixedPorts(t *testing.T) {
 	}
 	if p, err := cni.LoadInboundPolicies(dir, 18054); err != nil || !samePodInbound(p["uid-b"], want) {
 		t.Fatalf("persisted %v, %v; want uid-b %+v", p, err, want)
+	}
+}
+
+// TestPolicyFillersWhileUnknown: while it is not known whether the policy CRDs are installed (or
+// their watch has not synced), the fillers return an error, so the assembler keeps the last model
+// and never builds one without the policies it had (review finding: a discovery error counted as
+// "not installed", and every pod lost its RBAC and its strict ports).
+func TestPolicyFillersWhileUnknown(t *testing.T) {
+	var s model.Sources
+	if err := (authzPolicies{&policysource.AuthorizationPolicies{}}).Fill(&s); err == nil {
+		t.Error("AuthorizationPolicies filled while unknown")
+	}
+	if err := (peerAuthns{&policysource.PeerAuthentications{}}).Fill(&s); err == nil {
+		t.Error("PeerAuthentications filled while unknown")
 	}
 }

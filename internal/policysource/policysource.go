@@ -84,9 +84,11 @@ func Installed(disc discovery.DiscoveryInterface, r schema.GroupVersionResource)
 // Start watches the policies when their CRD is installed, waiting up to syncTimeout for the
 // watch to sync, and otherwise looks for the CRD every Recheck until ctx ends (in a goroutine of
 // its own), then watches it. It returns an error when the watch of an installed CRD does not sync
-// in time, or when a field is missing. A discovery error at start counts as not installed (it is
-// logged, and looked up again). The watch runs until ctx ends; a CRD deleted meanwhile leaves the
-// last policies in place (the informer retries its list).
+// in time, or when a field is missing. A discovery error leaves the source not Known (callers
+// keep what they had, never act as if there were no policies) and is looked up again every
+// Recheck; so is a watch that did not sync in time after a late install. The watch runs until
+// ctx ends; a CRD deleted meanwhile leaves the last policies in place (the informer retries its
+// list).
 func (s *Source[T, P]) Start(ctx context.Context, syncTimeout time.Duration) error {
 	if s.Resource.Resource == "" || s.Dynamic == nil || s.Discovery == nil || s.Log == nil {
 		return fmt.Errorf("policy source %s: Resource, Dynamic, Discovery and Log are required", s.Resource.Resource)
@@ -99,13 +101,14 @@ func (s *Source[T, P]) Start(ctx context.Context, syncTimeout time.Duration) err
 		return s.watch(ctx, syncTimeout)
 	}
 	if err != nil {
-		s.Log.Warn(s.Resource.Resource+": discovery failed; looking again", "recheck", s.Recheck, "err", err)
+		s.Log.Warn(s.Resource.Resource+": discovery failed; not known until it answers, looking again", "recheck", s.Recheck, "err", err)
+	} else {
+		s.Log.Info(s.Resource.Resource+": the CRD "+s.Resource.GroupResource().String()+" is not installed; no policy applies until it is", "recheck", s.Recheck)
+		s.mu.Lock()
+		s.known = true
+		s.mu.Unlock()
+		s.changed()
 	}
-	s.Log.Info(s.Resource.Resource+": the CRD "+s.Resource.GroupResource().String()+" is not installed; no policy applies until it is", "recheck", s.Recheck)
-	s.mu.Lock()
-	s.known = true
-	s.mu.Unlock()
-	s.changed()
 	go func() {
 		t := time.NewTicker(s.Recheck)
 		defer t.Stop()
@@ -115,14 +118,27 @@ func (s *Source[T, P]) Start(ctx context.Context, syncTimeout time.Duration) err
 				return
 			case <-t.C:
 			}
-			if ok, _ := Installed(s.Discovery, s.Resource); !ok {
+			ok, err := Installed(s.Discovery, s.Resource)
+			if err != nil {
+				continue // not known either way: keep what we know
+			}
+			if !ok {
+				s.mu.Lock()
+				first := !s.known
+				s.known = true
+				s.mu.Unlock()
+				if first {
+					s.Log.Info(s.Resource.Resource + ": the CRD is not installed; no policy applies until it is")
+					s.changed()
+				}
 				continue
 			}
 			s.mu.Lock()
 			s.known = false // installed, not synced yet
 			s.mu.Unlock()
 			if err := s.watch(ctx, syncTimeout); err != nil {
-				s.Log.Error(s.Resource.Resource+": watch", "err", err)
+				s.Log.Error(s.Resource.Resource+": watch not synced; trying again", "recheck", s.Recheck, "err", err)
+				continue
 			}
 			return
 		}
@@ -144,12 +160,16 @@ func (s *Source[T, P]) watch(ctx context.Context, syncTimeout time.Duration) err
 	}); err != nil {
 		return fmt.Errorf("policy source %s: %w", s.Resource.Resource, err)
 	}
-	f.Start(ctx.Done())
-	wctx, cancel := context.WithTimeout(ctx, syncTimeout)
+	// The informer runs until ctx ends, or stops here if it does not sync (a retry starts another).
+	ictx, stop := context.WithCancel(ctx)
+	f.Start(ictx.Done())
+	wctx, cancel := context.WithTimeout(ictx, syncTimeout)
 	defer cancel()
 	if !cache.WaitForCacheSync(wctx.Done(), inf.HasSynced) {
+		stop()
 		return fmt.Errorf("policy source %s: not synced within %s: %w", s.Resource.Resource, syncTimeout, context.Cause(wctx))
 	}
+	context.AfterFunc(ctx, stop) // the watch runs until ctx ends
 	s.mu.Lock()
 	s.informer, s.known = inf, true
 	s.mu.Unlock()
