@@ -10,8 +10,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 cg=${AETHER_CONTROLLER_GEN:-$(hack/tools.sh --print | sed -n 's/^AETHER_CONTROLLER_GEN=//p')}
 [ -x "$cg" ] || { echo "update-codegen: no controller-gen at '$cg': run hack/tools.sh" >&2; exit 1; }
-# One package today; each gets its own run so that an outdir keeps the package's path.
-for pkg in api/aether/security/v1alpha1; do
+# Each package gets its own run so that an outdir keeps the package's path.
+pkgs=(api/aether/security/v1alpha1)
+for pkg in "${pkgs[@]}"; do
   if [ -n "${1:-}" ]; then
     mkdir -p "$1/$pkg"
     "$cg" object paths="./$pkg" output:object:dir="$1/$pkg"
