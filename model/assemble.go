@@ -413,9 +413,18 @@ func Assemble(version uint64, in Sources) *Mesh {
 		return s != nil && s.Local
 	})
 	m.Authz = SelectAuthz(m.authz, m.Pods, podLabels)
-	m.Inbound = make(map[string]PodInbound, len(m.Pods))
+	m.Inbound = make(map[string]PodInbound)
+	def := in.InboundDefault
+	if def == MTLSUnset {
+		def = MTLSStrict
+	}
 	for _, p := range m.Pods {
-		m.Inbound[p.UID] = ResolveInbound(in.InboundDefault, in.PeerAuthns, p.Namespace, podLabels[p.UID], m.Authz[p.UID])
+		// Only pods a policy decides: the others keep the node's own default (and their capture
+		// rules are never rewritten for nothing).
+		if ib := ResolveInbound(def, in.PeerAuthns, p.Namespace, podLabels[p.UID], m.Authz[p.UID]); ib.Policy != "" || ib.Mode != def ||
+			len(ib.StrictPorts) > 0 || len(ib.PermissivePorts) > 0 {
+			m.Inbound[p.UID] = ib
+		}
 	}
 	return m
 }

@@ -58,8 +58,9 @@ type Mesh struct {
 	// sorted by namespace, then name; a pod no policy selects has no entry (everything meshed may
 	// call it).
 	Authz map[string][]*AuthzPolicy
-	// Inbound maps each local pod's UID to its inbound mTLS policy (ResolveInbound): the mode
-	// and per-port exceptions its capture rules get.
+	// Inbound maps a local pod's UID to its inbound mTLS policy (ResolveInbound): the mode and
+	// per-port exceptions its capture rules get; a pod that neither a PeerAuthentication nor an
+	// authorization policy changes from the mesh default has no entry (the node default applies).
 	Inbound map[string]PodInbound
 
 	routeStatuses []RouteStatus
