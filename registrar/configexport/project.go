@@ -155,6 +155,8 @@ type TooLargeError struct {
 	Routes, Bytes int
 }
 
+// Error names the limit the projection is over and its value: its route count against
+// registry.MaxConfigRoutes, else its encoded size in bytes against registry.MaxConfigBytes.
 func (e *TooLargeError) Error() string {
 	if e.Routes > registry.MaxConfigRoutes {
 		return fmt.Sprintf("the projection has %d routes, over the limit of %d (registry.MaxConfigRoutes)", e.Routes, registry.MaxConfigRoutes)

@@ -30,6 +30,7 @@ type InvalidExportError struct {
 	Message string
 }
 
+// Error is "<reason>: <message>", the reason being the ServiceExport condition's.
 func (e *InvalidExportError) Error() string { return string(e.Reason) + ": " + e.Message }
 
 // ServiceExportReasonInvalidExportedMetadata is the Valid=False reason of a ServiceExport whose
