@@ -263,12 +263,9 @@ func (r Rule) nftExprs(conn *nftables.Conn, t *nftables.Table) ([]expr.Any, erro
 		e = append(e, &expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
 			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname("lo")})
 	}
-	if r.Established {
-		e = append(e, &expr.Ct{Register: 1, Key: expr.CtKeySTATE},
-			&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
-				Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED),
-				Xor:  binaryutil.NativeEndian.PutUint32(0)},
-			&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: binaryutil.NativeEndian.PutUint32(0)})
+	if r.Reply {
+		e = append(e, &expr.Ct{Register: 1, Key: expr.CtKeyDIRECTION},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{1}}) // IP_CT_DIR_REPLY
 	}
 	if r.Mark != 0 {
 		e = append(e, &expr.Meta{Key: expr.MetaKeyMARK, Register: 1},

@@ -3,6 +3,7 @@
 package capture
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/netip"
@@ -17,7 +18,8 @@ import (
 // node on its probe port) and accepts it elsewhere and on 15008; a strict pod with a permissive
 // port accepts plaintext there only; every apply is run twice (the second changes nothing);
 // Check reports a live table of another policy as drift; and a connection accepted in
-// permissive mode keeps working after its port turns strict, while a new one is refused.
+// permissive mode is cut when its port turns strict (by the rules at the caller's next packet,
+// by CutRefused at the pod's end), while the connections the new policy still allows are kept.
 func TestPrivilegedPerPortModes(t *testing.T) {
 	testenv.RequireRoot(t)
 	for _, tb := range testBackends() {
@@ -31,8 +33,9 @@ func perPortModes(t *testing.T, b Backend) {
 		PodIPs: addrs(topoPodIP), HostIP: netip.MustParseAddr(topoHostIP), ClusterDNS: addrs("10.96.0.10"),
 		NodeSources: prefixes(topoGateway + "/32"), ProbePorts: []uint16{8081},
 	}
+	accepted := map[string]chan net.Conn{}
 	for _, p := range []string{"8080", "8081", "9090", "15008"} {
-		acceptOn(t, tp.pod, topoPodIP+":"+p)
+		_, accepted[p] = acceptOn(t, tp.pod, topoPodIP+":"+p)
 	}
 	apply := func(c Config) RuleSet {
 		t.Helper()
@@ -102,32 +105,114 @@ func perPortModes(t *testing.T, b Backend) {
 		t.Fatalf("Check of the strict policy against the permissive table = %v, want drift", err)
 	}
 
-	// An established plaintext connection survives its port turning strict (in-established
-	// comes first); a new one is refused.
+	// A plaintext connection accepted while its port was permissive is cut when the port turns
+	// strict: the caller's next packet gets a reset from the rules alone (the pod's end is left
+	// open), and CutRefused closes the pod's end too. A connection to a port that stays open
+	// (9090), the mTLS port and the node's probe connection are kept, by both.
 	apply(base.withMode(ModePermissive))
 	_, held := acceptOn(t, tp.pod, topoPodIP+":7070")
-	var client net.Conn
-	if err := tp.node.Do(func() (err error) {
-		d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(topoOther)}}
-		client, err = d.Dial("tcp", topoPodIP+":7070")
-		return err
-	}); err != nil {
-		t.Fatalf("permissive: %s -> :7070: %v", topoOther, err)
+	_, held2 := acceptOn(t, tp.pod, topoPodIP+":7071")
+	conn := func(src, port string, ch chan net.Conn) (client, server net.Conn) {
+		t.Helper()
+		if err := tp.node.Do(func() (err error) {
+			d := net.Dialer{Timeout: 10 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+			client, err = d.Dial("tcp", topoPodIP+":"+port)
+			return err
+		}); err != nil {
+			t.Fatalf("permissive: %s -> :%s: %v", src, port, err)
+		}
+		t.Cleanup(func() { client.Close() })
+		server = expectConn(t, "plaintext to :"+port, ch, nil)
+		t.Cleanup(func() { server.Close() })
+		return client, server
 	}
-	defer client.Close()
-	server := expectConn(t, "plaintext to :7070", held, nil)
-	defer server.Close()
+	cut70, srv70 := conn(topoOther, "7070", held)
+	cut71, srv71 := conn(topoOther, "7071", held2)
+	type kept struct {
+		what           string
+		client, server net.Conn
+	}
+	var keep []kept
+	for _, k := range []struct{ src, port string }{{topoOther, "9090"}, {topoOther, "15008"}, {topoGateway, "8081"}} {
+		drain(accepted[k.port]) // the connections of the checks above
+		c, s := conn(k.src, k.port, accepted[k.port])
+		keep = append(keep, kept{k.src + " -> :" + k.port, c, s})
+	}
 	toStrict := base
-	toStrict.Mode, toStrict.StrictPorts = ModePermissive, []uint16{7070}
-	apply(toStrict)
-	exchange(t, client, server, "after :7070 turned strict")
+	toStrict.Mode, toStrict.StrictPorts = ModePermissive, []uint16{7070, 7071}
+	toStrictRS := apply(toStrict)
+	// The rules alone: the caller's next byte is answered with a reset and never reaches the pod.
+	if _, err := cut70.Write([]byte{7}); err != nil {
+		t.Fatalf("write after :7070 turned strict: %v", err)
+	}
+	expectCut(t, cut70, "the caller on :7070, after its port turned strict")
+	expectSilent(t, srv70, "the pod's end on :7070 (rules only)")
 	if err := dialFrom(tp.node, topoOther, topoPodIP+":7070"); !isRefused(err) {
 		t.Fatalf("new plaintext to :7070 after it turned strict = %v, want connection refused", err)
 	}
-	apply(base) // the whole pod strict: the connection still stands
-	exchange(t, client, server, "after the pod turned strict")
+	// CutRefused closes the pod's end of both refused connections (7071's caller has not sent
+	// anything since), and nothing else.
+	n, err := CutRefused(tp.pod.Path, toStrictRS)
+	if err != nil || n != 2 {
+		t.Fatalf("CutRefused = %d, %v; want 2 sockets closed (:7070, :7071)", n, err)
+	}
+	expectCut(t, srv70, "the pod's end on :7070 after CutRefused")
+	expectCut(t, srv71, "the pod's end on :7071 after CutRefused")
+	expectCut(t, cut71, "the caller on :7071 after CutRefused")
+	if n, err := CutRefused(tp.pod.Path, toStrictRS); err != nil || n != 0 {
+		t.Fatalf("CutRefused again = %d, %v; want nothing left to close", n, err)
+	}
+	for _, k := range keep {
+		exchange(t, k.client, k.server, k.what+" after :7070 and :7071 turned strict")
+	}
+	// The whole pod strict: the connection to 9090 is refused now, mTLS and the probe are kept.
+	allStrict := apply(base)
+	if n, err := CutRefused(tp.pod.Path, allStrict); err != nil || n != 1 {
+		t.Fatalf("CutRefused with the pod strict = %d, %v; want 1 (the caller on :9090)", n, err)
+	}
+	expectCut(t, keep[0].server, "the pod's end on :9090 after the pod turned strict")
+	expectCut(t, keep[0].client, "the caller on :9090 after the pod turned strict")
+	for _, k := range keep[1:] {
+		exchange(t, k.client, k.server, k.what+" after the pod turned strict")
+	}
 	if err := b.Teardown(tp.pod.Path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// drain closes the connections waiting in ch.
+func drain(ch chan net.Conn) {
+	for {
+		select {
+		case c := <-ch:
+			c.Close()
+		default:
+			return
+		}
+	}
+}
+
+// expectCut fails the test, naming what, unless a read on c fails within 5 s with a reset or
+// an end of stream (the connection was cut, not just quiet).
+func expectCut(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("%s: read = %v, want the connection cut (reset or EOF)", what, err)
+	}
+}
+
+// expectSilent fails the test, naming what, when c reads anything or fails within 300 ms: the
+// connection is open and nothing reached it.
+func expectSilent(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	n, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	if n > 0 || !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("%s: read = %d, %v; want nothing (no byte, no close)", what, n, err)
 	}
 }
 

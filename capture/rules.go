@@ -76,8 +76,9 @@ type Rule struct {
 	// OIFLoopback / IIFLoopback match the loopback interface ("lo") as output / input device.
 	OIFLoopback bool
 	IIFLoopback bool
-	// Established matches conntrack state established or related.
-	Established bool
+	// Reply matches packets in conntrack's reply direction (ct direction reply): those of
+	// connections the pod opened, never a caller's packets to the pod.
+	Reply bool
 	// Mark matches the packet mark exactly when non-zero.
 	Mark uint32
 	// L4 is the transport protocol (6 TCP, 17 UDP); 0 means any.
@@ -129,12 +130,15 @@ func familyOf(a netip.Addr) Family {
 // (MetadataAddrs) are left uncaptured and refused in filter output: TCP with a reset, the rest
 // dropped.
 //
-// Inbound (filter input): established/related and loopback accepted, so a policy change never
-// cuts a connection already accepted; in ModeStrict only InboundPort, NodeSources on ProbePorts
-// (on every port with NodeAllPorts), ExcludeInboundPorts and PermissivePorts accept new TCP, any
-// other new TCP connection gets a reset; in ModePermissive new TCP is accepted except on
-// StrictPorts (less ExcludeInboundPorts), where only NodeSources on ProbePorts (every port with
-// NodeAllPorts) are accepted and the rest gets a reset. UDP and ICMP are not meshed and pass.
+// Inbound (filter input): the reply direction of the pod's own connections and loopback are
+// accepted; every other TCP packet, of a new connection or of one already accepted, is judged by
+// the mode, so a connection the current policy refuses is cut at its next packet when a port or
+// the pod turns strict (CutRefused also closes the pod's end): in ModeStrict only InboundPort,
+// NodeSources on ProbePorts (on every port with NodeAllPorts), ExcludeInboundPorts and
+// PermissivePorts accept TCP, any other TCP gets a reset; in ModePermissive TCP is accepted
+// except on StrictPorts (less ExcludeInboundPorts), where only NodeSources on ProbePorts (every
+// port with NodeAllPorts) are accepted and the rest gets a reset. UDP and ICMP are not meshed and
+// pass.
 func Build(cfg Config) (RuleSet, error) {
 	if err := cfg.Validate(); err != nil {
 		return RuleSet{}, fmt.Errorf("build capture rules: %w", err)
@@ -224,7 +228,7 @@ func Build(cfg Config) (RuleSet, error) {
 
 	in := Chain{Name: "input_filter", Hook: HookInputFilter}
 	in.Rules = append(in.Rules,
-		Rule{ID: "in-established", Established: true, Verdict: Verdict{Kind: VerdictAccept}},
+		Rule{ID: "in-reply", Reply: true, Verdict: Verdict{Kind: VerdictAccept}},
 		Rule{ID: "in-loopback", IIFLoopback: true, Verdict: Verdict{Kind: VerdictAccept}},
 	)
 	if !v6 {
@@ -333,8 +337,8 @@ func (r Rule) nftMatch() string {
 	if r.IIFLoopback {
 		m = append(m, `iifname "lo"`)
 	}
-	if r.Established {
-		m = append(m, "ct state established,related")
+	if r.Reply {
+		m = append(m, "ct direction reply")
 	}
 	if r.Mark != 0 {
 		m = append(m, fmt.Sprintf("meta mark 0x%08x", r.Mark))
@@ -506,8 +510,8 @@ func (r Rule) iptables(fam Family) string {
 	if r.L4 != 0 {
 		m = append(m, "-p "+protoName(r.L4))
 	}
-	if r.Established {
-		m = append(m, "-m conntrack --ctstate ESTABLISHED,RELATED")
+	if r.Reply {
+		m = append(m, "-m conntrack --ctdir REPLY")
 	}
 	if r.Mark != 0 {
 		m = append(m, fmt.Sprintf("-m mark --mark 0x%x", r.Mark))

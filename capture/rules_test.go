@@ -366,3 +366,43 @@ func TestBuildPerPortModes(t *testing.T) {
 		t.Error("different strict ports render the same input chain")
 	}
 }
+
+// TestRefusesTCP reads the input chains Build writes for a caller's TCP packet (new or of a
+// connection already accepted): what CutRefused closes is what the live rules refuse.
+func TestRefusesTCP(t *testing.T) {
+	pod := netip.MustParseAddr("10.244.1.5")
+	node, caller := netip.MustParseAddr("10.244.1.1"), netip.MustParseAddr("10.244.2.7")
+	strict := Config{
+		PodIPs: []netip.Addr{pod}, HostIP: netip.MustParseAddr("192.168.0.10"), NodeSources: prefixes("10.244.1.1/32"),
+		ProbePorts: []uint16{8081}, ExcludeInboundPorts: []uint16{9090}, PermissivePorts: []uint16{9443},
+	}
+	permissive := strict.withMode(ModePermissive)
+	permissive.PermissivePorts, permissive.StrictPorts = nil, []uint16{8080, 8081, 9090}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		src  netip.Addr
+		port uint16
+		want bool
+	}{
+		{"strict: a caller on an app port", strict, caller, 8080, true},
+		{"strict: the mTLS port", strict, caller, 15008, false},
+		{"strict: the node on its probe port", strict, node, 8081, false},
+		{"strict: a caller on the probe port", strict, caller, 8081, true},
+		{"strict: an excluded port", strict, caller, 9090, false},
+		{"strict: a permissive port", strict, caller, 9443, false},
+		{"permissive: a strict port", permissive, caller, 8080, true},
+		{"permissive: another port", permissive, caller, 7070, false},
+		{"permissive: the node on the probe port", permissive, node, 8081, false},
+		{"permissive: a strict port the operator excluded", permissive, caller, 9090, false},
+		{"permissive, no strict port", strict.withMode(ModePermissive), caller, 8080, false},
+	} {
+		rs, err := Build(tc.cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := rs.RefusesTCP(tc.src, pod, tc.port); got != tc.want {
+			t.Errorf("%s: RefusesTCP(%s -> :%d) = %v, want %v", tc.name, tc.src, tc.port, got, tc.want)
+		}
+	}
+}

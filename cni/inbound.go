@@ -101,8 +101,9 @@ func (s *Server) inboundOf(uid string) PodInbound {
 // could not update and of the persisting. The caller retries with the same set until it
 // returns nil (a set equal to the current one is then a no-op); the periodic repair converges
 // too. Pods added after the call get their policy at ADD (an ADD racing the call is caught by a
-// repair pass it requests). Connections already accepted are kept when a pod or port turns
-// strict: the rules judge new connections only (capture.Build, in-established).
+// repair pass it requests). A caller's connection the new policy refuses (a plaintext one, when
+// its pod or port turns strict) is cut: the rules judge every packet of a caller, not only the
+// first (capture.Build), and the pod's end is closed (capture.CutRefused).
 func (s *Server) SetInboundPolicies(ctx context.Context, m map[string]PodInbound) error {
 	s.defaults()
 	want, err := validInbound(m, s.Config.DNSPort)

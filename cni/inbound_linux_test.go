@@ -26,8 +26,8 @@ import (
 // the real chain on a node whose default is permissive, with every backend: a permissive pod with
 // one strict port refuses plaintext there and accepts it on another port and on 15008; a strict
 // pod with one permissive port accepts plaintext there only; a pod not in the set keeps the node
-// default; a set re-applies only the pods whose policy changed, without a new ADD, and keeps an
-// established connection when its pod turns strict; a pod added after the set gets its policy
+// default; a set re-applies only the pods whose policy changed, without a new ADD, and cuts a
+// plaintext connection when its pod turns strict (keeping those of other pods); a pod added after the set gets its policy
 // at ADD; a change that failed is applied again by the same call; a restarted agent repairs
 // with the persisted set (a pod it had closed stays closed even with its rules gone); a corrupt
 // file is refused and the node default applies.
@@ -134,15 +134,19 @@ func inboundPolicies(t *testing.T, backend capture.Backend, subnet int) {
 		t.Fatalf("the same set changed rules in %v", got)
 	}
 
-	// A plaintext connection to a:9191, then a turns strict and b leaves the set (back to the
-	// node default): re-applied without a new ADD, the connection stands, new ones are refused.
+	// Plaintext connections to a:9191 and c:9191, then a turns strict and b leaves the set
+	// (back to the node default): re-applied without a new ADD; a's connection is cut at both
+	// ends (the policy refuses it now), c's stands; new ones to a are refused.
 	client, server := holdConn(t, pods["x"], pods["a"], ips["a"]+":9191")
+	cClient, cServer := holdConn(t, pods["x"], pods["c"], ips["c"]+":9191")
 	set(map[string]PodInbound{"uid-a": {Mode: capture.ModeStrict}, "uid-d": {Mode: capture.ModeStrict}})
 	if got, want := pb.takeChanged(), []string{pods["a"].Path, pods["b"].Path}; !sameSet(got, want) {
 		t.Fatalf("rules changed in %v, want only a's and b's %v", got, want)
 	}
 	expect("a strict, b back to the node default", dial{"a", "9090", false}, dial{"a", "15008", true}, dial{"b", "8080", true})
-	exchange(t, client, server, "a plaintext connection accepted before its pod turned strict")
+	expectClosed(t, server, "a's end of a plaintext connection accepted before a turned strict")
+	expectClosed(t, client, "the caller's end of a plaintext connection to a after a turned strict")
+	exchange(t, cClient, cServer, "a plaintext connection to c, whose policy did not change")
 
 	// d, added after the set, gets its policy at ADD.
 	add("d")
@@ -170,7 +174,7 @@ func inboundPolicies(t *testing.T, backend capture.Backend, subnet int) {
 	}
 	ag = start()
 	expect("after a restart", dial{"a", "8080", false}, dial{"d", "8080", false}, dial{"b", "8080", true})
-	exchange(t, client, server, "the kept connection after the restart")
+	exchange(t, cClient, cServer, "the kept connection to c after the restart")
 
 	// An entry that cannot be taken (LoadInboundPolicies names it) fails closed: its pod is
 	// strict; a pod the file does not name has the node default.
@@ -226,6 +230,18 @@ func holdConn(t *testing.T, client, server *testenv.Netns, addr string) (net.Con
 		t.Fatalf("no connection accepted on %s", addr)
 	}
 	return nil, nil
+}
+
+// expectClosed fails the test, naming what, unless a read on c fails within 5 s with a reset
+// or an end of stream.
+func expectClosed(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("%s: read = %v, want the connection closed (reset or EOF)", what, err)
+	}
 }
 
 // exchange sends one byte each way over an established connection; it fails the test, naming
