@@ -133,7 +133,7 @@ func translateAuthz(td string, policies []*model.AuthzPolicy, port uint32, http 
 				}
 				perm := anyPermission()
 				if http {
-					perm = authzPermission(r)
+					perm = authzPermission(r, p.Action != model.AuthzAllow)
 				}
 				into[p.Namespace+"/"+p.Name+"#"+strconv.Itoa(i)] = &rbacv3.Policy{Permissions: []*rbacv3.Permission{perm}, Principals: principals}
 			}
@@ -180,15 +180,30 @@ func authzPrincipals(td string, r *model.AuthzRule) []*rbacv3.Principal {
 }
 
 // authzPermission is the permission of rule r on an HTTP port: any of its methods (the :method
-// header, exact) and any of its paths (url_path: the path without query string), "any" for an
-// attribute r leaves empty.
-func authzPermission(r *model.AuthzRule) *rbacv3.Permission {
+// header) and any of its paths (url_path: the path without query string, after the inbound
+// HCM's RFC 3986 normalization and slash merging), "any" for an attribute r leaves empty.
+//
+// A DENY rule (deny) matches wider where applications read requests more loosely than Envoy
+// compares them, so that no other spelling of a refused request gets through: its methods
+// ignore case (Express and others route "delete" as DELETE) and GET brings HEAD (which most
+// frameworks serve with the GET handler); its paths ignore case, match with path parameters
+// ("/admin;x", which servlet containers route to "/admin"), and a rule with paths also matches
+// every path holding an escaped slash or backslash (%2F, %5C, any case), which normalization
+// keeps but many applications decode ("/admin%2Fusers" is "/admin/users" to them). An ALLOW
+// rule matches exactly: a request spelled otherwise is not allowed by it, which fails closed.
+func authzPermission(r *model.AuthzRule, deny bool) *rbacv3.Permission {
 	var and []*rbacv3.Permission
 	if len(r.Methods) > 0 {
+		methods := slices.Clone(r.Methods)
+		if deny && slices.Contains(methods, "GET") && !slices.Contains(methods, "HEAD") {
+			methods = append(methods, "HEAD")
+		}
 		var ms []*rbacv3.Permission
-		for _, m := range r.Methods {
+		for _, m := range methods {
 			ms = append(ms, &rbacv3.Permission{Rule: &rbacv3.Permission_Header{Header: &routev3.HeaderMatcher{
-				Name: ":method", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: m}}},
+				Name: ":method", HeaderMatchSpecifier: &routev3.HeaderMatcher_StringMatch{StringMatch: &matcherv3.StringMatcher{
+					MatchPattern: &matcherv3.StringMatcher_Exact{Exact: m}, IgnoreCase: deny,
+				}},
 			}}})
 		}
 		and = append(and, orPermissions(ms))
@@ -196,7 +211,12 @@ func authzPermission(r *model.AuthzRule) *rbacv3.Permission {
 	if len(r.Paths) > 0 {
 		var ps []*rbacv3.Permission
 		for _, p := range r.Paths {
-			ps = append(ps, pathPermissions(p)...)
+			ps = append(ps, pathPermissions(p, deny)...)
+		}
+		if deny {
+			for _, esc := range []string{"%2f", "%5c"} {
+				ps = append(ps, urlPathPermission(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Contains{Contains: esc}, IgnoreCase: true}))
+			}
 		}
 		and = append(and, orPermissions(ps))
 	}
@@ -209,13 +229,23 @@ func authzPermission(r *model.AuthzRule) *rbacv3.Permission {
 	return &rbacv3.Permission{Rule: &rbacv3.Permission_AndRules{AndRules: &rbacv3.Permission_Set{Rules: and}}}
 }
 
+// urlPathPermission is the url_path permission of sm.
+func urlPathPermission(sm *matcherv3.StringMatcher) *rbacv3.Permission {
+	return &rbacv3.Permission{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: sm}}}}
+}
+
 // pathPermissions are the url_path permissions of a Gateway API path match: Exact is the path
 // itself; PathPrefix matches by whole segments ("/a" and "/a/" match "/a", "/a/", "/a/b", never
 // "/ab"), so it is the path without its trailing slash, exactly or followed by "/", and "/" is
-// every path; RegularExpression is an RE2 full match.
-func pathPermissions(p model.PathMatch) []*rbacv3.Permission {
-	urlPath := func(sm *matcherv3.StringMatcher) *rbacv3.Permission {
-		return &rbacv3.Permission{Rule: &rbacv3.Permission_UrlPath{UrlPath: &matcherv3.PathMatcher{Rule: &matcherv3.PathMatcher_Path{Path: sm}}}}
+// every path; RegularExpression is an RE2 full match. For a DENY rule (wide, authzPermission)
+// the matches ignore case and the path, or its last segment of a prefix, may carry path
+// parameters (";..."); a regular expression gets RE2's (?i).
+func pathPermissions(p model.PathMatch, wide bool) []*rbacv3.Permission {
+	exact := func(v string) *rbacv3.Permission {
+		return urlPathPermission(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v}, IgnoreCase: wide})
+	}
+	prefix := func(v string) *rbacv3.Permission {
+		return urlPathPermission(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: v}, IgnoreCase: wide})
 	}
 	switch p.Type {
 	case model.MatchPathPrefix:
@@ -223,14 +253,23 @@ func pathPermissions(p model.PathMatch) []*rbacv3.Permission {
 		if v == "" {
 			return []*rbacv3.Permission{anyPermission()}
 		}
-		return []*rbacv3.Permission{
-			urlPath(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v}}),
-			urlPath(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: v + "/"}}),
+		out := []*rbacv3.Permission{exact(v), prefix(v + "/")}
+		if wide {
+			out = append(out, prefix(v+";"))
 		}
+		return out
 	case model.MatchRegex:
-		return []*rbacv3.Permission{urlPath(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: p.Value}}})}
+		re := p.Value
+		if wide {
+			re = "(?i)" + re
+		}
+		return []*rbacv3.Permission{urlPathPermission(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: re}}})}
 	default:
-		return []*rbacv3.Permission{urlPath(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: p.Value}})}
+		out := []*rbacv3.Permission{exact(p.Value)}
+		if wide {
+			out = append(out, prefix(p.Value+";"))
+		}
+		return out
 	}
 }
 

@@ -156,8 +156,15 @@ func testPrivilegedAuthz(t *testing.T, delta bool) {
 			{"alpha", alpha.HTTPClient(false), "GET", "/api/admin/x", 403},  // DENY over ALLOW
 			{"alpha", alpha.HTTPClient(false), "GET", "/api//admin/x", 403}, // merged slashes
 			{"alpha", alpha.HTTPClient(false), "GET", "/api/x/../admin", 403},
-			{"beta", beta.HTTPClient(false), "GET", "/api/x", 403},  // identity
-			{"beta", beta.HTTPClient(false), "GET", "/public", 200}, // namespace
+			{"alpha", alpha.HTTPClient(false), "GET", "/api/admin%2Fx", 403}, // escaped slash: DENY matches it
+			{"alpha", alpha.HTTPClient(false), "GET", "/api/x%5cy", 403},     // any escaped (back)slash, for the DENY's callers
+			{"alpha", alpha.HTTPClient(false), "GET", "/api/ADMIN/x", 403},   // a DENY's path ignores case
+			{"alpha", alpha.HTTPClient(false), "GET", "/api/admin;p=1", 403}, // and path parameters
+			{"alpha", alpha.HTTPClient(false), "GET", "/api/administrator", 200},
+			{"alpha", alpha.HTTPClient(false), "GET", "/api%2Fx", 403}, // ALLOW matches only the exact spelling
+			{"alpha", alpha.HTTPClient(false), "get", "/api/x", 400},   // a lowercase method: Envoy's HTTP/1 codec refuses it first
+			{"beta", beta.HTTPClient(false), "GET", "/api/x", 403},     // identity
+			{"beta", beta.HTTPClient(false), "GET", "/public", 200},    // namespace
 			{"beta", beta.HTTPClient(false), "POST", "/public", 200},
 			{"beta", beta.HTTPClient(false), "GET", "/public/x", 403}, // exact
 		} {

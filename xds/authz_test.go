@@ -45,11 +45,19 @@ func evalRBAC(t *testing.T, r *rbacv3.RBAC, c call) (bool, string) {
 
 func evalString(t *testing.T, m *matcherv3.StringMatcher, s string) bool {
 	t.Helper()
+	fold := func(x string) string {
+		if m.IgnoreCase {
+			return strings.ToLower(x)
+		}
+		return x
+	}
 	switch p := m.MatchPattern.(type) {
 	case *matcherv3.StringMatcher_Exact:
-		return s == p.Exact
+		return fold(s) == fold(p.Exact)
 	case *matcherv3.StringMatcher_Prefix:
-		return strings.HasPrefix(s, p.Prefix)
+		return strings.HasPrefix(fold(s), fold(p.Prefix))
+	case *matcherv3.StringMatcher_Contains:
+		return strings.Contains(fold(s), fold(p.Contains))
 	case *matcherv3.StringMatcher_SafeRegex:
 		return regexp.MustCompile("^(?:" + p.SafeRegex.Regex + ")$").MatchString(s)
 	}
@@ -207,6 +215,40 @@ func TestTranslateAuthz(t *testing.T) {
 			{call{san: a, method: "GET", path: "/e/f"}, 80, true, false, nil},
 			{call{san: a, method: "POST", path: "/a"}, 80, true, false, nil},
 			{call{san: a, method: "POST", path: "/never"}, 80, true, true, nil},
+		}},
+		{"a DENY rule refuses every spelling of what it names", []*model.AuthzPolicy{
+			pol("allow", model.AuthzAllow, model.AuthzRule{AnySource: true}),
+			pol("deny", model.AuthzDeny, model.AuthzRule{Sources: []model.AuthzSource{sa("shop", "a")}, Methods: []string{"DELETE"}, Paths: prefix("/admin")}),
+		}, []check{
+			{call{san: a, method: "DELETE", path: "/admin/users"}, 80, true, false, nil},
+			{call{san: a, method: "delete", path: "/admin/users"}, 80, true, false, nil},
+			{call{san: a, method: "DELETE", path: "/admin%2Fusers"}, 80, true, false, nil},
+			{call{san: a, method: "DELETE", path: "/x/..%5cadmin"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/admin%2fusers"}, 80, true, true, nil},
+			{call{san: a, method: "DELETE", path: "/other"}, 80, true, true, nil},
+			{call{san: b, method: "delete", path: "/admin%2Fusers"}, 80, true, true, nil},
+			{call{san: a, method: "DELETE", path: "/ADMIN/users"}, 80, true, false, nil},
+			{call{san: a, method: "DELETE", path: "/admin;jsessionid=1/users"}, 80, true, false, nil},
+			{call{san: a, method: "DELETE", path: "/administrator"}, 80, true, true, nil},
+		}},
+		{"a DENY of GET refuses HEAD; exact and regex paths of a DENY ignore case", []*model.AuthzPolicy{
+			pol("deny", model.AuthzDeny, model.AuthzRule{AnySource: true, Methods: []string{"GET"}, Paths: []model.PathMatch{
+				{Type: model.MatchExact, Value: "/secret"}, {Type: model.MatchRegex, Value: "/v[0-9]+/keys"},
+			}}),
+		}, []check{
+			{call{san: a, method: "HEAD", path: "/secret"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/Secret"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/secret;x"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/V2/KEYS"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/secrets"}, 80, true, true, nil},
+			{call{san: a, method: "POST", path: "/secret"}, 80, true, true, nil},
+		}},
+		{"an ALLOW rule allows only the exact spelling", []*model.AuthzPolicy{
+			pol("allow", model.AuthzAllow, model.AuthzRule{AnySource: true, Methods: []string{"GET"}, Paths: prefix("/public")}),
+		}, []check{
+			{call{san: a, method: "GET", path: "/public/x"}, 80, true, true, nil},
+			{call{san: a, method: "get", path: "/public/x"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/public%2F..%2Fadmin"}, 80, true, false, nil},
 		}},
 		{"prefix / is every path", []*model.AuthzPolicy{pol("p", model.AuthzDeny, model.AuthzRule{AnySource: true, Paths: prefix("/")})}, []check{
 			{call{san: a, method: "GET", path: "/anything"}, 80, true, false, nil},
