@@ -116,6 +116,9 @@ type Sources struct {
 	// AuthorizationPolicies are the cluster's AuthorizationPolicies (every namespace; none where
 	// the CRD is not installed): ResolveAuthz, SelectAuthz.
 	AuthorizationPolicies []*secv1alpha1.AuthorizationPolicy
+	// AuthzCache, when set, keeps the conversions of AuthorizationPolicies between assemblies
+	// (the Assembler sets its own).
+	AuthzCache *AuthzCache
 	// InboundDefault is the mesh default inbound mTLS mode (the agent's --inbound-mode;
 	// MTLSUnset: STRICT) and PeerAuthns the cluster's PeerAuthentication policies (every
 	// namespace): with the authorization policies they give each local pod its Mesh.Inbound
@@ -408,10 +411,10 @@ func Assemble(version uint64, in Sources) *Mesh {
 	m.L4Routing, l4st = ResolveL4Routes(m.byKey, l4)
 	m.routeStatuses = append(m.routeStatuses, l4st...)
 	assembleEdges(m, in, routes)
-	m.authz = ResolveAuthz(in.AuthorizationPolicies, func(k ServiceKey) bool {
+	m.authz = resolveAuthz(in.AuthorizationPolicies, func(k ServiceKey) bool {
 		s := m.byKey[k]
 		return s != nil && s.Local
-	})
+	}, in.AuthzCache)
 	m.Authz = SelectAuthz(m.authz, m.Pods, podLabels)
 	m.Inbound = make(map[string]PodInbound)
 	def := in.InboundDefault

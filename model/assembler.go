@@ -70,6 +70,8 @@ type Assembler struct {
 	// build serialises Rebuild (Run's coalescer and direct calls), so versions, Current and the
 	// subscribers never go backwards.
 	build sync.Mutex
+	// authzCache keeps AuthorizationPolicy conversions between builds (under build).
+	authzCache AuthzCache
 	mu    sync.Mutex
 	subs  []func(*Mesh)
 	// next is closed and replaced when a new Mesh is published (Wait).
@@ -137,7 +139,7 @@ func (a *Assembler) Rebuild() error {
 	a.build.Lock()
 	defer a.build.Unlock()
 	start := time.Now()
-	s := Sources{Cluster: a.cfg.Cluster, MeshDomain: a.cfg.MeshDomain, TrustDomain: a.cfg.TrustDomain}
+	s := Sources{Cluster: a.cfg.Cluster, MeshDomain: a.cfg.MeshDomain, TrustDomain: a.cfg.TrustDomain, AuthzCache: &a.authzCache}
 	if a.kube != nil {
 		if err := a.kube.Fill(&s); err != nil {
 			a.cfg.Logger.Error("assemble mesh model: keeping the last model", "err", err)

@@ -90,9 +90,47 @@ func (r *AuthzResolved) Missing() []string {
 // opens a pod it closed). A policy's dryRun still holds then: a dry-run policy that fails closed
 // refuses nothing and counts every caller it would refuse.
 func ResolveAuthz(policies []*secv1alpha1.AuthorizationPolicy, serviceExists func(ServiceKey) bool) []AuthzResolved {
+	return resolveAuthz(policies, serviceExists, nil)
+}
+
+// AuthzCache keeps the conversions (ConvertAuthz) of the AuthorizationPolicies one assembly saw,
+// for the next: an informer's store hands the same object until it changes, so a model rebuilt
+// for any other reason converts none of them again. The objects must not be changed once handed
+// in (an informer store's are not). Not safe for concurrent use: one per Assembler.
+type AuthzCache struct {
+	m map[*secv1alpha1.AuthorizationPolicy]authzConverted
+}
+
+type authzConverted struct {
+	resourceVersion string
+	generation      int64
+	policy          *AuthzPolicy
+	targets         []AuthzTarget
+	errs            []AuthzFieldError
+}
+
+// convert returns ConvertAuthz(p), from the cache when it holds p at the same resource version
+// and generation; next collects what the next call keeps.
+func (c *AuthzCache) convert(p *secv1alpha1.AuthorizationPolicy, next map[*secv1alpha1.AuthorizationPolicy]authzConverted) (*AuthzPolicy, []AuthzTarget, []AuthzFieldError) {
+	if c == nil {
+		return ConvertAuthz(p)
+	}
+	v, ok := c.m[p]
+	if !ok || v.resourceVersion != p.ResourceVersion || v.generation != p.Generation {
+		v.resourceVersion, v.generation = p.ResourceVersion, p.Generation
+		v.policy, v.targets, v.errs = ConvertAuthz(p)
+	}
+	next[p] = v
+	return v.policy, slices.Clone(v.targets), v.errs
+}
+
+// resolveAuthz is ResolveAuthz with the conversions cached in cache (nil: none). The converted
+// policies are shared between the models of successive assemblies: nothing changes them.
+func resolveAuthz(policies []*secv1alpha1.AuthorizationPolicy, serviceExists func(ServiceKey) bool, cache *AuthzCache) []AuthzResolved {
 	out := make([]AuthzResolved, 0, len(policies))
+	next := map[*secv1alpha1.AuthorizationPolicy]authzConverted{}
 	for _, p := range policies {
-		pol, targets, errs := ConvertAuthz(p)
+		pol, targets, errs := cache.convert(p, next)
 		r := AuthzResolved{Namespace: p.Namespace, Name: p.Name, Generation: p.Generation, Errors: errs, Targets: targets}
 		for i := range r.Targets {
 			t := &r.Targets[i]
@@ -111,6 +149,9 @@ func ResolveAuthz(policies []*secv1alpha1.AuthorizationPolicy, serviceExists fun
 			r.Policy = &AuthzPolicy{Namespace: p.Namespace, Name: p.Name, Action: AuthzAllow, DryRun: p.Spec.DryRun}
 		}
 		out = append(out, r)
+	}
+	if cache != nil {
+		cache.m = next
 	}
 	slices.SortFunc(out, func(a, b AuthzResolved) int {
 		return ServiceKey{Namespace: a.Namespace, Name: a.Name}.Compare(ServiceKey{Namespace: b.Namespace, Name: b.Name})

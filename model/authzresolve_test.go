@@ -3,6 +3,7 @@ package model
 import (
 	"fmt"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -391,5 +392,39 @@ func TestAssembleAuthz(t *testing.T) {
 	}
 	if New(1, "a", "", "", Node{}, nil, nil, nil).AuthzResolved() != nil {
 		t.Error("a Mesh made with New has resolved policies")
+	}
+}
+
+// TestAuthzCache shows that an assembly with a cache converts an AuthorizationPolicy once per
+// version: the same object gives the same conversion (and the same result as without a cache),
+// a new resource version is converted again, and a policy gone is forgotten.
+func TestAuthzCache(t *testing.T) {
+	exists := func(ServiceKey) bool { return true }
+	a := authzPolicy("a")
+	a.ResourceVersion = "1"
+	b := authzPolicy("b", func(p *sec.AuthorizationPolicy) { p.Spec.Action = "Sometimes" }) // invalid
+	c := &AuthzCache{}
+	first := resolveAuthz([]*sec.AuthorizationPolicy{a, b}, exists, c)
+	if !reflect.DeepEqual(first, ResolveAuthz([]*sec.AuthorizationPolicy{a, b}, exists)) {
+		t.Fatalf("with a cache: %+v, want what ResolveAuthz gives", first)
+	}
+	second := resolveAuthz([]*sec.AuthorizationPolicy{a, b}, exists, c)
+	if second[0].Policy != first[0].Policy || len(second[1].Errors) == 0 {
+		t.Fatalf("the same objects again: converted anew (%p, %p) or errors lost %v", first[0].Policy, second[0].Policy, second[1].Errors)
+	}
+	// Found is per assembly: a Service gone is seen with the cached conversion.
+	gone := resolveAuthz([]*sec.AuthorizationPolicy{a}, func(ServiceKey) bool { return false }, c)
+	if gone[0].Policy != nil || gone[0].Targets[0].Found || !second[0].Targets[0].Found {
+		t.Fatalf("target of a cached conversion: %+v (before %+v), want not found now, found before", gone[0].Targets, second[0].Targets)
+	}
+	if _, ok := c.m[b]; ok || len(c.m) != 1 {
+		t.Fatalf("cache holds %d entries after b went, want only a", len(c.m))
+	}
+	// A new version of the object is converted again (the store hands a new object, but even
+	// the same one changed in place is).
+	a.ResourceVersion, a.Spec.Action = "2", sec.ActionDeny
+	third := resolveAuthz([]*sec.AuthorizationPolicy{a}, exists, c)
+	if third[0].Policy == first[0].Policy || third[0].Policy.Action != AuthzDeny {
+		t.Fatalf("after a new resource version: %+v, want converted again as DENY", third[0].Policy)
 	}
 }
