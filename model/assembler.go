@@ -72,8 +72,8 @@ type Assembler struct {
 	build sync.Mutex
 	// authzCache keeps AuthorizationPolicy conversions between builds (under build).
 	authzCache AuthzCache
-	mu    sync.Mutex
-	subs  []func(*Mesh)
+	mu         sync.Mutex
+	subs       []func(*Mesh)
 	// next is closed and replaced when a new Mesh is published (Wait).
 	next chan struct{}
 }

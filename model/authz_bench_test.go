@@ -20,7 +20,7 @@ func BenchmarkResolveAuthz(b *testing.B) {
 			p.Spec.Rules = nil
 			for j := 0; j < 20; j++ {
 				p.Spec.Rules = append(p.Spec.Rules, sec.AuthorizationRule{
-					Sources: []sec.AuthorizationSource{{Type: sec.SourceServiceAccount, ServiceAccount: &sec.AuthorizationSourceServiceAccount{Namespace: "front", Name: fmt.Sprintf("sa-%d", j)}}},
+					Sources:           []sec.AuthorizationSource{{Type: sec.SourceServiceAccount, ServiceAccount: &sec.AuthorizationSourceServiceAccount{Namespace: "front", Name: fmt.Sprintf("sa-%d", j)}}},
 					NetworkAttributes: &sec.AuthorizationNetworkAttributes{Ports: []int32{8080}},
 					HTTP: &sec.AuthorizationHTTPAttributes{Methods: []sec.HTTPMethod{"GET"}, Paths: []sec.HTTPPathMatch{
 						{Value: fmt.Sprintf("/api/%d", j)}, {Type: sec.PathMatchExact, Value: fmt.Sprintf("/v1/items/%d", j)},
