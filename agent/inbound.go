@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -82,6 +83,7 @@ func ports16(ps []uint32) []uint16 {
 // it to the pods it did not reach).
 func inboundSync(ctx context.Context, latest chan *model.Mesh, set func(context.Context, map[string]cni.PodInbound) error, reserved []uint16, retry time.Duration, log *slog.Logger) {
 	var last map[string]cni.PodInbound
+	var overridden map[string]string // authzOverrides of the last model set, logged when they change
 	var cur *model.Mesh
 	var tick <-chan time.Time
 	for {
@@ -108,7 +110,43 @@ func inboundSync(ctx context.Context, latest chan *model.Mesh, set func(context.
 			continue
 		}
 		last = want
+		over := authzOverrides(cur)
+		for _, pod := range slices.Sorted(maps.Keys(over)) {
+			if over[pod] != overridden[pod] {
+				log.Info("authorization makes pod strict over its mTLS mode", "pod", pod, "strict", over[pod])
+			}
+		}
+		overridden = over
 	}
+}
+
+// authzOverrides describes, by pod "<ns>/<name>", where authorization made a pod stricter than
+// its PeerAuthentication (or the mesh default) asked (model.PodInbound.AuthzAll, AuthzStrict): a
+// policy judges the caller's certificate, so the ports it covers refuse plaintext. Each value
+// names the ports ("every port", or "ports 8080,9090") and the PeerAuthentication overridden.
+// Pods without an override are not in it.
+func authzOverrides(m *model.Mesh) map[string]string {
+	out := map[string]string{}
+	for _, p := range m.Pods {
+		in, ok := m.Inbound[p.UID]
+		if !ok || (!in.AuthzAll && len(in.AuthzStrict) == 0) {
+			continue
+		}
+		what := "every port"
+		if !in.AuthzAll {
+			ports := make([]string, len(in.AuthzStrict))
+			for i, port := range in.AuthzStrict {
+				ports[i] = strconv.FormatUint(uint64(port), 10)
+			}
+			what = "ports " + strings.Join(ports, ",")
+		}
+		by := "the mesh default"
+		if in.Policy != "" {
+			by = "PeerAuthentication " + in.Policy
+		}
+		out[p.Namespace+"/"+p.Name] = what + " (over " + by + ")"
+	}
+	return out
 }
 
 // samePodInbound reports whether two policies are equal field by field.

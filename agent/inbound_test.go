@@ -152,3 +152,26 @@ func TestPolicyFillersWhileUnknown(t *testing.T) {
 		t.Error("PeerAuthentications filled while unknown")
 	}
 }
+
+// TestAuthzOverrides names the pods authorization made stricter than their mTLS mode, with the
+// ports and the PeerAuthentication it overrode, and only those.
+func TestAuthzOverrides(t *testing.T) {
+	m := &model.Mesh{
+		Pods: []*model.LocalPod{
+			{UID: "u1", Namespace: "shop", Name: "all"}, {UID: "u2", Namespace: "shop", Name: "some"},
+			{UID: "u3", Namespace: "shop", Name: "plain"}, {UID: "u4", Namespace: "shop", Name: "none"},
+		},
+		Inbound: map[string]model.PodInbound{
+			"u1": {Mode: model.MTLSStrict, Policy: "shop/migrate", AuthzAll: true},
+			"u2": {Mode: model.MTLSPermissive, StrictPorts: []uint32{8080, 9090}, AuthzStrict: []uint32{8080, 9090}},
+			"u3": {Mode: model.MTLSPermissive, Policy: "shop/migrate"},
+		},
+	}
+	want := map[string]string{
+		"shop/all":  "every port (over PeerAuthentication shop/migrate)",
+		"shop/some": "ports 8080,9090 (over the mesh default)",
+	}
+	if got := authzOverrides(m); !maps.Equal(got, want) {
+		t.Fatalf("authzOverrides = %v, want %v", got, want)
+	}
+}
