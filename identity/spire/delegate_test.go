@@ -1,0 +1,291 @@
+package spire
+
+import (
+	"context"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	delegatedidentityv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/agent/delegatedidentity/v1"
+	"github.com/spiffe/spire-api-sdk/proto/spire/api/types"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+// devCA returns a development CA of trust domain td, to mint the SVIDs a fake agent sends.
+func devCA(t *testing.T, td string) *identity.DevCA {
+	t.Helper()
+	ca, err := testenv.NewCA("spire test CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev, err := identity.NewDevCA(ca.CertPEM, ca.KeyPEM, td, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev
+}
+
+// toProto turns an SVID into what the Delegated Identity API sends.
+func toProto(t *testing.T, s *identity.SVID) *delegatedidentityv1.X509SVIDWithKey {
+	t.Helper()
+	var chain [][]byte
+	for rest := s.CertChainPEM; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		chain = append(chain, b.Bytes)
+	}
+	kb, _ := pem.Decode(s.KeyPEM)
+	td, path, _ := strings.Cut(strings.TrimPrefix(s.SPIFFEID, "spiffe://"), "/")
+	return &delegatedidentityv1.X509SVIDWithKey{
+		X509Svid:    &types.X509SVID{CertChain: chain, Id: &types.SPIFFEID{TrustDomain: td, Path: "/" + path}, ExpiresAt: s.NotAfter.Unix()},
+		X509SvidKey: kb.Bytes,
+	}
+}
+
+func TestSVIDFromProto(t *testing.T) {
+	ca := devCA(t, "td.example")
+	good, err := ca.Issue(context.Background(), "spiffe://td.example/ns/shop/sa/web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := ca.Issue(context.Background(), "spiffe://td.example/ns/shop/sa/db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := toProto(t, good)
+	got, err := SVIDFromProto(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.SPIFFEID != good.SPIFFEID || string(got.CertChainPEM) != string(good.CertChainPEM) || string(got.KeyPEM) != string(good.KeyPEM) ||
+		!got.NotAfter.Equal(good.NotAfter.Truncate(time.Second)) {
+		t.Fatalf("converted %s (not after %s), want %s (not after %s), same chain and key", got.SPIFFEID, got.NotAfter, good.SPIFFEID, good.NotAfter)
+	}
+	for _, tc := range []struct {
+		name string
+		mut  func(*delegatedidentityv1.X509SVIDWithKey)
+		want string
+	}{
+		{"another's key", func(p *delegatedidentityv1.X509SVIDWithKey) { p.X509SvidKey = toProto(t, other).X509SvidKey }, "not the leaf certificate's"},
+		{"an ID the leaf does not carry", func(p *delegatedidentityv1.X509SVIDWithKey) { p.X509Svid.Id.Path = "/ns/shop/sa/admin" }, "want only spiffe://td.example/ns/shop/sa/admin"},
+		{"no certificate", func(p *delegatedidentityv1.X509SVIDWithKey) { p.X509Svid.CertChain = nil }, "without an ID or a certificate"},
+		{"garbage certificate", func(p *delegatedidentityv1.X509SVIDWithKey) { p.X509Svid.CertChain = [][]byte{{1, 2, 3}} }, "certificate 0"},
+		{"garbage key", func(p *delegatedidentityv1.X509SVIDWithKey) { p.X509SvidKey = []byte{1} }, "key:"},
+	} {
+		p := toProto(t, good)
+		tc.mut(p)
+		if _, err := SVIDFromProto(p); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error with %q", tc.name, err, tc.want)
+		}
+	}
+}
+
+// fakeAgent is a Delegated Identity server at the test's boundary: it answers a subscription for
+// k8s:pod-uid:<uid> with svids[uid], sends again on push, refuses everyone when deny is set, and
+// counts the open pod streams.
+type fakeAgent struct {
+	delegatedidentityv1.UnimplementedDelegatedIdentityServer
+	mu     sync.Mutex
+	svids  map[string][]*delegatedidentityv1.X509SVIDWithKey
+	deny   bool
+	open   map[string]int
+	push   chan struct{}
+	bundle map[string][]byte
+}
+
+func (f *fakeAgent) SubscribeToX509SVIDs(req *delegatedidentityv1.SubscribeToX509SVIDsRequest, s grpc.ServerStreamingServer[delegatedidentityv1.SubscribeToX509SVIDsResponse]) error {
+	f.mu.Lock()
+	deny := f.deny
+	f.mu.Unlock()
+	if deny {
+		return status.Error(codes.PermissionDenied, "caller not authorized")
+	}
+	if len(req.Selectors) != 1 || req.Selectors[0].Type != "k8s" || !strings.HasPrefix(req.Selectors[0].Value, "pod-uid:") {
+		return status.Errorf(codes.InvalidArgument, "selectors %v", req.Selectors)
+	}
+	uid := strings.TrimPrefix(req.Selectors[0].Value, "pod-uid:")
+	f.mu.Lock()
+	f.open[uid]++
+	f.mu.Unlock()
+	defer func() { f.mu.Lock(); f.open[uid]--; f.mu.Unlock() }()
+	for {
+		f.mu.Lock()
+		resp := &delegatedidentityv1.SubscribeToX509SVIDsResponse{X509Svids: f.svids[uid]}
+		push := f.push
+		f.mu.Unlock()
+		if err := s.Send(resp); err != nil {
+			return err
+		}
+		select {
+		case <-s.Context().Done():
+			return nil
+		case <-push:
+		}
+	}
+}
+
+func (f *fakeAgent) SubscribeToX509Bundles(_ *delegatedidentityv1.SubscribeToX509BundlesRequest, s grpc.ServerStreamingServer[delegatedidentityv1.SubscribeToX509BundlesResponse]) error {
+	f.mu.Lock()
+	b := f.bundle
+	f.mu.Unlock()
+	if err := s.Send(&delegatedidentityv1.SubscribeToX509BundlesResponse{CaCertificates: b}); err != nil {
+		return err
+	}
+	<-s.Context().Done()
+	return nil
+}
+
+// serve starts f on the unix socket at path; stop ends it and its streams.
+func serve(t *testing.T, f *fakeAgent, path string) (stop func()) {
+	t.Helper()
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := grpc.NewServer()
+	delegatedidentityv1.RegisterDelegatedIdentityServer(s, f)
+	go func() { _ = s.Serve(l) }()
+	return s.Stop
+}
+
+// TestDelegateFollowsPods drives a Delegate against a fake SPIRE agent (the gRPC boundary; the
+// real agent is in TestPrivilegedSPIRE): SVIDs of the pods set arrive and follow rotations; a
+// pod taken out of the set loses its SVIDs and its stream; an agent restart keeps the SVIDs
+// (with the error) until the subscription is back; a caller the agent refuses is told why.
+func TestDelegateFollowsPods(t *testing.T) {
+	ca := devCA(t, "td.example")
+	issue := func(id string) *delegatedidentityv1.X509SVIDWithKey {
+		s, err := ca.Issue(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return toProto(t, s)
+	}
+	bundleBlock, _ := pem.Decode(ca.BundlePEM())
+	f := &fakeAgent{
+		svids: map[string][]*delegatedidentityv1.X509SVIDWithKey{
+			"uid-web": {issue("spiffe://td.example/ns/shop/sa/web")},
+			"uid-db":  {issue("spiffe://td.example/ns/shop/sa/db")},
+		},
+		open: map[string]int{}, push: make(chan struct{}),
+		bundle: map[string][]byte{"td.example": bundleBlock.Bytes},
+	}
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	stop := serve(t, f, sock)
+	d, err := New(Config{AdminSocket: sock, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d.Start(ctx)
+	d.SetPods([]string{"uid-web", "uid-db"})
+
+	svidOf := func(uid string) (string, time.Time, error) {
+		st, ok := d.Pod(uid)
+		switch {
+		case !ok:
+			return "", time.Time{}, nil
+		case len(st.SVIDs) == 0:
+			return "", st.Updated, st.Err
+		}
+		return st.SVIDs[0].SPIFFEID, st.Updated, st.Err
+	}
+	testenv.Eventually(t, 10*time.Second, "both pods' SVIDs and the bundle", func() error {
+		for uid, want := range map[string]string{"uid-web": "spiffe://td.example/ns/shop/sa/web", "uid-db": "spiffe://td.example/ns/shop/sa/db"} {
+			if got, _, err := svidOf(uid); got != want || err != nil {
+				return fmt.Errorf("%s: %q, %v; want %s", uid, got, err, want)
+			}
+		}
+		if b, err := d.Bundles(); string(b["td.example"]) != string(ca.BundlePEM()) || err != nil {
+			return fmt.Errorf("bundles %v, %v", b, err)
+		}
+		return nil
+	})
+	select {
+	case <-d.Changed():
+	default:
+		t.Fatal("Changed not signalled")
+	}
+
+	// A rotation: the agent sends a new SVID on the same stream.
+	_, before, _ := svidOf("uid-web")
+	rotated := issue("spiffe://td.example/ns/shop/sa/web")
+	f.mu.Lock()
+	f.svids["uid-web"] = []*delegatedidentityv1.X509SVIDWithKey{rotated}
+	close(f.push)
+	f.push = make(chan struct{})
+	f.mu.Unlock()
+	testenv.Eventually(t, 10*time.Second, "the rotated SVID", func() error {
+		st, _ := d.Pod("uid-web")
+		if len(st.SVIDs) != 1 || st.SVIDs[0].NotBefore.Equal(time.Time{}) || !st.Updated.After(before) {
+			return fmt.Errorf("%+v", st)
+		}
+		if got := toProto(t, st.SVIDs[0]); string(got.X509SvidKey) != string(rotated.X509SvidKey) {
+			return fmt.Errorf("still the old SVID")
+		}
+		return nil
+	})
+
+	// db leaves the node: its SVIDs are forgotten at once and its stream closes.
+	d.SetPods([]string{"uid-web"})
+	if _, ok := d.Pod("uid-db"); ok {
+		t.Fatal("uid-db still held after SetPods left it out")
+	}
+	testenv.Eventually(t, 10*time.Second, "db's stream closed", func() error {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		if f.open["uid-db"] != 0 {
+			return fmt.Errorf("%d streams open", f.open["uid-db"])
+		}
+		return nil
+	})
+
+	// The agent goes away: web keeps its SVID, with the error; back, the error clears.
+	stop()
+	testenv.Eventually(t, 10*time.Second, "the break recorded", func() error {
+		if id, _, err := svidOf("uid-web"); id == "" || err == nil {
+			return fmt.Errorf("%q, %v; want the SVID kept and an error", id, err)
+		}
+		return nil
+	})
+	stop = serve(t, f, sock)
+	defer stop()
+	testenv.Eventually(t, 10*time.Second, "the subscription back", func() error {
+		if id, _, err := svidOf("uid-web"); id == "" || err != nil {
+			return fmt.Errorf("%q, %v", id, err)
+		}
+		return nil
+	})
+
+	// A caller the agent refuses is told to look at authorized_delegates.
+	f.mu.Lock()
+	f.deny = true
+	f.mu.Unlock()
+	d.SetPods([]string{"uid-web", "uid-new"})
+	testenv.Eventually(t, 10*time.Second, "the refusal explained", func() error {
+		st, _ := d.Pod("uid-new")
+		if st.Err == nil || !strings.Contains(st.Err.Error(), "authorized_delegates") || status.Code(st.Err) != codes.PermissionDenied {
+			return fmt.Errorf("%v", st.Err)
+		}
+		return nil
+	})
+}
+
+func TestNewRefusesNoSocket(t *testing.T) {
+	if _, err := New(Config{}); err == nil || !strings.Contains(err.Error(), "AdminSocket") {
+		t.Fatalf("New without a socket = %v, want an error naming AdminSocket", err)
+	}
+}
