@@ -29,6 +29,8 @@ containerd_dir=$T/containerd-$CONTAINERD_VERSION
 runc_dir=$T/runc-$RUNC_VERSION
 crictl_dir=$T/crictl-$CRICTL_VERSION
 helm_dir=$T/helm-$HELM_VERSION
+spire_dir=$T/spire-$SPIRE_VERSION
+scm_dir=$T/spire-controller-manager-$SPIRE_CONTROLLER_MANAGER_VERSION
 
 if [ "${1:-}" = "--print" ]; then
   cat <<EOT
@@ -47,6 +49,10 @@ AETHER_CONTAINERD_DIR=$containerd_dir
 AETHER_RUNC=$runc_dir/runc
 AETHER_CRICTL=$crictl_dir/crictl
 AETHER_HELM=$helm_dir/helm
+AETHER_SPIRE_SERVER=$spire_dir/spire-server
+AETHER_SPIRE_AGENT=$spire_dir/spire-agent
+AETHER_SPIRE_CONTROLLER_MANAGER=$scm_dir/spire-controller-manager
+AETHER_SPIRE_CRDS=$scm_dir/crds
 EOT
   exit 0
 fi
@@ -178,5 +184,37 @@ go_build crictl "$CRICTL_VERSION" crictl "$crictl_dir" "-X sigs.k8s.io/cri-tools
   sigs.k8s.io/cri-tools/cmd/crictl
 go_build helm "$HELM_VERSION" helm "$helm_dir" "-X helm.sh/helm/v4/internal/version.version=$HELM_VERSION" \
   helm.sh/helm/v4/cmd/helm
+# SPIRE: the server's datastore is SQLite through cgo (mattn/go-sqlite3). A cached build that does
+# not report the pinned version (an earlier build of this script stamped it wrongly) is rebuilt.
+for b in spire-server spire-agent; do
+  if [ -x "$spire_dir/$b" ] && [ "$("$spire_dir/$b" --version 2>&1 || true)" != "${SPIRE_VERSION#v}" ]; then
+    log "$spire_dir/$b does not report ${SPIRE_VERSION#v}: rebuilding"
+    rm -f "$spire_dir/$b"
+  fi
+done
+CGO_ENABLED=1 go_build spire "$SPIRE_VERSION" spire "$spire_dir" \
+  "-X github.com/spiffe/spire/pkg/common/version.gittag=${SPIRE_VERSION#v}" \
+  github.com/spiffe/spire/cmd/spire-server github.com/spiffe/spire/cmd/spire-agent
+go_build spire-controller-manager "$SPIRE_CONTROLLER_MANAGER_VERSION" spire-controller-manager "$scm_dir" "" \
+  github.com/spiffe/spire-controller-manager/cmd=spire-controller-manager
+# Its CRDs (ClusterSPIFFEID, ClusterFederatedTrustDomain, ClusterStaticEntry) as its release ships
+# them (config/crd/bases of the pinned module, from the Go module proxy), into a temporary
+# directory renamed into place.
+if [ ! -d "$scm_dir/crds" ]; then
+  log "fetching the spire-controller-manager $SPIRE_CONTROLLER_MANAGER_VERSION CRDs (cached in $scm_dir/crds)"
+  tmp=$(mktemp -d "$scm_dir/.crds.XXXXXX")
+  chmod 755 "$tmp"
+  src=$(cd "$here/tools/spire-controller-manager" &&
+    go mod download -json "github.com/spiffe/spire-controller-manager@$SPIRE_CONTROLLER_MANAGER_VERSION" |
+    sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || true
+  for k in clusterspiffeids clusterfederatedtrustdomains clusterstaticentries; do
+    f="$src/config/crd/bases/spire.spiffe.io_$k.yaml"
+    if [ -z "$src" ] || ! install -m 0644 "$f" "$tmp/"; then
+      rm -rf "$tmp"
+      fail spire-controller-manager-crds "$SPIRE_CONTROLLER_MANAGER_VERSION" "no $f in the module download; retry: hack/tools.sh"
+    fi
+  done
+  mv -T "$tmp" "$scm_dir/crds"
+fi
 
 log "all tools present in $T"

@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	delegatedidentityv1 "github.com/spiffe/spire-api-sdk/proto/spire/api/agent/delegatedidentity/v1"
 	"github.com/spiffe/spire-api-sdk/proto/spire/api/types"
 	"google.golang.org/grpc"
@@ -281,7 +282,14 @@ func (d *Delegate) bundleStream(ctx context.Context) (delivered bool, err error)
 			return delivered, explain(err)
 		}
 		bundles := make(map[string][]byte, len(resp.CaCertificates))
-		for td, der := range resp.CaCertificates {
+		for key, der := range resp.CaCertificates {
+			// The agent keys them by trust domain ID ("spiffe://td"); aether by name.
+			tdid, err := spiffeid.TrustDomainFromString(key)
+			if err != nil {
+				d.cfg.Logger.Error("SPIRE agent sent a trust bundle of an invalid trust domain; left out", "trust_domain", key, "err", err)
+				continue
+			}
+			td := tdid.Name()
 			certs, err := x509.ParseCertificates(der)
 			if err != nil || len(certs) == 0 {
 				d.cfg.Logger.Error("SPIRE agent sent a trust bundle that does not parse; left out", "trust_domain", td, "err", err)

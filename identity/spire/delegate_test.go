@@ -180,7 +180,7 @@ func TestDelegateFollowsPods(t *testing.T) {
 			"uid-db":  {issue("spiffe://td.example/ns/shop/sa/db")},
 		},
 		open: map[string]int{}, push: make(chan struct{}),
-		bundle: map[string][]byte{"td.example": bundleBlock.Bytes},
+		bundle: map[string][]byte{"spiffe://td.example": bundleBlock.Bytes},
 	}
 	sock := filepath.Join(t.TempDir(), "admin.sock")
 	stop := serve(t, f, sock)

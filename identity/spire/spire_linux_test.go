@@ -1,0 +1,201 @@
+//go:build linux
+
+package spire
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/pem"
+	"fmt"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/testenv"
+)
+
+var (
+	clusterSPIFFEIDs     = schema.GroupVersionResource{Group: "spire.spiffe.io", Version: "v1alpha1", Resource: "clusterspiffeids"}
+	clusterStaticEntries = schema.GroupVersionResource{Group: "spire.spiffe.io", Version: "v1alpha1", Resource: "clusterstaticentries"}
+)
+
+// delegateID is the SPIFFE ID the test process gets (it plays the aether agent: the SPIRE agent's
+// authorized delegate).
+const delegateID = "spiffe://aether.internal/ns/aether/sa/aether-agent"
+
+// TestPrivilegedSPIRE gets pods' SVIDs from a real SPIRE agent through its Delegated Identity
+// API, on a real spire-server with k8s_psat node attestation against a real kube-apiserver and
+// the SPIRE Controller Manager registering the pods a ClusterSPIFFEID selects (aether writes no
+// entry): a meshed pod of the node gets the SVID of its service account, which verifies against
+// the bundle the same API serves; a pod of another node, and a pod no ClusterSPIFFEID selects,
+// get none; a pod taken out of the ClusterSPIFFEID's selector loses its SVID; a caller that is
+// not an authorized delegate is refused.
+func TestPrivilegedSPIRE(t *testing.T) {
+	testenv.RequireRoot(t)
+	kube := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
+	srv := testenv.StartSPIREServer(t, kube, testenv.SPIREOptions{})
+	agentA := srv.StartAgent(t, "node-a", delegateID)
+	agentB := srv.StartAgent(t, "node-b", delegateID)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cs, err := kubernetes.NewForConfig(kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The delegate's own entry, on node-a's agent (a ClusterStaticEntry: the Controller Manager
+	// writes it); the pods' from a ClusterSPIFFEID selecting aether.io/mesh=true.
+	create := func(gvr schema.GroupVersionResource, obj map[string]any) {
+		t.Helper()
+		testenv.Eventually(t, 30*time.Second, "create "+gvr.Resource, func() error {
+			_, err := dyn.Resource(gvr).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
+			return err
+		})
+	}
+	create(clusterStaticEntries, map[string]any{
+		"apiVersion": "spire.spiffe.io/v1alpha1", "kind": "ClusterStaticEntry", "metadata": map[string]any{"name": "aether-agent-node-a"},
+		"spec": map[string]any{"spiffeID": delegateID, "parentID": agentA.ID, "selectors": []any{"unix:uid:0"}},
+	})
+	create(clusterSPIFFEIDs, map[string]any{
+		"apiVersion": "spire.spiffe.io/v1alpha1", "kind": "ClusterSPIFFEID", "metadata": map[string]any{"name": "mesh"},
+		"spec": map[string]any{
+			"spiffeIDTemplate": "spiffe://{{ .TrustDomain }}/ns/{{ .PodMeta.Namespace }}/sa/{{ .PodSpec.ServiceAccountName }}",
+			"podSelector":      map[string]any{"matchLabels": map[string]any{"aether.io/mesh": "true"}},
+		},
+	})
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(name, node, sa string, meshed bool) *corev1.Pod {
+		t.Helper()
+		labels := map[string]string{}
+		if meshed {
+			labels["aether.io/mesh"] = "true"
+		}
+		if _, err := cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
+			Spec:       corev1.PodSpec{NodeName: node, ServiceAccountName: sa, Containers: []corev1.Container{{Name: "app", Image: "app"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	web := pod("web", "node-a", "web", true)
+	db := pod("db", "node-b", "db", true)           // another node's pod
+	plain := pod("plain", "node-a", "plain", false) // not selected
+
+	d, err := New(Config{AdminSocket: agentA.Admin, RetryMin: 100 * time.Millisecond, RetryMax: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Start(ctx)
+	d.SetPods([]string{string(web.UID), string(db.UID), string(plain.UID)})
+	wantWeb := "spiffe://aether.internal/ns/shop/sa/web"
+	var svid *identity.SVID
+	took := testenv.Eventually(t, 90*time.Second, "web's SVID from SPIRE", func() error {
+		st, _ := d.Pod(string(web.UID))
+		if len(st.SVIDs) != 1 || st.SVIDs[0].SPIFFEID != wantWeb {
+			return fmt.Errorf("%d SVIDs (%v), err %v", len(st.SVIDs), ids(st.SVIDs), st.Err)
+		}
+		svid = st.SVIDs[0]
+		return nil
+	})
+	t.Logf("web's SVID %s after %s", svid.SPIFFEID, took)
+	// The bundle stream opened before the delegate's entry existed, was refused, and is retried.
+	var bundle []byte
+	testenv.Eventually(t, 30*time.Second, "the trust bundle", func() error {
+		bundles, err := d.Bundles()
+		if bundle = bundles["aether.internal"]; len(bundle) == 0 {
+			return fmt.Errorf("bundles %v, %v; want the trust domain's", bundles, err)
+		}
+		return nil
+	})
+	verify(t, svid, bundle)
+	for _, p := range []*corev1.Pod{db, plain} {
+		if st, _ := d.Pod(string(p.UID)); len(st.SVIDs) != 0 {
+			t.Errorf("pod %s got %v through node-a's agent, want none", p.Name, ids(st.SVIDs))
+		}
+	}
+
+	// On node-b the test process has no entry (its ClusterStaticEntry is node-a's), so it is no
+	// authorized delegate there, whatever the agent's list says: refused, nothing served.
+	refused, err := New(Config{AdminSocket: agentB.Admin, RetryMin: 100 * time.Millisecond, RetryMax: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused.Start(ctx)
+	refused.SetPods([]string{string(db.UID)})
+	testenv.Eventually(t, 30*time.Second, "node-b's agent refusing the caller", func() error {
+		st, _ := refused.Pod(string(db.UID))
+		if len(st.SVIDs) != 0 || status.Code(st.Err) != codes.PermissionDenied {
+			return fmt.Errorf("%v, err %v; want none, PermissionDenied", ids(st.SVIDs), st.Err)
+		}
+		return nil
+	})
+
+	// web leaves the ClusterSPIFFEID's selector: its entry goes, and so does its SVID.
+	patch := []byte(`{"metadata":{"labels":{"aether.io/mesh":null}}}`)
+	if _, err := cs.CoreV1().Pods("shop").Patch(ctx, "web", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 90*time.Second, "web's SVID withdrawn", func() error {
+		if st, _ := d.Pod(string(web.UID)); len(st.SVIDs) != 0 {
+			return fmt.Errorf("still %v", ids(st.SVIDs))
+		}
+		return nil
+	})
+}
+
+func ids(svids []*identity.SVID) []string {
+	out := make([]string, len(svids))
+	for i, s := range svids {
+		out[i] = s.SPIFFEID
+	}
+	return out
+}
+
+// verify checks that svid's leaf verifies against bundle (PEM) for client and server use.
+func verify(t *testing.T, svid *identity.SVID, bundle []byte) {
+	t.Helper()
+	roots, inter := x509.NewCertPool(), x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(bundle) {
+		t.Fatal("bundle holds no certificate")
+	}
+	var leaf *x509.Certificate
+	for rest := svid.CertChainPEM; ; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		c, err := x509.ParseCertificate(b.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if leaf == nil {
+			leaf = c
+		} else {
+			inter.AddCert(c)
+		}
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		t.Fatalf("SVID %s does not verify against the bundle: %v", svid.SPIFFEID, err)
+	}
+}
