@@ -59,9 +59,14 @@ type Config struct {
 type PodState struct {
 	// SVIDs are the pod's current X.509 SVIDs, as the SPIRE agent last sent them (one per
 	// registration entry that matches the pod; the Controller Manager writes one per
-	// ClusterSPIFFEID selecting the pod). They stay while the subscription is broken, until
-	// they expire: a SPIRE agent restart does not take them away.
+	// ClusterSPIFFEID selecting the pod), less those expired. They stay while the subscription
+	// is broken, and when the agent sends none (Withdrawn), until they expire: neither a SPIRE
+	// agent restart nor a pod leaving its ClusterSPIFFEID cuts the pod's connections before
+	// its SVID's end; it is no longer renewed.
 	SVIDs []*identity.SVID
+	// Withdrawn is set when the SPIRE agent's last update held no SVID for the pod (no entry
+	// matches it any more, or not yet): SVIDs are the last ones it sent, not renewed.
+	Withdrawn bool
 	// Updated is when the SPIRE agent last sent them (zero: never).
 	Updated time.Time
 	// Err is why the subscription is broken (nil while it is up), with the SPIRE agent's status:
@@ -179,7 +184,8 @@ func (d *Delegate) Pod(uid string) (PodState, bool) {
 		return PodState{}, false
 	}
 	st := s.state
-	st.SVIDs = slices.Clone(st.SVIDs)
+	now := time.Now()
+	st.SVIDs = slices.DeleteFunc(slices.Clone(st.SVIDs), func(sv *identity.SVID) bool { return !now.Before(sv.NotAfter) })
 	return st, true
 }
 
@@ -245,7 +251,12 @@ func (d *Delegate) podStream(ctx context.Context, uid string) (delivered bool, e
 			d.cfg.Logger.Error("SPIRE agent sent SVIDs that cannot be used; left out", "pod_uid", uid, "err", errors.Join(bad...))
 		}
 		delivered = true
-		d.setPod(uid, func(st *PodState) { st.SVIDs, st.Updated, st.Err = svids, time.Now(), nil })
+		d.setPod(uid, func(st *PodState) {
+			st.Updated, st.Err, st.Withdrawn = time.Now(), nil, len(svids) == 0
+			if len(svids) > 0 {
+				st.SVIDs = svids
+			}
+		})
 	}
 }
 

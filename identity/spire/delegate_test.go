@@ -163,7 +163,8 @@ func serve(t *testing.T, f *fakeAgent, path string) (stop func()) {
 // TestDelegateFollowsPods drives a Delegate against a fake SPIRE agent (the gRPC boundary; the
 // real agent is in TestPrivilegedSPIRE): SVIDs of the pods set arrive and follow rotations; a
 // pod taken out of the set loses its SVIDs and its stream; an agent restart keeps the SVIDs
-// (with the error) until the subscription is back; a caller the agent refuses is told why.
+// (with the error) until the subscription is back; an update without SVIDs keeps the last one,
+// withdrawn; a caller the agent refuses is told why.
 func TestDelegateFollowsPods(t *testing.T) {
 	ca := devCA(t, "td.example")
 	issue := func(id string) *delegatedidentityv1.X509SVIDWithKey {
@@ -235,6 +236,20 @@ func TestDelegateFollowsPods(t *testing.T) {
 		}
 		if got := toProto(t, st.SVIDs[0]); string(got.X509SvidKey) != string(rotated.X509SvidKey) {
 			return fmt.Errorf("still the old SVID")
+		}
+		return nil
+	})
+
+	// The agent sends db nothing (its entry went): the last SVID stays, marked withdrawn.
+	f.mu.Lock()
+	f.svids["uid-db"] = nil
+	close(f.push)
+	f.push = make(chan struct{})
+	f.mu.Unlock()
+	testenv.Eventually(t, 10*time.Second, "db's SVID withdrawn, kept", func() error {
+		st, _ := d.Pod("uid-db")
+		if !st.Withdrawn || len(st.SVIDs) != 1 || st.SVIDs[0].SPIFFEID != "spiffe://td.example/ns/shop/sa/db" {
+			return fmt.Errorf("%+v", st)
 		}
 		return nil
 	})

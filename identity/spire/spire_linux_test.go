@@ -37,9 +37,10 @@ const delegateID = "spiffe://aether.internal/ns/aether/sa/aether-agent"
 // API, on a real spire-server with k8s_psat node attestation against a real kube-apiserver and
 // the SPIRE Controller Manager registering the pods a ClusterSPIFFEID selects (aether writes no
 // entry): a meshed pod of the node gets the SVID of its service account, which verifies against
-// the bundle the same API serves; a pod of another node, and a pod no ClusterSPIFFEID selects,
-// get none; a pod taken out of the ClusterSPIFFEID's selector loses its SVID; a caller that is
-// not an authorized delegate is refused.
+// the bundle the same API serves, and a new one before it expires (rotation); a pod of another
+// node, and a pod no ClusterSPIFFEID selects, get none; a caller that is not an authorized
+// delegate is refused; a pod taken out of the ClusterSPIFFEID's selector keeps its last SVID,
+// not renewed, until it expires.
 func TestPrivilegedSPIRE(t *testing.T) {
 	testenv.RequireRoot(t)
 	kube := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
@@ -75,6 +76,7 @@ func TestPrivilegedSPIRE(t *testing.T) {
 		"spec": map[string]any{
 			"spiffeIDTemplate": "spiffe://{{ .TrustDomain }}/ns/{{ .PodMeta.Namespace }}/sa/{{ .PodSpec.ServiceAccountName }}",
 			"podSelector":      map[string]any{"matchLabels": map[string]any{"aether.io/mesh": "true"}},
+			"ttl":              svidTTL.String(),
 		},
 	})
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop"}}, metav1.CreateOptions{}); err != nil {
@@ -151,18 +153,51 @@ func TestPrivilegedSPIRE(t *testing.T) {
 		return nil
 	})
 
-	// web leaves the ClusterSPIFFEID's selector: its entry goes, and so does its SVID.
+	// SPIRE rotates web's SVID before it expires (the entry's TTL is svidTTL): a new one arrives
+	// on the same subscription.
+	testenv.Eventually(t, 2*svidTTL, "web's SVID rotated", func() error {
+		st, _ := d.Pod(string(web.UID))
+		if len(st.SVIDs) != 1 || string(st.SVIDs[0].CertChainPEM) == string(svid.CertChainPEM) {
+			return fmt.Errorf("%d SVIDs, the first one still", len(st.SVIDs))
+		}
+		verify(t, st.SVIDs[0], bundle)
+		svid = st.SVIDs[0]
+		return nil
+	})
+
+	// web leaves the ClusterSPIFFEID's selector: its entry goes, the agent sends no SVID; the
+	// last one is kept, not renewed, until it expires.
 	patch := []byte(`{"metadata":{"labels":{"aether.io/mesh":null}}}`)
 	if _, err := cs.CoreV1().Pods("shop").Patch(ctx, "web", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	testenv.Eventually(t, 90*time.Second, "web's SVID withdrawn", func() error {
-		if st, _ := d.Pod(string(web.UID)); len(st.SVIDs) != 0 {
-			return fmt.Errorf("still %v", ids(st.SVIDs))
+	testenv.Eventually(t, 60*time.Second, "web's SVID withdrawn", func() error {
+		st, _ := d.Pod(string(web.UID))
+		if !st.Withdrawn {
+			return fmt.Errorf("not withdrawn: %v", ids(st.SVIDs))
+		}
+		if len(st.SVIDs) == 1 && st.SVIDs[0].NotAfter.Equal(svid.NotAfter) {
+			return nil // the last one, kept until its expiry
+		}
+		if time.Now().Before(svid.NotAfter) {
+			return fmt.Errorf("withdrawn, but the last SVID is gone before its expiry (%s): %v", svid.NotAfter, ids(st.SVIDs))
 		}
 		return nil
 	})
+	testenv.Eventually(t, 2*svidTTL, "web's last SVID gone at its expiry", func() error {
+		if st, _ := d.Pod(string(web.UID)); len(st.SVIDs) != 0 {
+			return fmt.Errorf("still %v, expiring %s", ids(st.SVIDs), st.SVIDs[0].NotAfter)
+		}
+		return nil
+	})
+	if now := time.Now(); now.Before(svid.NotAfter) {
+		t.Fatalf("web's SVID dropped at %s, before its expiry %s", now, svid.NotAfter)
+	}
 }
+
+// svidTTL is the TTL of the pods' SVIDs (the ClusterSPIFFEID's ttl): short, so that rotation and
+// expiry happen within the test.
+const svidTTL = 20 * time.Second
 
 func ids(svids []*identity.SVID) []string {
 	out := make([]string, len(svids))
