@@ -157,13 +157,7 @@ func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 	a.argv = append(append(append([]string{}, o.wrap...), buildAgent(t)), all...)
 	a.run(t)
 	t.Cleanup(func() {
-		_ = a.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-a.done:
-		case <-time.After(15 * time.Second):
-			_ = a.cmd.Process.Kill()
-			<-a.done
-		}
+		testenv.Terminate(a.cmd, a.done, 15*time.Second)
 		// Envoy outlives the agent by design: stop every Envoy started for this agent.
 		for _, pid := range a.envoyProcesses() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)

@@ -104,15 +104,8 @@ plugins {
     }
   }
 }
-health_checks {
-  listener_enabled = true
-  bind_address = "127.0.0.1"
-  bind_port = "%d"
-  live_path = "/live"
-  ready_path = "/ready"
-}
-`, s.Port, s.Socket, opts.TrustDomain, filepath.Join(dir, "server", "data"), opts.SVIDTTL.String(),
-		filepath.Join(dir, "server", "data", "datastore.sqlite3"), opts.Cluster, kube.Kubeconfig, health)
+`+healthChecks(health), s.Port, s.Socket, opts.TrustDomain, filepath.Join(dir, "server", "data"), opts.SVIDTTL.String(),
+		filepath.Join(dir, "server", "data", "datastore.sqlite3"), opts.Cluster, kube.Kubeconfig)
 	cf := filepath.Join(dir, "server", "server.conf")
 	if err := os.WriteFile(cf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -164,6 +157,12 @@ ignoreNamespaces: [kube-system, kube-public, spire]
 		}
 	})
 	return s
+}
+
+// healthChecks is the health_checks block of a SPIRE server or agent configuration: /live and
+// /ready on 127.0.0.1:port.
+func healthChecks(port int) string {
+	return fmt.Sprintf("health_checks {\n  listener_enabled = true\n  bind_address = \"127.0.0.1\"\n  bind_port = \"%d\"\n  live_path = \"/live\"\n  ready_path = \"/ready\"\n}\n", port)
 }
 
 // AgentID is the SPIFFE ID k8s_psat gives the SPIRE agent of the node with uid (the parent ID
@@ -285,15 +284,8 @@ plugins {
     plugin_data {}
   }
 }
-health_checks {
-  listener_enabled = true
-  bind_address = "127.0.0.1"
-  bind_port = "%d"
-  live_path = "/live"
-  ready_path = "/ready"
-}
-`, filepath.Join(dir, "data"), s.Port, a.Socket, a.Admin, s.BundlePath, s.Opts.TrustDomain, strings.Join(quoted, ", "),
-		s.Opts.Cluster, token, health)
+`+healthChecks(health), filepath.Join(dir, "data"), s.Port, a.Socket, a.Admin, s.BundlePath, s.Opts.TrustDomain, strings.Join(quoted, ", "),
+		s.Opts.Cluster, token)
 	a.conf = filepath.Join(dir, "agent.conf")
 	if err := os.WriteFile(a.conf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
@@ -328,14 +320,20 @@ func (a *SPIREAgent) Stop() {
 	if a.cmd == nil {
 		return
 	}
-	_ = a.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-a.done:
-	case <-time.After(10 * time.Second):
-		_ = a.cmd.Process.Kill()
-		<-a.done
-	}
+	Terminate(a.cmd, a.done, 10*time.Second)
 	a.cmd = nil
+}
+
+// Terminate sends cmd SIGTERM and waits for done (closed when cmd has exited), then kills it
+// and waits again when grace passes first.
+func Terminate(cmd *exec.Cmd, done <-chan struct{}, grace time.Duration) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // StartLogged starts bin with args (and env added to the test's) through StartCmd, its output
