@@ -327,7 +327,7 @@ func Run(ctx context.Context, cfg Config) error {
 	build := xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PodMaxConnections: cfg.PodMaxConnections, UDPHeld: udp.Held,
 		HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6}
 	udp.frontends = build.UDPFrontends
-	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca),
+	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca).Provider(),
 		Logger: log.With("part", "xds"), Registerer: metrics.reg,
 		OnNACK: func(string, string) { signal(nacked) },
 		Build:  build})

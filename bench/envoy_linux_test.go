@@ -38,7 +38,7 @@ func startRig(b *testing.B, build xds.Options, m *model.Mesh) *envoyRig {
 	if err != nil {
 		b.Fatal(err)
 	}
-	srv, err := xds.NewServer(xds.ServerOptions{NodeID: "bench", Identity: identity.NewRotator(dev), Build: build,
+	srv, err := xds.NewServer(xds.ServerOptions{NodeID: "bench", Identity: identity.NewRotator(dev).Provider(), Build: build,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		b.Fatal(err)

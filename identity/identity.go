@@ -54,6 +54,32 @@ type Source interface {
 	Issue(ctx context.Context, id string) (*SVID, error)
 }
 
+// Workload is one pod the node proxy serves: its UID and the SPIFFE ID the mesh gives it
+// (spiffe://<trustDomain>/ns/<ns>/sa/<sa>).
+type Workload struct {
+	UID      string
+	SPIFFEID string
+}
+
+// Provider gives the node proxy the SVIDs of its pods and the trust bundle its TLS validates
+// against: the development CA through a Rotator, or SPIRE's Delegated Identity API
+// (identity/spire).
+type Provider interface {
+	// SVIDs returns the current SVID of each SPIFFE ID of pods, issuing or renewing what it
+	// must; changed reports whether any SVID differs from the last call's. A provider that
+	// cannot have an SVID for a pod yet (SPIRE before the pod's entry reaches the node) leaves
+	// its ID out; an error means none could be given.
+	SVIDs(ctx context.Context, pods []Workload) (svids map[string]*SVID, changed bool, err error)
+	// BundlePEM returns the trust bundle (CA certificates, PEM) of the mesh's trust domain.
+	BundlePEM() []byte
+	// NextRenewal returns when SVIDs should be asked for again without anything else changing
+	// (the earliest half-life or expiry of those held; zero when none is held).
+	NextRenewal() time.Time
+	// Changed is signalled when SVIDs or the bundle changed without a call (SPIRE's rotations);
+	// nil when that never happens.
+	Changed() <-chan struct{}
+}
+
 // DevCA is the development certificate authority: it signs SVIDs with a CA key held in memory.
 type DevCA struct {
 	td       spiffeid.TrustDomain
@@ -221,6 +247,39 @@ func (r *Rotator) SVIDs(ctx context.Context, ids []string) (svids []*SVID, chang
 	}
 	r.svids = keep
 	return svids, changed, nil
+}
+
+// Provider returns r as a Provider: the SVIDs of the pods' distinct SPIFFE IDs (Rotator.SVIDs),
+// the Source's bundle, renewals at half-life, nothing changing on its own.
+func (r *Rotator) Provider() Provider { return rotatorProvider{r} }
+
+type rotatorProvider struct{ r *Rotator }
+
+func (p rotatorProvider) BundlePEM() []byte        { return p.r.src.BundlePEM() }
+func (p rotatorProvider) NextRenewal() time.Time   { return p.r.NextRenewal() }
+func (p rotatorProvider) Changed() <-chan struct{} { return nil }
+func (p rotatorProvider) SVIDs(ctx context.Context, pods []Workload) (map[string]*SVID, bool, error) {
+	return p.r.forPods(ctx, pods)
+}
+
+func (r *Rotator) forPods(ctx context.Context, pods []Workload) (map[string]*SVID, bool, error) {
+	ids := make([]string, 0, len(pods))
+	seen := make(map[string]bool, len(pods))
+	for _, p := range pods {
+		if !seen[p.SPIFFEID] {
+			seen[p.SPIFFEID] = true
+			ids = append(ids, p.SPIFFEID)
+		}
+	}
+	svids, changed, err := r.SVIDs(ctx, ids)
+	if err != nil {
+		return nil, false, err
+	}
+	out := make(map[string]*SVID, len(svids))
+	for _, s := range svids {
+		out[s.SPIFFEID] = s
+	}
+	return out, changed, nil
 }
 
 // NextRenewal returns the earliest half-life time of the SVIDs held, or the zero time when none

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -225,7 +226,7 @@ func TestBuildShape(t *testing.T) {
 func TestSetMeshKeepsLastGoodSnapshot(t *testing.T) {
 	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
 	reg := prometheus.NewRegistry()
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca), Registerer: reg})
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca).Provider(), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -458,4 +459,42 @@ func buildValid(t *testing.T, m *model.Mesh, opts Options) *Resources {
 		t.Fatalf("snapshot not Consistent: %v", err)
 	}
 	return r
+}
+
+// changingProvider is a development-CA provider that can also signal a change of its own, as
+// SPIRE's rotations do.
+type changingProvider struct {
+	identity.Provider
+	changed chan struct{}
+}
+
+func (p changingProvider) Changed() <-chan struct{} { return p.changed }
+
+// TestProviderChangeRebuilds: when the identity provider signals new SVIDs of its own
+// (Provider.Changed), the server rebuilds and serves a new snapshot without a new model.
+func TestProviderChangeRebuilds(t *testing.T) {
+	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
+	p := changingProvider{Provider: identity.NewRotator(ca).Provider(), changed: make(chan struct{}, 1)}
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: p, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ctx, l) }()
+	v1, err := s.SetMesh(ctx, goldenMesh())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.changed <- struct{}{}
+	testenv.Eventually(t, 10*time.Second, "a rebuild after the provider's change", func() error {
+		if v := s.Version(); v == v1 {
+			return fmt.Errorf("still version %s", v)
+		}
+		return nil
+	})
 }

@@ -121,7 +121,7 @@ func (s *EdgeServer) Serve(ctx context.Context, l net.Listener) error {
 // renew rebuilds the configuration when the SVID reaches its half-life.
 func (s *EdgeServer) renew(ctx context.Context) {
 	for {
-		fired, done := renewalWait(ctx, s.rot, s.kick)
+		fired, _, done := renewalWait(ctx, s.rot.Provider(), s.kick)
 		if done {
 			return
 		}

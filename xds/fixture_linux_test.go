@@ -140,7 +140,7 @@ func (f *meshFixture) startAgent() {
 	t := f.t
 	t.Helper()
 	var err error
-	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: f.rot, Logger: f.log, Build: f.build})
+	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: f.rot.Provider(), Logger: f.log, Build: f.build})
 	if err != nil {
 		t.Fatal(err)
 	}

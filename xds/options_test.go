@@ -25,7 +25,7 @@ func TestOptionsRefused(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), c.opts)
-			_, serr := NewServer(ServerOptions{NodeID: "n", Identity: &identity.Rotator{}, Build: c.opts})
+			_, serr := NewServer(ServerOptions{NodeID: "n", Identity: (&identity.Rotator{}).Provider(), Build: c.opts})
 			if c.want == nil {
 				if err != nil || r == nil || serr != nil {
 					t.Fatalf("Build: %v; NewServer: %v; want both accepted", err, serr)

@@ -28,7 +28,7 @@ import (
 func TestStreamPanicRecovered(t *testing.T) {
 	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
 	reg := prometheus.NewRegistry()
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca), Registerer: reg})
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca).Provider(), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,7 +105,7 @@ func TestNACKBookkeepingBounded(t *testing.T) {
 func newTestServer(t *testing.T) *Server {
 	t.Helper()
 	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca)})
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: identity.NewRotator(ca).Provider()})
 	if err != nil {
 		t.Fatal(err)
 	}

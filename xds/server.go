@@ -33,8 +33,9 @@ import (
 type ServerOptions struct {
 	// NodeID is the node id of the Envoy this server configures (its bootstrap's node.id).
 	NodeID string
-	// Identity issues and rotates the local pods' SVIDs.
-	Identity *identity.Rotator
+	// Identity gives the local pods' SVIDs and the trust bundle (identity.Rotator.Provider for the
+	// development CA; SPIRE's Delegated Identity API).
+	Identity identity.Provider
 	// Build tunes the builders.
 	Build Options
 	// Logger receives build failures, NACKs and rotations (default slog.Default()).
@@ -216,10 +217,10 @@ func recoverStream(log *slog.Logger, counted func()) grpc.StreamServerIntercepto
 	}
 }
 
-// renewalWait waits until the earliest SVID of rot reaches its half-life, a minute at most:
-// fired is true when that time (or the minute) came, false when kick woke it first (new SVIDs
-// may change the next renewal); done is true when ctx ended.
-func renewalWait(ctx context.Context, rot *identity.Rotator, kick <-chan struct{}) (fired, done bool) {
+// renewalWait waits until the earliest SVID of rot reaches its half-life, a minute at most
+// (fired), or rot signals a change of its own (changed: Provider.Changed); both are false when
+// kick woke it first (new SVIDs may change the next renewal); done is true when ctx ended.
+func renewalWait(ctx context.Context, rot identity.Provider, kick <-chan struct{}) (fired, changed, done bool) {
 	next := rot.NextRenewal()
 	wait := time.Until(next)
 	if next.IsZero() || wait > time.Minute {
@@ -229,28 +230,31 @@ func renewalWait(ctx context.Context, rot *identity.Rotator, kick <-chan struct{
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return false, true
+		return false, false, true
 	case <-kick:
-		return false, false
+		return false, false, false
 	case <-timer.C:
-		return true, false
+		return true, false, false
+	case <-rot.Changed():
+		return false, true, false
 	}
 }
 
-// rotate rebuilds the snapshot when the earliest SVID reaches its half-life.
+// rotate rebuilds the snapshot when the earliest SVID reaches its half-life, and when the
+// identity provider has new SVIDs or a new bundle of its own.
 func (s *Server) rotate(ctx context.Context) {
 	for {
-		fired, done := renewalWait(ctx, s.opts.Identity, s.kick)
+		fired, changed, done := renewalWait(ctx, s.opts.Identity, s.kick)
 		if done {
 			return
 		}
-		if !fired {
+		if !fired && !changed {
 			continue
 		}
 		s.mu.Lock()
 		m := s.mesh
 		s.mu.Unlock()
-		if m == nil || time.Now().Before(s.opts.Identity.NextRenewal()) {
+		if m == nil || (!changed && time.Now().Before(s.opts.Identity.NextRenewal())) {
 			continue
 		}
 		if v, err := s.SetMesh(ctx, m); err != nil {
@@ -337,24 +341,15 @@ func (s *Server) noteChanges(snap *snapshot, v uint64) {
 
 // build runs the builders and validates every resource. Called with s.mu held.
 func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]types.Resource, error) {
-	var ids []string
-	seen := map[string]bool{}
-	for _, p := range m.Pods {
-		id := p.SPIFFEID(m.TrustDomain)
-		if !seen[id] {
-			seen[id] = true
-			ids = append(ids, id)
-		}
+	pods := make([]identity.Workload, len(m.Pods))
+	for i, p := range m.Pods {
+		pods[i] = identity.Workload{UID: p.UID, SPIFFEID: p.SPIFFEID(m.TrustDomain)}
 	}
-	svids, _, err := s.opts.Identity.SVIDs(ctx, ids)
+	byID, _, err := s.opts.Identity.SVIDs(ctx, pods)
 	if err != nil {
 		return nil, err
 	}
-	byID := make(map[string]*identity.SVID, len(svids))
-	for _, sv := range svids {
-		byID[sv.SPIFFEID] = sv
-	}
-	r, err := s.builder.Build(m, byID, s.opts.Identity.Source().BundlePEM())
+	r, err := s.builder.Build(m, byID, s.opts.Identity.BundlePEM())
 	if err != nil {
 		return nil, err
 	}
