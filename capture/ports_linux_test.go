@@ -112,6 +112,9 @@ func perPortModes(t *testing.T, b Backend) {
 	apply(base.withMode(ModePermissive))
 	_, held := acceptOn(t, tp.pod, topoPodIP+":7070")
 	_, held2 := acceptOn(t, tp.pod, topoPodIP+":7071")
+	// A listener on every address, as most servers bind: its IPv4 callers' sockets are IPv6
+	// sockets with v4-mapped addresses.
+	_, held3 := acceptOn(t, tp.pod, ":7072")
 	conn := func(src, port string, ch chan net.Conn) (client, server net.Conn) {
 		t.Helper()
 		if err := tp.node.Do(func() (err error) {
@@ -128,6 +131,7 @@ func perPortModes(t *testing.T, b Backend) {
 	}
 	cut70, srv70 := conn(topoOther, "7070", held)
 	cut71, srv71 := conn(topoOther, "7071", held2)
+	cut72, srv72 := conn(topoOther, "7072", held3)
 	type kept struct {
 		what           string
 		client, server net.Conn
@@ -139,7 +143,7 @@ func perPortModes(t *testing.T, b Backend) {
 		keep = append(keep, kept{k.src + " -> :" + k.port, c, s})
 	}
 	toStrict := base
-	toStrict.Mode, toStrict.StrictPorts = ModePermissive, []uint16{7070, 7071}
+	toStrict.Mode, toStrict.StrictPorts = ModePermissive, []uint16{7070, 7071, 7072}
 	toStrictRS := apply(toStrict)
 	// The rules alone: the caller's next byte is answered with a reset and never reaches the pod.
 	if _, err := cut70.Write([]byte{7}); err != nil {
@@ -150,15 +154,17 @@ func perPortModes(t *testing.T, b Backend) {
 	if err := dialFrom(tp.node, topoOther, topoPodIP+":7070"); !isRefused(err) {
 		t.Fatalf("new plaintext to :7070 after it turned strict = %v, want connection refused", err)
 	}
-	// CutRefused closes the pod's end of both refused connections (7071's caller has not sent
-	// anything since), and nothing else.
+	// CutRefused closes the pod's end of the three refused connections (the callers of 7071
+	// and 7072 have not sent anything since), and nothing else.
 	n, err := CutRefused(tp.pod.Path, toStrictRS)
-	if err != nil || n != 2 {
-		t.Fatalf("CutRefused = %d, %v; want 2 sockets closed (:7070, :7071)", n, err)
+	if err != nil || n != 3 {
+		t.Fatalf("CutRefused = %d, %v; want 3 sockets closed (:7070, :7071, :7072)", n, err)
 	}
 	expectCut(t, srv70, "the pod's end on :7070 after CutRefused")
 	expectCut(t, srv71, "the pod's end on :7071 after CutRefused")
 	expectCut(t, cut71, "the caller on :7071 after CutRefused")
+	expectCut(t, srv72, "the pod's end on :7072 (a v4-mapped socket) after CutRefused")
+	expectCut(t, cut72, "the caller on :7072 after CutRefused")
 	if n, err := CutRefused(tp.pod.Path, toStrictRS); err != nil || n != 0 {
 		t.Fatalf("CutRefused again = %d, %v; want nothing left to close", n, err)
 	}

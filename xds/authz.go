@@ -186,11 +186,12 @@ func authzPrincipals(td string, r *model.AuthzRule) []*rbacv3.Principal {
 // A DENY rule (deny) matches wider where applications read requests more loosely than Envoy
 // compares them, so that no other spelling of a refused request gets through: its methods
 // ignore case (Express and others route "delete" as DELETE) and GET brings HEAD (which most
-// frameworks serve with the GET handler); its paths ignore case, match with path parameters
-// ("/admin;x", which servlet containers route to "/admin"), and a rule with paths also matches
-// every path holding an escaped slash or backslash (%2F, %5C, any case), which normalization
-// keeps but many applications decode ("/admin%2Fusers" is "/admin/users" to them). An ALLOW
-// rule matches exactly: a request spelled otherwise is not allowed by it, which fails closed.
+// frameworks serve with the GET handler); its paths ignore case and a trailing slash, and a
+// rule with paths also matches every path holding an escaped slash or backslash (%2F, %5C, any
+// case), which normalization keeps but many applications decode ("/admin%2Fusers" is
+// "/admin/users" to them), or a path parameter (";", which servlet containers strip from every
+// segment). An ALLOW rule matches exactly, and its paths never match a path holding any of
+// those: a request spelled otherwise is not allowed by it, which fails closed.
 func authzPermission(r *model.AuthzRule, deny bool) *rbacv3.Permission {
 	var and []*rbacv3.Permission
 	if len(r.Methods) > 0 {
@@ -213,12 +214,20 @@ func authzPermission(r *model.AuthzRule, deny bool) *rbacv3.Permission {
 		for _, p := range r.Paths {
 			ps = append(ps, pathPermissions(p, deny)...)
 		}
-		if deny {
-			for _, esc := range []string{"%2f", "%5c"} {
-				ps = append(ps, urlPathPermission(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Contains{Contains: esc}, IgnoreCase: true}))
-			}
+		// Paths applications read otherwise than Envoy compares them: escaped slashes and
+		// backslashes, which normalization keeps and many applications decode
+		// ("/public/..%2Fadmin"), and path parameters, which servlet containers strip from every
+		// segment ("/public/..;/admin" is "/admin" to Tomcat). A DENY rule refuses them all to
+		// its callers; an ALLOW rule allows none of them.
+		var odd []*rbacv3.Permission
+		for _, c := range []string{"%2f", "%5c", ";"} {
+			odd = append(odd, urlPathPermission(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Contains{Contains: c}, IgnoreCase: true}))
 		}
-		and = append(and, orPermissions(ps))
+		if deny {
+			and = append(and, orPermissions(append(ps, odd...)))
+		} else {
+			and = append(and, orPermissions(ps), &rbacv3.Permission{Rule: &rbacv3.Permission_NotRule{NotRule: orPermissions(odd)}})
+		}
 	}
 	switch len(and) {
 	case 0:
@@ -238,8 +247,8 @@ func urlPathPermission(sm *matcherv3.StringMatcher) *rbacv3.Permission {
 // itself; PathPrefix matches by whole segments ("/a" and "/a/" match "/a", "/a/", "/a/b", never
 // "/ab"), so it is the path without its trailing slash, exactly or followed by "/", and "/" is
 // every path; RegularExpression is an RE2 full match. For a DENY rule (wide, authzPermission)
-// the matches ignore case and the path, or its last segment of a prefix, may carry path
-// parameters (";..."); a regular expression gets RE2's (?i).
+// the matches ignore case and an Exact path also matches with a trailing slash; a regular
+// expression gets RE2's (?i).
 func pathPermissions(p model.PathMatch, wide bool) []*rbacv3.Permission {
 	exact := func(v string) *rbacv3.Permission {
 		return urlPathPermission(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: v}, IgnoreCase: wide})
@@ -253,11 +262,7 @@ func pathPermissions(p model.PathMatch, wide bool) []*rbacv3.Permission {
 		if v == "" {
 			return []*rbacv3.Permission{anyPermission()}
 		}
-		out := []*rbacv3.Permission{exact(v), prefix(v + "/")}
-		if wide {
-			out = append(out, prefix(v+";"))
-		}
-		return out
+		return []*rbacv3.Permission{exact(v), prefix(v + "/")}
 	case model.MatchRegex:
 		re := p.Value
 		if wide {
@@ -266,8 +271,8 @@ func pathPermissions(p model.PathMatch, wide bool) []*rbacv3.Permission {
 		return []*rbacv3.Permission{urlPathPermission(&matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_SafeRegex{SafeRegex: &matcherv3.RegexMatcher{Regex: re}}})}
 	default:
 		out := []*rbacv3.Permission{exact(p.Value)}
-		if wide {
-			out = append(out, prefix(p.Value+";"))
+		if wide && !strings.HasSuffix(p.Value, "/") {
+			out = append(out, exact(p.Value+"/"))
 		}
 		return out
 	}

@@ -160,6 +160,8 @@ func testPrivilegedAuthz(t *testing.T, delta bool) {
 			{"alpha", alpha.HTTPClient(false), "GET", "/api/x%5cy", 403},     // any escaped (back)slash, for the DENY's callers
 			{"alpha", alpha.HTTPClient(false), "GET", "/api/ADMIN/x", 403},   // a DENY's path ignores case
 			{"alpha", alpha.HTTPClient(false), "GET", "/api/admin;p=1", 403}, // and path parameters
+			{"alpha", alpha.HTTPClient(false), "GET", "/api/x;p/admin", 403}, // in any segment
+			{"alpha", alpha.HTTPClient(false), "GET", "/api/..;/admin", 403}, // Tomcat's "..;"
 			{"alpha", alpha.HTTPClient(false), "GET", "/api/administrator", 200},
 			{"alpha", alpha.HTTPClient(false), "GET", "/api%2Fx", 403}, // ALLOW matches only the exact spelling
 			{"alpha", alpha.HTTPClient(false), "get", "/api/x", 400},   // a lowercase method: Envoy's HTTP/1 codec refuses it first

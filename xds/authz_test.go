@@ -79,6 +79,8 @@ func evalPermission(t *testing.T, p *rbacv3.Permission, c call) bool {
 		return true
 	case *rbacv3.Permission_OrRules:
 		return slices.ContainsFunc(r.OrRules.Rules, func(x *rbacv3.Permission) bool { return evalPermission(t, x, c) })
+	case *rbacv3.Permission_NotRule:
+		return !evalPermission(t, r.NotRule, c)
 	case *rbacv3.Permission_Header:
 		if r.Header.Name != ":method" {
 			t.Fatalf("header permission on %s", r.Header.Name)
@@ -229,6 +231,7 @@ func TestTranslateAuthz(t *testing.T) {
 			{call{san: b, method: "delete", path: "/admin%2Fusers"}, 80, true, true, nil},
 			{call{san: a, method: "DELETE", path: "/ADMIN/users"}, 80, true, false, nil},
 			{call{san: a, method: "DELETE", path: "/admin;jsessionid=1/users"}, 80, true, false, nil},
+			{call{san: a, method: "DELETE", path: "/x;y/admin/users"}, 80, true, false, nil}, // a parameter in any segment
 			{call{san: a, method: "DELETE", path: "/administrator"}, 80, true, true, nil},
 		}},
 		{"a DENY of GET refuses HEAD; exact and regex paths of a DENY ignore case", []*model.AuthzPolicy{
@@ -239,6 +242,7 @@ func TestTranslateAuthz(t *testing.T) {
 			{call{san: a, method: "HEAD", path: "/secret"}, 80, true, false, nil},
 			{call{san: a, method: "GET", path: "/Secret"}, 80, true, false, nil},
 			{call{san: a, method: "GET", path: "/secret;x"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/secret/"}, 80, true, false, nil},
 			{call{san: a, method: "GET", path: "/V2/KEYS"}, 80, true, false, nil},
 			{call{san: a, method: "GET", path: "/secrets"}, 80, true, true, nil},
 			{call{san: a, method: "POST", path: "/secret"}, 80, true, true, nil},
@@ -249,6 +253,9 @@ func TestTranslateAuthz(t *testing.T) {
 			{call{san: a, method: "GET", path: "/public/x"}, 80, true, true, nil},
 			{call{san: a, method: "get", path: "/public/x"}, 80, true, false, nil},
 			{call{san: a, method: "GET", path: "/public%2F..%2Fadmin"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/public/..%2Fadmin"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/public/..;/admin"}, 80, true, false, nil},
+			{call{san: a, method: "GET", path: "/public/a%5cb"}, 80, true, false, nil},
 		}},
 		{"prefix / is every path", []*model.AuthzPolicy{pol("p", model.AuthzDeny, model.AuthzRule{AnySource: true, Paths: prefix("/")})}, []check{
 			{call{san: a, method: "GET", path: "/anything"}, 80, true, false, nil},
