@@ -8,7 +8,7 @@
 // selects with the selector k8s:pod-uid:<uid> under the SPIFFE ID of its node's SPIRE agent, so a
 // SPIRE agent only ever holds the entries of its own node's pods; among those, the node agent's
 // own record of the pods it attached (the caller of SetPods) is the only guard against asking for
-// another pod's identity (docs/identity.md).
+// another pod's identity.
 package spire
 
 import (
@@ -158,8 +158,9 @@ func (d *Delegate) SetPods(uids []string) {
 			continue
 		}
 		ctx, cancel := context.WithCancel(d.ctx)
-		d.pods[uid] = &podSub{cancel: cancel}
-		go d.keep(ctx, "pod "+uid, func(ctx context.Context) (bool, error) { return d.podStream(ctx, uid) })
+		sub := &podSub{cancel: cancel}
+		d.pods[uid] = sub
+		go d.keep(ctx, "pod "+uid, func(ctx context.Context) (bool, error) { return d.podStream(ctx, uid, sub) })
 	}
 	gone := false
 	for uid, s := range d.pods {
@@ -222,10 +223,10 @@ func (d *Delegate) keep(ctx context.Context, what string, stream func(context.Co
 }
 
 // podStream runs one subscription to the SVIDs of the pod with uid until it breaks.
-func (d *Delegate) podStream(ctx context.Context, uid string) (delivered bool, err error) {
+func (d *Delegate) podStream(ctx context.Context, uid string, sub *podSub) (delivered bool, err error) {
 	defer func() {
 		if err != nil && ctx.Err() == nil {
-			d.setPod(uid, func(st *PodState) { st.Err = err })
+			d.setPod(uid, sub, func(st *PodState) { st.Err = err })
 		}
 	}()
 	stream, err := d.client.SubscribeToX509SVIDs(ctx, &delegatedidentityv1.SubscribeToX509SVIDsRequest{Selectors: PodSelectors(uid)})
@@ -251,7 +252,7 @@ func (d *Delegate) podStream(ctx context.Context, uid string) (delivered bool, e
 			d.cfg.Logger.Error("SPIRE agent sent SVIDs that cannot be used; left out", "pod_uid", uid, "err", errors.Join(bad...))
 		}
 		delivered = true
-		d.setPod(uid, func(st *PodState) {
+		d.setPod(uid, sub, func(st *PodState) {
 			st.Updated, st.Err, st.Withdrawn = time.Now(), nil, len(svids) == 0
 			if len(svids) > 0 {
 				st.SVIDs = svids
@@ -260,15 +261,16 @@ func (d *Delegate) podStream(ctx context.Context, uid string) (delivered bool, e
 	}
 }
 
-// setPod changes the state of the pod with uid, when it is still subscribed, and notifies.
-func (d *Delegate) setPod(uid string, f func(*PodState)) {
+// setPod changes the state of the pod with uid, when sub is still its subscription, and
+// notifies.
+func (d *Delegate) setPod(uid string, sub *podSub, f func(*PodState)) {
 	d.mu.Lock()
-	s := d.pods[uid]
-	if s != nil {
-		f(&s.state)
+	cur := d.pods[uid] == sub // not a subscription SetPods closed (the pod may be back with another)
+	if cur {
+		f(&sub.state)
 	}
 	d.mu.Unlock()
-	if s != nil {
+	if cur {
 		d.notify()
 	}
 }
@@ -313,6 +315,9 @@ func (d *Delegate) bundleStream(ctx context.Context) (delivered bool, err error)
 			bundles[td] = pemb
 		}
 		delivered = true
+		if len(bundles) == 0 && len(resp.CaCertificates) > 0 {
+			continue // none usable: keep the last good ones (logged above)
+		}
 		d.mu.Lock()
 		d.bundles, d.bundErr = bundles, nil
 		d.mu.Unlock()
