@@ -190,6 +190,20 @@ func (d *Delegate) Pod(uid string) (PodState, bool) {
 	return st, true
 }
 
+// allPods returns Pod of every pod subscribed.
+func (d *Delegate) allPods() []PodState {
+	d.mu.Lock()
+	uids := slices.Collect(maps.Keys(d.pods))
+	d.mu.Unlock()
+	out := make([]PodState, 0, len(uids))
+	for _, uid := range uids {
+		if st, ok := d.Pod(uid); ok {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
 // Bundles returns the trust bundles the SPIRE agent last sent, PEM by trust domain name (its own
 // and the federated ones), and the subscription's error (nil while it is up).
 func (d *Delegate) Bundles() (map[string][]byte, error) {

@@ -304,3 +304,69 @@ func TestNewRefusesNoSocket(t *testing.T) {
 		t.Fatalf("New without a socket = %v, want an error naming AdminSocket", err)
 	}
 }
+
+// TestProviderServesOnlyThePodsID: the Provider subscribes to exactly the pods asked for, serves
+// for each SPIFFE ID an SVID one of its pods got under that ID (never one of another ID, as a
+// ClusterSPIFFEID with another template would give), leaves out pods without one, gives the
+// mesh trust domain's bundle and the earliest expiry, and passes the Delegate's changes on.
+func TestProviderServesOnlyThePodsID(t *testing.T) {
+	ca := devCA(t, "td.example")
+	issue := func(id string) *delegatedidentityv1.X509SVIDWithKey {
+		s, err := ca.Issue(context.Background(), id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return toProto(t, s)
+	}
+	bundleBlock, _ := pem.Decode(ca.BundlePEM())
+	f := &fakeAgent{
+		svids: map[string][]*delegatedidentityv1.X509SVIDWithKey{
+			"uid-web":   {issue("spiffe://td.example/ns/shop/sa/web")},
+			"uid-rogue": {issue("spiffe://td.example/ns/shop/sa/admin")}, // not its mesh ID
+		},
+		open: map[string]int{}, push: make(chan struct{}),
+		bundle: map[string][]byte{"spiffe://td.example": bundleBlock.Bytes},
+	}
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	defer serve(t, f, sock)()
+	d, err := New(Config{AdminSocket: sock, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	d.Start(ctx)
+	p := NewProvider(d, "td.example")
+	var _ identity.Provider = p
+	pods := []identity.Workload{
+		{UID: "uid-web", SPIFFEID: "spiffe://td.example/ns/shop/sa/web"},
+		{UID: "uid-rogue", SPIFFEID: "spiffe://td.example/ns/shop/sa/rogue"},
+		{UID: "uid-new", SPIFFEID: "spiffe://td.example/ns/shop/sa/new"}, // no entry yet
+	}
+	testenv.Eventually(t, 10*time.Second, "web's SVID and the bundle", func() error {
+		svids, _, err := p.SVIDs(ctx, pods)
+		if err != nil || len(svids) != 1 || svids["spiffe://td.example/ns/shop/sa/web"] == nil {
+			return fmt.Errorf("%v, %v; want web's only", svids, err)
+		}
+		if string(p.BundlePEM()) != string(ca.BundlePEM()) {
+			return fmt.Errorf("bundle %q", p.BundlePEM())
+		}
+		return nil
+	})
+	if nr := p.NextRenewal(); nr.IsZero() || nr.After(time.Now().Add(time.Hour+time.Minute)) {
+		t.Fatalf("NextRenewal = %s, want web's expiry within the hour", nr)
+	}
+	select {
+	case <-p.Changed():
+	default:
+		t.Fatal("the Delegate's changes are not passed on")
+	}
+	// Asked without web: its subscription closes and nothing is served for it.
+	svids, _, _ := p.SVIDs(ctx, pods[1:])
+	if len(svids) != 0 {
+		t.Fatalf("after web left: %v", svids)
+	}
+	if _, ok := d.Pod("uid-web"); ok {
+		t.Fatal("web still subscribed after it left the pods asked for")
+	}
+}
