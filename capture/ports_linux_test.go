@@ -149,7 +149,7 @@ func perPortModes(t *testing.T, b Backend) {
 	if _, err := cut70.Write([]byte{7}); err != nil {
 		t.Fatalf("write after :7070 turned strict: %v", err)
 	}
-	expectCut(t, cut70, "the caller on :7070, after its port turned strict")
+	testenv.ExpectClosed(t, cut70, "the caller on :7070, after its port turned strict")
 	expectSilent(t, srv70, "the pod's end on :7070 (rules only)")
 	if err := dialFrom(tp.node, topoOther, topoPodIP+":7070"); !isRefused(err) {
 		t.Fatalf("new plaintext to :7070 after it turned strict = %v, want connection refused", err)
@@ -160,11 +160,11 @@ func perPortModes(t *testing.T, b Backend) {
 	if err != nil || n != 3 {
 		t.Fatalf("CutRefused = %d, %v; want 3 sockets closed (:7070, :7071, :7072)", n, err)
 	}
-	expectCut(t, srv70, "the pod's end on :7070 after CutRefused")
-	expectCut(t, srv71, "the pod's end on :7071 after CutRefused")
-	expectCut(t, cut71, "the caller on :7071 after CutRefused")
-	expectCut(t, srv72, "the pod's end on :7072 (a v4-mapped socket) after CutRefused")
-	expectCut(t, cut72, "the caller on :7072 after CutRefused")
+	testenv.ExpectClosed(t, srv70, "the pod's end on :7070 after CutRefused")
+	testenv.ExpectClosed(t, srv71, "the pod's end on :7071 after CutRefused")
+	testenv.ExpectClosed(t, cut71, "the caller on :7071 after CutRefused")
+	testenv.ExpectClosed(t, srv72, "the pod's end on :7072 (a v4-mapped socket) after CutRefused")
+	testenv.ExpectClosed(t, cut72, "the caller on :7072 after CutRefused")
 	if n, err := CutRefused(tp.pod.Path, toStrictRS); err != nil || n != 0 {
 		t.Fatalf("CutRefused again = %d, %v; want nothing left to close", n, err)
 	}
@@ -176,8 +176,8 @@ func perPortModes(t *testing.T, b Backend) {
 	if n, err := CutRefused(tp.pod.Path, allStrict); err != nil || n != 1 {
 		t.Fatalf("CutRefused with the pod strict = %d, %v; want 1 (the caller on :9090)", n, err)
 	}
-	expectCut(t, keep[0].server, "the pod's end on :9090 after the pod turned strict")
-	expectCut(t, keep[0].client, "the caller on :9090 after the pod turned strict")
+	testenv.ExpectClosed(t, keep[0].server, "the pod's end on :9090 after the pod turned strict")
+	testenv.ExpectClosed(t, keep[0].client, "the caller on :9090 after the pod turned strict")
 	for _, k := range keep[1:] {
 		exchange(t, k.client, k.server, k.what+" after the pod turned strict")
 	}
@@ -195,18 +195,6 @@ func drain(ch chan net.Conn) {
 		default:
 			return
 		}
-	}
-}
-
-// expectCut fails the test, naming what, unless a read on c fails within 5 s with a reset or
-// an end of stream (the connection was cut, not just quiet).
-func expectCut(t *testing.T, c net.Conn, what string) {
-	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err := c.Read(make([]byte, 1))
-	var ne net.Error
-	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
-		t.Fatalf("%s: read = %v, want the connection cut (reset or EOF)", what, err)
 	}
 }
 

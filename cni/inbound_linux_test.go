@@ -144,8 +144,8 @@ func inboundPolicies(t *testing.T, backend capture.Backend, subnet int) {
 		t.Fatalf("rules changed in %v, want only a's and b's %v", got, want)
 	}
 	expect("a strict, b back to the node default", dial{"a", "9090", false}, dial{"a", "15008", true}, dial{"b", "8080", true})
-	expectClosed(t, server, "a's end of a plaintext connection accepted before a turned strict")
-	expectClosed(t, client, "the caller's end of a plaintext connection to a after a turned strict")
+	testenv.ExpectClosed(t, server, "a's end of a plaintext connection accepted before a turned strict")
+	testenv.ExpectClosed(t, client, "the caller's end of a plaintext connection to a after a turned strict")
 	exchange(t, cClient, cServer, "a plaintext connection to c, whose policy did not change")
 
 	// d, added after the set, gets its policy at ADD.
@@ -230,18 +230,6 @@ func holdConn(t *testing.T, client, server *testenv.Netns, addr string) (net.Con
 		t.Fatalf("no connection accepted on %s", addr)
 	}
 	return nil, nil
-}
-
-// expectClosed fails the test, naming what, unless a read on c fails within 5 s with a reset
-// or an end of stream.
-func expectClosed(t *testing.T, c net.Conn, what string) {
-	t.Helper()
-	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
-	_, err := c.Read(make([]byte, 1))
-	var ne net.Error
-	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
-		t.Fatalf("%s: read = %v, want the connection closed (reset or EOF)", what, err)
-	}
 }
 
 // exchange sends one byte each way over an established connection; it fails the test, naming

@@ -160,29 +160,45 @@ func serve(t *testing.T, f *fakeAgent, path string) (stop func()) {
 	return s.Stop
 }
 
+// fakeWorld is a development CA minting SVIDs and a fake agent serving them with the CA's bundle.
+type fakeWorld struct {
+	ca *identity.DevCA
+	f  *fakeAgent
+}
+
+// newFakeWorld returns a fakeWorld of trust domain td.example whose agent holds, for each pod
+// UID of ids, an SVID of the SPIFFE ID ids gives it.
+func newFakeWorld(t *testing.T, ids map[string]string) *fakeWorld {
+	t.Helper()
+	w := &fakeWorld{ca: devCA(t, "td.example")}
+	bundleBlock, _ := pem.Decode(w.ca.BundlePEM())
+	w.f = &fakeAgent{svids: map[string][]*delegatedidentityv1.X509SVIDWithKey{}, open: map[string]int{}, push: make(chan struct{}),
+		bundle: map[string][]byte{"spiffe://td.example": bundleBlock.Bytes}}
+	for uid, id := range ids {
+		w.f.svids[uid] = []*delegatedidentityv1.X509SVIDWithKey{w.issue(t, id)}
+	}
+	return w
+}
+
+// issue mints an SVID of id as the agent sends it.
+func (w *fakeWorld) issue(t *testing.T, id string) *delegatedidentityv1.X509SVIDWithKey {
+	t.Helper()
+	s, err := w.ca.Issue(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return toProto(t, s)
+}
+
 // TestDelegateFollowsPods drives a Delegate against a fake SPIRE agent (the gRPC boundary; the
 // real agent is in TestPrivilegedSPIRE): SVIDs of the pods set arrive and follow rotations; a
 // pod taken out of the set loses its SVIDs and its stream; an agent restart keeps the SVIDs
 // (with the error) until the subscription is back; an update without SVIDs keeps the last one,
 // withdrawn; a caller the agent refuses is told why.
 func TestDelegateFollowsPods(t *testing.T) {
-	ca := devCA(t, "td.example")
-	issue := func(id string) *delegatedidentityv1.X509SVIDWithKey {
-		s, err := ca.Issue(context.Background(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return toProto(t, s)
-	}
-	bundleBlock, _ := pem.Decode(ca.BundlePEM())
-	f := &fakeAgent{
-		svids: map[string][]*delegatedidentityv1.X509SVIDWithKey{
-			"uid-web": {issue("spiffe://td.example/ns/shop/sa/web")},
-			"uid-db":  {issue("spiffe://td.example/ns/shop/sa/db")},
-		},
-		open: map[string]int{}, push: make(chan struct{}),
-		bundle: map[string][]byte{"spiffe://td.example": bundleBlock.Bytes},
-	}
+	w := newFakeWorld(t, map[string]string{"uid-web": "spiffe://td.example/ns/shop/sa/web", "uid-db": "spiffe://td.example/ns/shop/sa/db"})
+	ca, f := w.ca, w.f
+	issue := func(id string) *delegatedidentityv1.X509SVIDWithKey { return w.issue(t, id) }
 	sock := filepath.Join(t.TempDir(), "admin.sock")
 	stop := serve(t, f, sock)
 	d, err := New(Config{AdminSocket: sock, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
@@ -310,23 +326,11 @@ func TestNewRefusesNoSocket(t *testing.T) {
 // ClusterSPIFFEID with another template would give), leaves out pods without one, gives the
 // mesh trust domain's bundle and the earliest expiry, and passes the Delegate's changes on.
 func TestProviderServesOnlyThePodsID(t *testing.T) {
-	ca := devCA(t, "td.example")
-	issue := func(id string) *delegatedidentityv1.X509SVIDWithKey {
-		s, err := ca.Issue(context.Background(), id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return toProto(t, s)
-	}
-	bundleBlock, _ := pem.Decode(ca.BundlePEM())
-	f := &fakeAgent{
-		svids: map[string][]*delegatedidentityv1.X509SVIDWithKey{
-			"uid-web":   {issue("spiffe://td.example/ns/shop/sa/web")},
-			"uid-rogue": {issue("spiffe://td.example/ns/shop/sa/admin")}, // not its mesh ID
-		},
-		open: map[string]int{}, push: make(chan struct{}),
-		bundle: map[string][]byte{"spiffe://td.example": bundleBlock.Bytes},
-	}
+	w := newFakeWorld(t, map[string]string{
+		"uid-web":   "spiffe://td.example/ns/shop/sa/web",
+		"uid-rogue": "spiffe://td.example/ns/shop/sa/admin", // not its mesh ID
+	})
+	ca, f := w.ca, w.f
 	sock := filepath.Join(t.TempDir(), "admin.sock")
 	defer serve(t, f, sock)()
 	d, err := New(Config{AdminSocket: sock, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
