@@ -1113,19 +1113,19 @@ func (s *Server) applyRules(cur *Record) (changed bool, err error) {
 	if err != nil || !changed {
 		return changed, err
 	}
-	// Callers' connections these rules refuse (a port or the pod turned strict) get a reset at
-	// their next packet; the pod's end is closed too, so the application is told. A failure
-	// leaves the refusal to the rules and is not retried.
-	if n, err := capture.CutRefused(cur.Attachment.NetnsPath, rs); err != nil {
-		s.Log.Error("close connections the inbound policy refuses", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name, "closed", n, "err", err)
-	} else if n > 0 {
-		s.Log.Info("connections the inbound policy refuses closed", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name, "closed", n)
-	}
 	// Flows to routed VIPs may have been translated by the rules this replaced (an ADD's,
 	// built from an older set; a drift): their next datagrams meet these.
 	s.udpMu.Lock()
 	ever := slices.Clone(s.udpEver)
 	s.udpMu.Unlock()
 	_, err = capture.ForgetUDPFlows(cur.Attachment.NetnsPath, ever)
+	// Callers' connections these rules refuse (a port or the pod turned strict) get a reset at
+	// their next packet; the pod's end is closed too, so the application is told. A failure
+	// leaves the refusal to the rules and is not retried.
+	if n, cerr := capture.CutRefused(cur.Attachment.NetnsPath, rs); cerr != nil {
+		s.Log.Error("close connections the inbound policy refuses", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name, "closed", n, "err", cerr)
+	} else if n > 0 {
+		s.Log.Info("connections the inbound policy refuses closed", "pod", cur.Attachment.Namespace+"/"+cur.Attachment.Name, "closed", n)
+	}
 	return true, err
 }

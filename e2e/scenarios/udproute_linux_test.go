@@ -70,14 +70,18 @@ func (w *world) meshUDPRoute(t *testing.T) {
 		defer cancel()
 		return w.udp(ctx, addr, fmt.Sprint("datagram ", i))
 	}
-	// The redirect follows the route's status by a model build and an Envoy ACK.
+	// The redirect follows the route's status by a model build, an Envoy ACK and the pods'
+	// capture rules. Until then kube-proxy answers from either pod: one canary-v2 answer can be
+	// luck, eight in a row are not (1 in 256).
 	testenv.Eventually(t, 90*time.Second, "datagrams to "+addr+" answered by canary-v2", func() error {
-		r, err := ask(-1)
-		if err != nil {
-			return err
-		}
-		if r.Server != "canary-v2" {
-			return fmt.Errorf("answered by %s", r.Server)
+		for i := range 8 {
+			r, err := ask(-1)
+			if err != nil {
+				return err
+			}
+			if r.Server != "canary-v2" {
+				return fmt.Errorf("answer %d answered by %s", i+1, r.Server)
+			}
 		}
 		return nil
 	})
