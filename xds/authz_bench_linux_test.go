@@ -50,25 +50,7 @@ func authzBenchPolicies() []*model.AuthzPolicy {
 //	go test ./xds/ -run '^$' -bench '^BenchmarkAuthzLatency$' -benchtime 1x -count 5 -v
 func BenchmarkAuthzLatency(b *testing.B) {
 	testenv.RequireRoot(b)
-	names := []string{"plain", "guarded"}
-	var runs []*gammaLatencyRun
-	used := map[string]int{}
-	for _, name := range names {
-		b.Run("path="+name, func(b *testing.B) {
-			if used[name] == len(runs) {
-				runs = append(runs, measureAuthzLatency(b, names))
-			}
-			run := runs[used[name]]
-			used[name]++
-			i := slices.Index(run.paths, name)
-			sched := run.r.sched[i]
-			b.ReportMetric(0, "ns/op")
-			b.ReportMetric(float64(pct(sched, .5))/1e3, "p50-us")
-			b.ReportMetric(float64(pct(sched, .99))/1e3, "p99-us")
-			b.ReportMetric(float64(run.cpu[i])/1e3/float64(len(sched)), "envoy-us/req")
-			b.ReportMetric(float64(pct(run.r.pacing, .99))/1e3, "pacing-err-p99-us")
-		})
-	}
+	runInterleaved(b, []string{"plain", "guarded"}, measureAuthzLatency, nil)
 }
 
 // measureAuthzLatency starts the traffic fixture with a second server pod, guarded (its own
