@@ -41,8 +41,9 @@ func (s *SVID) RenewAt() time.Time {
 	return s.IssuedAt.Add(s.NotAfter.Sub(s.IssuedAt) / 2)
 }
 
-// Source issues SVIDs. The development CA implements it; SPIRE's delegated identity API will
-// implement it later.
+// Source issues SVIDs on request: the development CA implements it, and a Rotator renews them
+// at half-life. SPIRE issues and rotates SVIDs itself, so it is not a Source but a Provider
+// (identity/spire.Provider).
 type Source interface {
 	// TrustDomain returns the trust domain the source issues for (e.g. "aether.internal").
 	TrustDomain() string
