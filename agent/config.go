@@ -47,6 +47,16 @@ const (
 	DefaultDebugSocket    = "/var/run/aether/debug.sock"
 )
 
+// The values of --identity-source.
+const (
+	IdentitySPIRE = "spire"
+	IdentityDevCA = "dev-ca"
+)
+
+// DefaultSPIREAdminSocket is --spire-admin-socket's default: the SPIRE agent's admin_socket_path
+// as deploy/ sets it (a host directory the SPIRE agent and the aether agent share).
+const DefaultSPIREAdminSocket = "/run/spire/agent-admin/admin.sock"
+
 // Config is the agent's whole configuration: every field has a flag and an environment variable
 // (the flag wins; ParseFlags reads both). Validate checks it at start and names the flag of
 // every bad field.
@@ -77,9 +87,17 @@ type Config struct {
 	// ServiceExport's projection applies (model.SelectProjections).
 	ControlCluster string
 
-	CACert  string        // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
-	CAKey   string        // --ca-key, AETHER_CA_KEY
-	SVIDTTL time.Duration // --svid-ttl: lifetime of issued SVIDs (rotated at half-life)
+	// IdentitySource (--identity-source, AETHER_IDENTITY_SOURCE) is where the pods' SVIDs come
+	// from: "spire" (the node's SPIRE agent, through its Delegated Identity API on
+	// --spire-admin-socket) or "dev-ca" (the development CA of --ca-cert and --ca-key, which
+	// the agent holds in memory; docs/identity.md).
+	IdentitySource string
+	// SPIREAdminSocket (--spire-admin-socket, AETHER_SPIRE_ADMIN_SOCKET) is the SPIRE agent's
+	// admin API socket, where its Delegated Identity API is served to authorized delegates.
+	SPIREAdminSocket string
+	CACert           string        // --ca-cert, AETHER_CA_CERT: development CA that signs workload SVIDs
+	CAKey            string        // --ca-key, AETHER_CA_KEY
+	SVIDTTL          time.Duration // --svid-ttl: lifetime of issued SVIDs (rotated at half-life)
 	// CNIRepairInterval (--cni-repair-interval) is how often the CNI server checks and repairs
 	// every attachment (rules, listeners, records of gone netns); a rejected Envoy
 	// configuration also starts a pass at once.
@@ -203,9 +221,11 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.BoolVar(&c.ImportConfig, "import-config", "AETHER_IMPORT_CONFIG", "apply other clusters' route config (ServiceConfigProjections in the registry) to the services this cluster imports; off by default: routing by another cluster's config is a trust decision")
 	ef.StringVar(&c.ControlCluster, "control-cluster", "AETHER_CONTROL_CLUSTER", "", "the only cluster whose route config projections are applied (an RFC 1123 label; empty: each service's oldest ServiceExport's cluster), as the registrar's --control-cluster")
 	fs.DurationVar(&c.RegistryLeaseTTL, "registry-lease-ttl", 15*time.Second, "TTL of this node's endpoint lease; its keepalives (every TTL/3) tell the agent the registry answers (without a lease it reads the registry every TTL/3), and endpoint deletions are held 2 x TTL after a failed round trip")
-	ef.StringVar(&c.CACert, "ca-cert", "AETHER_CA_CERT", "", "development CA certificate (PEM) that signs workload SVIDs")
-	ef.StringVar(&c.CAKey, "ca-key", "AETHER_CA_KEY", "", "development CA key (PEM)")
-	fs.DurationVar(&c.SVIDTTL, "svid-ttl", time.Hour, "lifetime of workload SVIDs; each is renewed at half its lifetime")
+	ef.StringVar(&c.IdentitySource, "identity-source", "AETHER_IDENTITY_SOURCE", IdentityDevCA, "where pods' SVIDs come from: spire (the node's SPIRE agent, --spire-admin-socket) or dev-ca (the development CA, --ca-cert and --ca-key)")
+	ef.StringVar(&c.SPIREAdminSocket, "spire-admin-socket", "AETHER_SPIRE_ADMIN_SOCKET", DefaultSPIREAdminSocket, "the SPIRE agent's admin socket (Delegated Identity API), with --identity-source=spire")
+	ef.StringVar(&c.CACert, "ca-cert", "AETHER_CA_CERT", "", "development CA certificate (PEM) that signs workload SVIDs, with --identity-source=dev-ca")
+	ef.StringVar(&c.CAKey, "ca-key", "AETHER_CA_KEY", "", "development CA key (PEM), with --identity-source=dev-ca")
+	fs.DurationVar(&c.SVIDTTL, "svid-ttl", time.Hour, "lifetime of workload SVIDs the development CA issues; each is renewed at half its lifetime (SPIRE's come from its ClusterSPIFFEID or server setting)")
 	fs.DurationVar(&c.CNIRepairInterval, "cni-repair-interval", time.Minute, "how often every pod attachment is checked and repaired (a rejected Envoy configuration also starts a check at once)")
 	hostIP := ef.String("host-ip", "HOST_IP", "", "this node's IP: the DNS resolver listens here")
 	hostIPv6 := ef.String("host-ip-v6", "HOST_IP_V6", "", "this node's IPv6 address on a dual-stack node: the resolver listens here too and IPv6 cluster DNS is DNAT'ed to it")
@@ -354,10 +374,22 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--dns-cache-prefetch %d: want 0 (no prefetch) or a number of hits", c.DNSCachePrefetch))
 	}
 	errs = append(errs, c.checkPorts()...)
-	if (c.CACert == "") != (c.CAKey == "") {
-		errs = append(errs, errors.New("--ca-cert and --ca-key go together"))
-	} else if c.CACert == "" {
-		errs = append(errs, errors.New("--ca-cert and --ca-key are required (the CA that signs workload SVIDs)"))
+	switch c.IdentitySource {
+	case IdentityDevCA:
+		if (c.CACert == "") != (c.CAKey == "") {
+			errs = append(errs, errors.New("--ca-cert and --ca-key go together"))
+		} else if c.CACert == "" {
+			errs = append(errs, errors.New("--ca-cert and --ca-key are required with --identity-source=dev-ca (the CA that signs workload SVIDs)"))
+		}
+	case IdentitySPIRE:
+		if c.CACert != "" || c.CAKey != "" {
+			errs = append(errs, errors.New("--ca-cert and --ca-key: not with --identity-source=spire (SPIRE signs SVIDs; no CA key belongs on a node)"))
+		}
+		if c.SPIREAdminSocket == "" {
+			errs = append(errs, errors.New("--spire-admin-socket: required with --identity-source=spire"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--identity-source %q: want spire or dev-ca", c.IdentitySource))
 	}
 	if c.CNIRepairInterval < time.Second {
 		errs = append(errs, fmt.Errorf("--cni-repair-interval %s: want at least 1s", c.CNIRepairInterval))
