@@ -52,13 +52,15 @@ func (a *attachments) Uncaptured() map[string]cniv1.PodAttachment {
 
 // podDataplane is the agent's cni.Dataplane: it records a pod's attachment, has the assembler
 // rebuild, and returns once the node proxy serves a model holding the pod: acked reports when
-// Envoy has ACKed a model (pusher.waitAcked); warm, when the named listeners have left warming,
-// so they accept connections (envoy.WaitListenersWarm).
+// Envoy has ACKed a model (pusher.waitAcked); served, when Envoy has ACKed a snapshot that
+// serves the pod (the identity provider had its SVID: xds.Server.WaitPodServed); warm, when the
+// named listeners have left warming, so they accept connections (envoy.WaitListenersWarm).
 type podDataplane struct {
-	att   *attachments
-	asm   *model.Assembler
-	acked func(ctx context.Context, m *model.Mesh) error
-	warm  func(ctx context.Context, listeners []string) error
+	att    *attachments
+	asm    *model.Assembler
+	acked  func(ctx context.Context, m *model.Mesh) error
+	served func(ctx context.Context, uid string) error
+	warm   func(ctx context.Context, listeners []string) error
 }
 
 // PodAdded implements cni.Dataplane: it records the pod, triggers a rebuild and waits until a
@@ -66,11 +68,16 @@ type podDataplane struct {
 // warming (their routes and secrets arrived), or ctx ends.
 func (d *podDataplane) PodAdded(ctx context.Context, p model.LocalPod) error {
 	d.att.mu.Lock()
+	prev, had := d.att.pods[p.UID]
 	d.att.pods[p.UID] = cniv1.PodAttachment{ContainerID: p.ContainerID, PodUID: p.UID, Namespace: p.Namespace,
 		Name: p.Name, NetnsPath: p.NetnsPath, IPs: p.IPs, Interface: "eth0"}
 	d.att.mu.Unlock()
 	d.asm.Trigger()
-	return d.waitModel(ctx, p.UID, p.ContainerID, true)
+	// A pod announced again (a CNI repair pass, a restarted agent's persisted attachments) does
+	// not wait for its SVID: it is served as soon as the identity provider has it, and a repair
+	// pass must not stall on each pod while the SPIRE agent is away.
+	again := had && prev.ContainerID == p.ContainerID
+	return d.waitModel(ctx, p.UID, p.ContainerID, true, !again)
 }
 
 // PodRemoved implements cni.Dataplane; it returns once a model without the pod is acknowledged.
@@ -89,14 +96,14 @@ func (d *podDataplane) PodRemoved(ctx context.Context, p model.LocalPod) error {
 		return nil
 	}
 	d.asm.Trigger()
-	return d.waitModel(ctx, p.UID, "", false)
+	return d.waitModel(ctx, p.UID, "", false, false)
 }
 
 // waitModel waits for a model in which pod uid is present with container containerID (or
-// absent), then for Envoy's ACK of it and, for a present pod, for its listeners to leave
-// warming. The container matters when a pod's sandbox is recreated: the model already holds
+// absent), then for Envoy's ACK of it and, for a present pod, when served is set, for Envoy's
+// ACK of a snapshot serving it (its SVID), then for its listeners to leave warming. The container matters when a pod's sandbox is recreated: the model already holds
 // the pod with the old sandbox's netns until it is rebuilt.
-func (d *podDataplane) waitModel(ctx context.Context, uid, containerID string, present bool) error {
+func (d *podDataplane) waitModel(ctx context.Context, uid, containerID string, present, served bool) error {
 	m, err := d.asm.Wait(ctx, func(m *model.Mesh) bool {
 		p := m.Pod(uid)
 		if !present {
@@ -116,7 +123,15 @@ func (d *podDataplane) waitModel(ctx context.Context, uid, containerID string, p
 			return err
 		}
 	}
-	if present && d.warm != nil {
+	if !present {
+		return nil
+	}
+	if served && d.served != nil {
+		if err := d.served(ctx, uid); err != nil {
+			return err
+		}
+	}
+	if d.warm != nil {
 		return d.warm(ctx, xds.PodListenerNames(m.Pod(uid)))
 	}
 	return nil

@@ -22,8 +22,10 @@ import (
 // Gateway's configuration and the SVID of the edge's ServiceAccount. A pod whose listener cannot
 // be opened yet (its netns is being set up or torn down) is tried again with the next model.
 type edges struct {
-	log  *slog.Logger
-	src  identity.Source
+	log *slog.Logger
+	// idp returns the identity provider of one edge pod's server (owner names it) and the
+	// function that releases it.
+	idp  func(owner string) (identity.Provider, func())
 	opts xds.Options
 
 	mu      sync.Mutex
@@ -32,14 +34,15 @@ type edges struct {
 
 // edgeRun is one served edge pod.
 type edgeRun struct {
-	pod    model.EdgePod
-	srv    *xds.EdgeServer
-	cancel context.CancelFunc
-	done   chan struct{}
+	pod     model.EdgePod
+	srv     *xds.EdgeServer
+	cancel  context.CancelFunc
+	done    chan struct{}
+	release func()
 }
 
-func newEdges(log *slog.Logger, src identity.Source, opts xds.Options) *edges {
-	return &edges{log: log, src: src, opts: opts, running: map[string]*edgeRun{}}
+func newEdges(log *slog.Logger, idp func(owner string) (identity.Provider, func()), opts xds.Options) *edges {
+	return &edges{log: log, idp: idp, opts: opts, running: map[string]*edgeRun{}}
 }
 
 // update starts serving the edge pods of m not served yet, stops those gone (or whose netns,
@@ -83,16 +86,19 @@ func (e *edges) update(ctx context.Context, m *model.Mesh) {
 
 // start opens p's ADS listener inside its netns and serves it until stopped.
 func (e *edges) start(ctx context.Context, p model.EdgePod) (*edgeRun, error) {
-	srv, err := xds.NewEdgeServer(p.Gateway, p.SPIFFEID, e.src, e.opts, e.log.With("part", "edge"))
+	idp, release := e.idp("edge " + p.UID)
+	srv, err := xds.NewEdgeServer(p.Gateway, identity.Workload{UID: p.UID, SPIFFEID: p.SPIFFEID}, idp, e.opts, e.log.With("part", "edge"))
 	if err != nil {
+		release()
 		return nil, err
 	}
 	l, err := listenInNetns(p.NetnsPath, net.JoinHostPort("127.0.0.1", strconv.Itoa(xds.EdgeXDSPort)))
 	if err != nil {
+		release()
 		return nil, err
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	r := &edgeRun{pod: p, srv: srv, cancel: cancel, done: make(chan struct{})}
+	r := &edgeRun{pod: p, srv: srv, cancel: cancel, done: make(chan struct{}), release: release}
 	go func() {
 		defer close(r.done)
 		if err := srv.Serve(rctx, l); err != nil {
@@ -105,6 +111,7 @@ func (e *edges) start(ctx context.Context, p model.EdgePod) (*edgeRun, error) {
 func (r *edgeRun) stop() {
 	r.cancel()
 	<-r.done
+	r.release()
 }
 
 // stopAll stops serving every edge pod.

@@ -24,7 +24,6 @@ import (
 	"github.com/aethermesh/aether/cni"
 	"github.com/aethermesh/aether/dnsd"
 	"github.com/aethermesh/aether/envoy"
-	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/internal/clusterid"
 	"github.com/aethermesh/aether/internal/kubeconfig"
 	"github.com/aethermesh/aether/internal/policysource"
@@ -296,12 +295,13 @@ func Run(ctx context.Context, cfg Config) error {
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(latest, m) })
 	go syncEndpointsLoop(ctx, endpoints, latest, log)
 
-	// The node proxy: the xDS server (with the development CA issuing SVIDs) and its Envoy. Both
+	// The node proxy: the xDS server (with the SVIDs of --identity-source) and its Envoy. Both
 	// are up before the first model, so a CNI ADD can wait for Envoy's ACK of its pod.
-	ca, err := identity.LoadDevCA(cfg.CACert, cfg.CAKey, cfg.TrustDomain, cfg.SVIDTTL)
+	ids, err := startIdentity(ctx, cfg, log.With("part", "identity"))
 	if err != nil {
-		return fmt.Errorf("--ca-cert/--ca-key: %w", err)
+		return err
 	}
+	go watchHealth(ctx, "identity", ready, log, ids.health)
 	// A rejected configuration starts a CNI repair pass at once: after an Envoy restart, the
 	// listeners of a pod whose netns is gone (its DEL never came) are rejected until repair
 	// releases the pod, which would otherwise wait for --cni-repair-interval.
@@ -327,7 +327,7 @@ func Run(ctx context.Context, cfg Config) error {
 	build := xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PodMaxConnections: cfg.PodMaxConnections, UDPHeld: udp.Held,
 		HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6}
 	udp.frontends = build.UDPFrontends
-	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: identity.NewRotator(ca).Provider(),
+	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: ids.node,
 		Logger: log.With("part", "xds"), Registerer: metrics.reg,
 		OnNACK: func(string, string) { signal(nacked) },
 		Build:  build})
@@ -357,7 +357,7 @@ func Run(ctx context.Context, cfg Config) error {
 	asm.Subscribe(push.offer)
 	// Edge Gateways' pods on this node get their Gateway's configuration over ADS inside their
 	// own netns (docs/gateway.md).
-	edgeSrv := newEdges(log.With("part", "edge"), ca, xds.Options{EastWestWaypoint: cfg.EastWestWaypoint})
+	edgeSrv := newEdges(log.With("part", "edge"), ids.edge, xds.Options{EastWestWaypoint: cfg.EastWestWaypoint})
 	edgeLatest := make(chan *model.Mesh, 1)
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(edgeLatest, m) })
 	go func() {
@@ -404,6 +404,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	// A CNI ADD returns once Envoy ACKed a model holding the pod and its listeners are warm.
 	dp := &podDataplane{att: att, asm: asm, acked: push.waitAcked,
+		served: func(ctx context.Context, uid string) error {
+			v, err := xsrv.WaitPodServed(ctx, uid)
+			if err != nil {
+				return err
+			}
+			return xsrv.WaitForAck(ctx, v)
+		},
 		warm: func(ctx context.Context, names []string) error {
 			return envoy.WaitListenersWarm(ctx, cfg.EnvoyAdmin, names)
 		}}

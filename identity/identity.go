@@ -71,8 +71,10 @@ type Provider interface {
 	// cannot have an SVID for a pod yet (SPIRE before the pod's entry reaches the node) leaves
 	// its ID out; an error means none could be given.
 	SVIDs(ctx context.Context, pods []Workload) (svids map[string]*SVID, changed bool, err error)
-	// BundlePEM returns the trust bundle (CA certificates, PEM) of the mesh's trust domain.
-	BundlePEM() []byte
+	// Bundles returns the trust bundles (CA certificates, PEM) by trust domain name: the mesh's
+	// own trust domain and every trust domain it federates with (SPIFFE Trust Domain and
+	// Bundle, section 4). The mesh's own is missing until the provider has it.
+	Bundles() map[string][]byte
 	// NextRenewal returns when SVIDs should be asked for again without anything else changing
 	// (the earliest half-life or expiry of those held; zero when none is held).
 	NextRenewal() time.Time
@@ -256,9 +258,11 @@ func (r *Rotator) Provider() Provider { return rotatorProvider{r} }
 
 type rotatorProvider struct{ r *Rotator }
 
-func (p rotatorProvider) BundlePEM() []byte        { return p.r.src.BundlePEM() }
 func (p rotatorProvider) NextRenewal() time.Time   { return p.r.NextRenewal() }
 func (p rotatorProvider) Changed() <-chan struct{} { return nil }
+func (p rotatorProvider) Bundles() map[string][]byte {
+	return map[string][]byte{p.r.src.TrustDomain(): p.r.src.BundlePEM()}
+}
 func (p rotatorProvider) SVIDs(ctx context.Context, pods []Workload) (map[string]*SVID, bool, error) {
 	return p.r.forPods(ctx, pods)
 }

@@ -3,6 +3,7 @@ package tunnel_test
 import (
 	"bytes"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -149,7 +150,7 @@ func TestXDSBuildAddsWaypoint(t *testing.T) {
 		svids[id] = &identity.SVID{SPIFFEID: id, CertChainPEM: []byte("CERT"), KeyPEM: []byte("KEY")}
 	}
 	for _, on := range []bool{false, true} {
-		r, err := xds.Build(m, svids, []byte("BUNDLE"), xds.Options{EastWestWaypoint: on})
+		r, err := xds.Build(m, svids, map[string][]byte{m.TrustDomain: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("BUNDLE")})}, xds.Options{EastWestWaypoint: on})
 		if err != nil {
 			t.Fatal(err)
 		}

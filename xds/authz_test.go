@@ -400,7 +400,7 @@ func TestBuilderAuthzChange(t *testing.T) {
 	bl := NewBuilder(Options{})
 	build := func(m *model.Mesh) *Resources {
 		t.Helper()
-		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+		r, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,11 +18,13 @@ import (
 // Build turns one mesh model and the current SVIDs of the local pods' identities (keyed by
 // SPIFFE ID) into Envoy resources. It is pure: same inputs, same output. It returns an error
 // naming the option for options it does not implement (Options.check: EastWestWaypoint with
-// CertMatcher), naming the pod when a local pod has no SVID or no usable address, and any error
-// from marshalling a typed config. A caller that builds again and again (the agent, on every
+// CertMatcher), naming the pod when a local pod has no usable address, naming the trust domain
+// when bundles (CA certificates, PEM, by trust domain name) lack the mesh's or hold a bad one,
+// and any error from marshalling a typed config. A local pod without an SVID is left out
+// (Resources.Unserved). A caller that builds again and again (the agent, on every
 // model change) should keep a Builder instead, which rebuilds only what changed.
-func Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte, opts Options) (*Resources, error) {
-	return NewBuilder(opts).Build(m, svids, bundlePEM)
+func Build(m *model.Mesh, svids map[string]*identity.SVID, bundles map[string][]byte, opts Options) (*Resources, error) {
+	return NewBuilder(opts).Build(m, svids, bundles)
 }
 
 // builder builds the resources of one model (a Builder's Build makes one per build): it holds the

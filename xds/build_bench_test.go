@@ -77,7 +77,7 @@ func BenchmarkSnapshotBuild(b *testing.B) {
 					if mode == "cold" {
 						bl = NewBuilder(Options{})
 					}
-					r, err := bl.Build(m, svids, []byte("BUNDLE"))
+					r, err := bl.Build(m, svids, fakeBundles(m))
 					if err != nil {
 						b.Fatal(err)
 					}
@@ -139,7 +139,7 @@ var benchSizes = []struct{ services, endpoints int }{
 func BenchmarkSnapshotVersions(b *testing.B) {
 	for _, c := range benchSizes[3:] {
 		m := benchMesh(c.services, c.endpoints, 20)
-		r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+		r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -100,6 +102,15 @@ func fakeSVIDs(m *model.Mesh) map[string]*identity.SVID {
 	return out
 }
 
+// testBundlePEM is a PEM CERTIFICATE block that is no certificate: what the pure builders'
+// tests put in the trust bundle secret.
+var testBundlePEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("BUNDLE")})
+
+// fakeBundles is the trust bundles of m's trust domain: testBundlePEM.
+func fakeBundles(m *model.Mesh) map[string][]byte {
+	return map[string][]byte{m.TrustDomain: testBundlePEM}
+}
+
 // stableJSON renders messages as indented JSON with normalised whitespace (protojson's output is
 // deliberately unstable).
 func stableJSON(t *testing.T, msgs []proto.Message) []byte {
@@ -154,7 +165,7 @@ func TestBuildGolden(t *testing.T) {
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			r := buildValid(t, c.mesh, c.opts)
-			again, _ := Build(c.mesh, fakeSVIDs(c.mesh), []byte("BUNDLE"), c.opts)
+			again, _ := Build(c.mesh, fakeSVIDs(c.mesh), fakeBundles(c.mesh), c.opts)
 			for _, kind := range []struct {
 				name string
 				a, b []proto.Message
@@ -179,7 +190,7 @@ func TestBuildGolden(t *testing.T) {
 // TestBuildShape checks the properties the design names, on the representative model.
 func TestBuildShape(t *testing.T) {
 	m := goldenMesh()
-	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +287,7 @@ func TestInboundPortProtocolFromEndpoints(t *testing.T) {
 			Ports: []model.EndpointPort{{Name: "tcp", Port: 9000, Protocol: model.ProtocolTCP}}, Healthy: true}}},
 		[]*model.LocalPod{{UID: "uid-echo", Namespace: "shop", Name: "echo", NetnsPath: "/var/run/netns/echo", IPs: []netip.Addr{ip}, Ready: true,
 			Ports: []model.PodPort{{Name: "tcp", Port: 9000, Protocol: model.ProtocolHTTP}}, Services: []model.ServiceKey{k}}})
-	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -326,7 +337,7 @@ func TestLoadAssignmentTiers(t *testing.T) {
 	local.PodName, local.PodUID, local.Cluster, local.Region, local.Zone, local.IPs = "api-local", "uid-api-local", "c1", "r1", "z2", []netip.Addr{netip.MustParseAddr("10.244.4.4")}
 	m.Endpoints[api] = append(append([]model.Endpoint{}, eps...), near, local)
 	m = model.New(m.Version, m.Cluster, m.MeshDomain, m.TrustDomain, m.Node, m.Services, m.Endpoints, m.Pods)
-	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +369,7 @@ func TestHandshakeTimeout(t *testing.T) {
 		want time.Duration
 	}{{"default", 0, DefaultHandshakeTimeout}, {"set", 3 * time.Second, 3 * time.Second}} {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{EastWestWaypoint: true, HandshakeTimeout: c.set})
+			r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{EastWestWaypoint: true, HandshakeTimeout: c.set})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -444,7 +455,7 @@ func TestWaitForAckOlderThanWindow(t *testing.T) {
 // the snapshot is Consistent (every referenced cluster, route and secret is served).
 func buildValid(t *testing.T, m *model.Mesh, opts Options) *Resources {
 	t.Helper()
-	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), opts)
+	r, err := Build(m, fakeSVIDs(m), fakeBundles(m), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -497,4 +508,119 @@ func TestProviderChangeRebuilds(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// gatedProvider is a Rotator's Provider whose bundle and some IDs' SVIDs are withheld until the
+// test lets them through (as SPIRE before the node's agent has them), signalling Changed then.
+type gatedProvider struct {
+	identity.Provider
+	changed chan struct{}
+
+	mu       sync.Mutex
+	noBundle bool
+	withheld map[string]bool
+}
+
+func (p *gatedProvider) Changed() <-chan struct{} { return p.changed }
+
+func (p *gatedProvider) Bundles() map[string][]byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.noBundle {
+		return nil
+	}
+	return p.Provider.Bundles()
+}
+
+func (p *gatedProvider) SVIDs(ctx context.Context, pods []identity.Workload) (map[string]*identity.SVID, bool, error) {
+	out, changed, err := p.Provider.SVIDs(ctx, pods)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for id := range p.withheld {
+		delete(out, id)
+	}
+	return out, changed, err
+}
+
+// let runs f under the provider's lock, then signals Changed.
+func (p *gatedProvider) let(f func()) {
+	p.mu.Lock()
+	f()
+	p.mu.Unlock()
+	p.changed <- struct{}{}
+}
+
+// TestWaitPodServed: without the mesh's trust bundle no snapshot is served, and the server builds
+// again by itself once the provider has it; a pod whose SVID the provider does not have is left
+// out of the snapshot and WaitPodServed waits for it, naming why when it gives up, and returns
+// the version serving the pod once its SVID came.
+func TestWaitPodServed(t *testing.T) {
+	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
+	m := goldenMesh()
+	web := m.Pods[0]
+	webID := web.SPIFFEID(m.TrustDomain)
+	p := &gatedProvider{Provider: identity.NewRotator(ca).Provider(), changed: make(chan struct{}, 1),
+		noBundle: true, withheld: map[string]bool{webID: true}}
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: p, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ctx, l) }()
+	if _, err := s.SetMesh(ctx, m); err == nil || !strings.Contains(err.Error(), "no trust bundle") {
+		t.Fatalf("SetMesh without the bundle = %v, want an error saying so", err)
+	}
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = s.WaitPodServed(short, web.UID)
+	cancelShort()
+	if err == nil || !strings.Contains(err.Error(), "no snapshot served yet") {
+		t.Fatalf("WaitPodServed before any snapshot = %v", err)
+	}
+	p.let(func() { p.noBundle = false })
+	testenv.Eventually(t, 10*time.Second, "a snapshot once the bundle came", func() error {
+		if s.Version() == "" {
+			return errors.New("none served")
+		}
+		return nil
+	})
+	short, cancelShort = context.WithTimeout(ctx, 200*time.Millisecond)
+	_, err = s.WaitPodServed(short, web.UID)
+	cancelShort()
+	if err == nil || !strings.Contains(err.Error(), "no SVID for "+webID) {
+		t.Fatalf("WaitPodServed of a pod without its SVID = %v, want the reason", err)
+	}
+	other := m.Pods[1]
+	if other.SPIFFEID(m.TrustDomain) == webID {
+		t.Fatal("golden mesh: want two pods of different identities first")
+	}
+	if v, err := s.WaitPodServed(ctx, other.UID); err != nil || v != s.Version() {
+		t.Fatalf("WaitPodServed of a pod with its SVID = %q, %v; want the current version", v, err)
+	}
+	got := make(chan error, 1)
+	go func() {
+		v, err := s.WaitPodServed(ctx, web.UID)
+		if err == nil && v == "" {
+			err = errors.New("empty version")
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("WaitPodServed returned before the SVID came: %v", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	p.let(func() { delete(p.withheld, webID) })
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("WaitPodServed did not return after the SVID came")
+	}
 }

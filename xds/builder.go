@@ -125,8 +125,11 @@ type podEntry struct {
 
 // Build is the package function Build, rebuilding only what changed since the Builder's last
 // successful Build (see Builder). Its errors are Build's.
-func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundlePEM []byte) (*Resources, error) {
+func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles map[string][]byte) (*Resources, error) {
 	if err := bl.opts.check(); err != nil {
+		return nil, fmt.Errorf("build: %w", err)
+	}
+	if err := checkBundles(m.TrustDomain, bundles); err != nil {
 		return nil, fmt.Errorf("build: %w", err)
 	}
 	if bl.shared == nil {
@@ -341,7 +344,12 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	for _, p := range m.Pods {
 		id := p.SPIFFEID(m.TrustDomain)
 		if svids[id] == nil {
-			return nil, fmt.Errorf("build pod %s/%s: no SVID for %s", p.Namespace, p.Name, id)
+			// SPIRE has not sent it yet (the pod's entry has not reached the node's SPIRE
+			// agent), or it expired: the pod is left out (no listener: its traffic is refused)
+			// and its CNI ADD waits for it (Server.WaitPodServed).
+			r.Unserved = append(r.Unserved, UnservedPod{UID: p.UID, Namespace: p.Namespace, Name: p.Name,
+				Reason: "no SVID for " + id + " from the identity provider yet"})
+			continue
 		}
 		if p.NetnsPath == "" {
 			return nil, fmt.Errorf("build pod %s/%s: empty netns path", p.Namespace, p.Name)
@@ -398,7 +406,11 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundleP
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
 	}
-	r.Secrets = append(r.Secrets, bundleSecret(bundlePEM))
+	bs, err := bundleSecret(bundles)
+	if err != nil {
+		return nil, err
+	}
+	r.Secrets = append(r.Secrets, bs)
 	sortByName(r.Listeners, (*listenerv3.Listener).GetName)
 	sortByName(r.Clusters, (*clusterv3.Cluster).GetName)
 	sortByName(r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -257,16 +258,19 @@ func builderRandom(t *testing.T, keepPod bool, opts Options) {
 			}
 			m := st.mesh()
 			if len(m.Pods) > 0 && r.IntN(8) == 0 {
-				// A build that fails (a pod without its SVID) must leave the Builder as it was.
+				// A build that leaves a pod out (no SVID yet) must leave the Builder able to
+				// build the next model as a fresh Build does.
 				svids := fakeSVIDs(m)
-				delete(svids, m.Pods[r.IntN(len(m.Pods))].SPIFFEID(m.TrustDomain))
-				if _, err := bl.Build(m, svids, []byte("BUNDLE")); err == nil {
-					t.Fatal("build without an SVID succeeded")
+				left := m.Pods[r.IntN(len(m.Pods))]
+				delete(svids, left.SPIFFEID(m.TrustDomain))
+				res, err := bl.Build(m, svids, fakeBundles(m))
+				if err != nil || !slices.ContainsFunc(res.Unserved, func(u UnservedPod) bool { return u.UID == left.UID }) {
+					t.Fatalf("seed %d step %d: build without %s's SVID: %v, unserved %+v; want it left out", seed, step, left.Name, err, res)
 				}
-				log = append(log, fmt.Sprintf("step %d: failed build, then %s", step, st.mutate(r, keepPod)))
+				log = append(log, fmt.Sprintf("step %d: build without %s's SVID, then %s", step, left.Name, st.mutate(r, keepPod)))
 				m = st.mesh()
 			}
-			got, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+			got, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 			if err != nil {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
@@ -274,7 +278,7 @@ func builderRandom(t *testing.T, keepPod bool, opts Options) {
 				t.Helper()
 				t.Fatalf("seed %d step %d: %s\n%s", seed, step, fmt.Sprintf(format, args...), joinLines(log))
 			}
-			want, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), opts)
+			want, err := Build(m, fakeSVIDs(m), fakeBundles(m), opts)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -369,7 +373,7 @@ func TestBuilderKnownOnlyWhenServed(t *testing.T) {
 			c.first(st)
 			bl := NewBuilder(Options{})
 			m := st.mesh()
-			r1, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+			r1, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -388,7 +392,7 @@ func TestBuilderKnownOnlyWhenServed(t *testing.T) {
 			}
 			c.after(st)
 			m = st.mesh()
-			r2, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+			r2, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -2,7 +2,9 @@ package xds
 
 import (
 	"bytes"
+	"encoding/pem"
 	"fmt"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"net/netip"
 	"slices"
 	"strings"
@@ -188,14 +190,14 @@ func TestBuilderMatchesBuild(t *testing.T) {
 			bl := NewBuilder(opts.o)
 			for _, step := range builderSteps() {
 				m := step.mesh
-				got, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+				got, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 				if err != nil {
 					t.Fatalf("%s: %v", step.name, err)
 				}
 				if err := got.ValidateAll(); err != nil {
 					t.Fatalf("%s: ValidateAll: %v", step.name, err)
 				}
-				want, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), opts.o)
+				want, err := Build(m, fakeSVIDs(m), fakeBundles(m), opts.o)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -214,7 +216,7 @@ func TestBuilderReusesUnchanged(t *testing.T) {
 	steps := builderSteps()
 	bl := NewBuilder(Options{})
 	m0 := steps[0].mesh
-	r0, err := bl.Build(m0, fakeSVIDs(m0), []byte("BUNDLE"))
+	r0, err := bl.Build(m0, fakeSVIDs(m0), fakeBundles(m0))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +224,7 @@ func TestBuilderReusesUnchanged(t *testing.T) {
 		t.Fatal(err)
 	}
 	m1 := steps[2].mesh // web.shop's second endpoint turns healthy
-	r1, err := bl.Build(m1, fakeSVIDs(m1), []byte("BUNDLE"))
+	r1, err := bl.Build(m1, fakeSVIDs(m1), fakeBundles(m1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,7 +261,7 @@ func TestBuilderHeadlessReadiness(t *testing.T) {
 	bl := NewBuilder(Options{})
 	build := func(m *model.Mesh) *Resources {
 		t.Helper()
-		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+		r, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -413,7 +415,7 @@ func TestBuilderHeadlessRoutesApart(t *testing.T) {
 			if err := r1.ValidateAll(); err != nil {
 				t.Fatal(err)
 			}
-			want, err := Build(c.mesh, fakeSVIDs(c.mesh), []byte("BUNDLE"), Options{})
+			want, err := Build(c.mesh, fakeSVIDs(c.mesh), fakeBundles(c.mesh), Options{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -446,7 +448,7 @@ func TestHeadlessMapLimit(t *testing.T) {
 			}
 			return s, p
 		}, model.Node{})
-		r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+		r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -491,7 +493,7 @@ func TestBuilderRevalidatesRejected(t *testing.T) {
 	}, model.Node{})
 	bl := NewBuilder(Options{})
 	for i := 0; i < 2; i++ {
-		r, err := bl.Build(bad, fakeSVIDs(bad), []byte("BUNDLE"))
+		r, err := bl.Build(bad, fakeSVIDs(bad), fakeBundles(bad))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -500,7 +502,7 @@ func TestBuilderRevalidatesRejected(t *testing.T) {
 		}
 	}
 	good := goldenMesh()
-	r, err := bl.Build(good, fakeSVIDs(good), []byte("BUNDLE"))
+	r, err := bl.Build(good, fakeSVIDs(good), fakeBundles(good))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -513,7 +515,7 @@ func TestBuilderRevalidatesRejected(t *testing.T) {
 // same snapshots as go-control-plane's Snapshot.Consistent.
 func TestConsistentAgreesWithLibrary(t *testing.T) {
 	m := goldenMesh()
-	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -568,7 +570,7 @@ func claNamed(r *Resources, name string) types.Resource {
 
 func mustTyped(t *testing.T, m *model.Mesh) map[resource.Type][]types.Resource {
 	t.Helper()
-	r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{})
+	r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -641,7 +643,7 @@ func TestVersionMapStable(t *testing.T) {
 	// The shared parts stay in the memo while listeners hold them, even when every listener was
 	// reused (its hash taken from the memo): a new pod's capture listener then encodes neither.
 	versions(bl, steps[4].mesh, memo)
-	r, _ := bl.Build(steps[4].mesh, fakeSVIDs(steps[4].mesh), []byte("BUNDLE"))
+	r, _ := bl.Build(steps[4].mesh, fakeSVIDs(steps[4].mesh), fakeBundles(steps[4].mesh))
 	var capture *listenerv3.Listener
 	for _, l := range r.Listeners {
 		if strings.HasPrefix(l.GetName(), "capture|") {
@@ -686,31 +688,138 @@ func mapsEqual(a, b map[string]map[string]string) bool {
 	return true
 }
 
-// TestBuilderAfterFailedBuild: a build that fails (a new pod without an SVID) leaves the Builder
-// consistent: the next build of the earlier model still equals a fresh Build.
+// TestBuilderAfterFailedBuild: a build that fails (a new pod without a netns path) leaves the
+// Builder consistent: the next build of the earlier model still equals a fresh Build.
 func TestBuilderAfterFailedBuild(t *testing.T) {
 	first := goldenMesh()
-	// web-1 (which backs web.shop) leaves and a pod without an SVID arrives: the build fails
-	// after the Builder looked up the local pods' endpoints for the new set of pods.
+	// web-1 (which backs web.shop) leaves and a pod without a netns path arrives: the build
+	// fails after the Builder looked up the local pods' endpoints for the new set of pods.
 	withPod := goldenVariant(func(s []*model.Service, e map[model.ServiceKey][]model.Endpoint, p []*model.LocalPod) ([]*model.Service, []*model.LocalPod) {
 		p = slices.DeleteFunc(p, func(x *model.LocalPod) bool { return x.Name == "web-1" })
-		return s, append(p, &model.LocalPod{UID: "uid-new", Namespace: "shop", Name: "new", ServiceAccount: "new", NetnsPath: "/var/run/netns/cni-new",
+		return s, append(p, &model.LocalPod{UID: "uid-new", Namespace: "shop", Name: "new", ServiceAccount: "new",
 			IPs: []netip.Addr{netip.MustParseAddr("10.244.1.30")}, Ready: true})
 	}, model.Node{})
 	bl := NewBuilder(Options{})
-	if _, err := bl.Build(first, fakeSVIDs(first), []byte("BUNDLE")); err != nil {
+	if _, err := bl.Build(first, fakeSVIDs(first), fakeBundles(first)); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := bl.Build(withPod, fakeSVIDs(first), []byte("BUNDLE")); err == nil || !strings.Contains(err.Error(), "no SVID") {
-		t.Fatalf("build with a pod lacking its SVID = %v, want a no-SVID error", err)
+	if _, err := bl.Build(withPod, fakeSVIDs(withPod), fakeBundles(first)); err == nil || !strings.Contains(err.Error(), "empty netns path") {
+		t.Fatalf("build with a pod lacking its netns path = %v, want an error saying so", err)
 	}
-	got, err := bl.Build(first, fakeSVIDs(first), []byte("BUNDLE"))
+	got, err := bl.Build(first, fakeSVIDs(first), fakeBundles(first))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := Build(first, fakeSVIDs(first), []byte("BUNDLE"), Options{})
+	want, _ := Build(first, fakeSVIDs(first), fakeBundles(first), Options{})
 	for _, kind := range differingKinds(t, got, want) {
 		t.Errorf("%s differ from a fresh Build after a failed build", kind)
+	}
+}
+
+// TestBuildLeavesOutPodWithoutSVID: a local pod whose SVID the identity provider does not have
+// yet (SPIRE before its entry reached the node) is left out, named in Resources.Unserved, while
+// every other pod is served; once its SVID is there it is served like the rest, by the same
+// Builder, as a fresh Build serves it.
+func TestBuildLeavesOutPodWithoutSVID(t *testing.T) {
+	m := goldenVariant(func(s []*model.Service, e map[model.ServiceKey][]model.Endpoint, p []*model.LocalPod) ([]*model.Service, []*model.LocalPod) {
+		return s, append(p, &model.LocalPod{UID: "uid-new", Namespace: "shop", Name: "new", ServiceAccount: "new", NetnsPath: "/var/run/netns/cni-new",
+			IPs: []netip.Addr{netip.MustParseAddr("10.244.1.30")}, Ready: true})
+	}, model.Node{})
+	newPod := m.Pod("uid-new")
+	newID := newPod.SPIFFEID(m.TrustDomain)
+	svids := fakeSVIDs(m)
+	delete(svids, newID)
+	bl := NewBuilder(Options{})
+	r, err := bl.Build(m, svids, fakeBundles(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Unserved) != 1 || r.Unserved[0].UID != "uid-new" || !strings.Contains(r.Unserved[0].Reason, newID) {
+		t.Fatalf("Unserved = %+v, want uid-new, naming %s", r.Unserved, newID)
+	}
+	names := map[string]bool{}
+	for _, l := range r.Listeners {
+		names[l.GetName()] = true
+	}
+	full, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	newNames := PodListenerNames(newPod)
+	if !slices.ContainsFunc(full.Listeners, func(l *listenerv3.Listener) bool { return l.GetName() == newNames[0] }) {
+		t.Fatalf("a Build with every SVID has no listener %s", newNames[0])
+	}
+	for _, l := range full.Listeners {
+		switch n := l.GetName(); {
+		case slices.Contains(newNames, n) && names[n]:
+			t.Errorf("listener %s of the pod without an SVID is served", n)
+		case !slices.Contains(newNames, n) && !names[n]:
+			t.Errorf("listener %s (not the pod's without an SVID) is missing", n)
+		}
+	}
+	for _, sec := range r.Secrets {
+		if strings.Contains(sec.GetName(), newID) {
+			t.Errorf("secret %s served for the pod without an SVID", sec.GetName())
+		}
+	}
+	got, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Unserved) != 0 {
+		t.Fatalf("Unserved = %+v once every SVID is there", got.Unserved)
+	}
+	want, _ := Build(m, fakeSVIDs(m), fakeBundles(m), Options{})
+	for _, kind := range differingKinds(t, got, want) {
+		t.Errorf("%s differ from a fresh Build once the SVID came", kind)
+	}
+}
+
+// TestBuildTrustBundles: the trust bundle secret is Envoy's SPIFFE certificate validator with
+// one trust domain per bundle, sorted; a missing bundle of the mesh's trust domain, a bundle
+// that is not PEM and a bad trust domain name are refused, naming it.
+func TestBuildTrustBundles(t *testing.T) {
+	m := goldenMesh()
+	other := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("OTHER")})
+	r, err := Build(m, fakeSVIDs(m), map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": other}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vc *tlsv3.CertificateValidationContext
+	for _, s := range r.Secrets {
+		if s.GetName() == TrustBundleSecret {
+			vc = s.GetValidationContext()
+		}
+	}
+	if vc == nil || vc.GetCustomValidatorConfig().GetName() != SPIFFEValidatorName || vc.GetTrustedCa() != nil {
+		t.Fatalf("trust bundle secret = %v, want the SPIFFE validator alone", vc)
+	}
+	var cfg tlsv3.SPIFFECertValidatorConfig
+	if err := vc.GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, td := range cfg.GetTrustDomains() {
+		got = append(got, td.GetName()+"="+string(td.GetTrustBundle().GetInlineBytes()))
+	}
+	want := []string{"beta.example=" + string(other), m.TrustDomain + "=" + string(testBundlePEM)}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("trust domains %q, want %q", got, want)
+	}
+	for _, c := range []struct {
+		name    string
+		bundles map[string][]byte
+		want    string
+	}{
+		{"mesh's missing", map[string][]byte{"beta.example": other}, `trust domain "` + m.TrustDomain + `"`},
+		{"mesh's empty", map[string][]byte{m.TrustDomain: nil}, `trust domain "` + m.TrustDomain + `"`},
+		{"not PEM", map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": []byte("junk")}, `"beta.example": no PEM`},
+		{"bad name", map[string][]byte{m.TrustDomain: testBundlePEM, "Beta Example": other}, `"Beta Example"`},
+	} {
+		if _, err := Build(m, fakeSVIDs(m), c.bundles, Options{}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: err = %v, want one containing %s", c.name, err, c.want)
+		}
 	}
 }
 
@@ -790,7 +899,7 @@ func addrPorts(m map[string]string) map[netip.AddrPort]string {
 // Consistent() included.
 func buildSnapshot(t *testing.T, bl *Builder, m *model.Mesh, memo *hashMemo) (*Resources, *snapshot) {
 	t.Helper()
-	r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+	r, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -54,19 +54,22 @@ func edgeRouteName(port uint32, listener string) string {
 }
 
 // BuildEdge builds the configuration of gateway g's edge Envoy from the agent's mesh model m, with
-// the edge's SVID and the trust bundle: per Gateway port one listener on 0.0.0.0:<port> (HTTP:
+// the edge's SVID and the trust bundles (CA certificates, PEM, by trust domain): per Gateway port one listener on 0.0.0.0:<port> (HTTP:
 // one connection manager whose route table holds every HTTP listener's virtual hosts; HTTPS and
 // TLS: tls_inspector, then one filter chain per listener selected by SNI, or per TLSRoute
 // hostname for passthrough; TCP: tcp_proxy), the outbound clusters and EDS resources of every
 // backend the routes name, and the secrets (the SVID, the bundle, the listeners' certificates).
 // UDP: udp_proxy, datagrams unencrypted to the backends' pods, see edgeUDP). Errors name the
 // listener.
-func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundlePEM []byte, opts Options) (*Resources, error) {
+func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundles map[string][]byte, opts Options) (*Resources, error) {
 	if err := opts.check(); err != nil {
 		return nil, fmt.Errorf("build edge %s: %w", g.Key, err)
 	}
 	if svid == nil {
 		return nil, fmt.Errorf("build edge %s: no SVID", g.Key)
+	}
+	if err := checkBundles(m.TrustDomain, bundles); err != nil {
+		return nil, fmt.Errorf("build edge %s: %w", g.Key, err)
 	}
 	sh, err := newSharedConfigs()
 	if err != nil {
@@ -112,7 +115,11 @@ func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundleP
 		r.Clusters = append(r.Clusters, e.clusters...)
 		r.Endpoints = append(r.Endpoints, e.clas...)
 	}
-	r.Secrets = append(r.Secrets, svidSecret(svid.SPIFFEID, svid), bundleSecret(bundlePEM))
+	bs, err := bundleSecret(bundles)
+	if err != nil {
+		return nil, fmt.Errorf("build edge %s: %w", g.Key, err)
+	}
+	r.Secrets = append(r.Secrets, svidSecret(svid.SPIFFEID, svid), bs)
 	for _, ref := range slices.SortedFunc(func(yield func(model.SecretKey) bool) {
 		for k := range certs {
 			if !yield(k) {

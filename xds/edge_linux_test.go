@@ -18,6 +18,7 @@ import (
 
 	"github.com/aethermesh/aether/envoy"
 	"github.com/aethermesh/aether/internal/testenv"
+	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -41,7 +42,7 @@ func startEdgeFixture(t testing.TB) *edgeFixture {
 	ns, ip := f.addPod("edgepod", false)
 	e := &edgeFixture{meshFixture: f, edgeNS: ns, edgeIP: ip, edgeID: model.SPIFFEID(f.td, gwKey.Namespace, model.EdgeServiceAccountName(gwKey.Name))}
 	var err error
-	e.srv, err = NewEdgeServer(gwKey, e.edgeID, f.ca, Options{}, f.log)
+	e.srv, err = NewEdgeServer(gwKey, identity.Workload{UID: "edge-pod", SPIFFEID: e.edgeID}, identity.NewRotator(f.ca).Provider(), Options{}, f.log)
 	if err != nil {
 		t.Fatal(err)
 	}

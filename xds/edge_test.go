@@ -72,7 +72,7 @@ func TestBuildEdgeGolden(t *testing.T) {
 	m := goldenMesh()
 	id := model.SPIFFEID(m.TrustDomain, "gw", "edge-aether-edge")
 	svid := &identity.SVID{SPIFFEID: id, CertChainPEM: []byte("SVID"), KeyPEM: []byte("SVID KEY"), NotAfter: time.Unix(2e9, 0)}
-	r, err := BuildEdge(m, goldenEdge(), svid, []byte("BUNDLE"), Options{EastWestWaypoint: true})
+	r, err := BuildEdge(m, goldenEdge(), svid, fakeBundles(m), Options{EastWestWaypoint: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestBuildEdgeRefusesMissingCertificate(t *testing.T) {
 	g.Ports[1].Listeners[1].Certificates[1].CertPEM = nil
 	m := goldenMesh()
 	svid := &identity.SVID{SPIFFEID: "spiffe://x/ns/gw/sa/e", CertChainPEM: []byte("C"), KeyPEM: []byte("K")}
-	_, err := BuildEdge(m, g, svid, []byte("B"), Options{})
+	_, err := BuildEdge(m, g, svid, fakeBundles(m), Options{})
 	if err == nil || !strings.Contains(err.Error(), "gw/b.example") || !strings.Contains(err.Error(), "https") {
 		t.Fatalf("BuildEdge: %v, want an error naming listener https and certificate gw/b.example", err)
 	}

@@ -20,12 +20,13 @@ import (
 // delta: the agent runs one per edge pod on its node, on a listener inside that pod's network
 // namespace, so that only that pod's processes reach it. Whatever node id the Envoy presents, it
 // gets this Gateway's configuration and nothing else. The edge's SVID (the SPIFFE ID of the
-// Gateway's edge ServiceAccount) is issued from the agent's identity source and renewed at its
-// half-life. A failed build keeps the last good configuration served.
+// Gateway's edge ServiceAccount) comes from the agent's identity provider (the development CA's
+// Rotator, or SPIRE for the edge pod), renewed as the provider says. A failed build (no SVID yet)
+// keeps the last good configuration served.
 type EdgeServer struct {
 	key  model.GatewayKey
-	id   string
-	rot  *identity.Rotator
+	pod  identity.Workload
+	idp  identity.Provider
 	opts Options
 	log  *slog.Logger
 
@@ -41,16 +42,20 @@ type EdgeServer struct {
 	kick chan struct{}
 }
 
-// NewEdgeServer returns an EdgeServer for gateway key whose edge runs as SPIFFE ID id, issuing
-// its SVID from src. It serves nothing until the first Set.
-func NewEdgeServer(key model.GatewayKey, id string, src identity.Source, opts Options, log *slog.Logger) (*EdgeServer, error) {
+// NewEdgeServer returns an EdgeServer for gateway key whose edge pod is pod (its UID and the
+// SPIFFE ID it runs as), with its SVID from idp, which serves this edge pod only. It serves
+// nothing until the first Set.
+func NewEdgeServer(key model.GatewayKey, pod identity.Workload, idp identity.Provider, opts Options, log *slog.Logger) (*EdgeServer, error) {
 	if err := opts.check(); err != nil {
 		return nil, fmt.Errorf("new edge server %s: %w", key, err)
+	}
+	if idp == nil {
+		return nil, fmt.Errorf("new edge server %s: nil identity provider", key)
 	}
 	if log == nil {
 		log = slog.Default()
 	}
-	return &EdgeServer{key: key, id: id, rot: identity.NewRotator(src), opts: opts, log: log.With("gateway", key.String()),
+	return &EdgeServer{key: key, pod: pod, idp: idp, opts: opts, log: log.With("gateway", key.String()),
 		cache: cache.NewSnapshotCache(false, anyNode{}, nil), hashes: &hashMemo{},
 		epoch: strconv.FormatInt(time.Now().UnixNano(), 36), kick: make(chan struct{}, 1)}, nil
 }
@@ -70,11 +75,18 @@ func (s *EdgeServer) Set(ctx context.Context, m *model.Mesh, g *model.EdgeGatewa
 }
 
 func (s *EdgeServer) setLocked(ctx context.Context, m *model.Mesh, g *model.EdgeGateway) (string, error) {
-	svids, _, err := s.rot.SVIDs(ctx, []string{s.id})
+	// What renew builds again, served or not (a first build without an SVID yet is built again
+	// when the provider has it).
+	s.mesh, s.gw = m, g
+	svids, _, err := s.idp.SVIDs(ctx, []identity.Workload{s.pod})
 	if err != nil {
 		return "", fmt.Errorf("edge %s: %w", s.key, err)
 	}
-	r, err := BuildEdge(m, g, svids[0], s.rot.Source().BundlePEM(), s.opts)
+	svid := svids[s.pod.SPIFFEID]
+	if svid == nil {
+		return "", fmt.Errorf("edge %s: no SVID for %s from the identity provider yet", s.key, s.pod.SPIFFEID)
+	}
+	r, err := BuildEdge(m, g, svid, s.idp.Bundles(), s.opts)
 	if err != nil {
 		return "", err
 	}
@@ -92,7 +104,7 @@ func (s *EdgeServer) setLocked(ctx context.Context, m *model.Mesh, g *model.Edge
 		s.seq--
 		return "", fmt.Errorf("edge %s: set snapshot: %w", s.key, err)
 	}
-	s.mesh, s.gw, s.last = m, g, version
+	s.last = version
 	select {
 	case s.kick <- struct{}{}:
 	default:
@@ -118,18 +130,19 @@ func (s *EdgeServer) Serve(ctx context.Context, l net.Listener) error {
 	return nil
 }
 
-// renew rebuilds the configuration when the SVID reaches its half-life.
+// renew rebuilds the configuration when the SVID reaches its half-life, and when the provider
+// has a new SVID or bundle of its own (SPIRE's rotations; the first SVID of a new edge pod).
 func (s *EdgeServer) renew(ctx context.Context) {
 	for {
-		fired, _, done := renewalWait(ctx, s.rot.Provider(), s.kick)
+		fired, changed, done := renewalWait(ctx, s.idp, s.kick)
 		if done {
 			return
 		}
-		if !fired {
+		if !fired && !changed {
 			continue
 		}
 		s.mu.Lock()
-		if s.mesh != nil && !time.Now().Before(s.rot.NextRenewal()) {
+		if s.mesh != nil && (changed || !time.Now().Before(s.idp.NextRenewal())) {
 			if _, err := s.setLocked(ctx, s.mesh, s.gw); err != nil {
 				s.log.Error("renew edge SVID", "err", err)
 			}

@@ -214,7 +214,7 @@ func BenchmarkSnapshotBuildRoutes(b *testing.B) {
 // ValidateAll, and the snapshot (hashes memoised in memo).
 func serveBuild(b *testing.B, bl *Builder, m *model.Mesh, svids map[string]*identity.SVID, memo *hashMemo) *Resources {
 	b.Helper()
-	r, err := bl.Build(m, svids, []byte("BUNDLE"))
+	r, err := bl.Build(m, svids, fakeBundles(m))
 	if err != nil {
 		b.Fatal(err)
 	}

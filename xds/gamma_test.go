@@ -173,12 +173,12 @@ func routeListOf(t *testing.T, r *Resources, dst string) *routev3.RouteList {
 func TestBuilderGAMMAChanges(t *testing.T) {
 	bl := NewBuilder(Options{})
 	plain := gammaMesh(t, nil)
-	r1, err := bl.Build(plain, fakeSVIDs(plain), []byte("BUNDLE"))
+	r1, err := bl.Build(plain, fakeSVIDs(plain), fakeBundles(plain))
 	if err != nil {
 		t.Fatal(err)
 	}
 	routed := gammaMesh(t, gammaRoutes())
-	r2, err := bl.Build(routed, fakeSVIDs(routed), []byte("BUNDLE"))
+	r2, err := bl.Build(routed, fakeSVIDs(routed), fakeBundles(routed))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -209,7 +209,7 @@ func TestBuilderGAMMAChanges(t *testing.T) {
 	if k, rts := same(r1, r2); !k || rts {
 		t.Errorf("adding routes: clusters and listeners kept %t (want true), capture route kept %t (want false)", k, rts)
 	}
-	full, err := Build(routed, fakeSVIDs(routed), []byte("BUNDLE"), Options{})
+	full, err := Build(routed, fakeSVIDs(routed), fakeBundles(routed), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestBuilderGAMMAChanges(t *testing.T) {
 		t.Errorf("incremental listeners differ from a full build")
 	}
 	again := gammaMesh(t, gammaRoutes())
-	r3, err := bl.Build(again, fakeSVIDs(again), []byte("BUNDLE"))
+	r3, err := bl.Build(again, fakeSVIDs(again), fakeBundles(again))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestBuilderGAMMAChanges(t *testing.T) {
 	changed := gammaRoutes()
 	changed[2].Rules[0].Filters[0].Headers = &model.HeaderModifier{Set: []model.Header{{Name: "x-consumer", Value: "changed"}}}
 	cm := gammaMesh(t, changed)
-	r5, err := bl.Build(cm, fakeSVIDs(cm), []byte("BUNDLE"))
+	r5, err := bl.Build(cm, fakeSVIDs(cm), fakeBundles(cm))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,14 +243,14 @@ func TestBuilderGAMMAChanges(t *testing.T) {
 		t.Errorf("one route changed: web's route list reused %t (want true), api's %t (want false)",
 			act(r5, "10.96.0.10:80") == act(r3, "10.96.0.10:80"), act(r5, "10.97.0.5:80") == act(r3, "10.97.0.5:80"))
 	}
-	full5, err := Build(cm, fakeSVIDs(cm), []byte("BUNDLE"), Options{})
+	full5, err := Build(cm, fakeSVIDs(cm), fakeBundles(cm), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got, want := stableJSON(t, asMessages(r5.Routes)), stableJSON(t, asMessages(full5.Routes)); string(got) != string(want) {
 		t.Errorf("one route changed: incremental route tables differ from a full build")
 	}
-	r4, err := bl.Build(gammaMesh(t, nil), fakeSVIDs(plain), []byte("BUNDLE"))
+	r4, err := bl.Build(gammaMesh(t, nil), fakeSVIDs(plain), fakeBundles(plain))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -573,7 +573,7 @@ func TestGAMMAMirrorScopeAndBound(t *testing.T) {
 	m := goldenMesh()
 	bl := NewBuilder(Options{})
 	var entries []*svcEntry
-	if _, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE")); err != nil {
+	if _, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m)); err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range bl.svcs {
@@ -626,7 +626,7 @@ func TestBuilderGAMMALocalClusterFollowsImport(t *testing.T) {
 	bl := NewBuilder(Options{})
 	for _, imported := range []bool{false, true, false} {
 		m := mesh(imported)
-		r, err := bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+		r, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -270,7 +270,7 @@ func TestPrivilegedL4RoutesACK(t *testing.T) {
 			}
 			good := model.New(2, m.Cluster, m.MeshDomain, f.td, m.Node, m.Services, m.Endpoints, m.Pods)
 			good.L4Routing = m.L4Routing
-			r, err := Build(good, fakeSVIDs(good), []byte("BUNDLE"), Options{})
+			r, err := Build(good, fakeSVIDs(good), fakeBundles(good), Options{})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -24,7 +24,7 @@ func TestOptionsRefused(t *testing.T) {
 		{"unknown mechanism", Options{CertSelection: 7}, []string{"CertSelection", "CertSelection(7)"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), c.opts)
+			r, err := Build(m, fakeSVIDs(m), fakeBundles(m), c.opts)
 			_, serr := NewServer(ServerOptions{NodeID: "n", Identity: (&identity.Rotator{}).Provider(), Build: c.opts})
 			if c.want == nil {
 				if err != nil || r == nil || serr != nil {

@@ -33,6 +33,9 @@ type Resources struct {
 	// frontend's route list Envoy would refuse, answered 500 instead; mirror clusters over the
 	// node's bound); the Server logs them when they change.
 	Warnings []string
+	// Unserved are the local pods left out (no listener, no cluster), sorted as the model's
+	// pods: a pod without an SVID yet.
+	Unserved []UnservedPod
 
 	// known holds resources (and shared capture matchers) a Builder carried over unchanged from
 	// an earlier build whose ValidateAll passed: ValidateAll skips them.
@@ -40,6 +43,12 @@ type Resources struct {
 	// validated, when set, is called once ValidateAll passes (the Builder then marks what it
 	// built as known to be valid).
 	validated func()
+}
+
+// UnservedPod is a local pod the resources leave out, and why.
+type UnservedPod struct {
+	UID, Namespace, Name string
+	Reason               string
 }
 
 func (r *Resources) isKnown(x any) bool {

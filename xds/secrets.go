@@ -1,6 +1,12 @@
 package xds
 
 import (
+	"encoding/pem"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	"google.golang.org/protobuf/proto"
@@ -24,12 +30,46 @@ func svidSecret(name string, s *identity.SVID) *tlsv3.Secret {
 	}}}
 }
 
-// bundleSecret is the SDS validation context TrustBundleSecret holding the trust domain's CA
-// bundle pem.
-func bundleSecret(pem []byte) *tlsv3.Secret {
+// SPIFFEValidatorName is the certificate validator every peer certificate is checked with
+// (CertificateValidationContext.custom_validator_config).
+const SPIFFEValidatorName = "envoy.tls.cert_validator.spiffe"
+
+// bundleSecret is the SDS validation context TrustBundleSecret: Envoy's SPIFFE certificate
+// validator (SPIFFEValidatorName, SPIFFECertValidatorConfig.trust_domains) with one trust domain
+// per bundle (name -> CA certificates, PEM), the mesh's own and the federated ones. The validator
+// picks the bundle by the trust domain of the peer's SPIFFE ID, so no trust domain's CA can
+// vouch for another's IDs (SPIFFE X.509-SVID, section 5). Its only error is from marshalling.
+func bundleSecret(bundles map[string][]byte) (*tlsv3.Secret, error) {
+	cfg := &tlsv3.SPIFFECertValidatorConfig{}
+	for _, td := range slices.Sorted(maps.Keys(bundles)) {
+		cfg.TrustDomains = append(cfg.TrustDomains, &tlsv3.SPIFFECertValidatorConfig_TrustDomain{
+			Name: td, TrustBundle: &core.DataSource{Specifier: &core.DataSource_InlineBytes{InlineBytes: bundles[td]}}})
+	}
+	a, err := xdsproto.ToAny(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("trust bundle: %w", err)
+	}
 	return &tlsv3.Secret{Name: TrustBundleSecret, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
-		TrustedCa: &core.DataSource{Specifier: &core.DataSource_InlineBytes{InlineBytes: pem}},
-	}}}
+		CustomValidatorConfig: &core.TypedExtensionConfig{Name: SPIFFEValidatorName, TypedConfig: a},
+	}}}, nil
+}
+
+// checkBundles returns an error unless bundles holds a bundle of the mesh's trust domain td and
+// every bundle is named by a trust domain and holds at least one PEM certificate: Envoy would
+// refuse the whole secret, and every mTLS handshake of the node with it.
+func checkBundles(td string, bundles map[string][]byte) error {
+	if len(bundles[td]) == 0 {
+		return fmt.Errorf("no trust bundle of the mesh's trust domain %q yet (the identity provider has %q)", td, slices.Sorted(maps.Keys(bundles)))
+	}
+	for name, b := range bundles {
+		if _, err := spiffeid.TrustDomainFromString(name); err != nil {
+			return fmt.Errorf("trust bundle %q: %w", name, err)
+		}
+		if blk, _ := pem.Decode(b); blk == nil || blk.Type != "CERTIFICATE" {
+			return fmt.Errorf("trust bundle %q: no PEM CERTIFICATE block", name)
+		}
+	}
+	return nil
 }
 
 // sdsRef names the SDS secret name, fetched over ADS.

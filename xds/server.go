@@ -96,6 +96,10 @@ type Server struct {
 	// again: that would loop, each rollback a new version and a new NACK.
 	rolledBack uint64
 	rejected   map[uint64]string // NACKed versions -> error_detail
+	// unserved are the local pods the snapshot served leaves out (Resources.Unserved), by UID;
+	// servedCh is closed (and replaced) whenever a new snapshot is served.
+	unserved map[string]UnservedPod
+	servedCh chan struct{}
 	changed    chan struct{}
 	// kick wakes the rotation loop after SetMesh (new identities change the next renewal).
 	kick chan struct{}
@@ -155,6 +159,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		hashes:   &hashMemo{},
 		changed:  make(chan struct{}),
 		kick:     make(chan struct{}, 1),
+		servedCh: make(chan struct{}),
 	}
 	if opts.Registerer != nil {
 		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.bytesSent, s.snapVersion, s.panics} {
@@ -272,7 +277,10 @@ func (s *Server) rotate(ctx context.Context) {
 func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	res, err := s.build(ctx, m)
+	// What rotate builds again, served or not: a build that failed for want of the identity
+	// provider's bundle is tried again when the provider has it.
+	s.mesh = m
+	res, unserved, err := s.build(ctx, m)
 	if err != nil {
 		s.buildFailures.Inc()
 		s.log.Error("build xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
@@ -318,8 +326,11 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 			delete(s.snaps, old)
 		}
 	}
-	s.last, s.mesh = snap, m
+	s.last = snap
+	s.unserved = unserved
 	s.snapVersion.Set(float64(v))
+	close(s.servedCh)
+	s.servedCh = make(chan struct{})
 	select {
 	case s.kick <- struct{}{}:
 	default:
@@ -340,21 +351,28 @@ func (s *Server) noteChanges(snap *snapshot, v uint64) {
 }
 
 // build runs the builders and validates every resource. Called with s.mu held.
-func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]types.Resource, error) {
+func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]types.Resource, map[string]UnservedPod, error) {
 	pods := make([]identity.Workload, len(m.Pods))
 	for i, p := range m.Pods {
 		pods[i] = identity.Workload{UID: p.UID, SPIFFEID: p.SPIFFEID(m.TrustDomain)}
 	}
 	byID, _, err := s.opts.Identity.SVIDs(ctx, pods)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	r, err := s.builder.Build(m, byID, s.opts.Identity.BundlePEM())
+	r, err := s.builder.Build(m, byID, s.opts.Identity.Bundles())
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := r.ValidateAll(); err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	unserved := make(map[string]UnservedPod, len(r.Unserved))
+	for _, u := range r.Unserved {
+		unserved[u.UID] = u
+		if old, ok := s.unserved[u.UID]; !ok || old != u {
+			s.log.Warn("pod left out of the node proxy until the identity provider has its SVID", "pod", u.Namespace+"/"+u.Name, "reason", u.Reason)
+		}
 	}
 	if !slices.Equal(r.Warnings, s.warnings) {
 		for _, w := range r.Warnings {
@@ -362,7 +380,7 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]
 		}
 		s.warnings = r.Warnings
 	}
-	return r.typed(), nil
+	return r.typed(), unserved, nil
 }
 
 // sameResources reports whether two snapshots hold the same resources of type t. Resources the
@@ -389,6 +407,31 @@ func (s *Server) parseVersion(v string) (uint64, bool) {
 	}
 	x, err := strconv.ParseUint(n, 10, 64)
 	return x, err == nil
+}
+
+// WaitPodServed returns the version of the snapshot served now once it serves local pod uid
+// (the model it was built from holds the pod and the identity provider had its SVID), or
+// ctx's error with the reason the pod was last left out. Pass the version to WaitForAck. A pod
+// not in the model is not served either: call it after the model holds the pod.
+func (s *Server) WaitPodServed(ctx context.Context, uid string) (string, error) {
+	for {
+		s.mu.Lock()
+		u, left := s.unserved[uid]
+		last, ch := s.last, s.servedCh
+		s.mu.Unlock()
+		if last != nil && !left {
+			return last.version, nil
+		}
+		select {
+		case <-ctx.Done():
+			why := "no snapshot served yet"
+			if left {
+				why = u.Reason
+			}
+			return "", fmt.Errorf("pod %s not served by the node proxy: %s: %w", uid, why, context.Cause(ctx))
+		case <-ch:
+		}
+	}
 }
 
 // ErrRejected is returned (wrapped, with Envoy's error_detail) by WaitForAck when Envoy NACKed

@@ -133,7 +133,7 @@ func TestWaypointEndpointsPerTargetPort(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			exported := map[model.ServiceKey][]model.Endpoint{api: c.eps}
 			m := model.New(1, "c1", "mesh", td, model.Node{Name: "n0", Region: "r1", Zone: "z1"}, []*model.Service{c.svc}, exported, nil)
-			r, err := Build(m, fakeSVIDs(m), []byte("BUNDLE"), Options{EastWestWaypoint: !c.direct})
+			r, err := Build(m, fakeSVIDs(m), fakeBundles(m), Options{EastWestWaypoint: !c.direct})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -256,9 +256,9 @@ func TestTargetPortStableAcrossEndpointChurn(t *testing.T) {
 				var r *Resources
 				var err error
 				if bl != nil {
-					r, err = bl.Build(m, fakeSVIDs(m), []byte("BUNDLE"))
+					r, err = bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 				} else {
-					r, err = Build(m, fakeSVIDs(m), []byte("BUNDLE"), opts.o)
+					r, err = Build(m, fakeSVIDs(m), fakeBundles(m), opts.o)
 				}
 				if err != nil {
 					t.Fatal(err)

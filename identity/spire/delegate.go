@@ -84,6 +84,7 @@ type Delegate struct {
 
 	mu      sync.Mutex
 	pods    map[string]*podSub
+	owners  map[string]map[string]bool // SetPods' owner -> its pods' UIDs
 	bundles map[string][]byte // trust domain name -> CA certificates, PEM
 	bundErr error
 	changed chan struct{}
@@ -116,7 +117,7 @@ func New(cfg Config) (*Delegate, error) {
 	}
 	return &Delegate{
 		cfg: cfg, conn: conn, client: delegatedidentityv1.NewDelegatedIdentityClient(conn),
-		pods: map[string]*podSub{}, changed: make(chan struct{}, 1),
+		pods: map[string]*podSub{}, owners: map[string]map[string]bool{}, changed: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -141,19 +142,33 @@ func (d *Delegate) notify() {
 	}
 }
 
-// SetPods makes the Delegate subscribe to the SVIDs of exactly the pods with uids: it opens a
-// subscription for each new one and closes those of the pods no longer listed, whose SVIDs it
-// forgets at once. Call it with the pods this node attached, and only those. It panics when
-// called before Start.
-func (d *Delegate) SetPods(uids []string) {
+// SetPods sets owner's pods to those with uids (none: owner is forgotten) and makes the Delegate
+// subscribe to the SVIDs of exactly the pods some owner lists: it opens a subscription for each
+// new one and closes those of the pods no owner lists any more, whose SVIDs it forgets at once.
+// Owners are the Delegate's users (the node proxy, each edge pod's server); call it with the
+// pods this node attached, and only those. It panics when called before Start.
+func (d *Delegate) SetPods(owner string, uids []string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
 		panic("spire: SetPods before Start")
 	}
+	if len(uids) == 0 {
+		delete(d.owners, owner)
+	} else {
+		set := make(map[string]bool, len(uids))
+		for _, uid := range uids {
+			set[uid] = true
+		}
+		d.owners[owner] = set
+	}
 	want := map[string]bool{}
-	for _, uid := range uids {
-		want[uid] = true
+	for _, set := range d.owners {
+		for uid := range set {
+			want[uid] = true
+		}
+	}
+	for uid := range want {
 		if d.pods[uid] != nil {
 			continue
 		}
@@ -188,20 +203,6 @@ func (d *Delegate) Pod(uid string) (PodState, bool) {
 	now := time.Now()
 	st.SVIDs = slices.DeleteFunc(slices.Clone(st.SVIDs), func(sv *identity.SVID) bool { return !now.Before(sv.NotAfter) })
 	return st, true
-}
-
-// allPods returns Pod of every pod subscribed.
-func (d *Delegate) allPods() []PodState {
-	d.mu.Lock()
-	uids := slices.Collect(maps.Keys(d.pods))
-	d.mu.Unlock()
-	out := make([]PodState, 0, len(uids))
-	for _, uid := range uids {
-		if st, ok := d.Pod(uid); ok {
-			out = append(out, st)
-		}
-	}
-	return out
 }
 
 // Bundles returns the trust bundles the SPIRE agent last sent, PEM by trust domain name (its own

@@ -208,7 +208,7 @@ func TestDelegateFollowsPods(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d.Start(ctx)
-	d.SetPods([]string{"uid-web", "uid-db"})
+	d.SetPods("test", []string{"uid-web", "uid-db"})
 
 	svidOf := func(uid string) (string, time.Time, error) {
 		st, ok := d.Pod(uid)
@@ -271,7 +271,7 @@ func TestDelegateFollowsPods(t *testing.T) {
 	})
 
 	// db leaves the node: its SVIDs are forgotten at once and its stream closes.
-	d.SetPods([]string{"uid-web"})
+	d.SetPods("test", []string{"uid-web"})
 	if _, ok := d.Pod("uid-db"); ok {
 		t.Fatal("uid-db still held after SetPods left it out")
 	}
@@ -305,7 +305,7 @@ func TestDelegateFollowsPods(t *testing.T) {
 	f.mu.Lock()
 	f.deny = true
 	f.mu.Unlock()
-	d.SetPods([]string{"uid-web", "uid-new"})
+	d.SetPods("test", []string{"uid-web", "uid-new"})
 	testenv.Eventually(t, 10*time.Second, "the refusal explained", func() error {
 		st, _ := d.Pod("uid-new")
 		if st.Err == nil || !strings.Contains(st.Err.Error(), "authorized_delegates") || status.Code(st.Err) != codes.PermissionDenied {
@@ -340,7 +340,7 @@ func TestProviderServesOnlyThePodsID(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d.Start(ctx)
-	p := NewProvider(d, "td.example")
+	p := NewProvider(d, "td.example", "test")
 	var _ identity.Provider = p
 	pods := []identity.Workload{
 		{UID: "uid-web", SPIFFEID: "spiffe://td.example/ns/shop/sa/web"},
@@ -352,8 +352,8 @@ func TestProviderServesOnlyThePodsID(t *testing.T) {
 		if err != nil || len(svids) != 1 || svids["spiffe://td.example/ns/shop/sa/web"] == nil {
 			return fmt.Errorf("%v, %v; want web's only", svids, err)
 		}
-		if string(p.BundlePEM()) != string(ca.BundlePEM()) {
-			return fmt.Errorf("bundle %q", p.BundlePEM())
+		if b := p.Bundles(); len(b) != 1 || string(b["td.example"]) != string(ca.BundlePEM()) {
+			return fmt.Errorf("bundles %q; want td.example's only", b)
 		}
 		return nil
 	})
@@ -365,11 +365,21 @@ func TestProviderServesOnlyThePodsID(t *testing.T) {
 	default:
 		t.Fatal("the Delegate's changes are not passed on")
 	}
-	// Asked without web: its subscription closes and nothing is served for it.
+	// Another owner (an edge pod's server) asking for web keeps web's subscription when p
+	// leaves it.
+	edge := NewProvider(d, "td.example", "edge")
+	if _, _, err := edge.SVIDs(ctx, pods[:1]); err != nil {
+		t.Fatal(err)
+	}
 	svids, _, _ := p.SVIDs(ctx, pods[1:])
 	if len(svids) != 0 {
 		t.Fatalf("after web left: %v", svids)
 	}
+	if _, ok := d.Pod("uid-web"); !ok {
+		t.Fatal("web's subscription closed while another owner still asks for it")
+	}
+	// Left by every owner: its subscription closes and nothing is served for it.
+	edge.Close()
 	if _, ok := d.Pod("uid-web"); ok {
 		t.Fatal("web still subscribed after it left the pods asked for")
 	}

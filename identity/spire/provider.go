@@ -2,6 +2,7 @@ package spire
 
 import (
 	"context"
+	"sync"
 	"time"
 
 	"github.com/aethermesh/aether/identity"
@@ -16,11 +17,24 @@ import (
 type Provider struct {
 	d           *Delegate
 	trustDomain string
+	owner       string
+
+	mu   sync.Mutex
+	uids []string // the pods of the last SVIDs call
 }
 
-// NewProvider returns the Provider over d (started) for the mesh's trust domain name.
-func NewProvider(d *Delegate, trustDomain string) *Provider {
-	return &Provider{d: d, trustDomain: trustDomain}
+// NewProvider returns the Provider over d (started) for the mesh's trust domain name; owner
+// names its set of pods among the Delegate's users (Delegate.SetPods).
+func NewProvider(d *Delegate, trustDomain, owner string) *Provider {
+	return &Provider{d: d, trustDomain: trustDomain, owner: owner}
+}
+
+// Close releases the Provider's pods: their subscriptions end unless another owner lists them.
+func (p *Provider) Close() {
+	p.mu.Lock()
+	p.uids = nil
+	p.mu.Unlock()
+	p.d.SetPods(p.owner, nil)
 }
 
 // SVIDs implements identity.Provider: of each pod's SVIDs with the pod's SPIFFE ID, the one
@@ -32,7 +46,10 @@ func (p *Provider) SVIDs(_ context.Context, pods []identity.Workload) (map[strin
 	for i, w := range pods {
 		uids[i] = w.UID
 	}
-	p.d.SetPods(uids)
+	p.mu.Lock()
+	p.uids = uids
+	p.mu.Unlock()
+	p.d.SetPods(p.owner, uids)
 	out := make(map[string]*identity.SVID, len(pods))
 	for _, w := range pods {
 		st, _ := p.d.Pod(w.UID)
@@ -48,18 +65,23 @@ func (p *Provider) SVIDs(_ context.Context, pods []identity.Workload) (map[strin
 	return out, len(out) > 0, nil
 }
 
-// BundlePEM implements identity.Provider: the SPIRE agent's bundle of the mesh's trust domain
-// (nil before it sent one).
-func (p *Provider) BundlePEM() []byte {
+// Bundles implements identity.Provider: the bundles the SPIRE agent last sent, by trust domain
+// (the mesh's own, once it sent it, and those of the trust domains its server federates with).
+func (p *Provider) Bundles() map[string][]byte {
 	b, _ := p.d.Bundles()
-	return b[p.trustDomain]
+	return b
 }
 
-// NextRenewal implements identity.Provider: the earliest expiry of the SVIDs held, when a
-// withdrawn SVID leaves its pod (SPIRE renews the others and says so through Changed).
+// NextRenewal implements identity.Provider: the earliest expiry of the SVIDs of the Provider's
+// pods, when a withdrawn SVID leaves its pod (SPIRE renews the others and says so through
+// Changed).
 func (p *Provider) NextRenewal() time.Time {
+	p.mu.Lock()
+	uids := p.uids
+	p.mu.Unlock()
 	var t time.Time
-	for _, st := range p.d.allPods() {
+	for _, uid := range uids {
+		st, _ := p.d.Pod(uid)
 		for _, s := range st.SVIDs {
 			if t.IsZero() || s.NotAfter.Before(t) {
 				t = s.NotAfter

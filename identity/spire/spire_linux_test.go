@@ -109,7 +109,7 @@ func TestPrivilegedSPIRE(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Start(ctx)
-	d.SetPods([]string{string(web.UID), string(db.UID), string(plain.UID)})
+	d.SetPods("test", []string{string(web.UID), string(db.UID), string(plain.UID)})
 	wantWeb := "spiffe://aether.internal/ns/shop/sa/web"
 	var svid *identity.SVID
 	took := testenv.Eventually(t, 90*time.Second, "web's SVID from SPIRE", func() error {
@@ -144,7 +144,7 @@ func TestPrivilegedSPIRE(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused.Start(ctx)
-	refused.SetPods([]string{string(db.UID)})
+	refused.SetPods("test", []string{string(db.UID)})
 	testenv.Eventually(t, 30*time.Second, "node-b's agent refusing the caller", func() error {
 		st, _ := refused.Pod(string(db.UID))
 		if len(st.SVIDs) != 0 || status.Code(st.Err) != codes.PermissionDenied {
