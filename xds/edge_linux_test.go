@@ -17,8 +17,8 @@ import (
 	"time"
 
 	"github.com/aethermesh/aether/envoy"
-	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/identity"
+	"github.com/aethermesh/aether/internal/testenv"
 	"github.com/aethermesh/aether/model"
 )
 

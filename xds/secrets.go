@@ -6,9 +6,9 @@ import (
 	"maps"
 	"slices"
 
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/aethermesh/aether/identity"

@@ -100,7 +100,7 @@ type Server struct {
 	// servedCh is closed (and replaced) whenever a new snapshot is served.
 	unserved map[string]UnservedPod
 	servedCh chan struct{}
-	changed    chan struct{}
+	changed  chan struct{}
 	// kick wakes the rotation loop after SetMesh (new identities change the next renewal).
 	kick chan struct{}
 }

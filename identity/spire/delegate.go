@@ -85,7 +85,7 @@ type Delegate struct {
 	mu      sync.Mutex
 	pods    map[string]*podSub
 	owners  map[string]map[string]bool // SetPods' owner -> its pods' UIDs
-	bundles map[string][]byte // trust domain name -> CA certificates, PEM
+	bundles map[string][]byte          // trust domain name -> CA certificates, PEM
 	bundErr error
 	changed chan struct{}
 }
