@@ -108,6 +108,9 @@ type agentOpts struct {
 	wrap []string
 	// client reaches the agent's health port and Envoy's admin (default http.DefaultClient).
 	client *http.Client
+	// spireAdmin, when set, is the SPIRE agent's admin socket: the agent runs with
+	// --identity-source=spire instead of a development CA.
+	spireAdmin string
 }
 
 // startAgentWith is startAgent with the agent started through o.wrap.
@@ -136,7 +139,7 @@ func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 		dnsAddr: fmt.Sprintf("127.0.0.1:%d", dnsPort), logPath: filepath.Join(dir, "agent.log")}
 	// The node source guard is a node netns table: only an agent in its own netns (o.wrap) may
 	// write one; the others share the machine's.
-	all := append([]string{
+	all := []string{
 		"--node-source-guard=" + strconv.FormatBool(len(o.wrap) > 0),
 		"--node-name", "node-1", "--cluster", "a", "--host-ip", "127.0.0.1",
 		"--dns-port", strconv.Itoa(dnsPort), "--health-addr", a.health, "--metrics-addr", a.metrics,
@@ -144,9 +147,13 @@ func startAgentWith(t testing.TB, o agentOpts, args ...string) *agentProc {
 		"--state-dir", filepath.Join(dir, "state"), "--cni-socket", filepath.Join(dir, "cni.sock"),
 		"--xds-socket", filepath.Join(dir, "xds.sock"), "--cluster-dns", "10.96.0.10",
 		"--resolv-conf", resolv, "--registry-lease-ttl", "5s", "--log-level", "debug",
-		"--ca-cert", filepath.Join(dir, "ca.crt"), "--ca-key", filepath.Join(dir, "ca.key"),
-		"--envoy-binary", tools.Envoy, "--envoy-admin", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t)),
-	}, args...)
+	}
+	if o.spireAdmin != "" {
+		all = append(all, "--identity-source=spire", "--spire-admin-socket", o.spireAdmin)
+	} else {
+		all = append(all, "--ca-cert", filepath.Join(dir, "ca.crt"), "--ca-key", filepath.Join(dir, "ca.key"))
+	}
+	all = append(append(all, "--envoy-binary", tools.Envoy, "--envoy-admin", fmt.Sprintf("127.0.0.1:%d", testenv.FreePort(t))), args...)
 	a.envoyAdmin = all[len(all)-len(args)-1]
 	a.stateDir = filepath.Join(dir, "state")
 	a.cniSocket = filepath.Join(dir, "cni.sock")

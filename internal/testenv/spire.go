@@ -15,6 +15,9 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -180,6 +183,32 @@ func (s *SPIREServer) Entries(spiffeID string) (string, error) {
 	out, err := exec.Command(s.tools.SPIREServer, args...).CombinedOutput()
 	return string(out), err
 }
+
+// Create creates the cluster-scoped SPIRE Controller Manager resource of kind (ClusterSPIFFEID,
+// ClusterStaticEntry, ClusterFederatedTrustDomain) named name with spec, trying again while its
+// CRD is not served yet (up to 30 s).
+func (s *SPIREServer) Create(t testing.TB, kind, name string, spec map[string]any) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(s.Kube.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plural := strings.ToLower(kind) + "s"
+	if base, ok := strings.CutSuffix(strings.ToLower(kind), "y"); ok {
+		plural = base + "ies"
+	}
+	gvr := schema.GroupVersionResource{Group: "spire.spiffe.io", Version: "v1alpha1", Resource: plural}
+	obj := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "spire.spiffe.io/v1alpha1", "kind": kind, "metadata": map[string]any{"name": name}, "spec": spec}}
+	Eventually(t, 30*time.Second, "create "+kind+" "+name, func() error {
+		_, err := dyn.Resource(gvr).Create(context.Background(), obj, metav1.CreateOptions{})
+		return err
+	})
+}
+
+// MeshSPIFFEIDTemplate is the ClusterSPIFFEID template of the IDs aether gives pods:
+// spiffe://<trust domain>/ns/<namespace>/sa/<service account>.
+const MeshSPIFFEIDTemplate = "spiffe://{{ .TrustDomain }}/ns/{{ .PodMeta.Namespace }}/sa/{{ .PodSpec.ServiceAccountName }}"
 
 // SPIREAgent is a real spire-agent on one node, attested by k8s_psat as the Pod spire/spire-agent-
 // <node> (created with the Node when absent) with a projected service account token.
