@@ -30,6 +30,9 @@ type SPIREOptions struct {
 	Cluster string
 	// SVIDTTL is the server's default_x509_svid_ttl (default 1h).
 	SVIDTTL time.Duration
+	// AgentSyncInterval is the agents' experimental sync_interval: how often each asks the
+	// server for its entries and SVIDs (zero: SPIRE's default, 5 s).
+	AgentSyncInterval time.Duration
 }
 
 // SPIREServer is a real spire-server (hack/tools.sh) on loopback, with k8s_psat node attestation
@@ -288,6 +291,10 @@ func (s *SPIREServer) StartAgent(t testing.TB, node string, authorizedDelegates 
 		quoted[i] = strconv.Quote(d)
 	}
 	health := FreePort(t)
+	syncInterval := ""
+	if s.Opts.AgentSyncInterval > 0 {
+		syncInterval = fmt.Sprintf("\n  experimental {\n    sync_interval = %q\n  }", s.Opts.AgentSyncInterval.String())
+	}
 	conf := fmt.Sprintf(`agent {
   data_dir = %q
   log_level = "DEBUG"
@@ -297,7 +304,7 @@ func (s *SPIREServer) StartAgent(t testing.TB, node string, authorizedDelegates 
   admin_socket_path = %q
   trust_bundle_path = %q
   trust_domain = %q
-  authorized_delegates = [%s]
+  authorized_delegates = [%s]%s
 }
 plugins {
   NodeAttestor "k8s_psat" {
@@ -313,7 +320,7 @@ plugins {
     plugin_data {}
   }
 }
-`+healthChecks(health), filepath.Join(dir, "data"), s.Port, a.Socket, a.Admin, s.BundlePath, s.Opts.TrustDomain, strings.Join(quoted, ", "),
+`+healthChecks(health), filepath.Join(dir, "data"), s.Port, a.Socket, a.Admin, s.BundlePath, s.Opts.TrustDomain, strings.Join(quoted, ", "), syncInterval,
 		s.Opts.Cluster, token)
 	a.conf = filepath.Join(dir, "agent.conf")
 	if err := os.WriteFile(a.conf, []byte(conf), 0o600); err != nil {
