@@ -2,11 +2,13 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -79,6 +81,63 @@ func TestPodDataplaneStaleAttachmentRemoval(t *testing.T) {
 	}
 	if p := asm.Current().Pod("u1"); p != nil {
 		t.Fatalf("pod still in the model after its live attachment was removed: %+v", p)
+	}
+}
+
+// TestPodDataplaneWaitsForSVIDOnAdd: a new sandbox's ADD waits until the node proxy serves the pod
+// (its SVID), and fails with the reason when that does not come in time; a pod announced again
+// with the same container (a repair pass, a restarted agent) does not wait for it, so a repair
+// never stalls on a pod whose SVID the SPIRE agent cannot give yet.
+func TestPodDataplaneWaitsForSVIDOnAdd(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web-1", UID: "u1"},
+		Spec: corev1.PodSpec{NodeName: "n1", ServiceAccountName: "web"}}
+	att := newAttachments(nil)
+	asm := model.NewAssembler(model.AssemblerConfig{Cluster: "a", MeshDomain: "mesh", TrustDomain: "td",
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}, podKube{pod}, nil, att)
+	served := make(chan string, 10)
+	svid := make(chan struct{})
+	dp := &podDataplane{att: att, asm: asm, served: func(ctx context.Context, uid string) error {
+		served <- uid
+		select {
+		case <-svid:
+			return nil
+		case <-ctx.Done():
+			return errors.New("pod " + uid + " not served by the node proxy: no SVID yet")
+		}
+	}}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go asm.Run(ctx)
+	lp := model.LocalPod{UID: "u1", Namespace: "shop", Name: "web-1", ServiceAccount: "web", ContainerID: "c1",
+		NetnsPath: "/run/netns/c1", IPs: []netip.Addr{netip.MustParseAddr("10.1.0.5")}}
+	short, cancelShort := context.WithTimeout(ctx, 300*time.Millisecond)
+	err := dp.PodAdded(short, lp)
+	cancelShort()
+	if err == nil || !strings.Contains(err.Error(), "no SVID yet") {
+		t.Fatalf("ADD without an SVID = %v, want the wait's error", err)
+	}
+	if got := <-served; got != "u1" {
+		t.Fatalf("served asked for %q", got)
+	}
+	// Announced again (same container): no wait for the SVID.
+	if err := dp.PodAdded(ctx, lp); err != nil {
+		t.Fatalf("announcing the pod again: %v", err)
+	}
+	select {
+	case uid := <-served:
+		t.Fatalf("a repeated announcement waited for %s's SVID", uid)
+	default:
+	}
+	// A new sandbox waits, and returns once the SVID is served.
+	lp.ContainerID, lp.NetnsPath = "c2", "/run/netns/c2"
+	done := make(chan error, 1)
+	go func() { done <- dp.PodAdded(ctx, lp) }()
+	if got := <-served; got != "u1" {
+		t.Fatalf("served asked for %q", got)
+	}
+	close(svid)
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
 }
 
