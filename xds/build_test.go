@@ -20,6 +20,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -594,6 +595,9 @@ func TestWaitPodServed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no SVID for "+webID) {
 		t.Fatalf("WaitPodServed of a pod without its SVID = %v, want the reason", err)
 	}
+	if n := testutil.ToFloat64(s.unservedPods); n != 1 {
+		t.Fatalf("aether_xds_pods_unserved = %v, want 1", n)
+	}
 	other := m.Pods[1]
 	if other.SPIFFEID(m.TrustDomain) == webID {
 		t.Fatal("golden mesh: want two pods of different identities first")
@@ -622,5 +626,8 @@ func TestWaitPodServed(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("WaitPodServed did not return after the SVID came")
+	}
+	if n := testutil.ToFloat64(s.unservedPods); n != 0 {
+		t.Fatalf("aether_xds_pods_unserved = %v once every SVID came, want 0", n)
 	}
 }

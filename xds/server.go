@@ -71,6 +71,7 @@ type Server struct {
 	sent          *prometheus.CounterVec
 	bytesSent     *prometheus.CounterVec
 	snapVersion   prometheus.Gauge
+	unservedPods  prometheus.Gauge
 	panics        prometheus.Counter
 	// testHook, when set (tests only), runs first for every request Envoy sends on a stream.
 	testHook func(typeURL string)
@@ -147,6 +148,8 @@ func NewServer(opts ServerOptions) (*Server, error) {
 			Name: "aether_xds_bytes_sent_total", Help: "Encoded size of the xDS responses sent to Envoy, by type URL."}, []string{"type_url"}),
 		snapVersion: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "aether_xds_snapshot_sequence", Help: "Sequence number of the snapshot being served."}),
+		unservedPods: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "aether_xds_pods_unserved", Help: "Local pods the snapshot served leaves out because the identity provider has no SVID for them (yet, or any more)."}),
 		panics: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "aether_xds_stream_panics_total", Help: "Panics recovered in an xDS stream's handler; that stream ended with an Internal error (Envoy reconnects) and the server kept serving."}),
 		need:     map[uint64][2]uint64{},
@@ -162,7 +165,7 @@ func NewServer(opts ServerOptions) (*Server, error) {
 		servedCh: make(chan struct{}),
 	}
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.bytesSent, s.snapVersion, s.panics} {
+		for _, c := range []prometheus.Collector{s.buildFailures, s.nacks, s.sent, s.bytesSent, s.snapVersion, s.unservedPods, s.panics} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("new xds server: register metrics: %w", err)
 			}
@@ -328,6 +331,7 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	}
 	s.last = snap
 	s.unserved = unserved
+	s.unservedPods.Set(float64(len(unserved)))
 	s.snapVersion.Set(float64(v))
 	close(s.servedCh)
 	s.servedCh = make(chan struct{})
