@@ -20,7 +20,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -595,7 +595,7 @@ func TestWaitPodServed(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no SVID for "+webID) {
 		t.Fatalf("WaitPodServed of a pod without its SVID = %v, want the reason", err)
 	}
-	if n := testutil.ToFloat64(s.unservedPods); n != 1 {
+	if n := gaugeValue(s.unservedPods); n != 1 {
 		t.Fatalf("aether_xds_pods_unserved = %v, want 1", n)
 	}
 	other := m.Pods[1]
@@ -627,7 +627,16 @@ func TestWaitPodServed(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("WaitPodServed did not return after the SVID came")
 	}
-	if n := testutil.ToFloat64(s.unservedPods); n != 0 {
+	if n := gaugeValue(s.unservedPods); n != 0 {
 		t.Fatalf("aether_xds_pods_unserved = %v once every SVID came, want 0", n)
 	}
+}
+
+// gaugeValue returns g's value.
+func gaugeValue(g prometheus.Gauge) float64 {
+	var m dto.Metric
+	if err := g.Write(&m); err != nil {
+		return -1
+	}
+	return m.GetGauge().GetValue()
 }
