@@ -132,6 +132,11 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 	if err := checkBundles(m.TrustDomain, bundles); err != nil {
 		return nil, fmt.Errorf("build: %w", err)
 	}
+	// A local pod without an SVID (SPIRE before the pod's entry reached the node's SPIRE agent,
+	// or after a withdrawn SVID expired) is left out of everything built: no listener (its
+	// traffic is refused), no route or mirror for it; its CNI ADD waits for it
+	// (Server.WaitPodServed).
+	m, unserved := withSVIDs(m, svids)
 	if bl.shared == nil {
 		sh, err := newSharedConfigs()
 		if err != nil {
@@ -251,7 +256,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 		}
 	}
 
-	r := &Resources{Warnings: slices.Clone(rt.warnings)}
+	r := &Resources{Warnings: slices.Clone(rt.warnings), Unserved: unserved}
 	if omitted > 0 {
 		r.Warnings = append(r.Warnings, fmt.Sprintf("GAMMA mirrors: %d mirror clusters over the node's bound of %d are not built; their mirrored copies are not sent", omitted, maxMirrorClusters))
 	}
@@ -344,12 +349,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 	for _, p := range m.Pods {
 		id := p.SPIFFEID(m.TrustDomain)
 		if svids[id] == nil {
-			// SPIRE has not sent it yet (the pod's entry has not reached the node's SPIRE
-			// agent), or it expired: the pod is left out (no listener: its traffic is refused)
-			// and its CNI ADD waits for it (Server.WaitPodServed).
-			r.Unserved = append(r.Unserved, UnservedPod{UID: p.UID, Namespace: p.Namespace, Name: p.Name,
-				Reason: "no SVID for " + id + " from the identity provider yet"})
-			continue
+			return nil, fmt.Errorf("build pod %s/%s: no SVID for %s", p.Namespace, p.Name, id)
 		}
 		if p.NetnsPath == "" {
 			return nil, fmt.Errorf("build pod %s/%s: empty netns path", p.Namespace, p.Name)
@@ -449,6 +449,26 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 		}
 	}
 	return r, nil
+}
+
+// withSVIDs returns m and no unserved pods when every local pod's SPIFFE ID has an SVID in
+// svids; else a shallow copy of m holding only the pods that have one, and the others.
+func withSVIDs(m *model.Mesh, svids map[string]*identity.SVID) (*model.Mesh, []UnservedPod) {
+	var unserved []UnservedPod
+	for _, p := range m.Pods {
+		if id := p.SPIFFEID(m.TrustDomain); svids[id] == nil {
+			unserved = append(unserved, UnservedPod{UID: p.UID, Namespace: p.Namespace, Name: p.Name,
+				Reason: "no SVID for " + id + " from the identity provider yet"})
+		}
+	}
+	if len(unserved) == 0 {
+		return m, nil
+	}
+	served := *m
+	served.Pods = slices.DeleteFunc(slices.Clone(m.Pods), func(p *model.LocalPod) bool {
+		return svids[p.SPIFFEID(m.TrustDomain)] == nil
+	})
+	return &served, unserved
 }
 
 // parallel runs fn(0..n-1) in up to GOMAXPROCS goroutines and returns the error of the lowest

@@ -19,6 +19,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/model"
 )
 
@@ -761,6 +762,18 @@ func TestBuildLeavesOutPodWithoutSVID(t *testing.T) {
 		if strings.Contains(sec.GetName(), newID) {
 			t.Errorf("secret %s served for the pod without an SVID", sec.GetName())
 		}
+	}
+	// With no SVID at all (SPIRE before any entry reached the node) every pod is left out, and
+	// the snapshot is still consistent: no route, extension or mirror without its listener.
+	none, err := bl.Build(m, map[string]*identity.SVID{}, fakeBundles(m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(none.Unserved) != len(m.Pods) || len(none.Routes) != 0 {
+		t.Fatalf("without SVIDs: %d unserved of %d pods, %d routes; want every pod, no route", len(none.Unserved), len(m.Pods), len(none.Routes))
+	}
+	if _, err := newSnapshot("v1", none.typed(), &hashMemo{}); err != nil {
+		t.Fatalf("snapshot without any pod's SVID: %v", err)
 	}
 	got, err := bl.Build(m, fakeSVIDs(m), fakeBundles(m))
 	if err != nil {
