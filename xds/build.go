@@ -44,6 +44,9 @@ type builder struct {
 	captureTLS *listenerv3.ListenerFilter
 	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
 	localEndpoints map[string][]model.Endpoint
+	// peerTrustDomains are the trust domains whose callers the inbound listeners admit
+	// (meshGlobals.peerTrustDomains).
+	peerTrustDomains []string
 }
 
 // sharedConfigs are the typed configs that every build of one Builder shares: they depend on no

@@ -61,12 +61,16 @@ func NewBuilder(opts Options) *Builder { return &Builder{opts: opts} }
 // meshGlobals are the mesh-wide inputs that per-service and per-pod resources depend on.
 type meshGlobals struct {
 	cluster, meshDomain, trustDomain, region, zone string
+	// peerTrustDomains are the trust domains whose callers the inbound listeners admit: those
+	// with a trust bundle (the mesh's own and the federated ones), sorted.
+	peerTrustDomains []string
 	// ids are the local identities, sorted, when every cluster depends on them (CertMatcher).
 	ids []string
 }
 
-func globalsOf(m *model.Mesh, opts Options) *meshGlobals {
-	g := &meshGlobals{cluster: m.Cluster, meshDomain: m.MeshDomain, trustDomain: m.TrustDomain, region: m.Node.Region, zone: m.Node.Zone}
+func globalsOf(m *model.Mesh, opts Options, bundles map[string][]byte) *meshGlobals {
+	g := &meshGlobals{cluster: m.Cluster, meshDomain: m.MeshDomain, trustDomain: m.TrustDomain, region: m.Node.Region, zone: m.Node.Zone,
+		peerTrustDomains: slices.Sorted(maps.Keys(bundles))}
 	if opts.CertSelection == CertMatcher {
 		g.ids = localIDs(m)
 	}
@@ -75,7 +79,7 @@ func globalsOf(m *model.Mesh, opts Options) *meshGlobals {
 
 func (g *meshGlobals) equal(o *meshGlobals) bool {
 	return o != nil && g.cluster == o.cluster && g.meshDomain == o.meshDomain && g.trustDomain == o.trustDomain &&
-		g.region == o.region && g.zone == o.zone && slices.Equal(g.ids, o.ids)
+		g.region == o.region && g.zone == o.zone && slices.Equal(g.ids, o.ids) && slices.Equal(g.peerTrustDomains, o.peerTrustDomains)
 }
 
 // svcEntry is what one service contributes to a build (serviceEntry), with the model values it
@@ -144,8 +148,8 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 		}
 		bl.shared = sh
 	}
-	b := &builder{m: m, opts: bl.opts, sharedConfigs: bl.shared}
-	g := globalsOf(m, bl.opts)
+	g := globalsOf(m, bl.opts, bundles)
+	b := &builder{m: m, opts: bl.opts, sharedConfigs: bl.shared, peerTrustDomains: g.peerTrustDomains}
 	oldSvcs, oldPods, rt := bl.svcs, bl.pods, bl.routing
 	if !g.equal(bl.globals) {
 		oldSvcs, oldPods, rt = nil, nil, nil

@@ -27,13 +27,16 @@ import (
 // host netns would), a bridge in it, pod namespaces attached to the bridge, the agent's xDS server
 // in the test process (ADS and admin over unix sockets, so nothing binds in the root netns).
 type meshFixture struct {
-	t                  testing.TB
-	td                 string
-	node               *testenv.Netns
-	pods               map[string]*testenv.Netns
-	ips                map[string]netip.Addr
-	ca                 *identity.DevCA
-	rot                *identity.Rotator
+	t     testing.TB
+	td    string
+	node  *testenv.Netns
+	pods  map[string]*testenv.Netns
+	ips   map[string]netip.Addr
+	ca    *identity.DevCA
+	caPEM *testenv.CA // ca's certificate and key
+	rot   *identity.Rotator
+	// idp, when set before startAgent, replaces rot's Provider as the server's identity.
+	idp                identity.Provider
 	srv                *Server
 	sup                *envoy.Supervisor
 	dir                string
@@ -74,7 +77,7 @@ func newMeshFixture(t testing.TB, svidLifetime time.Duration, delta bool, build 
 	if err := h.LinkSetUp(br); err != nil {
 		t.Fatal(err)
 	}
-	f.ca, _ = testCA(t, f.td, svidLifetime)
+	f.ca, f.caPEM = testCA(t, f.td, svidLifetime)
 	f.rot = identity.NewRotator(f.ca)
 	// Unix socket paths are limited to 108 bytes: keep them short.
 	f.dir, err = os.MkdirTemp("", "aetx")
@@ -140,7 +143,11 @@ func (f *meshFixture) startAgent() {
 	t := f.t
 	t.Helper()
 	var err error
-	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: f.rot.Provider(), Logger: f.log, Build: f.build})
+	idp := f.idp
+	if idp == nil {
+		idp = f.rot.Provider()
+	}
+	f.srv, err = NewServer(ServerOptions{NodeID: "node-1", Identity: idp, Logger: f.log, Build: f.build})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -150,10 +150,7 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		RequireClientCertificate: wrapperspb.Bool(true),
 		CommonTlsContext: &tlsv3.CommonTlsContext{
 			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsRef(InboundSecretName(id))},
-			ValidationContextType: peerValidation([]*tlsv3.SubjectAltNameMatcher{{
-				SanType: tlsv3.SubjectAltNameMatcher_URI,
-				Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + b.m.TrustDomain + "/"}},
-			}}),
+			ValidationContextType:          peerValidation(trustDomainSANs(b.peerTrustDomains)),
 		},
 	})
 	if err != nil {
@@ -370,4 +367,16 @@ func rdsHCM(stat, route string) (*listenerv3.Filter, error) {
 			ConfigSource: xdsproto.ADS(), RouteConfigName: route,
 		}},
 	})
+}
+
+// trustDomainSANs admits a caller whose URI SAN is an ID of one of the trust domains tds (the
+// mesh's own and the federated ones: those the SPIFFE validator holds a bundle of), one prefix
+// matcher "spiffe://<td>/" each.
+func trustDomainSANs(tds []string) []*tlsv3.SubjectAltNameMatcher {
+	out := make([]*tlsv3.SubjectAltNameMatcher, len(tds))
+	for i, td := range tds {
+		out[i] = &tlsv3.SubjectAltNameMatcher{SanType: tlsv3.SubjectAltNameMatcher_URI,
+			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + td + "/"}}}
+	}
+	return out
 }
