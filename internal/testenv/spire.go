@@ -30,8 +30,10 @@ type SPIREOptions struct {
 	Cluster string
 	// SVIDTTL is the server's default_x509_svid_ttl (default 1h).
 	SVIDTTL time.Duration
-	// AgentSyncInterval is the agents' experimental sync_interval: how often each asks the
-	// server for its entries and SVIDs (zero: SPIRE's default, 5 s).
+	// AgentSyncInterval is the agents' experimental sync_interval (how often each asks the
+	// server for its entries and SVIDs) and the server's experimental cache_reload_interval (how
+	// often it reloads the entries it authorizes agents for, with events_based_cache); zero:
+	// SPIRE's defaults, 5 s each.
 	AgentSyncInterval time.Duration
 }
 
@@ -79,6 +81,10 @@ func StartSPIREServer(t testing.TB, kube *KubeAPIServer, opts SPIREOptions) *SPI
 		t.Fatal(err)
 	}
 	health := FreePort(t)
+	cacheReload := ""
+	if opts.AgentSyncInterval > 0 {
+		cacheReload = fmt.Sprintf("\n  experimental {\n    events_based_cache = true\n    cache_reload_interval = %q\n  }", opts.AgentSyncInterval.String())
+	}
 	conf := fmt.Sprintf(`server {
   bind_address = "127.0.0.1"
   bind_port = "%d"
@@ -87,7 +93,7 @@ func StartSPIREServer(t testing.TB, kube *KubeAPIServer, opts SPIREOptions) *SPI
   data_dir = %q
   log_level = "DEBUG"
   default_x509_svid_ttl = %q
-  ca_ttl = "24h"
+  ca_ttl = "24h"%s
 }
 plugins {
   DataStore "sql" {
@@ -110,7 +116,7 @@ plugins {
     }
   }
 }
-`+healthChecks(health), s.Port, s.Socket, opts.TrustDomain, filepath.Join(dir, "server", "data"), opts.SVIDTTL.String(),
+`+healthChecks(health), s.Port, s.Socket, opts.TrustDomain, filepath.Join(dir, "server", "data"), opts.SVIDTTL.String(), cacheReload,
 		filepath.Join(dir, "server", "data", "datastore.sqlite3"), opts.Cluster, kube.Kubeconfig)
 	cf := filepath.Join(dir, "server", "server.conf")
 	if err := os.WriteFile(cf, []byte(conf), 0o600); err != nil {
