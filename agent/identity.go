@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/identity/spire"
@@ -46,8 +47,12 @@ func startIdentity(ctx context.Context, cfg Config, log *slog.Logger) (*nodeIden
 			return nil, fmt.Errorf("--spire-admin-socket: %w", err)
 		}
 		d.Start(ctx)
+		node := spire.NewProvider(d, cfg.TrustDomain, "node")
+		// A restarted agent's first snapshot waits (up to 5 s) for the SVIDs of the pods it
+		// already had: without them it would take their listeners out of the running Envoy.
+		node.SettleFirst(5 * time.Second)
 		return &nodeIdentity{
-			node: spire.NewProvider(d, cfg.TrustDomain, "node"),
+			node: node,
 			edge: func(owner string) (identity.Provider, func()) {
 				p := spire.NewProvider(d, cfg.TrustDomain, owner)
 				return p, p.Close

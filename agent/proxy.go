@@ -7,30 +7,24 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sync"
 
 	"github.com/aethermesh/aether/model"
 	"github.com/aethermesh/aether/xds"
 )
 
 // pusher hands every new model to the xDS server from one goroutine (SetMesh builds and
-// validates a snapshot; a newer model replaces one not yet pushed) and remembers which snapshot
-// version serves which model, so a CNI ADD can wait for Envoy's ACK of its pod's listeners.
+// validates a snapshot; a newer model replaces one not yet pushed); a CNI ADD waits (waitAcked)
+// for Envoy's ACK of a snapshot of its pod's model.
 type pusher struct {
 	srv    *xds.Server
 	log    *slog.Logger
 	latest chan *model.Mesh
 	// served, when set, is called after each model the server built and served.
 	served func()
-
-	mu      sync.Mutex
-	pushed  uint64 // highest model version pushed
-	version string // its snapshot version
-	changed chan struct{}
 }
 
 func newPusher(srv *xds.Server, log *slog.Logger) *pusher {
-	return &pusher{srv: srv, log: log, latest: make(chan *model.Mesh, 1), changed: make(chan struct{})}
+	return &pusher{srv: srv, log: log, latest: make(chan *model.Mesh, 1)}
 }
 
 // offer queues m, replacing a model not yet pushed.
@@ -46,30 +40,24 @@ func (p *pusher) run(ctx context.Context) {
 			return
 		case m = <-p.latest:
 		}
-		v, err := p.srv.SetMesh(ctx, m)
-		if err != nil {
+		if _, err := p.srv.SetMesh(ctx, m); err != nil {
 			p.log.Error("xDS snapshot not built; Envoy keeps the last good one", "model_version", m.Version, "err", err)
 			continue
 		}
-		p.mu.Lock()
 		if p.served != nil {
 			p.served()
 		}
-		p.pushed, p.version = m.Version, v
-		close(p.changed)
-		p.changed = make(chan struct{})
-		p.mu.Unlock()
 	}
 }
 
 // waitAcked returns once Envoy has ACKed a snapshot built from model m or a later one, an error
-// when Envoy rejected it, or ctx's error.
+// when Envoy rejected it, or ctx's error. It asks the server which model it serves: the
+// server's rotation serves models too (one whose first build failed for want of the identity
+// provider's bundle, once the bundle came).
 func (p *pusher) waitAcked(ctx context.Context, m *model.Mesh) error {
 	for {
-		p.mu.Lock()
-		pushed, v, ch := p.pushed, p.version, p.changed
-		p.mu.Unlock()
-		if pushed >= m.Version {
+		served, v, ch := p.srv.ServedModel()
+		if served >= m.Version {
 			return p.srv.WaitForAck(ctx, v)
 		}
 		select {

@@ -81,6 +81,10 @@ type Provider interface {
 	// Changed is signalled when SVIDs or the bundle changed without a call (SPIRE's rotations);
 	// nil when that never happens.
 	Changed() <-chan struct{}
+	// Lacks reports whether, as of the last SVIDs call, the provider had no SVID of the pod
+	// with uid's own, even when another pod of the same SPIFFE ID had one (SPIRE: a pod out of
+	// its ClusterSPIFFEID's selector): the node proxy leaves such a pod out.
+	Lacks(uid string) bool
 }
 
 // DevCA is the development certificate authority: it signs SVIDs with a CA key held in memory.
@@ -260,6 +264,7 @@ type rotatorProvider struct{ r *Rotator }
 
 func (p rotatorProvider) NextRenewal() time.Time   { return p.r.NextRenewal() }
 func (p rotatorProvider) Changed() <-chan struct{} { return nil }
+func (p rotatorProvider) Lacks(string) bool        { return false }
 func (p rotatorProvider) Bundles() map[string][]byte {
 	return map[string][]byte{p.r.src.TrustDomain(): p.r.src.BundlePEM()}
 }

@@ -519,6 +519,13 @@ type gatedProvider struct {
 	mu       sync.Mutex
 	noBundle bool
 	withheld map[string]bool
+	lacks    map[string]bool // pod UIDs
+}
+
+func (p *gatedProvider) Lacks(uid string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.lacks[uid]
 }
 
 func (p *gatedProvider) Changed() <-chan struct{} { return p.changed }
@@ -629,6 +636,17 @@ func TestWaitPodServed(t *testing.T) {
 	if n := gaugeValue(s.unservedPods); n != 0 {
 		t.Fatalf("aether_xds_pods_unserved = %v once every SVID came, want 0", n)
 	}
+	// A pod the provider has no SVID of its own for is left out, though its ID is served for
+	// another pod.
+	p.let(func() { p.lacks = map[string]bool{other.UID: true} })
+	testenv.Eventually(t, 10*time.Second, "the pod lacking its own SVID left out", func() error {
+		short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+		defer cancelShort()
+		if _, err := s.WaitPodServed(short, other.UID); err == nil || !strings.Contains(err.Error(), "no SVID of its own") {
+			return fmt.Errorf("WaitPodServed = %v", err)
+		}
+		return nil
+	})
 }
 
 // gaugeValue returns g's value.
@@ -638,4 +656,47 @@ func gaugeValue(g prometheus.Gauge) float64 {
 		return -1
 	}
 	return m.GetGauge().GetValue()
+}
+
+// expiringProvider is a Rotator's Provider whose earliest expiry is at: once it passed, the
+// provider (as SPIRE's drops an expired SVID) reports the next one an hour away.
+type expiringProvider struct {
+	identity.Provider
+	at time.Time
+}
+
+func (p expiringProvider) NextRenewal() time.Time {
+	if time.Now().Before(p.at) {
+		return p.at
+	}
+	return time.Now().Add(time.Hour)
+}
+
+// TestRotateAtExpiry: the server rebuilds when the earliest SVID expires, although by then the
+// provider reports a later next renewal (the expired one is gone from it), so a pod whose SVID
+// expired is left out at its expiry and not at some later event.
+func TestRotateAtExpiry(t *testing.T) {
+	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
+	p := expiringProvider{Provider: identity.NewRotator(ca).Provider(), at: time.Now().Add(time.Second)}
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: p, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ctx, l) }()
+	v1, err := s.SetMesh(ctx, goldenMesh())
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "a rebuild at the expiry", func() error {
+		if v := s.Version(); v == v1 {
+			return fmt.Errorf("still version %s", v)
+		}
+		return nil
+	})
 }

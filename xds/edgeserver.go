@@ -122,7 +122,12 @@ func (s *EdgeServer) Version() string {
 // Serve serves ADS on l until ctx ends, renewing the SVID at its half-life. It returns nil when
 // ctx ends.
 func (s *EdgeServer) Serve(ctx context.Context, l net.Listener) error {
-	go s.renew(ctx)
+	// The renewal ends with Serve: after it returns nothing asks the identity provider for this
+	// edge's SVID (its owner's subscription is released then).
+	ctx, cancel := context.WithCancel(ctx)
+	renewed := make(chan struct{})
+	go func() { defer close(renewed); s.renew(ctx) }()
+	defer func() { cancel(); <-renewed }()
 	// A panic in a stream ends that stream, never the agent (recoverStream).
 	if err := serveADS(ctx, l, s.cache, nil, recoverStream(s.log, func() {})); err != nil {
 		return fmt.Errorf("serve edge xds %s: %w", s.key, err)
@@ -134,15 +139,15 @@ func (s *EdgeServer) Serve(ctx context.Context, l net.Listener) error {
 // has a new SVID or bundle of its own (SPIRE's rotations; the first SVID of a new edge pod).
 func (s *EdgeServer) renew(ctx context.Context) {
 	for {
-		fired, changed, done := renewalWait(ctx, s.idp, s.kick)
+		due, fired, changed, done := renewalWait(ctx, s.idp, s.kick)
 		if done {
 			return
 		}
-		if !fired && !changed {
+		if !changed && (!fired || due.IsZero() || time.Now().Before(due)) {
 			continue
 		}
 		s.mu.Lock()
-		if s.mesh != nil && (changed || !time.Now().Before(s.idp.NextRenewal())) {
+		if s.mesh != nil {
 			if _, err := s.setLocked(ctx, s.mesh, s.gw); err != nil {
 				s.log.Error("renew edge SVID", "err", err)
 			}

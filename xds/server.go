@@ -97,11 +97,15 @@ type Server struct {
 	// again: that would loop, each rollback a new version and a new NACK.
 	rolledBack uint64
 	rejected   map[uint64]string // NACKed versions -> error_detail
-	// unserved are the local pods the snapshot served leaves out (Resources.Unserved), by UID;
-	// servedCh is closed (and replaced) whenever a new snapshot is served.
-	unserved map[string]UnservedPod
-	servedCh chan struct{}
-	changed  chan struct{}
+	// servedPods are the UIDs of the local pods the snapshot served holds, unserved those it
+	// leaves out (Resources.Unserved, and the pods the provider Lacks), servedModel the version
+	// of the model it was built from; servedCh is closed (and replaced) whenever a new snapshot
+	// is served.
+	servedPods  map[string]bool
+	unserved    map[string]UnservedPod
+	servedModel uint64
+	servedCh    chan struct{}
+	changed     chan struct{}
 	// kick wakes the rotation loop after SetMesh (new identities change the next renewal).
 	kick chan struct{}
 }
@@ -225,49 +229,59 @@ func recoverStream(log *slog.Logger, counted func()) grpc.StreamServerIntercepto
 	}
 }
 
-// renewalWait waits until the earliest SVID of rot reaches its half-life, a minute at most
-// (fired), or rot signals a change of its own (changed: Provider.Changed); both are false when
-// kick woke it first (new SVIDs may change the next renewal); done is true when ctx ended.
-func renewalWait(ctx context.Context, rot identity.Provider, kick <-chan struct{}) (fired, changed, done bool) {
+// renewalWait waits until due, the earliest renewal or expiry of rot's SVIDs when it started
+// (zero when none; a minute at most), and returns with fired set; or returns when rot signals a
+// change of its own (changed: Provider.Changed); both are false when kick woke it first (new
+// SVIDs may change the next renewal); done is true when ctx ended. The caller compares the time
+// with due, not with a fresh NextRenewal: an expired SVID the provider dropped no longer counts
+// in it.
+func renewalWait(ctx context.Context, rot identity.Provider, kick <-chan struct{}) (due time.Time, fired, changed, done bool) {
 	next := rot.NextRenewal()
 	wait := time.Until(next)
 	if next.IsZero() || wait > time.Minute {
 		wait = time.Minute
 	}
+	due = next
 	timer := time.NewTimer(max(wait, 0))
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return false, false, true
+		return due, false, false, true
 	case <-kick:
-		return false, false, false
+		return due, false, false, false
 	case <-timer.C:
-		return true, false, false
+		return due, true, false, false
 	case <-rot.Changed():
-		return false, true, false
+		return due, false, true, false
 	}
 }
 
-// rotate rebuilds the snapshot when the earliest SVID reaches its half-life, and when the
-// identity provider has new SVIDs or a new bundle of its own.
+// rotate rebuilds the snapshot from the latest model when an SVID reaches its renewal or expiry,
+// and when the identity provider has new SVIDs or a new bundle of its own.
 func (s *Server) rotate(ctx context.Context) {
 	for {
-		fired, changed, done := renewalWait(ctx, s.opts.Identity, s.kick)
+		due, fired, changed, done := renewalWait(ctx, s.opts.Identity, s.kick)
 		if done {
 			return
 		}
-		if !fired && !changed {
+		if !changed && (!fired || due.IsZero() || time.Now().Before(due)) {
 			continue
 		}
 		s.mu.Lock()
 		m := s.mesh
-		s.mu.Unlock()
-		if m == nil || (!changed && time.Now().Before(s.opts.Identity.NextRenewal())) {
-			continue
+		var v string
+		var err error
+		if m != nil {
+			// Under the lock, from the model held now: a SetMesh between reading the model
+			// and building from it would otherwise be rolled back to the older model.
+			v, err = s.setMeshLocked(ctx, m)
 		}
-		if v, err := s.SetMesh(ctx, m); err != nil {
+		s.mu.Unlock()
+		switch {
+		case m == nil:
+		case err != nil:
 			s.log.Error("rotate SVIDs", "err", err)
-		} else {
+		default:
 			s.log.Info("rotated SVIDs", "version", v)
 		}
 	}
@@ -280,10 +294,15 @@ func (s *Server) rotate(ctx context.Context) {
 func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.setMeshLocked(ctx, m)
+}
+
+// setMeshLocked is SetMesh with s.mu held.
+func (s *Server) setMeshLocked(ctx context.Context, m *model.Mesh) (string, error) {
 	// What rotate builds again, served or not: a build that failed for want of the identity
 	// provider's bundle is tried again when the provider has it.
 	s.mesh = m
-	res, unserved, err := s.build(ctx, m)
+	res, served, unserved, err := s.build(ctx, m)
 	if err != nil {
 		s.buildFailures.Inc()
 		s.log.Error("build xds snapshot; keeping the last good one", "mesh_version", m.Version, "err", err)
@@ -330,7 +349,7 @@ func (s *Server) SetMesh(ctx context.Context, m *model.Mesh) (string, error) {
 		}
 	}
 	s.last = snap
-	s.unserved = unserved
+	s.servedPods, s.unserved, s.servedModel = served, unserved, m.Version
 	s.unservedPods.Set(float64(len(unserved)))
 	s.snapVersion.Set(float64(v))
 	close(s.servedCh)
@@ -355,27 +374,49 @@ func (s *Server) noteChanges(snap *snapshot, v uint64) {
 }
 
 // build runs the builders and validates every resource. Called with s.mu held.
-func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]types.Resource, map[string]UnservedPod, error) {
+func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]types.Resource, map[string]bool, map[string]UnservedPod, error) {
 	pods := make([]identity.Workload, len(m.Pods))
 	for i, p := range m.Pods {
 		pods[i] = identity.Workload{UID: p.UID, SPIFFEID: p.SPIFFEID(m.TrustDomain)}
 	}
 	byID, _, err := s.opts.Identity.SVIDs(ctx, pods)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
+	}
+	// A pod the provider has no SVID of its own for is left out even when another pod of its
+	// SPIFFE ID has one (SPIRE: a pod out of its ClusterSPIFFEID's selector).
+	var lacking []UnservedPod
+	if slices.ContainsFunc(m.Pods, func(p *model.LocalPod) bool { return s.opts.Identity.Lacks(p.UID) }) {
+		own := *m
+		own.Pods = nil
+		for _, p := range m.Pods {
+			if s.opts.Identity.Lacks(p.UID) {
+				lacking = append(lacking, UnservedPod{UID: p.UID, Namespace: p.Namespace, Name: p.Name,
+					Reason: "no SVID of its own for " + p.SPIFFEID(m.TrustDomain) + " from the identity provider"})
+			} else {
+				own.Pods = append(own.Pods, p)
+			}
+		}
+		m = &own
 	}
 	r, err := s.builder.Build(m, byID, s.opts.Identity.Bundles())
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := r.ValidateAll(); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	unserved := make(map[string]UnservedPod, len(r.Unserved))
-	for _, u := range r.Unserved {
+	unserved := make(map[string]UnservedPod, len(r.Unserved)+len(lacking))
+	for _, u := range append(lacking, r.Unserved...) {
 		unserved[u.UID] = u
 		if old, ok := s.unserved[u.UID]; !ok || old != u {
 			s.log.Warn("pod left out of the node proxy until the identity provider has its SVID", "pod", u.Namespace+"/"+u.Name, "reason", u.Reason)
+		}
+	}
+	served := make(map[string]bool, len(m.Pods))
+	for _, p := range m.Pods {
+		if _, left := unserved[p.UID]; !left {
+			served[p.UID] = true
 		}
 	}
 	if !slices.Equal(r.Warnings, s.warnings) {
@@ -384,7 +425,7 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]
 		}
 		s.warnings = r.Warnings
 	}
-	return r.typed(), unserved, nil
+	return r.typed(), served, unserved, nil
 }
 
 // sameResources reports whether two snapshots hold the same resources of type t. Resources the
@@ -421,21 +462,38 @@ func (s *Server) WaitPodServed(ctx context.Context, uid string) (string, error) 
 	for {
 		s.mu.Lock()
 		u, left := s.unserved[uid]
+		ok := s.servedPods[uid]
 		last, ch := s.last, s.servedCh
 		s.mu.Unlock()
-		if last != nil && !left {
+		if last != nil && ok {
 			return last.version, nil
 		}
 		select {
 		case <-ctx.Done():
 			why := "no snapshot served yet"
-			if left {
+			switch {
+			case left:
 				why = u.Reason
+			case last != nil:
+				why = "not in the model served"
 			}
 			return "", fmt.Errorf("pod %s not served by the node proxy: %s: %w", uid, why, context.Cause(ctx))
 		case <-ch:
 		}
 	}
+}
+
+// ServedModel returns the version of the model the snapshot served now was built from (0
+// before any), that snapshot's version, and a channel closed when another snapshot is served.
+// The rotation loop serves models too (a model whose first build failed for want of the
+// identity provider's bundle), so a caller waiting for a model's snapshot asks here.
+func (s *Server) ServedModel() (model uint64, version string, changed <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last != nil {
+		version = s.last.version
+	}
+	return s.servedModel, version, s.servedCh
 }
 
 // ErrRejected is returned (wrapped, with Envoy's error_detail) by WaitForAck when Envoy NACKed

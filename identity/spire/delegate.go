@@ -88,6 +88,10 @@ type Delegate struct {
 	bundles map[string][]byte          // trust domain name -> CA certificates, PEM
 	bundErr error
 	changed chan struct{}
+	// watchers are the Providers' own change channels (watch), each signalled like changed;
+	// wmu guards them (taken after mu, never before).
+	wmu      sync.Mutex
+	watchers map[chan struct{}]bool
 }
 
 type podSub struct {
@@ -118,6 +122,7 @@ func New(cfg Config) (*Delegate, error) {
 	return &Delegate{
 		cfg: cfg, conn: conn, client: delegatedidentityv1.NewDelegatedIdentityClient(conn),
 		pods: map[string]*podSub{}, owners: map[string]map[string]bool{}, changed: make(chan struct{}, 1),
+		watchers: map[chan struct{}]bool{},
 	}, nil
 }
 
@@ -135,10 +140,31 @@ func (d *Delegate) Start(ctx context.Context) {
 // error or the trust bundles change.
 func (d *Delegate) Changed() <-chan struct{} { return d.changed }
 
+// watch returns a channel of its own signalled (coalesced) as Changed is, until unwatch: each
+// user of the Delegate waits on its own, so none takes another's wake-up.
+func (d *Delegate) watch() chan struct{} {
+	ch := make(chan struct{}, 1)
+	d.wmu.Lock()
+	d.watchers[ch] = true
+	d.wmu.Unlock()
+	return ch
+}
+
+func (d *Delegate) unwatch(ch chan struct{}) {
+	d.wmu.Lock()
+	delete(d.watchers, ch)
+	d.wmu.Unlock()
+}
+
+// notify signals Changed and every watcher, without blocking. Called with or without d.mu held.
 func (d *Delegate) notify() {
-	select {
-	case d.changed <- struct{}{}:
-	default:
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	for _, ch := range append([]chan struct{}{d.changed}, slices.Collect(maps.Keys(d.watchers))...) {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -203,6 +229,27 @@ func (d *Delegate) Pod(uid string) (PodState, bool) {
 	now := time.Now()
 	st.SVIDs = slices.DeleteFunc(slices.Clone(st.SVIDs), func(sv *identity.SVID) bool { return !now.Before(sv.NotAfter) })
 	return st, true
+}
+
+// waitAnswered waits until every pod of uids has had an answer on its subscription (SVIDs, none,
+// or an error), timeout passes or ctx ends.
+func (d *Delegate) waitAnswered(ctx context.Context, uids []string, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for {
+		pending := false
+		d.mu.Lock()
+		for _, uid := range uids {
+			if s := d.pods[uid]; s != nil && s.state.Updated.IsZero() && s.state.Err == nil {
+				pending = true
+				break
+			}
+		}
+		d.mu.Unlock()
+		if !pending || ctx.Err() != nil || !time.Now().Before(deadline) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Bundles returns the trust bundles the SPIRE agent last sent, PEM by trust domain name (its own

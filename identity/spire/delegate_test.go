@@ -331,6 +331,8 @@ func TestProviderServesOnlyThePodsID(t *testing.T) {
 		"uid-rogue": "spiffe://td.example/ns/shop/sa/admin", // not its mesh ID
 	})
 	ca, f := w.ca, w.f
+	// uid-web2 is another pod of web's service account that has no entry (out of the
+	// ClusterSPIFFEID's selector).
 	sock := filepath.Join(t.TempDir(), "admin.sock")
 	defer serve(t, f, sock)()
 	d, err := New(Config{AdminSocket: sock, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
@@ -346,6 +348,7 @@ func TestProviderServesOnlyThePodsID(t *testing.T) {
 		{UID: "uid-web", SPIFFEID: "spiffe://td.example/ns/shop/sa/web"},
 		{UID: "uid-rogue", SPIFFEID: "spiffe://td.example/ns/shop/sa/rogue"},
 		{UID: "uid-new", SPIFFEID: "spiffe://td.example/ns/shop/sa/new"}, // no entry yet
+		{UID: "uid-web2", SPIFFEID: "spiffe://td.example/ns/shop/sa/web"},
 	}
 	testenv.Eventually(t, 10*time.Second, "web's SVID and the bundle", func() error {
 		svids, _, err := p.SVIDs(ctx, pods)
@@ -357,6 +360,12 @@ func TestProviderServesOnlyThePodsID(t *testing.T) {
 		}
 		return nil
 	})
+	// Each pod lacking an SVID of its own is named, web2 too although web's ID is served.
+	for _, w := range pods {
+		if want := w.UID != "uid-web"; p.Lacks(w.UID) != want {
+			t.Errorf("Lacks(%s) = %v, want %v", w.UID, !want, want)
+		}
+	}
 	if nr := p.NextRenewal(); nr.IsZero() || nr.After(time.Now().Add(time.Hour+time.Minute)) {
 		t.Fatalf("NextRenewal = %s, want web's expiry within the hour", nr)
 	}
@@ -366,10 +375,18 @@ func TestProviderServesOnlyThePodsID(t *testing.T) {
 		t.Fatal("the Delegate's changes are not passed on")
 	}
 	// Another owner (an edge pod's server) asking for web keeps web's subscription when p
-	// leaves it.
+	// leaves it; each Provider gets every change on its own channel.
 	edge := NewProvider(d, "td.example", "edge")
 	if _, _, err := edge.SVIDs(ctx, pods[:1]); err != nil {
 		t.Fatal(err)
+	}
+	d.notify()
+	for name, ch := range map[string]<-chan struct{}{"node": p.Changed(), "edge": edge.Changed()} {
+		select {
+		case <-ch:
+		case <-time.After(time.Second):
+			t.Errorf("the %s Provider missed a change (another took its wake-up)", name)
+		}
 	}
 	svids, _, _ := p.SVIDs(ctx, pods[1:])
 	if len(svids) != 0 {
