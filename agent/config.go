@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -67,7 +68,11 @@ type Config struct {
 	Zone        string // --zone, AETHER_ZONE
 	MeshDomain  string // --mesh-domain, AETHER_MESH_DOMAIN
 	TrustDomain string // --trust-domain, AETHER_TRUST_DOMAIN
-	Kubeconfig  string // --kubeconfig, KUBECONFIG (empty: in-cluster)
+	// ClustersetTrustDomains (--clusterset-trust-domains, AETHER_CLUSTERSET_TRUST_DOMAINS) are
+	// the trust domains of the clusterset's other clusters when each cluster has its own (SPIFFE
+	// federation): their callers are mesh callers here (xds.Options.PeerTrustDomains).
+	ClustersetTrustDomains []string
+	Kubeconfig             string // --kubeconfig, KUBECONFIG (empty: in-cluster)
 
 	Registry         registryflag.Flags // --registry-endpoints, --registry-ca, --registry-cert, --registry-key
 	RegistryLeaseTTL time.Duration
@@ -213,6 +218,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.StringVar(&c.Zone, "zone", "AETHER_ZONE", "", "zone of this node's endpoints and locality (default: the Node's topology.kubernetes.io/zone label)")
 	ef.StringVar(&c.MeshDomain, "mesh-domain", "AETHER_MESH_DOMAIN", "mesh", "DNS domain of mesh names")
 	ef.StringVar(&c.TrustDomain, "trust-domain", "AETHER_TRUST_DOMAIN", "aether.internal", "SPIFFE trust domain")
+	clustersetTDs := ef.String("clusterset-trust-domains", "AETHER_CLUSTERSET_TRUST_DOMAINS", "", "comma-separated trust domains of the clusterset's other clusters, when each cluster has its own (SPIFFE federation): their workloads are admitted as this cluster's are; empty: one trust domain for the clusterset")
 	ef.BoolVar(&c.EdgeCrossNamespaceCertificates, "edge-cross-namespace-certificates", "AETHER_EDGE_CROSS_NAMESPACE_CERTIFICATES", "serve edge listeners' certificateRefs into other namespaces (with a ReferenceGrant); off: the edge pods, in the Gateway's namespace, would hand the key to whoever may run pods there")
 	ef.StringVar(&c.EdgeCertificateNamespace, "edge-certificate-namespace", "POD_NAMESPACE", "", "namespace where the registrar publishes edge Gateways' listener certificates (aether's own); empty: HTTPS and TLS-terminating edge listeners are not served from this node")
 	ef.StringVar(&c.Kubeconfig, "kubeconfig", "KUBECONFIG", "", "kubeconfig path (empty: in-cluster config)")
@@ -267,6 +273,7 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	if err := ef.Parse(args); err != nil {
 		return c, err
 	}
+	c.ClustersetTrustDomains = envflag.List(*clustersetTDs)
 	for _, s := range envflag.List(*clusterDNS) {
 		ip, err := netip.ParseAddr(s)
 		if err != nil {
@@ -419,6 +426,11 @@ func (c Config) Validate() error {
 	}
 	if c.RegistrySyncGrace < 0 {
 		errs = append(errs, fmt.Errorf("--registry-sync-grace %s: want 0 (serve the persisted state at once) or more", c.RegistrySyncGrace))
+	}
+	for _, td := range c.ClustersetTrustDomains {
+		if _, err := spiffeid.TrustDomainFromString(td); err != nil {
+			errs = append(errs, fmt.Errorf("--clusterset-trust-domains %q: %w", td, err))
+		}
 	}
 	if c.ControlCluster != "" {
 		if e := validation.IsDNS1123Label(c.ControlCluster); len(e) > 0 {

@@ -325,7 +325,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// tunnel listener on node_ip:15443 (xds.Build adds it once the node IP is known). Routed
 	// UDP frontends listen on HOST_IP, where the pods' capture DNATs them.
 	build := xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PodMaxConnections: cfg.PodMaxConnections, UDPHeld: udp.Held,
-		HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6}
+		HostIP: cfg.HostIP, HostIPv6: cfg.HostIPv6, PeerTrustDomains: cfg.ClustersetTrustDomains}
 	udp.frontends = build.UDPFrontends
 	xsrv, err := xds.NewServer(xds.ServerOptions{NodeID: cfg.NodeName, Identity: ids.node,
 		Logger: log.With("part", "xds"), Registerer: metrics.reg,
@@ -357,7 +357,7 @@ func Run(ctx context.Context, cfg Config) error {
 	asm.Subscribe(push.offer)
 	// Edge Gateways' pods on this node get their Gateway's configuration over ADS inside their
 	// own netns (docs/gateway.md).
-	edgeSrv := newEdges(log.With("part", "edge"), ids.edge, xds.Options{EastWestWaypoint: cfg.EastWestWaypoint})
+	edgeSrv := newEdges(log.With("part", "edge"), ids.edge, xds.Options{EastWestWaypoint: cfg.EastWestWaypoint, PeerTrustDomains: cfg.ClustersetTrustDomains})
 	edgeLatest := make(chan *model.Mesh, 1)
 	asm.Subscribe(func(m *model.Mesh) { replaceLatest(edgeLatest, m) })
 	go func() {

@@ -102,7 +102,7 @@ type authzRBAC struct {
 // FailClosed policy), so that a denial names it (Envoy's rbac_access_denied_matched_policy[...]
 // and the effective_policy_id metadata). td is the mesh trust domain of the sources'
 // SPIFFEPattern.
-func translateAuthz(td string, policies []*model.AuthzPolicy, port uint32, http bool) (deny, allow authzRBAC) {
+func translateAuthz(tds []string, policies []*model.AuthzPolicy, port uint32, http bool) (deny, allow authzRBAC) {
 	dryRun := slices.ContainsFunc(policies, func(p *model.AuthzPolicy) bool { return p.DryRun })
 	build := func(withDryRun bool) (deny, allow *rbacv3.RBAC) {
 		denies, allows := map[string]*rbacv3.Policy{}, map[string]*rbacv3.Policy{}
@@ -127,7 +127,7 @@ func translateAuthz(td string, policies []*model.AuthzPolicy, port uint32, http 
 				if !r.AppliesToPort(port) || (!http && r.HasL7() && p.Action == model.AuthzAllow) {
 					continue
 				}
-				principals := authzPrincipals(td, r)
+				principals := authzPrincipals(tds, r)
 				if len(principals) == 0 {
 					continue // no source: the rule matches no caller
 				}
@@ -160,21 +160,31 @@ func anyPermission() *rbacv3.Permission {
 
 // authzPrincipals are the principals of rule r: the caller's client certificate
 // (authenticated.principal_name, matched against the certificate's URI SANs; the inbound TLS
-// context already requires a certificate of the trust domain with a URI SAN), exact or prefix per
-// AuthzSource.SPIFFEPattern in trust domain td; "any authenticated caller" for AnySource; none
-// for an empty Sources. Headers are never read: XFCC and the like cannot speak for a caller.
-func authzPrincipals(td string, r *model.AuthzRule) []*rbacv3.Principal {
+// context already requires a certificate of one of the trust domains tds, the mesh's own and the
+// clusterset's others (Options.PeerTrustDomains), and the chain's trust domain guard refuses a
+// certificate naming two), exact or prefix per AuthzSource.SPIFFEPattern in each of tds (a
+// namespace or service account source matches it in every trust domain of the clusterset, as
+// MCS namespace sameness has it); "any authenticated caller" for AnySource; none for an empty
+// Sources. Headers are never read: XFCC and the like cannot speak for a caller.
+func authzPrincipals(tds []string, r *model.AuthzRule) []*rbacv3.Principal {
 	if r.AnySource {
 		return []*rbacv3.Principal{{Identifier: &rbacv3.Principal_Authenticated_{Authenticated: &rbacv3.Principal_Authenticated{}}}}
 	}
-	out := make([]*rbacv3.Principal, 0, len(r.Sources))
+	out := make([]*rbacv3.Principal, 0, len(r.Sources)*len(tds))
+	seen := map[[2]string]bool{}
 	for _, s := range r.Sources {
-		exact, prefix := s.SPIFFEPattern(td)
-		sm := &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: exact}}
-		if exact == "" {
-			sm = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: prefix}}
+		for _, td := range tds {
+			exact, prefix := s.SPIFFEPattern(td)
+			if seen[[2]string{exact, prefix}] {
+				continue // a SPIFFE ID source names its trust domain itself
+			}
+			seen[[2]string{exact, prefix}] = true
+			sm := &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Exact{Exact: exact}}
+			if exact == "" {
+				sm = &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: prefix}}
+			}
+			out = append(out, &rbacv3.Principal{Identifier: &rbacv3.Principal_Authenticated_{Authenticated: &rbacv3.Principal_Authenticated{PrincipalName: sm}}})
 		}
-		out = append(out, &rbacv3.Principal{Identifier: &rbacv3.Principal_Authenticated_{Authenticated: &rbacv3.Principal_Authenticated{PrincipalName: sm}}})
 	}
 	return out
 }
@@ -293,9 +303,9 @@ func orPermissions(ps []*rbacv3.Permission) *rbacv3.Permission {
 // "...rbac.<kind>_dry_run.{shadow_allowed,shadow_denied}"; on an HTTP port
 // "http.inbound_http.rbac.authz.<ns>.<pod>.<port>.<kind>.{allowed,denied}" and
 // "...<kind>.dry_run.{shadow_allowed,shadow_denied}". Its only errors are ToAny's.
-func authzExtensions(td string, p *model.LocalPod, policies []*model.AuthzPolicy, ipt inboundPort) ([]*core.TypedExtensionConfig, error) {
+func authzExtensions(tds []string, p *model.LocalPod, policies []*model.AuthzPolicy, ipt inboundPort) ([]*core.TypedExtensionConfig, error) {
 	http := ipt.protocol.IsHTTP()
-	deny, allow := translateAuthz(td, policies, ipt.port, http)
+	deny, allow := translateAuthz(tds, policies, ipt.port, http)
 	out := make([]*core.TypedExtensionConfig, 0, 2)
 	for _, k := range []struct {
 		kind string

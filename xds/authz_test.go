@@ -284,7 +284,7 @@ func TestTranslateAuthz(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			dryRun := slices.ContainsFunc(c.policies, func(p *model.AuthzPolicy) bool { return p.DryRun })
 			for _, ck := range c.checks {
-				deny, allow := translateAuthz(td, c.policies, ck.port, ck.http)
+				deny, allow := translateAuthz([]string{td}, c.policies, ck.port, ck.http)
 				if got := verdict(t, deny, allow, false, ck.c); got != ck.want {
 					t.Errorf("%+v on port %d: allowed %t, want %t", ck.c, ck.port, got, ck.want)
 				}
@@ -309,7 +309,7 @@ func TestTranslateAuthz(t *testing.T) {
 // TestTranslateAuthzPolicyNames checks that each Envoy policy names its AuthorizationPolicy and
 // rule, so that a denial says which one refused.
 func TestTranslateAuthzPolicyNames(t *testing.T) {
-	deny, allow := translateAuthz("td", []*model.AuthzPolicy{
+	deny, allow := translateAuthz([]string{"td"}, []*model.AuthzPolicy{
 		{Namespace: "web", Name: "deny", Action: model.AuthzDeny, Rules: []model.AuthzRule{{AnySource: true, Ports: []uint32{1}}, {AnySource: true}}},
 		{Namespace: "web", Name: "broken", Action: model.AuthzDeny, FailClosed: true},
 	}, 80, true)

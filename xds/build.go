@@ -44,9 +44,11 @@ type builder struct {
 	captureTLS *listenerv3.ListenerFilter
 	// localEndpoints indexes this cluster's endpoints by pod UID, for the inbound listeners.
 	localEndpoints map[string][]model.Endpoint
-	// peerTrustDomains are the trust domains whose callers the inbound listeners admit
-	// (meshGlobals.peerTrustDomains).
+	// peerTrustDomains are the trust domains whose callers the inbound listeners admit: the
+	// mesh's own and Options.PeerTrustDomains, sorted; tdGuard their inbound chains' guard
+	// (trustDomainGuard).
 	peerTrustDomains []string
+	tdGuard          []*listenerv3.Filter
 }
 
 // sharedConfigs are the typed configs that every build of one Builder shares: they depend on no

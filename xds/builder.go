@@ -61,16 +61,16 @@ func NewBuilder(opts Options) *Builder { return &Builder{opts: opts} }
 // meshGlobals are the mesh-wide inputs that per-service and per-pod resources depend on.
 type meshGlobals struct {
 	cluster, meshDomain, trustDomain, region, zone string
-	// peerTrustDomains are the trust domains whose callers the inbound listeners admit: those
-	// with a trust bundle (the mesh's own and the federated ones), sorted.
+	// peerTrustDomains are the trust domains whose callers the inbound listeners admit: the
+	// mesh's own and Options.PeerTrustDomains, sorted.
 	peerTrustDomains []string
 	// ids are the local identities, sorted, when every cluster depends on them (CertMatcher).
 	ids []string
 }
 
-func globalsOf(m *model.Mesh, opts Options, bundles map[string][]byte) *meshGlobals {
+func globalsOf(m *model.Mesh, opts Options) *meshGlobals {
 	g := &meshGlobals{cluster: m.Cluster, meshDomain: m.MeshDomain, trustDomain: m.TrustDomain, region: m.Node.Region, zone: m.Node.Zone,
-		peerTrustDomains: slices.Sorted(maps.Keys(bundles))}
+		peerTrustDomains: peerTrustDomains(m.TrustDomain, opts.PeerTrustDomains)}
 	if opts.CertSelection == CertMatcher {
 		g.ids = localIDs(m)
 	}
@@ -133,7 +133,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 	if err := bl.opts.check(); err != nil {
 		return nil, fmt.Errorf("build: %w", err)
 	}
-	if err := checkBundles(m.TrustDomain, bundles); err != nil {
+	if err := checkBundles(m.TrustDomain, peerTrustDomains(m.TrustDomain, bl.opts.PeerTrustDomains), bundles); err != nil {
 		return nil, fmt.Errorf("build: %w", err)
 	}
 	// A local pod without an SVID (SPIRE before the pod's entry reached the node's SPIRE agent,
@@ -148,8 +148,12 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 		}
 		bl.shared = sh
 	}
-	g := globalsOf(m, bl.opts, bundles)
-	b := &builder{m: m, opts: bl.opts, sharedConfigs: bl.shared, peerTrustDomains: g.peerTrustDomains}
+	g := globalsOf(m, bl.opts)
+	guard, gerr := newTrustDomainGuard(g.peerTrustDomains)
+	if gerr != nil {
+		return nil, gerr
+	}
+	b := &builder{m: m, opts: bl.opts, sharedConfigs: bl.shared, peerTrustDomains: g.peerTrustDomains, tdGuard: guard}
 	oldSvcs, oldPods, rt := bl.svcs, bl.pods, bl.routing
 	if !g.equal(bl.globals) {
 		oldSvcs, oldPods, rt = nil, nil, nil
@@ -410,11 +414,11 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
 	}
-	bs, err := bundleSecret(bundles)
+	ts, err := trustSecrets(m.TrustDomain, g.peerTrustDomains, bundles)
 	if err != nil {
 		return nil, err
 	}
-	r.Secrets = append(r.Secrets, bs)
+	r.Secrets = append(r.Secrets, ts...)
 	sortByName(r.Listeners, (*listenerv3.Listener).GetName)
 	sortByName(r.Clusters, (*clusterv3.Cluster).GetName)
 	sortByName(r.Endpoints, (*endpointv3.ClusterLoadAssignment).GetClusterName)
@@ -453,6 +457,11 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 		}
 	}
 	return r, nil
+}
+
+// peerTrustDomains is own and peers, sorted and unique.
+func peerTrustDomains(own string, peers []string) []string {
+	return slices.Compact(slices.Sorted(slices.Values(append([]string{own}, peers...))))
 }
 
 // withSVIDs returns m and no unserved pods when every local pod's SPIFFE ID has an SVID in

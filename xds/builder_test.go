@@ -789,50 +789,92 @@ func TestBuildLeavesOutPodWithoutSVID(t *testing.T) {
 }
 
 // TestBuildTrustBundles: the trust bundle secret is Envoy's SPIFFE certificate validator with
-// one trust domain per bundle, sorted; a missing bundle of the mesh's trust domain, a bundle
-// that is not PEM and a bad trust domain name are refused, naming it.
+// one trust domain per bundle of the admitted trust domains (the mesh's own and
+// Options.PeerTrustDomains), sorted; a bundle of a trust domain not admitted is left out; each
+// admitted trust domain has a secret of its own bundle alone (a placeholder of the mesh's own
+// while it has none), which outbound clusters pinned to it use; a missing bundle of the mesh's
+// trust domain and a bundle that is not PEM are refused, naming it, and so is a bad
+// PeerTrustDomains name.
 func TestBuildTrustBundles(t *testing.T) {
 	m := goldenMesh()
-	other := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("OTHER")})
-	r, err := Build(m, fakeSVIDs(m), map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": other}, Options{})
+	beta := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("BETA")})
+	partner := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("PARTNER")})
+	opts := Options{PeerTrustDomains: []string{"beta.example", "gamma.example"}}
+	r, err := Build(m, fakeSVIDs(m), map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": beta, "partner.example": partner}, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var vc *tlsv3.CertificateValidationContext
-	for _, s := range r.Secrets {
-		if s.GetName() == TrustBundleSecret {
-			vc = s.GetValidationContext()
+	domains := func(name string) []string {
+		t.Helper()
+		for _, s := range r.Secrets {
+			if s.GetName() != name {
+				continue
+			}
+			vc := s.GetValidationContext()
+			if vc.GetCustomValidatorConfig().GetName() != SPIFFEValidatorName || vc.GetTrustedCa() != nil {
+				t.Fatalf("secret %s = %v, want the SPIFFE validator alone", name, vc)
+			}
+			var cfg tlsv3.SPIFFECertValidatorConfig
+			if err := vc.GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, td := range cfg.GetTrustDomains() {
+				got = append(got, td.GetName()+"="+string(td.GetTrustBundle().GetInlineBytes()))
+			}
+			return got
+		}
+		t.Fatalf("no secret %s", name)
+		return nil
+	}
+	own := m.TrustDomain + "=" + string(testBundlePEM)
+	for name, want := range map[string][]string{
+		TrustBundleSecret:                       {"beta.example=" + string(beta), own},
+		TrustDomainBundleSecret(m.TrustDomain):  {own},
+		TrustDomainBundleSecret("beta.example"): {"beta.example=" + string(beta)},
+		// No bundle of gamma yet: the mesh's own under gamma's secret admits none of gamma's IDs.
+		TrustDomainBundleSecret("gamma.example"): {own},
+	} {
+		slices.Sort(want)
+		if got := domains(name); !slices.Equal(got, want) {
+			t.Errorf("secret %s: trust domains %q, want %q", name, got, want)
 		}
 	}
-	if vc == nil || vc.GetCustomValidatorConfig().GetName() != SPIFFEValidatorName || vc.GetTrustedCa() != nil {
-		t.Fatalf("trust bundle secret = %v, want the SPIFFE validator alone", vc)
+	for _, s := range r.Secrets {
+		if strings.Contains(s.GetName(), "partner") {
+			t.Errorf("secret %s of a trust domain not admitted", s.GetName())
+		}
 	}
-	var cfg tlsv3.SPIFFECertValidatorConfig
-	if err := vc.GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, td := range cfg.GetTrustDomains() {
-		got = append(got, td.GetName()+"="+string(td.GetTrustBundle().GetInlineBytes()))
-	}
-	want := []string{"beta.example=" + string(other), m.TrustDomain + "=" + string(testBundlePEM)}
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Fatalf("trust domains %q, want %q", got, want)
+	// Outbound clusters pinned to the mesh's IDs validate against its bundle alone.
+	for _, c := range r.Clusters {
+		if ts := c.GetTransportSocket(); ts != nil {
+			var u tlsv3.UpstreamTlsContext
+			if err := ts.GetTypedConfig().UnmarshalTo(&u); err != nil {
+				t.Fatal(err)
+			}
+			if got := u.GetCommonTlsContext().GetCombinedValidationContext().GetValidationContextSdsSecretConfig().GetName(); got != TrustDomainBundleSecret(m.TrustDomain) {
+				t.Errorf("cluster %s validates against %q, want %q", c.GetName(), got, TrustDomainBundleSecret(m.TrustDomain))
+			}
+		}
 	}
 	for _, c := range []struct {
 		name    string
 		bundles map[string][]byte
+		opts    Options
 		want    string
 	}{
-		{"mesh's missing", map[string][]byte{"beta.example": other}, `trust domain "` + m.TrustDomain + `"`},
-		{"mesh's empty", map[string][]byte{m.TrustDomain: nil}, `trust domain "` + m.TrustDomain + `"`},
-		{"not PEM", map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": []byte("junk")}, `"beta.example": no PEM`},
-		{"bad name", map[string][]byte{m.TrustDomain: testBundlePEM, "Beta Example": other}, `"Beta Example"`},
+		{"mesh's missing", map[string][]byte{"beta.example": beta}, opts, `trust domain "` + m.TrustDomain + `"`},
+		{"mesh's empty", map[string][]byte{m.TrustDomain: nil}, opts, `trust domain "` + m.TrustDomain + `"`},
+		{"not PEM", map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": []byte("junk")}, opts, `"beta.example": no PEM`},
+		{"bad peer name", map[string][]byte{m.TrustDomain: testBundlePEM}, Options{PeerTrustDomains: []string{"Beta Example"}}, `PeerTrustDomains "Beta Example"`},
 	} {
-		if _, err := Build(m, fakeSVIDs(m), c.bundles, Options{}); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := Build(m, fakeSVIDs(m), c.bundles, c.opts); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: err = %v, want one containing %s", c.name, err, c.want)
 		}
+	}
+	// A partner's bad bundle is not used, and not checked.
+	if _, err := Build(m, fakeSVIDs(m), map[string][]byte{m.TrustDomain: testBundlePEM, "partner.example": []byte("junk")}, opts); err != nil {
+		t.Errorf("a bad bundle of a trust domain not admitted: %v", err)
 	}
 }
 

@@ -424,7 +424,7 @@ func upstreamTLS(sni string, sel *core.TypedExtensionConfig, pin []*tlsv3.Subjec
 		Sni: sni,
 		CommonTlsContext: &tlsv3.CommonTlsContext{
 			CustomTlsCertificateSelector: sel,
-			ValidationContextType:        peerValidation(pin),
+			ValidationContextType:        peerValidation(pin, pinSecret(pin)),
 		},
 	})
 }
@@ -432,7 +432,7 @@ func upstreamTLS(sni string, sel *core.TypedExtensionConfig, pin []*tlsv3.Subjec
 // upstreamTLSFor is an UpstreamTlsContext with SNI sni presenting the SDS secret id ("" for none),
 // the peer validated against the trust bundle and pinned to pin (CertMatcher: peerSANs).
 func upstreamTLSFor(sni, id string, pin []*tlsv3.SubjectAltNameMatcher) (*core.TransportSocket, error) {
-	ctx := &tlsv3.CommonTlsContext{ValidationContextType: peerValidation(pin)}
+	ctx := &tlsv3.CommonTlsContext{ValidationContextType: peerValidation(pin, pinSecret(pin))}
 	if id != "" {
 		ctx.TlsCertificateSdsSecretConfigs = []*tlsv3.SdsSecretConfig{sdsRef(id)}
 	}

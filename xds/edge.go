@@ -68,7 +68,7 @@ func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundles
 	if svid == nil {
 		return nil, fmt.Errorf("build edge %s: no SVID", g.Key)
 	}
-	if err := checkBundles(m.TrustDomain, bundles); err != nil {
+	if err := checkBundles(m.TrustDomain, peerTrustDomains(m.TrustDomain, opts.PeerTrustDomains), bundles); err != nil {
 		return nil, fmt.Errorf("build edge %s: %w", g.Key, err)
 	}
 	sh, err := newSharedConfigs()
@@ -115,11 +115,11 @@ func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundles
 		r.Clusters = append(r.Clusters, e.clusters...)
 		r.Endpoints = append(r.Endpoints, e.clas...)
 	}
-	bs, err := bundleSecret(bundles)
+	ts, err := trustSecrets(m.TrustDomain, peerTrustDomains(m.TrustDomain, opts.PeerTrustDomains), bundles)
 	if err != nil {
 		return nil, fmt.Errorf("build edge %s: %w", g.Key, err)
 	}
-	r.Secrets = append(r.Secrets, svidSecret(svid.SPIFFEID, svid), bs)
+	r.Secrets = append(append(r.Secrets, svidSecret(svid.SPIFFEID, svid)), ts...)
 	for _, ref := range slices.SortedFunc(func(yield func(model.SecretKey) bool) {
 		for k := range certs {
 			if !yield(k) {

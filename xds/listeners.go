@@ -2,6 +2,8 @@ package xds
 
 import (
 	"fmt"
+	rbacv3 "github.com/envoyproxy/go-control-plane/envoy/config/rbac/v3"
+	netrbacv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/rbac/v3"
 	"maps"
 	"slices"
 	"strconv"
@@ -150,7 +152,7 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		RequireClientCertificate: wrapperspb.Bool(true),
 		CommonTlsContext: &tlsv3.CommonTlsContext{
 			TlsCertificateSdsSecretConfigs: []*tlsv3.SdsSecretConfig{sdsRef(InboundSecretName(id))},
-			ValidationContextType:          peerValidation(trustDomainSANs(b.peerTrustDomains)),
+			ValidationContextType:          peerValidation(trustDomainSANs(b.peerTrustDomains), TrustBundleSecret),
 		},
 	})
 	if err != nil {
@@ -175,7 +177,7 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 		// without rules, which enforce nothing), so that a pod's first policy, or its last going,
 		// changes ECDS resources only, never the listener: a listener change would leave the
 		// connections opened before it on the old chains, without RBAC, until they drain.
-		xs, err := authzExtensions(b.m.TrustDomain, p, policies, ipt)
+		xs, err := authzExtensions(b.peerTrustDomains, p, policies, ipt)
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -219,7 +221,7 @@ func (b *builder) inboundListener(p *model.LocalPod, id string) (*listenerv3.Lis
 			FilterChainMatch:              &listenerv3.FilterChainMatch{ServerNames: sni, TransportProtocol: "tls"},
 			TransportSocket:               ts,
 			TransportSocketConnectTimeout: handshake,
-			Filters:                       append(filters, f),
+			Filters:                       append(append(b.trustDomainGuard(), filters...), f),
 		})
 		c, err := inboundCluster(p, ipt, b.opts.ConnectTimeout)
 		if err != nil {
@@ -379,4 +381,44 @@ func trustDomainSANs(tds []string) []*tlsv3.SubjectAltNameMatcher {
 			Matcher: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + td + "/"}}}
 	}
 	return out
+}
+
+// trustDomainGuard is the network filters every inbound chain starts with: with more than one
+// trust domain admitted (Options.PeerTrustDomains), an RBAC filter refusing a client certificate
+// with URI SANs of two of them. Envoy's SPIFFE validator checks the chain against the bundle of
+// the trust domain of the first URI SAN only, and SAN matchers and RBAC principals match any
+// URI SAN: without the guard one trust domain's CA could add another's ID to a certificate of its
+// own and pass as it (an X.509-SVID has exactly one URI SAN: X.509-SVID, section 2). None with
+// one trust domain: its own CA is the only one trusted.
+func (b *builder) trustDomainGuard() []*listenerv3.Filter {
+	return b.tdGuard
+}
+
+// newTrustDomainGuard builds trustDomainGuard's filter for tds (sorted); nil for fewer than two.
+func newTrustDomainGuard(tds []string) ([]*listenerv3.Filter, error) {
+	if len(tds) < 2 {
+		return nil, nil
+	}
+	prefix := func(td string) *rbacv3.Principal {
+		return &rbacv3.Principal{Identifier: &rbacv3.Principal_Authenticated_{Authenticated: &rbacv3.Principal_Authenticated{
+			PrincipalName: &matcherv3.StringMatcher{MatchPattern: &matcherv3.StringMatcher_Prefix{Prefix: "spiffe://" + td + "/"}}}}}
+	}
+	var pairs []*rbacv3.Principal
+	for i := range tds {
+		for j := i + 1; j < len(tds); j++ {
+			pairs = append(pairs, &rbacv3.Principal{Identifier: &rbacv3.Principal_AndIds{AndIds: &rbacv3.Principal_Set{
+				Ids: []*rbacv3.Principal{prefix(tds[i]), prefix(tds[j])}}}})
+		}
+	}
+	a, err := xdsproto.ToAny(&netrbacv3.RBAC{StatPrefix: "inbound_trust_domain_guard.", Rules: &rbacv3.RBAC{
+		Action: rbacv3.RBAC_DENY,
+		Policies: map[string]*rbacv3.Policy{"two-trust-domains": {
+			Permissions: []*rbacv3.Permission{{Rule: &rbacv3.Permission_Any{Any: true}}},
+			Principals:  pairs,
+		}},
+	}})
+	if err != nil {
+		return nil, fmt.Errorf("trust domain guard: %w", err)
+	}
+	return []*listenerv3.Filter{{Name: "envoy.filters.network.rbac", ConfigType: &listenerv3.Filter_TypedConfig{TypedConfig: a}}}, nil
 }

@@ -2,6 +2,7 @@ package xds
 
 import (
 	"fmt"
+	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"net/netip"
 	"strconv"
 	"time"
@@ -23,6 +24,13 @@ type Options struct {
 	// it empty (Envoy runs in the host netns); the local substrate and tests, where a "node" is a
 	// namespace of its own, set it to the node's netns.
 	UpstreamNetns string
+	// PeerTrustDomains are the trust domains of the clusterset's other clusters, besides the
+	// mesh's own, when each cluster has its own (SPIFFE federation): their callers are admitted
+	// by the pods' inbound listeners, their bundles go to the SPIFFE validator, and namespace and
+	// service account sources of authorization rules match in them too. A trust domain the
+	// identity provider has a bundle of but that is not listed here (a partner the SPIRE server
+	// federates with) is not trusted by the node proxy.
+	PeerTrustDomains []string
 	// CertSelection picks how an outbound cluster presents the source pod's certificate
 	// (default CertSelector).
 	CertSelection CertSelection
@@ -132,6 +140,11 @@ func (o Options) check() error {
 	}
 	if o.EastWestWaypoint && o.CertSelection != CertSelector {
 		return fmt.Errorf("check options: EastWestWaypoint needs CertSelection CertSelector, not %s: the waypoint transport socket is built only for the certificate selector", o.CertSelection)
+	}
+	for _, td := range o.PeerTrustDomains {
+		if _, err := spiffeid.TrustDomainFromString(td); err != nil {
+			return fmt.Errorf("check options: PeerTrustDomains %q: %w", td, err)
+		}
 	}
 	return nil
 }

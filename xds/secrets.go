@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	"github.com/spiffe/go-spiffe/v2/spiffeid"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/aethermesh/aether/identity"
@@ -34,12 +34,14 @@ func svidSecret(name string, s *identity.SVID) *tlsv3.Secret {
 // (CertificateValidationContext.custom_validator_config).
 const SPIFFEValidatorName = "envoy.tls.cert_validator.spiffe"
 
-// bundleSecret is the SDS validation context TrustBundleSecret: Envoy's SPIFFE certificate
-// validator (SPIFFEValidatorName, SPIFFECertValidatorConfig.trust_domains) with one trust domain
-// per bundle (name -> CA certificates, PEM), the mesh's own and the federated ones. The validator
-// picks the bundle by the trust domain of the peer's SPIFFE ID, so no trust domain's CA can
-// vouch for another's IDs (SPIFFE X.509-SVID, section 5). Its only error is from marshalling.
-func bundleSecret(bundles map[string][]byte) (*tlsv3.Secret, error) {
+// bundleSecret is the SDS validation context name: Envoy's SPIFFE certificate validator
+// (SPIFFEValidatorName, SPIFFECertValidatorConfig.trust_domains) with one trust domain per bundle
+// (name -> CA certificates, PEM). The validator picks the bundle by the trust domain of the
+// peer's first URI SAN, so one trust domain's CA cannot sign for another's IDs in a certificate
+// with one URI SAN (X.509-SVID, section 2); inbound chains refuse certificates naming two trust
+// domains (trustDomainGuard), and outbound clusters pinned to one trust domain validate against
+// that trust domain's bundle alone (pinSecret). Its only error is from marshalling.
+func bundleSecret(name string, bundles map[string][]byte) (*tlsv3.Secret, error) {
 	cfg := &tlsv3.SPIFFECertValidatorConfig{}
 	for _, td := range slices.Sorted(maps.Keys(bundles)) {
 		cfg.TrustDomains = append(cfg.TrustDomains, &tlsv3.SPIFFECertValidatorConfig_TrustDomain{
@@ -49,24 +51,87 @@ func bundleSecret(bundles map[string][]byte) (*tlsv3.Secret, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trust bundle: %w", err)
 	}
-	return &tlsv3.Secret{Name: TrustBundleSecret, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
+	return &tlsv3.Secret{Name: name, Type: &tlsv3.Secret_ValidationContext{ValidationContext: &tlsv3.CertificateValidationContext{
 		CustomValidatorConfig: &core.TypedExtensionConfig{Name: SPIFFEValidatorName, TypedConfig: a},
 	}}}, nil
 }
 
-// checkBundles returns an error unless bundles holds a bundle of the mesh's trust domain td and
-// every bundle is named by a trust domain and holds at least one PEM certificate: Envoy would
-// refuse the whole secret, and every mTLS handshake of the node with it.
-func checkBundles(td string, bundles map[string][]byte) error {
-	if len(bundles[td]) == 0 {
-		return fmt.Errorf("no trust bundle of the mesh's trust domain %q yet (the identity provider has %q)", td, slices.Sorted(maps.Keys(bundles)))
+// TrustDomainBundleSecret names the SDS validation context holding trust domain td's bundle
+// alone, which outbound clusters pinned to IDs of td validate against.
+func TrustDomainBundleSecret(td string) string { return TrustBundleSecret + "|" + td }
+
+// trustSecrets are the validation contexts of a node (or an edge) whose admitted trust domains
+// are tds (the mesh's own, own, first or not, and the clusterset's others): TrustBundleSecret with
+// the bundles of tds (others the provider holds are left out: not trusted), and per trust domain
+// of tds TrustDomainBundleSecret with its bundle alone; a trust domain of tds without a bundle
+// yet gets the mesh's own bundle under its name's secret, which admits none of its IDs.
+func trustSecrets(own string, tds []string, bundles map[string][]byte) ([]*tlsv3.Secret, error) {
+	all := map[string][]byte{}
+	for _, td := range tds {
+		if b := bundles[td]; len(b) > 0 {
+			all[td] = b
+		}
 	}
-	for name, b := range bundles {
-		if _, err := spiffeid.TrustDomainFromString(name); err != nil {
-			return fmt.Errorf("trust bundle %q: %w", name, err)
+	sec, err := bundleSecret(TrustBundleSecret, all)
+	if err != nil {
+		return nil, err
+	}
+	out := []*tlsv3.Secret{sec}
+	for _, td := range tds {
+		one := map[string][]byte{td: all[td]}
+		if len(all[td]) == 0 {
+			one = map[string][]byte{own: all[own]}
+		}
+		sec, err := bundleSecret(TrustDomainBundleSecret(td), one)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, sec)
+	}
+	return out, nil
+}
+
+// pinSecret is the validation context an outbound TLS context pinned to pin checks the peer
+// against: the bundle of the pin's trust domain alone when every matcher names one trust domain
+// (spiffe://<td>/...), else TrustBundleSecret.
+func pinSecret(pin []*tlsv3.SubjectAltNameMatcher) string {
+	td := ""
+	for _, m := range pin {
+		v := m.GetMatcher().GetExact()
+		if v == "" {
+			v = m.GetMatcher().GetPrefix()
+		}
+		rest, ok := strings.CutPrefix(v, "spiffe://")
+		if !ok {
+			return TrustBundleSecret
+		}
+		t, _, _ := strings.Cut(rest, "/")
+		if td != "" && t != td {
+			return TrustBundleSecret
+		}
+		td = t
+	}
+	if td == "" {
+		return TrustBundleSecret
+	}
+	return TrustDomainBundleSecret(td)
+}
+
+// checkBundles returns an error unless bundles holds a bundle of the mesh's trust domain own,
+// and each bundle of the admitted trust domains tds holds a PEM certificate: Envoy would refuse
+// the whole secret, and every mTLS handshake of the node with it. Bundles of other trust domains
+// are not used, and not checked.
+func checkBundles(own string, tds []string, bundles map[string][]byte) error {
+	if len(bundles[own]) == 0 {
+		return fmt.Errorf("no trust bundle of the mesh's trust domain %q yet (the identity provider has %q)", own, slices.Sorted(maps.Keys(bundles)))
+	}
+	for _, td := range tds {
+		b, ok := bundles[td]
+		if !ok {
+			continue
 		}
 		if blk, _ := pem.Decode(b); blk == nil || blk.Type != "CERTIFICATE" {
-			return fmt.Errorf("trust bundle %q: no PEM CERTIFICATE block", name)
+			return fmt.Errorf("trust bundle %q: no PEM CERTIFICATE block", td)
 		}
 	}
 	return nil
@@ -77,13 +142,13 @@ func sdsRef(name string) *tlsv3.SdsSecretConfig {
 	return &tlsv3.SdsSecretConfig{Name: name, SdsConfig: xdsproto.ADS()}
 }
 
-// peerValidation validates the peer's certificate against the trust bundle (TrustBundleSecret,
-// over SDS) and requires a SAN that one of pin matches
+// peerValidation validates the peer's certificate against the trust bundles of the validation
+// context secret (over SDS) and requires a SAN that one of pin matches
 // (CertificateValidationContext.match_typed_subject_alt_names; any SAN when pin is empty).
-func peerValidation(pin []*tlsv3.SubjectAltNameMatcher) *tlsv3.CommonTlsContext_CombinedValidationContext {
+func peerValidation(pin []*tlsv3.SubjectAltNameMatcher, secret string) *tlsv3.CommonTlsContext_CombinedValidationContext {
 	return &tlsv3.CommonTlsContext_CombinedValidationContext{CombinedValidationContext: &tlsv3.CommonTlsContext_CombinedCertificateValidationContext{
 		DefaultValidationContext:         &tlsv3.CertificateValidationContext{MatchTypedSubjectAltNames: pin},
-		ValidationContextSdsSecretConfig: sdsRef(TrustBundleSecret),
+		ValidationContextSdsSecretConfig: sdsRef(secret),
 	}}
 }
 

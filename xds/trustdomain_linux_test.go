@@ -4,9 +4,15 @@ package xds
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
 	"maps"
+	"math/big"
 	"net/netip"
+	"net/url"
 	"sync"
 	"testing"
 	"time"
@@ -33,12 +39,15 @@ func (p *federatedProvider) Bundles() map[string][]byte {
 }
 
 // TestPrivilegedTrustDomains checks Envoy's SPIFFE validator on a pod's inbound listener with two
-// trust domains (the mesh's and a federated one, beta.example): a caller of each is admitted with
-// an SVID of its own trust domain's CA; an ID of one trust domain signed by the other's CA is
-// refused both ways (the validator picks the bundle by the ID's trust domain); a trust domain
-// without a bundle is refused; and once the federated bundle is gone its callers are refused.
+// admitted trust domains (the mesh's and the clusterset's beta.example, Options.PeerTrustDomains):
+// a caller of each is admitted with an SVID of its own trust domain's CA; an ID of one trust
+// domain signed by the other's CA is refused both ways (the validator picks the bundle by the
+// ID's trust domain); a certificate of beta's CA that adds a mesh ID as a second URI SAN is
+// refused (the trust domain guard; the validator checks the first SAN's trust domain only); a
+// trust domain without a bundle, and a partner whose bundle the provider holds but that is not
+// admitted, are refused; and once beta's bundle is gone its callers are refused.
 func TestPrivilegedTrustDomains(t *testing.T) {
-	f := newMeshFixture(t, time.Hour, true, Options{})
+	f := newMeshFixture(t, time.Hour, true, Options{PeerTrustDomains: []string{"beta.example"}})
 	beta, err := testenv.NewCA("beta CA")
 	if err != nil {
 		t.Fatal(err)
@@ -47,7 +56,11 @@ func TestPrivilegedTrustDomains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	fed := &federatedProvider{Provider: f.rot.Provider(), extra: map[string][]byte{"beta.example": beta.CertPEM}}
+	partner, err := testenv.NewCA("partner CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fed := &federatedProvider{Provider: f.rot.Provider(), extra: map[string][]byte{"beta.example": beta.CertPEM, "partner.example": partner.CertPEM}}
 	f.stopAgent()
 	f.idp = fed
 	f.startAgent()
@@ -76,6 +89,25 @@ func TestPrivilegedTrustDomains(t *testing.T) {
 		}
 		return c
 	}
+	// twoSANs signs a certificate with both URI SANs ids, by ca.
+	twoSANs := func(ca *testenv.CA, ids ...string) tls.Certificate {
+		t.Helper()
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth, x509.ExtKeyUsageServerAuth}}
+		for _, id := range ids {
+			u, _ := url.Parse(id)
+			tmpl.URIs = append(tmpl.URIs, u)
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	}
 	meshID := model.SPIFFEID(f.td, "web", "alpha")
 	betaID := "spiffe://beta.example/ns/web/sa/alpha"
 	gammaID := "spiffe://gamma.example/ns/web/sa/alpha"
@@ -101,6 +133,9 @@ func TestPrivilegedTrustDomains(t *testing.T) {
 		{"the mesh's ID by beta's CA", issue(beta, f.td, meshID), false},
 		{"beta's ID by the mesh's CA", issue(f.caPEM, "beta.example", betaID), false},
 		{"gamma's ID by gamma's CA (no bundle)", issue(gamma, "gamma.example", gammaID), false},
+		{"beta's CA: beta's ID, then a mesh ID", twoSANs(beta, betaID, meshID), false},
+		{"beta's CA: a mesh ID, then beta's", twoSANs(beta, meshID, betaID), false},
+		{"a partner's ID by its CA (bundle held, not admitted)", issue(partner, "partner.example", "spiffe://partner.example/ns/web/sa/alpha"), false},
 	}
 	for _, c := range cases {
 		err := call(c.cert)
