@@ -278,7 +278,8 @@ type dockerImage struct {
 	goBuilds   []string // the go build RUN lines of every stage
 }
 
-// copySource names where a Copy comes from: "go:./cmd/x", "repo:images/y", "envoy".
+// copySource names where a Copy comes from: "go:./cmd/x", "repo:images/y", "envoy",
+// "tool:spire-server".
 func copySource(c Copy) string {
 	switch {
 	case c.Go != "":
@@ -287,6 +288,8 @@ func copySource(c Copy) string {
 		return "repo:" + c.Repo
 	case c.Envoy:
 		return "envoy"
+	case c.Tool != "":
+		return "tool:" + c.Tool
 	}
 	return ""
 }

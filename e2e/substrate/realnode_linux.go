@@ -596,7 +596,8 @@ func (s *Substrate) buildAndPush(ctx context.Context, refs ...string) error {
 	if len(defs) != len(refs) {
 		return fmt.Errorf("build images %v: not all are images.Images()", refs)
 	}
-	built, err := images.Build(ctx, images.Options{Root: root, CacheDir: filepath.Join(tl.Dir, "images"), Envoy: tl.Envoy, Log: s.log}, defs)
+	built, err := images.Build(ctx, images.Options{Root: root, CacheDir: filepath.Join(tl.Dir, "images"), Envoy: tl.Envoy,
+		Tools: images.ToolPaths(tl.SPIREServer, tl.SPIREAgent, tl.SPIREControllerManager), Log: s.log}, defs)
 	if err != nil {
 		return err
 	}
