@@ -39,6 +39,9 @@ var realNodeDirs = []string{
 	// containerd's NRI socket (/var/run/nri/nri.sock): shared, two nodes' containerds starting
 	// at once raced for it ("bind: address already in use", one of them exiting).
 	"/run/nri",
+	// The SPIRE agent's sockets (the chart's hostPath /run/spire, identity.mode spire): each node
+	// its own agent's.
+	"/run/spire",
 }
 
 // SandboxImage is the pause image every real node's containerd runs as the pod sandbox
