@@ -132,6 +132,7 @@ spire:
     resources: {requests: {cpu: 40m, memory: 80Mi}, limits: {memory: 256Mi}}
   workloads:
     namespaceSelector:
+      matchLabels: null # Helm merges maps: null drops the default aether.io/mesh=enabled
       matchExpressions: [{key: mesh.example/tier, operator: In, values: [gold]}]
     podSelector:
       matchLabels: {mesh.example/identity: spire}
