@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net/netip"
 	"path/filepath"
@@ -85,6 +86,77 @@ func TestChartValuesAgent(t *testing.T) {
 	} {
 		if !reflect.DeepEqual(c.got, c.want) {
 			t.Errorf("agent %s: %v, want %v", c.what, c.got, c.want)
+		}
+	}
+}
+
+// TestChartValuesAgentSPIRE renders the chart with deploy.OtherSPIREValues (identity.mode spire)
+// and parses the agent DaemonSet's container with the agent's own flag parser: the agent gets
+// its pods' SVIDs from SPIRE (--identity-source=spire), holds no CA, and its
+// --spire-admin-socket is the admin_socket_path of the SPIRE agents' configuration, on the same
+// node directory as the SPIRE agent DaemonSet mounts it (read-only here: connecting needs no
+// write).
+func TestChartValuesAgentSPIRE(t *testing.T) {
+	tl := testenv.RequireTools(t, testenv.ToolHelm)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	objs, err := deploy.RenderChart(ctx, tl.Helm, "mesh-system", deploy.OtherSPIREValues)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm, spireAgentConf corev1.ConfigMap
+	var ds, spireAgents appsv1.DaemonSet
+	for _, o := range []struct {
+		kind, name string
+		out        any
+	}{{"ConfigMap", "aether-config", &cm}, {"ConfigMap", "spire-agent", &spireAgentConf}, {"DaemonSet", "aether-agent", &ds}, {"DaemonSet", "spire-agent", &spireAgents}} {
+		if err := deploy.DecodeObject(objs, o.kind, o.name, o.out); err != nil {
+			t.Fatal(err)
+		}
+	}
+	spec := ds.Spec.Template.Spec
+	ag, err := deploy.Container(spec, "agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := deploy.Env(ag, map[string]map[string]string{"aether-config": cm.Data},
+		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1", "metadata.namespace": "mesh-system"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseFlags(deploy.Args(ag, env), func(k string) string { return env[k] })
+	if err != nil {
+		t.Fatalf("agent flags: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("agent configuration: %v", err)
+	}
+	var conf struct {
+		Agent struct {
+			AdminSocketPath string `json:"admin_socket_path"`
+		} `json:"agent"`
+	}
+	if err := json.Unmarshal([]byte(spireAgentConf.Data["agent.conf"]), &conf); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.IdentitySource != IdentitySPIRE || cfg.CACert != "" || cfg.SPIREAdminSocket != conf.Agent.AdminSocketPath || cfg.TrustDomain != "example.org" {
+		t.Errorf("agent identity: source %q, CA %q, admin socket %q, trust domain %q; want spire, none, the SPIRE agents' %q, example.org",
+			cfg.IdentitySource, cfg.CACert, cfg.SPIREAdminSocket, cfg.TrustDomain, conf.Agent.AdminSocketPath)
+	}
+	sa, err := deploy.Container(spireAgents.Spec.Template.Spec, "spire-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	va, ma, rela, err1 := deploy.MountedFrom(spec, ag, cfg.SPIREAdminSocket)
+	vs, ms, rels, err2 := deploy.MountedFrom(spireAgents.Spec.Template.Spec, sa, conf.Agent.AdminSocketPath)
+	if err1 != nil || err2 != nil || va.HostPath == nil || vs.HostPath == nil ||
+		filepath.Join(va.HostPath.Path, rela) != filepath.Join(vs.HostPath.Path, rels) || !ma.ReadOnly || ms.ReadOnly {
+		t.Errorf("admin socket %s: the aether agent's volume %+v (mount %+v, %v), the SPIRE agent's %+v (mount %+v, %v); want one node path, read-only for the aether agent",
+			cfg.SPIREAdminSocket, va.VolumeSource, ma, err1, vs.VolumeSource, ms, err2)
+	}
+	for _, v := range spec.Volumes {
+		if v.Secret != nil && v.Secret.SecretName == "aether-ca" {
+			t.Errorf("agent pod mounts the development CA's Secret in spire mode (volume %s)", v.Name)
 		}
 	}
 }
