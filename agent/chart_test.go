@@ -12,22 +12,22 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/aethermesh/aether/deploy"
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
-// TestChartValuesAgent renders the Helm chart with the real Helm and deploy.OtherValues in
-// namespace mesh-system and parses the agent DaemonSet's container (args, environment from the
-// rendered aether-config, the downward API of a dual-stack node) with the agent's own flag
-// parser: every value must reach the agent's configuration, and the files its configuration
-// names that only the cluster supplies must come from the required Secrets of the values (the
-// development CA, the registry's TLS client). deploy's TestChartValues checks the rest.
-func TestChartValuesAgent(t *testing.T) {
+// chartAgent renders the Helm chart with the real Helm and values in namespace mesh-system, and
+// parses the agent DaemonSet's agent container (args, environment from the rendered
+// aether-config, the downward API of a dual-stack node) with the agent's own flag parser. It
+// returns the rendered objects, the pod spec, the container and the parsed configuration.
+func chartAgent(t *testing.T, values string) ([]*unstructured.Unstructured, corev1.PodSpec, corev1.Container, Config) {
+	t.Helper()
 	tl := testenv.RequireTools(t, testenv.ToolHelm)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	objs, err := deploy.RenderChart(ctx, tl.Helm, "mesh-system", deploy.OtherValues)
+	objs, err := deploy.RenderChart(ctx, tl.Helm, "mesh-system", values)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,10 +49,21 @@ func TestChartValuesAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	acfg, err := ParseFlags(deploy.Args(ag, env), func(k string) string { return env[k] })
+	cfg, err := ParseFlags(deploy.Args(ag, env), func(k string) string { return env[k] })
 	if err != nil {
 		t.Fatalf("agent flags: %v", err)
 	}
+	return objs, spec, ag, cfg
+}
+
+// TestChartValuesAgent renders the Helm chart with the real Helm and deploy.OtherValues in
+// namespace mesh-system and parses the agent DaemonSet's container (args, environment from the
+// rendered aether-config, the downward API of a dual-stack node) with the agent's own flag
+// parser: every value must reach the agent's configuration, and the files its configuration
+// names that only the cluster supplies must come from the required Secrets of the values (the
+// development CA, the registry's TLS client). deploy's TestChartValues checks the rest.
+func TestChartValuesAgent(t *testing.T) {
+	_, spec, ag, acfg := chartAgent(t, deploy.OtherValues)
 	if missing, err := deploy.MissingFiles(acfg.Validate()); err != nil {
 		t.Errorf("agent configuration: %v (missing files %v)", err, missing)
 	} else {
@@ -97,36 +108,14 @@ func TestChartValuesAgent(t *testing.T) {
 // node directory as the SPIRE agent DaemonSet mounts it (read-only here: connecting needs no
 // write).
 func TestChartValuesAgentSPIRE(t *testing.T) {
-	tl := testenv.RequireTools(t, testenv.ToolHelm)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	objs, err := deploy.RenderChart(ctx, tl.Helm, "mesh-system", deploy.OtherSPIREValues)
-	if err != nil {
+	objs, spec, ag, cfg := chartAgent(t, deploy.OtherSPIREValues)
+	var spireAgentConf corev1.ConfigMap
+	var spireAgents appsv1.DaemonSet
+	if err := deploy.DecodeObject(objs, "ConfigMap", "spire-agent", &spireAgentConf); err != nil {
 		t.Fatal(err)
 	}
-	var cm, spireAgentConf corev1.ConfigMap
-	var ds, spireAgents appsv1.DaemonSet
-	for _, o := range []struct {
-		kind, name string
-		out        any
-	}{{"ConfigMap", "aether-config", &cm}, {"ConfigMap", "spire-agent", &spireAgentConf}, {"DaemonSet", "aether-agent", &ds}, {"DaemonSet", "spire-agent", &spireAgents}} {
-		if err := deploy.DecodeObject(objs, o.kind, o.name, o.out); err != nil {
-			t.Fatal(err)
-		}
-	}
-	spec := ds.Spec.Template.Spec
-	ag, err := deploy.Container(spec, "agent")
-	if err != nil {
+	if err := deploy.DecodeObject(objs, "DaemonSet", "spire-agent", &spireAgents); err != nil {
 		t.Fatal(err)
-	}
-	env, err := deploy.Env(ag, map[string]map[string]string{"aether-config": cm.Data},
-		map[string]string{"spec.nodeName": "node-1", "status.hostIP": "10.0.0.1", "status.hostIPs": "10.0.0.1", "metadata.namespace": "mesh-system"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := ParseFlags(deploy.Args(ag, env), func(k string) string { return env[k] })
-	if err != nil {
-		t.Fatalf("agent flags: %v", err)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("agent configuration: %v", err)

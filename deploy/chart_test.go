@@ -92,6 +92,15 @@ func appVersion(t *testing.T) string {
 	return c.AppVersion
 }
 
+// rl is a resource list of name, quantity pairs ("cpu", "100m", "memory", "128Mi").
+func rl(kv ...string) corev1.ResourceList {
+	l := corev1.ResourceList{}
+	for i := 0; i < len(kv); i += 2 {
+		l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return l
+}
+
 // TestChartLint runs helm lint --strict on the chart with its defaults, with OtherValues, with
 // OtherSPIREValues and with SPIRE alone.
 func TestChartLint(t *testing.T) {
@@ -207,13 +216,6 @@ func TestChartValues(t *testing.T) {
 	en, err := Container(spec, "envoy")
 	if err != nil {
 		t.Fatal(err)
-	}
-	rl := func(kv ...string) corev1.ResourceList {
-		l := corev1.ResourceList{}
-		for i := 0; i < len(kv); i += 2 {
-			l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
-		}
-		return l
 	}
 	for _, c := range []struct {
 		c         corev1.Container

@@ -364,13 +364,6 @@ func TestChartSPIREValues(t *testing.T) {
 	}
 
 	// Images, resources, scheduling, pull Secrets; RBAC subjects in SPIRE's namespace.
-	rl := func(kv ...string) corev1.ResourceList {
-		l := corev1.ResourceList{}
-		for i := 0; i < len(kv); i += 2 {
-			l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
-		}
-		return l
-	}
 	for _, c := range []struct {
 		c         corev1.Container
 		image     string

@@ -87,6 +87,13 @@ var iptablesAlternatives = []Alternative{
 	{Name: "ebtables-save", Link: "/usr/sbin/ebtables-save", Path: "/usr/sbin/ebtables-nft-save"},
 }
 
+// dashScriptsOnly are the packages of dash's closure that only its maintainer scripts use, left
+// out of the images whose entrypoint is a dash script (Image.Omit).
+var dashScriptsOnly = map[string]string{
+	"dpkg":        "dash's maintainer scripts divert /bin/sh with dpkg-divert; the package ships /bin/sh itself",
+	"debianutils": "dash's maintainer scripts add it to /etc/shells with add-shell; the entrypoint uses none of its tools",
+}
+
 // Images returns the definitions of every image aether builds: the agent with aether-cni, the
 // node's Envoy, the registrar, the pod sandbox (pause) and the e2e test workloads.
 func Images() []Image {
@@ -120,10 +127,7 @@ func Images() []Image {
 			Dockerfile: "images/envoy/Dockerfile",
 			// The entrypoint's shell and its sleep.
 			Packages: []string{"dash", "coreutils"},
-			Omit: map[string]string{
-				"dpkg":        "dash's maintainer scripts divert /bin/sh with dpkg-divert; the package ships /bin/sh itself",
-				"debianutils": "dash's maintainer scripts add it to /etc/shells with add-shell; the entrypoint uses none of its tools",
-			},
+			Omit:     dashScriptsOnly,
 			Copies: []Copy{
 				{Dst: "/usr/local/bin/envoy", Envoy: true},
 				{Dst: "/usr/local/bin/aether-envoy-entrypoint", Repo: "images/envoy/entrypoint.sh"},
@@ -172,10 +176,7 @@ func Images() []Image {
 			// root from it (docs/deploy.md).
 			Ref:      SPIREAgentImage,
 			Packages: []string{"libc6", "dash"},
-			Omit: map[string]string{
-				"dpkg":        "dash's maintainer scripts divert /bin/sh with dpkg-divert; the package ships /bin/sh itself",
-				"debianutils": "dash's maintainer scripts add it to /etc/shells with add-shell; the entrypoint uses none of its tools",
-			},
+			Omit:     dashScriptsOnly,
 			Copies: []Copy{
 				{Dst: "/usr/local/bin/spire-agent", Tool: ToolSPIREAgent},
 				{Dst: "/usr/local/bin/aether-spire-agent-entrypoint", Repo: "images/spire-agent/entrypoint.sh"},
