@@ -133,6 +133,11 @@ func TestDeployAgentArgs(t *testing.T) {
 	if !cfg.EastWestWaypoint {
 		t.Error("--east-west-waypoint is off in the deployed agent: deploy/config.yaml makes every node a waypoint")
 	}
+	// deploy/ is the chart's default, SPIRE: the agent asks the SPIRE agent of its node, whose
+	// admin socket (deploy/spire/config.yaml) is on the node directory both DaemonSets mount.
+	if cfg.IdentitySource != IdentitySPIRE || cfg.CACert != "" || cfg.SPIREAdminSocket != DefaultSPIREAdminSocket {
+		t.Errorf("--identity-source %q, --ca-cert %q, --spire-admin-socket %q: want spire, none, %s", cfg.IdentitySource, cfg.CACert, cfg.SPIREAdminSocket, DefaultSPIREAdminSocket)
+	}
 
 	// Shared with the node at the same path (the conflist names the CNI socket; Envoy opens the
 	// CNI runtime's netns paths), and with the Envoy container.
@@ -156,6 +161,19 @@ func TestDeployAgentArgs(t *testing.T) {
 	sameOnNode(d.envoy, "/var/run/netns/cni-1234", "/var/run/netns/cni-1234")
 	sameOnNode(d.agent, cfg.CNIConfDir, "/etc/cni/net.d")
 	sameOnNode(d.agent, cfg.CNIBinDir, "/opt/cni/bin")
+	sameOnNode(d.agent, cfg.SPIREAdminSocket, cfg.SPIREAdminSocket)
+	var spireAgents appsv1.DaemonSet
+	if err := deploy.Decode("spire/agent.yaml", "DaemonSet", &spireAgents); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := deploy.Container(spireAgents.Spec.Template.Spec, "spire-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v, _, rel, err := deploy.MountedFrom(spireAgents.Spec.Template.Spec, sa, cfg.SPIREAdminSocket); err != nil || v.HostPath == nil ||
+		filepath.Join(v.HostPath.Path, rel) != cfg.SPIREAdminSocket {
+		t.Errorf("the SPIRE agent DaemonSet does not put %s on the node's %s (volume %+v, %v)", cfg.SPIREAdminSocket, cfg.SPIREAdminSocket, v.VolumeSource, err)
+	}
 
 	probe := func(c corev1.Container, want string) {
 		t.Helper()

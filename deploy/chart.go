@@ -92,6 +92,61 @@ extraConfig: {AETHER_DNS_RATE_LIMIT: "200", AETHER_ZONE: zone-a}
 namespace: {create: true}
 `
 
+// otherSPIREDigest is the SPIRE server image digest OtherSPIREValues sets.
+var otherSPIREDigest = "sha256:" + strings.Repeat("cd", 32)
+
+// OtherSPIREValues is a Helm values file (YAML) for identity.mode spire that sets every SPIRE
+// value of the chart to something other than its default, as OtherValues does for the rest: SPIRE
+// in the namespace identity (not created by the chart), a CA of 48h and SVIDs of 30m, the memory
+// key manager, an emptyDir data volume of 256Mi, the Controller Manager's className mesh and
+// ignored namespaces kube-system and legacy, the kubelet's certificate verified, workloads
+// selected by the namespace label mesh.example/tier in (gold) and the pod label
+// mesh.example/identity=spire, other images, resources and scheduling; and cluster east, trust
+// domain example.org, log level debug, one registry endpoint, the agents' scheduling and a pull
+// Secret. The chart's, the agent's and the e2e tests render it.
+var OtherSPIREValues = `
+cluster: east
+trustDomain: example.org
+logLevel: debug
+registry:
+  endpoints: [https://10.0.0.2:2379]
+identity:
+  mode: spire
+spire:
+  namespace: identity
+  createNamespace: false
+  server:
+    caTTL: 48h
+    defaultX509SVIDTTL: 30m
+    keyManager: memory
+    dataVolume: {type: emptyDir, size: 256Mi, storageClassName: ""}
+    resources: {requests: {cpu: 100m, memory: 256Mi}, limits: {memory: 1Gi}}
+    nodeSelector: {node-role.example/control: "true"}
+    tolerations: [{key: control, operator: Exists, effect: NoSchedule}]
+  controllerManager:
+    className: mesh
+    ignoreNamespaces: [kube-system, legacy]
+    resources: {requests: {cpu: 30m, memory: 96Mi}, limits: {memory: 384Mi}}
+  agent:
+    skipKubeletVerification: false
+    resources: {requests: {cpu: 40m, memory: 80Mi}, limits: {memory: 256Mi}}
+  workloads:
+    namespaceSelector:
+      matchLabels: null # Helm merges maps: null drops the default aether.io/mesh=enabled
+      matchExpressions: [{key: mesh.example/tier, operator: In, values: [gold]}]
+    podSelector:
+      matchLabels: {mesh.example/identity: spire}
+images:
+  spireServer: {repository: registry.example/spire/server, digest: "` + otherSPIREDigest + `"}
+  spireAgent: {repository: registry.example/spire/agent, tag: "1.13.3", pullPolicy: Always}
+  spireControllerManager: {repository: "registry.example:5000/spire/controller-manager", tag: v0.6.3, pullPolicy: Never}
+imagePullSecrets: [{name: regcred}]
+agent:
+  nodeSelector: {kubernetes.io/os: linux}
+  tolerations: [{key: dedicated, operator: Equal, value: mesh, effect: NoSchedule}]
+  priorityClassName: mesh-node
+`
+
 // RenderChart runs `helm template` (helm is the Helm binary's path, such as the cached one of
 // internal/testenv) on the chart embedded from ChartDir, as release ReleaseName in namespace,
 // and decodes the rendered objects, in Helm's output order (empty documents skipped).

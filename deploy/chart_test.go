@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -15,12 +16,16 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
@@ -87,7 +92,17 @@ func appVersion(t *testing.T) string {
 	return c.AppVersion
 }
 
-// TestChartLint runs helm lint --strict on the chart with its defaults and with OtherValues.
+// rl is a resource list of name, quantity pairs ("cpu", "100m", "memory", "128Mi").
+func rl(kv ...string) corev1.ResourceList {
+	l := corev1.ResourceList{}
+	for i := 0; i < len(kv); i += 2 {
+		l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
+	}
+	return l
+}
+
+// TestChartLint runs helm lint --strict on the chart with its defaults, with OtherValues, with
+// OtherSPIREValues and with SPIRE alone.
 func TestChartLint(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -95,6 +110,8 @@ func TestChartLint(t *testing.T) {
 	}{
 		{"defaults", nil},
 		{"other values", []string{"-f", valuesFile(t, OtherValues)}},
+		{"other SPIRE values", []string{"-f", valuesFile(t, OtherSPIREValues)}},
+		{"SPIRE only", []string{"--set", "mesh.enabled=false"}},
 	} {
 		out, err := helm(t, "", append([]string{"lint", "--strict", ChartDir}, c.args...)...)
 		if err != nil || !strings.Contains(out, "1 chart(s) linted, 0 chart(s) failed") {
@@ -199,13 +216,6 @@ func TestChartValues(t *testing.T) {
 	en, err := Container(spec, "envoy")
 	if err != nil {
 		t.Fatal(err)
-	}
-	rl := func(kv ...string) corev1.ResourceList {
-		l := corev1.ResourceList{}
-		for i := 0; i < len(kv); i += 2 {
-			l[corev1.ResourceName(kv[i])] = resource.MustParse(kv[i+1])
-		}
-		return l
 	}
 	for _, c := range []struct {
 		c         corev1.Container
@@ -349,7 +359,24 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"endpoints a string", []string{"--set", "registry.endpoints=https://etcd-0:2379"}, []string{"/registry/endpoints"}},
 		{"TLS Secret name", []string{"--set", "registry.tls.secretName=Etcd_Client"}, []string{"/registry/tls/secretName"}},
 		{"password without user", []string{"--set", "registry.passwordSecret.name=etcd-password"}, []string{"registry.passwordSecret.name", "registry.user"}},
-		{"identity mode", []string{"--set", "identity.mode=spire"}, []string{"/identity/mode", "dev-ca"}},
+		{"identity mode", []string{"--set", "identity.mode=vault"}, []string{"/identity/mode", "spire", "dev-ca"}},
+		{"SPIRE only in dev-ca mode", []string{"--set", "mesh.enabled=false", "--set", "identity.mode=dev-ca"}, []string{"mesh.enabled false", "identity.mode \"dev-ca\""}},
+		{"SPIRE in the release namespace", []string{"--set", "spire.namespace=aether-system"}, []string{"spire.namespace \"aether-system\"", "release namespace"}},
+		{"SPIRE namespace not a label", []string{"--set", "spire.namespace=Spire"}, []string{"/spire/namespace", "Spire"}},
+		{"release namespace ignored", []string{"--set", "spire.controllerManager.ignoreNamespaces={kube-system,aether-system}"}, []string{"spire.controllerManager.ignoreNamespaces", "aether-system"}},
+		{"ignored namespace not a name", []string{"--set", "spire.controllerManager.ignoreNamespaces={kube-.*}"}, []string{"/spire/controllerManager/ignoreNamespaces/0"}},
+		{"CA TTL", []string{"--set", "spire.server.caTTL=1day"}, []string{"/spire/server/caTTL", "1day"}},
+		{"SVID TTL", []string{"--set", "spire.server.defaultX509SVIDTTL=30"}, []string{"/spire/server/defaultX509SVIDTTL"}},
+		{"key manager", []string{"--set", "spire.server.keyManager=hsm"}, []string{"/spire/server/keyManager", "hsm"}},
+		{"data volume type", []string{"--set", "spire.server.dataVolume.type=hostPath"}, []string{"/spire/server/dataVolume/type", "hostPath"}},
+		{"data volume size", []string{"--set", "spire.server.dataVolume.size=big"}, []string{"/spire/server/dataVolume/size"}},
+		{"class name", []string{"--set", "spire.controllerManager.className=Mesh Class"}, []string{"/spire/controllerManager/className"}},
+		{"kubelet verification not a boolean", []string{"--set-string", "spire.agent.skipKubeletVerification=yes"}, []string{"/spire/agent/skipKubeletVerification"}},
+		{"misspelt workload selector", []string{"--set", "spire.workloads.namespaceSelector.matchLabel.a=b"}, []string{"/spire/workloads/namespaceSelector", "matchLabel"}},
+		{"selector operator", []string{"--set", "spire.workloads.podSelector.matchExpressions[0].key=a", "--set", "spire.workloads.podSelector.matchExpressions[0].operator=Like"}, []string{"/spire/workloads/podSelector/matchExpressions/0/operator", "Like"}},
+		{"SPIRE image digest", []string{"--set", "images.spireAgent.digest=sha256:abc"}, []string{"/images/spireAgent/digest"}},
+		{"extraConfig of the identity source", []string{"--set", "extraConfig.AETHER_IDENTITY_SOURCE=dev-ca"}, []string{"extraConfig.AETHER_IDENTITY_SOURCE", "the value identity.mode"}},
+		{"extraConfig of the admin socket", []string{"--set", "extraConfig.AETHER_SPIRE_ADMIN_SOCKET=/tmp/a.sock"}, []string{"extraConfig.AETHER_SPIRE_ADMIN_SOCKET", "identity.mode"}},
 		{"control cluster not a label", []string{"--set", "controlCluster=Hub_1"}, []string{"/controlCluster", "Hub_1"}},
 		{"control cluster too long", []string{"--set", "controlCluster=" + strings.Repeat("a", 64)}, []string{"/controlCluster"}},
 		{"import config not a boolean", []string{"--set-string", "importConfig=yes"}, []string{"/importConfig"}},
@@ -400,7 +427,18 @@ func TestChartServerSideDryRun(t *testing.T) {
 		{"defaults", "aether-system", "", nil},
 		{"other values", "mesh-system", OtherValues, nil},
 		{"cniUninstall", "aether-system", "", []string{"--set", "cniUninstall=true"}},
+		// SPIRE's namespace identity is not the chart's (spire.createNamespace false): made below.
+		{"other SPIRE values", "mesh-system", OtherSPIREValues, nil},
+		{"SPIRE on a volume claim", "spire-pvc", "", []string{"--set", "spire.namespace=spire-pvc-ns", "--set", "spire.server.dataVolume.storageClassName=fast",
+			"--set", "spire.server.dataVolume.size=5Gi"}},
+		{"SPIRE only", "spire-only", "", []string{"--set", "mesh.enabled=false", "--set", "spire.namespace=spire-only-ns"}},
 	} {
+		if c.values == OtherSPIREValues {
+			if err := ap.apply(&unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace",
+				"metadata": map[string]any{"name": "identity"}}}, false); err != nil {
+				t.Fatal(err)
+			}
+		}
 		objs := render(t, c.namespace, c.values, append([]string{"--include-crds", "--set", "namespace.create=true"}, c.args...)...)
 		rendered := map[string]*unstructured.Unstructured{}
 		for _, o := range objs {
@@ -408,8 +446,8 @@ func TestChartServerSideDryRun(t *testing.T) {
 				rendered[o.GetName()] = o
 			}
 		}
-		if len(rendered) != 14 {
-			t.Errorf("%s: %d CRDs rendered, want the 14 of MCS, Gateway API and aether (AuthorizationPolicy, PeerAuthentication)", c.name, len(rendered))
+		if len(rendered) != 17 {
+			t.Errorf("%s: %d CRDs rendered, want the 17 of MCS, Gateway API, aether (AuthorizationPolicy, PeerAuthentication) and SPIRE's Controller Manager", c.name, len(rendered))
 		}
 		if crds == nil {
 			// Created for real from the first render (the next ones render the same files).
@@ -447,24 +485,34 @@ func TestChartServerSideDryRun(t *testing.T) {
 	}
 	t.Logf("dry-run applied: %v", kinds)
 	for _, k := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Deployment", "ConfigMap",
-		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "StatefulSet", "Service", "ClusterSPIFFEID"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s among the rendered objects", k)
 		}
 	}
-	if kinds["DaemonSet"] != 3 {
-		t.Errorf("%d DaemonSets applied, want 3 (the agent's twice, the uninstall one once)", kinds["DaemonSet"])
+	// The aether agent's: defaults, other values, other SPIRE values, the volume claim; the SPIRE
+	// agent's: defaults, cniUninstall, other SPIRE values, the volume claim, SPIRE only; the
+	// uninstall one: cniUninstall.
+	if kinds["DaemonSet"] != 10 {
+		t.Errorf("%d DaemonSets applied, want 10 (4 of the aether agent, 5 of the SPIRE agent, the uninstall one)", kinds["DaemonSet"])
+	}
+	if kinds["StatefulSet"] != 5 || kinds["ClusterSPIFFEID"] != 10 {
+		t.Errorf("%d StatefulSets and %d ClusterSPIFFEIDs applied, want 5 and 10 (a SPIRE server and two ClusterSPIFFEIDs in each of the 5 SPIRE renders)", kinds["StatefulSet"], kinds["ClusterSPIFFEID"])
 	}
 }
 
 // TestChartHelmInstall installs, upgrades and removes the chart with the real Helm on a real
 // kube-apiserver, as docs/deploy.md says. A server dry run into a namespace that enforces Pod
-// Security baseline, without cluster name and registry, warns of both in its NOTES. Then: the
-// namespace made first with its Pod Security label;
-// an existing Gateway API CRD (another implementation's) is kept, the missing CRDs created; the
-// NOTES name the missing CA Secret; an upgrade that changes a value updates the ConfigMap and
-// the pods' checksum; cniUninstall is refused while the agent DaemonSet exists and replaces it
-// once it is gone; helm uninstall removes the release's objects and keeps the CRDs.
+// Security baseline, without cluster name and registry, warns of both in its NOTES, and of what
+// SPIRE lacks there: the ClusterSPIFFEID CRD (a dry run creates none, so the ClusterSPIFFEIDs are
+// left out instead of failing) and a default StorageClass; a dry run in dev-ca mode names the
+// missing CA Secret. Then: the namespace made first with its Pod Security label, a default
+// StorageClass; an existing Gateway API CRD (another implementation's) is kept, the missing CRDs
+// created; SPIRE's namespace (Pod Security privileged), server, agents and ClusterSPIFFEIDs
+// installed; an upgrade that changes a value updates the ConfigMaps and the pods' checksums
+// (aether's and SPIRE's) and keeps the bundle the SPIRE server wrote into spire-bundle;
+// cniUninstall is refused while the agent DaemonSet exists and replaces it once it is gone; helm
+// uninstall removes the release's objects (SPIRE's namespace too) and keeps the CRDs.
 func TestChartHelmInstall(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	cs := kubernetes.NewForConfigOrDie(api.Config)
@@ -490,20 +538,32 @@ func TestChartHelmInstall(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, w := range []string{`enforces Pod Security "baseline"`, "pod-security.kubernetes.io/enforce=privileged", "cluster and registry.endpoints are required"} {
+	for _, w := range []string{`enforces Pod Security "baseline"`, "pod-security.kubernetes.io/enforce=privileged", "cluster and registry.endpoints are required",
+		"no ClusterSPIFFEID CRD", "no default StorageClass", "spire-server agent list"} {
 		if !strings.Contains(out, w) {
 			t.Errorf("helm install into a baseline namespace, unconfigured: NOTES do not say %q:\n%s", w, out)
 		}
 	}
-
 	install := []string{"--namespace", ns, "--set", "cluster=east", "--set", "registry.endpoints={https://10.0.0.2:2379}"}
+	out, err = helm(t, kc, append([]string{"install", "aether", ChartDir, "--dry-run=server", "--set", "identity.mode=dev-ca"}, install...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out, "create secret tls aether-ca") || strings.Contains(out, "WARNING") || strings.Contains(out, "SPIRE") {
+		t.Errorf("helm install --set identity.mode=dev-ca NOTES do not name the missing CA Secret, or warn of a configured value, or speak of SPIRE:\n%s", out)
+	}
+
+	if _, err := cs.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "standard",
+		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "example.org/none"}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	out, err = helm(t, kc, append([]string{"install", "aether", ChartDir}, install...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("helm install:\n%s", out)
-	if !strings.Contains(out, "create secret tls aether-ca") || strings.Contains(out, "WARNING") {
-		t.Errorf("helm install NOTES do not name the missing CA Secret, or warn of a configured value:\n%s", out)
+	if strings.Contains(out, "create secret tls aether-ca") || strings.Contains(out, "WARNING") || !strings.Contains(out, "rollout status statefulset/spire-server") {
+		t.Errorf("helm install NOTES name a CA Secret SPIRE does not need, or warn of a configured value, or do not say how to check SPIRE:\n%s", out)
 	}
 	crds, err := ext.ApiextensionsV1().CustomResourceDefinitions().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -516,8 +576,35 @@ func TestChartHelmInstall(t *testing.T) {
 			t.Errorf("helm install took over the existing CRD %s", c.Name)
 		}
 	}
-	if len(installed) != 14 {
-		t.Errorf("CRDs after helm install: %v, want the 14 of MCS, Gateway API and aether (AuthorizationPolicy, PeerAuthentication)", installed)
+	if len(installed) != 17 {
+		t.Errorf("CRDs after helm install: %v, want the 17 of MCS, Gateway API, aether (AuthorizationPolicy, PeerAuthentication) and SPIRE", installed)
+	}
+	// SPIRE: its namespace (the chart's), server, agents and the ClusterSPIFFEIDs (their CRD
+	// created by helm install before it rendered them).
+	sns, err := cs.CoreV1().Namespaces().Get(ctx, "spire", metav1.GetOptions{})
+	if err != nil || sns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Fatalf("namespace spire after helm install: %v (labels %v), want it, privileged", err, sns.Labels)
+	}
+	sts, err := cs.AppsV1().StatefulSets("spire").Get(ctx, "spire-server", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.AppsV1().DaemonSets("spire").Get(ctx, "spire-agent", metav1.GetOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	dyn := dynamic.NewForConfigOrDie(api.Config)
+	spiffeIDs := dyn.Resource(schema.GroupVersionResource{Group: "spire.spiffe.io", Version: "v1alpha1", Resource: "clusterspiffeids"})
+	for _, n := range []string{"aether-workloads", "aether-agent"} {
+		if _, err := spiffeIDs.Get(ctx, n, metav1.GetOptions{}); err != nil {
+			t.Errorf("ClusterSPIFFEID %s after helm install: %v", n, err)
+		}
+	}
+	// The SPIRE server's k8sbundle notifier writes the bundle into spire-bundle (as the server
+	// would, with a patch of its own); an upgrade must keep it.
+	const bundle = "-----BEGIN CERTIFICATE-----\nMIIB (a bundle)\n-----END CERTIFICATE-----\n"
+	if _, err := cs.CoreV1().ConfigMaps("spire").Patch(ctx, "spire-bundle", types.StrategicMergePatchType,
+		[]byte(`{"data":{"bundle.crt":`+strconv.Quote(bundle)+`}}`), metav1.PatchOptions{FieldManager: "spire-server"}); err != nil {
+		t.Fatal(err)
 	}
 	ds, err := cs.AppsV1().DaemonSets(ns).Get(ctx, "aether-agent", metav1.GetOptions{})
 	if err != nil {
@@ -545,6 +632,17 @@ func TestChartHelmInstall(t *testing.T) {
 	}
 	if a, b := ds.Spec.Template.Annotations["checksum/config"], ds2.Spec.Template.Annotations["checksum/config"]; a == b {
 		t.Errorf("checksum/config unchanged by the upgrade (%s): the pods would keep the old settings", a)
+	}
+	// SPIRE logs at the chart's level: its configuration changed, so do its pods' checksum.
+	sts2, err := cs.AppsV1().StatefulSets("spire").Get(ctx, "spire-server", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := sts.Spec.Template.Annotations["checksum/config"], sts2.Spec.Template.Annotations["checksum/config"]; a == "" || a == b {
+		t.Errorf("spire-server checksum/config %q before the upgrade, %q after: want a change (logLevel is SPIRE's too)", a, b)
+	}
+	if cm, err := cs.CoreV1().ConfigMaps("spire").Get(ctx, "spire-bundle", metav1.GetOptions{}); err != nil || cm.Data["bundle.crt"] != bundle {
+		t.Errorf("spire-bundle after helm upgrade: %v (%v), want the bundle the server wrote kept", cm.Data, err)
 	}
 
 	// Removal: cniUninstall is refused while the agent DaemonSet exists.
@@ -589,6 +687,16 @@ func TestChartHelmInstall(t *testing.T) {
 	check("ClusterRole aether-agent", err)
 	_, err = cs.AdmissionregistrationV1().ValidatingAdmissionPolicies().Get(ctx, "aether-agent-node-pods", metav1.GetOptions{})
 	check("ValidatingAdmissionPolicy aether-agent-node-pods", err)
+	_, err = cs.RbacV1().ClusterRoles().Get(ctx, "aether-spire-server", metav1.GetOptions{})
+	check("ClusterRole aether-spire-server", err)
+	_, err = spiffeIDs.Get(ctx, "aether-workloads", metav1.GetOptions{})
+	check("ClusterSPIFFEID aether-workloads", err)
+	// No namespace controller runs here: SPIRE's namespace is being deleted, not gone.
+	if n, err := cs.CoreV1().Namespaces().Get(ctx, "spire", metav1.GetOptions{}); err == nil && n.DeletionTimestamp == nil {
+		left = append(left, "Namespace spire")
+	} else if err != nil {
+		check("Namespace spire", err)
+	}
 	if len(left) > 0 {
 		t.Errorf("helm uninstall left %v", left)
 	}

@@ -43,8 +43,13 @@ func TestEveryManifestIsInstalled(t *testing.T) {
 			t.Errorf("%s is not in kustomization.yaml", f)
 		}
 	}
-	if res[0] != "namespace.yaml" {
-		t.Errorf("kustomization.yaml starts with %s, want namespace.yaml", res[0])
+	if len(res) < 2 || res[0] != "namespace.yaml" || res[1] != "spire/namespace.yaml" {
+		t.Errorf("kustomization.yaml starts with %v, want namespace.yaml and spire/namespace.yaml", res[:min(2, len(res))])
+	}
+	// A custom resource after its CRD: kubectl apply -k maps every object first, and the CRDs
+	// must be applied before (docs/deploy.md), but the order still says what depends on what.
+	if slices.Index(res, "spire/clusterspiffeids.yaml") < slices.Index(res, "crds/spire.spiffe.io_clusterspiffeids.yaml") {
+		t.Errorf("kustomization.yaml lists spire/clusterspiffeids.yaml before its CRD")
 	}
 }
 
@@ -57,13 +62,15 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
 	testenv.InstallCRDs(t, api.Config, "deploy/crds")
 	apply := newApplier(t, api).apply
-	ns, err := Objects("namespace.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range ns {
-		if err := apply(o, false); err != nil {
-			t.Fatalf("create namespace %s: %v", o.GetName(), err)
+	for _, f := range []string{"namespace.yaml", "spire/namespace.yaml"} {
+		ns, err := Objects(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, o := range ns {
+			if err := apply(o, false); err != nil {
+				t.Fatalf("create namespace %s: %v", o.GetName(), err)
+			}
 		}
 	}
 
@@ -97,7 +104,7 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 	}
 	t.Logf("dry-run applied: %v", kinds)
 	for _, k := range []string{"Namespace", "CustomResourceDefinition", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "DaemonSet", "Deployment", "ConfigMap",
-		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding", "StatefulSet", "Service", "ClusterSPIFFEID"} {
 		if kinds[k] == 0 {
 			t.Errorf("no %s among the manifests", k)
 		}
@@ -210,7 +217,8 @@ func TestAgentDaemonSetShape(t *testing.T) {
 // read-only root filesystem, all capabilities dropped but exactly the ones the container needs,
 // no privileged mode, no_new_privs (allowPrivilegeEscalation: false) wherever CAP_SYS_ADMIN does
 // not make it meaningless, an explicit user, and the ServiceAccount token only where a process
-// calls the API (not in Envoy's container, nor in the uninstall DaemonSet).
+// calls the API (not in Envoy's container, nor in the uninstall DaemonSet). The node's PID
+// namespace only for the SPIRE agent, whose k8s workload attestor needs its callers' PIDs.
 func TestWorkloadSecurity(t *testing.T) {
 	type want struct {
 		caps  []string
@@ -219,18 +227,27 @@ func TestWorkloadSecurity(t *testing.T) {
 	}
 	for _, w := range []struct {
 		file, kind string
+		hostPID    bool
 		containers map[string]want
 	}{
-		{"agent/daemonset.yaml", "DaemonSet", map[string]want{
+		{"agent/daemonset.yaml", "DaemonSet", false, map[string]want{
 			"agent": {caps: []string{"NET_ADMIN", "SYS_ADMIN", "NET_RAW"}, uid: 0, token: true},
 			"envoy": {caps: []string{"SYS_ADMIN", "NET_ADMIN"}, uid: 0},
 		}},
-		{"registrar/deployment.yaml", "Deployment", map[string]want{
+		{"registrar/deployment.yaml", "Deployment", false, map[string]want{
 			"registrar": {uid: 65532, token: true},
 		}},
-		{"uninstall/cni-uninstall.yaml", "DaemonSet", map[string]want{
+		{"uninstall/cni-uninstall.yaml", "DaemonSet", false, map[string]want{
 			"uninstall-cni": {caps: []string{"NET_ADMIN"}, uid: 0},
 			"done":          {uid: 65534},
+		}},
+		{"spire/server.yaml", "StatefulSet", false, map[string]want{
+			"spire-server":       {uid: 65532, token: true},
+			"controller-manager": {uid: 65532, token: true},
+		}},
+		// Root for the admin socket's directory (the aether agent's uid), but no capability.
+		{"spire/agent.yaml", "DaemonSet", true, map[string]want{
+			"spire-agent": {uid: 0, token: true},
 		}},
 	} {
 		var spec corev1.PodSpec
@@ -247,13 +264,19 @@ func TestWorkloadSecurity(t *testing.T) {
 				t.Fatal(err)
 			}
 			spec = d.Spec.Template.Spec
+		case "StatefulSet":
+			var st appsv1.StatefulSet
+			if err := Decode(w.file, w.kind, &st); err != nil {
+				t.Fatal(err)
+			}
+			spec = st.Spec.Template.Spec
 		}
 		psc := spec.SecurityContext
 		if psc == nil {
 			psc = &corev1.PodSecurityContext{}
 		}
-		if spec.HostPID || spec.HostIPC {
-			t.Errorf("%s: hostPID %v, hostIPC %v; want neither", w.file, spec.HostPID, spec.HostIPC)
+		if spec.HostPID != w.hostPID || spec.HostIPC {
+			t.Errorf("%s: hostPID %v, hostIPC %v; want hostPID %v, no hostIPC", w.file, spec.HostPID, spec.HostIPC, w.hostPID)
 		}
 		automount := spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken
 		if n := len(spec.InitContainers) + len(spec.Containers); n != len(w.containers) {

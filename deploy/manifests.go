@@ -20,7 +20,7 @@ import (
 // FS holds every manifest under deploy/, with paths relative to deploy/ (for example
 // "agent/daemonset.yaml"): the Helm chart rendered with its defaults (hack/update-manifests.sh).
 //
-//go:embed *.yaml agent/*.yaml registrar/*.yaml crds/*.yaml uninstall/*.yaml
+//go:embed *.yaml agent/*.yaml registrar/*.yaml spire/*.yaml crds/*.yaml uninstall/*.yaml
 var FS embed.FS
 
 // ChartDir is the Helm chart's directory, relative to deploy/.

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # verify-crds.sh: fail when the chart's CRDs (deploy/chart/aether/crds) differ from those of the
-# pinned sigs.k8s.io/mcs-api and sigs.k8s.io/gateway-api, or from aether's API types
-# (controller-gen; hack/update-crds.sh). deploy/crds/ is
+# pinned sigs.k8s.io/mcs-api and sigs.k8s.io/gateway-api, from aether's API types
+# (controller-gen), or from the pinned SPIRE Controller Manager's (hack/update-crds.sh). deploy/crds/ is
 # checked against the chart by verify-manifests.sh.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

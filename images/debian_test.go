@@ -187,8 +187,9 @@ func TestDebTree(t *testing.T) {
 // image cache (what hack/images uses).
 func testOptions(t *testing.T) Options {
 	t.Helper()
-	tools := testenv.RequireTools(t, testenv.ToolEnvoy)
-	return Options{Root: repoRoot(t), CacheDir: filepath.Join(tools.Dir, "images"), Envoy: tools.Envoy, Log: testLogger(t)}
+	tools := testenv.RequireTools(t, testenv.ToolEnvoy, testenv.ToolSPIRE)
+	return Options{Root: repoRoot(t), CacheDir: filepath.Join(tools.Dir, "images"), Envoy: tools.Envoy,
+		Tools: ToolPaths(tools.SPIREServer, tools.SPIREAgent, tools.SPIREControllerManager), Log: testLogger(t)}
 }
 
 // closure resolves and fetches img's closure (into the tool cache's debs/).

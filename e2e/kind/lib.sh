@@ -50,6 +50,7 @@ need() {
 hint() {
   case "$1" in
     kind) echo "go install sigs.k8s.io/kind@$KIND_VERSION" ;;
+    helm) echo "go install helm.sh/helm/v4/cmd/helm@$HELM_VERSION (or hack/tools.sh, then put \$AETHER_HELM on the PATH)" ;;
     docker) echo "these scripts need a Docker engine (the local substrate does not: make e2e)" ;;
     *) echo "install $1" ;;
   esac

@@ -50,7 +50,7 @@ func (m *Mesh) startNodesMesh(ctx context.Context, podB string) error {
 	opts.Logger.Info("building aether's images")
 	built, err := images.Build(ctx, images.Options{
 		Root: root, CacheDir: filepath.Join(tools.Dir, "images"), Envoy: tools.Envoy, Log: opts.Logger,
-	}, images.Images())
+	}, meshImages())
 	if err != nil {
 		return fmt.Errorf("start mesh: %w", err)
 	}
@@ -72,30 +72,54 @@ func (m *Mesh) startNodesMesh(ctx context.Context, podB string) error {
 			return fmt.Errorf("start mesh: install aether in %s: %w", c.Name, err)
 		}
 	}
-	digests := map[string]string{}
-	for _, b := range built {
-		d, err := b.Image.Digest()
-		if err != nil {
-			return fmt.Errorf("start mesh: digest of %s: %w", b.Ref, err)
-		}
-		digests[b.Ref] = d.String()
+	digests, err := imageDigests(built)
+	if err != nil {
+		return fmt.Errorf("start mesh: %w", err)
 	}
 	for _, c := range s.Clusters {
 		if err := waitInstalled(ctx, c); err != nil {
 			return fmt.Errorf("start mesh: %w", err)
 		}
-		if err := runsBuiltImages(ctx, c, digests); err != nil {
+		if err := runsBuiltImages(ctx, c, Namespace, digests); err != nil {
 			return fmt.Errorf("start mesh: %w", err)
 		}
 	}
 	return nil
 }
 
-// runsBuiltImages checks that every container of aether's pods in cluster c runs the image
-// built here: the digest its runtime reports (status.containerStatuses[].imageID) is the one
-// images.Build made for the reference the pod names.
-func runsBuiltImages(ctx context.Context, c *substrate.Cluster, digests map[string]string) error {
-	pods, err := c.Client.CoreV1().Pods(Namespace).List(ctx, metav1.ListOptions{})
+// meshImages are the images the real-node mesh runs: every image but SPIRE's. The chart is
+// installed with identity.mode dev-ca until the agent's SPIRE wiring is in (issue #28; install).
+func meshImages() []images.Image {
+	var out []images.Image
+	for _, d := range images.Images() {
+		switch d.Ref {
+		case images.SPIREServerImage, images.SPIREAgentImage, images.SPIREControllerManagerImage:
+		default:
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// imageDigests maps each built image's reference to its digest ("sha256:...").
+func imageDigests(built []images.Built) (map[string]string, error) {
+	digests := map[string]string{}
+	for _, b := range built {
+		d, err := b.Image.Digest()
+		if err != nil {
+			return nil, fmt.Errorf("digest of %s: %w", b.Ref, err)
+		}
+		digests[b.Ref] = d.String()
+	}
+	return digests, nil
+}
+
+// runsBuiltImages checks that every container of the pods in namespace ns of cluster c (aether's
+// or SPIRE's) runs the image built here: the digest its runtime reports
+// (status.containerStatuses[].imageID) is the one images.Build made for the reference the pod
+// names.
+func runsBuiltImages(ctx context.Context, c *substrate.Cluster, ns string, digests map[string]string) error {
+	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return err
 	}
@@ -117,7 +141,7 @@ func runsBuiltImages(ctx context.Context, c *substrate.Cluster, digests map[stri
 		}
 	}
 	if n == 0 {
-		return fmt.Errorf("no aether container runs in %s", c.Name)
+		return fmt.Errorf("no container runs in namespace %s of %s", ns, c.Name)
 	}
 	return nil
 }
@@ -126,6 +150,25 @@ func runsBuiltImages(ctx context.Context, c *substrate.Cluster, digests map[stri
 // sets them: the cluster name, the registry at the cluster's gateway over TLS with a client
 // certificate, the mesh's lease TTL, debug logs).
 func (m *Mesh) install(ctx context.Context, c *substrate.Cluster, helm, chart string) error {
+	return installDevCA(ctx, c, helm, chart, m.CACert, m.CAKey,
+		"--set", "extraConfig.AETHER_REGISTRY_LEASE_TTL="+m.opts.LeaseTTL.String(),
+		// Gateways may ask for addresses of their cluster's Gateway address pool, which the
+		// underlay routes to the cluster's first node (substrate.ClusterPlan.GatewayAddressPool);
+		// kube-proxy serves a given one as the edge Service's external IP.
+		"--set", "extraConfig.AETHER_GATEWAY_ADDRESS_CIDRS="+c.Plan.GatewayAddressPool.String(),
+		// Two edge pods per Gateway, one per node: each is programmed by its own node's agent.
+		"--set-string", "extraConfig.AETHER_EDGE_REPLICAS=2",
+		"--set", "importConfig=true",
+		"--set", "logLevel=debug",
+	)
+}
+
+// installDevCA installs aether in cluster c as release releaseName of the chart in Namespace
+// with the development CA of the files caCert and caKey (identity.mode dev-ca): it creates the
+// namespace, the CA Secret and the registry's client Secret, and runs helm install with the
+// cluster name and the registry at the cluster's gateway over TLS, and set (more --set
+// arguments).
+func installDevCA(ctx context.Context, c *substrate.Cluster, helm, chart, caCert, caKey string, set ...string) error {
 	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return err
 	}
@@ -140,7 +183,7 @@ func (m *Mesh) install(ctx context.Context, c *substrate.Cluster, helm, chart st
 		}
 		return out, nil
 	}
-	ca, err := read(m.CACert, m.CAKey)
+	ca, err := read(caCert, caKey)
 	if err != nil {
 		return err
 	}
@@ -159,20 +202,14 @@ func (m *Mesh) install(ctx context.Context, c *substrate.Cluster, helm, chart st
 		}
 	}
 	args := []string{"install", releaseName, chart, "--namespace", Namespace, "--kubeconfig", c.Kubeconfig,
+		// The development CA, explicitly: the chart's default is SPIRE, and the agent's SPIRE
+		// wiring is not in yet (issue #28).
+		"--set", "identity.mode=dev-ca",
 		"--set", "cluster=" + c.Name,
 		"--set", "registry.endpoints={" + c.NodeRegistryEndpoint + "}",
 		"--set", "registry.tls.enabled=true",
-		"--set", "extraConfig.AETHER_REGISTRY_LEASE_TTL=" + m.opts.LeaseTTL.String(),
-		// Gateways may ask for addresses of their cluster's Gateway address pool, which the
-		// underlay routes to the cluster's first node (substrate.ClusterPlan.GatewayAddressPool);
-		// kube-proxy serves a given one as the edge Service's external IP.
-		"--set", "extraConfig.AETHER_GATEWAY_ADDRESS_CIDRS=" + c.Plan.GatewayAddressPool.String(),
-		// Two edge pods per Gateway, one per node: each is programmed by its own node's agent.
-		"--set-string", "extraConfig.AETHER_EDGE_REPLICAS=2",
-		"--set", "importConfig=true",
-		"--set", "logLevel=debug",
 	}
-	cmd := exec.CommandContext(ctx, helm, args...)
+	cmd := exec.CommandContext(ctx, helm, append(args, set...)...)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -39,6 +39,9 @@ var realNodeDirs = []string{
 	// containerd's NRI socket (/var/run/nri/nri.sock): shared, two nodes' containerds starting
 	// at once raced for it ("bind: address already in use", one of them exiting).
 	"/run/nri",
+	// The SPIRE agent's sockets (the chart's hostPath /run/spire, identity.mode spire): each node
+	// its own agent's.
+	"/run/spire",
 }
 
 // SandboxImage is the pause image every real node's containerd runs as the pod sandbox
@@ -596,7 +599,8 @@ func (s *Substrate) buildAndPush(ctx context.Context, refs ...string) error {
 	if len(defs) != len(refs) {
 		return fmt.Errorf("build images %v: not all are images.Images()", refs)
 	}
-	built, err := images.Build(ctx, images.Options{Root: root, CacheDir: filepath.Join(tl.Dir, "images"), Envoy: tl.Envoy, Log: s.log}, defs)
+	built, err := images.Build(ctx, images.Options{Root: root, CacheDir: filepath.Join(tl.Dir, "images"), Envoy: tl.Envoy,
+		Tools: images.ToolPaths(tl.SPIREServer, tl.SPIREAgent, tl.SPIREControllerManager), Log: s.log}, defs)
 	if err != nil {
 		return err
 	}

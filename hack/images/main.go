@@ -13,7 +13,8 @@
 // It prints each image's reference, digest and size (compressed, as pushed; and unpacked).
 // Caches live in $AETHER_TOOLS_DIR/images (-cache): .debs, layers, binaries; the first build
 // downloads the Debian packages and compresses every layer, later ones reuse what did not
-// change. Envoy is AETHER_ENVOY (hack/tools.sh installs it). See docs/images.md.
+// change. Envoy is AETHER_ENVOY, the SPIRE binaries AETHER_SPIRE_SERVER, AETHER_SPIRE_AGENT and
+// AETHER_SPIRE_CONTROLLER_MANAGER (hack/tools.sh installs them all). See docs/images.md.
 package main
 
 import (
@@ -64,7 +65,8 @@ func run(ctx context.Context, cfg config) error {
 	if err != nil {
 		return err
 	}
-	opts := images.Options{Root: root, CacheDir: cfg.cache, Envoy: cfg.envoy}
+	opts := images.Options{Root: root, CacheDir: cfg.cache, Envoy: cfg.envoy,
+		Tools: images.ToolPaths(tools.SPIREServer, tools.SPIREAgent, tools.SPIREControllerManager)}
 	if opts.CacheDir == "" {
 		opts.CacheDir = filepath.Join(tools.Dir, "images")
 	}

@@ -1,5 +1,5 @@
 #!/bin/sh
-# stub.sh: stands in for docker, kind, kubectl, curl, openssl and go in kind_test.go. It appends
+# stub.sh: stands in for docker, kind, kubectl, helm, curl, openssl and go in kind_test.go. It appends
 # its name and arguments to $STUB_LOG, the content of every *.yaml or *.env file it is given,
 # creates the files curl and openssl would write, and prints what the scripts read back.
 name=$(basename "$0")

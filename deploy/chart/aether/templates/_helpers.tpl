@@ -50,7 +50,8 @@ Rendered (to nothing) by config.yaml.
   "AETHER_CLUSTER_DOMAIN" "agent.clusterDomain" "AETHER_DNS_CACHE_SIZE" "agent.dnsCache.size"
   "AETHER_DNS_CACHE_MAX_TTL" "agent.dnsCache.maxTTL" "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL" "agent.dnsCache.maxNegativeTTL"
   "AETHER_DNS_CACHE_SERVE_STALE" "agent.dnsCache.serveStale" "AETHER_DNS_CACHE_PREFETCH" "agent.dnsCache.prefetch"
-  "AETHER_CA_CERT" "identity (the CA Secret's mount)" "AETHER_CA_KEY" "identity (the CA Secret's mount)" }}
+  "AETHER_CA_CERT" "identity (the CA Secret's mount)" "AETHER_CA_KEY" "identity (the CA Secret's mount)"
+  "AETHER_IDENTITY_SOURCE" "identity.mode" "AETHER_SPIRE_ADMIN_SOCKET" "identity.mode (the SPIRE agent's admin socket)" }}
 {{- range $k, $v := .Values.extraConfig }}
 {{- if hasKey $managed $k }}
 {{- fail (printf "extraConfig.%s: set by the value %s; set that value instead" $k (get $managed $k)) }}
@@ -59,4 +60,107 @@ Rendered (to nothing) by config.yaml.
 {{- if and .Values.registry.passwordSecret.name (not .Values.registry.user) }}
 {{- fail (printf "registry.passwordSecret.name %q: a password needs registry.user (the registrar's etcd user)" .Values.registry.passwordSecret.name) }}
 {{- end }}
+{{- if and (not .Values.mesh.enabled) (ne .Values.identity.mode "spire") }}
+{{- fail (printf "mesh.enabled false with identity.mode %q: the chart would install nothing (mesh.enabled false installs only SPIRE, identity.mode spire)" .Values.identity.mode) }}
+{{- end }}
+{{- if eq .Values.identity.mode "spire" }}
+{{- if eq .Values.spire.namespace .Release.Namespace }}
+{{- fail (printf "spire.namespace %q is the release namespace: SPIRE needs a namespace of its own (the Controller Manager registers no pod of SPIRE's namespace, and the aether agents' entries are in the release namespace)" .Values.spire.namespace) }}
+{{- end }}
+{{- if has .Release.Namespace .Values.spire.controllerManager.ignoreNamespaces }}
+{{- fail (printf "spire.controllerManager.ignoreNamespaces names the release namespace %q: the aether agents' own registration entries (the SPIRE agents' authorized delegate) are there" .Release.Namespace) }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+aether.spireLogLevel: logLevel as SPIRE spells it (DEBUG, INFO, WARN, ERROR).
+*/}}
+{{- define "aether.spireLogLevel" -}}
+{{ upper .Values.logLevel }}
+{{- end -}}
+
+{{/*
+aether.spireSocket: paths SPIRE's processes share. server: the SPIRE server API's socket (the
+Controller Manager and the CLI in the server pod); admin: the SPIRE agent's admin socket on the
+node (the Delegated Identity API; agent.DefaultSPIREAdminSocket); workload: its Workload API
+socket on the node.
+Call: include "aether.spireSocket" "admin"
+*/}}
+{{- define "aether.spireSocket" -}}
+{{- get (dict "server" "/run/spire/server-api/api.sock" "admin" "/run/spire/agent-admin/admin.sock" "workload" "/run/spire/agent-sockets/spire-agent.sock") . -}}
+{{- end -}}
+
+{{/*
+aether.spiffeIDTemplate: the ClusterSPIFFEID template of the mesh's identities,
+spiffe://<trust domain>/ns/<namespace>/sa/<service account>, which the Controller Manager renders
+per pod (text/template, its own data: .TrustDomain, .PodMeta, .PodSpec).
+*/}}
+{{- define "aether.spiffeIDTemplate" -}}
+spiffe://{{ "{{ .TrustDomain }}" }}/ns/{{ "{{ .PodMeta.Namespace }}" }}/sa/{{ "{{ .PodSpec.ServiceAccountName }}" }}
+{{- end -}}
+
+{{/*
+aether.spireChecksum: the SHA-256 of SPIRE's rendered configuration (config.yaml, with the
+settings ConfigMap aether-spire-settings, and spire/config.yaml, the configuration files). On
+SPIRE's pod templates it makes helm upgrade roll them when it changes: they read it only when
+they start.
+*/}}
+{{- define "aether.spireChecksum" -}}
+{{ print (include (print .Template.BasePath "/config.yaml") .) (include (print .Template.BasePath "/spire/config.yaml") .) | sha256sum }}
+{{- end -}}
+
+
+{{/*
+aether.spireNotes: what NOTES.txt says of SPIRE (identity.mode spire; nothing otherwise): what to
+check, and what would keep it from starting.
+*/}}
+{{- define "aether.spireNotes" -}}
+{{- if eq .Values.identity.mode "spire" }}
+{{- $sns := .Values.spire.namespace }}
+{{- $sock := include "aether.spireSocket" "server" }}
+{{- if and (eq .Values.spire.server.dataVolume.type "persistentVolumeClaim") (not .Values.spire.server.dataVolume.storageClassName) (lookup "v1" "Namespace" "" .Release.Namespace) }}
+{{- $default := false }}
+{{- range (lookup "storage.k8s.io/v1" "StorageClass" "" "").items }}
+{{- if eq (index (.metadata.annotations | default dict) "storageclass.kubernetes.io/is-default-class" | default "") "true" }}
+{{- $default = true }}
+{{- end }}
+{{- end }}
+{{- if not $default }}
+
+WARNING: the cluster has no default StorageClass: the SPIRE server's volume claim (data-spire-server-0)
+stays Pending, and so does the server. Set spire.server.dataVolume.storageClassName, or
+spire.server.dataVolume.type=emptyDir (the server's CA and registrations then die with its pod).
+{{- end }}
+{{- end }}
+
+{{- if not (include "aether.spiffeIDsRenderable" .) }}
+
+WARNING: the cluster has no ClusterSPIFFEID CRD (a dry run, or --skip-crds): the ClusterSPIFFEIDs
+aether-workloads and aether-agent are left out, and no pod would get an SVID. Create the CRDs
+(kubectl apply --server-side -f deploy/chart/aether/crds/), then helm upgrade.
+{{- end }}
+
+SPIRE issues the workload identities (identity.mode spire, trust domain {{ .Values.trustDomain }}). Check it:
+  kubectl -n {{ $sns }} rollout status statefulset/spire-server
+  kubectl -n {{ $sns }} rollout status daemonset/spire-agent
+  # one attested agent per node (spiffe://{{ .Values.trustDomain }}/spire/agent/k8s_psat/{{ .Values.cluster | default "<cluster>" }}/<node UID>):
+  kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server agent list -socketPath {{ $sock }}
+  # the entries of the aether agents (their authorized delegate ID) and of the meshed pods:
+  kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server entry show -socketPath {{ $sock }}
+  kubectl get clusterspiffeids aether-agent aether-workloads -o wide
+{{- end }}
+{{- end -}}
+
+{{/*
+aether.spiffeIDsRenderable: "true" unless the chart talks to a cluster (lookup finds the release
+namespace) that lacks the ClusterSPIFFEID CRD. helm install creates the chart's crds/ before it
+renders, so only a server-side dry run (which creates no CRD) or --skip-crds gets there; the
+ClusterSPIFFEIDs are then left out rather than failing the whole release, and NOTES.txt warns.
+helm template (no cluster) renders them.
+*/}}
+{{- define "aether.spiffeIDsRenderable" -}}
+{{- if or (.Capabilities.APIVersions.Has "spire.spiffe.io/v1alpha1/ClusterSPIFFEID") (not (lookup "v1" "Namespace" "" .Release.Namespace)) -}}
+true
+{{- end -}}
 {{- end -}}
