@@ -294,7 +294,7 @@ func TestPrivilegedSPIREOnRealNodes(t *testing.T) {
 	dctx, dcancel := context.WithCancel(ctx)
 	defer dcancel()
 	d.Start(dctx)
-	d.SetPods([]string{string(wl.UID)})
+	d.SetPods("test", []string{string(wl.UID)})
 	testenv.Eventually(t, time.Minute, "the Delegated Identity API refuses a caller outside any pod", func() error {
 		st, _ := d.Pod(string(wl.UID))
 		if len(st.SVIDs) > 0 {
