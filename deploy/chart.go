@@ -118,6 +118,7 @@ spire:
   server:
     caTTL: 48h
     defaultX509SVIDTTL: 30m
+    cacheReloadInterval: 250ms
     keyManager: memory
     dataVolume: {type: emptyDir, size: 256Mi, storageClassName: ""}
     resources: {requests: {cpu: 100m, memory: 256Mi}, limits: {memory: 1Gi}}
@@ -128,6 +129,7 @@ spire:
     ignoreNamespaces: [kube-system, legacy]
     resources: {requests: {cpu: 30m, memory: 96Mi}, limits: {memory: 384Mi}}
   agent:
+    syncInterval: 300ms
     skipKubeletVerification: false
     resources: {requests: {cpu: 40m, memory: 80Mi}, limits: {memory: 256Mi}}
   workloads:
