@@ -73,7 +73,11 @@ func TestPrivilegedAgentSPIRE(t *testing.T) {
 		"ttl":              spireTTL.String(),
 	})
 	pods := map[string]*corev1.Pod{}
-	for _, name := range []string{"web", "client"} {
+	for _, name := range []string{"web", "client", "idle"} {
+		if name == "idle" {
+			must := mustCreate(t)
+			must(cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}))
+		}
 		pods[name] = createReadyPod(t, ctx, cs, name+"-1", name, func(p *corev1.Pod) { p.Labels[spireSelected] = "on" })
 	}
 
@@ -232,6 +236,32 @@ func TestPrivilegedAgentSPIRE(t *testing.T) {
 	t.Logf("across the SPIRE agent restart: %d requests, %d failed", okN.Load(), failedN.Load())
 	if failedN.Load() != 0 || okN.Load() == 0 {
 		t.Fatalf("%d of %d requests failed across the SPIRE agent restart; first: %v", failedN.Load(), okN.Load()+failedN.Load(), *firstErr)
+	}
+
+	// The agent restarts (killed) under traffic: the Envoy that outlives it keeps serving, and
+	// the new agent's first configuration waits for SPIRE's answers for the pods it had, so it
+	// does not take their listeners away: no request fails.
+	stop = make(chan struct{})
+	okN, failedN, firstErr, wait = traffic(stop)
+	time.Sleep(time.Second)
+	a.killAndRestart(t)
+	a.waitReady(t, 90*time.Second, "ready after the agent restarted")
+	time.Sleep(3 * time.Second)
+	close(stop)
+	wait()
+	t.Logf("across the agent restart: %d requests, %d failed", okN.Load(), failedN.Load())
+	if failedN.Load() != 0 || okN.Load() == 0 {
+		t.Fatalf("%d of %d requests failed across the agent restart; first: %v", failedN.Load(), okN.Load()+failedN.Load(), *firstErr)
+	}
+
+	// The agent asks SPIRE only for the pods it attached: idle, selected by the ClusterSPIFFEID
+	// (SPIRE holds its entry) but never ADDed on this node, has no SVID in Envoy.
+	idleID := "spiffe://aether.internal/ns/shop/sa/idle"
+	if out, err := srv.Entries(idleID); err != nil || !strings.Contains(out, idleID) {
+		t.Fatalf("SPIRE has no entry for %s: %v\n%s", idleID, err, out)
+	}
+	if got := envoySerials(a, idleID); len(got) != 0 {
+		t.Fatalf("Envoy holds %s's SVID, a pod the agent never attached", idleID)
 	}
 
 	// A process in the client pod (not root: a pod's processes never are the node agent) asks
