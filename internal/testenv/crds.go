@@ -11,6 +11,7 @@ import (
 
 	apiextv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/yaml"
@@ -62,7 +63,9 @@ func CreateCRDs(ctx context.Context, cfg *rest.Config, dir string) error {
 			if err := yaml.UnmarshalStrict([]byte(doc), &crd); err != nil {
 				return fmt.Errorf("create CRDs: decode %s: %w", f, err)
 			}
-			if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil {
+			// A CRD already there (another directory of the same CRDs: deploy/crds holds the
+			// SPIRE Controller Manager's too) is kept.
+			if _, err := cs.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, &crd, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 				return fmt.Errorf("create CRD %s: %w", crd.Name, err)
 			}
 			names = append(names, crd.Name)
