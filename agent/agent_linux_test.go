@@ -192,24 +192,7 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	kept := clientNS.HTTPClient(true)
 	kept.Transport.(*http.Transport).MaxConnsPerHost = 1
 	fresh := clientNS.HTTPClient(false)
-	call := func(c *http.Client, wantReused bool) error {
-		var reused bool
-		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}), http.MethodGet, url, nil)
-		resp, err := c.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), wantID) {
-			return fmt.Errorf("GET %s: %d %q, want 200 with the caller's identity %s", url, resp.StatusCode, b, wantID)
-		}
-		if reused != wantReused {
-			return fmt.Errorf("GET %s: connection reused = %v, want %v", url, reused, wantReused)
-		}
-		return nil
-	}
+	call := func(c *http.Client, wantReused bool) error { return callAs(ctx, c, url, wantID, wantReused) }
 	// The web endpoint goes through the registry before it reaches EDS: wait for the first answer.
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -251,6 +234,28 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	regProxy.Restore()
 	a.waitReady(t, 60*time.Second, "ready after the registry returns")
 	traffic("after the registry returned")
+}
+
+// callAs GETs url with c and returns nil when the answer is 200 and carries the caller's identity
+// wantID (the web handler echoes X-Forwarded-Client-Cert) over a connection reused or not as
+// wantReused says.
+func callAs(ctx context.Context, c *http.Client, url, wantID string, wantReused bool) error {
+	var reused bool
+	req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
+		GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}), http.MethodGet, url, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), wantID) {
+		return fmt.Errorf("GET %s: %d %q, want 200 with the caller's identity %s", url, resp.StatusCode, b, wantID)
+	}
+	if reused != wantReused {
+		return fmt.Errorf("GET %s: connection reused = %v, want %v", url, reused, wantReused)
+	}
+	return nil
 }
 
 // createWebService creates the Service shop/web: port 80 (http) to target port 8080 of the pods

@@ -8,10 +8,8 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"io"
 	"math/big"
 	"net/http"
-	"net/http/httptrace"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -144,24 +142,7 @@ func TestPrivilegedAgentSPIRE(t *testing.T) {
 	kept := clientNS.HTTPClient(true)
 	kept.Transport.(*http.Transport).MaxConnsPerHost = 1
 	fresh := clientNS.HTTPClient(false)
-	call := func(c *http.Client, wantReused bool) error {
-		var reused bool
-		req, _ := http.NewRequestWithContext(httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{
-			GotConn: func(i httptrace.GotConnInfo) { reused = i.Reused }}), http.MethodGet, url, nil)
-		resp, err := c.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), wantID) {
-			return fmt.Errorf("GET %s: %d %q, want 200 with the caller's identity %s", url, resp.StatusCode, b, wantID)
-		}
-		if reused != wantReused {
-			return fmt.Errorf("GET %s: connection reused = %v, want %v", url, reused, wantReused)
-		}
-		return nil
-	}
+	call := func(c *http.Client, wantReused bool) error { return callAs(ctx, c, url, wantID, wantReused) }
 	testenv.Eventually(t, 60*time.Second, "client reaches web through the mesh", func() error { return call(fresh, false) })
 	if err := call(kept, false); err != nil {
 		t.Fatal(err)
@@ -196,63 +177,56 @@ func TestPrivilegedAgentSPIRE(t *testing.T) {
 		return ok, failed, firstErr, wg.Wait
 	}
 
+	// underTraffic runs disrupt while requests run on the kept connection and on new ones, and
+	// fails the test if any fails.
+	underTraffic := func(what string, disrupt func()) {
+		t.Helper()
+		stop := make(chan struct{})
+		okN, failedN, firstErr, wait := traffic(stop)
+		disrupt()
+		time.Sleep(3 * time.Second)
+		close(stop)
+		wait()
+		t.Logf("across %s: %d requests, %d failed", what, okN.Load(), failedN.Load())
+		if failedN.Load() != 0 || okN.Load() == 0 {
+			t.Fatalf("%d of %d requests failed across %s; first: %v", failedN.Load(), okN.Load()+failedN.Load(), what, *firstErr)
+		}
+	}
 	// Rotations: SPIRE renews at half the TTL; the web and client SVIDs Envoy serves change
 	// at least three times each while requests run.
-	stop := make(chan struct{})
-	okN, failedN, firstErr, wait := traffic(stop)
-	seen := map[string]map[string]bool{webID: {}, wantID: {}}
-	testenv.Eventually(t, 5*spireTTL, "three rotations of each SVID in Envoy", func() error {
-		for id, set := range seen {
-			for s := range envoySerials(a, id) {
-				set[s] = true
+	underTraffic("three rotations", func() {
+		seen := map[string]map[string]bool{webID: {}, wantID: {}}
+		testenv.Eventually(t, 5*spireTTL, "three rotations of each SVID in Envoy", func() error {
+			for id, set := range seen {
+				for s := range envoySerials(a, id) {
+					set[s] = true
+				}
 			}
-		}
-		for id, set := range seen {
-			if len(set) < 4 {
-				return fmt.Errorf("%s: %d certificates seen", id, len(set))
+			for id, set := range seen {
+				if len(set) < 4 {
+					return fmt.Errorf("%s: %d certificates seen", id, len(set))
+				}
 			}
-		}
-		return nil
+			return nil
+		})
 	})
-	close(stop)
-	wait()
-	t.Logf("across the rotations: %d requests, %d failed", okN.Load(), failedN.Load())
-	if failedN.Load() != 0 {
-		t.Fatalf("%d of %d requests failed across SVID rotations; first: %v", failedN.Load(), okN.Load()+failedN.Load(), *firstErr)
-	}
-
 	// The SPIRE agent restarts under traffic: readiness names the identity source while it is
 	// away, no request fails (Envoy keeps the SVIDs it holds).
-	stop = make(chan struct{})
-	okN, failedN, firstErr, wait = traffic(stop)
-	sa.Stop()
-	a.waitDegraded(t, "identity")
-	time.Sleep(2 * time.Second)
-	sa.Start(t)
-	a.waitReady(t, 60*time.Second, "ready after the SPIRE agent returned")
-	time.Sleep(3 * time.Second)
-	close(stop)
-	wait()
-	t.Logf("across the SPIRE agent restart: %d requests, %d failed", okN.Load(), failedN.Load())
-	if failedN.Load() != 0 || okN.Load() == 0 {
-		t.Fatalf("%d of %d requests failed across the SPIRE agent restart; first: %v", failedN.Load(), okN.Load()+failedN.Load(), *firstErr)
-	}
-
+	underTraffic("the SPIRE agent restart", func() {
+		sa.Stop()
+		a.waitDegraded(t, "identity")
+		time.Sleep(2 * time.Second)
+		sa.Start(t)
+		a.waitReady(t, 60*time.Second, "ready after the SPIRE agent returned")
+	})
 	// The agent restarts (killed) under traffic: the Envoy that outlives it keeps serving, and
 	// the new agent's first configuration waits for SPIRE's answers for the pods it had, so it
 	// does not take their listeners away: no request fails.
-	stop = make(chan struct{})
-	okN, failedN, firstErr, wait = traffic(stop)
-	time.Sleep(time.Second)
-	a.killAndRestart(t)
-	a.waitReady(t, 90*time.Second, "ready after the agent restarted")
-	time.Sleep(3 * time.Second)
-	close(stop)
-	wait()
-	t.Logf("across the agent restart: %d requests, %d failed", okN.Load(), failedN.Load())
-	if failedN.Load() != 0 || okN.Load() == 0 {
-		t.Fatalf("%d of %d requests failed across the agent restart; first: %v", failedN.Load(), okN.Load()+failedN.Load(), *firstErr)
-	}
+	underTraffic("the agent restart", func() {
+		time.Sleep(time.Second)
+		a.killAndRestart(t)
+		a.waitReady(t, 90*time.Second, "ready after the agent restarted")
+	})
 
 	// The agent asks SPIRE only for the pods it attached: idle, selected by the ClusterSPIFFEID
 	// (SPIRE holds its entry) but never ADDed on this node, has no SVID in Envoy.

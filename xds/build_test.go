@@ -486,17 +486,7 @@ func (p changingProvider) Changed() <-chan struct{} { return p.changed }
 func TestProviderChangeRebuilds(t *testing.T) {
 	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
 	p := changingProvider{Provider: identity.NewRotator(ca).Provider(), changed: make(chan struct{}, 1)}
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: p, Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ctx, l) }()
+	s, ctx := serveWith(t, p)
 	v1, err := s.SetMesh(ctx, goldenMesh())
 	if err != nil {
 		t.Fatal(err)
@@ -568,22 +558,12 @@ func TestWaitPodServed(t *testing.T) {
 	webID := web.SPIFFEID(m.TrustDomain)
 	p := &gatedProvider{Provider: identity.NewRotator(ca).Provider(), changed: make(chan struct{}, 1),
 		noBundle: true, withheld: map[string]bool{webID: true}}
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: p, Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ctx, l) }()
+	s, ctx := serveWith(t, p)
 	if _, err := s.SetMesh(ctx, m); err == nil || !strings.Contains(err.Error(), "no trust bundle") {
 		t.Fatalf("SetMesh without the bundle = %v, want an error saying so", err)
 	}
 	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err = s.WaitPodServed(short, web.UID)
+	_, err := s.WaitPodServed(short, web.UID)
 	cancelShort()
 	if err == nil || !strings.Contains(err.Error(), "no snapshot served yet") {
 		t.Fatalf("WaitPodServed before any snapshot = %v", err)
@@ -678,17 +658,7 @@ func (p expiringProvider) NextRenewal() time.Time {
 func TestRotateAtExpiry(t *testing.T) {
 	ca, _ := testCA(t, model.DefaultTrustDomain, time.Hour)
 	p := expiringProvider{Provider: identity.NewRotator(ca).Provider(), at: time.Now().Add(time.Second)}
-	s, err := NewServer(ServerOptions{NodeID: "n", Identity: p, Registerer: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = s.Serve(ctx, l) }()
+	s, ctx := serveWith(t, p)
 	v1, err := s.SetMesh(ctx, goldenMesh())
 	if err != nil {
 		t.Fatal(err)
@@ -699,4 +669,22 @@ func TestRotateAtExpiry(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// serveWith starts a Server on identity provider p, serving ADS on a loopback listener (its
+// rotation loop runs) until the test ends, and returns it with the test's context.
+func serveWith(t *testing.T, p identity.Provider) (*Server, context.Context) {
+	t.Helper()
+	s, err := NewServer(ServerOptions{NodeID: "n", Identity: p, Registerer: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.Serve(ctx, l) }()
+	return s, ctx
 }
