@@ -3,6 +3,7 @@ package spire
 import (
 	"context"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"path/filepath"
@@ -103,6 +104,8 @@ type fakeAgent struct {
 	open   map[string]int
 	push   chan struct{}
 	bundle map[string][]byte
+	// delay holds each subscription's first answer back (a SPIRE agent slow to answer).
+	delay time.Duration
 }
 
 func (f *fakeAgent) SubscribeToX509SVIDs(req *delegatedidentityv1.SubscribeToX509SVIDsRequest, s grpc.ServerStreamingServer[delegatedidentityv1.SubscribeToX509SVIDsResponse]) error {
@@ -120,6 +123,10 @@ func (f *fakeAgent) SubscribeToX509SVIDs(req *delegatedidentityv1.SubscribeToX50
 	f.open[uid]++
 	f.mu.Unlock()
 	defer func() { f.mu.Lock(); f.open[uid]--; f.mu.Unlock() }()
+	f.mu.Lock()
+	delay := f.delay
+	f.mu.Unlock()
+	time.Sleep(delay)
 	for {
 		f.mu.Lock()
 		resp := &delegatedidentityv1.SubscribeToX509SVIDsResponse{X509Svids: f.svids[uid]}
@@ -399,5 +406,52 @@ func TestProviderServesOnlyThePodsID(t *testing.T) {
 	edge.Close()
 	if _, ok := d.Pod("uid-web"); ok {
 		t.Fatal("web still subscribed after it left the pods asked for")
+	}
+}
+
+// TestProviderSettleFirst: a restarted node agent's first SVIDs call, made while the SPIRE agent
+// serves the bundle, waits for its pods' subscriptions to answer (SettleFirst), so the first
+// snapshot holds the pods it had; a Provider without it answers at once, without them; later
+// calls never wait.
+func TestProviderSettleFirst(t *testing.T) {
+	for _, settle := range []bool{true, false} {
+		w := newFakeWorld(t, map[string]string{"uid-web": "spiffe://td.example/ns/shop/sa/web"})
+		w.f.delay = 300 * time.Millisecond
+		sock := filepath.Join(t.TempDir(), "admin.sock")
+		stop := serve(t, w.f, sock)
+		d, err := New(Config{AdminSocket: sock, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		d.Start(ctx)
+		testenv.Eventually(t, 10*time.Second, "the bundle", func() error {
+			if b, _ := d.Bundles(); len(b["td.example"]) == 0 {
+				return errors.New("no bundle yet")
+			}
+			return nil
+		})
+		p := NewProvider(d, "td.example", "node")
+		if settle {
+			p.SettleFirst(5 * time.Second)
+		}
+		pods := []identity.Workload{{UID: "uid-web", SPIFFEID: "spiffe://td.example/ns/shop/sa/web"}}
+		svids, _, err := p.SVIDs(ctx, pods)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := svids["spiffe://td.example/ns/shop/sa/web"] != nil; got != settle {
+			t.Errorf("settle %v: the first call served web's SVID: %v", settle, got)
+		}
+		// A new pod later: no wait (its subscription answers 300 ms later).
+		start := time.Now()
+		if _, _, err := p.SVIDs(ctx, append(pods, identity.Workload{UID: "uid-new", SPIFFEID: "spiffe://td.example/ns/shop/sa/new"})); err != nil {
+			t.Fatal(err)
+		}
+		if took := time.Since(start); took > 200*time.Millisecond {
+			t.Errorf("settle %v: a later call waited %s", settle, took)
+		}
+		cancel()
+		stop()
 	}
 }
