@@ -65,7 +65,7 @@ func TestRegistryViewPersistAndSeed(t *testing.T) {
 	file := newStateFile(dir, viewStateFile, "registry-view", "alpha")
 	vctx, vcancel := context.WithCancel(ctx)
 	v := newRegistryView(log, time.Second, func() {})
-	v.trustDomain = "aether.internal"
+	v.trustDomains = []string{"aether.internal"}
 	followRegistry(vctx, v, newReg(etcd.Endpoints, "alpha"), 3*time.Second)
 	go persistView(vctx, v, file, 50*time.Millisecond, log)
 	read := func() (*registryState, error) {
@@ -116,7 +116,7 @@ func TestRegistryViewPersistAndSeed(t *testing.T) {
 		t.Fatal(err)
 	}
 	v2 := newRegistryView(log, time.Second, func() {})
-	v2.trustDomain = "aether.internal"
+	v2.trustDomains = []string{"aether.internal"}
 	reader := newReg([]string{proxy.URL()}, "alpha")
 	followRegistry(ctx, v2, reader, 3*time.Second)
 	if eps, exps := v2.seedFrom(st, file.path); eps != 2 || exps != 1 {

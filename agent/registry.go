@@ -56,11 +56,11 @@ type registryView struct {
 	// (registry.Registry.KeepAliveStatus). Set before run and probeRegistry start; the default
 	// reports no lease, ever.
 	keepAlive func(now time.Time) registry.KeepAliveStatus
-	// trustDomain, when set, is the mesh's trust domain: an endpoint record whose spiffe_id is
-	// not of it is left out (logged), since its identity could never pass the inbound
-	// listeners' trust-domain check and a writer must not make this node pin a foreign
-	// identity. Set before run starts.
-	trustDomain string
+	// trustDomains, when set, are the mesh's trust domain and the clusterset's others
+	// (--clusterset-trust-domains): an endpoint record whose spiffe_id is of none of them is left
+	// out (logged), since its identity could never pass the inbound listeners' trust-domain
+	// check and a writer must not make this node pin a foreign identity. Set before run starts.
+	trustDomains []string
 
 	mu sync.Mutex
 	// eps holds each valid endpoint record converted once, when its event arrives: a change
@@ -189,8 +189,10 @@ func (v *registryView) applyEndpoints(b registry.Batch[*registryv1.ServiceEndpoi
 func (v *registryView) setEndpoint(rec registry.Record[*registryv1.ServiceEndpoint]) {
 	v.dirty[rec.Key] = struct{}{}
 	m, err := registry.ToModelEndpoint(rec)
-	if err == nil && v.trustDomain != "" && !strings.HasPrefix(m.SPIFFEID, "spiffe://"+v.trustDomain+"/") {
-		err = fmt.Errorf("spiffe_id %q: not of the mesh's trust domain %q", m.SPIFFEID, v.trustDomain)
+	if err == nil && len(v.trustDomains) > 0 && !slices.ContainsFunc(v.trustDomains, func(td string) bool {
+		return strings.HasPrefix(m.SPIFFEID, "spiffe://"+td+"/")
+	}) {
+		err = fmt.Errorf("spiffe_id %q: not of the mesh's trust domains %q", m.SPIFFEID, v.trustDomains)
 	}
 	if err != nil {
 		v.log.Warn("skip registry endpoint", "key", rec.Key, "err", err)

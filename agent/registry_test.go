@@ -124,13 +124,18 @@ func TestRegistryViewAppliesEndpointBatches(t *testing.T) {
 		v.cacheOK = false
 		v.mu.Unlock()
 	}
-	v.trustDomain = "aether.internal"
+	v.trustDomains = []string{"aether.internal", "beta.example"}
 	foreign := ev(registry.Added, "foreign", "10.0.0.3")
 	foreign.Record.Value.SpiffeId = "spiffe://other.example/ns/shop/sa/web"
-	apply(ev(registry.Added, "p1", "10.0.0.1"), ev(registry.Added, "p2", "10.0.0.2"), ev(registry.Added, "bad", "not-an-ip"), foreign)
-	if got := addrs(); len(got) != 2 || got["p1"] != "10.0.0.1" || got["p2"] != "10.0.0.2" {
-		t.Fatalf("after snapshot: %v, want p1 and p2 (the bad record and the other trust domain's skipped)", got)
+	peer := ev(registry.Added, "peer", "10.0.0.4")
+	peer.Record.Value.SpiffeId = "spiffe://beta.example/ns/shop/sa/web"
+	apply(ev(registry.Added, "p1", "10.0.0.1"), ev(registry.Added, "p2", "10.0.0.2"), ev(registry.Added, "bad", "not-an-ip"), foreign, peer)
+	if got := addrs(); len(got) != 3 || got["p1"] != "10.0.0.1" || got["p2"] != "10.0.0.2" || got["peer"] != "10.0.0.4" {
+		t.Fatalf("after snapshot: %v, want p1, p2 and the clusterset peer's (the bad record and the other trust domain's skipped)", got)
 	}
+	apply(ev(registry.Deleted, "peer", ""))
+	after0 := time.Now().Add(time.Second)
+	v.confirmDeletions(after0, after0, nil)
 	// An update converts only the changed record; a valid record turning bad leaves the view.
 	apply(ev(registry.Updated, "p1", "10.0.0.9"), ev(registry.Updated, "p2", "999.1.1.1"))
 	if got := addrs(); len(got) != 1 || got["p1"] != "10.0.0.9" {

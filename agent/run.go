@@ -101,7 +101,7 @@ func Run(ctx context.Context, cfg Config) error {
 	// Endpoint deletions wait two lease TTLs after the registry was last unreachable: long
 	// enough for writers cut off with this node to reconnect and re-register (registryView).
 	view := newRegistryView(log, 2*cfg.RegistryLeaseTTL, notify("registry"))
-	view.trustDomain = cfg.TrustDomain
+	view.trustDomains = append([]string{cfg.TrustDomain}, cfg.ClustersetTrustDomains...)
 	// The last-known registry view, served when the registry does not answer within
 	// --registry-sync-grace of the start (waitRegistry).
 	viewFile := newStateFile(cfg.StateDir, viewStateFile, "registry-view", cfg.Cluster)
