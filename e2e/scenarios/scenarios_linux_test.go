@@ -442,6 +442,12 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 		w.wantTCP(t, fmt.Sprintf("remote.%s.svc.clusterset.local:%d", ns, substrate.EchoTCPPort), w.b)
 	})
 	run("gamma-serviceimport-backend", func(t *testing.T) { w.gammaImportBackend(t) })
+	if lp, ok := p.(*localPair); ok && lp.m.Identity != mesh.IdentityDevCA {
+		// The SPIRE meshes: the bundles and SVIDs each node's Envoy got from SPIRE, and no CA
+		// key where an aether pod, a Secret or a node could read it (identity_linux_test.go).
+		run("spire-trust-bundles", func(t *testing.T) { w.spireTrustBundles(t, lp.m) })
+		run("no-ca-private-key", func(t *testing.T) { w.noCAPrivateKey(t, lp.m) })
+	}
 	// Identity-based authorization (issue #32): also with identical pod CIDRs, where a caller's
 	// address says nothing about who it is and only its certificate can.
 	run("authz-two-clusters", func(t *testing.T) { w.authzTwoClusters(t) })
