@@ -18,7 +18,7 @@ func Eventually(t testing.TB, d time.Duration, what string, check func() error) 
 	t.Helper()
 	took, err := Poll(context.Background(), d, what, check)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%v", err)
 	}
 	return took
 }
