@@ -2,7 +2,11 @@
 // aether binaries and the test workloads, installs the MCS CRDs in every cluster, runs one
 // aether-agent per node (in the node's namespaces, through the substrate's node hook; the agent
 // starts and supervises the node's Envoy and installs aether-cni into the node's conflist), and one
-// aether-registrar per cluster on the shared registry. Both clusters share one development CA.
+// aether-registrar per cluster on the shared registry. Workload identities come from one
+// development CA both clusters share (the default), or from SPIRE (Options.Identity): a real
+// SPIRE server and Controller Manager per cluster, under one upstream CA (one trust domain) or
+// federated (a trust domain per cluster), and a real SPIRE agent per node whose Delegated
+// Identity API the node's aether agent uses.
 // Its handles (Mesh) let scenario tests and the demo command restart agents, stop nodes and cut
 // the registry off.
 //

@@ -50,6 +50,9 @@ type Options struct {
 	// in the substrate's registry, the Helm chart (deploy/chart/aether) in each cluster; the
 	// agent and Envoy run as the DaemonSet's pods, the registrar as its Deployment.
 	RealNodes bool
+	// Identity is where workload identities come from ("": IdentityDevCA). The SPIRE modes run
+	// on the kubelet stand-in only.
+	Identity Identity
 }
 
 // Mesh is a running substrate with aether on it. Stop tears everything down.
@@ -59,11 +62,22 @@ type Mesh struct {
 	Dir string
 	// Bins are the binaries' paths by name (Binaries and substrate.Workloads).
 	Bins map[string]string
-	// CACert and CAKey are the development CA shared by every agent (PEM files).
+	// CACert and CAKey are the development CA shared by every agent (PEM files), with
+	// IdentityDevCA; empty with SPIRE.
 	CACert, CAKey string
+	// Identity is where the workload identities come from (Options.Identity, resolved).
+	Identity Identity
+	// UpstreamCACert and UpstreamCAKey are the root CA of IdentitySPIREShared, the SPIRE
+	// servers' upstream authority (PEM files in Dir).
+	UpstreamCACert, UpstreamCAKey string
+	// SPIRE are the SPIRE servers by cluster name and SPIREAgents the SPIRE agents by node name,
+	// with a SPIRE identity.
+	SPIRE       map[string]*testenv.SPIREServer
+	SPIREAgents map[string]*testenv.SPIREAgent
 
 	opts     Options
 	envoy    string
+	fwd      *testenv.Forwarder // the nodes' way to the SPIRE servers
 	mu       sync.Mutex
 	agents   map[string]*substrate.Process // by node name
 	restarts map[string]int
@@ -109,6 +123,17 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	switch opts.Identity {
+	case "":
+		opts.Identity = IdentityDevCA
+	case IdentityDevCA:
+	case IdentitySPIREShared, IdentitySPIREFederated:
+		if opts.RealNodes {
+			return nil, fmt.Errorf("start mesh: Identity %q with RealNodes: the SPIRE modes run on the kubelet stand-in only", opts.Identity)
+		}
+	default:
+		return nil, fmt.Errorf("start mesh: Identity %q: want %q, %q or %q", opts.Identity, IdentityDevCA, IdentitySPIREShared, IdentitySPIREFederated)
+	}
 	tools, err := testenv.FindTools()
 	if err != nil {
 		return nil, fmt.Errorf("start mesh: %w", err)
@@ -117,8 +142,9 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("start mesh: %w", err)
 	}
-	m := &Mesh{Dir: dir, opts: opts, envoy: tools.Envoy, agents: map[string]*substrate.Process{},
-		restarts: map[string]int{}, keepDir: opts.KeepDir}
+	m := &Mesh{Dir: dir, Identity: opts.Identity, opts: opts, envoy: tools.Envoy, fwd: &testenv.Forwarder{},
+		agents: map[string]*substrate.Process{}, restarts: map[string]int{}, keepDir: opts.KeepDir,
+		SPIRE: map[string]*testenv.SPIREServer{}, SPIREAgents: map[string]*testenv.SPIREAgent{}}
 	defer func() {
 		if err != nil {
 			m.Stop()
@@ -138,16 +164,15 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 			return nil, fmt.Errorf("start mesh: %w", err)
 		}
 	}
-	ca, err := testenv.NewCA("aether-e2e-mesh-ca")
-	if err != nil {
-		return nil, fmt.Errorf("start mesh: %w", err)
-	}
-	m.CACert, m.CAKey = filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
-	if err := os.WriteFile(m.CACert, ca.CertPEM, 0o644); err != nil {
-		return nil, fmt.Errorf("start mesh: %w", err)
-	}
-	if err := os.WriteFile(m.CAKey, ca.KeyPEM, 0o600); err != nil {
-		return nil, fmt.Errorf("start mesh: %w", err)
+	switch m.Identity {
+	case IdentityDevCA:
+		if err := m.writeDevCA(); err != nil {
+			return nil, fmt.Errorf("start mesh: %w", err)
+		}
+	case IdentitySPIREShared:
+		if err := m.writeUpstreamCA(); err != nil {
+			return nil, fmt.Errorf("start mesh: %w", err)
+		}
 	}
 	podB := "10.245.0.0/16"
 	if opts.IdenticalPodCIDRs {
@@ -156,7 +181,7 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	if opts.RealNodes {
 		return m, m.startNodesMesh(ctx, podB)
 	}
-	opts.Logger.Info("starting the substrate with aether")
+	opts.Logger.Info("starting the substrate with aether", "identity", m.Identity)
 	s, err := substrate.Start(ctx, substrate.Options{
 		Clusters: substrate.DefaultClusters("10.244.0.0/16", podB),
 		BaseDir:  opts.BaseDir, KeepDir: opts.KeepDir, Logger: opts.Logger,
@@ -165,9 +190,20 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 				if err := m.setupRegistryAuth(ctx, c); err != nil {
 					return err
 				}
-				return testenv.CreateCRDs(ctx, c.Config, "deploy/crds")
+				if err := testenv.CreateCRDs(ctx, c.Config, "deploy/crds"); err != nil {
+					return err
+				}
+				if m.spire() {
+					return m.startSPIREServer(ctx, c)
+				}
+				return nil
 			},
 			Node: func(ctx context.Context, n *substrate.Node) error {
+				if m.spire() {
+					if err := m.startSPIREAgent(ctx, n); err != nil {
+						return err
+					}
+				}
 				return m.startAgent(ctx, n)
 			},
 		},
@@ -187,17 +223,43 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 	return m, nil
 }
 
+// writeDevCA makes the development CA of IdentityDevCA in the mesh's directory.
+func (m *Mesh) writeDevCA() error {
+	ca, err := testenv.NewCA("aether-e2e-mesh-ca")
+	if err != nil {
+		return err
+	}
+	m.CACert, m.CAKey = filepath.Join(m.Dir, "ca.crt"), filepath.Join(m.Dir, "ca.key")
+	if err := os.WriteFile(m.CACert, ca.CertPEM, 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(m.CAKey, ca.KeyPEM, 0o600)
+}
+
 // agentArgs is the aether-agent command line for node n: the substrate's registry over TLS at
 // the node's gateway, as its cluster's own etcd user (the client certificate's CN), as a user's
-// would be (docs/security.md).
+// would be (docs/security.md); the identity from the shared development CA, or from the node's
+// SPIRE agent (its admin socket in the node's /run/spire, the cluster's trust domain, and with
+// federation the other clusters' as the clusterset's).
 func (m *Mesh) agentArgs(n *substrate.Node) []string {
-	return []string{m.Bins["aether-agent"],
+	args := []string{m.Bins["aether-agent"],
 		"--node-name", n.Name, "--cluster", n.Cluster.Name, "--host-ip", n.Plan.IP.String(),
 		"--kubeconfig", n.Cluster.NodeKubeconfig, "--registry-endpoints", n.Cluster.NodeRegistryEndpoint,
 		"--registry-ca", n.Cluster.RegistryCAFile, "--registry-cert", n.Cluster.RegistryCertFile, "--registry-key", n.Cluster.RegistryKeyFile,
 		"--registry-lease-ttl", m.opts.LeaseTTL.String(), "--cluster-domain", n.Cluster.Domain(),
-		"--ca-cert", m.CACert, "--ca-key", m.CAKey, "--envoy-binary", m.envoy,
+		"--envoy-binary", m.envoy,
 		"--cni-plugin-binary", m.Bins["aether-cni"], "--east-west-waypoint", "--import-config", "--log-level", "debug"}
+	if m.spire() {
+		args = append(args, "--identity-source", "spire", "--spire-admin-socket", SPIREAdminSocket,
+			"--trust-domain", m.TrustDomain(n.Cluster.Name))
+		// With federation the other clusters' trust domains are the clusterset's: their
+		// workloads are admitted as this cluster's.
+		if others := m.otherTrustDomains(m.Substrate, n.Cluster.Name); len(others) > 0 {
+			args = append(args, "--clusterset-trust-domains", strings.Join(others, ","))
+		}
+		return args
+	}
+	return append(args, "--ca-cert", m.CACert, "--ca-key", m.CAKey)
 }
 
 // setupRegistryAuth creates cluster c's etcd user and role on the registry and turns etcd
@@ -312,8 +374,8 @@ func envoyPid(n *substrate.Node) int {
 }
 
 // StopNode takes node out as a dead node would go: its agent and Envoy are killed (SIGKILL; the
-// registry lease of its endpoints then expires) and its Node object is deleted. Its pods keep
-// running but nothing reaches them through the mesh any more.
+// registry lease of its endpoints then expires), its SPIRE agent stopped, and its Node object
+// is deleted. Its pods keep running but nothing reaches them through the mesh any more.
 func (m *Mesh) StopNode(ctx context.Context, node string) error {
 	n, err := m.node(node)
 	if err != nil {
@@ -329,6 +391,7 @@ func (m *Mesh) StopNode(ctx context.Context, node string) error {
 	if pid := envoyPid(n); pid > 0 {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
+	m.stopSPIREAgent(node)
 	if err := n.Cluster.Client.CoreV1().Nodes().Delete(ctx, node, metav1.DeleteOptions{}); err != nil {
 		return fmt.Errorf("stop node: delete Node %s: %w", node, err)
 	}
@@ -409,10 +472,19 @@ func (m *Mesh) RestoreRegistry() error {
 	return nil
 }
 
-// Stop tears down the substrate (pods first, while the agents still answer CNI DEL), then the
-// Envoys the agents started (they outlive their agents by design), then the mesh's directory
-// unless Options.KeepDir.
+// Stop tears down the SPIRE agents, the substrate (pods first, while the agents still answer CNI
+// DEL), then the SPIRE servers and the Envoys the agents started (they outlive their agents by
+// design), then the mesh's directory unless Options.KeepDir.
 func (m *Mesh) Stop() {
+	m.mu.Lock()
+	var nodes []string
+	for n := range m.SPIREAgents {
+		nodes = append(nodes, n)
+	}
+	m.mu.Unlock()
+	for _, n := range nodes {
+		m.stopSPIREAgent(n)
+	}
 	var pids []int
 	if m.Substrate != nil {
 		for _, c := range m.Clusters {
@@ -426,6 +498,10 @@ func (m *Mesh) Stop() {
 	}
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	m.fwd.Close()
+	for _, srv := range m.SPIRE {
+		srv.Stop()
 	}
 	if !m.keepDir && m.Dir != "" {
 		_ = os.RemoveAll(m.Dir)

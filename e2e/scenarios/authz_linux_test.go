@@ -47,9 +47,6 @@ const (
 
 var authorizationPolicies = schema.GroupVersionResource{Group: "security.aether.io", Version: "v1alpha1", Resource: "authorizationpolicies"}
 
-// authzCallerID is the SPIFFE ID of authzPod.
-const authzCallerID = "spiffe://aether.internal/ns/" + ns + "/sa/" + authzSA
-
 // authzCaller is one caller of the scenario: a pod, the address (VIP:port) and Host it calls
 // guardedSvc by, and the identity B's pod must see.
 type authzCaller struct {
@@ -282,9 +279,10 @@ func (w *world) authzTwoClusters(t *testing.T) {
 			httpAddr: net.JoinHostPort(importVIP, "80"), host: guardedSvc + "." + ns + ".svc.clusterset.local",
 			tcpAddr: net.JoinHostPort(importVIP, strconv.Itoa(substrate.EchoTCPPort))}
 	}
+	authzCallerID := w.id(w.a, ns, authzSA)
 	allowed := remote(w.a+"/"+ns+"/"+authzPod+" (sa "+authzSA+")", authzPod, authzCallerID)
-	otherA := remote(w.a+"/"+ns+"/client (sa default)", "client", callerID)
-	otherB := authzCaller{what: w.b + "/" + ns + "/client (sa default)", cluster: w.b, ns: ns, pod: "client", id: callerID,
+	otherA := remote(w.a+"/"+ns+"/client (sa default)", "client", w.callerID())
+	otherB := authzCaller{what: w.b + "/" + ns + "/client (sa default)", cluster: w.b, ns: ns, pod: "client", id: w.id(w.b, ns, "default"),
 		httpAddr: net.JoinHostPort(localVIP, "80"), host: guardedSvc + "." + ns + ".mesh",
 		tcpAddr: net.JoinHostPort(localVIP, strconv.Itoa(substrate.EchoTCPPort))}
 	everyone := []authzCaller{allowed, otherA, otherB}

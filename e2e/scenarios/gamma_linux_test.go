@@ -50,9 +50,6 @@ const (
 
 func ptrTo[T any](v T) *T { return &v }
 
-// callerOf is the SPIFFE ID of the default ServiceAccount of namespace podNS (every client pod).
-func callerOf(podNS string) string { return "spiffe://aether.internal/ns/" + podNS + "/sa/default" }
-
 // serviceParent is a parentRef to port of Service namespace/name (GEP-1294 mesh binding).
 func serviceParent(namespace, name string, port int32) gwv1.ParentReference {
 	return gwv1.ParentReference{Group: ptrTo(gwv1.Group("")), Kind: ptrTo(gwv1.Kind("Service")),
@@ -143,6 +140,7 @@ func (w *world) wantAccepted(t *testing.T, cluster, namespace, name string) {
 // applies) over keep-alive connections to a Service VIP; the Host header is the mesh name.
 type caller struct {
 	ns, pod string
+	id      string // its SPIFFE ID (every client pod runs as its namespace's default)
 	client  *http.Client
 }
 
@@ -156,7 +154,7 @@ func (w *world) caller(t *testing.T, cluster, podNS, pod string) *caller {
 		DisableCompression:  true,
 	}
 	t.Cleanup(tr.CloseIdleConnections)
-	return &caller{ns: podNS, pod: pod, client: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
+	return &caller{ns: podNS, pod: pod, id: w.id(cluster, podNS, "default"), client: &http.Client{Transport: tr, Timeout: 10 * time.Second}}
 }
 
 // get GETs / from addr (VIP:port) with Host host and returns the echo's reply and the value of
@@ -175,8 +173,8 @@ func (c *caller) get(addr, host string) (reply, string, error) {
 	}
 	defer resp.Body.Close()
 	r, err = decodeAnswer(resp)
-	if err == nil && r.CallerID != callerOf(c.ns) {
-		err = fmt.Errorf("%s saw caller %q (xfcc %q), want %s", r.Server, r.CallerID, r.XFCC, callerOf(c.ns))
+	if err == nil && r.CallerID != c.id {
+		err = fmt.Errorf("%s saw caller %q (xfcc %q), want %s", r.Server, r.CallerID, r.XFCC, c.id)
 	}
 	return r, resp.Header.Get(routeHeader), err
 }
@@ -332,8 +330,8 @@ func (w *world) gammaImportBackend(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		r, err := w.get(ctx, target)
 		cancel()
-		if err != nil || r.Cluster != w.b || r.CallerID != callerID {
-			t.Fatalf("GET %s: %+v, %v; want an answer from %s seeing %s", target, r, err, w.b, callerID)
+		if err != nil || r.Cluster != w.b || r.CallerID != w.callerID() {
+			t.Fatalf("GET %s: %+v, %v; want an answer from %s seeing %s", target, r, err, w.b, w.callerID())
 		}
 		servers[r.Server]++
 	}
@@ -434,8 +432,8 @@ func (w *world) routeDeleteKeepsConnection(t *testing.T, cluster, podNS string, 
 		if resp.Close {
 			t.Fatalf("%s: request %d on the connection: answered by %s with Connection: close (the connection is being drained)", phase, sent, r.Server)
 		}
-		if r.CallerID != callerOf(podNS) {
-			t.Fatalf("%s: request %d: %s saw caller %q, want %s", phase, sent, r.Server, r.CallerID, callerOf(podNS))
+		if want := w.id(cluster, podNS, "default"); r.CallerID != want {
+			t.Fatalf("%s: request %d: %s saw caller %q, want %s", phase, sent, r.Server, r.CallerID, want)
 		}
 		return r, resp.Header.Get(routeHeader)
 	}

@@ -32,9 +32,8 @@ import (
 const (
 	// edgeNS is the Gateway's namespace (not meshed: the edge pod opts out of capture anyway).
 	edgeNS = "edge"
-	// edgeGateway is the Gateway's name; its edge identity is edgeCaller.
+	// edgeGateway is the Gateway's name; its edge identity is w.edgeCaller().
 	edgeGateway = "web"
-	edgeCaller  = "spiffe://aether.internal/ns/" + edgeNS + "/sa/" + edgeGateway + "-aether-edge"
 	edgePort    = 8080
 	// edgePrivatePort is the Gateway's second listener, which takes only its namespace's routes.
 	edgePrivatePort = 8081
@@ -53,6 +52,10 @@ type edgeNetwork interface {
 	// DialOutside opens a TCP connection to addr from outside every cluster.
 	DialOutside(ctx context.Context, addr string) (net.Conn, error)
 }
+
+// edgeCaller is the SPIFFE ID of A's edge Gateway pods: ServiceAccount <gateway>-aether-edge
+// (model.EdgeServiceAccountName) of edgeNS, in A's trust domain.
+func (w *world) edgeCaller() string { return w.id(w.a, edgeNS, edgeGateway+"-aether-edge") }
 
 // edgeGatewaySetup creates the GatewayClass aether, namespace edgeNS and Gateway edgeNS/web with
 // one HTTP listener on edgePort taking routes from every namespace, its spec.addresses asking for
@@ -214,8 +217,8 @@ func (w *world) edgeToRemote(t *testing.T, addr string) {
 			if err != nil || code != 200 {
 				return fmt.Errorf("status %d, %v", code, err)
 			}
-			if r.Cluster != w.b || r.CallerID != edgeCaller {
-				return fmt.Errorf("answered by %s in %s seeing %q; want %s seeing the edge's %s", r.Server, r.Cluster, r.CallerID, w.b, edgeCaller)
+			if r.Cluster != w.b || r.CallerID != w.edgeCaller() {
+				return fmt.Errorf("answered by %s in %s seeing %q; want %s seeing the edge's %s", r.Server, r.Cluster, r.CallerID, w.b, w.edgeCaller())
 			}
 			return nil
 		})
@@ -267,7 +270,7 @@ func (w *world) edgeFailover(t *testing.T, addr string) {
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 			code, r, err := w.edgeGet(cctx, addr)
 			cancel()
-			if err != nil || code != 200 || r.Cluster != w.a || r.CallerID != edgeCaller {
+			if err != nil || code != 200 || r.Cluster != w.a || r.CallerID != w.edgeCaller() {
 				return fmt.Errorf("status %d from %s in %s seeing %q, %v", code, r.Server, r.Cluster, r.CallerID, err)
 			}
 		}

@@ -39,6 +39,8 @@ const (
 	// registrarDeployment is deploy/'s registrar Deployment.
 	registrarDeployment = "aether-registrar"
 	configMap           = "aether-config"
+	// defaultTrustDomain is aether-agent's --trust-domain default.
+	defaultTrustDomain = "aether.internal"
 	// defaultLeaseTTL is aether-agent's --registry-lease-ttl default.
 	defaultLeaseTTL = 15 * time.Second
 	// cutComment tags the iptables rules CutRegistry inserts on every node.
@@ -84,14 +86,15 @@ func runHost(ctx context.Context, name string, args ...string) ([]byte, error) {
 
 // kindCluster is one cluster of the kind pair.
 type kindCluster struct {
-	name       string
-	kubeconfig string
-	config     *rest.Config
-	kube       kubernetes.Interface
-	dyn        dynamic.Interface
-	gw         gwclient.Interface
-	workers    []string // worker node names (kind node containers), sorted
-	all        []string // every node, control plane included, sorted
+	name        string
+	trustDomain string // AETHER_TRUST_DOMAIN, default defaultTrustDomain
+	kubeconfig  string
+	config      *rest.Config
+	kube        kubernetes.Interface
+	dyn         dynamic.Interface
+	gw          gwclient.Interface
+	workers     []string // worker node names (kind node containers), sorted
+	all         []string // every node, control plane included, sorted
 }
 
 // kindPair is the ClusterPair of two real clusters made by e2e/kind/up.sh: the API servers
@@ -189,6 +192,9 @@ func openKindCluster(ctx context.Context, kubeconfig string) (*kindCluster, erro
 	}
 	if c.name = cm.Data["AETHER_CLUSTER"]; c.name == "" {
 		return nil, fmt.Errorf("%s/%s has no AETHER_CLUSTER", aetherNamespace, configMap)
+	}
+	if c.trustDomain = cm.Data["AETHER_TRUST_DOMAIN"]; c.trustDomain == "" {
+		c.trustDomain = defaultTrustDomain
 	}
 	nodes, err := c.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -508,6 +514,8 @@ func (p *kindPair) EnvoyAdmin(ctx context.Context, cluster, node, path string) (
 	}
 	return string(out), nil
 }
+
+func (p *kindPair) TrustDomain(cluster string) string { return p.cluster(cluster).trustDomain }
 
 func (p *kindPair) LeaseTTL() int { return int((p.leaseTTL + time.Second - 1) / time.Second) }
 

@@ -57,7 +57,7 @@ func (w *world) agentUpgrade(t *testing.T, nl nodeLifecycle) {
 			switch {
 			case err != nil:
 				failed++
-			case r.CallerID != callerID:
+			case r.CallerID != w.callerID():
 				unidentified = append(unidentified, fmt.Sprintf("%s answered with caller %q (xfcc %q)", r.Server, r.CallerID, r.XFCC))
 			default:
 				ok++
@@ -180,7 +180,7 @@ func (w *world) nodeReboot(t *testing.T, nl nodeLifecycle) {
 		if err != nil {
 			return err
 		}
-		if r.CallerID != callerID {
+		if r.CallerID != w.callerID() {
 			return fmt.Errorf("answered by %s with caller %q", r.Server, r.CallerID)
 		}
 		again = r

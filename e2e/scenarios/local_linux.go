@@ -88,6 +88,8 @@ func (p *localPair) EnvoyAdmin(ctx context.Context, _, node, path string) (strin
 
 func (p *localPair) LeaseTTL() int { return 5 }
 
+func (p *localPair) TrustDomain(cluster string) string { return p.m.TrustDomain(cluster) }
+
 func (p *localPair) Debug() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "substrate run directory: %s (logs under logs/)\n", p.m.Substrate.Dir)

@@ -52,6 +52,10 @@ type ClusterPair interface {
 	// EnvoyAdmin GETs path (with its query, e.g. "/stats?filter=^tcp.waypoint") from the Envoy
 	// admin API of node in cluster and returns the body; a status other than 200 is an error.
 	EnvoyAdmin(ctx context.Context, cluster, node, path string) (string, error)
+	// TrustDomain is the trust domain of cluster's workloads (their SPIFFE IDs'
+	// spiffe://<trust domain>/ns/<ns>/sa/<sa>): one for both clusters, or each its own with
+	// SPIRE federation.
+	TrustDomain(cluster string) string
 	// LeaseTTL is how long a dead node's endpoints stay in the registry.
 	LeaseTTL() (seconds int)
 	// Debug returns text that helps explain a failure (log paths, log tails).

@@ -33,13 +33,12 @@ const (
 	frontNS = "front"
 )
 
-// callerID is the SPIFFE ID of the client pod (default ServiceAccount in ns).
-const callerID = "spiffe://aether.internal/ns/" + ns + "/sa/default"
-
 // TestScenarios runs the scenario suite on the pair chosen by -pair: by default the local
-// substrate three times (the kubelet stand-in with distinct pod CIDRs: every scenario; with
-// identical pod CIDRs: the cross-cluster ones; real nodes with aether installed by its Helm
-// chart: every scenario, through the same code as on kind), which needs root.
+// substrate three times (the kubelet stand-in with distinct pod CIDRs and SPIRE federation, a
+// trust domain per cluster: every scenario; with identical pod CIDRs and one trust domain under
+// a shared SPIRE upstream authority: the cross-cluster ones; real nodes with aether installed
+// by its Helm chart, with the development CA: every scenario, through the same code as on
+// kind), which needs root.
 func TestScenarios(t *testing.T) {
 	switch *pairFlag {
 	case "kind":
@@ -50,17 +49,17 @@ func TestScenarios(t *testing.T) {
 		runScenarios(t, p, true)
 	case "local":
 		testenv.RequireRoot(t)
-		t.Run("distinct-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, false), true) })
-		t.Run("identical-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, true), false) })
+		t.Run("distinct-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, false, mesh.IdentitySPIREFederated), true) })
+		t.Run("identical-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, true, mesh.IdentitySPIREShared), false) })
 		t.Run("real-nodes", func(t *testing.T) { runScenarios(t, startNodes(t, false), true) })
 	default:
 		t.Fatalf("-pair %q: want local or kind", *pairFlag)
 	}
 }
 
-// startLocal starts a mesh on the local substrate, stopped when t ends.
-func startLocal(t *testing.T, identical bool) ClusterPair {
-	m := startMesh(t, mesh.Options{IdenticalPodCIDRs: identical})
+// startLocal starts a mesh on the local substrate with identity, stopped when t ends.
+func startLocal(t *testing.T, identical bool, identity mesh.Identity) ClusterPair {
+	m := startMesh(t, mesh.Options{IdenticalPodCIDRs: identical, Identity: identity})
 	checkRegistryAuth(t, m)
 	return &localPair{m: m}
 }
@@ -90,7 +89,7 @@ func startMesh(t *testing.T, opts mesh.Options) *mesh.Mesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("mesh up in %s (substrate %s, real nodes %v)", time.Since(start).Round(time.Millisecond), m.StartupTime.Round(time.Millisecond), opts.RealNodes)
+	t.Logf("mesh up in %s (substrate %s, real nodes %v, identity %s)", time.Since(start).Round(time.Millisecond), m.StartupTime.Round(time.Millisecond), opts.RealNodes, m.Identity)
 	t.Cleanup(func() {
 		if t.Failed() && *holdFlag > 0 {
 			t.Logf("holding the failed pair for %s: substrate %s, mesh %s", *holdFlag, m.Substrate.Dir, m.Dir)
@@ -151,6 +150,15 @@ type world struct {
 	nodesB     []string
 	clientNode string
 }
+
+// id is the SPIFFE ID of ServiceAccount podNS/sa of cluster: in the cluster's trust domain.
+func (w *world) id(cluster, podNS, sa string) string {
+	return "spiffe://" + w.p.TrustDomain(cluster) + "/ns/" + podNS + "/sa/" + sa
+}
+
+// w.callerID() is the SPIFFE ID of A's client pod (default ServiceAccount in ns), the caller of
+// get and tcp.
+func (w *world) callerID() string { return w.id(w.a, ns, "default") }
 
 func echoService(name, app string) *corev1.Service {
 	tcp := "tcp"
@@ -348,8 +356,8 @@ func (w *world) wantHTTP(t *testing.T, url, cluster string) reply {
 		if err != nil {
 			return err
 		}
-		if r.Cluster != cluster || r.CallerID != callerID {
-			return fmt.Errorf("answered by %s in %s seeing caller %q (xfcc %q); want cluster %s, caller %s", r.Server, r.Cluster, r.CallerID, r.XFCC, cluster, callerID)
+		if r.Cluster != cluster || r.CallerID != w.callerID() {
+			return fmt.Errorf("answered by %s in %s seeing caller %q (xfcc %q); want cluster %s, caller %s", r.Server, r.Cluster, r.CallerID, r.XFCC, cluster, w.callerID())
 		}
 		got = r
 		return nil
@@ -434,6 +442,12 @@ func runScenarios(t *testing.T, p ClusterPair, all bool) {
 		w.wantTCP(t, fmt.Sprintf("remote.%s.svc.clusterset.local:%d", ns, substrate.EchoTCPPort), w.b)
 	})
 	run("gamma-serviceimport-backend", func(t *testing.T) { w.gammaImportBackend(t) })
+	if lp, ok := p.(*localPair); ok && lp.m.Identity != mesh.IdentityDevCA {
+		// The SPIRE meshes: the bundles and SVIDs each node's Envoy got from SPIRE, and no CA
+		// key where an aether pod, a Secret or a node could read it (identity_linux_test.go).
+		run("spire-trust-bundles", func(t *testing.T) { w.spireTrustBundles(t, lp.m) })
+		run("no-ca-private-key", func(t *testing.T) { w.noCAPrivateKey(t, lp.m) })
+	}
 	// Identity-based authorization (issue #32): also with identical pod CIDRs, where a caller's
 	// address says nothing about who it is and only its certificate can.
 	run("authz-two-clusters", func(t *testing.T) { w.authzTwoClusters(t) })
@@ -606,7 +620,7 @@ func (w *world) plaintextRefused(t *testing.T) {
 // forged one.
 func (w *world) crossNodeMatrix(t *testing.T) {
 	ctx := context.Background()
-	forged := "X-Forwarded-Client-Cert: By=spiffe://aether.internal/ns/" + ns + "/sa/default;URI=spiffe://aether.internal/ns/" + ns + "/sa/admin"
+	forged := "X-Forwarded-Client-Cert: By=" + w.callerID() + ";URI=" + w.id(w.a, ns, "admin")
 	pod, err := w.p.Kube(w.a).CoreV1().Pods(ns).Get(ctx, "echo-2", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -641,8 +655,8 @@ func (w *world) crossNodeMatrix(t *testing.T) {
 		if err := json.Unmarshal(out, &r); err != nil {
 			return fmt.Errorf("decode %q: %w", out, err)
 		}
-		if r.CallerID != callerID || strings.Contains(r.XFCC, "sa/admin") {
-			return fmt.Errorf("%s saw caller %q, XFCC %q: want %s and no forged identity", r.Server, r.CallerID, r.XFCC, callerID)
+		if r.CallerID != w.callerID() || strings.Contains(r.XFCC, "sa/admin") {
+			return fmt.Errorf("%s saw caller %q, XFCC %q: want %s and no forged identity", r.Server, r.CallerID, r.XFCC, w.callerID())
 		}
 		return nil
 	})
@@ -731,7 +745,7 @@ func (w *world) registryCut(t *testing.T) {
 		for n := 0; n == 0 || time.Since(start) < d; n++ {
 			for _, c := range urls {
 				r, err := w.get(ctx, c.url)
-				if err != nil || r.Cluster != c.cluster || r.CallerID != callerID {
+				if err != nil || r.Cluster != c.cluster || r.CallerID != w.callerID() {
 					t.Errorf("%s, %s in: GET %s = %+v, %v", phase, time.Since(start).Round(time.Millisecond), c.url, r, err)
 				}
 			}
@@ -775,7 +789,7 @@ func (w *world) nodeRemoved(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if r.Server != "remote-1" || r.CallerID != callerID {
+			if r.Server != "remote-1" || r.CallerID != w.callerID() {
 				return fmt.Errorf("answered by %s (caller %q)", r.Server, r.CallerID)
 			}
 		}

@@ -155,7 +155,7 @@ type Node struct {
 	// Netns is the node's network namespace (host network of its pods and processes).
 	Netns *testenv.Netns
 	// Root holds the node's files: <Root>/etc/cni/net.d, /opt/cni/bin, /run/flannel/subnet.env,
-	// /run/aether, /var/lib/cni, /var/lib/aether, /dev/shm, /etc/resolv.conf. Node processes, CNI plugins
+	// /run/aether, /run/spire, /var/lib/cni, /var/lib/aether, /dev/shm, /etc/resolv.conf. Node processes, CNI plugins
 	// and hostNetwork pods see them at their real paths (see Binds).
 	Root string
 
@@ -166,8 +166,10 @@ type Node struct {
 // nodeDirs are the node directories bound at their real paths in every node process. /dev/shm is
 // among them because every Envoy keeps its hot-restart shared memory there under a name derived
 // from --base-id: per-node directories let each node's Envoy use the default base ID, as on real
-// nodes, and leave nothing in the machine's /dev/shm.
-var nodeDirs = []string{"/etc/cni/net.d", "/opt/cni/bin", "/run/flannel", "/run/aether", "/var/lib/cni", "/var/lib/aether", "/dev/shm"}
+// nodes, and leave nothing in the machine's /dev/shm. /run/spire holds a node's SPIRE agent
+// (its sockets, the admin socket the aether agent asks), as a SPIRE agent DaemonSet's hostPath
+// does.
+var nodeDirs = []string{"/etc/cni/net.d", "/opt/cni/bin", "/run/flannel", "/run/aether", "/run/spire", "/var/lib/cni", "/var/lib/aether", "/dev/shm"}
 
 // Binds returns the [host path, path in the node] pairs mounted in every node process's own mount
 // namespace: the node directories and the node's resolv.conf.
@@ -207,10 +209,17 @@ func (n *Node) Start(name string, argv, env []string) (*Process, error) {
 // Exec runs argv to completion like Start would and returns its stdout; a failure returns an
 // error holding stderr.
 func (n *Node) Exec(ctx context.Context, argv ...string) ([]byte, error) {
+	return runWrapped(ctx, n.Wrap(argv))
+}
+
+// Wrap returns the command line that runs argv as a node process, as Exec does: in the node's
+// network namespace with the node's files at their real paths. The wrapper execs argv, so the
+// process it starts ends up being argv's own.
+func (n *Node) Wrap(argv []string) []string {
 	if n.real != nil {
-		return runWrapped(ctx, n.nsenter(argv))
+		return n.nsenter(argv)
 	}
-	return runWrapped(ctx, nsWrap(n.Netns.Path, n.Binds(), "", argv))
+	return nsWrap(n.Netns.Path, n.Binds(), "", argv)
 }
 
 // Start runs argv as a cluster process in the root namespaces (it reaches the API server at

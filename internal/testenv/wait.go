@@ -1,6 +1,8 @@
 package testenv
 
 import (
+	"context"
+	"fmt"
 	"os"
 	"strconv"
 	"testing"
@@ -14,17 +16,32 @@ import (
 // convergence time: the deadline catches a hang, it does not measure speed.
 func Eventually(t testing.TB, d time.Duration, what string, check func() error) time.Duration {
 	t.Helper()
+	took, err := Poll(context.Background(), d, what, check)
+	if err != nil {
+		t.Fatalf("%v", err)
+	}
+	return took
+}
+
+// Poll is Eventually for code without a test: it calls check as Eventually does until it returns
+// nil (it returns how long that took), d passes (the error is "<what>: not within <d>: <check's
+// last error>") or ctx ends (the error wraps ctx's and names check's last error).
+func Poll(ctx context.Context, d time.Duration, what string, check func() error) (time.Duration, error) {
 	start := time.Now()
 	pause := 10 * time.Millisecond
 	for {
 		err := check()
 		if err == nil {
-			return time.Since(start)
+			return time.Since(start), nil
 		}
 		if time.Since(start) > d {
-			t.Fatalf("%s: not within %s: %v", what, d, err)
+			return 0, fmt.Errorf("%s: not within %s: %v", what, d, err)
 		}
-		time.Sleep(pause)
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%s: %w (last: %v)", what, ctx.Err(), err)
+		case <-time.After(pause):
+		}
 		pause = min(2*pause, 100*time.Millisecond)
 	}
 }
