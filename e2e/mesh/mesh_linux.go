@@ -254,7 +254,7 @@ func (m *Mesh) agentArgs(n *substrate.Node) []string {
 			"--trust-domain", m.TrustDomain(n.Cluster.Name))
 		// With federation the other clusters' trust domains are the clusterset's: their
 		// workloads are admitted as this cluster's.
-		if others := m.otherTrustDomains(m.Substrate, n.Cluster.Name); len(others) > 0 {
+		if others := m.otherTrustDomains(n.Cluster.Substrate(), n.Cluster.Name); len(others) > 0 {
 			args = append(args, "--clusterset-trust-domains", strings.Join(others, ","))
 		}
 		return args
