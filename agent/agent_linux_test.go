@@ -154,37 +154,10 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 		pods[name] = createReadyPod(t, ctx, cs, name+"-1", name)
 	}
 
-	// The node is a namespace of its own (as on the substrate): the agent and its Envoy run in
-	// it and reach the pods over veth pairs; the API server and the registry (through the cut
-	// proxy) are forwarded into it at their loopback addresses.
-	node, clientNS, webNS := testenv.NewNetns(t), testenv.NewNetns(t), testenv.NewNetns(t)
-	clientIP, webIP := netip.MustParsePrefix("10.250.1.2/24"), netip.MustParsePrefix("10.250.2.2/24")
-	testenv.Veth(t, node, "vclient", netip.MustParsePrefix("10.250.1.1/24"), clientNS, "eth0", clientIP)
-	testenv.Veth(t, node, "vweb", netip.MustParsePrefix("10.250.2.1/24"), webNS, "eth0", webIP)
-	clientNS.DefaultRoute(t, netip.MustParseAddr("10.250.1.1"))
-	webNS.DefaultRoute(t, netip.MustParseAddr("10.250.2.1"))
-	apiAddr := strings.TrimPrefix(api.Config.Host, "https://")
-	node.Forward(t, apiAddr, apiAddr)
-	node.Forward(t, regProxy.Addr(), regProxy.Addr())
-	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false)},
-		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", regProxy.URL())
-	a.waitReady(t, 60*time.Second, "agent ready")
-
-	webNS.ServeHTTP(t, "0.0.0.0:8080", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "web saw %s", r.Header.Get("X-Forwarded-Client-Cert"))
-	}))
-	cl := plugin.NewClient(a.cniSocket)
-	for name, att := range map[string]struct {
-		ns *testenv.Netns
-		ip netip.Prefix
-	}{"web": {webNS, webIP}, "client": {clientNS, clientIP}} {
-		p := pods[name]
-		if _, err := cl.Add(ctx, cniv1.Request{Network: "test", Attachment: cniv1.PodAttachment{
-			ContainerID: "ctr-" + name, PodUID: string(p.UID), Namespace: "shop", Name: p.Name,
-			NetnsPath: att.ns.Path, IPs: []netip.Addr{att.ip.Addr()}, Interface: "eth0"}}); err != nil {
-			t.Fatalf("CNI ADD %s: %v", p.Name, err)
-		}
-	}
+	// The node is a namespace of its own (as on the substrate); the registry is reached through
+	// the cut proxy.
+	tn := startTwoPodNode(t, ctx, api, regProxy.Addr(), regProxy.URL(), agentOpts{}, pods)
+	a, clientNS := tn.a, tn.clientNS
 
 	url := "http://" + web.Spec.ClusterIP + "/"
 	wantID := "spiffe://aether.internal/ns/shop/sa/client"
@@ -198,7 +171,7 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 		if t.Failed() {
 			t.Logf("envoy clusters:\n%s", grepLines(a.envoy("/clusters"), "web.shop"))
 			t.Logf("envoy listeners:\n%s", a.envoy("/listeners"))
-			out, _ := webNS.Command("nft", "list", "ruleset").CombinedOutput()
+			out, _ := tn.webNS.Command("nft", "list", "ruleset").CombinedOutput()
 			t.Logf("web pod rules:\n%s", out)
 		}
 	})
@@ -234,6 +207,53 @@ func TestPrivilegedAgentTrafficSurvivesSourceOutages(t *testing.T) {
 	regProxy.Restore()
 	a.waitReady(t, 60*time.Second, "ready after the registry returns")
 	traffic("after the registry returned")
+}
+
+// twoPodNode is a node namespace with two pod namespaces, client (10.250.1.2) and web
+// (10.250.2.2), on veth pairs, and the real agent running in the node namespace.
+type twoPodNode struct {
+	node, clientNS, webNS *testenv.Netns
+	a                     *agentProc
+}
+
+// startTwoPodNode makes a twoPodNode: the API server and the registry (registryAddr, reached as
+// registryURL) forwarded into the node namespace at their loopback addresses, the agent started
+// there with o (its wrap and client set here) and ready, web serving on :8080 the
+// X-Forwarded-Client-Cert it sees, and pods["web"] and pods["client"] ADDed through the agent's
+// CNI server (each ADD's time logged).
+func startTwoPodNode(t *testing.T, ctx context.Context, api *testenv.KubeAPIServer, registryAddr, registryURL string, o agentOpts, pods map[string]*corev1.Pod) *twoPodNode {
+	t.Helper()
+	n := &twoPodNode{node: testenv.NewNetns(t), clientNS: testenv.NewNetns(t), webNS: testenv.NewNetns(t)}
+	clientIP, webIP := netip.MustParsePrefix("10.250.1.2/24"), netip.MustParsePrefix("10.250.2.2/24")
+	testenv.Veth(t, n.node, "vclient", netip.MustParsePrefix("10.250.1.1/24"), n.clientNS, "eth0", clientIP)
+	testenv.Veth(t, n.node, "vweb", netip.MustParsePrefix("10.250.2.1/24"), n.webNS, "eth0", webIP)
+	n.clientNS.DefaultRoute(t, netip.MustParseAddr("10.250.1.1"))
+	n.webNS.DefaultRoute(t, netip.MustParseAddr("10.250.2.1"))
+	apiAddr := strings.TrimPrefix(api.Config.Host, "https://")
+	n.node.Forward(t, apiAddr, apiAddr)
+	n.node.Forward(t, registryAddr, registryAddr)
+	o.wrap, o.client = []string{"ip", "netns", "exec", n.node.Name}, n.node.HTTPClient(false)
+	n.a = startAgentWith(t, o, "--kubeconfig", api.Kubeconfig, "--registry-endpoints", registryURL)
+	n.a.waitReady(t, 90*time.Second, "agent ready")
+	n.webNS.ServeHTTP(t, "0.0.0.0:8080", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "web saw %s", r.Header.Get("X-Forwarded-Client-Cert"))
+	}))
+	cl := plugin.NewClient(n.a.cniSocket)
+	for _, name := range []string{"web", "client"} {
+		ns, ip := n.webNS, webIP
+		if name == "client" {
+			ns, ip = n.clientNS, clientIP
+		}
+		p := pods[name]
+		start := time.Now()
+		if _, err := cl.Add(ctx, cniv1.Request{Network: "test", Attachment: cniv1.PodAttachment{
+			ContainerID: "ctr-" + name, PodUID: string(p.UID), Namespace: "shop", Name: p.Name,
+			NetnsPath: ns.Path, IPs: []netip.Addr{ip.Addr()}, Interface: "eth0"}}); err != nil {
+			t.Fatalf("CNI ADD %s: %v", p.Name, err)
+		}
+		t.Logf("ADD %s answered after %s (Envoy serves its listeners and SVID)", p.Name, time.Since(start).Round(time.Millisecond))
+	}
+	return n
 }
 
 // callAs GETs url with c and returns nil when the answer is 200 and carries the caller's identity

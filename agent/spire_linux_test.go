@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"math/big"
 	"net/http"
-	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -24,8 +23,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
-	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/identity/spire"
 	"github.com/aethermesh/aether/internal/testenv"
 )
@@ -79,37 +76,9 @@ func TestPrivilegedAgentSPIRE(t *testing.T) {
 		pods[name] = createReadyPod(t, ctx, cs, name+"-1", name, func(p *corev1.Pod) { p.Labels[spireSelected] = "on" })
 	}
 
-	node, clientNS, webNS := testenv.NewNetns(t), testenv.NewNetns(t), testenv.NewNetns(t)
-	clientIP, webIP := netip.MustParsePrefix("10.250.1.2/24"), netip.MustParsePrefix("10.250.2.2/24")
-	testenv.Veth(t, node, "vclient", netip.MustParsePrefix("10.250.1.1/24"), clientNS, "eth0", clientIP)
-	testenv.Veth(t, node, "vweb", netip.MustParsePrefix("10.250.2.1/24"), webNS, "eth0", webIP)
-	clientNS.DefaultRoute(t, netip.MustParseAddr("10.250.1.1"))
-	webNS.DefaultRoute(t, netip.MustParseAddr("10.250.2.1"))
-	apiAddr := strings.TrimPrefix(api.Config.Host, "https://")
-	node.Forward(t, apiAddr, apiAddr)
 	etcdAddr := strings.TrimPrefix(etcd.Endpoints[0], "http://")
-	node.Forward(t, etcdAddr, etcdAddr)
-	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false), spireAdmin: sa.Admin},
-		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0])
-	a.waitReady(t, 90*time.Second, "agent ready (the SPIRE agent's bundle received)")
-
-	webNS.ServeHTTP(t, "0.0.0.0:8080", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "web saw %s", r.Header.Get("X-Forwarded-Client-Cert"))
-	}))
-	cl := plugin.NewClient(a.cniSocket)
-	for name, att := range map[string]struct {
-		ns *testenv.Netns
-		ip netip.Prefix
-	}{"web": {webNS, webIP}, "client": {clientNS, clientIP}} {
-		p := pods[name]
-		start := time.Now()
-		if _, err := cl.Add(ctx, cniv1.Request{Network: "test", Attachment: cniv1.PodAttachment{
-			ContainerID: "ctr-" + name, PodUID: string(p.UID), Namespace: "shop", Name: p.Name,
-			NetnsPath: att.ns.Path, IPs: []netip.Addr{att.ip.Addr()}, Interface: "eth0"}}); err != nil {
-			t.Fatalf("CNI ADD %s: %v", p.Name, err)
-		}
-		t.Logf("ADD %s answered after %s (Envoy serves its SPIRE SVID)", p.Name, time.Since(start).Round(time.Millisecond))
-	}
+	tn := startTwoPodNode(t, ctx, api, etcdAddr, etcd.Endpoints[0], agentOpts{spireAdmin: sa.Admin}, pods)
+	a, clientNS := tn.a, tn.clientNS
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("envoy certs:\n%s", a.envoy("/certs"))
