@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"encoding/pem"
 	"testing"
 
 	"github.com/aethermesh/aether/identity"
@@ -16,7 +17,7 @@ func TestClusterMeshBuilds(t *testing.T) {
 	id := pods[0].SPIFFEID(m.TrustDomain)
 	svids := map[string]*identity.SVID{id: {SPIFFEID: id, CertChainPEM: []byte("C"), KeyPEM: []byte("K")}}
 	for _, sel := range []xds.CertSelection{xds.CertSelector, xds.CertMatcher} {
-		r, err := xds.Build(m, svids, []byte("B"), xds.Options{CertSelection: sel})
+		r, err := xds.Build(m, svids, map[string][]byte{m.TrustDomain: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("B")})}, xds.Options{CertSelection: sel})
 		if err != nil {
 			t.Fatal(err)
 		}
