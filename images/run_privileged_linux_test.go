@@ -287,7 +287,8 @@ plugins {
 		t.Fatal(err)
 	}
 	cmd := inImage(agent, nil, "/usr/local/bin/aether-spire-agent-entrypoint", "run", "-config", "/tmp/agent.conf")
-	var out bytes.Buffer
+	// Read while the agent writes: a Buffer safe for that.
+	var out testenv.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := testenv.StartCmd(cmd); err != nil {
 		t.Fatal(err)
