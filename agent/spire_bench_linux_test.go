@@ -45,11 +45,7 @@ func BenchmarkAddToFirstSVID(b *testing.B) {
 			createNodeAndMeshNamespace(b, ctx, cs)
 			var opts agentOpts
 			if c.spire {
-				srv := testenv.StartSPIREServer(b, api, testenv.SPIREOptions{Cluster: "a", AgentSyncInterval: c.sync})
-				const delegate = "spiffe://aether.internal/ns/aether-system/sa/aether-agent"
-				sa := srv.StartAgent(b, "node-1", delegate)
-				srv.Create(b, "ClusterStaticEntry", "aether-agent", map[string]any{"spiffeID": delegate, "parentID": sa.ID, "selectors": []any{"unix:uid:0"}})
-				srv.Create(b, "ClusterSPIFFEID", "mesh", map[string]any{"spiffeIDTemplate": testenv.MeshSPIFFEIDTemplate,
+				_, sa := startNodeSPIRE(b, api, testenv.SPIREOptions{Cluster: "a", AgentSyncInterval: c.sync}, map[string]any{
 					"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": "shop"}}})
 				opts.spireAdmin = sa.Admin
 			}

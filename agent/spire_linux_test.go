@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"math/big"
 	"net/http"
 	"os"
@@ -44,7 +45,8 @@ const spireSelected = "spire-test/identity"
 //   - across several rotations (TTL 20 s) a long-lived connection's requests and new
 //     connections all succeed;
 //   - a SPIRE agent restart under traffic fails no request, and readiness names the identity
-//     source while the SPIRE agent is away;
+//     source while the SPIRE agent is away; an agent restart under traffic fails none either;
+//   - a selected pod the agent never attached gets no SVID in Envoy;
 //   - a process in a pod asking the SPIRE agent's admin API for another pod's SVID (by that pod's
 //     selectors) is refused, and the Workload API gives it nothing;
 //   - the client taken out of the ClusterSPIFFEID's selector keeps its last SVID until expiry,
@@ -56,16 +58,9 @@ func TestPrivilegedAgentSPIRE(t *testing.T) {
 	defer cancel()
 	createNodeAndMeshNamespace(t, ctx, cs, "web", "client")
 	web := createWebService(t, ctx, cs)
-	srv := testenv.StartSPIREServer(t, api, testenv.SPIREOptions{Cluster: "a"})
-	const delegate = "spiffe://aether.internal/ns/aether-system/sa/aether-agent"
-	sa := srv.StartAgent(t, "node-1", delegate)
-	// The aether agent's own entry (in a cluster: its pod's k8s selectors; here the process runs
-	// as root on the node) and the pods' from a ClusterSPIFFEID.
-	srv.Create(t, "ClusterStaticEntry", "aether-agent", map[string]any{"spiffeID": delegate, "parentID": sa.ID, "selectors": []any{"unix:uid:0"}})
-	srv.Create(t, "ClusterSPIFFEID", "mesh", map[string]any{
-		"spiffeIDTemplate": testenv.MeshSPIFFEIDTemplate,
-		"podSelector":      map[string]any{"matchLabels": map[string]any{spireSelected: "on"}},
-		"ttl":              spireTTL.String(),
+	srv, sa := startNodeSPIRE(t, api, testenv.SPIREOptions{Cluster: "a"}, map[string]any{
+		"podSelector": map[string]any{"matchLabels": map[string]any{spireSelected: "on"}},
+		"ttl":         spireTTL.String(),
 	})
 	pods := map[string]*corev1.Pod{}
 	for _, name := range []string{"web", "client", "idle"} {
@@ -262,6 +257,26 @@ func TestPrivilegedAgentSPIRE(t *testing.T) {
 	if !strings.Contains(mustReadFile(t, a.logPath), "left out of the node proxy until the identity provider has its SVID") {
 		t.Error("the agent did not log the pod it left out")
 	}
+}
+
+// agentDelegateID is the aether agent's SPIFFE ID in the agent tests' SPIRE: the SPIRE agent's
+// authorized delegate.
+const agentDelegateID = "spiffe://aether.internal/ns/aether-system/sa/aether-agent"
+
+// startNodeSPIRE starts a SPIRE server with opts on api, node-1's SPIRE agent with the aether
+// agent as its authorized delegate, the aether agent's own entry (a ClusterStaticEntry; in a
+// cluster its pod's k8s selectors, here the agent runs as root on the node: unix:uid:0), and the
+// ClusterSPIFFEID "mesh" giving the mesh's IDs (testenv.MeshSPIFFEIDTemplate) with the selectors
+// and TTL of spec.
+func startNodeSPIRE(t testing.TB, api *testenv.KubeAPIServer, opts testenv.SPIREOptions, spec map[string]any) (*testenv.SPIREServer, *testenv.SPIREAgent) {
+	t.Helper()
+	srv := testenv.StartSPIREServer(t, api, opts)
+	sa := srv.StartAgent(t, "node-1", agentDelegateID)
+	srv.Create(t, "ClusterStaticEntry", "aether-agent", map[string]any{"spiffeID": agentDelegateID, "parentID": sa.ID, "selectors": []any{"unix:uid:0"}})
+	spec = maps.Clone(spec)
+	spec["spiffeIDTemplate"] = testenv.MeshSPIFFEIDTemplate
+	srv.Create(t, "ClusterSPIFFEID", "mesh", spec)
+	return srv, sa
 }
 
 // spireCallerEnv makes the test binary (TestMain) a process of a pod that asks the SPIRE agent's
