@@ -413,7 +413,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 }
 
 // TestChartServerSideDryRun renders the chart with its defaults, with OtherValues (namespace
-// mesh-system) and for removal (cniUninstall), creates the rendered CRDs and Namespaces on a real
+// mesh-system), for removal (cniUninstall) and in SPIRE's modes (both spire.clusterset modes
+// among them), creates the rendered CRDs and Namespaces on a real
 // kube-apiserver, and applies every other object with a strict server-side dry run.
 func TestChartServerSideDryRun(t *testing.T) {
 	api := testenv.StartTestKubeAPIServer(t, testenv.KubeAPIServerOptions{})
@@ -432,6 +433,11 @@ func TestChartServerSideDryRun(t *testing.T) {
 		{"SPIRE on a volume claim", "spire-pvc", "", []string{"--set", "spire.namespace=spire-pvc-ns", "--set", "spire.server.dataVolume.storageClassName=fast",
 			"--set", "spire.server.dataVolume.size=5Gi"}},
 		{"SPIRE only", "spire-only", "", []string{"--set", "mesh.enabled=false", "--set", "spire.namespace=spire-only-ns"}},
+		{"SPIRE federation", "spire-fed", "", append([]string{"--set", "spire.namespace=spire-fed-ns", "--set", "trustDomain=alpha.example.org",
+			"--set", "spire.clusterset.mode=federation", "--set", "spire.controllerManager.className=fed"},
+			federatesWith(t, map[string]string{"trustDomain": "beta.example.org", "bundleEndpointURL": "https://192.0.2.10:31443", "trustDomainBundle": betaBundle})...)},
+		{"SPIRE shared trust domain", "spire-shared", "", []string{"--set", "spire.namespace=spire-shared-ns", "--set", "spire.controllerManager.className=shared",
+			"--set", "spire.clusterset.mode=sharedTrustDomain", "--set", "spire.clusterset.upstreamAuthority.intermediate=true"}},
 	} {
 		if c.values == OtherSPIREValues {
 			if err := ap.apply(&unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace",
@@ -490,14 +496,15 @@ func TestChartServerSideDryRun(t *testing.T) {
 			t.Errorf("no %s among the rendered objects", k)
 		}
 	}
-	// The aether agent's: defaults, other values, other SPIRE values, the volume claim; the SPIRE
-	// agent's: defaults, cniUninstall, other SPIRE values, the volume claim, SPIRE only; the
-	// uninstall one: cniUninstall.
-	if kinds["DaemonSet"] != 10 {
-		t.Errorf("%d DaemonSets applied, want 10 (4 of the aether agent, 5 of the SPIRE agent, the uninstall one)", kinds["DaemonSet"])
+	// The aether agent's: defaults, other values, other SPIRE values, the volume claim, federation,
+	// shared trust domain; the SPIRE agent's: defaults, cniUninstall, other SPIRE values, the
+	// volume claim, SPIRE only, federation, shared trust domain; the uninstall one: cniUninstall.
+	if kinds["DaemonSet"] != 14 {
+		t.Errorf("%d DaemonSets applied, want 14 (6 of the aether agent, 7 of the SPIRE agent, the uninstall one)", kinds["DaemonSet"])
 	}
-	if kinds["StatefulSet"] != 5 || kinds["ClusterSPIFFEID"] != 10 {
-		t.Errorf("%d StatefulSets and %d ClusterSPIFFEIDs applied, want 5 and 10 (a SPIRE server and two ClusterSPIFFEIDs in each of the 5 SPIRE renders)", kinds["StatefulSet"], kinds["ClusterSPIFFEID"])
+	if kinds["StatefulSet"] != 7 || kinds["ClusterSPIFFEID"] != 21 || kinds["ClusterFederatedTrustDomain"] != 1 {
+		t.Errorf("%d StatefulSets, %d ClusterSPIFFEIDs and %d ClusterFederatedTrustDomains applied, want 7, 21 and 1 (a SPIRE server and three ClusterSPIFFEIDs in each of the 7 SPIRE renders, the federation's one trust domain)",
+			kinds["StatefulSet"], kinds["ClusterSPIFFEID"], kinds["ClusterFederatedTrustDomain"])
 	}
 }
 

@@ -50,8 +50,9 @@ type Options struct {
 	// in the substrate's registry, the Helm chart (deploy/chart/aether) in each cluster; the
 	// agent and Envoy run as the DaemonSet's pods, the registrar as its Deployment.
 	RealNodes bool
-	// Identity is where workload identities come from ("": IdentityDevCA). The SPIRE modes run
-	// on the kubelet stand-in only.
+	// Identity is where workload identities come from ("": IdentityDevCA). With RealNodes the
+	// chart installs SPIRE in each cluster (identity.mode spire) in the mode's
+	// spire.clusterset.mode; on the kubelet stand-in the mesh runs SPIRE's processes itself.
 	Identity Identity
 }
 
@@ -71,7 +72,8 @@ type Mesh struct {
 	// servers' upstream authority (PEM files in Dir).
 	UpstreamCACert, UpstreamCAKey string
 	// SPIRE are the SPIRE servers by cluster name and SPIREAgents the SPIRE agents by node name,
-	// with a SPIRE identity.
+	// with a SPIRE identity on the kubelet stand-in (with RealNodes SPIRE runs as the chart's
+	// pods).
 	SPIRE       map[string]*testenv.SPIREServer
 	SPIREAgents map[string]*testenv.SPIREAgent
 
@@ -128,9 +130,6 @@ func StartMesh(ctx context.Context, opts Options) (_ *Mesh, err error) {
 		opts.Identity = IdentityDevCA
 	case IdentityDevCA:
 	case IdentitySPIREShared, IdentitySPIREFederated:
-		if opts.RealNodes {
-			return nil, fmt.Errorf("start mesh: Identity %q with RealNodes: the SPIRE modes run on the kubelet stand-in only", opts.Identity)
-		}
 	default:
 		return nil, fmt.Errorf("start mesh: Identity %q: want %q, %q or %q", opts.Identity, IdentityDevCA, IdentitySPIREShared, IdentitySPIREFederated)
 	}

@@ -3,10 +3,13 @@ package mesh
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -50,7 +53,8 @@ func (m *Mesh) startNodesMesh(ctx context.Context, podB string) error {
 	opts.Logger.Info("building aether's images")
 	built, err := images.Build(ctx, images.Options{
 		Root: root, CacheDir: filepath.Join(tools.Dir, "images"), Envoy: tools.Envoy, Log: opts.Logger,
-	}, meshImages())
+		Tools: images.ToolPaths(tools.SPIREServer, tools.SPIREAgent, tools.SPIREControllerManager),
+	}, m.meshImages())
 	if err != nil {
 		return fmt.Errorf("start mesh: %w", err)
 	}
@@ -72,6 +76,11 @@ func (m *Mesh) startNodesMesh(ctx context.Context, podB string) error {
 			return fmt.Errorf("start mesh: install aether in %s: %w", c.Name, err)
 		}
 	}
+	if m.Identity == IdentitySPIREFederated {
+		if err := m.federateReleases(ctx); err != nil {
+			return fmt.Errorf("start mesh: %w", err)
+		}
+	}
 	digests, err := imageDigests(built)
 	if err != nil {
 		return fmt.Errorf("start mesh: %w", err)
@@ -83,20 +92,27 @@ func (m *Mesh) startNodesMesh(ctx context.Context, podB string) error {
 		if err := runsBuiltImages(ctx, c, Namespace, digests); err != nil {
 			return fmt.Errorf("start mesh: %w", err)
 		}
+		if m.spire() {
+			if err := runsBuiltImages(ctx, c, spireNamespace, digests); err != nil {
+				return fmt.Errorf("start mesh: %w", err)
+			}
+		}
 	}
 	return nil
 }
 
-// meshImages are the images the real-node mesh runs: every image but SPIRE's. The chart is
-// installed with identity.mode dev-ca until the agent's SPIRE wiring is in (issue #28; install).
-func meshImages() []images.Image {
+// meshImages are the images the real-node mesh runs: every image, SPIRE's but with the
+// development CA.
+func (m *Mesh) meshImages() []images.Image {
 	var out []images.Image
 	for _, d := range images.Images() {
 		switch d.Ref {
 		case images.SPIREServerImage, images.SPIREAgentImage, images.SPIREControllerManagerImage:
-		default:
-			out = append(out, d)
+			if !m.spire() {
+				continue
+			}
 		}
+		out = append(out, d)
 	}
 	return out
 }
@@ -148,63 +164,184 @@ func runsBuiltImages(ctx context.Context, c *substrate.Cluster, ns string, diges
 
 // install creates cluster c's Secrets and runs helm install (values as a user of this substrate
 // sets them: the cluster name, the registry at the cluster's gateway over TLS with a client
-// certificate, the mesh's lease TTL, debug logs).
+// certificate, the mesh's lease TTL, debug logs), with the mesh's identity: the development CA,
+// or SPIRE (identity.mode spire, the chart's default) in the mode's spire.clusterset.mode.
 func (m *Mesh) install(ctx context.Context, c *substrate.Cluster, helm, chart string) error {
-	return installDevCA(ctx, c, helm, chart, m.CACert, m.CAKey,
-		"--set", "extraConfig.AETHER_REGISTRY_LEASE_TTL="+m.opts.LeaseTTL.String(),
+	set := []string{
+		"--set", "extraConfig.AETHER_REGISTRY_LEASE_TTL=" + m.opts.LeaseTTL.String(),
 		// Gateways may ask for addresses of their cluster's Gateway address pool, which the
 		// underlay routes to the cluster's first node (substrate.ClusterPlan.GatewayAddressPool);
 		// kube-proxy serves a given one as the edge Service's external IP.
-		"--set", "extraConfig.AETHER_GATEWAY_ADDRESS_CIDRS="+c.Plan.GatewayAddressPool.String(),
+		"--set", "extraConfig.AETHER_GATEWAY_ADDRESS_CIDRS=" + c.Plan.GatewayAddressPool.String(),
 		// Two edge pods per Gateway, one per node: each is programmed by its own node's agent.
 		"--set-string", "extraConfig.AETHER_EDGE_REPLICAS=2",
 		"--set", "importConfig=true",
 		"--set", "logLevel=debug",
-	)
+	}
+	if m.Identity == IdentityDevCA {
+		return installDevCA(ctx, c, helm, chart, m.CACert, m.CAKey, set...)
+	}
+	set = append(set,
+		"--set", "trustDomain="+m.TrustDomain(c.Name),
+		// The substrate has no volume provisioner.
+		"--set", "spire.server.dataVolume.type=emptyDir")
+	switch m.Identity {
+	case IdentitySPIREShared:
+		// The upstream authority's Secret exists before SPIRE's pods: SPIRE's namespace is made
+		// here, not by the chart.
+		if err := c.CreateNamespace(ctx, spireNamespace, map[string]string{"pod-security.kubernetes.io/enforce": "privileged"}); err != nil {
+			return err
+		}
+		ca, err := readFiles(m.UpstreamCACert, m.UpstreamCAKey)
+		if err != nil {
+			return err
+		}
+		if err := createSecrets(ctx, c, spireNamespace, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "spire-upstream-authority"},
+			Type: corev1.SecretTypeTLS, Data: map[string][]byte{"tls.crt": ca[0], "tls.key": ca[1]}}); err != nil {
+			return err
+		}
+		set = append(set, "--set", "spire.createNamespace=false", "--set", "spire.clusterset.mode=sharedTrustDomain")
+	case IdentitySPIREFederated:
+		// federateReleases names the other clusters once every SPIRE server runs.
+		set = append(set, "--set", "spire.clusterset.mode=federation",
+			"--set", "spire.clusterset.bundleEndpoint.service.nodePort="+strconv.Itoa(SPIREBundleNodePort))
+	}
+	_, err := installChart(ctx, c, helm, chart, "spire", nil, set...)
+	return err
+}
+
+// spireNamespace is the chart's SPIRE namespace (spire.namespace), and SPIREBundleNodePort the
+// node port of each cluster's SPIRE bundle endpoint with IdentitySPIREFederated on real nodes
+// (spire.clusterset.bundleEndpoint.service.nodePort): the other cluster's SPIRE server reaches it
+// on any node's IP (its pod's traffic leaves its node masqueraded to the node's IP).
+const (
+	spireNamespace      = "spire"
+	SPIREBundleNodePort = 31443
+)
+
+// federateReleases federates the clusters' SPIRE servers as an operator does after installing
+// the chart with spire.clusterset.mode federation everywhere: it waits until each cluster's
+// SPIRE server is ready, reads its bundle (spire-server bundle show -format spiffe, in the
+// server's pod), then upgrades each release with spire.clusterset.federatesWith naming every
+// other cluster's trust domain, bundle endpoint (its first node's IP, SPIREBundleNodePort) and
+// that bundle, and waits until each SPIRE server holds the others' bundles (fetched from their
+// endpoints by the Controller Manager's ClusterFederatedTrustDomains).
+func (m *Mesh) federateReleases(ctx context.Context) error {
+	bundles := map[string]string{}
+	for _, c := range m.Clusters {
+		b, err := spireServerExec(ctx, c, 5*time.Minute, "bundle", "show", "-format", "spiffe")
+		if err != nil {
+			return fmt.Errorf("bundle of %s: %w", c.Name, err)
+		}
+		bundles[c.Name] = b
+	}
+	for _, c := range m.Clusters {
+		var fw []map[string]string
+		for _, o := range m.Clusters {
+			if o.Name == c.Name {
+				continue
+			}
+			fw = append(fw, map[string]string{
+				"trustDomain":       m.TrustDomain(o.Name),
+				"bundleEndpointURL": "https://" + net.JoinHostPort(o.Plan.Nodes[0].IP.String(), strconv.Itoa(SPIREBundleNodePort)),
+				"trustDomainBundle": bundles[o.Name],
+			})
+		}
+		b, err := json.Marshal(fw)
+		if err != nil {
+			return err
+		}
+		if err := m.helmUpgrade(ctx, c, "--set-json", "spire.clusterset.federatesWith="+string(b)); err != nil {
+			return err
+		}
+	}
+	for _, c := range m.Clusters {
+		for _, o := range m.Clusters {
+			if o.Name == c.Name {
+				continue
+			}
+			if _, err := spireServerExec(ctx, c, 3*time.Minute, "bundle", "list", "-id", "spiffe://"+m.TrustDomain(o.Name)); err != nil {
+				return fmt.Errorf("the SPIRE server of %s does not hold the bundle of %s: %w", c.Name, o.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// spireServerExec runs spire-server args (on its API socket) in cluster c's SPIRE server pod,
+// trying again for up to within while the pod is not there or the command fails, and returns its
+// output.
+func spireServerExec(ctx context.Context, c *substrate.Cluster, within time.Duration, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	argv := append(append([]string{"spire-server"}, args...), "-socketPath", "/run/spire/server-api/api.sock")
+	for {
+		out, err := c.ExecInPod(ctx, spireNamespace, "spire-server-0", argv...)
+		if err == nil && len(bytes.TrimSpace(out)) > 0 {
+			return string(out), nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("%s in %s/spire-server-0 of %s: %v (%w)", strings.Join(argv, " "), spireNamespace, c.Name, err, ctx.Err())
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// readFiles returns the contents of paths.
+func readFiles(paths ...string) ([][]byte, error) {
+	var out [][]byte
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// createSecrets creates secrets in namespace ns of cluster c (one that exists already is left).
+func createSecrets(ctx context.Context, c *substrate.Cluster, ns string, secrets ...*corev1.Secret) error {
+	for _, sec := range secrets {
+		if _, err := c.Client.CoreV1().Secrets(ns).Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create Secret %s/%s: %w", ns, sec.Name, err)
+		}
+	}
+	return nil
 }
 
 // installDevCA installs aether in cluster c as release releaseName of the chart in Namespace
-// with the development CA of the files caCert and caKey (identity.mode dev-ca): it creates the
-// namespace, the CA Secret and the registry's client Secret, and runs helm install with the
-// cluster name and the registry at the cluster's gateway over TLS, and set (more --set
-// arguments).
+// with the development CA of the files caCert and caKey (identity.mode dev-ca): the CA Secret,
+// then installChart with set (more helm arguments).
 func installDevCA(ctx context.Context, c *substrate.Cluster, helm, chart, caCert, caKey string, set ...string) error {
-	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	read := func(paths ...string) ([][]byte, error) {
-		var out [][]byte
-		for _, p := range paths {
-			b, err := os.ReadFile(p)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, b)
-		}
-		return out, nil
-	}
-	ca, err := read(caCert, caKey)
+	ca, err := readFiles(caCert, caKey)
 	if err != nil {
 		return err
 	}
-	reg, err := read(c.RegistryCAFile, c.RegistryCertFile, c.RegistryKeyFile)
-	if err != nil {
-		return err
+	_, err = installChart(ctx, c, helm, chart, "dev-ca", []*corev1.Secret{{ObjectMeta: metav1.ObjectMeta{Name: "aether-ca"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{"tls.crt": ca[0], "tls.key": ca[1]}}}, set...)
+	return err
+}
+
+// installChart installs aether in cluster c as release releaseName of the chart in Namespace with
+// identity.mode mode: it creates the namespace, secrets and the registry's client Secret, and
+// runs helm install with the cluster name and the registry at the cluster's gateway over TLS,
+// and set (more helm arguments). It returns Helm's output (the release's NOTES).
+func installChart(ctx context.Context, c *substrate.Cluster, helm, chart, mode string, secrets []*corev1.Secret, set ...string) (string, error) {
+	if err := c.CreateNamespace(ctx, Namespace, nil); err != nil {
+		return "", err
 	}
-	for _, sec := range []*corev1.Secret{
-		{ObjectMeta: metav1.ObjectMeta{Name: "aether-ca"}, Type: corev1.SecretTypeTLS,
-			Data: map[string][]byte{"tls.crt": ca[0], "tls.key": ca[1]}},
-		{ObjectMeta: metav1.ObjectMeta{Name: "aether-registry-client"},
-			Data: map[string][]byte{"ca.crt": reg[0], "tls.crt": reg[1], "tls.key": reg[2]}},
-	} {
-		if _, err := c.Client.CoreV1().Secrets(Namespace).Create(ctx, sec, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create Secret %s: %w", sec.Name, err)
-		}
+	reg, err := readFiles(c.RegistryCAFile, c.RegistryCertFile, c.RegistryKeyFile)
+	if err != nil {
+		return "", err
+	}
+	if err := createSecrets(ctx, c, Namespace, append(secrets, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "aether-registry-client"},
+		Data: map[string][]byte{"ca.crt": reg[0], "tls.crt": reg[1], "tls.key": reg[2]}})...); err != nil {
+		return "", err
 	}
 	args := []string{"install", releaseName, chart, "--namespace", Namespace, "--kubeconfig", c.Kubeconfig,
-		// The development CA, explicitly: the chart's default is SPIRE, and the agent's SPIRE
-		// wiring is not in yet (issue #28).
-		"--set", "identity.mode=dev-ca",
+		"--set", "identity.mode=" + mode,
 		"--set", "cluster=" + c.Name,
 		"--set", "registry.endpoints={" + c.NodeRegistryEndpoint + "}",
 		"--set", "registry.tls.enabled=true",
@@ -213,9 +350,9 @@ func installDevCA(ctx context.Context, c *substrate.Cluster, helm, chart, caCert
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out.String())
+		return "", fmt.Errorf("helm %s: %w\n%s", strings.Join(append(args, set...), " "), err, out.String())
 	}
-	return nil
+	return out.String(), nil
 }
 
 // waitInstalled waits (up to 4 minutes) until cluster c's agent DaemonSet has a ready pod on
@@ -246,6 +383,9 @@ func installState(ctx context.Context, c *substrate.Cluster) string {
 	}
 	if ds.Status.DesiredNumberScheduled != int32(len(c.Nodes)) || ds.Status.NumberReady != ds.Status.DesiredNumberScheduled {
 		return fmt.Sprintf("agent DaemonSet: %d of %d ready", ds.Status.NumberReady, len(c.Nodes))
+	}
+	if ds.Status.ObservedGeneration < ds.Generation || ds.Status.UpdatedNumberScheduled != ds.Status.DesiredNumberScheduled {
+		return fmt.Sprintf("agent DaemonSet: rolling out (%d of %d pods updated)", ds.Status.UpdatedNumberScheduled, len(c.Nodes))
 	}
 	for _, n := range c.Nodes {
 		b, err := os.ReadFile(filepath.Join(n.Root, "etc/cni/net.d", substrate.ConflistFile))
@@ -283,6 +423,15 @@ func (m *Mesh) HelmUpgrade(ctx context.Context, cluster string, set ...string) e
 	if c == nil {
 		return fmt.Errorf("helm upgrade: no cluster %q", cluster)
 	}
+	var args []string
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return m.helmUpgrade(ctx, c, args...)
+}
+
+// helmUpgrade runs `helm upgrade --reuse-values` of aether in cluster c with args.
+func (m *Mesh) helmUpgrade(ctx context.Context, c *substrate.Cluster, args ...string) error {
 	tools, err := testenv.FindTools()
 	if err != nil {
 		return err
@@ -291,10 +440,7 @@ func (m *Mesh) HelmUpgrade(ctx context.Context, cluster string, set ...string) e
 	if err != nil {
 		return err
 	}
-	args := []string{"upgrade", releaseName, filepath.Join(root, chartDir), "--namespace", Namespace, "--kubeconfig", c.Kubeconfig, "--reuse-values"}
-	for _, s := range set {
-		args = append(args, "--set", s)
-	}
+	args = append([]string{"upgrade", releaseName, filepath.Join(root, chartDir), "--namespace", Namespace, "--kubeconfig", c.Kubeconfig, "--reuse-values"}, args...)
 	out, err := exec.CommandContext(ctx, tools.Helm, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("helm %s: %w\n%s", strings.Join(args, " "), err, out)

@@ -37,20 +37,23 @@ func (w testWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// TestPrivilegedSPIREOnRealNodes installs SPIRE with the chart (identity.mode spire) in one
+// TestPrivilegedSPIREOnRealNodes installs aether with the chart's default identity, SPIRE, in one
 // cluster of two real nodes (containerd, kubelet, kube-proxy; e2e/substrate) from the images
-// images/ builds, next to aether installed by the same chart with the development CA: the
-// aether agent's SPIRE wiring is not in yet (issue #28), so the SPIRE part is a release of its
-// own (mesh.enabled false) in aether's namespace, and the aether agents are the dev-ca release's.
-// It shows:
+// images/ builds, the SPIRE server under an upstream authority from a Secret
+// (spire.clusterset.mode sharedTrustDomain: what lets two clusters share a trust domain). It
+// shows:
 //   - the SPIRE server (StatefulSet, data in an emptyDir: the substrate has no volume
-//     provisioner) and the Controller Manager beside it become ready, and every node's SPIRE agent
+//     provisioner) and the Controller Manager beside it become ready, every node's SPIRE agent
 //     attests with k8s_psat (spire-server agent list: spiffe://<td>/spire/agent/k8s_psat/alpha/<node
-//     UID>) after bootstrapping from the bundle the server published;
+//     UID>) after bootstrapping from the bundle the server published, and that bundle is the
+//     upstream authority's certificate alone: the server's CA is signed under it;
+//   - the aether agents become ready (their readiness needs the SPIRE agent's answers);
 //   - a pod of a meshed namespace gets its entry from the Controller Manager (ClusterSPIFFEID
 //     aether-workloads): spiffe://<td>/ns/shop/sa/default, selector k8s:pod-uid, parent its node's
-//     agent; and, through the Workload API socket the chart puts on the node, that pod fetches its
-//     X.509 SVID: the k8s workload attestor found it through the kubelet's secure port;
+//     agent; it starts at all only because its node's aether agent got its SVID through the
+//     Delegated Identity API and served it (the CNI ADD fails closed otherwise); and, through the
+//     Workload API socket the chart puts on the node, the pod fetches its X.509 SVID itself: the k8s
+//     workload attestor found it through the kubelet's secure port;
 //   - every aether agent pod gets its delegate entry (ClusterSPIFFEID aether-agent):
 //     spiffe://<td>/ns/aether-system/sa/aether-agent, the ID the SPIRE agents' authorized_delegates
 //     name;
@@ -112,31 +115,29 @@ func TestPrivilegedSPIREOnRealNodes(t *testing.T) {
 		}
 	})
 
-	// aether with the development CA, explicitly (issue #28).
-	dir := t.TempDir()
-	ca, err := testenv.NewCA("aether-e2e-spire-ca")
+	// aether with SPIRE (the chart's default identity.mode), the SPIRE server under an upstream
+	// authority (spire.clusterset.mode sharedTrustDomain): the Secret in SPIRE's namespace, made
+	// before the chart, as docs/identity.md says.
+	const td = "aether.internal"
+	upstream, err := testenv.NewCA("aether-e2e-spire-upstream")
 	if err != nil {
 		t.Fatal(err)
 	}
-	caCert, caKey := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "ca.key")
-	if err := os.WriteFile(caCert, ca.CertPEM, 0o644); err != nil {
+	if err := c.CreateNamespace(ctx, spireNamespace, map[string]string{"pod-security.kubernetes.io/enforce": "privileged"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(caKey, ca.KeyPEM, 0o600); err != nil {
+	if err := createSecrets(ctx, c, spireNamespace, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "mesh-root"}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{"tls.crt": upstream.CertPEM, "tls.key": upstream.KeyPEM}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := installDevCA(ctx, c, tl.Helm, chart, caCert, caKey, "--set", "logLevel=debug"); err != nil {
+	out, err := installChart(ctx, c, tl.Helm, chart, "spire", nil, "--set", "logLevel=debug", "--set", "trustDomain="+td,
+		"--set", "spire.server.dataVolume.type=emptyDir", "--set", "spire.createNamespace=false",
+		"--set", "spire.clusterset.mode=sharedTrustDomain", "--set", "spire.clusterset.upstreamAuthority.secretName=mesh-root")
+	if err != nil {
 		t.Fatal(err)
 	}
-	// SPIRE alone (mesh.enabled false), as the chart installs it by default but for the data
-	// volume.
-	const td = "aether.internal"
-	if out, err := exec.CommandContext(ctx, tl.Helm, "install", "aether-spire", chart, "--namespace", Namespace, "--kubeconfig", c.Kubeconfig,
-		"--set", "mesh.enabled=false", "--set", "cluster="+c.Name, "--set", "trustDomain="+td, "--set", "logLevel=debug",
-		"--set", "spire.server.dataVolume.type=emptyDir").CombinedOutput(); err != nil {
-		t.Fatalf("helm install aether-spire: %v\n%s", err, out)
-	} else if !strings.Contains(string(out), "spire-server agent list") {
-		t.Errorf("helm install aether-spire NOTES do not say how to check SPIRE:\n%s", out)
+	if !strings.Contains(out, "spire-server agent list") {
+		t.Errorf("helm install NOTES do not say how to check SPIRE:\n%s", out)
 	}
 	if err := waitInstalled(ctx, c); err != nil {
 		t.Fatal(err)
@@ -163,6 +164,15 @@ func TestPrivilegedSPIREOnRealNodes(t *testing.T) {
 			append(args, "-socketPath", "/run/spire/server-api/api.sock")...)...)
 	}
 
+	// The bundle is the upstream authority's certificate.
+	bundle, err := server("bundle", "show")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.TrimSpace(bundle) != strings.TrimSpace(string(upstream.CertPEM)) {
+		t.Errorf("spire-server bundle show:\n%s\nwant the upstream authority's certificate alone:\n%s", bundle, upstream.CertPEM)
+	}
+
 	// Every node's agent attested with k8s_psat.
 	agentID := map[string]string{}
 	for _, n := range c.Nodes {
@@ -172,7 +182,7 @@ func TestPrivilegedSPIREOnRealNodes(t *testing.T) {
 		}
 		agentID[n.Name] = "spiffe://" + td + "/spire/agent/k8s_psat/" + c.Name + "/" + string(node.UID)
 	}
-	out, err := server("agent", "list")
+	out, err = server("agent", "list")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,9 +36,9 @@ const (
 // TestScenarios runs the scenario suite on the pair chosen by -pair: by default the local
 // substrate three times (the kubelet stand-in with distinct pod CIDRs and SPIRE federation, a
 // trust domain per cluster: every scenario; with identical pod CIDRs and one trust domain under
-// a shared SPIRE upstream authority: the cross-cluster ones; real nodes with aether installed
-// by its Helm chart, with the development CA: every scenario, through the same code as on
-// kind), which needs root.
+// a shared SPIRE upstream authority: the cross-cluster ones; real nodes with aether and SPIRE
+// installed by the Helm chart, federated as the chart's spire.clusterset.mode federation does
+// it: every scenario, through the same code as on kind), which needs root.
 func TestScenarios(t *testing.T) {
 	switch *pairFlag {
 	case "kind":
@@ -51,7 +51,7 @@ func TestScenarios(t *testing.T) {
 		testenv.RequireRoot(t)
 		t.Run("distinct-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, false, mesh.IdentitySPIREFederated), true) })
 		t.Run("identical-pod-cidrs", func(t *testing.T) { runScenarios(t, startLocal(t, true, mesh.IdentitySPIREShared), false) })
-		t.Run("real-nodes", func(t *testing.T) { runScenarios(t, startNodes(t, false), true) })
+		t.Run("real-nodes", func(t *testing.T) { runScenarios(t, startNodes(t, false, mesh.IdentitySPIREFederated), true) })
 	default:
 		t.Fatalf("-pair %q: want local or kind", *pairFlag)
 	}
@@ -65,10 +65,11 @@ func startLocal(t *testing.T, identical bool, identity mesh.Identity) ClusterPai
 }
 
 // startNodes starts a mesh on the local substrate's real nodes, aether installed from the Helm
-// chart, and returns it as the same pair the kind clusters are (the scenarios reach it through
-// its API servers and kubectl-like exec only), plus the node lifecycle; stopped when t ends.
-func startNodes(t *testing.T, identical bool) ClusterPair {
-	m := startMesh(t, mesh.Options{IdenticalPodCIDRs: identical, RealNodes: true})
+// chart with identity, and returns it as the same pair the kind clusters are (the scenarios
+// reach it through its API servers and kubectl-like exec only), plus the node lifecycle;
+// stopped when t ends.
+func startNodes(t *testing.T, identical bool, identity mesh.Identity) ClusterPair {
+	m := startMesh(t, mesh.Options{IdenticalPodCIDRs: identical, RealNodes: true, Identity: identity})
 	p, err := openRealPair(m.Clusters[0].Kubeconfig, m.Clusters[1].Kubeconfig, substrateNodes{m.Substrate})
 	if err != nil {
 		t.Fatal(err)

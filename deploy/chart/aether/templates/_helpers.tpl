@@ -51,7 +51,8 @@ Rendered (to nothing) by config.yaml.
   "AETHER_DNS_CACHE_MAX_TTL" "agent.dnsCache.maxTTL" "AETHER_DNS_CACHE_MAX_NEGATIVE_TTL" "agent.dnsCache.maxNegativeTTL"
   "AETHER_DNS_CACHE_SERVE_STALE" "agent.dnsCache.serveStale" "AETHER_DNS_CACHE_PREFETCH" "agent.dnsCache.prefetch"
   "AETHER_CA_CERT" "identity (the CA Secret's mount)" "AETHER_CA_KEY" "identity (the CA Secret's mount)"
-  "AETHER_IDENTITY_SOURCE" "identity.mode" "AETHER_SPIRE_ADMIN_SOCKET" "identity.mode (the SPIRE agent's admin socket)" }}
+  "AETHER_IDENTITY_SOURCE" "identity.mode" "AETHER_SPIRE_ADMIN_SOCKET" "identity.mode (the SPIRE agent's admin socket)"
+  "AETHER_CLUSTERSET_TRUST_DOMAINS" "spire.clusterset.federatesWith" }}
 {{- range $k, $v := .Values.extraConfig }}
 {{- if hasKey $managed $k }}
 {{- fail (printf "extraConfig.%s: set by the value %s; set that value instead" $k (get $managed $k)) }}
@@ -67,6 +68,29 @@ Rendered (to nothing) by config.yaml.
 {{- if eq .Values.spire.namespace .Release.Namespace }}
 {{- fail (printf "spire.namespace %q is the release namespace: SPIRE needs a namespace of its own (the Controller Manager registers no pod of SPIRE's namespace, and the aether agents' entries are in the release namespace)" .Values.spire.namespace) }}
 {{- end }}
+{{- $cs := .Values.spire.clusterset }}
+{{- if and $cs.federatesWith (ne $cs.mode "federation") }}
+{{- fail (printf "spire.clusterset.federatesWith names %d trust domains with spire.clusterset.mode %q: they are for mode federation" (len $cs.federatesWith) $cs.mode) }}
+{{- end }}
+{{- $seen := dict }}
+{{- range $i, $f := $cs.federatesWith }}
+{{- if eq $f.trustDomain $.Values.trustDomain }}
+{{- fail (printf "spire.clusterset.federatesWith[%d].trustDomain %q is this cluster's trustDomain: with federation each cluster has a trust domain of its own" $i $f.trustDomain) }}
+{{- end }}
+{{- if hasKey $seen $f.trustDomain }}
+{{- fail (printf "spire.clusterset.federatesWith[%d].trustDomain %q: named twice" $i $f.trustDomain) }}
+{{- end }}
+{{- $_ := set $seen $f.trustDomain true }}
+{{- $b := fromJson $f.trustDomainBundle }}
+{{- if or (hasKey $b "Error") (not (kindIs "slice" (get $b "keys"))) }}
+{{- fail (printf "spire.clusterset.federatesWith[%d].trustDomainBundle: not a SPIFFE bundle (JSON with \"keys\", as spire-server bundle show -format spiffe prints it)" $i) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and (ne .Values.identity.mode "spire") (ne .Values.spire.clusterset.mode "") }}
+{{- fail (printf "spire.clusterset.mode %q needs identity.mode spire (with %q every cluster signs with the same development CA: one trust domain already)" .Values.spire.clusterset.mode .Values.identity.mode) }}
+{{- end }}
+{{- if eq .Values.identity.mode "spire" }}
 {{- if has .Release.Namespace .Values.spire.controllerManager.ignoreNamespaces }}
 {{- fail (printf "spire.controllerManager.ignoreNamespaces names the release namespace %q: the aether agents' own registration entries (the SPIRE agents' authorized delegate) are there" .Release.Namespace) }}
 {{- end }}
@@ -101,13 +125,44 @@ spiffe://{{ "{{ .TrustDomain }}" }}/ns/{{ "{{ .PodMeta.Namespace }}" }}/sa/{{ "{
 {{- end -}}
 
 {{/*
-aether.spireChecksum: the SHA-256 of SPIRE's rendered configuration (config.yaml, with the
-settings ConfigMap aether-spire-settings, and spire/config.yaml, the configuration files). On
+aether.spireChecksum: the SHA-256 of SPIRE's rendered configuration (the settings ConfigMap
+aether-spire-settings, and spire/config.yaml, the configuration files). On
 SPIRE's pod templates it makes helm upgrade roll them when it changes: they read it only when
 they start.
 */}}
 {{- define "aether.spireChecksum" -}}
-{{ print (include (print .Template.BasePath "/config.yaml") .) (include (print .Template.BasePath "/spire/config.yaml") .) | sha256sum }}
+{{ print (include "aether.spireSettings" .) (include (print .Template.BasePath "/spire/config.yaml") .) | sha256sum }}
+{{- end -}}
+
+{{/*
+aether.spireSettings: the ConfigMap aether-spire-settings (identity.mode spire), rendered by
+config.yaml beside aether-config. On its own so that SPIRE's checksum covers it and not
+aether-config: a change of aether's settings (spire.clusterset.federatesWith's trust domains among
+them) rolls the aether agents, never the SPIRE server, whose restart with an emptyDir data volume
+would make a new CA.
+*/}}
+{{- define "aether.spireSettings" -}}
+# aether-spire-settings: this cluster's settings for SPIRE (identity.mode spire), in SPIRE's
+# namespace. The SPIRE server, its Controller Manager and the SPIRE agents read them as
+# environment and expand them in their configuration files (spire/config.yaml; -expandEnv,
+# -expand-env). Keep them equal to AETHER_CLUSTER and AETHER_TRUST_DOMAIN of aether-config (the
+# chart writes both from the values cluster and trustDomain). After a change applied with
+# kubectl, restart SPIRE:
+#   kubectl -n {{ .Values.spire.namespace }} rollout restart statefulset/spire-server daemonset/spire-agent
+apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: aether-spire-settings
+  namespace: {{ .Values.spire.namespace }}
+  labels:
+    app.kubernetes.io/part-of: aether
+data:
+  # The cluster's name for SPIRE: the k8s_psat node attestor's (server and agents; an agent's
+  # SPIFFE ID is spiffe://<trust domain>/spire/agent/k8s_psat/<cluster>/<node UID>) and the
+  # Controller Manager's. Empty: the SPIRE agents and the Controller Manager exit at start.
+  AETHER_CLUSTER: {{ .Values.cluster | quote }}
+  # The trust domain of every SVID the server issues (spiffe://<trust domain>/ns/<ns>/sa/<sa>).
+  AETHER_TRUST_DOMAIN: {{ .Values.trustDomain | quote }}
 {{- end -}}
 
 
@@ -148,7 +203,29 @@ SPIRE issues the workload identities (identity.mode spire, trust domain {{ .Valu
   kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server agent list -socketPath {{ $sock }}
   # the entries of the aether agents (their authorized delegate ID) and of the meshed pods:
   kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server entry show -socketPath {{ $sock }}
-  kubectl get clusterspiffeids aether-agent aether-workloads -o wide
+  kubectl get clusterspiffeids aether-agent aether-workloads aether-edge -o wide
+{{- $cs := .Values.spire.clusterset }}
+{{- if eq $cs.mode "sharedTrustDomain" }}
+
+One trust domain for the clusterset (spire.clusterset.mode sharedTrustDomain): the SPIRE server signs
+under the upstream authority of the Secret {{ $sns }}/{{ $cs.upstreamAuthority.secretName }}; until it exists the server does not
+start. Every cluster's bundle then holds the same root:
+  kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server bundle show -socketPath {{ $sock }}
+{{- end }}
+{{- if eq $cs.mode "federation" }}
+
+Federation (spire.clusterset.mode federation): this cluster's bundle endpoint is the Service
+{{ $sns }}/spire-server-bundle-endpoint ({{ $cs.bundleEndpoint.service.type }}, port {{ $cs.bundleEndpoint.port }}), authenticated as spiffe://{{ .Values.trustDomain }}/spire/server.
+Give the other clusters its URL and this bundle (their spire.clusterset.federatesWith[].trustDomainBundle):
+  kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server bundle show -format spiffe -socketPath {{ $sock }}
+{{- if $cs.federatesWith }}
+Federated with:{{ range $cs.federatesWith }} {{ .trustDomain }}{{ end }}; the bundles this server holds of them:
+  kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server bundle list -socketPath {{ $sock }}
+  kubectl get clusterfederatedtrustdomains
+{{- else }}
+Federated with no trust domain yet: set spire.clusterset.federatesWith and helm upgrade.
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
@@ -162,5 +239,31 @@ helm template (no cluster) renders them.
 {{- define "aether.spiffeIDsRenderable" -}}
 {{- if or (.Capabilities.APIVersions.Has "spire.spiffe.io/v1alpha1/ClusterSPIFFEID") (not (lookup "v1" "Namespace" "" .Release.Namespace)) -}}
 true
+{{- end -}}
+{{- end -}}
+
+{{/*
+aether.spireFederatesWith: the federatesWith of the chart's ClusterSPIFFEIDs: the trust domains of
+spire.clusterset.federatesWith (mode federation), whose bundles the SVIDs then carry; nothing
+otherwise.
+*/}}
+{{- define "aether.spireFederatesWith" -}}
+{{- if and (eq .Values.spire.clusterset.mode "federation") .Values.spire.clusterset.federatesWith }}
+  federatesWith:
+  {{- range .Values.spire.clusterset.federatesWith }}
+    - {{ .trustDomain }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+aether.clustersetTrustDomains: the other clusters' trust domains, comma-separated (mode
+federation; empty otherwise): the agents' --clusterset-trust-domains.
+*/}}
+{{- define "aether.clustersetTrustDomains" -}}
+{{- if eq .Values.spire.clusterset.mode "federation" -}}
+{{- $tds := list }}
+{{- range .Values.spire.clusterset.federatesWith }}{{ $tds = append $tds .trustDomain }}{{ end }}
+{{- join "," $tds }}
 {{- end -}}
 {{- end -}}
