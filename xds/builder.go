@@ -414,7 +414,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
 	}
-	ts, err := trustSecrets(m.TrustDomain, g.peerTrustDomains, bundles)
+	ts, err := trustSecrets(g.peerTrustDomains, bundles)
 	if err != nil {
 		return nil, err
 	}

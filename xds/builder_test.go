@@ -791,8 +791,8 @@ func TestBuildLeavesOutPodWithoutSVID(t *testing.T) {
 // TestBuildTrustBundles: the trust bundle secret is Envoy's SPIFFE certificate validator with
 // one trust domain per bundle of the admitted trust domains (the mesh's own and
 // Options.PeerTrustDomains), sorted; a bundle of a trust domain not admitted is left out; each
-// admitted trust domain has a secret of its own bundle alone (a placeholder of the mesh's own
-// while it has none), which outbound clusters pinned to it use; a missing bundle of the mesh's
+// admitted trust domain has a secret of its own bundle alone (a placeholder CA certificate that
+// signs nothing while it has none), which outbound clusters pinned to it use; a missing bundle of the mesh's
 // trust domain and a bundle that is not PEM are refused, naming it, and so is a bad
 // PeerTrustDomains name.
 func TestBuildTrustBundles(t *testing.T) {
@@ -832,8 +832,8 @@ func TestBuildTrustBundles(t *testing.T) {
 		TrustBundleSecret:                       {"beta.example=" + string(beta), own},
 		TrustDomainBundleSecret(m.TrustDomain):  {own},
 		TrustDomainBundleSecret("beta.example"): {"beta.example=" + string(beta)},
-		// No bundle of gamma yet: the mesh's own under gamma's secret admits none of gamma's IDs.
-		TrustDomainBundleSecret("gamma.example"): {own},
+		// No bundle of gamma yet: a placeholder that signs nothing.
+		TrustDomainBundleSecret("gamma.example"): {"gamma.example=" + string(placeholderBundle)},
 	} {
 		slices.Sort(want)
 		if got := domains(name); !slices.Equal(got, want) {
