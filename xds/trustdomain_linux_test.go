@@ -139,9 +139,9 @@ func TestPrivilegedTrustDomains(t *testing.T) {
 // validates the server against beta's bundle alone (TrustDomainBundleSecret, pinSecret). The
 // server is a Go TLS server in the endpoint's netns that presents, case by case: the pinned ID by
 // beta's CA (served); another ID of beta by beta's CA (refused: the SAN pin); the pinned ID, a
-// mesh ID, or both in either order, by the mesh's own CA (refused: beta's bundle alone, or none
-// for a first SAN of the mesh, is what the validator holds); and by beta's CA a mesh ID then the
-// pinned one (refused: no bundle of the mesh's trust domain). By beta's CA the pinned ID then a
+// mesh ID, or both in either order, by the mesh's own CA (refused: the validator holds beta's
+// bundle alone, which did not sign them); and by beta's CA a mesh ID then the pinned one
+// (refused: the first SAN picks the mesh's trust domain, whose bundle the validator lacks). By beta's CA the pinned ID then a
 // mesh ID is served: the validator checks the chain against the first URI SAN's trust domain
 // (beta) and the pin is met by a SAN beta's CA may sign; the second SAN is a claim beta's CA has
 // no authority for, but an outbound connection grants the server nothing by it (its inbound
