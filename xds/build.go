@@ -20,9 +20,9 @@ import (
 // naming the option for options it does not implement (Options.check: EastWestWaypoint with
 // CertMatcher), naming the pod when a local pod has no usable address, naming the trust domain
 // when bundles (CA certificates, PEM, by trust domain name) lack the mesh's or hold a bad one,
-// and any error from marshalling a typed config. A local pod without an SVID is left out
-// (Resources.Unserved). A caller that builds again and again (the agent, on every
-// model change) should keep a Builder instead, which rebuilds only what changed.
+// and any error from marshalling a typed config. A local pod whose SPIFFE ID has no SVID in
+// svids is left out, named in Resources.Unserved. A caller that builds again and again (the
+// agent, on every model change) should keep a Builder instead, which rebuilds only what changed.
 func Build(m *model.Mesh, svids map[string]*identity.SVID, bundles map[string][]byte, opts Options) (*Resources, error) {
 	return NewBuilder(opts).Build(m, svids, bundles)
 }

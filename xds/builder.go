@@ -130,17 +130,21 @@ type podEntry struct {
 // Build is the package function Build, rebuilding only what changed since the Builder's last
 // successful Build (see Builder). Its errors are Build's.
 func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles map[string][]byte) (*Resources, error) {
+	return bl.build(m, svids, nil, bundles)
+}
+
+// build is Build leaving out, besides the pods whose SPIFFE ID has no SVID, those lacks names
+// (servedPods; the Server passes its identity provider's Lacks, nil for none).
+func (bl *Builder) build(m *model.Mesh, svids map[string]*identity.SVID, lacks func(uid string) bool, bundles map[string][]byte) (*Resources, error) {
 	if err := bl.opts.check(); err != nil {
 		return nil, fmt.Errorf("build: %w", err)
 	}
 	if err := checkBundles(m.TrustDomain, peerTrustDomains(m.TrustDomain, bl.opts.PeerTrustDomains), bundles); err != nil {
 		return nil, fmt.Errorf("build: %w", err)
 	}
-	// A local pod without an SVID (SPIRE before the pod's entry reached the node's SPIRE agent,
-	// or after a withdrawn SVID expired) is left out of everything built: no listener (its
-	// traffic is refused), no route or mirror for it; its CNI ADD waits for it
-	// (Server.WaitPodServed).
-	m, unserved := withSVIDs(m, svids)
+	// A local pod without an SVID is left out of everything built: no listener (its traffic is
+	// refused), no route or mirror for it; its CNI ADD waits for it (Server.WaitPodServed).
+	m, unserved := servedPods(m, svids, lacks)
 	if bl.shared == nil {
 		sh, err := newSharedConfigs()
 		if err != nil {
@@ -414,7 +418,7 @@ func (bl *Builder) Build(m *model.Mesh, svids map[string]*identity.SVID, bundles
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
 	}
-	ts, err := trustSecrets(m.TrustDomain, g.peerTrustDomains, bundles)
+	ts, err := trustSecrets(g.peerTrustDomains, bundles)
 	if err != nil {
 		return nil, err
 	}
@@ -464,24 +468,41 @@ func peerTrustDomains(own string, peers []string) []string {
 	return slices.Compact(slices.Sorted(slices.Values(append([]string{own}, peers...))))
 }
 
-// withSVIDs returns m and no unserved pods when every local pod's SPIFFE ID has an SVID in
-// svids; else a shallow copy of m holding only the pods that have one, and the others.
-func withSVIDs(m *model.Mesh, svids map[string]*identity.SVID) (*model.Mesh, []UnservedPod) {
+// servedPods decides which local pods of m a build serves, and why it leaves out the others: a
+// pod lacks names (the identity provider has no SVID of the pod's own, although another pod of
+// its SPIFFE ID may have one: SPIRE, a pod out of its ClusterSPIFFEID's selector;
+// identity.Provider.Lacks), and a pod whose SPIFFE ID has no SVID in svids (SPIRE before the
+// pod's entry reached the node's agent, or after a withdrawn SVID expired). It returns m and no
+// unserved pods when it serves every pod; else a shallow copy of m holding only the served pods,
+// and the others in the model's order, each once with its reason. A nil lacks names no pod.
+func servedPods(m *model.Mesh, svids map[string]*identity.SVID, lacks func(uid string) bool) (*model.Mesh, []UnservedPod) {
 	var unserved []UnservedPod
-	for _, p := range m.Pods {
-		if id := p.SPIFFEID(m.TrustDomain); svids[id] == nil {
-			unserved = append(unserved, UnservedPod{UID: p.UID, Namespace: p.Namespace, Name: p.Name,
-				Reason: "no SVID for " + id + " from the identity provider yet"})
+	left := make([]bool, len(m.Pods))
+	for i, p := range m.Pods {
+		id := p.SPIFFEID(m.TrustDomain)
+		var reason string
+		switch {
+		case lacks != nil && lacks(p.UID):
+			reason = "no SVID of its own for " + id + " from the identity provider"
+		case svids[id] == nil:
+			reason = "no SVID for " + id + " from the identity provider yet"
+		default:
+			continue
 		}
+		left[i] = true
+		unserved = append(unserved, UnservedPod{UID: p.UID, Namespace: p.Namespace, Name: p.Name, Reason: reason})
 	}
 	if len(unserved) == 0 {
 		return m, nil
 	}
-	served := *m
-	served.Pods = slices.DeleteFunc(slices.Clone(m.Pods), func(p *model.LocalPod) bool {
-		return svids[p.SPIFFEID(m.TrustDomain)] == nil
-	})
-	return &served, unserved
+	out := *m
+	out.Pods = make([]*model.LocalPod, 0, len(m.Pods)-len(unserved))
+	for i, p := range m.Pods {
+		if !left[i] {
+			out.Pods = append(out.Pods, p)
+		}
+	}
+	return &out, unserved
 }
 
 // parallel runs fn(0..n-1) in up to GOMAXPROCS goroutines and returns the error of the lowest

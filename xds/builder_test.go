@@ -788,11 +788,82 @@ func TestBuildLeavesOutPodWithoutSVID(t *testing.T) {
 	}
 }
 
+// TestServedPods: the one decision of which local pods a build serves. A pod is left out, named
+// once in model order with its reason, when the identity provider lacks an SVID of its own (even
+// though its SPIFFE ID has one, from another pod) or when its SPIFFE ID has no SVID; a pod with
+// both is named once, as lacking its own. With every pod served the model is returned as is.
+func TestServedPods(t *testing.T) {
+	m := goldenMesh() // pods in model order: uid-client, uid-db-0, uid-web-1
+	id := func(uid string) string { return m.Pod(uid).SPIFFEID(m.TrustDomain) }
+	without := func(uids ...string) map[string]*identity.SVID {
+		svids := fakeSVIDs(m)
+		for _, uid := range uids {
+			delete(svids, id(uid))
+		}
+		return svids
+	}
+	lacking := func(uids ...string) func(string) bool {
+		return func(uid string) bool { return slices.Contains(uids, uid) }
+	}
+	own := func(uid string) string { return uid + ": no SVID of its own for " + id(uid) }
+	none := func(uid string) string { return uid + ": no SVID for " + id(uid) }
+	for _, c := range []struct {
+		name     string
+		svids    map[string]*identity.SVID
+		lacks    func(string) bool
+		served   []string
+		unserved []string
+	}{
+		{"every pod has its SVID", fakeSVIDs(m), nil, []string{"uid-client", "uid-db-0", "uid-web-1"}, nil},
+		{"no lacks, nothing lacking", fakeSVIDs(m), lacking(), []string{"uid-client", "uid-db-0", "uid-web-1"}, nil},
+		{"an ID without an SVID", without("uid-web-1"), nil, []string{"uid-client", "uid-db-0"}, []string{none("uid-web-1")}},
+		{"a pod without its own, its ID served", fakeSVIDs(m), lacking("uid-db-0"), []string{"uid-client", "uid-web-1"}, []string{own("uid-db-0")}},
+		{"both at once, named once", without("uid-db-0"), lacking("uid-db-0"), []string{"uid-client", "uid-web-1"}, []string{own("uid-db-0")}},
+		{"one of each, in model order", without("uid-web-1"), lacking("uid-client"), []string{"uid-db-0"}, []string{own("uid-client"), none("uid-web-1")}},
+		{"no SVID at all", map[string]*identity.SVID{}, nil, nil, []string{none("uid-client"), none("uid-db-0"), none("uid-web-1")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			before := slices.Clone(m.Pods)
+			got, unserved := servedPods(m, c.svids, c.lacks)
+			var served, left []string
+			for _, p := range got.Pods {
+				served = append(served, p.UID)
+			}
+			for _, u := range unserved {
+				if p := m.Pod(u.UID); p == nil || p.Namespace != u.Namespace || p.Name != u.Name {
+					t.Errorf("unserved %+v does not name a pod of the model", u)
+				}
+				left = append(left, u.UID+": "+u.Reason)
+			}
+			if !slices.Equal(served, c.served) {
+				t.Errorf("served %q, want %q", served, c.served)
+			}
+			if len(left) != len(c.unserved) {
+				t.Fatalf("unserved %q, want %q", left, c.unserved)
+			}
+			for i := range left {
+				if !strings.HasPrefix(left[i], c.unserved[i]) {
+					t.Errorf("unserved[%d] = %q, want it to start with %q", i, left[i], c.unserved[i])
+				}
+			}
+			if (len(unserved) == 0) != (got == m) {
+				t.Errorf("model returned as is: %v, want it exactly when every pod is served", got == m)
+			}
+			if !slices.Equal(m.Pods, before) {
+				t.Error("the input model's pods changed")
+			}
+			if got.Version != m.Version || len(got.Services) != len(m.Services) {
+				t.Error("the served model differs from the input beyond its pods")
+			}
+		})
+	}
+}
+
 // TestBuildTrustBundles: the trust bundle secret is Envoy's SPIFFE certificate validator with
 // one trust domain per bundle of the admitted trust domains (the mesh's own and
 // Options.PeerTrustDomains), sorted; a bundle of a trust domain not admitted is left out; each
-// admitted trust domain has a secret of its own bundle alone (a placeholder of the mesh's own
-// while it has none), which outbound clusters pinned to it use; a missing bundle of the mesh's
+// admitted trust domain has a secret of its own bundle alone (a placeholder CA certificate that
+// signs nothing while it has none), which outbound clusters pinned to it use; a missing bundle of the mesh's
 // trust domain and a bundle that is not PEM are refused, naming it, and so is a bad
 // PeerTrustDomains name.
 func TestBuildTrustBundles(t *testing.T) {
@@ -832,8 +903,8 @@ func TestBuildTrustBundles(t *testing.T) {
 		TrustBundleSecret:                       {"beta.example=" + string(beta), own},
 		TrustDomainBundleSecret(m.TrustDomain):  {own},
 		TrustDomainBundleSecret("beta.example"): {"beta.example=" + string(beta)},
-		// No bundle of gamma yet: the mesh's own under gamma's secret admits none of gamma's IDs.
-		TrustDomainBundleSecret("gamma.example"): {own},
+		// No bundle of gamma yet: a placeholder that signs nothing.
+		TrustDomainBundleSecret("gamma.example"): {"gamma.example=" + string(placeholderBundle)},
 	} {
 		slices.Sort(want)
 		if got := domains(name); !slices.Equal(got, want) {

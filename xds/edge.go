@@ -115,7 +115,7 @@ func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundles
 		r.Clusters = append(r.Clusters, e.clusters...)
 		r.Endpoints = append(r.Endpoints, e.clas...)
 	}
-	ts, err := trustSecrets(m.TrustDomain, peerTrustDomains(m.TrustDomain, opts.PeerTrustDomains), bundles)
+	ts, err := trustSecrets(peerTrustDomains(m.TrustDomain, opts.PeerTrustDomains), bundles)
 	if err != nil {
 		return nil, fmt.Errorf("build edge %s: %w", g.Key, err)
 	}

@@ -33,8 +33,9 @@ type Resources struct {
 	// frontend's route list Envoy would refuse, answered 500 instead; mirror clusters over the
 	// node's bound); the Server logs them when they change.
 	Warnings []string
-	// Unserved are the local pods left out (no listener, no cluster), sorted as the model's
-	// pods: a pod without an SVID yet.
+	// Unserved are the local pods left out (no listener, no cluster), each once with its reason,
+	// in the model's order: a pod whose SPIFFE ID has no SVID, or (built by a Server) one the
+	// identity provider Lacks an SVID of its own for (servedPods).
 	Unserved []UnservedPod
 
 	// known holds resources (and shared capture matchers) a Builder carried over unchanged from

@@ -61,11 +61,13 @@ func bundleSecret(name string, bundles map[string][]byte) (*tlsv3.Secret, error)
 func TrustDomainBundleSecret(td string) string { return TrustBundleSecret + "|" + td }
 
 // trustSecrets are the validation contexts of a node (or an edge) whose admitted trust domains
-// are tds (the mesh's own, own, first or not, and the clusterset's others): TrustBundleSecret with
-// the bundles of tds (others the provider holds are left out: not trusted), and per trust domain
-// of tds TrustDomainBundleSecret with its bundle alone; a trust domain of tds without a bundle
-// yet gets the mesh's own bundle under its name's secret, which admits none of its IDs.
-func trustSecrets(own string, tds []string, bundles map[string][]byte) ([]*tlsv3.Secret, error) {
+// are tds (the mesh's own and the clusterset's others): TrustBundleSecret with the bundles of tds
+// (others the provider holds are left out: not trusted), and per trust domain of tds
+// TrustDomainBundleSecret with its bundle alone. A trust domain of tds without a bundle yet gets
+// placeholderBundle under its name, which admits no certificate at all (the mesh's own bundle
+// there would admit a certificate of the mesh's CA naming a mesh ID first and an ID of td second:
+// the validator picks the bundle by the first URI SAN, the pin matches any).
+func trustSecrets(tds []string, bundles map[string][]byte) ([]*tlsv3.Secret, error) {
 	all := map[string][]byte{}
 	for _, td := range tds {
 		if b := bundles[td]; len(b) > 0 {
@@ -80,7 +82,7 @@ func trustSecrets(own string, tds []string, bundles map[string][]byte) ([]*tlsv3
 	for _, td := range tds {
 		one := map[string][]byte{td: all[td]}
 		if len(all[td]) == 0 {
-			one = map[string][]byte{own: all[own]}
+			one[td] = placeholderBundle
 		}
 		sec, err := bundleSecret(TrustDomainBundleSecret(td), one)
 		if err != nil {
@@ -90,6 +92,24 @@ func trustSecrets(own string, tds []string, bundles map[string][]byte) ([]*tlsv3
 	}
 	return out, nil
 }
+
+// placeholderBundle is the trust bundle of an admitted trust domain whose bundle the identity
+// provider does not hold (yet, or any more): a self-signed CA certificate whose private key was
+// discarded when it was made, so that it signs nothing. The SPIFFE validator needs at least one
+// trust domain (SPIFFECertValidatorConfig.trust_domains, min_items 1).
+var placeholderBundle = []byte(`-----BEGIN CERTIFICATE-----
+MIIBzTCCAXOgAwIBAgIUb+8AAiir+z3TUcS6oGJ8gMjPzz0wCgYIKoZIzj0EAwIw
+MzExMC8GA1UEAwwoYWV0aGVyIHBsYWNlaG9sZGVyIHRydXN0IGJ1bmRsZSAobm8g
+a2V5KTAgFw0yNjEyMDcyMDQ4MTVaGA8yMTI2MTExMzIwNDgxNVowMzExMC8GA1UE
+AwwoYWV0aGVyIHBsYWNlaG9sZGVyIHRydXN0IGJ1bmRsZSAobm8ga2V5KTBZMBMG
+ByqGSM49AgEGCCqGSM49AwEHA0IABK9lBGHrdV6+3kBEvOFxdrkbklswpKt7UuYH
+Co+cM/pU8PJbJqH9m4FMUdS3LpabBdrJ8/Ax5hA0GIKSbnBV01ujYzBhMB0GA1Ud
+DgQWBBRQdekPIj+94bQ6twcNtlIQPRIRFDAfBgNVHSMEGDAWgBRQdekPIj+94bQ6
+twcNtlIQPRIRFDAPBgNVHRMBAf8EBTADAQH/MA4GA1UdDwEB/wQEAwICBDAKBggq
+hkjOPQQDAgNIADBFAiBOpigpL0eAOfbhEtVrCWnvgBYS9BxbiwCmE874wjapnwIh
+AOQ09mom6suTq3z2KBL1TpKZyTna6OJQJ3LVlCDwls6b
+-----END CERTIFICATE-----
+`)
 
 // pinSecret is the validation context an outbound TLS context pinned to pin checks the peer
 // against: the bundle of the pin's trust domain alone when every matcher names one trust domain

@@ -98,7 +98,7 @@ type Server struct {
 	rolledBack uint64
 	rejected   map[uint64]string // NACKed versions -> error_detail
 	// servedPods are the UIDs of the local pods the snapshot served holds, unserved those it
-	// leaves out (Resources.Unserved, and the pods the provider Lacks), servedModel the version
+	// leaves out (Resources.Unserved: no SVID, or none of their own), servedModel the version
 	// of the model it was built from; servedCh is closed (and replaced) whenever a new snapshot
 	// is served.
 	servedPods  map[string]bool
@@ -383,31 +383,16 @@ func (s *Server) build(ctx context.Context, m *model.Mesh) (map[resource.Type][]
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	// A pod the provider has no SVID of its own for is left out even when another pod of its
-	// SPIFFE ID has one (SPIRE: a pod out of its ClusterSPIFFEID's selector).
-	var lacking []UnservedPod
-	if slices.ContainsFunc(m.Pods, func(p *model.LocalPod) bool { return s.opts.Identity.Lacks(p.UID) }) {
-		own := *m
-		own.Pods = nil
-		for _, p := range m.Pods {
-			if s.opts.Identity.Lacks(p.UID) {
-				lacking = append(lacking, UnservedPod{UID: p.UID, Namespace: p.Namespace, Name: p.Name,
-					Reason: "no SVID of its own for " + p.SPIFFEID(m.TrustDomain) + " from the identity provider"})
-			} else {
-				own.Pods = append(own.Pods, p)
-			}
-		}
-		m = &own
-	}
-	r, err := s.builder.Build(m, byID, s.opts.Identity.Bundles())
+	// Lacks answers as of the SVIDs call just made.
+	r, err := s.builder.build(m, byID, s.opts.Identity.Lacks, s.opts.Identity.Bundles())
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	if err := r.ValidateAll(); err != nil {
 		return nil, nil, nil, err
 	}
-	unserved := make(map[string]UnservedPod, len(r.Unserved)+len(lacking))
-	for _, u := range append(lacking, r.Unserved...) {
+	unserved := make(map[string]UnservedPod, len(r.Unserved))
+	for _, u := range r.Unserved {
 		unserved[u.UID] = u
 		if old, ok := s.unserved[u.UID]; !ok || old != u {
 			s.log.Warn("pod left out of the node proxy until the identity provider has its SVID", "pod", u.Namespace+"/"+u.Name, "reason", u.Reason)
