@@ -1,11 +1,18 @@
 package xds
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
 	"maps"
+	"math/big"
 	"slices"
 	"strings"
+	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
@@ -94,22 +101,32 @@ func trustSecrets(tds []string, bundles map[string][]byte) ([]*tlsv3.Secret, err
 }
 
 // placeholderBundle is the trust bundle of an admitted trust domain whose bundle the identity
-// provider does not hold (yet, or any more): a self-signed CA certificate whose private key was
-// discarded when it was made, so that it signs nothing. The SPIFFE validator needs at least one
-// trust domain (SPIFFECertValidatorConfig.trust_domains, min_items 1).
-var placeholderBundle = []byte(`-----BEGIN CERTIFICATE-----
-MIIBzTCCAXOgAwIBAgIUb+8AAiir+z3TUcS6oGJ8gMjPzz0wCgYIKoZIzj0EAwIw
-MzExMC8GA1UEAwwoYWV0aGVyIHBsYWNlaG9sZGVyIHRydXN0IGJ1bmRsZSAobm8g
-a2V5KTAgFw0yNjEyMDcyMDQ4MTVaGA8yMTI2MTExMzIwNDgxNVowMzExMC8GA1UE
-AwwoYWV0aGVyIHBsYWNlaG9sZGVyIHRydXN0IGJ1bmRsZSAobm8ga2V5KTBZMBMG
-ByqGSM49AgEGCCqGSM49AwEHA0IABK9lBGHrdV6+3kBEvOFxdrkbklswpKt7UuYH
-Co+cM/pU8PJbJqH9m4FMUdS3LpabBdrJ8/Ax5hA0GIKSbnBV01ujYzBhMB0GA1Ud
-DgQWBBRQdekPIj+94bQ6twcNtlIQPRIRFDAfBgNVHSMEGDAWgBRQdekPIj+94bQ6
-twcNtlIQPRIRFDAPBgNVHRMBAf8EBTADAQH/MA4GA1UdDwEB/wQEAwICBDAKBggq
-hkjOPQQDAgNIADBFAiBOpigpL0eAOfbhEtVrCWnvgBYS9BxbiwCmE874wjapnwIh
-AOQ09mom6suTq3z2KBL1TpKZyTna6OJQJ3LVlCDwls6b
------END CERTIFICATE-----
-`)
+// provider does not hold (yet, or any more): a self-signed CA certificate (PEM) made when the
+// process starts, whose private key is dropped as soon as it signed the certificate, so that it
+// signs nothing else. The SPIFFE validator needs at least one trust domain
+// (SPIFFECertValidatorConfig.trust_domains, min_items 1).
+var placeholderBundle = newPlaceholderBundle()
+
+func newPlaceholderBundle() []byte {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		panic("xds: placeholder trust bundle: " + err.Error())
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "aether placeholder trust bundle (no key)"},
+		NotBefore:             time.Unix(0, 0),
+		NotAfter:              time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC),
+		IsCA:                  true,
+		BasicConstraintsValid: true,
+		KeyUsage:              x509.KeyUsageCertSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		panic("xds: placeholder trust bundle: " + err.Error())
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
 
 // pinSecret is the validation context an outbound TLS context pinned to pin checks the peer
 // against: the bundle of the pin's trust domain alone when every matcher names one trust domain
