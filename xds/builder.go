@@ -418,7 +418,13 @@ func (bl *Builder) build(m *model.Mesh, svids map[string]*identity.SVID, lacks f
 	for _, id := range slices.Sorted(maps.Keys(ids)) {
 		r.Secrets = append(r.Secrets, svidSecret(id, svids[id]), svidSecret(InboundSecretName(id), svids[id]))
 	}
-	ts, err := trustSecrets(g.peerTrustDomains, bundles)
+	sets := map[string][]string{}
+	for _, e := range entries {
+		if hasClusters(e.svc) {
+			pinSets(sets, e.peers)
+		}
+	}
+	ts, err := trustSecrets(g.peerTrustDomains, bundles, sortedSets(sets))
 	if err != nil {
 		return nil, err
 	}

@@ -1038,3 +1038,101 @@ func buildSnapshot(t *testing.T, bl *Builder, m *model.Mesh, memo *hashMemo) (*R
 	}
 	return r, s
 }
+
+// TestBuildPinSetBundles: a cluster whose endpoints' IDs span two trust domains (the mesh's and
+// beta's) validates against a secret holding those two bundles alone, not every admitted one
+// (gamma's CA could otherwise sign a certificate naming a gamma ID first, which picks gamma's
+// bundle, and a pinned ID second); an endpoint ID of a trust domain not admitted puts a
+// placeholder under its name in its set.
+func TestBuildPinSetBundles(t *testing.T) {
+	m := goldenMesh()
+	beta := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("BETA")})
+	gamma := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: []byte("GAMMA")})
+	var k model.ServiceKey
+	for _, s := range m.Services {
+		if eps := m.Endpoints[s.Key]; len(eps) > 0 && hasClusters(s) && !s.Headless && len(s.Ports) == 1 {
+			k = s.Key
+			break
+		}
+	}
+	if k.Name == "" {
+		t.Fatal("goldenMesh has no service with endpoints and one port")
+	}
+	eps := slices.Clone(m.Endpoints[k])
+	betaEP := eps[0]
+	betaEP.PodName, betaEP.PodUID, betaEP.Cluster = "beta-0", "uid-beta-0", "beta"
+	betaEP.IPs = []netip.Addr{netip.MustParseAddr("10.245.9.9")}
+	betaEP.SPIFFEID = "spiffe://beta.example/ns/" + k.Namespace + "/sa/b"
+	m.Endpoints[k] = append(eps, betaEP)
+	r, err := Build(m, fakeSVIDs(m), map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": beta, "gamma.example": gamma},
+		Options{PeerTrustDomains: []string{"beta.example", "gamma.example"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := []string{"beta.example", m.TrustDomain}
+	slices.Sort(set)
+	want := TrustDomainBundleSecret(set...)
+	cluster := ClusterName(m, k, m.Service(k).Ports[0].Port)
+	found := false
+	for _, c := range r.Clusters {
+		if c.GetName() != cluster {
+			continue
+		}
+		found = true
+		var u tlsv3.UpstreamTlsContext
+		if err := c.GetTransportSocket().GetTypedConfig().UnmarshalTo(&u); err != nil {
+			t.Fatal(err)
+		}
+		if got := u.GetCommonTlsContext().GetCombinedValidationContext().GetValidationContextSdsSecretConfig().GetName(); got != want {
+			t.Errorf("cluster %s validates against %q, want %q", cluster, got, want)
+		}
+	}
+	if !found {
+		t.Fatalf("no cluster %s", cluster)
+	}
+	var got []string
+	for _, s := range r.Secrets {
+		if s.GetName() != want {
+			continue
+		}
+		var cfg tlsv3.SPIFFECertValidatorConfig
+		if err := s.GetValidationContext().GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
+			t.Fatal(err)
+		}
+		for _, td := range cfg.GetTrustDomains() {
+			got = append(got, td.GetName()+"="+string(td.GetTrustBundle().GetInlineBytes()))
+		}
+	}
+	wantTDs := []string{"beta.example=" + string(beta), m.TrustDomain + "=" + string(testBundlePEM)}
+	slices.Sort(got)
+	slices.Sort(wantTDs)
+	if !slices.Equal(got, wantTDs) {
+		t.Errorf("secret %s: trust domains %q, want %q (gamma's left out)", want, got, wantTDs)
+	}
+
+	// An endpoint of a trust domain not admitted: its set's secret has a placeholder for it.
+	sets := map[string][]string{}
+	pinSets(sets, []string{"spiffe://partner.example/ns/x/sa/y", "spiffe://beta.example/ns/x/sa/y"})
+	ts, err := trustSecrets([]string{"beta.example", m.TrustDomain}, map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": beta,
+		"partner.example": gamma}, sortedSets(sets))
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := TrustDomainBundleSecret("beta.example", "partner.example")
+	for _, s := range ts {
+		if s.GetName() != name {
+			continue
+		}
+		var cfg tlsv3.SPIFFECertValidatorConfig
+		if err := s.GetValidationContext().GetCustomValidatorConfig().GetTypedConfig().UnmarshalTo(&cfg); err != nil {
+			t.Fatal(err)
+		}
+		for _, td := range cfg.GetTrustDomains() {
+			if td.GetName() == "partner.example" && string(td.GetTrustBundle().GetInlineBytes()) != string(placeholderBundle) {
+				t.Errorf("secret %s: partner.example's bundle %q, want the placeholder (not admitted)", name, td.GetTrustBundle().GetInlineBytes())
+			}
+		}
+		return
+	}
+	t.Errorf("no secret %s among %d", name, len(ts))
+}

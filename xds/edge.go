@@ -97,6 +97,7 @@ func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundles
 			r.Clusters = append(r.Clusters, uc)
 		}
 	}
+	sets := map[string][]string{} // pinSets of the backends' clusters
 	for _, k := range slices.SortedFunc(func(yield func(model.ServiceKey) bool) {
 		for k := range backends {
 			if !yield(k) {
@@ -114,8 +115,9 @@ func BuildEdge(m *model.Mesh, g *model.EdgeGateway, svid *identity.SVID, bundles
 		}
 		r.Clusters = append(r.Clusters, e.clusters...)
 		r.Endpoints = append(r.Endpoints, e.clas...)
+		pinSets(sets, e.peers)
 	}
-	ts, err := trustSecrets(peerTrustDomains(m.TrustDomain, opts.PeerTrustDomains), bundles)
+	ts, err := trustSecrets(peerTrustDomains(m.TrustDomain, opts.PeerTrustDomains), bundles, sortedSets(sets))
 	if err != nil {
 		return nil, fmt.Errorf("build edge %s: %w", g.Key, err)
 	}

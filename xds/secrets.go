@@ -63,18 +63,26 @@ func bundleSecret(name string, bundles map[string][]byte) (*tlsv3.Secret, error)
 	}}}, nil
 }
 
-// TrustDomainBundleSecret names the SDS validation context holding trust domain td's bundle
-// alone, which outbound clusters pinned to IDs of td validate against.
-func TrustDomainBundleSecret(td string) string { return TrustBundleSecret + "|" + td }
+// TrustDomainBundleSecret names the SDS validation context holding the bundles of the trust
+// domains tds alone (one, or a sorted set of several), which outbound clusters pinned to IDs of
+// exactly those trust domains validate against: "trust-bundle|<td>[,<td>...]" (a trust domain
+// name holds no comma).
+func TrustDomainBundleSecret(tds ...string) string {
+	return TrustBundleSecret + "|" + strings.Join(tds, ",")
+}
 
 // trustSecrets are the validation contexts of a node (or an edge) whose admitted trust domains
 // are tds (the mesh's own and the clusterset's others): TrustBundleSecret with the bundles of tds
-// (others the provider holds are left out: not trusted), and per trust domain of tds
-// TrustDomainBundleSecret with its bundle alone. A trust domain of tds without a bundle yet gets
-// placeholderBundle under its name, which admits no certificate at all (the mesh's own bundle
-// there would admit a certificate of the mesh's CA naming a mesh ID first and an ID of td second:
-// the validator picks the bundle by the first URI SAN, the pin matches any).
-func trustSecrets(tds []string, bundles map[string][]byte) ([]*tlsv3.Secret, error) {
+// (others the provider holds are left out: not trusted); per trust domain of tds
+// TrustDomainBundleSecret with its bundle alone; and per set of sets (pinSets: the trust domains
+// of a cluster whose endpoints' IDs span several) TrustDomainBundleSecret of the set with the
+// bundles of its trust domains alone, so that a third trust domain's CA, whose certificate names
+// one of its own IDs first (the validator picks the bundle by the first URI SAN) and a pinned
+// ID second (the pin matches any), is refused. A trust domain without a bundle yet, or not
+// admitted, gets placeholderBundle under its name, which admits no certificate at all (the
+// mesh's own bundle there would admit a certificate of the mesh's CA naming a mesh ID first and
+// an ID of that trust domain second).
+func trustSecrets(tds []string, bundles map[string][]byte, sets [][]string) ([]*tlsv3.Secret, error) {
 	all := map[string][]byte{}
 	for _, td := range tds {
 		if b := bundles[td]; len(b) > 0 {
@@ -86,18 +94,65 @@ func trustSecrets(tds []string, bundles map[string][]byte) ([]*tlsv3.Secret, err
 		return nil, err
 	}
 	out := []*tlsv3.Secret{sec}
-	for _, td := range tds {
-		one := map[string][]byte{td: all[td]}
-		if len(all[td]) == 0 {
-			one[td] = placeholderBundle
+	for _, set := range append(sliceOfOne(tds), sets...) {
+		some := map[string][]byte{}
+		for _, td := range set {
+			if some[td] = all[td]; len(some[td]) == 0 {
+				some[td] = placeholderBundle
+			}
 		}
-		sec, err := bundleSecret(TrustDomainBundleSecret(td), one)
+		sec, err := bundleSecret(TrustDomainBundleSecret(set...), some)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, sec)
 	}
 	return out, nil
+}
+
+// sliceOfOne returns each of tds as a set of one.
+func sliceOfOne(tds []string) [][]string {
+	out := make([][]string, len(tds))
+	for i, td := range tds {
+		out[i] = []string{td}
+	}
+	return out
+}
+
+// pinSets collects, into sets (by TrustDomainBundleSecret name), the trust domains of peers
+// (SPIFFE IDs, sorted) when they span more than one: the validation context pinSecret names for a
+// cluster pinned to them.
+func pinSets(sets map[string][]string, peers []string) {
+	var tds []string
+	for _, id := range peers {
+		if td, ok := idTrustDomain(id); ok && !slices.Contains(tds, td) {
+			tds = append(tds, td)
+		}
+	}
+	if len(tds) > 1 {
+		slices.Sort(tds)
+		sets[TrustDomainBundleSecret(tds...)] = tds
+	}
+}
+
+// idTrustDomain returns the trust domain of the SPIFFE ID (or ID prefix) id, false when id is not
+// one.
+func idTrustDomain(id string) (string, bool) {
+	rest, ok := strings.CutPrefix(id, "spiffe://")
+	if !ok {
+		return "", false
+	}
+	td, _, _ := strings.Cut(rest, "/")
+	return td, td != ""
+}
+
+// sortedSets returns the sets of pinSets in the order of their names.
+func sortedSets(sets map[string][]string) [][]string {
+	var out [][]string
+	for _, k := range slices.Sorted(maps.Keys(sets)) {
+		out = append(out, sets[k])
+	}
+	return out
 }
 
 // placeholderBundle is the trust bundle of an admitted trust domain whose bundle the identity
@@ -129,29 +184,29 @@ func newPlaceholderBundle() []byte {
 }
 
 // pinSecret is the validation context an outbound TLS context pinned to pin checks the peer
-// against: the bundle of the pin's trust domain alone when every matcher names one trust domain
-// (spiffe://<td>/...), else TrustBundleSecret.
+// against: the bundles of the pin's trust domains alone (TrustDomainBundleSecret of the one, or
+// of the sorted set, which trustSecrets makes from pinSets) when every matcher names a SPIFFE ID
+// or ID prefix, else TrustBundleSecret.
 func pinSecret(pin []*tlsv3.SubjectAltNameMatcher) string {
-	td := ""
+	var tds []string
 	for _, m := range pin {
 		v := m.GetMatcher().GetExact()
 		if v == "" {
 			v = m.GetMatcher().GetPrefix()
 		}
-		rest, ok := strings.CutPrefix(v, "spiffe://")
+		td, ok := idTrustDomain(v)
 		if !ok {
 			return TrustBundleSecret
 		}
-		t, _, _ := strings.Cut(rest, "/")
-		if td != "" && t != td {
-			return TrustBundleSecret
+		if !slices.Contains(tds, td) {
+			tds = append(tds, td)
 		}
-		td = t
 	}
-	if td == "" {
+	if len(tds) == 0 {
 		return TrustBundleSecret
 	}
-	return TrustDomainBundleSecret(td)
+	slices.Sort(tds)
+	return TrustDomainBundleSecret(tds...)
 }
 
 // checkBundles returns an error unless bundles holds a bundle of the mesh's trust domain own,

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -332,3 +333,111 @@ var errAdmitted = errorString("still admitted")
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// TestPrivilegedTrustDomainsOutboundMixed: a clusterset service whose endpoints are in two trust
+// domains, the mesh's and beta's, on a node that admits a third, gamma. Envoy's cluster pins both
+// endpoints' IDs and validates against the bundles of those two trust domains alone
+// (TrustDomainBundleSecret of the set), so a certificate of gamma's CA naming a gamma ID first
+// (the SPIFFE validator would pick gamma's bundle) and a pinned ID second (the pin matches any
+// SAN) is refused; each endpoint's proper certificate is served. Both endpoints are addresses of
+// one server, which presents the case's certificate.
+func TestPrivilegedTrustDomainsOutboundMixed(t *testing.T) {
+	f := newMeshFixture(t, time.Hour, false, Options{PeerTrustDomains: []string{"beta.example", "gamma.example"}})
+	beta, err := testenv.NewCA("beta CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gamma, err := testenv.NewCA("gamma CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.stopAgent()
+	f.idp = &federatedProvider{Provider: f.rot.Provider(), extra: map[string][]byte{"beta.example": beta.CertPEM, "gamma.example": gamma.CertPEM}}
+	f.startAgent()
+
+	alpha, alphaIP := f.addPod("alpha", true)
+	remote, remoteIP := f.addPod("remote", false)
+	second := remoteIP.As4()
+	second[3] = 250
+	remoteIP2 := netip.AddrFrom4(second)
+	if out, err := remote.Command("ip", "addr", "add", remoteIP2.String()+"/24", "dev", "eth0").CombinedOutput(); err != nil {
+		t.Fatalf("ip addr add: %v: %s", err, out)
+	}
+	var presented atomic.Pointer[tls.Certificate]
+	var handshakes atomic.Int64
+	serveEach(tls.NewListener(remote.Listen(t, "0.0.0.0:15008"), &tls.Config{
+		GetCertificate:         func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return presented.Load(), nil },
+		ClientAuth:             tls.RequireAnyClientCert,
+		SessionTicketsDisabled: true,
+	}), func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.(*tls.Conn).Handshake(); err != nil {
+			return
+		}
+		handshakes.Add(1)
+		_, _ = io.Copy(c, c)
+	})
+
+	k := model.ServiceKey{Namespace: "x", Name: "y"}
+	vip := netip.MustParseAddr("10.96.0.51")
+	betaID := "spiffe://beta.example/ns/x/sa/y"
+	meshID := model.SPIFFEID(f.td, "x", "y")
+	ep := func(cluster, pod string, ip netip.Addr, id string) model.Endpoint {
+		return model.Endpoint{Service: k, Cluster: cluster, PodName: pod, PodUID: "uid-" + pod, IPs: []netip.Addr{ip}, NodeName: cluster + "-node-1",
+			Ports: []model.EndpointPort{{Name: "tcp", Port: 9000, Protocol: model.ProtocolTCP}}, SPIFFEID: id, Healthy: true}
+	}
+	m := model.New(1, "c1", "mesh", f.td, model.Node{Name: "node-1", IP: netip.MustParseAddr("10.44.0.1")},
+		[]*model.Service{{Key: k, Imported: true, ClustersetVIPs: []netip.Addr{vip},
+			Ports: []model.ServicePort{{Name: "tcp", Port: 9000, TargetPort: 9000, Protocol: model.ProtocolTCP}}}},
+		map[model.ServiceKey][]model.Endpoint{k: {ep("beta", "y-b", remoteIP, betaID), ep("c2", "y-m", remoteIP2, meshID)}},
+		[]*model.LocalPod{{UID: "uid-alpha", Namespace: "shop", Name: "alpha", ServiceAccount: "alpha",
+			NetnsPath: alpha.Path, IPs: []netip.Addr{alphaIP}, Ready: true}})
+	f.set(m)
+	cluster := ClusterName(m, k, 9000)
+	set := []string{"beta.example", f.td}
+	slices.Sort(set)
+	cds, err := f.admin("/config_dump?resource=dynamic_active_clusters&name_regex=" + regexp.QuoteMeta(cluster))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `"name": "` + TrustDomainBundleSecret(set...) + `"`; !strings.Contains(cds, want) || !strings.Contains(cds, betaID) || !strings.Contains(cds, meshID) {
+		t.Fatalf("Envoy's cluster %s: want both endpoints' IDs pinned and %s:\n%s", cluster, want, cds)
+	}
+
+	// Each case is called several times: the cluster balances over the two endpoints.
+	call := func(cert tls.Certificate) (served, refused int) {
+		presented.Store(&cert)
+		for range 6 {
+			before := handshakes.Load()
+			c, err := alpha.Dial(vip.String() + ":9000")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := testenv.EchoOnce(c, "mixed"); err == nil && handshakes.Load() > before {
+				served++
+			} else {
+				refused++
+			}
+			c.Close()
+		}
+		return served, refused
+	}
+	for _, c := range []struct {
+		name   string
+		cert   tls.Certificate
+		served bool
+	}{
+		{"beta's CA: beta's pinned ID", issueSVID(t, beta, "beta.example", betaID), true},
+		{"the mesh's CA: the mesh's pinned ID", issueSVID(t, f.caPEM, f.td, meshID), true},
+		{"gamma's CA: a gamma ID, then beta's pinned ID", twoSANCert(t, gamma, "spiffe://gamma.example/ns/x/sa/y", betaID), false},
+		{"gamma's CA: a gamma ID, then the mesh's pinned ID", twoSANCert(t, gamma, "spiffe://gamma.example/ns/x/sa/y", meshID), false},
+		{"gamma's CA: beta's pinned ID", issueSVID(t, gamma, "beta.example", betaID), false},
+	} {
+		served, refused := call(c.cert)
+		t.Logf("%s: %d served, %d refused", c.name, served, refused)
+		if c.served && refused > 0 || !c.served && served > 0 {
+			t.Errorf("%s: %d served, %d refused; want all %s", c.name, served, refused, map[bool]string{true: "served", false: "refused"}[c.served])
+		}
+	}
+	f.wantNoRejections(t)
+}
