@@ -398,17 +398,22 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"extraConfig key", []string{"--set", "extraConfig.NODE_NAME=x"}, []string{"/extraConfig", "NODE_NAME"}},
 		{"extraConfig of a value", []string{"--set", "extraConfig.AETHER_CLUSTER=east"}, []string{"extraConfig.AETHER_CLUSTER", "the value cluster"}},
 	} {
-		t.Run(c.name, func(t *testing.T) {
-			out, err := helm(t, "", append([]string{"template", "aether", ChartDir, "--namespace", "aether-system"}, c.args...)...)
-			if err == nil {
-				t.Fatalf("helm template %v succeeded, want a refusal naming %v:\n%s", c.args, c.want, testenv.Tail(out, 500))
-			}
-			for _, w := range c.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("helm template %v: %v\nwant it to name %q", c.args, err, w)
-				}
-			}
-		})
+		t.Run(c.name, func(t *testing.T) { wantRefused(t, c.args, c.want...) })
+	}
+}
+
+// wantRefused checks that helm template of the chart with args fails with an error naming each
+// of want.
+func wantRefused(t *testing.T, args []string, want ...string) {
+	t.Helper()
+	out, err := helm(t, "", append([]string{"template", "aether", ChartDir, "--namespace", "aether-system"}, args...)...)
+	if err == nil {
+		t.Fatalf("helm template %v succeeded, want a refusal naming %v:\n%s", args, want, testenv.Tail(out, 500))
+	}
+	for _, w := range want {
+		if !strings.Contains(err.Error(), w) {
+			t.Errorf("helm template %v: %v\nwant it to name %q", args, err, w)
+		}
 	}
 }
 

@@ -54,18 +54,9 @@ func (p *federatedProvider) Bundles() map[string][]byte {
 // admitted, are refused; and once beta's bundle is gone its callers are refused.
 func TestPrivilegedTrustDomains(t *testing.T) {
 	f := newMeshFixture(t, time.Hour, true, Options{PeerTrustDomains: []string{"beta.example"}})
-	beta, err := testenv.NewCA("beta CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gamma, err := testenv.NewCA("gamma CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	partner, err := testenv.NewCA("partner CA")
-	if err != nil {
-		t.Fatal(err)
-	}
+	beta := newCA(t, "beta CA")
+	gamma := newCA(t, "gamma CA")
+	partner := newCA(t, "partner CA")
 	fed := &federatedProvider{Provider: f.rot.Provider(), extra: map[string][]byte{"beta.example": beta.CertPEM, "partner.example": partner.CertPEM}}
 	f.stopAgent()
 	f.idp = fed
@@ -153,10 +144,7 @@ func TestPrivilegedTrustDomains(t *testing.T) {
 // handshake completes.
 func TestPrivilegedTrustDomainsOutbound(t *testing.T) {
 	f := newMeshFixture(t, time.Hour, false, Options{PeerTrustDomains: []string{"beta.example"}})
-	beta, err := testenv.NewCA("beta CA")
-	if err != nil {
-		t.Fatal(err)
-	}
+	beta := newCA(t, "beta CA")
 	fed := &federatedProvider{Provider: f.rot.Provider(), extra: map[string][]byte{"beta.example": beta.CertPEM}}
 	f.stopAgent()
 	f.idp = fed
@@ -164,23 +152,7 @@ func TestPrivilegedTrustDomainsOutbound(t *testing.T) {
 
 	alpha, alphaIP := f.addPod("alpha", true)
 	remote, remoteIP := f.addPod("remote", false) // beta's pod: not a pod of this node, nor of the model
-	// The endpoint's inbound port: the server presents the case's certificate and asks for the
-	// caller's (Envoy's upstream TLS sends the caller's SVID). No session tickets: a resumed
-	// session would skip the verification of the next case's certificate.
-	var presented atomic.Pointer[tls.Certificate]
-	var handshakes atomic.Int64
-	serveEach(tls.NewListener(remote.Listen(t, "0.0.0.0:15008"), &tls.Config{
-		GetCertificate:         func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return presented.Load(), nil },
-		ClientAuth:             tls.RequireAnyClientCert,
-		SessionTicketsDisabled: true,
-	}), func(c net.Conn) {
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if err := c.(*tls.Conn).Handshake(); err != nil {
-			return
-		}
-		handshakes.Add(1)
-		_, _ = io.Copy(c, c)
-	})
+	presented, handshakes := servePresented(t, remote)
 
 	k := model.ServiceKey{Namespace: "x", Name: "y"}
 	vip := netip.MustParseAddr("10.96.0.50")
@@ -343,14 +315,8 @@ func (e errorString) Error() string { return string(e) }
 // one server, which presents the case's certificate.
 func TestPrivilegedTrustDomainsOutboundMixed(t *testing.T) {
 	f := newMeshFixture(t, time.Hour, false, Options{PeerTrustDomains: []string{"beta.example", "gamma.example"}})
-	beta, err := testenv.NewCA("beta CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gamma, err := testenv.NewCA("gamma CA")
-	if err != nil {
-		t.Fatal(err)
-	}
+	beta := newCA(t, "beta CA")
+	gamma := newCA(t, "gamma CA")
 	f.stopAgent()
 	f.idp = &federatedProvider{Provider: f.rot.Provider(), extra: map[string][]byte{"beta.example": beta.CertPEM, "gamma.example": gamma.CertPEM}}
 	f.startAgent()
@@ -363,20 +329,7 @@ func TestPrivilegedTrustDomainsOutboundMixed(t *testing.T) {
 	if out, err := remote.Command("ip", "addr", "add", remoteIP2.String()+"/24", "dev", "eth0").CombinedOutput(); err != nil {
 		t.Fatalf("ip addr add: %v: %s", err, out)
 	}
-	var presented atomic.Pointer[tls.Certificate]
-	var handshakes atomic.Int64
-	serveEach(tls.NewListener(remote.Listen(t, "0.0.0.0:15008"), &tls.Config{
-		GetCertificate:         func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return presented.Load(), nil },
-		ClientAuth:             tls.RequireAnyClientCert,
-		SessionTicketsDisabled: true,
-	}), func(c net.Conn) {
-		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-		if err := c.(*tls.Conn).Handshake(); err != nil {
-			return
-		}
-		handshakes.Add(1)
-		_, _ = io.Copy(c, c)
-	})
+	presented, handshakes := servePresented(t, remote)
 
 	k := model.ServiceKey{Namespace: "x", Name: "y"}
 	vip := netip.MustParseAddr("10.96.0.51")
@@ -440,4 +393,35 @@ func TestPrivilegedTrustDomainsOutboundMixed(t *testing.T) {
 		}
 	}
 	f.wantNoRejections(t)
+}
+
+// servePresented serves, on remote's inbound port (15008, every address), TLS echo with the
+// certificate stored in presented (the test's case) and asks for the caller's (Envoy's upstream
+// TLS sends the caller's SVID); handshakes counts the handshakes completed. No session tickets: a
+// resumed session would skip the verification of the next case's certificate.
+func servePresented(t *testing.T, remote *testenv.Netns) (presented *atomic.Pointer[tls.Certificate], handshakes *atomic.Int64) {
+	presented, handshakes = new(atomic.Pointer[tls.Certificate]), new(atomic.Int64)
+	serveEach(tls.NewListener(remote.Listen(t, "0.0.0.0:15008"), &tls.Config{
+		GetCertificate:         func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return presented.Load(), nil },
+		ClientAuth:             tls.RequireAnyClientCert,
+		SessionTicketsDisabled: true,
+	}), func(c net.Conn) {
+		_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+		if err := c.(*tls.Conn).Handshake(); err != nil {
+			return
+		}
+		handshakes.Add(1)
+		_, _ = io.Copy(c, c)
+	})
+	return presented, handshakes
+}
+
+// newCA makes a CA named name for a test's trust domain (testenv.NewCA), failing t on error.
+func newCA(t *testing.T, name string) *testenv.CA {
+	t.Helper()
+	ca, err := testenv.NewCA(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
 }
