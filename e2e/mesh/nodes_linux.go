@@ -276,7 +276,7 @@ func spireServerExec(ctx context.Context, c *substrate.Cluster, within time.Dura
 	defer cancel()
 	argv := append(append([]string{"spire-server"}, args...), "-socketPath", "/run/spire/server-api/api.sock")
 	for {
-		out, err := c.ExecInPod(ctx, spireNamespace, "spire-server-0", argv...)
+		out, err := c.ExecInContainer(ctx, spireNamespace, "spire-server-0", "spire-server", argv...)
 		if err == nil && len(bytes.TrimSpace(out)) > 0 {
 			return string(out), nil
 		}

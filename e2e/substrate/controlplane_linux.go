@@ -333,11 +333,12 @@ func deployCoreDNS(ctx context.Context, c *Cluster) error {
 	return nil
 }
 
-// execInPodAPI runs argv in the pod's first container through the API server's pods/exec (what
-// kubectl exec does) and returns stdout; a failure returns an error holding stderr.
-func (c *Cluster) execInPodAPI(ctx context.Context, ns, name string, argv []string) ([]byte, error) {
+// execInPodAPI runs argv in the pod's container (its only one when container is "") through
+// the API server's pods/exec (what kubectl exec does) and returns stdout; a failure returns an
+// error holding stderr.
+func (c *Cluster) execInPodAPI(ctx context.Context, ns, name, container string, argv []string) ([]byte, error) {
 	req := c.Client.CoreV1().RESTClient().Post().Resource("pods").Namespace(ns).Name(name).SubResource("exec").
-		VersionedParams(&corev1.PodExecOptions{Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
+		VersionedParams(&corev1.PodExecOptions{Container: container, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ex, err := remotecommand.NewWebSocketExecutor(c.Config, "GET", req.URL().String())
 	if err != nil {
 		return nil, fmt.Errorf("exec in pod %s/%s of %s: %w", ns, name, c.Name, err)

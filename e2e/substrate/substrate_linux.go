@@ -257,13 +257,23 @@ func (c *Cluster) Sandbox(ns, name string) (*PodSandbox, *Node, bool) {
 // error holding stderr.
 func (c *Cluster) ExecInPod(ctx context.Context, ns, name string, argv ...string) ([]byte, error) {
 	if c.s.opts.RealNodes {
-		return c.execInPodAPI(ctx, ns, name, argv)
+		return c.execInPodAPI(ctx, ns, name, "", argv)
 	}
 	sb, _, ok := c.Sandbox(ns, name)
 	if !ok {
 		return nil, fmt.Errorf("exec in pod %s/%s of %s: no such running pod", ns, name, c.Name)
 	}
 	return c.s.execIn(ctx, sb, argv)
+}
+
+// ExecInContainer runs argv in container of a pod on real nodes (Options.RealNodes) through the
+// API server's pods/exec, as kubectl exec -c does, and returns stdout; a failure returns an error
+// holding stderr. The kubelet stand-in has no containers: an error there.
+func (c *Cluster) ExecInContainer(ctx context.Context, ns, name, container string, argv ...string) ([]byte, error) {
+	if !c.s.opts.RealNodes {
+		return nil, fmt.Errorf("exec in container %s of pod %s/%s of %s: the kubelet stand-in has no containers (Options.RealNodes is off)", container, ns, name, c.Name)
+	}
+	return c.execInPodAPI(ctx, ns, name, container, argv)
 }
 
 func (s *Substrate) execIn(ctx context.Context, sb *PodSandbox, argv []string) ([]byte, error) {
