@@ -565,6 +565,32 @@ func TestChartHelmInstall(t *testing.T) {
 		t.Errorf("helm install --set identity.mode=dev-ca NOTES do not name the missing CA Secret, or warn of a configured value, or speak of SPIRE:\n%s", out)
 	}
 
+	// sharedTrustDomain: an upstream authority Secret of type kubernetes.io/tls (which the
+	// registrar caches) is refused, and so is one without the keys SPIRE reads.
+	const uns = "spire-shared-check"
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: uns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	shared := append([]string{"install", "aether", ChartDir, "--dry-run=server", "--set", "spire.namespace=" + uns, "--set", "spire.createNamespace=false",
+		"--set", "spire.clusterset.mode=sharedTrustDomain"}, install...)
+	for _, c := range []struct {
+		secret *corev1.Secret
+		want   string
+	}{
+		{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "spire-upstream-authority"}, Type: corev1.SecretTypeTLS,
+			Data: map[string][]byte{"tls.crt": []byte("c"), "tls.key": []byte("k")}}, "a kubernetes.io/tls Secret"},
+		{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "spire-upstream-authority"},
+			Data: map[string][]byte{"upstream-ca.crt": []byte("c")}}, "has no key upstream-ca.key"},
+	} {
+		_ = cs.CoreV1().Secrets(uns).Delete(ctx, c.secret.Name, metav1.DeleteOptions{})
+		if _, err := cs.CoreV1().Secrets(uns).Create(ctx, c.secret, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := helm(t, kc, shared...); err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "spire.clusterset.upstreamAuthority.secretName") {
+			t.Errorf("helm install with the upstream authority Secret %v: %v, want a refusal naming the value and saying %q", c.secret.Data, err, c.want)
+		}
+	}
+
 	if _, err := cs.StorageV1().StorageClasses().Create(ctx, &storagev1.StorageClass{ObjectMeta: metav1.ObjectMeta{Name: "standard",
 		Annotations: map[string]string{"storageclass.kubernetes.io/is-default-class": "true"}}, Provisioner: "example.org/none"}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

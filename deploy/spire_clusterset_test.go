@@ -1,7 +1,9 @@
 package deploy
 
 import (
+	"crypto/sha256"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -23,7 +25,7 @@ const betaBundle = `{"keys":[{"use":"x509-svid","kty":"EC","crv":"P-256","x":"AA
 // server's CA is signed by the upstream authority of the Secret the value names (UpstreamAuthority
 // disk, its files where the Secret is mounted), which the spire-server container alone mounts
 // (not the Controller Manager beside it, not the SPIRE or aether agents); with intermediate the
-// roots of ca.crt are the bundle; SPIRE accepts both configurations; no federation is rendered.
+// roots of upstream-roots.crt are the bundle; SPIRE accepts both configurations; no federation is rendered.
 func TestChartSPIRESharedTrustDomain(t *testing.T) {
 	for _, intermediate := range []bool{false, true} {
 		args := []string{"--set", "cluster=alpha", "--set", "spire.clusterset.mode=sharedTrustDomain",
@@ -35,9 +37,9 @@ func TestChartSPIRESharedTrustDomain(t *testing.T) {
 		r.validate(t)
 		ua, _ := at(r.server, "plugins", "UpstreamAuthority", "disk", "plugin_data").(map[string]any)
 		files := []string{"cert_file_path", "key_file_path"}
-		keys := []string{"tls.crt", "tls.key"}
+		keys := []string{"upstream-ca.crt", "upstream-ca.key"}
 		if intermediate {
-			files, keys = append(files, "bundle_file_path"), append(keys, "ca.crt")
+			files, keys = append(files, "bundle_file_path"), append(keys, "upstream-roots.crt")
 		}
 		if len(ua) != len(files) {
 			t.Errorf("intermediate %v: UpstreamAuthority disk %v, want %v", intermediate, ua, files)
@@ -85,6 +87,7 @@ func TestChartSPIRESharedTrustDomain(t *testing.T) {
 // workloads (AETHER_CLUSTERSET_TRUST_DOMAINS); SPIRE accepts the configuration.
 func TestChartSPIREFederation(t *testing.T) {
 	const beta = "beta.example.org"
+	betaCFTD := "beta-example-org-" + fmt.Sprintf("%x", sha256.Sum256([]byte(beta)))[:8] // unique per trust domain
 	base := []string{"--set", "cluster=alpha", "--set", "trustDomain=alpha.example.org", "--set", "spire.clusterset.mode=federation",
 		"--set", "spire.clusterset.bundleEndpoint.port=9443", "--set", "spire.clusterset.bundleEndpoint.service.nodePort=31443"}
 	r := renderSPIRE(t, "aether-system", "spire", "", append(base, federatesWith(t, map[string]string{
@@ -125,11 +128,11 @@ func TestChartSPIREFederation(t *testing.T) {
 		metav1.TypeMeta   `json:",inline"`
 		metav1.ObjectMeta `json:"metadata"`
 	}
-	object(t, r.objs, "ClusterFederatedTrustDomain", "beta-example-org", &cftd)
+	object(t, r.objs, "ClusterFederatedTrustDomain", betaCFTD, &cftd)
 	if s := cftd.Spec; s.ClassName != "aether" || s.TrustDomain != beta || s.BundleEndpointURL != "https://192.0.2.10:31443" ||
 		s.BundleEndpointProfile.Type != "https_spiffe" || s.BundleEndpointProfile.EndpointSPIFFEID != "spiffe://"+beta+"/spire/server" ||
 		s.TrustDomainBundle != betaBundle {
-		t.Errorf("ClusterFederatedTrustDomain beta-example-org: %+v", s)
+		t.Errorf("ClusterFederatedTrustDomain %s: %+v", betaCFTD, s)
 	}
 	for _, name := range []string{"aether-workloads", "aether-agent", "aether-edge"} {
 		var fw []string
@@ -155,7 +158,7 @@ func TestChartSPIREFederation(t *testing.T) {
 	if !hasObject(first.objs, "Service", "spire-server-bundle-endpoint") || at(first.server, "server", "federation") == nil {
 		t.Error("federation without federatesWith: no bundle endpoint")
 	}
-	if _, ok := firstCfg.Data["AETHER_CLUSTERSET_TRUST_DOMAINS"]; ok || hasObject(first.objs, "ClusterFederatedTrustDomain", "beta-example-org") {
+	if _, ok := firstCfg.Data["AETHER_CLUSTERSET_TRUST_DOMAINS"]; ok || hasObject(first.objs, "ClusterFederatedTrustDomain", betaCFTD) {
 		t.Errorf("federation without federatesWith: AETHER_CLUSTERSET_TRUST_DOMAINS %q or a ClusterFederatedTrustDomain rendered", firstCfg.Data["AETHER_CLUSTERSET_TRUST_DOMAINS"])
 	}
 	// The upgrade that federates rolls the aether agents (their settings changed), never SPIRE:
@@ -211,6 +214,13 @@ func TestChartRefusesBadClusterset(t *testing.T) {
 			"--set", "spire.clusterset.federatesWith[0].bundleEndpointURL=https://b:8443"),
 			[]string{"/spire/clusterset/federatesWith/0", "trustDomainBundle"}},
 		{"service type", []string{"--set", "spire.clusterset.bundleEndpoint.service.type=ExternalName"}, []string{"/spire/clusterset/bundleEndpoint/service/type"}},
+		{"bundle without an X.509 authority", append(federation, fed("beta.example.org", "https://b:8443", `{"keys":[]}`)...),
+			[]string{"spire.clusterset.federatesWith[0].trustDomainBundle", "X.509"}},
+		{"federatesWith with the development CA", append([]string{"--set", "identity.mode=dev-ca"}, fed("beta.example.org", "https://b:8443", betaBundle)...),
+			[]string{"spire.clusterset.federatesWith", "mode \"\""}},
+		{"port of the server's API", append(federation, "--set", "spire.clusterset.bundleEndpoint.port=8081"), []string{"spire.clusterset.bundleEndpoint.port 8081"}},
+		{"node port with ClusterIP", []string{"--set", "spire.clusterset.bundleEndpoint.service.type=ClusterIP", "--set", "spire.clusterset.bundleEndpoint.service.nodePort=31443"},
+			[]string{"spire.clusterset.bundleEndpoint.service.nodePort", "ClusterIP"}},
 		{"port", []string{"--set", "spire.clusterset.bundleEndpoint.port=0"}, []string{"/spire/clusterset/bundleEndpoint/port"}},
 		{"upstream Secret name", []string{"--set", "spire.clusterset.upstreamAuthority.secretName=Root_CA"}, []string{"/spire/clusterset/upstreamAuthority/secretName"}},
 		{"extraConfig of the clusterset trust domains", []string{"--set", "extraConfig.AETHER_CLUSTERSET_TRUST_DOMAINS=beta"},

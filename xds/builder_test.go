@@ -1078,6 +1078,8 @@ func TestBuildPinSetBundles(t *testing.T) {
 	// An endpoint of a trust domain not admitted: its set's secret has a placeholder for it.
 	sets := map[string][]string{}
 	pinSets(sets, []string{"spiffe://partner.example/ns/x/sa/y", "spiffe://beta.example/ns/x/sa/y"})
+	pinSets(sets, []string{"spiffe://partner.example/ns/x/sa/z"})
+	pinSets(sets, []string{"spiffe://beta.example/ns/x/sa/z"}) // admitted: made once
 	ts, err := trustSecrets([]string{"beta.example", m.TrustDomain}, map[string][]byte{m.TrustDomain: testBundlePEM, "beta.example": beta,
 		"partner.example": gamma}, sortedSets(sets))
 	if err != nil {
@@ -1086,6 +1088,20 @@ func TestBuildPinSetBundles(t *testing.T) {
 	name := TrustDomainBundleSecret("beta.example", "partner.example")
 	if got, want := validatorDomains(t, ts, name), []string{"beta.example=" + string(beta), "partner.example=" + string(placeholderBundle)}; !slices.Equal(got, want) {
 		t.Errorf("secret %s: trust domains %q, want %q (partner.example not admitted: the placeholder)", name, got, want)
+	}
+	// A cluster pinned to the partner alone refers to a validation context that exists and
+	// admits nothing, rather than one Envoy would wait for.
+	if got, want := validatorDomains(t, ts, TrustDomainBundleSecret("partner.example")), []string{"partner.example=" + string(placeholderBundle)}; !slices.Equal(got, want) {
+		t.Errorf("secret %s: trust domains %q, want %q", TrustDomainBundleSecret("partner.example"), got, want)
+	}
+	names := map[string]int{}
+	for _, s := range ts {
+		names[s.GetName()]++
+	}
+	for n, c := range names {
+		if c > 1 {
+			t.Errorf("secret %s made %d times", n, c)
+		}
 	}
 }
 

@@ -75,7 +75,7 @@ func TrustDomainBundleSecret(tds ...string) string {
 // are tds (the mesh's own and the clusterset's others): TrustBundleSecret with the bundles of tds
 // (others the provider holds are left out: not trusted); per trust domain of tds
 // TrustDomainBundleSecret with its bundle alone; and per set of sets (pinSets: the trust domains
-// of a cluster whose endpoints' IDs span several) TrustDomainBundleSecret of the set with the
+// of each cluster's endpoints' IDs) not made yet TrustDomainBundleSecret of the set with the
 // bundles of its trust domains alone, so that a third trust domain's CA, whose certificate names
 // one of its own IDs first (the validator picks the bundle by the first URI SAN) and a pinned
 // ID second (the pin matches any), is refused. A trust domain without a bundle yet, or not
@@ -94,14 +94,20 @@ func trustSecrets(tds []string, bundles map[string][]byte, sets [][]string) ([]*
 		return nil, err
 	}
 	out := []*tlsv3.Secret{sec}
+	made := map[string]bool{}
 	for _, set := range append(sliceOfOne(tds), sets...) {
+		name := TrustDomainBundleSecret(set...)
+		if made[name] {
+			continue
+		}
+		made[name] = true
 		some := map[string][]byte{}
 		for _, td := range set {
 			if some[td] = all[td]; len(some[td]) == 0 {
 				some[td] = placeholderBundle
 			}
 		}
-		sec, err := bundleSecret(TrustDomainBundleSecret(set...), some)
+		sec, err := bundleSecret(name, some)
 		if err != nil {
 			return nil, err
 		}
@@ -120,8 +126,9 @@ func sliceOfOne(tds []string) [][]string {
 }
 
 // pinSets collects, into sets (by TrustDomainBundleSecret name), the trust domains of peers
-// (SPIFFE IDs, sorted) when they span more than one: the validation context pinSecret names for a
-// cluster pinned to them.
+// (SPIFFE IDs), sorted: the validation context pinSecret names for a cluster pinned to them (an
+// admitted trust domain alone has its own already; one not admitted gets the placeholder, so that
+// its endpoints are refused by a validation context that exists, not by one Envoy waits for).
 func pinSets(sets map[string][]string, peers []string) {
 	var tds []string
 	for _, id := range peers {
@@ -129,7 +136,7 @@ func pinSets(sets map[string][]string, peers []string) {
 			tds = append(tds, td)
 		}
 	}
-	if len(tds) > 1 {
+	if len(tds) > 0 {
 		slices.Sort(tds)
 		sets[TrustDomainBundleSecret(tds...)] = tds
 	}

@@ -197,7 +197,7 @@ func (m *Mesh) install(ctx context.Context, c *substrate.Cluster, helm, chart st
 			return err
 		}
 		if err := createSecrets(ctx, c, spireNamespace, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "spire-upstream-authority"},
-			Type: corev1.SecretTypeTLS, Data: map[string][]byte{"tls.crt": ca[0], "tls.key": ca[1]}}); err != nil {
+			Data: map[string][]byte{"upstream-ca.crt": ca[0], "upstream-ca.key": ca[1]}}); err != nil {
 			return err
 		}
 		set = append(set, "--set", "spire.createNamespace=false", "--set", "spire.clusterset.mode=sharedTrustDomain")

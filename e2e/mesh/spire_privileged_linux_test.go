@@ -126,8 +126,8 @@ func TestPrivilegedSPIREOnRealNodes(t *testing.T) {
 	if err := c.CreateNamespace(ctx, spireNamespace, map[string]string{"pod-security.kubernetes.io/enforce": "privileged"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := createSecrets(ctx, c, spireNamespace, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "mesh-root"}, Type: corev1.SecretTypeTLS,
-		Data: map[string][]byte{"tls.crt": upstream.CertPEM, "tls.key": upstream.KeyPEM}}); err != nil {
+	if err := createSecrets(ctx, c, spireNamespace, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "mesh-root"},
+		Data: map[string][]byte{"upstream-ca.crt": upstream.CertPEM, "upstream-ca.key": upstream.KeyPEM}}); err != nil {
 		t.Fatal(err)
 	}
 	out, err := installChart(ctx, c, tl.Helm, chart, "spire", nil, "--set", "logLevel=debug", "--set", "trustDomain="+td,

@@ -68,7 +68,11 @@ Rendered (to nothing) by config.yaml.
 {{- if eq .Values.spire.namespace .Release.Namespace }}
 {{- fail (printf "spire.namespace %q is the release namespace: SPIRE needs a namespace of its own (the Controller Manager registers no pod of SPIRE's namespace, and the aether agents' entries are in the release namespace)" .Values.spire.namespace) }}
 {{- end }}
+{{- end }}
 {{- $cs := .Values.spire.clusterset }}
+{{- if and (ne .Values.identity.mode "spire") (ne $cs.mode "") }}
+{{- fail (printf "spire.clusterset.mode %q needs identity.mode spire (with %q every cluster signs with the same development CA: one trust domain already)" $cs.mode .Values.identity.mode) }}
+{{- end }}
 {{- if and $cs.federatesWith (ne $cs.mode "federation") }}
 {{- fail (printf "spire.clusterset.federatesWith names %d trust domains with spire.clusterset.mode %q: they are for mode federation" (len $cs.federatesWith) $cs.mode) }}
 {{- end }}
@@ -77,18 +81,41 @@ Rendered (to nothing) by config.yaml.
 {{- if eq $f.trustDomain $.Values.trustDomain }}
 {{- fail (printf "spire.clusterset.federatesWith[%d].trustDomain %q is this cluster's trustDomain: with federation each cluster has a trust domain of its own" $i $f.trustDomain) }}
 {{- end }}
-{{- if hasKey $seen $f.trustDomain }}
+{{- $name := include "aether.federatedTrustDomainName" $f.trustDomain }}
+{{- if hasKey $seen $name }}
 {{- fail (printf "spire.clusterset.federatesWith[%d].trustDomain %q: named twice" $i $f.trustDomain) }}
 {{- end }}
-{{- $_ := set $seen $f.trustDomain true }}
+{{- $_ := set $seen $name true }}
 {{- $b := fromJson $f.trustDomainBundle }}
-{{- if or (hasKey $b "Error") (not (kindIs "slice" (get $b "keys"))) }}
-{{- fail (printf "spire.clusterset.federatesWith[%d].trustDomainBundle: not a SPIFFE bundle (JSON with \"keys\", as spire-server bundle show -format spiffe prints it)" $i) }}
+{{- $x509 := false }}
+{{- if and (not (hasKey $b "Error")) (kindIs "slice" (get $b "keys")) }}
+{{- range (get $b "keys") }}{{ if and (kindIs "map" .) (eq (get . "use") "x509-svid") (get . "x5c") }}{{ $x509 = true }}{{ end }}{{ end }}
+{{- end }}
+{{- if not $x509 }}
+{{- fail (printf "spire.clusterset.federatesWith[%d].trustDomainBundle: not a SPIFFE bundle with an X.509 authority (JSON whose \"keys\" hold one of use x509-svid with x5c, as spire-server bundle show -format spiffe prints it)" $i) }}
+{{- end }}
+{{- end }}
+{{- $be := $cs.bundleEndpoint }}
+{{- if and (eq $cs.mode "federation") (has (int $be.port) (list 8080 8081 8083)) }}
+{{- fail (printf "spire.clusterset.bundleEndpoint.port %d: taken in the SPIRE server's pod (8081 its API, 8080 its health, 8083 the Controller Manager's health)" (int $be.port)) }}
+{{- end }}
+{{- if and (eq $be.service.type "ClusterIP") (not (kindIs "invalid" $be.service.nodePort)) }}
+{{- fail (printf "spire.clusterset.bundleEndpoint.service.nodePort %v with type ClusterIP: a node port needs type NodePort or LoadBalancer" $be.service.nodePort) }}
+{{- end }}
+{{- if and (eq .Values.identity.mode "spire") (eq $cs.mode "sharedTrustDomain") }}
+{{- $sec := lookup "v1" "Secret" .Values.spire.namespace $cs.upstreamAuthority.secretName }}
+{{- if $sec }}
+{{- if eq $sec.type "kubernetes.io/tls" }}
+{{- fail (printf "spire.clusterset.upstreamAuthority.secretName %q: a kubernetes.io/tls Secret, which aether's registrar caches for edge Gateway listeners; make it Opaque (kubectl create secret generic) with the keys upstream-ca.crt and upstream-ca.key" $cs.upstreamAuthority.secretName) }}
+{{- end }}
+{{- $keys := list "upstream-ca.crt" "upstream-ca.key" }}
+{{- if $cs.upstreamAuthority.intermediate }}{{ $keys = append $keys "upstream-roots.crt" }}{{ end }}
+{{- range $keys }}
+{{- if not (hasKey ($sec.data | default dict) .) }}
+{{- fail (printf "spire.clusterset.upstreamAuthority.secretName %q has no key %s (keys: upstream-ca.crt, upstream-ca.key, and upstream-roots.crt with intermediate)" $cs.upstreamAuthority.secretName .) }}
 {{- end }}
 {{- end }}
 {{- end }}
-{{- if and (ne .Values.identity.mode "spire") (ne .Values.spire.clusterset.mode "") }}
-{{- fail (printf "spire.clusterset.mode %q needs identity.mode spire (with %q every cluster signs with the same development CA: one trust domain already)" .Values.spire.clusterset.mode .Values.identity.mode) }}
 {{- end }}
 {{- if eq .Values.identity.mode "spire" }}
 {{- if has .Release.Namespace .Values.spire.controllerManager.ignoreNamespaces }}
@@ -218,6 +245,14 @@ Federation (spire.clusterset.mode federation): this cluster's bundle endpoint is
 {{ $sns }}/spire-server-bundle-endpoint ({{ $cs.bundleEndpoint.service.type }}, port {{ $cs.bundleEndpoint.port }}), authenticated as spiffe://{{ .Values.trustDomain }}/spire/server.
 Give the other clusters its URL and this bundle (their spire.clusterset.federatesWith[].trustDomainBundle):
   kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server bundle show -format spiffe -socketPath {{ $sock }}
+{{- if or (eq .Values.spire.server.dataVolume.type "emptyDir") (eq .Values.spire.server.keyManager "memory") }}
+
+WARNING: federation with the SPIRE server's CA key in {{ if eq .Values.spire.server.keyManager "memory" }}memory{{ else }}an emptyDir{{ end }}: a restart of spire-server-0 makes a new CA,
+and the other clusters' servers, which hold the old bundle, no longer accept this bundle endpoint
+(a ClusterFederatedTrustDomain's trustDomainBundle is used only when it is created). Then give
+them the new bundle: in each other cluster
+  kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server bundle set -id spiffe://{{ .Values.trustDomain }} -format spiffe -socketPath {{ $sock }} < {{ .Values.trustDomain }}.json
+{{- end }}
 {{- if $cs.federatesWith }}
 Federated with:{{ range $cs.federatesWith }} {{ .trustDomain }}{{ end }}; the bundles this server holds of them:
   kubectl -n {{ $sns }} exec spire-server-0 -c spire-server -- spire-server bundle list -socketPath {{ $sock }}
@@ -266,4 +301,14 @@ federation; empty otherwise): the agents' --clusterset-trust-domains.
 {{- range .Values.spire.clusterset.federatesWith }}{{ $tds = append $tds .trustDomain }}{{ end }}
 {{- join "," $tds }}
 {{- end -}}
+{{- end -}}
+
+{{/*
+aether.federatedTrustDomainName: the name of the ClusterFederatedTrustDomain of trust domain td
+(spire.clusterset.federatesWith): td with '.' and '_' as '-', and the first 8 hex digits of its
+SHA-256, so that two trust domains never share a name (beta-x.org and beta.x.org).
+Call: include "aether.federatedTrustDomainName" "beta.example.org"
+*/}}
+{{- define "aether.federatedTrustDomainName" -}}
+{{ printf "%s-%s" (. | replace "." "-" | replace "_" "-" | trimAll "-" | trunc 50 | trimSuffix "-") (sha256sum . | trunc 8) }}
 {{- end -}}
