@@ -24,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/identity/spire"
 	"github.com/aethermesh/aether/internal/testenv"
 )
@@ -88,7 +89,7 @@ func TestPrivilegedAgentSPIRE(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Start(ctx)
-	d.SetPods("test", []string{string(pods["web"].UID)})
+	d.SetPods("test", []identity.Workload{{UID: string(pods["web"].UID)}})
 	webID := "spiffe://aether.internal/ns/shop/sa/web"
 	testenv.Eventually(t, 30*time.Second, "Envoy's SVID of web is SPIRE's", func() error {
 		st, _ := d.Pod(string(pods["web"].UID))
@@ -294,7 +295,7 @@ func spireCaller(v string) int {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	d.Start(ctx)
-	d.SetPods("caller", []string{uid})
+	d.SetPods("caller", []identity.Workload{{UID: uid}})
 	for ctx.Err() == nil {
 		st, _ := d.Pod(uid)
 		if len(st.SVIDs) > 0 {

@@ -8,12 +8,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"text/template"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/aethermesh/aether/model"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
 
@@ -239,4 +242,40 @@ func federatesWith(t *testing.T, entries ...map[string]string) []string {
 		t.Fatal(err)
 	}
 	return []string{"--set-json", "spire.clusterset.federatesWith=" + string(b)}
+}
+
+// TestChartSPIREEdgeEntry: the ClusterSPIFFEID aether-edge selects the registrar's edge pods by
+// their labels and requires, through its workload selector template rendered as the Controller
+// Manager renders it, the ServiceAccount the registrar gives the Gateway's pods
+// (model.EdgeServiceAccountName): a pod that copies the labels under another ServiceAccount gets
+// no entry the aether agent's selectors (identity/spire.PodSelectors) match.
+func TestChartSPIREEdgeEntry(t *testing.T) {
+	r := renderSPIRE(t, "aether-system", "spire", "", "--set", "cluster=alpha")
+	var tmpls []string
+	var sel map[string]any
+	for _, o := range r.objs {
+		if o.GetKind() == "ClusterSPIFFEID" && o.GetName() == "aether-edge" {
+			tmpls, _, _ = unstructured.NestedStringSlice(o.Object, "spec", "workloadSelectorTemplates")
+			sel, _, _ = unstructured.NestedMap(o.Object, "spec", "podSelector")
+		}
+	}
+	if len(tmpls) != 1 {
+		t.Fatalf("aether-edge workloadSelectorTemplates %q, want one", tmpls)
+	}
+	tp, err := template.New("sel").Option("missingkey=error").Parse(tmpls[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	labels := map[string]string{"aether.io/managed-by": "aether", "gateway.networking.k8s.io/gateway-name": "web"}
+	if err := tp.Execute(&b, map[string]any{"PodMeta": &metav1.ObjectMeta{Namespace: "edge", Labels: labels}, "PodSpec": &corev1.PodSpec{}}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "k8s:sa:" + model.EdgeServiceAccountName("web"); b.String() != want {
+		t.Errorf("aether-edge's workload selector for Gateway web's pod: %q, want %q", b.String(), want)
+	}
+	if want := map[string]any{"matchLabels": map[string]any{"aether.io/managed-by": "aether"},
+		"matchExpressions": []any{map[string]any{"key": "gateway.networking.k8s.io/gateway-name", "operator": "Exists"}}}; !reflect.DeepEqual(sel, want) {
+		t.Errorf("aether-edge podSelector %v, want %v", sel, want)
+	}
 }

@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/aethermesh/aether/e2e/substrate"
+	"github.com/aethermesh/aether/identity"
 	"github.com/aethermesh/aether/identity/spire"
 	"github.com/aethermesh/aether/images"
 	"github.com/aethermesh/aether/internal/testenv"
@@ -304,7 +305,7 @@ func TestPrivilegedSPIREOnRealNodes(t *testing.T) {
 	dctx, dcancel := context.WithCancel(ctx)
 	defer dcancel()
 	d.Start(dctx)
-	d.SetPods("test", []string{string(wl.UID)})
+	d.SetPods("test", []identity.Workload{{UID: string(wl.UID)}})
 	testenv.Eventually(t, time.Minute, "the Delegated Identity API refuses a caller outside any pod", func() error {
 		st, _ := d.Pod(string(wl.UID))
 		if len(st.SVIDs) > 0 {

@@ -23,6 +23,7 @@ import (
 	"math/rand/v2"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -37,11 +38,22 @@ import (
 	"github.com/aethermesh/aether/identity"
 )
 
-// PodSelectors are the workload selectors of the pod with uid as the SPIRE Controller Manager's
-// entries carry them (k8s:pod-uid:<uid>; spire-controller-manager pkg/spireentry) and as SPIRE's
-// k8s workload attestor reports them.
-func PodSelectors(uid string) []*types.Selector {
-	return []*types.Selector{{Type: "k8s", Value: "pod-uid:" + uid}}
+// PodSelectors are the workload selectors the Delegate asks SPIRE with for pod w, as SPIRE's k8s
+// workload attestor reports them for a process of that pod: k8s:pod-uid:<uid>, which the SPIRE
+// Controller Manager's entries carry (spire-controller-manager pkg/spireentry), and, when w's
+// SPIFFE ID is the mesh's spiffe://<td>/ns/<namespace>/sa/<service account> (the agent derives
+// it from the pod's spec in the API server), k8s:ns:<namespace> and k8s:sa:<service account>,
+// which an entry may require besides (workloadSelectorTemplates: the chart's aether-edge requires
+// the edge Gateway's ServiceAccount). SPIRE answers with the entries whose selectors are all
+// among these.
+func PodSelectors(w identity.Workload) []*types.Selector {
+	out := []*types.Selector{{Type: "k8s", Value: "pod-uid:" + w.UID}}
+	if id, err := spiffeid.FromString(w.SPIFFEID); err == nil {
+		if seg := strings.Split(strings.TrimPrefix(id.Path(), "/"), "/"); len(seg) == 4 && seg[0] == "ns" && seg[2] == "sa" && seg[1] != "" && seg[3] != "" {
+			out = append(out, &types.Selector{Type: "k8s", Value: "ns:" + seg[1]}, &types.Selector{Type: "k8s", Value: "sa:" + seg[3]})
+		}
+	}
+	return out
 }
 
 // Config configures a Delegate.
@@ -84,8 +96,8 @@ type Delegate struct {
 
 	mu      sync.Mutex
 	pods    map[string]*podSub
-	owners  map[string]map[string]bool // SetPods' owner -> its pods' UIDs
-	bundles map[string][]byte          // trust domain name -> CA certificates, PEM
+	owners  map[string]map[string]identity.Workload // SetPods' owner -> its pods by UID
+	bundles map[string][]byte                       // trust domain name -> CA certificates, PEM
 	bundErr error
 	changed chan struct{}
 	// watchers are the Providers' own change channels (watch), each signalled like changed;
@@ -96,6 +108,7 @@ type Delegate struct {
 
 type podSub struct {
 	cancel context.CancelFunc
+	w      identity.Workload // the pod as SetPods named it (its selectors: PodSelectors)
 	state  PodState
 }
 
@@ -121,7 +134,7 @@ func New(cfg Config) (*Delegate, error) {
 	}
 	return &Delegate{
 		cfg: cfg, conn: conn, client: delegatedidentityv1.NewDelegatedIdentityClient(conn),
-		pods: map[string]*podSub{}, owners: map[string]map[string]bool{}, changed: make(chan struct{}, 1),
+		pods: map[string]*podSub{}, owners: map[string]map[string]identity.Workload{}, changed: make(chan struct{}, 1),
 		watchers: map[chan struct{}]bool{},
 	}, nil
 }
@@ -168,48 +181,47 @@ func (d *Delegate) notify() {
 	}
 }
 
-// SetPods sets owner's pods to those with uids (none: owner is forgotten) and makes the Delegate
-// subscribe to the SVIDs of exactly the pods some owner lists: it opens a subscription for each
-// new one and closes those of the pods no owner lists any more, whose SVIDs it forgets at once.
-// Owners are the Delegate's users (the node proxy, each edge pod's server); call it with the
-// pods this node attached, and only those. It panics when called before Start.
-func (d *Delegate) SetPods(owner string, uids []string) {
+// SetPods sets owner's pods to pods (none: owner is forgotten) and makes the Delegate subscribe
+// to the SVIDs of exactly the pods some owner lists, by their selectors (PodSelectors): it opens
+// a subscription for each new one (or one whose SPIFFE ID changed) and closes those of the pods
+// no owner lists any more, whose SVIDs it forgets at once. Owners are the Delegate's users (the
+// node proxy, each edge pod's server); call it with the pods this node attached, and only those,
+// each with the SPIFFE ID its spec in the API server gives. It panics when called before Start.
+func (d *Delegate) SetPods(owner string, pods []identity.Workload) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.ctx == nil {
 		panic("spire: SetPods before Start")
 	}
-	if len(uids) == 0 {
+	if len(pods) == 0 {
 		delete(d.owners, owner)
 	} else {
-		set := make(map[string]bool, len(uids))
-		for _, uid := range uids {
-			set[uid] = true
+		set := make(map[string]identity.Workload, len(pods))
+		for _, w := range pods {
+			set[w.UID] = w
 		}
 		d.owners[owner] = set
 	}
-	want := map[string]bool{}
+	want := map[string]identity.Workload{}
 	for _, set := range d.owners {
-		for uid := range set {
-			want[uid] = true
-		}
-	}
-	for uid := range want {
-		if d.pods[uid] != nil {
-			continue
-		}
-		ctx, cancel := context.WithCancel(d.ctx)
-		sub := &podSub{cancel: cancel}
-		d.pods[uid] = sub
-		go d.keep(ctx, "pod "+uid, func(ctx context.Context) (bool, error) { return d.podStream(ctx, uid, sub) })
+		maps.Copy(want, set)
 	}
 	gone := false
 	for uid, s := range d.pods {
-		if !want[uid] {
+		if w, ok := want[uid]; !ok || w != s.w {
 			s.cancel()
 			delete(d.pods, uid)
 			gone = true
 		}
+	}
+	for uid, w := range want {
+		if d.pods[uid] != nil {
+			continue
+		}
+		ctx, cancel := context.WithCancel(d.ctx)
+		sub := &podSub{cancel: cancel, w: w}
+		d.pods[uid] = sub
+		go d.keep(ctx, "pod "+uid, func(ctx context.Context) (bool, error) { return d.podStream(ctx, uid, sub) })
 	}
 	if gone {
 		d.notify()
@@ -291,7 +303,7 @@ func (d *Delegate) podStream(ctx context.Context, uid string, sub *podSub) (deli
 			d.setPod(uid, sub, func(st *PodState) { st.Err = err })
 		}
 	}()
-	stream, err := d.client.SubscribeToX509SVIDs(ctx, &delegatedidentityv1.SubscribeToX509SVIDsRequest{Selectors: PodSelectors(uid)})
+	stream, err := d.client.SubscribeToX509SVIDs(ctx, &delegatedidentityv1.SubscribeToX509SVIDsRequest{Selectors: PodSelectors(sub.w)})
 	if err != nil {
 		return false, err
 	}

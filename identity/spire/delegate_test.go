@@ -215,7 +215,7 @@ func TestDelegateFollowsPods(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	d.Start(ctx)
-	d.SetPods("test", []string{"uid-web", "uid-db"})
+	d.SetPods("test", []identity.Workload{{UID: "uid-web"}, {UID: "uid-db"}})
 
 	svidOf := func(uid string) (string, time.Time, error) {
 		st, ok := d.Pod(uid)
@@ -278,7 +278,7 @@ func TestDelegateFollowsPods(t *testing.T) {
 	})
 
 	// db leaves the node: its SVIDs are forgotten at once and its stream closes.
-	d.SetPods("test", []string{"uid-web"})
+	d.SetPods("test", []identity.Workload{{UID: "uid-web"}})
 	if _, ok := d.Pod("uid-db"); ok {
 		t.Fatal("uid-db still held after SetPods left it out")
 	}
@@ -312,7 +312,7 @@ func TestDelegateFollowsPods(t *testing.T) {
 	f.mu.Lock()
 	f.deny = true
 	f.mu.Unlock()
-	d.SetPods("test", []string{"uid-web", "uid-new"})
+	d.SetPods("test", []identity.Workload{{UID: "uid-web"}, {UID: "uid-new"}})
 	testenv.Eventually(t, 10*time.Second, "the refusal explained", func() error {
 		st, _ := d.Pod("uid-new")
 		if st.Err == nil || !strings.Contains(st.Err.Error(), "authorized_delegates") || status.Code(st.Err) != codes.PermissionDenied {

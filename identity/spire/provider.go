@@ -78,7 +78,7 @@ func (p *Provider) SVIDs(ctx context.Context, pods []identity.Workload) (map[str
 	p.uids = uids
 	settle := p.settle > 0 && !p.settled
 	p.mu.Unlock()
-	p.d.SetPods(p.owner, uids)
+	p.d.SetPods(p.owner, pods)
 	if settle {
 		if b, _ := p.d.Bundles(); len(b[p.trustDomain]) > 0 {
 			p.d.waitAnswered(ctx, uids, p.settle)

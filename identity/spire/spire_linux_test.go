@@ -109,7 +109,36 @@ func TestPrivilegedSPIRE(t *testing.T) {
 		t.Fatal(err)
 	}
 	d.Start(ctx)
-	d.SetPods("test", []string{string(web.UID), string(db.UID), string(plain.UID)})
+	// Edge pods as the chart registers them (ClusterSPIFFEID aether-edge): selected by labels any
+	// pod may set, so the entry also requires the ServiceAccount the label names.
+	create(clusterSPIFFEIDs, map[string]any{
+		"apiVersion": "spire.spiffe.io/v1alpha1", "kind": "ClusterSPIFFEID", "metadata": map[string]any{"name": "edge"},
+		"spec": map[string]any{
+			"spiffeIDTemplate":          "spiffe://{{ .TrustDomain }}/ns/{{ .PodMeta.Namespace }}/sa/{{ .PodSpec.ServiceAccountName }}",
+			"podSelector":               map[string]any{"matchExpressions": []any{map[string]any{"key": "gw", "operator": "Exists"}}},
+			"workloadSelectorTemplates": []any{`k8s:sa:{{ index .PodMeta.Labels "gw" }}-aether-edge`},
+		},
+	})
+	edgePod := func(name, sa string) *corev1.Pod {
+		t.Helper()
+		if _, err := cs.CoreV1().ServiceAccounts("shop").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		p, err := cs.CoreV1().Pods("shop").Create(ctx, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"gw": "front"}},
+			Spec:       corev1.PodSpec{NodeName: "node-a", ServiceAccountName: sa, Containers: []corev1.Container{{Name: "app", Image: "app"}}},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	edge := edgePod("front-edge", "front-aether-edge")
+	intruder := edgePod("intruder", "intruder") // the edge's labels, another ServiceAccount
+	wl := func(p *corev1.Pod) identity.Workload {
+		return identity.Workload{UID: string(p.UID), SPIFFEID: "spiffe://aether.internal/ns/" + p.Namespace + "/sa/" + p.Spec.ServiceAccountName}
+	}
+	d.SetPods("test", []identity.Workload{wl(web), wl(db), wl(plain), wl(edge), wl(intruder)})
 	wantWeb := "spiffe://aether.internal/ns/shop/sa/web"
 	var svid *identity.SVID
 	took := testenv.Eventually(t, 90*time.Second, "web's SVID from SPIRE", func() error {
@@ -131,7 +160,14 @@ func TestPrivilegedSPIRE(t *testing.T) {
 		return nil
 	})
 	verify(t, svid, bundle)
-	for _, p := range []*corev1.Pod{db, plain} {
+	testenv.Eventually(t, 90*time.Second, "the edge pod's SVID (its ServiceAccount the one the entry requires)", func() error {
+		st, _ := d.Pod(string(edge.UID))
+		if len(st.SVIDs) != 1 || st.SVIDs[0].SPIFFEID != wl(edge).SPIFFEID {
+			return fmt.Errorf("%d SVIDs (%v), err %v", len(st.SVIDs), ids(st.SVIDs), st.Err)
+		}
+		return nil
+	})
+	for _, p := range []*corev1.Pod{db, plain, intruder} {
 		if st, _ := d.Pod(string(p.UID)); len(st.SVIDs) != 0 {
 			t.Errorf("pod %s got %v through node-a's agent, want none", p.Name, ids(st.SVIDs))
 		}
@@ -144,7 +180,7 @@ func TestPrivilegedSPIRE(t *testing.T) {
 		t.Fatal(err)
 	}
 	refused.Start(ctx)
-	refused.SetPods("test", []string{string(db.UID)})
+	refused.SetPods("test", []identity.Workload{wl(db)})
 	testenv.Eventually(t, 30*time.Second, "node-b's agent refusing the caller", func() error {
 		st, _ := refused.Pod(string(db.UID))
 		if len(st.SVIDs) != 0 || status.Code(st.Err) != codes.PermissionDenied {
