@@ -141,6 +141,9 @@ func runsBuiltImages(ctx context.Context, c *substrate.Cluster, ns string, diges
 	}
 	n := 0
 	for _, p := range pods.Items {
+		if p.DeletionTimestamp != nil {
+			continue // a rollout's old pod on its way out
+		}
 		for _, st := range p.Status.ContainerStatuses {
 			want, ok := digests[st.Image]
 			if !ok {
@@ -399,6 +402,15 @@ func installState(ctx context.Context, c *substrate.Cluster) string {
 	}
 	if !available(d) {
 		return "registrar Deployment not available"
+	}
+	// Rolled out (a helm upgrade that changed aether-config rolls it): every replica updated, no
+	// old one left.
+	want := int32(1)
+	if d.Spec.Replicas != nil {
+		want = *d.Spec.Replicas
+	}
+	if d.Status.ObservedGeneration < d.Generation || d.Status.UpdatedReplicas != want || d.Status.Replicas != want {
+		return fmt.Sprintf("registrar Deployment: rolling out (%d of %d replicas updated, %d in all)", d.Status.UpdatedReplicas, want, d.Status.Replicas)
 	}
 	return ""
 }
