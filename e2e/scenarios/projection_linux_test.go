@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/util/retry"
 	gwv1 "sigs.k8s.io/gateway-api/apis/v1"
 	mcsv1beta1 "sigs.k8s.io/mcs-api/pkg/apis/v1beta1"
 
@@ -96,13 +97,20 @@ func (w *world) projectionConvergence(t *testing.T, c *caller, addr, host string
 	routes := w.p.Gateway(w.b).GatewayV1().HTTPRoutes(ns)
 	bc := w.caller(t, w.b, ns, "client")
 	baddr, bhost := w.vip(t, w.b, "canary"), "canary."+ns+".mesh"
-	defer func() {
-		cur, err := routes.Get(ctx, exportRoute, metav1.GetOptions{})
-		if err == nil {
-			cur.Spec = original.Spec
+	// setSpec writes spec into the route, again on a conflict (B's registrar writes its status).
+	setSpec := func(spec gwv1.HTTPRouteSpec) error {
+		return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cur, err := routes.Get(ctx, exportRoute, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cur.Spec = spec
 			_, err = routes.Update(ctx, cur, metav1.UpdateOptions{})
-		}
-		if err != nil {
+			return err
+		})
+	}
+	defer func() {
+		if err := setSpec(original.Spec); err != nil {
 			t.Errorf("put %s back: %v", exportRoute, err)
 		}
 		waitRoute(t, c, addr, host, exportRoute)
@@ -114,13 +122,8 @@ func (w *world) projectionConvergence(t *testing.T, c *caller, addr, host string
 		if i%2 == 1 {
 			version = "canary-v2"
 		}
-		cur, err := routes.Get(ctx, exportRoute, metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cur.Spec = tenRuleRoute(version, tag).Spec
 		start := time.Now()
-		if _, err := routes.Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+		if err := setSpec(tenRuleRoute(version, tag).Spec); err != nil {
 			t.Fatal(err)
 		}
 		follow := func(cl *caller, a, h string) time.Duration {

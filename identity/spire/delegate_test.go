@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -93,8 +94,9 @@ func TestSVIDFromProto(t *testing.T) {
 	}
 }
 
-// fakeAgent is a Delegated Identity server at the test's boundary: it answers a subscription for
-// k8s:pod-uid:<uid> with svids[uid], sends again on push, refuses everyone when deny is set, and
+// fakeAgent is a Delegated Identity server at the test's boundary: it answers a subscription whose
+// selectors hold one k8s:pod-uid:<uid> (and only k8s selectors) with svids[uid], sends again on
+// push, refuses everyone when deny is set, and
 // counts the open pod streams.
 type fakeAgent struct {
 	delegatedidentityv1.UnimplementedDelegatedIdentityServer
@@ -115,10 +117,21 @@ func (f *fakeAgent) SubscribeToX509SVIDs(req *delegatedidentityv1.SubscribeToX50
 	if deny {
 		return status.Error(codes.PermissionDenied, "caller not authorized")
 	}
-	if len(req.Selectors) != 1 || req.Selectors[0].Type != "k8s" || !strings.HasPrefix(req.Selectors[0].Value, "pod-uid:") {
-		return status.Errorf(codes.InvalidArgument, "selectors %v", req.Selectors)
+	uid := ""
+	for _, sel := range req.Selectors {
+		if sel.Type != "k8s" {
+			return status.Errorf(codes.InvalidArgument, "selectors %v", req.Selectors)
+		}
+		if v, ok := strings.CutPrefix(sel.Value, "pod-uid:"); ok {
+			if uid != "" {
+				return status.Errorf(codes.InvalidArgument, "selectors %v: two pod UIDs", req.Selectors)
+			}
+			uid = v
+		}
 	}
-	uid := strings.TrimPrefix(req.Selectors[0].Value, "pod-uid:")
+	if uid == "" {
+		return status.Errorf(codes.InvalidArgument, "selectors %v: no pod UID", req.Selectors)
+	}
 	f.mu.Lock()
 	f.open[uid]++
 	f.mu.Unlock()
@@ -453,5 +466,31 @@ func TestProviderSettleFirst(t *testing.T) {
 		}
 		cancel()
 		stop()
+	}
+}
+
+// TestPodSelectors: a pod with the mesh's SPIFFE ID is asked for by its UID, namespace and
+// service account, as SPIRE's k8s workload attestor reports them; one without (or with another
+// shape of ID) by its UID alone.
+func TestPodSelectors(t *testing.T) {
+	str := func(sels []*types.Selector) []string {
+		var out []string
+		for _, s := range sels {
+			out = append(out, s.Type+":"+s.Value)
+		}
+		return out
+	}
+	for _, c := range []struct {
+		w    identity.Workload
+		want []string
+	}{
+		{identity.Workload{UID: "u1", SPIFFEID: "spiffe://td.example/ns/shop/sa/web"}, []string{"k8s:pod-uid:u1", "k8s:ns:shop", "k8s:sa:web"}},
+		{identity.Workload{UID: "u2"}, []string{"k8s:pod-uid:u2"}},
+		{identity.Workload{UID: "u3", SPIFFEID: "spiffe://td.example/workload/web"}, []string{"k8s:pod-uid:u3"}},
+		{identity.Workload{UID: "u4", SPIFFEID: "spiffe://td.example/ns/shop/sa/web/extra"}, []string{"k8s:pod-uid:u4"}},
+	} {
+		if got := str(PodSelectors(c.w)); !slices.Equal(got, c.want) {
+			t.Errorf("PodSelectors(%+v) = %q, want %q", c.w, got, c.want)
+		}
 	}
 }
