@@ -1,0 +1,426 @@
+//go:build ignore
+
+// Outbound TCP capture of meshed pods by cgroup programs: the eBPF twin of the nft "output_nat"
+// chain that package capture builds (capture.Build). docs/ebpf.md describes the maps and the
+// decision order; bpf/capture/capture_linux.go is the loader that fills them.
+//
+// connect4/connect6 rewrite a captured pod's TCP connect to its capture listener (127.0.0.1 or
+// ::1, capture_port) and remember the destination the application dialled in the socket's local
+// storage; sockops hands it from the client socket to the socket the listener accepts (through
+// the connection's 4-tuple); getsockopt answers SO_ORIGINAL_DST / IP6T_SO_ORIGINAL_DST on that
+// accepted socket from it, as the kernel does from conntrack after an nft REDIRECT.
+//
+// Every decision is keyed by the netns cookie of the socket (bpf_get_netns_cookie): a socket in a
+// netns the agent did not put in "pods" is never changed, so the programs may be attached high
+// in the cgroup hierarchy.
+
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <linux/socket.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+char __license[] SEC("license") = "Dual BSD/GPL";
+
+#define AF_INET 2
+#define AF_INET6 10
+#define SOCK_STREAM 1
+#define SOL_IP 0
+#define SOL_IPV6 41
+// SO_ORIGINAL_DST (<linux/netfilter_ipv4.h>) and IP6T_SO_ORIGINAL_DST
+// (<linux/netfilter_ipv6/ip6_tables.h>) are both 80.
+#define SO_ORIGINAL_DST 80
+#define TCP_CLOSE 7
+
+// Sizes: the loader documents them (capture.MaxPods and friends); keep the two in step.
+#define MAX_PODS 4096
+#define MAX_CIDRS 65536
+#define MAX_PORTS 65536
+#define MAX_HANDSHAKES 65536
+
+// pod_settings.flags
+#define POD_IPV6 1 // the pod has an IPv6 address: capture IPv6 TCP; otherwise refuse it
+
+// Actions of a cidrs or ports entry. ACTION_LOCAL and ACTION_EXCLUDE behave alike (no change);
+// they differ only so the loader can tell a pod's own addresses from its exclusions when it
+// reads the maps back.
+#define ACTION_LOCAL 1
+#define ACTION_EXCLUDE 2
+#define ACTION_DENY 3
+
+// orig_dst.role
+#define ROLE_CLIENT 1   // the application's socket, between connect and its SYN
+#define ROLE_ACCEPTED 2 // the socket the capture listener accepted
+
+// The settings of one captured pod, keyed by its netns cookie.
+struct pod_settings {
+	__u32 bypass_mark;  // SO_MARK of the proxy's own sockets (never redirected); 0: none
+	__u16 capture_port; // host byte order
+	__u8 flags;         // POD_*
+	__u8 pad;
+};
+
+// cidrs key: the netns cookie's 64 bits are always inside the prefix (prefixlen >= 64), so a
+// lookup never matches another pod's entry. IPv4 addresses are stored IPv4-mapped
+// (::ffff:a.b.c.d), so an IPv4 /n is prefixlen 64+96+n.
+struct cidr_key {
+	__u32 prefixlen;
+	__u8 netns[8]; // the cookie's bytes in host order (a byte array keeps the key unpadded)
+	__u8 addr[16];
+};
+
+// ports key: addr all zero matches every address (ExcludeOutboundPorts); a set addr matches that
+// address only (a pass-through address and port, such as the cluster DNS service's port 53).
+struct port_key {
+	__u64 netns;
+	__u8 addr[16];
+	__u16 port; // host byte order
+	__u16 pad[3];
+};
+
+// The destination the application dialled.
+struct orig_dst {
+	__u8 addr[16]; // IPv4-mapped for IPv4
+	__u16 port;    // host byte order
+	__u8 family;   // AF_INET or AF_INET6
+	__u8 role;     // ROLE_*
+};
+
+// handshakes key: one captured connection between the client's connect and the listener's
+// accept, seen from the client (saddr:sport -> daddr:dport = the capture listener).
+struct tuple_key {
+	__u64 netns;
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__u16 sport; // host byte order
+	__u16 dport; // host byte order
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PODS);
+	__type(key, __u64);
+	__type(value, struct pod_settings);
+} pods SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MAX_CIDRS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct cidr_key);
+	__type(value, __u8);
+} cidrs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_PORTS);
+	__type(key, struct port_key);
+	__type(value, __u8);
+} ports SEC(".maps");
+
+// Per-socket storage: lives and dies with the socket, so nothing outlives a closed connection.
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct orig_dst);
+} sock_dst SEC(".maps");
+
+// Connections in their handshake. An entry is removed when the listener's side is established
+// or the client closes; LRU bounds what a lost SYN could leave.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MAX_HANDSHAKES);
+	__type(key, struct tuple_key);
+	__type(value, struct orig_dst);
+} handshakes SEC(".maps");
+
+static __always_inline void map_v4(__u8 addr[16], __u32 ip4_be)
+{
+	__builtin_memset(addr, 0, 10);
+	addr[10] = 0xff;
+	addr[11] = 0xff;
+	__builtin_memcpy(&addr[12], &ip4_be, 4);
+}
+
+static __always_inline void copy_v6(__u8 addr[16], const __u32 w0, const __u32 w1, const __u32 w2,
+				    const __u32 w3)
+{
+	__builtin_memcpy(&addr[0], &w0, 4);
+	__builtin_memcpy(&addr[4], &w1, 4);
+	__builtin_memcpy(&addr[8], &w2, 4);
+	__builtin_memcpy(&addr[12], &w3, 4);
+}
+
+static __always_inline int is_mapped(const __u8 addr[16])
+{
+	for (int i = 0; i < 10; i++)
+		if (addr[i])
+			return 0;
+	return addr[10] == 0xff && addr[11] == 0xff;
+}
+
+// is_local reports addresses that never leave the netns: 127.0.0.0/8, 0.0.0.0, ::1 and ::
+// (nft: oifname "lo" return; the pod's own addresses come from cidrs as ACTION_LOCAL).
+static __always_inline int is_local(const __u8 addr[16])
+{
+	if (is_mapped(addr))
+		return addr[12] == 127 || (addr[12] == 0 && addr[13] == 0 && addr[14] == 0 && addr[15] == 0);
+	for (int i = 0; i < 15; i++)
+		if (addr[i])
+			return 0;
+	return addr[15] == 0 || addr[15] == 1;
+}
+
+// decide returns the settings of the socket's pod when its connect to addr:port is to be
+// redirected, NULL otherwise; *deny is set when the connect is to be refused.
+static __always_inline struct pod_settings *decide(struct bpf_sock_addr *ctx, __u64 netns,
+						   const __u8 addr[16], __u16 port, int *deny)
+{
+	struct pod_settings *pod = bpf_map_lookup_elem(&pods, &netns);
+	if (!pod)
+		return NULL; // not a captured pod's netns
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return NULL;
+	if (pod->bypass_mark && sk->mark == pod->bypass_mark)
+		return NULL; // the proxy's own socket (nft: meta mark return)
+	if (is_local(addr))
+		return NULL;
+	if (!is_mapped(addr) && !(pod->flags & POD_IPV6)) {
+		*deny = 1; // nft drops a pod's IPv6 when it has no IPv6 address
+		return NULL;
+	}
+
+	struct cidr_key ck = {.prefixlen = 64 + 128};
+	__builtin_memcpy(ck.netns, &netns, 8);
+	__builtin_memcpy(ck.addr, addr, 16);
+	__u8 *action = bpf_map_lookup_elem(&cidrs, &ck);
+	if (action) {
+		if (*action == ACTION_DENY)
+			*deny = 1;
+		return NULL;
+	}
+
+	struct port_key pk = {.netns = netns, .port = port};
+	__builtin_memcpy(pk.addr, addr, 16);
+	if (bpf_map_lookup_elem(&ports, &pk))
+		return NULL; // this address and port pass through
+	__builtin_memset(pk.addr, 0, 16);
+	if (bpf_map_lookup_elem(&ports, &pk))
+		return NULL; // an excluded port
+	return pod;
+}
+
+// remember stores the dialled destination in the client socket's storage.
+static __always_inline int remember(struct bpf_sock_addr *ctx, const __u8 addr[16], __u16 port,
+				    __u8 family)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return -1;
+	struct orig_dst v = {.port = port, .family = family, .role = ROLE_CLIENT};
+	__builtin_memcpy(v.addr, addr, 16);
+	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!s)
+		return -1;
+	*s = v;
+	return 0;
+}
+
+SEC("cgroup/connect4")
+int aether_connect4(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+		return 1;
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	__u8 addr[16];
+	map_v4(addr, ctx->user_ip4);
+	__u16 port = bpf_ntohs((__u16)ctx->user_port);
+	int deny = 0;
+	struct pod_settings *pod = decide(ctx, netns, addr, port, &deny);
+	if (deny)
+		return 0; // connect fails with EPERM
+	if (!pod)
+		return 1;
+	if (remember(ctx, addr, port, AF_INET))
+		return 1; // no storage: leave the connect alone rather than lose its destination
+	ctx->user_ip4 = bpf_htonl(0x7f000001);
+	ctx->user_port = bpf_htons(pod->capture_port);
+	return 1;
+}
+
+SEC("cgroup/connect6")
+int aether_connect6(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+		return 1;
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	__u8 addr[16];
+	copy_v6(addr, ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]);
+	__u16 port = bpf_ntohs((__u16)ctx->user_port);
+	int deny = 0;
+	struct pod_settings *pod = decide(ctx, netns, addr, port, &deny);
+	if (deny)
+		return 0;
+	if (!pod)
+		return 1;
+	// An IPv4-mapped destination on an IPv6 socket is an IPv4 connection (the kernel runs no
+	// connect4 for it): send it to 127.0.0.1 as ::ffff:127.0.0.1.
+	int v4 = is_mapped(addr);
+	if (remember(ctx, addr, port, v4 ? AF_INET : AF_INET6))
+		return 1;
+	if (v4) {
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = bpf_htonl(0x0000ffff);
+		ctx->user_ip6[3] = bpf_htonl(0x7f000001);
+	} else {
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		ctx->user_ip6[2] = 0;
+		ctx->user_ip6[3] = bpf_htonl(1);
+	}
+	ctx->user_port = bpf_htons(pod->capture_port);
+	return 1;
+}
+
+// sock_view is a socket's own addresses, read from the sock_ops context once, field by field:
+// the verifier refuses context reads through a computed pointer, which the compiler makes when
+// it moves reads into branches (libbpf's barrier_var stops it).
+struct sock_view {
+	__u8 local[16], remote[16];
+	__u16 lport, rport; // host byte order
+};
+
+static __always_inline void read_view(struct bpf_sock_ops *skops, struct sock_view *v)
+{
+	__u32 family = skops->family;
+	__u32 l4 = skops->local_ip4, r4 = skops->remote_ip4;
+	__u32 l0 = skops->local_ip6[0], l1 = skops->local_ip6[1], l2 = skops->local_ip6[2],
+	      l3 = skops->local_ip6[3];
+	__u32 r0 = skops->remote_ip6[0], r1 = skops->remote_ip6[1], r2 = skops->remote_ip6[2],
+	      r3 = skops->remote_ip6[3];
+	__u32 lport = skops->local_port;   // host byte order
+	__u32 rport = skops->remote_port;  // network order in the upper half
+	barrier_var(l4);
+	barrier_var(r4);
+	barrier_var(l0);
+	barrier_var(l1);
+	barrier_var(l2);
+	barrier_var(l3);
+	barrier_var(r0);
+	barrier_var(r1);
+	barrier_var(r2);
+	barrier_var(r3);
+	if (family == AF_INET) {
+		map_v4(v->local, l4);
+		map_v4(v->remote, r4);
+	} else {
+		copy_v6(v->local, l0, l1, l2, l3);
+		copy_v6(v->remote, r0, r1, r2, r3);
+	}
+	v->lport = (__u16)lport;
+	v->rport = (__u16)bpf_ntohl(rport);
+}
+
+// tuple fills k with the client's view of its connection: from the client socket itself, or
+// (swap) from the accepted socket, whose remote end is the client.
+static __always_inline void tuple(struct bpf_sock_ops *skops, struct tuple_key *k, int swap)
+{
+	struct sock_view v;
+	read_view(skops, &v);
+	k->netns = bpf_get_netns_cookie(skops);
+	if (swap) {
+		__builtin_memcpy(k->saddr, v.remote, 16);
+		__builtin_memcpy(k->daddr, v.local, 16);
+		k->sport = v.rport;
+		k->dport = v.lport;
+	} else {
+		__builtin_memcpy(k->saddr, v.local, 16);
+		__builtin_memcpy(k->daddr, v.remote, 16);
+		k->sport = v.lport;
+		k->dport = v.rport;
+	}
+}
+
+SEC("sockops")
+int aether_sockops(struct bpf_sock_ops *skops)
+{
+	struct tuple_key k = {};
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return 1;
+	switch (skops->op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB: {
+		// The client socket has its source port now and has not sent its SYN yet: publish its
+		// destination under the 4-tuple the listener will see, then forget it.
+		struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, 0);
+		if (!s || s->role != ROLE_CLIENT)
+			break;
+		struct orig_dst v = *s;
+		tuple(skops, &k, 0);
+		bpf_map_update_elem(&handshakes, &k, &v, BPF_ANY);
+		bpf_sk_storage_delete(&sock_dst, sk);
+		// Hear of the client's close, to drop a handshake the listener never completed.
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+		break;
+	}
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB: {
+		tuple(skops, &k, 1);
+		struct orig_dst *h = bpf_map_lookup_elem(&handshakes, &k);
+		if (!h)
+			break;
+		struct orig_dst v = *h;
+		v.role = ROLE_ACCEPTED;
+		bpf_map_delete_elem(&handshakes, &k);
+		bpf_sk_storage_get(&sock_dst, sk, &v, BPF_SK_STORAGE_GET_F_CREATE);
+		break;
+	}
+	case BPF_SOCK_OPS_STATE_CB:
+		if (skops->args[1] != TCP_CLOSE)
+			break;
+		tuple(skops, &k, 0);
+		bpf_map_delete_elem(&handshakes, &k);
+		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags & ~BPF_SOCK_OPS_STATE_CB_FLAG);
+		break;
+	}
+	return 1;
+}
+
+SEC("cgroup/getsockopt")
+int aether_getsockopt(struct bpf_sockopt *ctx)
+{
+	if (ctx->optname != SO_ORIGINAL_DST || (ctx->level != SOL_IP && ctx->level != SOL_IPV6))
+		return 1;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 1;
+	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, 0);
+	if (!s || s->role != ROLE_ACCEPTED)
+		return 1; // not ours: keep the kernel's answer
+	if (ctx->level == SOL_IP) {
+		struct sockaddr_in *sin = ctx->optval;
+		if (s->family != AF_INET || (void *)(sin + 1) > ctx->optval_end)
+			return 1;
+		__builtin_memset(sin, 0, sizeof(*sin));
+		sin->sin_family = AF_INET;
+		sin->sin_port = bpf_htons(s->port);
+		__builtin_memcpy(&sin->sin_addr, &s->addr[12], 4);
+		ctx->optlen = sizeof(*sin);
+	} else {
+		// An IPv4 destination is answered IPv4-mapped, as a dual-stack listener sees it.
+		struct sockaddr_in6 *sin6 = ctx->optval;
+		if ((void *)(sin6 + 1) > ctx->optval_end)
+			return 1;
+		__builtin_memset(sin6, 0, sizeof(*sin6));
+		sin6->sin6_family = AF_INET6;
+		sin6->sin6_port = bpf_htons(s->port);
+		__builtin_memcpy(&sin6->sin6_addr, s->addr, 16);
+		ctx->optlen = sizeof(*sin6);
+	}
+	ctx->retval = 0;
+	return 1;
+}
