@@ -23,7 +23,6 @@ import (
 	"unsafe"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 	"golang.org/x/sys/unix"
 
 	"github.com/aethermesh/aether/internal/testenv"
@@ -459,7 +458,7 @@ func TestPrivilegedCapture(t *testing.T) {
 		for ns, s := range settings {
 			want[cookies[ns]] = s.normalized()
 		}
-		if d := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{}, netip.AddrPort{})); d != "" {
+		if d := cmp.Diff(want, got, equateNetip); d != "" {
 			t.Errorf("ListPods (-want +got):\n%s", d)
 		}
 	})
@@ -483,7 +482,7 @@ func TestPrivilegedCapture(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d := cmp.Diff(s.normalized(), got[cookies[pod]], cmpopts.EquateComparable(netip.Addr{}, netip.Prefix{}, netip.AddrPort{})); d != "" {
+		if d := cmp.Diff(s.normalized(), got[cookies[pod]], equateNetip); d != "" {
 			t.Errorf("ListPods after the change (-want +got):\n%s", d)
 		}
 	})
