@@ -3,6 +3,7 @@ package capture
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
@@ -233,29 +234,23 @@ func testBPFFS(t *testing.T) string {
 	return d
 }
 
-// startChild starts the test binary as child kind (childEnv) in cgroup dir, born there
-// (clone3 CLONE_INTO_CGROUP), so nothing it does precedes its move.
+// startChild starts the test binary with env (childEnv and its settings) in cgroup, born there,
+// so nothing it does precedes its move. It returns the command, its stderr and its stdout.
 func startChild(t *testing.T, cgroup string, env ...string) (*exec.Cmd, *bytes.Buffer, io.ReadCloser) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg, err := os.Open(cgroup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cg.Close()
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cg.Fd())}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := testenv.StartCmd(cmd); err != nil {
+	if err := testenv.StartCmdInCgroup(cmd, cgroup); err != nil {
 		t.Fatalf("start %v child: %v", env, err)
 	}
 	return cmd, &stderr, stdout
@@ -487,6 +482,44 @@ func TestPrivilegedCapture(t *testing.T) {
 		}
 	})
 
+	t.Run("real Envoy sees the original destination", func(t *testing.T) {
+		// Envoy, born in the proxy cgroup, listens on 127.0.0.1:15001 and [::1]:15001 in a pod
+		// netns of its own (network_namespace_filepath, as the node Envoy does); its
+		// original_dst listener filter restores the destination from SO_ORIGINAL_DST, and a
+		// filter chain matched on that destination answers.
+		ns := podNetns(t)
+		cookie, err := NetnsCookie(ns.Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetPod(cookie, PodSettings{IPv6: true, LocalAddrs: addrs("10.0.0.2", "fd00:1::2")}); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := c.DeletePod(cookie); err != nil {
+				t.Error(err)
+			}
+		}()
+		e := testenv.StartEnvoy(t, envoyBootstrap(ns.Path), testenv.EnvoyOptions{Cgroup: filepath.Join(cgroup, "proxy")})
+		for target, want := range map[string]string{
+			"10.96.0.10:8080":    "got envoy 10.96.0.10:8080",
+			"[fd00::10]:8080":    "got envoy [fd00::10]:8080",
+			"10.200.0.5:9090":    "got envoy other destination",
+			"10.0.0.2:8080":      "got direct", // the pod's own address is not captured
+			"[::1]:8080":         "got direct",
+			"[fd00:1::2]:9090":   "got direct",
+			"[fd00:200::5]:9090": "got envoy other destination",
+		} {
+			if got := dial(t, podCgroup, ns, target, 0); got != want {
+				t.Errorf("connect to %s through Envoy: got %q, want %q", target, got, want)
+			}
+		}
+		if t.Failed() {
+			stats, _ := e.Admin(context.Background(), "/stats?filter=original_dst|downstream_cx_total")
+			t.Logf("envoy stats:\n%s", stats)
+		}
+	})
+
 	t.Run("DeletePod leaves the pod alone", func(t *testing.T) {
 		for _, ns := range []*testenv.Netns{pod, v4only} {
 			if err := c.DeletePod(cookies[ns]); err != nil {
@@ -514,4 +547,44 @@ func TestPrivilegedCapture(t *testing.T) {
 			t.Errorf("ListPods after DeletePod: %v, want nothing (no settings, cidrs or ports entry left)", got)
 		}
 	})
+}
+
+// envoyBootstrap is a static Envoy config with the capture listener on 127.0.0.1:15001 and
+// [::1]:15001 inside the netns at netnsPath: the original_dst listener filter, a filter chain
+// per original destination (10.96.0.10:8080, [fd00::10]:8080) answering "envoy <destination>",
+// and a default chain answering "envoy other destination" (direct_response, then close).
+func envoyBootstrap(netnsPath string) string {
+	listener := func(name, addr string) string {
+		return fmt.Sprintf(`
+  - name: %[1]s
+    address:
+      socket_address: { address: %[2]q, port_value: 15001, network_namespace_filepath: %[3]q }
+    listener_filters:
+    - name: envoy.filters.listener.original_dst
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst
+    filter_chains:
+    - filter_chain_match:
+        destination_port: 8080
+        prefix_ranges: [{ address_prefix: 10.96.0.10, prefix_len: 32 }]
+      filters: [%[4]s]
+    - filter_chain_match:
+        destination_port: 8080
+        prefix_ranges: [{ address_prefix: "fd00::10", prefix_len: 128 }]
+      filters: [%[5]s]
+    default_filter_chain:
+      filters: [%[6]s]
+`, name, addr, netnsPath, directResponse("envoy 10.96.0.10:8080"), directResponse("envoy [fd00::10]:8080"),
+			directResponse("envoy other destination"))
+	}
+	return `
+admin:
+  address:
+    socket_address: { address: 127.0.0.1, port_value: 0 }
+static_resources:
+  listeners:` + listener("capture4", "127.0.0.1") + listener("capture6", "::1")
+}
+
+func directResponse(line string) string {
+	return fmt.Sprintf(`{ name: envoy.filters.network.direct_response, typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.network.direct_response.v3.Config, response: { inline_string: %q } } }`, line+"\n")
 }
