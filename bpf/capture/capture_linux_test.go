@@ -406,6 +406,7 @@ func TestPrivilegedCapture(t *testing.T) {
 		{"the pod's own IPv6 address", pod, "[fd00:1::2]:8080", 0, "got direct"},
 		{"cloud metadata refused", pod, "169.254.169.254:8080", 0, eperm},
 		{"proxy's own connect (bypass mark)", pod, "10.96.0.10:8080", 0x4145, "got direct"},
+		{"cloud metadata refused with the bypass mark too", pod, "169.254.169.254:8080", 0x4145, eperm},
 		{"another mark is captured", pod, "10.96.0.10:8080", 0x1, "got captured 10.96.0.10:8080"},
 		{"netns not in the map", stranger, "10.96.0.10:8080", 0, "got direct"},
 		{"netns not in the map, IPv6", stranger, "[fd00::10]:8080", 0, "got direct"},

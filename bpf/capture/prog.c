@@ -182,27 +182,29 @@ static __always_inline struct pod_settings *decide(struct bpf_sock_addr *ctx, __
 	struct pod_settings *pod = bpf_map_lookup_elem(&pods, &netns);
 	if (!pod)
 		return NULL; // not a captured pod's netns
+	if (is_local(addr))
+		return NULL;
+	// Refusals come first and hold whatever mark the socket carries, as nft refuses in its
+	// filter output chain, after and apart from the nat chain's mark return.
+	if (!is_mapped(addr) && !(pod->flags & POD_IPV6)) {
+		*deny = 1; // nft drops a pod's IPv6 when it has no IPv6 address
+		return NULL;
+	}
+	struct cidr_key ck = {.prefixlen = 64 + 128};
+	__builtin_memcpy(ck.netns, &netns, 8);
+	__builtin_memcpy(ck.addr, addr, 16);
+	__u8 *action = bpf_map_lookup_elem(&cidrs, &ck);
+	if (action && *action == ACTION_DENY) {
+		*deny = 1;
+		return NULL;
+	}
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
 		return NULL;
 	if (pod->bypass_mark && sk->mark == pod->bypass_mark)
 		return NULL; // the proxy's own socket (nft: meta mark return)
-	if (is_local(addr))
-		return NULL;
-	if (!is_mapped(addr) && !(pod->flags & POD_IPV6)) {
-		*deny = 1; // nft drops a pod's IPv6 when it has no IPv6 address
-		return NULL;
-	}
-
-	struct cidr_key ck = {.prefixlen = 64 + 128};
-	__builtin_memcpy(ck.netns, &netns, 8);
-	__builtin_memcpy(ck.addr, addr, 16);
-	__u8 *action = bpf_map_lookup_elem(&cidrs, &ck);
-	if (action) {
-		if (*action == ACTION_DENY)
-			*deny = 1;
-		return NULL;
-	}
+	if (action)
+		return NULL; // the pod's own address or an excluded CIDR
 
 	struct port_key pk = {.netns = netns, .port = port};
 	__builtin_memcpy(pk.addr, addr, 16);

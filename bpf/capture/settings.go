@@ -31,12 +31,13 @@ const (
 const DefaultCapturePort = 15001
 
 // PodSettings are one pod's outbound capture decisions, the eBPF form of the nft output_nat chain
-// (capture.Build). A TCP connect from the pod's netns is left alone when its socket carries
-// BypassMark, when it goes to a loopback or unspecified address, to LocalAddrs, to ExcludeCIDRs,
-// to a PassThrough address and port or to ExcludePorts; it fails with EPERM when it goes to
-// DenyCIDRs, or to IPv6 while IPv6 is false; anything else is sent to the capture listener
-// (127.0.0.1:CapturePort, or [::1]:CapturePort for IPv6) and its destination is kept for
-// SO_ORIGINAL_DST. Only TCP is captured.
+// (capture.Build), taken in this order for each TCP connect from the pod's netns: to a loopback
+// or unspecified address, left alone; to IPv6 while IPv6 is false, or to DenyCIDRs, refused
+// with EPERM whatever mark the socket carries (nft refuses those in its filter chain); from a
+// socket carrying BypassMark, or to LocalAddrs, ExcludeCIDRs, a PassThrough address and port or
+// ExcludePorts, left alone; anything else is sent to the capture listener (127.0.0.1:CapturePort,
+// or [::1]:CapturePort for IPv6) and its destination kept for SO_ORIGINAL_DST. Only TCP is
+// captured.
 type PodSettings struct {
 	// CapturePort is the capture listener's port in the pod netns; 0 means DefaultCapturePort.
 	CapturePort uint16
