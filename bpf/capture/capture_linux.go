@@ -36,10 +36,12 @@ var attachments = []struct {
 	{"connect6", captureProgAetherConnect6, ebpf.AttachCGroupInet6Connect},
 	{"sockops", captureProgAetherSockops, ebpf.AttachCGroupSockOps},
 	{"getsockopt", captureProgAetherGetsockopt, ebpf.AttachCGroupGetsockopt},
+	{"getpeername4", captureProgAetherGetpeername4, ebpf.AttachCgroupInet4GetPeername},
+	{"getpeername6", captureProgAetherGetpeername6, ebpf.AttachCgroupInet6GetPeername},
 }
 
 // mapNames are the maps a Capture holds, by their names in prog.c (and pin names).
-var mapNames = []string{captureMapPods, captureMapCidrs, captureMapPorts, captureMapSockDst, captureMapHandshakes}
+var mapNames = []string{captureMapPods, captureMapCidrs, captureMapPorts, captureMapSockDst, captureMapHandshakes, captureMapStats}
 
 // Capture is the loaded (or adopted) capture programs and maps, with the cgroup links it
 // attached or adopted. It is safe for use by one goroutine at a time.
@@ -74,13 +76,15 @@ func Load() (*Capture, error) {
 	return c, nil
 }
 
-// Attach attaches the four programs (cgroup/connect4, cgroup/connect6, sockops,
-// cgroup/getsockopt) to the cgroup v2 directory cgroupPath with bpf links (multi-attach: other
-// programs there stay). Every socket of a process in that cgroup or below is then subject to
-// the programs, but only sockets in a netns given to SetPod are changed. The capture listener's
-// process (Envoy) must be under cgroupPath too: its accepted sockets get their original
-// destination from sockops and answer SO_ORIGINAL_DST from getsockopt. Attaching twice is an
-// error naming the attachment; on any error nothing stays attached.
+// Attach attaches the six programs (cgroup/connect4, cgroup/connect6, sockops,
+// cgroup/getsockopt, cgroup/getpeername4, cgroup/getpeername6) to the cgroup v2 directory
+// cgroupPath with bpf links (multi-attach: other programs there stay). A socket belongs to the
+// cgroup of the process that made it, at the time it made it (an accepted socket to its
+// listener's), and only sockets in cgroupPath or below meet the programs; of those, only
+// sockets in a netns given to SetPod are changed. So both the pods' processes and the capture
+// listener's process (Envoy) must have made their sockets under cgroupPath: Envoy's listeners
+// made elsewhere accept connections whose SO_ORIGINAL_DST fails (ENOENT without conntrack).
+// Attaching twice is an error naming the attachment; on any error nothing stays attached.
 func (c *Capture) Attach(cgroupPath string) error {
 	if len(c.progs) == 0 {
 		return fmt.Errorf("attach eBPF capture to %s: no programs (adopted from pins: already attached)", cgroupPath)
@@ -163,7 +167,7 @@ func OpenPinned(dir string) (*Capture, error) {
 }
 
 // Attached returns the names of the attachments this Capture holds ("connect4", "connect6",
-// "sockops", "getsockopt"), in that order.
+// "sockops", "getsockopt", "getpeername4", "getpeername6"), in that order.
 func (c *Capture) Attached() []string {
 	var out []string
 	for _, a := range attachments {
@@ -476,4 +480,37 @@ func NetnsCookie(netnsPath string) (uint64, error) {
 		return 0, fmt.Errorf("read netns cookie of %s: %w", netnsPath, r.err)
 	}
 	return r.cookie, nil
+}
+
+// Stats are the programs' counters since Load, summed over CPUs, for captured pods' TCP
+// connects only (a netns not in SetPod is not counted).
+type Stats struct {
+	// Redirected connects went to the capture listener.
+	Redirected uint64
+	// Passed connects went where they were sent (loopback, local addresses, exclusions, bypass
+	// mark).
+	Passed uint64
+	// Refused connects failed with EPERM (DenyCIDRs, IPv6 of a pod without IPv6).
+	Refused uint64
+	// OriginalDst counts SO_ORIGINAL_DST answers given to the capture listener.
+	OriginalDst uint64
+	// NoStorage counts connects left alone because the kernel gave no socket storage for
+	// their destination (memory pressure): each is a connection that escaped capture.
+	NoStorage uint64
+}
+
+// Stats reads the counters (the per-CPU array "stats"; index order of prog.c's enum stat).
+func (c *Capture) Stats() (Stats, error) {
+	var out Stats
+	fields := []*uint64{&out.Redirected, &out.Passed, &out.Refused, &out.OriginalDst, &out.NoStorage}
+	for i, f := range fields {
+		var perCPU []uint64
+		if err := c.maps[captureMapStats].Lookup(uint32(i), &perCPU); err != nil {
+			return Stats{}, fmt.Errorf("read eBPF capture stats %d: %w", i, err)
+		}
+		for _, v := range perCPU {
+			*f += v
+		}
+	}
+	return out, nil
 }

@@ -62,7 +62,9 @@ func enterNetns(path string) error {
 }
 
 // runClient connects to $targetEnv from $netnsEnv (with SO_MARK $markEnv when set) and prints
-// one line: "got <first line the server sent>" or "error <connect or read error>".
+// one line: "got <first line the server sent>", "error <connect or read error>", or "peer
+// <address>" when getpeername does not give back the target (an application always sees the
+// destination it dialled as its peer, redirected or not).
 func runClient() int {
 	if err := enterNetns(os.Getenv(netnsEnv)); err != nil {
 		fmt.Println("error enter netns:", err)
@@ -93,6 +95,22 @@ func runClient() int {
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5})
 	if err := unix.Connect(fd, sa); err != nil {
 		fmt.Println("error", err)
+		return 0
+	}
+	peer, err := unix.Getpeername(fd)
+	if err != nil {
+		fmt.Println("error getpeername:", err)
+		return 0
+	}
+	var got netip.AddrPort
+	switch sa := peer.(type) {
+	case *unix.SockaddrInet4:
+		got = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		got = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+	}
+	if got != ap {
+		fmt.Println("peer", got)
 		return 0
 	}
 	f := os.NewFile(uintptr(fd), "client")
@@ -345,7 +363,7 @@ func TestPrivilegedCapture(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	if got, want := c.Attached(), []string{"connect4", "connect6", "sockops", "getsockopt"}; !slices.Equal(got, want) {
+	if got, want := c.Attached(), []string{"connect4", "connect6", "sockops", "getsockopt", "getpeername4", "getpeername6"}; !slices.Equal(got, want) {
 		t.Fatalf("adopted attachments %v, want %v", got, want)
 	}
 
@@ -443,6 +461,19 @@ func TestPrivilegedCapture(t *testing.T) {
 			}
 			return err
 		})
+	})
+
+	t.Run("stats count the verdicts", func(t *testing.T) {
+		st, err := c.Stats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The table's cases in captured netns: 5 redirected to the forwarder (each answered
+		// SO_ORIGINAL_DST) and 1 to a port without a listener, 3 refused, 9 passed.
+		want := Stats{Redirected: 6, Passed: 9, Refused: 3, OriginalDst: 5}
+		if st != want {
+			t.Errorf("stats %+v, want %+v", st, want)
+		}
 	})
 
 	t.Run("ListPods reads back SetPod", func(t *testing.T) {

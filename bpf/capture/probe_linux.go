@@ -28,7 +28,7 @@ func Probe() ProbeResult {
 			r.Missing = append(r.Missing, fmt.Sprintf("program type %s: %v", pt, err))
 		}
 	}
-	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LPMTrie, ebpf.LRUHash, ebpf.SkStorage} {
+	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LPMTrie, ebpf.LRUHash, ebpf.SkStorage, ebpf.PerCPUArray} {
 		if err := features.HaveMapType(mt); err != nil {
 			r.Missing = append(r.Missing, fmt.Sprintf("map type %s: %v", mt, err))
 		}
@@ -39,6 +39,7 @@ func Probe() ProbeResult {
 	}{
 		{ebpf.CGroupSockAddr, asm.FnGetNetnsCookie},
 		{ebpf.CGroupSockAddr, asm.FnSkStorageGet},
+		{ebpf.CGroupSockAddr, asm.FnSkStorageDelete},
 		{ebpf.SockOps, asm.FnGetNetnsCookie},
 		{ebpf.SockOps, asm.FnSkStorageGet},
 		{ebpf.SockOps, asm.FnSkStorageDelete},

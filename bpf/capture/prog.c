@@ -8,7 +8,9 @@
 // ::1, capture_port) and remember the destination the application dialled in the socket's local
 // storage; sockops hands it from the client socket to the socket the listener accepts (through
 // the connection's 4-tuple); getsockopt answers SO_ORIGINAL_DST / IP6T_SO_ORIGINAL_DST on that
-// accepted socket from it, as the kernel does from conntrack after an nft REDIRECT.
+// accepted socket from it, as the kernel does from conntrack after an nft REDIRECT;
+// getpeername4/getpeername6 give the client its dialled destination back as its peer. The
+// stats map counts the verdicts.
 //
 // Every decision is keyed by the netns cookie of the socket (bpf_get_netns_cookie): a socket in a
 // netns the agent did not put in "pods" is never changed, so the programs may be attached high
@@ -50,7 +52,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define ACTION_DENY 3
 
 // orig_dst.role
-#define ROLE_CLIENT 1   // the application's socket, between connect and its SYN
+#define ROLE_CLIENT 1   // the application's socket (for getpeername)
 #define ROLE_ACCEPTED 2 // the socket the capture listener accepted
 
 // The settings of one captured pod, keyed by its netns cookie.
@@ -120,7 +122,9 @@ struct {
 	__type(value, __u8);
 } ports SEC(".maps");
 
-// Per-socket storage: lives and dies with the socket, so nothing outlives a closed connection.
+// Per-socket storage: the client socket's dialled destination (for the handshake and
+// getpeername) and the accepted socket's (for SO_ORIGINAL_DST). It lives and dies with the
+// socket, so nothing outlives a closed connection.
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -174,62 +178,110 @@ static __always_inline int is_local(const __u8 addr[16])
 	return addr[15] == 0 || addr[15] == 1;
 }
 
-// decide returns the settings of the socket's pod when its connect to addr:port is to be
-// redirected, NULL otherwise; *deny is set when the connect is to be refused.
-static __always_inline struct pod_settings *decide(struct bpf_sock_addr *ctx, __u64 netns,
-						   const __u8 addr[16], __u16 port, int *deny)
+// Verdicts of decide.
+enum verdict {
+	NOT_OURS, // not a captured pod's netns: no change
+	PASS,     // a captured pod's connect that goes where it was sent
+	REFUSE,   // the connect fails with EPERM
+	REDIRECT, // to the capture listener
+};
+
+// Counters of the stats map (per CPU), for captured pods' connects only.
+enum stat {
+	STAT_REDIRECTED,
+	STAT_PASSED,
+	STAT_REFUSED,
+	STAT_ORIGINAL_DST, // SO_ORIGINAL_DST answered
+	STAT_NO_STORAGE,   // a connect left alone because its destination could not be stored
+	STAT_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+static __always_inline void count(__u32 stat)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &stat);
+	if (v)
+		*v += 1;
+}
+
+// decide judges a connect to addr:port (port in host byte order) from the socket of ctx in the
+// netns with cookie netns, and on REDIRECT sets *capture_port.
+static __always_inline enum verdict decide(struct bpf_sock_addr *ctx, __u64 netns,
+					   const __u8 addr[16], __u16 port, __u16 *capture_port)
 {
 	struct pod_settings *pod = bpf_map_lookup_elem(&pods, &netns);
 	if (!pod)
-		return NULL; // not a captured pod's netns
+		return NOT_OURS;
 	if (is_local(addr))
-		return NULL;
+		return PASS;
 	// Refusals come first and hold whatever mark the socket carries, as nft refuses in its
 	// filter output chain, after and apart from the nat chain's mark return.
-	if (!is_mapped(addr) && !(pod->flags & POD_IPV6)) {
-		*deny = 1; // nft drops a pod's IPv6 when it has no IPv6 address
-		return NULL;
-	}
+	if (!is_mapped(addr) && !(pod->flags & POD_IPV6))
+		return REFUSE; // nft drops a pod's IPv6 when it has no IPv6 address
 	struct cidr_key ck = {.prefixlen = 64 + 128};
 	__builtin_memcpy(ck.netns, &netns, 8);
 	__builtin_memcpy(ck.addr, addr, 16);
 	__u8 *action = bpf_map_lookup_elem(&cidrs, &ck);
-	if (action && *action == ACTION_DENY) {
-		*deny = 1;
-		return NULL;
-	}
+	if (action && *action == ACTION_DENY)
+		return REFUSE;
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
-		return NULL;
+		return PASS;
 	if (pod->bypass_mark && sk->mark == pod->bypass_mark)
-		return NULL; // the proxy's own socket (nft: meta mark return)
+		return PASS; // the proxy's own socket (nft: meta mark return)
 	if (action)
-		return NULL; // the pod's own address or an excluded CIDR
-
+		return PASS; // the pod's own address or an excluded CIDR
 	struct port_key pk = {.netns = netns, .port = port};
 	__builtin_memcpy(pk.addr, addr, 16);
 	if (bpf_map_lookup_elem(&ports, &pk))
-		return NULL; // this address and port pass through
+		return PASS; // this address and port pass through
 	__builtin_memset(pk.addr, 0, 16);
 	if (bpf_map_lookup_elem(&ports, &pk))
-		return NULL; // an excluded port
-	return pod;
+		return PASS; // an excluded port
+	*capture_port = pod->capture_port;
+	return REDIRECT;
 }
 
-// remember stores the dialled destination in the client socket's storage.
-static __always_inline int remember(struct bpf_sock_addr *ctx, const __u8 addr[16], __u16 port,
-				    __u8 family)
+// connect_verdict decides, keeps the client socket's storage in step (the dialled destination
+// on REDIRECT; none otherwise, should the socket have connected before) and counts. It returns
+// the port to redirect to, 0 to leave the connect alone, -1 to refuse it.
+static __always_inline int connect_verdict(struct bpf_sock_addr *ctx, const __u8 addr[16],
+					   __u16 port, __u8 family)
 {
+	__u16 capture_port = 0;
+	enum verdict v = decide(ctx, bpf_get_netns_cookie(ctx), addr, port, &capture_port);
 	struct bpf_sock *sk = ctx->sk;
-	if (!sk)
+	switch (v) {
+	case NOT_OURS:
+		return 0;
+	case REFUSE:
+		count(STAT_REFUSED);
 		return -1;
-	struct orig_dst v = {.port = port, .family = family, .role = ROLE_CLIENT};
-	__builtin_memcpy(v.addr, addr, 16);
-	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!s)
-		return -1;
-	*s = v;
-	return 0;
+	case PASS:
+		count(STAT_PASSED);
+		if (sk)
+			bpf_sk_storage_delete(&sock_dst, sk);
+		return 0;
+	default:
+		break;
+	}
+	struct orig_dst *s = sk ? bpf_sk_storage_get(&sock_dst, sk, 0, BPF_SK_STORAGE_GET_F_CREATE) : 0;
+	if (!s) {
+		count(STAT_NO_STORAGE); // leave the connect alone rather than lose its destination
+		return 0;
+	}
+	__builtin_memcpy(s->addr, addr, 16);
+	s->port = port;
+	s->family = family;
+	s->role = ROLE_CLIENT;
+	count(STAT_REDIRECTED);
+	return capture_port;
 }
 
 SEC("cgroup/connect4")
@@ -237,20 +289,15 @@ int aether_connect4(struct bpf_sock_addr *ctx)
 {
 	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
 		return 1;
-	__u64 netns = bpf_get_netns_cookie(ctx);
 	__u8 addr[16];
 	map_v4(addr, ctx->user_ip4);
-	__u16 port = bpf_ntohs((__u16)ctx->user_port);
-	int deny = 0;
-	struct pod_settings *pod = decide(ctx, netns, addr, port, &deny);
-	if (deny)
+	int to = connect_verdict(ctx, addr, bpf_ntohs((__u16)ctx->user_port), AF_INET);
+	if (to < 0)
 		return 0; // connect fails with EPERM
-	if (!pod)
-		return 1;
-	if (remember(ctx, addr, port, AF_INET))
-		return 1; // no storage: leave the connect alone rather than lose its destination
-	ctx->user_ip4 = bpf_htonl(0x7f000001);
-	ctx->user_port = bpf_htons(pod->capture_port);
+	if (to > 0) {
+		ctx->user_ip4 = bpf_htonl(0x7f000001);
+		ctx->user_port = bpf_htons((__u16)to);
+	}
 	return 1;
 }
 
@@ -259,33 +306,21 @@ int aether_connect6(struct bpf_sock_addr *ctx)
 {
 	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
 		return 1;
-	__u64 netns = bpf_get_netns_cookie(ctx);
 	__u8 addr[16];
 	copy_v6(addr, ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]);
-	__u16 port = bpf_ntohs((__u16)ctx->user_port);
-	int deny = 0;
-	struct pod_settings *pod = decide(ctx, netns, addr, port, &deny);
-	if (deny)
-		return 0;
-	if (!pod)
-		return 1;
 	// An IPv4-mapped destination on an IPv6 socket is an IPv4 connection (the kernel runs no
-	// connect4 for it): send it to 127.0.0.1 as ::ffff:127.0.0.1.
+	// connect4 for it): it goes to 127.0.0.1 as ::ffff:127.0.0.1.
 	int v4 = is_mapped(addr);
-	if (remember(ctx, addr, port, v4 ? AF_INET : AF_INET6))
-		return 1;
-	if (v4) {
+	int to = connect_verdict(ctx, addr, bpf_ntohs((__u16)ctx->user_port), v4 ? AF_INET : AF_INET6);
+	if (to < 0)
+		return 0;
+	if (to > 0) {
 		ctx->user_ip6[0] = 0;
 		ctx->user_ip6[1] = 0;
-		ctx->user_ip6[2] = bpf_htonl(0x0000ffff);
-		ctx->user_ip6[3] = bpf_htonl(0x7f000001);
-	} else {
-		ctx->user_ip6[0] = 0;
-		ctx->user_ip6[1] = 0;
-		ctx->user_ip6[2] = 0;
-		ctx->user_ip6[3] = bpf_htonl(1);
+		ctx->user_ip6[2] = v4 ? bpf_htonl(0x0000ffff) : 0;
+		ctx->user_ip6[3] = v4 ? bpf_htonl(0x7f000001) : bpf_htonl(1);
+		ctx->user_port = bpf_htons((__u16)to);
 	}
-	ctx->user_port = bpf_htons(pod->capture_port);
 	return 1;
 }
 
@@ -358,14 +393,14 @@ int aether_sockops(struct bpf_sock_ops *skops)
 	switch (skops->op) {
 	case BPF_SOCK_OPS_TCP_CONNECT_CB: {
 		// The client socket has its source port now and has not sent its SYN yet: publish its
-		// destination under the 4-tuple the listener will see, then forget it.
+		// destination under the 4-tuple the listener will see. The socket keeps its own copy
+		// for getpeername.
 		struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, 0);
 		if (!s || s->role != ROLE_CLIENT)
 			break;
 		struct orig_dst v = *s;
 		tuple(skops, &k, 0);
 		bpf_map_update_elem(&handshakes, &k, &v, BPF_ANY);
-		bpf_sk_storage_delete(&sock_dst, sk);
 		// Hear of the client's close, to drop a handshake the listener never completed.
 		bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 		break;
@@ -424,5 +459,43 @@ int aether_getsockopt(struct bpf_sockopt *ctx)
 		ctx->optlen = sizeof(*sin6);
 	}
 	ctx->retval = 0;
+	count(STAT_ORIGINAL_DST);
+	return 1;
+}
+
+// getpeername on a redirected client socket gives the destination the application dialled, as
+// it does after an nft REDIRECT (conntrack undoes the NAT), not the capture listener.
+SEC("cgroup/getpeername4")
+int aether_getpeername4(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 1;
+	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, 0);
+	if (!s || s->role != ROLE_CLIENT || s->family != AF_INET)
+		return 1;
+	__u32 ip4;
+	__builtin_memcpy(&ip4, &s->addr[12], 4);
+	ctx->user_ip4 = ip4;
+	ctx->user_port = bpf_htons(s->port);
+	return 1;
+}
+
+SEC("cgroup/getpeername6")
+int aether_getpeername6(struct bpf_sock_addr *ctx)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 1;
+	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, 0);
+	if (!s || s->role != ROLE_CLIENT)
+		return 1;
+	__u32 w[4];
+	__builtin_memcpy(w, s->addr, 16); // IPv4 stays IPv4-mapped on an IPv6 socket
+	ctx->user_ip6[0] = w[0];
+	ctx->user_ip6[1] = w[1];
+	ctx->user_ip6[2] = w[2];
+	ctx->user_ip6[3] = w[3];
+	ctx->user_port = bpf_htons(s->port);
 	return 1;
 }

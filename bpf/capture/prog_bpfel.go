@@ -58,15 +58,18 @@ type captureTupleKey struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	captureMapCidrs             = "cidrs"
-	captureMapHandshakes        = "handshakes"
-	captureMapPods              = "pods"
-	captureMapPorts             = "ports"
-	captureMapSockDst           = "sock_dst"
-	captureProgAetherConnect4   = "aether_connect4"
-	captureProgAetherConnect6   = "aether_connect6"
-	captureProgAetherGetsockopt = "aether_getsockopt"
-	captureProgAetherSockops    = "aether_sockops"
+	captureMapCidrs               = "cidrs"
+	captureMapHandshakes          = "handshakes"
+	captureMapPods                = "pods"
+	captureMapPorts               = "ports"
+	captureMapSockDst             = "sock_dst"
+	captureMapStats               = "stats"
+	captureProgAetherConnect4     = "aether_connect4"
+	captureProgAetherConnect6     = "aether_connect6"
+	captureProgAetherGetpeername4 = "aether_getpeername4"
+	captureProgAetherGetpeername6 = "aether_getpeername6"
+	captureProgAetherGetsockopt   = "aether_getsockopt"
+	captureProgAetherSockops      = "aether_sockops"
 )
 
 // loadCapture returns the embedded CollectionSpec for capture.
@@ -111,10 +114,12 @@ type captureSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type captureProgramSpecs struct {
-	AetherConnect4   *ebpf.ProgramSpec `ebpf:"aether_connect4"`
-	AetherConnect6   *ebpf.ProgramSpec `ebpf:"aether_connect6"`
-	AetherGetsockopt *ebpf.ProgramSpec `ebpf:"aether_getsockopt"`
-	AetherSockops    *ebpf.ProgramSpec `ebpf:"aether_sockops"`
+	AetherConnect4     *ebpf.ProgramSpec `ebpf:"aether_connect4"`
+	AetherConnect6     *ebpf.ProgramSpec `ebpf:"aether_connect6"`
+	AetherGetpeername4 *ebpf.ProgramSpec `ebpf:"aether_getpeername4"`
+	AetherGetpeername6 *ebpf.ProgramSpec `ebpf:"aether_getpeername6"`
+	AetherGetsockopt   *ebpf.ProgramSpec `ebpf:"aether_getsockopt"`
+	AetherSockops      *ebpf.ProgramSpec `ebpf:"aether_sockops"`
 }
 
 // captureMapSpecs contains maps before they are loaded into the kernel.
@@ -126,6 +131,7 @@ type captureMapSpecs struct {
 	Pods       *ebpf.MapSpec `ebpf:"pods"`
 	Ports      *ebpf.MapSpec `ebpf:"ports"`
 	SockDst    *ebpf.MapSpec `ebpf:"sock_dst"`
+	Stats      *ebpf.MapSpec `ebpf:"stats"`
 }
 
 // captureVariableSpecs contains global variables before they are loaded into the kernel.
@@ -159,6 +165,7 @@ type captureMaps struct {
 	Pods       *ebpf.Map `ebpf:"pods"`
 	Ports      *ebpf.Map `ebpf:"ports"`
 	SockDst    *ebpf.Map `ebpf:"sock_dst"`
+	Stats      *ebpf.Map `ebpf:"stats"`
 }
 
 func (m *captureMaps) Close() error {
@@ -168,6 +175,7 @@ func (m *captureMaps) Close() error {
 		m.Pods,
 		m.Ports,
 		m.SockDst,
+		m.Stats,
 	)
 }
 
@@ -181,16 +189,20 @@ type captureVariables struct {
 //
 // It can be passed to loadCaptureObjects or ebpf.CollectionSpec.LoadAndAssign.
 type capturePrograms struct {
-	AetherConnect4   *ebpf.Program `ebpf:"aether_connect4"`
-	AetherConnect6   *ebpf.Program `ebpf:"aether_connect6"`
-	AetherGetsockopt *ebpf.Program `ebpf:"aether_getsockopt"`
-	AetherSockops    *ebpf.Program `ebpf:"aether_sockops"`
+	AetherConnect4     *ebpf.Program `ebpf:"aether_connect4"`
+	AetherConnect6     *ebpf.Program `ebpf:"aether_connect6"`
+	AetherGetpeername4 *ebpf.Program `ebpf:"aether_getpeername4"`
+	AetherGetpeername6 *ebpf.Program `ebpf:"aether_getpeername6"`
+	AetherGetsockopt   *ebpf.Program `ebpf:"aether_getsockopt"`
+	AetherSockops      *ebpf.Program `ebpf:"aether_sockops"`
 }
 
 func (p *capturePrograms) Close() error {
 	return _CaptureClose(
 		p.AetherConnect4,
 		p.AetherConnect6,
+		p.AetherGetpeername4,
+		p.AetherGetpeername6,
 		p.AetherGetsockopt,
 		p.AetherSockops,
 	)
