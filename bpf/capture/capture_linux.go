@@ -56,20 +56,29 @@ type Capture struct {
 // ending), a map type it does not know; ErrUnsupported is wrapped when the refusal is a missing
 // feature. Needs CAP_BPF and CAP_NET_ADMIN (or root). Close releases everything not pinned.
 func Load() (*Capture, error) {
-	spec, err := loadCapture()
+	c, err := load(nil)
 	if err != nil {
 		return nil, fmt.Errorf("load eBPF capture: %w", err)
 	}
-	coll, err := ebpf.NewCollection(spec)
+	return c, nil
+}
+
+// load loads the collection, using the maps in replace (by name) instead of new ones.
+func load(replace map[string]*ebpf.Map) (*Capture, error) {
+	spec, err := loadCapture()
+	if err != nil {
+		return nil, err
+	}
+	coll, err := ebpf.NewCollectionWithOptions(spec, ebpf.CollectionOptions{MapReplacements: replace})
 	if err != nil {
 		var verr *ebpf.VerifierError
 		if errors.As(err, &verr) {
-			return nil, fmt.Errorf("load eBPF capture: kernel verifier refused: %w", err)
+			return nil, fmt.Errorf("kernel verifier refused: %w", err)
 		}
 		if errors.Is(err, ebpf.ErrNotSupported) {
-			return nil, fmt.Errorf("load eBPF capture: %w: %w", ErrUnsupported, err)
+			return nil, fmt.Errorf("%w: %w", ErrUnsupported, err)
 		}
-		return nil, fmt.Errorf("load eBPF capture: %w", err)
+		return nil, err
 	}
 	c := &Capture{progs: coll.Programs, maps: coll.Maps, links: map[string]link.Link{}}
 	coll.Programs, coll.Maps = nil, nil
@@ -164,6 +173,86 @@ func OpenPinned(dir string) (*Capture, error) {
 		c.links[a.name] = l
 	}
 	return c, nil
+}
+
+// Ensure leaves the capture programs attached to cgroupPath and pinned under dir (a directory in
+// a bpffs mount), running the programs of this build, and returns them: what a starting agent
+// calls. Pins left by an earlier process are adopted: its maps keep their contents (the pods
+// stay captured throughout) and each pinned link is switched to this build's program in place
+// (BPF_LINK_UPDATE, atomic); a missing link is attached and pinned. Without pins it is Load,
+// Attach and Pin. An incomplete set of map pins (a crash while pinning) is removed, links first,
+// and started afresh.
+//
+// A pinned map this build cannot use (its type, key or value size, size or flags changed) is an
+// error naming the map; the caller removes the pins (RemovePins) and calls Ensure again, which
+// loses the pods' settings until it sets them again (ListPods before, if they matter).
+func Ensure(dir, cgroupPath string) (*Capture, error) {
+	old, err := OpenPinned(dir)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		if err := RemovePins(dir); err != nil {
+			return nil, err
+		}
+		old = &Capture{maps: map[string]*ebpf.Map{}, links: map[string]link.Link{}}
+	case err != nil:
+		return nil, fmt.Errorf("ensure eBPF capture: %w", err)
+	}
+	c, err := load(old.maps)
+	if err != nil {
+		old.Close()
+		return nil, fmt.Errorf("ensure eBPF capture with the pins in %s: %w", dir, err)
+	}
+	if len(old.maps) > 0 {
+		// Keep the pinned maps themselves (the collection holds clones, which are not pinned).
+		for name, m := range old.maps {
+			c.maps[name].Close()
+			c.maps[name] = m
+		}
+	}
+	fail := func(err error) (*Capture, error) {
+		for name, l := range old.links {
+			if c.links[name] == nil {
+				l.Close()
+			}
+		}
+		c.Close()
+		return nil, fmt.Errorf("ensure eBPF capture in %s: %w", dir, err)
+	}
+	for _, a := range attachments {
+		if l := old.links[a.name]; l != nil {
+			c.links[a.name] = l
+			if err := l.Update(c.progs[a.prog]); err != nil {
+				return fail(fmt.Errorf("update pinned link %s to this build's %s: %w", a.name, a.prog, err))
+			}
+			continue
+		}
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: cgroupPath, Attach: a.attach, Program: c.progs[a.prog]})
+		if err != nil {
+			return fail(fmt.Errorf("attach %s to cgroup %s: %w", a.prog, cgroupPath, err))
+		}
+		c.links[a.name] = l
+	}
+	if err := c.Pin(dir); err != nil {
+		return fail(err)
+	}
+	return c, nil
+}
+
+// RemovePins removes every pin Pin makes under dir (links first, which detaches their programs
+// unless a process still holds them; then maps). Missing pins are not an error.
+func RemovePins(dir string) error {
+	var errs []error
+	for _, a := range attachments {
+		if err := os.Remove(filepath.Join(dir, "link_"+a.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove eBPF capture pin: %w", err))
+		}
+	}
+	for _, name := range mapNames {
+		if err := os.Remove(filepath.Join(dir, "map_"+name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove eBPF capture pin: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Attached returns the names of the attachments this Capture holds ("connect4", "connect6",

@@ -23,6 +23,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/cilium/ebpf"
 	"github.com/google/go-cmp/cmp"
 	"golang.org/x/sys/unix"
 
@@ -619,4 +620,102 @@ static_resources:
 
 func directResponse(line string) string {
 	return fmt.Sprintf(`{ name: envoy.filters.network.direct_response, typed_config: { "@type": type.googleapis.com/envoy.extensions.filters.network.direct_response.v3.Config, response: { inline_string: %q } } }`, line+"\n")
+}
+
+// TestPrivilegedEnsureAdoptsAndUpgrades is an agent's restart: Ensure attaches and pins, the
+// process lets go (pods stay captured by the pins alone), a second Ensure adopts the maps with
+// their pods and switches every pinned link to its freshly loaded program in place, a lost link
+// pin is attached again, and removing the pins leaves nothing attached.
+func TestPrivilegedEnsureAdoptsAndUpgrades(t *testing.T) {
+	testenv.RequireRoot(t)
+	cgroup := testCgroup(t)
+	dir := filepath.Join(testBPFFS(t), "capture")
+	ns := podNetns(t)
+	cookie, err := NetnsCookie(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	settings := PodSettings{LocalAddrs: addrs("10.0.0.2"), ExcludePorts: []uint16{9090}}
+	fwd, fwdErr, fwdOut := startChild(t, filepath.Join(cgroup, "proxy"),
+		childEnv+"=forwarder", netnsEnv+"="+ns.Path, portEnv+"=15001")
+	t.Cleanup(func() { _ = fwd.Process.Kill(); _ = fwd.Wait() })
+	if line, err := bufio.NewReader(fwdOut).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("forwarder: %q %v: %s", line, err, fwdErr)
+	}
+	podCgroup := filepath.Join(cgroup, "pod")
+	expect := func(when, want string) {
+		t.Helper()
+		if got := dial(t, podCgroup, ns, "10.96.0.10:8080", 0); got != want {
+			t.Fatalf("%s: connect to 10.96.0.10:8080: got %q, want %q", when, got, want)
+		}
+	}
+	programs := func(c *Capture) map[string]ebpf.ProgramID {
+		t.Helper()
+		ids := map[string]ebpf.ProgramID{}
+		for name, l := range c.links {
+			info, err := l.Info()
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids[name] = info.Program
+		}
+		return ids
+	}
+
+	first, err := Ensure(dir, cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.SetPod(cookie, settings); err != nil {
+		t.Fatal(err)
+	}
+	before := programs(first)
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	expect("after the first process let go", "got captured 10.96.0.10:8080")
+
+	second, err := Ensure(dir, cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods, err := second.ListPods()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(map[uint64]PodSettings{cookie: settings.normalized()}, pods, equateNetip); d != "" {
+		t.Errorf("adopted pods (-want +got):\n%s", d)
+	}
+	after := programs(second)
+	if len(after) != len(attachments) {
+		t.Fatalf("adopted links %v, want all %d", after, len(attachments))
+	}
+	for name, id := range after {
+		if id == before[name] {
+			t.Errorf("link %s still runs program %d: not switched to the new load", name, id)
+		}
+	}
+	expect("after adoption", "got captured 10.96.0.10:8080")
+
+	// A lost link pin: its program detaches with the last handle.
+	if err := second.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(dir, "link_getsockopt")); err != nil {
+		t.Fatal(err)
+	}
+	expect("without the getsockopt link", "got captured error no such file or directory")
+	third, err := Ensure(dir, cgroup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect("after Ensure attached it again", "got captured 10.96.0.10:8080")
+
+	if err := RemovePins(dir); err != nil {
+		t.Fatal(err)
+	}
+	if err := third.Close(); err != nil {
+		t.Fatal(err)
+	}
+	expect("after RemovePins and Close", "got direct")
 }

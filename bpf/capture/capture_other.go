@@ -17,6 +17,12 @@ func Load() (*Capture, error) { return nil, errPlatform }
 // OpenPinned fails with ErrUnsupported here.
 func OpenPinned(string) (*Capture, error) { return nil, errPlatform }
 
+// Ensure fails with ErrUnsupported here.
+func Ensure(string, string) (*Capture, error) { return nil, errPlatform }
+
+// RemovePins fails with ErrUnsupported here.
+func RemovePins(string) error { return errPlatform }
+
 // NetnsCookie fails with ErrUnsupported here.
 func NetnsCookie(string) (uint64, error) { return 0, errPlatform }
 
