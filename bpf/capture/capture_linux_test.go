@@ -30,15 +30,17 @@ import (
 	"github.com/aethermesh/aether/internal/testenv"
 )
 
-// The test binary is also the two processes of TestPrivilegedCapture that must sit in a cgroup of
-// their own: with childEnv=client it connects once and prints what it got, with
-// childEnv=forwarder it is the capture listener. Both read the netns to enter from netnsEnv.
+// The test binary is also the processes that must sit in a cgroup of their own: with
+// childEnv=client it connects once and prints what it got, with childEnv=forwarder it is the
+// capture listener, with childEnv=bench it is BenchmarkConnect's client. Each reads the netns to
+// enter from netnsEnv.
 const (
 	childEnv  = "AETHER_BPF_TEST_CHILD"
 	netnsEnv  = "AETHER_BPF_TEST_NETNS"
 	targetEnv = "AETHER_BPF_TEST_TARGET" // client: "addr:port" to connect to
 	markEnv   = "AETHER_BPF_TEST_MARK"   // client: SO_MARK to set first (decimal), optional
 	portEnv   = "AETHER_BPF_TEST_PORT"   // forwarder: the port of 127.0.0.1 and ::1 to listen on
+	countEnv  = "AETHER_BPF_TEST_COUNT"  // bench: how many connections
 )
 
 func TestMain(m *testing.M) {
@@ -47,6 +49,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runClient())
 	case "forwarder":
 		os.Exit(runForwarder())
+	case "bench":
+		os.Exit(runBenchClient())
 	}
 	os.Exit(m.Run())
 }
@@ -205,7 +209,7 @@ func originalDst(c *net.TCPConn) (netip.AddrPort, error) {
 // testCgroup creates a cgroup v2 directory under the host's cgroup2 mount with sub-cgroups
 // "pod" (the clients) and "proxy" (the forwarder), and removes them when the test ends (after
 // the test's processes in them have exited). It returns the directory.
-func testCgroup(t *testing.T) string {
+func testCgroup(t testing.TB) string {
 	t.Helper()
 	root, _ := mounts("/proc/self/mountinfo")
 	if root == "" {
@@ -231,7 +235,7 @@ func testCgroup(t *testing.T) string {
 
 // testBPFFS returns a bpffs directory to pin under: a fresh directory in the host's bpffs when
 // one is mounted, else a bpffs the test mounts (and unmounts when it ends).
-func testBPFFS(t *testing.T) string {
+func testBPFFS(t testing.TB) string {
 	t.Helper()
 	if _, fs := mounts("/proc/self/mountinfo"); fs != "" {
 		d, err := os.MkdirTemp(fs, "aether-bpf-test-")
@@ -255,7 +259,7 @@ func testBPFFS(t *testing.T) string {
 
 // startChild starts the test binary with env (childEnv and its settings) in cgroup, born there,
 // so nothing it does precedes its move. It returns the command, its stderr and its stdout.
-func startChild(t *testing.T, cgroup string, env ...string) (*exec.Cmd, *bytes.Buffer, io.ReadCloser) {
+func startChild(t testing.TB, cgroup string, env ...string) (*exec.Cmd, *bytes.Buffer, io.ReadCloser) {
 	t.Helper()
 	self, err := os.Executable()
 	if err != nil {
@@ -275,9 +279,20 @@ func startChild(t *testing.T, cgroup string, env ...string) (*exec.Cmd, *bytes.B
 	return cmd, &stderr, stdout
 }
 
+// startForwarder starts the forwarder (runForwarder) on port 15001 in ns, born in cgroup ("":
+// the test's own), waits until it listens, and kills it when the test ends.
+func startForwarder(t testing.TB, cgroup string, ns *testenv.Netns) {
+	t.Helper()
+	fwd, stderr, stdout := startChild(t, cgroup, childEnv+"=forwarder", netnsEnv+"="+ns.Path, portEnv+"=15001")
+	t.Cleanup(func() { _ = fwd.Process.Kill(); _ = fwd.Wait() })
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("forwarder: %q %v: %s", line, err, stderr)
+	}
+}
+
 // dial runs a client in cgroup (in netns) that connects to target with SO_MARK mark (0: none)
 // and returns its line.
-func dial(t *testing.T, cgroup string, ns *testenv.Netns, target string, mark uint32) string {
+func dial(t testing.TB, cgroup string, ns *testenv.Netns, target string, mark uint32) string {
 	t.Helper()
 	env := []string{childEnv + "=client", netnsEnv + "=" + ns.Path, targetEnv + "=" + target}
 	if mark != 0 {
@@ -293,7 +308,7 @@ func dial(t *testing.T, cgroup string, ns *testenv.Netns, target string, mark ui
 
 // serveDirect answers every connection to addr in ns with "direct" (what a connect reaches when
 // it is not redirected).
-func serveDirect(t *testing.T, ns *testenv.Netns, addr string) {
+func serveDirect(t testing.TB, ns *testenv.Netns, addr string) {
 	l := ns.Listen(t, addr)
 	go func() {
 		for {
@@ -310,7 +325,7 @@ func serveDirect(t *testing.T, ns *testenv.Netns, addr string) {
 // podNetns is a netns standing in for a pod: its lo holds the pod's address and every
 // destination address of the cases, so a connect that is not redirected reaches serveDirect on
 // [::]:8080, [::]:9090 or [::]:53 in the netns itself.
-func podNetns(t *testing.T) *testenv.Netns {
+func podNetns(t testing.TB) *testenv.Netns {
 	t.Helper()
 	ns := testenv.NewNetns(t)
 	var addrs []netip.Prefix
@@ -395,12 +410,7 @@ func TestPrivilegedCapture(t *testing.T) {
 		}
 	}
 
-	fwd, fwdErr, fwdOut := startChild(t, filepath.Join(cgroup, "proxy"),
-		childEnv+"=forwarder", netnsEnv+"="+pod.Path, portEnv+"=15001")
-	t.Cleanup(func() { _ = fwd.Process.Kill(); _ = fwd.Wait() })
-	if line, err := bufio.NewReader(fwdOut).ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("forwarder: %q %v: %s", line, err, fwdErr)
-	}
+	startForwarder(t, filepath.Join(cgroup, "proxy"), pod)
 
 	podCgroup := filepath.Join(cgroup, "pod")
 	const eperm, refused = "error operation not permitted", "error connection refused"
@@ -636,12 +646,7 @@ func TestPrivilegedEnsureAdoptsAndUpgrades(t *testing.T) {
 		t.Fatal(err)
 	}
 	settings := PodSettings{LocalAddrs: addrs("10.0.0.2"), ExcludePorts: []uint16{9090}}
-	fwd, fwdErr, fwdOut := startChild(t, filepath.Join(cgroup, "proxy"),
-		childEnv+"=forwarder", netnsEnv+"="+ns.Path, portEnv+"=15001")
-	t.Cleanup(func() { _ = fwd.Process.Kill(); _ = fwd.Wait() })
-	if line, err := bufio.NewReader(fwdOut).ReadString('\n'); err != nil || line != "ready\n" {
-		t.Fatalf("forwarder: %q %v: %s", line, err, fwdErr)
-	}
+	startForwarder(t, filepath.Join(cgroup, "proxy"), ns)
 	podCgroup := filepath.Join(cgroup, "pod")
 	expect := func(when, want string) {
 		t.Helper()
