@@ -32,7 +32,8 @@ import (
 
 // The test binary is also the processes that must sit in a cgroup of their own: with
 // childEnv=client it connects once and prints what it got, with childEnv=forwarder it is the
-// capture listener, with childEnv=bench it is BenchmarkConnect's client. Each reads the netns to
+// capture listener, with childEnv=bench it is BenchmarkConnect's client, with childEnv=burst
+// it opens many connections at once. Each reads the netns to
 // enter from netnsEnv.
 const (
 	childEnv  = "AETHER_BPF_TEST_CHILD"
@@ -51,6 +52,8 @@ func TestMain(m *testing.M) {
 		os.Exit(runForwarder())
 	case "bench":
 		os.Exit(runBenchClient())
+	case "burst":
+		os.Exit(runBurstClient())
 	}
 	os.Exit(m.Run())
 }
@@ -126,6 +129,37 @@ func runClient() int {
 		return 0
 	}
 	fmt.Println("got", strings.TrimSpace(line))
+	return 0
+}
+
+// runBurstClient opens $countEnv connections at once from $netnsEnv, the i-th to port 20000+i
+// of the address $targetEnv, and prints "ok <count>" when every one was answered with its own
+// destination ("captured <address>:<20000+i>"), else the first wrong answer.
+func runBurstClient() int {
+	if err := enterNetns(os.Getenv(netnsEnv)); err != nil {
+		fmt.Println("error enter netns:", err)
+		return 1
+	}
+	n, _ := strconv.Atoi(os.Getenv(countEnv))
+	addr := netip.MustParseAddr(os.Getenv(targetEnv))
+	conns := make([]net.Conn, n)
+	for i := range conns {
+		c, err := net.Dial("tcp", netip.AddrPortFrom(addr, uint16(20000+i)).String())
+		if err != nil {
+			fmt.Println("error", err)
+			return 1
+		}
+		conns[i] = c
+	}
+	for i, c := range conns {
+		line, err := bufio.NewReader(c).ReadString('\n')
+		c.Close()
+		if want := fmt.Sprintf("captured %v\n", netip.AddrPortFrom(addr, uint16(20000+i))); line != want || err != nil {
+			fmt.Printf("connection %d: %q %v, want %q\n", i, line, err, want)
+			return 0
+		}
+	}
+	fmt.Println("ok", n)
 	return 0
 }
 
@@ -464,6 +498,18 @@ func TestPrivilegedCapture(t *testing.T) {
 		}
 	})
 
+	t.Run("concurrent connections each get their own destination", func(t *testing.T) {
+		// All connected before the forwarder answers any: 200 handshakes in flight at once.
+		for _, host := range []string{"10.96.0.10", "fd00::10"} {
+			cmd, stderr, stdout := startChild(t, podCgroup, childEnv+"=burst", netnsEnv+"="+pod.Path,
+				targetEnv+"="+host, countEnv+"=100")
+			out, _ := io.ReadAll(stdout)
+			if err := cmd.Wait(); err != nil || string(out) != "ok 100\n" {
+				t.Errorf("burst to %s: %v: %s%s", host, err, out, stderr)
+			}
+		}
+	})
+
 	t.Run("handshakes map empties", func(t *testing.T) {
 		testenv.Eventually(t, 10*time.Second, "handshakes map empty", func() error {
 			n, err := c.Handshakes()
@@ -480,8 +526,9 @@ func TestPrivilegedCapture(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The table's cases in captured netns: 5 redirected to the forwarder (each answered
-		// SO_ORIGINAL_DST) and 1 to a port without a listener, 3 refused, 9 passed.
-		want := Stats{Redirected: 6, Passed: 9, Refused: 3, OriginalDst: 5}
+		// SO_ORIGINAL_DST) and 1 to a port without a listener, 3 refused, 9 passed; then the
+		// 200 concurrent connections.
+		want := Stats{Redirected: 206, Passed: 9, Refused: 3, OriginalDst: 205}
 		if st != want {
 			t.Errorf("stats %+v, want %+v", st, want)
 		}
