@@ -38,10 +38,14 @@ var attachments = []struct {
 	{"getsockopt", captureProgAetherGetsockopt, ebpf.AttachCGroupGetsockopt},
 	{"getpeername4", captureProgAetherGetpeername4, ebpf.AttachCgroupInet4GetPeername},
 	{"getpeername6", captureProgAetherGetpeername6, ebpf.AttachCgroupInet6GetPeername},
+	{"sendmsg4", captureProgAetherSendmsg4, ebpf.AttachCGroupUDP4Sendmsg},
+	{"sendmsg6", captureProgAetherSendmsg6, ebpf.AttachCGroupUDP6Sendmsg},
+	{"recvmsg4", captureProgAetherRecvmsg4, ebpf.AttachCGroupUDP4Recvmsg},
+	{"recvmsg6", captureProgAetherRecvmsg6, ebpf.AttachCGroupUDP6Recvmsg},
 }
 
 // mapNames are the maps a Capture holds, by their names in prog.c (and pin names).
-var mapNames = []string{captureMapPods, captureMapCidrs, captureMapPorts, captureMapSockDst, captureMapHandshakes, captureMapStats}
+var mapNames = []string{captureMapPods, captureMapCidrs, captureMapPorts, captureMapSockDst, captureMapHandshakes, captureMapStats, captureMapDns}
 
 // Capture is the loaded (or adopted) capture programs and maps, with the cgroup links it
 // attached or adopted. It is safe for use by one goroutine at a time.
@@ -85,8 +89,9 @@ func load(replace map[string]*ebpf.Map) (*Capture, error) {
 	return c, nil
 }
 
-// Attach attaches the six programs (cgroup/connect4, cgroup/connect6, sockops,
-// cgroup/getsockopt, cgroup/getpeername4, cgroup/getpeername6) to the cgroup v2 directory
+// Attach attaches the ten programs (cgroup/connect4, cgroup/connect6, sockops,
+// cgroup/getsockopt, cgroup/getpeername4 and 6, cgroup/sendmsg4 and 6, cgroup/recvmsg4 and 6)
+// to the cgroup v2 directory
 // cgroupPath with bpf links (multi-attach: other programs there stay). A socket belongs to the
 // cgroup of the process that made it, at the time it made it (an accepted socket to its
 // listener's), and only sockets in cgroupPath or below meet the programs; of those, only
@@ -256,7 +261,8 @@ func RemovePins(dir string) error {
 }
 
 // Attached returns the names of the attachments this Capture holds ("connect4", "connect6",
-// "sockops", "getsockopt", "getpeername4", "getpeername6"), in that order.
+// "sockops", "getsockopt", "getpeername4", "getpeername6", "sendmsg4", "sendmsg6", "recvmsg4",
+// "recvmsg6"), in that order.
 func (c *Capture) Attached() []string {
 	var out []string
 	for _, a := range attachments {
@@ -329,7 +335,12 @@ func (c *Capture) SetPod(netnsCookie uint64, s PodSettings) error {
 	for _, ap := range s.PassThrough {
 		wantPorts[capturePortKey{Netns: netnsCookie, Addr: addr16(ap.Addr()), Port: ap.Port()}] = actionExclude
 	}
-	haveCIDRs, havePorts, err := c.podEntries(netnsCookie)
+	wantDNS := map[capturePortKey]captureDnsTarget{}
+	for _, r := range s.DNS {
+		wantDNS[capturePortKey{Netns: netnsCookie, Addr: addr16(r.From.Addr()), Port: r.From.Port()}] =
+			captureDnsTarget{Addr: addr16(r.To.Addr()), Port: r.To.Port()}
+	}
+	have, err := c.podEntries(netnsCookie)
 	if err != nil {
 		return fmt.Errorf("set eBPF capture of netns cookie %d: %w", netnsCookie, err)
 	}
@@ -343,6 +354,11 @@ func (c *Capture) SetPod(netnsCookie uint64, s PodSettings) error {
 			return fmt.Errorf("set eBPF capture of netns cookie %d: ports entry %v port %d: %w", netnsCookie, netip.AddrFrom16(k.Addr).Unmap(), k.Port, err)
 		}
 	}
+	for k, v := range wantDNS {
+		if err := c.maps[captureMapDns].Put(k, v); err != nil {
+			return fmt.Errorf("set eBPF capture of netns cookie %d: dns entry %v: %w", netnsCookie, portKeyAddrPort(k), err)
+		}
+	}
 	ps := capturePodSettings{BypassMark: s.BypassMark, CapturePort: s.CapturePort}
 	if s.IPv6 {
 		ps.Flags |= podIPv6
@@ -350,42 +366,59 @@ func (c *Capture) SetPod(netnsCookie uint64, s PodSettings) error {
 	if err := c.maps[captureMapPods].Put(netnsCookie, ps); err != nil {
 		return fmt.Errorf("set eBPF capture of netns cookie %d: pods entry: %w", netnsCookie, err)
 	}
-	for k := range haveCIDRs {
+	for k := range have.cidrs {
 		if _, ok := wantCIDRs[k]; !ok {
 			if err := deleteEntry(c.maps[captureMapCidrs], k); err != nil {
 				return fmt.Errorf("set eBPF capture of netns cookie %d: remove cidrs entry %v: %w", netnsCookie, cidrPrefix(k), err)
 			}
 		}
 	}
-	for k := range havePorts {
+	for k := range have.ports {
 		if _, ok := wantPorts[k]; !ok {
 			if err := deleteEntry(c.maps[captureMapPorts], k); err != nil {
 				return fmt.Errorf("set eBPF capture of netns cookie %d: remove ports entry port %d: %w", netnsCookie, k.Port, err)
 			}
 		}
 	}
+	for k := range have.dns {
+		if _, ok := wantDNS[k]; !ok {
+			if err := deleteEntry(c.maps[captureMapDns], k); err != nil {
+				return fmt.Errorf("set eBPF capture of netns cookie %d: remove dns entry %v: %w", netnsCookie, portKeyAddrPort(k), err)
+			}
+		}
+	}
 	return nil
 }
 
+// portKeyAddrPort is the address and port of a ports or dns key (IPv4 unmapped).
+func portKeyAddrPort(k capturePortKey) netip.AddrPort {
+	return netip.AddrPortFrom(netip.AddrFrom16(k.Addr).Unmap(), k.Port)
+}
+
 // DeletePod stops capturing the netns with cookie netnsCookie: its settings go first (from then
-// on its connects are left alone), then its cidrs and ports entries. Deleting a pod that is not
+// on its connects are left alone), then its cidrs, ports and dns entries. Deleting a pod that is not
 // there succeeds. Connections already redirected keep their original destination.
 func (c *Capture) DeletePod(netnsCookie uint64) error {
 	if err := deleteEntry(c.maps[captureMapPods], netnsCookie); err != nil {
 		return fmt.Errorf("delete eBPF capture of netns cookie %d: pods entry: %w", netnsCookie, err)
 	}
-	cidrs, ports, err := c.podEntries(netnsCookie)
+	have, err := c.podEntries(netnsCookie)
 	if err != nil {
 		return fmt.Errorf("delete eBPF capture of netns cookie %d: %w", netnsCookie, err)
 	}
-	for k := range cidrs {
+	for k := range have.cidrs {
 		if err := deleteEntry(c.maps[captureMapCidrs], k); err != nil {
 			return fmt.Errorf("delete eBPF capture of netns cookie %d: cidrs entry %v: %w", netnsCookie, cidrPrefix(k), err)
 		}
 	}
-	for k := range ports {
+	for k := range have.ports {
 		if err := deleteEntry(c.maps[captureMapPorts], k); err != nil {
 			return fmt.Errorf("delete eBPF capture of netns cookie %d: ports entry port %d: %w", netnsCookie, k.Port, err)
+		}
+	}
+	for k := range have.dns {
+		if err := deleteEntry(c.maps[captureMapDns], k); err != nil {
+			return fmt.Errorf("delete eBPF capture of netns cookie %d: dns entry %v: %w", netnsCookie, portKeyAddrPort(k), err)
 		}
 	}
 	return nil
@@ -400,8 +433,8 @@ func deleteEntry(m *ebpf.Map, k any) error {
 
 // ListPods returns the settings of every captured pod by netns cookie, read back from the maps in
 // normalized form (CapturePort defaulted, lists sorted, addresses unmapped), so a reconciler
-// compares them with what it wants and calls SetPod or DeletePod. cidrs and ports entries of a
-// cookie without settings (a SetPod cut short) are returned too, with a zero CapturePort.
+// compares them with what it wants and calls SetPod or DeletePod. cidrs, ports and dns entries
+// of a cookie without settings (a SetPod cut short) are returned too, with a zero CapturePort.
 func (c *Capture) ListPods() (map[uint64]PodSettings, error) {
 	out := map[uint64]PodSettings{}
 	var cookie uint64
@@ -447,6 +480,16 @@ func (c *Capture) ListPods() (map[uint64]PodSettings, error) {
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("list eBPF captured pods: ports: %w", err)
 	}
+	var to captureDnsTarget
+	it = c.maps[captureMapDns].Iterate()
+	for it.Next(&pk, &to) {
+		s := out[pk.Netns]
+		s.DNS = append(s.DNS, DNSRedirect{From: portKeyAddrPort(pk), To: netip.AddrPortFrom(netip.AddrFrom16(to.Addr).Unmap(), to.Port)})
+		out[pk.Netns] = s
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("list eBPF captured pods: dns: %w", err)
+	}
 	for k, s := range out {
 		port := s.CapturePort
 		s = s.normalized()
@@ -456,32 +499,47 @@ func (c *Capture) ListPods() (map[uint64]PodSettings, error) {
 	return out, nil
 }
 
-// podEntries returns the cidrs and ports keys of one netns cookie.
-func (c *Capture) podEntries(netnsCookie uint64) (map[captureCidrKey]bool, map[capturePortKey]bool, error) {
-	cidrs := map[captureCidrKey]bool{}
+// podKeys are the keys one netns cookie has in the cidrs, ports and dns maps.
+type podKeys struct {
+	cidrs      map[captureCidrKey]bool
+	ports, dns map[capturePortKey]bool
+}
+
+// podEntries returns the keys of one netns cookie.
+func (c *Capture) podEntries(netnsCookie uint64) (podKeys, error) {
+	keys := podKeys{cidrs: map[captureCidrKey]bool{}, ports: map[capturePortKey]bool{}, dns: map[capturePortKey]bool{}}
 	var ck captureCidrKey
 	var action uint8
 	it := c.maps[captureMapCidrs].Iterate()
 	for it.Next(&ck, &action) {
 		if binary.NativeEndian.Uint64(ck.Netns[:]) == netnsCookie {
-			cidrs[ck] = true
+			keys.cidrs[ck] = true
 		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, nil, fmt.Errorf("read cidrs: %w", err)
+		return podKeys{}, fmt.Errorf("read cidrs: %w", err)
 	}
-	ports := map[capturePortKey]bool{}
 	var pk capturePortKey
 	it = c.maps[captureMapPorts].Iterate()
 	for it.Next(&pk, &action) {
 		if pk.Netns == netnsCookie {
-			ports[pk] = true
+			keys.ports[pk] = true
 		}
 	}
 	if err := it.Err(); err != nil {
-		return nil, nil, fmt.Errorf("read ports: %w", err)
+		return podKeys{}, fmt.Errorf("read ports: %w", err)
 	}
-	return cidrs, ports, nil
+	var to captureDnsTarget
+	it = c.maps[captureMapDns].Iterate()
+	for it.Next(&pk, &to) {
+		if pk.Netns == netnsCookie {
+			keys.dns[pk] = true
+		}
+	}
+	if err := it.Err(); err != nil {
+		return podKeys{}, fmt.Errorf("read dns: %w", err)
+	}
+	return keys, nil
 }
 
 // Handshakes returns the number of entries in the handshakes map: captured connections whose
@@ -586,12 +644,15 @@ type Stats struct {
 	// NoStorage counts connects left alone because the kernel gave no socket storage for
 	// their destination (memory pressure): each is a connection that escaped capture.
 	NoStorage uint64
+	// DNS counts TCP connects and UDP datagrams sent to the resolver instead of the cluster
+	// DNS service.
+	DNS uint64
 }
 
 // Stats reads the counters (the per-CPU array "stats"; index order of prog.c's enum stat).
 func (c *Capture) Stats() (Stats, error) {
 	var out Stats
-	fields := []*uint64{&out.Redirected, &out.Passed, &out.Refused, &out.OriginalDst, &out.NoStorage}
+	fields := []*uint64{&out.Redirected, &out.Passed, &out.Refused, &out.OriginalDst, &out.NoStorage, &out.DNS}
 	for i, f := range fields {
 		var perCPU []uint64
 		if err := c.maps[captureMapStats].Lookup(uint32(i), &perCPU); err != nil {

@@ -42,6 +42,7 @@ const (
 	markEnv   = "AETHER_BPF_TEST_MARK"   // client: SO_MARK to set first (decimal), optional
 	portEnv   = "AETHER_BPF_TEST_PORT"   // forwarder: the port of 127.0.0.1 and ::1 to listen on
 	countEnv  = "AETHER_BPF_TEST_COUNT"  // bench: how many connections
+	udpEnv    = "AETHER_BPF_TEST_UDP"    // client: "sendto" or "connect" for one UDP exchange
 )
 
 func TestMain(m *testing.M) {
@@ -88,6 +89,9 @@ func runClient() int {
 	if ap.Addr().Is4() {
 		family, sa = unix.AF_INET, &unix.SockaddrInet4{Port: int(ap.Port()), Addr: ap.Addr().As4()}
 	}
+	if mode := os.Getenv(udpEnv); mode != "" {
+		return udpExchange(family, sa, ap, mode == "connect")
+	}
 	fd, err := unix.Socket(family, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
 	if err != nil {
 		fmt.Println("error socket:", err)
@@ -105,20 +109,8 @@ func runClient() int {
 		fmt.Println("error", err)
 		return 0
 	}
-	peer, err := unix.Getpeername(fd)
-	if err != nil {
-		fmt.Println("error getpeername:", err)
-		return 0
-	}
-	var got netip.AddrPort
-	switch sa := peer.(type) {
-	case *unix.SockaddrInet4:
-		got = netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
-	case *unix.SockaddrInet6:
-		got = netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
-	}
-	if got != ap {
-		fmt.Println("peer", got)
+	if peer, err := peerOf(fd); err != nil || peer != ap {
+		fmt.Println("peer", peer, err)
 		return 0
 	}
 	f := os.NewFile(uintptr(fd), "client")
@@ -129,6 +121,64 @@ func runClient() int {
 		return 0
 	}
 	fmt.Println("got", strings.TrimSpace(line))
+	return 0
+}
+
+// sockaddrAddrPort is the address and port of a socket address.
+func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
+	switch sa := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(sa.Addr), uint16(sa.Port))
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(sa.Addr), uint16(sa.Port))
+	}
+	return netip.AddrPort{}
+}
+
+// peerOf is getpeername of fd.
+func peerOf(fd int) (netip.AddrPort, error) {
+	sa, err := unix.Getpeername(fd)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	return sockaddrAddrPort(sa), nil
+}
+
+// udpExchange sends "q" to target sa (ap) on a UDP socket of family, unconnected (sendto) or
+// connected first (then getpeername must give ap back), and prints "got <answer> from <source>"
+// or "error ...".
+func udpExchange(family int, sa unix.Sockaddr, ap netip.AddrPort, connect bool) int {
+	fd, err := unix.Socket(family, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, unix.IPPROTO_UDP)
+	if err != nil {
+		fmt.Println("error socket:", err)
+		return 1
+	}
+	defer unix.Close(fd)
+	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2})
+	if connect {
+		if err := unix.Connect(fd, sa); err != nil {
+			fmt.Println("error", err)
+			return 0
+		}
+		if peer, err := peerOf(fd); err != nil || peer != ap {
+			fmt.Println("peer", peer, err)
+			return 0
+		}
+		_, err = unix.Write(fd, []byte("q"))
+	} else {
+		err = unix.Sendto(fd, []byte("q"), 0, sa)
+	}
+	if err != nil {
+		fmt.Println("error send:", err)
+		return 0
+	}
+	buf := make([]byte, 512)
+	n, from, err := unix.Recvfrom(fd, buf, 0)
+	if err != nil {
+		fmt.Println("error recv:", err)
+		return 0
+	}
+	fmt.Printf("got %s from %v\n", buf[:n], sockaddrAddrPort(from))
 	return 0
 }
 
@@ -328,7 +378,13 @@ func startForwarder(t testing.TB, cgroup string, ns *testenv.Netns) {
 // and returns its line.
 func dial(t testing.TB, cgroup string, ns *testenv.Netns, target string, mark uint32) string {
 	t.Helper()
-	env := []string{childEnv + "=client", netnsEnv + "=" + ns.Path, targetEnv + "=" + target}
+	return exchange(t, cgroup, ns, target, mark, "")
+}
+
+// exchange is dial over TCP (udp ""), or one UDP exchange (udp "sendto" or "connect").
+func exchange(t testing.TB, cgroup string, ns *testenv.Netns, target string, mark uint32, udp string) string {
+	t.Helper()
+	env := []string{childEnv + "=client", netnsEnv + "=" + ns.Path, targetEnv + "=" + target, udpEnv + "=" + udp}
 	if mark != 0 {
 		env = append(env, markEnv+"="+strconv.FormatUint(uint64(mark), 10))
 	}
@@ -340,9 +396,9 @@ func dial(t testing.TB, cgroup string, ns *testenv.Netns, target string, mark ui
 	return strings.TrimSpace(string(out))
 }
 
-// serveDirect answers every connection to addr in ns with "direct" (what a connect reaches when
-// it is not redirected).
-func serveDirect(t testing.TB, ns *testenv.Netns, addr string) {
+// serveLine answers every connection to addr in ns with line ("direct" where a connect lands
+// when it is not redirected).
+func serveLine(t testing.TB, ns *testenv.Netns, addr, line string) {
 	l := ns.Listen(t, addr)
 	go func() {
 		for {
@@ -350,26 +406,31 @@ func serveDirect(t testing.TB, ns *testenv.Netns, addr string) {
 			if err != nil {
 				return
 			}
-			fmt.Fprintln(c, "direct")
+			fmt.Fprintln(c, line)
 			c.Close()
 		}
 	}()
 }
 
 // podNetns is a netns standing in for a pod: its lo holds the pod's address and every
-// destination address of the cases, so a connect that is not redirected reaches serveDirect on
-// [::]:8080, [::]:9090 or [::]:53 in the netns itself.
+// destination address of the cases, so a connect that is not redirected reaches "direct" on
+// [::]:8080, [::]:9090 or [::]:53 in the netns itself; the node's resolver stands at
+// 10.1.0.1:18054 and [fd00:99::1]:18054 (TCP "resolver", UDP echo prefixed "resolver:").
 func podNetns(t testing.TB) *testenv.Netns {
 	t.Helper()
 	ns := testenv.NewNetns(t)
 	var addrs []netip.Prefix
-	for _, a := range []string{"10.0.0.2/24", "10.96.0.10/32", "10.96.0.53/32", "10.200.0.5/32", "169.254.169.254/32",
-		"fd00:1::2/64", "fd00::10/128", "fd00:200::5/128"} {
+	for _, a := range []string{"10.0.0.2/24", "10.96.0.10/32", "10.96.0.53/32", "10.96.0.54/32", "10.200.0.5/32",
+		"169.254.169.254/32", "10.1.0.1/32", "fd00:1::2/64", "fd00::10/128", "fd00::53/128", "fd00:200::5/128", "fd00:99::1/128"} {
 		addrs = append(addrs, netip.MustParsePrefix(a))
 	}
 	ns.AddAddrs(t, "lo", addrs...)
 	for _, a := range []string{"[::]:8080", "[::]:9090", "[::]:53"} {
-		serveDirect(t, ns, a)
+		serveLine(t, ns, a, "direct")
+	}
+	for _, a := range []string{"10.1.0.1:18054", "[fd00:99::1]:18054"} {
+		serveLine(t, ns, a, "resolver")
+		ns.ServeUDPEcho(t, a, "resolver:")
 	}
 	return ns
 }
@@ -413,7 +474,7 @@ func TestPrivilegedCapture(t *testing.T) {
 			t.Error(err)
 		}
 	})
-	if got, want := c.Attached(), []string{"connect4", "connect6", "sockops", "getsockopt", "getpeername4", "getpeername6"}; !slices.Equal(got, want) {
+	if got, want := c.Attached(), []string{"connect4", "connect6", "sockops", "getsockopt", "getpeername4", "getpeername6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6"}; !slices.Equal(got, want) {
 		t.Fatalf("adopted attachments %v, want %v", got, want)
 	}
 
@@ -425,8 +486,12 @@ func TestPrivilegedCapture(t *testing.T) {
 			LocalAddrs:   []netip.Addr{netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("fd00:1::2")},
 			ExcludeCIDRs: []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16"), netip.MustParsePrefix("fd00:200::/64")},
 			ExcludePorts: []uint16{9090},
-			PassThrough:  []netip.AddrPort{netip.MustParseAddrPort("10.96.0.53:53")},
-			DenyCIDRs:    []netip.Prefix{netip.MustParsePrefix("169.254.169.254/32")},
+			PassThrough:  []netip.AddrPort{netip.MustParseAddrPort("10.96.0.54:53")},
+			DNS: []DNSRedirect{
+				{From: netip.MustParseAddrPort("10.96.0.53:53"), To: netip.MustParseAddrPort("10.1.0.1:18054")},
+				{From: netip.MustParseAddrPort("[fd00::53]:53"), To: netip.MustParseAddrPort("[fd00:99::1]:18054")},
+			},
+			DenyCIDRs: []netip.Prefix{netip.MustParsePrefix("169.254.169.254/32")},
 		},
 		// No IPv6, and its capture listener's port has no listener: its captured connects are
 		// refused, which shows the handshake entry go with the client's close.
@@ -454,31 +519,39 @@ func TestPrivilegedCapture(t *testing.T) {
 		target string
 		mark   uint32
 		want   string
+		udp    string // "": TCP; "sendto" or "connect": one UDP exchange
 	}{
-		{"IPv4 VIP captured", pod, "10.96.0.10:8080", 0, "got captured 10.96.0.10:8080"},
-		{"IPv6 VIP captured", pod, "[fd00::10]:8080", 0, "got captured [fd00::10]:8080"},
-		{"IPv4-mapped on an IPv6 socket captured as IPv4", pod, "[::ffff:10.96.0.10]:8080", 0, "got captured 10.96.0.10:8080"},
-		{"excluded IPv4 CIDR", pod, "10.200.0.5:8080", 0, "got direct"},
-		{"excluded IPv6 CIDR", pod, "[fd00:200::5]:8080", 0, "got direct"},
-		{"excluded port", pod, "10.96.0.10:9090", 0, "got direct"},
-		{"DNS address and port pass through", pod, "10.96.0.53:53", 0, "got direct"},
-		{"DNS address on another port captured", pod, "10.96.0.53:8080", 0, "got captured 10.96.0.53:8080"},
-		{"IPv4 loopback", pod, "127.0.0.1:8080", 0, "got direct"},
-		{"IPv6 loopback", pod, "[::1]:8080", 0, "got direct"},
-		{"the pod's own address", pod, "10.0.0.2:8080", 0, "got direct"},
-		{"the pod's own IPv6 address", pod, "[fd00:1::2]:8080", 0, "got direct"},
-		{"cloud metadata refused", pod, "169.254.169.254:8080", 0, eperm},
-		{"proxy's own connect (bypass mark)", pod, "10.96.0.10:8080", 0x4145, "got direct"},
-		{"cloud metadata refused with the bypass mark too", pod, "169.254.169.254:8080", 0x4145, eperm},
-		{"another mark is captured", pod, "10.96.0.10:8080", 0x1, "got captured 10.96.0.10:8080"},
-		{"netns not in the map", stranger, "10.96.0.10:8080", 0, "got direct"},
-		{"netns not in the map, IPv6", stranger, "[fd00::10]:8080", 0, "got direct"},
-		{"IPv6 of a pod without IPv6 refused", v4only, "[fd00::10]:8080", 0, eperm},
-		{"capture port without a listener", v4only, "10.96.0.10:8080", 0, refused},
+		{"IPv4 VIP captured", pod, "10.96.0.10:8080", 0, "got captured 10.96.0.10:8080", ""},
+		{"IPv6 VIP captured", pod, "[fd00::10]:8080", 0, "got captured [fd00::10]:8080", ""},
+		{"IPv4-mapped on an IPv6 socket captured as IPv4", pod, "[::ffff:10.96.0.10]:8080", 0, "got captured 10.96.0.10:8080", ""},
+		{"excluded IPv4 CIDR", pod, "10.200.0.5:8080", 0, "got direct", ""},
+		{"excluded IPv6 CIDR", pod, "[fd00:200::5]:8080", 0, "got direct", ""},
+		{"excluded port", pod, "10.96.0.10:9090", 0, "got direct", ""},
+		{"pass-through address and port", pod, "10.96.0.54:53", 0, "got direct", ""},
+		{"DNS over TCP to the resolver", pod, "10.96.0.53:53", 0, "got resolver", ""},
+		{"DNS over TCP to the resolver, IPv6", pod, "[fd00::53]:53", 0, "got resolver", ""},
+		{"the proxy's own DNS left alone", pod, "10.96.0.53:53", 0x4145, "got direct", ""},
+		{"DNS over UDP, unconnected", pod, "10.96.0.53:53", 0, "got resolver:q from 10.96.0.53:53", "sendto"},
+		{"DNS over UDP, connected", pod, "10.96.0.53:53", 0, "got resolver:q from 10.96.0.53:53", "connect"},
+		{"DNS over UDP, IPv6", pod, "[fd00::53]:53", 0, "got resolver:q from [fd00::53]:53", "sendto"},
+		{"DNS over UDP from a netns not in the map", stranger, "10.96.0.53:53", 0, "error recv: connection refused", "connect"},
+		{"DNS address on another port captured", pod, "10.96.0.53:8080", 0, "got captured 10.96.0.53:8080", ""},
+		{"IPv4 loopback", pod, "127.0.0.1:8080", 0, "got direct", ""},
+		{"IPv6 loopback", pod, "[::1]:8080", 0, "got direct", ""},
+		{"the pod's own address", pod, "10.0.0.2:8080", 0, "got direct", ""},
+		{"the pod's own IPv6 address", pod, "[fd00:1::2]:8080", 0, "got direct", ""},
+		{"cloud metadata refused", pod, "169.254.169.254:8080", 0, eperm, ""},
+		{"proxy's own connect (bypass mark)", pod, "10.96.0.10:8080", 0x4145, "got direct", ""},
+		{"cloud metadata refused with the bypass mark too", pod, "169.254.169.254:8080", 0x4145, eperm, ""},
+		{"another mark is captured", pod, "10.96.0.10:8080", 0x1, "got captured 10.96.0.10:8080", ""},
+		{"netns not in the map", stranger, "10.96.0.10:8080", 0, "got direct", ""},
+		{"netns not in the map, IPv6", stranger, "[fd00::10]:8080", 0, "got direct", ""},
+		{"IPv6 of a pod without IPv6 refused", v4only, "[fd00::10]:8080", 0, eperm, ""},
+		{"capture port without a listener", v4only, "10.96.0.10:8080", 0, refused, ""},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := dial(t, podCgroup, tc.ns, tc.target, tc.mark); got != tc.want {
+			if got := exchange(t, podCgroup, tc.ns, tc.target, tc.mark, tc.udp); got != tc.want {
 				t.Errorf("connect to %s from %s: got %q, want %q", tc.target, tc.ns.Name, got, tc.want)
 			}
 		})
@@ -526,9 +599,10 @@ func TestPrivilegedCapture(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The table's cases in captured netns: 5 redirected to the forwarder (each answered
-		// SO_ORIGINAL_DST) and 1 to a port without a listener, 3 refused, 9 passed; then the
-		// 200 concurrent connections.
-		want := Stats{Redirected: 206, Passed: 9, Refused: 3, OriginalDst: 205}
+		// SO_ORIGINAL_DST) and 1 to a port without a listener, 3 refused, 10 TCP connects
+		// passed, 5 TCP connects and UDP sends to the resolver; then the 200 concurrent
+		// connections.
+		want := Stats{Redirected: 206, Passed: 10, Refused: 3, OriginalDst: 205, DNS: 5}
 		if st != want {
 			t.Errorf("stats %+v, want %+v", st, want)
 		}

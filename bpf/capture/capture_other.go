@@ -57,7 +57,7 @@ func (*Capture) ListPods() (map[uint64]PodSettings, error) { return nil, errPlat
 func (*Capture) Handshakes() (int, error) { return 0, errPlatform }
 
 // Stats are the programs' counters (see the Linux build).
-type Stats struct{ Redirected, Passed, Refused, OriginalDst, NoStorage uint64 }
+type Stats struct{ Redirected, Passed, Refused, OriginalDst, NoStorage, DNS uint64 }
 
 // Stats fails with ErrUnsupported here.
 func (*Capture) Stats() (Stats, error) { return Stats{}, errPlatform }

@@ -15,9 +15,9 @@ import (
 // oifname "lo"), ExcludeOutboundCIDRs, ExcludeOutboundPorts and CapturePort; the cloud metadata
 // addresses are refused with EPERM unless AllowCloudMetadata (nft refuses them with a reset in
 // its filter output chain); IPv6 TCP is captured when the pod has an IPv6 address and refused
-// otherwise (nft drops it). TCP to each ClusterDNS address on port 53 passes through untouched,
-// for nft's DNS DNAT to the agent's resolver, which eBPF does not replace yet; UDPRedirects and
-// everything else that is not TCP are not the programs' business. An ExcludeOutboundCIDRs
+// otherwise (nft drops it). TCP and UDP to each ClusterDNS address on port 53 go to the agent's
+// resolver (HostIP or HostIPv6, DNSPort), answers coming back from the ClusterDNS address;
+// UDPRedirects and all other UDP are not the programs' business. An ExcludeOutboundCIDRs
 // entry equal to a metadata or pod address is dropped: nft matches those first too.
 func FromConfig(cfg nft.Config) (PodSettings, error) {
 	if err := cfg.Validate(); err != nil {
@@ -40,8 +40,16 @@ func FromConfig(cfg nft.Config) (PodSettings, error) {
 			s.DenyCIDRs = append(s.DenyCIDRs, netip.PrefixFrom(a, a.BitLen()))
 		}
 	}
+	dnsPort := cfg.DNSPort
+	if dnsPort == 0 {
+		dnsPort = nft.DefaultDNSPort
+	}
 	for _, d := range cfg.ClusterDNS {
-		s.PassThrough = append(s.PassThrough, netip.AddrPortFrom(d.Unmap(), nft.DNSPort))
+		host := cfg.HostIP
+		if d.Unmap().Is6() {
+			host = cfg.HostIPv6
+		}
+		s.DNS = append(s.DNS, DNSRedirect{From: netip.AddrPortFrom(d.Unmap(), nft.DNSPort), To: netip.AddrPortFrom(host, dnsPort)})
 	}
 	s = s.normalized()
 	for _, p := range normPrefixes(cfg.ExcludeOutboundCIDRs) {

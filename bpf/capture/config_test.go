@@ -47,8 +47,9 @@ func TestFromConfig(t *testing.T) {
 		want: PodSettings{
 			CapturePort: DefaultCapturePort, BypassMark: nft.DefaultBypassMark,
 			LocalAddrs: addrs("10.244.1.5"), ExcludeCIDRs: prefixes("10.0.0.0/8", "192.168.0.0/16"),
-			ExcludePorts: []uint16{22, 9090}, PassThrough: []netip.AddrPort{netip.MustParseAddrPort("10.96.0.10:53")},
-			DenyCIDRs: metadata,
+			ExcludePorts: []uint16{22, 9090},
+			DNS:          []DNSRedirect{{From: netip.MustParseAddrPort("10.96.0.10:53"), To: netip.MustParseAddrPort("192.168.1.10:18054")}},
+			DenyCIDRs:    metadata,
 		},
 	}, {
 		name: "dual-stack pod reaching the metadata service, own capture port",
@@ -93,6 +94,8 @@ func TestValidate(t *testing.T) {
 		{"deny and local", PodSettings{LocalAddrs: addrs("10.0.0.2"), DenyCIDRs: prefixes("::ffff:10.0.0.2/128")}, "denyCIDRs: 10.0.0.2/32 is also in localAddrs"},
 		{"deny and exclude", PodSettings{ExcludeCIDRs: prefixes("10.1.0.0/16"), DenyCIDRs: prefixes("10.1.2.3/16")}, "denyCIDRs: 10.1.0.0/16 is also in excludeCIDRs"},
 		{"exclude and local", PodSettings{LocalAddrs: addrs("fd00::2"), ExcludeCIDRs: prefixes("fd00::2/128")}, "excludeCIDRs: fd00::2/128 is also in localAddrs"},
+		{"dns families differ", PodSettings{DNS: []DNSRedirect{{From: netip.MustParseAddrPort("10.96.0.10:53"), To: netip.MustParseAddrPort("[fd00::1]:18054")}}}, "dns: 10.96.0.10:53 to [fd00::1]:18054: the families differ"},
+		{"dns port 0", PodSettings{DNS: []DNSRedirect{{From: netip.MustParseAddrPort("10.96.0.10:53"), To: netip.MustParseAddrPort("10.0.0.1:0")}}}, "dns: 10.96.0.10:53 to 10.0.0.1:0: not a usable address and port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.s.Validate()

@@ -28,6 +28,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define AF_INET 2
 #define AF_INET6 10
 #define SOCK_STREAM 1
+#define SOCK_DGRAM 2
 #define SOL_IP 0
 #define SOL_IPV6 41
 // SO_ORIGINAL_DST (<linux/netfilter_ipv4.h>) and IP6T_SO_ORIGINAL_DST
@@ -40,6 +41,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 #define MAX_CIDRS 65536
 #define MAX_PORTS 65536
 #define MAX_HANDSHAKES 65536
+#define MAX_DNS 16384
 
 // pod_settings.flags
 #define POD_IPV6 1 // the pod has an IPv6 address: capture IPv6 TCP; otherwise refuse it
@@ -54,6 +56,7 @@ char __license[] SEC("license") = "Dual BSD/GPL";
 // orig_dst.role
 #define ROLE_CLIENT 1   // the application's socket (for getpeername)
 #define ROLE_ACCEPTED 2 // the socket the capture listener accepted
+#define ROLE_DNS 3      // a socket that sent DNS to the resolver (for recvmsg and getpeername)
 
 // The settings of one captured pod, keyed by its netns cookie.
 struct pod_settings {
@@ -87,6 +90,16 @@ struct orig_dst {
 	__u16 port;    // host byte order
 	__u8 family;   // AF_INET or AF_INET6
 	__u8 role;     // ROLE_*
+	__u8 via[16];  // ROLE_DNS: the resolver it was sent to instead (IPv4-mapped for IPv4)
+	__u16 via_port;
+	__u16 pad;
+};
+
+// An address and port (host byte order): where DNS goes instead of the cluster DNS service.
+struct dns_target {
+	__u8 addr[16]; // IPv4-mapped for IPv4
+	__u16 port;
+	__u16 pad;
 };
 
 // handshakes key: one captured connection between the client's connect and the listener's
@@ -121,6 +134,16 @@ struct {
 	__type(key, struct port_key);
 	__type(value, __u8);
 } ports SEC(".maps");
+
+// DNS redirects, keyed like ports ({netns cookie, cluster DNS address, 53}): TCP and UDP to the
+// key go to the value (the agent's resolver), and the answers come back from the key
+// (nft: dnat to HOST_IP:18054).
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MAX_DNS);
+	__type(key, struct port_key);
+	__type(value, struct dns_target);
+} dns SEC(".maps");
 
 // Per-socket storage: the client socket's dialled destination (for the handshake and
 // getpeername) and the accepted socket's (for SO_ORIGINAL_DST). It lives and dies with the
@@ -184,6 +207,7 @@ enum verdict {
 	PASS,     // a captured pod's connect that goes where it was sent
 	REFUSE,   // the connect fails with EPERM
 	REDIRECT, // to the capture listener
+	DNS,      // to the agent's resolver
 };
 
 // Counters of the stats map (per CPU), for captured pods' connects only.
@@ -193,6 +217,7 @@ enum stat {
 	STAT_REFUSED,
 	STAT_ORIGINAL_DST, // SO_ORIGINAL_DST answered
 	STAT_NO_STORAGE,   // a connect left alone because its destination could not be stored
+	STAT_DNS,          // TCP connects and UDP sends sent to the resolver
 	STAT_MAX,
 };
 
@@ -210,10 +235,19 @@ static __always_inline void count(__u32 stat)
 		*v += 1;
 }
 
-// decide judges a connect to addr:port (port in host byte order) from the socket of ctx in the
-// netns with cookie netns, and on REDIRECT sets *capture_port.
+// dns_lookup finds the resolver of a DNS destination addr:port of the netns.
+static __always_inline struct dns_target *dns_lookup(__u64 netns, const __u8 addr[16], __u16 port)
+{
+	struct port_key k = {.netns = netns, .port = port};
+	__builtin_memcpy(k.addr, addr, 16);
+	return bpf_map_lookup_elem(&dns, &k);
+}
+
+// decide judges a TCP connect to addr:port (port in host byte order) from the socket of ctx in
+// the netns with cookie netns, and fills *to (the capture listener or the resolver) on REDIRECT
+// and DNS.
 static __always_inline enum verdict decide(struct bpf_sock_addr *ctx, __u64 netns,
-					   const __u8 addr[16], __u16 port, __u16 *capture_port)
+					   const __u8 addr[16], __u16 port, struct dns_target *to)
 {
 	struct pod_settings *pod = bpf_map_lookup_elem(&pods, &netns);
 	if (!pod)
@@ -235,6 +269,11 @@ static __always_inline enum verdict decide(struct bpf_sock_addr *ctx, __u64 netn
 		return PASS;
 	if (pod->bypass_mark && sk->mark == pod->bypass_mark)
 		return PASS; // the proxy's own socket (nft: meta mark return)
+	struct dns_target *d = dns_lookup(netns, addr, port);
+	if (d) {
+		*to = *d;
+		return DNS;
+	}
 	if (action)
 		return PASS; // the pod's own address or an excluded CIDR
 	struct port_key pk = {.netns = netns, .port = port};
@@ -244,18 +283,65 @@ static __always_inline enum verdict decide(struct bpf_sock_addr *ctx, __u64 netn
 	__builtin_memset(pk.addr, 0, 16);
 	if (bpf_map_lookup_elem(&ports, &pk))
 		return PASS; // an excluded port
-	*capture_port = pod->capture_port;
+	// The capture listener, on the loopback address of the destination's family.
+	__builtin_memset(to->addr, 0, 16);
+	if (is_mapped(addr)) {
+		to->addr[10] = 0xff;
+		to->addr[11] = 0xff;
+		to->addr[12] = 127;
+		to->addr[15] = 1;
+	} else {
+		to->addr[15] = 1;
+	}
+	to->port = pod->capture_port;
 	return REDIRECT;
 }
 
-// connect_verdict decides, keeps the client socket's storage in step (the dialled destination
-// on REDIRECT; none otherwise, should the socket have connected before) and counts. It returns
-// the port to redirect to, 0 to leave the connect alone, -1 to refuse it.
-static __always_inline int connect_verdict(struct bpf_sock_addr *ctx, const __u8 addr[16],
-					   __u16 port, __u8 family)
+// dns_decide judges a UDP datagram or connect to addr:port: DNS to the resolver (filling *to),
+// anything else left alone. UDP is not captured otherwise.
+static __always_inline enum verdict dns_decide(struct bpf_sock_addr *ctx, __u64 netns,
+					       const __u8 addr[16], __u16 port, struct dns_target *to)
 {
-	__u16 capture_port = 0;
-	enum verdict v = decide(ctx, bpf_get_netns_cookie(ctx), addr, port, &capture_port);
+	struct pod_settings *pod = bpf_map_lookup_elem(&pods, &netns);
+	if (!pod)
+		return NOT_OURS;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk || is_local(addr))
+		return PASS;
+	if (pod->bypass_mark && sk->mark == pod->bypass_mark)
+		return PASS;
+	struct dns_target *d = dns_lookup(netns, addr, port);
+	if (!d)
+		return PASS;
+	*to = *d;
+	return DNS;
+}
+
+// remember_dst keeps the socket's destination (and for DNS the resolver it goes to instead).
+static __always_inline int remember_dst(struct bpf_sock *sk, const __u8 addr[16], __u16 port,
+					__u8 family, __u8 role, const struct dns_target *to)
+{
+	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!s)
+		return -1;
+	__builtin_memcpy(s->addr, addr, 16);
+	s->port = port;
+	s->family = family;
+	s->role = role;
+	__builtin_memcpy(s->via, to->addr, 16);
+	s->via_port = to->port;
+	return 0;
+}
+
+// connect_verdict decides, keeps the socket's storage in step (the dialled destination on
+// REDIRECT and DNS; none otherwise, should the socket have connected before) and counts. It
+// returns 1 to rewrite the destination to *to, 0 to leave it, -1 to refuse the connect.
+static __always_inline int connect_verdict(struct bpf_sock_addr *ctx, const __u8 addr[16],
+					   __u16 port, __u8 family, struct dns_target *to)
+{
+	__u64 netns = bpf_get_netns_cookie(ctx);
+	int tcp = ctx->type == SOCK_STREAM && ctx->protocol == IPPROTO_TCP;
+	enum verdict v = tcp ? decide(ctx, netns, addr, port, to) : dns_decide(ctx, netns, addr, port, to);
 	struct bpf_sock *sk = ctx->sk;
 	switch (v) {
 	case NOT_OURS:
@@ -264,63 +350,152 @@ static __always_inline int connect_verdict(struct bpf_sock_addr *ctx, const __u8
 		count(STAT_REFUSED);
 		return -1;
 	case PASS:
-		count(STAT_PASSED);
+		if (tcp)
+			count(STAT_PASSED);
 		if (sk)
 			bpf_sk_storage_delete(&sock_dst, sk);
 		return 0;
 	default:
 		break;
 	}
-	struct orig_dst *s = sk ? bpf_sk_storage_get(&sock_dst, sk, 0, BPF_SK_STORAGE_GET_F_CREATE) : 0;
-	if (!s) {
+	if (!sk || remember_dst(sk, addr, port, family, v == DNS ? ROLE_DNS : ROLE_CLIENT, to)) {
 		count(STAT_NO_STORAGE); // leave the connect alone rather than lose its destination
 		return 0;
 	}
-	__builtin_memcpy(s->addr, addr, 16);
-	s->port = port;
-	s->family = family;
-	s->role = ROLE_CLIENT;
-	count(STAT_REDIRECTED);
-	return capture_port;
+	count(v == DNS ? STAT_DNS : STAT_REDIRECTED);
+	return 1;
+}
+
+// is_udp_or_tcp is the sockets the programs look at.
+static __always_inline int is_udp_or_tcp(struct bpf_sock_addr *ctx)
+{
+	return (ctx->type == SOCK_STREAM && ctx->protocol == IPPROTO_TCP) ||
+	       (ctx->type == SOCK_DGRAM && ctx->protocol == IPPROTO_UDP);
+}
+
+static __always_inline void set_ip4(struct bpf_sock_addr *ctx, const struct dns_target *to)
+{
+	__u32 ip4;
+	__builtin_memcpy(&ip4, &to->addr[12], 4);
+	ctx->user_ip4 = ip4;
+	ctx->user_port = bpf_htons(to->port);
+}
+
+static __always_inline void set_ip6(struct bpf_sock_addr *ctx, const __u8 addr[16], __u16 port)
+{
+	__u32 w[4];
+	__builtin_memcpy(w, addr, 16);
+	ctx->user_ip6[0] = w[0];
+	ctx->user_ip6[1] = w[1];
+	ctx->user_ip6[2] = w[2];
+	ctx->user_ip6[3] = w[3];
+	ctx->user_port = bpf_htons(port);
 }
 
 SEC("cgroup/connect4")
 int aether_connect4(struct bpf_sock_addr *ctx)
 {
-	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+	if (!is_udp_or_tcp(ctx))
 		return 1;
 	__u8 addr[16];
 	map_v4(addr, ctx->user_ip4);
-	int to = connect_verdict(ctx, addr, bpf_ntohs((__u16)ctx->user_port), AF_INET);
-	if (to < 0)
+	struct dns_target to = {};
+	int r = connect_verdict(ctx, addr, bpf_ntohs((__u16)ctx->user_port), AF_INET, &to);
+	if (r < 0)
 		return 0; // connect fails with EPERM
-	if (to > 0) {
-		ctx->user_ip4 = bpf_htonl(0x7f000001);
-		ctx->user_port = bpf_htons((__u16)to);
-	}
+	if (r > 0)
+		set_ip4(ctx, &to);
 	return 1;
 }
 
 SEC("cgroup/connect6")
 int aether_connect6(struct bpf_sock_addr *ctx)
 {
-	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+	if (!is_udp_or_tcp(ctx))
 		return 1;
 	__u8 addr[16];
 	copy_v6(addr, ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]);
 	// An IPv4-mapped destination on an IPv6 socket is an IPv4 connection (the kernel runs no
-	// connect4 for it): it goes to 127.0.0.1 as ::ffff:127.0.0.1.
-	int v4 = is_mapped(addr);
-	int to = connect_verdict(ctx, addr, bpf_ntohs((__u16)ctx->user_port), v4 ? AF_INET : AF_INET6);
-	if (to < 0)
+	// connect4 for it): it goes to ::ffff:127.0.0.1 (or the IPv4 resolver, mapped).
+	struct dns_target to = {};
+	int r = connect_verdict(ctx, addr, bpf_ntohs((__u16)ctx->user_port),
+				is_mapped(addr) ? AF_INET : AF_INET6, &to);
+	if (r < 0)
 		return 0;
-	if (to > 0) {
-		ctx->user_ip6[0] = 0;
-		ctx->user_ip6[1] = 0;
-		ctx->user_ip6[2] = v4 ? bpf_htonl(0x0000ffff) : 0;
-		ctx->user_ip6[3] = v4 ? bpf_htonl(0x7f000001) : bpf_htonl(1);
-		ctx->user_port = bpf_htons((__u16)to);
+	if (r > 0)
+		set_ip6(ctx, to.addr, to.port);
+	return 1;
+}
+
+// sendmsg4/sendmsg6 send an unconnected UDP socket's DNS to the resolver; recvmsg4/recvmsg6
+// give its answers the cluster DNS address back as their source.
+SEC("cgroup/sendmsg4")
+int aether_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_DGRAM || ctx->protocol != IPPROTO_UDP)
+		return 1;
+	__u8 addr[16];
+	map_v4(addr, ctx->user_ip4);
+	struct dns_target to = {};
+	if (connect_verdict(ctx, addr, bpf_ntohs((__u16)ctx->user_port), AF_INET, &to) > 0)
+		set_ip4(ctx, &to);
+	return 1;
+}
+
+SEC("cgroup/sendmsg6")
+int aether_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	if (ctx->type != SOCK_DGRAM || ctx->protocol != IPPROTO_UDP)
+		return 1;
+	__u8 addr[16];
+	copy_v6(addr, ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]);
+	struct dns_target to = {};
+	if (connect_verdict(ctx, addr, bpf_ntohs((__u16)ctx->user_port),
+			    is_mapped(addr) ? AF_INET : AF_INET6, &to) > 0)
+		set_ip6(ctx, to.addr, to.port);
+	return 1;
+}
+
+// dns_source returns the storage of a DNS socket when addr:port (a datagram's source) is the
+// resolver it sent to.
+static __always_inline struct orig_dst *dns_source(struct bpf_sock_addr *ctx, const __u8 addr[16],
+						   __u16 port)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 0;
+	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, 0);
+	if (!s || s->role != ROLE_DNS || s->via_port != port)
+		return 0;
+	for (int i = 0; i < 16; i++)
+		if (s->via[i] != addr[i])
+			return 0;
+	return s;
+}
+
+SEC("cgroup/recvmsg4")
+int aether_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	__u8 addr[16];
+	map_v4(addr, ctx->user_ip4);
+	struct orig_dst *s = dns_source(ctx, addr, bpf_ntohs((__u16)ctx->user_port));
+	if (s) {
+		__u32 ip4;
+		__builtin_memcpy(&ip4, &s->addr[12], 4);
+		ctx->user_ip4 = ip4;
+		ctx->user_port = bpf_htons(s->port);
 	}
+	return 1;
+}
+
+SEC("cgroup/recvmsg6")
+int aether_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	__u8 addr[16];
+	copy_v6(addr, ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]);
+	struct orig_dst *s = dns_source(ctx, addr, bpf_ntohs((__u16)ctx->user_port));
+	if (s)
+		set_ip6(ctx, s->addr, s->port);
 	return 1;
 }
 
@@ -463,8 +638,9 @@ int aether_getsockopt(struct bpf_sockopt *ctx)
 	return 1;
 }
 
-// getpeername on a redirected client socket gives the destination the application dialled, as
-// it does after an nft REDIRECT (conntrack undoes the NAT), not the capture listener.
+// getpeername on a redirected client socket (or a connected DNS socket) gives the destination
+// the application dialled, as it does after nft's REDIRECT or DNAT (conntrack undoes the NAT),
+// not the capture listener or the resolver.
 SEC("cgroup/getpeername4")
 int aether_getpeername4(struct bpf_sock_addr *ctx)
 {
@@ -472,7 +648,7 @@ int aether_getpeername4(struct bpf_sock_addr *ctx)
 	if (!sk)
 		return 1;
 	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, 0);
-	if (!s || s->role != ROLE_CLIENT || s->family != AF_INET)
+	if (!s || (s->role != ROLE_CLIENT && s->role != ROLE_DNS) || s->family != AF_INET)
 		return 1;
 	__u32 ip4;
 	__builtin_memcpy(&ip4, &s->addr[12], 4);
@@ -488,14 +664,8 @@ int aether_getpeername6(struct bpf_sock_addr *ctx)
 	if (!sk)
 		return 1;
 	struct orig_dst *s = bpf_sk_storage_get(&sock_dst, sk, 0, 0);
-	if (!s || s->role != ROLE_CLIENT)
+	if (!s || (s->role != ROLE_CLIENT && s->role != ROLE_DNS))
 		return 1;
-	__u32 w[4];
-	__builtin_memcpy(w, s->addr, 16); // IPv4 stays IPv4-mapped on an IPv6 socket
-	ctx->user_ip6[0] = w[0];
-	ctx->user_ip6[1] = w[1];
-	ctx->user_ip6[2] = w[2];
-	ctx->user_ip6[3] = w[3];
-	ctx->user_port = bpf_htons(s->port);
+	set_ip6(ctx, s->addr, s->port); // IPv4 stays IPv4-mapped on an IPv6 socket
 	return 1;
 }

@@ -20,12 +20,22 @@ type captureCidrKey struct {
 	Addr      [16]uint8
 }
 
+type captureDnsTarget struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Port uint16
+	Pad  uint16
+}
+
 type captureOrigDst struct {
-	_      structs.HostLayout
-	Addr   [16]uint8
-	Port   uint16
-	Family uint8
-	Role   uint8
+	_       structs.HostLayout
+	Addr    [16]uint8
+	Port    uint16
+	Family  uint8
+	Role    uint8
+	Via     [16]uint8
+	ViaPort uint16
+	Pad     uint16
 }
 
 type capturePodSettings struct {
@@ -59,6 +69,7 @@ type captureTupleKey struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	captureMapCidrs               = "cidrs"
+	captureMapDns                 = "dns"
 	captureMapHandshakes          = "handshakes"
 	captureMapPods                = "pods"
 	captureMapPorts               = "ports"
@@ -69,6 +80,10 @@ const (
 	captureProgAetherGetpeername4 = "aether_getpeername4"
 	captureProgAetherGetpeername6 = "aether_getpeername6"
 	captureProgAetherGetsockopt   = "aether_getsockopt"
+	captureProgAetherRecvmsg4     = "aether_recvmsg4"
+	captureProgAetherRecvmsg6     = "aether_recvmsg6"
+	captureProgAetherSendmsg4     = "aether_sendmsg4"
+	captureProgAetherSendmsg6     = "aether_sendmsg6"
 	captureProgAetherSockops      = "aether_sockops"
 )
 
@@ -119,6 +134,10 @@ type captureProgramSpecs struct {
 	AetherGetpeername4 *ebpf.ProgramSpec `ebpf:"aether_getpeername4"`
 	AetherGetpeername6 *ebpf.ProgramSpec `ebpf:"aether_getpeername6"`
 	AetherGetsockopt   *ebpf.ProgramSpec `ebpf:"aether_getsockopt"`
+	AetherRecvmsg4     *ebpf.ProgramSpec `ebpf:"aether_recvmsg4"`
+	AetherRecvmsg6     *ebpf.ProgramSpec `ebpf:"aether_recvmsg6"`
+	AetherSendmsg4     *ebpf.ProgramSpec `ebpf:"aether_sendmsg4"`
+	AetherSendmsg6     *ebpf.ProgramSpec `ebpf:"aether_sendmsg6"`
 	AetherSockops      *ebpf.ProgramSpec `ebpf:"aether_sockops"`
 }
 
@@ -127,6 +146,7 @@ type captureProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type captureMapSpecs struct {
 	Cidrs      *ebpf.MapSpec `ebpf:"cidrs"`
+	Dns        *ebpf.MapSpec `ebpf:"dns"`
 	Handshakes *ebpf.MapSpec `ebpf:"handshakes"`
 	Pods       *ebpf.MapSpec `ebpf:"pods"`
 	Ports      *ebpf.MapSpec `ebpf:"ports"`
@@ -161,6 +181,7 @@ func (o *captureObjects) Close() error {
 // It can be passed to loadCaptureObjects or ebpf.CollectionSpec.LoadAndAssign.
 type captureMaps struct {
 	Cidrs      *ebpf.Map `ebpf:"cidrs"`
+	Dns        *ebpf.Map `ebpf:"dns"`
 	Handshakes *ebpf.Map `ebpf:"handshakes"`
 	Pods       *ebpf.Map `ebpf:"pods"`
 	Ports      *ebpf.Map `ebpf:"ports"`
@@ -171,6 +192,7 @@ type captureMaps struct {
 func (m *captureMaps) Close() error {
 	return _CaptureClose(
 		m.Cidrs,
+		m.Dns,
 		m.Handshakes,
 		m.Pods,
 		m.Ports,
@@ -194,6 +216,10 @@ type capturePrograms struct {
 	AetherGetpeername4 *ebpf.Program `ebpf:"aether_getpeername4"`
 	AetherGetpeername6 *ebpf.Program `ebpf:"aether_getpeername6"`
 	AetherGetsockopt   *ebpf.Program `ebpf:"aether_getsockopt"`
+	AetherRecvmsg4     *ebpf.Program `ebpf:"aether_recvmsg4"`
+	AetherRecvmsg6     *ebpf.Program `ebpf:"aether_recvmsg6"`
+	AetherSendmsg4     *ebpf.Program `ebpf:"aether_sendmsg4"`
+	AetherSendmsg6     *ebpf.Program `ebpf:"aether_sendmsg6"`
 	AetherSockops      *ebpf.Program `ebpf:"aether_sockops"`
 }
 
@@ -204,6 +230,10 @@ func (p *capturePrograms) Close() error {
 		p.AetherGetpeername4,
 		p.AetherGetpeername6,
 		p.AetherGetsockopt,
+		p.AetherRecvmsg4,
+		p.AetherRecvmsg6,
+		p.AetherSendmsg4,
+		p.AetherSendmsg6,
 		p.AetherSockops,
 	)
 }

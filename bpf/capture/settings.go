@@ -34,10 +34,10 @@ const DefaultCapturePort = 15001
 // (capture.Build), taken in this order for each TCP connect from the pod's netns: to a loopback
 // or unspecified address, left alone; to IPv6 while IPv6 is false, or to DenyCIDRs, refused
 // with EPERM whatever mark the socket carries (nft refuses those in its filter chain); from a
-// socket carrying BypassMark, or to LocalAddrs, ExcludeCIDRs, a PassThrough address and port or
-// ExcludePorts, left alone; anything else is sent to the capture listener (127.0.0.1:CapturePort,
-// or [::1]:CapturePort for IPv6) and its destination kept for SO_ORIGINAL_DST. Only TCP is
-// captured.
+// socket carrying BypassMark, left alone; to a DNS From, sent to its To; to LocalAddrs,
+// ExcludeCIDRs, a PassThrough address and port or ExcludePorts, left alone; anything else is sent
+// to the capture listener (127.0.0.1:CapturePort, or [::1]:CapturePort for IPv6) and its
+// destination kept for SO_ORIGINAL_DST. UDP is only ever sent to the resolver (DNS).
 type PodSettings struct {
 	// CapturePort is the capture listener's port in the pod netns; 0 means DefaultCapturePort.
 	CapturePort uint16
@@ -61,6 +61,16 @@ type PodSettings struct {
 	// DenyCIDRs are destination prefixes refused with EPERM: the cloud metadata service
 	// (capture.MetadataAddrs) unless the pod may reach it.
 	DenyCIDRs []netip.Prefix
+	// DNS sends TCP connects and UDP datagrams to each From (a cluster DNS address and port 53)
+	// to its To (the agent's resolver, HOST_IP:18054) instead, and gives the answers From back
+	// as their source and as the peer (nft: dnat to HOST_IP:18054). The proxy's own sockets
+	// (BypassMark) are left alone. From and To are of one family.
+	DNS []DNSRedirect
+}
+
+// DNSRedirect is one cluster DNS address and port and the resolver that answers in its place.
+type DNSRedirect struct {
+	From, To netip.AddrPort
 }
 
 // normalized returns a copy with CapturePort defaulted, addresses unmapped (::ffff:a.b.c.d is
@@ -86,7 +96,17 @@ func (s PodSettings) normalized() PodSettings {
 	}
 	slices.SortFunc(s.PassThrough, netip.AddrPort.Compare)
 	s.PassThrough = slices.Compact(s.PassThrough)
+	s.DNS = slices.Clone(s.DNS)
+	for i, r := range s.DNS {
+		s.DNS[i] = DNSRedirect{From: unmapAddrPort(r.From), To: unmapAddrPort(r.To)}
+	}
+	slices.SortFunc(s.DNS, func(a, b DNSRedirect) int { return a.From.Compare(b.From) })
+	s.DNS = slices.CompactFunc(s.DNS, func(a, b DNSRedirect) bool { return a.From == b.From })
 	return s
+}
+
+func unmapAddrPort(ap netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
 func normPrefixes(in []netip.Prefix) []netip.Prefix {
@@ -141,6 +161,17 @@ func (s PodSettings) Validate() error {
 	for _, ap := range s.PassThrough {
 		if !ap.Addr().IsValid() || ap.Addr().Zone() != "" || ap.Port() == 0 {
 			return fmt.Errorf("validate eBPF pod settings: passThrough: %v is not a usable address and port", ap)
+		}
+	}
+	for _, r := range s.DNS {
+		from, to := unmapAddrPort(r.From), unmapAddrPort(r.To)
+		switch {
+		case !from.Addr().IsValid() || from.Addr().Zone() != "" || from.Port() == 0:
+			return fmt.Errorf("validate eBPF pod settings: dns: from %v is not a usable address and port", r.From)
+		case !to.Addr().IsValid() || to.Addr().Zone() != "" || to.Port() == 0:
+			return fmt.Errorf("validate eBPF pod settings: dns: %v to %v: not a usable address and port", r.From, r.To)
+		case from.Addr().Is4() != to.Addr().Is4():
+			return fmt.Errorf("validate eBPF pod settings: dns: %v to %v: the families differ", r.From, r.To)
 		}
 	}
 	n := s.normalized()
