@@ -21,6 +21,8 @@ const (
 	MaxCIDRs = 65536
 	// MaxPorts is the number of ExcludePorts and PassThrough entries of all pods.
 	MaxPorts = 65536
+	// MaxDNS is the number of DNS entries of all pods.
+	MaxDNS = 16384
 	// MaxHandshakes is the number of captured connections between the client's connect and the
 	// capture listener's accept (one entry each, removed at accept or at the client's close).
 	MaxHandshakes = 65536
