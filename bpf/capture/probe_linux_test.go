@@ -44,3 +44,19 @@ func TestCIDRKey(t *testing.T) {
 		}
 	}
 }
+
+// TestMapSizes keeps the documented sizes (MaxPods and friends) in step with prog.c.
+func TestMapSizes(t *testing.T) {
+	spec, err := loadCapture()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]uint32{
+		captureMapPods: MaxPods, captureMapCidrs: MaxCIDRs, captureMapPorts: MaxPorts,
+		captureMapDns: MaxDNS, captureMapHandshakes: MaxHandshakes,
+	} {
+		if got := spec.Maps[name].MaxEntries; got != want {
+			t.Errorf("map %s holds %d entries in prog.c, %d in the Go constant", name, got, want)
+		}
+	}
+}
