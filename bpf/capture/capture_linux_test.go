@@ -105,12 +105,7 @@ func runClient() int {
 		}
 	}
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5})
-	if err := unix.Connect(fd, sa); err != nil {
-		fmt.Println("error", err)
-		return 0
-	}
-	if peer, err := peerOf(fd); err != nil || peer != ap {
-		fmt.Println("peer", peer, err)
+	if !connectTo(fd, sa, ap) {
 		return 0
 	}
 	f := os.NewFile(uintptr(fd), "client")
@@ -135,13 +130,19 @@ func sockaddrAddrPort(sa unix.Sockaddr) netip.AddrPort {
 	return netip.AddrPort{}
 }
 
-// peerOf is getpeername of fd.
-func peerOf(fd int) (netip.AddrPort, error) {
-	sa, err := unix.Getpeername(fd)
-	if err != nil {
-		return netip.AddrPort{}, err
+// connectTo connects fd to sa and checks that getpeername gives ap (the target as dialled)
+// back; on failure it prints "error <connect error>" or "peer <what getpeername gave>".
+func connectTo(fd int, sa unix.Sockaddr, ap netip.AddrPort) bool {
+	if err := unix.Connect(fd, sa); err != nil {
+		fmt.Println("error", err)
+		return false
 	}
-	return sockaddrAddrPort(sa), nil
+	peer, err := unix.Getpeername(fd)
+	if err != nil || sockaddrAddrPort(peer) != ap {
+		fmt.Println("peer", sockaddrAddrPort(peer), err)
+		return false
+	}
+	return true
 }
 
 // udpExchange sends "q" to target sa (ap) on a UDP socket of family, unconnected (sendto) or
@@ -156,12 +157,7 @@ func udpExchange(family int, sa unix.Sockaddr, ap netip.AddrPort, connect bool) 
 	defer unix.Close(fd)
 	_ = unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 2})
 	if connect {
-		if err := unix.Connect(fd, sa); err != nil {
-			fmt.Println("error", err)
-			return 0
-		}
-		if peer, err := peerOf(fd); err != nil || peer != ap {
-			fmt.Println("peer", peer, err)
+		if !connectTo(fd, sa, ap) {
 			return 0
 		}
 		_, err = unix.Write(fd, []byte("q"))
