@@ -1,6 +1,6 @@
 //go:build ignore
 
-// Outbound TCP capture of meshed pods by cgroup programs: the eBPF twin of the nft "output_nat"
+// Outbound capture of meshed pods by cgroup programs: the eBPF twin of the nft "output_nat"
 // chain that package capture builds (capture.Build). docs/ebpf.md describes the maps and the
 // decision order; bpf/capture/capture_linux.go is the loader that fills them.
 //
@@ -9,8 +9,10 @@
 // storage; sockops hands it from the client socket to the socket the listener accepts (through
 // the connection's 4-tuple); getsockopt answers SO_ORIGINAL_DST / IP6T_SO_ORIGINAL_DST on that
 // accepted socket from it, as the kernel does from conntrack after an nft REDIRECT;
-// getpeername4/getpeername6 give the client its dialled destination back as its peer. The
-// stats map counts the verdicts.
+// getpeername4/getpeername6 give the client its dialled destination back as its peer. DNS to
+// the cluster DNS service goes to the agent's resolver instead (connect4/6 for TCP and
+// connected UDP, sendmsg4/6 for unconnected UDP), and recvmsg4/6 show the answers coming from
+// the cluster DNS address. The stats map counts the verdicts.
 //
 // Every decision is keyed by the netns cookie of the socket (bpf_get_netns_cookie): a socket in a
 // netns the agent did not put in "pods" is never changed, so the programs may be attached high
