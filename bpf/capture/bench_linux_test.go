@@ -71,7 +71,7 @@ func benchPod(t testing.TB) *testenv.Netns {
 //
 // Run as root: go test -run '^$' -bench BenchmarkConnect -benchtime 2000x ./bpf/capture/
 func BenchmarkConnect(b *testing.B) {
-	testenv.RequireRoot(b)
+	requireEBPF(b)
 	cgroup := testCgroup(b)
 	c, err := Ensure(filepath.Join(testBPFFS(b), "capture"), cgroup)
 	if err != nil {
