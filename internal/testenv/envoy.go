@@ -32,6 +32,9 @@ type EnvoyOptions struct {
 	// WaitReady makes StartEnvoy wait until /ready answers LIVE (default true via StartEnvoy;
 	// set SkipReadyWait to not wait, e.g. for an xDS-fed Envoy whose listeners come later).
 	SkipReadyWait bool
+	// Cgroup, when set, is a cgroup v2 directory Envoy is born in (StartCmdInCgroup), so every
+	// socket it makes, its listeners first, belongs to that cgroup and its eBPF programs.
+	Cgroup string
 }
 
 // StartEnvoy starts the real Envoy binary (see RequireTools) from the given bootstrap (YAML or
@@ -68,7 +71,7 @@ func StartEnvoy(t testing.TB, bootstrap string, opts EnvoyOptions) *Envoy {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	if err := StartCmd(cmd); err != nil {
+	if err := StartCmdInCgroup(cmd, opts.Cgroup); err != nil {
 		t.Fatalf("testenv: start envoy: %v", err)
 	}
 	e := &Envoy{Cmd: cmd, LogPath: logPath}

@@ -3,6 +3,8 @@
 package testenv
 
 import (
+	"fmt"
+	"os"
 	"os/exec"
 	"runtime"
 	"syscall"
@@ -40,4 +42,24 @@ func StartCmd(cmd *exec.Cmd) error {
 	errc := make(chan error, 1)
 	spawnCh <- spawnReq{cmd: cmd, errc: errc}
 	return <-errc
+}
+
+// StartCmdInCgroup is StartCmd with cmd born in the cgroup v2 directory cgroup (clone3
+// CLONE_INTO_CGROUP, Linux 5.7): nothing the child does precedes its move, so every socket it
+// makes belongs to that cgroup. An empty cgroup is StartCmd.
+func StartCmdInCgroup(cmd *exec.Cmd, cgroup string) error {
+	if cgroup == "" {
+		return StartCmd(cmd)
+	}
+	cg, err := os.Open(cgroup)
+	if err != nil {
+		return fmt.Errorf("open cgroup %s: %w", cgroup, err)
+	}
+	defer cg.Close()
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.UseCgroupFD = true
+	cmd.SysProcAttr.CgroupFD = int(cg.Fd())
+	return StartCmd(cmd)
 }
