@@ -436,12 +436,12 @@ func (m *Mesh) EnvoyAdmin(ctx context.Context, node, path string) (string, error
 const cutTable = "aemesh-registry-cut"
 
 // CutRegistry cuts the nodes of the named clusters (every cluster when none is named) off the
-// registry: an nftables rule in the underlay namespace drops packets to those clusters' registry
+// registry: nftables rules in the underlay namespace drop packets to those clusters' registry
 // forwarders (their gateway address, port substrate.RegistryPort; a pod's packets leave its node
-// masqueraded, so the registrar is cut too), so open connections hang like they do when a
-// network partitions. Cuts add up; RestoreRegistry removes them all.
+// masqueraded, so the registrar is cut too) and the forwarders' packets back, so open
+// connections hang like they do when a network partitions. Cuts add up; RestoreRegistry removes them all.
 func (m *Mesh) CutRegistry(clusters ...string) error {
-	match := ""
+	to, from := "", ""
 	if len(clusters) > 0 {
 		var gws []string
 		for _, name := range clusters {
@@ -451,10 +451,15 @@ func (m *Mesh) CutRegistry(clusters ...string) error {
 			}
 			gws = append(gws, c.Plan.Gateway.String())
 		}
-		match = "ip daddr { " + strings.Join(gws, ", ") + " } "
+		set := "{ " + strings.Join(gws, ", ") + " } "
+		to, from = "ip daddr "+set, "ip saddr "+set
 	}
-	rules := fmt.Sprintf("table inet %s {\n chain input {\n  type filter hook input priority -10; policy accept;\n  %stcp dport %d drop\n }\n}\n",
-		cutTable, match, substrate.RegistryPort)
+	// Both directions, as a partition does: dropping only the packets to the registry leaves an
+	// open watch stream delivering the registry's changes to the cut-off nodes (the data
+	// arrives although its acknowledgements are lost), which no partition does.
+	rules := fmt.Sprintf("table inet %[1]s {\n chain input {\n  type filter hook input priority -10; policy accept;\n  %[2]stcp dport %[4]d drop\n }\n"+
+		" chain output {\n  type filter hook output priority -10; policy accept;\n  %[3]stcp sport %[4]d drop\n }\n}\n",
+		cutTable, to, from, substrate.RegistryPort)
 	cmd := exec.Command("nsenter", "--net="+m.Underlay.Path, "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(rules)
 	if out, err := cmd.CombinedOutput(); err != nil {

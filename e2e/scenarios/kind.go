@@ -254,12 +254,17 @@ func registryHost(endpoints string) (string, error) {
 	return u.Hostname(), nil
 }
 
-// cutRule is the iptables rule spec (after -I/-D OUTPUT) that drops a node's own packets to the
-// registry: the agent runs with host network, so its traffic leaves through the node's OUTPUT
-// chain, while pods (the registrar) go through FORWARD and keep their access, as on the local
-// substrate.
-func cutRule(registry string) []string {
-	return []string{"-p", "tcp", "-d", registry, "--dport", "2379", "-m", "comment", "--comment", cutComment, "-j", "DROP"}
+// cutRules are the iptables rules (chain, then the rule spec after -I/-D chain) that cut a node's
+// own traffic with the registry, both ways as a partition does: its packets to the registry
+// (OUTPUT) and the registry's packets to it (INPUT; dropping only the first leaves an open watch
+// stream delivering the registry's changes, whose data arrives although its acknowledgements are
+// lost). The agent runs with host network, so its traffic passes those chains, while pods (the
+// registrar) go through FORWARD and keep their access, as on the local substrate.
+func cutRules(registry string) [][]string {
+	return [][]string{
+		{"OUTPUT", "-p", "tcp", "-d", registry, "--dport", "2379", "-m", "comment", "--comment", cutComment, "-j", "DROP"},
+		{"INPUT", "-p", "tcp", "-s", registry, "--sport", "2379", "-m", "comment", "--comment", cutComment, "-j", "DROP"},
+	}
 }
 
 func (p *kindPair) cluster(name string) *kindCluster {
@@ -459,9 +464,9 @@ func (p *kindPair) StopNode(ctx context.Context, cluster, node string) error {
 	return nil
 }
 
-// CutRegistry inserts, on every node of the given clusters (both when none is given), an
-// iptables rule dropping the node's own packets to the registry (cutRule); open connections hang
-// as in a network partition.
+// CutRegistry inserts, on every node of the given clusters (both when none is given), iptables
+// rules dropping the node's own traffic with the registry both ways (cutRules); open connections
+// hang as in a network partition.
 func (p *kindPair) CutRegistry(ctx context.Context, clusters ...string) error {
 	cs := []*kindCluster{p.a, p.b}
 	if len(clusters) > 0 {
@@ -474,9 +479,11 @@ func (p *kindPair) CutRegistry(ctx context.Context, clusters ...string) error {
 	defer p.mu.Unlock()
 	for _, c := range cs {
 		for _, n := range c.all {
-			args := append([]string{"iptables", "-I", "OUTPUT"}, cutRule(p.registry)...)
-			if _, err := p.nodes.exec(ctx, n, args...); err != nil {
-				return fmt.Errorf("cut registry: %w", err)
+			for _, r := range cutRules(p.registry) {
+				args := append([]string{"iptables", "-I"}, r...)
+				if _, err := p.nodes.exec(ctx, n, args...); err != nil {
+					return fmt.Errorf("cut registry: %w", err)
+				}
 			}
 			p.cut = append(p.cut, n)
 		}
@@ -490,9 +497,11 @@ func (p *kindPair) RestoreRegistry(ctx context.Context) error {
 	defer p.mu.Unlock()
 	var errs []error
 	for _, n := range p.cut {
-		args := append([]string{"iptables", "-D", "OUTPUT"}, cutRule(p.registry)...)
-		if _, err := p.nodes.exec(ctx, n, args...); err != nil {
-			errs = append(errs, err)
+		for _, r := range cutRules(p.registry) {
+			args := append([]string{"iptables", "-D"}, r...)
+			if _, err := p.nodes.exec(ctx, n, args...); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	p.cut = nil

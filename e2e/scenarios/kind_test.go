@@ -63,8 +63,9 @@ func TestKindRegistryHost(t *testing.T) {
 }
 
 // TestKindDisruptions checks the node-level commands of the kind pair with a recorded docker:
-// the registry cut inserts one OUTPUT rule per node of both clusters and the restore deletes
-// the same rules; StopNode kills the node's container and deletes its Node; EnvoyAdmin curls the
+// the registry cut inserts, on every node of both clusters, an OUTPUT rule (the node's packets to
+// the registry) and an INPUT rule (the registry's packets back) and the restore deletes the same
+// rules; StopNode kills the node's container and deletes its Node; EnvoyAdmin curls the
 // admin socket inside the node's container.
 func TestKindDisruptions(t *testing.T) {
 	var calls []string
@@ -91,11 +92,16 @@ func TestKindDisruptions(t *testing.T) {
 	if _, err := p.EnvoyAdmin(ctx, "b", "b-worker", "/stats?filter=%5Etcp"); err != nil {
 		t.Fatal(err)
 	}
-	rule := "-p tcp -d 172.18.0.9 --dport 2379 -m comment --comment aether-e2e-registry-cut -j DROP"
+	rules := []string{
+		"OUTPUT -p tcp -d 172.18.0.9 --dport 2379 -m comment --comment aether-e2e-registry-cut -j DROP",
+		"INPUT -p tcp -s 172.18.0.9 --sport 2379 -m comment --comment aether-e2e-registry-cut -j DROP",
+	}
 	var want []string
 	for _, op := range []string{"-I", "-D"} {
 		for _, n := range []string{"a-control-plane", "a-worker", "b-control-plane", "b-worker", "b-worker2"} {
-			want = append(want, "docker exec "+n+" iptables "+op+" OUTPUT "+rule)
+			for _, r := range rules {
+				want = append(want, "docker exec "+n+" iptables "+op+" "+r)
+			}
 		}
 	}
 	want = append(want, "docker kill b-worker2",

@@ -1,7 +1,9 @@
 package scenarios
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -249,10 +251,33 @@ func (w *world) projectionLastKnown(t *testing.T, c *caller, addr, host string) 
 			_ = w.p.RestoreRegistry(ctx)
 		}
 	})
+	rw, ok := w.p.(registryWriter)
+	if !ok {
+		t.Fatalf("pair %T cannot read the registry", w.p)
+	}
+	before, err := rw.RegistryValue(ctx, w.b, ns, "canary")
+	if err != nil {
+		t.Fatal(err)
+	}
 	w.deleteRoute(t, w.b, ns, exportRoute)
-	// B routes its own callers by the new config at once; A cannot hear of it.
+	// B routes its own callers by the new config at once and its registrar rewrites canary's
+	// projection; A cannot hear of it. Sampled a while after the rewrite (A's callers follow a
+	// projection within a second here, the convergence subtest): a cut that let the registry's
+	// packets reach A's nodes, where an open watch stream would deliver the rewrite, fails here
+	// rather than by chance after the agent's restart.
 	bc := w.caller(t, w.b, ns, "client")
 	waitRoute(t, bc, w.vip(t, w.b, "canary"), "canary."+ns+".mesh", "")
+	testenv.Eventually(t, time.Minute, "B's registrar rewriting canary's projection", func() error {
+		after, err := rw.RegistryValue(ctx, w.b, ns, "canary")
+		if err != nil {
+			return err
+		}
+		if bytes.Equal(after, before) {
+			return errors.New("unchanged")
+		}
+		return nil
+	})
+	time.Sleep(3 * time.Second)
 	w.sample(t, c, addr, host, exportRoute, w.b)
 	k, ok := w.p.(agentKiller)
 	if !ok {
