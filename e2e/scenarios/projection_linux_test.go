@@ -299,7 +299,7 @@ func (w *world) projectionLastKnown(t *testing.T, c *caller, addr, host string) 
 		return nil
 	})
 	time.Sleep(3 * time.Second) // the first snapshot of the new agent reaches Envoy
-	// A failure here was seen once in CI and not reproduced: say what Envoy held.
+	// On a failure, say what Envoy held (a restarted agent serves what its previous run persisted).
 	t.Cleanup(func() {
 		if t.Failed() {
 			out, err := w.p.EnvoyAdmin(ctx, w.a, w.clientNode, "/config_dump?resource=dynamic_route_configs")
