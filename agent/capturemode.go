@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -84,7 +85,12 @@ func startEBPF(dir string) (*bpfcapture.Capture, string, error) {
 		return nil, "", fmt.Errorf("--bpffs-dir %s: %w", dir, err)
 	}
 	// The programs attach at the cgroup2 root: every process is under it, the pods' and Envoy's
-	// (an accepted socket belongs to its listener's cgroup; docs/ebpf.md).
+	// (an accepted socket belongs to its listener's cgroup; docs/ebpf.md). Only the hierarchy's
+	// true root lacks cgroup.type: a mount seen through a cgroup namespace (a container's own
+	// /sys/fs/cgroup) shows a subtree that holds neither the pods nor Envoy.
+	if _, err := os.Stat(filepath.Join(r.CgroupV2, "cgroup.type")); err == nil {
+		return nil, "", fmt.Errorf("cgroup2 mount %s: not the root of the host's cgroup2 hierarchy (a cgroup namespace or a subtree): the pods' sockets would not be under it", r.CgroupV2)
+	}
 	if err := underCgroup(os.Getpid(), r.CgroupV2); err != nil {
 		return nil, "", fmt.Errorf("envoy's cgroup: %w", err)
 	}
