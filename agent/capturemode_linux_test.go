@@ -75,30 +75,15 @@ func TestPrivilegedAgentCaptureModes(t *testing.T) {
 			etcdAddr := strings.TrimPrefix(etcd.Endpoints[0], "http://")
 			node.Forward(t, etcdAddr, etcdAddr)
 
-			bpffsDir := filepath.Join(t.TempDir(), "bpffs")
+			var bpffsDir string
 			if tc.brokenBPFFS {
+				bpffsDir = filepath.Join(t.TempDir(), "file")
 				if err := os.WriteFile(bpffsDir, nil, 0o600); err != nil {
 					t.Fatal(err)
 				}
 				bpffsDir = filepath.Join(bpffsDir, "aether")
 			} else {
-				// The test's own bpffs: the agent's pins must outlive the agent's process.
-				mnt := bpffsDir
-				if err := os.Mkdir(mnt, 0o700); err != nil {
-					t.Fatal(err)
-				}
-				if err := unix.Mount("bpffs", mnt, "bpf", 0, "mode=0700"); err != nil {
-					t.Fatalf("mount bpffs: %v", err)
-				}
-				bpffsDir = filepath.Join(mnt, "aether")
-				t.Cleanup(func() {
-					if err := bpfcapture.RemovePins(filepath.Join(mnt, "aether")); err != nil {
-						t.Errorf("remove the agent's pins: %v", err)
-					}
-					if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
-						t.Errorf("unmount bpffs: %v", err)
-					}
-				})
+				bpffsDir = testBPFFS(t)
 			}
 			// nsenter, not ip netns exec: the agent must see the host's cgroup2 mount (ip netns
 			// exec remounts /sys) and the test's bpffs.
@@ -325,4 +310,28 @@ func TestPrivilegedAgentCaptureModes(t *testing.T) {
 			t.Errorf("agent log does not name the mode and the bpffs dir:\n%s", tailString(log, 3000))
 		}
 	})
+}
+
+// testBPFFS mounts a bpffs of the test's own (the agent's pins must outlive the agent's
+// process and mount namespace) and returns the pin directory in it for --bpffs-dir; the pins
+// and the mount go when the test ends.
+func testBPFFS(t testing.TB) string {
+	t.Helper()
+	mnt := filepath.Join(t.TempDir(), "bpffs")
+	if err := os.Mkdir(mnt, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("bpffs", mnt, "bpf", 0, "mode=0700"); err != nil {
+		t.Fatalf("mount bpffs: %v", err)
+	}
+	dir := filepath.Join(mnt, "aether")
+	t.Cleanup(func() {
+		if err := bpfcapture.RemovePins(dir); err != nil {
+			t.Errorf("remove the agent's pins: %v", err)
+		}
+		if err := unix.Unmount(mnt, unix.MNT_DETACH); err != nil {
+			t.Errorf("unmount bpffs: %v", err)
+		}
+	})
+	return dir
 }
