@@ -113,6 +113,8 @@ func (b *Backend) Apply(netnsPath string, rs nft.RuleSet) (bool, error) {
 		return b.fallback(netnsPath, cookie, rs, err)
 	}
 	changed := false
+	// Marked before SetPod, so a Prune that finds the new entries also finds the mark.
+	b.setState(netnsPath, podState{cookie: cookie, applied: time.Now()})
 	if !have || !samePod(cur, want) {
 		if b.FailSetPod != nil {
 			err = b.FailSetPod(netnsPath)
@@ -127,13 +129,17 @@ func (b *Backend) Apply(netnsPath string, rs nft.RuleSet) (bool, error) {
 	}
 	// The programs capture the pod from here on; only now may the nat rules go.
 	nchanged, err := b.NFT.Apply(netnsPath, nftPart(rs))
+	return changed || nchanged, err
+}
+
+// setState records what Apply installed for netnsPath.
+func (b *Backend) setState(netnsPath string, st podState) {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if b.pods == nil {
 		b.pods = map[string]podState{}
 	}
-	b.pods[netnsPath] = podState{cookie: cookie, applied: time.Now()}
-	b.mu.Unlock()
-	return changed || nchanged, err
+	b.pods[netnsPath] = st
 }
 
 // fallback gives the pod at netnsPath the whole rule set rs in nft and then removes its map
@@ -154,12 +160,7 @@ func (b *Backend) fallback(netnsPath string, cookie uint64, rs nft.RuleSet, caus
 			}
 		}
 	}
-	b.mu.Lock()
-	if b.pods == nil {
-		b.pods = map[string]podState{}
-	}
-	b.pods[netnsPath] = podState{cookie: cookie, fallback: true}
-	b.mu.Unlock()
+	b.setState(netnsPath, podState{cookie: cookie, fallback: true})
 	return changed, nil
 }
 
@@ -243,6 +244,12 @@ func (b *Backend) Prune(since time.Time, keep []string) (int, error) {
 		}
 		live[c] = true
 	}
+	all, err := b.Capture.ListPods()
+	if err != nil {
+		return 0, fmt.Errorf("prune eBPF capture: %w", err)
+	}
+	// Read after ListPods: Apply marks a pod before it writes its entries, so every entry listed
+	// that an Apply since wrote has its mark here.
 	b.mu.Lock()
 	for _, st := range b.pods {
 		if st.applied.After(since) {
@@ -250,10 +257,6 @@ func (b *Backend) Prune(since time.Time, keep []string) (int, error) {
 		}
 	}
 	b.mu.Unlock()
-	all, err := b.Capture.ListPods()
-	if err != nil {
-		return 0, fmt.Errorf("prune eBPF capture: %w", err)
-	}
 	var gone []uint64
 	var errs []error
 	for c := range all {
