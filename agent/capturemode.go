@@ -52,7 +52,7 @@ func captureBackend(cfg Config, ready *readiness, reg prometheus.Registerer, log
 		m.mode.WithLabelValues(captureNFT, "").Set(1)
 		ready.note("capture", "nft (--capture-mode nft)")
 		log.Info("capture mode chosen", "mode", captureNFT, "capture-mode", cfg.CaptureMode)
-		return rules, func() {}, nil
+		return retireEBPF(rules, cfg.BPFFSDir, log)
 	}
 	c, cgroup, err := startEBPF(cfg.BPFFSDir)
 	if err != nil {
@@ -62,7 +62,7 @@ func captureBackend(cfg Config, ready *readiness, reg prometheus.Registerer, log
 		m.mode.WithLabelValues(captureNFT, err.Error()).Set(1)
 		ready.note("capture", "nft (--capture-mode auto fell back: "+err.Error()+")")
 		log.Warn("capture mode chosen: eBPF capture cannot run here, falling back to nft", "mode", captureNFT, "capture-mode", cfg.CaptureMode, "reason", err.Error())
-		return rules, func() {}, nil
+		return retireEBPF(rules, cfg.BPFFSDir, log)
 	}
 	m.mode.WithLabelValues(captureEBPF, "").Set(1)
 	ready.note("capture", fmt.Sprintf("ebpf (--capture-mode %s, attached to %s, pinned in %s)", cfg.CaptureMode, cgroup, cfg.BPFFSDir))
@@ -99,4 +99,25 @@ func startEBPF(dir string) (*bpfcapture.Capture, string, error) {
 		return nil, "", err
 	}
 	return c, r.CgroupV2, nil
+}
+
+// retireEBPF returns the nft backend rules, wrapped, when dir holds the pins of an earlier eBPF
+// agent, in a bpfcapture.Backend that retires them: each pod gets its whole nft rule set before
+// its map entries go, and the pins go once no pod is left (the repair pass at start does both),
+// so no pod is uncaptured meanwhile and none keeps stale eBPF settings.
+func retireEBPF(rules capture.Backend, dir string, log *slog.Logger) (capture.Backend, func(), error) {
+	if dir == "" {
+		return rules, func() {}, nil
+	}
+	if _, err := os.Stat(filepath.Join(dir, "map_pods")); err != nil {
+		return rules, func() {}, nil
+	}
+	c, err := bpfcapture.OpenPinned(dir)
+	if err != nil {
+		log.Warn("eBPF pins of an earlier agent cannot be opened: left as they are (their pods are captured by both)", "bpffs-dir", dir, "err", err)
+		return rules, func() {}, nil
+	}
+	log.Info("eBPF pins of an earlier agent found: their pods move to nft and the pins go", "bpffs-dir", dir)
+	b := &bpfcapture.Backend{Capture: c, NFT: rules, Retire: true, PinDir: dir, Log: log.With("part", "capture-ebpf")}
+	return b, func() { _ = c.Close() }, nil
 }

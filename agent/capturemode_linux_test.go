@@ -290,6 +290,33 @@ func TestPrivilegedAgentCaptureModes(t *testing.T) {
 			if err := askDNS(); err != nil {
 				t.Errorf("DNS after the restart: %v", err)
 			}
+
+			// Back to nft: the restarted agent gives the client its nat redirect, then removes
+			// the pins (the programs detach).
+			_ = a.cmd.Process.Kill()
+			<-a.done
+			for i, arg := range a.argv {
+				if arg == "--capture-mode" {
+					a.argv[i+1] = "nft"
+				}
+			}
+			a.run(t)
+			a.waitReady(t, 60*time.Second, "the agent restarted in nft mode ready")
+			if !strings.Contains(rules(), "redirect to :15001") {
+				t.Errorf("nft mode after eBPF: the client's rules have no redirect to :15001:\n%s", rules())
+			}
+			testenv.Eventually(t, 30*time.Second, "the earlier agent's pins removed", func() error {
+				if _, err := os.Stat(filepath.Join(bpffsDir, "map_pods")); err == nil {
+					return fmt.Errorf("%s/map_pods still pinned", bpffsDir)
+				}
+				return nil
+			})
+			if err := getVIP(); err != nil {
+				t.Errorf("nft mode after eBPF: %v", err)
+			}
+			if err := askDNS(); err != nil {
+				t.Errorf("nft mode after eBPF: DNS: %v", err)
+			}
 		})
 	}
 	t.Run("ebpf, bpffs dir unusable: start refused naming it", func(t *testing.T) {

@@ -31,8 +31,15 @@ type Backend struct {
 	// FailSetPod, when set, is called before each SetPod and its error taken as SetPod's: the
 	// hook tests use to force a load failure.
 	FailSetPod func(netnsPath string) error
+	// Retire is for the programs an earlier eBPF agent pinned on a node now in nft mode: every
+	// Apply gives the pod the whole nft rule set and then removes its map entries, and Prune
+	// removes the pins under PinDir and closes Capture once the maps hold no pod.
+	Retire bool
+	PinDir string
 
 	mu sync.Mutex
+	// retired is set once Prune removed the pins of a Retire backend and closed Capture.
+	retired bool
 	// pods holds, by netns path, what the last Apply in this process installed.
 	pods map[string]podState
 }
@@ -85,9 +92,24 @@ func samePod(a, b PodSettings) bool {
 		slices.Equal(a.DenyCIDRs, b.DenyCIDRs) && slices.Equal(a.DNS, b.DNS)
 }
 
-// pod returns the map entries of the pod with netnsCookie, and whether it has any.
+// active returns Capture, or nil once a Retire backend has retired it.
+func (b *Backend) active() *Capture {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.retired {
+		return nil
+	}
+	return b.Capture
+}
+
+// pod returns the map entries of the pod with netnsCookie, and whether it has any (none once
+// retired).
 func (b *Backend) pod(netnsCookie uint64) (PodSettings, bool, error) {
-	all, err := b.Capture.ListPods()
+	c := b.active()
+	if c == nil {
+		return PodSettings{}, false, nil
+	}
+	all, err := c.ListPods()
 	if err != nil {
 		return PodSettings{}, false, err
 	}
@@ -100,6 +122,10 @@ func (b *Backend) pod(netnsCookie uint64) (PodSettings, bool, error) {
 // cannot be loaded it applies the whole rs with NFT first and then removes the pod's map
 // entries (the fallback); its error is then NFT's.
 func (b *Backend) Apply(netnsPath string, rs nft.RuleSet) (bool, error) {
+	if b.retiring() {
+		cookie, _ := NetnsCookie(netnsPath)
+		return b.fallback(netnsPath, cookie, rs, nil)
+	}
 	cookie, err := NetnsCookie(netnsPath)
 	if err != nil {
 		return b.fallback(netnsPath, 0, rs, err)
@@ -142,12 +168,19 @@ func (b *Backend) setState(netnsPath string, st podState) {
 	b.pods[netnsPath] = st
 }
 
+// retiring reports whether Retire is set (the pods go to nft; Capture is nil once retired).
+func (b *Backend) retiring() bool {
+	return b.Retire
+}
+
 // fallback gives the pod at netnsPath the whole rule set rs in nft and then removes its map
-// entries (cookie 0: none known), reporting cause.
+// entries (cookie 0: none known), reporting cause (nil: a retirement, not a failure).
 func (b *Backend) fallback(netnsPath string, cookie uint64, rs nft.RuleSet, cause error) (bool, error) {
-	b.log().Warn("eBPF capture of the pod failed: captured by nft instead", "netns", netnsPath, "err", cause)
-	if b.OnFallback != nil {
-		b.OnFallback(netnsPath, cause)
+	if cause != nil {
+		b.log().Warn("eBPF capture of the pod failed: captured by nft instead", "netns", netnsPath, "err", cause)
+		if b.OnFallback != nil {
+			b.OnFallback(netnsPath, cause)
+		}
 	}
 	changed, err := b.NFT.Apply(netnsPath, rs)
 	if err != nil {
@@ -171,7 +204,7 @@ func (b *Backend) Check(netnsPath string, rs nft.RuleSet) error {
 	b.mu.Lock()
 	st, known := b.pods[netnsPath]
 	b.mu.Unlock()
-	if known && st.fallback {
+	if b.retiring() || known && st.fallback {
 		return b.NFT.Check(netnsPath, rs)
 	}
 	cookie, err := NetnsCookie(netnsPath)
@@ -233,6 +266,9 @@ func (b *Backend) Teardown(netnsPath string) error {
 // removes nothing when the cookie of a netns in keep cannot be read for another reason than its
 // absence: that pod's entries cannot be told apart from stale ones.
 func (b *Backend) Prune(since time.Time, keep []string) (int, error) {
+	if b.active() == nil {
+		return 0, nil
+	}
 	live := map[uint64]bool{}
 	for _, p := range keep {
 		c, err := NetnsCookie(p)
@@ -275,6 +311,16 @@ func (b *Backend) Prune(since time.Time, keep []string) (int, error) {
 	}
 	if len(errs) > 0 {
 		return len(gone), fmt.Errorf("prune eBPF capture: %w", errors.Join(errs...))
+	}
+	if b.Retire && len(gone) == len(all) {
+		if err := RemovePins(b.PinDir); err != nil {
+			return len(gone), fmt.Errorf("prune eBPF capture: %w", err)
+		}
+		b.mu.Lock()
+		b.retired = true
+		b.mu.Unlock()
+		_ = b.Capture.Close()
+		b.log().Info("eBPF capture retired: no pod left in the maps, pins removed and programs detached", "dir", b.PinDir)
 	}
 	return len(gone), nil
 }

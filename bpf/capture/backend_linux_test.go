@@ -129,6 +129,30 @@ func TestPrivilegedBackend(t *testing.T) {
 		t.Fatalf("Prune keeping the pod = %d, %v (other in the maps %v, pod %v); want the other removed", n, err, inMaps(otherCookie), inMaps(cookie))
 	}
 
+	// Retiring (a node back in nft mode): the pod gets the whole nft rule set, its entries go,
+	// and Prune retires the programs once no pod is left.
+	r := &Backend{Capture: c, NFT: nft.NFTables{}, Retire: true, PinDir: t.TempDir()}
+	if _, err := r.Apply(pod.Path, rs); err != nil {
+		t.Fatalf("retiring Apply: %v", err)
+	}
+	if text := ruleText(pod); inMaps(cookie) || !strings.Contains(text, "redirect to :15001") {
+		t.Fatalf("after a retiring Apply: in the maps %v, rules:\n%s", inMaps(cookie), text)
+	}
+	if err := r.Check(pod.Path, rs); err != nil {
+		t.Fatalf("retiring Check: %v", err)
+	}
+	if n, err := r.Prune(time.Now(), []string{pod.Path}); err != nil || n != 0 || r.active() != nil {
+		t.Fatalf("retiring Prune = %d, %v (active %v); want the programs retired", n, err, r.active() != nil)
+	}
+	if c, err = Load(); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	b.Capture = c
+	if _, err := b.Apply(pod.Path, rs); err != nil || !inMaps(cookie) {
+		t.Fatalf("Apply on fresh maps = %v (in the maps %v)", err, inMaps(cookie))
+	}
+
 	for i := range 2 {
 		if err := b.Teardown(pod.Path); err != nil {
 			t.Fatalf("Teardown %d: %v", i+1, err)
