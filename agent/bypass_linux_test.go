@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	cniv1 "github.com/aethermesh/aether/api/aether/cni/v1"
+	bpfcapture "github.com/aethermesh/aether/bpf/capture"
 	"github.com/aethermesh/aether/capture"
 	"github.com/aethermesh/aether/cni/plugin"
 	"github.com/aethermesh/aether/internal/testenv"
@@ -35,8 +36,22 @@ const forgedXFCC = "By=spiffe://aether.internal/ns/shop/sa/web;URI=spiffe://aeth
 // 8081), a pod outside the mesh, and a host outside the mesh. Every cell's expected result is
 // written before it is tried; the test asserts what the peer saw (source address, identity) and
 // that strict mode refused what it must.
+// It runs once per capture mode: nft rules, and eBPF programs with nft's filter chains.
 func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
 	testenv.RequireRoot(t)
+	for _, mode := range []string{"nft", "ebpf"} {
+		t.Run(mode, func(t *testing.T) {
+			if mode == "ebpf" {
+				if err := bpfcapture.Probe().Err(); err != nil {
+					t.Skipf("eBPF capture cannot run on this kernel or host: %v", err)
+				}
+			}
+			bypassMatrix(t, mode)
+		})
+	}
+}
+
+func bypassMatrix(t *testing.T, mode string) {
 	api, etcd, cs := startSources(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -83,8 +98,11 @@ func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
 	// HOST_IP is the node's address on the client's link, so the pods' DNS (DNAT'ed from the
 	// cluster DNS address to HOST_IP) reaches the agent's resolver; a later flag wins over
 	// startAgentWith's 127.0.0.1.
-	a := startAgentWith(t, agentOpts{wrap: []string{"ip", "netns", "exec", node.Name}, client: node.HTTPClient(false)},
-		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0], "--host-ip", gw["client"].String())
+	// nsenter, not ip netns exec: in eBPF mode the agent must see the host's cgroup2 mount (ip
+	// netns exec remounts /sys) and the test's bpffs.
+	a := startAgentWith(t, agentOpts{wrap: []string{"nsenter", "--net=" + node.Path}, client: node.HTTPClient(false)},
+		"--kubeconfig", api.Kubeconfig, "--registry-endpoints", etcd.Endpoints[0], "--host-ip", gw["client"].String(),
+		"--capture-mode", mode, "--bpffs-dir", testBPFFS(t))
 	a.waitReady(t, 60*time.Second, "agent ready")
 
 	// The web pod's applications: HTTP on 8080 answering with the XFCC it got and the peer's
@@ -112,6 +130,11 @@ func TestPrivilegedCaptureBypassMatrix(t *testing.T) {
 			NetnsPath: p.ns.Path, IPs: []netip.Addr{ips[p.key], ips6[p.key]}, Interface: "eth0"}}); err != nil {
 			t.Fatalf("CNI ADD %s: %v", p.pod.Name, err)
 		}
+	}
+	// Where the client's outbound capture is: the nat redirect in nft mode, none in eBPF mode.
+	if out, err := clientNS.Command("nft", "list", "ruleset").CombinedOutput(); err != nil ||
+		strings.Contains(string(out), "redirect to :15001") != (mode == "nft") {
+		t.Fatalf("%s mode: the client's rules (%v):\n%s", mode, err, out)
 	}
 	// The node source guard (on by default) holds HOST_IP and both pods' gateways.
 	if err := (capture.NFTGuard{NetnsPath: node.Path}).Check([]netip.Addr{gw["client"], gw["web"], gw6["client"], gw6["web"]}); err != nil {

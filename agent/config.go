@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -176,10 +177,17 @@ type Config struct {
 	NodeSourceGuard bool
 
 	CaptureBackend string // --capture-backend: nftables, iptables, iptables-nft, iptables-legacy
-	CNIConfDir     string // --cni-conf-dir: where the primary CNI's conflist lives
-	CNIBinDir      string // --cni-bin-dir: where aether-cni is installed
-	CNIPlugin      string // --cni-plugin-binary: the aether-cni binary to install ("" skips install)
-	UninstallCNI   bool   // --uninstall-cni: remove aether-cni from the conflist and exit
+	// CaptureMode (--capture-mode) is how pods' outbound TCP and DNS are captured: nft (the
+	// rules of CaptureBackend), ebpf (bpf/capture's programs, start fails where they cannot run)
+	// or auto (eBPF where it can run, else nft; docs/ebpf.md).
+	CaptureMode string
+	// BPFFSDir (--bpffs-dir) is where the eBPF programs and maps are pinned, so pods stay
+	// captured across agent restarts; a bpffs is mounted there when none is.
+	BPFFSDir     string
+	CNIConfDir   string // --cni-conf-dir: where the primary CNI's conflist lives
+	CNIBinDir    string // --cni-bin-dir: where aether-cni is installed
+	CNIPlugin    string // --cni-plugin-binary: the aether-cni binary to install ("" skips install)
+	UninstallCNI bool   // --uninstall-cni: remove aether-cni from the conflist and exit
 
 	EastWestWaypoint bool // --east-west-waypoint
 
@@ -264,6 +272,8 @@ func ParseFlags(args []string, getenv func(string) string) (Config, error) {
 	ef.BoolVar(&c.AllowCloudMetadata, "allow-cloud-metadata", "AETHER_ALLOW_CLOUD_METADATA", "let meshed pods reach the cloud metadata service (169.254.169.254, fd00:ec2::254), blocked by default: it hands out the node's credentials")
 	ef.BoolVarDefault(&c.NodeSourceGuard, "node-source-guard", "AETHER_NODE_SOURCE_GUARD", true, "drop frames that enter the pod bridge with one of the node's addresses (gateways, HOST_IP) as IPv4/IPv6 source, ARP sender or neighbour-advertisement target, as table bridge aether; false only where the kernel lacks nf_tables for the bridge family")
 	ef.StringVar(&c.CaptureBackend, "capture-backend", "AETHER_CAPTURE_BACKEND", "nftables", "capture rules backend: nftables, iptables (the node's mode), iptables-nft or iptables-legacy")
+	ef.StringVar(&c.CaptureMode, "capture-mode", "AETHER_CAPTURE_MODE", "nft", "how pods' outbound TCP and DNS are captured: nft (--capture-backend rules), ebpf (cgroup programs; start fails where they cannot run) or auto (eBPF where it can run, else nft)")
+	ef.StringVar(&c.BPFFSDir, "bpffs-dir", "AETHER_BPFFS_DIR", "/sys/fs/bpf/aether", "directory in a bpffs where the eBPF capture programs and maps are pinned (a bpffs is mounted there when none is)")
 	fs.StringVar(&c.CNIConfDir, "cni-conf-dir", "/etc/cni/net.d", "CNI config directory holding the primary CNI's conflist")
 	fs.StringVar(&c.CNIBinDir, "cni-bin-dir", "/opt/cni/bin", "CNI plugin directory aether-cni is installed into")
 	ef.StringVar(&c.CNIPlugin, "cni-plugin-binary", "AETHER_CNI_PLUGIN", "", "aether-cni binary to install and append to the conflist (empty: do not install)")
@@ -417,6 +427,14 @@ func (c Config) Validate() error {
 	case "nftables", "iptables", "iptables-nft", "iptables-legacy":
 	default:
 		errs = append(errs, fmt.Errorf("--capture-backend %q: want nftables, iptables, iptables-nft or iptables-legacy", c.CaptureBackend))
+	}
+	switch c.CaptureMode {
+	case captureNFT, captureEBPF, captureAuto:
+	default:
+		errs = append(errs, fmt.Errorf("--capture-mode %q: want auto, ebpf or nft", c.CaptureMode))
+	}
+	if c.CaptureMode != captureNFT && !filepath.IsAbs(c.BPFFSDir) {
+		errs = append(errs, fmt.Errorf("--bpffs-dir %q: want an absolute path", c.BPFFSDir))
 	}
 	if c.InboundMode != "strict" && c.InboundMode != "permissive" {
 		errs = append(errs, fmt.Errorf("--inbound-mode %q: want strict or permissive", c.InboundMode))

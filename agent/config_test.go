@@ -67,6 +67,8 @@ func TestParseConfig(t *testing.T) {
 		{name: "bad cluster dns", args: []string{"--cluster-dns", "10.96.0.10,x"}, wantErr: `--cluster-dns "x"`},
 		{name: "bad inbound mode", args: []string{"--inbound-mode", "open"}, wantErr: `--inbound-mode "open"`},
 		{name: "bad capture backend", args: []string{"--capture-backend", "ebpf"}, wantErr: `--capture-backend "ebpf"`},
+		{name: "bad capture mode", args: []string{"--capture-mode", "bpf"}, wantErr: `--capture-mode "bpf": want auto, ebpf or nft`},
+		{name: "relative bpffs dir", args: []string{"--capture-mode", "auto", "--bpffs-dir", "bpf/aether"}, wantErr: `--bpffs-dir "bpf/aether": want an absolute path`},
 		{name: "registry cert without key", args: []string{"--registry-cert", "/etc/hostname"}, wantErr: "--registry-cert and --registry-key go together"},
 		{name: "missing registry CA", args: []string{"--registry-ca", "/nonexistent/ca.pem"}, wantErr: `--registry-ca "/nonexistent/ca.pem"`},
 		// The node's port plan (DESIGN.md, ports): one number per role, flags and fixed ports.

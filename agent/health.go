@@ -25,6 +25,31 @@ import (
 type readiness struct {
 	mu     sync.Mutex
 	checks map[string]error
+	// notes are facts parts report that do not make the agent unready (the capture mode), shown
+	// on /readyz after its first line.
+	notes map[string]string
+}
+
+// note records a fact about part for /readyz.
+func (r *readiness) note(part, text string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.notes == nil {
+		r.notes = map[string]string{}
+	}
+	r.notes[part] = text
+}
+
+// noteLines returns the notes as "part: text" lines, sorted.
+func (r *readiness) noteLines() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var lines []string
+	for p, t := range r.notes {
+		lines = append(lines, p+": "+t+"\n")
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "")
 }
 
 func newReadiness(parts ...string) *readiness {
@@ -117,11 +142,11 @@ func serveHealth(ctx context.Context, addr string, r *readiness, m *agentMetrics
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := r.state(); err != nil {
 			m.ready.Set(0)
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			http.Error(w, "not ready: "+err.Error()+"\n"+r.noteLines(), http.StatusServiceUnavailable)
 			return
 		}
 		m.ready.Set(1)
-		fmt.Fprintln(w, "ok")
+		fmt.Fprint(w, "ok\n"+r.noteLines())
 	})
 	return serve(ctx, "tcp", addr, "--health-addr", mux)
 }

@@ -398,10 +398,11 @@ func Run(ctx context.Context, cfg Config) error {
 			return fmt.Errorf("kube-system/kube-dns has only IPv6 ClusterIPs %v: set --host-ip-v6", left)
 		}
 	}
-	backend, err := capture.NewBackend(cfg.CaptureBackend)
+	backend, closeBackend, err := captureBackend(cfg, ready, metrics.reg, log.With("part", "capture"))
 	if err != nil {
-		return fmt.Errorf("--capture-backend: %w", err)
+		return err
 	}
+	defer closeBackend()
 	// A CNI ADD returns once Envoy ACKed a model holding the pod and its listeners are warm.
 	dp := &podDataplane{att: att, asm: asm, acked: push.waitAcked,
 		served: func(ctx context.Context, uid string) error {

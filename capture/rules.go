@@ -102,6 +102,9 @@ type Chain struct {
 // RuleSet is the complete capture configuration of one pod netns.
 type RuleSet struct {
 	Chains []Chain
+	// Config is the configuration Build made the rule set from, with its defaults: what a
+	// backend that renders capture otherwise than as rules (bpf/capture.Backend) reads.
+	Config Config
 }
 
 // Protocol numbers used in rules.
@@ -208,7 +211,7 @@ func Build(cfg Config) (RuleSet, error) {
 	}
 	out.Rules = append(out.Rules, Rule{ID: "out-redirect", Family: capFam, L4: protoTCP, Verdict: Verdict{Kind: VerdictRedirect, Port: c.CapturePort}})
 
-	rs := RuleSet{Chains: []Chain{out}}
+	rs := RuleSet{Chains: []Chain{out}, Config: c}
 
 	outF := Chain{Name: "output_filter", Hook: HookOutputFilter}
 	for _, a := range metadata {

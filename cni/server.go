@@ -867,6 +867,7 @@ func (s *Server) Repair(ctx context.Context) error { return s.repair(ctx, true) 
 
 func (s *Server) repair(ctx context.Context, announce bool) error {
 	s.defaults()
+	started := time.Now()
 	recs, err := s.store.List()
 	var errs []error
 	if err != nil {
@@ -890,6 +891,15 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		}
 		if live {
 			attached[r.Attachment.Namespace+"/"+r.Attachment.Name] = true
+		}
+	}
+	// A backend with node-wide state (eBPF maps) forgets the pods whose attachment is gone; a
+	// record list cut short by a read error must not make it forget a live pod.
+	if p, ok := s.Backend.(capture.Pruner); ok && err == nil {
+		if keep, err := s.capturedNetns(); err == nil {
+			if _, err := p.Prune(started, keep); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
 	if s.NodePods != nil && s.Config.NodeName != "" {
@@ -926,6 +936,19 @@ func (s *Server) repair(ctx context.Context, announce bool) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// capturedNetns returns the netns paths of the stored captured attachments (read now, after the
+// pass has released the gone ones), or the store's error when it could not read every record.
+func (s *Server) capturedNetns() ([]string, error) {
+	recs, err := s.store.List()
+	var out []string
+	for _, r := range recs {
+		if r.Captured {
+			out = append(out, r.Attachment.NetnsPath)
+		}
+	}
+	return out, err
 }
 
 // liveAttachments adds to attached the namespace/name of every stored attachment whose netns

@@ -64,6 +64,7 @@ images:
 imagePullSecrets: [{name: regcred}]
 agent:
   captureBackend: iptables-legacy
+  captureMode: auto
   clusterDNS: [10.96.0.10, "fd00::a"]
   clusterDomain: corp.example
   dnsCache: {size: 0, maxTTL: 1m, maxNegativeTTL: 2s, serveStale: 24h, prefetch: 3}
