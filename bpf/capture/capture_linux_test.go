@@ -44,6 +44,7 @@ const (
 	markEnv   = "AETHER_BPF_TEST_MARK"   // client: SO_MARK to set first (decimal), optional
 	portEnv   = "AETHER_BPF_TEST_PORT"   // forwarder: the port of 127.0.0.1 and ::1 to listen on
 	countEnv  = "AETHER_BPF_TEST_COUNT"  // bench: how many connections
+	floorEnv  = "AETHER_BPF_TEST_FLOOR"  // bench: set when the client dials the listener itself (no original destination)
 	udpEnv    = "AETHER_BPF_TEST_UDP"    // client: "sendto" or "connect" for one UDP exchange
 )
 
