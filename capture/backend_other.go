@@ -55,3 +55,6 @@ func (NFTGuard) Teardown() error { return errUnsupported }
 
 // ForgetUDPFlows fails off Linux.
 func ForgetUDPFlows(string, []netip.AddrPort) (uint, error) { return 0, errUnsupported }
+
+// CutRefused fails off Linux (see the Linux build).
+func CutRefused(string, RuleSet) (int, error) { return 0, errUnsupported }
